@@ -1,0 +1,100 @@
+"""Per-step execution context handed to the model's forward pass.
+
+The model never reaches for globals: everything a forward pass needs beyond its
+weights travels in one ``StepContext``:
+
+- ``positions``: absolute position of every token in the flat batch (RoPE).
+- ``attention``: an ``AttentionBackend``; the model calls it once per layer with the
+  projected, RoPE'd q/k/v of every token. The backend owns where K/V live (a paged
+  pool, or nothing for the dense oracle path) and writes them in place.
+- ``routes``: a ``RouteCapture`` (MoE models only) that records the top-k experts every
+  MoE layer chose for every token, and optionally carries routes to *force* (replay).
+
+A ``StepContext`` is a non-reentrant context manager: it is entered once around one
+forward pass and cannot be nested or reused, so per-step state can never leak into
+the next step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+class AttentionBackend(Protocol):
+    """Computes attention for one layer over a flat batch of tokens.
+
+    Contract: ``forward`` is called exactly once per layer per step, in layer order.
+    ``q`` is ``[T, n_heads, head_dim]``, ``k``/``v`` are ``[T, n_kv_heads, head_dim]``
+    (RoPE already applied to q and k). Returns ``[T, n_heads, head_dim]``. Side
+    effect: the backend may store k/v (in place) for later steps.
+    """
+
+    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass
+class RouteCapture:
+    """Records (and optionally forces) the experts of every MoE layer for a step.
+
+    ``ids`` is ``int16[T, n_moe_layers, top_k]``; MoE layer ``m`` is the m-th MoE layer
+    in increasing decoder-layer order. Each MoE layer writes its row slice exactly once
+    per step via ``record``. Expert ids in a row are ordered by descending router weight.
+
+    Replay: when ``forced_ids`` (``int64[T, n_moe_layers, top_k]``) and ``forced_mask``
+    (``bool[T]``) are set, tokens whose mask is True use the forced experts instead of
+    top-k; their combine weights are still taken from the live router probabilities
+    (gathered at the forced ids, renormalised exactly as the architecture renormalises
+    its top-k). The recorded ids of a forced token are the forced ids.
+    """
+
+    num_tokens: int
+    num_moe_layers: int
+    top_k: int
+    forced_ids: torch.Tensor | None = None
+    forced_mask: torch.Tensor | None = None
+    ids: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ids = torch.empty((self.num_tokens, self.num_moe_layers, self.top_k), dtype=torch.int16)
+        if (self.forced_ids is None) != (self.forced_mask is None):
+            raise ValueError("forced_ids and forced_mask must be given together")
+
+    def forced(self, moe_layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(mask[T], ids[T, top_k]) of forced routes for this MoE layer, or None."""
+        if self.forced_ids is None or self.forced_mask is None:
+            return None
+        return self.forced_mask, self.forced_ids[:, moe_layer]
+
+    def record(self, moe_layer: int, topk_ids: torch.Tensor) -> None:
+        self.ids[:, moe_layer].copy_(topk_ids)
+
+
+class StepContext:
+    """Everything one forward pass needs besides weights. Enter exactly once."""
+
+    def __init__(
+        self,
+        positions: torch.Tensor,
+        attention: AttentionBackend,
+        routes: RouteCapture | None = None,
+    ) -> None:
+        self.positions = positions
+        self.attention = attention
+        self.routes = routes
+        self._state = "new"  # new -> active -> done
+
+    def __enter__(self) -> StepContext:
+        if self._state != "new":
+            raise RuntimeError(f"StepContext is not reentrant (state={self._state})")
+        self._state = "active"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._state = "done"
+
+    def check_active(self) -> None:
+        if self._state != "active":
+            raise RuntimeError("model forward called outside its StepContext")
