@@ -1,0 +1,3 @@
+from execstate.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,92 @@
+"""Command line: ``execstate models|bench|demo ...`` (heavy imports happen per command)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _models(args: argparse.Namespace) -> int:
+    if args.models_cmd == "list":
+        from execstate.model.random_models import ARCHITECTURES
+        from execstate.model.registry import list_models
+
+        for m in list_models():
+            state = "prepared" if m["prepared"] else "not prepared"
+            print(f"{m['name']:<16} {state:<13} {m['description']}")
+        print(f"random tiny architectures (make-random): {', '.join(ARCHITECTURES)}, standard")
+        return 0
+    if args.models_cmd == "prepare":
+        from execstate.model.registry import prepare
+
+        print(prepare(args.name, force=args.force))
+        return 0
+    if args.models_cmd == "make-random":
+        from execstate.model.random_models import ARCHITECTURES, make_random, make_standard_moe
+
+        if args.arch == "standard":
+            print(make_standard_moe(args.out, seed=args.seed))
+        elif args.arch in ARCHITECTURES:
+            print(make_random(args.arch, args.out, seed=args.seed))
+        else:
+            print(f"unknown architecture {args.arch!r}; choose from {', '.join(ARCHITECTURES)}, standard", file=sys.stderr)
+            return 2
+        return 0
+    raise AssertionError(args.models_cmd)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.bench_cmd == "throughput":
+        from execstate.bench.throughput import run_throughput_bench
+
+        report = run_throughput_bench(
+            model=args.model, repeats=args.repeats, peers=not args.no_peers, num_threads=args.threads
+        )
+        if args.json:
+            print(json.dumps(report, indent=2))
+        return 0
+    raise AssertionError(args.bench_cmd)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from execstate.demo import run_demo
+
+    return run_demo(model=args.model)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="execstate", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    m = sub.add_parser("models", help="embedded and random models")
+    msub = m.add_subparsers(dest="models_cmd", required=True)
+    msub.add_parser("list", help="list embedded models")
+    pr = msub.add_parser("prepare", help="build an embedded model into the cache")
+    pr.add_argument("name")
+    pr.add_argument("--force", action="store_true")
+    mr = msub.add_parser("make-random", help="write a tiny random model of an architecture")
+    mr.add_argument("arch")
+    mr.add_argument("out")
+    mr.add_argument("--seed", type=int, default=0)
+    m.set_defaults(func=_models)
+
+    b = sub.add_parser("bench", help="benchmarks")
+    bsub = b.add_subparsers(dest="bench_cmd", required=True)
+    bt = bsub.add_parser("throughput", help="engine vs transformers (and llama.cpp) tokens/s")
+    bt.add_argument("--model", default="standard", help="'standard', an embedded name or a path")
+    bt.add_argument("--repeats", type=int, default=3)
+    bt.add_argument("--threads", type=int, default=None)
+    bt.add_argument("--no-peers", action="store_true", help="skip transformers/llama.cpp")
+    bt.add_argument("--json", action="store_true")
+    b.set_defaults(func=_bench)
+
+    d = sub.add_parser("demo", help="R3 rollout with prefix reuse and a replay check")
+    d.add_argument("--model", default="smollm2-moe")
+    d.set_defaults(func=_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)

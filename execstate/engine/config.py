@@ -1,0 +1,42 @@
+"""Engine configuration (argument names follow vLLM's where they exist)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class EngineConfig:
+    model: str | Path
+    dtype: str = "float32"
+    device: str = "cpu"
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    enable_return_routed_experts: bool = False
+    seed: int = 0
+    max_model_len: int | None = None
+    kv_cache_memory_bytes: int = 1 << 30
+    num_kv_blocks: int | None = None
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    cache_salt: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"unsupported dtype {self.dtype!r}; use one of {sorted(_DTYPES)}")
+        self.dtype = "float32" if _DTYPES[self.dtype] is torch.float32 else "bfloat16"
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]

@@ -1,0 +1,192 @@
+"""Maps requests to physical KV blocks: prefix lookup, allocation, commit, free.
+
+Pure Python (no torch). A cached full block is one *consistency unit* (DESIGN.md 3):
+its KV (in the block pool), its route record (in the route store, keyed by the same
+block key) and its provenance (folded into the key). This class is the one place
+that creates, hits and releases units:
+
+- ``admit``: prefix hits need an equal block key AND, when route return is on, a
+  route record for that key (missing record = miss, the block is recomputed).
+  Hit rows are copied into the request's trace and their records leased.
+- ``allocate``: reserves slots for new tokens; returns False (no side effect) when
+  the pool is short, so the scheduler can preempt.
+- ``commit``: after a step, registers the request's newly filled blocks with their
+  route rows (first writer wins for a key computed twice).
+- ``release``: frees blocks (tail first, so tails are evicted first) and, when the
+  request is finished, releases its route leases.
+
+Keys chain from the provenance root, so a weights update (new weights version) makes
+every old unit unreachable for new requests without any reset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+
+import numpy as np
+
+from execstate.engine.request import Request
+from execstate.identity.keys import block_key, root_key
+from execstate.identity.provenance import Provenance
+from execstate.state.block_pool import BlockId, BlockPool, NoFreeBlocks
+from execstate.state.route_store import RouteStore
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_size: int,
+        provenance: Provenance,
+        enable_prefix_caching: bool = True,
+        route_store: RouteStore | None = None,
+    ) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.route_store = route_store
+        self.set_provenance(provenance)
+        self.num_lookup_tokens = 0
+        self.num_hit_tokens = 0
+
+    def set_provenance(self, provenance: Provenance) -> None:
+        """Re-root every key (weights update, numerics change). Old units stay in the
+        pool until evicted but can never match a key computed from here on."""
+        self.provenance = provenance
+        self._roots = {mode: root_key(replace(provenance, route_mode=mode)) for mode in ("free", "replayed")}
+
+    # -- keys ---------------------------------------------------------------
+    def update_block_keys(self, req: Request) -> None:
+        """Extend ``req.block_keys`` to cover every full block of its known tokens."""
+        bs = self.block_size
+        forced = req.params.routed_experts
+        tokens = None
+        num_full = req.num_tokens // bs
+        while len(req.block_keys) < num_full:
+            i = len(req.block_keys)
+            if tokens is None:
+                tokens = req.all_token_ids
+            parent = req.block_keys[-1] if req.block_keys else self._roots["free" if forced is None else "replayed"]
+            extra = None
+            if forced is not None and i * bs < len(forced):
+                rows = np.ascontiguousarray(forced[i * bs : (i + 1) * bs], dtype=np.int64)
+                extra = hashlib.sha256(rows.tobytes() + len(rows).to_bytes(4, "little")).digest()
+            req.block_keys.append(block_key(parent, tokens[i * bs : (i + 1) * bs], extra))
+
+    # -- admission ----------------------------------------------------------
+    def _needs_routes(self) -> bool:
+        return self.route_store is not None
+
+    def find_cached_prefix(self, req: Request) -> list[BlockId]:
+        """Longest run of cached units for the request's prefix (no side effects).
+
+        At most ``(num_tokens - 1) // block_size`` blocks: the last token is always
+        computed so the request has logits to sample from.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        self.update_block_keys(req)
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        hits: list[BlockId] = []
+        for key in req.block_keys[:max_blocks]:
+            bid = self.pool.lookup(key)
+            if bid is None:
+                break
+            if self._needs_routes() and not self.route_store.has(key):
+                break  # fail closed: a unit without its route record is not a hit
+            hits.append(bid)
+        return hits
+
+    def admit(self, req: Request, num_new_tokens: int) -> list[BlockId] | None:
+        """Take the request's cached prefix and slots for ``num_new_tokens`` after it.
+
+        Returns the hit blocks (possibly empty), or None if the pool cannot hold the
+        request now (nothing changed). On success ``req.num_computed_tokens`` is the
+        number of cached tokens and the hit route rows are in ``req.routes``.
+        """
+        assert not req.block_ids, "admit() on a request that still holds blocks"
+        hits = self.find_cached_prefix(req)
+        num_cached = len(hits) * self.block_size
+        num_new_tokens = min(num_new_tokens, req.num_tokens - num_cached)
+        self.pool.acquire(hits)
+        need = cdiv(num_cached + num_new_tokens, self.block_size) - len(hits)
+        try:
+            fresh = self.pool.allocate(need)
+        except NoFreeBlocks:
+            self.pool.free(list(reversed(hits)))
+            return None
+        req.block_ids = hits + fresh
+        req.num_computed_tokens = num_cached
+        req.num_committed_blocks = len(hits)
+        self.num_lookup_tokens += req.num_tokens
+        self.num_hit_tokens += num_cached
+        if self.route_store is not None and hits:
+            keys = req.block_keys[: len(hits)]
+            new_keys = [k for k in keys if k not in req.leased_keys]
+            self.route_store.lease(new_keys)
+            req.leased_keys.extend(new_keys)
+            assert req.routes is not None
+            rows = np.concatenate([self.route_store.get(k) for k in keys])
+            req.routes.fill(0, rows)
+        return hits
+
+    def allocate(self, req: Request, num_new_tokens: int) -> bool:
+        """Reserve slots for ``num_new_tokens`` more tokens of a running request."""
+        need = cdiv(req.num_computed_tokens + num_new_tokens, self.block_size) - len(req.block_ids)
+        if need <= 0:
+            return True
+        try:
+            req.block_ids.extend(self.pool.allocate(need))
+        except NoFreeBlocks:
+            return False
+        return True
+
+    def can_allocate(self, num_blocks: int) -> bool:
+        return self.pool.num_free >= num_blocks
+
+    # -- after a step -------------------------------------------------------
+    def commit(self, req: Request) -> None:
+        """Register the request's newly completed full blocks as cached units."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = req.num_computed_tokens // self.block_size
+        if num_full <= req.num_committed_blocks:
+            return
+        self.update_block_keys(req)
+        bs = self.block_size
+        for i in range(req.num_committed_blocks, num_full):
+            key = req.block_keys[i]
+            if self.route_store is None:
+                self.pool.commit(req.block_ids[i], key)
+                continue
+            assert req.routes is not None
+            # The KV block is cached only together with *its* route record. If the store
+            # keeps a different record for this key (first writer wins), the block stays
+            # private. If another block already holds the key, our fresh record is not
+            # paired with KV it did not produce.
+            if not self.route_store.put(key, req.routes.rows(i * bs, (i + 1) * bs)):
+                continue
+            if not self.pool.commit(req.block_ids[i], key) and self.route_store.lease_count(key) == 0:
+                self.route_store.drop(key)
+        req.num_committed_blocks = num_full
+
+    def release(self, req: Request, finished: bool) -> None:
+        """Free the request's blocks (tail first). Route leases are kept across a
+        preemption (the request still owes those rows) and released when finished."""
+        if req.block_ids:
+            self.pool.free(list(reversed(req.block_ids)))
+        req.block_ids = []
+        req.num_committed_blocks = 0
+        req.num_computed_tokens = 0
+        if finished and self.route_store is not None and req.leased_keys:
+            self.route_store.release(req.leased_keys)
+            req.leased_keys = []
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.num_hit_tokens / self.num_lookup_tokens if self.num_lookup_tokens else 0.0

@@ -1,0 +1,208 @@
+"""The engine: requests in, one scheduled forward pass per ``step()``, outputs out.
+
+Call order: ``add_request`` (validates; raises ValueError and changes nothing on bad
+input) → ``step()`` repeatedly while ``has_unfinished_requests()`` → outputs. Every
+request is finished exactly once (stop, length, abort), which releases its blocks and
+route leases.
+
+Weight updates (``update_weights``): the weights version (a digest of the loaded
+tensors) is part of every block key, so units computed with old weights can never be
+hit by requests admitted afterwards; no cache reset is needed. Requests still in
+flight at the update are *aborted* (finish_reason ``"abort"``): continuing them would
+mix KV and routes of two weight versions in one trace, which an RL trainer cannot
+replay. Their outputs are returned by ``update_weights``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from execstate.engine.config import EngineConfig
+from execstate.engine.kv_cache_manager import KVCacheManager
+from execstate.engine.output_builder import build_output, check_stop
+from execstate.engine.outputs import RequestOutput
+from execstate.engine.request import Request, RequestStatus
+from execstate.engine.route_trace import RouteTrace
+from execstate.engine.runner import ModelRunner
+from execstate.engine.sampler import sample
+from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.scheduler import Scheduler
+from execstate.engine.tokenizer import Tokenizer
+from execstate.engine.validation import validate_forced_routes, validate_prompt
+from execstate.identity.provenance import Provenance
+from execstate.model.loader import load_hf_state_dict, load_model
+from execstate.model.registry import resolve_model
+from execstate.model.weights_digest import model_digest
+from execstate.state.block_pool import BlockPool
+from execstate.state.kv_pool import KVPool
+from execstate.state.route_store import RouteStore
+
+PromptType = str | list[int] | dict[str, Any]
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        t0 = time.perf_counter()
+        self.config = config
+        self.model_path: Path = resolve_model(config.model)
+        self.model = load_model(self.model_path, dtype=config.torch_dtype, device=config.device)
+        self.model_config = mc = self.model.config
+        self.tokenizer = Tokenizer(self.model_path) if (self.model_path / "tokenizer.json").exists() else None
+        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        self.block_size = config.block_size
+        bpb = KVPool.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype)
+        num_blocks = config.num_kv_blocks or max(1, config.kv_cache_memory_bytes // bpb)
+        min_blocks = -(-self.max_model_len // config.block_size)
+        if num_blocks < min_blocks:
+            raise ValueError(
+                f"KV pool of {num_blocks} blocks cannot hold one max_model_len={self.max_model_len} "
+                f"sequence ({min_blocks} blocks); raise kv_cache_memory_bytes/num_kv_blocks or lower max_model_len"
+            )
+        self.kv_pool = KVPool(
+            mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype, config.device
+        )
+        self.return_routes = config.enable_return_routed_experts and mc.is_moe
+        self.route_store = (
+            RouteStore(config.block_size, mc.num_moe_layers, mc.top_k, mc.num_experts) if self.return_routes else None
+        )
+        on_evict = self.route_store.on_block_evicted if self.route_store is not None else None
+        self.block_pool = BlockPool(num_blocks, on_evict=on_evict)
+        self.provenance = Provenance(
+            model_id=str(config.model),
+            weights_version=model_digest(self.model),
+            dtype=config.dtype,
+            numerics="eager",
+            route_mode="free",
+            cache_salt=config.cache_salt,
+        )
+        self.kv_manager = KVCacheManager(
+            self.block_pool, config.block_size, self.provenance, config.enable_prefix_caching, self.route_store
+        )
+        self.scheduler = Scheduler(self.kv_manager, config.max_num_batched_tokens, config.max_num_seqs)
+        self.runner = ModelRunner(self.model, self.kv_pool, config.device, self.return_routes)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+        self.eos_token_ids = set(mc.eos_token_ids)
+        self.startup_seconds = time.perf_counter() - t0
+
+    # -- requests -------------------------------------------------------------
+    def tokenize_prompt(self, prompt: PromptType) -> tuple[list[int], str | None]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer.json: pass {'prompt_token_ids': [...]}")
+            return self.tokenizer.encode(prompt), prompt
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return list(prompt["prompt_token_ids"]), prompt.get("prompt")
+            if "prompt" in prompt:
+                return self.tokenize_prompt(prompt["prompt"])
+            raise ValueError("a prompt dict needs 'prompt_token_ids' or 'prompt'")
+        if isinstance(prompt, list | tuple):
+            return list(prompt), None
+        raise ValueError(f"unsupported prompt type {type(prompt).__name__}")
+
+    def add_request(
+        self, prompt: PromptType, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> str:
+        params = params or SamplingParams()
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if params.n != 1:
+            raise ValueError("the engine takes n=1 requests; LLM.generate expands n > 1")
+        token_ids, text = self.tokenize_prompt(prompt)
+        validate_prompt(token_ids, self.model_config.vocab_size, self.max_model_len)
+        mc = self.model_config
+        if params.routed_experts is not None:
+            forced = validate_forced_routes(
+                params.routed_experts, mc.num_moe_layers if mc.is_moe else 0, mc.top_k or 0,
+                mc.num_experts or 0, self.max_model_len - 1,
+            )
+            params = replace(params, routed_experts=forced)
+        req = Request(request_id, [int(t) for t in token_ids], params, self.max_model_len, prompt=text)
+        if self.return_routes or params.routed_experts is not None:
+            capacity = len(token_ids) + req.max_new_tokens
+            req.routes = RouteTrace(mc.num_moe_layers, mc.top_k, capacity) if self.return_routes else None
+        req.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else self.generator
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+        return request_id
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        req = self.scheduler.abort(request_id)
+        if req is None:
+            return None
+        return self._finalize(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    # -- one step ---------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.empty:
+            if self.scheduler.has_unfinished:
+                raise RuntimeError("scheduler made no progress although requests are waiting")
+            return []
+        result = self.runner.execute(sched)
+        for s, off in zip(sched.scheduled, result.token_offsets, strict=True):
+            req = s.request
+            if result.routes is not None and req.routes is not None:
+                req.routes.fill(s.num_computed_before, result.routes[off : off + s.num_new_tokens])
+            self.scheduler.on_computed(s)
+        if not result.sample_rows:
+            return []
+        reqs = [sched.scheduled[i].request for i in result.sample_rows]
+        banned = [self._banned(r) for r in reqs]
+        sampled = sample(result.logits, [r.params for r in reqs], [r.generator for r in reqs], banned)
+        outputs: list[RequestOutput] = []
+        now = time.monotonic()
+        for j, req in enumerate(reqs):
+            req.output_token_ids.append(sampled.token_ids[j])
+            req.output_logprobs.append(sampled.logprobs[j])
+            req.output_top_logprobs.append(sampled.top_logprobs[j])
+            if req.first_token_time is None:
+                req.first_token_time = now
+            status = check_stop(req, self.eos_token_ids, self.tokenizer)
+            if status is not None:
+                self.scheduler.finish(req, status)
+                outputs.append(self._finalize(req))
+            else:
+                outputs.append(build_output(req, self.tokenizer, self.return_routes))
+        return outputs
+
+    def _banned(self, req: Request) -> list[int]:
+        if len(req.output_token_ids) >= req.params.min_tokens:
+            return []
+        return sorted(self.eos_token_ids | set(req.params.stop_token_ids or []))
+
+    def _finalize(self, req: Request) -> RequestOutput:
+        req.finish_time = time.monotonic()
+        self.requests.pop(req.request_id, None)
+        return build_output(req, self.tokenizer, self.return_routes)
+
+    # -- weights ----------------------------------------------------------------
+    def update_weights(self, source: str | Path | dict[str, torch.Tensor]) -> list[RequestOutput]:
+        """Load new weights in place; returns the outputs of requests aborted by it."""
+        state_dict = load_hf_state_dict(Path(source)) if isinstance(source, str | Path) else source
+        self.model.load_hf_weights(state_dict)
+        aborted = []
+        for req in list(self.requests.values()):
+            self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+            req.abort_message = "aborted by a weight update"
+            aborted.append(self._finalize(req))
+        self.provenance = replace(self.provenance, weights_version=model_digest(self.model))
+        self.kv_manager.set_provenance(self.provenance)
+        return aborted
+
+    def check_integrity(self) -> None:
+        self.block_pool.check_integrity()
+        if self.route_store is not None:
+            self.route_store.check_integrity()

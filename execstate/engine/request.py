@@ -1,0 +1,96 @@
+"""A request's lifecycle state (pure Python; the scheduler and tests drive it).
+
+States: WAITING -> RUNNING -> FINISHED_*; RUNNING -> PREEMPTED -> RUNNING (by
+recompute). ``num_computed_tokens`` counts tokens whose KV is in this request's
+blocks; the last token of ``all_token_ids`` has had no forward pass yet whenever the
+request is decoding.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from execstate.engine.route_trace import RouteTrace
+from execstate.engine.sampling_params import SamplingParams
+from execstate.identity.keys import BlockKey
+from execstate.state.block_pool import BlockId
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_model_len: int
+    prompt: str | None = None
+    priority: int = 0
+    arrival_time: float = field(default_factory=time.monotonic)
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_ids: list[BlockId] = field(default_factory=list)
+    # Keys of this request's full blocks, in order (chain), valid for its provenance.
+    block_keys: list[BlockKey] = field(default_factory=list)
+    # Block keys whose route records this request leases (released when it finishes).
+    leased_keys: list[BlockKey] = field(default_factory=list)
+    # Full blocks of block_ids already registered in the prefix cache (or hit from it).
+    num_committed_blocks: int = 0
+    num_cached_tokens: int | None = None
+    num_preemptions: int = 0
+    routes: RouteTrace | None = None
+    stop_reason: int | str | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    abort_message: str | None = None
+    # torch.Generator used for sampling (the request's own when it has a seed).
+    generator: Any = None
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def remaining_tokens(self) -> int:
+        """Tokens still to run through the model before the next sample."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def max_new_tokens(self) -> int:
+        room = self.max_model_len - self.num_prompt_tokens
+        if self.params.max_tokens is None:
+            return room
+        return min(self.params.max_tokens, room)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.value if self.status.finished else None

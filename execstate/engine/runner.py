@@ -1,0 +1,86 @@
+"""Turns a scheduler step into one forward pass over a flat token batch.
+
+The runner owns the model and the KV pool. For each step it builds the inputs
+(token ids, positions, per-request spans over the block tables, forced routes of
+replaying requests), runs the model inside a fresh ``StepContext``, computes logits
+only for the rows that sample, and returns the captured routes as numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from execstate.engine.scheduler import SchedulerOutput
+from execstate.model.context import RouteCapture, StepContext
+from execstate.model.paged_attention import PagedAttention, SeqSpan
+from execstate.state.kv_pool import KVPool
+
+
+@dataclass
+class StepResult:
+    logits: torch.Tensor  # [n_sampling, vocab] fp32, rows in scheduled order
+    sample_rows: list[int]  # index into sched.scheduled of each logits row
+    routes: np.ndarray | None  # int16[T, n_moe_layers, top_k]
+    token_offsets: list[int]  # start of each scheduled span in the flat batch
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, kv_pool: KVPool, device: torch.device | str, capture_routes: bool):
+        self.model = model
+        self.kv_pool = kv_pool
+        self.device = torch.device(device)
+        cfg = model.config
+        self.capture_routes = capture_routes and cfg.is_moe
+        self.num_moe_layers = cfg.num_moe_layers if cfg.is_moe else 0
+        self.top_k = cfg.top_k if cfg.is_moe else 0
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> StepResult:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        spans: list[SeqSpan] = []
+        offsets: list[int] = []
+        forced_rows: list[tuple[int, np.ndarray]] = []  # (flat start, rows)
+        for s in sched.scheduled:
+            req = s.request
+            start, end = s.num_computed_before, s.num_computed_before + s.num_new_tokens
+            offsets.append(len(input_ids))
+            tokens = req.all_token_ids
+            forced = req.params.routed_experts
+            if forced is not None and start < len(forced):
+                forced_rows.append((len(input_ids), forced[start : min(end, len(forced))]))
+            spans.append(SeqSpan(len(input_ids), s.num_new_tokens, end, req.block_ids))
+            input_ids.extend(tokens[start:end])
+            positions.extend(range(start, end))
+        num_tokens = len(input_ids)
+        ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+        routes = None
+        if self.capture_routes or forced_rows:
+            routes = RouteCapture(num_tokens, self.num_moe_layers, self.top_k, *self._forced(num_tokens, forced_rows))
+        attention = PagedAttention(self.kv_pool, spans, self.device)
+        with StepContext(pos_t, attention, routes) as ctx:
+            hidden = self.model(ids_t, ctx)
+        sample_rows = [i for i, s in enumerate(sched.scheduled) if s.samples]
+        last = [offsets[i] + sched.scheduled[i].num_new_tokens - 1 for i in sample_rows]
+        if last:
+            logits = self.model.compute_logits(hidden[torch.tensor(last, device=self.device)])
+        else:
+            logits = torch.empty((0, 0))
+        route_np = routes.ids.cpu().numpy() if routes is not None and self.capture_routes else None
+        return StepResult(logits.float().cpu(), sample_rows, route_np, offsets)
+
+    def _forced(
+        self, num_tokens: int, forced_rows: list[tuple[int, np.ndarray]]
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if not forced_rows:
+            return None, None
+        ids = torch.zeros((num_tokens, self.num_moe_layers, self.top_k), dtype=torch.long)
+        mask = torch.zeros(num_tokens, dtype=torch.bool)
+        for start, rows in forced_rows:
+            ids[start : start + len(rows)] = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+            mask[start : start + len(rows)] = True
+        return ids.to(self.device), mask.to(self.device)

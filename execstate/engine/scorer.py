@@ -1,0 +1,54 @@
+"""Teacher-forced scoring of a token sequence, optionally replaying MoE routes.
+
+One dense causal forward pass over the whole sequence (no KV cache, no scheduler).
+With ``routed_experts`` given, row i forces the experts of the forward pass over
+token i; combine weights still come from the live router. Scoring a finished rollout
+(prompt + generated tokens) with its own routes reproduces the rollout's logprobs up
+to the floating-point differences between one prefill and step-by-step decode.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from execstate.engine.outputs import ScoreOutput
+from execstate.engine.validation import validate_forced_routes, validate_prompt
+from execstate.model.context import RouteCapture, StepContext
+from execstate.model.dense_attention import DenseCausalAttention
+
+if TYPE_CHECKING:
+    from execstate.engine.llm_engine import LLMEngine
+
+
+@torch.inference_mode()
+def score_tokens(engine: LLMEngine, token_ids: list[int], routed_experts: np.ndarray | None = None) -> ScoreOutput:
+    mc = engine.model_config
+    token_ids = [int(t) for t in token_ids]
+    if len(token_ids) < 2:
+        raise ValueError("score needs at least two tokens")
+    validate_prompt(token_ids[:-1], mc.vocab_size, engine.max_model_len)
+    validate_prompt(token_ids[-1:], mc.vocab_size, engine.max_model_len)
+    n = len(token_ids)
+    dev = engine.config.device
+    forced_ids = forced_mask = None
+    if routed_experts is not None:
+        arr = validate_forced_routes(
+            routed_experts, mc.num_moe_layers if mc.is_moe else 0, mc.top_k or 0, mc.num_experts or 0, n
+        )
+        forced_ids = torch.zeros((n, mc.num_moe_layers, mc.top_k), dtype=torch.long)
+        forced_ids[: len(arr)] = torch.from_numpy(arr)
+        forced_mask = torch.zeros(n, dtype=torch.bool)
+        forced_mask[: len(arr)] = True
+        forced_ids, forced_mask = forced_ids.to(dev), forced_mask.to(dev)
+    routes = RouteCapture(n, mc.num_moe_layers, mc.top_k, forced_ids, forced_mask) if mc.is_moe else None
+    ids = torch.tensor(token_ids, dtype=torch.long, device=dev)
+    positions = torch.arange(n, device=dev)
+    with StepContext(positions, DenseCausalAttention(), routes) as ctx:
+        hidden = engine.model(ids, ctx)
+    logits = engine.model.compute_logits(hidden[:-1]).float()
+    logp = torch.log_softmax(logits, dim=-1).gather(1, ids[1:, None]).squeeze(1)
+    rows = routes.ids[: n - 1].cpu().numpy().copy() if routes is not None else None
+    return ScoreOutput(token_ids, logp.cpu().tolist(), rows)

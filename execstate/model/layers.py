@@ -1,0 +1,95 @@
+"""Dense building blocks: RMSNorm, gated MLP, attention.
+
+All modules take a flat token batch ``[T, hidden]`` (no batch dimension). Numerics follow
+the HF reference implementations op for op (RMSNorm in fp32 then cast back, cos/sin cast
+to the model dtype before rotating), so fp32 results match transformers to ~1e-6 and bf16
+results to bf16 rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from execstate.model.config import ModelConfig
+from execstate.model.context import StepContext
+from execstate.model.rotary import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    """``weight * (x / rms(x))`` over the last dim, computed in fp32, returned in ``x.dtype``."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU MLP ``down(silu(gate(x)) * up(x))`` with gate and up fused in one matmul.
+
+    ``gate_up_proj.weight`` is ``[2I, H]``: rows ``[0, I)`` are the gate, ``[I, 2I)`` the up
+    projection (the layout of HF's fused expert tensors).
+    """
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.intermediate = intermediate
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class Attention(nn.Module):
+    """Self-attention of one decoder layer with fused q/k/v projection and GQA.
+
+    ``forward(x, cos, sin, ctx)``: projects ``x`` ``[T, H]`` with ``qkv_proj`` (weight
+    ``[(n_heads + 2 * n_kv_heads) * head_dim, H]``, rows q | k | v), applies QK-norm and
+    ``clip_qkv`` where the architecture has them, RoPE, then hands
+    ``q [T, n_heads, head_dim]`` and ``k, v [T, n_kv_heads, head_dim]`` (contiguous, model
+    dtype) to ``ctx.attention.forward(layer_idx, q, k, v)`` and projects its output back.
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.attention_out_bias)
+        self.per_head_norm = config.qk_norm_per_head
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if config.qk_norm:
+            q_dim, k_dim = (self.head_dim, self.head_dim) if self.per_head_norm else (self.q_size, self.kv_size)
+            self.q_norm = RMSNorm(q_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(k_dim, config.rms_norm_eps)
+        self.clip_qkv = config.clip_qkv
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None and self.k_norm is not None and not self.per_head_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip_qkv is not None:
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
+        q = q.reshape(n, self.num_heads, self.head_dim)
+        k = k.reshape(n, self.num_kv_heads, self.head_dim)
+        v = v.reshape(n, self.num_kv_heads, self.head_dim).contiguous()
+        if self.q_norm is not None and self.k_norm is not None and self.per_head_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = RotaryEmbedding.apply(q, cos, sin)
+        k = RotaryEmbedding.apply(k, cos, sin)
+        out = ctx.attention.forward(self.layer_idx, q, k, v)
+        return self.o_proj(out.reshape(n, self.q_size))

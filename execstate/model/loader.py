@@ -1,0 +1,227 @@
+"""Loading HF-format checkpoints (safetensors) into ``CausalLM``.
+
+Name mapping, HF checkpoint -> ours (``L`` = ``model.layers.{i}.``, ``l`` = ``layers.{i}.``):
+
+- ``model.embed_tokens.weight`` -> ``embed_tokens.weight``; ``model.norm.weight`` ->
+  ``norm.weight``; ``lm_head.weight`` -> ``lm_head.weight`` (tied models have no lm_head:
+  the embedding is used; an ``lm_head.weight`` in the file must then equal the embedding,
+  else ``ValueError``, where transformers would silently untie).
+- ``L input_layernorm`` / ``L post_attention_layernorm`` -> ``l input_norm`` / ``l post_attn_norm``.
+- ``L self_attn.{q,k,v}_proj.{weight,bias}`` -> ``l attn.qkv_proj.*`` (concatenated q|k|v);
+  ``o_proj``, ``q_norm``, ``k_norm`` -> ``l attn.*``.
+- Dense MLP: ``L mlp.{gate,up}_proj.weight`` -> ``l mlp.gate_up_proj.weight`` (gate|up),
+  ``L mlp.down_proj.weight`` -> ``l mlp.down_proj.weight``.
+- MoE router ``L mlp.gate.weight`` -> ``l mlp.router.weight``; experts, either format:
+  - fused (transformers 5.x in-memory / ``state_dict()`` layout):
+    ``L mlp.experts.gate_up_proj [E, 2I, H]`` and ``L mlp.experts.down_proj [E, H, I]``;
+  - per expert (what transformers 5.23's ``save_pretrained`` writes, and every hub
+    checkpoint): ``L mlp.experts.{e}.{gate,up,down}_proj.weight``, stacked on load.
+  Mixtral uses ``block_sparse_moe.`` for ``mlp.`` and ``w1``/``w3``/``w2`` for
+  gate/up/down (both prefixes are accepted, as transformers renames one to the other).
+- Qwen2-MoE: ``L mlp.shared_expert.*`` -> ``l mlp.shared_expert.*`` (gate|up fused),
+  ``L mlp.shared_expert_gate.weight`` -> ``l mlp.shared_expert_gate.weight``.
+
+``*.rotary_emb.inv_freq`` (old checkpoints) is ignored. Anything else that is missing,
+unexpected or wrongly shaped raises one ``ValueError`` naming every offending tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from execstate.model.config import MIXTRAL, ModelConfig
+from execstate.model.transformer import CausalLM
+
+Tensors = list[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One way to build a parameter: these checkpoint tensors, combined by ``combine``."""
+
+    names: tuple[str, ...]
+    combine: Callable[[Tensors], torch.Tensor]
+
+
+def _one(name: str) -> _Source:
+    return _Source((name,), lambda ts: ts[0])
+
+
+def _cat(*names: str) -> _Source:
+    return _Source(names, lambda ts: torch.cat(ts, dim=0))
+
+
+def _stack(names: list[str]) -> _Source:
+    return _Source(tuple(names), lambda ts: torch.stack(ts, dim=0))
+
+
+def _stack_pairs(gates: list[str], ups: list[str]) -> _Source:
+    e = len(gates)
+    return _Source(tuple(gates + ups), lambda ts: torch.cat([torch.stack(ts[:e]), torch.stack(ts[e:])], dim=1))
+
+
+def _recipes(config: ModelConfig) -> dict[str, list[_Source]]:
+    """Our parameter name -> alternative sources, the first complete one is used."""
+    r: dict[str, list[_Source]] = {
+        "embed_tokens.weight": [_one("model.embed_tokens.weight")],
+        "norm.weight": [_one("model.norm.weight")],
+    }
+    if not config.tie_word_embeddings:
+        r["lm_head.weight"] = [_one("lm_head.weight")]
+    for i in range(config.num_layers):
+        hf, our = f"model.layers.{i}.", f"layers.{i}."
+        att = hf + "self_attn."
+        r[our + "input_norm.weight"] = [_one(hf + "input_layernorm.weight")]
+        r[our + "post_attn_norm.weight"] = [_one(hf + "post_attention_layernorm.weight")]
+        r[our + "attn.qkv_proj.weight"] = [_cat(*(f"{att}{p}_proj.weight" for p in "qkv"))]
+        if config.attention_bias:
+            r[our + "attn.qkv_proj.bias"] = [_cat(*(f"{att}{p}_proj.bias" for p in "qkv"))]
+        r[our + "attn.o_proj.weight"] = [_one(att + "o_proj.weight")]
+        if config.attention_out_bias:
+            r[our + "attn.o_proj.bias"] = [_one(att + "o_proj.bias")]
+        if config.qk_norm:
+            r[our + "attn.q_norm.weight"] = [_one(att + "q_norm.weight")]
+            r[our + "attn.k_norm.weight"] = [_one(att + "k_norm.weight")]
+        if i in config.moe_layers:
+            r.update(_moe_recipes(config, hf, our + "mlp."))
+        else:
+            r[our + "mlp.gate_up_proj.weight"] = [_cat(hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight")]
+            r[our + "mlp.down_proj.weight"] = [_one(hf + "mlp.down_proj.weight")]
+    return r
+
+
+def _moe_recipes(config: ModelConfig, hf: str, our: str) -> dict[str, list[_Source]]:
+    experts = range(config.num_experts)
+    if config.architecture == MIXTRAL:
+        prefixes, (g, u, d) = (hf + "block_sparse_moe.", hf + "mlp."), ("w1", "w3", "w2")
+    else:
+        prefixes, (g, u, d) = (hf + "mlp.",), ("gate_proj", "up_proj", "down_proj")
+    r: dict[str, list[_Source]] = {
+        our + "router.weight": [_one(p + "gate.weight") for p in prefixes],
+        our + "w_gate_up": [_one(p + "experts.gate_up_proj") for p in prefixes]
+        + [_stack_pairs([f"{p}experts.{e}.{g}.weight" for e in experts],
+                        [f"{p}experts.{e}.{u}.weight" for e in experts]) for p in prefixes],
+        our + "w_down": [_one(p + "experts.down_proj") for p in prefixes]
+        + [_stack([f"{p}experts.{e}.{d}.weight" for e in experts]) for p in prefixes],
+    }
+    if config.shared_expert_intermediate_size is not None:
+        s = hf + "mlp.shared_expert."
+        r[our + "shared_expert.gate_up_proj.weight"] = [_cat(s + "gate_proj.weight", s + "up_proj.weight")]
+        r[our + "shared_expert.down_proj.weight"] = [_one(s + "down_proj.weight")]
+        r[our + "shared_expert_gate.weight"] = [_one(hf + "mlp.shared_expert_gate.weight")]
+    return r
+
+
+def _ignored(name: str, config: ModelConfig) -> bool:
+    return name.endswith("rotary_emb.inv_freq") or (config.tie_word_embeddings and name == "lm_head.weight")
+
+
+def _check_tied_head(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> None:
+    """A tied model's file may repeat the head; if it differs, transformers unties silently. We refuse."""
+    head, embed = state_dict.get("lm_head.weight"), state_dict.get("model.embed_tokens.weight")
+    if config.tie_word_embeddings and head is not None and embed is not None and not torch.equal(head, embed):
+        raise ValueError("tie_word_embeddings=True but lm_head.weight differs from model.embed_tokens.weight; "
+                         "set tie_word_embeddings=False in config.json to use a separate head")
+
+
+def _report(kind: str, names: list[str]) -> str:
+    shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
+    return f"{kind}: {shown}"
+
+
+def load_hf_weights(model: CausalLM, state_dict: dict[str, torch.Tensor], *,
+                    dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> None:
+    """Replace every parameter of ``model`` with tensors built from an HF-named ``state_dict``.
+
+    ``dtype``/``device`` default to those of the model's current parameters (``cpu`` for
+    a model on ``meta``). The model may live on ``meta``: parameters are replaced, not
+    copied into. Validation is complete before anything is assigned; on ``ValueError``
+    (missing / unexpected / wrongly-shaped tensors, all named) the model is unchanged.
+    """
+    config = model.config
+    _check_tied_head(state_dict, config)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    recipes = _recipes(config)
+    if set(recipes) != set(params):  # programming error, not a checkpoint problem
+        raise RuntimeError(f"loader recipes out of sync with the model: {sorted(set(recipes) ^ set(params))}")
+    first = next(iter(params.values()))
+    dtype = dtype or first.dtype
+    device = torch.device(device) if device is not None else first.device
+    if device.type == "meta":
+        device = torch.device("cpu")
+
+    missing: list[str] = []
+    bad_shape: list[str] = []
+    consumed: set[str] = set()
+    built: dict[str, torch.Tensor] = {}
+    for target, alternatives in recipes.items():
+        src = next((a for a in alternatives if all(n in state_dict for n in a.names)), None)
+        if src is None:
+            best = min(alternatives, key=lambda a: sum(n not in state_dict for n in a.names))
+            missing += [n for n in best.names if n not in state_dict]
+            continue
+        consumed.update(src.names)
+        parts = [state_dict[n] for n in src.names]
+        try:
+            tensor = src.combine(parts)
+        except RuntimeError as err:
+            bad_shape.append(f"{'+'.join(src.names[:3])}{'...' if len(src.names) > 3 else ''} ({err})")
+            continue
+        want = tuple(params[target].shape)
+        if tuple(tensor.shape) != want:
+            bad_shape.append(f"{target} from {src.names[0]}{'...' if len(src.names) > 1 else ''}: "
+                             f"got {tuple(tensor.shape)}, expected {want}")
+            continue
+        built[target] = tensor
+    unexpected = sorted(n for n in state_dict if n not in consumed and not _ignored(n, config))
+    errors = [_report(k, v) for k, v in (("missing tensors", missing), ("unexpected tensors", unexpected),
+                                         ("wrongly-shaped tensors", bad_shape)) if v]
+    if errors:
+        raise ValueError(f"checkpoint does not match {config.architecture}: " + "; ".join(errors))
+
+    modules = dict(model.named_modules())
+    for target, tensor in built.items():
+        module_name, _, attr = target.rpartition(".")
+        value = tensor.to(device=device, dtype=dtype).contiguous()
+        setattr(modules[module_name], attr, nn.Parameter(value, requires_grad=False))
+
+
+def load_hf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of ``model.safetensors`` or of the shards in ``model.safetensors.index.json``, on CPU."""
+    path = Path(path)
+    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
+    if index.is_file():
+        with index.open() as f:
+            weight_map: dict[str, str] = json.load(f)["weight_map"]
+        state: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(weight_map.values())):
+            state.update(load_file(path / shard))
+        absent = sorted(set(weight_map) - set(state))
+        if absent:
+            raise ValueError(_report(f"tensors listed in {index.name} but absent from the shards", absent))
+        return state
+    if single.is_file():
+        return load_file(single)
+    raise ValueError(f"no model.safetensors or model.safetensors.index.json in {path}")
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu") -> CausalLM:
+    """Build a ``CausalLM`` from an HF directory (config.json + safetensors), in eval mode.
+
+    The model is constructed on the ``meta`` device and its parameters are replaced by the
+    checkpoint's tensors, so no memory is spent on a random initialisation.
+    """
+    config = ModelConfig.from_hf_dir(path)
+    with torch.device("meta"):
+        model = CausalLM(config)
+    load_hf_weights(model, load_hf_state_dict(path), dtype=dtype, device=device)
+    model.rotary.to(device)
+    return model.eval()

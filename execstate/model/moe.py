@@ -1,0 +1,104 @@
+"""Sparse mixture-of-experts block with route capture and replay (R3).
+
+Routing (per token, per MoE layer), as in the HF reference of each architecture:
+
+1. ``logits = router(x)`` in the model dtype; ``probs = softmax(logits)`` in fp32.
+2. ``weights, ids = topk(probs, k)``: sorted, ids ordered by descending probability.
+3. Replay: if ``ctx.routes.forced(m)`` gives ``(mask, forced_ids)``, tokens whose mask is
+   True take ``forced_ids`` and ``weights = probs.gather(forced_ids)``: the *live* router
+   probabilities at the forced experts. Unforced tokens keep their top-k, bitwise.
+4. If ``norm_topk_prob`` (always for Mixtral, whose softmax-over-top-k-logits is the same
+   thing) the k weights are divided by their sum. The weights are then cast to the model
+   dtype, except for Mixtral, which (like HF) keeps them in fp32 for the combine.
+5. Capture: if ``ctx.routes`` is set, ``ctx.routes.record(m, ids)`` with int16 ids, after
+   forcing, so a forced token records its forced ids.
+
+Forced ids are NOT validated here (range, duplicates within a row): the engine validates
+them before building the ``RouteCapture``. An id outside ``[0, num_experts)`` raises from
+``bincount``/indexing; a duplicated id counts that expert twice.
+
+Experts are stored stacked: ``w_gate_up [E, 2I, H]`` (gate rows first) and
+``w_down [E, H, I]``, the layout of transformers 5.x's in-memory expert tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from execstate.model.config import MIXTRAL, ModelConfig
+from execstate.model.context import StepContext
+from execstate.model.layers import GatedMLP
+
+
+class SparseMoE(nn.Module):
+    """The MoE MLP of one decoder layer; ``moe_index`` is its index among MoE layers.
+
+    ``forward(x [T, H], ctx) -> [T, H]``. Side effect: records this layer's routes in
+    ``ctx.routes`` when set. Host syncs: exactly one (the per-expert token counts).
+    Deterministic on every device: no atomics (each token's k expert outputs are written
+    to their own slot, then summed over k in slot order).
+    """
+
+    def __init__(self, config: ModelConfig, moe_index: int) -> None:
+        super().__init__()
+        assert config.moe_intermediate_size is not None
+        self.moe_index = moe_index
+        self.num_experts, self.top_k = config.num_experts, config.top_k
+        hidden, inter = config.hidden_size, config.moe_intermediate_size
+        self.norm_topk_prob = config.norm_topk_prob
+        self.weights_in_model_dtype = config.architecture != MIXTRAL
+        self.router = nn.Linear(hidden, self.num_experts, bias=False)
+        self.w_gate_up = nn.Parameter(torch.empty(self.num_experts, 2 * inter, hidden), requires_grad=False)
+        self.w_down = nn.Parameter(torch.empty(self.num_experts, hidden, inter), requires_grad=False)
+        self.shared_expert: GatedMLP | None = None
+        self.shared_expert_gate: nn.Linear | None = None
+        if config.shared_expert_intermediate_size is not None:
+            self.shared_expert = GatedMLP(hidden, config.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+
+    def route(self, x: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids int64 ``[T, k]``, combine weights ``[T, k]``) for ``x`` ``[T, H]``; records routes."""
+        logits = self.router(x)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        routes = ctx.routes
+        if routes is not None:
+            forced = routes.forced(self.moe_index)
+            if forced is not None:
+                mask, forced_ids = forced
+                ids = torch.where(mask[:, None], forced_ids.to(device=ids.device, dtype=ids.dtype), ids)
+                weights = probs.gather(1, ids)
+            routes.record(self.moe_index, ids.to(torch.int16))
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.weights_in_model_dtype:
+            weights = weights.to(logits.dtype)
+        return ids, weights
+
+    def experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Weighted sum of the chosen experts' SwiGLU outputs, ``[T, H]`` in ``x.dtype``."""
+        n, k = ids.shape
+        flat = ids.reshape(-1)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # the one host sync
+        order = torch.argsort(flat, stable=True)  # slots grouped by expert
+        xs = x[order // k]
+        ys = torch.empty_like(xs)
+        start = 0
+        for e, count in enumerate(counts):
+            if count == 0:
+                continue
+            end = start + count
+            gate, up = F.linear(xs[start:end], self.w_gate_up[e]).chunk(2, dim=-1)
+            ys[start:end] = F.linear(F.silu(gate) * up, self.w_down[e])
+            start = end
+        per_slot = torch.empty_like(ys).index_copy_(0, order, ys).view(n, k, -1)
+        return (per_slot * weights[..., None]).to(x.dtype).sum(dim=1)
+
+    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        ids, weights = self.route(x, ctx)
+        out = self.experts(x, ids, weights)
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out

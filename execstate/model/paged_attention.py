@@ -1,0 +1,98 @@
+"""Attention over block tables (the engine's AttentionBackend).
+
+A step's flat token batch holds spans, one per scheduled request: ``num_query`` new
+tokens whose positions continue a context of ``context_len - num_query`` tokens whose
+K/V already sit in the request's blocks. All index tensors are built once per step
+(``__init__``) and reused by every layer:
+
+- every layer first writes the new K/V into the pool in place (slot mapping);
+- decode spans (one query each) are batched: their contexts are gathered into a
+  padded ``[B, L_max]`` view with a boolean mask and GQA is done by folding query
+  heads onto their KV head (``[B, n_kv, group, d]``), no K/V repeat;
+- prefill spans run one by one: a span with no cached context attends to its own
+  fresh K/V causally; a span continuing a context (prefix hit, chunked prefill,
+  resumed request) gathers its context and uses an explicit causal mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from execstate.state.kv_pool import KVPool
+
+
+@dataclass(frozen=True)
+class SeqSpan:
+    token_start: int  # index of the span's first token in the flat batch
+    num_query: int
+    context_len: int  # tokens in context after this step (cached + new)
+    block_ids: list[int]
+
+
+class PagedAttention:
+    def __init__(self, pool: KVPool, spans: list[SeqSpan], device: torch.device | str = "cpu") -> None:
+        self.pool = pool
+        bs = pool.block_size
+        slot_mapping: list[int] = []
+        decode: list[SeqSpan] = []
+        self.prefills: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]] = []
+        for span in spans:
+            start = span.context_len - span.num_query
+            for pos in range(start, span.context_len):
+                slot_mapping.append(span.block_ids[pos // bs] * bs + pos % bs)
+            if span.num_query == 1 and start > 0:
+                decode.append(span)
+            elif start == 0:
+                self.prefills.append((span.token_start, span.num_query, None, None))
+            else:
+                ctx = _context_slots(span, bs, device)
+                q_pos = torch.arange(start, span.context_len, device=device)
+                mask = torch.arange(span.context_len, device=device)[None, :] <= q_pos[:, None]
+                self.prefills.append((span.token_start, span.num_query, ctx, mask))
+        self.slot_mapping = torch.tensor(slot_mapping, dtype=torch.long, device=device)
+        self.decode_tokens: torch.Tensor | None = None
+        if decode:
+            max_len = max(s.context_len for s in decode)
+            idx = torch.zeros((len(decode), max_len), dtype=torch.long)
+            mask = torch.zeros((len(decode), 1, 1, max_len), dtype=torch.bool)
+            for i, s in enumerate(decode):
+                idx[i, : s.context_len] = _context_slots(s, bs, "cpu")
+                mask[i, 0, 0, : s.context_len] = True
+            self.decode_tokens = torch.tensor([s.token_start for s in decode], dtype=torch.long, device=device)
+            self.decode_slots = idx.to(device)
+            self.decode_mask = mask.to(device)
+
+    def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.pool.write(layer_idx, self.slot_mapping, k, v)
+        kc, vc = self.pool.k[layer_idx], self.pool.v[layer_idx]
+        n_heads, head_dim = q.shape[1], q.shape[2]
+        n_kv = k.shape[1]
+        out = torch.empty_like(q)
+        if self.decode_tokens is not None:
+            b = self.decode_tokens.shape[0]
+            qd = q.index_select(0, self.decode_tokens).view(b, n_kv, n_heads // n_kv, head_dim)
+            kd = kc[self.decode_slots].transpose(1, 2)
+            vd = vc[self.decode_slots].transpose(1, 2)
+            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=self.decode_mask)
+            out.index_copy_(0, self.decode_tokens, od.reshape(b, n_heads, head_dim))
+        for start, n, ctx, mask in self.prefills:
+            qp = q[start : start + n].transpose(0, 1)
+            if ctx is None:
+                kp = k[start : start + n].transpose(0, 1)
+                vp = v[start : start + n].transpose(0, 1)
+                op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=True)
+            else:
+                kp = kc[ctx].transpose(0, 1)
+                vp = vc[ctx].transpose(0, 1)
+                op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, enable_gqa=True)
+            out[start : start + n] = op.transpose(0, 1)
+        return out
+
+
+def _context_slots(span: SeqSpan, block_size: int, device: torch.device | str) -> torch.Tensor:
+    blocks = torch.tensor(span.block_ids[: -(-span.context_len // block_size)], dtype=torch.long)
+    slots = (blocks[:, None] * block_size + torch.arange(block_size)[None, :]).reshape(-1)
+    return slots[: span.context_len].to(device)

@@ -1,0 +1,94 @@
+"""Decoder-only causal LM over a flat token batch.
+
+``CausalLM.forward(input_ids [T], ctx) -> hidden [T, H]`` (after the final norm) and
+``compute_logits(hidden [n, H]) -> float32 [n, vocab]``: the engine picks which rows need
+logits (usually the last token of each sequence) between the two calls. Positions come
+from ``ctx.positions``; attention goes through ``ctx.attention``; MoE layers record (and
+replay) routes through ``ctx.routes``. Parameter names are ours (see ``loader.py`` for the
+mapping from HF checkpoint names).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from execstate.model.config import ModelConfig
+from execstate.model.context import StepContext
+from execstate.model.layers import Attention, GatedMLP, RMSNorm
+from execstate.model.moe import SparseMoE
+from execstate.model.rotary import RotaryEmbedding
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; ``mlp`` is dense or MoE."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attn = Attention(config, layer_idx)
+        self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp: GatedMLP | SparseMoE
+        if layer_idx in config.moe_layers:
+            self.mlp = SparseMoE(config, config.moe_layers.index(layer_idx))
+        else:
+            self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        x = x + self.attn(self.input_norm(x), cos, sin, ctx)
+        h = self.post_attn_norm(x)
+        return x + (self.mlp(h, ctx) if isinstance(self.mlp, SparseMoE) else self.mlp(h))
+
+
+class CausalLM(nn.Module):
+    """A causal LM built from a ``ModelConfig``; weights are uninitialised until loaded.
+
+    Build on the ``meta`` device and load with ``loader.load_model`` (or call
+    ``load_hf_weights``) to avoid initialising tensors that are then overwritten. All
+    parameters have ``requires_grad=False``.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config)
+        self.requires_grad_(False)
+
+    def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """Hidden states ``[T, H]`` (final norm applied) for the flat batch ``input_ids`` ``[T]``.
+
+        Must be called inside ``ctx`` (``with ctx:``). ``ctx.positions`` is ``[T]``; when
+        ``ctx.routes`` is set its shape must be ``(T, num_moe_layers, top_k)``.
+        """
+        ctx.check_active()
+        n = input_ids.shape[0]
+        if input_ids.dim() != 1 or ctx.positions.shape != (n,):
+            raise ValueError(f"input_ids must be [T] and positions [T]; got {tuple(input_ids.shape)} "
+                             f"and {tuple(ctx.positions.shape)}")
+        routes = ctx.routes
+        if routes is not None:
+            want = (n, self.config.num_moe_layers, self.config.top_k)
+            got = (routes.num_tokens, routes.num_moe_layers, routes.top_k)
+            if got != want:
+                raise ValueError(f"RouteCapture shape {got} does not match (tokens, moe layers, top_k) {want}")
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, ctx)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``[n, vocab]`` for hidden states ``[n, H]`` (matmul in the model dtype)."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def load_hf_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Assign weights from an HF-named state dict; see ``loader.load_hf_weights``."""
+        from execstate.model.loader import load_hf_weights
+
+        load_hf_weights(self, state_dict)

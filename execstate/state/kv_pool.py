@@ -1,0 +1,45 @@
+"""The KV tensors: the only module of state/ that holds torch tensors.
+
+Layout: per layer, a flat slot axis ``[num_blocks * block_size, n_kv_heads, head_dim]``
+for K and V; block ``b`` owns slots ``[b * block_size, (b + 1) * block_size)``. Writes
+are in place (``index_copy_``), never through a temporary of pool size. Unused slots
+hold zeros (not garbage), so masked-out positions can never inject NaN/Inf.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVPool:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"KV pool needs at least one block, got {num_blocks}")
+        self.num_layers = num_layers
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    @staticmethod
+    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k/v ``[T, n_kv_heads, head_dim]`` at flat ``slots`` ``[T]`` in place."""
+        self.k[layer].index_copy_(0, slots, k)
+        self.v[layer].index_copy_(0, slots, v)
+
+    def block_slots(self, block_id: int) -> slice:
+        return slice(block_id * self.block_size, (block_id + 1) * self.block_size)
