@@ -57,8 +57,11 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.block_size = config.block_size
         bpb = KVPool.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype)
-        num_blocks = config.num_kv_blocks or max(1, config.kv_cache_memory_bytes // bpb)
         min_blocks = -(-self.max_model_len // config.block_size)
+        # Never allocate more than max_num_seqs full-length sequences could ever use.
+        num_blocks = config.num_kv_blocks or max(
+            1, min(config.kv_cache_memory_bytes // bpb, config.max_num_seqs * min_blocks)
+        )
         if num_blocks < min_blocks:
             raise ValueError(
                 f"KV pool of {num_blocks} blocks cannot hold one max_model_len={self.max_model_len} "

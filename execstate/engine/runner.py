@@ -60,7 +60,10 @@ class ModelRunner:
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
         routes = None
         if self.capture_routes or forced_rows:
-            routes = RouteCapture(num_tokens, self.num_moe_layers, self.top_k, *self._forced(num_tokens, forced_rows))
+            forced_ids, forced_mask = self._forced(num_tokens, forced_rows)
+            routes = RouteCapture(
+                num_tokens, self.num_moe_layers, self.top_k, forced_ids, forced_mask, device=self.device
+            )
         attention = PagedAttention(self.kv_pool, spans, self.device)
         with StepContext(pos_t, attention, routes) as ctx:
             hidden = self.model(ids_t, ctx)

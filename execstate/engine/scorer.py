@@ -43,7 +43,7 @@ def score_tokens(engine: LLMEngine, token_ids: list[int], routed_experts: np.nda
         forced_mask = torch.zeros(n, dtype=torch.bool)
         forced_mask[: len(arr)] = True
         forced_ids, forced_mask = forced_ids.to(dev), forced_mask.to(dev)
-    routes = RouteCapture(n, mc.num_moe_layers, mc.top_k, forced_ids, forced_mask) if mc.is_moe else None
+    routes = RouteCapture(n, mc.num_moe_layers, mc.top_k, forced_ids, forced_mask, device=dev) if mc.is_moe else None
     ids = torch.tensor(token_ids, dtype=torch.long, device=dev)
     positions = torch.arange(n, device=dev)
     with StepContext(positions, DenseCausalAttention(), routes) as ctx:

@@ -13,7 +13,7 @@ with a ``ValueError`` instead of being silently ignored.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,8 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                 num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=32768,
                 rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None),
 }
+_MODEL_TYPES = {"qwen3_moe": QWEN3_MOE, "qwen2_moe": QWEN2_MOE, "mixtral": MIXTRAL, "olmoe": OLMOE,
+                "llama": LLAMA, "qwen3": QWEN3}
 _MOE_ARCHS = (QWEN3_MOE, QWEN2_MOE, MIXTRAL, OLMOE)
 # Which key wins when a config.json carries both spellings of the expert count; this is
 # what transformers 5.23 resolves to (it depends on each class's attribute_map).
@@ -93,7 +95,7 @@ class ModelConfig:
     intermediate_size: int
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling: dict[str, Any] | None
+    rope_scaling: dict[str, Any] | None = field(hash=False)
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool
@@ -133,10 +135,17 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        """Parse a config.json dict. Unknown architecture or unsupported feature: ValueError."""
+        """Parse a config.json dict. Unknown architecture or unsupported feature: ValueError.
+
+        The architecture is ``architectures[0]`` (exactly one entry), or, when the list is
+        absent, the one ``AutoModelForCausalLM`` picks for ``model_type``.
+        """
         archs = d.get("architectures") or []
+        if not archs and d.get("model_type") in _MODEL_TYPES:  # AutoModelForCausalLM's choice
+            archs = [_MODEL_TYPES[d["model_type"]]]
         if len(archs) != 1:
-            raise ValueError(f"config.json must name exactly one architecture, got {archs!r}")
+            raise ValueError(f"config.json must name exactly one architecture, got {archs!r} "
+                             f"(model_type={d.get('model_type')!r})")
         arch = archs[0]
         if arch not in _DEFAULTS:
             raise ValueError(f"unsupported architecture {arch!r} (supported: {', '.join(_DEFAULTS)})")
@@ -255,7 +264,8 @@ def _validate(c: ModelConfig) -> None:
     if bad:
         raise ValueError(f"{c.architecture}: fields must be positive: {', '.join(bad)}")
     if c.num_heads % c.num_kv_heads:
-        raise ValueError(f"{c.architecture}: num_heads={c.num_heads} not a multiple of num_kv_heads={c.num_kv_heads}")
+        raise ValueError(f"{c.architecture}: num_heads={c.num_heads} not a multiple of "
+                         f"num_kv_heads={c.num_kv_heads}")
     if c.head_dim % 2:
         raise ValueError(f"{c.architecture}: head_dim={c.head_dim} must be even for RoPE")
     if c.hidden_act != "silu":
@@ -263,12 +273,13 @@ def _validate(c: ModelConfig) -> None:
     if not c.qk_norm_per_head and c.qk_norm and c.head_dim * c.num_heads != c.hidden_size:
         raise ValueError(f"{c.architecture}: OLMoE needs head_dim * num_heads == hidden_size")
     if c.moe_layers:
-        if list(c.moe_layers) != sorted(set(c.moe_layers)) or not 0 <= c.moe_layers[0] <= c.moe_layers[-1] < c.num_layers:
+        layers = list(c.moe_layers)
+        if layers != sorted(set(layers)) or not 0 <= layers[0] <= layers[-1] < c.num_layers:
             raise ValueError(f"{c.architecture}: invalid moe_layers {c.moe_layers}")
         if not 1 <= c.top_k <= c.num_experts:
             raise ValueError(f"{c.architecture}: need 1 <= top_k={c.top_k} <= num_experts={c.num_experts}")
         if c.num_experts > 32767:
-            raise ValueError(f"{c.architecture}: num_experts={c.num_experts} does not fit int16 route records")
+            raise ValueError(f"{c.architecture}: num_experts={c.num_experts} does not fit int16 routes")
         if not c.moe_intermediate_size or c.moe_intermediate_size <= 0:
             raise ValueError(f"{c.architecture}: moe_intermediate_size must be positive")
     elif c.num_experts or c.top_k:

@@ -28,8 +28,10 @@ class AttentionBackend(Protocol):
 
     Contract: ``forward`` is called exactly once per layer per step, in layer order.
     ``q`` is ``[T, n_heads, head_dim]``, ``k``/``v`` are ``[T, n_kv_heads, head_dim]``
-    (RoPE already applied to q and k). Returns ``[T, n_heads, head_dim]``. Side
-    effect: the backend may store k/v (in place) for later steps.
+    (RoPE already applied to q and k), contiguous, in the model dtype and on the model
+    device; the backend must not modify them in place. Returns ``[T, n_heads, head_dim]``
+    in the same dtype. Softmax scale is ``head_dim ** -0.5``. Side effect: the backend
+    may store k/v (in place, into its own storage) for later steps.
     """
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
@@ -47,7 +49,11 @@ class RouteCapture:
     (``bool[T]``) are set, tokens whose mask is True use the forced experts instead of
     top-k; their combine weights are still taken from the live router probabilities
     (gathered at the forced ids, renormalised exactly as the architecture renormalises
-    its top-k). The recorded ids of a forced token are the forced ids.
+    its top-k). The recorded ids of a forced token are the forced ids, in the given
+    order. The model does NOT validate forced ids (range ``[0, n_experts)``, no
+    duplicates in a row): the engine must, before building the capture; on CUDA an
+    out-of-range id is a device-side assert that poisons the process. Any integer dtype
+    and device is accepted for ``forced_ids``/``forced_mask`` (moved per layer).
     """
 
     num_tokens: int
@@ -55,10 +61,14 @@ class RouteCapture:
     top_k: int
     forced_ids: torch.Tensor | None = None
     forced_mask: torch.Tensor | None = None
+    device: torch.device | str = "cpu"
     ids: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
-        self.ids = torch.empty((self.num_tokens, self.num_moe_layers, self.top_k), dtype=torch.int16)
+        # Lives on the model's device: recording is an async device copy, and the step
+        # moves the whole [T, L, K] array to the host once.
+        shape = (self.num_tokens, self.num_moe_layers, self.top_k)
+        self.ids = torch.empty(shape, dtype=torch.int16, device=self.device)
         if (self.forced_ids is None) != (self.forced_mask is None):
             raise ValueError("forced_ids and forced_mask must be given together")
 

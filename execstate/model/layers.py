@@ -63,21 +63,25 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        qkv_size = self.q_size + 2 * self.kv_size
+        self.qkv_proj = nn.Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.attention_out_bias)
         self.per_head_norm = config.qk_norm_per_head
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if config.qk_norm:
-            q_dim, k_dim = (self.head_dim, self.head_dim) if self.per_head_norm else (self.q_size, self.kv_size)
+            per_head = (self.head_dim, self.head_dim)
+            q_dim, k_dim = per_head if self.per_head_norm else (self.q_size, self.kv_size)
             self.q_norm = RMSNorm(q_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(k_dim, config.rms_norm_eps)
         self.clip_qkv = config.clip_qkv
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                ctx: StepContext) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None and self.k_norm is not None and not self.per_head_norm:

@@ -64,7 +64,10 @@ def _stack(names: list[str]) -> _Source:
 
 def _stack_pairs(gates: list[str], ups: list[str]) -> _Source:
     e = len(gates)
-    return _Source(tuple(gates + ups), lambda ts: torch.cat([torch.stack(ts[:e]), torch.stack(ts[e:])], dim=1))
+    def combine(ts: Tensors) -> torch.Tensor:  # [E, I, H] gates | [E, I, H] ups -> [E, 2I, H]
+        return torch.cat([torch.stack(ts[:e]), torch.stack(ts[e:])], dim=1)
+
+    return _Source(tuple(gates + ups), combine)
 
 
 def _recipes(config: ModelConfig) -> dict[str, list[_Source]]:
@@ -92,7 +95,8 @@ def _recipes(config: ModelConfig) -> dict[str, list[_Source]]:
         if i in config.moe_layers:
             r.update(_moe_recipes(config, hf, our + "mlp."))
         else:
-            r[our + "mlp.gate_up_proj.weight"] = [_cat(hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight")]
+            mlp = hf + "mlp."
+            r[our + "mlp.gate_up_proj.weight"] = [_cat(mlp + "gate_proj.weight", mlp + "up_proj.weight")]
             r[our + "mlp.down_proj.weight"] = [_one(hf + "mlp.down_proj.weight")]
     return r
 
@@ -127,8 +131,9 @@ def _check_tied_head(state_dict: dict[str, torch.Tensor], config: ModelConfig) -
     """A tied model's file may repeat the head; if it differs, transformers unties silently. We refuse."""
     head, embed = state_dict.get("lm_head.weight"), state_dict.get("model.embed_tokens.weight")
     if config.tie_word_embeddings and head is not None and embed is not None and not torch.equal(head, embed):
-        raise ValueError("tie_word_embeddings=True but lm_head.weight differs from model.embed_tokens.weight; "
-                         "set tie_word_embeddings=False in config.json to use a separate head")
+        raise ValueError("tie_word_embeddings=True but lm_head.weight differs from "
+                         "model.embed_tokens.weight; set tie_word_embeddings=False in config.json "
+                         "to use a separate head")
 
 
 def _report(kind: str, names: list[str]) -> str:
@@ -142,8 +147,10 @@ def load_hf_weights(model: CausalLM, state_dict: dict[str, torch.Tensor], *,
 
     ``dtype``/``device`` default to those of the model's current parameters (``cpu`` for
     a model on ``meta``). The model may live on ``meta``: parameters are replaced, not
-    copied into. Validation is complete before anything is assigned; on ``ValueError``
-    (missing / unexpected / wrongly-shaped tensors, all named) the model is unchanged.
+    copied into; each is a fresh, contiguous, allocator-aligned tensor (numerics then do
+    not depend on how the checkpoint was laid out). Validation is complete before
+    anything is assigned; on ``ValueError`` (missing / unexpected / wrongly-shaped
+    tensors, all named) the model is unchanged.
     """
     config = model.config
     _check_tied_head(state_dict, config)
@@ -163,9 +170,10 @@ def load_hf_weights(model: CausalLM, state_dict: dict[str, torch.Tensor], *,
     built: dict[str, torch.Tensor] = {}
     for target, alternatives in recipes.items():
         src = next((a for a in alternatives if all(n in state_dict for n in a.names)), None)
-        if src is None:
-            best = min(alternatives, key=lambda a: sum(n not in state_dict for n in a.names))
+        if src is None:  # report against the alternative the checkpoint most looks like
+            best = max(alternatives, key=lambda a: (sum(n in state_dict for n in a.names), -len(a.names)))
             missing += [n for n in best.names if n not in state_dict]
+            consumed.update(n for n in best.names if n in state_dict)
             continue
         consumed.update(src.names)
         parts = [state_dict[n] for n in src.names]
@@ -189,7 +197,9 @@ def load_hf_weights(model: CausalLM, state_dict: dict[str, torch.Tensor], *,
     modules = dict(model.named_modules())
     for target, tensor in built.items():
         module_name, _, attr = target.rpartition(".")
-        value = tensor.to(device=device, dtype=dtype).contiguous()
+        # Always a fresh allocation, never a view into the file's buffer: CPU GEMMs round
+        # differently depending on pointer alignment, and replay must be bitwise across loads.
+        value = torch.empty(tensor.shape, dtype=dtype, device=device).copy_(tensor)
         setattr(modules[module_name], attr, nn.Parameter(value, requires_grad=False))
 
 

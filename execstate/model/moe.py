@@ -68,7 +68,8 @@ class SparseMoE(nn.Module):
             forced = routes.forced(self.moe_index)
             if forced is not None:
                 mask, forced_ids = forced
-                ids = torch.where(mask[:, None], forced_ids.to(device=ids.device, dtype=ids.dtype), ids)
+                mask = mask.to(device=ids.device)[:, None]
+                ids = torch.where(mask, forced_ids.to(device=ids.device, dtype=ids.dtype), ids)
                 weights = probs.gather(1, ids)
             routes.record(self.moe_index, ids.to(torch.int16))
         if self.norm_topk_prob:

@@ -34,7 +34,8 @@ _TINY: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_moe": ("Qwen3MoeConfig", dict(
         num_hidden_layers=3, head_dim=32, intermediate_size=96, moe_intermediate_size=32, num_experts=8,
         num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
-        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64))),
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                             original_max_position_embeddings=64))),
     "qwen2_moe": ("Qwen2MoeConfig", dict(
         num_hidden_layers=4, decoder_sparse_step=2, intermediate_size=96, moe_intermediate_size=32,
         shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2, qkv_bias=True)),

@@ -35,7 +35,8 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                ctx: StepContext) -> torch.Tensor:
         x = x + self.attn(self.input_norm(x), cos, sin, ctx)
         h = self.post_attn_norm(x)
         return x + (self.mlp(h, ctx) if isinstance(self.mlp, SparseMoE) else self.mlp(h))
@@ -55,7 +56,9 @@ class CausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head: nn.Linear | None = None
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config)
         self.requires_grad_(False)
 
@@ -75,7 +78,7 @@ class CausalLM(nn.Module):
             want = (n, self.config.num_moe_layers, self.config.top_k)
             got = (routes.num_tokens, routes.num_moe_layers, routes.top_k)
             if got != want:
-                raise ValueError(f"RouteCapture shape {got} does not match (tokens, moe layers, top_k) {want}")
+                raise ValueError(f"RouteCapture shape {got} != (tokens, moe layers, top_k) {want}")
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
         for layer in self.layers:

@@ -120,6 +120,17 @@ def fit_head_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return num / den
 
 
+def linear_regime_norm(x: torch.Tensor, eps: float, delta: float) -> tuple[float, torch.Tensor]:
+    """(power-of-two scale s for the projection, RMSNorm weight) making ``norm(s*x) ~= x``.
+
+    With ``s^2 * mean(x^2) <= delta * eps`` for every calibration row, ``eps`` dominates the
+    RMS, so ``RMSNorm(s*x) * sqrt(eps)/s = x / sqrt(1 + s^2*mean(x^2)/eps)``: x to within delta/2.
+    """
+    peak = float(x.pow(2).mean(-1).max())
+    scale = 2.0 ** np.floor(np.log2(np.sqrt(delta * eps / max(peak, 1e-30))))
+    return scale, torch.full((x.shape[-1],), np.sqrt(eps) / scale, dtype=torch.float64)
+
+
 def make_router(x: torch.Tensor, num_experts: int, logit_std: float, rng: np.random.Generator) -> torch.Tensor:
     """Seeded router ``[E, H]`` over MLP inputs ``x`` ``[T, H]`` (float64).
 
@@ -170,7 +181,7 @@ def moe_config(dense: dict[str, Any], layers: list[int], *, num_experts: int, to
 
 def upcycled_state_dict(sd: dict[str, torch.Tensor], cfg: dict[str, Any], acts: dict[str, torch.Tensor],
                         layers: list[int], *, num_experts: int, noise: float, logit_std: float, seed: int,
-                        qk_norm: str = "calibrated") -> dict[str, torch.Tensor]:
+                        qk_norm: str = "linear", delta: float = 1e-4) -> dict[str, torch.Tensor]:
     """Qwen3-MoE tensors (HF hub layout: per-expert ``mlp.experts.E.*_proj`` + ``mlp.gate``)."""
     hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     out: dict[str, torch.Tensor] = {}
@@ -179,14 +190,20 @@ def upcycled_state_dict(sd: dict[str, torch.Tensor], cfg: dict[str, Any], acts: 
         if name.startswith("model.layers.") and int(parts[2]) in layers and parts[3] == "mlp":
             continue
         out[name] = w.to(torch.float32).contiguous()
+    eps = cfg["rms_norm_eps"]
     for i in range(cfg["num_hidden_layers"]):
         for which in ("q", "k"):
-            if qk_norm == "calibrated":
-                w = fit_head_norm(acts[f"{which}{i}"], cfg["rms_norm_eps"])
+            x = acts[f"{which}{i}"]
+            if qk_norm == "linear":
+                scale, w = linear_regime_norm(x, eps, delta)
+                name = f"model.layers.{i}.self_attn.{which}_proj.weight"
+                out[name] = (sd[name].to(torch.float64) * scale).to(torch.float32)
+            elif qk_norm == "calibrated":
+                w = fit_head_norm(x, eps)
             elif qk_norm == "identity":
                 w = torch.ones(hd)
             else:
-                raise ValueError(f"qk_norm must be 'calibrated' or 'identity', got {qk_norm!r}")
+                raise ValueError(f"qk_norm must be 'linear', 'calibrated' or 'identity', got {qk_norm!r}")
             out[f"model.layers.{i}.self_attn.{which}_norm.weight"] = w.to(torch.float32)
     for i in layers:
         pre = f"model.layers.{i}.mlp."

@@ -1,4 +1,5 @@
 from __future__ import annotations
+import tests.engine._shim_tmp  # noqa
 
 from pathlib import Path
 

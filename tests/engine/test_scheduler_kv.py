@@ -187,3 +187,31 @@ def test_abort_releases_everything():
     assert pool.num_used == 0
     assert sched.abort("a") is None
     pool.check_integrity()
+
+
+def test_route_record_outlives_evicted_block_while_a_request_needs_it():
+    sched, pool, store = make(num_blocks=8)
+    a = new_req("a", list(range(9)))
+    sched.add(a)
+    drain(sched)
+    b = new_req("b", list(range(9)) + [50])
+    sched.add(b)
+    run_step(sched)
+    assert b.num_cached_tokens == 8
+    hit_keys = b.block_keys[:2]
+    sched._preempt(b)  # b gives its blocks back but still owes those rows
+    sched.running.remove(b)
+    taken = pool.allocate(pool.num_free)  # evicts every cached block
+    assert all(pool.lookup(k) is None for k in hit_keys)
+    assert all(store.has(k) for k in hit_keys)  # leased by b: still alive
+    pool.free(taken)
+    drain(sched)
+    assert b.is_finished
+    np.testing.assert_array_equal(b.routes.rows(0, 8), fake_rows(list(range(8)), 0))
+    # b recomputed the evicted blocks and re-committed them: each unit is whole again
+    # (KV block cached and its record alive), and no lease is left behind.
+    assert all(pool.lookup(k) is not None and store.has(k) for k in hit_keys)
+    assert all(store.lease_count(k) == 0 for k in hit_keys)
+    assert store.num_pending_drop == 0
+    store.check_integrity()
+    pool.check_integrity()
