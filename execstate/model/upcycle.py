@@ -150,12 +150,17 @@ def make_router(x: torch.Tensor, num_experts: int, logit_std: float, rng: np.ran
 
 
 def perturb(w: torch.Tensor, noise: float, rng: np.random.Generator) -> torch.Tensor:
-    """``w * (1 + a*N1) + a*std(w)*N2`` with ``a = noise/sqrt(2)``: total noise ~ ``noise*std(w)``."""
-    a = noise / np.sqrt(2.0)
-    w64 = w.to(torch.float64)
-    n1 = torch.from_numpy(rng.standard_normal(tuple(w.shape)))
-    n2 = torch.from_numpy(rng.standard_normal(tuple(w.shape)))
-    return w64 * (1.0 + a * n1) + (a * w64.std()) * n2
+    """``w * (1 + a*N1) + a*std(w)*N2`` with ``a = noise/sqrt(2)``: total noise ~ ``noise*std(w)``.
+
+    Elementwise float32 arithmetic on numpy PCG64 normals (std in float64), so bytes are
+    reproducible across machines.
+    """
+    a = np.float32(noise / np.sqrt(2.0))
+    w32 = w.to(torch.float32).numpy()
+    sd = np.float32(a * np.std(w32, dtype=np.float64))
+    n1 = rng.standard_normal(w32.shape, dtype=np.float32)
+    n2 = rng.standard_normal(w32.shape, dtype=np.float32)
+    return torch.from_numpy(w32 * (np.float32(1.0) + a * n1) + sd * n2)
 
 
 def moe_config(dense: dict[str, Any], layers: list[int], *, num_experts: int, top_k: int, every: int) -> dict:
@@ -218,7 +223,8 @@ def upcycled_state_dict(sd: dict[str, torch.Tensor], cfg: dict[str, Any], acts: 
 
 
 def upcycle(src_dir: Path, out_dir: Path, *, num_experts: int = 8, top_k: int = 2, every: int = 3,
-            noise: float = 0.1, logit_std: float = 4.0, seed: int = 0, qk_norm: str = "calibrated") -> dict:
+            noise: float = 0.1, logit_std: float = 4.0, seed: int = 0, qk_norm: str = "linear",
+            delta: float = 1e-4) -> dict:
     """Write a Qwen3-MoE checkpoint upcycled from the dense HF Llama in ``src_dir``; returns its config.
 
     Not atomic by itself (``registry.prepare`` builds into a temp dir and renames it).
@@ -235,10 +241,10 @@ def upcycle(src_dir: Path, out_dir: Path, *, num_experts: int = 8, top_k: int = 
     layers = moe_layer_indices(dense["num_hidden_layers"], every)
     acts = collect_activations(sd, dense, calibration_batches(src_dir, dense["vocab_size"], seed), layers)
     tensors = upcycled_state_dict(sd, dense, acts, layers, num_experts=num_experts, noise=noise,
-                                  logit_std=logit_std, seed=seed, qk_norm=qk_norm)
+                                  logit_std=logit_std, seed=seed, qk_norm=qk_norm, delta=delta)
     cfg = moe_config(dense, layers, num_experts=num_experts, top_k=top_k, every=every)
     cfg["execstate_upcycle"] = {"seed": seed, "noise": noise, "logit_std": logit_std, "qk_norm": qk_norm,
-                                "recipe_version": RECIPE_VERSION}
+                                "delta": delta, "recipe_version": RECIPE_VERSION}
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")

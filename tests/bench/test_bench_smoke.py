@@ -70,7 +70,7 @@ def test_table_renders(report):
     from execstate.bench.throughput import format_table
 
     text = format_table(report)
-    assert "R3 overhead" in text and "transformers" in text and "not" in text
+    assert "R3 overhead" in text and "transformers" in text and "only for the dense" in text
 
 
 def _tiny_gguf(path):

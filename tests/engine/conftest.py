@@ -1,5 +1,4 @@
 from __future__ import annotations
-import tests.engine._shim_tmp  # noqa
 
 from pathlib import Path
 

