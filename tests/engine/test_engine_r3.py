@@ -204,3 +204,16 @@ def test_dense_model_has_no_routes(dense_dir):
     )[0]
     assert out.outputs[0].routed_experts is None
     assert len(out.outputs[0].token_ids) == 12
+
+
+def test_bf16_engine_routes_are_consistent(moe_dir):
+    shared = prompt(13, 32)
+    engine = llm(moe_dir, dtype="bfloat16")
+    a = engine.generate({"prompt_token_ids": shared + [7, 8]}, GREEDY, use_tqdm=False)[0]
+    b = engine.generate({"prompt_token_ids": shared + [9]}, GREEDY, use_tqdm=False)[0]
+    assert engine.engine.kv_pool.k.dtype == torch.bfloat16
+    assert b.num_cached_tokens == 32
+    ra, rb = a.outputs[0].routed_experts, b.outputs[0].routed_experts
+    assert ra.shape == (34 + 12 - 1, 2, 2) and rb.shape == (33 + 12 - 1, 2, 2)
+    assert rb[:32].tobytes() == ra[:32].tobytes()
+    assert ((ra >= 0) & (ra < 8)).all()
