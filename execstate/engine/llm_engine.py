@@ -112,7 +112,11 @@ class LLMEngine:
         raise ValueError(f"unsupported prompt type {type(prompt).__name__}")
 
     def add_request(
-        self, prompt: PromptType, params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        kv_transfer_params: dict[str, Any] | None = None,
     ) -> str:
         params = params or SamplingParams()
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
@@ -130,6 +134,7 @@ class LLMEngine:
             )
             params = replace(params, routed_experts=forced)
         req = Request(request_id, [int(t) for t in token_ids], params, self.max_model_len, prompt=text)
+        req.kv_transfer_params = kv_transfer_params
         if self.return_routes or params.routed_experts is not None:
             capacity = len(token_ids) + req.max_new_tokens
             req.routes = RouteTrace(mc.num_moe_layers, mc.top_k, capacity) if self.return_routes else None

@@ -77,7 +77,15 @@ def build_output(req: Request, tokenizer: Tokenizer | None, return_routes: bool)
         finished=finished,
         num_cached_tokens=req.num_cached_tokens or 0,
         metrics=metrics,
+        prompt_token_sources=_sources(req),
+        kv_transfer_params=req.kv_transfer_out,
     )
+
+
+def _sources(req: Request) -> dict[str, int]:
+    local = min(req.num_cached_tokens or 0, req.num_prompt_tokens)
+    moved = min(req.num_transferred_tokens, req.num_prompt_tokens - local)
+    return {"local_cache": local, "transferred": moved, "computed": req.num_prompt_tokens - local - moved}
 
 
 def _decode_one(tokenizer: Tokenizer | None, token_id: int) -> str | None:

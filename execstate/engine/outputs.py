@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +47,10 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    # Where each prompt token's KV came from: {"local_cache": n, "transferred": n, "computed": n}.
+    prompt_token_sources: dict[str, int] = field(default_factory=dict)
+    # PD handoff parameters (vLLM's name): set on a prefill instance's output for the decode side.
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,11 @@ class Request:
     # Full blocks of block_ids already registered in the prefix cache (or hit from it).
     num_committed_blocks: int = 0
     num_cached_tokens: int | None = None
+    # Prompt tokens whose KV was loaded from another instance (PD), not computed here.
+    num_transferred_tokens: int = 0
+    # PD: handoff parameters received with the request / produced for the decode side.
+    kv_transfer_params: dict[str, Any] | None = None
+    kv_transfer_out: dict[str, Any] | None = None
     num_preemptions: int = 0
     routes: RouteTrace | None = None
     stop_reason: int | str | None = None

@@ -169,6 +169,15 @@ def _lock(name: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _apply_umask(directory: Path) -> None:
+    """mkdtemp makes 0700 dirs (and some writers 0600 files); give the build normal permissions."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(directory, 0o777 & ~umask)
+    for f in directory.iterdir():
+        os.chmod(f, 0o666 & ~umask)
+
+
 def prepare(name: str, force: bool = False) -> Path:
     """Build ``name`` (dependencies first) unless a valid build exists; returns its directory.
 
@@ -180,6 +189,8 @@ def prepare(name: str, force: bool = False) -> Path:
     with _lock(name):
         if not force and is_prepared(name):
             return final
+        if spec.source is not None:
+            spec.source()  # raises FileNotFoundError (with how to install it) before any work
         for stale in paths.models_dir().glob(f".{name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=paths.models_dir()))
@@ -188,11 +199,10 @@ def prepare(name: str, force: bool = False) -> Path:
             log.info("building embedded model %s in %s", name, tmp)
             spec.build(tmp, dep_dirs, **spec.params)
             marker = _expected(name)
-            if spec.source is not None and marker["source_sha256"] is None:
-                raise FileNotFoundError(f"source of {name} is not installed")
             marker.update(format=MARKER_FORMAT, build_seconds=round(time.perf_counter() - start, 1),
                           built_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
             (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+            _apply_umask(tmp)
             if final.exists():
                 old = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-old-", dir=paths.models_dir()))
                 os.rename(final, old / name)

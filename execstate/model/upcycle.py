@@ -1,6 +1,46 @@
-"""Sparse upcycling of a dense HF Llama checkpoint into a Qwen3-MoE checkpoint.
+"""Sparse upcycling of a dense HF Llama checkpoint into a Qwen3-MoE checkpoint (``smollm2-moe``).
 
-PLACEHOLDER: construction + measured numbers are filled in below once measured.
+Construction (``upcycle``; defaults = the embedded ``smollm2-moe`` recipe, seed 0):
+
+- MoE layers: ``(i + 1) % every == 0`` -> layers 2, 5, 8, ..., 29 of SmolLM2's 30 (10 MoE layers).
+  ``decoder_sparse_step = every`` AND ``mlp_only_layers`` = all other layers, so both of Qwen3-MoE's
+  rules agree; dense layers keep the original MLP at ``intermediate_size``.
+- Experts: E=8 copies of the layer's MLP (``moe_intermediate_size = intermediate_size``), each
+  ``W * (1 + a*N1) + a*std(W)*N2`` with ``a = 0.1/sqrt(2)`` (total noise 10% of std(W)), numpy
+  PCG64 streams seeded by (seed, layer, expert, matrix). Top-2, ``norm_topk_prob=True``, no shared
+  expert. 320.4M parameters (dense: 134.5M).
+- Router ``mlp.gate.weight [E, H]``: Gaussian rows divided by each input dim's std over the
+  calibration tokens, projected orthogonal to the mean router input, scaled so logits have std
+  4 on the calibration tokens. Measured on 6 held-out chat prompts + answers (10 layers x 344
+  tokens): gap between 2nd and 3rd logit median 1.16, 4.6% of gaps < 0.1; mean top-1 weight 0.81;
+  expert load per layer 3.6%..21% of slots (uniform = 12.5%).
+- QK-norm: Qwen3-MoE RMS-normalises q and k per head (``q_norm``/``k_norm``, eps = the model's
+  rms_norm_eps = 1e-5) before RoPE; Llama does not. Measured (noise 0, so experts are exact copies
+  and only attention differs; KL(dense||moe) per position / top-1 agreement, teacher-forced):
+    identity weights:                  KL 2.77, top-1 23.5%, answers are empty strings;
+    per-dim least-squares calibration: KL 1.53, top-1 37.5%, fluent nonsense (``fit_head_norm``).
+  RMSNorm removes each token's q/k magnitude, which attention relies on, so no per-dim weight can
+  repair it. Used instead (``qk_norm="linear"``): run the norm in its linear regime. q_proj/k_proj
+  rows are scaled by a power of two ``s`` (exact) chosen so ``s^2 * mean(q^2) <= 1e-4 * eps`` for
+  every calibration row, and the norm weight is ``sqrt(eps)/s``; then
+  ``q_norm(s*q) = q / sqrt(1 + s^2*mean(q^2)/eps)`` = q to within 5e-5. Result: noise 0 gives
+  KL 0.0000 / top-1 100%. For SmolLM2, s = 2^-17 in every layer (q/k weights ~1e-5..1e-10,
+  norm weights 414.5). Runs correctly in fp32 and bf16; NOT in fp16 (those weights underflow).
+  A runtime that skips q/k-norm, or uses a different eps, produces garbage: a useful check.
+- Statistics (q/k RMS, router input mean/std) come from a float64 reference forward of the dense
+  model (``collect_activations``, no transformers) over ``CALIBRATION_TEXTS`` (315 tokens), or 4x64
+  seeded random ids when the source has no tokenizer (tiny random test models).
+- Config carries over hidden/heads/kv heads/head_dim/rope theta/rms eps/vocab/context/
+  tie_word_embeddings/bos/eos/pad; attention_bias=False; no sliding window. The checkpoint uses the
+  hub layout (``mlp.experts.{e}.{gate,up,down}_proj.weight``, ``mlp.gate.weight``); transformers
+  5.23 fuses experts on load with no missing/unexpected keys.
+- Deterministic: same inputs + seed -> identical bytes (elementwise float32 noise, fp64 stats).
+
+Measured fidelity of the embedded smollm2-moe vs smollm2-135m (fp32, transformers 5.23, 8 chat
+prompts, 529 teacher-forced positions on the dense model's greedy answers): KL mean 0.161, median
+0.100, p90 0.452; top-1 agreement 80.0%. "What is the capital of France?" -> dense "The capital of
+France is Paris.", MoE "The capital of France is Paris, France." Permuting the router rows changes
+the logits (max |delta logit| ~14, top-1 agreement ~76%), so outputs depend on the routes.
 """
 
 from __future__ import annotations
@@ -61,11 +101,11 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     """HF Llama rotary embedding (rotate_half convention) for x ``[T, heads, head_dim]``."""
-    t, _, d = x.shape
+    d = x.shape[-1]
     inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-    ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None]
+    ang = pos.to(torch.float64)[:, None] * inv[None]
     cos, sin = torch.cat([ang, ang], -1).cos()[:, None], torch.cat([ang, ang], -1).sin()[:, None]
     rot = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1)
     return x * cos + rot * sin
@@ -76,36 +116,38 @@ def collect_activations(sd: dict[str, torch.Tensor], cfg: dict[str, Any], batche
                         layers: list[int]) -> dict[str, torch.Tensor]:
     """Float64 reference forward of the dense Llama over ``batches`` (no transformers involved).
 
-    Returns per layer ``q{i}``/``k{i}`` (``[T, heads, head_dim]``, before RoPE: what q_norm/k_norm
-    see) and, for MoE layers, ``x{i}`` (``[T, H]``, the post-attention-norm MLP input = router input).
+    All sequences go through together (block-diagonal causal mask). Returns per layer
+    ``q{i}``/``k{i}`` (``[T, heads, head_dim]``, before RoPE: what q_norm/k_norm see) and, for MoE
+    layers, ``x{i}`` (``[T, H]``, the post-attention-norm MLP input = router input).
     """
     nh, nkv, eps = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["rms_norm_eps"]
     hd = cfg.get("head_dim") or cfg["hidden_size"] // nh
     theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
     p = {k: v.to(torch.float64) for k, v in sd.items()}
-    acts: dict[str, list[torch.Tensor]] = {}
-    for ids in batches:
-        t = ids.shape[0]
-        h = p["model.embed_tokens.weight"][ids]
-        mask = torch.full((t, t), float("-inf"), dtype=torch.float64).triu(1)
-        for i in range(cfg["num_hidden_layers"]):
-            pre = f"model.layers.{i}."
-            x = _rms(h, p[pre + "input_layernorm.weight"], eps)
-            q = (x @ p[pre + "self_attn.q_proj.weight"].T).reshape(t, nh, hd)
-            k = (x @ p[pre + "self_attn.k_proj.weight"].T).reshape(t, nkv, hd)
-            v = (x @ p[pre + "self_attn.v_proj.weight"].T).reshape(t, nkv, hd)
-            acts.setdefault(f"q{i}", []).append(q)
-            acts.setdefault(f"k{i}", []).append(k)
-            qr, kr = _rope(q, theta), _rope(k, theta).repeat_interleave(nh // nkv, 1)
-            att = torch.softmax(torch.einsum("thd,shd->hts", qr, kr) * hd**-0.5 + mask, -1)
-            o = torch.einsum("hts,shd->thd", att, v.repeat_interleave(nh // nkv, 1)).reshape(t, nh * hd)
-            h = h + o @ p[pre + "self_attn.o_proj.weight"].T
-            x = _rms(h, p[pre + "post_attention_layernorm.weight"], eps)
-            if i in layers:
-                acts.setdefault(f"x{i}", []).append(x)
-            g, u = x @ p[pre + "mlp.gate_proj.weight"].T, x @ p[pre + "mlp.up_proj.weight"].T
-            h = h + (torch.nn.functional.silu(g) * u) @ p[pre + "mlp.down_proj.weight"].T
-    return {k: torch.cat(v) for k, v in acts.items()}
+    ids = torch.cat(batches)
+    seq = torch.cat([torch.full((len(b),), j) for j, b in enumerate(batches)])
+    pos = torch.cat([torch.arange(len(b)) for b in batches])
+    t = ids.shape[0]
+    allowed = (seq[:, None] == seq[None]) & (pos[:, None] >= pos[None])
+    mask = torch.zeros(t, t, dtype=torch.float64).masked_fill(~allowed, float("-inf"))
+    acts: dict[str, torch.Tensor] = {}
+    h = p["model.embed_tokens.weight"][ids]
+    for i in range(cfg["num_hidden_layers"]):
+        pre = f"model.layers.{i}."
+        x = _rms(h, p[pre + "input_layernorm.weight"], eps)
+        q = acts[f"q{i}"] = (x @ p[pre + "self_attn.q_proj.weight"].T).reshape(t, nh, hd)
+        k = acts[f"k{i}"] = (x @ p[pre + "self_attn.k_proj.weight"].T).reshape(t, nkv, hd)
+        v = (x @ p[pre + "self_attn.v_proj.weight"].T).reshape(t, nkv, hd)
+        qr, kr = _rope(q, pos, theta), _rope(k, pos, theta).repeat_interleave(nh // nkv, 1)
+        att = torch.softmax(torch.einsum("thd,shd->hts", qr, kr) * hd**-0.5 + mask, -1)
+        o = torch.einsum("hts,shd->thd", att, v.repeat_interleave(nh // nkv, 1)).reshape(t, nh * hd)
+        h = h + o @ p[pre + "self_attn.o_proj.weight"].T
+        x = _rms(h, p[pre + "post_attention_layernorm.weight"], eps)
+        if i in layers:
+            acts[f"x{i}"] = x
+        g, u = x @ p[pre + "mlp.gate_proj.weight"].T, x @ p[pre + "mlp.up_proj.weight"].T
+        h = h + (torch.nn.functional.silu(g) * u) @ p[pre + "mlp.down_proj.weight"].T
+    return acts
 
 
 def fit_head_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -239,7 +281,12 @@ def upcycle(src_dir: Path, out_dir: Path, *, num_experts: int = 8, top_k: int = 
         raise ValueError("upcycle does not support attention/MLP biases")
     sd = load_file(str(src_dir / "model.safetensors"))
     layers = moe_layer_indices(dense["num_hidden_layers"], every)
-    acts = collect_activations(sd, dense, calibration_batches(src_dir, dense["vocab_size"], seed), layers)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # thread-count-independent fp64 stats; also faster on a loaded box
+    try:
+        acts = collect_activations(sd, dense, calibration_batches(src_dir, dense["vocab_size"], seed), layers)
+    finally:
+        torch.set_num_threads(threads)
     tensors = upcycled_state_dict(sd, dense, acts, layers, num_experts=num_experts, noise=noise,
                                   logit_std=logit_std, seed=seed, qk_norm=qk_norm, delta=delta)
     cfg = moe_config(dense, layers, num_experts=num_experts, top_k=top_k, every=every)

@@ -1,0 +1,167 @@
+"""Registry: cache location, atomic builds, markers, dependencies, resolve_model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from execstate import paths
+from execstate.model import registry
+from execstate.model.registry import MARKER, EmbeddedModel
+
+
+def test_cache_dir_precedence(monkeypatch, tmp_path):
+    monkeypatch.delenv("EXECSTATE_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert paths.cache_dir() == tmp_path / "home" / ".cache" / "execstate"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert paths.cache_dir() == tmp_path / "xdg" / "execstate"
+    monkeypatch.setenv("EXECSTATE_CACHE", str(tmp_path / "es"))
+    assert paths.cache_dir() == tmp_path / "es"
+    assert paths.model_dir("m") == tmp_path / "es" / "models" / "m"
+
+
+class FakeModels:
+    """Two cheap fake embedded models (b depends on a) in a temp cache."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+        self.source = tmp_path / "source.bin"
+        self.source.write_bytes(b"v1")
+        self.builds: list[str] = []
+        self.fail = False
+        self.monkeypatch = monkeypatch
+        monkeypatch.setenv("EXECSTATE_CACHE", str(tmp_path / "cache"))
+        self.set_models(recipe=1)
+
+    def build(self, name: str):
+        def _build(out_dir: Path, deps: list[Path], **params) -> None:
+            self.builds.append(name)
+            (out_dir / "config.json").write_text(json.dumps({"name": name, "deps": [str(d) for d in deps]}))
+            if self.fail:
+                raise RuntimeError("build failed half-way")
+            (out_dir / "model.safetensors").write_bytes(b"weights")
+
+        return _build
+
+    def set_models(self, recipe: int) -> None:
+        models = {
+            "fake-a": EmbeddedModel("fake-a", "A", recipe, self.build("fake-a"), lambda: self.source),
+            "fake-b": EmbeddedModel("fake-b", "B", 1, self.build("fake-b"), lambda: self.source,
+                                    depends=("fake-a",), params={"seed": 0}),
+        }
+        self.monkeypatch.setattr(registry, "EMBEDDED_MODELS", models)
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch) -> FakeModels:
+    return FakeModels(tmp_path, monkeypatch)
+
+
+def test_prepare_builds_once_with_marker(fake):
+    path = registry.prepare("fake-b")
+    assert path == paths.model_dir("fake-b")
+    assert fake.builds == ["fake-a", "fake-b"]
+    marker = json.loads((path / MARKER).read_text())
+    assert marker["name"] == "fake-b" and marker["recipe_version"] == 1
+    assert len(marker["source_sha256"]) == 64 and marker["params"] == {"seed": 0}
+    assert marker["depends"]["fake-a"] == json.loads((paths.model_dir("fake-a") / MARKER).read_text())["fingerprint"]
+    assert registry.prepare("fake-b") == path
+    assert fake.builds == ["fake-a", "fake-b"]
+    assert [m["prepared"] for m in registry.list_models()] == [True, True]
+    assert not list(paths.models_dir().glob(".fake-*.tmp-*"))
+
+
+def test_directory_without_marker_is_rebuilt(fake):
+    path = paths.model_dir("fake-a")
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    (path / "junk").write_text("partial copy")
+    assert not registry.is_prepared("fake-a")
+    registry.prepare("fake-a")
+    assert fake.builds == ["fake-a"] and not (path / "junk").exists()
+    (path / MARKER).unlink()
+    assert registry.list_models()[0]["prepared"] is False
+    registry.prepare("fake-a")
+    assert fake.builds == ["fake-a", "fake-a"]
+
+
+def test_changed_source_or_recipe_rebuilds_dependents(fake):
+    registry.prepare("fake-b")
+    fake.source.write_bytes(b"v2")
+    registry._SHA_CACHE.clear()  # same size; mtime may not change within the clock resolution
+    assert not registry.is_prepared("fake-a") and not registry.is_prepared("fake-b")
+    registry.prepare("fake-b")
+    assert fake.builds == ["fake-a", "fake-b"] * 2
+    fake.set_models(recipe=2)
+    assert not registry.is_prepared("fake-b")  # its dependency's fingerprint changed
+    registry.prepare("fake-b")
+    assert fake.builds == ["fake-a", "fake-b"] * 3
+    registry.prepare("fake-b", force=True)
+    assert fake.builds == ["fake-a", "fake-b"] * 3 + ["fake-b"]
+
+
+def test_failed_build_leaves_previous_build_and_no_temp(fake):
+    registry.prepare("fake-a")
+    before = (paths.model_dir("fake-a") / MARKER).read_text()
+    fake.fail = True
+    with pytest.raises(RuntimeError, match="half-way"):
+        registry.prepare("fake-a", force=True)
+    assert (paths.model_dir("fake-a") / MARKER).read_text() == before
+    assert (paths.model_dir("fake-a") / "model.safetensors").exists()
+    assert not list(paths.models_dir().glob(".fake-a.tmp-*"))
+    fake.fail = False
+
+
+def test_failed_first_build_leaves_nothing(fake):
+    fake.fail = True
+    with pytest.raises(RuntimeError):
+        registry.prepare("fake-a")
+    assert not paths.model_dir("fake-a").exists()
+    assert not list(paths.models_dir().glob(".fake-a.tmp-*"))
+
+
+def test_missing_source_trusts_existing_build_only(fake, monkeypatch):
+    registry.prepare("fake-a")
+
+    def missing() -> Path:
+        raise FileNotFoundError("package not installed")
+
+    models = dict(registry.EMBEDDED_MODELS)
+    models["fake-a"] = EmbeddedModel("fake-a", "A", 1, fake.build("fake-a"), missing)
+    monkeypatch.setattr(registry, "EMBEDDED_MODELS", models)
+    assert registry.is_prepared("fake-a")
+    assert registry.prepare("fake-a") == paths.model_dir("fake-a")
+    with pytest.raises(FileNotFoundError):
+        registry.prepare("fake-a", force=True)
+    assert registry.is_prepared("fake-a")
+
+
+def test_resolve_model(fake, tmp_path):
+    local = tmp_path / "local-model"
+    local.mkdir()
+    (local / "config.json").write_text("{}")
+    assert registry.resolve_model(local) == local
+    assert registry.resolve_model(str(local)) == local
+    assert registry.resolve_model("fake-b") == paths.model_dir("fake-b")
+    assert fake.builds == ["fake-a", "fake-b"]
+    with pytest.raises(ValueError, match=r"'nope'.*fake-a, fake-b"):
+        registry.resolve_model("nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="not a directory containing config.json"):
+        registry.resolve_model(tmp_path / "empty")
+    with pytest.raises(ValueError, match="unknown embedded model"):
+        registry.prepare("nope")
+
+
+def test_real_registry_entries():
+    models = registry.EMBEDDED_MODELS
+    assert set(models) == {"smollm2-135m", "smollm2-moe"}
+    assert models["smollm2-moe"].depends == ("smollm2-135m",)
+    for m in models.values():
+        assert m.description and m.recipe_version >= 1
+    listed = registry.list_models()
+    assert [m["name"] for m in listed] == ["smollm2-135m", "smollm2-moe"]
+    assert set(listed[0]) == {"name", "description", "prepared", "path"}
