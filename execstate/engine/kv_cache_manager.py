@@ -22,15 +22,39 @@ every old unit unreachable for new requests without any reset.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 
 from execstate.engine.request import Request
-from execstate.identity.keys import block_key, root_key
+from execstate.identity.keys import BlockKey, block_key, root_key
 from execstate.identity.provenance import Provenance
 from execstate.state.block_pool import BlockId, BlockPool, NoFreeBlocks
 from execstate.state.route_store import RouteStore
+
+
+class ExternalLoadError(RuntimeError):
+    """Loading state from another instance failed and the policy is ``fail``."""
+
+
+@dataclass(frozen=True)
+class ExternalLoad:
+    num_verified_blocks: int  # a verified prefix of the requested blocks
+    routes: np.ndarray | None  # int16 [num_verified_blocks * block_size, L, K] (source's records)
+
+
+class ExternalPrefix(Protocol):
+    """A source of KV units for a request's prefix held by another instance (PD)."""
+
+    def num_blocks(self, req: Request) -> int:
+        """Leading full blocks of the request the source can provide."""
+        ...
+
+    def load(self, req: Request, first_block: int, keys: list[BlockKey], dst: list[BlockId]) -> ExternalLoad:
+        """Fill ``dst`` with the KV of blocks ``first_block...`` whose expected keys are
+        ``keys``; only a verified prefix counts. Raises ExternalLoadError (policy fail)."""
+        ...
 
 
 def cdiv(a: int, b: int) -> int:
@@ -102,17 +126,32 @@ class KVCacheManager:
             hits.append(bid)
         return hits
 
-    def admit(self, req: Request, num_new_tokens: int) -> list[BlockId] | None:
+    def admit(
+        self, req: Request, num_new_tokens: int, external: ExternalPrefix | None = None
+    ) -> list[BlockId] | None:
         """Take the request's cached prefix and slots for ``num_new_tokens`` after it.
 
         Returns the hit blocks (possibly empty), or None if the pool cannot hold the
         request now (nothing changed). On success ``req.num_computed_tokens`` is the
-        number of cached tokens and the hit route rows are in ``req.routes``.
+        number of prefix tokens whose KV is in place and their route rows are in
+        ``req.routes``.
+
+        With ``external`` (PD decode side), the full blocks after the local hit are
+        loaded from another instance into freshly allocated blocks: local units first
+        (their rows are this instance's records, never the source's), then the
+        verified loaded blocks (rows from the source's records), then whatever is left
+        is computed here. The last prompt token is always computed here. A load that
+        raises ``ExternalLoadError`` releases everything and propagates.
         """
         assert not req.block_ids, "admit() on a request that still holds blocks"
         hits = self.find_cached_prefix(req)
         num_cached = len(hits) * self.block_size
         num_new_tokens = min(num_new_tokens, req.num_tokens - num_cached)
+        n_ext = 0
+        if external is not None:
+            n_ext = max(0, min(external.num_blocks(req), req.num_tokens // self.block_size) - len(hits))
+            if n_ext:  # hold the whole prompt: loaded blocks plus the tail computed here
+                num_new_tokens = req.num_tokens - num_cached
         self.pool.acquire(hits)
         need = cdiv(num_cached + num_new_tokens, self.block_size) - len(hits)
         try:
@@ -133,7 +172,30 @@ class KVCacheManager:
             assert req.routes is not None
             rows = np.concatenate([self.route_store.get(k) for k in keys])
             req.routes.fill(0, rows)
+        if n_ext:
+            assert external is not None
+            self._load_external(req, external, len(hits), n_ext)
         return hits
+
+    def _load_external(self, req: Request, external: ExternalPrefix, first: int, count: int) -> None:
+        self.update_block_keys(req)
+        keys = req.block_keys[first : first + count]
+        try:
+            loaded = external.load(req, first, keys, req.block_ids[first : first + count])
+        except ExternalLoadError:
+            self.release(req, finished=False)
+            raise
+        verified = loaded.num_verified_blocks
+        if self.route_store is not None and loaded.routes is None:
+            verified = 0  # fail closed: loaded KV without its routes is recomputed here
+        start = first * self.block_size
+        end = min((first + verified) * self.block_size, req.num_tokens - 1)
+        if end > start:
+            if self.route_store is not None:
+                assert req.routes is not None and loaded.routes is not None
+                req.routes.fill(start, loaded.routes[: end - start])
+            req.num_computed_tokens = end
+            req.num_transferred_tokens = end - start
 
     def allocate(self, req: Request, num_new_tokens: int) -> bool:
         """Reserve slots for ``num_new_tokens`` more tokens of a running request."""

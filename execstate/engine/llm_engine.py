@@ -155,10 +155,11 @@ class LLMEngine:
     # -- one step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
+        outputs = [self._finalize(r) for r in sched.failed]
         if sched.empty:
-            if self.scheduler.has_unfinished:
+            if self.scheduler.has_unfinished and not outputs and not self._blocks_held_elsewhere():
                 raise RuntimeError("scheduler made no progress although requests are waiting")
-            return []
+            return outputs
         result = self.runner.execute(sched)
         for s, off in zip(sched.scheduled, result.token_offsets, strict=True):
             req = s.request
@@ -166,11 +167,10 @@ class LLMEngine:
                 req.routes.fill(s.num_computed_before, result.routes[off : off + s.num_new_tokens])
             self.scheduler.on_computed(s)
         if not result.sample_rows:
-            return []
+            return outputs
         reqs = [sched.scheduled[i].request for i in result.sample_rows]
         banned = [self._banned(r) for r in reqs]
         sampled = sample(result.logits, [r.params for r in reqs], [r.generator for r in reqs], banned)
-        outputs: list[RequestOutput] = []
         now = time.monotonic()
         for j, req in enumerate(reqs):
             req.output_token_ids.append(sampled.token_ids[j])
@@ -185,6 +185,10 @@ class LLMEngine:
             else:
                 outputs.append(build_output(req, self.tokenizer, self.return_routes))
         return outputs
+
+    def _blocks_held_elsewhere(self) -> bool:
+        """True while blocks are pinned outside any request (PD exports awaiting pickup)."""
+        return False
 
     def _banned(self, req: Request) -> list[int]:
         if len(req.output_token_ids) >= req.params.min_tokens:

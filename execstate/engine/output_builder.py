@@ -79,6 +79,7 @@ def build_output(req: Request, tokenizer: Tokenizer | None, return_routes: bool)
         metrics=metrics,
         prompt_token_sources=_sources(req),
         kv_transfer_params=req.kv_transfer_out,
+        error=req.abort_message,
     )
 
 

@@ -51,6 +51,8 @@ class RequestOutput:
     prompt_token_sources: dict[str, int] = field(default_factory=dict)
     # PD handoff parameters (vLLM's name): set on a prefill instance's output for the decode side.
     kv_transfer_params: dict[str, Any] | None = None
+    # Why the request was aborted (request-level error), None otherwise.
+    error: str | None = None
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from execstate.engine.kv_cache_manager import KVCacheManager
+from execstate.engine.kv_cache_manager import ExternalLoadError, ExternalPrefix, KVCacheManager
 from execstate.engine.request import Request, RequestStatus
 
 
@@ -37,6 +37,8 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    # Requests that failed admission (external load failed under policy "fail"): finished.
+    failed: list[Request] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -48,7 +50,13 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_batched_tokens: int = 2048, max_num_seqs: int = 64) -> None:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        max_num_batched_tokens: int = 2048,
+        max_num_seqs: int = 64,
+        external: ExternalPrefix | None = None,
+    ) -> None:
         if max_num_batched_tokens < 1 or max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
         self.kv = kv
@@ -57,6 +65,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.external = external
 
     def add(self, req: Request) -> None:
         req.status = RequestStatus.WAITING
@@ -89,7 +98,13 @@ class Scheduler:
             return out  # the pool is full: admit nothing new this step
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            hits = self.kv.admit(req, budget)
+            try:
+                hits = self.kv.admit(req, budget, self.external)
+            except ExternalLoadError as e:
+                req.abort_message = str(e)
+                self.finish(req, RequestStatus.FINISHED_ABORTED)
+                out.failed.append(req)
+                continue
             if hits is None:
                 break
             self.waiting.popleft()

@@ -11,9 +11,10 @@ Construction (``upcycle``; defaults = the embedded ``smollm2-moe`` recipe, seed 
   expert. 320.4M parameters (dense: 134.5M).
 - Router ``mlp.gate.weight [E, H]``: Gaussian rows divided by each input dim's std over the
   calibration tokens, projected orthogonal to the mean router input, scaled so logits have std
-  4 on the calibration tokens. Measured on 6 held-out chat prompts + answers (10 layers x 344
-  tokens): gap between 2nd and 3rd logit median 1.16, 4.6% of gaps < 0.1; mean top-1 weight 0.81;
-  expert load per layer 3.6%..21% of slots (uniform = 12.5%).
+  4 on the calibration tokens. Measured in the embedded model (10 MoE layers x 529 tokens of 8
+  held-out chat prompts + dense answers): logit std 4.0; gap between 2nd and 3rd logit median
+  1.13, 5.5% < 0.1, 0.8% < 0.01; mean top-1 weight 0.81; expert load 4.7%..24% of slots per
+  layer (uniform = 12.5%).
 - QK-norm: Qwen3-MoE RMS-normalises q and k per head (``q_norm``/``k_norm``, eps = the model's
   rms_norm_eps = 1e-5) before RoPE; Llama does not. Measured (noise 0, so experts are exact copies
   and only attention differs; KL(dense||moe) per position / top-1 agreement, teacher-forced):
@@ -25,7 +26,8 @@ Construction (``upcycle``; defaults = the embedded ``smollm2-moe`` recipe, seed 
   every calibration row, and the norm weight is ``sqrt(eps)/s``; then
   ``q_norm(s*q) = q / sqrt(1 + s^2*mean(q^2)/eps)`` = q to within 5e-5. Result: noise 0 gives
   KL 0.0000 / top-1 100%. For SmolLM2, s = 2^-17 in every layer (q/k weights ~1e-5..1e-10,
-  norm weights 414.5). Runs correctly in fp32 and bf16; NOT in fp16 (those weights underflow).
+  norm weights 414.5). fp32 and bf16 hold these fine; in fp16 those weights are subnormal (~1%
+  relative error, 2% flush to zero; measured: still answers Paris, 97% top-1 vs fp32 on the prompt).
   A runtime that skips q/k-norm, or uses a different eps, produces garbage: a useful check.
 - Statistics (q/k RMS, router input mean/std) come from a float64 reference forward of the dense
   model (``collect_activations``, no transformers) over ``CALIBRATION_TEXTS`` (315 tokens), or 4x64
@@ -39,8 +41,9 @@ Construction (``upcycle``; defaults = the embedded ``smollm2-moe`` recipe, seed 
 Measured fidelity of the embedded smollm2-moe vs smollm2-135m (fp32, transformers 5.23, 8 chat
 prompts, 529 teacher-forced positions on the dense model's greedy answers): KL mean 0.161, median
 0.100, p90 0.452; top-1 agreement 80.0%. "What is the capital of France?" -> dense "The capital of
-France is Paris.", MoE "The capital of France is Paris, France." Permuting the router rows changes
-the logits (max |delta logit| ~14, top-1 agreement ~76%), so outputs depend on the routes.
+France is Paris.", MoE "The capital of France is Paris, France." Rolling the router rows of all
+MoE layers by one changes the logits (max |delta| 13.3, top-1 agreement 68% on that prompt) and
+the answer ("L'Étoile (The City of Lights) is the capital of France, ..."): outputs follow routes.
 """
 
 from __future__ import annotations
