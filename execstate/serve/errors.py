@@ -1,0 +1,87 @@
+"""OpenAI-style errors: every failure is ``{"error": {"message", "type", "param", "code"}}``.
+
+Status codes: 400 malformed JSON, bad or unsupported parameter, bad prompt (too long,
+token ids outside the vocabulary, empty); 401 missing or wrong API key; 404 unknown model
+or path; 503 the engine is dead. FastAPI's 422 validation errors are mapped to 400.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from execstate.serve.protocol import ErrorInfo, ErrorResponse
+
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error"}
+
+
+class OpenAIError(Exception):
+    """An error returned to the client with its HTTP status."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None, type: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _TYPES.get(status, "server_error")
+
+    def body(self) -> dict[str, Any]:
+        info = ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code)
+        return ErrorResponse(error=info).model_dump()
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def bad_request(message: str, param: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, param=param)
+
+
+def param_of(message: str) -> str | None:
+    """The parameter a ``SamplingParams`` ValueError names ("invalid sampling parameter X: ...")."""
+    prefix = "invalid sampling parameter "
+    if message.startswith(prefix):
+        return message[len(prefix) :].split(":", 1)[0]
+    if message.startswith(("prompt", "routed_experts")):
+        return message.split(" ", 1)[0]
+    return None
+
+
+def _validation_error(exc: RequestValidationError) -> OpenAIError:
+    errors = exc.errors()
+    if not errors:
+        return bad_request("invalid request body")
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return bad_request(f"malformed JSON body: {first.get('msg', '')}")
+    param = ".".join(loc) or None
+    where = f" ({param})" if param else ""
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return bad_request(f"{first.get('msg', 'invalid value')}{where}{more}", param=loc[0] if loc else None)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_openai(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, OpenAIError)
+        return exc.response()
+
+    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return _validation_error(exc).response()
+
+    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        code = "not_found" if exc.status_code == 404 else None
+        return OpenAIError(exc.status_code, str(exc.detail), code=code).response()
+
+    app.add_exception_handler(OpenAIError, on_openai)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)

@@ -1,0 +1,178 @@
+"""Bulk channel: KV bytes between two KV pools through NIXL over UCX (DESIGN.md 5).
+
+A :class:`NixlBulk` owns one NIXL agent with the UCX backend and registers its pool's ``k`` and
+``v`` tensors as host memory ("DRAM") once, at construction. The source publishes
+:meth:`NixlBulk.metadata` and :meth:`NixlBulk.block_addrs` in its manifest; the receiver pulls
+the bytes with a one-sided :meth:`NixlBulk.read` (RDMA-style READ; the source's CPU is not
+involved beyond UCX's progress thread).
+
+Threading: every method except :meth:`metadata` (an immutable ``bytes`` captured at
+construction) must be called from one thread, the engine thread. The agent is not shared.
+
+Failure: a NIXL error or a transfer that does not complete within ``timeout_s`` raises
+``TransferError(BULK / TIMEOUT)``; the transfer handle is released (cancelling it) before
+raising. If NIXL cannot cancel it, the handle is kept alive in ``_stuck`` and counted in
+:attr:`NixlBulk.num_stuck`: the destination blocks of that read may still be written, so the
+caller must not reuse them (a failed read's blocks are never committed anyway).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+from nixl_cu12._api import nixl_agent, nixl_agent_config, nixl_xfer_handle
+
+from execstate.state.kv_pool import KVPool
+from execstate.transfer.checks import kv_layout_of
+from execstate.transfer.errors import ErrorCode, TransferError
+
+_SPIN_CHECKS = 200  # completion checks before the waiting loop starts sleeping
+_SLEEP_S = 50e-6
+
+
+class NixlBulk:
+    """One NIXL agent serving (as source) and reading into (as receiver) one CPU :class:`KVPool`."""
+
+    def __init__(self, pool: KVPool, name: str, timeout_s: float = 30.0) -> None:
+        if pool.k.device.type != "cpu" or not (pool.k.is_contiguous() and pool.v.is_contiguous()):
+            raise ValueError("NixlBulk registers contiguous host (DRAM) KV pools only")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        layout = kv_layout_of(pool)
+        self.pool = pool
+        self.name = name
+        self.timeout_s = timeout_s
+        self.region_nbytes = layout.region_nbytes
+        self._num_layers = layout.num_layers
+        self._agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+        self._reg = self._agent.register_memory([pool.k, pool.v], "DRAM")
+        self._metadata: bytes = self._agent.get_agent_metadata()
+        self._remotes: dict[str, bytes] = {}
+        self._stuck: list[nixl_xfer_handle] = []
+        # Address of block 0's K (V) region in each layer; block b adds b * region_nbytes.
+        layer_stride = pool.k.stride(0) * pool.k.element_size()
+        layers = np.arange(layout.num_layers, dtype=np.uint64) * np.uint64(layer_stride)
+        base = np.empty(2 * layout.num_layers, dtype=np.uint64)
+        base[0::2] = np.uint64(pool.k.data_ptr()) + layers
+        base[1::2] = np.uint64(pool.v.data_ptr()) + layers
+        self._base = base
+
+    @property
+    def num_stuck(self) -> int:
+        """Reads that timed out and could not be cancelled (their destinations are unsafe)."""
+        return len(self._stuck)
+
+    def metadata(self) -> bytes:
+        """This agent's NIXL metadata (connection info + registered pool); thread-safe."""
+        return self._metadata
+
+    def block_addrs(self, block_ids: Sequence[int]) -> list[list[int]]:
+        """Per block: base addresses of its K and V region in every layer (``[K0, V0, K1, V1, ...]``)."""
+        return self._addr_table(block_ids).tolist()
+
+    def read(
+        self,
+        remote_name: str,
+        remote_metadata: bytes,
+        remote_addrs: Sequence[Sequence[int]],
+        local_block_ids: Sequence[int],
+    ) -> None:
+        """Copy remote blocks (``remote_addrs[i]``, as published by the source's :meth:`block_addrs`)
+        into local blocks ``local_block_ids[i]``; return once every byte has landed.
+
+        Adds the remote agent on first use (again if its metadata changed). Raises
+        ``TransferError`` on a NIXL error or after ``timeout_s``; ``ValueError`` on bad arguments.
+        """
+        if len(remote_addrs) != len(local_block_ids):
+            raise ValueError(f"{len(remote_addrs)} remote blocks for {len(local_block_ids)} local blocks")
+        if not local_block_ids:
+            return
+        local = self._addr_table(local_block_ids).reshape(-1)
+        try:
+            remote = np.asarray(remote_addrs, dtype=np.uint64)
+        except (ValueError, OverflowError) as e:
+            raise TransferError(ErrorCode.BAD_MANIFEST, f"remote addresses: {e}") from None
+        if remote.shape != (len(local_block_ids), 2 * self._num_layers):
+            raise TransferError(ErrorCode.BAD_MANIFEST, f"remote address table of shape {remote.shape}")
+        self._ensure_remote(remote_name, remote_metadata)
+        local_descs = self._descs(local)
+        remote_descs = self._descs(remote.reshape(-1))
+        try:
+            handle = self._agent.initialize_xfer("READ", local_descs, remote_descs, remote_name)
+        except Exception as e:  # NIXL raises its own exception types (nixlNotFoundError, ...)
+            raise TransferError(ErrorCode.BULK, f"NIXL could not create the read: {type(e).__name__} {e}") from None
+        try:
+            self._wait(handle)
+        finally:
+            self._release(handle)
+
+    def close(self) -> None:
+        """Forget remote agents and deregister the pool. The object is unusable afterwards."""
+        for name in list(self._remotes):
+            self._forget(name)
+        self._agent.deregister_memory(self._reg)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _addr_table(self, block_ids: Sequence[int]) -> np.ndarray:
+        ids = np.asarray(list(block_ids), dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.pool.num_blocks):
+            raise ValueError(f"block ids out of range for a pool of {self.pool.num_blocks}")
+        offsets = ids.astype(np.uint64) * np.uint64(self.region_nbytes)
+        return self._base[None, :] + offsets[:, None]
+
+    def _descs(self, addrs: np.ndarray):  # -> nixlXferDList
+        table = np.empty((addrs.size, 3), dtype=np.uint64)
+        table[:, 0] = addrs
+        table[:, 1] = self.region_nbytes
+        table[:, 2] = 0
+        return self._agent.get_xfer_descs(table, "DRAM")
+
+    def _ensure_remote(self, name: str, metadata: bytes) -> None:
+        if self._remotes.get(name) == metadata:
+            return
+        if name in self._remotes:
+            self._forget(name)
+        try:
+            added = self._agent.add_remote_agent(metadata)
+        except Exception as e:
+            raise TransferError(ErrorCode.BULK, f"NIXL rejected the metadata of {name!r}: {e}") from None
+        added_name = added.decode() if isinstance(added, bytes) else str(added)
+        if added_name != name:
+            self._agent.remove_remote_agent(added_name)
+            raise TransferError(ErrorCode.BAD_MANIFEST, f"agent metadata names {added_name!r}, not {name!r}")
+        self._remotes[name] = metadata
+
+    def _forget(self, name: str) -> None:
+        del self._remotes[name]
+        try:
+            self._agent.remove_remote_agent(name)
+        except Exception:  # already gone on the NIXL side; nothing to release
+            pass
+
+    def _wait(self, handle: nixl_xfer_handle) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            state = self._agent.transfer(handle)
+            checks = 0
+            while state == "PROC":
+                if time.monotonic() > deadline:
+                    raise TransferError(ErrorCode.TIMEOUT, f"bulk read not complete after {self.timeout_s} s")
+                checks += 1
+                if checks > _SPIN_CHECKS:
+                    time.sleep(_SLEEP_S)
+                state = self._agent.check_xfer_state(handle)
+        except TransferError:
+            raise
+        except Exception as e:
+            raise TransferError(ErrorCode.BULK, f"NIXL read failed: {type(e).__name__} {e}") from None
+        if state != "DONE":
+            raise TransferError(ErrorCode.BULK, f"NIXL read ended in state {state}")
+
+    def _release(self, handle: nixl_xfer_handle) -> None:
+        try:
+            handle.release()
+        except Exception:  # could not cancel an active transfer: keep it alive, flag the pool
+            self._stuck.append(handle)
