@@ -1,4 +1,4 @@
-"""Command line: ``execstate models|bench|demo ...`` (heavy imports happen per command)."""
+"""Command line: ``execstate models|bench|demo|serve ...`` (heavy imports happen per command)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,12 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(model=args.model)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from execstate.serve.server import run_server
+
+    return run_server(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="execstate", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -84,6 +90,21 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="R3 rollout with prefix reuse and a replay check")
     d.add_argument("--model", default="smollm2-moe")
     d.set_defaults(func=_demo)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, /metrics)")
+    s.add_argument("model", help="embedded model name or a Hugging Face directory")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
+    s.add_argument("--served-model-name", default=None, help="the name clients pass as 'model' (default: MODEL)")
+    s.add_argument("--enable-return-routed-experts", action="store_true", help="R3: return routed_experts")
+    s.add_argument("--kv-transfer-config", default=None, help="PD connector settings as JSON (vLLM key names)")
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "fp32", "bf16"])
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--max-model-len", type=int, default=None)
+    s.add_argument("--block-size", type=int, default=16)
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=_serve)
     return p
 
 

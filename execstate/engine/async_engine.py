@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -255,10 +256,8 @@ class AsyncEngine:
         with self._lock:
             self._error = err
         for sink in self._sinks.values():
-            try:
+            with contextlib.suppress(RuntimeError):
                 sink.put(err)
-            except RuntimeError:
-                pass
         self._sinks.clear()
         while True:
             try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from execstate.engine.async_engine import AsyncEngine
+from execstate.engine.async_engine import AsyncEngine, EngineDeadError
 from execstate.serve.errors import OpenAIError
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.metrics import ServingMetrics
@@ -34,6 +34,17 @@ class ServeContext:
 
 def engine_dead(err: BaseException | None) -> OpenAIError:
     return OpenAIError(503, f"the engine is not serving: {err}", type="server_error", code="engine_dead")
+
+
+def as_openai_error(exc: Exception) -> OpenAIError:
+    """The error body for a failure after a stream has started (sent in-band)."""
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, EngineDeadError):
+        return engine_dead(exc)
+    if isinstance(exc, ValueError):
+        return OpenAIError(400, str(exc))
+    return OpenAIError(500, f"internal error: {exc!r}")
 
 
 def new_request_id(prefix: str) -> str:

@@ -1,0 +1,1 @@
+"""HTTP serving: OpenAI-compatible API, metrics, and the PD connector hook (``server.py``)."""

@@ -1,0 +1,83 @@
+"""The OpenAI-compatible HTTP app: ``build_app(async_engine, served_model_name, ...)``.
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (see those modules),
+``GET /v1/models``, ``GET /health`` (200 ``{"status": "ok"}``, 503 once the engine thread
+is dead), ``GET /metrics`` (Prometheus text, this app's registry). Every error is an
+OpenAI error body (``errors.py``).
+
+The app does not own the engine: whoever built the ``AsyncEngine`` shuts it down.
+``app.state.ctx`` (``ServeContext``) holds the engine, the served name, the metrics
+(``ctx.metrics.record_transfer`` for the PD layer) and the parsed ``--kv-transfer-config``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from execstate.engine.async_engine import AsyncEngine, EngineDeadError
+from execstate.serve.auth import APIKeyMiddleware
+from execstate.serve.chat import create_chat_completion
+from execstate.serve.completions import create_completion
+from execstate.serve.context import ServeContext
+from execstate.serve.errors import install_error_handlers
+from execstate.serve.kv_transfer_config import KVTransferConfig
+from execstate.serve.metrics import EngineStats, ServingMetrics, read_engine_stats
+from execstate.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+
+STATS_TIMEOUT_S = 5.0
+
+
+def build_app(
+    async_engine: AsyncEngine,
+    served_model_name: str,
+    api_key: str | None = None,
+    *,
+    metrics: ServingMetrics | None = None,
+    kv_transfer_config: KVTransferConfig | None = None,
+) -> FastAPI:
+    """An app serving ``async_engine`` under ``served_model_name`` (the only accepted
+    ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry."""
+    ctx = ServeContext(async_engine, served_model_name, metrics or ServingMetrics(), kv_transfer_config)
+    app = FastAPI(title="execstate", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.ctx = ctx
+    install_error_handlers(app)
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await create_completion(ctx, body, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await create_chat_completion(ctx, body, request)
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        card = ModelCard(
+            id=served_model_name, root=str(async_engine.model_path), max_model_len=async_engine.max_model_len
+        )
+        return JSONResponse(ModelList(data=[card]).model_dump())
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if async_engine.is_healthy:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unhealthy", "error": str(async_engine.error)}, status_code=503)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        stats: EngineStats | None = None
+        if async_engine.is_healthy:
+            try:
+                stats = await asyncio.wait_for(async_engine.run_on_engine(read_engine_stats), STATS_TIMEOUT_S)
+            except (EngineDeadError, TimeoutError):
+                stats = None
+        ctx.metrics.set_engine_stats(stats, async_engine.is_healthy)
+        return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,148 @@
+"""``POST /v1/chat/completions``: the chat template renders ``messages`` into one prompt.
+
+``max_completion_tokens`` (or the older ``max_tokens``) defaults to the room left in the
+context. ``logprobs: true`` returns the sampled tokens' logprobs with ``top_logprobs``
+alternatives (0-20). Streaming: a first chunk per choice with ``delta.role``, then
+content deltas; the finishing chunk of a choice carries ``finish_reason`` (and
+``routed_experts``); an optional usage chunk; then ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from execstate.engine.async_engine import EngineDeadError
+from execstate.engine.outputs import RequestOutput
+from execstate.serve.context import ServeContext, as_openai_error, engine_dead, new_request_id
+from execstate.serve.convert import (
+    chat_logprobs,
+    chat_prompt,
+    check_unsupported,
+    sampling_params,
+    validate_prompts,
+)
+from execstate.serve.errors import bad_request
+from execstate.serve.generation import (
+    SubRequest,
+    cancel_on_disconnect,
+    encode_routes,
+    expand,
+    final_outputs,
+    merged_outputs,
+    usage_of,
+)
+from execstate.serve.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatStreamChoice,
+    DeltaMessage,
+)
+from execstate.serve.streaming import DeltaTracker, SSEResponse, sse
+
+
+async def create_chat_completion(ctx: ServeContext, req: ChatCompletionRequest, raw: Request) -> Response:
+    arrival = time.monotonic()
+    ctx.check_request(req.model)
+    check_unsupported(req)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+    if req.top_logprobs is not None and req.top_logprobs < 0:
+        raise bad_request(f"top_logprobs must be >= 0, got {req.top_logprobs}", param="top_logprobs")
+    eng = ctx.engine
+    prompt = chat_prompt(req, eng.tokenizer)
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    params = sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None)
+    validate_prompts([prompt], eng.model_config.vocab_size, eng.max_model_len, params.max_tokens)
+    request_id = new_request_id("chatcmpl")
+    subs = expand(request_id, [prompt], params, params.n, req.kv_transfer_params)
+    if req.stream:
+        return SSEResponse(_stream(ctx, req, subs, request_id, arrival))
+    try:
+        finals = await cancel_on_disconnect(raw, final_outputs(eng, subs, ctx.metrics, arrival))
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    except EngineDeadError as exc:
+        raise engine_dead(exc) from None
+    if finals is None:  # the client is gone; its requests were aborted
+        return Response(status_code=499)
+    choices = []
+    for s, out in zip(subs, finals, strict=True):
+        c = out.outputs[0]
+        choices.append(
+            ChatChoice(
+                index=s.index,
+                message=AssistantMessage(content=c.text),
+                logprobs=_logprobs(req, out, 0),
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+                routed_experts=encode_routes(c.routed_experts) if eng.return_routes else None,
+                token_ids=c.token_ids if req.return_token_ids else None,
+            )
+        )
+    body = ChatCompletionResponse(
+        id=request_id, model=ctx.served_model_name, choices=choices,
+        usage=usage_of(subs, {s.index: o for s, o in zip(subs, finals, strict=True)}),
+        prompt_token_ids=prompt.token_ids if req.return_token_ids else None,
+        kv_transfer_params=finals[0].kv_transfer_params if len(finals) == 1 else None,
+    )
+    return JSONResponse(body.model_dump())
+
+
+def _logprobs(req: ChatCompletionRequest, out: RequestOutput, start: int) -> ChatLogprobs | None:
+    c = out.outputs[0]
+    if not req.logprobs or c.logprobs is None:
+        return None
+    return chat_logprobs(c.token_ids[start:], c.logprobs[start:], req.top_logprobs or 0)
+
+
+async def _stream(
+    ctx: ServeContext, req: ChatCompletionRequest, subs: list[SubRequest], request_id: str, arrival: float
+) -> AsyncIterator[str]:
+    model = ctx.served_model_name
+    trackers = {s.index: DeltaTracker(s.params.stop) for s in subs}
+    finals: dict[int, RequestOutput] = {}
+    prompt_ids = subs[0].prompt.token_ids if req.return_token_ids else None
+    for s in subs:
+        first = ChatStreamChoice(index=s.index, delta=DeltaMessage(role="assistant", content=""))
+        yield sse(ChatCompletionChunk(id=request_id, model=model, choices=[first], prompt_token_ids=prompt_ids).model_dump())
+    try:
+        async with aclosing(merged_outputs(ctx.engine, subs, ctx.metrics, arrival)) as stream:
+            async for sub, out in stream:
+                c = out.outputs[0]
+                tr = trackers[sub.index]
+                start = tr.sent_tokens
+                text = tr.text_delta(c)
+                new_ids, _ = tr.token_delta(c)
+                if not (text or out.finished or (new_ids and (req.return_token_ids or req.logprobs))):
+                    tr.sent_tokens = start  # nothing sent: these tokens go with the next chunk
+                    continue
+                done = out.finished
+                choice = ChatStreamChoice(
+                    index=sub.index,
+                    delta=DeltaMessage(content=text),
+                    logprobs=_logprobs(req, out, start),
+                    finish_reason=c.finish_reason if done else None,
+                    stop_reason=c.stop_reason if done else None,
+                    routed_experts=encode_routes(c.routed_experts) if done and ctx.engine.return_routes else None,
+                    token_ids=new_ids if req.return_token_ids else None,
+                )
+                kv = out.kv_transfer_params if done and len(subs) == 1 else None
+                chunk = ChatCompletionChunk(id=request_id, model=model, choices=[choice], kv_transfer_params=kv)
+                yield sse(chunk.model_dump())
+                if done:
+                    finals[sub.index] = out
+        if req.stream_options is not None and req.stream_options.include_usage:
+            usage = usage_of(subs, finals)
+            yield sse(ChatCompletionChunk(id=request_id, model=model, choices=[], usage=usage).model_dump())
+    except Exception as exc:  # the stream has started: report in-band
+        yield sse(as_openai_error(exc).body())
+    yield sse("[DONE]")

@@ -1,0 +1,132 @@
+"""``POST /v1/completions``: text or token-id prompts (one or a list), n choices each.
+
+Choice ``index = prompt_index * n + j``. Non-streaming: one response once every choice
+has finished (a client disconnect aborts them all). Streaming: SSE chunks with text
+deltas (see ``streaming.DeltaTracker``), the finishing chunk of a choice carries its
+``finish_reason`` (and ``routed_experts``), an optional usage chunk
+(``stream_options.include_usage``), then ``data: [DONE]``. An error after the stream
+started is sent as one ``data: {"error": ...}`` event before ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from execstate.engine.async_engine import EngineDeadError
+from execstate.engine.outputs import RequestOutput
+from execstate.serve.context import ServeContext, as_openai_error, engine_dead, new_request_id
+from execstate.serve.convert import (
+    check_unsupported,
+    completion_logprobs,
+    completion_prompts,
+    sampling_params,
+    validate_prompts,
+)
+from execstate.serve.errors import bad_request
+from execstate.serve.generation import (
+    SubRequest,
+    cancel_on_disconnect,
+    encode_routes,
+    expand,
+    final_outputs,
+    merged_outputs,
+    usage_of,
+)
+from execstate.serve.protocol import CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse
+from execstate.serve.streaming import DeltaTracker, SSEResponse, sse
+
+
+async def create_completion(ctx: ServeContext, req: CompletionRequest, raw: Request) -> Response:
+    arrival = time.monotonic()
+    ctx.check_request(req.model)
+    check_unsupported(req)
+    eng = ctx.engine
+    prompts = completion_prompts(req, eng.tokenizer)
+    params = sampling_params(req, req.max_tokens, req.logprobs)
+    if req.kv_transfer_params is not None and len(prompts) != 1:
+        raise bad_request("kv_transfer_params needs exactly one prompt", param="kv_transfer_params")
+    validate_prompts(prompts, eng.model_config.vocab_size, eng.max_model_len, params.max_tokens)
+    request_id = new_request_id("cmpl")
+    subs = expand(request_id, prompts, params, params.n, req.kv_transfer_params)
+    if req.stream:
+        return SSEResponse(_stream(ctx, req, subs, request_id, arrival))
+    try:
+        finals = await cancel_on_disconnect(raw, final_outputs(eng, subs, ctx.metrics, arrival))
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    except EngineDeadError as exc:
+        raise engine_dead(exc) from None
+    if finals is None:  # the client is gone; its requests were aborted
+        return Response(status_code=499)
+    choices = [
+        _choice(ctx, req, out, s.index, out.outputs[0].text, 0, 0, final=True)
+        for s, out in zip(subs, finals, strict=True)
+    ]
+    body = CompletionResponse(
+        id=request_id, model=ctx.served_model_name, choices=choices,
+        usage=usage_of(subs, {s.index: o for s, o in zip(subs, finals, strict=True)}),
+        kv_transfer_params=finals[0].kv_transfer_params if len(finals) == 1 else None,
+    )
+    return JSONResponse(body.model_dump())
+
+
+def _choice(
+    ctx: ServeContext, req: CompletionRequest, out: RequestOutput, index: int, text: str,
+    token_start: int, text_offset: int, final: bool,
+) -> CompletionChoice:
+    """A choice (or a stream chunk's choice) covering tokens ``token_start:`` of ``out``."""
+    c = out.outputs[0]
+    ids = c.token_ids[token_start:]
+    logprobs = None
+    if c.logprobs is not None:
+        logprobs = completion_logprobs(ids, c.logprobs[token_start:], text_offset)
+    done = final and out.finished
+    return CompletionChoice(
+        index=index,
+        text=text,
+        logprobs=logprobs,
+        finish_reason=c.finish_reason if done else None,
+        stop_reason=c.stop_reason if done else None,
+        routed_experts=encode_routes(c.routed_experts) if done and ctx.engine.return_routes else None,
+        token_ids=ids if req.return_token_ids else None,
+        prompt_token_ids=out.prompt_token_ids if req.return_token_ids and token_start == 0 else None,
+    )
+
+
+async def _stream(
+    ctx: ServeContext, req: CompletionRequest, subs: list[SubRequest], request_id: str, arrival: float
+) -> AsyncIterator[str]:
+    trackers = {s.index: DeltaTracker(s.params.stop) for s in subs}
+    offsets = dict.fromkeys(trackers, 0)
+    finals: dict[int, RequestOutput] = {}
+    model = ctx.served_model_name
+    try:
+        async with aclosing(merged_outputs(ctx.engine, subs, ctx.metrics, arrival)) as stream:
+            async for sub, out in stream:
+                tr = trackers[sub.index]
+                start = tr.sent_tokens
+                text = tr.text_delta(out.outputs[0])
+                new_ids, _ = tr.token_delta(out.outputs[0])
+                if not (text or out.finished or (new_ids and (req.return_token_ids or req.logprobs is not None))):
+                    tr.sent_tokens = start  # nothing sent: resend these tokens with the next chunk
+                    continue
+                choice = _choice(ctx, req, out, sub.index, text, start, offsets[sub.index], final=True)
+                if choice.logprobs is not None:
+                    offsets[sub.index] += sum(len(t) for t in choice.logprobs.tokens)
+                kv = out.kv_transfer_params if out.finished and len(subs) == 1 else None
+                chunk = CompletionChunk(id=request_id, model=model, choices=[choice], kv_transfer_params=kv)
+                yield sse(chunk.model_dump())
+                if out.finished:
+                    finals[sub.index] = out
+        if req.stream_options is not None and req.stream_options.include_usage:
+            usage = usage_of(subs, finals)
+            yield sse(CompletionChunk(id=request_id, model=model, choices=[], usage=usage).model_dump())
+    except Exception as exc:  # the stream has started: report in-band
+        yield sse(as_openai_error(exc).body())
+    yield sse("[DONE]")
+
