@@ -49,9 +49,9 @@ class _Sink:
     """Where a request's outputs go: an asyncio queue on the consumer's loop."""
 
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[RequestOutput | BaseException]
+    queue: asyncio.Queue[RequestOutput | EngineDeadError]
 
-    def put(self, item: RequestOutput | BaseException) -> None:
+    def put(self, item: RequestOutput | EngineDeadError) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
@@ -78,6 +78,13 @@ class _Call:
 
 class _Stop:
     pass
+
+
+def _copy(err: EngineDeadError) -> EngineDeadError:
+    """A fresh instance per raise: one exception object must not travel through many tasks."""
+    new = EngineDeadError(str(err))
+    new.__cause__ = err.__cause__
+    return new
 
 
 _Command = _Add | _Abort | _Call | _Stop
@@ -135,9 +142,9 @@ class AsyncEngine:
                 raise
             while True:
                 item = await sink.queue.get()
-                if isinstance(item, BaseException):
+                if isinstance(item, EngineDeadError):
                     finished = True  # the engine already dropped the request
-                    raise item
+                    raise _copy(item)
                 finished = item.finished
                 yield item
                 if finished:
@@ -180,7 +187,7 @@ class AsyncEngine:
     def _submit(self, cmd: _Command) -> None:
         with self._lock:
             if self._error is not None:
-                raise self._error
+                raise _copy(self._error)
             self._commands.put(cmd)
 
     def _submit_nowait(self, cmd: _Command) -> None:

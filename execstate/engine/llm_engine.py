@@ -19,7 +19,7 @@ import itertools
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +42,10 @@ from execstate.model.weights_digest import model_digest
 from execstate.state.block_pool import BlockPool
 from execstate.state.kv_pool import KVPool
 from execstate.state.route_store import RouteStore
+from execstate.transfer.errors import TransferError
+
+if TYPE_CHECKING:
+    from execstate.engine.pd_connector import PDConfig, PDConnector
 
 PromptType = str | list[int] | dict[str, Any]
 
@@ -93,7 +97,17 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.eos_token_ids = set(mc.eos_token_ids)
+        self.pd: PDConnector | None = None
         self.startup_seconds = time.perf_counter() - t0
+
+    def attach_pd(self, cfg: PDConfig) -> PDConnector:
+        """Enable prefill/decode disaggregation in the given role (once)."""
+        from execstate.engine.pd_connector import PDConnector  # NIXL loads only when PD is used
+
+        if self.pd is not None:
+            raise RuntimeError("a PD connector is already attached")
+        self.pd = PDConnector(self, cfg)
+        return self.pd
 
     # -- requests -------------------------------------------------------------
     def tokenize_prompt(self, prompt: PromptType) -> tuple[list[int], str | None]:
@@ -149,11 +163,21 @@ class LLMEngine:
             return None
         return self._finalize(req)
 
+    def poll(self) -> None:
+        """Housekeeping that must also run while idle (PD: apply releases, expire exports)."""
+        if self.pd is not None:
+            self.pd.poll()
+
+    @property
+    def needs_polling(self) -> bool:
+        return self.pd is not None and self.pd.num_pinned_exports > 0
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished
 
     # -- one step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        self.poll()
         sched = self.scheduler.schedule()
         outputs = [self._finalize(r) for r in sched.failed]
         if sched.empty:
@@ -179,6 +203,8 @@ class LLMEngine:
             if req.first_token_time is None:
                 req.first_token_time = now
             status = check_stop(req, self.eos_token_ids, self.tokenizer)
+            if status is not None and self.pd is not None and self.pd.wants_export(req):
+                status = self._export(req, status)
             if status is not None:
                 self.scheduler.finish(req, status)
                 outputs.append(self._finalize(req))
@@ -188,7 +214,18 @@ class LLMEngine:
 
     def _blocks_held_elsewhere(self) -> bool:
         """True while blocks are pinned outside any request (PD exports awaiting pickup)."""
-        return False
+        return self.pd is not None and self.pd.num_pinned_exports > 0
+
+    def _export(self, req: Request, status: RequestStatus) -> RequestStatus:
+        """Producer: hand the finished prefill's blocks to the decode side (before the
+        request frees them). Over the transfer limits this is a request-level error."""
+        assert self.pd is not None
+        try:
+            req.kv_transfer_out = self.pd.export(req)
+        except TransferError as e:
+            req.abort_message = f"KV export failed: {e}"
+            return RequestStatus.FINISHED_ABORTED
+        return status
 
     def _banned(self, req: Request) -> list[int]:
         if len(req.output_token_ids) >= req.params.min_tokens:
@@ -212,6 +249,8 @@ class LLMEngine:
             aborted.append(self._finalize(req))
         self.provenance = replace(self.provenance, weights_version=model_digest(self.model))
         self.kv_manager.set_provenance(self.provenance)
+        if self.pd is not None:
+            self.pd.on_weights_updated()
         return aborted
 
     def check_integrity(self) -> None:

@@ -59,6 +59,8 @@ class Request:
     # PD: handoff parameters received with the request / produced for the decode side.
     kv_transfer_params: dict[str, Any] | None = None
     kv_transfer_out: dict[str, Any] | None = None
+    # PD decode side: bytes and time of the load that brought this request's KV.
+    transfer_info: dict[str, Any] | None = None
     num_preemptions: int = 0
     routes: RouteTrace | None = None
     stop_reason: int | str | None = None

@@ -110,7 +110,7 @@ class Scheduler:
             self.waiting.popleft()
             n = min(req.remaining_tokens, budget)
             if req.num_cached_tokens is None:
-                req.num_cached_tokens = req.num_computed_tokens
+                req.num_cached_tokens = req.num_computed_tokens - req.num_transferred_tokens
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens))

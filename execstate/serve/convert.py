@@ -26,14 +26,14 @@ from execstate.serve.protocol import (
     ChatTokenLogprob,
     CompletionLogprobs,
     CompletionRequest,
+    SamplingRequest,
     TopLogprob,
-    _SamplingRequest,
 )
 
 MAX_LOGPROBS = 20
 
 
-def check_unsupported(req: _SamplingRequest) -> None:
+def check_unsupported(req: SamplingRequest) -> None:
     def no(param: str, why: str = "is not supported by this server") -> None:
         raise bad_request(f"{param} {why}", param=param)
 
@@ -61,7 +61,7 @@ def check_unsupported(req: _SamplingRequest) -> None:
         no("kv_transfer_params", "needs n=1 (one engine request per PD handoff)")
 
 
-def sampling_params(req: _SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+def sampling_params(req: SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
     if logprobs is not None and logprobs > MAX_LOGPROBS:
         name = "top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs"
         raise bad_request(f"{name} must be <= {MAX_LOGPROBS}, got {logprobs}", param=name)

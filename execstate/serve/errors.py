@@ -62,10 +62,20 @@ def _validation_error(exc: RequestValidationError) -> OpenAIError:
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
         return bad_request(f"malformed JSON body: {first.get('msg', '')}")
-    param = ".".join(loc) or None
-    where = f" ({param})" if param else ""
+    if not loc:
+        return bad_request(f"the request body must be a JSON object: {first.get('msg', '')}")
+    same_field = [e for e in errors if tuple(e.get("loc", ()))[1:2] == (loc[0],)]
+    if loc[0] in _HINTS and len(same_field) > 1:  # a union field: one error per alternative is noise
+        return bad_request(f"{loc[0]} {_HINTS[loc[0]]}", param=loc[0])
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-    return bad_request(f"{first.get('msg', 'invalid value')}{where}{more}", param=loc[0] if loc else None)
+    return bad_request(f"{first.get('msg', 'invalid value')} ({'.'.join(loc)}){more}", param=loc[0])
+
+
+_HINTS = {
+    "prompt": "must be a string, a list of token ids, a list of strings or a list of token-id lists",
+    "stop": "must be a string or a list of strings",
+    "messages": "must be a list of {'role': str, 'content': str | list of text parts}",
+}
 
 
 def install_error_handlers(app: FastAPI) -> None:

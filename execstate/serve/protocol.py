@@ -38,7 +38,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _SamplingRequest(BaseModel):
+class SamplingRequest(BaseModel):
     """Fields shared by completions and chat completions."""
 
     model_config = ConfigDict(extra="forbid")
@@ -74,7 +74,7 @@ class _SamplingRequest(BaseModel):
         return cls.model_fields[info.field_name].default if v is None else v  # type: ignore[index]
 
 
-class CompletionRequest(_SamplingRequest):
+class CompletionRequest(SamplingRequest):
     prompt: Prompt
     max_tokens: int | None = 16
     logprobs: int | None = None
@@ -91,7 +91,7 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False

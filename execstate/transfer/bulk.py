@@ -18,6 +18,7 @@ caller must not reuse them (a failed read's blocks are never committed anyway).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 
@@ -89,20 +90,21 @@ class NixlBulk:
             raise ValueError(f"{len(remote_addrs)} remote blocks for {len(local_block_ids)} local blocks")
         if not local_block_ids:
             return
-        local = self._addr_table(local_block_ids).reshape(-1)
+        local = self._addr_table(local_block_ids)
         try:
             remote = np.asarray(remote_addrs, dtype=np.uint64)
         except (ValueError, OverflowError) as e:
             raise TransferError(ErrorCode.BAD_MANIFEST, f"remote addresses: {e}") from None
-        if remote.shape != (len(local_block_ids), 2 * self._num_layers):
+        if remote.shape != local.shape:
             raise TransferError(ErrorCode.BAD_MANIFEST, f"remote address table of shape {remote.shape}")
         self._ensure_remote(remote_name, remote_metadata)
-        local_descs = self._descs(local)
-        remote_descs = self._descs(remote.reshape(-1))
+        local_descs, remote_descs = self._coalesced_descs(local, remote)
         try:
             handle = self._agent.initialize_xfer("READ", local_descs, remote_descs, remote_name)
         except Exception as e:  # NIXL raises its own exception types (nixlNotFoundError, ...)
-            raise TransferError(ErrorCode.BULK, f"NIXL could not create the read: {type(e).__name__} {e}") from None
+            raise TransferError(
+                ErrorCode.BULK, f"NIXL could not create the read: {type(e).__name__} {e}"
+            ) from None
         try:
             self._wait(handle)
         finally:
@@ -123,12 +125,22 @@ class NixlBulk:
         offsets = ids.astype(np.uint64) * np.uint64(self.region_nbytes)
         return self._base[None, :] + offsets[:, None]
 
-    def _descs(self, addrs: np.ndarray):  # -> nixlXferDList
-        table = np.empty((addrs.size, 3), dtype=np.uint64)
-        table[:, 0] = addrs
-        table[:, 1] = self.region_nbytes
-        table[:, 2] = 0
-        return self._agent.get_xfer_descs(table, "DRAM")
+    def _coalesced_descs(self, local: np.ndarray, remote: np.ndarray):  # -> (nixlXferDList, nixlXferDList)
+        """Descriptor lists for ``[n, 2L]`` address tables, region-major, with every run of regions
+        contiguous on both sides merged into one descriptor (NIXL does not merge them itself)."""
+        loc, rem = local.T.reshape(-1), remote.T.reshape(-1)  # adjacent blocks of one layer's K/V
+        size = np.uint64(self.region_nbytes)
+        breaks = np.ones(loc.size, dtype=bool)
+        breaks[1:] = (loc[1:] != loc[:-1] + size) | (rem[1:] != rem[:-1] + size)
+        starts = np.flatnonzero(breaks)
+        lengths = np.diff(np.append(starts, loc.size)).astype(np.uint64) * size
+        tables = []
+        for addrs in (loc, rem):
+            table = np.zeros((starts.size, 3), dtype=np.uint64)
+            table[:, 0] = addrs[starts]
+            table[:, 1] = lengths
+            tables.append(self._agent.get_xfer_descs(table, "DRAM"))
+        return tables[0], tables[1]
 
     def _ensure_remote(self, name: str, metadata: bytes) -> None:
         if self._remotes.get(name) == metadata:
@@ -147,10 +159,8 @@ class NixlBulk:
 
     def _forget(self, name: str) -> None:
         del self._remotes[name]
-        try:
+        with contextlib.suppress(Exception):  # already gone on the NIXL side: nothing to release
             self._agent.remove_remote_agent(name)
-        except Exception:  # already gone on the NIXL side; nothing to release
-            pass
 
     def _wait(self, handle: nixl_xfer_handle) -> None:
         deadline = time.monotonic() + self.timeout_s

@@ -150,7 +150,9 @@ def verify_manifest(
         code = ErrorCode.TRUNCATED if n < covered else ErrorCode.BAD_MANIFEST
         raise TransferError(code, f"{manifest.num_tokens} tokens need {covered} blocks, manifest lists {n}")
     if len(manifest.block_addrs) != n:
-        raise TransferError(ErrorCode.BAD_MANIFEST, f"{len(manifest.block_addrs)} address lists for {n} blocks")
+        raise TransferError(
+            ErrorCode.BAD_MANIFEST, f"{len(manifest.block_addrs)} address lists for {n} blocks"
+        )
     record = None if manifest.r3 is None else manifest.r3.record_nbytes(layout.block_size)
     for i, entry in enumerate(manifest.blocks):
         if entry.index != i:
@@ -166,7 +168,11 @@ def verify_manifest(
             )
         got = None if entry.routes is None else len(entry.routes)
         if got != record:
-            code = ErrorCode.TRUNCATED if got is not None and record is not None and got < record else ErrorCode.BAD_MANIFEST
+            code = (
+                ErrorCode.TRUNCATED
+                if got is not None and record is not None and got < record
+                else ErrorCode.BAD_MANIFEST
+            )
             raise TransferError(code, f"block {i}: route record of {got} bytes, expected {record}")
     for j, key in enumerate(expected_keys):
         if manifest.blocks[start_block + j].key != key:

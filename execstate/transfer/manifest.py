@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Annotated, Generic, Literal, TypeVar
 
 import msgspec
+import numpy as np
 from msgspec import Meta, Struct
 
 from execstate.identity.keys import KEY_BYTES
@@ -52,7 +53,7 @@ ITEMSIZE: dict[str, int] = {
 
 _Dim = Annotated[int, Meta(ge=1, le=1 << 20)]
 _Count = Annotated[int, Meta(ge=0, le=1 << 40)]
-_Addr = Annotated[int, Meta(ge=0, le=(1 << 64) - 1)]
+_Addr = Annotated[int, Meta(ge=0, le=(1 << 63) - 1)]  # user-space addresses
 _Name = Annotated[str, Meta(min_length=1, max_length=256)]
 _Key = Annotated[bytes, Meta(min_length=KEY_BYTES, max_length=KEY_BYTES)]
 _Checksum = Annotated[bytes, Meta(min_length=CHECKSUM_BYTES, max_length=CHECKSUM_BYTES)]
@@ -135,6 +136,32 @@ class Manifest(Struct, frozen=True, forbid_unknown_fields=True, tag=True):
     agent_name: _Name
     agent_metadata: bytes
     block_addrs: Annotated[list[list[_Addr]], Meta(max_length=MAX_BLOCKS)]
+
+
+def pack_routes(
+    routes: np.ndarray, r3: R3Format, block_size: int, num_blocks: int, num_tokens: int
+) -> list[bytes]:
+    """Route records of ``num_blocks`` blocks from ``int16 [R, n_moe_layers, top_k]`` rows.
+
+    ``num_tokens <= R <= num_blocks * block_size``; rows past ``R`` are zero padding (never valid:
+    receivers slice to ``num_tokens``). ``ValueError`` for another dtype or shape.
+    """
+    shape = (r3.n_moe_layers, r3.top_k)
+    if routes.dtype != np.int16 or routes.ndim != 3 or routes.shape[1:] != shape:
+        raise ValueError(
+            f"routes must be int16 [R, {shape[0]}, {shape[1]}], got {routes.dtype} {routes.shape}"
+        )
+    if not num_tokens <= routes.shape[0] <= num_blocks * block_size:
+        raise ValueError(f"routes have {routes.shape[0]} rows; need {num_tokens}..{num_blocks * block_size}")
+    padded = np.zeros((num_blocks * block_size, *shape), dtype="<i2")
+    padded[: routes.shape[0]] = routes
+    return [padded[i * block_size : (i + 1) * block_size].tobytes() for i in range(num_blocks)]
+
+
+def unpack_routes(records: list[bytes], r3: R3Format, block_size: int) -> np.ndarray:
+    """``int16 [len(records) * block_size, n_moe_layers, top_k]`` from route records (a copy)."""
+    rows = np.frombuffer(b"".join(records), dtype="<i2")
+    return rows.reshape(len(records) * block_size, r3.n_moe_layers, r3.top_k).astype(np.int16)
 
 
 T = TypeVar("T")
