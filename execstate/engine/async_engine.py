@@ -40,6 +40,9 @@ from execstate.engine.sampling_params import SamplingParams
 T = TypeVar("T")
 
 
+# How often an idle engine with pending housekeeping (PD exports) polls.
+_POLL_S = 0.05
+
 class EngineDeadError(RuntimeError):
     """The engine thread is gone (crashed or shut down); no request can be served."""
 
@@ -201,8 +204,15 @@ class AsyncEngine:
         eng = self._engine
         try:
             while True:
-                # Idle: block until a command arrives. Busy: take what is queued, then step.
-                cmd: _Command | None = self._commands.get() if not eng.has_unfinished_requests() else None
+                # Idle: block until a command arrives (waking periodically while the engine
+                # has housekeeping, e.g. PD exports to release). Busy: take what is queued, step.
+                cmd: _Command | None = None
+                if not eng.has_unfinished_requests():
+                    try:
+                        cmd = self._commands.get(timeout=_POLL_S if eng.needs_polling else None)
+                    except queue.Empty:
+                        eng.poll()
+                        continue
                 while True:
                     if cmd is not None and not self._handle(cmd):
                         for request_id in list(self._sinks):

@@ -16,6 +16,7 @@ import argparse
 
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
+from execstate.engine.llm_engine import LLMEngine
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.metrics import ServingMetrics
 
@@ -23,19 +24,44 @@ from execstate.serve.metrics import ServingMetrics
 def attach_kv_connector(
     async_engine: AsyncEngine, kv_cfg: KVTransferConfig, metrics: ServingMetrics | None = None
 ) -> None:
-    """Install the PD connector described by ``kv_cfg`` on the engine (placeholder).
+    """Install the PD connector described by ``kv_cfg`` on the engine.
 
-    Called once at start-up, after the engine thread started and before any request.
-    Engine state must only be touched on the engine thread: use
-    ``async_engine.call(fn)`` here (blocking) or ``await async_engine.run_on_engine(fn)``
-    later. Report each finished transfer with ``metrics.record_transfer(num_bytes, ok)``.
-    Per request, the server already passes the body's ``kv_transfer_params`` to
-    ``LLMEngine.add_request`` and returns ``RequestOutput.kv_transfer_params`` top-level.
+    Called once at start-up, after the engine thread started and before any request;
+    the connector is built on the engine thread (``async_engine.call``). Keys read from
+    ``kv_connector_extra_config`` (all optional): ``side_channel_host`` / ``side_channel_port``
+    (the control channel, default 127.0.0.1 and a free port), ``max_inflight_transfers``,
+    ``max_transfer_bytes``, ``transfer_ttl_s``, ``transfer_timeout_s``, ``fault_injection``
+    (tests only, see ``execstate.transfer.faults``). Unknown extra keys are rejected.
     """
-    raise NotImplementedError(
-        f"PD connector: {kv_cfg.kv_connector} ({kv_cfg.kv_role}) is not implemented yet "
-        "(execstate.serve.server.attach_kv_connector)"
+    from execstate.engine.pd_connector import PDConfig
+
+    extra = dict(kv_cfg.kv_connector_extra_config or {})
+    known = {
+        "side_channel_host": "host",
+        "side_channel_port": "port",
+        "max_inflight_transfers": "max_inflight",
+        "max_transfer_bytes": "max_bytes",
+        "transfer_ttl_s": "ttl_s",
+        "transfer_timeout_s": "timeout_s",
+        "fault_injection": "faults",
+    }
+    unknown = sorted(set(extra) - set(known))
+    if unknown:
+        raise ValueError(f"kv_connector_extra_config: unknown key(s) {unknown}; known: {sorted(known)}")
+    cfg = PDConfig(
+        role=kv_cfg.kv_role,
+        failure_policy=kv_cfg.kv_load_failure_policy,
+        routes_transfer=kv_cfg.enable_routed_experts_transfer,
+        engine_id=kv_cfg.engine_id,
+        **{known[k]: v for k, v in extra.items()},
     )
+
+    def attach(engine: LLMEngine) -> None:
+        connector = engine.attach_pd(cfg)
+        if metrics is not None:
+            connector.on_transfer = metrics.record_transfer
+
+    async_engine.call(attach)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -53,7 +79,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 def run_server(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from execstate.engine.llm_engine import LLMEngine
     from execstate.serve.app import build_app
 
     kv_cfg = KVTransferConfig.from_json(args.kv_transfer_config) if args.kv_transfer_config else None

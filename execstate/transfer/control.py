@@ -22,6 +22,7 @@ request. Both sides cap message size at ``MAX_MESSAGE_BYTES``.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -210,12 +211,14 @@ class ControlClient:
         self.bytes_sent += len(payload)
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not sock.poll(max(1, int(remaining * 1000))):
+            if remaining <= 0:
                 self._reset()
                 raise TransferError(
                     ErrorCode.TIMEOUT,
                     f"no reply to {type(msg).__name__} from {self.addr} within {self.timeout_s} s",
                 )
+            if not sock.poll(math.ceil(remaining * 1000)):
+                continue  # re-check the deadline (poll may wake a little early)
             raw = sock.recv_multipart()[-1]
             self.bytes_received += len(raw)
             data = raw if reply_filter is None else reply_filter(raw)

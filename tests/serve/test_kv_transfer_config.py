@@ -99,8 +99,35 @@ def test_bad_config_fails_before_loading_the_model(tmp_path):
         run_server(args)
 
 
-def test_connector_hook_is_called_with_the_parsed_config(model_dir):
-    cfg = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_producer"})
-    args = build_parser().parse_args(["serve", str(model_dir), "--kv-transfer-config", cfg, "--port", "1"])
-    with pytest.raises(NotImplementedError, match="PD connector: NixlConnector"):
-        run_server(args)  # raises before uvicorn binds; the engine thread is shut down
+def test_connector_hook_attaches_pd_and_rejects_unknown_extra_keys(model_dir):
+    from execstate.engine.async_engine import AsyncEngine
+    from execstate.engine.config import EngineConfig
+    from execstate.engine.llm_engine import LLMEngine
+    from execstate.serve.server import attach_kv_connector
+
+    ae = AsyncEngine(LLMEngine(EngineConfig(model=str(model_dir), enable_return_routed_experts=True)))
+    try:
+        bad = KVTransferConfig.from_dict(
+            {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_connector_extra_config": {"sid": 1}}
+        )
+        with pytest.raises(ValueError, match="unknown key"):
+            attach_kv_connector(ae, bad)
+        cfg = KVTransferConfig.from_dict(
+            {
+                "kv_connector": "NixlConnector",
+                "kv_role": "kv_both",
+                "kv_load_failure_policy": "recompute",
+                "enable_routed_experts_transfer": True,
+                "engine_id": "unit-test",
+                "kv_connector_extra_config": {"transfer_ttl_s": 3.0, "max_inflight_transfers": 2},
+            }
+        )
+        attach_kv_connector(ae, cfg)
+        pd = ae.call(lambda e: e.pd)
+        assert pd.instance_id == "unit-test" and pd.cfg.failure_policy == "recompute"
+        assert pd.exporter is not None and pd.importer is not None
+        assert pd.exporter.max_inflight == 2 and pd.exporter.ttl_s == 3.0
+        assert pd.capabilities().r3 is not None
+        ae.call(lambda e: e.pd.close())
+    finally:
+        ae.shutdown()

@@ -22,19 +22,38 @@ class Receiver:
 
 
 @pytest.fixture(scope="session")
-def source() -> Iterator[Source]:
+def source_process() -> Iterator[Source]:
+    """One source (prefill) process shared by the two-process tests."""
     src = Source(SourceConfig())
     yield src
     src.stop()
 
 
 @pytest.fixture(scope="session")
-def source_kv(source: Source) -> tuple[torch.Tensor, torch.Tensor]:
-    return source.expected_blocks()
+def source_kv(source_process: Source) -> tuple[torch.Tensor, torch.Tensor]:
+    """An independent regeneration of the source pool's K and V."""
+    return source_process.expected_blocks()
 
 
 @pytest.fixture(scope="session")
-def receiver() -> Receiver:
+def receiver_session() -> Receiver:
     pool = make_pool(160)
     bulk = NixlBulk(pool, "D0-nixl", timeout_s=5.0)
     return Receiver(pool, BlockPool(160), bulk, make_caps("D0", pool))
+
+
+@pytest.fixture
+def receiver(receiver_session: Receiver) -> Iterator[Receiver]:
+    """The receiver (this process); after each test its pool must be clean."""
+    yield receiver_session
+    receiver_session.block_pool.check_integrity()
+    assert receiver_session.block_pool.num_used == 0
+    assert receiver_session.bulk.num_stuck == 0
+
+
+@pytest.fixture
+def source(source_process: Source, receiver: Receiver) -> Iterator[Source]:
+    """The source with a fresh exporter (default limits); after each test nothing stays pinned
+    except what the test left in flight on purpose (released by the next test's setup)."""
+    source_process.setup()
+    yield source_process
