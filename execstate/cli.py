@@ -1,4 +1,4 @@
-"""Command line: ``execstate models|bench|demo|serve ...`` (heavy imports happen per command)."""
+"""Command line: ``execstate models|bench|demo|serve|proxy ...`` (heavy imports happen per command)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,12 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(model=args.model)
 
 
+def _proxy(args: argparse.Namespace) -> int:
+    from execstate.serve.proxy import run_proxy
+
+    return run_proxy(args)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from execstate.serve.server import run_server
 
@@ -105,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--block-size", type=int, default=16)
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=_serve)
+
+    px = sub.add_parser("proxy", help="prefill/decode disaggregation proxy")
+    px.add_argument("--prefill", nargs="+", required=True, help="prefill instance URL(s)")
+    px.add_argument("--decode", nargs="+", required=True, help="decode instance URL(s)")
+    px.add_argument("--host", default="127.0.0.1")
+    px.add_argument("--port", type=int, default=8000)
+    px.set_defaults(func=_proxy)
     return p
 
 

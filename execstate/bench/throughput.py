@@ -407,7 +407,9 @@ def run_throughput_bench(
         gc.collect()
 
     results: dict[str, dict[str, list[Any]]] = {
-        p.name: {"b8_s": [], "b8_tok": [], "b1_s": [], "b1_tok": [], "b1_ttft": []} for p in peer_list
+        p.name: {k: [] for k in ("b8_s", "b8_tok", "b8_cpu_share", "b8_load", "b1_s", "b1_tok", "b1_cpu_share",
+                                 "b1_load", "b1_ttft")}
+        for p in peer_list
     }
     parity: dict[str, dict[str, dict[str, int]]] = {}
     t_bench = time.perf_counter()
@@ -418,7 +420,12 @@ def run_throughput_bench(
         if batched and not p.batch8:
             return
         gc.collect()
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        cpu0 = time.process_time()
         res = p.run(prompts, n_new(p, batched), batched)
+        # share of the machine this process got: CPU seconds / (wall seconds x threads)
+        results[p.name][f"{key}_cpu_share"].append((time.process_time() - cpu0) / (res.seconds * threads))
+        results[p.name][f"{key}_load"].append(load)
         results[p.name][f"{key}_s"].append(res.seconds)
         results[p.name][f"{key}_tok"].append([len(t) for t in res.token_ids])
         if res.ttft_s:
@@ -460,6 +467,8 @@ def run_throughput_bench(
                 "tok_s": tok_s,
                 "seconds": res[f"{key}_s"],
                 "tokens": per_run,
+                "cpu_share": res[f"{key}_cpu_share"],
+                "loadavg_1m_before": res[f"{key}_load"],
                 "tokens_expected": expected,
                 "tokens_exact": all(n == expected for n in per_run)
                 and all(c == n_new(p, batched) for run in res[f"{key}_tok"] for c in run),
@@ -655,5 +664,14 @@ def format_table(report: dict[str, Any]) -> str:
     lines.append(f"machine: {m['processor']}, {m['cpu_count']} CPUs, torch {m['torch']}, "
                  f"load avg after {tuple(round(x, 2) for x in m['loadavg_after'] or ())}; "
                  f"bench wall {report['bench_seconds']:.0f} s")
+    shares = [x for e in report["peers"].values() if e.get("available")
+              for k in ("batch8", "batch1") if e.get(k) for x in e[k]["cpu_share"]]
+    loads = [x for e in report["peers"].values() if e.get("available")
+             for k in ("batch8", "batch1") if e.get(k) for x in e[k]["loadavg_1m_before"]]
+    if shares:
+        lines.append(f"noise: CPU share of this process per run (CPU s / wall s / threads) "
+                     f"min {min(shares):.2f} median {statistics.median(shares):.2f}; 1-min load avg before runs "
+                     f"{min(loads):.1f}..{max(loads):.1f} (a share well below ~0.9 or a load above "
+                     f"{report['threads']} means other processes took CPU during that run)")
     lines += [f"note: {n}" for n in report["notes"]]
     return "\n".join(lines)

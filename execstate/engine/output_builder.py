@@ -54,6 +54,8 @@ def build_output(req: Request, tokenizer: Tokenizer | None, return_routes: bool)
     routes = None
     finished = req.is_finished
     served = finished and req.status is not RequestStatus.FINISHED_ABORTED and req.output_token_ids
+    # A PD prefill's routes travel with its KV to the decode side, never through the proxy.
+    served = served and not (req.kv_transfer_params or {}).get("do_remote_decode")
     if return_routes and req.routes is not None and served:
         routes = req.routes.result(req.num_tokens, p.routed_experts_prompt_start)
     completion = CompletionOutput(

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.sampling_params import SamplingParams
+from execstate.serve.errors import OpenAIError
 from execstate.serve.metrics import ServingMetrics
 from execstate.serve.protocol import PromptTokensDetails, Usage
 
@@ -71,6 +72,9 @@ async def merged_outputs(
             gen = engine.generate(prompt, sub.params, sub.request_id, sub.kv_transfer_params)
             async with aclosing(gen):
                 async for out in gen:
+                    if out.finished and out.error is not None:
+                        # request-level failure (e.g. PD KV load under policy "fail")
+                        raise OpenAIError(500, out.error, code="request_failed")
                     timer.on_output(out)
                     results.put_nowait((sub, out))
             results.put_nowait((sub, None))

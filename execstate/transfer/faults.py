@@ -85,9 +85,9 @@ class FaultInjection:
             corrupt_block=None if config.get("corrupt_block") is None else int(config["corrupt_block"]),  # type: ignore[call-overload]
         )
 
-    def fires(self, mode: FaultMode, load_number: int) -> bool:
-        """Whether ``mode`` is injected into the ``load_number``-th load (1-based)."""
-        return self.mode is mode and load_number % self.every_n == 0
+    def active(self, load_number: int) -> FaultMode | None:
+        """The fault injected into the ``load_number``-th load (1-based), ``None`` for none."""
+        return self.mode if load_number % self.every_n == 0 else None
 
 
 def reply_filter(mode: FaultMode, delay_s: float) -> ReplyFilter | None:

@@ -3,8 +3,9 @@
 :meth:`KVImporter.load` runs the whole protocol for one transfer, on the engine thread, into
 blocks the caller already allocated: handshake (cached per source address, redone after a
 failure) -> ``GetManifest`` -> :func:`verify_manifest` -> NIXL read -> per-block checksum of the
-received bytes -> ``Release``. Transfer faults never raise: they return ``ok=False`` with the
-reason; only programming errors (bad arguments) raise.
+received bytes -> ``Release`` (sent once a manifest for this transfer id arrived, verified or
+not; after a timeout the source's TTL frees the pins). Transfer faults never raise: they return
+``ok=False`` with the reason; only programming errors (bad arguments) raise.
 
 Commit contract for the caller: blocks ``dst_block_ids[:num_blocks_verified]`` hold verified KV
 (identity, epoch and checksum all matched) and may be committed to the cache under their keys;
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -62,6 +64,18 @@ class LoadResult(NamedTuple):
     error_code: ErrorCode | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Request:
+    addr: str
+    transfer_id: str  # the transfer the caller asked for
+    request_id: str  # the id sent to the source (differs only under the stale_transfer_id fault)
+    epoch: int
+    keys: Sequence[BlockKey]
+    dst: Sequence[BlockId]
+    need_routes: bool
+    start: int
+
+
 class KVImporter:
     """Loads exported blocks from remote :class:`KVExporter` s into one KV pool; engine thread only."""
 
@@ -104,37 +118,23 @@ class KVImporter:
         if any(not 0 <= b < self.pool.num_blocks for b in dst_block_ids) or start_block < 0:
             raise ValueError("destination block id out of range or negative start_block")
         self._loads += 1
-        fault = (
-            self.faults.mode
-            if self.faults.mode is not None and self.faults.fires(self.faults.mode, self._loads)
-            else None
-        )
+        fault = self.faults.active(self._loads)
         request_id = transfer_id
         if fault is FaultMode.STALE_TRANSFER_ID:
             request_id = self.faults.stale_id or self._last_transfer_id or f"{transfer_id}~stale"
-        result = self._load(
+        req = _Request(
             remote_addr,
-            request_id,
             transfer_id,
+            request_id,
             epoch,
             expected_keys,
             dst_block_ids,
             need_routes,
             start_block,
-            fault,
         )
+        result = self._load(req, fault)
         if fault is FaultMode.DUPLICATE and result.ok:
-            result = self._load(
-                remote_addr,
-                transfer_id,
-                transfer_id,
-                epoch,
-                expected_keys,
-                dst_block_ids,
-                need_routes,
-                start_block,
-                None,
-            )
+            result = self._load(req, None)  # the same handoff delivered twice
         self._last_transfer_id = transfer_id
         return result
 
@@ -146,29 +146,18 @@ class KVImporter:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _load(
-        self,
-        addr: str,
-        request_id: str,
-        transfer_id: str,
-        epoch: int,
-        keys: Sequence[BlockKey],
-        dst: Sequence[BlockId],
-        need_routes: bool,
-        start: int,
-        fault: FaultMode | None,
-    ) -> LoadResult:
+    def _load(self, req: _Request, fault: FaultMode | None) -> LoadResult:
         t0 = time.monotonic()
-        client = self._client(addr)
+        client = self._client(req.addr)
         c0 = client.bytes_sent + client.bytes_received
         manifest: Manifest | None = None
         kv_bytes = 0
         verified = 0
         error: TransferError | None = None
         try:
-            remote = self._handshake(addr, client, need_routes)
+            remote = self._handshake(req.addr, client, req.need_routes)
             flt = None if fault is None else reply_filter(fault, self.faults.delay_s)
-            manifest = client.get_manifest(request_id, epoch, flt)
+            manifest = client.get_manifest(req.request_id, req.epoch, flt)
             if fault is FaultMode.TRUNCATE:
                 manifest = truncate_manifest(manifest, self.faults.truncate)
             if manifest.source_instance_id != remote.instance_id:
@@ -177,31 +166,37 @@ class KVImporter:
                     f"manifest from instance {manifest.source_instance_id!r}, handshake with {remote.instance_id!r}",
                 )
             verify_manifest(
-                manifest, transfer_id, epoch, keys, self.caps, start_block=start, need_routes=need_routes
+                manifest,
+                req.transfer_id,
+                req.epoch,
+                req.keys,
+                self.caps,
+                start_block=req.start,
+                need_routes=req.need_routes,
             )
-            rng = range(start, start + len(keys))
+            rng = range(req.start, req.start + len(req.keys))
             self.bulk.read(
-                manifest.agent_name, manifest.agent_metadata, [manifest.block_addrs[i] for i in rng], dst
+                manifest.agent_name, manifest.agent_metadata, [manifest.block_addrs[i] for i in rng], req.dst
             )
-            kv_bytes = len(keys) * manifest.kv_layout.block_nbytes
+            kv_bytes = len(req.keys) * manifest.kv_layout.block_nbytes
             if fault is FaultMode.CORRUPT:
-                j = len(keys) // 2 if self.faults.corrupt_block is None else self.faults.corrupt_block
-                corrupt_block(self.pool, int(dst[j]))
-            for j, got in enumerate(block_checksums(self.pool, [int(b) for b in dst])):
-                if got != manifest.blocks[start + j].checksum:
+                j = len(req.keys) // 2 if self.faults.corrupt_block is None else self.faults.corrupt_block
+                corrupt_block(self.pool, int(req.dst[j]))
+            for j, got in enumerate(block_checksums(self.pool, [int(b) for b in req.dst])):
+                if got != manifest.blocks[req.start + j].checksum:
                     raise TransferError(
                         ErrorCode.CHECKSUM_MISMATCH,
-                        f"block {start + j} (local {int(dst[j])}): received bytes differ from the source's checksum",
+                        f"block {req.start + j} (local {int(req.dst[j])}): received bytes differ from the source's checksum",
                     )
                 verified += 1
         except TransferError as e:
             error = e
             if e.code in _RECONNECT:
-                self._forget(addr)
-        if manifest is not None:
-            self._release(client, request_id)
+                self._forget(req.addr)
+        if manifest is not None and manifest.transfer_id == req.transfer_id:
+            self._release(client, req.transfer_id)  # never release a transfer that is not ours
         control = client.bytes_sent + client.bytes_received - c0
-        tokens, routes = self._verified_tokens_and_routes(manifest, start, verified)
+        tokens, routes = self._verified_tokens_and_routes(manifest, req.start, verified)
         return LoadResult(
             ok=error is None,
             num_blocks_verified=verified,

@@ -65,15 +65,18 @@ def test_48_token_case_routes_follow_their_kv(pd_pair, moe_dir):
     d_rows = np.concatenate([d.route_store.get(k) for k in _probe.block_keys[:2]])
     # P's exported records for block 2 are tampered the same way on their way out.
     real_export = p.pd.exporter.export
+    exported = {}
 
     def tampered(tid, epoch, block_ids, keys, routes, num_tokens):
+        exported["rows"] = routes.copy()  # P's own rows for [0, 48)
         routes = routes.copy()
         routes[32:48] = routes[32:48, :, ::-1]
         return real_export(tid, epoch, block_ids, keys, routes, num_tokens)
 
     p.pd.exporter.export = tampered
     p_out, kv = handoff(p, ids)
-    p_rows = p_out.outputs[0].routed_experts  # P's own rows for [0, 48)
+    assert p_out.outputs[0].routed_experts is None  # routes travel with the KV, not the reply
+    p_rows = exported["rows"]
     out = run(d, ids, kv=kv)
     r = out.outputs[0].routed_experts
     assert out.prompt_token_sources == {"local_cache": 32, "transferred": 15, "computed": 1}

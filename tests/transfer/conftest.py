@@ -22,11 +22,23 @@ class Receiver:
 
 
 @pytest.fixture(scope="session")
-def source_process() -> Iterator[Source]:
-    """One source (prefill) process shared by the two-process tests."""
-    src = Source(SourceConfig())
-    yield src
-    src.stop()
+def source_processes() -> Iterator[tuple[Source, Source]]:
+    """Two source (prefill) processes started in parallel: one shared by the two-process tests,
+    one for the test that kills it."""
+    shared, doomed = Source(SourceConfig()), Source(SourceConfig(instance_id="P-kill"))
+    yield shared, doomed
+    shared.stop()
+    doomed.stop()
+
+
+@pytest.fixture(scope="session")
+def source_process(source_processes: tuple[Source, Source]) -> Source:
+    return source_processes[0]
+
+
+@pytest.fixture
+def doomed_source(source_processes: tuple[Source, Source]) -> Source:
+    return source_processes[1]
 
 
 @pytest.fixture(scope="session")

@@ -218,8 +218,8 @@ def test_fault_config_parsing() -> None:
     assert FaultInjection.from_dict(None).mode is None
     f = FaultInjection.from_dict({"mode": "delay", "delay_s": 0.25, "every_n": 2})
     assert f.mode is FaultMode.DELAY and f.delay_s == 0.25
-    assert [f.fires(FaultMode.DELAY, i) for i in (1, 2, 3, 4)] == [False, True, False, True]
-    assert not f.fires(FaultMode.DROP, 2)
+    assert [f.active(i) for i in (1, 2, 3, 4)] == [None, FaultMode.DELAY, None, FaultMode.DELAY]
+    assert FaultInjection().active(1) is None
     with pytest.raises(ValueError):
         FaultInjection.from_dict({"mode": "explode"})
     with pytest.raises(ValueError):

@@ -84,6 +84,7 @@ def test_fault_stale_transfer_id(source, receiver) -> None:
     faults = {"mode": "stale_transfer_id", "stale_id": "stale-old"}
     result, _ = load(receiver, source.addr, "stale-new", new.epoch, 32, 9, faults=faults)
     failed(result, ErrorCode.STALE_TRANSFER_ID)
+    assert load(receiver, source.addr, "stale-old", old.epoch, 32, 9)[0].ok  # not released by the wrong load
     # Without an explicit id the importer replays its previous (released) id.
     imp = KVImporter(receiver.pool, receiver.caps, receiver.bulk, 3.0)
     assert load(receiver, source.addr, "stale-new", new.epoch, 32, 9, importer=imp)[0].ok

@@ -17,8 +17,6 @@ from transfer_harness import (
     TOP_K,
     Invalidate,
     Poll,
-    Source,
-    SourceConfig,
     keys_for,
     make_caps,
     make_pool,
@@ -184,8 +182,8 @@ def test_stale_epoch_after_invalidate_all(source, source_kv, receiver) -> None:
     assert source.query().num_used == 0
 
 
-def test_killed_source_fails_in_time(receiver) -> None:
-    src = Source(SourceConfig(instance_id="P-kill"))
+def test_killed_source_fails_in_time(doomed_source, receiver) -> None:
+    src = doomed_source
     try:
         first = src.export("k1", 32, token_seed=18)
         second = src.export("k2", 32, token_seed=18)

@@ -220,7 +220,8 @@ def source_main(conn, cfg: SourceConfig) -> None:  # runs in the source process
 
 
 class Source:
-    """Handle on a running source process."""
+    """Handle on a source process; construction only starts it (sources start in parallel),
+    the first command waits until it is ready."""
 
     def __init__(self, cfg: SourceConfig) -> None:
         ctx = mp.get_context("spawn")
@@ -228,11 +229,19 @@ class Source:
         self._conn, child = ctx.Pipe()
         self.process = ctx.Process(target=source_main, args=(child, cfg), daemon=True)
         self.process.start()
-        if not self._conn.poll(60):
-            raise RuntimeError("source process did not start")
-        self.addr: str = self._conn.recv()
+        self._addr: str | None = None
+
+    @property
+    def addr(self) -> str:
+        """The control server's address (waits for the process to be ready)."""
+        if self._addr is None:
+            if not self._conn.poll(60):
+                raise RuntimeError("source process did not start")
+            self._addr = self._conn.recv()
+        return self._addr
 
     def call(self, cmd: object, timeout_s: float = 30.0):
+        assert self.addr
         self._conn.send(cmd)
         if not self._conn.poll(timeout_s):
             raise RuntimeError(f"source did not answer {cmd}")
@@ -242,8 +251,8 @@ class Source:
         return self.call(Export(transfer_id, num_tokens, token_seed, **kw))
 
     def setup(self, **kw) -> str:
-        self.addr = self.call(Setup(**kw))
-        return self.addr
+        self._addr = self.call(Setup(**kw))
+        return self._addr
 
     def query(self) -> SourceState:
         return self.call(Query())
