@@ -29,6 +29,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import NamedTuple
@@ -86,7 +87,12 @@ class _Snapshot:
 
 
 class KVExporter:
-    """Pins, snapshots and serves exported blocks of one KV pool (see the module docstring)."""
+    """Pins, snapshots and serves exported blocks of one KV pool (see the module docstring).
+
+    ``clock`` is the TTL clock (``poll(now)`` takes the same clock's time); ``remember_finished``
+    bounds the ids kept to answer "released / expired / invalidated" instead of "unknown";
+    ``hash_executor`` (optional) hashes an export's blocks in parallel.
+    """
 
     def __init__(
         self,
@@ -99,6 +105,7 @@ class KVExporter:
         ttl_s: float,
         clock: Callable[[], float] = time.monotonic,
         remember_finished: int = 4096,
+        hash_executor: Executor | None = None,
     ) -> None:
         if caps.kv_layout != kv_layout_of(pool):
             raise ValueError(f"caps layout {caps.kv_layout} is not the pool's {kv_layout_of(pool)}")
@@ -108,6 +115,7 @@ class KVExporter:
         self.max_inflight, self.max_bytes, self.ttl_s = max_inflight, max_bytes, ttl_s
         self._clock = clock
         self._remember = remember_finished
+        self._hash_executor = hash_executor
         # engine thread only
         self._pinned: dict[str, _Snapshot] = {}
         self._pinned_bytes = 0
@@ -190,7 +198,7 @@ class KVExporter:
             )
         self.block_pool.acquire(block_ids)  # validates every id before pinning any
         try:
-            checksums = block_checksums(self.pool, [int(b) for b in block_ids])
+            checksums = block_checksums(self.pool, [int(b) for b in block_ids], self._hash_executor)
         except BaseException:
             self.block_pool.free(block_ids)
             raise

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -77,7 +78,12 @@ class _Request:
 
 
 class KVImporter:
-    """Loads exported blocks from remote :class:`KVExporter` s into one KV pool; engine thread only."""
+    """Loads exported blocks from remote :class:`KVExporter` s into one KV pool; engine thread only.
+
+    ``timeout_s`` bounds each control request (a dead source fails within it); the bulk read is
+    bounded by ``bulk.timeout_s``. ``faults`` injects failures (off by default); ``hash_executor``
+    (optional) verifies received blocks in parallel.
+    """
 
     def __init__(
         self,
@@ -86,11 +92,13 @@ class KVImporter:
         bulk: NixlBulk,
         timeout_s: float,
         faults: FaultInjection | None = None,
+        hash_executor: Executor | None = None,
     ) -> None:
         if caps.kv_layout != kv_layout_of(pool):
             raise ValueError(f"caps layout {caps.kv_layout} is not the pool's {kv_layout_of(pool)}")
         self.pool, self.caps, self.bulk, self.timeout_s = pool, caps, bulk, timeout_s
         self.faults = faults or FaultInjection()
+        self._hash_executor = hash_executor
         self._clients: dict[str, ControlClient] = {}
         self._remote_caps: dict[str, Capabilities] = {}
         self._loads = 0
@@ -182,7 +190,9 @@ class KVImporter:
             if fault is FaultMode.CORRUPT:
                 j = len(req.keys) // 2 if self.faults.corrupt_block is None else self.faults.corrupt_block
                 corrupt_block(self.pool, int(req.dst[j]))
-            for j, got in enumerate(block_checksums(self.pool, [int(b) for b in req.dst])):
+            for j, got in enumerate(
+                block_checksums(self.pool, [int(b) for b in req.dst], self._hash_executor)
+            ):
                 if got != manifest.blocks[req.start + j].checksum:
                     raise TransferError(
                         ErrorCode.CHECKSUM_MISMATCH,

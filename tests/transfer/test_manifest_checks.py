@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 import pytest
@@ -212,6 +213,16 @@ def test_block_checksum_covers_every_byte_of_the_block_only() -> None:
     assert block_checksum(pool, 1) == base[1]
     with pytest.raises(ValueError):
         block_checksum(pool, 4)
+
+
+def test_parallel_checksums_equal_sequential() -> None:
+    pool = make_pool(80)
+    fill_pool(pool, 6)
+    ids = list(range(79, -1, -1))
+    with ThreadPoolExecutor(2) as ex:
+        assert block_checksums(pool, ids, ex) == block_checksums(pool, ids)
+        with pytest.raises(ValueError):
+            block_checksums(pool, [*ids, 80], ex)
 
 
 def test_fault_config_parsing() -> None:
