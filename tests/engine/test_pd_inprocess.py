@@ -8,6 +8,8 @@ range's source is visible in the returned array.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -147,3 +149,21 @@ def test_corrupt_transfer_recompute_policy_returns_own_routes(moe_dir):
     finally:
         p.pd.close()
         d.pd.close()
+
+
+def test_export_limits_are_request_level_and_expire(moe_dir):
+    p = engine(moe_dir, "kv_producer", max_inflight=1, ttl_s=0.5)
+    try:
+        base_used = p.block_pool.num_used
+        _, kv1 = handoff(p, prompt(6, 40))  # pinned: nobody pulls it
+        assert p.pd.num_pinned_exports == 1 and p.block_pool.num_used == base_used + 2
+        over = run(p, prompt(7, 40), SamplingParams(temperature=0.0, max_tokens=1), kv={"do_remote_decode": True})
+        assert over.outputs[0].finish_reason == "abort" and "KV export failed" in over.error
+        ok = run(p, prompt(8, 20))  # the engine keeps serving
+        assert len(ok.outputs[0].token_ids) == 8
+        time.sleep(0.6)
+        p.poll()  # TTL passed: the export is released, blocks back to baseline
+        assert p.pd.num_pinned_exports == 0 and p.block_pool.num_used == base_used
+        p.check_integrity()
+    finally:
+        p.pd.close()
