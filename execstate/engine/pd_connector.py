@@ -87,8 +87,8 @@ class PDConnector:
         self.cfg = cfg
         self.instance_id = cfg.engine_id or f"execstate-{uuid.uuid4().hex[:12]}"
         self.stats = TransferStats()
-        # Called after every load with (kv_bytes, ok): the server's metrics hook.
-        self.on_transfer: Callable[[int, bool], None] | None = None
+        # Called after every load with (kv_bytes, ok, control_bytes, seconds): the server's metrics hook.
+        self.on_transfer: Callable[[int, bool, int, float], None] | None = None
         self.bulk = NixlBulk(engine.kv_pool, self.instance_id, timeout_s=cfg.timeout_s)
         self.exporter: KVExporter | None = None
         self.server: ControlServer | None = None
@@ -198,7 +198,7 @@ class PDConnector:
         self.stats.load_seconds.append(time.perf_counter() - t0)
         req.transfer_info = {"kv_bytes": res.kv_bytes, "control_bytes": res.control_bytes, "seconds": res.elapsed_s}
         if self.on_transfer is not None:
-            self.on_transfer(res.kv_bytes, res.ok)
+            self.on_transfer(res.kv_bytes, res.ok, res.control_bytes, res.elapsed_s)
         if not res.ok:
             self._failed(f"KV load from {addr} failed: {res.error}")
         return ExternalLoad(res.num_blocks_verified, res.routes)

@@ -5,7 +5,8 @@ rate, health) are refreshed from an ``EngineStats`` snapshot taken on the engine
 at scrape time. Request-level series are recorded by the serving layer as outputs
 arrive: ``RequestTimer`` measures TTFT (request arrival at the server -> first token)
 and ITL (gap between consecutive tokens; a gap that brought k tokens counts as k gaps
-of gap/k). The PD layer reports transfers with ``record_transfer(num_bytes, ok)``.
+of gap/k). The PD layer reports transfers with
+``record_transfer(num_bytes, ok, control_bytes, seconds)``.
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ class ServingMetrics:
         )
         self.transfer_bytes = Counter(f"{PREFIX}_kv_transfer_bytes", "KV bytes transferred (PD)", registry=r)
         self.transfer_failures = Counter(f"{PREFIX}_kv_transfer_failures", "Failed KV transfers (PD)", registry=r)
+        self.transfers = Counter(f"{PREFIX}_kv_transfers", "KV transfers attempted (PD)", registry=r)
+        self.transfer_control_bytes = Counter(
+            f"{PREFIX}_kv_transfer_control_bytes", "Control-channel bytes of KV transfers (PD)", registry=r
+        )
+        self.transfer_seconds = Counter(
+            f"{PREFIX}_kv_transfer_seconds", "Wall time spent in KV transfers (PD)", registry=r
+        )
         self.ttft = Histogram(
             f"{PREFIX}_time_to_first_token_seconds", "Request arrival -> first token", buckets=_LATENCY_BUCKETS,
             registry=r,
@@ -70,8 +78,11 @@ class ServingMetrics:
             registry=r,
         )
 
-    def record_transfer(self, num_bytes: int, ok: bool) -> None:
+    def record_transfer(self, num_bytes: int, ok: bool, control_bytes: int = 0, seconds: float = 0.0) -> None:
         """Called by the PD connector once per finished transfer (bytes actually moved)."""
+        self.transfers.inc()
+        self.transfer_control_bytes.inc(max(control_bytes, 0))
+        self.transfer_seconds.inc(max(seconds, 0.0))
         if num_bytes > 0:
             self.transfer_bytes.inc(num_bytes)
         if not ok:
