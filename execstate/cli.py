@@ -46,6 +46,17 @@ def _bench(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(report, indent=2))
         return 0
+    if args.bench_cmd == "pd":
+        from execstate.bench.pd import run_pd_bench
+
+        report = run_pd_bench(
+            model=args.model, prompt_len=args.prompt_len, num_prompts=args.num_prompts,
+            max_tokens=args.max_tokens, repeats=args.repeats, threads=args.threads,
+        )
+        if args.json:
+            print(json.dumps(report, indent=2))
+        ok = report["correctness"]["token_mismatches"] == 0 and report["recovery"]["failure"]["error_detected"]
+        return 0 if ok else 1
     raise AssertionError(args.bench_cmd)
 
 
@@ -91,6 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--threads", type=int, default=None)
     bt.add_argument("--no-peers", action="store_true", help="skip transformers/llama.cpp")
     bt.add_argument("--json", action="store_true")
+    bp = bsub.add_parser("pd", help="PD (proxy -> prefill -> decode) vs single instance: TTFT, transfer, recovery")
+    bp.add_argument("--model", default="standard", help="'standard', an embedded name or a path")
+    bp.add_argument("--prompt-len", type=int, default=2048)
+    bp.add_argument("--num-prompts", type=int, default=4)
+    bp.add_argument("--max-tokens", type=int, default=32)
+    bp.add_argument("--repeats", type=int, default=3)
+    bp.add_argument("--threads", type=int, default=None, help="threads per engine process (default: all CPUs)")
+    bp.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)
 
     d = sub.add_parser("demo", help="R3 rollout with prefix reuse and a replay check")

@@ -349,11 +349,18 @@ def run_throughput_bench(
     seed: int = 0,
     llama_cpp: bool = True,
     print_table: bool = True,
+    time_budget_s: float | None = 600.0,
 ) -> dict[str, Any]:
-    """Run the benchmark and return its report (also printed as a table)."""
+    """Run the benchmark and return its report (also printed as a table).
+
+    ``time_budget_s``: after each repeat, stop early (noted in the report) when one more
+    repeat at the pace so far would end past this many seconds from the start (loading
+    and warm-up included); the workload itself is never cut, so peers stay comparable.
+    """
     import torch
     import transformers
 
+    t_start = time.perf_counter()
     threads = int(num_threads or os.cpu_count() or 1)
     torch.set_num_threads(threads)
     wl = Workload(prompt_len, max_new_tokens, num_prompts, batch1_prompts, hf_batch1_max_new_tokens, seed)
@@ -416,6 +423,7 @@ def run_throughput_bench(
     if resident:
         for p in peer_list:
             activate(p)
+
     def measure(p: Peer, batched: bool, prompts: list[list[int]], key: str, ref: dict[str, Any]) -> None:
         if batched and not p.batch8:
             return
@@ -435,7 +443,15 @@ def run_throughput_bench(
         elif key in ref:
             _add_counts(parity.setdefault(p.name, {}).setdefault(key, {}), _compare(ref[key], res.token_ids))
 
+    repeats_done = 0
+    t_loop = time.perf_counter()
     for r in range(repeats):
+        elapsed = time.perf_counter() - t_start
+        if r > 0 and time_budget_s is not None and elapsed + (time.perf_counter() - t_loop) / r > time_budget_s:
+            notes.append(f"stopped after {r} of {repeats} repeats: one more would pass the {time_budget_s:.0f} s "
+                         f"time budget ({elapsed:.0f} s spent); medians are over {r} runs")
+            break
+        repeats_done += 1
         shapes = ((True, wl.prompts(vocab, r, "b8"), "b8"), (False, wl.prompts(vocab, r, "b1"), "b1"))
         ref: dict[str, list[list[int]]] = {}
         if resident:  # batch shape outer, peers inner: comparable runs are adjacent in time
@@ -547,7 +563,8 @@ def run_throughput_bench(
         "is_moe": any(k in cfg for k in ("num_experts", "num_local_experts")),
         "dtype": "float32",
         "workload": asdict(wl),
-        "repeats": repeats,
+        "repeats": repeats_done,
+        "repeats_requested": repeats,
         "threads": threads,
         "engine_startup_seconds": startup,
         "engine_startup_target_seconds": STARTUP_TARGET_S,

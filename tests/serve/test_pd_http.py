@@ -44,7 +44,7 @@ def start(args: list[str], port: int) -> subprocess.Popen:
         [sys.executable, "-m", "execstate", *args, "--port", str(port)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{args[0]} exited: {proc.stderr.read().decode()[-2000:]}")
