@@ -52,6 +52,7 @@ def _bench(args: argparse.Namespace) -> int:
         report = run_pd_bench(
             model=args.model, prompt_len=args.prompt_len, num_prompts=args.num_prompts,
             max_tokens=args.max_tokens, repeats=args.repeats, threads=args.threads,
+            nice_busy_threads=args.nice_nixl_threads,
         )
         if args.json:
             print(json.dumps(report, indent=2))
@@ -109,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--max-tokens", type=int, default=32)
     bp.add_argument("--repeats", type=int, default=3)
     bp.add_argument("--threads", type=int, default=None, help="threads per engine process (default: all CPUs)")
+    bp.add_argument("--nice-nixl-threads", action="store_true",
+                    help="diagnostic: renice the busy-polling NIXL progress threads to 19")
     bp.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)
 

@@ -1,20 +1,22 @@
 """``execstate bench pd``: prefill/decode disaggregation against a single instance, over HTTP.
 
-Processes (all ``execstate serve`` / ``execstate proxy`` subprocesses on 127.0.0.1, R3 on):
+Processes (all ``execstate serve`` / ``execstate proxy`` subprocesses on 127.0.0.1, R3 on),
+started in two phases so that no more NIXL agents than needed are alive while timing:
 
-- ``single``: one instance (no connector);
-- ``prefill`` (kv_producer) + ``decode`` (kv_consumer) + ``proxy``: the PD path;
-- ``decode_fail`` + ``proxy_fail``: a decode instance with ``fault_injection: corrupt`` and
-  policy ``fail`` behind its own proxy (same prefill instance);
-- ``decode_recompute`` + ``proxy_recompute``: the same fault under policy ``recompute``.
+1. ``single`` (one instance, no connector), ``prefill`` (kv_producer) + ``decode``
+   (kv_consumer) + ``proxy``: the timed workload;
+2. then ``decode_fail`` + ``proxy_fail`` (``fault_injection: corrupt``, policy ``fail``) and
+   ``decode_recompute`` + ``proxy_recompute`` (same fault, policy ``recompute``), both
+   pulling from the same prefill instance: the failure checks.
 
 Workload (DESIGN.md 8): per repeat, ``num_prompts`` fresh prompts of ``prompt_len`` random
 token ids, each sent once, streamed, one request at a time, to the single instance and to
 the proxy (interleaved, the order alternating per prompt, so machine noise hits both alike;
 no prompt is ever sent twice to one path, so nothing hits a prefix cache). Greedy,
 ``ignore_eos``, ``max_tokens`` new tokens. TTFT = request sent -> first SSE chunk carrying a
-token id; throughput = generated tokens / wall time of the request. A short warm-up request
-per path precedes the timed ones (the decode side's handshake with P is cached per address).
+token id; throughput = generated tokens / wall time of the request. A warm-up request per path
+(full length; the failing path: short) precedes the timed ones: the first prefill of a
+given size allocates, and each decode side's handshake with P is cached per address.
 
 Transfer figures are deltas of the decode instance's ``/metrics`` counters over the timed
 PD requests; route bytes = ``n_moe_layers * top_k * 2`` (int16) per transferred token. The
@@ -28,13 +30,22 @@ prompt to the single instance and through ``proxy_recompute``: it must succeed w
 tokens (the corrupted and later blocks are recomputed on D).
 
 Threads: every engine process gets ``OMP_NUM_THREADS = MKL_NUM_THREADS = threads`` (default:
-all CPUs). Requests are sequential, so only one engine computes at a time (P while D idles,
-then D) and each may use every core; idle engines block on their queue. The proxies and
-this client get one thread (they only move bytes).
+all CPUs). Requests are sequential, so only one engine computes at a time (P while D waits,
+then D) and each may use every core. The proxies and this client get one thread (they only
+move bytes). Idle engines without a connector block on their queue; an engine with a NIXL
+agent does not: NIXL's UCX progress thread polls without sleeping (``pthrDelay=0`` in the
+``nixl`` Python API), about one core per PD process. The servers stay in this process's
+session, so under the kernel's autogroup scheduling the whole bench is one group (it does
+not take one share of a shared machine per server) and thread nice values apply across
+the servers. The bench measures that
+(``idle_profile``: cores per idle process, busy thread ids) and, with
+``nice_busy_threads=True`` (``--nice-nixl-threads``), renices those threads to 19 so they
+only take CPU that compute threads leave: a diagnostic, off by default.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -116,7 +127,7 @@ class Cluster:
         log = self.logdir / f"{name}.log"
         with open(log, "wb") as fh:  # a file, not a pipe: a full pipe would block the server
             popen = subprocess.Popen([sys.executable, "-m", "execstate", *args, "--port", str(port)],
-                                     env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+                                     env=env, stdout=fh, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         self.procs[name] = Proc(name, popen, url, log)
         return url
@@ -128,12 +139,12 @@ class Cluster:
     def proxy(self, name: str, prefill: str, decode: str) -> str:
         return self.spawn(name, ["proxy", "--prefill", prefill, "--decode", decode], 1)
 
-    def wait_healthy(self, client: Any, timeout_s: float = 300.0) -> float:
-        """Wait until every process answers ``/health`` with 200; returns the seconds waited."""
+    def wait_healthy(self, client: Any, names: list[str] | None = None, timeout_s: float = 300.0) -> float:
+        """Wait until the processes (default: all) answer ``/health`` with 200; returns the seconds waited."""
         import httpx
 
         t0 = time.monotonic()
-        pending = dict(self.procs)
+        pending = {n: self.procs[n] for n in (names or self.procs)}
         while pending:
             for name, p in list(pending.items()):
                 if p.popen.poll() is not None:
@@ -159,6 +170,43 @@ class Cluster:
                 p.popen.kill()
                 p.popen.wait(5)
         shutil.rmtree(self.logdir, ignore_errors=True)
+
+    def idle_profile(self, names: list[str], window_s: float = 2.0) -> dict[str, Any]:
+        """CPU cores each (idle) process uses over ``window_s``, and its threads using >= 0.1 core."""
+        before = {n: _thread_cpu(self.procs[n].popen.pid) for n in names}
+        time.sleep(window_s)
+        out: dict[str, Any] = {}
+        for n in names:
+            after = _thread_cpu(self.procs[n].popen.pid)
+            per = {t: (v - before[n].get(t, 0.0)) / window_s for t, v in after.items()}
+            out[n] = {"cores": round(sum(per.values()), 3),
+                      "busy_threads": {t: round(c, 3) for t, c in per.items() if c >= 0.1}}
+        return out
+
+    def nice_busy_threads(self, profile: dict[str, Any]) -> dict[str, list[int]]:
+        """Renice (19) the threads that were busy while their process was idle: NIXL's UCX
+        progress thread polls without sleeping (``pthrDelay=0``); at nice 19 it only gets the
+        CPU that compute threads leave. Never the main thread."""
+        done: dict[str, list[int]] = {}
+        for n, prof in profile.items():
+            pid = self.procs[n].popen.pid
+            for t in prof["busy_threads"]:
+                if int(t) != pid:
+                    with contextlib.suppress(OSError):
+                        os.setpriority(os.PRIO_PROCESS, int(t), 19)
+                        done.setdefault(n, []).append(int(t))
+        return done
+
+
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread id of a process (/proc)."""
+    out: dict[str, float] = {}
+    with contextlib.suppress(OSError):
+        for t in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                f = Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()
+                out[t] = (int(f[11]) + int(f[12])) / _TICK
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -257,6 +305,7 @@ def run_pd_bench(
     repeats: int = 3,
     *,
     threads: int | None = None,
+    nice_busy_threads: bool = False,
     seed: int = 0,
     print_table: bool = True,
 ) -> dict[str, Any]:
@@ -278,62 +327,43 @@ def run_pd_bench(
     cluster = Cluster(threads)
     client = httpx.Client(timeout=httpx.Timeout(600.0, connect=10.0))
     try:
-        s = cluster.serve("single", path)
+        # phase 1: single instance and the PD path (only two NIXL agents alive while timing)
+        cluster.serve("single", path)
         p = cluster.serve("prefill", path, kv_config("kv_producer"))
         d = cluster.serve("decode", path, kv_config("kv_consumer"))
-        d_fail = cluster.serve("decode_fail", path, kv_config("kv_consumer", "fail", "corrupt"))
-        d_rec = cluster.serve("decode_recompute", path, kv_config("kv_consumer", "recompute", "corrupt"))
-        x = cluster.proxy("proxy", p, d)
-        cluster.proxy("proxy_fail", p, d_fail)
-        cluster.proxy("proxy_recompute", p, d_rec)
+        cluster.proxy("proxy", p, d)
         startup_s = cluster.wait_healthy(client)
         procs = cluster.procs
-        # warm-up of every path (first allocations, each D's handshake with P); proxy_fail's fails
-        warm = prompts(9, 0, 1, min(prompt_len, WARMUP_LEN))[0]
-        for name in ("single", "proxy", "proxy_fail", "proxy_recompute"):
-            w = stream_completion(client, procs[name].url, warm, 2)
-            if w.ok == (name == "proxy_fail"):
-                raise RuntimeError(f"warm-up request to {name}: ok={w.ok}, error {w.error}")
-        cpu_idle0 = {n: pr.cpu_seconds() for n, pr in procs.items()}
-
-        runs: dict[str, list[dict[str, Any]]] = {"single": [], "pd": []}
-        mismatches: list[dict[str, int]] = []
+        warm_full, warm_short = prompts(9, 0, 1)[0], prompts(9, 1, 1, min(prompt_len, WARMUP_LEN))[0]
+        _warm_up(client, cluster, ["single", "proxy"], warm_full)  # full length: the first big prefill
+        idle = cluster.idle_profile(["single", "prefill", "decode"])
+        niced = cluster.nice_busy_threads(idle) if nice_busy_threads else {}
+        sha = _sha256_bytes_per_s()  # here: same conditions as the timed runs (one thread, this process)
+        cpu0 = {n: pr.cpu_seconds() for n, pr in procs.items()}
         d0 = scrape(client, d)
-        for r in range(repeats):
-            for i, ids in enumerate(prompts(0, r, num_prompts)):
-                order = [("single", s), ("pd", x)] if i % 2 == 0 else [("pd", x), ("single", s)]
-                got: dict[str, Result] = {}
-                for name, url in order:
-                    servers = ["single"] if name == "single" else ["prefill", "decode", "proxy"]
-                    m0 = {n: scrape(client, procs[n].url) for n in servers if n != "proxy"}
-                    cpu0 = {n: procs[n].cpu_seconds() for n in servers}
-                    load = os.getloadavg()[0]
-                    res = got[name] = stream_completion(client, url, ids, max_tokens)
-                    cpu = {n: round(procs[n].cpu_seconds() - cpu0[n], 3) for n in servers}
-                    m1 = {n: scrape(client, procs[n].url) for n in m0}
-                    if not res.ok:
-                        raise RuntimeError(f"{name} request failed (repeat {r}, prompt {i}): {res.error}")
-                    srcs = (res.usage or {}).get("prompt_token_sources") or {}
-                    run = {"repeat": r, "prompt": i, "ttft_s": res.ttft_s, "seconds": res.seconds,
-                           "tok_s": res.tok_s, "tokens": len(res.token_ids), "sources": srcs,
-                           "server_ttft_s": {n: _delta(m1[n], m0[n], _TTFT) for n in m1},
-                           "cpu_s": cpu, "loadavg_1m_before": load}
-                    if name == "pd":
-                        run["transfer_s"] = _delta(m1["decode"], m0["decode"], f"{_KV}_seconds_total")
-                    runs[name].append(run)
-                if got["single"].token_ids != got["pd"].token_ids:
-                    a, b = got["single"].token_ids, got["pd"].token_ids
-                    first = next((k for k, (u, v) in enumerate(zip(a, b, strict=False)) if u != v), min(len(a), len(b)))
-                    mismatches.append({"repeat": r, "prompt": i, "first_divergence": first})
+        runs, mismatches = _timed_runs(client, cluster, [prompts(0, r, num_prompts) for r in range(repeats)],
+                                       max_tokens)
         d1 = scrape(client, d)
-        # CPU seconds each process used over the timed phase (idle ones should stay near 0)
-        cpu_timed = {n: round(pr.cpu_seconds() - cpu_idle0[n], 2) for n, pr in procs.items()}
+        cpu_timed = {n: round(pr.cpu_seconds() - cpu0[n], 2) for n, pr in procs.items()}
 
+        # phase 2: injected failures (a corrupting decode instance per policy, each behind its proxy)
+        cluster.serve("decode_fail", path, kv_config("kv_consumer", "fail", "corrupt"))
+        cluster.serve("decode_recompute", path, kv_config("kv_consumer", "recompute", "corrupt"))
+        cluster.proxy("proxy_fail", p, procs["decode_fail"].url)
+        cluster.proxy("proxy_recompute", p, procs["decode_recompute"].url)
+        cluster.wait_healthy(client, ["decode_fail", "decode_recompute", "proxy_fail", "proxy_recompute"])
+        _warm_up(client, cluster, ["proxy_fail"], warm_short)
+        _warm_up(client, cluster, ["proxy_recompute"], prompts(9, 2, 1)[0])
+        if nice_busy_threads:
+            idle2 = cluster.idle_profile(["decode_fail", "decode_recompute"])
+            niced.update(cluster.nice_busy_threads(idle2))
         recovery = _failure_and_recovery(client, cluster, prompts(1, 0, 2), max_tokens)
 
-        report = _report(model, path, mc, threads, startup_s, runs, mismatches, d0, d1, recovery,
+        report = _report(model, path, mc, threads, startup_s, runs, mismatches, d0, d1, recovery, sha,
                          dict(prompt_len=prompt_len, num_prompts=num_prompts, max_tokens=max_tokens,
                               repeats=repeats, seed=seed))
+        report["idle_profile"] = idle
+        report["niced_threads"] = niced
         report["cpu_seconds_timed_phase"] = cpu_timed
     finally:
         client.close()
@@ -344,6 +374,51 @@ def run_pd_bench(
     if print_table:
         print(format_table(report))
     return report
+
+
+def _warm_up(client: Any, cluster: Cluster, names: list[str], prompt: list[int]) -> None:
+    """One 2-token request of ``prompt`` per path (first allocations, each D's handshake with P).
+    ``proxy_fail`` must fail (every load there is corrupted), every other path must succeed."""
+    for name in names:
+        w = stream_completion(client, cluster.procs[name].url, prompt, 2)
+        if w.ok == (name == "proxy_fail"):
+            raise RuntimeError(f"warm-up request to {name}: ok={w.ok}, error {w.error}")
+
+
+def _timed_runs(client: Any, cluster: Cluster, prompt_sets: list[list[list[int]]], max_tokens: int
+                ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, int]]]:
+    """Each prompt to the single instance and through the proxy, the order alternating per prompt."""
+    procs = cluster.procs
+    runs: dict[str, list[dict[str, Any]]] = {"single": [], "pd": []}
+    mismatches: list[dict[str, int]] = []
+    for r, prompts in enumerate(prompt_sets):
+        for i, ids in enumerate(prompts):
+            order = ["single", "pd"] if i % 2 == 0 else ["pd", "single"]
+            got: dict[str, Result] = {}
+            for name in order:
+                servers = ["single"] if name == "single" else ["prefill", "decode", "proxy"]
+                m0 = {n: scrape(client, procs[n].url) for n in servers if n != "proxy"}
+                cpu0 = {n: procs[n].cpu_seconds() for n in servers}
+                load = os.getloadavg()[0]
+                url = procs["single" if name == "single" else "proxy"].url
+                res = got[name] = stream_completion(client, url, ids, max_tokens)
+                cpu = {n: round(procs[n].cpu_seconds() - cpu0[n], 3) for n in servers}
+                m1 = {n: scrape(client, procs[n].url) for n in m0}
+                if not res.ok:
+                    raise RuntimeError(f"{name} request failed (repeat {r}, prompt {i}): {res.error}")
+                run = {"repeat": r, "prompt": i, "ttft_s": res.ttft_s, "seconds": res.seconds,
+                       "tok_s": res.tok_s, "tokens": len(res.token_ids),
+                       "sources": (res.usage or {}).get("prompt_token_sources") or {},
+                       "server_ttft_s": {n: _delta(m1[n], m0[n], _TTFT) for n in m1},
+                       "cpu_s": cpu, "loadavg_1m_before": load}
+                if name == "pd":
+                    run["transfer_s"] = _delta(m1["decode"], m0["decode"], f"{_KV}_seconds_total")
+                runs[name].append(run)
+            a, b = got["single"].token_ids, got["pd"].token_ids
+            if a != b:
+                first = next((k for k, (u, v) in enumerate(zip(a, b, strict=False)) if u != v), min(len(a), len(b)))
+                mismatches.append({"repeat": r, "prompt": i, "first_divergence": first})
+    return runs, mismatches
 
 
 def _failure_and_recovery(client: Any, cluster: Cluster, ids: list[list[int]], max_tokens: int) -> dict[str, Any]:
@@ -381,7 +456,7 @@ def _failure_and_recovery(client: Any, cluster: Cluster, ids: list[list[int]], m
 
 def _report(model: Any, path: Path, mc: Any, threads: int, startup_s: float, runs: dict[str, list[dict[str, Any]]],
             mismatches: list[dict[str, int]], d0: dict[str, float], d1: dict[str, float],
-            recovery: dict[str, Any], workload: dict[str, Any]) -> dict[str, Any]:
+            recovery: dict[str, Any], sha: float, workload: dict[str, Any]) -> dict[str, Any]:
     n_pd = len(runs["pd"])
     paths: dict[str, Any] = {}
     for name, rs in runs.items():
@@ -418,7 +493,6 @@ def _report(model: Any, path: Path, mc: Any, threads: int, startup_s: float, run
 
     # where PD's TTFT goes (medians of per-request server-side figures)
     pd = runs["pd"]
-    sha = _sha256_bytes_per_s()
     breakdown = {
         "prefill_server_ttft_s": _median([x["server_ttft_s"]["prefill"] for x in pd]),
         "decode_server_ttft_s": _median([x["server_ttft_s"]["decode"] for x in pd]),
@@ -500,6 +574,10 @@ def format_table(rep: dict[str, Any]) -> str:
         lines.append(f"machine: {m['cpu_count']} CPUs; 1-min load avg before {m['loadavg_before'][0]:.1f}, "
                      f"during runs {min(loads):.1f}..{max(loads):.1f}, after {m['loadavg_after'][0]:.1f}; "
                      f"bench wall {rep['bench_seconds']:.0f} s")
+    if rep.get("idle_profile"):
+        lines.append("idle CPU cores per process before timing: " + ", ".join(
+            f"{k} {v['cores']:.2f} (busy threads {len(v['busy_threads'])})" for k, v in rep["idle_profile"].items())
+            + ("; reniced to 19: " + str(rep["niced_threads"]) if rep.get("niced_threads") else ""))
     if rep.get("cpu_seconds_timed_phase"):
         lines.append("CPU s per process over the timed phase: "
                      + ", ".join(f"{k} {v:.1f}" for k, v in rep["cpu_seconds_timed_phase"].items()))

@@ -46,6 +46,10 @@ STARTUP_TARGET_S = 5.0
 # Above this many bytes of fp32 weights held at once, peers are loaded one at a time.
 RESIDENT_BUDGET_BYTES = 6 << 30
 WARMUP_NEW_TOKENS = 4
+# A run is "clean" when this process got at least this share of its threads' CPU time
+# (CPU s / wall s / threads): on a shared machine, runs starved by other processes are
+# several times slower, and a plain median of few runs can be one of them.
+CLEAN_SHARE = 0.85
 
 
 @dataclass(frozen=True)
@@ -479,6 +483,9 @@ def run_throughput_bench(
             expected = n_prompts * n_new(p, batched)
             b: dict[str, Any] = {
                 "median_tok_s": _median(tok_s),
+                "clean_median_tok_s": _median(
+                    [t for t, c in zip(tok_s, res[f"{key}_cpu_share"], strict=True) if c >= CLEAN_SHARE]),
+                "clean_runs": sum(c >= CLEAN_SHARE for c in res[f"{key}_cpu_share"]),
                 "best_tok_s": max(tok_s),
                 "tok_s": tok_s,
                 "seconds": res[f"{key}_s"],
@@ -513,9 +520,9 @@ def run_throughput_bench(
         for p in peer_list:
             deactivate(p)
 
-    def med(name: str, key: str) -> float | None:
+    def med(name: str, key: str, stat: str = "median_tok_s") -> float | None:
         b = report_peers.get(name, {}).get(key)
-        return b["median_tok_s"] if b else None
+        return b[stat] if b else None
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return a / b if a and b else None
@@ -524,18 +531,29 @@ def run_throughput_bench(
     ratios: dict[str, Any] = {"r3_overhead": {}}
     for key in ("batch8", "batch1"):
         rr = ratio(med(on, key), med(off, key))
-        paired = [a / b for a, b in zip(report_peers[on][key]["tok_s"], report_peers[off][key]["tok_s"], strict=True)]
+        bon, boff = report_peers[on][key], report_peers[off][key]
+        paired = [a / b for a, b in zip(bon["tok_s"], boff["tok_s"], strict=True)]
+        clean_pairs = [a / b for a, b, ca, cb in zip(bon["tok_s"], boff["tok_s"], bon["cpu_share"],
+                                                     boff["cpu_share"], strict=True)
+                       if ca >= CLEAN_SHARE and cb >= CLEAN_SHARE]
+        rc = ratio(med(on, key, "clean_median_tok_s"), med(off, key, "clean_median_tok_s"))
         ratios["r3_overhead"][key] = {
             "on_over_off": rr,
             "slowdown_pct": None if rr is None else (1.0 - rr) * 100.0,
             "paired_ratios": paired,
             "paired_median": _median(paired),
+            "clean_on_over_off": rc,
+            "clean_slowdown_pct": None if rc is None else (1.0 - rc) * 100.0,
+            "clean_paired_ratios": clean_pairs,
         }
         for peer in ("transformers", "llama_cpp"):
             rp = ratio(med(off, key), med(peer, key))
             if rp is not None:
+                c = "clean_median_tok_s"
                 ratios.setdefault(f"engine_over_{peer}", {})[key] = {
-                    "r3_off": rp, "r3_on": ratio(med(on, key), med(peer, key))}
+                    "r3_off": rp, "r3_on": ratio(med(on, key), med(peer, key)),
+                    "clean_r3_off": ratio(med(off, key, c), med(peer, key, c)),
+                    "clean_r3_on": ratio(med(on, key, c), med(peer, key, c))}
     if wl.hf_batch1_max_new_tokens and wl.hf_batch1_max_new_tokens < wl.max_new_tokens and peers:
         notes.append(f"transformers batch 1 measured {wl.hf_batch1_max_new_tokens} new tokens per prompt "
                      f"(not {wl.max_new_tokens}) to keep the run short")
@@ -617,6 +635,12 @@ def _cpu_name() -> str | None:
     return platform.processor() or None
 
 
+def _clean(b: dict[str, Any] | None) -> str:
+    if not b:
+        return "n/a"
+    return f"{_fmt(b['clean_median_tok_s'])} ({b['clean_runs']}/{len(b['tok_s'])})"
+
+
 def _fmt(x: float | None, spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -631,7 +655,8 @@ def format_table(report: dict[str, Any]) -> str:
         f"{wl['max_new_tokens']} new tokens each, greedy, ignore_eos; batch 1 = {wl['batch1_prompts']} "
         f"prompts one at a time (tok/s = generated tokens / wall s, prefill included)",
         "",
-        f"{'peer':<44}{'batch 8 tok/s':>14}{'batch 1 tok/s':>15}{'b1 TTFT s':>11}{'b1 decode tok/s':>17}  runs (b8 | b1)",
+        f"{'peer':<44}{'batch 8 tok/s':>14}{'batch 1 tok/s':>15}{'b8 clean (n)':>14}{'b1 clean (n)':>14}"
+        f"{'b1 TTFT s':>11}{'b1 decode tok/s':>17}  runs (b8 | b1)",
     ]
     for name, e in report["peers"].items():
         if not e.get("available"):
@@ -644,6 +669,7 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(
             f"{e['label']:<44}{_fmt(b8['median_tok_s']) if b8 else 'n/a':>14}"
             f"{_fmt(b1['median_tok_s']) if b1 else 'n/a':>15}"
+            f"{_clean(b8):>14}{_clean(b1):>14}"
             f"{_fmt(b1.get('median_ttft_s') if b1 else None, '.3f'):>11}"
             f"{_fmt(b1.get('decode_tok_s') if b1 else None):>17}  {runs8} | {runs1}"
             + ("" if exact else "  TOKEN COUNT MISMATCH")
@@ -654,11 +680,13 @@ def format_table(report: dict[str, Any]) -> str:
         x = r3[key]
         lines.append(f"R3 overhead {key}: on/off = {_fmt(x['on_over_off'], '.3f')} "
                      f"({_fmt(x['slowdown_pct'], '+.1f')}% slowdown; paired median "
-                     f"{_fmt(x['paired_median'], '.3f')})")
+                     f"{_fmt(x['paired_median'], '.3f')}); clean runs only: "
+                     f"{_fmt(x['clean_on_over_off'], '.3f')} ({_fmt(x['clean_slowdown_pct'], '+.1f')}%)")
     for peer in ("transformers", "llama_cpp"):
         rr = report["ratios"].get(f"engine_over_{peer}")
         if rr:
-            parts = [f"{k} {_fmt(v['r3_off'], '.2f')}x (R3 on {_fmt(v['r3_on'], '.2f')}x)" for k, v in rr.items()]
+            parts = [f"{k} {_fmt(v['r3_off'], '.2f')}x (R3 on {_fmt(v['r3_on'], '.2f')}x; clean runs "
+                     f"{_fmt(v['clean_r3_off'], '.2f')}x / {_fmt(v['clean_r3_on'], '.2f')}x)" for k, v in rr.items()]
             lines.append(f"engine / {peer}: " + ", ".join(parts))
     st = report["engine_startup_seconds"]
     lines.append("engine start: " + ", ".join(f"{k} {v:.2f} s" for k, v in st.items())
@@ -688,7 +716,6 @@ def format_table(report: dict[str, Any]) -> str:
     if shares:
         lines.append(f"noise: CPU share of this process per run (CPU s / wall s / threads) "
                      f"min {min(shares):.2f} median {statistics.median(shares):.2f}; 1-min load avg before runs "
-                     f"{min(loads):.1f}..{max(loads):.1f} (a share well below ~0.9 or a load above "
-                     f"{report['threads']} means other processes took CPU during that run)")
+                     f"{min(loads):.1f}..{max(loads):.1f}; clean runs = share >= {CLEAN_SHARE}")
     lines += [f"note: {n}" for n in report["notes"]]
     return "\n".join(lines)
