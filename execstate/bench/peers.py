@@ -1,0 +1,189 @@
+"""The throughput benchmark's peers: one object per system under test.
+
+Each peer loads its model in ``load()``, frees it in ``close()`` and generates with
+``run(prompts, max_new_tokens, batched)``: ``batched`` = all prompts in one call (batch 8),
+else one prompt at a time (batch 1). Every peer decodes greedily and never stops early
+(EOS is generated like any other token), so each prompt yields exactly ``max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RunResult:
+    token_ids: list[list[int]]
+    seconds: float
+    ttft_s: list[float] | None = None  # batch 1 only, where the peer reports it
+
+
+class Peer:
+    name = "peer"
+    label = "peer"
+    batch8 = True
+
+    def load(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def run(self, prompts: list[list[int]], max_new_tokens: int, batched: bool) -> RunResult:
+        raise NotImplementedError
+
+
+class EnginePeer(Peer):
+    def __init__(self, path: Path, routes: bool) -> None:
+        self.path, self.routes = path, routes
+        self.name = f"execstate_r3_{'on' if routes else 'off'}"
+        self.label = f"execstate (R3 {'on' if routes else 'off'})"
+        self.llm: Any = None
+        self.startup_seconds: list[float] = []
+        self.cached_tokens = 0
+        self.route_rows_ok = True
+
+    def load(self) -> None:
+        from execstate import LLM
+
+        self.llm = LLM(str(self.path), dtype="float32", block_size=16, enable_prefix_caching=True,
+                       enable_return_routed_experts=self.routes, seed=0, max_model_len=None,
+                       max_num_batched_tokens=2048, max_num_seqs=64)
+        self.startup_seconds.append(float(self.llm.engine.startup_seconds))
+
+    def close(self) -> None:
+        self.llm = None
+
+    def run(self, prompts: list[list[int]], max_new_tokens: int, batched: bool) -> RunResult:
+        from execstate import SamplingParams
+
+        sp = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True)
+        groups = [prompts] if batched else [[p] for p in prompts]
+        outs = []
+        t0 = time.perf_counter()
+        for g in groups:
+            outs += self.llm.generate([{"prompt_token_ids": p} for p in g], sp, use_tqdm=False)
+        seconds = time.perf_counter() - t0
+        tokens = [list(o.outputs[0].token_ids) for o in outs]
+        mc = self.llm.engine.model_config
+        for o, p, t in zip(outs, prompts, tokens, strict=True):
+            self.cached_tokens += int(o.num_cached_tokens or 0)
+            r = o.outputs[0].routed_experts
+            if self.routes and getattr(mc, "is_moe", False):
+                self.route_rows_ok &= r is not None and tuple(r.shape) == (
+                    len(p) + len(t) - 1, mc.num_moe_layers, mc.top_k)
+        ttft = None if batched else [float(o.metrics.get("ttft_s", float("nan"))) for o in outs]
+        return RunResult(tokens, seconds, ttft)
+
+
+class TransformersPeer(Peer):
+    name = "transformers"
+
+    def __init__(self, path: Path) -> None:
+        import transformers
+
+        self.path = path
+        self.label = f"transformers {transformers.__version__}"
+        self.model: Any = None
+        self.experts_implementation: str | None = None
+
+    def load(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=torch.float32).eval()
+        self.experts_implementation = getattr(self.model.config, "_experts_implementation", None)
+
+    def close(self) -> None:
+        self.model = None
+
+    def _generate(self, ids: Any, n: int, streamer: Any = None) -> Any:
+        import torch
+        from transformers import GenerationConfig
+
+        # No eos id: like the engine's ignore_eos, an EOS argmax is emitted and generation goes
+        # on (min_new_tokens would instead mask EOS and change the greedy tokens).
+        gc_ = GenerationConfig(do_sample=False, max_new_tokens=n, min_new_tokens=n, eos_token_id=None,
+                               pad_token_id=0, temperature=None, top_p=None, top_k=None)
+        with torch.inference_mode():
+            return self.model.generate(
+                ids, attention_mask=torch.ones_like(ids), generation_config=gc_, streamer=streamer
+            )
+
+    def run(self, prompts: list[list[int]], max_new_tokens: int, batched: bool) -> RunResult:
+        import torch
+
+        groups = [prompts] if batched else [[p] for p in prompts]
+        tokens: list[list[int]] = []
+        ttft: list[float] = []
+        t0 = time.perf_counter()
+        for g in groups:
+            ids = torch.tensor(g, dtype=torch.long)
+            clock = None if batched else _FirstTokenClock()
+            out = self._generate(ids, max_new_tokens, clock)
+            tokens += out[:, ids.shape[1]:].tolist()
+            if clock is not None and clock.first is not None:
+                ttft.append(clock.first - clock.start)
+        return RunResult(tokens, time.perf_counter() - t0, ttft or None)
+
+
+class _FirstTokenClock:
+    """A transformers streamer that only timestamps the first generated token (batch 1).
+    ``generate`` calls ``put`` with the prompt first, then once per new token."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first: float | None = None
+        self._puts = 0
+
+    def put(self, value: Any) -> None:
+        self._puts += 1
+        if self._puts == 2:
+            self.first = time.perf_counter()
+
+    def end(self) -> None: ...
+
+
+class LlamaCppPeer(Peer):
+    name = "llama_cpp"
+    batch8 = False
+
+    def __init__(self, gguf_path: Path, threads: int, n_ctx: int) -> None:
+        import llama_cpp
+
+        self.gguf_path, self.threads, self.n_ctx = gguf_path, threads, n_ctx
+        self.label = f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, F32)"
+        self.llm: Any = None
+
+    def load(self) -> None:
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=str(self.gguf_path), n_ctx=self.n_ctx, n_threads=self.threads,
+                         n_threads_batch=self.threads, n_batch=256, logits_all=False, verbose=False)
+
+    def close(self) -> None:
+        if self.llm is not None and hasattr(self.llm, "close"):
+            self.llm.close()
+        self.llm = None
+
+    def run(self, prompts: list[list[int]], max_new_tokens: int, batched: bool) -> RunResult:
+        assert not batched, "llama.cpp peer runs batch 1 only"
+        tokens: list[list[int]] = []
+        ttft: list[float] = []
+        t0 = time.perf_counter()
+        for p in prompts:
+            self.llm.reset()  # no KV prefix reuse from the previous prompt
+            t_start = time.perf_counter()
+            out: list[int] = []
+            # greedy; leaving the generator after n tokens skips the n-th token's eval, as
+            # the engine does not run the last sampled token through the model either
+            for tok in self.llm.generate(p, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, typical_p=1.0,
+                                         repeat_penalty=1.0, reset=True):
+                if not out:
+                    ttft.append(time.perf_counter() - t_start)
+                out.append(int(tok))
+                if len(out) >= max_new_tokens:
+                    break
+            tokens.append(out)
+        return RunResult(tokens, time.perf_counter() - t0, ttft)
