@@ -87,6 +87,8 @@ class PDConnector:
         self.cfg = cfg
         self.instance_id = cfg.engine_id or f"execstate-{uuid.uuid4().hex[:12]}"
         self.stats = TransferStats()
+        # Blocks a stuck (uncancellable) NIXL read may still write: never reused.
+        self.fenced_blocks: list[BlockId] = []
         # Called after every load with (kv_bytes, ok, control_bytes, seconds): the server's metrics hook.
         self.on_transfer: Callable[[int, bool, int, float], None] | None = None
         self.bulk = NixlBulk(engine.kv_pool, self.instance_id, timeout_s=cfg.timeout_s)
@@ -191,7 +193,17 @@ class PDConnector:
         if not isinstance(addr, str) or not isinstance(tid, str) or not isinstance(epoch, int):
             return self._failed(f"invalid kv_transfer_params (remote_addr/transfer_id/epoch): {p!r}")
         t0 = time.perf_counter()
+        stuck_before = self.bulk.num_stuck
         res = self.importer.load(addr, tid, epoch, keys, dst, self.engine.return_routes, start_block=first_block)
+        if self.bulk.num_stuck > stuck_before:
+            # A read NIXL could not cancel may still write into ``dst``: fence those blocks
+            # for good (an extra reference nobody releases) and fail the request whatever
+            # the policy, since recomputing into them could be overwritten later.
+            self.engine.block_pool.acquire(dst)
+            self.fenced_blocks.extend(dst)
+            self.stats.failures += 1
+            raise ExternalLoadError(f"KV load from {addr}: a timed-out read could not be cancelled; "
+                                    f"{len(dst)} blocks fenced")
         self.stats.loads += 1
         self.stats.kv_bytes += res.kv_bytes
         self.stats.control_bytes += res.control_bytes

@@ -167,3 +167,31 @@ def test_export_limits_are_request_level_and_expire(moe_dir):
         p.check_integrity()
     finally:
         p.pd.close()
+
+
+def test_uncancellable_read_fences_its_blocks_and_fails_the_request(moe_dir, monkeypatch):
+    p = engine(moe_dir, "kv_producer")
+    d = engine(moe_dir, "kv_consumer", failure_policy="recompute")
+    try:
+        ids = prompt(9, 40)
+        _, kv = handoff(p, ids)
+        real_load = d.pd.importer.load
+
+        def stuck_load(*args, **kwargs):
+            res = real_load(*args, **kwargs)
+            d.pd.bulk._stuck.append(object())  # as if a timed-out read could not be cancelled
+            return res
+
+        monkeypatch.setattr(d.pd.importer, "load", stuck_load)
+        out = run(d, ids, kv=kv)
+        assert out.outputs[0].finish_reason == "abort" and "could not be cancelled" in out.error
+        fenced = d.pd.fenced_blocks
+        assert len(fenced) == 2 and d.block_pool.num_used == 2  # held forever, never reused
+        assert all(d.block_pool.ref_count(b) == 1 for b in fenced)
+        d.pd.bulk._stuck.clear()
+        ok = run(d, prompt(10, 40))
+        assert len(ok.outputs[0].token_ids) == 8
+        d.check_integrity()
+    finally:
+        p.pd.close()
+        d.pd.close()
