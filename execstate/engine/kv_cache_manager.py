@@ -103,9 +103,6 @@ class KVCacheManager:
             req.block_keys.append(block_key(parent, tokens[i * bs : (i + 1) * bs], extra))
 
     # -- admission ----------------------------------------------------------
-    def _needs_routes(self) -> bool:
-        return self.route_store is not None
-
     def find_cached_prefix(self, req: Request) -> list[BlockId]:
         """Longest run of cached units for the request's prefix (no side effects).
 
@@ -121,7 +118,7 @@ class KVCacheManager:
             bid = self.pool.lookup(key)
             if bid is None:
                 break
-            if self._needs_routes() and not self.route_store.has(key):
+            if self.route_store is not None and not self.route_store.has(key):
                 break  # fail closed: a unit without its route record is not a hit
             hits.append(bid)
         return hits
@@ -207,9 +204,6 @@ class KVCacheManager:
         except NoFreeBlocks:
             return False
         return True
-
-    def can_allocate(self, num_blocks: int) -> bool:
-        return self.pool.num_free >= num_blocks
 
     # -- after a step -------------------------------------------------------
     def commit(self, req: Request) -> None:

@@ -60,9 +60,12 @@ class LLM:
             if len(params_list) != len(prompts):
                 raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
         eng = self.engine
-        for prompt in prompts:  # validate everything first
-            ids, _ = eng.tokenize_prompt(prompt)
+        tokenized: list[PromptType] = []
+        for prompt in prompts:  # tokenize once and validate everything before queuing any
+            ids, text = eng.tokenize_prompt(prompt)
             validate_prompt(ids, eng.model_config.vocab_size, eng.max_model_len)
+            tokenized.append({"prompt_token_ids": ids, "prompt": text})
+        prompts = tokenized
         groups: list[list[str]] = []
         added: list[str] = []
         try:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from execstate.engine.kv_cache_manager import ExternalLoad, ExternalLoadError
@@ -78,7 +78,7 @@ class TransferStats:
     control_bytes: int = 0
     exports: int = 0
     export_failures: int = 0
-    load_seconds: list[float] = field(default_factory=list)
+    load_seconds: float = 0.0  # total wall time spent in loads
 
 
 class PDConnector:
@@ -207,7 +207,7 @@ class PDConnector:
         self.stats.loads += 1
         self.stats.kv_bytes += res.kv_bytes
         self.stats.control_bytes += res.control_bytes
-        self.stats.load_seconds.append(time.perf_counter() - t0)
+        self.stats.load_seconds += time.perf_counter() - t0
         req.transfer_info = {"kv_bytes": res.kv_bytes, "control_bytes": res.control_bytes, "seconds": res.elapsed_s}
         if self.on_transfer is not None:
             self.on_transfer(res.kv_bytes, res.ok, res.control_bytes, res.elapsed_s)
