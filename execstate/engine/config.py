@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+KERNEL_CHOICES = ("auto", "torch", "execstate")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
@@ -25,8 +26,15 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
     cache_salt: str | None = None
+    # "execstate": few-row fp32 linears and the MoE block run on execstate's C kernels
+    # (execstate.kernels.cpu; error if unavailable); "torch": torch ops only; "auto": the
+    # kernels when available, the device is CPU and the dtype float32. Recorded in the
+    # provenance numerics (the two round differently).
+    kernels: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.kernels not in KERNEL_CHOICES:
+            raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {self.kernels!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"unsupported dtype {self.dtype!r}; use one of {sorted(_DTYPES)}")
         self.dtype = "float32" if _DTYPES[self.dtype] is torch.float32 else "bfloat16"
@@ -40,3 +48,16 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]
+
+    def use_cpu_kernels(self) -> bool:
+        """Whether the engine runs execstate's CPU kernels (see ``kernels``)."""
+        from execstate.kernels import cpu as cpu_kernels
+
+        fits = torch.device(self.device).type == "cpu" and self.dtype == "float32"
+        if self.kernels == "execstate":
+            if not fits:
+                raise ValueError(f"kernels='execstate' needs device cpu and dtype float32, got {self.device} {self.dtype}")
+            if not cpu_kernels.available():
+                raise ValueError(f"kernels='execstate' but {cpu_kernels.unavailable_reason()}")
+            return True
+        return self.kernels == "auto" and fits and cpu_kernels.available()

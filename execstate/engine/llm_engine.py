@@ -36,6 +36,7 @@ from execstate.engine.scheduler import Scheduler
 from execstate.engine.tokenizer import Tokenizer
 from execstate.engine.validation import validate_forced_routes, validate_prompt
 from execstate.identity.provenance import Provenance
+from execstate.kernels import cpu as cpu_kernels
 from execstate.model.loader import load_hf_state_dict, load_model
 from execstate.model.registry import resolve_model
 from execstate.model.weights_digest import model_digest
@@ -56,6 +57,7 @@ class LLMEngine:
         self.config = config
         self.model_path: Path = resolve_model(config.model)
         self.model = load_model(self.model_path, dtype=config.torch_dtype, device=config.device)
+        self.model.use_cpu_kernels(config.use_cpu_kernels())
         self.model_config = mc = self.model.config
         self.tokenizer = Tokenizer(self.model_path) if (self.model_path / "tokenizer.json").exists() else None
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
@@ -84,7 +86,7 @@ class LLMEngine:
             model_id=str(config.model),
             weights_version=model_digest(self.model),
             dtype=config.dtype,
-            numerics="eager",
+            numerics=f"eager+{cpu_kernels.KERNEL_SET}" if self.model.kernels else "eager",
             route_mode="free",
             cache_salt=config.cache_salt,
         )

@@ -27,6 +27,7 @@ from typing import Any
 ENCODING_VERSION = 1
 DOMAIN_PROVENANCE = b"execstate/v1/provenance"
 NUMERICS_MODES = ("eager", "compiled")
+_KERNEL_SET_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-.")
 ROUTE_MODES = ("free", "replayed")
 
 
@@ -38,7 +39,9 @@ class Provenance:
         model_id: the model's name or path as loaded (e.g. ``"Qwen/Qwen3-30B-A3B"``).
         weights_version: digest of the loaded tensors; re-bound on every weight update.
         dtype: compute dtype name (e.g. ``"bfloat16"``).
-        numerics: ``"eager"`` or ``"compiled"``.
+        numerics: ``"eager"`` or ``"compiled"``, optionally ``+<kernel set>`` when custom
+            kernels replace some torch ops (e.g. ``"eager+cpu-avx2-v1"``): they round
+            differently, so their state must not be mixed with torch-only state.
         route_mode: ``"free"`` (router picks top-k) or ``"replayed"`` (routes given).
         cache_salt: tenant isolation salt, ``None`` when the cache is shared.
     """
@@ -57,8 +60,10 @@ class Provenance:
                 raise TypeError(f"Provenance.{name} must be str, got {type(value).__name__}")
             if not value:
                 raise ValueError(f"Provenance.{name} must be non-empty")
-        if self.numerics not in NUMERICS_MODES:
-            raise ValueError(f"Provenance.numerics must be one of {NUMERICS_MODES}, got {self.numerics!r}")
+        mode, plus, kernel_set = self.numerics.partition("+")
+        if mode not in NUMERICS_MODES or (plus and not (kernel_set and set(kernel_set) <= _KERNEL_SET_CHARS)):
+            raise ValueError(f"Provenance.numerics must be one of {NUMERICS_MODES}, optionally followed by "
+                             f"'+<kernel set>' ([a-z0-9.-]), got {self.numerics!r}")
         if self.route_mode not in ROUTE_MODES:
             raise ValueError(f"Provenance.route_mode must be one of {ROUTE_MODES}, got {self.route_mode!r}")
         if self.cache_salt is not None:

@@ -12,9 +12,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from execstate.kernels import cpu as cpu_kernels
 from execstate.model.config import ModelConfig
 from execstate.model.context import StepContext
 from execstate.model.rotary import RotaryEmbedding
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` that takes execstate's CPU kernel for few-row fp32 inputs when enabled.
+
+    ``use_kernels`` (off by default; ``CausalLM.use_cpu_kernels`` sets it) routes calls that
+    ``cpu_kernels.use_linear`` accepts to ``cpu_kernels.linear`` (bias added after); every
+    other call is ``F.linear``. The two paths agree to fp32 rounding, not bitwise.
+    """
+
+    use_kernels: bool = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_kernels and cpu_kernels.use_linear(x, self.weight):
+            y = cpu_kernels.linear(x, self.weight)
+            return y if self.bias is None else y.add_(self.bias)
+        return F.linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -42,8 +60,8 @@ class GatedMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
         self.intermediate = intermediate
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -68,8 +86,8 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         qkv_size = self.q_size + 2 * self.kv_size
-        self.qkv_proj = nn.Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.attention_out_bias)
+        self.qkv_proj = Linear(config.hidden_size, qkv_size, bias=config.attention_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.attention_out_bias)
         self.per_head_norm = config.qk_norm_per_head
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None

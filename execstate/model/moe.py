@@ -14,8 +14,9 @@ Routing (per token, per MoE layer), as in the HF reference of each architecture:
    forcing, so a forced token records its forced ids.
 
 Forced ids are NOT validated here (range, duplicates within a row): the engine validates
-them before building the ``RouteCapture``. An id outside ``[0, num_experts)`` raises from
-``bincount``/indexing; a duplicated id counts that expert twice.
+them before building the ``RouteCapture``. An id outside ``[0, num_experts)`` raises
+(``bincount``/indexing, or ``ValueError`` from the fused kernel); a duplicated id counts
+that expert twice.
 
 Experts are stored stacked: ``w_gate_up [E, 2I, H]`` (gate rows first) and
 ``w_down [E, H, I]``, the layout of transformers 5.x's in-memory expert tensors.
@@ -27,9 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from execstate.kernels import cpu as cpu_kernels
 from execstate.model.config import MIXTRAL, ModelConfig
 from execstate.model.context import StepContext
-from execstate.model.layers import GatedMLP
+from execstate.model.layers import GatedMLP, Linear
 
 
 class SparseMoE(nn.Module):
@@ -41,6 +43,8 @@ class SparseMoE(nn.Module):
     to their own slot, then summed over k in slot order).
     """
 
+    use_kernels: bool = False  # fused CPU kernel for few-token steps (CausalLM.use_cpu_kernels)
+
     def __init__(self, config: ModelConfig, moe_index: int) -> None:
         super().__init__()
         assert config.moe_intermediate_size is not None
@@ -49,14 +53,14 @@ class SparseMoE(nn.Module):
         hidden, inter = config.hidden_size, config.moe_intermediate_size
         self.norm_topk_prob = config.norm_topk_prob
         self.weights_in_model_dtype = config.architecture != MIXTRAL
-        self.router = nn.Linear(hidden, self.num_experts, bias=False)
+        self.router = Linear(hidden, self.num_experts, bias=False)
         self.w_gate_up = nn.Parameter(torch.empty(self.num_experts, 2 * inter, hidden), requires_grad=False)
         self.w_down = nn.Parameter(torch.empty(self.num_experts, hidden, inter), requires_grad=False)
         self.shared_expert: GatedMLP | None = None
-        self.shared_expert_gate: nn.Linear | None = None
+        self.shared_expert_gate: Linear | None = None
         if config.shared_expert_intermediate_size is not None:
             self.shared_expert = GatedMLP(hidden, config.shared_expert_intermediate_size)
-            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+            self.shared_expert_gate = Linear(hidden, 1, bias=False)
 
     def route(self, x: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids int64 ``[T, k]``, combine weights ``[T, k]``) for ``x`` ``[T, H]``; records routes."""
@@ -79,7 +83,14 @@ class SparseMoE(nn.Module):
         return ids, weights
 
     def experts(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Weighted sum of the chosen experts' SwiGLU outputs, ``[T, H]`` in ``x.dtype``."""
+        """Weighted sum of the chosen experts' SwiGLU outputs, ``[T, H]`` in ``x.dtype``.
+
+        With ``use_kernels`` and a step ``cpu_kernels.use_moe`` accepts (fp32, few tokens), the
+        fused C kernel computes the same sum (same slot order, fp32 rounding differs) in one
+        call; otherwise experts run one torch GEMM pair each.
+        """
+        if self.use_kernels and cpu_kernels.use_moe(x, self.w_gate_up):
+            return cpu_kernels.moe(x, ids.contiguous(), weights.float().contiguous(), self.w_gate_up, self.w_down)
         n, k = ids.shape
         flat = ids.reshape(-1)
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # the one host sync

@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from execstate.kernels import cpu as cpu_kernels
 from execstate.model.config import ModelConfig
 from execstate.model.context import StepContext
-from execstate.model.layers import Attention, GatedMLP, RMSNorm
+from execstate.model.layers import Attention, GatedMLP, Linear, RMSNorm
 from execstate.model.moe import SparseMoE
 from execstate.model.rotary import RotaryEmbedding
 
@@ -60,7 +61,19 @@ class CausalLM(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config)
+        self.kernels = False
         self.requires_grad_(False)
+
+    def use_cpu_kernels(self, enabled: bool) -> None:
+        """Route few-row fp32 linears, the fused MoE block and the LM head through
+        ``execstate.kernels.cpu`` (``enabled``) or keep every op in torch. Raises
+        ``RuntimeError`` when enabling on a machine where the kernels are unavailable."""
+        if enabled and not cpu_kernels.available():
+            raise RuntimeError(f"execstate CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
+        self.kernels = enabled
+        for module in self.modules():
+            if isinstance(module, Linear | SparseMoE):
+                module.use_kernels = enabled
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Hidden states ``[T, H]`` (final norm applied) for the flat batch ``input_ids`` ``[T]``.
@@ -88,6 +101,8 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[n, vocab]`` for hidden states ``[n, H]`` (matmul in the model dtype)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if self.kernels and cpu_kernels.use_linear(hidden, weight):
+            return cpu_kernels.linear(hidden, weight)
         return F.linear(hidden, weight).float()
 
     def load_hf_weights(self, state_dict: dict[str, torch.Tensor]) -> None:

@@ -101,6 +101,9 @@ def test_digest_golden_and_domain_tagged():
     [
         ("numerics", "fast", ValueError),
         ("numerics", "Eager", ValueError),
+        ("numerics", "eager+", ValueError),
+        ("numerics", "fast+cpu-avx2-v1", ValueError),
+        ("numerics", "eager+CPU", ValueError),
         ("route_mode", "replay", ValueError),
         ("model_id", "", ValueError),
         ("weights_version", "", ValueError),
