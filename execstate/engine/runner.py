@@ -64,7 +64,7 @@ class ModelRunner:
             routes = RouteCapture(
                 num_tokens, self.num_moe_layers, self.top_k, forced_ids, forced_mask, device=self.device
             )
-        attention = PagedAttention(self.kv_pool, spans, self.device)
+        attention = PagedAttention(self.kv_pool, spans, self.device, use_kernels=self.model.kernels)
         with StepContext(pos_t, attention, routes) as ctx:
             hidden = self.model(ids_t, ctx)
         sample_rows = [i for i, s in enumerate(sched.scheduled) if s.samples]

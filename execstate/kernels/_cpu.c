@@ -33,6 +33,11 @@
 #define KT __attribute__((target("avx2,fma")))
 /* Below this many multiply-adds a call runs on one thread (fork/join costs more). */
 #define PARALLEL_MIN_MACS 65536
+/* Software prefetch of the weight rows PF_ROWS ahead into L2 (hint T1): the hardware
+ * prefetcher alone leaves a core short of DRAM parallelism (measured on 2 Zen cores, a
+ * 1536x512 weight: M=1 21 -> 29 GB/s, M=8 12 -> 20 GB/s). */
+#define PF_ROWS 8
+#define PF(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
 
 static KT inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -52,7 +57,9 @@ static KT inline void dot_4x2(const float *const *xr, float *const *yr, const fl
                               int64_t n, int64_t k8, int64_t K) {
     const float *x0 = xr[0], *x1 = xr[1], *x2 = xr[2], *x3 = xr[3];
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    const float *p0 = w0 + PF_ROWS * K, *p1 = w1 + PF_ROWS * K;
     for (int64_t k = 0; k < k8; k += 8) {
+        PF(p0 + k); PF(p1 + k);
         __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
         __m256 u = _mm256_loadu_ps(x0 + k);
         a0 = _mm256_fmadd_ps(v0, u, a0); b0 = _mm256_fmadd_ps(v1, u, b0);
@@ -87,6 +94,7 @@ static KT void dot_rows(const float *const *xr, float *const *yr, int64_t M, con
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
             for (int64_t k = 0; k < k8; k += 8) {
+                PF(w0 + PF_ROWS * K + k); PF(w1 + PF_ROWS * K + k); PF(w2 + PF_ROWS * K + k); PF(w3 + PF_ROWS * K + k);
                 __m256 va = _mm256_loadu_ps(xa + k), vb = _mm256_loadu_ps(xb + k);
                 __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
                 __m256 v2 = _mm256_loadu_ps(w2 + k), v3 = _mm256_loadu_ps(w3 + k);
@@ -105,6 +113,7 @@ static KT void dot_rows(const float *const *xr, float *const *yr, int64_t M, con
             const float *xa = xr[m];
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int64_t k = 0; k < k8; k += 8) {
+                PF(w0 + PF_ROWS * K + k); PF(w1 + PF_ROWS * K + k); PF(w2 + PF_ROWS * K + k); PF(w3 + PF_ROWS * K + k);
                 __m256 va = _mm256_loadu_ps(xa + k);
                 a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + k), va, a0);
                 a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + k), va, a1);
@@ -138,9 +147,15 @@ static inline void share(int64_t total, int64_t *lo, int64_t *hi) {
     *hi = b1 * 4 < total ? b1 * 4 : total;
 }
 
-static KT void linear_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N) {
-    const float **xr = malloc(sizeof(float *) * M);
-    float **yr = malloc(sizeof(float *) * M);
+/* Returns 0, or 2 when out of memory (nothing computed). */
+static KT int linear_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N) {
+    const float **xr = malloc(sizeof(float *) * (M + 1));
+    float **yr = malloc(sizeof(float *) * (M + 1));
+    if (!xr || !yr) {
+        free(xr);
+        free(yr);
+        return 2;
+    }
     for (int64_t m = 0; m < M; m++) { xr[m] = x + m * K; yr[m] = y + m * N; }
 #pragma omp parallel if (M * K * N >= PARALLEL_MIN_MACS)
     {
@@ -150,6 +165,7 @@ static KT void linear_f32(const float *x, const float *w, float *y, int64_t M, i
     }
     free(xr);
     free(yr);
+    return 0;
 }
 
 /* Rows [lo, hi) of the concatenation over active experts of `rows` rows each, as
@@ -165,9 +181,40 @@ static KT void expert_rows(int64_t lo, int64_t hi, int64_t rows, const int64_t *
     }
 }
 
-static inline float silu(float g) { return g / (1.0f + expf(-g)); }
+/* exp on 8 lanes: Cody-Waite range reduction and a degree-5 polynomial (Cephes expf),
+ * about 1 ulp for x in [-87, 88]; inputs are clamped there. */
+static KT inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
 
-/* Returns 0, or 1 if an id is out of range (nothing computed). */
+static KT inline float exp1(float x) { return _mm256_cvtss_f32(exp8(_mm256_set1_ps(x))); }
+
+/* h[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u for i < n. */
+static KT void silu_mul(const float *g, const float *u, float *h, int64_t n) {
+    int64_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 sv = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+        _mm256_storeu_ps(h + i, _mm256_mul_ps(sv, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) h[i] = g[i] / (1.0f + exp1(-g[i])) * u[i];
+}
+
+/* Returns 0, 1 if an id is out of range or 2 when out of memory (nothing computed then). */
 static KT int moe_f32(const float *x, const int64_t *ids, const float *wts, const float *w_gu, const float *w_d,
                       float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
     const int64_t S = T * k;
@@ -181,6 +228,8 @@ static KT int moe_f32(const float *x, const int64_t *ids, const float *wts, cons
     const float **xin = malloc(sizeof(float *) * S), **hin = malloc(sizeof(float *) * S);
     float **guo = malloc(sizeof(float *) * S), **yo = malloc(sizeof(float *) * S);
     int64_t n_active = 0, acc = 0;
+    int oom = !count || !offset || !active || !pos || !fill || !gu || !h || !y || !xin || !hin || !guo || !yo;
+    if (oom) goto done;
     for (int64_t s = 0; s < S; s++) count[ids[s]]++;
     for (int64_t e = 0; e < E; e++) {
         offset[e] = fill[e] = acc;
@@ -204,8 +253,7 @@ static KT int moe_f32(const float *x, const int64_t *ids, const float *wts, cons
         expert_rows(lo, hi, 2 * I, active, n_active, offset, count, xin, guo, w_gu, 2 * I * H, H);
 #pragma omp barrier
 #pragma omp for schedule(static)
-        for (int64_t p = 0; p < S; p++)
-            for (int64_t i = 0; i < I; i++) h[p * I + i] = silu(gu[p * 2 * I + i]) * gu[p * 2 * I + I + i];
+        for (int64_t p = 0; p < S; p++) silu_mul(gu + p * 2 * I, gu + p * 2 * I + I, h + p * I, I);
         share(n_active * H, &lo, &hi);
         expert_rows(lo, hi, H, active, n_active, offset, count, hin, yo, w_d, H * I, I);
 #pragma omp barrier
@@ -219,9 +267,73 @@ static KT int moe_f32(const float *x, const int64_t *ids, const float *wts, cons
             }
         }
     }
+done:
     free(count); free(offset); free(active); free(pos); free(fill);
     free(gu); free(h); free(y); free(xin); free(hin); free(guo); free(yo);
-    return 0;
+    return oom ? 2 : 0;
+}
+
+/* Decode attention over a paged KV cache, one query token per sequence.
+ * q [*, nh, d] (row tok[b] is sequence b's query), k/v caches [slots, nkv, d],
+ * block_table [B, max_blocks], ctx_len [B]; out rows tok[b] get softmax(q k^T * scale) v
+ * over the sequence's ctx_len cached positions. Query head j uses KV head j / (nh / nkv).
+ * Work item (b, kv head) -> all its query heads; scores are fp32, softmax subtracts the max. */
+static KT int decode_attention_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
+                                   const int64_t *block_table, const int64_t *ctx_len, int64_t B, int64_t max_blocks,
+                                   int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale) {
+    const int64_t G = nh / nkv, d8 = d & ~(int64_t)7;
+    int64_t lmax = 0;
+    for (int64_t b = 0; b < B; b++) lmax = ctx_len[b] > lmax ? ctx_len[b] : lmax;
+    int oom = 0;
+#pragma omp parallel if (B * nh * lmax * d >= PARALLEL_MIN_MACS)
+    {
+        float *sc = malloc(sizeof(float) * (G * lmax + 1));
+        if (!sc) {
+#pragma omp atomic write
+            oom = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < B * nkv; item++) {
+            if (!sc) continue;
+            const int64_t b = item / nkv, h = item % nkv, L = ctx_len[b];
+            const int64_t *bt = block_table + b * max_blocks;
+            for (int64_t g = 0; g < G; g++) {
+                const float *qg = q + (tok[b] * nh + h * G + g) * d;
+                float *s = sc + g * lmax, mx = -INFINITY, sum = 0.0f;
+                for (int64_t l = 0; l < L; l++) {
+                    const float *kp = kc + ((bt[l / bs] * bs + l % bs) * nkv + h) * d;
+                    __m256 a = _mm256_setzero_ps();
+                    for (int64_t i = 0; i < d8; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(kp + i), _mm256_loadu_ps(qg + i), a);
+                    s[l] = finish(a, kp, qg, d8, d) * scale;
+                    mx = s[l] > mx ? s[l] : mx;
+                }
+                int64_t l = 0;
+                __m256 acc = _mm256_setzero_ps();
+                for (; l + 8 <= L; l += 8) {
+                    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), _mm256_set1_ps(mx)));
+                    _mm256_storeu_ps(s + l, e);
+                    acc = _mm256_add_ps(acc, e);
+                }
+                sum = hsum8(acc);
+                for (; l < L; l++) {
+                    s[l] = exp1(s[l] - mx);
+                    sum += s[l];
+                }
+                float *o = out + (tok[b] * nh + h * G + g) * d, inv = 1.0f / sum;
+                for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
+                for (l = 0; l < L; l++) {
+                    const float *vp = vc + ((bt[l / bs] * bs + l % bs) * nkv + h) * d;
+                    const __m256 p = _mm256_set1_ps(s[l]);
+                    int64_t i = 0;
+                    for (; i < d8; i += 8) _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + i), _mm256_loadu_ps(o + i)));
+                    for (; i < d; i++) o[i] = fmaf(s[l], vp[i], o[i]);
+                }
+                for (int64_t i = 0; i < d; i++) o[i] *= inv;
+            }
+        }
+        free(sc);
+    }
+    return oom ? 2 : 0;
 }
 
 static int cpu_ok(void) {
@@ -236,12 +348,14 @@ static PyObject *py_max_threads(PyObject *self, PyObject *args) { return PyLong_
 static PyObject *py_linear(PyObject *self, PyObject *args) {
     unsigned long long x, w, y;
     Py_ssize_t M, K, N;
+    int status;
     if (!PyArg_ParseTuple(args, "KKKnnn", &x, &w, &y, &M, &K, &N)) return NULL;
     if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
     if (M < 0 || K < 0 || N < 0) return PyErr_Format(PyExc_ValueError, "linear: negative size");
     Py_BEGIN_ALLOW_THREADS
-    linear_f32((const float *)x, (const float *)w, (float *)y, M, K, N);
+    status = linear_f32((const float *)x, (const float *)w, (float *)y, M, K, N);
     Py_END_ALLOW_THREADS
+    if (status) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
@@ -256,11 +370,34 @@ static PyObject *py_moe(PyObject *self, PyObject *args) {
     bad = moe_f32((const float *)x, (const int64_t *)ids, (const float *)wts, (const float *)wgu,
                   (const float *)wd, (float *)out, T, k, E, H, I);
     Py_END_ALLOW_THREADS
+    if (bad == 2) return PyErr_NoMemory();
     if (bad) return PyErr_Format(PyExc_ValueError, "moe: expert id outside [0, %zd)", E);
     Py_RETURN_NONE;
 }
 
+static PyObject *py_decode_attention(PyObject *self, PyObject *args) {
+    unsigned long long q, kc, vc, out, tok, bt, cl;
+    Py_ssize_t B, max_blocks, nh, nkv, d, bs;
+    float scale;
+    int status;
+    if (!PyArg_ParseTuple(args, "KKKKKKKnnnnnnf", &q, &kc, &vc, &out, &tok, &bt, &cl, &B, &max_blocks, &nh, &nkv, &d,
+                          &bs, &scale))
+        return NULL;
+    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
+    if (B < 0 || max_blocks < 1 || nkv < 1 || nh % nkv || d < 1 || bs < 1)
+        return PyErr_Format(PyExc_ValueError, "decode_attention: bad sizes");
+    Py_BEGIN_ALLOW_THREADS
+    status = decode_attention_f32((const float *)q, (const float *)kc, (const float *)vc, (float *)out,
+                                  (const int64_t *)tok, (const int64_t *)bt, (const int64_t *)cl, B, max_blocks, nh,
+                                  nkv, d, bs, scale);
+    Py_END_ALLOW_THREADS
+    if (status) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"decode_attention", py_decode_attention, METH_VARARGS,
+     "decode_attention(q, k_cache, v_cache, out, tok, block_table, ctx_len, B, max_blocks, nh, nkv, d, bs, scale)."},
     {"available", py_available, METH_NOARGS, "True when this CPU has AVX2 and FMA."},
     {"max_threads", py_max_threads, METH_NOARGS, "omp_get_max_threads() of the OpenMP runtime in use."},
     {"linear", py_linear, METH_VARARGS, "linear(x, w, y, M, K, N): y = x @ w.T (fp32 data pointers)."},

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from execstate.kernels.cpu import PagedDecode
 from execstate.state.kv_pool import KVPool
 
 
@@ -33,7 +34,11 @@ class SeqSpan:
 
 
 class PagedAttention:
-    def __init__(self, pool: KVPool, spans: list[SeqSpan], device: torch.device | str = "cpu") -> None:
+    """``use_kernels``: decode spans run ``execstate.kernels.cpu.PagedDecode`` straight on the
+    block tables (no gathered copy of the context); prefill spans always use torch SDPA."""
+
+    def __init__(self, pool: KVPool, spans: list[SeqSpan], device: torch.device | str = "cpu",
+                 use_kernels: bool = False) -> None:
         self.pool = pool
         bs = pool.block_size
         slot_mapping: list[int] = []
@@ -54,7 +59,12 @@ class PagedAttention:
                 self.prefills.append((span.token_start, span.num_query, ctx, mask))
         self.slot_mapping = torch.tensor(slot_mapping, dtype=torch.long, device=device)
         self.decode_tokens: torch.Tensor | None = None
-        if decode:
+        self.paged_decode: PagedDecode | None = None
+        if decode and use_kernels:
+            self.paged_decode = PagedDecode(
+                [s.token_start for s in decode], [s.block_ids[: -(-s.context_len // bs)] for s in decode],
+                [s.context_len for s in decode], bs, pool.num_blocks * bs)
+        elif decode:
             max_len = max(s.context_len for s in decode)
             idx = torch.zeros((len(decode), max_len), dtype=torch.long)
             mask = torch.zeros((len(decode), 1, 1, max_len), dtype=torch.bool)
@@ -71,6 +81,8 @@ class PagedAttention:
         n_heads, head_dim = q.shape[1], q.shape[2]
         n_kv = k.shape[1]
         out = torch.empty_like(q)
+        if self.paged_decode is not None:
+            self.paged_decode.run(q, kc, vc, out, head_dim**-0.5)
         if self.decode_tokens is not None:
             b = self.decode_tokens.shape[0]
             qd = q.index_select(0, self.decode_tokens).view(b, n_kv, n_heads // n_kv, head_dim)

@@ -1,0 +1,97 @@
+"""The engine's ``kernels`` setting on a tiny random Qwen3-MoE: torch ops vs execstate's C
+kernels (execstate.kernels.cpu). Same tokens and routes, different provenance numerics,
+hence different block keys (a cache never mixes state of the two)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from execstate import LLM, SamplingParams
+from execstate.engine.config import EngineConfig
+from execstate.identity.keys import chain_keys, root_key
+from execstate.kernels import cpu
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=0)
+PROMPT = np.random.default_rng(7).integers(3, 500, 35).tolist()  # 2 full blocks of 16 + 3
+
+needs_kernels = pytest.mark.skipif(not cpu.available(), reason=f"kernels unavailable: {cpu.unavailable_reason()}")
+
+
+def _llm(path, **kw) -> LLM:
+    return LLM(str(path), enable_return_routed_experts=True, block_size=16, **kw)
+
+
+def _counted(calls: dict[str, int], name: str, real):
+    def call(*args):
+        calls[name] += 1
+        return real(*args)
+
+    return call
+
+
+def _count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    calls = {"linear": 0, "moe": 0}
+    for name in calls:
+        monkeypatch.setattr(cpu, name, _counted(calls, name, getattr(cpu, name)))
+    return calls
+
+
+@needs_kernels
+def test_torch_vs_execstate_kernels(moe_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_kernel_calls(monkeypatch)
+    plain = _llm(moe_dir, kernels="torch")
+    out_plain = plain.generate({"prompt_token_ids": PROMPT}, GREEDY, use_tqdm=False)[0].outputs[0]
+    assert calls == {"linear": 0, "moe": 0}
+    fast = _llm(moe_dir, kernels="execstate")
+    out_fast = fast.generate({"prompt_token_ids": PROMPT}, GREEDY, use_tqdm=False)[0].outputs[0]
+    # Decode steps (1 row) ran on the kernels: every layer's MoE block, at each of 7 steps.
+    n_moe = fast.engine.model_config.num_moe_layers
+    assert calls["moe"] >= 7 * n_moe and calls["linear"] > 7
+
+    p_plain, p_fast = plain.engine.provenance, fast.engine.provenance
+    assert p_plain.numerics == "eager"
+    assert p_fast.numerics == f"eager+{cpu.KERNEL_SET}" == "eager+cpu-avx2-v1"
+    assert (p_plain.model_id, p_plain.weights_version, p_plain.dtype) == (
+        p_fast.model_id, p_fast.weights_version, p_fast.dtype)
+    assert not plain.engine.model.kernels and fast.engine.model.kernels
+
+    # Block keys differ for every block, and each engine's cache holds only its own keys.
+    keys_plain, keys_fast = chain_keys(p_plain, PROMPT, 16), chain_keys(p_fast, PROMPT, 16)
+    assert len(keys_plain) == 2 and root_key(p_plain) != root_key(p_fast)
+    assert not set(keys_plain) & set(keys_fast)
+    for key_own, key_other in zip(keys_fast, keys_plain, strict=True):
+        assert fast.engine.block_pool.lookup(key_own) is not None
+        assert fast.engine.block_pool.lookup(key_other) is None
+        assert plain.engine.block_pool.lookup(key_other) is not None
+        assert plain.engine.block_pool.lookup(key_own) is None
+
+    assert out_fast.token_ids == out_plain.token_ids and len(out_fast.token_ids) == 8
+    assert out_fast.cumulative_logprob == pytest.approx(out_plain.cumulative_logprob, abs=1e-3)
+    r_plain, r_fast = out_plain.routed_experts, out_fast.routed_experts
+    assert r_fast.shape == r_plain.shape == (len(PROMPT) + 8 - 1, n_moe, 2)
+    np.testing.assert_array_equal(r_fast, r_plain)
+
+
+def test_kernels_setting_is_validated() -> None:
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        EngineConfig(model="unused", kernels="bogus")
+    with pytest.raises(ValueError, match="kernels must be one of"):
+        EngineConfig(model="unused", kernels="")
+
+
+@needs_kernels
+def test_execstate_kernels_need_float32(moe_dir) -> None:
+    with pytest.raises(ValueError, match="kernels='execstate' needs device cpu and dtype float32"):
+        EngineConfig(model=str(moe_dir), kernels="execstate", dtype="bfloat16").use_cpu_kernels()
+    with pytest.raises(ValueError, match="dtype float32"):
+        _llm(moe_dir, kernels="execstate", dtype="bfloat16")
+
+
+def test_auto_kernels_follow_dtype_and_availability(moe_dir) -> None:
+    assert _llm(moe_dir, kernels="auto", dtype="bfloat16").engine.provenance.numerics == "eager"
+    auto = _llm(moe_dir, kernels="auto")
+    assert auto.engine.provenance.numerics == ("eager+cpu-avx2-v1" if cpu.available() else "eager")
+    assert auto.engine.model.kernels == cpu.available()
+    assert EngineConfig(model=str(moe_dir)).kernels == "auto"
+    assert _llm(moe_dir, kernels="torch").engine.provenance.numerics == "eager"
