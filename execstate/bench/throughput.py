@@ -8,7 +8,8 @@ greedy, ``ignore_eos``.
 - batch 1: ``batch1_prompts`` of them one at a time (wall time includes each prefill).
 
 Peers, run side by side in one process and interleaved per repeat (every peer runs
-repeat r before any peer runs repeat r+1), so machine noise hits them alike:
+repeat r before any peer runs repeat r+1; the peer order rotates every repeat, so no peer
+always runs first or right after another), so machine noise hits them alike:
 
 1. ``execstate_r3_on``  — the engine with route return on;
 2. ``execstate_r3_off`` — the engine with route return off (R3 overhead = on / off);
@@ -255,7 +256,8 @@ def run_throughput_bench(
         for p in peer_list:
             activate(p)
 
-    def measure(p: Peer, batched: bool, prompts: list[list[int]], key: str, ref: dict[str, Any]) -> None:
+    def measure(p: Peer, batched: bool, prompts: list[list[int]], key: str,
+                ref: dict[str, dict[str, list[list[int]]]]) -> None:
         if batched and not p.batch8:
             return
         gc.collect()
@@ -269,10 +271,14 @@ def run_throughput_bench(
         results[p.name][f"{key}_tok"].append([len(t) for t in res.token_ids])
         if res.ttft_s:
             results[p.name]["b1_ttft"].extend(res.ttft_s)
-        if p.name == "execstate_r3_on":
-            ref[key] = res.token_ids
-        elif key in ref:
-            _add_counts(parity.setdefault(p.name, {}).setdefault(key, {}), _compare(ref[key], res.token_ids))
+        ref.setdefault(key, {})[p.name] = res.token_ids
+
+    def compare_to_engine(ref: dict[str, dict[str, list[list[int]]]]) -> None:
+        for key, by_peer in ref.items():
+            base = by_peer.get("execstate_r3_on")
+            for name, tokens in by_peer.items():
+                if base is not None and name != "execstate_r3_on":
+                    _add_counts(parity.setdefault(name, {}).setdefault(key, {}), _compare(base, tokens))
 
     repeats_done = 0
     t_loop = time.perf_counter()
@@ -284,17 +290,20 @@ def run_throughput_bench(
             break
         repeats_done += 1
         shapes = ((True, wl.prompts(vocab, r, "b8"), "b8"), (False, wl.prompts(vocab, r, "b1"), "b1"))
-        ref: dict[str, list[list[int]]] = {}
+        ref: dict[str, dict[str, list[list[int]]]] = {}
+        # Peer order rotates every repeat, so no peer always runs first or right after another.
+        order = peer_list[r % len(peer_list):] + peer_list[: r % len(peer_list)]
         if resident:  # batch shape outer, peers inner: comparable runs are adjacent in time
             for batched, prompts, key in shapes:
-                for p in peer_list:
+                for p in order:
                     measure(p, batched, prompts, key, ref)
         else:
-            for p in peer_list:
+            for p in order:
                 activate(p)
                 for batched, prompts, key in shapes:
                     measure(p, batched, prompts, key, ref)
                 deactivate(p)
+        compare_to_engine(ref)
     bench_seconds = time.perf_counter() - t_bench
 
     report_peers: dict[str, Any] = {}

@@ -62,15 +62,14 @@ class RouteCapture:
     forced_ids: torch.Tensor | None = None
     forced_mask: torch.Tensor | None = None
     device: torch.device | str = "cpu"
-    ids: torch.Tensor = field(init=False)
+    _recorded: list[torch.Tensor | None] = field(init=False, repr=False)
+    _ids: torch.Tensor | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        # Lives on the model's device: recording is an async device copy, and the step
-        # moves the whole [T, L, K] array to the host once.
-        shape = (self.num_tokens, self.num_moe_layers, self.top_k)
-        self.ids = torch.empty(shape, dtype=torch.int16, device=self.device)
         if (self.forced_ids is None) != (self.forced_mask is None):
             raise ValueError("forced_ids and forced_mask must be given together")
+        self._recorded = [None] * self.num_moe_layers
+        self._ids = None
 
     def forced(self, moe_layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(mask[T], ids[T, top_k]) of forced routes for this MoE layer, or None."""
@@ -79,7 +78,27 @@ class RouteCapture:
         return self.forced_mask, self.forced_ids[:, moe_layer]
 
     def record(self, moe_layer: int, topk_ids: torch.Tensor) -> None:
-        self.ids[:, moe_layer].copy_(topk_ids)
+        """Keep layer ``moe_layer``'s ``[T, top_k]`` integer ids (by reference: the caller
+        must not modify them afterwards); a second record of a layer replaces the first."""
+        self._recorded[moe_layer] = topk_ids
+        self._ids = None
+
+    @property
+    def ids(self) -> torch.Tensor:
+        """The recorded routes, ``int16[T, n_moe_layers, top_k]`` on the capture's device,
+        assembled once after the forward pass (one stack + cast per step instead of a
+        strided copy per layer). Rows of a layer that recorded nothing are unspecified."""
+        if self._ids is None:
+            rec = self._recorded
+            if all(t is not None for t in rec) and rec:
+                self._ids = torch.stack(rec, dim=1).to(device=self.device, dtype=torch.int16)  # type: ignore[arg-type]
+            else:
+                shape = (self.num_tokens, self.num_moe_layers, self.top_k)
+                self._ids = torch.empty(shape, dtype=torch.int16, device=self.device)
+                for m, t in enumerate(rec):
+                    if t is not None:
+                        self._ids[:, m].copy_(t)
+        return self._ids
 
 
 class StepContext:

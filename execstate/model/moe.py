@@ -10,8 +10,8 @@ Routing (per token, per MoE layer), as in the HF reference of each architecture:
 4. If ``norm_topk_prob`` (always for Mixtral, whose softmax-over-top-k-logits is the same
    thing) the k weights are divided by their sum. The weights are then cast to the model
    dtype, except for Mixtral, which (like HF) keeps them in fp32 for the combine.
-5. Capture: if ``ctx.routes`` is set, ``ctx.routes.record(m, ids)`` with int16 ids, after
-   forcing, so a forced token records its forced ids.
+5. Capture: if ``ctx.routes`` is set, ``ctx.routes.record(m, ids)`` (stored as int16 by the
+   capture), after forcing, so a forced token records its forced ids.
 
 Forced ids are NOT validated here (range, duplicates within a row): the engine validates
 them before building the ``RouteCapture``. An id outside ``[0, num_experts)`` raises
@@ -75,7 +75,7 @@ class SparseMoE(nn.Module):
                 mask = mask.to(device=ids.device)[:, None]
                 ids = torch.where(mask, forced_ids.to(device=ids.device, dtype=ids.dtype), ids)
                 weights = probs.gather(1, ids)
-            routes.record(self.moe_index, ids.to(torch.int16))
+            routes.record(self.moe_index, ids)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         if self.weights_in_model_dtype:
