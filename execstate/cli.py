@@ -58,6 +58,12 @@ def _bench(args: argparse.Namespace) -> int:
             print(json.dumps(report, indent=2))
         ok = report["correctness"]["token_mismatches"] == 0 and report["recovery"]["failure"]["error_detected"]
         return 0 if ok else 1
+    if args.bench_cmd == "kernels":
+        from execstate.bench.kernels import format_kernel_table, run_kernel_bench
+
+        report = run_kernel_bench(repeats=args.repeats, threads=args.threads)
+        print(json.dumps(report, indent=2) if args.json else format_kernel_table(report))
+        return 0
     raise AssertionError(args.bench_cmd)
 
 
@@ -113,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--nice-nixl-threads", action="store_true",
                     help="diagnostic: renice the busy-polling NIXL progress threads to 19")
     bp.add_argument("--json", action="store_true")
+    bk = bsub.add_parser("kernels", help="execstate's CPU kernels vs the torch ops they replace (GB/s, speed-up)")
+    bk.add_argument("--repeats", type=int, default=5)
+    bk.add_argument("--threads", type=int, default=None)
+    bk.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)
 
     d = sub.add_parser("demo", help="R3 rollout with prefix reuse and a replay check")

@@ -336,6 +336,65 @@ static KT int decode_attention_f32(const float *q, const float *kc, const float 
     return oom ? 2 : 0;
 }
 
+/* out[i] = w[i] * (x[i] * (1 / sqrt(mean(x^2) + eps))) over one row of n; the mean is an
+ * 8-lane sum of squares (fixed order) divided by n. */
+static KT void rms_row(const float *x, const float *w, float *out, int64_t n, float eps) {
+    const int64_t n8 = n & ~(int64_t)7;
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n8; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        a = _mm256_fmadd_ps(v, v, a);
+    }
+    float ss = finish(a, x, x, n8, n);
+    const float r = 1.0f / sqrtf(ss / (float)n + eps);
+    const __m256 rv = _mm256_set1_ps(r);
+    int64_t i = 0;
+    for (; i < n8; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), rv)));
+    for (; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+/* out[T, H] = rms_norm(x[T, H]) * w[H]. */
+static KT void rms_norm_f32(const float *x, const float *w, float *out, int64_t T, int64_t H, float eps) {
+#pragma omp parallel for schedule(static) if (T * H >= 16 * PARALLEL_MIN_MACS)
+    for (int64_t t = 0; t < T; t++) rms_row(x + t * H, w, out + t * H, H, eps);
+}
+
+/* Rotate one head of d in place ("rotate_half" layout):
+ * y[i] = x[i] cos[i] - x[i + d/2] sin[i], y[i + d/2] = x[i + d/2] cos[i + d/2] + x[i] sin[i + d/2]. */
+static inline void rope_head(float *x, const float *cos, const float *sin, int64_t d) {
+    const int64_t half = d / 2;
+    for (int64_t i = 0; i < half; i++) {
+        const float a = x[i], b = x[i + half];
+        x[i] = a * cos[i] + (-b) * sin[i];
+        x[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+}
+
+/* Split qkv[T, (nh + 2 nkv) d] into q[T, nh, d], k[T, nkv, d], v[T, nkv, d]; per-head RMS
+ * norm of q and k when qw/kw are given (weights [d]); RoPE on q and k with cos/sin[T, d]. */
+static KT void qkv_rope_f32(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
+                            float eps, float *q, float *k, float *v, int64_t T, int64_t nh, int64_t nkv, int64_t d) {
+    const int64_t row = (nh + 2 * nkv) * d;
+#pragma omp parallel for schedule(static) if (T * row >= 16 * PARALLEL_MIN_MACS)
+    for (int64_t t = 0; t < T; t++) {
+        const float *src = qkv + t * row, *c = cos + t * d, *sn = sin + t * d;
+        for (int64_t h = 0; h < nh; h++) {
+            float *dst = q + (t * nh + h) * d;
+            if (qw) rms_row(src + h * d, qw, dst, d, eps);
+            else for (int64_t i = 0; i < d; i++) dst[i] = src[h * d + i];
+            rope_head(dst, c, sn, d);
+        }
+        for (int64_t h = 0; h < nkv; h++) {
+            float *dst = k + (t * nkv + h) * d;
+            if (kw) rms_row(src + (nh + h) * d, kw, dst, d, eps);
+            else for (int64_t i = 0; i < d; i++) dst[i] = src[(nh + h) * d + i];
+            rope_head(dst, c, sn, d);
+            for (int64_t i = 0; i < d; i++) v[(t * nkv + h) * d + i] = src[(nh + nkv + h) * d + i];
+        }
+    }
+}
+
 static int cpu_ok(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -395,7 +454,52 @@ static PyObject *py_decode_attention(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_rms_norm(PyObject *self, PyObject *args) {
+    unsigned long long x, w, out;
+    Py_ssize_t T, H;
+    float eps;
+    if (!PyArg_ParseTuple(args, "KKKnnf", &x, &w, &out, &T, &H, &eps)) return NULL;
+    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
+    if (T < 0 || H < 1) return PyErr_Format(PyExc_ValueError, "rms_norm: bad sizes");
+    Py_BEGIN_ALLOW_THREADS
+    rms_norm_f32((const float *)x, (const float *)w, (float *)out, T, H, eps);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_qkv_rope(PyObject *self, PyObject *args) {
+    unsigned long long qkv, cos, sin, qw, kw, q, k, v;
+    Py_ssize_t T, nh, nkv, d;
+    float eps;
+    if (!PyArg_ParseTuple(args, "KKKKKfKKKnnnn", &qkv, &cos, &sin, &qw, &kw, &eps, &q, &k, &v, &T, &nh, &nkv, &d))
+        return NULL;
+    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
+    if (T < 0 || nh < 1 || nkv < 1 || d < 2 || d % 2) return PyErr_Format(PyExc_ValueError, "qkv_rope: bad sizes");
+    Py_BEGIN_ALLOW_THREADS
+    qkv_rope_f32((const float *)qkv, (const float *)cos, (const float *)sin, (const float *)qw, (const float *)kw, eps,
+                 (float *)q, (float *)k, (float *)v, T, nh, nkv, d);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_silu_mul(PyObject *self, PyObject *args) {
+    unsigned long long gu, h;
+    Py_ssize_t T, I;
+    if (!PyArg_ParseTuple(args, "KKnn", &gu, &h, &T, &I)) return NULL;
+    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
+    if (T < 0 || I < 1) return PyErr_Format(PyExc_ValueError, "silu_mul: bad sizes");
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t t = 0; t < T; t++)
+        silu_mul((const float *)gu + t * 2 * I, (const float *)gu + t * 2 * I + I, (float *)h + t * I, I);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, w, out, T, H, eps) (fp32 data pointers)."},
+    {"qkv_rope", py_qkv_rope, METH_VARARGS,
+     "qkv_rope(qkv, cos, sin, q_norm_w or 0, k_norm_w or 0, eps, q, k, v, T, nh, nkv, d) (fp32 data pointers)."},
+    {"silu_mul", py_silu_mul, METH_VARARGS, "silu_mul(gate_up, h, T, I): h = silu(gate) * up per row."},
     {"decode_attention", py_decode_attention, METH_VARARGS,
      "decode_attention(q, k_cache, v_cache, out, tok, block_table, ctx_len, B, max_blocks, nh, nkv, d, bs, scale)."},
     {"available", py_available, METH_NOARGS, "True when this CPU has AVX2 and FMA."},

@@ -38,12 +38,16 @@ class Linear(nn.Linear):
 class RMSNorm(nn.Module):
     """``weight * (x / rms(x))`` over the last dim, computed in fp32, returned in ``x.dtype``."""
 
+    use_kernels: bool = False  # fused C kernel for 2-D fp32 rows (CausalLM.use_cpu_kernels)
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_kernels and cpu_kernels.use_rows(x):
+            return cpu_kernels.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -57,6 +61,8 @@ class GatedMLP(nn.Module):
     projection (the layout of HF's fused expert tensors).
     """
 
+    use_kernels: bool = False  # fused SwiGLU gate in C (CausalLM.use_cpu_kernels)
+
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
         self.intermediate = intermediate
@@ -64,7 +70,10 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.use_kernels and cpu_kernels.use_rows(gate_up):
+            return self.down_proj(cpu_kernels.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -97,11 +106,22 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(q_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(k_dim, config.rms_norm_eps)
         self.clip_qkv = config.clip_qkv
+        self.eps = config.rms_norm_eps
+
+    use_kernels: bool = False  # fused split + QK-norm + RoPE in C (CausalLM.use_cpu_kernels)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 ctx: StepContext) -> torch.Tensor:
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        if self._fused_prep(qkv, cos):
+            q_w = None if self.q_norm is None else self.q_norm.weight
+            k_w = None if self.k_norm is None else self.k_norm.weight
+            q, k, v = cpu_kernels.qkv_rope(qkv, cos.view(n, -1), sin.view(n, -1), q_w, k_w, self.eps,
+                                           self.num_heads, self.num_kv_heads, self.head_dim)
+            out = ctx.attention.forward(self.layer_idx, q, k, v)
+            return self.o_proj(out.reshape(n, self.q_size))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None and self.k_norm is not None and not self.per_head_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.clip_qkv is not None:
@@ -115,3 +135,13 @@ class Attention(nn.Module):
         k = RotaryEmbedding.apply(k, cos, sin)
         out = ctx.attention.forward(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(n, self.q_size))
+
+    def _fused_prep(self, qkv: torch.Tensor, cos: torch.Tensor) -> bool:
+        """Whether ``cpu_kernels.qkv_rope`` can do this layer's split, QK-norm and RoPE:
+        kernels on, fp32 rows, no ``clip_qkv``, QK-norm absent or per head, and the norm
+        epsilons equal to the model's."""
+        if not (self.use_kernels and self.clip_qkv is None and cpu_kernels.use_rows(qkv) and cos.is_contiguous()):
+            return False
+        if self.q_norm is None or self.k_norm is None:
+            return self.q_norm is None and self.k_norm is None
+        return self.per_head_norm and self.q_norm.eps == self.eps == self.k_norm.eps

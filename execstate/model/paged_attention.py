@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from execstate.kernels.cpu import PagedDecode
+from execstate.kernels.paged_decode import PagedDecode
 from execstate.state.kv_pool import KVPool
 
 

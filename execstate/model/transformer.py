@@ -21,6 +21,9 @@ from execstate.model.layers import Attention, GatedMLP, Linear, RMSNorm
 from execstate.model.moe import SparseMoE
 from execstate.model.rotary import RotaryEmbedding
 
+# Modules whose forward has a ``use_kernels`` switch (CausalLM.use_cpu_kernels).
+_KERNEL_MODULES = (Linear, RMSNorm, Attention, GatedMLP, SparseMoE)
+
 
 class DecoderLayer(nn.Module):
     """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; ``mlp`` is dense or MoE."""
@@ -65,14 +68,15 @@ class CausalLM(nn.Module):
         self.requires_grad_(False)
 
     def use_cpu_kernels(self, enabled: bool) -> None:
-        """Route few-row fp32 linears, the fused MoE block and the LM head through
-        ``execstate.kernels.cpu`` (``enabled``) or keep every op in torch. Raises
+        """Route few-row fp32 linears, the fused MoE block, the LM head, RMSNorm, the q/k/v
+        split + QK-norm + RoPE and the SwiGLU gate through ``execstate.kernels.cpu``
+        (``enabled``), or keep every op in torch. Raises
         ``RuntimeError`` when enabling on a machine where the kernels are unavailable."""
         if enabled and not cpu_kernels.available():
             raise RuntimeError(f"execstate CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
         self.kernels = enabled
         for module in self.modules():
-            if isinstance(module, Linear | SparseMoE):
+            if isinstance(module, _KERNEL_MODULES):
                 module.use_kernels = enabled
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:

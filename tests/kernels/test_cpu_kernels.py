@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from execstate.kernels import cpu
+from execstate.kernels import cpu, ext
 from execstate.model.context import RouteCapture, StepContext
 from execstate.model.dense_attention import DenseCausalAttention
 from execstate.model.layers import Linear
@@ -314,7 +314,7 @@ def test_linear_bad_input_names_the_argument() -> None:
         with pytest.raises(ValueError, match=message):
             cpu.linear(*args)
     assert not cpu.use_linear(x.double(), w) and not cpu.use_linear(x, w.t().contiguous().t())
-    assert cpu.use_linear(x, w) and not cpu.use_linear(_randn(17, 37, seed=19), w)
+    assert cpu.use_linear(x, w) and not cpu.use_linear(_randn(cpu.MAX_LINEAR_ROWS + 1, 37, seed=19), w)
 
 
 def test_moe_bad_input_names_the_argument() -> None:
@@ -348,7 +348,7 @@ def test_moe_bad_input_names_the_argument() -> None:
         with pytest.raises(ValueError, match=message):
             cpu.moe(**{**good, **change})
     assert cpu.use_moe(x, w_gate_up) and not cpu.use_moe(x.double(), w_gate_up)
-    assert not cpu.use_moe(_randn(17, h, seed=24), w_gate_up)
+    assert not cpu.use_moe(_randn(cpu.MAX_MOE_TOKENS + 1, h, seed=24), w_gate_up)
 
 
 # ---------------------------------------------------------------------------------- threads
@@ -385,8 +385,8 @@ def test_max_threads_follows_torch_in_a_fresh_thread() -> None:
     calls = {
         "max_threads": cpu.max_threads,
         # What the C side sees right after a kernel call made first thing in the thread.
-        "linear": lambda: (cpu.linear(x, w), cpu._cpu.max_threads())[1],
-        "moe": lambda: (cpu.moe(x, ids, weights, w_gate_up, w_down), cpu._cpu.max_threads())[1],
+        "linear": lambda: (cpu.linear(x, w), ext.lib().max_threads())[1],
+        "moe": lambda: (cpu.moe(x, ids, weights, w_gate_up, w_down), ext.lib().max_threads())[1],
     }
     before = torch.get_num_threads()
     seen: dict[tuple[str, int], int] = {}

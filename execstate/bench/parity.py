@@ -1,0 +1,51 @@
+"""Greedy token agreement between two runs of the same prompts (the engine and a peer, or
+a single instance and the PD path): counts, accumulated over repeats, and summaries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first position where ``a`` and ``b`` differ (a length difference counts at
+    the shorter length); ``None`` when they are equal."""
+    n = min(len(a), len(b))
+    first = next((k for k in range(n) if a[k] != b[k]), None)
+    if first is None and len(a) != len(b):
+        return n
+    return first
+
+
+def compare(ref: list[list[int]], other: list[list[int]]) -> dict[str, int]:
+    """Position-wise greedy token agreement over the common length of each pair."""
+    total = same = seq_same = 0
+    first_div: list[int] = []
+    for a, b in zip(ref, other, strict=True):
+        n = min(len(a), len(b))
+        d = first_divergence(a[:n], b[:n])
+        total += n
+        same += sum(x == y for x, y in zip(a[:n], b[:n], strict=True))
+        seq_same += d is None
+        if d is not None:
+            first_div.append(d)
+    return {"tokens": total, "identical": same, "sequences": len(ref), "sequences_identical": seq_same,
+            "first_divergence": min(first_div) if first_div else -1}
+
+
+def add_counts(acc: dict[str, int], c: dict[str, int]) -> None:
+    """Add the counts of one ``compare`` to ``acc`` (``first_divergence``: the minimum, -1 for none)."""
+    for k, v in c.items():
+        if k == "first_divergence":
+            if v >= 0:
+                acc[k] = v if acc.get(k, -1) < 0 else min(acc[k], v)
+            else:
+                acc.setdefault(k, -1)
+        else:
+            acc[k] = acc.get(k, 0) + v
+
+
+def summarise(c: dict[str, int]) -> dict[str, Any]:
+    """Accumulated counts plus ``identical_fraction`` (``None`` when no token was compared)."""
+    out: dict[str, Any] = dict(c)
+    out["identical_fraction"] = c["identical"] / c["tokens"] if c["tokens"] else None
+    return out

@@ -1,0 +1,80 @@
+"""Fused per-layer elementwise kernels: RMSNorm, q/k/v split + QK-norm + RoPE, SwiGLU gate.
+
+At decode a layer's weights stream in a few hundred microseconds, so the dozens of small
+torch ops around them (each a few microseconds of dispatch) become a large share of a
+step. These wrappers replace such chains with one C call each.
+
+Numerics: ``qkv_rope``'s rotation and copies are the same fp32 operations as the torch
+path (bitwise equal); RMSNorm sums squares in 8 fp32 lanes and ``silu_mul`` uses the
+kernels' vectorised exp, so those round slightly differently from torch (within 1e-6
+relative). All are deterministic and per-row (batch-invariant).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from execstate.kernels.ext import available, is_f32_cpu, lib, require, sync_threads
+
+
+def use_rows(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a 2-D fp32 contiguous CPU tensor the fused kernels take."""
+    return available() and x.dim() == 2 and is_f32_cpu(x)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * x / sqrt(mean(x^2, -1) + eps)`` for ``x [T, H]``, ``weight [H]``."""
+    require(x, "x", 2)
+    require(weight, "weight", 1)
+    t, h = x.shape
+    if weight.shape[0] != h:
+        raise ValueError(f"rms_norm: weight has {weight.shape[0]} entries for rows of {h}")
+    out = torch.empty_like(x)
+    if t:
+        lib().rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), t, h, float(eps))
+    return out
+
+
+def qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
+             k_norm: torch.Tensor | None, eps: float, num_heads: int, num_kv_heads: int,
+             head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split ``qkv [T, (nh + 2 nkv) d]`` (rows q | k | v) into contiguous ``q [T, nh, d]``,
+    ``k, v [T, nkv, d]``; RMS-normalise each q and k head with ``q_norm``/``k_norm``
+    (``[d]``, per-head norm, both or neither); rotate q and k with ``cos``/``sin``
+    ``[T, d]`` in the rotate-half layout."""
+    require(qkv, "qkv", 2)
+    require(cos, "cos", 2)
+    require(sin, "sin", 2)
+    t = qkv.shape[0]
+    if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim or head_dim % 2:
+        raise ValueError(f"qkv_rope: qkv rows of {qkv.shape[1]} for {num_heads}+2x{num_kv_heads} heads of {head_dim}")
+    if tuple(cos.shape) != (t, head_dim) or tuple(sin.shape) != (t, head_dim):
+        raise ValueError(f"qkv_rope: cos/sin must be [{t}, {head_dim}], got {tuple(cos.shape)}, {tuple(sin.shape)}")
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("qkv_rope: give both q_norm and k_norm or neither")
+    if q_norm is not None and k_norm is not None:
+        require(q_norm, "q_norm", 1)
+        require(k_norm, "k_norm", 1)
+        if q_norm.shape[0] != head_dim or k_norm.shape[0] != head_dim:
+            raise ValueError(f"qkv_rope: per-head norm weights must have {head_dim} entries")
+    q = torch.empty((t, num_heads, head_dim), dtype=torch.float32)
+    k = torch.empty((t, num_kv_heads, head_dim), dtype=torch.float32)
+    v = torch.empty((t, num_kv_heads, head_dim), dtype=torch.float32)
+    if t:
+        sync_threads()
+        lib().qkv_rope(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), 0 if q_norm is None else q_norm.data_ptr(),
+                       0 if k_norm is None else k_norm.data_ptr(), float(eps), q.data_ptr(), k.data_ptr(),
+                       v.data_ptr(), t, num_heads, num_kv_heads, head_dim)
+    return q, k, v
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up [T, 2I]`` (gate columns first) -> ``[T, I]``."""
+    require(gate_up, "gate_up", 2)
+    t, two_i = gate_up.shape
+    if two_i % 2:
+        raise ValueError(f"silu_mul: gate_up has an odd width {two_i}")
+    out = torch.empty((t, two_i // 2), dtype=torch.float32)
+    if t and two_i:
+        lib().silu_mul(gate_up.data_ptr(), out.data_ptr(), t, two_i // 2)
+    return out

@@ -1,0 +1,85 @@
+"""Small-batch fp32 linear and the fused MoE expert block (C: ``dot_rows``, ``moe_f32``).
+
+Numerics (see ``_cpu.c``): deterministic and batch-invariant; not bitwise equal to torch's
+MKL path. Use ``use_linear``/``use_moe`` to decide whether a call should take the kernel
+path; otherwise use torch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from execstate.kernels.ext import available, is_f32_cpu, lib, require, sync_threads
+
+# Rows up to which the streaming kernel is used: `execstate bench kernels` measured it
+# 1.3-1.7x faster than torch's GEMM at 32 rows, 1.1-1.3x at 64 (2 Zen cores).
+MAX_LINEAR_ROWS = 32
+# Tokens up to which the fused MoE kernel is used: measured 2.8x faster than torch's expert
+# loop at 32 tokens, 1.75x at 64 (8 experts, top-2).
+MAX_MOE_TOKENS = 64
+
+
+def use_linear(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``linear(x, weight)`` applies and is the faster path (few rows, fp32, CPU)."""
+    return (
+        available()
+        and x.dim() == 2
+        and x.shape[0] <= MAX_LINEAR_ROWS
+        and is_f32_cpu(x)
+        and is_f32_cpu(weight)
+        and weight.dim() == 2
+        and x.shape[1] == weight.shape[1]
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x [M, K] @ weight[N, K].T`` -> new ``[M, N]``; fp32 CPU contiguous tensors only."""
+    require(x, "x", 2)
+    require(weight, "weight", 2)
+    if x.shape[1] != weight.shape[1]:
+        raise ValueError(f"linear: x has {x.shape[1]} features, weight expects {weight.shape[1]}")
+    m, k = x.shape
+    n = weight.shape[0]
+    y = torch.empty((m, n), dtype=torch.float32)
+    if m and n:
+        sync_threads()
+        lib().linear(x.data_ptr(), weight.data_ptr(), y.data_ptr(), m, k, n)
+    return y
+
+
+def use_moe(x: torch.Tensor, w_gate_up: torch.Tensor) -> bool:
+    """Whether the fused MoE kernel applies (fp32 CPU, at most ``MAX_MOE_TOKENS`` tokens)."""
+    return available() and x.dim() == 2 and x.shape[0] <= MAX_MOE_TOKENS \
+        and is_f32_cpu(x) and is_f32_cpu(w_gate_up)
+
+
+def moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor,
+        w_down: torch.Tensor) -> torch.Tensor:
+    """``out[t] = sum_j weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))``, ``e = ids[t, j]``.
+
+    ``x [T, H]``, ``ids`` int64 ``[T, k]`` (each in ``[0, E)``, else ``ValueError``),
+    ``weights`` fp32 ``[T, k]``, ``w_gate_up [E, 2I, H]`` (gate rows first),
+    ``w_down [E, H, I]``. Per-token slot results are summed over ``j`` in order.
+    """
+    require(x, "x", 2)
+    require(weights, "weights", 2)
+    require(w_gate_up, "w_gate_up", 3)
+    require(w_down, "w_down", 3)
+    if ids.dtype != torch.int64 or ids.device.type != "cpu" or not ids.is_contiguous() or ids.dim() != 2:
+        raise ValueError(f"moe: ids must be contiguous int64 [T, k] on CPU, got {ids.dtype} {tuple(ids.shape)}")
+    t, h = x.shape
+    e, two_i, h2 = w_gate_up.shape
+    i = two_i // 2
+    if h2 != h or two_i % 2 or tuple(w_down.shape) != (e, h, i):
+        raise ValueError(f"moe: inconsistent shapes x {tuple(x.shape)}, w_gate_up {tuple(w_gate_up.shape)}, "
+                         f"w_down {tuple(w_down.shape)}")
+    if ids.shape[0] != t or tuple(weights.shape) != tuple(ids.shape):
+        raise ValueError(f"moe: ids {tuple(ids.shape)} and weights {tuple(weights.shape)} must both be [{t}, k]")
+    out = torch.empty((t, h), dtype=torch.float32)
+    if t:
+        sync_threads()
+        lib().moe(x.data_ptr(), ids.data_ptr(), weights.data_ptr(), w_gate_up.data_ptr(), w_down.data_ptr(),
+                 out.data_ptr(), t, ids.shape[1], e, h, i)
+    return out
+
+

@@ -1,0 +1,65 @@
+"""Decode attention straight on the paged KV cache's block tables (C: ``decode_attention``)."""
+
+from __future__ import annotations
+
+import torch
+
+from execstate.kernels.ext import lib, require, sync_threads
+
+
+class PagedDecode:
+    """Decode attention over a paged KV cache for one step's decode sequences.
+
+    Built once per step from plain lists (validated here, so the per-layer ``run`` only checks
+    tensor shapes): for sequence ``b``, its query is row ``tokens[b]`` of the step's flat batch,
+    its K/V lie in blocks ``block_tables[b]`` (slot = block * block_size + offset) and it
+    attends to its first ``ctx_lens[b]`` positions (at least 1, at most
+    ``len(block_tables[b]) * block_size``; block ids below ``num_slots // block_size``).
+    """
+
+    def __init__(self, tokens: list[int], block_tables: list[list[int]], ctx_lens: list[int], block_size: int,
+                 num_slots: int) -> None:
+        lib()  # RuntimeError when the kernels are unavailable
+        if not (len(tokens) == len(block_tables) == len(ctx_lens)) or block_size < 1:
+            raise ValueError("PagedDecode: tokens, block_tables and ctx_lens must have one entry per sequence")
+        num_blocks = num_slots // block_size
+        width = max((len(t) for t in block_tables), default=1)
+        for b, (table, n) in enumerate(zip(block_tables, ctx_lens, strict=True)):
+            if not 1 <= n <= len(table) * block_size:
+                raise ValueError(f"PagedDecode: sequence {b} has ctx_len {n} for {len(table)} blocks of {block_size}")
+            if any(not 0 <= blk < num_blocks for blk in table):
+                raise ValueError(f"PagedDecode: sequence {b} has a block id outside [0, {num_blocks})")
+        if any(t < 0 for t in tokens):
+            raise ValueError("PagedDecode: token rows must be >= 0")
+        self.num_seqs = len(tokens)
+        self.max_token = max(tokens, default=-1)
+        self.block_size, self.num_slots = block_size, num_slots
+        self.tokens = torch.tensor(tokens, dtype=torch.int64)
+        self.ctx_lens = torch.tensor(ctx_lens, dtype=torch.int64)
+        self.block_table = torch.zeros((len(tokens), width), dtype=torch.int64)
+        for b, table in enumerate(block_tables):
+            self.block_table[b, : len(table)] = torch.tensor(table, dtype=torch.int64)
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
+            scale: float) -> None:
+        """``out[tokens[b]] = softmax(q[tokens[b]] K_b^T * scale) V_b`` for every sequence ``b``.
+
+        ``q``/``out`` ``[T, n_heads, d]``, ``k_cache``/``v_cache`` ``[num_slots, n_kv, d]``,
+        fp32 contiguous CPU; query head ``j`` reads KV head ``j // (n_heads // n_kv)``.
+        """
+        for name, t in (("q", q), ("out", out), ("k_cache", k_cache), ("v_cache", v_cache)):
+            require(t, name, 3)
+        n, nh, d = q.shape
+        slots, nkv, d2 = k_cache.shape
+        if out.shape != q.shape or v_cache.shape != k_cache.shape or d2 != d or nh % nkv or slots != self.num_slots:
+            raise ValueError(f"PagedDecode: inconsistent shapes q {tuple(q.shape)}, out {tuple(out.shape)}, "
+                             f"k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)} "
+                             f"(expected {self.num_slots} slots)")
+        if self.max_token >= n:
+            raise ValueError(f"PagedDecode: token row {self.max_token} outside a batch of {n}")
+        if self.num_seqs:
+            sync_threads()
+            lib().decode_attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+                                   self.tokens.data_ptr(), self.block_table.data_ptr(), self.ctx_lens.data_ptr(),
+                                   self.num_seqs, self.block_table.shape[1], nh, nkv, d, self.block_size,
+                                   float(scale))
