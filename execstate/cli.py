@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-model-len", type=int, default=None)
     s.add_argument("--block-size", type=int, default=16)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--kernels", default="auto", choices=["auto", "torch", "execstate"],
+                   help="execstate's CPU kernels (auto: when available, CPU, fp32) or torch ops only; "
+                        "recorded in provenance numerics, so P and D of a PD pair must agree")
     s.set_defaults(func=_serve)
 
     px = sub.add_parser("proxy", help="prefill/decode disaggregation proxy")

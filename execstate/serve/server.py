@@ -73,6 +73,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         enable_return_routed_experts=args.enable_return_routed_experts,
         seed=args.seed,
         max_model_len=args.max_model_len,
+        kernels=args.kernels,
     )
 
 

@@ -21,8 +21,9 @@ from execstate.engine.sampling_params import SamplingParams
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
-def engine(model_dir, role: str | None = None, **pd_kw) -> LLMEngine:
-    e = LLMEngine(EngineConfig(model=str(model_dir), enable_return_routed_experts=True, block_size=16))
+def engine(model_dir, role: str | None = None, kernels: str = "auto", **pd_kw) -> LLMEngine:
+    e = LLMEngine(EngineConfig(model=str(model_dir), enable_return_routed_experts=True, block_size=16,
+                               kernels=kernels))
     if role is not None:
         e.attach_pd(PDConfig(role=role, timeout_s=5.0, **pd_kw))
     return e
@@ -127,6 +128,30 @@ def test_faults_fail_policy_is_request_level(moe_dir, mode):
         # the decode instance stays healthy: a plain request still runs
         ok = run(d, prompt(4, 20))
         assert len(ok.outputs[0].token_ids) == 8
+        d.check_integrity()
+    finally:
+        p.pd.close()
+        d.pd.close()
+
+
+def test_numerics_mismatch_is_rejected(moe_dir):
+    """P on torch ops, D on execstate's kernels: their KV rounds differently, so their
+    provenance differs and D must refuse P's blocks (request-level error, D healthy)."""
+    from execstate.kernels import cpu
+
+    if not cpu.available():
+        pytest.skip(f"execstate CPU kernels unavailable: {cpu.unavailable_reason()}")
+    p = engine(moe_dir, "kv_producer", kernels="torch")
+    d = engine(moe_dir, "kv_consumer", kernels="execstate")
+    try:
+        assert p.provenance.numerics == "eager" and d.provenance.numerics == f"eager+{cpu.KERNEL_SET}"
+        ids = prompt(5, 40)
+        _, kv = handoff(p, ids)
+        out = run(d, ids, kv=kv)
+        assert out.outputs[0].finish_reason == "abort" and out.outputs[0].token_ids == []
+        assert out.error and "KV load" in out.error and "provenance" in out.error
+        assert d.block_pool.num_used == 0
+        assert len(run(d, prompt(6, 20)).outputs[0].token_ids) == 8
         d.check_integrity()
     finally:
         p.pd.close()
