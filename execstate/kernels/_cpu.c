@@ -182,9 +182,10 @@ static KT void expert_rows(int64_t lo, int64_t hi, int64_t rows, const int64_t *
 }
 
 /* exp on 8 lanes: Cody-Waite range reduction and a degree-5 polynomial (Cephes expf),
- * about 1 ulp for x in [-87, 88]; inputs are clamped there. */
-static KT inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+ * about 1 ulp for x in [-87, 88]; +inf above 88.72 (overflow, as expf), 0 below -87.33
+ * (where expf would be subnormal), NaN stays NaN. */
+static KT inline __m256 exp8(__m256 in) {
+    __m256 x = _mm256_min_ps(_mm256_max_ps(in, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
     __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
@@ -197,7 +198,10 @@ static KT inline __m256 exp8(__m256 x) {
     y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
     y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    __m256 r = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    r = _mm256_blendv_ps(r, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(in, _mm256_set1_ps(88.72f), _CMP_GT_OQ));
+    r = _mm256_blendv_ps(r, _mm256_setzero_ps(), _mm256_cmp_ps(in, _mm256_set1_ps(-87.33f), _CMP_LT_OQ));
+    return _mm256_blendv_ps(r, in, _mm256_cmp_ps(in, in, _CMP_UNORD_Q));
 }
 
 static KT inline float exp1(float x) { return _mm256_cvtss_f32(exp8(_mm256_set1_ps(x))); }

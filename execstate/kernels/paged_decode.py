@@ -20,7 +20,9 @@ class PagedDecode:
     def __init__(self, tokens: list[int], block_tables: list[list[int]], ctx_lens: list[int], block_size: int,
                  num_slots: int) -> None:
         lib()  # RuntimeError when the kernels are unavailable
-        if not (len(tokens) == len(block_tables) == len(ctx_lens)) or block_size < 1:
+        if block_size < 1:
+            raise ValueError(f"PagedDecode: block_size must be >= 1, got {block_size}")
+        if not (len(tokens) == len(block_tables) == len(ctx_lens)):
             raise ValueError("PagedDecode: tokens, block_tables and ctx_lens must have one entry per sequence")
         num_blocks = num_slots // block_size
         width = max((len(t) for t in block_tables), default=1)
@@ -51,7 +53,8 @@ class PagedDecode:
             require(t, name, 3)
         n, nh, d = q.shape
         slots, nkv, d2 = k_cache.shape
-        if out.shape != q.shape or v_cache.shape != k_cache.shape or d2 != d or nh % nkv or slots != self.num_slots:
+        if (out.shape != q.shape or v_cache.shape != k_cache.shape or d2 != d or nkv < 1 or nh % nkv
+                or slots != self.num_slots):
             raise ValueError(f"PagedDecode: inconsistent shapes q {tuple(q.shape)}, out {tuple(out.shape)}, "
                              f"k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)} "
                              f"(expected {self.num_slots} slots)")

@@ -1,0 +1,328 @@
+"""Decode attention on the paged KV cache (execstate.kernels.paged_decode.PagedDecode) and the
+``PagedAttention`` layer that uses it.
+
+Oracles: an explicit float64 softmax over each sequence's gathered K/V; torch SDPA on the
+same gathered K/V (the torch decode path of ``PagedAttention``); ``PagedAttention`` with
+``use_kernels=False`` on an identical pool; the kernel's contract: per (sequence, KV head)
+work items, so a sequence's output does not depend on the others or on the thread count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from execstate.kernels import cpu
+from execstate.model.paged_attention import PagedAttention, SeqSpan
+from execstate.state.kv_pool import KVPool
+
+PARALLEL_MIN_MACS = 65536  # _cpu.c: decode attention goes parallel at B * nh * max(ctx_len) * d >= this
+
+
+@pytest.fixture(autouse=True)
+def _kernels_one_thread() -> Iterator[None]:
+    """Skips where the kernels are unavailable (tests/kernels/test_cpu_kernels.py asserts
+    where that is allowed); one intra-op thread unless a test switches; restored."""
+    if not cpu.available():
+        pytest.skip(f"kernels unavailable: {cpu.unavailable_reason()}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _randn(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _tables(ctx_lens: list[int], bs: int, num_blocks: int, seed: int, spare: int = 0) -> list[list[int]]:
+    """Per sequence, ceil(ctx_len / bs) (+ ``spare`` unused) distinct block ids drawn from a
+    random permutation: non-contiguous, out of order."""
+    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+    tables, at = [], 0
+    for n in ctx_lens:
+        k = -(-n // bs) + spare
+        tables.append(perm[at : at + k])
+        at += k
+    assert at <= num_blocks
+    return tables
+
+
+def _slots(table: list[int], n: int, bs: int) -> torch.Tensor:
+    return torch.tensor([table[pos // bs] * bs + pos % bs for pos in range(n)], dtype=torch.long)
+
+
+def _reference_f64(q, kc, vc, tokens, tables, ctx_lens, bs, scale) -> dict[int, torch.Tensor]:
+    """out row -> [nh, d] float64: explicit softmax over the gathered context, head j on KV head j // G."""
+    nh, nkv = q.shape[1], kc.shape[1]
+    out = {}
+    for tok, table, n in zip(tokens, tables, ctx_lens, strict=True):
+        slots = _slots(table, n, bs)
+        k = kc[slots].double().repeat_interleave(nh // nkv, dim=1)  # [L, nh, d]
+        v = vc[slots].double().repeat_interleave(nh // nkv, dim=1)
+        scores = torch.einsum("hd,lhd->hl", q[tok].double(), k) * scale
+        p = torch.exp(scores - scores.max(dim=-1, keepdim=True).values)
+        p = p / p.sum(dim=-1, keepdim=True)
+        out[tok] = torch.einsum("hl,lhd->hd", p, v)
+    return out
+
+
+def _reference_sdpa(q, kc, vc, tokens, tables, ctx_lens, bs, scale) -> dict[int, torch.Tensor]:
+    out = {}
+    for tok, table, n in zip(tokens, tables, ctx_lens, strict=True):
+        slots = _slots(table, n, bs)
+        qd = q[tok][:, None]  # [nh, 1, d]
+        kd, vd = kc[slots].transpose(0, 1), vc[slots].transpose(0, 1)  # [nkv, L, d]
+        out[tok] = F.scaled_dot_product_attention(qd, kd, vd, scale=scale, enable_gqa=True)[:, 0]
+    return out
+
+
+def _run(tokens, tables, ctx_lens, bs, q, kc, vc, scale, fill: float = 12345.0) -> torch.Tensor:
+    out = torch.full_like(q, fill)
+    cpu.PagedDecode(tokens, tables, ctx_lens, bs, kc.shape[0]).run(q, kc, vc, out, scale)
+    return out
+
+
+def _check(out, q, kc, vc, tokens, tables, ctx_lens, bs, scale, fill: float = 12345.0) -> None:
+    f64 = _reference_f64(q, kc, vc, tokens, tables, ctx_lens, bs, scale)
+    sdpa = _reference_sdpa(q, kc, vc, tokens, tables, ctx_lens, bs, scale)
+    for tok in tokens:
+        torch.testing.assert_close(out[tok].double(), f64[tok], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out[tok], sdpa[tok], rtol=1e-5, atol=1e-5)
+    others = [r for r in range(q.shape[0]) if r not in set(tokens)]
+    assert bool((out[others] == fill).all()), "rows of no decode sequence were written"
+
+
+GEOMETRY = [(4, 4, 64), (8, 4, 16), (8, 2, 64), (4, 1, 16), (6, 3, 12)]  # groups 1, 2, 4, 4, 2; d % 8 != 0
+
+
+@pytest.mark.parametrize(("nh", "nkv", "d"), GEOMETRY)
+@pytest.mark.parametrize("batch", [1, 5])
+def test_paged_decode_matches_references(nh: int, nkv: int, d: int, batch: int) -> None:
+    bs, num_blocks, t = 16, 24, 13
+    # ctx 1, a partial block, an exact block, one past a block, a long context with a partial tail.
+    ctx_lens = [40, 1, 16, 17, 7][:batch]
+    tokens = [9, 2, 12, 0, 5][:batch]  # scattered rows of a 13-token flat batch
+    tables = _tables(ctx_lens, bs, num_blocks, seed=nh + d + batch)
+    kc, vc = _randn(num_blocks * bs, nkv, d, seed=1), _randn(num_blocks * bs, nkv, d, seed=2)
+    q = _randn(t, nh, d, seed=3)
+    scale = d**-0.5
+    out = _run(tokens, tables, ctx_lens, bs, q, kc, vc, scale)
+    _check(out, q, kc, vc, tokens, tables, ctx_lens, bs, scale)
+
+
+def test_paged_decode_ctx_len_one_returns_that_value_row() -> None:
+    kc, vc = _randn(32, 2, 16, seed=4), _randn(32, 2, 16, seed=5)
+    q = _randn(1, 4, 16, seed=6) * 100.0
+    out = _run([0], [[1]], [1], 8, q, kc, vc, 0.25)
+    # softmax over one position is exactly 1: the output is V at slot 8 (block 1, offset 0).
+    assert torch.equal(out[0], vc[8].repeat_interleave(2, dim=0))
+
+
+@pytest.mark.parametrize("bs", [1, 3, 16])
+def test_paged_decode_block_sizes_spare_blocks_and_shared_blocks(bs: int) -> None:
+    nh, nkv, d, num_blocks = 4, 2, 16, 120
+    ctx_lens = [23, 9, 30]
+    tables = _tables(ctx_lens, bs, num_blocks, seed=bs, spare=1)  # one unused block past each context
+    tables.append(tables[0][:2] + tables[1][2:])  # prefix blocks shared with sequence 0 (prefix cache)
+    ctx_lens.append(min(2 * bs + 1, len(tables[3]) * bs))
+    kc, vc = _randn(num_blocks * bs, nkv, d, seed=7), _randn(num_blocks * bs, nkv, d, seed=8)
+    tokens = [3, 1, 0, 6]
+    q = _randn(7, nh, d, seed=9)
+    out = _run(tokens, tables, ctx_lens, bs, q, kc, vc, 0.3)  # a non-default scale
+    _check(out, q, kc, vc, tokens, tables, ctx_lens, bs, 0.3)
+
+
+def test_paged_decode_large_scores_are_stable() -> None:
+    """Scores of several hundred: the softmax must subtract the max (no inf/NaN)."""
+    nh, nkv, d, bs = 4, 2, 64, 16
+    ctx_lens = [37, 300]
+    tables = _tables(ctx_lens, bs, 40, seed=10)
+    kc, vc = _randn(40 * bs, nkv, d, seed=11) * 10.0, _randn(40 * bs, nkv, d, seed=12)
+    q = _randn(2, nh, d, seed=13) * 10.0
+    out = _run([1, 0], tables, ctx_lens, bs, q, kc, vc, d**-0.5)
+    assert torch.isfinite(out).all()
+    f64 = _reference_f64(q, kc, vc, [1, 0], tables, ctx_lens, bs, d**-0.5)
+    for tok in (0, 1):
+        torch.testing.assert_close(out[tok].double(), f64[tok], rtol=1e-4, atol=1e-4)
+
+
+def test_paged_decode_is_batch_invariant_bitwise() -> None:
+    nh, nkv, d, bs, num_blocks = 8, 2, 64, 16, 40
+    ctx_lens = [40, 1, 16, 17, 200]
+    tokens = [4, 0, 7, 2, 5]
+    tables = _tables(ctx_lens, bs, num_blocks, seed=14)
+    kc, vc = _randn(num_blocks * bs, nkv, d, seed=15), _randn(num_blocks * bs, nkv, d, seed=16)
+    q = _randn(8, nh, d, seed=17)
+    together = _run(tokens, tables, ctx_lens, bs, q, kc, vc, d**-0.5)
+    for b in range(5):
+        alone = _run([tokens[b]], [tables[b]], [ctx_lens[b]], bs, q, kc, vc, d**-0.5)
+        assert torch.equal(alone[tokens[b]], together[tokens[b]]), f"sequence {b} depends on its batch"
+        # ... and on which row of the flat batch its query sits in.
+        q1 = q[tokens[b] : tokens[b] + 1].contiguous()
+        assert torch.equal(_run([0], [tables[b]], [ctx_lens[b]], bs, q1, kc, vc, d**-0.5)[0], together[tokens[b]])
+    # The reverse order of sequences changes nothing either.
+    rev = _run(tokens[::-1], tables[::-1], ctx_lens[::-1], bs, q, kc, vc, d**-0.5)
+    assert torch.equal(rev, together)
+
+
+def test_paged_decode_same_bits_with_one_or_two_threads() -> None:
+    nh, nkv, d, bs, num_blocks = 8, 2, 64, 16, 48
+    ctx_lens = [300, 5, 77, 16, 129]
+    assert len(ctx_lens) * nh * max(ctx_lens) * d >= PARALLEL_MIN_MACS
+    tokens = [0, 1, 2, 3, 4]
+    tables = _tables(ctx_lens, bs, num_blocks, seed=18)
+    kc, vc = _randn(num_blocks * bs, nkv, d, seed=19), _randn(num_blocks * bs, nkv, d, seed=20)
+    q = _randn(5, nh, d, seed=21)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert cpu.max_threads() == 1
+        one = _run(tokens, tables, ctx_lens, bs, q, kc, vc, d**-0.5)
+        torch.set_num_threads(2)
+        assert cpu.max_threads() == 2
+        two = _run(tokens, tables, ctx_lens, bs, q, kc, vc, d**-0.5)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.get_num_threads() == before
+    assert torch.equal(one, two)
+    _check(two, q, kc, vc, tokens, tables, ctx_lens, bs, d**-0.5)
+
+
+def test_paged_decode_no_sequences_writes_nothing() -> None:
+    kc = _randn(32, 2, 16, seed=22)
+    q = _randn(3, 4, 16, seed=23)
+    out = _run([], [], [], 8, q, kc, kc, 0.25)
+    assert bool((out == 12345.0).all())
+
+
+def test_paged_decode_bad_plan_is_a_value_error() -> None:
+    bs, slots = 16, 8 * 16  # 8 blocks
+    good = dict(tokens=[0, 1], block_tables=[[3, 5], [7]], ctx_lens=[20, 16], block_size=bs, num_slots=slots)
+    cases = [
+        (dict(block_tables=[[3, 8], [7]]), r"sequence 0 has a block id outside \[0, 8\)"),
+        (dict(block_tables=[[3, 5], [-1]]), r"sequence 1 has a block id outside \[0, 8\)"),
+        (dict(block_tables=[[3, 5], [1 << 40]]), r"sequence 1 has a block id outside"),
+        (dict(num_slots=7 * 16 + 15), r"sequence 1 has a block id outside \[0, 7\)"),  # a partial 8th block
+        (dict(ctx_lens=[20, 0]), "sequence 1 has ctx_len 0 for 1 blocks of 16"),
+        (dict(ctx_lens=[-3, 16]), "sequence 0 has ctx_len -3"),
+        (dict(ctx_lens=[33, 16]), "sequence 0 has ctx_len 33 for 2 blocks of 16"),
+        (dict(ctx_lens=[20, 17]), "sequence 1 has ctx_len 17 for 1 blocks of 16"),
+        (dict(block_tables=[[3, 5], []]), "sequence 1 has ctx_len 16 for 0 blocks"),
+        (dict(tokens=[0]), "one entry per sequence"),
+        (dict(ctx_lens=[20]), "one entry per sequence"),
+        (dict(block_tables=[[3, 5], [7], [1]]), "one entry per sequence"),
+        (dict(block_size=0), "block_size must be >= 1"),
+        (dict(tokens=[0, -1]), "token rows must be >= 0"),
+    ]
+    cpu.PagedDecode(**good)
+    for change, message in cases:
+        with pytest.raises(ValueError, match=message):
+            cpu.PagedDecode(**{**good, **change})
+
+
+def test_paged_decode_bad_tensors_are_value_errors_and_write_nothing() -> None:
+    nh, nkv, d, bs, slots = 4, 2, 16, 16, 8 * 16
+    plan = cpu.PagedDecode([0, 2], [[3, 5], [7]], [20, 16], bs, slots)
+    q, kc, vc = _randn(3, nh, d, seed=24), _randn(slots, nkv, d, seed=25), _randn(slots, nkv, d, seed=26)
+    out = torch.full_like(q, 7.0)
+    good = dict(q=q, k_cache=kc, v_cache=vc, out=out)
+    cases = [
+        (dict(q=q[:2].contiguous(), out=out[:2].contiguous()), "token row 2 outside a batch of 2"),
+        (dict(k_cache=kc[:-16].contiguous(), v_cache=vc[:-16].contiguous()), r"expected 128 slots"),
+        (dict(k_cache=torch.cat([kc, kc[:16]]), v_cache=torch.cat([vc, vc[:16]])), r"expected 128 slots"),
+        (dict(v_cache=vc[:-1].contiguous()), "inconsistent shapes"),
+        (dict(out=out[:, :2].contiguous()), "inconsistent shapes"),
+        (dict(q=q[..., :8].contiguous(), out=out[..., :8].contiguous()), "inconsistent shapes"),
+        (dict(q=_randn(3, 3, d, seed=27), out=torch.zeros(3, 3, d)), "inconsistent shapes"),  # 3 % 2 heads
+        (dict(q=q.double()), "q must be a contiguous float32"),
+        (dict(out=out.bfloat16()), "out must be a contiguous float32"),
+        (dict(k_cache=kc.half()), "k_cache must be a contiguous float32"),
+        (dict(v_cache=vc.transpose(1, 2).contiguous().transpose(1, 2)), r"v_cache must be .*non-contiguous"),
+        (dict(q=q.transpose(0, 1).contiguous().transpose(0, 1)), r"q must be .*non-contiguous"),
+        (dict(out=out[None]), "out must be a 3-D tensor"),
+        (dict(k_cache=kc.view(slots, nkv * d)), "k_cache must be a 3-D tensor"),
+        (dict(q=torch.zeros(3, nh, 0), out=torch.zeros(3, nh, 0), k_cache=torch.zeros(slots, nkv, 0),
+              v_cache=torch.zeros(slots, nkv, 0)), "decode_attention: bad sizes"),
+    ]
+    for change, message in cases:
+        with pytest.raises(ValueError, match=message):
+            plan.run(**{**good, **change}, scale=0.25)
+    assert bool((out == 7.0).all())
+    plan.run(q, kc, vc, out, 0.25)  # still usable
+    _check(out, q, kc, vc, [0, 2], [[3, 5], [7]], [20, 16], bs, 0.25, fill=7.0)
+
+
+def test_paged_decode_zero_kv_heads_is_a_value_error() -> None:
+    """Caches with 0 KV heads: a ValueError from the shape check, not a ZeroDivisionError."""
+    plan = cpu.PagedDecode([0], [[1]], [4], 4, 16)
+    with pytest.raises(ValueError, match="inconsistent shapes"):
+        plan.run(torch.zeros(1, 4, 8), torch.zeros(16, 0, 8), torch.zeros(16, 0, 8), torch.zeros(1, 4, 8), 1.0)
+
+
+# ------------------------------------------------------------------------------- the layer
+
+
+def _spans() -> list[SeqSpan]:
+    """A mixed step over a 2-layer pool of 16 blocks of 4 (flat batch of 13 tokens): decode
+    spans with a partial last block, an exactly full block and a 2-token context; a fresh
+    prefill; a prefill continuing a cached context (chunked prefill / prefix hit)."""
+    return [
+        SeqSpan(token_start=0, num_query=1, context_len=10, block_ids=[7, 2, 12]),  # decode, pos 9
+        SeqSpan(token_start=1, num_query=5, context_len=5, block_ids=[0, 9]),  # fresh prefill
+        SeqSpan(token_start=6, num_query=1, context_len=8, block_ids=[5, 14, 3]),  # decode, fills block 14
+        SeqSpan(token_start=7, num_query=3, context_len=7, block_ids=[11, 4]),  # prefill after 4 cached
+        SeqSpan(token_start=10, num_query=1, context_len=2, block_ids=[15]),  # decode, 1 cached token
+        SeqSpan(token_start=11, num_query=1, context_len=1, block_ids=[1]),  # one-token fresh prefill
+        SeqSpan(token_start=12, num_query=1, context_len=13, block_ids=[8, 6, 10, 13]),  # decode
+    ]
+
+
+@pytest.mark.parametrize(("nh", "nkv", "d"), [(8, 2, 16), (4, 4, 64), (4, 1, 12)])
+def test_paged_attention_kernel_vs_torch_on_the_same_pool(nh: int, nkv: int, d: int,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    runs: list[int] = []
+    real_run = cpu.PagedDecode.run
+    monkeypatch.setattr(cpu.PagedDecode, "run", lambda self, q, *a: runs.append(self.num_seqs) or real_run(self, q, *a))
+    layers, blocks, bs, t = 2, 16, 4, 13
+    pools = [KVPool(layers, blocks, bs, nkv, d, torch.float32) for _ in range(2)]
+    # Cached context: random K/V in every slot (slots past a context must not matter either).
+    init_k, init_v = _randn(layers, blocks * bs, nkv, d, seed=30), _randn(layers, blocks * bs, nkv, d, seed=31)
+    for pool in pools:
+        pool.k.copy_(init_k)
+        pool.v.copy_(init_v)
+    spans = _spans()
+    torch_attn = PagedAttention(pools[0], spans, use_kernels=False)
+    kern_attn = PagedAttention(pools[1], spans, use_kernels=True)
+    assert torch_attn.paged_decode is None and torch_attn.decode_tokens is not None
+    assert kern_attn.paged_decode is not None and kern_attn.decode_tokens is None
+    assert kern_attn.paged_decode.num_seqs == 4 and len(kern_attn.prefills) == 3
+    for layer in range(layers):
+        q = _randn(t, nh, d, seed=40 + layer)
+        k, v = _randn(t, nkv, d, seed=50 + layer), _randn(t, nkv, d, seed=60 + layer)
+        inputs = [x.clone() for x in (q, k, v)]
+        ref = torch_attn.forward(layer, q, k, v)
+        got = kern_attn.forward(layer, q, k, v)
+        assert all(torch.equal(a, b) for a, b in zip(inputs, (q, k, v), strict=True)), "inputs modified"
+        assert got.shape == ref.shape == (t, nh, d)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        # The decode rows against the float64 reference on the pool as written this step.
+        decode = [s for s in spans if s.num_query == 1 and s.context_len > 1]
+        f64 = _reference_f64(q, pools[1].k[layer], pools[1].v[layer], [s.token_start for s in decode],
+                             [s.block_ids for s in decode], [s.context_len for s in decode], bs, d**-0.5)
+        for tok, want in f64.items():
+            torch.testing.assert_close(got[tok].double(), want, rtol=1e-5, atol=1e-5)
+    assert runs == [4] * layers
+    assert torch.equal(pools[0].k, pools[1].k) and torch.equal(pools[0].v, pools[1].v)
+    # The step wrote its new tokens' K/V (and nothing else) into the pool.
+    changed = (pools[1].k != init_k).any(dim=(2, 3))  # [layers, slots]
+    written = torch.zeros(blocks * bs, dtype=torch.bool)
+    for s in spans:
+        written[_slots(s.block_ids, s.context_len, bs)[s.context_len - s.num_query :]] = True
+    assert torch.equal(changed, written.expand(layers, -1))
+    assert bool(torch.isfinite(got).all())
