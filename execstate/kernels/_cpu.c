@@ -157,11 +157,15 @@ static KT int linear_f32(const float *x, const float *w, float *y, int64_t M, in
         return 2;
     }
     for (int64_t m = 0; m < M; m++) { xr[m] = x + m * K; yr[m] = y + m * N; }
-#pragma omp parallel if (M * K * N >= PARALLEL_MIN_MACS)
-    {
-        int64_t lo, hi;
-        share(N, &lo, &hi);
-        dot_rows(xr, yr, M, w, K, lo, hi);
+    if (M * K * N < PARALLEL_MIN_MACS) { /* serial: no OpenMP team setup at all */
+        dot_rows(xr, yr, M, w, K, 0, N);
+    } else {
+#pragma omp parallel
+        {
+            int64_t lo, hi;
+            share(N, &lo, &hi);
+            dot_rows(xr, yr, M, w, K, lo, hi);
+        }
     }
     free(xr);
     free(yr);
@@ -277,63 +281,131 @@ done:
     return oom ? 2 : 0;
 }
 
+/* Pointer to position l's row of KV head h in a paged cache. */
+static inline const float *kv_row(const float *cache, const int64_t *bt, int64_t l, int64_t bs, int64_t nkv,
+                                  int64_t h, int64_t d) {
+    return cache + ((bt[l / bs] * bs + l % bs) * nkv + h) * d;
+}
+
+/* s[l] = dot(q, K_l) * scale for l < L, four positions at a time (independent FMA chains);
+ * every score is the same 8-lane dot product + finish whichever path computes it. */
+static KT void scores(const float *qg, const float *kc, const int64_t *bt, int64_t L, int64_t bs, int64_t nkv,
+                      int64_t h, int64_t d, float scale, float *s) {
+    const int64_t d8 = d & ~(int64_t)7;
+    int64_t l = 0;
+    for (; l + 4 <= L; l += 4) {
+        const float *k0 = kv_row(kc, bt, l, bs, nkv, h, d), *k1 = kv_row(kc, bt, l + 1, bs, nkv, h, d);
+        const float *k2 = kv_row(kc, bt, l + 2, bs, nkv, h, d), *k3 = kv_row(kc, bt, l + 3, bs, nkv, h, d);
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t i = 0; i < d8; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(qg + i);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + i), qv, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(k1 + i), qv, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(k2 + i), qv, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(k3 + i), qv, a3);
+        }
+        s[l] = finish(a0, k0, qg, d8, d) * scale;
+        s[l + 1] = finish(a1, k1, qg, d8, d) * scale;
+        s[l + 2] = finish(a2, k2, qg, d8, d) * scale;
+        s[l + 3] = finish(a3, k3, qg, d8, d) * scale;
+    }
+    for (; l < L; l++) {
+        const float *k0 = kv_row(kc, bt, l, bs, nkv, h, d);
+        __m256 a0 = _mm256_setzero_ps();
+        for (int64_t i = 0; i < d8; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + i), _mm256_loadu_ps(qg + i), a0);
+        s[l] = finish(a0, k0, qg, d8, d) * scale;
+    }
+}
+
+/* s[l] <- exp(s[l] - max) for l < L; returns the sum (8 lanes, then the tail in order). */
+static KT float softmax_numerators(float *s, int64_t L) {
+    float mx = -INFINITY;
+    for (int64_t l = 0; l < L; l++) mx = s[l] > mx ? s[l] : mx;
+    int64_t l = 0;
+    __m256 acc = _mm256_setzero_ps();
+    for (; l + 8 <= L; l += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), _mm256_set1_ps(mx)));
+        _mm256_storeu_ps(s + l, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float sum = hsum8(acc);
+    for (; l < L; l++) {
+        s[l] = exp1(s[l] - mx);
+        sum += s[l];
+    }
+    return sum;
+}
+
+/* o[i] = inv * sum_l s[l] V_l[i] (FMA in l order). Full 64-wide chunks accumulate in
+ * registers; other widths in o itself; both round identically. */
+static KT void weighted_values(const float *s, const float *vc, const int64_t *bt, int64_t L, int64_t bs,
+                               int64_t nkv, int64_t h, int64_t d, float inv, float *o) {
+    int64_t c = 0;
+    for (; c + 64 <= d; c += 64) {
+        __m256 r0 = _mm256_setzero_ps(), r1 = r0, r2 = r0, r3 = r0, r4 = r0, r5 = r0, r6 = r0, r7 = r0;
+        for (int64_t l = 0; l < L; l++) {
+            const float *vp = kv_row(vc, bt, l, bs, nkv, h, d) + c;
+            const __m256 p = _mm256_set1_ps(s[l]);
+            r0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vp), r0);
+            r1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + 8), r1);
+            r2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + 16), r2);
+            r3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + 24), r3);
+            r4 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + 32), r4);
+            r5 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + 40), r5);
+            r6 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + 48), r6);
+            r7 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + 56), r7);
+        }
+        const __m256 iv = _mm256_set1_ps(inv);
+        _mm256_storeu_ps(o + c, _mm256_mul_ps(r0, iv));
+        _mm256_storeu_ps(o + c + 8, _mm256_mul_ps(r1, iv));
+        _mm256_storeu_ps(o + c + 16, _mm256_mul_ps(r2, iv));
+        _mm256_storeu_ps(o + c + 24, _mm256_mul_ps(r3, iv));
+        _mm256_storeu_ps(o + c + 32, _mm256_mul_ps(r4, iv));
+        _mm256_storeu_ps(o + c + 40, _mm256_mul_ps(r5, iv));
+        _mm256_storeu_ps(o + c + 48, _mm256_mul_ps(r6, iv));
+        _mm256_storeu_ps(o + c + 56, _mm256_mul_ps(r7, iv));
+    }
+    if (c == d) return;
+    const int64_t d8 = d & ~(int64_t)7;
+    for (int64_t i = c; i < d; i++) o[i] = 0.0f;
+    for (int64_t l = 0; l < L; l++) {
+        const float *vp = kv_row(vc, bt, l, bs, nkv, h, d);
+        const __m256 p = _mm256_set1_ps(s[l]);
+        int64_t i = c;
+        for (; i < d8; i += 8) _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + i), _mm256_loadu_ps(o + i)));
+        for (; i < d; i++) o[i] = fmaf(s[l], vp[i], o[i]);
+    }
+    for (int64_t i = c; i < d; i++) o[i] *= inv;
+}
+
 /* Decode attention over a paged KV cache, one query token per sequence.
  * q [*, nh, d] (row tok[b] is sequence b's query), k/v caches [slots, nkv, d],
  * block_table [B, max_blocks], ctx_len [B]; out rows tok[b] get softmax(q k^T * scale) v
  * over the sequence's ctx_len cached positions. Query head j uses KV head j / (nh / nkv).
- * Work item (b, kv head) -> all its query heads; scores are fp32, softmax subtracts the max. */
+ * One work item per (sequence, query head), so even batch 1 spreads over the threads;
+ * scores are fp32, softmax subtracts the max. */
 static KT int decode_attention_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
                                    const int64_t *block_table, const int64_t *ctx_len, int64_t B, int64_t max_blocks,
                                    int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale) {
-    const int64_t G = nh / nkv, d8 = d & ~(int64_t)7;
+    const int64_t G = nh / nkv;
     int64_t lmax = 0;
     for (int64_t b = 0; b < B; b++) lmax = ctx_len[b] > lmax ? ctx_len[b] : lmax;
     int oom = 0;
 #pragma omp parallel if (B * nh * lmax * d >= PARALLEL_MIN_MACS)
     {
-        float *sc = malloc(sizeof(float) * (G * lmax + 1));
+        float *sc = malloc(sizeof(float) * (lmax + 1));
         if (!sc) {
 #pragma omp atomic write
             oom = 1;
         }
 #pragma omp for schedule(static)
-        for (int64_t item = 0; item < B * nkv; item++) {
+        for (int64_t item = 0; item < B * nh; item++) {
             if (!sc) continue;
-            const int64_t b = item / nkv, h = item % nkv, L = ctx_len[b];
+            const int64_t b = item / nh, j = item % nh, h = j / G, L = ctx_len[b];
             const int64_t *bt = block_table + b * max_blocks;
-            for (int64_t g = 0; g < G; g++) {
-                const float *qg = q + (tok[b] * nh + h * G + g) * d;
-                float *s = sc + g * lmax, mx = -INFINITY, sum = 0.0f;
-                for (int64_t l = 0; l < L; l++) {
-                    const float *kp = kc + ((bt[l / bs] * bs + l % bs) * nkv + h) * d;
-                    __m256 a = _mm256_setzero_ps();
-                    for (int64_t i = 0; i < d8; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(kp + i), _mm256_loadu_ps(qg + i), a);
-                    s[l] = finish(a, kp, qg, d8, d) * scale;
-                    mx = s[l] > mx ? s[l] : mx;
-                }
-                int64_t l = 0;
-                __m256 acc = _mm256_setzero_ps();
-                for (; l + 8 <= L; l += 8) {
-                    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), _mm256_set1_ps(mx)));
-                    _mm256_storeu_ps(s + l, e);
-                    acc = _mm256_add_ps(acc, e);
-                }
-                sum = hsum8(acc);
-                for (; l < L; l++) {
-                    s[l] = exp1(s[l] - mx);
-                    sum += s[l];
-                }
-                float *o = out + (tok[b] * nh + h * G + g) * d, inv = 1.0f / sum;
-                for (int64_t i = 0; i < d; i++) o[i] = 0.0f;
-                for (l = 0; l < L; l++) {
-                    const float *vp = vc + ((bt[l / bs] * bs + l % bs) * nkv + h) * d;
-                    const __m256 p = _mm256_set1_ps(s[l]);
-                    int64_t i = 0;
-                    for (; i < d8; i += 8) _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + i), _mm256_loadu_ps(o + i)));
-                    for (; i < d; i++) o[i] = fmaf(s[l], vp[i], o[i]);
-                }
-                for (int64_t i = 0; i < d; i++) o[i] *= inv;
-            }
+            scores(q + (tok[b] * nh + j) * d, kc, bt, L, bs, nkv, h, d, scale, sc);
+            const float sum = softmax_numerators(sc, L);
+            weighted_values(sc, vc, bt, L, bs, nkv, h, d, 1.0f / sum, out + (tok[b] * nh + j) * d);
         }
         free(sc);
     }
@@ -358,9 +430,13 @@ static KT void rms_row(const float *x, const float *w, float *out, int64_t n, fl
     for (; i < n; i++) out[i] = w[i] * (x[i] * r);
 }
 
-/* out[T, H] = rms_norm(x[T, H]) * w[H]. */
+/* out[T, H] = rms_norm(x[T, H]) * w[H]; threads only for large T (a team costs microseconds). */
 static KT void rms_norm_f32(const float *x, const float *w, float *out, int64_t T, int64_t H, float eps) {
-#pragma omp parallel for schedule(static) if (T * H >= 16 * PARALLEL_MIN_MACS)
+    if (T * H < 16 * PARALLEL_MIN_MACS) {
+        for (int64_t t = 0; t < T; t++) rms_row(x + t * H, w, out + t * H, H, eps);
+        return;
+    }
+#pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < T; t++) rms_row(x + t * H, w, out + t * H, H, eps);
 }
 
@@ -377,11 +453,10 @@ static inline void rope_head(float *x, const float *cos, const float *sin, int64
 
 /* Split qkv[T, (nh + 2 nkv) d] into q[T, nh, d], k[T, nkv, d], v[T, nkv, d]; per-head RMS
  * norm of q and k when qw/kw are given (weights [d]); RoPE on q and k with cos/sin[T, d]. */
-static KT void qkv_rope_f32(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
-                            float eps, float *q, float *k, float *v, int64_t T, int64_t nh, int64_t nkv, int64_t d) {
+static KT void qkv_rope_token(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
+                              float eps, float *q, float *k, float *v, int64_t t, int64_t nh, int64_t nkv, int64_t d) {
     const int64_t row = (nh + 2 * nkv) * d;
-#pragma omp parallel for schedule(static) if (T * row >= 16 * PARALLEL_MIN_MACS)
-    for (int64_t t = 0; t < T; t++) {
+    {
         const float *src = qkv + t * row, *c = cos + t * d, *sn = sin + t * d;
         for (int64_t h = 0; h < nh; h++) {
             float *dst = q + (t * nh + h) * d;
@@ -399,9 +474,23 @@ static KT void qkv_rope_f32(const float *qkv, const float *cos, const float *sin
     }
 }
 
+static KT void qkv_rope_f32(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
+                            float eps, float *q, float *k, float *v, int64_t T, int64_t nh, int64_t nkv, int64_t d) {
+    if (T * (nh + 2 * nkv) * d < 16 * PARALLEL_MIN_MACS) {
+        for (int64_t t = 0; t < T; t++) qkv_rope_token(qkv, cos, sin, qw, kw, eps, q, k, v, t, nh, nkv, d);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) qkv_rope_token(qkv, cos, sin, qw, kw, eps, q, k, v, t, nh, nkv, d);
+}
+
 static int cpu_ok(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    static int ok = -1; /* probed once */
+    if (ok < 0) {
+        __builtin_cpu_init();
+        ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
+    return ok;
 }
 
 static PyObject *py_available(PyObject *self, PyObject *args) { return PyBool_FromLong(cpu_ok()); }

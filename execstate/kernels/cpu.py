@@ -13,10 +13,18 @@ engine records ``KERNEL_SET`` in its provenance numerics when it uses them.
 
 from execstate.kernels.ext import KERNEL_SET, available, max_threads, unavailable_reason
 from execstate.kernels.fused import qkv_rope, rms_norm, silu_mul, use_rows
-from execstate.kernels.gemm import MAX_LINEAR_ROWS, MAX_MOE_TOKENS, linear, moe, use_linear, use_moe
+from execstate.kernels.gemm import (
+    MAX_LINEAR_ROWS,
+    MAX_MOE_TOKENS,
+    linear,
+    linear_if_small,
+    moe,
+    use_linear,
+    use_moe,
+)
 from execstate.kernels.paged_decode import PagedDecode
 
 __all__ = [
-    "KERNEL_SET", "MAX_LINEAR_ROWS", "MAX_MOE_TOKENS", "PagedDecode", "available", "linear", "max_threads", "moe",
+    "KERNEL_SET", "MAX_LINEAR_ROWS", "MAX_MOE_TOKENS", "PagedDecode", "available", "linear", "linear_if_small", "max_threads", "moe",
     "qkv_rope", "rms_norm", "silu_mul", "unavailable_reason", "use_linear", "use_moe", "use_rows",
 ]

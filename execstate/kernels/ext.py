@@ -21,6 +21,9 @@ except ImportError as exc:  # built without a C compiler
     _UNAVAILABLE = f"extension not built ({exc})"
 
 KERNEL_SET = "cpu-avx2-v1"
+# The extension when usable, else None: hot paths test this constant instead of calling.
+LIB: Any = _cpu if _UNAVAILABLE is None else None
+F32 = torch.float32
 
 
 def available() -> bool:
@@ -48,7 +51,7 @@ def sync_threads() -> None:
 
 
 def is_f32_cpu(t: torch.Tensor) -> bool:
-    return t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+    return t.dtype is F32 and t.is_cpu and t.is_contiguous()  # is_cpu: no torch.device object
 
 
 def lib() -> Any:

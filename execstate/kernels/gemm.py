@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from execstate.kernels.ext import available, is_f32_cpu, lib, require, sync_threads
+from execstate.kernels.ext import F32, LIB, available, is_f32_cpu, lib, require, sync_threads
 
 # Rows up to which the streaming kernel is used: `execstate bench kernels` measured it
 # 1.3-1.7x faster than torch's GEMM at 32 rows, 1.1-1.3x at 64 (2 Zen cores).
@@ -22,14 +22,33 @@ MAX_MOE_TOKENS = 64
 def use_linear(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``linear(x, weight)`` applies and is the faster path (few rows, fp32, CPU)."""
     return (
-        available()
+        LIB is not None
+        and x.dtype is F32
+        and weight.dtype is F32
         and x.dim() == 2
-        and x.shape[0] <= MAX_LINEAR_ROWS
-        and is_f32_cpu(x)
-        and is_f32_cpu(weight)
         and weight.dim() == 2
+        and x.shape[0] <= MAX_LINEAR_ROWS
         and x.shape[1] == weight.shape[1]
+        and x.is_cpu
+        and weight.is_cpu
+        and x.is_contiguous()
+        and weight.is_contiguous()
     )
+
+
+def linear_if_small(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """``linear(x, weight)`` when ``use_linear(x, weight)``, else ``None`` (run torch instead).
+
+    The model's hot path: one set of checks, no exceptions, ~3 us of Python per call.
+    """
+    if not use_linear(x, weight):
+        return None
+    m, n = x.shape[0], weight.shape[0]
+    y = torch.empty((m, n), dtype=F32)
+    if m and n:
+        torch.get_num_threads()  # sync_threads(), inlined
+        LIB.linear(x.data_ptr(), weight.data_ptr(), y.data_ptr(), m, x.shape[1], n)
+    return y
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

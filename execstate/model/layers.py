@@ -22,16 +22,17 @@ class Linear(nn.Linear):
     """``nn.Linear`` that takes execstate's CPU kernel for few-row fp32 inputs when enabled.
 
     ``use_kernels`` (off by default; ``CausalLM.use_cpu_kernels`` sets it) routes calls that
-    ``cpu_kernels.use_linear`` accepts to ``cpu_kernels.linear`` (bias added after); every
-    other call is ``F.linear``. The two paths agree to fp32 rounding, not bitwise.
+    ``cpu_kernels.use_linear`` accepts to the kernel (``linear_if_small``; bias added
+    after); every other call is ``F.linear``. The two paths agree to fp32 rounding, not bitwise.
     """
 
     use_kernels: bool = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.use_kernels and cpu_kernels.use_linear(x, self.weight):
-            y = cpu_kernels.linear(x, self.weight)
-            return y if self.bias is None else y.add_(self.bias)
+        if self.use_kernels:
+            y = cpu_kernels.linear_if_small(x, self.weight)
+            if y is not None:
+                return y if self.bias is None else y.add_(self.bias)
         return F.linear(x, self.weight, self.bias)
 
 

@@ -105,8 +105,10 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[n, vocab]`` for hidden states ``[n, H]`` (matmul in the model dtype)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        if self.kernels and cpu_kernels.use_linear(hidden, weight):
-            return cpu_kernels.linear(hidden, weight)
+        if self.kernels:
+            logits = cpu_kernels.linear_if_small(hidden, weight)
+            if logits is not None:
+                return logits
         return F.linear(hidden, weight).float()
 
     def load_hf_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
