@@ -19,6 +19,7 @@ class RunResult:
     token_ids: list[list[int]]
     seconds: float
     ttft_s: list[float] | None = None  # batch 1 only, where the peer reports it
+    r3_seconds: float | None = None  # engine only: its R3Clock's growth over the run
 
 
 class Peer:
@@ -61,10 +62,12 @@ class EnginePeer(Peer):
         sp = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True)
         groups = [prompts] if batched else [[p] for p in prompts]
         outs = []
+        r3_0 = self.llm.engine.r3_clock.seconds
         t0 = time.perf_counter()
         for g in groups:
             outs += self.llm.generate([{"prompt_token_ids": p} for p in g], sp, use_tqdm=False)
         seconds = time.perf_counter() - t0
+        r3_seconds = self.llm.engine.r3_clock.seconds - r3_0
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         mc = self.llm.engine.model_config
         for o, p, t in zip(outs, prompts, tokens, strict=True):
@@ -74,7 +77,7 @@ class EnginePeer(Peer):
                 self.route_rows_ok &= r is not None and tuple(r.shape) == (
                     len(p) + len(t) - 1, mc.num_moe_layers, mc.top_k)
         ttft = None if batched else [float(o.metrics.get("ttft_s", float("nan"))) for o in outs]
-        return RunResult(tokens, seconds, ttft)
+        return RunResult(tokens, seconds, ttft, r3_seconds)
 
 
 class TransformersPeer(Peer):

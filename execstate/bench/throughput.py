@@ -13,7 +13,8 @@ always runs first or right after another), so machine noise hits them alike
 (``throughput_loop``):
 
 1. ``execstate_r3_on``  — the engine with route return on;
-2. ``execstate_r3_off`` — the engine with route return off (R3 overhead = on / off);
+2. ``execstate_r3_off`` — the engine with route return off (R3 overhead = on / off, and
+   directly: the R3-on engine's own R3 bookkeeping time, ``engine/r3_clock.py``, / wall time);
 3. ``transformers``     — ``AutoModelForCausalLM.generate`` on the same fp32 weights;
 4. ``llama_cpp``        — llama-cpp-python on an F32 GGUF of the same dequantised weights,
    only for the dense ``smollm2-135m`` and only when ``llama_cpp`` is importable.

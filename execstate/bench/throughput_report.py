@@ -109,6 +109,8 @@ def _shape_stats(res: dict[str, list[Any]], key: str, n_prompts: int, n_new: int
         and all(c == n_new for run in res[f"{key}_tok"] for c in run),
         "new_tokens_per_prompt": n_new,
     }
+    if res[f"{key}_r3_share"]:
+        b["r3_bookkeeping_share"] = median(res[f"{key}_r3_share"])
     if key == "b1" and res["b1_ttft"]:
         ttft = median(res["b1_ttft"])
         b["median_ttft_s"] = ttft
@@ -148,6 +150,8 @@ def _ratios(report_peers: dict[str, Any]) -> dict[str, Any]:
             "clean_on_over_off": rc,
             "clean_slowdown_pct": None if rc is None else (1.0 - rc) * 100.0,
             "clean_paired_ratios": clean_pairs,
+            # measured inside the R3-on engine (execstate.engine.r3_clock): not run-to-run noise
+            "direct_pct": None if bon.get("r3_bookkeeping_share") is None else 100.0 * bon["r3_bookkeeping_share"],
         }
         for peer in ("transformers", "llama_cpp"):
             rp = _ratio(med(off, key), med(peer, key))

@@ -53,7 +53,9 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"R3 overhead {key}: on/off = {fmt(x['on_over_off'], '.3f')} "
                      f"({fmt(x['slowdown_pct'], '+.1f')}% slowdown; paired median "
                      f"{fmt(x['paired_median'], '.3f')}); clean runs only: "
-                     f"{fmt(x['clean_on_over_off'], '.3f')} ({fmt(x['clean_slowdown_pct'], '+.1f')}%)")
+                     f"{fmt(x['clean_on_over_off'], '.3f')} ({fmt(x['clean_slowdown_pct'], '+.1f')}%); "
+                     f"direct (R3 bookkeeping time in the R3-on engine / its wall time): "
+                     f"{fmt(x.get('direct_pct'), '.2f')}%")
     for peer in ("transformers", "llama_cpp"):
         rr = report["ratios"].get(f"engine_over_{peer}")
         if rr:

@@ -22,11 +22,13 @@ every old unit unreachable for new requests without any reset.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
 
+from execstate.engine.r3_clock import R3Clock
 from execstate.engine.request import Request
 from execstate.identity.keys import BlockKey, block_key, root_key
 from execstate.identity.provenance import Provenance
@@ -74,6 +76,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.route_store = route_store
+        self.r3_clock = R3Clock()  # the engine shares its own
         self.set_provenance(provenance)
         self.num_lookup_tokens = 0
         self.num_hit_tokens = 0
@@ -225,7 +228,10 @@ class KVCacheManager:
             # keeps a different record for this key (first writer wins), the block stays
             # private. If another block already holds the key, our fresh record is not
             # paired with KV it did not produce.
-            if not self.route_store.put(key, req.routes.rows(i * bs, (i + 1) * bs)):
+            t_r3 = time.perf_counter()
+            stored = self.route_store.put(key, req.routes.rows(i * bs, (i + 1) * bs))
+            self.r3_clock.add_since(t_r3)
+            if not stored:
                 continue
             if not self.pool.commit(req.block_ids[i], key) and self.route_store.lease_count(key) == 0:
                 self.route_store.drop(key)

@@ -27,6 +27,7 @@ from execstate.engine.config import EngineConfig
 from execstate.engine.kv_cache_manager import KVCacheManager
 from execstate.engine.output_builder import build_output, check_stop
 from execstate.engine.outputs import RequestOutput
+from execstate.engine.r3_clock import R3Clock
 from execstate.engine.request import Request, RequestStatus
 from execstate.engine.route_trace import RouteTrace
 from execstate.engine.runner import ModelRunner
@@ -94,7 +95,9 @@ class LLMEngine:
             self.block_pool, config.block_size, self.provenance, config.enable_prefix_caching, self.route_store
         )
         self.scheduler = Scheduler(self.kv_manager, config.max_num_batched_tokens, config.max_num_seqs)
-        self.runner = ModelRunner(self.model, self.kv_pool, config.device, self.return_routes)
+        self.r3_clock = R3Clock()  # route-return bookkeeping time (the direct R3 overhead)
+        self.kv_manager.r3_clock = self.r3_clock
+        self.runner = ModelRunner(self.model, self.kv_pool, config.device, self.return_routes, self.r3_clock)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
@@ -187,10 +190,13 @@ class LLMEngine:
                 raise RuntimeError("scheduler made no progress although requests are waiting")
             return outputs
         result = self.runner.execute(sched)
-        for s, off in zip(sched.scheduled, result.token_offsets, strict=True):
-            req = s.request
-            if result.routes is not None and req.routes is not None:
-                req.routes.fill(s.num_computed_before, result.routes[off : off + s.num_new_tokens])
+        if result.routes is not None:
+            t_r3 = time.perf_counter()
+            for s, off in zip(sched.scheduled, result.token_offsets, strict=True):
+                if s.request.routes is not None:
+                    s.request.routes.fill(s.num_computed_before, result.routes[off : off + s.num_new_tokens])
+            self.r3_clock.add_since(t_r3)
+        for s in sched.scheduled:
             self.scheduler.on_computed(s)
         if not result.sample_rows:
             return outputs
@@ -237,7 +243,11 @@ class LLMEngine:
     def _finalize(self, req: Request) -> RequestOutput:
         req.finish_time = time.monotonic()
         self.requests.pop(req.request_id, None)
-        return build_output(req, self.tokenizer, self.return_routes)
+        t_r3 = time.perf_counter()
+        out = build_output(req, self.tokenizer, self.return_routes)
+        if out.outputs[0].routed_experts is not None:
+            self.r3_clock.add_since(t_r3)  # the output is built anyway; dominated by the routes array
+        return out
 
     # -- weights ----------------------------------------------------------------
     def update_weights(self, source: str | Path | dict[str, torch.Tensor]) -> list[RequestOutput]:

@@ -8,11 +8,13 @@ only for the rows that sample, and returns the captured routes as numpy.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from execstate.engine.r3_clock import R3Clock
 from execstate.engine.scheduler import SchedulerOutput
 from execstate.model.context import RouteCapture, StepContext
 from execstate.model.paged_attention import PagedAttention, SeqSpan
@@ -28,8 +30,10 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_pool: KVPool, device: torch.device | str, capture_routes: bool):
+    def __init__(self, model: torch.nn.Module, kv_pool: KVPool, device: torch.device | str, capture_routes: bool,
+                 r3_clock: R3Clock | None = None):
         self.model = model
+        self.r3_clock = r3_clock or R3Clock()
         self.kv_pool = kv_pool
         self.device = torch.device(device)
         cfg = model.config
@@ -59,11 +63,14 @@ class ModelRunner:
         ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
         routes = None
+        t_r3 = time.perf_counter()
         if self.capture_routes or forced_rows:
             forced_ids, forced_mask = self._forced(num_tokens, forced_rows)
             routes = RouteCapture(
                 num_tokens, self.num_moe_layers, self.top_k, forced_ids, forced_mask, device=self.device
             )
+        if self.capture_routes:
+            self.r3_clock.add_since(t_r3)
         attention = PagedAttention(self.kv_pool, spans, self.device, use_kernels=self.model.kernels)
         with StepContext(pos_t, attention, routes) as ctx:
             hidden = self.model(ids_t, ctx)
@@ -73,7 +80,11 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[torch.tensor(last, device=self.device)])
         else:
             logits = torch.empty((0, 0))
-        route_np = routes.ids.cpu().numpy() if routes is not None and self.capture_routes else None
+        route_np = None
+        if routes is not None and self.capture_routes:
+            t_r3 = time.perf_counter()
+            route_np = routes.ids.cpu().numpy()
+            self.r3_clock.add_since(t_r3)
         return StepResult(logits.float().cpu(), sample_rows, route_np, offsets)
 
     def _forced(
