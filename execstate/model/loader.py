@@ -38,7 +38,6 @@ from torch import nn
 
 from execstate.model.config import MIXTRAL, ModelConfig
 from execstate.model.transformer import CausalLM
-from execstate.model.weight_arena import WeightArena
 
 Tensors = list[torch.Tensor]
 
@@ -148,9 +147,8 @@ def load_hf_weights(model: CausalLM, state_dict: dict[str, torch.Tensor], *,
 
     ``dtype``/``device`` default to those of the model's current parameters (``cpu`` for
     a model on ``meta``). The model may live on ``meta``: parameters are replaced, not
-    copied into; each is a fresh, contiguous tensor at a fixed alignment (on CPU a view of
-    one huge-page ``WeightArena``), so numerics do not depend on how the checkpoint was
-    laid out. Validation is complete before
+    copied into; each is a fresh, contiguous, allocator-aligned tensor (numerics then do
+    not depend on how the checkpoint was laid out). Validation is complete before
     anything is assigned; on ``ValueError`` (missing / unexpected / wrongly-shaped
     tensors, all named) the model is unchanged.
     """
@@ -197,17 +195,11 @@ def load_hf_weights(model: CausalLM, state_dict: dict[str, torch.Tensor], *,
         raise ValueError(f"checkpoint does not match {config.architecture}: " + "; ".join(errors))
 
     modules = dict(model.named_modules())
-    # Never a view into the file's buffer: CPU GEMMs round differently depending on pointer
-    # alignment, and replay must be bitwise across loads. On CPU all weights share one
-    # huge-page arena at fixed 4 KiB-aligned offsets; elsewhere each is a fresh allocation.
-    targets = list(built)
-    if device.type == "cpu":
-        fresh = WeightArena([(tuple(built[t].shape), dtype) for t in targets]).tensors
-    else:
-        fresh = [torch.empty(built[t].shape, dtype=dtype, device=device) for t in targets]
-    for target, value in zip(targets, fresh, strict=True):
+    for target, tensor in built.items():
         module_name, _, attr = target.rpartition(".")
-        value.copy_(built[target])
+        # Always a fresh allocation, never a view into the file's buffer: CPU GEMMs round
+        # differently depending on pointer alignment, and replay must be bitwise across loads.
+        value = torch.empty(tensor.shape, dtype=dtype, device=device).copy_(tensor)
         setattr(modules[module_name], attr, nn.Parameter(value, requires_grad=False))
 
 
