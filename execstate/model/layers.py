@@ -88,6 +88,8 @@ class Attention(nn.Module):
     dtype) to ``ctx.attention.forward(layer_idx, q, k, v)`` and projects its output back.
     """
 
+    use_kernels: bool = False  # fused split + QK-norm + RoPE in C (CausalLM.use_cpu_kernels)
+
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
@@ -108,8 +110,6 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(k_dim, config.rms_norm_eps)
         self.clip_qkv = config.clip_qkv
         self.eps = config.rms_norm_eps
-
-    use_kernels: bool = False  # fused split + QK-norm + RoPE in C (CausalLM.use_cpu_kernels)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 ctx: StepContext) -> torch.Tensor:

@@ -8,6 +8,7 @@ hold zeros (not garbage), so masked-out positions can never inject NaN/Inf.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -28,8 +29,8 @@ class KVPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = _zeros(shape, dtype, device)
+        self.v = _zeros(shape, dtype, device)
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -43,3 +44,15 @@ class KVPool:
 
     def block_slots(self, block_id: int) -> slice:
         return slice(block_id * self.block_size, (block_id + 1) * self.block_size)
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """Zero-filled tensor. On CPU from ``calloc`` (numpy): the OS hands out zero pages on first
+    touch, so a 1 GiB pool costs nothing until blocks are written (``torch.zeros`` writes every
+    byte up front: seconds of engine start on a busy machine)."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = torch.empty((), dtype=dtype).element_size()
+    for d in shape:
+        nbytes *= d
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
