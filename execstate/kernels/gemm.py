@@ -12,10 +12,10 @@ import torch
 from execstate.kernels.ext import F32, LIB, available, is_f32_cpu, lib, require, sync_threads
 
 # Rows up to which the streaming kernel is used: `execstate bench kernels` measured it
-# 1.3-1.7x faster than torch's GEMM at 32 rows, 1.1-1.3x at 64 (2 Zen cores).
+# 1.1-1.8x faster than torch's GEMM at 32 rows, 0.9-1.4x at 64 (2 Zen cores).
 MAX_LINEAR_ROWS = 32
-# Tokens up to which the fused MoE kernel is used: measured 2.8x faster than torch's expert
-# loop at 32 tokens, 1.75x at 64 (8 experts, top-2).
+# Tokens up to which the fused MoE kernel is used: measured 2.8-3x faster than torch's
+# expert loop at 32 tokens, 1.75-2x at 64 (8 experts, top-2).
 MAX_MOE_TOKENS = 64
 
 
