@@ -1,6 +1,6 @@
 """execstate's CPU kernels, one import for the model: ``from execstate.kernels import cpu``.
 
-- ``ext``: the optional C extension ``_cpu.c`` (AVX2/FMA, OpenMP on torch's thread pool):
+- ``ext``: the optional C extension ``_cpu`` (sources in ``csrc/``) (AVX2/FMA, OpenMP on torch's thread pool):
   ``available()``, ``unavailable_reason()``, ``max_threads()``, ``KERNEL_SET``;
 - ``gemm``: few-row fp32 linear and the fused MoE expert block;
 - ``paged_decode``: decode attention on the paged cache's block tables;

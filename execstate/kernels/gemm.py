@@ -1,6 +1,6 @@
 """Small-batch fp32 linear and the fused MoE expert block (C: ``dot_rows``, ``moe_f32``).
 
-Numerics (see ``_cpu.c``): deterministic and batch-invariant; not bitwise equal to torch's
+Numerics (see ``csrc/module.c``): deterministic and batch-invariant; not bitwise equal to torch's
 MKL path. Use ``use_linear``/``use_moe`` to decide whether a call should take the kernel
 path; otherwise use torch.
 """

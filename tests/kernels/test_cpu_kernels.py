@@ -1,4 +1,4 @@
-"""execstate's C kernels (execstate/kernels/_cpu.c via execstate.kernels.cpu).
+"""execstate's C kernels (execstate/kernels/csrc/ via execstate.kernels.cpu).
 
 Oracles: float64 references written here (``x @ w.T``; a per-token, per-slot MoE loop);
 the kernels' own numerics contract (every output element computed the same way whatever

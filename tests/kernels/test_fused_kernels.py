@@ -22,7 +22,7 @@ from execstate.model.config import ModelConfig
 from execstate.model.layers import Attention, GatedMLP, RMSNorm
 from execstate.model.rotary import RotaryEmbedding
 
-# Below T * H of this many floats the kernels stay on one thread (16 * PARALLEL_MIN_MACS in _cpu.c).
+# Below T * H of this many floats the kernels stay on one thread (16 * PARALLEL_MIN_MACS in csrc/simd.h).
 PARALLEL_MIN_ELEMS = 16 * 65536
 
 

@@ -1,0 +1,87 @@
+/* Per-layer elementwise kernels: SwiGLU gate, RMSNorm, q/k/v split + QK-norm + RoPE. */
+#include "kernels.h"
+#include "simd.h"
+
+/* h[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u for i < n. */
+KT void es_silu_mul(const float *g, const float *u, float *h, int64_t n) {
+    int64_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 sv = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+        _mm256_storeu_ps(h + i, _mm256_mul_ps(sv, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) h[i] = g[i] / (1.0f + exp1(-g[i])) * u[i];
+}
+
+/* out[i] = w[i] * (x[i] * (1 / sqrt(mean(x^2) + eps))) over one row of n; the mean is an
+ * 8-lane sum of squares (fixed order) divided by n. */
+static KT void rms_row(const float *x, const float *w, float *out, int64_t n, float eps) {
+    const int64_t n8 = n & ~(int64_t)7;
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n8; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        a = _mm256_fmadd_ps(v, v, a);
+    }
+    float ss = finish(a, x, x, n8, n);
+    const float r = 1.0f / sqrtf(ss / (float)n + eps);
+    const __m256 rv = _mm256_set1_ps(r);
+    int64_t i = 0;
+    for (; i < n8; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), rv)));
+    for (; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+/* out[T, H] = rms_norm(x[T, H]) * w[H]; threads only for large T (a team costs microseconds). */
+KT void es_rms_norm_f32(const float *x, const float *w, float *out, int64_t T, int64_t H, float eps) {
+    if (T * H < 16 * PARALLEL_MIN_MACS) {
+        for (int64_t t = 0; t < T; t++) rms_row(x + t * H, w, out + t * H, H, eps);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) rms_row(x + t * H, w, out + t * H, H, eps);
+}
+
+/* Rotate one head of d in place ("rotate_half" layout):
+ * y[i] = x[i] cos[i] - x[i + d/2] sin[i], y[i + d/2] = x[i + d/2] cos[i + d/2] + x[i] sin[i + d/2]. */
+static inline void rope_head(float *x, const float *cos, const float *sin, int64_t d) {
+    const int64_t half = d / 2;
+    for (int64_t i = 0; i < half; i++) {
+        const float a = x[i], b = x[i + half];
+        x[i] = a * cos[i] + (-b) * sin[i];
+        x[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+}
+
+/* Split qkv[T, (nh + 2 nkv) d] into q[T, nh, d], k[T, nkv, d], v[T, nkv, d]; per-head RMS
+ * norm of q and k when qw/kw are given (weights [d]); RoPE on q and k with cos/sin[T, d]. */
+static KT void qkv_rope_token(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
+                              float eps, float *q, float *k, float *v, int64_t t, int64_t nh, int64_t nkv, int64_t d) {
+    const int64_t row = (nh + 2 * nkv) * d;
+    {
+        const float *src = qkv + t * row, *c = cos + t * d, *sn = sin + t * d;
+        for (int64_t h = 0; h < nh; h++) {
+            float *dst = q + (t * nh + h) * d;
+            if (qw) rms_row(src + h * d, qw, dst, d, eps);
+            else for (int64_t i = 0; i < d; i++) dst[i] = src[h * d + i];
+            rope_head(dst, c, sn, d);
+        }
+        for (int64_t h = 0; h < nkv; h++) {
+            float *dst = k + (t * nkv + h) * d;
+            if (kw) rms_row(src + (nh + h) * d, kw, dst, d, eps);
+            else for (int64_t i = 0; i < d; i++) dst[i] = src[(nh + h) * d + i];
+            rope_head(dst, c, sn, d);
+            for (int64_t i = 0; i < d; i++) v[(t * nkv + h) * d + i] = src[(nh + nkv + h) * d + i];
+        }
+    }
+}
+
+KT void es_qkv_rope_f32(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
+                            float eps, float *q, float *k, float *v, int64_t T, int64_t nh, int64_t nkv, int64_t d) {
+    if (T * (nh + 2 * nkv) * d < 16 * PARALLEL_MIN_MACS) {
+        for (int64_t t = 0; t < T; t++) qkv_rope_token(qkv, cos, sin, qw, kw, eps, q, k, v, t, nh, nkv, d);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) qkv_rope_token(qkv, cos, sin, qw, kw, eps, q, k, v, t, nh, nkv, d);
+}

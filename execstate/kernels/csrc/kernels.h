@@ -1,0 +1,24 @@
+/* Entry points of the execstate CPU kernels (each file: one kernel family). Callers validate
+ * shapes, dtypes and contiguity (the Python wrappers in execstate/kernels/); these trust their pointers.
+ * Return codes: 0 ok, 1 expert id out of range (moe), 2 out of memory; nothing is written
+ * on a non-zero return. */
+#ifndef EXECSTATE_KERNELS_H
+#define EXECSTATE_KERNELS_H
+
+#include <stdint.h>
+
+/* gemm.c */
+int es_linear_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N);
+int es_moe_f32(const float *x, const int64_t *ids, const float *wts, const float *w_gu, const float *w_d, float *out,
+               int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
+/* attention.c */
+int es_decode_attention_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
+                            const int64_t *block_table, const int64_t *ctx_len, int64_t B, int64_t max_blocks,
+                            int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale);
+/* fused.c */
+void es_silu_mul(const float *g, const float *u, float *h, int64_t n);
+void es_rms_norm_f32(const float *x, const float *w, float *out, int64_t T, int64_t H, float eps);
+void es_qkv_rope_f32(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
+                     float eps, float *q, float *k, float *v, int64_t T, int64_t nh, int64_t nkv, int64_t d);
+
+#endif
