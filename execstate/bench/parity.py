@@ -16,8 +16,9 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return first
 
 
-def compare(ref: list[list[int]], other: list[list[int]]) -> dict[str, int]:
-    """Position-wise greedy token agreement over the common length of each pair."""
+def compare(ref: list[list[int]], other: list[list[int]]) -> dict[str, int | None]:
+    """Position-wise greedy token agreement over the common length of each pair
+    (``first_divergence``: the earliest differing position, ``None`` when all agree)."""
     total = same = seq_same = 0
     first_div: list[int] = []
     for a, b in zip(ref, other, strict=True):
@@ -29,22 +30,21 @@ def compare(ref: list[list[int]], other: list[list[int]]) -> dict[str, int]:
         if d is not None:
             first_div.append(d)
     return {"tokens": total, "identical": same, "sequences": len(ref), "sequences_identical": seq_same,
-            "first_divergence": min(first_div) if first_div else -1}
+            "first_divergence": min(first_div) if first_div else None}
 
 
-def add_counts(acc: dict[str, int], c: dict[str, int]) -> None:
-    """Add the counts of one ``compare`` to ``acc`` (``first_divergence``: the minimum, -1 for none)."""
+def add_counts(acc: dict[str, int | None], c: dict[str, int | None]) -> None:
+    """Add the counts of one ``compare`` to ``acc`` (``first_divergence``: the minimum, ``None``
+    while no pair has diverged)."""
     for k, v in c.items():
         if k == "first_divergence":
-            if v >= 0:
-                acc[k] = v if acc.get(k, -1) < 0 else min(acc[k], v)
-            else:
-                acc.setdefault(k, -1)
+            old = acc.get(k)
+            acc[k] = v if old is None else old if v is None else min(old, v)
         else:
-            acc[k] = acc.get(k, 0) + v
+            acc[k] = (acc.get(k) or 0) + (v or 0)
 
 
-def summarise(c: dict[str, int]) -> dict[str, Any]:
+def summarise(c: dict[str, int | None]) -> dict[str, Any]:
     """Accumulated counts plus ``identical_fraction`` (``None`` when no token was compared)."""
     out: dict[str, Any] = dict(c)
     out["identical_fraction"] = c["identical"] / c["tokens"] if c["tokens"] else None
