@@ -12,12 +12,12 @@ import math
 import platform
 import shutil
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_helpers import randn, with_threads
 
 from execstate.kernels import cpu, ext
 from execstate.model.context import RouteCapture, StepContext
@@ -50,6 +50,7 @@ def _expect_kernels() -> str | None:
     return None
 
 
+@pytest.mark.kernels_optional
 def test_extension_built_and_usable_where_it_can_be() -> None:
     why = _expect_kernels()
     if why is not None:
@@ -57,25 +58,6 @@ def test_extension_built_and_usable_where_it_can_be() -> None:
     assert cpu.available(), f"kernels should be built and usable here: {cpu.unavailable_reason()}"
     assert cpu.unavailable_reason() is None
     assert cpu.KERNEL_SET == "cpu-avx2-v1"
-
-
-@pytest.fixture(autouse=True)
-def _one_thread(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Skips kernel tests where the kernels are unavailable (the test above says whether
-    that is allowed). One intra-op thread by default (a loaded 2-core box makes tiny
-    2-thread GEMMs slow); tests that compare thread counts switch explicitly. Restored."""
-    if not cpu.available() and request.function is not test_extension_built_and_usable_where_it_can_be:
-        pytest.skip(f"kernels unavailable: {cpu.unavailable_reason()}")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _randn(*shape: int, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 def _check_linear(x: torch.Tensor, w: torch.Tensor) -> None:
@@ -95,14 +77,14 @@ def _check_linear(x: torch.Tensor, w: torch.Tensor) -> None:
 
 @pytest.mark.parametrize(("k", "n"), [(37, 13), (5, 1), (1, 3), (8, 4), (16, 7), (64, 9), (3, 8)])
 def test_linear_matches_float64_reference_for_every_small_m(k: int, n: int) -> None:
-    x, w = _randn(17, k, seed=k), _randn(n, k, seed=100 + n)
+    x, w = randn(17, k, seed=k), randn(n, k, seed=100 + n)
     for m in range(1, 18):
         _check_linear(x[:m].contiguous(), w)
 
 
 def test_linear_parallel_sizes_and_offset_views_match_reference() -> None:
     # Over PARALLEL_MIN_MACS: the N range is split across threads.
-    big_x, w = _randn(20, 301, seed=1), _randn(263, 301, seed=2)
+    big_x, w = randn(20, 301, seed=1), randn(263, 301, seed=2)
     for m in (1, 3, 16):
         _check_linear(big_x[:m], w)
     # A contiguous view with a storage offset (rows 4..9 of a larger tensor).
@@ -113,18 +95,18 @@ def test_linear_parallel_sizes_and_offset_views_match_reference() -> None:
 
 
 def test_linear_empty_edges() -> None:
-    w = _randn(13, 37, seed=3)
+    w = randn(13, 37, seed=3)
     y = cpu.linear(torch.empty(0, 37), w)
     assert y.shape == (0, 13)
-    y = cpu.linear(_randn(3, 0, seed=4), torch.empty(5, 0))
+    y = cpu.linear(randn(3, 0, seed=4), torch.empty(5, 0))
     assert y.shape == (3, 5) and torch.equal(y, torch.zeros(3, 5))
-    y = cpu.linear(_randn(3, 37, seed=5), torch.empty(0, 37))
+    y = cpu.linear(randn(3, 37, seed=5), torch.empty(0, 37))
     assert y.shape == (3, 0)
 
 
 @pytest.mark.parametrize(("k", "n"), [(37, 13), (301, 263), (1, 3), (8, 5)])
 def test_linear_is_batch_invariant_bitwise(k: int, n: int) -> None:
-    x, w = _randn(16, k, seed=7 * k), _randn(n, k, seed=n)
+    x, w = randn(16, k, seed=7 * k), randn(n, k, seed=n)
     alone = torch.cat([cpu.linear(x[i : i + 1], w) for i in range(16)])
     for m in range(1, 17):
         # Every row at several positions: the 4x2, 2x4, 1x4 (and, with N % 4, 1x1) paths.
@@ -138,7 +120,7 @@ def test_linear_is_batch_invariant_bitwise(k: int, n: int) -> None:
 def test_linear_weight_rows_are_independent_of_their_group_bitwise(k: int) -> None:
     """A weight row gives the same bits whether it falls in a group of 4 or in the N % 4
     tail, at any offset (the MoE kernel and the thread split hand out such ranges)."""
-    x, w = _randn(6, k, seed=k + 1), _randn(13, k, seed=k + 2)
+    x, w = randn(6, k, seed=k + 1), randn(13, k, seed=k + 2)
     for m in (1, 2, 4, 6):
         full = cpu.linear(x[:m], w)
         for start, stop in [(0, 1), (1, 5), (2, 13), (3, 10), (9, 13), (12, 13), (5, 12)]:
@@ -147,23 +129,15 @@ def test_linear_weight_rows_are_independent_of_their_group_bitwise(k: int) -> No
 
 
 def test_linear_same_bits_with_one_or_two_threads() -> None:
-    x, w = _randn(16, 301, seed=8), _randn(263, 301, seed=9)  # big enough to go parallel
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert cpu.max_threads() == 1
-        one = [cpu.linear(x[:m], w) for m in (1, 2, 5, 16)]
-        torch.set_num_threads(2)
-        assert cpu.max_threads() == 2
-        two = [cpu.linear(x[:m], w) for m in (1, 2, 5, 16)]
-    finally:
-        torch.set_num_threads(before)
+    x, w = randn(16, 301, seed=8), randn(263, 301, seed=9)  # big enough to go parallel
+    one = with_threads(1, lambda: [cpu.linear(x[:m], w) for m in (1, 2, 5, 16)])
+    two = with_threads(2, lambda: [cpu.linear(x[:m], w) for m in (1, 2, 5, 16)])
     for a, b in zip(one, two, strict=True):
         assert torch.equal(a, b)
 
 
 def test_linear_differs_from_torch_only_by_rounding() -> None:
-    x, w = _randn(4, 96, seed=10), _randn(64, 96, seed=11)
+    x, w = randn(4, 96, seed=10), randn(64, 96, seed=11)
     torch.testing.assert_close(cpu.linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
 
 
@@ -171,8 +145,8 @@ def test_linear_differs_from_torch_only_by_rounding() -> None:
 
 
 def _moe_weights(e: int, h: int, i: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    w_gate_up = _randn(e, 2 * i, h, seed=seed) / math.sqrt(h)
-    w_down = _randn(e, h, i, seed=seed + 1) / math.sqrt(i)
+    w_gate_up = randn(e, 2 * i, h, seed=seed) / math.sqrt(h)
+    w_down = randn(e, h, i, seed=seed + 1) / math.sqrt(i)
     return w_gate_up, w_down
 
 
@@ -213,7 +187,7 @@ def _check_moe(x, ids, weights, w_gate_up, w_down) -> torch.Tensor:
 def test_moe_matches_float64_reference(top_k: int, h: int, inter: int) -> None:
     e = 8
     w_gate_up, w_down = _moe_weights(e, h, inter, seed=h + inter)
-    x = _randn(16, h, seed=top_k)
+    x = randn(16, h, seed=top_k)
     for t in (1, 2, 5, 16):
         ids, weights = _route(t, top_k, e, seed=10 * t + top_k)
         _check_moe(x[:t].contiguous(), ids, weights, w_gate_up, w_down)
@@ -222,7 +196,7 @@ def test_moe_matches_float64_reference(top_k: int, h: int, inter: int) -> None:
 def test_moe_all_tokens_on_one_expert_and_repeated_slots() -> None:
     e, h, inter = 8, 37, 13
     w_gate_up, w_down = _moe_weights(e, h, inter, seed=3)
-    x = _randn(9, h, seed=4)
+    x = randn(9, h, seed=4)
     for k in (1, 2, 3):
         ids = torch.full((9, k), 5, dtype=torch.int64)  # every slot on expert 5
         _, weights = _route(9, k, e, seed=k)
@@ -242,7 +216,7 @@ def test_moe_no_tokens() -> None:
 def test_moe_is_batch_invariant_bitwise(h: int, inter: int, threads: int) -> None:
     e, k = 8, 2
     w_gate_up, w_down = _moe_weights(e, h, inter, seed=6)
-    x = _randn(16, h, seed=7)
+    x = randn(16, h, seed=7)
     # 7 of the 8 experts active: with 2 threads the row split then falls inside an expert,
     # so the same weight row takes a different micro-kernel than with one thread.
     ids, weights = _route(16, k, 7, seed=8)
@@ -264,17 +238,12 @@ def test_moe_is_batch_invariant_bitwise(h: int, inter: int, threads: int) -> Non
 def test_moe_same_bits_with_one_or_two_threads() -> None:
     e, h, inter, k = 8, 74, 43, 3  # 48 slots * 74 * 43 MACs: parallel; 2I and H not multiples of 4
     w_gate_up, w_down = _moe_weights(e, h, inter, seed=9)
-    x = _randn(16, h, seed=10)
-    before = torch.get_num_threads()
+    x = randn(16, h, seed=10)
     outs: dict[tuple[int, int], torch.Tensor] = {}
-    try:
-        for active in (8, 7, 5):  # 7 and 5 active experts: the 2-thread split falls inside one
-            ids, weights = _route(16, k, active, seed=11)
-            for n in (1, 2):
-                torch.set_num_threads(n)
-                outs[active, n] = cpu.moe(x, ids, weights, w_gate_up, w_down)
-    finally:
-        torch.set_num_threads(before)
+    for active in (8, 7, 5):  # 7 and 5 active experts: the 2-thread split falls inside one
+        ids, weights = _route(16, k, active, seed=11)
+        for n in (1, 2):
+            outs[active, n] = with_threads(n, lambda ids=ids, weights=weights: cpu.moe(x, ids, weights, w_gate_up, w_down))
     for active in (8, 7, 5):
         assert torch.equal(outs[active, 1], outs[active, 2]), f"{active} active experts"
 
@@ -285,7 +254,7 @@ def test_moe_same_bits_with_one_or_two_threads() -> None:
 @pytest.mark.parametrize("bad_id", [-1, 8, 1 << 40])
 def test_moe_expert_id_out_of_range_is_a_value_error(bad_id: int) -> None:
     w_gate_up, w_down = _moe_weights(8, 37, 13, seed=12)
-    x = _randn(4, 37, seed=13)
+    x = randn(4, 37, seed=13)
     ids, weights = _route(4, 2, 8, seed=14)
     ids[2, 1] = bad_id
     before = [t.clone() for t in (x, ids, weights, w_gate_up, w_down)]
@@ -299,12 +268,12 @@ def test_moe_expert_id_out_of_range_is_a_value_error(bad_id: int) -> None:
 
 
 def test_linear_bad_input_names_the_argument() -> None:
-    x, w = _randn(3, 37, seed=15), _randn(13, 37, seed=16)
+    x, w = randn(3, 37, seed=15), randn(13, 37, seed=16)
     cases = [
         ((x.double(), w), "x must be a contiguous float32"),
         ((x, w.bfloat16()), "weight must be a contiguous float32"),
-        ((x, _randn(37, 13, seed=17).t()), r"weight must be .*non-contiguous"),
-        ((_randn(37, 6, seed=18).t(), w), r"x must be .*non-contiguous"),
+        ((x, randn(37, 13, seed=17).t()), r"weight must be .*non-contiguous"),
+        ((randn(37, 6, seed=18).t(), w), r"x must be .*non-contiguous"),
         ((x[0], w), "x must be a 2-D tensor"),
         ((x, w[None]), "weight must be a 2-D tensor"),
         ((x[:, :36].contiguous(), w), "x has 36 features, weight expects 37"),
@@ -314,13 +283,13 @@ def test_linear_bad_input_names_the_argument() -> None:
         with pytest.raises(ValueError, match=message):
             cpu.linear(*args)
     assert not cpu.use_linear(x.double(), w) and not cpu.use_linear(x, w.t().contiguous().t())
-    assert cpu.use_linear(x, w) and not cpu.use_linear(_randn(cpu.MAX_LINEAR_ROWS + 1, 37, seed=19), w)
+    assert cpu.use_linear(x, w) and not cpu.use_linear(randn(cpu.MAX_LINEAR_ROWS + 1, 37, seed=19), w)
 
 
 def test_moe_bad_input_names_the_argument() -> None:
     e, h, inter = 8, 37, 13
     w_gate_up, w_down = _moe_weights(e, h, inter, seed=20)
-    x = _randn(4, h, seed=21)
+    x = randn(4, h, seed=21)
     ids, weights = _route(4, 2, e, seed=22)
     good = dict(x=x, ids=ids, weights=weights, w_gate_up=w_gate_up, w_down=w_down)
     cases = [
@@ -329,7 +298,7 @@ def test_moe_bad_input_names_the_argument() -> None:
         (dict(weights=weights.double()), "weights must be a contiguous float32"),
         (dict(w_gate_up=w_gate_up.bfloat16()), "w_gate_up must be a contiguous float32"),
         (dict(w_down=w_down.transpose(1, 2).contiguous().transpose(1, 2)), r"w_down must be .*non-contiguous"),
-        (dict(x=_randn(h, 4, seed=23).t()), r"x must be .*non-contiguous"),
+        (dict(x=randn(h, 4, seed=23).t()), r"x must be .*non-contiguous"),
         (dict(ids=ids.int()), "ids must be contiguous int64"),
         (dict(ids=ids.t().contiguous().t()), "ids must be contiguous int64"),
         (dict(ids=ids[:, 0]), "ids must be contiguous int64"),
@@ -348,7 +317,7 @@ def test_moe_bad_input_names_the_argument() -> None:
         with pytest.raises(ValueError, match=message):
             cpu.moe(**{**good, **change})
     assert cpu.use_moe(x, w_gate_up) and not cpu.use_moe(x.double(), w_gate_up)
-    assert not cpu.use_moe(_randn(cpu.MAX_MOE_TOKENS + 1, h, seed=24), w_gate_up)
+    assert not cpu.use_moe(randn(cpu.MAX_MOE_TOKENS + 1, h, seed=24), w_gate_up)
 
 
 # ---------------------------------------------------------------------------------- threads
@@ -379,7 +348,7 @@ def test_max_threads_follows_torch_in_a_fresh_thread() -> None:
     """OpenMP's thread count is per calling thread; torch applies its setting lazily in each
     thread. A kernel call from a new thread (the async engine's) must not use OpenMP's
     default instead of torch's setting."""
-    x, w = _randn(2, 8, seed=25), _randn(4, 8, seed=26)
+    x, w = randn(2, 8, seed=25), randn(4, 8, seed=26)
     w_gate_up, w_down = _moe_weights(8, 8, 4, seed=27)
     ids, weights = _route(2, 2, 8, seed=28)
     calls = {
@@ -437,7 +406,7 @@ def test_sparse_moe_kernel_vs_torch(moe_model, monkeypatch: pytest.MonkeyPatch) 
     c = moe_model.config
     for block in _moe_blocks(moe_model):
         for n in (1, 5, 16):
-            x = _randn(n, c.hidden_size, seed=n + block.moe_index)
+            x = randn(n, c.hidden_size, seed=n + block.moe_index)
             outs, routes = [], []
             for flag in (False, True):
                 block.use_kernels = block.router.use_kernels = flag

@@ -10,12 +10,12 @@ and independent of the thread count.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_helpers import randn, with_threads
 
 from execstate.kernels import cpu
 from execstate.model.config import ModelConfig
@@ -24,34 +24,6 @@ from execstate.model.rotary import RotaryEmbedding
 
 # Below T * H of this many floats the kernels stay on one thread (16 * PARALLEL_MIN_MACS in csrc/simd.h).
 PARALLEL_MIN_ELEMS = 16 * 65536
-
-
-@pytest.fixture(autouse=True)
-def _kernels_one_thread() -> Iterator[None]:
-    """Skips where the kernels are unavailable (tests/kernels/test_cpu_kernels.py asserts
-    where that is allowed); one intra-op thread unless a test switches; restored."""
-    if not cpu.available():
-        pytest.skip(f"kernels unavailable: {cpu.unavailable_reason()}")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _randn(*shape: int, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-def _with_threads(n: int, fn):
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(n)
-        assert cpu.max_threads() == n
-        return fn()
-    finally:
-        torch.set_num_threads(before)
 
 
 # ---------------------------------------------------------------------------------- rms_norm
@@ -72,9 +44,9 @@ def _rms_f64(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 @pytest.mark.parametrize("h", [37, 5, 576, 1, 8, 15, 64])
 @pytest.mark.parametrize("eps", [1e-6, 0.5])
 def test_rms_norm_matches_torch_module_and_float64(h: int, eps: float) -> None:
-    x = _randn(9, h, seed=h) * 3.0
+    x = randn(9, h, seed=h) * 3.0
     x[4] *= 1e-3  # a small-norm row: eps matters there
-    w = _randn(h, seed=h + 1)
+    w = randn(h, seed=h + 1)
     y = cpu.rms_norm(x, w, eps)
     assert y.shape == x.shape and y.dtype == torch.float32 and y.is_contiguous()
     torch.testing.assert_close(y.double(), _rms_f64(x, w, eps), rtol=1e-5, atol=1e-6)
@@ -86,8 +58,8 @@ def test_rms_norm_module_routes_to_the_kernel_only_for_fp32_rows(monkeypatch: py
     calls: list[tuple[int, ...]] = []
     real = cpu.rms_norm
     monkeypatch.setattr(cpu, "rms_norm", lambda x, *a: calls.append(tuple(x.shape)) or real(x, *a))
-    w = _randn(37, seed=3)
-    x = _randn(6, 37, seed=4)
+    w = randn(37, seed=3)
+    x = randn(6, 37, seed=4)
     on, off = _rms_module(w, 1e-6, use_kernels=True), _rms_module(w, 1e-6)
     with torch.no_grad():
         assert torch.equal(on(x), real(x, w, 1e-6))
@@ -104,7 +76,7 @@ def test_rms_norm_module_routes_to_the_kernel_only_for_fp32_rows(monkeypatch: py
 
 
 def test_rms_norm_zero_rows_and_zero_vector() -> None:
-    w = _randn(37, seed=5)
+    w = randn(37, seed=5)
     y = cpu.rms_norm(torch.empty(0, 37), w, 1e-6)
     assert y.shape == (0, 37)
     # An all-zero row: 0 / sqrt(eps), no NaN.
@@ -115,9 +87,9 @@ def test_rms_norm_zero_rows_and_zero_vector() -> None:
 def test_rms_norm_large_batch_parallel_path() -> None:
     t, h = 2048, 576
     assert t * h >= PARALLEL_MIN_ELEMS
-    x, w = _randn(t, h, seed=6), _randn(h, seed=7)
-    one = _with_threads(1, lambda: cpu.rms_norm(x, w, 1e-6))
-    two = _with_threads(2, lambda: cpu.rms_norm(x, w, 1e-6))
+    x, w = randn(t, h, seed=6), randn(h, seed=7)
+    one = with_threads(1, lambda: cpu.rms_norm(x, w, 1e-6))
+    two = with_threads(2, lambda: cpu.rms_norm(x, w, 1e-6))
     assert torch.equal(one, two)
     torch.testing.assert_close(two.double(), _rms_f64(x, w, 1e-6), rtol=1e-5, atol=1e-6)
     # Every row is the row computed alone (rows handed to either thread).
@@ -127,7 +99,7 @@ def test_rms_norm_large_batch_parallel_path() -> None:
 
 @pytest.mark.parametrize("h", [37, 576, 5])
 def test_rms_norm_is_batch_invariant_bitwise(h: int) -> None:
-    x, w = _randn(16, h, seed=h + 8), _randn(h, seed=h + 9)
+    x, w = randn(16, h, seed=h + 8), randn(h, seed=h + 9)
     alone = torch.cat([cpu.rms_norm(x[i : i + 1].clone(), w, 1e-6) for i in range(16)])
     for rows in (torch.arange(16), torch.tensor([5, 3, 15, 0]), torch.tensor([9])):
         assert torch.equal(cpu.rms_norm(x[rows].contiguous(), w, 1e-6), alone[rows])
@@ -138,18 +110,18 @@ def test_rms_norm_is_batch_invariant_bitwise(h: int) -> None:
 
 
 def test_rms_norm_bad_input_names_the_argument() -> None:
-    x, w = _randn(4, 37, seed=10), _randn(37, seed=11)
+    x, w = randn(4, 37, seed=10), randn(37, seed=11)
     cases = [
         ((x.double(), w), "x must be a contiguous float32"),
         ((x.bfloat16(), w), "x must be a contiguous float32"),
         ((x, w.double()), "weight must be a contiguous float32"),
-        ((_randn(37, 4, seed=12).t(), w), r"x must be .*non-contiguous"),
-        ((x, _randn(74, seed=13)[::2]), r"weight must be .*non-contiguous"),
+        ((randn(37, 4, seed=12).t(), w), r"x must be .*non-contiguous"),
+        ((x, randn(74, seed=13)[::2]), r"weight must be .*non-contiguous"),
         ((x[None], w), "x must be a 2-D tensor"),
         ((x[0], w), "x must be a 2-D tensor"),
         ((x, w[None]), "weight must be a 1-D tensor"),
         ((x, w[:36].contiguous()), "weight has 36 entries for rows of 37"),
-        ((x, _randn(38, seed=14)), "weight has 38 entries for rows of 37"),
+        ((x, randn(38, seed=14)), "weight has 38 entries for rows of 37"),
     ]
     for args, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -216,7 +188,7 @@ def test_qkv_rope_without_norm_is_bitwise_the_torch_path(nh: int, nkv: int, d: i
     config = _config(nh, nkv, d, ROPES[rope])
     t = 7
     cos, sin = _cos_sin(config, t, seed=d + rope)
-    qkv = _randn(t, (nh + 2 * nkv) * d, seed=nh * d) * 4.0
+    qkv = randn(t, (nh + 2 * nkv) * d, seed=nh * d) * 4.0
     q, k, v = cpu.qkv_rope(qkv, cos.view(t, d), sin.view(t, d), None, None, 1e-6, nh, nkv, d)
     assert q.shape == (t, nh, d) and k.shape == v.shape == (t, nkv, d)
     assert all(x.is_contiguous() and x.dtype == torch.float32 for x in (q, k, v))
@@ -234,9 +206,9 @@ def test_qkv_rope_with_per_head_norm_matches_torch(nh: int, nkv: int, d: int, ro
     config = _config(nh, nkv, d, ROPES[rope])
     t, eps = 6, 1e-6
     cos, sin = _cos_sin(config, t, seed=d + 10 + rope)
-    qkv = _randn(t, (nh + 2 * nkv) * d, seed=nh + d) * 3.0
+    qkv = randn(t, (nh + 2 * nkv) * d, seed=nh + d) * 3.0
     qkv[2, :d] *= 1e-4  # a tiny head: the norm's eps matters
-    q_norm, k_norm = 1.0 + 0.5 * _randn(d, seed=1), 1.0 + 0.5 * _randn(d, seed=2)
+    q_norm, k_norm = 1.0 + 0.5 * randn(d, seed=1), 1.0 + 0.5 * randn(d, seed=2)
     q, k, v = cpu.qkv_rope(qkv, cos.view(t, d), sin.view(t, d), q_norm, k_norm, eps, nh, nkv, d)
     tq, tk, tv = _torch_qkv_rope(qkv, cos, sin, q_norm, k_norm, eps, nh, nkv, d)
     torch.testing.assert_close(q, tq, rtol=1e-5, atol=1e-5)
@@ -264,10 +236,10 @@ def test_qkv_rope_parallel_path_is_batch_and_thread_invariant(norm: bool) -> Non
     config = _config(nh, nkv, d)
     cos, sin = _cos_sin(config, t, seed=20)
     cos2, sin2 = cos.view(t, d), sin.view(t, d)
-    qkv = _randn(t, (nh + 2 * nkv) * d, seed=21)
-    qn, kn = (_randn(d, seed=22), _randn(d, seed=23)) if norm else (None, None)
-    one = _with_threads(1, lambda: cpu.qkv_rope(qkv, cos2, sin2, qn, kn, 1e-6, nh, nkv, d))
-    two = _with_threads(2, lambda: cpu.qkv_rope(qkv, cos2, sin2, qn, kn, 1e-6, nh, nkv, d))
+    qkv = randn(t, (nh + 2 * nkv) * d, seed=21)
+    qn, kn = (randn(d, seed=22), randn(d, seed=23)) if norm else (None, None)
+    one = with_threads(1, lambda: cpu.qkv_rope(qkv, cos2, sin2, qn, kn, 1e-6, nh, nkv, d))
+    two = with_threads(2, lambda: cpu.qkv_rope(qkv, cos2, sin2, qn, kn, 1e-6, nh, nkv, d))
     for a, b in zip(one, two, strict=True):
         assert torch.equal(a, b)
     ref = _torch_qkv_rope(qkv, cos, sin, qn, kn, 1e-6, nh, nkv, d)
@@ -285,28 +257,28 @@ def test_qkv_rope_parallel_path_is_batch_and_thread_invariant(norm: bool) -> Non
 
 def test_qkv_rope_bad_input() -> None:
     nh, nkv, d, t = 8, 2, 64, 3
-    qkv = _randn(t, (nh + 2 * nkv) * d, seed=30)
-    cos, sin = _randn(t, d, seed=31), _randn(t, d, seed=32)
-    qn, kn = _randn(d, seed=33), _randn(d, seed=34)
+    qkv = randn(t, (nh + 2 * nkv) * d, seed=30)
+    cos, sin = randn(t, d, seed=31), randn(t, d, seed=32)
+    qn, kn = randn(d, seed=33), randn(d, seed=34)
     good = dict(qkv=qkv, cos=cos, sin=sin, q_norm=qn, k_norm=kn, eps=1e-6, num_heads=nh, num_kv_heads=nkv,
                 head_dim=d)
     cases = [
         # odd head_dim (widths consistent with it)
-        (dict(qkv=_randn(t, 12 * 5, seed=35), cos=cos[:, :5].contiguous(), sin=sin[:, :5].contiguous(),
+        (dict(qkv=randn(t, 12 * 5, seed=35), cos=cos[:, :5].contiguous(), sin=sin[:, :5].contiguous(),
               q_norm=None, k_norm=None, head_dim=5), "qkv rows of 60 for 8\\+2x2 heads of 5"),
         (dict(qkv=qkv[:, :-1].contiguous()), "qkv rows of 767"),
         (dict(num_kv_heads=1), "qkv rows of 768 for 8\\+2x1 heads of 64"),
         (dict(cos=cos[:, :32].contiguous()), "cos/sin must be \\[3, 64\\]"),
-        (dict(sin=_randn(t + 1, d, seed=36)), "cos/sin must be \\[3, 64\\]"),
+        (dict(sin=randn(t + 1, d, seed=36)), "cos/sin must be \\[3, 64\\]"),
         (dict(cos=cos[None]), "cos must be a 2-D tensor"),
         (dict(cos=cos.double()), "cos must be a contiguous float32"),
-        (dict(sin=_randn(d, t, seed=37).t()), r"sin must be .*non-contiguous"),
+        (dict(sin=randn(d, t, seed=37).t()), r"sin must be .*non-contiguous"),
         (dict(qkv=qkv.bfloat16()), "qkv must be a contiguous float32"),
         (dict(qkv=qkv.view(t, 12, d)), "qkv must be a 2-D tensor"),
         (dict(q_norm=None), "give both q_norm and k_norm or neither"),
         (dict(k_norm=None), "give both q_norm and k_norm or neither"),
         (dict(q_norm=qn[:32].contiguous()), "per-head norm weights must have 64 entries"),
-        (dict(k_norm=_randn(65, seed=38)), "per-head norm weights must have 64 entries"),
+        (dict(k_norm=randn(65, seed=38)), "per-head norm weights must have 64 entries"),
         (dict(k_norm=kn.double()), "k_norm must be a contiguous float32"),
         (dict(q_norm=qn[None]), "q_norm must be a 1-D tensor"),
     ]
@@ -356,7 +328,7 @@ def test_attention_layer_fused_prep_vs_torch(arch: str, fused: bool, monkeypatch
     attn = _attention(config, seed=40)
     assert (attn.q_norm is not None) == (arch != "LlamaForCausalLM")
     t = 5
-    x = _randn(t, config.hidden_size, seed=41)
+    x = randn(t, config.hidden_size, seed=41)
     cos, sin = _cos_sin(config, t, seed=42)
     ref = _attention_qkv(attn, x, cos, sin, use_kernels=False)
     assert calls == []
@@ -380,7 +352,7 @@ def _silu_f64(gate_up: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("inter", [1, 3, 7, 8, 9, 16, 37, 100])
 def test_silu_mul_matches_torch_and_float64(inter: int) -> None:
-    gate_up = _randn(6, 2 * inter, seed=inter) * 4.0
+    gate_up = randn(6, 2 * inter, seed=inter) * 4.0
     h = cpu.silu_mul(gate_up)
     assert h.shape == (6, inter) and h.dtype == torch.float32 and h.is_contiguous()
     gate, up = gate_up.chunk(2, dim=-1)
@@ -396,7 +368,7 @@ def test_silu_mul_large_magnitudes_saturate_without_nan_or_inf() -> None:
              -0.0, 1e-30, -1e-30, 1e30, -1e30, 1e38, -1e38]
     # Each edge value in a vector lane (first 8 columns) and in the scalar tail (column 8).
     gate = torch.tensor(edges).repeat_interleave(9).reshape(len(edges), 9)
-    up = _randn(len(edges), 1, seed=50).expand(-1, 9)  # one up value per row
+    up = randn(len(edges), 1, seed=50).expand(-1, 9)  # one up value per row
     gate_up = torch.cat([gate, up], dim=1).contiguous()
     h = cpu.silu_mul(gate_up)
     ref = F.silu(gate) * up
@@ -420,7 +392,7 @@ def test_silu_mul_nan_propagates_like_torch() -> None:
 
 @pytest.mark.parametrize("inter", [37, 8])
 def test_silu_mul_is_batch_invariant_bitwise(inter: int) -> None:
-    gate_up = _randn(10, 2 * inter, seed=60 + inter) * 3.0
+    gate_up = randn(10, 2 * inter, seed=60 + inter) * 3.0
     alone = torch.cat([cpu.silu_mul(gate_up[i : i + 1].clone()) for i in range(10)])
     assert torch.equal(cpu.silu_mul(gate_up), alone)
     rows = torch.tensor([7, 2, 9])
@@ -430,13 +402,13 @@ def test_silu_mul_is_batch_invariant_bitwise(inter: int) -> None:
 def test_silu_mul_edges_and_bad_input() -> None:
     assert cpu.silu_mul(torch.empty(0, 10)).shape == (0, 5)
     assert cpu.silu_mul(torch.empty(3, 0)).shape == (3, 0)
-    gate_up = _randn(4, 10, seed=70)
+    gate_up = randn(4, 10, seed=70)
     cases = [
-        (_randn(4, 9, seed=71), "silu_mul: gate_up has an odd width 9"),
-        (_randn(4, 1, seed=72), "silu_mul: gate_up has an odd width 1"),
+        (randn(4, 9, seed=71), "silu_mul: gate_up has an odd width 9"),
+        (randn(4, 1, seed=72), "silu_mul: gate_up has an odd width 1"),
         (gate_up.double(), "gate_up must be a contiguous float32"),
         (gate_up.bfloat16(), "gate_up must be a contiguous float32"),
-        (_randn(10, 4, seed=73).t(), r"gate_up must be .*non-contiguous"),
+        (randn(10, 4, seed=73).t(), r"gate_up must be .*non-contiguous"),
         (gate_up[None], "gate_up must be a 2-D tensor"),
         (gate_up[0], "gate_up must be a 2-D tensor"),
     ]
@@ -453,7 +425,7 @@ def test_gated_mlp_kernel_vs_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     g = torch.Generator().manual_seed(80)
     for p in mlp.parameters():
         p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
-    x = _randn(5, 24, seed=81)
+    x = randn(5, 24, seed=81)
     with torch.no_grad():
         ref = mlp(x)
         assert calls == []

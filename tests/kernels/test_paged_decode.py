@@ -3,41 +3,22 @@
 
 Oracles: an explicit float64 softmax over each sequence's gathered K/V; torch SDPA on the
 same gathered K/V (the torch decode path of ``PagedAttention``); ``PagedAttention`` with
-``use_kernels=False`` on an identical pool; the kernel's contract: per (sequence, KV head)
-work items, so a sequence's output does not depend on the others or on the thread count.
+``use_kernels=False`` on an identical pool; the kernel's contract: per (sequence, query
+head) work items, so a sequence's output does not depend on the others or on the thread count.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_helpers import randn, with_threads
 
 from execstate.kernels import cpu
 from execstate.model.paged_attention import PagedAttention, SeqSpan
 from execstate.state.kv_pool import KVPool
 
 PARALLEL_MIN_MACS = 65536  # csrc/simd.h, attention.c: decode attention goes parallel at B * nh * max(ctx_len) * d >= this
-
-
-@pytest.fixture(autouse=True)
-def _kernels_one_thread() -> Iterator[None]:
-    """Skips where the kernels are unavailable (tests/kernels/test_cpu_kernels.py asserts
-    where that is allowed); one intra-op thread unless a test switches; restored."""
-    if not cpu.available():
-        pytest.skip(f"kernels unavailable: {cpu.unavailable_reason()}")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _randn(*shape: int, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 def _tables(ctx_lens: list[int], bs: int, num_blocks: int, seed: int, spare: int = 0) -> list[list[int]]:
@@ -109,16 +90,16 @@ def test_paged_decode_matches_references(nh: int, nkv: int, d: int, batch: int) 
     ctx_lens = [40, 1, 16, 17, 7][:batch]
     tokens = [9, 2, 12, 0, 5][:batch]  # scattered rows of a 13-token flat batch
     tables = _tables(ctx_lens, bs, num_blocks, seed=nh + d + batch)
-    kc, vc = _randn(num_blocks * bs, nkv, d, seed=1), _randn(num_blocks * bs, nkv, d, seed=2)
-    q = _randn(t, nh, d, seed=3)
+    kc, vc = randn(num_blocks * bs, nkv, d, seed=1), randn(num_blocks * bs, nkv, d, seed=2)
+    q = randn(t, nh, d, seed=3)
     scale = d**-0.5
     out = _run(tokens, tables, ctx_lens, bs, q, kc, vc, scale)
     _check(out, q, kc, vc, tokens, tables, ctx_lens, bs, scale)
 
 
 def test_paged_decode_ctx_len_one_returns_that_value_row() -> None:
-    kc, vc = _randn(32, 2, 16, seed=4), _randn(32, 2, 16, seed=5)
-    q = _randn(1, 4, 16, seed=6) * 100.0
+    kc, vc = randn(32, 2, 16, seed=4), randn(32, 2, 16, seed=5)
+    q = randn(1, 4, 16, seed=6) * 100.0
     out = _run([0], [[1]], [1], 8, q, kc, vc, 0.25)
     # softmax over one position is exactly 1: the output is V at slot 8 (block 1, offset 0).
     assert torch.equal(out[0], vc[8].repeat_interleave(2, dim=0))
@@ -131,9 +112,9 @@ def test_paged_decode_block_sizes_spare_blocks_and_shared_blocks(bs: int) -> Non
     tables = _tables(ctx_lens, bs, num_blocks, seed=bs, spare=1)  # one unused block past each context
     tables.append(tables[0][:2] + tables[1][2:])  # prefix blocks shared with sequence 0 (prefix cache)
     ctx_lens.append(min(2 * bs + 1, len(tables[3]) * bs))
-    kc, vc = _randn(num_blocks * bs, nkv, d, seed=7), _randn(num_blocks * bs, nkv, d, seed=8)
+    kc, vc = randn(num_blocks * bs, nkv, d, seed=7), randn(num_blocks * bs, nkv, d, seed=8)
     tokens = [3, 1, 0, 6]
-    q = _randn(7, nh, d, seed=9)
+    q = randn(7, nh, d, seed=9)
     out = _run(tokens, tables, ctx_lens, bs, q, kc, vc, 0.3)  # a non-default scale
     _check(out, q, kc, vc, tokens, tables, ctx_lens, bs, 0.3)
 
@@ -143,8 +124,8 @@ def test_paged_decode_large_scores_are_stable() -> None:
     nh, nkv, d, bs = 4, 2, 64, 16
     ctx_lens = [37, 300]
     tables = _tables(ctx_lens, bs, 40, seed=10)
-    kc, vc = _randn(40 * bs, nkv, d, seed=11) * 10.0, _randn(40 * bs, nkv, d, seed=12)
-    q = _randn(2, nh, d, seed=13) * 10.0
+    kc, vc = randn(40 * bs, nkv, d, seed=11) * 10.0, randn(40 * bs, nkv, d, seed=12)
+    q = randn(2, nh, d, seed=13) * 10.0
     out = _run([1, 0], tables, ctx_lens, bs, q, kc, vc, d**-0.5)
     assert torch.isfinite(out).all()
     f64 = _reference_f64(q, kc, vc, [1, 0], tables, ctx_lens, bs, d**-0.5)
@@ -157,8 +138,8 @@ def test_paged_decode_is_batch_invariant_bitwise() -> None:
     ctx_lens = [40, 1, 16, 17, 200]
     tokens = [4, 0, 7, 2, 5]
     tables = _tables(ctx_lens, bs, num_blocks, seed=14)
-    kc, vc = _randn(num_blocks * bs, nkv, d, seed=15), _randn(num_blocks * bs, nkv, d, seed=16)
-    q = _randn(8, nh, d, seed=17)
+    kc, vc = randn(num_blocks * bs, nkv, d, seed=15), randn(num_blocks * bs, nkv, d, seed=16)
+    q = randn(8, nh, d, seed=17)
     together = _run(tokens, tables, ctx_lens, bs, q, kc, vc, d**-0.5)
     for b in range(5):
         alone = _run([tokens[b]], [tables[b]], [ctx_lens[b]], bs, q, kc, vc, d**-0.5)
@@ -177,26 +158,19 @@ def test_paged_decode_same_bits_with_one_or_two_threads() -> None:
     assert len(ctx_lens) * nh * max(ctx_lens) * d >= PARALLEL_MIN_MACS
     tokens = [0, 1, 2, 3, 4]
     tables = _tables(ctx_lens, bs, num_blocks, seed=18)
-    kc, vc = _randn(num_blocks * bs, nkv, d, seed=19), _randn(num_blocks * bs, nkv, d, seed=20)
-    q = _randn(5, nh, d, seed=21)
+    kc, vc = randn(num_blocks * bs, nkv, d, seed=19), randn(num_blocks * bs, nkv, d, seed=20)
+    q = randn(5, nh, d, seed=21)
     before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert cpu.max_threads() == 1
-        one = _run(tokens, tables, ctx_lens, bs, q, kc, vc, d**-0.5)
-        torch.set_num_threads(2)
-        assert cpu.max_threads() == 2
-        two = _run(tokens, tables, ctx_lens, bs, q, kc, vc, d**-0.5)
-    finally:
-        torch.set_num_threads(before)
+    one = with_threads(1, lambda: _run(tokens, tables, ctx_lens, bs, q, kc, vc, d**-0.5))
+    two = with_threads(2, lambda: _run(tokens, tables, ctx_lens, bs, q, kc, vc, d**-0.5))
     assert torch.get_num_threads() == before
     assert torch.equal(one, two)
     _check(two, q, kc, vc, tokens, tables, ctx_lens, bs, d**-0.5)
 
 
 def test_paged_decode_no_sequences_writes_nothing() -> None:
-    kc = _randn(32, 2, 16, seed=22)
-    q = _randn(3, 4, 16, seed=23)
+    kc = randn(32, 2, 16, seed=22)
+    q = randn(3, 4, 16, seed=23)
     out = _run([], [], [], 8, q, kc, kc, 0.25)
     assert bool((out == 12345.0).all())
 
@@ -229,7 +203,7 @@ def test_paged_decode_bad_plan_is_a_value_error() -> None:
 def test_paged_decode_bad_tensors_are_value_errors_and_write_nothing() -> None:
     nh, nkv, d, bs, slots = 4, 2, 16, 16, 8 * 16
     plan = cpu.PagedDecode([0, 2], [[3, 5], [7]], [20, 16], bs, slots)
-    q, kc, vc = _randn(3, nh, d, seed=24), _randn(slots, nkv, d, seed=25), _randn(slots, nkv, d, seed=26)
+    q, kc, vc = randn(3, nh, d, seed=24), randn(slots, nkv, d, seed=25), randn(slots, nkv, d, seed=26)
     out = torch.full_like(q, 7.0)
     good = dict(q=q, k_cache=kc, v_cache=vc, out=out)
     cases = [
@@ -239,7 +213,7 @@ def test_paged_decode_bad_tensors_are_value_errors_and_write_nothing() -> None:
         (dict(v_cache=vc[:-1].contiguous()), "inconsistent shapes"),
         (dict(out=out[:, :2].contiguous()), "inconsistent shapes"),
         (dict(q=q[..., :8].contiguous(), out=out[..., :8].contiguous()), "inconsistent shapes"),
-        (dict(q=_randn(3, 3, d, seed=27), out=torch.zeros(3, 3, d)), "inconsistent shapes"),  # 3 % 2 heads
+        (dict(q=randn(3, 3, d, seed=27), out=torch.zeros(3, 3, d)), "inconsistent shapes"),  # 3 % 2 heads
         (dict(q=q.double()), "q must be a contiguous float32"),
         (dict(out=out.bfloat16()), "out must be a contiguous float32"),
         (dict(k_cache=kc.half()), "k_cache must be a contiguous float32"),
@@ -292,7 +266,7 @@ def test_paged_attention_kernel_vs_torch_on_the_same_pool(nh: int, nkv: int, d: 
     layers, blocks, bs, t = 2, 16, 4, 13
     pools = [KVPool(layers, blocks, bs, nkv, d, torch.float32) for _ in range(2)]
     # Cached context: random K/V in every slot (slots past a context must not matter either).
-    init_k, init_v = _randn(layers, blocks * bs, nkv, d, seed=30), _randn(layers, blocks * bs, nkv, d, seed=31)
+    init_k, init_v = randn(layers, blocks * bs, nkv, d, seed=30), randn(layers, blocks * bs, nkv, d, seed=31)
     for pool in pools:
         pool.k.copy_(init_k)
         pool.v.copy_(init_v)
@@ -303,8 +277,8 @@ def test_paged_attention_kernel_vs_torch_on_the_same_pool(nh: int, nkv: int, d: 
     assert kern_attn.paged_decode is not None and kern_attn.decode_tokens is None
     assert kern_attn.paged_decode.num_seqs == 4 and len(kern_attn.prefills) == 3
     for layer in range(layers):
-        q = _randn(t, nh, d, seed=40 + layer)
-        k, v = _randn(t, nkv, d, seed=50 + layer), _randn(t, nkv, d, seed=60 + layer)
+        q = randn(t, nh, d, seed=40 + layer)
+        k, v = randn(t, nkv, d, seed=50 + layer), randn(t, nkv, d, seed=60 + layer)
         inputs = [x.clone() for x in (q, k, v)]
         ref = torch_attn.forward(layer, q, k, v)
         got = kern_attn.forward(layer, q, k, v)
