@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from execstate.kernels import cpu
+from execstate.model.moe import experts_torch
 
 L3_BYTES = 32 << 20
 CYCLE_BYTES = 4 * L3_BYTES  # weights cycled per timing so they come from DRAM
@@ -81,30 +82,11 @@ def run_kernel_bench(repeats: int = 5, threads: int | None = None) -> dict[str, 
         wts = torch.rand(t, k, generator=gen)
         active = len(set(ids.flatten().tolist()))
         rows.append(_pair(f"moe {t} tokens ({active} experts)",
-                          lambda i, x=x, ids=ids, wts=wts: _torch_moe(x, ids, wts, gus[i], downs[i]),
+                          lambda i, x=x, ids=ids, wts=wts: experts_torch(x, ids, wts, gus[i], downs[i]),
                           lambda i, x=x, ids=ids, wts=wts: cpu.moe(x, ids, wts, gus[i], downs[i]),
                           len(gus), active * 3 * inter * h * 4, repeats))
     rows += _attention_cases(gen, repeats)
     return {"threads": torch.get_num_threads(), "repeats": repeats, "rows": rows}
-
-
-def _torch_moe(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, gu: torch.Tensor,
-               down: torch.Tensor) -> torch.Tensor:
-    """The torch path of ``SparseMoE.experts`` (one GEMM pair per active expert)."""
-    n, k = ids.shape
-    flat = ids.reshape(-1)
-    counts = torch.bincount(flat, minlength=gu.shape[0]).tolist()
-    order = torch.argsort(flat, stable=True)
-    xs = x[order // k]
-    ys = torch.empty_like(xs)
-    start = 0
-    for e, count in enumerate(counts):
-        if count:
-            gate, up = F.linear(xs[start:start + count], gu[e]).chunk(2, dim=-1)
-            ys[start:start + count] = F.linear(F.silu(gate) * up, down[e])
-            start += count
-    per_slot = torch.empty_like(ys).index_copy_(0, order, ys).view(n, k, -1)
-    return (per_slot * wts[..., None]).sum(dim=1)
 
 
 def _attention_cases(gen: torch.Generator, repeats: int) -> list[dict[str, Any]]:

@@ -91,22 +91,7 @@ class SparseMoE(nn.Module):
         """
         if self.use_kernels and cpu_kernels.use_moe(x, self.w_gate_up):
             return cpu_kernels.moe(x, ids.contiguous(), weights.float().contiguous(), self.w_gate_up, self.w_down)
-        n, k = ids.shape
-        flat = ids.reshape(-1)
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # the one host sync
-        order = torch.argsort(flat, stable=True)  # slots grouped by expert
-        xs = x[order // k]
-        ys = torch.empty_like(xs)
-        start = 0
-        for e, count in enumerate(counts):
-            if count == 0:
-                continue
-            end = start + count
-            gate, up = F.linear(xs[start:end], self.w_gate_up[e]).chunk(2, dim=-1)
-            ys[start:end] = F.linear(F.silu(gate) * up, self.w_down[e])
-            start = end
-        per_slot = torch.empty_like(ys).index_copy_(0, order, ys).view(n, k, -1)
-        return (per_slot * weights[..., None]).to(x.dtype).sum(dim=1)
+        return experts_torch(x, ids, weights, self.w_gate_up, self.w_down)
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         ids, weights = self.route(x, ctx)
@@ -114,3 +99,30 @@ class SparseMoE(nn.Module):
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+
+def experts_torch(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor,
+                  w_down: torch.Tensor) -> torch.Tensor:
+    """The torch path of ``SparseMoE.experts``: one GEMM pair per active expert.
+
+    ``x [T, H]``, ``ids [T, k]``, ``weights [T, k]``, ``w_gate_up [E, 2I, H]`` (gate rows
+    first), ``w_down [E, H, I]``; returns ``[T, H]`` in ``x.dtype``. Each token's k slot
+    outputs are written to their own slot and summed over k in slot order (no atomics);
+    one host sync (the per-expert token counts).
+    """
+    n, k = ids.shape
+    flat = ids.reshape(-1)
+    counts = torch.bincount(flat, minlength=w_gate_up.shape[0]).tolist()  # the one host sync
+    order = torch.argsort(flat, stable=True)  # slots grouped by expert
+    xs = x[order // k]
+    ys = torch.empty_like(xs)
+    start = 0
+    for e, count in enumerate(counts):
+        if count == 0:
+            continue
+        end = start + count
+        gate, up = F.linear(xs[start:end], w_gate_up[e]).chunk(2, dim=-1)
+        ys[start:end] = F.linear(F.silu(gate) * up, w_down[e])
+        start = end
+    per_slot = torch.empty_like(ys).index_copy_(0, order, ys).view(n, k, -1)
+    return (per_slot * weights[..., None]).to(x.dtype).sum(dim=1)
