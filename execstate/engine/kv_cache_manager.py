@@ -71,12 +71,13 @@ class KVCacheManager:
         provenance: Provenance,
         enable_prefix_caching: bool = True,
         route_store: RouteStore | None = None,
+        r3_clock: R3Clock | None = None,
     ) -> None:
         self.pool = pool
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.route_store = route_store
-        self.r3_clock = R3Clock()  # the engine shares its own
+        self.r3_clock = r3_clock or R3Clock()  # times storing route records (the engine's clock)
         self.set_provenance(provenance)
         self.num_lookup_tokens = 0
         self.num_hit_tokens = 0

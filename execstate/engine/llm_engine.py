@@ -91,12 +91,12 @@ class LLMEngine:
             route_mode="free",
             cache_salt=config.cache_salt,
         )
+        self.r3_clock = R3Clock()  # route-return bookkeeping time (the direct R3 overhead)
         self.kv_manager = KVCacheManager(
-            self.block_pool, config.block_size, self.provenance, config.enable_prefix_caching, self.route_store
+            self.block_pool, config.block_size, self.provenance, config.enable_prefix_caching, self.route_store,
+            self.r3_clock,
         )
         self.scheduler = Scheduler(self.kv_manager, config.max_num_batched_tokens, config.max_num_seqs)
-        self.r3_clock = R3Clock()  # route-return bookkeeping time (the direct R3 overhead)
-        self.kv_manager.r3_clock = self.r3_clock
         self.runner = ModelRunner(self.model, self.kv_pool, config.device, self.return_routes, self.r3_clock)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.requests: dict[str, Request] = {}
