@@ -7,12 +7,15 @@ Start-up order (``run_server``):
 2. ``LLMEngine`` from the CLI flags, wrapped in an ``AsyncEngine`` (its thread starts).
 3. With a kv-transfer config: ``attach_kv_connector(async_engine, kv_cfg, metrics)``,
    before the app accepts requests.
-4. ``build_app`` and ``uvicorn.run``; on exit the engine thread is shut down.
+4. ``build_app``; the start-up summary is logged (``startup_log``: model, dtype, kernels,
+   KV blocks, limits, PD role, ...).
+5. ``uvicorn.run``; on exit the engine thread is shut down.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
@@ -81,7 +84,9 @@ def run_server(args: argparse.Namespace) -> int:
     import uvicorn
 
     from execstate.serve.app import build_app
+    from execstate.serve.startup_log import StartupInfo, log_startup
 
+    t0 = time.perf_counter()
     kv_cfg = KVTransferConfig.from_json(args.kv_transfer_config) if args.kv_transfer_config else None
     async_engine = AsyncEngine(LLMEngine(engine_config_from_args(args)))
     try:
@@ -90,6 +95,8 @@ def run_server(args: argparse.Namespace) -> int:
             attach_kv_connector(async_engine, kv_cfg, metrics)
         name = args.served_model_name or str(args.model)
         app = build_app(async_engine, name, api_key=args.api_key, metrics=metrics, kv_transfer_config=kv_cfg)
+        elapsed = time.perf_counter() - t0  # read on the engine thread, the engine's only user:
+        async_engine.call(lambda engine: log_startup(StartupInfo(engine, args, kv_cfg, elapsed)))
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:
         async_engine.shutdown()
