@@ -64,6 +64,12 @@ def _bench(args: argparse.Namespace) -> int:
         report = run_kernel_bench(repeats=args.repeats, threads=args.threads)
         print(json.dumps(report, indent=2) if args.json else format_kernel_table(report))
         return 0
+    if args.bench_cmd == "sampler":
+        from execstate.bench.sampler import format_sampler_table, run_sampler_bench
+
+        report = run_sampler_bench(repeats=args.repeats, threads=args.threads)
+        print(json.dumps(report, indent=2) if args.json else format_sampler_table(report))
+        return 0
     raise AssertionError(args.bench_cmd)
 
 
@@ -123,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     bk.add_argument("--repeats", type=int, default=5)
     bk.add_argument("--threads", type=int, default=None)
     bk.add_argument("--json", action="store_true")
+    bs = bsub.add_parser("sampler", help="vectorised sampler vs the old per-row loop (batch 1/8/64, vocab 49152)")
+    bs.add_argument("--repeats", type=int, default=20)
+    bs.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    bs.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)
 
     d = sub.add_parser("demo", help="R3 rollout with prefix reuse and a replay check")

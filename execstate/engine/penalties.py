@@ -10,9 +10,11 @@ Semantics (vLLM v1 and OpenAI, applied in this order to the raw logits of a row)
 
 State is per request and incremental (``PenaltyState``): a count per vocabulary entry of the
 tokens generated so far, caught up with the request's output list at each step in O(new
-tokens), plus the prompt's token set (only for a repetition penalty) and the logit bias as
-tensors. Only requests whose parameters use a penalty or a bias get a state; only their
-rows are gathered and processed; requests without one pay nothing.
+tokens), and the list of distinct token ids the penalties touch (output tokens; prompt
+tokens too for a repetition penalty), in first-seen order. A step gathers, adjusts and
+scatters back only those positions, O(distinct tokens) per row (never more than the
+vocabulary), instead of whole-vocabulary count tensors. Only requests whose parameters use
+a penalty or a bias get a state; requests without one pay nothing.
 """
 
 from __future__ import annotations
@@ -23,13 +25,31 @@ import torch
 from execstate.engine.sampling_params import SamplingParams
 
 
+class _IdList:
+    """A growable int64 array (amortised O(1) append; ``view()`` costs nothing)."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self._a = np.empty(max(capacity, 16), dtype=np.int64)
+        self.n = 0
+
+    def extend(self, ids: np.ndarray) -> None:
+        if self.n + len(ids) > len(self._a):
+            self._a = np.resize(self._a, max(2 * len(self._a), self.n + len(ids)))
+        self._a[self.n : self.n + len(ids)] = ids
+        self.n += len(ids)
+
+    def view(self) -> np.ndarray:
+        return self._a[: self.n]
+
+
 class PenaltyState:
-    """One request's penalty state: output token counts kept up to date incrementally.
+    """One request's penalty state, kept up to date incrementally.
 
     ``output_token_ids`` is the request's own output list (appended to by the engine after
-    each step, never rewritten); ``sync()`` counts only the tokens appended since its last
-    call, so the cost per generated token is O(1) whatever the output length. ``seen``
-    (prompt or output tokens) exists only for a repetition penalty.
+    each step, never rewritten); ``sync()`` looks only at the tokens appended since its last
+    call, so the cost per generated token is O(1) whatever the output length.
+    ``positions`` are the distinct token ids the history penalties apply to: output tokens
+    and, for a repetition penalty, prompt tokens.
     """
 
     def __init__(
@@ -41,11 +61,11 @@ class PenaltyState:
         self.frequency = float(params.frequency_penalty)
         self._outputs = output_token_ids
         self._num_counted = 0
-        self.counts = np.zeros(vocab_size, dtype=np.int32)
-        self.seen: np.ndarray | None = None
+        self.counts = np.zeros(vocab_size, dtype=np.int32)  # output tokens only
+        self._listed = np.zeros(vocab_size, dtype=np.bool_)  # in positions
+        self._positions = _IdList()
         if self.repetition != 1.0:
-            self.seen = np.zeros(vocab_size, dtype=np.bool_)
-            self.seen[np.asarray(prompt_token_ids, dtype=np.int64)] = True
+            self._add_positions(np.asarray(prompt_token_ids, dtype=np.int64))
         bias = params.logit_bias or {}
         self.bias_ids = torch.tensor(list(bias.keys()), dtype=torch.long)
         self.bias_values = torch.tensor(list(bias.values()), dtype=torch.float32)
@@ -63,22 +83,30 @@ class PenaltyState:
     def uses_history(self) -> bool:
         return self.repetition != 1.0 or self.presence != 0.0 or self.frequency != 0.0
 
+    @property
+    def positions(self) -> np.ndarray:
+        return self._positions.view()
+
     def sync(self) -> None:
         """Count the output tokens appended since the last call (O(new tokens))."""
         n = len(self._outputs)
         if n > self._num_counted:
             new = np.asarray(self._outputs[self._num_counted : n], dtype=np.int64)
             np.add.at(self.counts, new, 1)
-            if self.seen is not None:
-                self.seen[new] = True
+            self._add_positions(new)
             self._num_counted = n
+
+    def _add_positions(self, ids: np.ndarray) -> None:
+        fresh = np.unique(ids[~self._listed[ids]])
+        self._listed[fresh] = True
+        self._positions.extend(fresh)
 
 
 def apply_penalties(logits: torch.Tensor, states: list[PenaltyState | None]) -> torch.Tensor:
     """Apply each row's bias and penalties to ``logits`` ([rows, vocab] fp32) in place.
 
-    Row ``i`` uses ``states[i]`` (``None``: untouched). Only rows with a state are gathered
-    and processed. Returns ``logits``.
+    Row ``i`` uses ``states[i]`` (``None``: untouched). Only rows with a state, and in them
+    only the biased ids and the state's ``positions``, are read and written. Returns ``logits``.
     """
     used = [(i, s) for i, s in enumerate(states) if s is not None]
     if not used:
@@ -94,24 +122,27 @@ def apply_penalties(logits: torch.Tensor, states: list[PenaltyState | None]) -> 
         toks = torch.cat([s.bias_ids for _, s in biased])
         logits.index_put_((rows, toks), torch.cat([s.bias_values for _, s in biased]), accumulate=True)
     hist = [(i, s) for i, s in used if s.uses_history]
+    for _, s in hist:
+        s.sync()
+    hist = [(i, s) for i, s in hist if len(s.positions)]
     if hist:
-        for _, s in hist:
-            s.sync()
-        idx = torch.tensor([i for i, _ in hist], dtype=torch.long)
-        logits[idx] = _apply_history(logits[idx], [s for _, s in hist])
+        _apply_history(logits, [i for i, _ in hist], [s for _, s in hist])
     return logits
 
 
-def _apply_history(x: torch.Tensor, states: list[PenaltyState]) -> torch.Tensor:
-    """vLLM's ``apply_penalties`` on the gathered rows ``x`` (modified and returned)."""
-    if any(s.seen is not None for s in states):
-        none = np.zeros(x.shape[1], dtype=np.bool_)
-        seen = torch.from_numpy(np.stack([s.seen if s.seen is not None else none for s in states]))
-        r = torch.where(seen, torch.tensor([s.repetition for s in states], dtype=x.dtype)[:, None], 1.0)
-        x = torch.where(x > 0, x / r, x * r)
-    if any(s.frequency != 0.0 or s.presence != 0.0 for s in states):
-        counts = torch.from_numpy(np.stack([s.counts for s in states])).to(x.dtype)
-        frequency = torch.tensor([s.frequency for s in states], dtype=x.dtype)[:, None]
-        presence = torch.tensor([s.presence for s in states], dtype=x.dtype)[:, None]
-        x = x - (frequency * counts + presence * (counts > 0).to(x.dtype))
-    return x
+def _apply_history(logits: torch.Tensor, rows: list[int], states: list[PenaltyState]) -> None:
+    """vLLM's ``apply_penalties`` at each row's positions only (every other logit is unchanged)."""
+    lengths = torch.tensor([len(s.positions) for s in states])
+    row_idx = torch.repeat_interleave(torch.tensor(rows), lengths)
+    tok_np = np.concatenate([s.positions for s in states])
+    counts = torch.from_numpy(np.concatenate([s.counts[s.positions] for s in states])).to(logits.dtype)
+    tok_idx = torch.from_numpy(tok_np)
+
+    def per_row(values: list[float]) -> torch.Tensor:
+        return torch.repeat_interleave(torch.tensor(values, dtype=logits.dtype), lengths)
+
+    x = logits[row_idx, tok_idx]
+    r = per_row([s.repetition for s in states])  # positions are all seen tokens when r != 1
+    x = torch.where(x > 0, x / r, x * r)
+    x -= per_row([s.frequency for s in states]) * counts + per_row([s.presence for s in states]) * (counts > 0)
+    logits[row_idx, tok_idx] = x

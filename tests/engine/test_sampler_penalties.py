@@ -104,8 +104,7 @@ def test_state_counts_incrementally() -> None:
         outputs.append(int(rng.integers(0, 16)))
         state.sync()
         assert state.counts.tolist() == np.bincount(outputs, minlength=16).tolist()
-        assert state.seen is not None
-        assert set(np.flatnonzero(state.seen)) == set(outputs) | {7, 9}
+        assert sorted(state.positions.tolist()) == sorted(set(outputs) | {7, 9})  # distinct, prompt too
     outputs[0] = 15  # not allowed by the contract; shows that old tokens are never re-read
     outputs.append(3)
     state.sync()
@@ -114,10 +113,24 @@ def test_state_counts_incrementally() -> None:
 
 
 def test_only_presence_frequency_have_no_prompt_state() -> None:
-    s = PenaltyState(SamplingParams(presence_penalty=0.5), PROMPT, [], 5)
-    assert s.seen is None  # the prompt matters only for the repetition penalty
+    outputs: list[int] = []
+    s = PenaltyState(SamplingParams(presence_penalty=0.5), PROMPT, outputs, 5)
+    assert s.positions.tolist() == []  # the prompt matters only for the repetition penalty
     out = apply_penalties(torch.tensor([LOGITS]), [s])
     assert out[0].tolist() == LOGITS  # prompt tokens are not penalised by presence
+    outputs += [4, 1, 4]
+    assert apply_penalties(torch.tensor([LOGITS]), [s])[0].tolist() == [2.0, -1.5, 0.5, -3.0, 0.5]
+    assert s.positions.tolist() == [1, 4]  # distinct output ids (new ones sorted per step)
+
+
+def test_positions_grow_past_the_initial_capacity() -> None:
+    outputs = list(range(300))
+    s = PenaltyState(SamplingParams(repetition_penalty=2.0), [299, 5000], outputs, 6000)
+    s.sync()
+    assert sorted(s.positions.tolist()) == [*range(300), 5000]
+    x = torch.ones(1, 6000)
+    apply_penalties(x, [s])
+    assert x[0, :300].tolist() == [0.5] * 300 and x[0, 5000] == 0.5 and x[0, 300] == 1.0
 
 
 def test_vocab_mismatch_is_an_error() -> None:
