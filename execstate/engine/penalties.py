@@ -56,7 +56,8 @@ class PenaltyState:
         self, params: SamplingParams, prompt_token_ids: list[int], output_token_ids: list[int], vocab_size: int
     ) -> None:
         self.vocab_size = vocab_size
-        self.repetition = float(params.repetition_penalty)
+        # Clamped into float32's range (the result is the same: such a penalty decides anyway).
+        self.repetition = min(max(float(params.repetition_penalty), 1e-30), 1e30)
         self.presence = float(params.presence_penalty)
         self.frequency = float(params.frequency_penalty)
         self._outputs = output_token_ids

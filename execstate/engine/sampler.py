@@ -27,6 +27,8 @@ import torch
 from execstate.engine.penalties import PenaltyState, apply_penalties
 from execstate.engine.sampling_params import SamplingParams
 
+MAX_TEMPERATURE = 1e30  # larger ones sample uniformly anyway; beyond float32 they would give NaN
+
 
 @dataclass(frozen=True)
 class SampleResult:
@@ -100,7 +102,7 @@ def _truncated(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tens
     needed to reach the mass (``_top_p_threshold``).
     """
     vocab = logits.shape[1]
-    temp = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
+    temp = torch.tensor([min(p.temperature, MAX_TEMPERATURE) for p in params], dtype=logits.dtype)
     x = logits / temp[:, None]  # a new tensor: the masks below work in place
     if any(p.min_p > 0.0 for p in params):
         min_p = torch.tensor([p.min_p for p in params], dtype=x.dtype)

@@ -76,20 +76,26 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or self.n < 1:
             raise bad("n", f"must be an integer >= 1, got {self.n!r}")
-        if not _real(self.temperature) or not (0.0 <= self.temperature < math.inf):
+        t = _finite(self.temperature)
+        if t is None or t < 0.0:
             raise bad("temperature", f"must be a finite number >= 0, got {self.temperature!r}")
-        if not _real(self.top_p) or not (0.0 < self.top_p <= 1.0):
+        top_p = _finite(self.top_p)
+        if top_p is None or not (0.0 < top_p <= 1.0):
             raise bad("top_p", f"must be in (0, 1], got {self.top_p!r}")
         if self.top_k is not None and (not _int(self.top_k) or self.top_k < -1):
             raise bad("top_k", f"must be None, -1 or 0 (off) or an integer >= 1, got {self.top_k!r}")
-        if not _real(self.min_p) or not (0.0 <= self.min_p <= 1.0):
+        min_p = _finite(self.min_p)
+        if min_p is None or not (0.0 <= min_p <= 1.0):
             raise bad("min_p", f"must be in [0, 1], got {self.min_p!r}")
-        if not _real(self.repetition_penalty) or not (0.0 < self.repetition_penalty < math.inf):
+        rep = _finite(self.repetition_penalty)
+        if rep is None or rep <= 0.0:
             raise bad("repetition_penalty", f"must be a finite number > 0, got {self.repetition_penalty!r}")
         for name in ("presence_penalty", "frequency_penalty"):
-            v = getattr(self, name)
-            if not _real(v) or not (-2.0 <= v <= 2.0):
-                raise bad(name, f"must be in [-2, 2], got {v!r}")
+            v = _finite(getattr(self, name))
+            if v is None or not (-2.0 <= v <= 2.0):
+                raise bad(name, f"must be in [-2, 2], got {getattr(self, name)!r}")
+            setattr(self, name, v)
+        self.temperature, self.top_p, self.min_p, self.repetition_penalty = t, top_p, min_p, rep
         if self.logit_bias is not None:
             self.logit_bias = _logit_bias(self.logit_bias, bad)
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
@@ -134,8 +140,15 @@ def _int(v: Any) -> bool:
     return isinstance(v, int | np.integer) and not isinstance(v, bool)
 
 
-def _real(v: Any) -> bool:
-    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool)
+def _finite(v: Any) -> float | None:
+    """``v`` as a finite float, or ``None`` when it is not a finite real number."""
+    if not isinstance(v, int | float | np.integer | np.floating) or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
 
 
 def _logit_bias(bias: Any, bad: Any) -> dict[int, float]:
@@ -147,7 +160,8 @@ def _logit_bias(bias: Any, bad: Any) -> dict[int, float]:
     for tok, b in bias.items():
         if not _int(tok) or tok < 0:
             raise bad("logit_bias", f"keys must be token ids (integers >= 0), got {tok!r}")
-        if not _real(b) or not (-LOGIT_BIAS_MAX <= b <= LOGIT_BIAS_MAX):
+        f = _finite(b)
+        if f is None or not (-LOGIT_BIAS_MAX <= f <= LOGIT_BIAS_MAX):
             raise bad("logit_bias", f"bias of token {tok} must be in [-100, 100], got {b!r}")
-        out[int(tok)] = float(b)
+        out[int(tok)] = f
     return out

@@ -44,6 +44,25 @@ def test_processed_distribution_matches_the_oracle_row_by_row() -> None:
         np.testing.assert_allclose(probs[i], ref, atol=2e-6)
 
 
+def test_top_p_over_a_flat_distribution_needs_thousands_of_tokens() -> None:
+    """``top_p`` looks at a growing prefix of the most likely tokens (64, 512, 4096, ...):
+    a flat row needs most of the vocabulary, a peaked one a few tokens; in one batch each
+    row still gets exactly the oracle's set."""
+    rng = np.random.default_rng(4)
+    vocab = 6000
+    flat = rng.normal(0, 0.1, vocab)
+    peaked = rng.normal(0, 6.0, vocab)
+    logits = torch.from_numpy(np.stack([flat, peaked, flat]).astype(np.float32))
+    kws = [dict(top_p=0.9), dict(top_p=0.9), dict(top_p=0.3, top_k=4000)]
+    probs = processed_probs(logits, [SamplingParams(**kw) for kw in kws]).double().numpy()
+    for i, kw in enumerate(kws):
+        ref = exact_distribution(logits[i].double().numpy(), **kw)
+        assert set(np.flatnonzero(probs[i])) == set(np.flatnonzero(ref))
+    assert 4096 < (probs[0] > 0).sum() < vocab and (probs[1] > 0).sum() <= 64
+    alone = processed_probs(logits[1:2], [SamplingParams(top_p=0.9)])
+    assert torch.equal(alone[0], torch.from_numpy(probs[1]).float())  # mates do not change a row
+
+
 @pytest.mark.parametrize("kw", [dict(top_k=1), dict(top_p=1e-6), dict(min_p=1.0), dict(top_k=1, top_p=0.01)])
 def test_filters_that_keep_only_the_most_likely_token(kw: dict) -> None:
     logits = torch.from_numpy(np.random.default_rng(1).normal(0, 1, (8, V)).astype(np.float32))
@@ -131,11 +150,11 @@ def test_logprobs_are_those_of_the_raw_distribution() -> None:
 valid_params = st.fixed_dictionaries(
     {},
     optional={
-        "temperature": st.one_of(st.just(0.0), st.floats(0, 1e-4), st.floats(1e-5, 20.0)),
+        "temperature": st.one_of(st.just(0.0), st.floats(0, 1e-4), st.floats(1e-5, 20.0), st.floats(1e-5, 1e308)),
         "top_k": st.one_of(st.none(), st.sampled_from([-1, 0]), st.integers(1, 3 * V)),
         "top_p": st.floats(1e-9, 1.0, exclude_min=True),
         "min_p": st.floats(0.0, 1.0),
-        "repetition_penalty": st.floats(1e-3, 10.0),
+        "repetition_penalty": st.one_of(st.floats(1e-3, 10.0), st.floats(1e-300, 1e300)),
         "presence_penalty": st.floats(-2.0, 2.0),
         "frequency_penalty": st.floats(-2.0, 2.0),
         "logit_bias": st.dictionaries(st.integers(0, V - 1), st.floats(-100, 100), max_size=5),
@@ -145,7 +164,7 @@ valid_params = st.fixed_dictionaries(
 
 
 @settings(max_examples=150, deadline=None)
-@given(kw=valid_params, row_seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([0.01, 1.0, 30.0]),
+@given(kw=valid_params, row_seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([0.0, 0.01, 1.0, 30.0, 1e4]),
        output=st.lists(st.integers(0, V - 1), max_size=6))
 def test_any_valid_params_sample_a_token_the_distribution_allows(kw, row_seed, scale, output) -> None:
     p = SamplingParams(**kw)
@@ -164,11 +183,11 @@ def test_any_valid_params_sample_a_token_the_distribution_allows(kw, row_seed, s
 
 
 INVALID = {
-    "temperature": [-0.1, -1e-9, math.nan, math.inf, "0.5", True],
+    "temperature": [-0.1, -1e-9, math.nan, math.inf, "0.5", True, 10**400],
     "top_p": [0.0, -0.5, 1.0001, math.nan, None],
     "top_k": [-2, -100, 1.5, 2.0, "3", True],
     "min_p": [-0.01, 1.01, math.nan, math.inf],
-    "repetition_penalty": [0.0, -1.0, math.nan, math.inf],
+    "repetition_penalty": [0.0, -1.0, math.nan, math.inf, 10**400],
     "presence_penalty": [2.01, -2.5, math.nan, math.inf],
     "frequency_penalty": [-2.01, 3.0, math.nan],
     "logit_bias": [{1: 100.5}, {1: -101.0}, {-1: 1.0}, {"1": 1.0}, {1.5: 1.0}, {1: math.nan}, [1, 2], {True: 1.0}],
