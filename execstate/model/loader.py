@@ -141,7 +141,8 @@ def _ignored(name: str, config: ModelConfig) -> bool:
 def _check_tied_head(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> None:
     """A tied model's file may repeat the head; if it differs, transformers unties silently. We refuse."""
     head, embed = state_dict.get("lm_head.weight"), state_dict.get("model.embed_tokens.weight")
-    if config.tie_word_embeddings and head is not None and embed is not None and not torch.equal(head, embed):
+    tensors = isinstance(head, torch.Tensor) and isinstance(embed, torch.Tensor)
+    if config.tie_word_embeddings and tensors and not torch.equal(head, embed):
         raise ValueError("tie_word_embeddings=True but lm_head.weight differs from "
                          "model.embed_tokens.weight; set tie_word_embeddings=False in config.json "
                          "to use a separate head")

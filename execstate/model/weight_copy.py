@@ -49,15 +49,15 @@ class WeightCopyPlan:
                 dst.copy_(src)
 
 
-def _check_values(state_dict: dict[str, torch.Tensor]) -> list[str]:
-    bad: list[str] = []
+def _bad_values(state_dict: dict[str, torch.Tensor]) -> dict[str, str]:
+    bad: dict[str, str] = {}
     for name, t in state_dict.items():
         if not isinstance(t, torch.Tensor):
-            bad.append(f"{name} (a {type(t).__name__}, not a tensor)")
+            bad[name] = f"{name} (a {type(t).__name__}, not a tensor)"
         elif not t.is_floating_point():
-            bad.append(f"{name} ({t.dtype}, need a floating-point dtype)")
+            bad[name] = f"{name} ({t.dtype}, need a floating-point dtype)"
         elif t.device.type == "meta":
-            bad.append(f"{name} (on the meta device: no data)")
+            bad[name] = f"{name} (on the meta device: no data)"
     return bad
 
 
@@ -69,17 +69,15 @@ def plan_weight_copy(model: CausalLM, state_dict: dict[str, torch.Tensor]) -> We
     """
     if not isinstance(state_dict, dict):
         raise ValueError(f"a state dict must be a dict of tensors, got {type(state_dict).__name__}")
-    bad_value = _check_values(state_dict)
-    if bad_value:  # before matching: the tied-head check compares tensors
-        err = checkpoint_error(model.config, [("wrongly-typed tensors", bad_value)])
-        assert err is not None
-        raise err
+    bad_value = _bad_values(state_dict)
     matches, missing, unexpected = match_checkpoint(model, state_dict)
     params = dict(model.named_parameters(remove_duplicate=False))
     bad_shape: list[str] = []
     copies: list[tuple[torch.Tensor, torch.Tensor]] = []
     for target, (src, parts) in matches.items():
         param = params[target]
+        if any(n in bad_value for n in src.names):
+            continue
         try:
             views = src.views(param, parts)
         except (RuntimeError, IndexError):
@@ -95,6 +93,7 @@ def plan_weight_copy(model: CausalLM, state_dict: dict[str, torch.Tensor]) -> We
             else:
                 copies.append((view, part))
     err = checkpoint_error(model.config, [("missing tensors", missing), ("unexpected tensors", unexpected),
+                                          ("wrongly-typed tensors", [bad_value[n] for n in sorted(bad_value)]),
                                           ("wrongly-shaped tensors", bad_shape)])
     if err is not None:
         raise err
