@@ -290,7 +290,8 @@ class LLMEngine:
     ) -> WeightUpdate:
         """Start a weight update (rules: ``engine/weight_update.py``); complete when the
         returned update is ``done``: at once for ``abort`` (outputs in ``update.aborted``),
-        for ``drain`` once the requests in flight finish (``step``/``poll`` switch). A
+        for ``drain`` once the requests in flight finish (``step``/``poll`` switch; the
+        state dict's tensors are read then: leave them unchanged until ``done``). A
         ``ValueError`` (policy, version, any tensor's name/dtype/shape) changes nothing."""
         if self.weight_update is not None:
             raise RuntimeError("a weight update is already in progress")
