@@ -69,6 +69,8 @@ class Request:
     abort_message: str | None = None
     # torch.Generator used for sampling (the request's own when it has a seed).
     generator: Any = None
+    # Tenant salt of this request's block keys (engine/cache_salt.py); None: the engine's.
+    cache_salt: str | None = None
 
     @property
     def all_token_ids(self) -> list[int]:
