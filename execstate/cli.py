@@ -70,6 +70,14 @@ def _bench(args: argparse.Namespace) -> int:
         report = run_sampler_bench(repeats=args.repeats, threads=args.threads)
         print(json.dumps(report, indent=2) if args.json else format_sampler_table(report))
         return 0
+    if args.bench_cmd == "weights":
+        from execstate.bench.weights import run_weights_bench
+
+        report = run_weights_bench(model=args.model, repeats=args.repeats, threads=args.threads,
+                                   print_table=not args.json)
+        if args.json:
+            print(json.dumps(report, indent=2))
+        return 0
     raise AssertionError(args.bench_cmd)
 
 
@@ -133,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--repeats", type=int, default=20)
     bs.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     bs.add_argument("--json", action="store_true")
+    bw = bsub.add_parser("weights", help="update_weights time: state dict or path, hashed or supplied version")
+    bw.add_argument("--model", default="smollm2-moe", help="an embedded name or a path")
+    bw.add_argument("--repeats", type=int, default=5)
+    bw.add_argument("--threads", type=int, default=None)
+    bw.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)
 
     d = sub.add_parser("demo", help="R3 rollout with prefix reuse and a replay check")

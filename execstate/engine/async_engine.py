@@ -13,6 +13,11 @@ Contract:
   generator closed, a client disconnect), the request is aborted and its blocks freed.
 - ``abort`` finishes a request from outside; its consumer receives the final output with
   ``finish_reason == "abort"``.
+- ``update_weights`` is a command too: a checkpoint path is read off the engine thread,
+  validation and the switch run on it. Under ``drain`` the thread keeps stepping (and
+  streaming) the requests in flight and accepts new ones, which wait; the awaitable
+  completes once the weights are switched. Under ``abort`` the consumers of the requests
+  in flight receive their final ``"abort"`` output.
 - If the engine thread crashes, every pending request and command gets an
   ``EngineDeadError`` (with the crash as ``__cause__``), ``is_healthy`` turns False and
   later calls raise ``EngineDeadError`` at once. ``shutdown`` does the same with a
@@ -31,11 +36,16 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
+
+import torch
 
 from execstate.engine.llm_engine import LLMEngine, PromptType
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.weight_update import UpdatePolicy, WeightUpdate, WeightUpdateResult
+from execstate.model.loader import load_hf_state_dict
 
 T = TypeVar("T")
 
@@ -79,6 +89,14 @@ class _Call:
     done: concurrent.futures.Future[Any]
 
 
+@dataclass
+class _UpdateWeights:
+    state_dict: dict[str, torch.Tensor]
+    weights_version: str | None
+    policy: UpdatePolicy
+    done: concurrent.futures.Future[WeightUpdateResult]
+
+
 class _Stop:
     pass
 
@@ -90,7 +108,7 @@ def _copy(err: EngineDeadError) -> EngineDeadError:
     return new
 
 
-_Command = _Add | _Abort | _Call | _Stop
+_Command = _Add | _Abort | _Call | _UpdateWeights | _Stop
 
 
 class AsyncEngine:
@@ -103,6 +121,7 @@ class AsyncEngine:
         self.model_path = engine.model_path
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._sinks: dict[str, _Sink] = {}  # engine thread only
+        self._update: tuple[WeightUpdate, concurrent.futures.Future[WeightUpdateResult]] | None = None  # ditto
         self._lock = threading.Lock()  # guards _error against late submissions
         self._error: EngineDeadError | None = None
         self._thread = threading.Thread(target=self._run, name="execstate-engine", daemon=True)
@@ -169,6 +188,20 @@ class AsyncEngine:
         self._submit(_Call(fn, done))
         return await asyncio.wrap_future(done)
 
+    async def update_weights(
+        self, source: str | Path | dict[str, torch.Tensor], weights_version: str | None = None,
+        policy: UpdatePolicy = "abort",
+    ) -> WeightUpdateResult:
+        """``LLMEngine.begin_weight_update`` on the engine thread; returns once switched.
+
+        Raises ``ValueError`` (nothing changed) or ``RuntimeError`` (an update is already
+        in progress). Requests keep streaming meanwhile (see the module docstring).
+        """
+        state_dict = await asyncio.to_thread(load_hf_state_dict, source) if isinstance(source, str | Path) else source
+        done: concurrent.futures.Future[WeightUpdateResult] = concurrent.futures.Future()
+        self._submit(_UpdateWeights(state_dict, weights_version, policy, done))
+        return await asyncio.wrap_future(done)
+
     def call(self, fn: Callable[[LLMEngine], T], timeout: float | None = None) -> T:
         """Blocking ``run_on_engine`` for plain threads (start-up hooks, tests).
 
@@ -212,6 +245,8 @@ class AsyncEngine:
                         cmd = self._commands.get(timeout=_POLL_S if eng.needs_polling else None)
                     except queue.Empty:
                         eng.poll()
+                        if self._update is not None:
+                            self._resolve_update()
                         continue
                 while True:
                     if cmd is not None and not self._handle(cmd):
@@ -226,6 +261,9 @@ class AsyncEngine:
                 if eng.has_unfinished_requests():
                     for out in eng.step():
                         self._deliver(out)
+                if self._update is not None:
+                    eng.poll()  # a drained update switches here
+                    self._resolve_update()
         except BaseException as exc:  # noqa: BLE001 - anything here kills the engine
             err = EngineDeadError(f"the engine thread crashed: {exc!r}")
             err.__cause__ = exc
@@ -254,9 +292,27 @@ class AsyncEngine:
                     cmd.done.set_result(cmd.fn(eng))
                 except BaseException as exc:  # noqa: BLE001 - returned to the caller
                     cmd.done.set_exception(exc)
+        elif isinstance(cmd, _UpdateWeights):
+            if cmd.done.set_running_or_notify_cancel():
+                try:
+                    update = eng.begin_weight_update(cmd.state_dict, cmd.weights_version, cmd.policy)
+                except Exception as exc:  # ValueError / RuntimeError: nothing changed
+                    cmd.done.set_exception(exc)
+                    return True
+                for out in update.aborted:
+                    self._deliver(out)
+                self._update = (update, cmd.done)
+                self._resolve_update()
         else:
             return False
         return True
+
+    def _resolve_update(self) -> None:
+        assert self._update is not None
+        update, done = self._update
+        if update.result is not None:
+            self._update = None
+            done.set_result(update.result)
 
     def _deliver(self, out: RequestOutput) -> None:
         sink = self._sinks.pop(out.request_id, None) if out.finished else self._sinks.get(out.request_id)
@@ -281,5 +337,8 @@ class AsyncEngine:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(cmd, _Add | _Call) and cmd.done.set_running_or_notify_cancel():
+            if isinstance(cmd, _Add | _Call | _UpdateWeights) and cmd.done.set_running_or_notify_cancel():
                 cmd.done.set_exception(err)
+        if self._update is not None:
+            self._update[1].set_exception(err)
+            self._update = None

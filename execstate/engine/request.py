@@ -74,6 +74,8 @@ class Request:
     generator: Any = None
     # Incremental token counts / logit bias for penalised sampling (None: no penalty used).
     penalty_state: PenaltyState | None = None
+    # Tenant salt of this request's block keys (engine/cache_salt.py); None: the engine's.
+    cache_salt: str | None = None
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -65,7 +65,7 @@ async def create_chat_completion(ctx: ServeContext, req: ChatCompletionRequest, 
     validate_prompts([prompt], eng.model_config.vocab_size, eng.max_model_len, params.max_tokens)
     check_logit_bias(params, eng.model_config.vocab_size)
     request_id = new_request_id("chatcmpl")
-    subs = expand(request_id, [prompt], params, params.n, req.kv_transfer_params)
+    subs = expand(request_id, [prompt], params, params.n, req.kv_transfer_params, req.cache_salt)
     if req.stream:
         return SSEResponse(_stream(ctx, req, subs, request_id, arrival))
     try:

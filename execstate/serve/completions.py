@@ -54,7 +54,7 @@ async def create_completion(ctx: ServeContext, req: CompletionRequest, raw: Requ
     validate_prompts(prompts, eng.model_config.vocab_size, eng.max_model_len, params.max_tokens)
     check_logit_bias(params, eng.model_config.vocab_size)
     request_id = new_request_id("cmpl")
-    subs = expand(request_id, prompts, params, params.n, req.kv_transfer_params)
+    subs = expand(request_id, prompts, params, params.n, req.kv_transfer_params, req.cache_salt)
     if req.stream:
         return SSEResponse(_stream(ctx, req, subs, request_id, arrival))
     try:

@@ -44,18 +44,20 @@ class SubRequest:
     params: SamplingParams
     request_id: str
     kv_transfer_params: dict[str, Any] | None
+    cache_salt: str | None = None  # the request body's, validated (engine/cache_salt.py)
 
 
 def expand(
     base_id: str, prompts: list[PromptInput], params: SamplingParams, n: int,
-    kv_transfer_params: dict[str, Any] | None,
+    kv_transfer_params: dict[str, Any] | None, cache_salt: str | None = None,
 ) -> list[SubRequest]:
     subs = []
     for p, prompt in enumerate(prompts):
         for j in range(n):
             seed = None if params.seed is None else params.seed + j
             sub_params = replace(params, n=1, seed=seed)
-            subs.append(SubRequest(p * n + j, p, prompt, sub_params, f"{base_id}-{p}-{j}", kv_transfer_params))
+            subs.append(SubRequest(p * n + j, p, prompt, sub_params, f"{base_id}-{p}-{j}", kv_transfer_params,
+                                   cache_salt))
     return subs
 
 
@@ -67,7 +69,7 @@ async def merged_outputs(
 
     async def pump(sub: SubRequest) -> None:
         timer = metrics.timer(arrival)
-        prompt = {"prompt_token_ids": sub.prompt.token_ids, "prompt": sub.prompt.text}
+        prompt = {"prompt_token_ids": sub.prompt.token_ids, "prompt": sub.prompt.text, "cache_salt": sub.cache_salt}
         try:
             gen = engine.generate(prompt, sub.params, sub.request_id, sub.kv_transfer_params)
             async with aclosing(gen):

@@ -8,7 +8,7 @@ token ids as strings), vLLM's ``repetition_penalty`` and ``min_p``.
 
 Extensions, as in vLLM: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
 ``return_token_ids``, ``kv_transfer_params`` (PD handoff, passed to the engine and
-returned top-level), and R3's ``routed_experts_prompt_start`` (request) /
+returned top-level), ``cache_salt`` (per-tenant prefix cache), and R3's ``routed_experts_prompt_start`` (request) /
 ``routed_experts`` (each choice: base64 of ``numpy.save`` bytes, DESIGN.md 4). Response
 extensions that were not asked for are omitted rather than sent as ``null``.
 """
@@ -19,6 +19,8 @@ import time
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer
+
+from execstate.engine.cache_salt import check_cache_salt
 
 Prompt = str | list[int] | list[str] | list[list[int]]
 
@@ -69,6 +71,13 @@ class SamplingRequest(BaseModel):
     # R3 and PD.
     routed_experts_prompt_start: int = 0
     kv_transfer_params: dict[str, Any] | None = None
+    # vLLM: tenant salt of the prompt's cache keys (engine/cache_salt.py).
+    cache_salt: str | None = None
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _check_cache_salt(cls, v: str | None) -> str | None:
+        return check_cache_salt(v)
 
     @field_validator(
         "temperature", "top_p", "n", "min_tokens", "ignore_eos", "return_token_ids",
