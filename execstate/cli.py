@@ -64,6 +64,12 @@ def _bench(args: argparse.Namespace) -> int:
         report = run_kernel_bench(repeats=args.repeats, threads=args.threads)
         print(json.dumps(report, indent=2) if args.json else format_kernel_table(report))
         return 0
+    if args.bench_cmd == "sampler":
+        from execstate.bench.sampler import format_sampler_table, run_sampler_bench
+
+        report = run_sampler_bench(repeats=args.repeats, threads=args.threads)
+        print(json.dumps(report, indent=2) if args.json else format_sampler_table(report))
+        return 0
     if args.bench_cmd == "weights":
         from execstate.bench.weights import run_weights_bench
 
@@ -131,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     bk.add_argument("--repeats", type=int, default=5)
     bk.add_argument("--threads", type=int, default=None)
     bk.add_argument("--json", action="store_true")
+    bs = bsub.add_parser("sampler", help="vectorised sampler vs the old per-row loop (batch 1/8/64, vocab 49152)")
+    bs.add_argument("--repeats", type=int, default=20)
+    bs.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    bs.add_argument("--json", action="store_true")
     bw = bsub.add_parser("weights", help="update_weights time: state dict or path, hashed or supplied version")
     bw.add_argument("--model", default="smollm2-moe", help="an embedded name or a path")
     bw.add_argument("--repeats", type=int, default=5)

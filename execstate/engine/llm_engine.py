@@ -30,6 +30,7 @@ from execstate.engine.config import EngineConfig
 from execstate.engine.kv_cache_manager import KVCacheManager
 from execstate.engine.output_builder import build_output, check_stop
 from execstate.engine.outputs import RequestOutput
+from execstate.engine.penalties import PenaltyState
 from execstate.engine.r3_clock import R3Clock
 from execstate.engine.request import Request, RequestStatus
 from execstate.engine.route_trace import RouteTrace
@@ -38,7 +39,7 @@ from execstate.engine.sampler import sample
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import Scheduler
 from execstate.engine.tokenizer import Tokenizer
-from execstate.engine.validation import validate_forced_routes, validate_prompt
+from execstate.engine.validation import validate_forced_routes, validate_logit_bias, validate_prompt
 from execstate.engine.weight_update import (
     UpdatePolicy,
     WeightUpdate,
@@ -157,6 +158,7 @@ class LLMEngine:
             raise ValueError("the engine takes n=1 requests; LLM.generate expands n > 1")
         token_ids, text = self.tokenize_prompt(prompt)
         validate_prompt(token_ids, self.model_config.vocab_size, self.max_model_len)
+        validate_logit_bias(params.logit_bias, self.model_config.vocab_size)
         cache_salt = cache_salt_of(prompt)
         mc = self.model_config
         if params.routed_experts is not None:
@@ -172,6 +174,7 @@ class LLMEngine:
             capacity = len(token_ids) + req.max_new_tokens
             req.routes = RouteTrace(mc.num_moe_layers, mc.top_k, capacity) if self.return_routes else None
         req.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else self.generator
+        req.penalty_state = PenaltyState.for_request(params, req.prompt_token_ids, req.output_token_ids, mc.vocab_size)
         self.requests[request_id] = req
         self.scheduler.add(req)
         return request_id
@@ -220,7 +223,8 @@ class LLMEngine:
             return outputs
         reqs = [sched.scheduled[i].request for i in result.sample_rows]
         banned = [self._banned(r) for r in reqs]
-        sampled = sample(result.logits, [r.params for r in reqs], [r.generator for r in reqs], banned)
+        sampled = sample(result.logits, [r.params for r in reqs], [r.generator for r in reqs], banned,
+                         [r.penalty_state for r in reqs])
         now = time.monotonic()
         for j, req in enumerate(reqs):
             req.output_token_ids.append(sampled.token_ids[j])

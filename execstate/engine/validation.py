@@ -49,3 +49,14 @@ def validate_forced_routes(
             tok, layer = map(int, np.argwhere(dup)[0])
             raise ValueError(f"routed_experts has a duplicate expert in row (token {tok}, moe layer {layer})")
     return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def validate_logit_bias(logit_bias: dict[int, float] | None, vocab_size: int) -> None:
+    """Every ``logit_bias`` key must be a token id inside the vocabulary."""
+    if not logit_bias:
+        return
+    bad = [t for t in logit_bias if t < 0 or t >= vocab_size]
+    if bad:
+        raise ValueError(
+            f"invalid sampling parameter logit_bias: token id {bad[0]} is outside the vocabulary [0, {vocab_size})"
+        )

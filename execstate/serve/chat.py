@@ -22,6 +22,7 @@ from execstate.serve.context import ServeContext, as_openai_error, engine_dead, 
 from execstate.serve.convert import (
     chat_logprobs,
     chat_prompt,
+    check_logit_bias,
     check_unsupported,
     sampling_params,
     validate_prompts,
@@ -62,6 +63,7 @@ async def create_chat_completion(ctx: ServeContext, req: ChatCompletionRequest, 
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None)
     validate_prompts([prompt], eng.model_config.vocab_size, eng.max_model_len, params.max_tokens)
+    check_logit_bias(params, eng.model_config.vocab_size)
     request_id = new_request_id("chatcmpl")
     subs = expand(request_id, [prompt], params, params.n, req.kv_transfer_params, req.cache_salt)
     if req.stream:

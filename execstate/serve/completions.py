@@ -21,6 +21,7 @@ from execstate.engine.async_engine import EngineDeadError
 from execstate.engine.outputs import RequestOutput
 from execstate.serve.context import ServeContext, as_openai_error, engine_dead, new_request_id
 from execstate.serve.convert import (
+    check_logit_bias,
     check_unsupported,
     completion_logprobs,
     completion_prompts,
@@ -51,6 +52,7 @@ async def create_completion(ctx: ServeContext, req: CompletionRequest, raw: Requ
     if req.kv_transfer_params is not None and len(prompts) != 1:
         raise bad_request("kv_transfer_params needs exactly one prompt", param="kv_transfer_params")
     validate_prompts(prompts, eng.model_config.vocab_size, eng.max_model_len, params.max_tokens)
+    check_logit_bias(params, eng.model_config.vocab_size)
     request_id = new_request_id("cmpl")
     subs = expand(request_id, prompts, params, params.n, req.kv_transfer_params, req.cache_salt)
     if req.stream:

@@ -2,7 +2,8 @@
 
 Everything a request can get wrong is checked here, before any engine request exists,
 and raised as a 400 ``OpenAIError`` naming the parameter: unsupported OpenAI features at
-non-neutral values, sampling ranges (``SamplingParams`` validation), prompts that are
+non-neutral values, sampling ranges (``SamplingParams`` validation), ``logit_bias`` keys
+that are not token ids of the vocabulary, prompts that are
 empty, too long or hold ids outside the vocabulary, and ``max_tokens`` that cannot fit
 after the prompt. Tokenisation uses the engine's immutable tokenizer on the caller's
 thread, exactly as ``LLM.generate`` (text prompts) and ``LLM.chat`` (chat) do.
@@ -10,6 +11,7 @@ thread, exactly as ``LLM.generate`` (text prompts) and ``LLM.chat`` (chat) do.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import jinja2
@@ -17,7 +19,7 @@ import jinja2
 from execstate.engine.outputs import Logprob
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.tokenizer import Tokenizer
-from execstate.engine.validation import validate_prompt
+from execstate.engine.validation import validate_logit_bias, validate_prompt
 from execstate.serve.errors import bad_request, param_of
 from execstate.serve.generation import PromptInput
 from execstate.serve.protocol import (
@@ -37,12 +39,6 @@ def check_unsupported(req: SamplingRequest) -> None:
     def no(param: str, why: str = "is not supported by this server") -> None:
         raise bad_request(f"{param} {why}", param=param)
 
-    if req.frequency_penalty:
-        no("frequency_penalty")
-    if req.presence_penalty:
-        no("presence_penalty")
-    if req.logit_bias:
-        no("logit_bias")
     if isinstance(req, CompletionRequest):
         if req.echo:
             no("echo")
@@ -73,6 +69,11 @@ def sampling_params(req: SamplingRequest, max_tokens: int | None, logprobs: int 
             temperature=req.temperature,
             top_p=req.top_p,
             top_k=req.top_k,
+            min_p=req.min_p,
+            repetition_penalty=req.repetition_penalty,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            logit_bias=_logit_bias(req.logit_bias),
             seed=req.seed,
             max_tokens=max_tokens,
             min_tokens=req.min_tokens,
@@ -84,6 +85,26 @@ def sampling_params(req: SamplingRequest, max_tokens: int | None, logprobs: int 
         )
     except ValueError as exc:
         raise bad_request(str(exc), param=param_of(str(exc))) from None
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI sends ``{"token id": bias}``; the engine takes int ids."""
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        if not re.fullmatch(r"[0-9]+", key.strip()):
+            raise bad_request(f"logit_bias keys must be token ids (integers >= 0), got {key!r}", param="logit_bias")
+        out[int(key)] = value
+    return out
+
+
+def check_logit_bias(params: SamplingParams, vocab_size: int) -> None:
+    """``logit_bias`` keys inside the vocabulary (400 naming logit_bias)."""
+    try:
+        validate_logit_bias(params.logit_bias, vocab_size)
+    except ValueError as exc:
+        raise bad_request(str(exc), param="logit_bias") from None
 
 
 def completion_prompts(req: CompletionRequest, tokenizer: Tokenizer | None) -> list[PromptInput]:

@@ -2,9 +2,11 @@
 
 Requests reject unknown fields (a typo such as ``routed_experts_prompt_strat`` must not be
 silently ignored by an RL stack); OpenAI fields this server does not implement are
-accepted at their neutral values only (see ``convert.check_unsupported``).
+accepted at their neutral values only (see ``convert.check_unsupported``). Sampling
+fields: OpenAI's ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` (keys are
+token ids as strings), vLLM's ``repetition_penalty`` and ``min_p``.
 
-Extensions, as in vLLM: ``top_k``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
+Extensions, as in vLLM: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
 ``return_token_ids``, ``kv_transfer_params`` (PD handoff, passed to the engine and
 returned top-level), ``cache_salt`` (per-tenant prefix cache), and R3's ``routed_experts_prompt_start`` (request) /
 ``routed_experts`` (each choice: base64 of ``numpy.save`` bytes, DESIGN.md 4). Response
@@ -56,11 +58,12 @@ class SamplingRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # OpenAI fields accepted only at their neutral values.
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     # vLLM extensions.
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     min_tokens: int = 0
@@ -76,7 +79,10 @@ class SamplingRequest(BaseModel):
     def _check_cache_salt(cls, v: str | None) -> str | None:
         return check_cache_salt(v)
 
-    @field_validator("temperature", "top_p", "n", "min_tokens", "ignore_eos", "return_token_ids", mode="before")
+    @field_validator(
+        "temperature", "top_p", "n", "min_tokens", "ignore_eos", "return_token_ids",
+        "frequency_penalty", "presence_penalty", "min_p", "repetition_penalty", mode="before",
+    )
     @classmethod
     def _null_is_default(cls, v: Any, info: ValidationInfo) -> Any:
         """Some clients send ``null`` for "not given"."""
