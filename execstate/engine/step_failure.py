@@ -9,8 +9,10 @@ Contract (``LLMEngine.step`` calls ``fail_step`` from its ``except``):
   and ``error`` saying the step failed (and why), which releases its blocks and route
   leases through the scheduler (exactly once, as any finish). Outputs the step had
   already produced are kept and returned first, so consumers see them in order.
-- Then the block pool and the route store must pass ``check_integrity()``. If they do
-  not, or if failing the requests raised in turn, shared state may be corrupt and
+- Then the block pool and the route store must pass ``check_integrity()``, and every
+  block reference must belong to a live request (``check_references``; skipped while
+  blocks are held outside requests, e.g. PD exports). If not, or if failing the
+  requests raised in turn, shared state may be corrupt and
   ``EngineCorruptedError`` is raised: the engine must stop (the server exits so that a
   supervisor restarts it). A step whose error is not attributable to any request
   (nothing was scheduled) re-raises as ``EngineFatalError`` for the same reason: the
@@ -22,11 +24,13 @@ Contract (``LLMEngine.step`` calls ``fail_step`` from its ``except``):
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from execstate.engine.outputs import CompletionOutput, RequestOutput
 from execstate.engine.request import Request, RequestStatus
+from execstate.state.block_pool import BlockId
 
 if TYPE_CHECKING:
     from execstate.engine.llm_engine import LLMEngine
@@ -74,11 +78,28 @@ def fail_step(engine: LLMEngine, state: StepState, exc: Exception) -> list[Reque
                 engine.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
             outputs.append(_final_output(engine, req))
         engine.check_integrity()
+        check_references(engine)
     except Exception as corrupt:
         raise EngineCorruptedError(
             f"an engine step failed ({exc!r}) and shared state is inconsistent afterwards: {corrupt!r}"
         ) from exc
     return outputs
+
+
+def check_references(engine: LLMEngine) -> None:
+    """Raise ``AssertionError`` unless each block's reference count is the number of live
+    requests holding it (a leaked or lost reference). No-op while blocks are held elsewhere."""
+    if engine._blocks_held_elsewhere():
+        return
+    held = Counter(b for req in engine.requests.values() for b in req.block_ids)
+    pool = engine.block_pool
+    wrong = [b for b in range(pool.num_blocks) if pool.ref_count(BlockId(b)) != held.get(b, 0)]
+    if wrong:
+        b = wrong[0]
+        raise AssertionError(
+            f"{len(wrong)} block(s) with references no request holds, e.g. block {b}: "
+            f"ref_count {pool.ref_count(BlockId(b))}, held by {held.get(b, 0)} request(s)"
+        )
 
 
 def _final_output(engine: LLMEngine, req: Request) -> RequestOutput:
