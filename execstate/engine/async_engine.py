@@ -136,10 +136,6 @@ class AsyncEngine:
         return self._dead.wait(timeout)
 
     # -- admission ------------------------------------------------------------------------------
-    @property
-    def max_waiting_requests(self) -> int | None:
-        return self._admission.max_waiting
-
     def admit(self, count: int) -> Admission:
         """Reserve waiting-queue slots for ``count`` requests at once (see ``admission.py``):
         ``EngineOverloadedError`` when they do not fit now, ``ValueError`` when they never can."""

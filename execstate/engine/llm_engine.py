@@ -13,9 +13,9 @@ mix KV and routes of two weight versions in one trace, which an RL trainer canno
 replay. Their outputs are returned by ``update_weights``.
 
 Failure isolation: a step that raises fails the requests of that step (finish_reason
-``"abort"``, ``error`` set) and the engine goes on serving; only when the block pool or
-route store fail their integrity check afterwards does ``step`` raise
-(``EngineCorruptedError``). See ``step_failure``.
+``"abort"``, ``error`` set) and the engine goes on serving; only when shared state fails
+its integrity checks afterwards does ``step`` raise (``EngineCorruptedError``). See
+``step_failure``.
 """
 
 from __future__ import annotations

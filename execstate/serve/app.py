@@ -8,10 +8,10 @@ Every error is an OpenAI error body (``errors.py``).
 ``limits`` (``ServingLimits``) bounds every request: the body size is checked by
 ``BodySizeLimitMiddleware`` before parsing (413), the fields by
 ``limit_checks.check_limits`` (400), the waiting queue by the engine's admission
-control (429; its size is the ``AsyncEngine``'s ``max_waiting_requests``, which
-``serve`` sets from the same limits). Unknown request fields are ignored and named in the ``X-Ignored-Fields``
-response header (comma-separated, percent-encoded, at most ``MAX_IGNORED_LISTED``) and
-the log.
+control (429; its size is the ``AsyncEngine``'s ``max_waiting_requests`` argument,
+which ``serve`` sets from the same limits). Unknown request fields are ignored and
+named in the ``X-Ignored-Fields`` response header (comma-separated, percent-encoded, at
+most ``MAX_IGNORED_LISTED``) and the log.
 
 The app does not own the engine: whoever built the ``AsyncEngine`` shuts it down.
 ``app.state.ctx`` (``ServeContext``) holds the engine, the served name, the metrics
