@@ -13,10 +13,11 @@ Start-up order (``run_server``):
 4. ``build_app`` with the request limits (``ServingLimits`` from the flags) and
    ``serve_until_engine_dies``; on exit the engine thread is shut down.
 
-Exit status: 0 after a normal shutdown (a signal); 1 when the engine stopped serving
-(a crash, or a failed step that left shared state corrupt): ``/health`` has answered
-503 with the reason meanwhile, the server stops accepting requests, and the non-zero
-status tells a supervisor to restart it.
+Exit status: 1 when the engine stopped serving (a crash, or a failed step that left
+shared state corrupt): ``/health`` has answered 503 with the reason meanwhile, the
+server stops accepting requests, and the non-zero status tells a supervisor to restart
+it. Stopped by a signal, the process ends as uvicorn ends it (it re-raises the signal:
+130 for SIGINT).
 """
 
 from __future__ import annotations

@@ -55,3 +55,12 @@ def test_tiny_temperature_never_takes_the_engine_down(llm, probe_tokens):
     llm.engine.check_integrity()
     assert llm.engine.block_pool.num_used == 0
     assert llm.generate(PROMPT, PROBE, use_tqdm=False)[0].outputs[0].token_ids == probe_tokens
+
+
+def test_offline_batches_are_not_bounded_by_the_serving_queue(llm):
+    """The waiting-queue bound (--max-waiting-requests, 256) is the server's: LLM.generate
+    queues a larger batch itself."""
+    prompts = [{"prompt_token_ids": [1 + i % 500, 2, 3]} for i in range(300)]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True), use_tqdm=False)
+    assert len(outs) == 300 and all(len(o.outputs[0].token_ids) == 1 and o.error is None for o in outs)
+    assert [o.prompt_token_ids[0] for o in outs] == [1 + i % 500 for i in range(300)]
