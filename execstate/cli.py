@@ -99,6 +99,56 @@ def _serve(args: argparse.Namespace) -> int:
     return run_server(args)
 
 
+def _size(text: str) -> int:
+    from execstate.serve.limits import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# Defaults of the engine's capacity options (EngineConfig's; tests/serve/test_limits.py checks
+# they agree; engine.config imports torch, which --help should not wait for).
+_ENGINE_DEFAULTS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "kv_cache_memory": 1 << 30}
+
+_LIMIT_HELP = {
+    "max_n": "most choices per prompt (n)",
+    "max_logprobs": "most logprobs (completions) / top_logprobs (chat) per token",
+    "max_prompts_per_request": "most prompts in one /v1/completions request",
+    "max_stop_strings": "most stop strings per request",
+    "max_stop_string_length": "most characters in one stop string",
+    "max_stop_token_ids": "most stop_token_ids per request",
+    "max_request_bytes": "largest HTTP request body (bytes, or a size such as 4MiB); larger gets 413",
+    "max_waiting_requests": "engine requests (prompts x n) that may wait to be scheduled; beyond it, "
+                            "429 with Retry-After",
+}
+
+
+def _add_capacity_and_limit_options(s: argparse.ArgumentParser) -> None:
+    """``serve``: the engine's capacity and the bounds on each request (``ServingLimits``)."""
+    from execstate.serve.limits import ServingLimits, option_name
+
+    e = _ENGINE_DEFAULTS
+    g = s.add_argument_group("engine capacity")
+    g.add_argument("--max-num-seqs", type=int, default=e["max_num_seqs"],
+                   help="requests running at once (default: %(default)s)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=e["max_num_batched_tokens"],
+                   help="tokens per engine step, shared by decodes and chunked prefills (default: %(default)s)")
+    g.add_argument("--kv-cache-memory", type=_size, default=e["kv_cache_memory"],
+                   help="memory of the KV block pool: bytes or a size such as 512MiB, 2GiB "
+                        "(default: %(default)s bytes = 1GiB; the pool never exceeds what --max-num-seqs "
+                        "full-length sequences can use)")
+    g.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="KV pool size in blocks; overrides --kv-cache-memory (default: from --kv-cache-memory)")
+    g = s.add_argument_group("request limits (beyond a bound: 400, 413 or 429, before any engine work)")
+    defaults = ServingLimits()
+    for name, text in _LIMIT_HELP.items():
+        kind = _size if name == "max_request_bytes" else int
+        g.add_argument(option_name(name), type=kind, default=getattr(defaults, name),
+                       help=f"{text} (default: %(default)s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="execstate", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -168,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kernels", default="auto", choices=["auto", "torch", "execstate"],
                    help="execstate's CPU kernels (auto: when available, CPU, fp32) or torch ops only; "
                         "recorded in provenance numerics, so P and D of a PD pair must agree")
+    _add_capacity_and_limit_options(s)
     s.set_defaults(func=_serve)
 
     px = sub.add_parser("proxy", help="prefill/decode disaggregation proxy")

@@ -18,10 +18,18 @@ Contract:
   streaming) the requests in flight and accepts new ones, which wait; the awaitable
   completes once the weights are switched. Under ``abort`` the consumers of the requests
   in flight receive their final ``"abort"`` output.
-- If the engine thread crashes, every pending request and command gets an
-  ``EngineDeadError`` (with the crash as ``__cause__``), ``is_healthy`` turns False and
-  later calls raise ``EngineDeadError`` at once. ``shutdown`` does the same with a
-  "shut down" message and joins the thread.
+- Admission (``admission.py``): with ``max_waiting_requests``, ``generate`` counts its
+  request against the bounded waiting queue before anything reaches the engine thread
+  and raises ``EngineOverloadedError`` when it is full. A caller with several requests
+  reserves them together with ``admit(k)`` and passes the ticket to each ``generate``,
+  then ``release``s it.
+- A step that raises fails only the requests of that step (``LLMEngine.step``); they
+  receive a final output with ``finish_reason == "abort"`` and ``error`` set.
+- If the engine thread crashes (or a failed step leaves shared state corrupt), every
+  pending request and command gets an ``EngineDeadError`` (with the crash as
+  ``__cause__``), ``is_healthy`` turns False and later calls raise ``EngineDeadError``
+  at once; ``wait_dead`` returns. ``shutdown`` does the same with a "shut down"
+  message and joins the thread.
 - Immutable facts about the model (``tokenizer``, ``model_config``, ``max_model_len``,
   ``return_routes``) are read once at construction and may be used from any thread;
   the tokenizer is never mutated after loading.
@@ -41,6 +49,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from execstate.engine.admission import Admission, AdmissionControl, EngineOverloadedError
 from execstate.engine.llm_engine import LLMEngine, PromptType
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.sampling_params import SamplingParams
@@ -48,6 +57,8 @@ from execstate.engine.weight_update import UpdatePolicy, WeightUpdate, WeightUpd
 from execstate.model.loader import load_hf_state_dict
 
 T = TypeVar("T")
+
+__all__ = ["Admission", "AsyncEngine", "EngineDeadError", "EngineOverloadedError"]
 
 
 # How often an idle engine with pending housekeeping (PD exports) polls.
@@ -112,8 +123,9 @@ _Command = _Add | _Abort | _Call | _UpdateWeights | _Stop
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, max_waiting_requests: int | None = None) -> None:
         self._engine = engine
+        self._admission = AdmissionControl(max_waiting_requests)
         self.tokenizer = engine.tokenizer
         self.model_config = engine.model_config
         self.max_model_len: int = engine.max_model_len
@@ -124,6 +136,7 @@ class AsyncEngine:
         self._update: tuple[WeightUpdate, concurrent.futures.Future[WeightUpdateResult]] | None = None  # ditto
         self._lock = threading.Lock()  # guards _error against late submissions
         self._error: EngineDeadError | None = None
+        self._dead = threading.Event()
         self._thread = threading.Thread(target=self._run, name="execstate-engine", daemon=True)
         self._thread.start()
 
@@ -137,6 +150,22 @@ class AsyncEngine:
         """Why the engine stopped serving; ``None`` while it is healthy."""
         return self._error
 
+    def wait_dead(self, timeout: float | None = None) -> bool:
+        """Block until the engine thread stopped serving (crash or shutdown); False on timeout."""
+        return self._dead.wait(timeout)
+
+    # -- admission ------------------------------------------------------------------------------
+    def admit(self, count: int) -> Admission:
+        """Reserve waiting-queue slots for ``count`` requests at once (see ``admission.py``):
+        ``EngineOverloadedError`` when they do not fit now, ``ValueError`` when they never can."""
+        if self._error is not None:
+            raise _copy(self._error)
+        return self._admission.admit(count)
+
+    def release(self, admission: Admission) -> None:
+        """Give back the slots of ``admission`` that no ``generate`` used."""
+        self._admission.release(admission)
+
     # -- API ----------------------------------------------------------------------------------
     async def generate(
         self,
@@ -144,17 +173,26 @@ class AsyncEngine:
         params: SamplingParams,
         request_id: str,
         kv_transfer_params: dict[str, Any] | None = None,
+        admission: Admission | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Add one request (``params.n`` must be 1) and yield its outputs until finished.
 
-        Raises ``ValueError`` (bad input, engine untouched) before yielding anything, and
-        ``EngineDeadError`` if the engine dies meanwhile. Closing or cancelling the
-        iterator early aborts the request.
+        Raises ``ValueError`` (bad input, engine untouched) or ``EngineOverloadedError``
+        (waiting queue full; not with an ``admission`` that has a slot left) before
+        yielding anything, and ``EngineDeadError`` if the engine dies meanwhile. Closing or
+        cancelling the iterator early aborts the request.
         """
         loop = asyncio.get_running_loop()
         sink = _Sink(loop, asyncio.Queue())
         added: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._submit(_Add(prompt, params, request_id, kv_transfer_params, sink, added))
+        own = admission is None
+        ticket = self.admit(1) if admission is None else admission
+        try:
+            self._admission.take(ticket)
+            self._submit(_Add(prompt, params, request_id, kv_transfer_params, sink, added))
+        finally:
+            if own:
+                self._admission.release(ticket)
         finished = False
         try:
             try:
@@ -264,6 +302,7 @@ class AsyncEngine:
                 if self._update is not None:
                     eng.poll()  # a drained update switches here
                     self._resolve_update()
+                self._admission.publish(len(eng.scheduler.waiting))
         except BaseException as exc:  # noqa: BLE001 - anything here kills the engine
             err = EngineDeadError(f"the engine thread crashed: {exc!r}")
             err.__cause__ = exc
@@ -273,15 +312,15 @@ class AsyncEngine:
         """Execute one command on the engine thread; False means stop."""
         eng = self._engine
         if isinstance(cmd, _Add):
-            if not cmd.done.set_running_or_notify_cancel():
-                return True
             try:
-                eng.add_request(cmd.prompt, cmd.params, cmd.request_id, cmd.kv_transfer_params)
+                if cmd.done.set_running_or_notify_cancel():
+                    eng.add_request(cmd.prompt, cmd.params, cmd.request_id, cmd.kv_transfer_params)
+                    self._sinks[cmd.request_id] = cmd.sink
+                    cmd.done.set_result(None)
             except Exception as exc:  # ValueError: bad input; add_request mutates nothing before it succeeds
                 cmd.done.set_exception(exc)
-                return True
-            self._sinks[cmd.request_id] = cmd.sink
-            cmd.done.set_result(None)
+            finally:  # its waiting-queue slot is now the scheduler's (or free)
+                self._admission.on_added(len(eng.scheduler.waiting))
         elif isinstance(cmd, _Abort):
             out = eng.abort_request(cmd.request_id)
             if out is not None:
@@ -328,6 +367,7 @@ class AsyncEngine:
     def _die(self, err: EngineDeadError) -> None:
         with self._lock:
             self._error = err
+        self._dead.set()
         for sink in self._sinks.values():
             with contextlib.suppress(RuntimeError):
                 sink.put(err)

@@ -26,7 +26,7 @@ from execstate.engine.outputs import RequestOutput, ScoreOutput
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scorer import score_tokens
 from execstate.engine.tokenizer import Tokenizer
-from execstate.engine.validation import validate_prompt
+from execstate.engine.validation import validate_prompt, validate_sampling
 from execstate.engine.weight_update import UpdatePolicy
 
 
@@ -64,6 +64,8 @@ class LLM:
                 raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
         eng = self.engine
         tokenized: list[PromptType] = []
+        for params in {id(p): p for p in params_list}.values():
+            validate_sampling(params, eng.model_config.vocab_size)
         for prompt in prompts:  # tokenize once and validate everything before queuing any
             ids, text = eng.tokenize_prompt(prompt)
             validate_prompt(ids, eng.model_config.vocab_size, eng.max_model_len)

@@ -13,6 +13,11 @@ flight at the update are never continued across it (that would mix KV and routes
 weight versions in one trace, which an RL trainer cannot replay): policy ``abort``
 finishes them with finish_reason ``"abort"``; policy ``drain`` lets them finish on the
 old weights, holding newer requests back until the switch.
+
+Failure isolation: a step that raises fails the requests of that step (finish_reason
+``"abort"``, ``error`` set) and the engine goes on serving; only when shared state fails
+its integrity checks afterwards does ``step`` raise (``EngineCorruptedError``). See
+``step_failure``.
 """
 
 from __future__ import annotations
@@ -38,8 +43,14 @@ from execstate.engine.runner import ModelRunner
 from execstate.engine.sampler import sample
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import Scheduler
+from execstate.engine.step_failure import EngineFatalError, StepState, fail_step
 from execstate.engine.tokenizer import Tokenizer
-from execstate.engine.validation import validate_forced_routes, validate_logit_bias, validate_prompt
+from execstate.engine.validation import (
+    validate_forced_routes,
+    validate_logit_bias,
+    validate_prompt,
+    validate_sampling,
+)
 from execstate.engine.weight_update import (
     UpdatePolicy,
     WeightUpdate,
@@ -132,7 +143,7 @@ class LLMEngine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model has no tokenizer.json: pass {'prompt_token_ids': [...]}")
-            return self.tokenizer.encode(prompt), prompt
+            return self.tokenizer.encode(prompt, max_model_len=self.max_model_len), prompt
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 return list(prompt["prompt_token_ids"]), prompt.get("prompt")
@@ -156,6 +167,7 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         if params.n != 1:
             raise ValueError("the engine takes n=1 requests; LLM.generate expands n > 1")
+        validate_sampling(params, self.model_config.vocab_size)
         token_ids, text = self.tokenize_prompt(prompt)
         validate_prompt(token_ids, self.model_config.vocab_size, self.max_model_len)
         validate_logit_bias(params.logit_bias, self.model_config.vocab_size)
@@ -203,12 +215,19 @@ class LLMEngine:
 
     # -- one step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        state = StepState()
+        try:
+            return self._run_step(state)
+        except Exception as exc:  # the step's requests fail; the engine goes on (step_failure)
+            return fail_step(self, state, exc)
+
+    def _run_step(self, state: StepState) -> list[RequestOutput]:
         self.poll()
-        sched = self.scheduler.schedule()
-        outputs = [self._finalize(r) for r in sched.failed]
+        sched = state.sched = self.scheduler.schedule()
+        outputs = state.outputs = [self._finalize(r) for r in sched.failed]
         if sched.empty:
             if self.scheduler.has_unfinished and not outputs and not self._blocks_held_elsewhere():
-                raise RuntimeError("scheduler made no progress although requests are waiting")
+                raise EngineFatalError("scheduler made no progress although requests are waiting")
             return outputs
         result = self.runner.execute(sched)
         if result.routes is not None:

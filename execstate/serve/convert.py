@@ -5,8 +5,10 @@ and raised as a 400 ``OpenAIError`` naming the parameter: unsupported OpenAI fea
 non-neutral values, sampling ranges (``SamplingParams`` validation), ``logit_bias`` keys
 that are not token ids of the vocabulary, prompts that are
 empty, too long or hold ids outside the vocabulary, and ``max_tokens`` that cannot fit
-after the prompt. Tokenisation uses the engine's immutable tokenizer on the caller's
-thread, exactly as ``LLM.generate`` (text prompts) and ``LLM.chat`` (chat) do.
+after the prompt. Bounds set by the server (``n``, ``logprobs``, stop strings...) are
+checked by ``limit_checks.check_limits``. Tokenisation uses the engine's immutable tokenizer on the
+caller's thread, exactly as ``LLM.generate`` (text prompts) and ``LLM.chat`` (chat) do;
+the HTTP handlers call ``completion_prompts`` and ``chat_prompt`` in a worker thread.
 """
 
 from __future__ import annotations
@@ -32,8 +34,6 @@ from execstate.serve.protocol import (
     TopLogprob,
 )
 
-MAX_LOGPROBS = 20
-
 
 def check_unsupported(req: SamplingRequest) -> None:
     def no(param: str, why: str = "is not supported by this server") -> None:
@@ -58,9 +58,6 @@ def check_unsupported(req: SamplingRequest) -> None:
 
 
 def sampling_params(req: SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-    if logprobs is not None and logprobs > MAX_LOGPROBS:
-        name = "top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs"
-        raise bad_request(f"{name} must be <= {MAX_LOGPROBS}, got {logprobs}", param=name)
     if req.seed is not None and not -(2**63) <= req.seed < 2**64:
         raise bad_request(f"seed must fit in 64 bits, got {req.seed}", param="seed")
     try:
@@ -107,8 +104,11 @@ def check_logit_bias(params: SamplingParams, vocab_size: int) -> None:
         raise bad_request(str(exc), param="logit_bias") from None
 
 
-def completion_prompts(req: CompletionRequest, tokenizer: Tokenizer | None) -> list[PromptInput]:
-    """``prompt``: text, token ids, or a list of either (one choice group per prompt)."""
+def completion_prompts(
+    req: CompletionRequest, tokenizer: Tokenizer | None, max_model_len: int | None = None
+) -> list[PromptInput]:
+    """``prompt``: text, token ids, or a list of either (one choice group per prompt). With
+    ``max_model_len``, a text prompt that cannot fit is refused as soon as it is tokenised."""
     p = req.prompt
     items: list[str | list[int]]
     if isinstance(p, str) or (isinstance(p, list) and all(isinstance(t, int) for t in p)):
@@ -122,13 +122,15 @@ def completion_prompts(req: CompletionRequest, tokenizer: Tokenizer | None) -> l
         if isinstance(item, str):
             if tokenizer is None:
                 raise bad_request("this model has no tokenizer: send token ids as the prompt", param="prompt")
-            out.append(PromptInput(tokenizer.encode(item), item))
+            out.append(PromptInput(_encode(tokenizer, item, True, max_model_len), item))
         else:
             out.append(PromptInput([int(t) for t in item], None))
     return out
 
 
-def chat_prompt(req: ChatCompletionRequest, tokenizer: Tokenizer | None) -> PromptInput:
+def chat_prompt(
+    req: ChatCompletionRequest, tokenizer: Tokenizer | None, max_model_len: int | None = None
+) -> PromptInput:
     if tokenizer is None:
         raise bad_request("this model has no tokenizer; chat completions need one", param="messages")
     messages = [_message(i, m.model_dump()) for i, m in enumerate(req.messages)]
@@ -136,7 +138,14 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: Tokenizer | None) -> Prom
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
     except (ValueError, jinja2.TemplateError) as exc:
         raise bad_request(f"cannot apply the chat template: {exc}", param="messages") from None
-    return PromptInput(tokenizer.encode(text, add_special_tokens=False), text)
+    return PromptInput(_encode(tokenizer, text, False, max_model_len), text)
+
+
+def _encode(tokenizer: Tokenizer, text: str, add_special_tokens: bool, max_model_len: int | None) -> list[int]:
+    try:
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens, max_model_len=max_model_len)
+    except ValueError as exc:  # too long for the context
+        raise bad_request(str(exc), param="prompt") from None
 
 
 def _message(i: int, m: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,12 @@
 """OpenAI-compatible request and response bodies (field names follow OpenAI and vLLM).
 
-Requests reject unknown fields (a typo such as ``routed_experts_prompt_strat`` must not be
-silently ignored by an RL stack); OpenAI fields this server does not implement are
-accepted at their neutral values only (see ``convert.check_unsupported``). Sampling
-fields: OpenAI's ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` (keys are
+Requests accept unknown fields and ignore them, as OpenAI-compatible servers (vLLM) do:
+clients send OpenAI fields this server has no use for (``store``, ``metadata``,
+``service_tier``...). They are not silent: ``ignored_fields`` names them, and the app
+lists them in the ``X-Ignored-Fields`` response header and the log, so a typo such as
+``routed_experts_prompt_strat`` is visible to an RL stack. OpenAI fields this server
+does not implement are accepted at their neutral values only (see
+``convert.check_unsupported``). Sampling fields: OpenAI's ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` (keys are
 token ids as strings), vLLM's ``repetition_penalty`` and ``min_p``.
 
 Extensions, as in vLLM: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
@@ -38,14 +41,14 @@ class _Response(BaseModel):
 
 # -- requests -------------------------------------------------------------------------------------
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     include_usage: bool = False
 
 
 class SamplingRequest(BaseModel):
     """Fields shared by completions and chat completions."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     model: str
     max_tokens: int | None = None
@@ -116,6 +119,14 @@ class ChatCompletionRequest(SamplingRequest):
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+
+
+def ignored_fields(req: SamplingRequest) -> list[str]:
+    """The request's unknown fields (accepted and ignored), nested ones as ``parent.name``."""
+    names = list(req.model_extra or {})
+    if req.stream_options is not None:
+        names += [f"stream_options.{k}" for k in req.stream_options.model_extra or {}]
+    return names
 
 
 # -- responses ------------------------------------------------------------------------------------
