@@ -125,7 +125,7 @@ _Command = _Add | _Abort | _Call | _UpdateWeights | _Stop
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, max_waiting_requests: int | None = None) -> None:
         self._engine = engine
-        self._admission = AdmissionControl(max_waiting_requests)
+        self._admission = AdmissionControl(max_waiting_requests, engine.scheduler.max_num_seqs)
         self.tokenizer = engine.tokenizer
         self.model_config = engine.model_config
         self.max_model_len: int = engine.max_model_len
@@ -302,7 +302,7 @@ class AsyncEngine:
                 if self._update is not None:
                     eng.poll()  # a drained update switches here
                     self._resolve_update()
-                self._admission.publish(len(eng.scheduler.waiting))
+                self._admission.publish(*self._queue_state(eng))
         except BaseException as exc:  # noqa: BLE001 - anything here kills the engine
             err = EngineDeadError(f"the engine thread crashed: {exc!r}")
             err.__cause__ = exc
@@ -320,7 +320,7 @@ class AsyncEngine:
             except Exception as exc:  # ValueError: bad input; add_request mutates nothing before it succeeds
                 cmd.done.set_exception(exc)
             finally:  # its waiting-queue slot is now the scheduler's (or free)
-                self._admission.on_added(len(eng.scheduler.waiting))
+                self._admission.on_added(*self._queue_state(eng))
         elif isinstance(cmd, _Abort):
             out = eng.abort_request(cmd.request_id)
             if out is not None:
@@ -363,6 +363,12 @@ class AsyncEngine:
             self._sinks.pop(out.request_id, None)
             if not out.finished:
                 self._engine.abort_request(out.request_id)
+
+    @staticmethod
+    def _queue_state(eng: LLMEngine) -> tuple[int, int]:
+        """(waiting requests, free sequence slots) of the scheduler, for admission control."""
+        sched = eng.scheduler
+        return len(sched.waiting), max(0, sched.max_num_seqs - len(sched.running))
 
     def _die(self, err: EngineDeadError) -> None:
         with self._lock:

@@ -26,6 +26,9 @@ def test_a_request_larger_than_the_queue_is_a_value_error():
     ac = AdmissionControl(max_waiting=4)
     with pytest.raises(ValueError, match="needs 5 engine requests.*--max-waiting-requests"):
         ac.admit(5)
+    with_slots = AdmissionControl(max_waiting=4, max_running=2)
+    with pytest.raises(ValueError, match="more than the 6 the server can hold"):
+        with_slots.admit(7)
     with pytest.raises(ValueError, match="at least one"):
         ac.admit(0)
     assert ac.num_waiting == 0
@@ -47,6 +50,26 @@ def test_slots_move_to_the_engine_and_come_back_as_it_schedules():
     assert ac.num_waiting == 0
     with pytest.raises(RuntimeError, match="no slot left"):
         ac.take(ticket)
+
+
+def test_free_sequence_slots_do_not_count_as_waiting():
+    """A burst that the engine starts running at its next step is not refused: the engine
+    publishes its waiting queue minus its free sequence slots."""
+    ac = AdmissionControl(max_waiting=2, max_running=4)
+    ac.publish(num_waiting=0, num_free_slots=4)  # idle engine, 4 sequence slots
+    burst = ac.admit(6)  # 4 will run, 2 wait
+    assert ac.num_waiting == 2
+    with pytest.raises(EngineOverloadedError):
+        ac.admit(1)
+    for k in range(1, 7):
+        ac.take(burst)
+        ac.on_added(num_waiting=k, num_free_slots=4)  # queued; no step has run yet
+    ac.release(burst)
+    assert ac.num_waiting == 2
+    ac.publish(num_waiting=2, num_free_slots=0)  # the step started 4 of them
+    assert ac.num_waiting == 2
+    ac.publish(num_waiting=0, num_free_slots=2)  # 2 finished, the waiting 2 started
+    assert ac.num_waiting == 0 and ac.admit(4).slots == 4
 
 
 def test_rejected_add_frees_its_slot():

@@ -163,7 +163,7 @@ def test_full_waiting_queue_is_429_before_the_engine_sees_the_request(one_seq_en
                 r = c.post(f"{url}/v1/chat/completions",
                            json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "x"}]})
                 assert r.status_code == 429
-        r = c.post(f"{url}/v1/completions", json=body(B, n=3))
+        r = c.post(f"{url}/v1/completions", json=body(B, n=4))  # > 2 waiting + 1 running: can never fit
         assert r.status_code == 400 and "--max-waiting-requests" in r.json()["error"]["message"]
         assert wait_idle(one_seq_engine) == (0, 0, 0)
         one_seq_engine.call(lambda e: None)  # the engine thread has published its waiting queue
