@@ -78,6 +78,16 @@ def _bench(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(report, indent=2))
         return 0
+    if args.bench_cmd == "load":
+        from execstate.bench.load import format_load_report, run_load_bench
+
+        report = run_load_bench(
+            model=args.model, clients=args.clients, rounds=args.rounds, prompt_len=args.prompt_len,
+            max_tokens=args.max_tokens, cut_every=args.cut_every, cut_after=args.cut_after, flood=args.flood,
+            max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting_requests, threads=args.threads,
+        )
+        print(json.dumps(report, indent=2) if args.json else format_load_report(report))
+        return 0 if report["ok"] else 1
     raise AssertionError(args.bench_cmd)
 
 
@@ -196,6 +206,19 @@ def build_parser() -> argparse.ArgumentParser:
     bw.add_argument("--repeats", type=int, default=5)
     bw.add_argument("--threads", type=int, default=None)
     bw.add_argument("--json", action="store_true")
+    bl = bsub.add_parser("load", help="load test: concurrent streaming clients, some cut, then a flood past the queue")
+    bl.add_argument("--model", default="standard", help="'standard', an embedded name or a path")
+    bl.add_argument("--clients", type=int, default=12, help="concurrent streaming clients (<= seqs + waiting)")
+    bl.add_argument("--rounds", type=int, default=2)
+    bl.add_argument("--prompt-len", type=int, default=128)
+    bl.add_argument("--max-tokens", type=int, default=48)
+    bl.add_argument("--cut-every", type=int, default=4, help="every Nth client closes its stream early (0: none)")
+    bl.add_argument("--cut-after", type=int, default=8, help="tokens a cut client reads before closing")
+    bl.add_argument("--flood", type=int, default=96, help="requests sent at once after the steady phase")
+    bl.add_argument("--max-num-seqs", type=int, default=8)
+    bl.add_argument("--max-waiting-requests", type=int, default=8)
+    bl.add_argument("--threads", type=int, default=None)
+    bl.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)
 
     d = sub.add_parser("demo", help="R3 rollout with prefix reuse and a replay check")
