@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 import torch
 
 from execstate.kernels import cpu as cpu_kernels
+from execstate.serve.limits import ServingLimits, option_name
 
 if TYPE_CHECKING:
     from execstate.engine.llm_engine import LLMEngine
@@ -33,6 +34,7 @@ class StartupInfo:
     args: argparse.Namespace  # the `execstate serve` arguments
     kv_transfer_config: KVTransferConfig | None
     startup_seconds: float  # from run_server's start to the app being built
+    limits: ServingLimits | None = None  # the request limits the app enforces
 
 
 def _mib(n: int) -> str:
@@ -79,6 +81,20 @@ def kv_line(i: StartupInfo) -> str:
             f"{_mib(total)} ({_mib(per_block)} per block)")
 
 
+def limits_line(i: StartupInfo) -> str:
+    """Every request limit with the option that sets it (new ``ServingLimits`` fields appear here)."""
+    if i.limits is None:
+        return "none"
+    return ", ".join(f"{option_name(f.name)} {getattr(i.limits, f.name)}" for f in fields(i.limits)
+                     if f.name != "max_waiting_requests")
+
+
+def waiting_line(i: StartupInfo) -> str:
+    if i.limits is None:
+        return "unbounded"
+    return f"{i.limits.max_waiting_requests} requests (429 with Retry-After beyond)"
+
+
 def r3_line(i: StartupInfo) -> str:
     e = i.engine
     if e.return_routes:
@@ -113,6 +129,9 @@ FIELDS: list[tuple[str, Callable[[StartupInfo], str]]] = [
     ("max_num_seqs", lambda i: str(i.engine.config.max_num_seqs)),
     ("max_num_batched_tokens", lambda i: str(i.engine.config.max_num_batched_tokens)),
     ("prefix caching", lambda i: "on" if i.engine.config.enable_prefix_caching else "off"),
+    ("weights version", lambda i: i.engine.provenance.weights_version),
+    ("waiting queue", waiting_line),
+    ("request limits", limits_line),
     ("R3", r3_line),
     ("PD role", pd_line),
     ("served name", lambda i: i.args.served_model_name or str(i.args.model)),

@@ -16,8 +16,10 @@ from execstate.cli import build_parser
 from execstate.engine.llm_engine import LLMEngine
 from execstate.kernels import cpu as cpu_kernels
 from execstate.model.random_models import make_random
+from execstate.model.weights_digest import model_digest
 from execstate.serve import server
 from execstate.serve.kv_transfer_config import KVTransferConfig
+from execstate.serve.limits import ServingLimits
 from execstate.serve.startup_log import FIELDS, StartupInfo, format_startup, startup_lines
 
 SECRET = "sk-do-not-log-7f3a"
@@ -30,13 +32,14 @@ def serve_args(model: Path, *extra: str):
 def lines_of(model: Path, *extra: str, kv: KVTransferConfig | None = None) -> dict[str, str]:
     args = serve_args(model, *extra)
     engine = LLMEngine(server.engine_config_from_args(args))
-    return dict(startup_lines(StartupInfo(engine, args, kv, 1.25)))
+    return dict(startup_lines(StartupInfo(engine, args, kv, 1.25, server.limits_from_args(args))))
 
 
 def test_every_line_of_a_moe_server(model_dir: Path) -> None:
     cfg = json.loads((model_dir / "config.json").read_text())
     lines = lines_of(model_dir, "--api-key", SECRET, "--port", "8123", "--served-model-name", "tiny",
-                     "--enable-return-routed-experts", "--max-model-len", "64", "--block-size", "8")
+                     "--enable-return-routed-experts", "--max-model-len", "64", "--block-size", "8",
+                     "--max-num-seqs", "64", "--max-n", "7", "--max-waiting-requests", "33")
     assert list(lines) == [label for label, _ in FIELDS]
     n_params = count_parameters(model_dir)  # oracle: the safetensors headers
     n_layers = cfg["num_hidden_layers"]
@@ -65,6 +68,14 @@ def test_every_line_of_a_moe_server(model_dir: Path) -> None:
     assert lines["max_num_seqs"] == "64"
     assert lines["max_num_batched_tokens"] == "2048"
     assert lines["prefix caching"] == "on"
+    assert lines["weights version"] == model_digest(LLMEngine(server.engine_config_from_args(serve_args(model_dir))).model)
+    assert lines["waiting queue"] == "33 requests (429 with Retry-After beyond)"
+    limits = ServingLimits(max_n=7, max_waiting_requests=33)
+    assert lines["request limits"] == (
+        f"--max-n 7, --max-logprobs {limits.max_logprobs}, --max-prompts-per-request {limits.max_prompts_per_request}, "
+        f"--max-stop-strings {limits.max_stop_strings}, --max-stop-string-length {limits.max_stop_string_length}, "
+        f"--max-stop-token-ids {limits.max_stop_token_ids}, --max-request-bytes {limits.max_request_bytes}"
+    )
     assert lines["R3"] == "on (routed_experts returned)"
     assert lines["PD role"] == "none"
     assert lines["served name"] == "tiny"
@@ -105,10 +116,13 @@ def test_block_is_aligned_and_names_every_field(model_dir: Path) -> None:
 
 
 def test_run_server_logs_the_block_once_before_serving(model_dir: Path, monkeypatch, caplog) -> None:
-    import uvicorn
-
     served = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(kw))
+
+    def serve(uvicorn_server, async_engine) -> int:  # instead of running uvicorn
+        served.append(uvicorn_server.config)
+        return 0
+
+    monkeypatch.setattr(server, "serve_until_engine_dies", serve)
     args = serve_args(model_dir, "--api-key", SECRET, "--port", "8124")
     with caplog.at_level(logging.INFO, logger="execstate.serve.startup"):
         assert server.run_server(args) == 0
@@ -119,7 +133,7 @@ def test_run_server_logs_the_block_once_before_serving(model_dir: Path, monkeypa
     assert re.search(r"\n  listening on +http://127\.0\.0\.1:8124\n", text)
     assert re.search(r"\n  API key +required\n", text)
     assert SECRET not in text
-    assert served == [{"host": "127.0.0.1", "port": 8124, "log_level": "info"}]
+    assert [(c.host, c.port) for c in served] == [("127.0.0.1", 8124)]
 
 
 def test_cli_logging_shows_execstate_info_once(capsys) -> None:
