@@ -149,3 +149,18 @@ def test_cli_logging_shows_execstate_info_once(capsys) -> None:
         assert capsys.readouterr().err.rstrip().endswith("INFO execstate.serve.startup: hello there")
     finally:
         logger.handlers[:], logger.level = before[0], before[1]
+
+
+def test_pd_role_line_of_an_attached_producer(model_dir: Path) -> None:
+    from execstate.engine.pd_connector import PDConfig
+
+    kv = KVTransferConfig.from_dict({"kv_connector": "NixlConnector", "kv_role": "kv_producer", "engine_id": "p-1"})
+    args = serve_args(model_dir)
+    engine = LLMEngine(server.engine_config_from_args(args))
+    pd = engine.attach_pd(PDConfig(role="kv_producer", engine_id="p-1"))
+    try:
+        line = dict(startup_lines(StartupInfo(engine, args, kv, 0.1)))["PD role"]
+    finally:
+        pd.close()
+    assert line == f"kv_producer, NixlConnector, failure policy fail, route records off, instance p-1, control channel {pd.server.addr}"
+    assert re.fullmatch(r"tcp://127\.0\.0\.1:\d+", pd.server.addr)
