@@ -255,4 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from execstate.logs import setup_cli_logging
+
+    setup_cli_logging()
     return args.func(args)

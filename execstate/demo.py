@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from execstate import LLM, SamplingParams
+from execstate.model.registry import resolve_model
 
 SYSTEM = (
     "You are a concise assistant for a geography quiz. Answer every question with one short, "
@@ -31,6 +32,9 @@ QUESTIONS = [
 
 def run_demo(model: str = "smollm2-moe") -> int:
     t0 = time.perf_counter()
+    # First run only: build the embedded model (progress on stderr) before the engine, so the
+    # "engine start" printed below is the warm start.
+    resolve_model(model)
     llm = LLM(model=model, enable_return_routed_experts=True, seed=0, max_model_len=2048)
     eng = llm.engine
     mc = eng.model_config

@@ -1,4 +1,4 @@
-"""Block keys: chained, provenance-rooted content hashes of full KV blocks (DESIGN.md 2).
+"""Block keys: chained, provenance-rooted content hashes of full KV blocks (docs/ARCHITECTURE.md 2).
 
 A block's key is ``H(parent_key, token_ids_of_block, extra)``; the first block's parent is the
 provenance root key, so every key inherits the provenance. A prefix-cache hit requires an equal

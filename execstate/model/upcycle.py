@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,13 @@ import numpy as np
 import torch
 
 RECIPE_VERSION = 1  # bump whenever the output bytes change (cached builds rebuild)
+# What ``upcycle`` reports to its ``on_step`` callback, in order (build progress).
+BUILD_STEPS = (
+    "loading the dense checkpoint",
+    "calibrating q/k norms and routers on sample text (float64 forward of the dense model)",
+    "making routers and seeded expert copies",
+    "writing model.safetensors",
+)
 
 # Calibration text: run through the *dense* model (float64) to fit q_norm/k_norm and the routers.
 CALIBRATION_TEXTS = (
@@ -269,11 +277,13 @@ def upcycled_state_dict(sd: dict[str, torch.Tensor], cfg: dict[str, Any], acts: 
 
 def upcycle(src_dir: Path, out_dir: Path, *, num_experts: int = 8, top_k: int = 2, every: int = 3,
             noise: float = 0.1, logit_std: float = 4.0, seed: int = 0, qk_norm: str = "linear",
-            delta: float = 1e-4) -> dict:
+            delta: float = 1e-4, on_step: Callable[[str], None] | None = None) -> dict:
     """Write a Qwen3-MoE checkpoint upcycled from the dense HF Llama in ``src_dir``; returns its config.
 
     Not atomic by itself (``registry.prepare`` builds into a temp dir and renames it).
+    ``on_step`` is called with each of ``BUILD_STEPS`` as that step starts.
     """
+    step = on_step or (lambda _: None)
     from safetensors.torch import load_file, save_file
 
     src_dir, out_dir = Path(src_dir), Path(out_dir)
@@ -283,20 +293,24 @@ def upcycle(src_dir: Path, out_dir: Path, *, num_experts: int = 8, top_k: int = 
     rope_type = (dense.get("rope_parameters") or {}).get("rope_type", "default")
     if dense.get("attention_bias") or dense.get("mlp_bias") or dense.get("rope_scaling") or rope_type != "default":
         raise ValueError("upcycle supports plain-RoPE Llama checkpoints without biases only")
+    step(BUILD_STEPS[0])
     sd = load_file(str(src_dir / "model.safetensors"))
     layers = moe_layer_indices(dense["num_hidden_layers"], every)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # thread-count-independent fp64 stats; also faster on a loaded box
+    step(BUILD_STEPS[1])
     try:
         acts = collect_activations(sd, dense, calibration_batches(src_dir, dense["vocab_size"], seed), layers)
     finally:
         torch.set_num_threads(threads)
+    step(BUILD_STEPS[2])
     tensors = upcycled_state_dict(sd, dense, acts, layers, num_experts=num_experts, noise=noise,
                                   logit_std=logit_std, seed=seed, qk_norm=qk_norm, delta=delta)
     cfg = moe_config(dense, layers, num_experts=num_experts, top_k=top_k, every=every)
     cfg["execstate_upcycle"] = {"seed": seed, "noise": noise, "logit_std": logit_std, "qk_norm": qk_norm,
                                 "delta": delta, "recipe_version": RECIPE_VERSION}
     out_dir.mkdir(parents=True, exist_ok=True)
+    step(BUILD_STEPS[3])
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",

@@ -167,7 +167,7 @@ def usage_of(subs: list[SubRequest], finals: dict[int, RequestOutput]) -> Usage:
 
 
 def encode_routes(routes: np.ndarray | None) -> str | None:
-    """R3 over HTTP: base64 of the full ``numpy.save`` bytes (DESIGN.md 4)."""
+    """R3 over HTTP: base64 of the full ``numpy.save`` bytes (docs/ARCHITECTURE.md 4)."""
     if routes is None:
         return None
     buf = io.BytesIO()

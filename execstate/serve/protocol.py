@@ -12,7 +12,7 @@ token ids as strings), vLLM's ``repetition_penalty`` and ``min_p``.
 Extensions, as in vLLM: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
 ``return_token_ids``, ``kv_transfer_params`` (PD handoff, passed to the engine and
 returned top-level), ``cache_salt`` (per-tenant prefix cache), and R3's ``routed_experts_prompt_start`` (request) /
-``routed_experts`` (each choice: base64 of ``numpy.save`` bytes, DESIGN.md 4). Response
+``routed_experts`` (each choice: base64 of ``numpy.save`` bytes, docs/ARCHITECTURE.md 4). Response
 extensions that were not asked for are omitted rather than sent as ``null``.
 """
 

@@ -10,7 +10,8 @@ Start-up order (``run_server``):
    ``--max-waiting-requests`` (its thread starts).
 3. With a kv-transfer config: ``attach_kv_connector(async_engine, kv_cfg, metrics)``,
    before the app accepts requests.
-4. ``build_app`` with the request limits (``ServingLimits`` from the flags) and
+4. ``build_app`` with the request limits (``ServingLimits`` from the flags); the start-up
+   summary is logged (``startup_log``: model, dtype, kernels, KV blocks, limits, PD role, ...);
    ``serve_until_engine_dies``; on exit the engine thread is shut down.
 
 Exit status: 1 when the engine stopped serving (a crash, or a failed step that left
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import logging
 import threading
+import time
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
@@ -127,7 +129,9 @@ def run_server(args: argparse.Namespace) -> int:
     import uvicorn
 
     from execstate.serve.app import build_app
+    from execstate.serve.startup_log import StartupInfo, log_startup
 
+    t0 = time.perf_counter()
     kv_cfg = KVTransferConfig.from_json(args.kv_transfer_config) if args.kv_transfer_config else None
     limits = limits_from_args(args)
     async_engine = AsyncEngine(LLMEngine(engine_config_from_args(args)), limits.max_waiting_requests)
@@ -139,6 +143,8 @@ def run_server(args: argparse.Namespace) -> int:
         app = build_app(
             async_engine, name, api_key=args.api_key, metrics=metrics, kv_transfer_config=kv_cfg, limits=limits
         )
+        elapsed = time.perf_counter() - t0  # read on the engine thread, the engine's only user:
+        async_engine.call(lambda engine: log_startup(StartupInfo(engine, args, kv_cfg, elapsed, limits)))
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
         return serve_until_engine_dies(server, async_engine)
     finally:

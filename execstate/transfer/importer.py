@@ -1,4 +1,4 @@
-"""Receiver side of a transfer (decode instance, or any instance taking state in; DESIGN.md 5).
+"""Receiver side of a transfer (decode instance, or any instance taking state in; docs/ARCHITECTURE.md 5).
 
 :meth:`KVImporter.load` runs the whole protocol for one transfer, on the engine thread, into
 blocks the caller already allocated: handshake (cached per source address, redone after a

@@ -49,6 +49,14 @@ def test_find_packaged_gguf_errors_name_the_package():
 
 
 @pytest.mark.slow
+def test_import_reports_each_build_step_in_order(tmp_path):
+    seen: list[str] = []
+    G.import_gguf(G.find_packaged_gguf(), tmp_path / "m", on_step=seen.append)
+    assert seen == list(G.BUILD_STEPS)
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in (tmp_path / "m").iterdir()}
+
+
+@pytest.mark.slow
 def test_weights_and_config_match_transformers_gguf_loader():
     """Every tensor of our dequant+rename+unpermute equals transformers' GGUF loader's (oracle)."""
     import torch

@@ -165,3 +165,54 @@ def test_real_registry_entries():
     listed = registry.list_models()
     assert [m["name"] for m in listed] == ["smollm2-135m", "smollm2-moe"]
     assert set(listed[0]) == {"name", "description", "prepared", "path"}
+
+
+def test_build_prints_progress_once_and_a_prepared_model_is_silent(fake, monkeypatch, capsys):
+    calls = []
+
+    def build(name: str, steps: tuple[str, ...]):
+        def _build(out_dir: Path, deps: list[Path], on_step) -> None:
+            for s in steps:
+                on_step(s)
+            calls.append(name)
+            (out_dir / "config.json").write_text("{}")
+
+        return _build
+
+    a_steps, b_steps = ("dequantising", "writing"), ("calibrating", "making experts", "writing")
+    monkeypatch.setattr(registry, "EMBEDDED_MODELS", {
+        "fake-a": EmbeddedModel("fake-a", "A", 1, build("fake-a", a_steps), lambda: fake.source,
+                                steps=a_steps, estimate="about 1 s"),
+        "fake-b": EmbeddedModel("fake-b", "B", 1, build("fake-b", b_steps), lambda: fake.source,
+                                depends=("fake-a",), steps=b_steps),
+    })
+    registry.prepare("fake-b")
+    lines = capsys.readouterr().err.splitlines()
+    timed = [line.rsplit(" [", 1) for line in lines]
+    assert [t[0] for t in timed] == [
+        "building fake-a (first run only; needed by fake-b; about 1 s) ...",
+        "building fake-a: step 1/2 dequantising ...",
+        "building fake-a: step 2/2 writing ...",
+        timed[3][0],
+        "building fake-b (first run only) ...",
+        "building fake-b: step 1/3 calibrating ...",
+        "building fake-b: step 2/3 making experts ...",
+        "building fake-b: step 3/3 writing ...",
+        timed[8][0],
+    ]
+    assert all(t[1].endswith(" s]") and float(t[1][:-3]) >= 0 for t in timed if len(t) == 2)
+    for line, name in ((lines[3], "fake-a"), (lines[8], "fake-b")):
+        head, path = line.split(": ", 1)
+        assert head.startswith(f"built {name} in ") and head.endswith(" s") and path == str(paths.model_dir(name))
+    assert calls == ["fake-a", "fake-b"]
+    registry.prepare("fake-b")
+    assert capsys.readouterr().err == "" and calls == ["fake-a", "fake-b"]
+
+
+def test_real_entries_declare_their_build_steps():
+    from execstate.model import gguf_import, upcycle
+
+    models = registry.EMBEDDED_MODELS
+    assert models["smollm2-135m"].steps == gguf_import.BUILD_STEPS and len(gguf_import.BUILD_STEPS) == 3
+    assert models["smollm2-moe"].steps == upcycle.BUILD_STEPS and len(upcycle.BUILD_STEPS) == 4
+    assert all(m.estimate for m in models.values())

@@ -54,6 +54,13 @@ def test_reference_forward_matches_transformers(tiny_llama):
         h.remove()
 
 
+def test_upcycle_reports_each_build_step_in_order(tiny_llama, tmp_path):
+    seen: list[str] = []
+    U.upcycle(tiny_llama, tmp_path / "moe", on_step=seen.append)
+    assert seen == list(U.BUILD_STEPS)
+    assert (tmp_path / "moe" / "model.safetensors").is_file()
+
+
 def test_upcycle_structure_and_config(tiny_llama, tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -1,4 +1,4 @@
-"""Provenance encoding and chained block keys (DESIGN.md 2)."""
+"""Provenance encoding and chained block keys (docs/ARCHITECTURE.md 2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Golden keys for a tenant salt and a trainer-supplied weights version (DESIGN.md 2).
+"""Golden keys for a tenant salt and a trainer-supplied weights version (docs/ARCHITECTURE.md 2).
 
 A request's ``cache_salt`` and an update's ``weights_version`` enter the provenance, hence
 the root of every block key. The encodings are written out by hand and the root recomputed

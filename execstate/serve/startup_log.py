@@ -1,0 +1,155 @@
+"""The start-up summary of ``execstate serve``: what was loaded and with which settings.
+
+``log_startup(info)`` logs one INFO record (logger ``execstate.serve.startup``), a block of
+``label  value`` lines built by ``startup_lines(info)`` from ``FIELDS``, in that order.
+Adding a line is one edit: append ``(label, fn)`` to ``FIELDS``, where ``fn(info)`` returns
+the value as text (``StartupInfo`` gives the engine, the parsed CLI arguments, the PD
+config and the start-up time). Values come from what was actually built (the engine's
+config, pool and model), not from the flags alone. The API key itself is never logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+import torch
+
+from execstate.kernels import cpu as cpu_kernels
+from execstate.serve.limits import ServingLimits, option_name
+
+if TYPE_CHECKING:
+    from execstate.engine.llm_engine import LLMEngine
+    from execstate.serve.kv_transfer_config import KVTransferConfig
+
+log = logging.getLogger("execstate.serve.startup")
+
+
+@dataclass(frozen=True)
+class StartupInfo:
+    engine: LLMEngine
+    args: argparse.Namespace  # the `execstate serve` arguments
+    kv_transfer_config: KVTransferConfig | None
+    startup_seconds: float  # from run_server's start to the app being built
+    limits: ServingLimits | None = None  # the request limits the app enforces
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def _params(e: LLMEngine) -> str:
+    n = sum(p.numel() for p in e.model.parameters())  # shared (tied) tensors counted once
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
+
+
+def model_line(i: StartupInfo) -> str:
+    return f"{i.args.model} ({i.engine.model_path})"
+
+
+def architecture_line(i: StartupInfo) -> str:
+    mc = i.engine.model_config
+    moe = f", {mc.num_moe_layers} MoE ({mc.num_experts} experts, top-{mc.top_k})" if mc.is_moe else ""
+    return f"{mc.architecture}, {_params(i.engine)} parameters, {mc.num_layers} layers{moe}"
+
+
+def kernels_line(i: StartupInfo) -> str:
+    """Which kernels run and why (mirrors ``EngineConfig.use_cpu_kernels``)."""
+    cfg = i.engine.config
+    if i.engine.model.kernels:
+        why = "requested" if cfg.kernels == "execstate" else "auto: extension built, AVX2+FMA, cpu, float32"
+        return f"execstate CPU kernels ({cpu_kernels.KERNEL_SET}; {why})"
+    if cfg.kernels == "torch":
+        why = "--kernels torch"
+    elif torch.device(cfg.device).type != "cpu":
+        why = f"auto: device is {cfg.device}"
+    elif cfg.dtype != "float32":
+        why = f"auto: dtype is {cfg.dtype}"
+    else:
+        why = f"auto: {cpu_kernels.unavailable_reason()}"
+    return f"torch ({why})"
+
+
+def kv_line(i: StartupInfo) -> str:
+    pool = i.engine.kv_pool
+    total = pool.k.nbytes + pool.v.nbytes
+    per_block = total // pool.num_blocks
+    return (f"{pool.num_blocks} blocks x {pool.block_size} tokens = {pool.num_blocks * pool.block_size:,} tokens, "
+            f"{_mib(total)} ({_mib(per_block)} per block)")
+
+
+def limits_line(i: StartupInfo) -> str:
+    """Every request limit with the option that sets it (new ``ServingLimits`` fields appear here)."""
+    if i.limits is None:
+        return "none"
+    return ", ".join(f"{option_name(f.name)} {getattr(i.limits, f.name)}" for f in fields(i.limits)
+                     if f.name != "max_waiting_requests")
+
+
+def waiting_line(i: StartupInfo) -> str:
+    if i.limits is None:
+        return "unbounded"
+    return f"{i.limits.max_waiting_requests} requests (429 with Retry-After beyond)"
+
+
+def r3_line(i: StartupInfo) -> str:
+    e = i.engine
+    if e.return_routes:
+        return "on (routed_experts returned)"
+    if e.config.enable_return_routed_experts:
+        return "off (requested, but the model has no MoE layers)"
+    return "off"
+
+
+def pd_line(i: StartupInfo) -> str:
+    kv = i.kv_transfer_config
+    if kv is None:
+        return "none"
+    parts = [kv.kv_role, kv.kv_connector, f"failure policy {kv.kv_load_failure_policy}",
+             f"route records {'on' if kv.enable_routed_experts_transfer else 'off'}"]
+    pd = i.engine.pd
+    if pd is not None:
+        parts.append(f"instance {pd.instance_id}")
+        if pd.server is not None:
+            parts.append(f"control channel {pd.server.addr}")
+    return ", ".join(parts)
+
+
+FIELDS: list[tuple[str, Callable[[StartupInfo], str]]] = [
+    ("model", model_line),
+    ("architecture", architecture_line),
+    ("dtype", lambda i: i.engine.config.dtype),
+    ("kernels", kernels_line),
+    ("device", lambda i: f"{i.engine.config.device}, {torch.get_num_threads()} threads"),
+    ("KV cache", kv_line),
+    ("max_model_len", lambda i: str(i.engine.max_model_len)),
+    ("max_num_seqs", lambda i: str(i.engine.config.max_num_seqs)),
+    ("max_num_batched_tokens", lambda i: str(i.engine.config.max_num_batched_tokens)),
+    ("prefix caching", lambda i: "on" if i.engine.config.enable_prefix_caching else "off"),
+    ("weights version", lambda i: i.engine.provenance.weights_version),
+    ("waiting queue", waiting_line),
+    ("request limits", limits_line),
+    ("R3", r3_line),
+    ("PD role", pd_line),
+    ("served name", lambda i: i.args.served_model_name or str(i.args.model)),
+    ("listening on", lambda i: f"http://{i.args.host}:{i.args.port}"),
+    ("API key", lambda i: "required" if i.args.api_key else "off"),
+    ("start-up", lambda i: f"{i.startup_seconds:.1f} s (engine {i.engine.startup_seconds:.1f} s)"),
+]
+
+
+def startup_lines(info: StartupInfo) -> list[tuple[str, str]]:
+    return [(label, fn(info)) for label, fn in FIELDS]
+
+
+def format_startup(info: StartupInfo) -> str:
+    lines = startup_lines(info)
+    width = max(len(label) for label, _ in lines)
+    return "execstate serve ready\n" + "\n".join(f"  {label:<{width}}  {value}" for label, value in lines)
+
+
+def log_startup(info: StartupInfo) -> None:
+    log.info("%s", format_startup(info))

@@ -1,0 +1,50 @@
+"""The repository documents itself: the README's relative links resolve inside the
+repository, and every ``docs/ARCHITECTURE.md N`` reference in code, tests and docs names a
+section that exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ARCH = REPO / "docs" / "ARCHITECTURE.md"
+OUTSIDE = "DESIGN" + ".md"  # the design document outside the repository (split: this file is scanned too)
+REF = re.compile(r"ARCHITECTURE\.md((?:[ ,]+(?:and )?\d+)+)")
+
+
+def sections() -> set[int]:
+    return {int(m) for m in re.findall(r"^## (\d+)\. ", ARCH.read_text(), flags=re.M)}
+
+
+def test_architecture_keeps_the_design_numbering() -> None:
+    assert sections() == set(range(1, 12))
+    text = ARCH.read_text()
+    for planned in ("## 6. Sessions, steps and events (planned)", "## 7. Full duplex (planned)"):
+        assert planned in text
+
+
+def test_readme_links_stay_inside_the_repository() -> None:
+    readme = (REPO / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    local = [t for t in targets if not re.match(r"[a-z]+://", t)]
+    assert "docs/ARCHITECTURE.md" in local
+    for t in local:
+        path = (REPO / t).resolve()
+        assert path.is_relative_to(REPO), f"README links outside the repository: {t}"
+        assert path.exists(), f"README links to a missing file: {t}"
+    assert "shared/DESIGN" not in readme
+
+
+def test_every_section_reference_exists() -> None:
+    known = sections()
+    files = [REPO / "README.md", *REPO.glob("docs/*.md"), *REPO.glob("execstate/**/*.py"), *REPO.glob("tests/**/*.py")]
+    refs = 0
+    for f in files:
+        text = f.read_text()
+        assert OUTSIDE not in text, f"{f.relative_to(REPO)} refers to {OUTSIDE} (not in the repository)"
+        for m in REF.finditer(text):
+            for n in re.findall(r"\d+", m.group(1)):
+                refs += 1
+                assert int(n) in known, f"{f.relative_to(REPO)}: ARCHITECTURE.md {n} does not exist"
+    assert refs >= 20
