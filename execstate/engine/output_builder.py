@@ -6,8 +6,8 @@ Per-token cost is O(1) in the output length (DESIGN.md 8):
   request's text (``Request.detok``, incremental), builds the token's logprob entry
   (once; never rebuilt) and decides whether the request stops: EOS, a stop token id, a
   stop string (searched in the newest characters only), or the length limit, in that
-  order of precedence. EOS and stop ids count only from ``min_tokens`` on; so do stop
-  strings, which must end in text produced from then on.
+  order of precedence. EOS and stop ids count only from the ``min_tokens``-th token on;
+  so do stop strings, which must end in text that token or a later one produced.
 - ``build_output`` costs O(what the output carries), by ``params.output_kind``:
   ``DELTA``: the tokens, entries and text since the previous output; ``FINAL_ONLY``
   (called only once finished) and a finished ``CUMULATIVE``: everything, as the
