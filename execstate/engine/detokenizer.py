@@ -145,14 +145,14 @@ class IncrementalDetokenizer:
     def _suffix(self, n: int) -> str:
         """The last ``n`` characters (touches only the chunks that hold them)."""
         parts: list[str] = []
-        got = 0
+        need = n
         for chunk in reversed(self._chunks):
-            if got >= n:
+            if need <= 0:
                 break
-            parts.append(chunk)
-            got += len(chunk)
-        tail = "".join(reversed(parts))
-        return tail[len(tail) - min(n, len(tail)) :]
+            part = chunk if len(chunk) <= need else chunk[len(chunk) - need :]
+            parts.append(part)
+            need -= len(part)
+        return "".join(reversed(parts))
 
     def _truncate(self, pos: int) -> None:
         drop = self.num_chars - pos
