@@ -68,7 +68,8 @@ def _bench(args: argparse.Namespace) -> int:
         from execstate.bench.itl import format_itl_table, run_itl_bench
 
         report = run_itl_bench(max_tokens=args.max_tokens, kinds=args.kinds.split(","), logprobs=args.logprobs,
-                               window=args.window, threads=args.threads, model=not args.no_model)
+                               window=args.window, threads=args.threads, model=not args.no_model,
+                               repeats=args.repeats)
         print(json.dumps(report, indent=2) if args.json else format_itl_table(report))
         return 0
     raise AssertionError(args.bench_cmd)
@@ -137,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     bi.add_argument("--window", type=int, default=100, help="tokens per median")
     bi.add_argument("--threads", type=int, default=1, help="torch threads")
     bi.add_argument("--no-model", action="store_true", help="only the output path (no model run)")
+    bi.add_argument("--repeats", type=int, default=1, help="runs per kind; each median is the smallest")
     bi.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)
 
