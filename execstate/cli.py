@@ -88,6 +88,14 @@ def _bench(args: argparse.Namespace) -> int:
         )
         print(json.dumps(report, indent=2) if args.json else format_load_report(report))
         return 0 if report["ok"] else 1
+    if args.bench_cmd == "itl":
+        from execstate.bench.itl import format_itl_table, run_itl_bench
+
+        report = run_itl_bench(max_tokens=args.max_tokens, kinds=args.kinds.split(","), logprobs=args.logprobs,
+                               window=args.window, threads=args.threads, model=not args.no_model,
+                               repeats=args.repeats)
+        print(json.dumps(report, indent=2) if args.json else format_itl_table(report))
+        return 0
     raise AssertionError(args.bench_cmd)
 
 
@@ -219,6 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("--max-waiting-requests", type=int, default=8)
     bl.add_argument("--threads", type=int, default=None)
     bl.add_argument("--json", action="store_true")
+    bi = bsub.add_parser("itl", help="per-token latency at 100 vs N generated tokens (host overhead vs forward)")
+    bi.add_argument("--max-tokens", type=int, default=8000)
+    bi.add_argument("--kinds", default="delta,cumulative,final_only", help="output kinds, comma-separated")
+    bi.add_argument("--logprobs", type=int, default=1)
+    bi.add_argument("--window", type=int, default=100, help="tokens per median")
+    bi.add_argument("--threads", type=int, default=1, help="torch threads")
+    bi.add_argument("--no-model", action="store_true", help="only the output path (no model run)")
+    bi.add_argument("--repeats", type=int, default=1, help="runs per kind; each median is the smallest")
+    bi.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)
 
     d = sub.add_parser("demo", help="R3 rollout with prefix reuse and a replay check")

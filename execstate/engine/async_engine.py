@@ -6,9 +6,10 @@ Contract:
   other thread talks to it through a FIFO command queue (add, abort, run a function),
   drained between steps. The thread loops ``step()`` while requests are unfinished and
   blocks on the queue when idle (no busy-wait).
-- ``generate`` yields cumulative ``RequestOutput``s of one request as they are produced
-  (delivered with ``loop.call_soon_threadsafe`` into a per-request asyncio queue); the
-  last one has ``finished=True``. A ``ValueError`` from ``add_request`` is raised in the
+- ``generate`` yields the ``RequestOutput``s of one request as they are produced
+  (delivered with ``loop.call_soon_threadsafe`` into a per-request asyncio queue); what
+  each carries follows ``params.output_kind`` (everything so far, deltas, or only the
+  final one); the last one has ``finished=True``. A ``ValueError`` from ``add_request`` is raised in the
   caller and leaves the engine untouched. If the consumer stops early (cancelled, the
   generator closed, a client disconnect), the request is aborted and its blocks freed.
 - ``abort`` finishes a request from outside; its consumer receives the final output with

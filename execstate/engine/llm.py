@@ -23,7 +23,7 @@ from execstate.engine.cache_salt import cache_salt_of
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine, PromptType
 from execstate.engine.outputs import RequestOutput, ScoreOutput
-from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.sampling_params import RequestOutputKind, SamplingParams
 from execstate.engine.scorer import score_tokens
 from execstate.engine.tokenizer import Tokenizer
 from execstate.engine.validation import validate_prompt, validate_sampling
@@ -49,7 +49,8 @@ class LLM:
         ``{"prompt": "..."}``, a dict optionally with a ``"cache_salt"`` (engine/cache_salt.py).
         Every prompt is validated before any is queued, so one bad prompt leaves the
         engine untouched. ``n > 1`` expands into n requests (seeds ``seed + j``) that
-        share the prompt's cached prefix.
+        share the prompt's cached prefix. Only final outputs are read, so every request
+        runs with ``output_kind=FINAL_ONLY`` (whatever the params say, as in vLLM).
         """
         if isinstance(prompts, str | dict) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
@@ -136,10 +137,11 @@ class LLM:
 
 
 def _sub_params(params: SamplingParams, j: int) -> SamplingParams:
+    final_only = RequestOutputKind.FINAL_ONLY
     if params.n == 1:
-        return params
+        return params if params.output_kind is final_only else replace(params, output_kind=final_only)
     seed = None if params.seed is None else params.seed + j
-    return replace(params, n=1, seed=seed)
+    return replace(params, n=1, seed=seed, output_kind=final_only)
 
 
 def _merge(outs: list[RequestOutput]) -> RequestOutput:

@@ -33,7 +33,7 @@ import torch
 from execstate.engine.cache_salt import cache_salt_of
 from execstate.engine.config import EngineConfig
 from execstate.engine.kv_cache_manager import KVCacheManager
-from execstate.engine.output_builder import build_output, check_stop
+from execstate.engine.output_builder import build_output, on_new_token
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.penalties import PenaltyState
 from execstate.engine.r3_clock import R3Clock
@@ -41,7 +41,7 @@ from execstate.engine.request import Request, RequestStatus
 from execstate.engine.route_trace import RouteTrace
 from execstate.engine.runner import ModelRunner
 from execstate.engine.sampler import sample
-from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.sampling_params import RequestOutputKind, SamplingParams
 from execstate.engine.scheduler import Scheduler
 from execstate.engine.step_failure import EngineFatalError, StepState, fail_step
 from execstate.engine.tokenizer import Tokenizer
@@ -251,13 +251,13 @@ class LLMEngine:
             req.output_top_logprobs.append(sampled.top_logprobs[j])
             if req.first_token_time is None:
                 req.first_token_time = now
-            status = check_stop(req, self.eos_token_ids, self.tokenizer)
+            status = on_new_token(req, self.eos_token_ids, self.tokenizer)
             if status is not None and self.pd is not None and self.pd.wants_export(req):
                 status = self._export(req, status)
             if status is not None:
                 self.scheduler.finish(req, status)
                 outputs.append(self._finalize(req))
-            else:
+            elif req.params.output_kind is not RequestOutputKind.FINAL_ONLY:
                 outputs.append(build_output(req, self.tokenizer, self.return_routes))
         return outputs
 

@@ -1,58 +1,74 @@
-"""Stop conditions and the one place that turns a Request into a RequestOutput."""
+"""Stop conditions and the one place that turns a Request into a RequestOutput.
+
+Per-token cost is O(1) in the output length (DESIGN.md 8):
+
+- ``on_new_token`` runs once for each sampled token: it decodes the token into the
+  request's text (``Request.detok``, incremental), builds the token's logprob entry
+  (once; never rebuilt) and decides whether the request stops: EOS, a stop token id, a
+  stop string (searched in the newest characters only), or the length limit, in that
+  order of precedence. EOS and stop ids count only from the ``min_tokens``-th token on;
+  so do stop strings, which must end in text that token or a later one produced.
+- ``build_output`` costs O(what the output carries), by ``params.output_kind``:
+  ``DELTA``: the tokens, entries and text since the previous output; ``FINAL_ONLY``
+  (called only once finished) and a finished ``CUMULATIVE``: everything, as the
+  request's own lists (a finished request never changes again); an unfinished
+  ``CUMULATIVE``: copies of everything so far (the consumer may read them on another
+  thread while the engine appends), O(length) because that is what it returns.
+"""
 
 from __future__ import annotations
 
 from execstate.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from execstate.engine.request import Request, RequestStatus
+from execstate.engine.sampling_params import RequestOutputKind
 from execstate.engine.tokenizer import Tokenizer
 
 
-def _text(req: Request, tokenizer: Tokenizer | None) -> str:
-    if tokenizer is None:
-        return ""
-    return tokenizer.decode(req.output_token_ids, skip_special_tokens=req.params.skip_special_tokens)
-
-
-def check_stop(req: Request, eos_token_ids: set[int], tokenizer: Tokenizer | None) -> RequestStatus | None:
-    """Decide whether the request stops after its newest token (sets stop_reason)."""
+def on_new_token(req: Request, eos_token_ids: set[int], tokenizer: Tokenizer | None) -> RequestStatus | None:
+    """Take in the request's newest token; the status it finishes with, or None (sets stop_reason)."""
     p = req.params
     token = req.output_token_ids[-1]
+    logprob = req.output_logprobs[-1]
+    req.cumulative_logprob += float(logprob)
+    if p.logprobs is not None:
+        req.output_logprob_entries.append(_entry(tokenizer, token, logprob, req.output_top_logprobs[-1]))
+    new_chars = req.detok.add_token(tokenizer, token)
     n_out = len(req.output_token_ids)
-    if n_out >= p.min_tokens:
-        if not p.ignore_eos and token in eos_token_ids:
+    may_stop = n_out >= p.min_tokens
+    if may_stop and not p.ignore_eos and token in eos_token_ids:
+        return RequestStatus.FINISHED_STOPPED
+    if may_stop and p.stop_token_ids and token in p.stop_token_ids:
+        req.stop_reason = token
+        return RequestStatus.FINISHED_STOPPED
+    at_length = n_out >= req.max_new_tokens or req.num_tokens >= req.max_model_len
+    if at_length:  # the last token: decode what an incomplete character held back
+        new_chars += req.detok.finish(tokenizer)
+    if may_stop and p.stop:
+        stop = req.detok.find_stop(new_chars)
+        if stop is not None:
+            req.stop_reason = stop
             return RequestStatus.FINISHED_STOPPED
-        if p.stop_token_ids and token in p.stop_token_ids:
-            req.stop_reason = token
-            return RequestStatus.FINISHED_STOPPED
-        if p.stop and tokenizer is not None:
-            text = _text(req, tokenizer)
-            for s in p.stop:
-                if s in text:
-                    req.stop_reason = s
-                    return RequestStatus.FINISHED_STOPPED
-    if n_out >= req.max_new_tokens or req.num_tokens >= req.max_model_len:
-        return RequestStatus.FINISHED_LENGTH
-    return None
+    return RequestStatus.FINISHED_LENGTH if at_length else None
 
 
 def build_output(req: Request, tokenizer: Tokenizer | None, return_routes: bool) -> RequestOutput:
     p = req.params
-    text = _text(req, tokenizer)
-    if isinstance(req.stop_reason, str):
-        text = text[: text.find(req.stop_reason)] if req.stop_reason in text else text
-    logprobs = None
-    cumulative = None
-    if p.logprobs is not None:
-        logprobs = []
-        for tok, lp, top in zip(req.output_token_ids, req.output_logprobs, req.output_top_logprobs, strict=True):
-            entry = {tok: Logprob(lp, 1 + sum(1 for _, v in top if v > lp), _decode_one(tokenizer, tok))}
-            for rank, (alt, v) in enumerate(top, start=1):
-                if alt != tok:
-                    entry[alt] = Logprob(v, rank, _decode_one(tokenizer, alt))
-            logprobs.append(entry)
-        cumulative = float(sum(req.output_logprobs))
-    routes = None
     finished = req.is_finished
+    if finished:
+        req.detok.finish(tokenizer)  # no-op unless it finished without a last token (abort, EOS)
+    wants_logprobs = p.logprobs is not None
+    entries: list[dict[int, Logprob]] | None
+    if p.output_kind is RequestOutputKind.DELTA:
+        start, req.num_sent_tokens = req.num_sent_tokens, len(req.output_token_ids)
+        token_ids = req.output_token_ids[start:]
+        entries = req.output_logprob_entries[start:] if wants_logprobs else None
+        text = req.detok.take_delta(finished)
+    else:
+        token_ids = req.output_token_ids if finished else list(req.output_token_ids)
+        entries = req.output_logprob_entries if finished else list(req.output_logprob_entries)
+        entries = entries if wants_logprobs else None
+        text = req.detok.text(finished)
+    routes = None
     served = finished and req.status is not RequestStatus.FINISHED_ABORTED and req.output_token_ids
     # A PD prefill's routes travel with its KV to the decode side, never through the proxy.
     served = served and not (req.kv_transfer_params or {}).get("do_remote_decode")
@@ -61,9 +77,9 @@ def build_output(req: Request, tokenizer: Tokenizer | None, return_routes: bool)
     completion = CompletionOutput(
         index=0,
         text=text,
-        token_ids=list(req.output_token_ids),
-        cumulative_logprob=cumulative,
-        logprobs=logprobs,
+        token_ids=token_ids,
+        cumulative_logprob=req.cumulative_logprob if wants_logprobs else None,
+        logprobs=entries,
         finish_reason=req.finish_reason,
         stop_reason=req.stop_reason,
         routed_experts=routes,
@@ -71,10 +87,11 @@ def build_output(req: Request, tokenizer: Tokenizer | None, return_routes: bool)
     metrics = {"num_preemptions": float(req.num_preemptions)}
     if req.first_token_time is not None:
         metrics["ttft_s"] = req.first_token_time - req.arrival_time
+        metrics["first_token_time"] = req.first_token_time
     return RequestOutput(
         request_id=req.request_id,
         prompt=req.prompt,
-        prompt_token_ids=list(req.prompt_token_ids),
+        prompt_token_ids=req.prompt_token_ids,  # never mutated: shared, not copied
         outputs=[completion],
         finished=finished,
         num_cached_tokens=req.num_cached_tokens or 0,
@@ -83,6 +100,17 @@ def build_output(req: Request, tokenizer: Tokenizer | None, return_routes: bool)
         kv_transfer_params=req.kv_transfer_out,
         error=req.abort_message,
     )
+
+
+def _entry(
+    tokenizer: Tokenizer | None, token: int, logprob: float, top: list[tuple[int, float]]
+) -> dict[int, Logprob]:
+    """One token's logprob entry: the sampled token (ranked among the alternatives) first."""
+    entry = {token: Logprob(logprob, 1 + sum(1 for _, v in top if v > logprob), _decode_one(tokenizer, token))}
+    for rank, (alt, v) in enumerate(top, start=1):
+        if alt != token:
+            entry[alt] = Logprob(v, rank, _decode_one(tokenizer, alt))
+    return entry
 
 
 def _sources(req: Request) -> dict[str, int]:

@@ -13,12 +13,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from execstate.engine.detokenizer import IncrementalDetokenizer
 from execstate.engine.route_trace import RouteTrace
 from execstate.engine.sampling_params import SamplingParams
 from execstate.identity.keys import BlockKey
 from execstate.state.block_pool import BlockId
 
 if TYPE_CHECKING:
+    from execstate.engine.outputs import Logprob
     from execstate.engine.penalties import PenaltyState
 
 
@@ -76,6 +78,16 @@ class Request:
     penalty_state: PenaltyState | None = None
     # Tenant salt of this request's block keys (engine/cache_salt.py); None: the engine's.
     cache_salt: str | None = None
+    # Output state, built once per token (engine/output_builder.py): the text so far, each
+    # token's logprob entry (when logprobs are asked for), the running sum of the sampled
+    # logprobs, and how many tokens DELTA outputs have handed out.
+    detok: IncrementalDetokenizer = field(init=False)
+    output_logprob_entries: list[dict[int, Logprob]] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    num_sent_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self.detok = IncrementalDetokenizer(self.params.skip_special_tokens, self.params.stop)
 
     @property
     def all_token_ids(self) -> list[int]:

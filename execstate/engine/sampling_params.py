@@ -6,6 +6,7 @@ engine state, so a bad request is rejected before it can affect anything.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,20 @@ import numpy as np
 
 GREEDY_TEMPERATURE = 1e-5  # below this a request samples greedily (vLLM's _SAMPLING_EPS)
 LOGIT_BIAS_MAX = 100.0  # OpenAI: each bias in [-100, 100]
+
+
+class RequestOutputKind(enum.Enum):
+    """What each ``RequestOutput`` of a request carries (vLLM's names).
+
+    - ``CUMULATIVE``: everything so far (text, token ids, logprobs) in every output.
+    - ``DELTA``: only what is new since the previous output; the final one carries
+      ``finish_reason``, ``stop_reason``, routes and the rest of the held-back text.
+    - ``FINAL_ONLY``: a single output when the request finishes, with everything.
+    """
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclass
@@ -38,6 +53,8 @@ class SamplingParams:
       ``routed_experts``: routes to *force* (replay), ``int[N, n_moe_layers, top_k]``;
       row i forces the experts of the forward pass over token i (i < N); tokens beyond
       N route freely.
+    - ``output_kind``: ``RequestOutputKind`` of the request's outputs (``LLM.generate``
+      always uses ``FINAL_ONLY``).
     """
 
     n: int = 1
@@ -57,6 +74,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     routed_experts_prompt_start: int = 0
     routed_experts: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -110,6 +128,8 @@ class SamplingParams:
             raise bad("stop_token_ids", "must be non-negative integers")
         if self.stop is not None and any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop", "must be non-empty strings")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise bad("output_kind", f"must be a RequestOutputKind, got {self.output_kind!r}")
         start = self.routed_experts_prompt_start
         if not isinstance(start, int) or start < 0:
             raise bad("routed_experts_prompt_start", f"must be an integer >= 0, got {start!r}")

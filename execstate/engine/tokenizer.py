@@ -84,6 +84,11 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    @property
+    def backend(self) -> HFTokenizer:
+        """The ``tokenizers.Tokenizer`` itself (for ``DecodeStream``)."""
+        return self._tok
+
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from execstate.engine.async_engine import Admission, AsyncEngine, EngineDeadError
 from execstate.engine.outputs import RequestOutput
+from execstate.engine.sampling_params import RequestOutputKind
 from execstate.serve.context import ServeContext, as_openai_error, engine_dead, new_request_id
 from execstate.serve.convert import (
     chat_logprobs,
@@ -51,7 +52,7 @@ from execstate.serve.protocol import (
     ChatStreamChoice,
     DeltaMessage,
 )
-from execstate.serve.streaming import DeltaTracker, SSEResponse, sse
+from execstate.serve.streaming import SSEResponse, sse
 
 
 async def create_chat_completion(ctx: ServeContext, req: ChatCompletionRequest, raw: Request) -> Response:
@@ -72,7 +73,8 @@ async def create_chat_completion(ctx: ServeContext, req: ChatCompletionRequest, 
     try:
         prompt = await ctx.in_worker(_prompt, req, eng, params.max_tokens)
         request_id = new_request_id("chatcmpl")
-        subs = expand(request_id, [prompt], params, params.n, req.kv_transfer_params, req.cache_salt)
+        kind = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
+        subs = expand(request_id, [prompt], params, params.n, req.kv_transfer_params, req.cache_salt, output_kind=kind)
         if req.stream:
             stream = _stream(ctx, req, subs, request_id, arrival, admission)
             response = SSEResponse(stream, on_close=partial(eng.release, admission))
@@ -95,7 +97,7 @@ async def create_chat_completion(ctx: ServeContext, req: ChatCompletionRequest, 
             ChatChoice(
                 index=s.index,
                 message=AssistantMessage(content=c.text),
-                logprobs=_logprobs(req, out, 0),
+                logprobs=_logprobs(req, out),
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
                 routed_experts=encode_routes(c.routed_experts) if eng.return_routes else None,
@@ -118,11 +120,12 @@ def _prompt(req: ChatCompletionRequest, eng: AsyncEngine, max_tokens: int | None
     return prompt
 
 
-def _logprobs(req: ChatCompletionRequest, out: RequestOutput, start: int) -> ChatLogprobs | None:
+def _logprobs(req: ChatCompletionRequest, out: RequestOutput) -> ChatLogprobs | None:
+    """Logprobs of the tokens ``out`` carries (all, or a stream's delta)."""
     c = out.outputs[0]
     if not req.logprobs or c.logprobs is None:
         return None
-    return chat_logprobs(c.token_ids[start:], c.logprobs[start:], req.top_logprobs or 0)
+    return chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0)
 
 
 async def _stream(
@@ -130,7 +133,7 @@ async def _stream(
     admission: Admission,
 ) -> AsyncIterator[str]:
     model = ctx.served_model_name
-    trackers = {s.index: DeltaTracker(s.params.stop) for s in subs}
+    num_tokens = {s.index: 0 for s in subs}
     finals: dict[int, RequestOutput] = {}
     prompt_ids = subs[0].prompt.token_ids if req.return_token_ids else None
     for s in subs:
@@ -139,23 +142,19 @@ async def _stream(
     try:
         async with aclosing(merged_outputs(ctx.engine, subs, ctx.metrics, arrival, admission)) as stream:
             async for sub, out in stream:
-                c = out.outputs[0]
-                tr = trackers[sub.index]
-                start = tr.sent_tokens
-                text = tr.text_delta(c)
-                new_ids, _ = tr.token_delta(c)
-                if not (text or out.finished or (new_ids and (req.return_token_ids or req.logprobs))):
-                    tr.sent_tokens = start  # nothing sent: these tokens go with the next chunk
-                    continue
+                c = out.outputs[0]  # a delta: only what is new since the previous output
+                num_tokens[sub.index] += len(c.token_ids)
+                if not (c.text or out.finished or (c.token_ids and (req.return_token_ids or req.logprobs))):
+                    continue  # nothing to show (these tokens are not asked for)
                 done = out.finished
                 choice = ChatStreamChoice(
                     index=sub.index,
-                    delta=DeltaMessage(content=text),
-                    logprobs=_logprobs(req, out, start),
+                    delta=DeltaMessage(content=c.text),
+                    logprobs=_logprobs(req, out),
                     finish_reason=c.finish_reason if done else None,
                     stop_reason=c.stop_reason if done else None,
                     routed_experts=encode_routes(c.routed_experts) if done and ctx.engine.return_routes else None,
-                    token_ids=new_ids if req.return_token_ids else None,
+                    token_ids=c.token_ids if req.return_token_ids else None,
                 )
                 kv = out.kv_transfer_params if done and len(subs) == 1 else None
                 chunk = ChatCompletionChunk(id=request_id, model=model, choices=[choice], kv_transfer_params=kv)
@@ -163,7 +162,7 @@ async def _stream(
                 if done:
                     finals[sub.index] = out
         if req.stream_options is not None and req.stream_options.include_usage:
-            usage = usage_of(subs, finals)
+            usage = usage_of(subs, finals, num_tokens)
             yield sse(ChatCompletionChunk(id=request_id, model=model, choices=[], usage=usage).model_dump())
     except Exception as exc:  # the stream has started: report in-band
         yield sse(as_openai_error(exc).body())

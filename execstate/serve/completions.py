@@ -1,8 +1,8 @@
 """``POST /v1/completions``: text or token-id prompts (one or a list), n choices each.
 
 Choice ``index = prompt_index * n + j``. Non-streaming: one response once every choice
-has finished (a client disconnect aborts them all). Streaming: SSE chunks with text
-deltas (see ``streaming.DeltaTracker``), the finishing chunk of a choice carries its
+has finished (a client disconnect aborts them all). Streaming: SSE chunks forwarding the
+engine's deltas (see ``streaming``), the finishing chunk of a choice carries its
 ``finish_reason`` (and ``routed_experts``), an optional usage chunk
 (``stream_options.include_usage``), then ``data: [DONE]``. An error after the stream
 started is sent as one ``data: {"error": ...}`` event before ``[DONE]``.
@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 
 from execstate.engine.async_engine import Admission, AsyncEngine, EngineDeadError
 from execstate.engine.outputs import RequestOutput
+from execstate.engine.sampling_params import RequestOutputKind
 from execstate.serve.context import ServeContext, as_openai_error, engine_dead, new_request_id
 from execstate.serve.convert import (
     check_logit_bias,
@@ -46,7 +47,7 @@ from execstate.serve.generation import (
 )
 from execstate.serve.limit_checks import check_limits, num_prompts
 from execstate.serve.protocol import CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse
-from execstate.serve.streaming import DeltaTracker, SSEResponse, sse
+from execstate.serve.streaming import SSEResponse, sse
 
 
 async def create_completion(ctx: ServeContext, req: CompletionRequest, raw: Request) -> Response:
@@ -64,7 +65,8 @@ async def create_completion(ctx: ServeContext, req: CompletionRequest, raw: Requ
     try:
         prompts = await ctx.in_worker(_prompts, req, eng, params.max_tokens)
         request_id = new_request_id("cmpl")
-        subs = expand(request_id, prompts, params, params.n, req.kv_transfer_params, req.cache_salt)
+        kind = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
+        subs = expand(request_id, prompts, params, params.n, req.kv_transfer_params, req.cache_salt, output_kind=kind)
         if req.stream:
             stream = _stream(ctx, req, subs, request_id, arrival, admission)
             response = SSEResponse(stream, on_close=partial(eng.release, admission))
@@ -81,7 +83,7 @@ async def create_completion(ctx: ServeContext, req: CompletionRequest, raw: Requ
     if finals is None:  # the client is gone; its requests were aborted
         return Response(status_code=499)
     choices = [
-        _choice(ctx, req, out, s.index, out.outputs[0].text, 0, 0, final=True)
+        _choice(ctx, req, out, s.index, 0, with_prompt=True)
         for s, out in zip(subs, finals, strict=True)
     ]
     body = CompletionResponse(
@@ -100,25 +102,25 @@ def _prompts(req: CompletionRequest, eng: AsyncEngine, max_tokens: int | None) -
 
 
 def _choice(
-    ctx: ServeContext, req: CompletionRequest, out: RequestOutput, index: int, text: str,
-    token_start: int, text_offset: int, final: bool,
+    ctx: ServeContext, req: CompletionRequest, out: RequestOutput, index: int, text_offset: int,
+    with_prompt: bool,
 ) -> CompletionChoice:
-    """A choice (or a stream chunk's choice) covering tokens ``token_start:`` of ``out``."""
+    """A choice (or a stream chunk's choice) with what ``out`` carries (all, or a delta)."""
     c = out.outputs[0]
-    ids = c.token_ids[token_start:]
+    ids = c.token_ids
     logprobs = None
     if c.logprobs is not None:
-        logprobs = completion_logprobs(ids, c.logprobs[token_start:], text_offset)
-    done = final and out.finished
+        logprobs = completion_logprobs(ids, c.logprobs, text_offset)
+    done = out.finished
     return CompletionChoice(
         index=index,
-        text=text,
+        text=c.text,
         logprobs=logprobs,
         finish_reason=c.finish_reason if done else None,
         stop_reason=c.stop_reason if done else None,
         routed_experts=encode_routes(c.routed_experts) if done and ctx.engine.return_routes else None,
         token_ids=ids if req.return_token_ids else None,
-        prompt_token_ids=out.prompt_token_ids if req.return_token_ids and token_start == 0 else None,
+        prompt_token_ids=out.prompt_token_ids if req.return_token_ids and with_prompt else None,
     )
 
 
@@ -126,21 +128,21 @@ async def _stream(
     ctx: ServeContext, req: CompletionRequest, subs: list[SubRequest], request_id: str, arrival: float,
     admission: Admission,
 ) -> AsyncIterator[str]:
-    trackers = {s.index: DeltaTracker(s.params.stop) for s in subs}
-    offsets = dict.fromkeys(trackers, 0)
+    offsets = {s.index: 0 for s in subs}  # logprobs text_offset of each choice's next token
+    num_tokens = dict.fromkeys(offsets, 0)
+    started: set[int] = set()  # choices that sent a chunk
     finals: dict[int, RequestOutput] = {}
     model = ctx.served_model_name
+    wants_tokens = req.return_token_ids or req.logprobs is not None
     try:
         async with aclosing(merged_outputs(ctx.engine, subs, ctx.metrics, arrival, admission)) as stream:
             async for sub, out in stream:
-                tr = trackers[sub.index]
-                start = tr.sent_tokens
-                text = tr.text_delta(out.outputs[0])
-                new_ids, _ = tr.token_delta(out.outputs[0])
-                if not (text or out.finished or (new_ids and (req.return_token_ids or req.logprobs is not None))):
-                    tr.sent_tokens = start  # nothing sent: resend these tokens with the next chunk
-                    continue
-                choice = _choice(ctx, req, out, sub.index, text, start, offsets[sub.index], final=True)
+                c = out.outputs[0]  # a delta: only what is new since the previous output
+                num_tokens[sub.index] += len(c.token_ids)
+                if not (c.text or out.finished or (c.token_ids and wants_tokens)):
+                    continue  # nothing to show (these tokens are not asked for)
+                choice = _choice(ctx, req, out, sub.index, offsets[sub.index], with_prompt=sub.index not in started)
+                started.add(sub.index)
                 if choice.logprobs is not None:
                     offsets[sub.index] += sum(len(t) for t in choice.logprobs.tokens)
                 kv = out.kv_transfer_params if out.finished and len(subs) == 1 else None
@@ -149,7 +151,7 @@ async def _stream(
                 if out.finished:
                     finals[sub.index] = out
         if req.stream_options is not None and req.stream_options.include_usage:
-            usage = usage_of(subs, finals)
+            usage = usage_of(subs, finals, num_tokens)
             yield sse(CompletionChunk(id=request_id, model=model, choices=[], usage=usage).model_dump())
     except Exception as exc:  # the stream has started: report in-band
         yield sse(as_openai_error(exc).body())

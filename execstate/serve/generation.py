@@ -1,12 +1,14 @@
 """Running one HTTP request's engine requests: n choices per prompt, merged, metered.
 
 An HTTP request with P prompts and ``n`` choices becomes P*n engine requests (choice
-``index = p * n + j``, seed ``seed + j`` as in ``LLM.generate``). ``merged_outputs``
-runs them concurrently and yields ``(sub, output)`` in arrival order; if the consumer
-stops early or one of them fails, all the others are cancelled, which aborts them in the
-engine (``AsyncEngine.generate`` contract) and frees their blocks. Each engine request
-uses one slot of the HTTP request's ``Admission`` (reserved by the handler, which
-releases what is left when it is done).
+``index = p * n + j``, seed ``seed + j`` as in ``LLM.generate``), each with the
+``output_kind`` its response needs: ``DELTA`` for a stream (every output carries only
+what is new), ``FINAL_ONLY`` otherwise (one output per request, when it finishes).
+``merged_outputs`` runs them concurrently and yields ``(sub, output)`` in arrival order;
+if the consumer stops early or one of them fails, all the others are cancelled, which
+aborts them in the engine (``AsyncEngine.generate`` contract) and frees their blocks.
+Each engine request uses one slot of the HTTP request's ``Admission`` (reserved by the
+handler, which releases what is left when it is done).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from starlette.requests import Request
 
 from execstate.engine.async_engine import Admission, AsyncEngine
 from execstate.engine.outputs import RequestOutput
-from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.sampling_params import RequestOutputKind, SamplingParams
 from execstate.serve.errors import OpenAIError
 from execstate.serve.metrics import ServingMetrics
 from execstate.serve.protocol import PromptTokensDetails, Usage
@@ -51,13 +53,14 @@ class SubRequest:
 
 def expand(
     base_id: str, prompts: list[PromptInput], params: SamplingParams, n: int,
-    kv_transfer_params: dict[str, Any] | None, cache_salt: str | None = None,
+    kv_transfer_params: dict[str, Any] | None, cache_salt: str | None = None, *,
+    output_kind: RequestOutputKind,
 ) -> list[SubRequest]:
     subs = []
     for p, prompt in enumerate(prompts):
         for j in range(n):
             seed = None if params.seed is None else params.seed + j
-            sub_params = replace(params, n=1, seed=seed)
+            sub_params = replace(params, n=1, seed=seed, output_kind=output_kind)
             subs.append(SubRequest(p * n + j, p, prompt, sub_params, f"{base_id}-{p}-{j}", kv_transfer_params,
                                    cache_salt))
     return subs
@@ -141,8 +144,14 @@ async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T | None
     return None
 
 
-def usage_of(subs: list[SubRequest], finals: dict[int, RequestOutput]) -> Usage:
-    """Token counts: each prompt once (its least-cached choice), every completion token."""
+def usage_of(
+    subs: list[SubRequest], finals: dict[int, RequestOutput], completion_tokens: dict[int, int] | None = None
+) -> Usage:
+    """Token counts: each prompt once (its least-cached choice), every completion token.
+
+    ``completion_tokens`` (by choice index) counts what a stream received; without it the
+    final outputs (``FINAL_ONLY``) hold every token.
+    """
     prompt_tokens = cached = completion = 0
     sources: dict[str, int] = {"local_cache": 0, "transferred": 0, "computed": 0}
     by_prompt: dict[int, list[RequestOutput]] = {}
@@ -150,7 +159,8 @@ def usage_of(subs: list[SubRequest], finals: dict[int, RequestOutput]) -> Usage:
         out = finals.get(s.index)
         if out is not None:
             by_prompt.setdefault(s.prompt_index, []).append(out)
-            completion += len(out.outputs[0].token_ids)
+            n = completion_tokens.get(s.index, 0) if completion_tokens is not None else len(out.outputs[0].token_ids)
+            completion += n
     for outs in by_prompt.values():
         least = min(outs, key=lambda o: o.num_cached_tokens)
         prompt_tokens += len(least.prompt_token_ids)

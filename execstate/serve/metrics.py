@@ -106,7 +106,13 @@ class ServingMetrics:
 
 
 class RequestTimer:
-    """Per engine request: turns its successive cumulative outputs into metric samples."""
+    """Per engine request: turns its outputs into metric samples.
+
+    The server's requests are ``DELTA`` (streams) or ``FINAL_ONLY``: every output's
+    ``token_ids`` are tokens this timer has not seen. An output that brings several tokens
+    at once (``FINAL_ONLY``) takes its first token's time from the engine
+    (``metrics["first_token_time"]``, same monotonic clock) and spreads the rest evenly.
+    """
 
     def __init__(self, metrics: ServingMetrics, arrival: float) -> None:
         self.metrics = metrics
@@ -118,19 +124,21 @@ class RequestTimer:
     def on_output(self, out: RequestOutput, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         m = self.metrics
-        n = len(out.outputs[0].token_ids)
-        new = n - self.num_tokens
+        new = len(out.outputs[0].token_ids)
         if new > 0:
+            m.generation_tokens.inc(new)
+            self.num_tokens += new
             if self.last_token_time is None:
+                first = out.metrics.get("first_token_time", now) if new > 1 else now
                 m.prompt_tokens.inc(len(out.prompt_token_ids))
-                m.ttft.observe(now - self.arrival)
-            else:
+                m.ttft.observe(first - self.arrival)
+                self.last_token_time = first
+                new -= 1
+            if new > 0:
                 gap = (now - self.last_token_time) / new
                 for _ in range(new):
                     m.itl.observe(gap)
-            m.generation_tokens.inc(new)
             self.last_token_time = now
-            self.num_tokens = n
         if out.finished:
             self.finished = True
             m.requests_finished.labels(out.outputs[0].finish_reason or "unknown").inc()

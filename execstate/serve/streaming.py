@@ -1,11 +1,12 @@
-"""Turning cumulative engine outputs into stream deltas, and the SSE response.
+"""Server-sent events for streamed responses.
 
-The engine returns each completion's *whole* text so far. ``DeltaTracker`` emits only
-text that can no longer change: it holds back a trailing U+FFFD (an incomplete UTF-8
-sequence the next token may complete) and, while unfinished, any suffix that could be
-the start of a stop string (the engine cuts the stop string from the final text). On
-the finishing output everything left is flushed, so the concatenated deltas equal the
-final text.
+Streams run their engine requests with ``output_kind=DELTA``: each engine output
+carries only the new token ids, logprob entries and text, and the engine already holds
+back what must not be sent yet (an incomplete UTF-8 sequence; while unfinished, a
+suffix that could be the start of a stop string, which the final text will not
+contain), flushing it with the finishing output. So a stream forwards each delta as it
+comes, and the concatenated deltas equal the non-streamed text. Nothing here grows with
+the output length.
 """
 
 from __future__ import annotations
@@ -16,50 +17,6 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
-
-from execstate.engine.outputs import CompletionOutput, Logprob
-
-
-class DeltaTracker:
-    """Per-choice stream state: text, token ids and logprobs already sent."""
-
-    def __init__(self, stop: list[str] | None) -> None:
-        self.stop = stop or []
-        self.sent_text = ""
-        self.sent_tokens = 0
-
-    def text_delta(self, c: CompletionOutput) -> str:
-        text = c.text
-        if not text.startswith(self.sent_text):  # detokenisation rewrote sent text: nothing safe to add
-            return ""
-        if c.finished():
-            safe = len(text)
-        else:
-            safe = len(text.rstrip("\ufffd"))
-            safe -= _stop_prefix_len(text[:safe], self.stop)
-        if safe <= len(self.sent_text):
-            return ""
-        delta = text[len(self.sent_text) : safe]
-        self.sent_text = text[:safe]
-        return delta
-
-    def token_delta(self, c: CompletionOutput) -> tuple[list[int], list[dict[int, Logprob]] | None]:
-        """New token ids (and their logprob entries) since the last call."""
-        start = self.sent_tokens
-        self.sent_tokens = len(c.token_ids)
-        logprobs = c.logprobs[start:] if c.logprobs is not None else None
-        return c.token_ids[start:], logprobs
-
-
-def _stop_prefix_len(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best
 
 
 def sse(data: dict[str, Any] | str) -> str:

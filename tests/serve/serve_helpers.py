@@ -1,9 +1,9 @@
-"""Helpers for the serving tests: a tiny tokenizer for the random model, engine configs,
-ports, and polling the engine until it is idle."""
+"""Helpers for the serving tests: the tiny tokenizer for the random model (from
+``execstate.model.random_tokenizer``), engine configs, ports, and polling the engine
+until it is idle."""
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
@@ -12,38 +12,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import uvicorn
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
+from execstate.model.random_tokenizer import CHAT_TEMPLATE, VOCAB, write_tokenizer
+
+__all__ = ["CHAT_TEMPLATE", "MODEL_NAME", "VOCAB", "engine_config", "free_port", "wait_idle", "write_tokenizer"]
 
 MODEL_NAME = "tiny-moe"
-VOCAB = 512
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
-def write_tokenizer(model_dir: Path) -> None:
-    """Byte-level BPE over exactly VOCAB ids: 3 specials, 256 bytes, letter-pair merges."""
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
-    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
-        vocab[ch] = len(vocab)
-    letters = "etaoinsrhldcumfpgwybvkxjqz"
-    merges = []
-    for a, b in [("Ġ", x) for x in letters] + [(x, y) for x in letters for y in letters]:
-        if len(vocab) == VOCAB:
-            break
-        vocab[a + b] = len(vocab)
-        merges.append((a, b))
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<pad>", "<s>", "</s>"])
-    tok.save(str(model_dir / "tokenizer.json"))
-    cfg = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE}
-    (model_dir / "tokenizer_config.json").write_text(json.dumps(cfg))
 
 
 def engine_config(model_dir: Path, **kw) -> EngineConfig:

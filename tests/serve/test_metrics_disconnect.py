@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -81,11 +83,30 @@ def abort_spy(served):
     served.engine.call(lambda e: e.__dict__.pop("abort_request"))
 
 
+@pytest.fixture
+def slow_steps(served):
+    """Each engine step takes >= 2 ms, so a 250-token request is still running when the
+    client goes away (without it the tiny model can finish first on a fast machine)."""
+
+    def install(e: LLMEngine) -> None:
+        real = e.step
+
+        def step():
+            time.sleep(0.002)
+            return real()
+
+        e.step = step
+
+    served.engine.call(install)
+    yield
+    served.engine.call(lambda e: e.__dict__.pop("step"))
+
+
 LONG = {"model": MODEL_NAME, "prompt": [5, 6, 7, 8], "max_tokens": 250, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
-def test_stream_disconnect_aborts_and_frees_blocks(served, abort_spy, path):
+def test_stream_disconnect_aborts_and_frees_blocks(served, abort_spy, slow_steps, path):
     body = dict(LONG, stream=True, n=2)
     if path.endswith("chat/completions"):
         body = {k: v for k, v in body.items() if k != "prompt"} | {"messages": [{"role": "user", "content": "go"}],
@@ -102,7 +123,7 @@ def test_stream_disconnect_aborts_and_frees_blocks(served, abort_spy, path):
     assert len(abort_spy) == 2 and all(rid.endswith(("-0-0", "-0-1")) for rid in abort_spy)
 
 
-def test_non_stream_disconnect_aborts_and_frees_blocks(served, abort_spy):
+def test_non_stream_disconnect_aborts_and_frees_blocks(served, abort_spy, slow_steps):
     with pytest.raises(httpx.ReadTimeout):
         timeout = httpx.Timeout(5.0, read=0.15)  # connect freely; give up while it generates
         httpx.post(served.url + "/v1/completions", json=dict(LONG, n=3), timeout=timeout)
