@@ -152,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     px.add_argument("--decode", nargs="+", required=True, help="decode instance URL(s)")
     px.add_argument("--host", default="127.0.0.1")
     px.add_argument("--port", type=int, default=8000)
+    px.add_argument("--kv-secret", default=None,
+                    help="verify P's handoff signatures with this secret (default: $EXECSTATE_KV_SECRET)")
     px.set_defaults(func=_proxy)
     return p
 

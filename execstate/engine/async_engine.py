@@ -5,7 +5,9 @@ Contract:
 - Exactly one background thread (``execstate-engine``) touches the wrapped engine. Every
   other thread talks to it through a FIFO command queue (add, abort, run a function),
   drained between steps. The thread loops ``step()`` while requests are unfinished and
-  blocks on the queue when idle (no busy-wait).
+  blocks on the queue when idle (no busy-wait); while loads or exports are pending
+  (``needs_polling``) it wakes every 50 ms to ``poll``. A step in which every request
+  waits for a KV load blocks until a load finishes or a command arrives (``LLMEngine.wake``).
 - ``generate`` yields cumulative ``RequestOutput``s of one request as they are produced
   (delivered with ``loop.call_soon_threadsafe`` into a per-request asyncio queue); the
   last one has ``finished=True``. A ``ValueError`` from ``add_request`` is raised in the
@@ -36,6 +38,7 @@ from typing import Any, TypeVar
 from execstate.engine.llm_engine import LLMEngine, PromptType
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.sampling_params import SamplingParams
+from execstate.transfer.handoff import Handoff
 
 T = TypeVar("T")
 
@@ -63,7 +66,7 @@ class _Add:
     prompt: PromptType
     params: SamplingParams
     request_id: str
-    kv_transfer_params: dict[str, Any] | None
+    kv_transfer_params: dict[str, Any] | Handoff | None
     sink: _Sink
     done: concurrent.futures.Future[None]
 
@@ -124,7 +127,7 @@ class AsyncEngine:
         prompt: PromptType,
         params: SamplingParams,
         request_id: str,
-        kv_transfer_params: dict[str, Any] | None = None,
+        kv_transfer_params: dict[str, Any] | Handoff | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Add one request (``params.n`` must be 1) and yield its outputs until finished.
 
@@ -192,12 +195,14 @@ class AsyncEngine:
             if self._error is not None:
                 raise _copy(self._error)
             self._commands.put(cmd)
+        self._engine.wake()  # an idle step waiting for a KV load returns to take the command
 
     def _submit_nowait(self, cmd: _Command) -> None:
         """Like ``_submit`` but silent when the engine is already dead (cleanup paths)."""
         with self._lock:
             if self._error is None:
                 self._commands.put(cmd)
+        self._engine.wake()
 
     # -- engine thread --------------------------------------------------------------------------
     def _run(self) -> None:

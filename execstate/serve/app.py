@@ -27,6 +27,7 @@ from execstate.serve.errors import install_error_handlers
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.metrics import EngineStats, ServingMetrics, read_engine_stats
 from execstate.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from execstate.transfer.handoff import HandoffTrust
 
 STATS_TIMEOUT_S = 5.0
 
@@ -38,10 +39,13 @@ def build_app(
     *,
     metrics: ServingMetrics | None = None,
     kv_transfer_config: KVTransferConfig | None = None,
+    handoff_trust: HandoffTrust | None = None,
 ) -> FastAPI:
     """An app serving ``async_engine`` under ``served_model_name`` (the only accepted
-    ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry."""
-    ctx = ServeContext(async_engine, served_model_name, metrics or ServingMetrics(), kv_transfer_config)
+    ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry;
+    ``handoff_trust`` (PD decode side) decides which handoff parameters are accepted."""
+    ctx = ServeContext(async_engine, served_model_name, metrics or ServingMetrics(), kv_transfer_config,
+                       handoff_trust)
     app = FastAPI(title="execstate", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     install_error_handlers(app)

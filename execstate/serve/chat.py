@@ -63,7 +63,8 @@ async def create_chat_completion(ctx: ServeContext, req: ChatCompletionRequest, 
     params = sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None)
     validate_prompts([prompt], eng.model_config.vocab_size, eng.max_model_len, params.max_tokens)
     request_id = new_request_id("chatcmpl")
-    subs = expand(request_id, [prompt], params, params.n, req.kv_transfer_params)
+    kv = ctx.accept_kv_transfer_params(req.kv_transfer_params)
+    subs = expand(request_id, [prompt], params, params.n, kv)
     if req.stream:
         return SSEResponse(_stream(ctx, req, subs, request_id, arrival))
     try:

@@ -52,7 +52,8 @@ async def create_completion(ctx: ServeContext, req: CompletionRequest, raw: Requ
         raise bad_request("kv_transfer_params needs exactly one prompt", param="kv_transfer_params")
     validate_prompts(prompts, eng.model_config.vocab_size, eng.max_model_len, params.max_tokens)
     request_id = new_request_id("cmpl")
-    subs = expand(request_id, prompts, params, params.n, req.kv_transfer_params)
+    kv = ctx.accept_kv_transfer_params(req.kv_transfer_params)
+    subs = expand(request_id, prompts, params, params.n, kv)
     if req.stream:
         return SSEResponse(_stream(ctx, req, subs, request_id, arrival))
     try:

@@ -26,6 +26,7 @@ from execstate.engine.sampling_params import SamplingParams
 from execstate.serve.errors import OpenAIError
 from execstate.serve.metrics import ServingMetrics
 from execstate.serve.protocol import PromptTokensDetails, Usage
+from execstate.transfer.handoff import Handoff
 
 T = TypeVar("T")
 
@@ -43,12 +44,12 @@ class SubRequest:
     prompt: PromptInput
     params: SamplingParams
     request_id: str
-    kv_transfer_params: dict[str, Any] | None
+    kv_transfer_params: dict[str, Any] | Handoff | None
 
 
 def expand(
     base_id: str, prompts: list[PromptInput], params: SamplingParams, n: int,
-    kv_transfer_params: dict[str, Any] | None,
+    kv_transfer_params: dict[str, Any] | Handoff | None,
 ) -> list[SubRequest]:
     subs = []
     for p, prompt in enumerate(prompts):

@@ -6,19 +6,24 @@ A :class:`NixlBulk` owns one NIXL agent with the UCX backend and registers its p
 the bytes with a one-sided :meth:`NixlBulk.read` (RDMA-style READ; the source's CPU is not
 involved beyond UCX's progress thread).
 
-Threading: every method except :meth:`metadata` (an immutable ``bytes`` captured at
-construction) must be called from one thread, the engine thread. The agent is not shared.
+Threading: :meth:`metadata` (an immutable ``bytes`` captured at construction) and
+:meth:`block_addrs` (arithmetic on addresses fixed at construction) may be called from any
+thread (the engine thread exports); :meth:`read`, :meth:`stuck_ids`, :meth:`reap_stuck` and
+:meth:`close` use the NIXL agent and must be called from one thread at a time (the decode
+instance's transfer thread; ``close`` after that thread stopped).
 
 Failure: a NIXL error or a transfer that does not complete within ``timeout_s`` raises
 ``TransferError(BULK / TIMEOUT)``; the transfer handle is released (cancelling it) before
-raising. If NIXL cannot cancel it, the handle is kept alive in ``_stuck`` and counted in
-:attr:`NixlBulk.num_stuck`: the destination blocks of that read may still be written, so the
-caller must not reuse them (a failed read's blocks are never committed anyway).
+raising. If NIXL cannot cancel it, the handle is kept alive under a stuck id
+(:meth:`stuck_ids`, :attr:`num_stuck`): the destination blocks of that read may still be
+written, so the caller must not reuse them until :meth:`reap_stuck` reports that id (NIXL says
+the transfer ended, done or failed, and its handle was released).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -78,7 +83,8 @@ class NixlBulk:
         self._reg = self._agent.register_memory([pool.k, pool.v], "DRAM")
         self._metadata: bytes = self._agent.get_agent_metadata()
         self._remotes: dict[str, bytes] = {}
-        self._stuck: list[nixl_xfer_handle] = []
+        self._stuck: dict[int, nixl_xfer_handle] = {}
+        self._stuck_ids = itertools.count(1)
         # Address of block 0's K (V) region in each layer; block b adds b * region_nbytes.
         layer_stride = pool.k.stride(0) * pool.k.element_size()
         layers = np.arange(layout.num_layers, dtype=np.uint64) * np.uint64(layer_stride)
@@ -91,6 +97,27 @@ class NixlBulk:
     def num_stuck(self) -> int:
         """Reads that timed out and could not be cancelled (their destinations are unsafe)."""
         return len(self._stuck)
+
+    def stuck_ids(self) -> frozenset[int]:
+        """Ids of the reads that could not be cancelled and have not ended yet."""
+        return frozenset(self._stuck)
+
+    def reap_stuck(self) -> list[int]:
+        """Release the stuck reads NIXL now reports as ended (``DONE`` or ``ERR``); their ids.
+
+        After this, nothing writes into those reads' destination blocks any more.
+        """
+        ended = []
+        for sid, handle in list(self._stuck.items()):
+            if self._xfer_state(handle) == "PROC":
+                continue
+            try:
+                handle.release()
+            except Exception:  # still not releasable: try again at the next reap
+                continue
+            del self._stuck[sid]
+            ended.append(sid)
+        return ended
 
     def metadata(self) -> bytes:
         """This agent's NIXL metadata (connection info + registered pool); thread-safe."""
@@ -208,8 +235,14 @@ class NixlBulk:
         if state != "DONE":
             raise TransferError(ErrorCode.BULK, f"NIXL read ended in state {state}")
 
+    def _xfer_state(self, handle: nixl_xfer_handle) -> str:
+        try:
+            return str(self._agent.check_xfer_state(handle))
+        except Exception:  # NIXL reports a failed transfer by raising: it ended
+            return "ERR"
+
     def _release(self, handle: nixl_xfer_handle) -> None:
         try:
             handle.release()
         except Exception:  # could not cancel an active transfer: keep it alive, flag the pool
-            self._stuck.append(handle)
+            self._stuck[next(self._stuck_ids)] = handle

@@ -25,6 +25,7 @@ from serve_helpers import free_port
 from execstate import LLM, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
+SECRET = "http-test-secret-0123456789abcdef"  # shared by P, D and the proxy (EXECSTATE_KV_SECRET)
 
 
 def _kv_cfg(role: str, **extra) -> str:
@@ -38,10 +39,15 @@ def _kv_cfg(role: str, **extra) -> str:
     return json.dumps(cfg)
 
 
-def start(args: list[str], port: int) -> subprocess.Popen:
+def start(args: list[str], port: int, fault: dict | None = None, secret: str | None = SECRET) -> subprocess.Popen:
+    """``execstate ARGS --port PORT``; with ``fault``, through the fault-injecting launcher."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.pop("EXECSTATE_KV_SECRET", None)
+    if secret is not None:
+        env["EXECSTATE_KV_SECRET"] = secret
+    launcher = ["execstate"] if fault is None else ["execstate.bench.faulty_serve", json.dumps(fault)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "execstate", *args, "--port", str(port)],
+        [sys.executable, "-m", *launcher, *args, "--port", str(port)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 240
