@@ -25,6 +25,7 @@ instance is wrapped into it. ``GET /metrics`` and the per-request log line: ``pr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import logging
@@ -76,17 +77,19 @@ def build_proxy_app(
         raise ValueError("the proxy needs at least one --prefill and one --decode URL")
     key = resolve_secret(secret)
     trust = HandoffTrust(key) if key is not None else None
-    app = FastAPI(title="execstate PD proxy", docs_url=None, redoc_url=None, openapi_url=None)
+    client = httpx.AsyncClient(timeout=timeout_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await client.aclose()
+
+    app = FastAPI(title="execstate PD proxy", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     install_error_handlers(app)
     metrics = ProxyMetrics()
     app.state.metrics = metrics
     next_p = itertools.cycle([u.rstrip("/") for u in prefill]).__next__
     next_d = itertools.cycle([u.rstrip("/") for u in decode]).__next__
-    client = httpx.AsyncClient(timeout=timeout_s)
-
-    @app.on_event("shutdown")
-    async def _close() -> None:
-        await client.aclose()
 
     async def handle(request: Request, path: str, endpoint: str) -> Response:
         rec = ProxyRecord(metrics, f"proxy-{uuid.uuid4().hex}", endpoint)

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 PREFIX = "execstate_proxy"
 STAGES = ("request", "prefill", "handoff", "decode")
+ENDPOINTS = ("completions", "chat")
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 log = logging.getLogger("execstate.proxy")
 
@@ -29,6 +30,8 @@ class ProxyMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter(f"{PREFIX}_requests", "Requests received by the proxy", ["endpoint"], registry=r)
+        for endpoint in ENDPOINTS:
+            self.requests.labels(endpoint=endpoint)
         self.failures = Counter(f"{PREFIX}_failures", "Requests that failed, by stage", ["stage"], registry=r)
         for stage in STAGES:
             self.failures.labels(stage=stage)  # every stage exported from the start, at 0
