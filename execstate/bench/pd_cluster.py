@@ -42,10 +42,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def kv_config(role: str, policy: str = "fail", timeout_s: float = 10.0) -> str:
+def kv_config(role: str, policy: str = "fail", timeout_s: float = 10.0, ttl_s: float | None = None) -> str:
     """``--kv-transfer-config`` JSON of a PD instance (NIXL, route transfer on). The handoff secret
     reaches every process through ``$EXECSTATE_KV_SECRET`` (``Cluster.secret``)."""
     extra: dict[str, Any] = {"transfer_timeout_s": timeout_s}
+    if ttl_s is not None:
+        extra["transfer_ttl_s"] = ttl_s
     return json.dumps({"kv_connector": "NixlConnector", "kv_role": role, "enable_routed_experts_transfer": True,
                        "kv_load_failure_policy": policy, "kv_connector_extra_config": extra})
 
