@@ -216,7 +216,6 @@ class LLMEngine:
 
     # -- one step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        self._wakeup.clear()  # a wake-up from here on ends this step's idle wait
         self.poll()
         sched = self.scheduler.schedule()
         outputs = [self._finalize(r) for r in sched.failed]
@@ -224,7 +223,11 @@ class LLMEngine:
             if self.scheduler.has_unfinished and not outputs and not self._blocks_held_elsewhere():
                 raise RuntimeError("scheduler made no progress although requests are waiting")
             if not outputs and self.scheduler.num_loading and not (self.pd and self.pd.has_finished_loads):
-                self._wakeup.wait(_IDLE_WAIT_S)  # nothing to run until a load finishes
+                # Nothing to run until a load finishes. A wake-up set before this wait ends it at once
+                # (at worst one spurious extra step); one set after it returns is not needed: the
+                # caller takes its commands and the next step polls the loads.
+                self._wakeup.wait(_IDLE_WAIT_S)
+                self._wakeup.clear()
             return outputs
         result = self.runner.execute(sched)
         if result.routes is not None:

@@ -36,8 +36,11 @@ from execstate.state.kv_pool import KVPool
 from execstate.transfer.checks import kv_layout_of
 from execstate.transfer.errors import ErrorCode, TransferError
 
-_SPIN_CHECKS = 200  # completion checks before the waiting loop starts sleeping
+# The reader waits on its own (transfer) thread, next to an engine that needs the CPU: a few
+# immediate completion checks, then sleeps growing from 50 us to 1 ms (a 32 MB read takes ms).
+_SPIN_CHECKS = 20
 _SLEEP_S = 50e-6
+_MAX_SLEEP_S = 1e-3
 # Delay (microseconds) between iterations of NIXL's UCX progress thread. The Python
 # wrapper (nixl 1.5.1) hard-codes 0, a busy loop that burns a whole core per process
 # even when idle (measured: 1.98 CPU-s per 2 s idle; 0.036 with 1000 us). The reader
@@ -221,12 +224,14 @@ class NixlBulk:
         try:
             state = self._agent.transfer(handle)
             checks = 0
+            sleep_s = _SLEEP_S
             while state == "PROC":
                 if time.monotonic() > deadline:
                     raise TransferError(ErrorCode.TIMEOUT, f"bulk read not complete after {self.timeout_s} s")
                 checks += 1
                 if checks > _SPIN_CHECKS:
-                    time.sleep(_SLEEP_S)
+                    time.sleep(sleep_s)
+                    sleep_s = min(2 * sleep_s, _MAX_SLEEP_S)
                 state = self._agent.check_xfer_state(handle)
         except TransferError:
             raise
