@@ -162,6 +162,8 @@ def run_itl_under_loads(
         cluster.close()
     base_p99 = phases["baseline_pooled"]["p99_ms"]
     transfers = delta(m1, m0, f"{KV_METRIC}s_total")
+    phases["under_loads_during"]["largest_ms"] = sorted((round(g * 1e3, 1) for g in during), reverse=True)[:8]
+    phases["under_loads_during"]["over_baseline_p99"] = sum(g * 1e3 > base_p99 for g in during)
     return {
         "model": str(model), "threads": threads,
         "workload": {"prompt_len": prompt_len, "num_loads": num_loads, "stream_tokens": stream_tokens,
@@ -185,6 +187,9 @@ def format_itl_table(r: dict[str, Any]) -> str:
     for name, s in r["phases"].items():
         lines.append(f"{name:<22} {s.get('n', 0):>6} {s.get('p50_ms', float('nan')):>8} "
                      f"{s.get('p99_ms', float('nan')):>8} {s.get('max_ms', float('nan')):>8}")
+    d = r["phases"]["under_loads_during"]
+    lines.append(f"during loads: {d.get('over_baseline_p99')} of {d.get('n')} gaps above the baseline p99; "
+                 f"largest {d.get('largest_ms')} ms")
     lines.append(f"p99 during loads / p99 without: {r['p99_during_loads_over_baseline']} (target <= {r['target']}); "
                  f"loads window {r['loads_window_s']} s, D's transfer time {r['loads_transfer_s']} s "
                  f"({r['loads_transferred']:.0f} loads); load average {r['machine']['loadavg_before']}")
