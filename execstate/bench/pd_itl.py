@@ -2,25 +2,23 @@
 
 DESIGN.md 8: transfers complete off the engine thread. Measured here as the inter-token latency
 (ITL) of one running stream on the decode instance (D) while PD loads of ``prompt_len``-token
-prompts happen on D, against the same stream with no loads.
+prompts happen on D, against the same stream while no load happens.
 
 Processes (``pd_cluster``; the handoff secret reaches all of them through the environment): a
 prefill instance (P, export TTL 600 s) and D, no proxy. This client plays the proxy: it first
 has P prefill and export ``num_loads`` fresh prompts and keeps their signed handoffs, so that P
 computes nothing while ITL is measured (on a shared machine P's prefill would otherwise take
-D's CPU and hide what the load itself costs). Then, in order:
+D's CPU and hide what the load itself costs).
 
-1. ``baseline_before``: a stream of ``stream_tokens`` tokens on D alone;
-2. ``under_loads``: the same stream; once it produced ``lead_tokens`` tokens, the handoffs are
-   sent to D one after another (``max_tokens=1``: D loads the KV, verifies it, computes the last
-   prompt token); the stream runs until the last one answered plus ``lead_tokens`` more;
-3. ``baseline_after``: the stream alone again (brackets machine noise).
-
+Then one long greedy stream runs on D, and ``num_loads`` rounds alternate on it: a quiet window
+of ``quiet_tokens`` tokens, then one handoff sent to D (``max_tokens=1``: D loads the KV,
+verifies it, computes the last prompt token; the window lasts until D answered). Alternating
+the two conditions within one stream spreads the machine's noise (other tenants) over both.
 ITL = gap between consecutive tokens as this client receives them (a chunk of k tokens counts
-as k gaps of gap/k). The loads window = first handoff sent -> last handoff answered; the
-"during loads" ITLs are the gaps that overlap it. Reported: p50 / p99 / max per phase, the
-ratio p99(during loads) / p99(both baselines pooled), the loads' server-side transfer time (D's
-``/metrics``) and the machine's load average.
+as k gaps of gap/k); a gap overlapping a load window counts as "during loads", a gap inside a
+quiet window as "without". Reported: p50 / p99 / max of each, the ratio p99(during) /
+p99(without) (target <= 1.2), the largest gaps, D's server-side transfer time (``/metrics``)
+and the machine's load average.
 """
 
 from __future__ import annotations
@@ -82,8 +80,7 @@ def run_itl_under_loads(
     model: str | Path = STANDARD,
     prompt_len: int = 2048,
     num_loads: int = 6,
-    stream_tokens: int = 300,
-    lead_tokens: int = 20,
+    quiet_tokens: int = 40,
     *,
     threads: int | None = None,
     seed: int = 0,
@@ -124,9 +121,6 @@ def run_itl_under_loads(
         load(prompts[0], export(prompts[0]))  # warm-up: handshake, first allocations
         _stream(client, d, stream_prompt, 32)
         handoffs = [export(ids) for ids in prompts[1:]]
-        phases: dict[str, Any] = {}
-        before = [g for _, _, g in _gaps(_stream(client, d, stream_prompt, stream_tokens))]
-        phases["baseline_before"] = _summary(before)
 
         arrivals: list[tuple[float, int]] = []
         stop = threading.Event()
@@ -135,44 +129,47 @@ def run_itl_under_loads(
         m0 = scrape(client, d)
         reader.start()
 
-        def tokens_since(t: float) -> int:
-            return sum(n for at, n in list(arrivals) if at > t)
+        def wait_tokens(n: int) -> float:
+            t = time.perf_counter()
+            while sum(k for at, k in list(arrivals) if at > t) < n:
+                if not reader.is_alive():
+                    raise RuntimeError("the stream on D ended early")
+                time.sleep(0.002)
+            return time.perf_counter()
 
-        while tokens_since(0.0) < lead_tokens and reader.is_alive():
-            time.sleep(0.005)
-        t_first = time.perf_counter()
+        wait_tokens(8)  # the stream is decoding
+        quiet: list[tuple[float, float]] = []
+        busy: list[tuple[float, float]] = []
         for ids, kv in zip(prompts[1:], handoffs, strict=True):
+            t0 = time.perf_counter()
+            quiet.append((t0, wait_tokens(quiet_tokens)))
+            t1 = time.perf_counter()
             load(ids, kv)
-        t_last = time.perf_counter()
-        while tokens_since(t_last) < lead_tokens and reader.is_alive():
-            time.sleep(0.005)
+            busy.append((t1, time.perf_counter()))
+        quiet.append((time.perf_counter(), wait_tokens(quiet_tokens)))
         stop.set()
         reader.join(60)
         m1 = scrape(client, d)
-        gaps = _gaps(arrivals)
-        during = [g for s, e, g in gaps if e > t_first and s < t_last]
-        phases["under_loads_during"] = _summary(during)
-        phases["under_loads_outside"] = _summary([g for s, e, g in gaps if not (e > t_first and s < t_last)])
-        after = [g for _, _, g in _gaps(_stream(client, d, stream_prompt, stream_tokens))]
-        phases["baseline_after"] = _summary(after)
-        phases["baseline_pooled"] = _summary(before + after)
     finally:
         client.close()
         stream_client.close()
         cluster.close()
-    base_p99 = phases["baseline_pooled"]["p99_ms"]
-    transfers = delta(m1, m0, f"{KV_METRIC}s_total")
-    phases["under_loads_during"]["largest_ms"] = sorted((round(g * 1e3, 1) for g in during), reverse=True)[:8]
-    phases["under_loads_during"]["over_baseline_p99"] = sum(g * 1e3 > base_p99 for g in during)
+    gaps = _gaps(arrivals)
+    during = [g for s, e, g in gaps if any(e > a and s < b for a, b in busy)]
+    without = [g for s, e, g in gaps if any(s >= a and e <= b for a, b in quiet)]
+    phases = {"without_loads": _summary(without), "during_loads": _summary(during)}
+    base_p99 = phases["without_loads"]["p99_ms"]
+    phases["during_loads"]["largest_ms"] = sorted((round(g * 1e3, 1) for g in during), reverse=True)[:8]
+    phases["during_loads"]["over_p99_without"] = sum(g * 1e3 > base_p99 for g in during)
+    phases["without_loads"]["largest_ms"] = sorted((round(g * 1e3, 1) for g in without), reverse=True)[:8]
     return {
         "model": str(model), "threads": threads,
-        "workload": {"prompt_len": prompt_len, "num_loads": num_loads, "stream_tokens": stream_tokens,
-                     "lead_tokens": lead_tokens, "seed": seed},
+        "workload": {"prompt_len": prompt_len, "num_loads": num_loads, "quiet_tokens": quiet_tokens, "seed": seed},
         "phases": phases,
-        "loads_window_s": round(t_last - t_first, 3),
+        "load_windows_s": [round(b - a, 3) for a, b in busy],
         "loads_transfer_s": round(delta(m1, m0, f"{KV_METRIC}_seconds_total"), 4),
-        "loads_transferred": transfers,
-        "p99_during_loads_over_baseline": round(phases["under_loads_during"]["p99_ms"] / base_p99, 3),
+        "loads_transferred": delta(m1, m0, f"{KV_METRIC}s_total"),
+        "p99_during_loads_over_without": round(phases["during_loads"]["p99_ms"] / base_p99, 3),
         "target": 1.2,
         "machine": {"cpu_count": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": loadavg()},
         "bench_seconds": round(time.perf_counter() - t_bench, 1),
@@ -181,16 +178,17 @@ def run_itl_under_loads(
 
 def format_itl_table(r: dict[str, Any]) -> str:
     w = r["workload"]
-    lines = [f"ITL of a running stream on D while {w['num_loads']} PD loads of {w['prompt_len']}-token prompts "
-             f"happen ({r['model']}, {r['threads']} threads per engine)",
-             f"{'phase':<22} {'gaps':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}"]
+    lines = [f"ITL of a running stream on D, {w['num_loads']} PD loads of {w['prompt_len']}-token prompts "
+             f"alternating with quiet windows of {w['quiet_tokens']} tokens ({r['model']}, {r['threads']} threads "
+             "per engine)",
+             f"{'':<15} {'gaps':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}  largest ms"]
     for name, s in r["phases"].items():
-        lines.append(f"{name:<22} {s.get('n', 0):>6} {s.get('p50_ms', float('nan')):>8} "
-                     f"{s.get('p99_ms', float('nan')):>8} {s.get('max_ms', float('nan')):>8}")
-    d = r["phases"]["under_loads_during"]
-    lines.append(f"during loads: {d.get('over_baseline_p99')} of {d.get('n')} gaps above the baseline p99; "
-                 f"largest {d.get('largest_ms')} ms")
-    lines.append(f"p99 during loads / p99 without: {r['p99_during_loads_over_baseline']} (target <= {r['target']}); "
-                 f"loads window {r['loads_window_s']} s, D's transfer time {r['loads_transfer_s']} s "
-                 f"({r['loads_transferred']:.0f} loads); load average {r['machine']['loadavg_before']}")
+        lines.append(f"{name:<15} {s.get('n', 0):>6} {s.get('p50_ms', float('nan')):>8} "
+                     f"{s.get('p99_ms', float('nan')):>8} {s.get('max_ms', float('nan')):>8}  {s.get('largest_ms')}")
+    d = r["phases"]["during_loads"]
+    lines.append(f"p99 during loads / p99 without: {r['p99_during_loads_over_without']} (target <= {r['target']}); "
+                 f"{d.get('over_p99_without')} of {d.get('n')} gaps during loads above the p99 without")
+    lines.append(f"load windows (s): {r['load_windows_s']}; D's transfer time {r['loads_transfer_s']} s for "
+                 f"{r['loads_transferred']:.0f} loads; load average before {r['machine']['loadavg_before']}, "
+                 f"after {r['machine']['loadavg_after']}")
     return "\n".join(lines)

@@ -13,12 +13,10 @@ def test_itl_under_loads_report(tmp_path):
     from execstate.model.random_models import make_random
 
     path = make_random("qwen3_moe", tmp_path / "m", seed=0)
-    r = run_itl_under_loads(str(path), prompt_len=64, num_loads=2, stream_tokens=20, lead_tokens=4, threads=1)
+    r = run_itl_under_loads(str(path), prompt_len=64, num_loads=2, quiet_tokens=6, threads=1)
     json.dumps(r)
-    assert r["loads_transferred"] == 2 and r["loads_transfer_s"] > 0 and r["loads_window_s"] > 0
-    for name in ("baseline_before", "baseline_after"):
-        assert 10 <= r["phases"][name]["n"] <= 19  # 20 tokens: 19 gaps less the first chunk's extra tokens
-    assert r["phases"]["baseline_pooled"]["n"] == r["phases"]["baseline_before"]["n"] + r["phases"]["baseline_after"]["n"]
-    assert r["phases"]["under_loads_during"]["n"] >= 1 and r["p99_during_loads_over_baseline"] > 0
+    assert r["loads_transferred"] == 2 and r["loads_transfer_s"] > 0 and len(r["load_windows_s"]) == 2
+    assert r["phases"]["without_loads"]["n"] >= 3 * 5  # three quiet windows of 6 tokens
+    assert r["phases"]["during_loads"]["n"] >= 2 and r["p99_during_loads_over_without"] > 0
     assert "p99 during loads / p99 without" in format_itl_table(r)
     assert _execstate_children() == []
