@@ -11,10 +11,10 @@ two queues:
   :class:`Reclaimed` (a stuck read ended). ``on_result`` (optional) is called from the worker
   thread after each result is queued, e.g. to wake the engine thread.
 
-Loads run one at a time, in submission order, on a thread niced by ``NICE`` (best effort): on
-a CPU-bound decode instance the running streams' steps come first and a load takes the CPU they
-leave (the KV copy, the checksums), so a load lengthens its own request's TTFT rather than the
-others' inter-token latency. A load runs the whole protocol, verification
+Loads run one at a time, in submission order. (The thread keeps the engine's priority: measured
+with ``execstate bench pd --itl-under-loads``, a niced transfer thread is starved on a busy
+decode instance and stretches its interference over a window 5x longer, which hurts the running
+streams' p99 ITL more, not less.) A load runs the whole protocol, verification
 included (handshake, manifest checks, NIXL read, checksums); the owner only commits. Blocks of a
 load are the owner's to reuse once its :class:`LoadDone` arrived, unless it names ``stuck`` reads:
 then they stay fenced until a :class:`Reclaimed` arrives for every one of them. While reads are
@@ -23,8 +23,6 @@ stuck the worker asks NIXL about them every ``reap_interval_s``.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -36,8 +34,6 @@ from execstate.transfer.bulk import NixlBulk
 from execstate.transfer.errors import ErrorCode
 from execstate.transfer.importer import KVImporter, LoadResult
 from execstate.transfer.manifest import Capabilities
-
-NICE = 10  # the transfer thread's niceness above the engine's (Linux: per thread)
 
 
 @dataclass(frozen=True)
@@ -150,8 +146,6 @@ class LoadWorker:
 
     def _run(self) -> None:
         stopping = False
-        with contextlib.suppress(OSError, AttributeError):  # raising one's own niceness needs no privilege
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + NICE)
         try:
             while True:
                 try:
