@@ -71,6 +71,30 @@ def _bench(args: argparse.Namespace) -> int:
         report = run_kernel_bench(repeats=args.repeats, threads=args.threads)
         print(json.dumps(report, indent=2) if args.json else format_kernel_table(report))
         return 0
+    if args.bench_cmd == "sampler":
+        from execstate.bench.sampler import format_sampler_table, run_sampler_bench
+
+        report = run_sampler_bench(repeats=args.repeats, threads=args.threads)
+        print(json.dumps(report, indent=2) if args.json else format_sampler_table(report))
+        return 0
+    if args.bench_cmd == "weights":
+        from execstate.bench.weights import run_weights_bench
+
+        report = run_weights_bench(model=args.model, repeats=args.repeats, threads=args.threads,
+                                   print_table=not args.json)
+        if args.json:
+            print(json.dumps(report, indent=2))
+        return 0
+    if args.bench_cmd == "load":
+        from execstate.bench.load import format_load_report, run_load_bench
+
+        report = run_load_bench(
+            model=args.model, clients=args.clients, rounds=args.rounds, prompt_len=args.prompt_len,
+            max_tokens=args.max_tokens, cut_every=args.cut_every, cut_after=args.cut_after, flood=args.flood,
+            max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting_requests, threads=args.threads,
+        )
+        print(json.dumps(report, indent=2) if args.json else format_load_report(report))
+        return 0 if report["ok"] else 1
     raise AssertionError(args.bench_cmd)
 
 
@@ -90,6 +114,56 @@ def _serve(args: argparse.Namespace) -> int:
     from execstate.serve.server import run_server
 
     return run_server(args)
+
+
+def _size(text: str) -> int:
+    from execstate.serve.limits import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# Defaults of the engine's capacity options (EngineConfig's; tests/serve/test_limits.py checks
+# they agree; engine.config imports torch, which --help should not wait for).
+_ENGINE_DEFAULTS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "kv_cache_memory": 1 << 30}
+
+_LIMIT_HELP = {
+    "max_n": "most choices per prompt (n)",
+    "max_logprobs": "most logprobs (completions) / top_logprobs (chat) per token",
+    "max_prompts_per_request": "most prompts in one /v1/completions request",
+    "max_stop_strings": "most stop strings per request",
+    "max_stop_string_length": "most characters in one stop string",
+    "max_stop_token_ids": "most stop_token_ids per request",
+    "max_request_bytes": "largest HTTP request body (bytes, or a size such as 4MiB); larger gets 413",
+    "max_waiting_requests": "engine requests (prompts x n) that may wait to be scheduled; beyond it, "
+                            "429 with Retry-After",
+}
+
+
+def _add_capacity_and_limit_options(s: argparse.ArgumentParser) -> None:
+    """``serve``: the engine's capacity and the bounds on each request (``ServingLimits``)."""
+    from execstate.serve.limits import ServingLimits, option_name
+
+    e = _ENGINE_DEFAULTS
+    g = s.add_argument_group("engine capacity")
+    g.add_argument("--max-num-seqs", type=int, default=e["max_num_seqs"],
+                   help="requests running at once (default: %(default)s)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=e["max_num_batched_tokens"],
+                   help="tokens per engine step, shared by decodes and chunked prefills (default: %(default)s)")
+    g.add_argument("--kv-cache-memory", type=_size, default=e["kv_cache_memory"],
+                   help="memory of the KV block pool: bytes or a size such as 512MiB, 2GiB "
+                        "(default: %(default)s bytes = 1GiB; the pool never exceeds what --max-num-seqs "
+                        "full-length sequences can use)")
+    g.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="KV pool size in blocks; overrides --kv-cache-memory (default: from --kv-cache-memory)")
+    g = s.add_argument_group("request limits (beyond a bound: 400, 413 or 429, before any engine work)")
+    defaults = ServingLimits()
+    for name, text in _LIMIT_HELP.items():
+        kind = _size if name == "max_request_bytes" else int
+        g.add_argument(option_name(name), type=kind, default=getattr(defaults, name),
+                       help=f"{text} (default: %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,6 +207,28 @@ def build_parser() -> argparse.ArgumentParser:
     bk.add_argument("--repeats", type=int, default=5)
     bk.add_argument("--threads", type=int, default=None)
     bk.add_argument("--json", action="store_true")
+    bs = bsub.add_parser("sampler", help="vectorised sampler vs the old per-row loop (batch 1/8/64, vocab 49152)")
+    bs.add_argument("--repeats", type=int, default=20)
+    bs.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    bs.add_argument("--json", action="store_true")
+    bw = bsub.add_parser("weights", help="update_weights time: state dict or path, hashed or supplied version")
+    bw.add_argument("--model", default="smollm2-moe", help="an embedded name or a path")
+    bw.add_argument("--repeats", type=int, default=5)
+    bw.add_argument("--threads", type=int, default=None)
+    bw.add_argument("--json", action="store_true")
+    bl = bsub.add_parser("load", help="load test: concurrent streaming clients, some cut, then a flood past the queue")
+    bl.add_argument("--model", default="standard", help="'standard', an embedded name or a path")
+    bl.add_argument("--clients", type=int, default=12, help="concurrent streaming clients (<= seqs + waiting)")
+    bl.add_argument("--rounds", type=int, default=2)
+    bl.add_argument("--prompt-len", type=int, default=128)
+    bl.add_argument("--max-tokens", type=int, default=48)
+    bl.add_argument("--cut-every", type=int, default=4, help="every Nth client closes its stream early (0: none)")
+    bl.add_argument("--cut-after", type=int, default=8, help="tokens a cut client reads before closing")
+    bl.add_argument("--flood", type=int, default=96, help="requests sent at once after the steady phase")
+    bl.add_argument("--max-num-seqs", type=int, default=8)
+    bl.add_argument("--max-waiting-requests", type=int, default=8)
+    bl.add_argument("--threads", type=int, default=None)
+    bl.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)
 
     d = sub.add_parser("demo", help="R3 rollout with prefix reuse and a replay check")
@@ -155,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kernels", default="auto", choices=["auto", "torch", "execstate"],
                    help="execstate's CPU kernels (auto: when available, CPU, fp32) or torch ops only; "
                         "recorded in provenance numerics, so P and D of a PD pair must agree")
+    _add_capacity_and_limit_options(s)
     s.set_defaults(func=_serve)
 
     px = sub.add_parser("proxy", help="prefill/decode disaggregation proxy")

@@ -15,10 +15,23 @@ Contract:
   generator closed, a client disconnect), the request is aborted and its blocks freed.
 - ``abort`` finishes a request from outside; its consumer receives the final output with
   ``finish_reason == "abort"``.
-- If the engine thread crashes, every pending request and command gets an
-  ``EngineDeadError`` (with the crash as ``__cause__``), ``is_healthy`` turns False and
-  later calls raise ``EngineDeadError`` at once. ``shutdown`` does the same with a
-  "shut down" message and joins the thread.
+- ``update_weights`` is a command too: a checkpoint path is read off the engine thread,
+  validation and the switch run on it. Under ``drain`` the thread keeps stepping (and
+  streaming) the requests in flight and accepts new ones, which wait; the awaitable
+  completes once the weights are switched. Under ``abort`` the consumers of the requests
+  in flight receive their final ``"abort"`` output.
+- Admission (``admission.py``): with ``max_waiting_requests``, ``generate`` counts its
+  request against the bounded waiting queue before anything reaches the engine thread
+  and raises ``EngineOverloadedError`` when it is full. A caller with several requests
+  reserves them together with ``admit(k)`` and passes the ticket to each ``generate``,
+  then ``release``s it.
+- A step that raises fails only the requests of that step (``LLMEngine.step``); they
+  receive a final output with ``finish_reason == "abort"`` and ``error`` set.
+- If the engine thread crashes (or a failed step leaves shared state corrupt), every
+  pending request and command gets an ``EngineDeadError`` (with the crash as
+  ``__cause__``), ``is_healthy`` turns False and later calls raise ``EngineDeadError``
+  at once; ``wait_dead`` returns. ``shutdown`` does the same with a "shut down"
+  message and joins the thread.
 - Immutable facts about the model (``tokenizer``, ``model_config``, ``max_model_len``,
   ``return_routes``) are read once at construction and may be used from any thread;
   the tokenizer is never mutated after loading.
@@ -33,14 +46,22 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
+
+from execstate.engine.admission import Admission, AdmissionControl, EngineOverloadedError
 from execstate.engine.llm_engine import LLMEngine, PromptType
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.weight_update import UpdatePolicy, WeightUpdate, WeightUpdateResult
+from execstate.model.loader import load_hf_state_dict
 from execstate.transfer.handoff import Handoff
 
 T = TypeVar("T")
+
+__all__ = ["Admission", "AsyncEngine", "EngineDeadError", "EngineOverloadedError"]
 
 
 # How often an idle engine with pending housekeeping (PD exports) polls.
@@ -82,6 +103,14 @@ class _Call:
     done: concurrent.futures.Future[Any]
 
 
+@dataclass
+class _UpdateWeights:
+    state_dict: dict[str, torch.Tensor]
+    weights_version: str | None
+    policy: UpdatePolicy
+    done: concurrent.futures.Future[WeightUpdateResult]
+
+
 class _Stop:
     pass
 
@@ -93,12 +122,13 @@ def _copy(err: EngineDeadError) -> EngineDeadError:
     return new
 
 
-_Command = _Add | _Abort | _Call | _Stop
+_Command = _Add | _Abort | _Call | _UpdateWeights | _Stop
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, max_waiting_requests: int | None = None) -> None:
         self._engine = engine
+        self._admission = AdmissionControl(max_waiting_requests, engine.scheduler.max_num_seqs)
         self.tokenizer = engine.tokenizer
         self.model_config = engine.model_config
         self.max_model_len: int = engine.max_model_len
@@ -106,8 +136,10 @@ class AsyncEngine:
         self.model_path = engine.model_path
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._sinks: dict[str, _Sink] = {}  # engine thread only
+        self._update: tuple[WeightUpdate, concurrent.futures.Future[WeightUpdateResult]] | None = None  # ditto
         self._lock = threading.Lock()  # guards _error against late submissions
         self._error: EngineDeadError | None = None
+        self._dead = threading.Event()
         self._thread = threading.Thread(target=self._run, name="execstate-engine", daemon=True)
         self._thread.start()
 
@@ -121,6 +153,22 @@ class AsyncEngine:
         """Why the engine stopped serving; ``None`` while it is healthy."""
         return self._error
 
+    def wait_dead(self, timeout: float | None = None) -> bool:
+        """Block until the engine thread stopped serving (crash or shutdown); False on timeout."""
+        return self._dead.wait(timeout)
+
+    # -- admission ------------------------------------------------------------------------------
+    def admit(self, count: int) -> Admission:
+        """Reserve waiting-queue slots for ``count`` requests at once (see ``admission.py``):
+        ``EngineOverloadedError`` when they do not fit now, ``ValueError`` when they never can."""
+        if self._error is not None:
+            raise _copy(self._error)
+        return self._admission.admit(count)
+
+    def release(self, admission: Admission) -> None:
+        """Give back the slots of ``admission`` that no ``generate`` used."""
+        self._admission.release(admission)
+
     # -- API ----------------------------------------------------------------------------------
     async def generate(
         self,
@@ -128,17 +176,26 @@ class AsyncEngine:
         params: SamplingParams,
         request_id: str,
         kv_transfer_params: dict[str, Any] | Handoff | None = None,
+        admission: Admission | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Add one request (``params.n`` must be 1) and yield its outputs until finished.
 
-        Raises ``ValueError`` (bad input, engine untouched) before yielding anything, and
-        ``EngineDeadError`` if the engine dies meanwhile. Closing or cancelling the
-        iterator early aborts the request.
+        Raises ``ValueError`` (bad input, engine untouched) or ``EngineOverloadedError``
+        (waiting queue full; not with an ``admission`` that has a slot left) before
+        yielding anything, and ``EngineDeadError`` if the engine dies meanwhile. Closing or
+        cancelling the iterator early aborts the request.
         """
         loop = asyncio.get_running_loop()
         sink = _Sink(loop, asyncio.Queue())
         added: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._submit(_Add(prompt, params, request_id, kv_transfer_params, sink, added))
+        own = admission is None
+        ticket = self.admit(1) if admission is None else admission
+        try:
+            self._admission.take(ticket)
+            self._submit(_Add(prompt, params, request_id, kv_transfer_params, sink, added))
+        finally:
+            if own:
+                self._admission.release(ticket)
         finished = False
         try:
             try:
@@ -170,6 +227,20 @@ class AsyncEngine:
         """
         done: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._submit(_Call(fn, done))
+        return await asyncio.wrap_future(done)
+
+    async def update_weights(
+        self, source: str | Path | dict[str, torch.Tensor], weights_version: str | None = None,
+        policy: UpdatePolicy = "abort",
+    ) -> WeightUpdateResult:
+        """``LLMEngine.begin_weight_update`` on the engine thread; returns once switched.
+
+        Raises ``ValueError`` (nothing changed) or ``RuntimeError`` (an update is already
+        in progress). Requests keep streaming meanwhile (see the module docstring).
+        """
+        state_dict = await asyncio.to_thread(load_hf_state_dict, source) if isinstance(source, str | Path) else source
+        done: concurrent.futures.Future[WeightUpdateResult] = concurrent.futures.Future()
+        self._submit(_UpdateWeights(state_dict, weights_version, policy, done))
         return await asyncio.wrap_future(done)
 
     def call(self, fn: Callable[[LLMEngine], T], timeout: float | None = None) -> T:
@@ -217,6 +288,8 @@ class AsyncEngine:
                         cmd = self._commands.get(timeout=_POLL_S if eng.needs_polling else None)
                     except queue.Empty:
                         eng.poll()
+                        if self._update is not None:
+                            self._resolve_update()
                         continue
                 while True:
                     if cmd is not None and not self._handle(cmd):
@@ -231,6 +304,10 @@ class AsyncEngine:
                 if eng.has_unfinished_requests():
                     for out in eng.step():
                         self._deliver(out)
+                if self._update is not None:
+                    eng.poll()  # a drained update switches here
+                    self._resolve_update()
+                self._admission.publish(*self._queue_state(eng))
         except BaseException as exc:  # noqa: BLE001 - anything here kills the engine
             err = EngineDeadError(f"the engine thread crashed: {exc!r}")
             err.__cause__ = exc
@@ -240,15 +317,15 @@ class AsyncEngine:
         """Execute one command on the engine thread; False means stop."""
         eng = self._engine
         if isinstance(cmd, _Add):
-            if not cmd.done.set_running_or_notify_cancel():
-                return True
             try:
-                eng.add_request(cmd.prompt, cmd.params, cmd.request_id, cmd.kv_transfer_params)
+                if cmd.done.set_running_or_notify_cancel():
+                    eng.add_request(cmd.prompt, cmd.params, cmd.request_id, cmd.kv_transfer_params)
+                    self._sinks[cmd.request_id] = cmd.sink
+                    cmd.done.set_result(None)
             except Exception as exc:  # ValueError: bad input; add_request mutates nothing before it succeeds
                 cmd.done.set_exception(exc)
-                return True
-            self._sinks[cmd.request_id] = cmd.sink
-            cmd.done.set_result(None)
+            finally:  # its waiting-queue slot is now the scheduler's (or free)
+                self._admission.on_added(*self._queue_state(eng))
         elif isinstance(cmd, _Abort):
             out = eng.abort_request(cmd.request_id)
             if out is not None:
@@ -259,9 +336,27 @@ class AsyncEngine:
                     cmd.done.set_result(cmd.fn(eng))
                 except BaseException as exc:  # noqa: BLE001 - returned to the caller
                     cmd.done.set_exception(exc)
+        elif isinstance(cmd, _UpdateWeights):
+            if cmd.done.set_running_or_notify_cancel():
+                try:
+                    update = eng.begin_weight_update(cmd.state_dict, cmd.weights_version, cmd.policy)
+                except Exception as exc:  # ValueError / RuntimeError: nothing changed
+                    cmd.done.set_exception(exc)
+                    return True
+                for out in update.aborted:
+                    self._deliver(out)
+                self._update = (update, cmd.done)
+                self._resolve_update()
         else:
             return False
         return True
+
+    def _resolve_update(self) -> None:
+        assert self._update is not None
+        update, done = self._update
+        if update.result is not None:
+            self._update = None
+            done.set_result(update.result)
 
     def _deliver(self, out: RequestOutput) -> None:
         sink = self._sinks.pop(out.request_id, None) if out.finished else self._sinks.get(out.request_id)
@@ -274,9 +369,16 @@ class AsyncEngine:
             if not out.finished:
                 self._engine.abort_request(out.request_id)
 
+    @staticmethod
+    def _queue_state(eng: LLMEngine) -> tuple[int, int]:
+        """(waiting requests, free sequence slots) of the scheduler, for admission control."""
+        sched = eng.scheduler
+        return len(sched.waiting), max(0, sched.max_num_seqs - len(sched.running) - sched.num_loading)
+
     def _die(self, err: EngineDeadError) -> None:
         with self._lock:
             self._error = err
+        self._dead.set()
         for sink in self._sinks.values():
             with contextlib.suppress(RuntimeError):
                 sink.put(err)
@@ -286,5 +388,8 @@ class AsyncEngine:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(cmd, _Add | _Call) and cmd.done.set_running_or_notify_cancel():
+            if isinstance(cmd, _Add | _Call | _UpdateWeights) and cmd.done.set_running_or_notify_cancel():
                 cmd.done.set_exception(err)
+        if self._update is not None:
+            self._update[1].set_exception(err)
+            self._update = None

@@ -18,7 +18,9 @@ that creates, hits and releases units:
   ``admit`` left waiting for it.
 
 Keys chain from the provenance root, so a weights update (new weights version) makes
-every old unit unreachable for new requests without any reset.
+every old unit unreachable for new requests without any reset. The root depends on the
+request's route mode and its cache salt (``engine/cache_salt.py``: the request's own,
+else the engine-wide one), so tenants with different salts never share a unit.
 """
 
 from __future__ import annotations
@@ -88,6 +90,10 @@ class ExternalPrefix(Protocol):
         ...
 
 
+# Distinct (route mode, salt) roots kept; beyond it the cache starts over (roots are cheap).
+MAX_CACHED_ROOTS = 1024
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -115,7 +121,19 @@ class KVCacheManager:
         """Re-root every key (weights update, numerics change). Old units stay in the
         pool until evicted but can never match a key computed from here on."""
         self.provenance = provenance
-        self._roots = {mode: root_key(replace(provenance, route_mode=mode)) for mode in ("free", "replayed")}
+        self._roots: dict[tuple[str, str | None], BlockKey] = {}
+
+    def root_key(self, route_mode: str, cache_salt: str | None = None) -> BlockKey:
+        """Parent key of a request's first block: the provenance with ``route_mode`` and
+        ``cache_salt`` (``None``: the engine-wide salt)."""
+        root = self._roots.get((route_mode, cache_salt))
+        if root is None:
+            if len(self._roots) >= MAX_CACHED_ROOTS:
+                self._roots.clear()
+            salt = self.provenance.cache_salt if cache_salt is None else cache_salt
+            root = root_key(replace(self.provenance, route_mode=route_mode, cache_salt=salt))
+            self._roots[(route_mode, cache_salt)] = root
+        return root
 
     # -- keys ---------------------------------------------------------------
     def update_block_keys(self, req: Request) -> None:
@@ -128,7 +146,10 @@ class KVCacheManager:
             i = len(req.block_keys)
             if tokens is None:
                 tokens = req.all_token_ids
-            parent = req.block_keys[-1] if req.block_keys else self._roots["free" if forced is None else "replayed"]
+            if req.block_keys:
+                parent = req.block_keys[-1]
+            else:
+                parent = self.root_key("free" if forced is None else "replayed", req.cache_salt)
             extra = None
             if forced is not None and i * bs < len(forced):
                 rows = np.ascontiguousarray(forced[i * bs : (i + 1) * bs], dtype=np.int64)

@@ -19,13 +19,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from execstate.engine.cache_salt import cache_salt_of
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine, PromptType
 from execstate.engine.outputs import RequestOutput, ScoreOutput
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scorer import score_tokens
 from execstate.engine.tokenizer import Tokenizer
-from execstate.engine.validation import validate_prompt
+from execstate.engine.validation import validate_prompt, validate_sampling
+from execstate.engine.weight_update import UpdatePolicy
 
 
 class LLM:
@@ -43,7 +45,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run a batch to completion; outputs come back in prompt order.
 
-        A prompt is a string, a list of token ids or ``{"prompt_token_ids": [...]}``.
+        A prompt is a string, a list of token ids or ``{"prompt_token_ids": [...]}`` /
+        ``{"prompt": "..."}``, a dict optionally with a ``"cache_salt"`` (engine/cache_salt.py).
         Every prompt is validated before any is queued, so one bad prompt leaves the
         engine untouched. ``n > 1`` expands into n requests (seeds ``seed + j``) that
         share the prompt's cached prefix.
@@ -61,10 +64,12 @@ class LLM:
                 raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
         eng = self.engine
         tokenized: list[PromptType] = []
+        for params in {id(p): p for p in params_list}.values():
+            validate_sampling(params, eng.model_config.vocab_size)
         for prompt in prompts:  # tokenize once and validate everything before queuing any
             ids, text = eng.tokenize_prompt(prompt)
             validate_prompt(ids, eng.model_config.vocab_size, eng.max_model_len)
-            tokenized.append({"prompt_token_ids": ids, "prompt": text})
+            tokenized.append({"prompt_token_ids": ids, "prompt": text, "cache_salt": cache_salt_of(prompt)})
         prompts = tokenized
         groups: list[list[str]] = []
         added: list[str] = []
@@ -118,8 +123,12 @@ class LLM:
         """Teacher-forced logprobs of ``token_ids``, optionally replaying routes."""
         return score_tokens(self.engine, token_ids, routed_experts)
 
-    def update_weights(self, source: str | Path | dict[str, torch.Tensor]) -> list[RequestOutput]:
-        return self.engine.update_weights(source)
+    def update_weights(
+        self, source: str | Path | dict[str, torch.Tensor], weights_version: str | None = None,
+        policy: UpdatePolicy = "abort",
+    ) -> list[RequestOutput]:
+        """New weights in place (see ``LLMEngine.update_weights``); ``weights_version`` skips the hash."""
+        return self.engine.update_weights(source, weights_version, policy)
 
     @property
     def weights_version(self) -> str:

@@ -5,17 +5,24 @@ input) → ``step()`` repeatedly while ``has_unfinished_requests()`` → outputs
 request is finished exactly once (stop, length, abort), which releases its blocks and
 route leases.
 
+Weight updates (``update_weights``, rules in ``engine/weight_update.py``): tensors are
+copied in place; the weights version (a digest of the loaded tensors, or a version the
+trainer supplies) is part of every block key, so units computed with old weights can
+never be hit by requests admitted afterwards; no cache reset is needed. Requests in
+flight at the update are never continued across it (that would mix KV and routes of two
+weight versions in one trace, which an RL trainer cannot replay): policy ``abort``
+finishes them with finish_reason ``"abort"``; policy ``drain`` lets them finish on the
+old weights, holding newer requests back until the switch.
+
+Failure isolation: a step that raises fails the requests of that step (finish_reason
+``"abort"``, ``error`` set) and the engine goes on serving; only when shared state fails
+its integrity checks afterwards does ``step`` raise (``EngineCorruptedError``). See
+``step_failure``.
+
 PD decode side: a request whose KV is loaded from a prefill instance waits in its own
 state while the others keep stepping (``engine/pd_connector.py``). When every unfinished
 request is waiting for a load, ``step()`` blocks until a load finishes, ``wake()`` is called
 (any thread: the ``AsyncEngine`` calls it for each command) or 50 ms pass.
-
-Weight updates (``update_weights``): the weights version (a digest of the loaded
-tensors) is part of every block key, so units computed with old weights can never be
-hit by requests admitted afterwards; no cache reset is needed. Requests still in
-flight at the update are *aborted* (finish_reason ``"abort"``): continuing them would
-mix KV and routes of two weight versions in one trace, which an RL trainer cannot
-replay. Their outputs are returned by ``update_weights``.
 """
 
 from __future__ import annotations
@@ -29,10 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from execstate.engine.cache_salt import cache_salt_of
 from execstate.engine.config import EngineConfig
 from execstate.engine.kv_cache_manager import KVCacheManager
 from execstate.engine.output_builder import build_output, check_stop
 from execstate.engine.outputs import RequestOutput
+from execstate.engine.penalties import PenaltyState
 from execstate.engine.r3_clock import R3Clock
 from execstate.engine.request import Request, RequestStatus
 from execstate.engine.route_trace import RouteTrace
@@ -40,12 +49,25 @@ from execstate.engine.runner import ModelRunner
 from execstate.engine.sampler import sample
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import Scheduler
+from execstate.engine.step_failure import EngineFatalError, StepState, fail_step
 from execstate.engine.tokenizer import Tokenizer
-from execstate.engine.validation import validate_forced_routes, validate_prompt
+from execstate.engine.validation import (
+    validate_forced_routes,
+    validate_logit_bias,
+    validate_prompt,
+    validate_sampling,
+)
+from execstate.engine.weight_update import (
+    UpdatePolicy,
+    WeightUpdate,
+    check_policy,
+    supplied_version,
+)
 from execstate.identity.provenance import Provenance
 from execstate.kernels import cpu as cpu_kernels
 from execstate.model.loader import load_hf_state_dict, load_model
 from execstate.model.registry import resolve_model
+from execstate.model.weight_copy import plan_weight_copy
 from execstate.model.weights_digest import model_digest
 from execstate.state.block_pool import BlockPool
 from execstate.state.kv_pool import KVPool
@@ -113,6 +135,8 @@ class LLMEngine:
         self.eos_token_ids = set(mc.eos_token_ids)
         self.pd: PDConnector | None = None
         self._wakeup = threading.Event()
+        self.weight_update: WeightUpdate | None = None  # in progress (policy drain)
+        self._weights_versions = {self.provenance.weights_version}  # every version this engine has run
         self.startup_seconds = time.perf_counter() - t0
 
     def attach_pd(self, cfg: PDConfig) -> PDConnector:
@@ -133,7 +157,7 @@ class LLMEngine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model has no tokenizer.json: pass {'prompt_token_ids': [...]}")
-            return self.tokenizer.encode(prompt), prompt
+            return self.tokenizer.encode(prompt, max_model_len=self.max_model_len), prompt
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 return list(prompt["prompt_token_ids"]), prompt.get("prompt")
@@ -160,8 +184,11 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         if params.n != 1:
             raise ValueError("the engine takes n=1 requests; LLM.generate expands n > 1")
+        validate_sampling(params, self.model_config.vocab_size)
         token_ids, text = self.tokenize_prompt(prompt)
         validate_prompt(token_ids, self.model_config.vocab_size, self.max_model_len)
+        validate_logit_bias(params.logit_bias, self.model_config.vocab_size)
+        cache_salt = cache_salt_of(prompt)
         mc = self.model_config
         if params.routed_experts is not None:
             forced = validate_forced_routes(
@@ -176,10 +203,12 @@ class LLMEngine:
         else:
             req.kv_transfer_params = kv_transfer_params
             req.handoff = handoff
+        req.cache_salt = cache_salt
         if self.return_routes or params.routed_experts is not None:
             capacity = len(token_ids) + req.max_new_tokens
             req.routes = RouteTrace(mc.num_moe_layers, mc.top_k, capacity) if self.return_routes else None
         req.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else self.generator
+        req.penalty_state = PenaltyState.for_request(params, req.prompt_token_ids, req.output_token_ids, mc.vocab_size)
         self.requests[request_id] = req
         self.scheduler.add(req)
         return request_id
@@ -200,28 +229,39 @@ class LLMEngine:
         req = self.scheduler.abort(request_id)
         if req is None:
             return None
-        return self._finalize(req)
+        out = self._finalize(req)
+        self._switch_weights_if_drained()
+        return out
 
     def poll(self) -> None:
-        """Housekeeping that must also run while idle (PD: apply releases, expire exports)."""
+        """Housekeeping that must also run while idle (PD: apply releases, expire exports;
+        a drained weight update switches)."""
         if self.pd is not None:
             self.pd.poll()
+        self._switch_weights_if_drained()
 
     @property
     def needs_polling(self) -> bool:
-        return self.pd is not None and self.pd.needs_polling
+        return (self.pd is not None and self.pd.needs_polling) or self.weight_update is not None
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished
 
     # -- one step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        state = StepState()
+        try:
+            return self._run_step(state)
+        except Exception as exc:  # the step's requests fail; the engine goes on (step_failure)
+            return fail_step(self, state, exc)
+
+    def _run_step(self, state: StepState) -> list[RequestOutput]:
         self.poll()
-        sched = self.scheduler.schedule()
-        outputs = [self._finalize(r) for r in sched.failed]
+        sched = state.sched = self.scheduler.schedule()
+        outputs = state.outputs = [self._finalize(r) for r in sched.failed]
         if sched.empty:
             if self.scheduler.has_unfinished and not outputs and not self._blocks_held_elsewhere():
-                raise RuntimeError("scheduler made no progress although requests are waiting")
+                raise EngineFatalError("scheduler made no progress although requests are waiting")
             if not outputs and self.scheduler.num_loading and not (self.pd and self.pd.has_finished_loads):
                 # Nothing to run until a load finishes. A wake-up set before this wait ends it at once
                 # (at worst one spurious extra step); one set after it returns is not needed: the
@@ -242,7 +282,8 @@ class LLMEngine:
             return outputs
         reqs = [sched.scheduled[i].request for i in result.sample_rows]
         banned = [self._banned(r) for r in reqs]
-        sampled = sample(result.logits, [r.params for r in reqs], [r.generator for r in reqs], banned)
+        sampled = sample(result.logits, [r.params for r in reqs], [r.generator for r in reqs], banned,
+                         [r.penalty_state for r in reqs])
         now = time.monotonic()
         for j, req in enumerate(reqs):
             req.output_token_ids.append(sampled.token_ids[j])
@@ -262,8 +303,9 @@ class LLMEngine:
 
     def _blocks_held_elsewhere(self) -> bool:
         """True while blocks are held outside running requests (PD exports awaiting pickup,
-        requests waiting for their KV load)."""
-        return self.scheduler.num_loading > 0 or (self.pd is not None and self.pd.num_pinned_exports > 0)
+        requests waiting for their KV load, blocks fenced after an uncancellable read)."""
+        pd = self.pd
+        return self.scheduler.num_loading > 0 or (pd is not None and (pd.num_pinned_exports > 0 or bool(pd.fenced_blocks)))
 
     def _export(self, req: Request, status: RequestStatus) -> RequestStatus:
         """Producer: hand the finished prefill's blocks to the decode side (before the
@@ -291,20 +333,67 @@ class LLMEngine:
         return out
 
     # -- weights ----------------------------------------------------------------
-    def update_weights(self, source: str | Path | dict[str, torch.Tensor]) -> list[RequestOutput]:
-        """Load new weights in place; returns the outputs of requests aborted by it."""
+    def update_weights(
+        self, source: str | Path | dict[str, torch.Tensor], weights_version: str | None = None,
+        policy: UpdatePolicy = "abort",
+    ) -> list[RequestOutput]:
+        """Load new weights in place (``source``: a state dict with HF tensor names, or a
+        checkpoint directory) and return the final outputs of the requests in flight:
+        aborted (``policy="abort"``) or completed on the old weights (``"drain"``, which
+        steps the engine until they finish). ``weights_version``: see ``begin_weight_update``.
+        """
+        update = self.begin_weight_update(source, weights_version, policy)
+        outputs = list(update.aborted)
+        while not update.done:
+            outputs += [o for o in self.step() if o.finished]
+            self.poll()
+        return outputs
+
+    def begin_weight_update(
+        self, source: str | Path | dict[str, torch.Tensor], weights_version: str | None = None,
+        policy: UpdatePolicy = "abort",
+    ) -> WeightUpdate:
+        """Start a weight update (rules: ``engine/weight_update.py``); complete when the
+        returned update is ``done``: at once for ``abort`` (outputs in ``update.aborted``),
+        for ``drain`` once the requests in flight finish (``step``/``poll`` switch; the
+        state dict's tensors are read then: leave them unchanged until ``done``). A
+        ``ValueError`` (policy, version, any tensor's name/dtype/shape) changes nothing."""
+        if self.weight_update is not None:
+            raise RuntimeError("a weight update is already in progress")
+        policy = check_policy(policy)
+        version = supplied_version(weights_version, self._weights_versions)
         state_dict = load_hf_state_dict(Path(source)) if isinstance(source, str | Path) else source
-        self.model.load_hf_weights(state_dict)
-        aborted = []
-        for req in list(self.requests.values()):
-            self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
-            req.abort_message = "aborted by a weight update"
-            aborted.append(self._finalize(req))
-        self.provenance = replace(self.provenance, weights_version=model_digest(self.model))
+        update = WeightUpdate(plan_weight_copy(self.model, state_dict), version, policy)
+        if policy == "abort":
+            for req in list(self.requests.values()):
+                self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+                req.abort_message = "aborted by a weight update"
+                update.aborted.append(self._finalize(req))
+        else:
+            update.waits_for = list(self.requests.values())
+            self.scheduler.admit_only = set(update.waits_for)
+        self.weight_update = update
+        self._switch_weights_if_drained()
+        return update
+
+    def _switch_weights_if_drained(self) -> None:
+        update = self.weight_update
+        if update is None or not update.drained:
+            return
+        t0 = time.perf_counter()
+        update.plan.apply()
+        version = update.version or model_digest(self.model)
+        self.provenance = replace(self.provenance, weights_version=version)
         self.kv_manager.set_provenance(self.provenance)
+        for req in self.requests.values():  # held back by the drain: never admitted, keys from the new root
+            assert not req.block_ids
+            req.block_keys = []
+        self.scheduler.admit_only = None
+        self._weights_versions.add(version)
+        self.weight_update = None
         if self.pd is not None:
             self.pd.on_weights_updated()
-        return aborted
+        update.finish(version, time.perf_counter() - t0)
 
     def check_integrity(self) -> None:
         self.block_pool.check_integrity()

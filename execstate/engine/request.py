@@ -13,13 +13,16 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from execstate.engine.route_trace import RouteTrace
 from execstate.engine.sampling_params import SamplingParams
 from execstate.identity.keys import BlockKey
 from execstate.state.block_pool import BlockId
 from execstate.transfer.handoff import Handoff
+
+if TYPE_CHECKING:
+    from execstate.engine.penalties import PenaltyState
 
 
 class RequestStatus(enum.Enum):
@@ -77,6 +80,10 @@ class Request:
     abort_message: str | None = None
     # torch.Generator used for sampling (the request's own when it has a seed).
     generator: Any = None
+    # Incremental token counts / logit bias for penalised sampling (None: no penalty used).
+    penalty_state: PenaltyState | None = None
+    # Tenant salt of this request's block keys (engine/cache_salt.py); None: the engine's.
+    cache_salt: str | None = None
 
     @property
     def all_token_ids(self) -> list[int]:

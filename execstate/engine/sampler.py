@@ -1,9 +1,21 @@
-"""Token sampling for one step's logits rows.
+"""Token sampling for one step's logits rows, vectorised over the batch (vLLM v1's design).
 
-Logprobs are those of the raw model distribution (log-softmax of the logits before
-temperature/top-k/top-p), as vLLM reports by default. Greedy rows take the argmax;
-random rows sample from the processed distribution with the request's own
-``torch.Generator`` (seeded requests are reproducible regardless of batch mates).
+Pipeline, as batched tensor ops with per-row parameter tensors (no per-row Python loop
+except one noise draw per *seeded* row):
+
+1. ``logit_bias``, the ``banned`` ids (``min_tokens``) and the repetition / presence /
+   frequency penalties (``engine/penalties.py``) adjust the logits of the rows that use them.
+2. Greedy rows (temperature < 1e-5) take the argmax of the adjusted logits.
+3. Random rows: temperature, then ``min_p``, then ``top_k``, then ``top_p`` (vLLM v1's
+   order and semantics, ties at a cut kept; ``processed_probs``), without a full-vocabulary
+   sort, then one token per row by the exponential race ``argmax(probs / q)``,
+   ``q ~ Exp(1)`` i.i.d. per token, which samples exactly from ``probs``. A seeded row draws
+   its noise from its own ``torch.Generator`` (one call per seeded row, a whole vocabulary
+   row every step), so its tokens do not depend on its batch mates; unseeded rows share one
+   batched draw per generator (normally the engine's).
+
+Logprobs are those of the raw model distribution (log-softmax of the logits before any of
+the above), as vLLM reports by default; ``top_logprobs`` likewise.
 """
 
 from __future__ import annotations
@@ -12,7 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
+from execstate.engine.penalties import PenaltyState, apply_penalties
 from execstate.engine.sampling_params import SamplingParams
+
+MAX_TEMPERATURE = 1e30  # larger ones sample uniformly anyway; beyond float32 they would give NaN
 
 
 @dataclass(frozen=True)
@@ -22,55 +37,142 @@ class SampleResult:
     top_logprobs: list[list[tuple[int, float]]]  # empty list per row when not requested
 
 
-def _process(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """Temperature, top-k and top-p applied to one row; returns probabilities."""
-    x = logits / p.temperature
-    if p.top_k is not None and p.top_k < x.shape[-1]:
-        kth = torch.topk(x, p.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    probs = torch.softmax(x, dim=-1)
-    if p.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, descending=True)
-        cum = torch.cumsum(sorted_p, dim=-1)
-        drop = (cum - sorted_p) > p.top_p  # keep the smallest prefix reaching top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
-    return probs
-
-
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     banned: list[list[int]] | None = None,
+    penalties: list[PenaltyState | None] | None = None,
 ) -> SampleResult:
-    """Sample one token per row. ``banned[i]`` token ids get zero probability
-    (used for ``min_tokens``: EOS/stop ids are banned until reached)."""
+    """Sample one token per row of ``logits`` ([rows, vocab]).
+
+    ``banned[i]`` token ids get zero probability (``min_tokens``: EOS/stop ids are banned
+    until reached); ``penalties[i]`` is row i's bias/penalty state (``None``: none).
+    ``generators[i]`` is row i's generator (its own when ``params[i].seed`` is set).
+    """
     logits = logits.float()
     logp = torch.log_softmax(logits, dim=-1)
-    if banned is not None and any(banned):
-        logits = logits.clone()
-        for i, ids in enumerate(banned):
-            if ids:
-                logits[i, ids] = float("-inf")
-    greedy_ids = torch.argmax(logits, dim=-1).tolist()
-    tokens: list[int] = []
-    for i, p in enumerate(params):
-        if p.greedy:
-            tokens.append(greedy_ids[i])
+    x = adjust_logits(logits, banned, penalties)
+    rand = [i for i, p in enumerate(params) if not p.greedy]
+    if len(rand) == len(params):
+        tokens = _race(_truncated(x, params), params, generators)
+    else:
+        tokens = torch.argmax(x, dim=-1)
+        if rand:
+            rparams = [params[i] for i in rand]
+            idx = torch.tensor(rand, dtype=torch.long)
+            tokens[idx] = _race(_truncated(x[idx], rparams), rparams, [generators[i] for i in rand])
+    chosen = logp.gather(1, tokens[:, None]).squeeze(1).tolist()
+    return SampleResult(tokens.tolist(), chosen, _top_logprobs(logp, params))
+
+
+def adjust_logits(
+    logits: torch.Tensor, banned: list[list[int]] | None = None, penalties: list[PenaltyState | None] | None = None
+) -> torch.Tensor:
+    """Bias, bans and penalties applied to a copy of ``logits`` (``logits`` itself when none apply)."""
+    has_penalties = penalties is not None and any(s is not None for s in penalties)
+    has_bans = banned is not None and any(banned)
+    if not (has_penalties or has_bans):
+        return logits
+    x = logits.clone()
+    if has_penalties:
+        assert penalties is not None
+        apply_penalties(x, penalties)
+    if has_bans:
+        assert banned is not None
+        rows = [i for i, ids in enumerate(banned) for _ in ids]
+        cols = [t for ids in banned for t in ids]
+        x[torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)] = float("-inf")
+    return x
+
+
+def processed_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The distribution each (non-greedy) row samples from: temperature, then ``min_p``, then
+    ``top_k``, then ``top_p`` (each on what the previous ones kept; ties at a cut are kept)."""
+    probs = _truncated(logits, params)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def _truncated(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """``processed_probs`` up to a positive factor per row (what the race needs).
+
+    Every step is an elementwise op, a row-wise softmax or a ``topk`` whose *values* it
+    uses, so a row's result does not depend on the other rows (seeded batch invariance).
+    No full-vocabulary sort: ``top_p`` looks only at as many of the most likely tokens as
+    needed to reach the mass (``_top_p_threshold``).
+    """
+    vocab = logits.shape[1]
+    temp = torch.tensor([min(p.temperature, MAX_TEMPERATURE) for p in params], dtype=logits.dtype)
+    x = logits / temp[:, None]  # a new tensor: the masks below work in place
+    if any(p.min_p > 0.0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], dtype=x.dtype)
+        probs = torch.softmax(x, dim=-1)
+        x.masked_fill_(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), float("-inf"))
+    if any(p.top_k is not None and p.top_k < vocab for p in params):
+        k = torch.tensor([min(p.top_k or vocab, vocab) for p in params], dtype=torch.long)
+        kth = torch.topk(x, int(k.max()), dim=-1).values.gather(1, (k - 1)[:, None])
+        x.masked_fill_(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if any(p.top_p < 1.0 for p in params):
+        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float64)
+        probs.masked_fill_(probs < _top_p_threshold(probs, top_p), 0.0)
+    return probs
+
+
+def _top_p_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Per row, the smallest probability kept by ``top_p`` ([rows, 1]): the smallest set of
+    most likely tokens whose mass reaches ``top_p`` (a token is kept while the mass of the
+    tokens above it is below ``top_p``; the most likely token always stays).
+
+    Looks at the ``n`` largest probabilities, ``n`` growing from 64 until every row has
+    reached its mass (peaked distributions stop early). A row's answer does not depend on
+    ``n``: the exclusive cumulative mass is a prefix sum (accumulated in double) over the
+    row's sorted values, and positions past the cut never count.
+    """
+    vocab = probs.shape[1]
+    n = min(64, vocab)
+    while True:
+        vals = torch.topk(probs, n, dim=-1).values
+        excl = vals.double().cumsum(dim=-1) - vals.double()
+        if n == vocab or bool(((excl[:, -1] >= top_p) | (top_p >= 1.0)).all()):
+            break
+        n = min(vocab, n * 8)
+    keep = (excl < top_p[:, None]).sum(dim=-1).clamp_(min=1)
+    return torch.where(top_p[:, None] < 1.0, vals.gather(1, (keep - 1)[:, None]), 0.0)
+
+
+def _race(probs: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row: ``argmax(probs / q)`` with ``q ~ Exp(1)`` (an exact sample of ``probs``).
+
+    ``q = -log(u)``, ``u ~ U(0, 1)`` (several times cheaper than ``exponential_`` on CPU);
+    ``u`` is clamped away from 0 so ``q`` is finite and a zero-probability token never wins.
+    Seeded rows draw ``u`` from their own generator (one call each), the others share one
+    batched draw per generator.
+    """
+    u = torch.empty_like(probs)
+    shared: dict[int, tuple[torch.Generator | None, list[int]]] = {}
+    for i, (p, g) in enumerate(zip(params, generators, strict=True)):
+        if p.seed is None:
+            shared.setdefault(id(g), (g, []))[1].append(i)
+    for gen, rows in shared.values():
+        if len(rows) == len(params):
+            u.uniform_(generator=gen)
         else:
-            probs = _process(logits[i], p)
-            tokens.append(int(torch.multinomial(probs, 1, generator=generators[i]).item()))
-    tok = torch.tensor(tokens, dtype=torch.long)
-    chosen = logp.gather(1, tok[:, None]).squeeze(1).tolist()
-    tops: list[list[tuple[int, float]]] = []
+            u[torch.tensor(rows, dtype=torch.long)] = torch.rand(len(rows), u.shape[1], generator=gen)
+    for i, p in enumerate(params):  # seeded rows only: each from its own generator
+        if p.seed is not None:
+            u[i].uniform_(generator=generators[i])
+    q = u.clamp_min_(torch.finfo(u.dtype).tiny).log_().neg_()
+    return probs.div_(q).argmax(dim=-1)
+
+
+def _top_logprobs(logp: torch.Tensor, params: list[SamplingParams]) -> list[list[tuple[int, float]]]:
     want = max((p.logprobs or 0) for p in params)
-    top_vals = top_ids = None
-    if want > 0:
-        top_vals, top_ids = torch.topk(logp, want, dim=-1)
-    for i, p in enumerate(params):
-        if p.logprobs and top_vals is not None and top_ids is not None:
-            tops.append(list(zip(top_ids[i, : p.logprobs].tolist(), top_vals[i, : p.logprobs].tolist(), strict=True)))
-        else:
-            tops.append([])
-    return SampleResult(tokens, chosen, tops)
+    if want == 0:
+        return [[] for _ in params]
+    vals, ids = torch.topk(logp, min(want, logp.shape[1]), dim=-1)
+    vals_l, ids_l = vals.tolist(), ids.tolist()
+    return [
+        list(zip(ids_l[i][: p.logprobs], vals_l[i][: p.logprobs], strict=True)) if p.logprobs else []
+        for i, p in enumerate(params)
+    ]

@@ -6,18 +6,29 @@ engine state, so a bad request is rejected before it can affect anything.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+GREEDY_TEMPERATURE = 1e-5  # below this a request samples greedily (vLLM's _SAMPLING_EPS)
+LOGIT_BIAS_MAX = 100.0  # OpenAI: each bias in [-100, 100]
 
 
 @dataclass
 class SamplingParams:
     """How to sample one completion.
 
-    - ``temperature == 0`` is greedy; ``top_k`` (``None`` or ``-1``/``0`` = off),
-      ``top_p`` in (0, 1]; ``seed`` makes a request's sampling reproducible on its own.
+    - ``temperature`` below ``GREEDY_TEMPERATURE`` (1e-5, as vLLM) is greedy (argmax);
+      ``top_k`` (``None`` or ``-1``/``0`` = off, else >= 1), ``top_p`` in (0, 1], ``min_p``
+      in [0, 1] (drop tokens below ``min_p`` times the most likely token's probability);
+      ``seed`` makes a request's sampling reproducible on its own, whatever its batch mates.
+    - Penalties (vLLM/OpenAI semantics, see ``engine/penalties.py``): ``logit_bias``
+      ({token id: bias in [-100, 100]}, added to the logits first); ``repetition_penalty``
+      (> 0, over prompt and output tokens: positive logits divided, negative multiplied);
+      ``presence_penalty`` / ``frequency_penalty`` (in [-2, 2], over output tokens:
+      ``logits -= presence * (count > 0) + frequency * count``). They apply to greedy rows too.
     - ``max_tokens`` new tokens at most (``None`` = up to the model's context);
       generation also stops at EOS (unless ``ignore_eos``), any ``stop_token_ids`` or
       ``stop`` string.
@@ -33,6 +44,11 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
     seed: int | None = None
     max_tokens: int | None = 16
     min_tokens: int = 0
@@ -48,9 +64,11 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        if self.top_k is not None and self.top_k <= 0:
-            self.top_k = None
         self.validate()
+        if self.top_k is not None:
+            self.top_k = int(self.top_k) if self.top_k > 0 else None  # -1 and 0 mean "off", as in vLLM
+        if not self.logit_bias:
+            self.logit_bias = None
 
     def validate(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -58,12 +76,28 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or self.n < 1:
             raise bad("n", f"must be an integer >= 1, got {self.n!r}")
-        if not (self.temperature >= 0.0):
-            raise bad("temperature", f"must be >= 0, got {self.temperature!r}")
-        if not (0.0 < self.top_p <= 1.0):
+        t = _finite(self.temperature)
+        if t is None or t < 0.0:
+            raise bad("temperature", f"must be a finite number >= 0, got {self.temperature!r}")
+        top_p = _finite(self.top_p)
+        if top_p is None or not (0.0 < top_p <= 1.0):
             raise bad("top_p", f"must be in (0, 1], got {self.top_p!r}")
-        if self.top_k is not None and not isinstance(self.top_k, int):
-            raise bad("top_k", f"must be an integer, got {self.top_k!r}")
+        if self.top_k is not None and (not _int(self.top_k) or self.top_k < -1):
+            raise bad("top_k", f"must be None, -1 or 0 (off) or an integer >= 1, got {self.top_k!r}")
+        min_p = _finite(self.min_p)
+        if min_p is None or not (0.0 <= min_p <= 1.0):
+            raise bad("min_p", f"must be in [0, 1], got {self.min_p!r}")
+        rep = _finite(self.repetition_penalty)
+        if rep is None or rep <= 0.0:
+            raise bad("repetition_penalty", f"must be a finite number > 0, got {self.repetition_penalty!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = _finite(getattr(self, name))
+            if v is None or not (-2.0 <= v <= 2.0):
+                raise bad(name, f"must be in [-2, 2], got {getattr(self, name)!r}")
+            setattr(self, name, v)
+        self.temperature, self.top_p, self.min_p, self.repetition_penalty = t, top_p, min_p, rep
+        if self.logit_bias is not None:
+            self.logit_bias = _logit_bias(self.logit_bias, bad)
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             raise bad("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
@@ -91,4 +125,43 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def uses_penalties(self) -> bool:
+        """Whether sampling needs this request's token history or a logit bias."""
+        return (
+            self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+            or bool(self.logit_bias)
+        )
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int | np.integer) and not isinstance(v, bool)
+
+
+def _finite(v: Any) -> float | None:
+    """``v`` as a finite float, or ``None`` when it is not a finite real number."""
+    if not isinstance(v, int | float | np.integer | np.floating) or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _logit_bias(bias: Any, bad: Any) -> dict[int, float]:
+    """``{token id: bias}`` with int ids >= 0 and finite biases in [-100, 100] (OpenAI's range).
+    Whether the ids are inside the vocabulary is checked by the engine, which knows it."""
+    if not isinstance(bias, dict):
+        raise bad("logit_bias", f"must be a dict of token id -> bias, got {type(bias).__name__}")
+    out: dict[int, float] = {}
+    for tok, b in bias.items():
+        if not _int(tok) or tok < 0:
+            raise bad("logit_bias", f"keys must be token ids (integers >= 0), got {tok!r}")
+        f = _finite(b)
+        if f is None or not (-LOGIT_BIAS_MAX <= f <= LOGIT_BIAS_MAX):
+            raise bad("logit_bias", f"bias of token {tok} must be in [-100, 100], got {b!r}")
+        out[int(tok)] = f
+    return out

@@ -19,6 +19,10 @@ its load result arrived (the transfer can no longer write them).
 Contract with the engine: ``schedule()`` returns what to run; after the forward pass
 the engine calls ``on_computed`` for each scheduled request, then ``finish`` for
 those that stopped. ``abort`` may be called at any time between steps.
+
+Admission hold: while ``admit_only`` is a set (a weight update draining the requests in
+flight), only waiting requests in it are admitted; the first waiting request outside it
+stops admission for the step (arrival order is kept), so newer requests wait.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class Scheduler:
         self.loading: dict[str, Request] = {}
         self.num_preemptions = 0
         self.external = external
+        self.admit_only: set[Request] | None = None
 
     def add(self, req: Request) -> None:
         req.status = RequestStatus.WAITING
@@ -115,6 +120,8 @@ class Scheduler:
             return out  # the pool is full: admit nothing new this step
         while self.waiting and budget > 0 and len(self.running) + len(self.loading) < self.max_num_seqs:
             req = self.waiting[0]
+            if self.admit_only is not None and req not in self.admit_only:
+                break
             try:
                 hits = self.kv.admit(req, budget, self.external)
             except ExternalLoadError as e:

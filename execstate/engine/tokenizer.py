@@ -4,7 +4,13 @@ Uses the ``tokenizers`` library on ``tokenizer.json`` (fast, no ``transformers``
 import) and renders the chat template with jinja2 the way ``transformers`` does
 (``messages``, ``add_generation_prompt``, ``bos_token``/``eos_token``,
 ``raise_exception``). The template comes from ``chat_template.jinja`` or the
-``chat_template`` field of ``tokenizer_config.json``.
+``chat_template`` field of ``tokenizer_config.json``; it is compiled once, when the
+tokenizer loads, and rendered per request.
+
+Thread safety: a loaded ``Tokenizer`` is immutable and may be used from any thread.
+``encode`` runs with the GIL released (``tokenizers``' ``encode`` holds it for the
+whole call, ``encode_batch`` does not), so a long prompt tokenised in a worker thread
+does not stall an event loop in another.
 """
 
 from __future__ import annotations
@@ -17,6 +23,21 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
+
+from execstate.engine.validation import check_prompt_length
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    """The jinja environment ``transformers`` renders chat templates in."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, indent=indent, ensure_ascii=False)
+    return env
 
 
 def _token_text(value: Any) -> str | None:
@@ -43,10 +64,22 @@ class Tokenizer:
         if isinstance(template, list):  # named templates: take "default"
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         self.chat_template: str | None = template
+        self._template: jinja2.Template | None = None
+        self._template_error: str | None = None
+        if template:
+            try:
+                self._template = _environment().from_string(template)
+            except jinja2.TemplateError as exc:  # reported when a chat request needs it
+                self._template_error = f"the chat template does not compile: {exc}"
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+    def encode(self, text: str, add_special_tokens: bool = True, max_model_len: int | None = None) -> list[int]:
+        """Token ids of ``text``, computed with the GIL released. With ``max_model_len``, a
+        prompt that cannot fit raises ``ValueError`` before its ids become a Python list."""
+        encoding = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+        if max_model_len is not None:
+            check_prompt_length(len(encoding), max_model_len)
+        return encoding.ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -60,19 +93,11 @@ class Tokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
     ) -> str:
-        if not self.chat_template:
-            raise ValueError("this model has no chat template; pass a plain prompt instead")
+        if self._template is None:
+            raise ValueError(self._template_error or "this model has no chat template; pass a plain prompt instead")
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
             raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-
-        def raise_exception(message: str) -> None:
-            raise jinja2.exceptions.TemplateError(message)
-
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, indent=indent, ensure_ascii=False)
-        return env.from_string(self.chat_template).render(
+        return self._template.render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",

@@ -6,22 +6,56 @@ stays untouched and keeps serving other requests.
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from execstate.engine.sampling_params import SamplingParams
+
+# torch.Generator.manual_seed accepts exactly this range.
+SEED_RANGE = (-(2**63), 2**64)
+
+
+def check_prompt_length(num_tokens: int, max_model_len: int) -> None:
+    if num_tokens >= max_model_len:
+        raise ValueError(
+            f"prompt is too long: {num_tokens} tokens, but max_model_len is {max_model_len} "
+            "(the prompt plus at least one generated token must fit)"
+        )
 
 
 def validate_prompt(token_ids: list[int], vocab_size: int, max_model_len: int) -> None:
     if len(token_ids) == 0:
         raise ValueError("prompt is empty: at least one token is required")
+    check_prompt_length(len(token_ids), max_model_len)  # first: bounds the scan below
     bad = [t for t in token_ids if not isinstance(t, int | np.integer) or t < 0 or t >= vocab_size]
     if bad:
         raise ValueError(
             f"prompt has {len(bad)} token id(s) outside the vocabulary [0, {vocab_size}), e.g. {bad[0]!r}"
         )
-    if len(token_ids) >= max_model_len:
-        raise ValueError(
-            f"prompt is too long: {len(token_ids)} tokens, but max_model_len is {max_model_len} "
-            "(the prompt plus at least one generated token must fit)"
-        )
+
+
+def validate_sampling(params: SamplingParams, vocab_size: int) -> None:
+    """What ``SamplingParams`` cannot check on its own because it needs the model: every
+    id it names inside the vocabulary, and values the sampler could not survive."""
+
+    def bad(name: str, why: str) -> ValueError:
+        return ValueError(f"invalid sampling parameter {name}: {why}")
+
+    if params.n < 1:
+        raise bad("n", f"must be an integer >= 1, got {params.n!r}")
+    stop_ids = params.stop_token_ids or []
+    outside = [t for t in stop_ids if not 0 <= t < vocab_size]
+    if outside:
+        raise bad("stop_token_ids", f"{outside[0]!r} is outside the vocabulary [0, {vocab_size})")
+    if params.logprobs is not None and params.logprobs > vocab_size:
+        raise bad("logprobs", f"must be <= the vocabulary size {vocab_size}, got {params.logprobs!r}")
+    if not math.isfinite(params.temperature):
+        raise bad("temperature", f"must be finite, got {params.temperature!r}")
+    if params.seed is not None and not SEED_RANGE[0] <= params.seed < SEED_RANGE[1]:
+        raise bad("seed", f"must fit in 64 bits, got {params.seed!r}")
 
 
 def validate_forced_routes(
@@ -49,3 +83,14 @@ def validate_forced_routes(
             tok, layer = map(int, np.argwhere(dup)[0])
             raise ValueError(f"routed_experts has a duplicate expert in row (token {tok}, moe layer {layer})")
     return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def validate_logit_bias(logit_bias: dict[int, float] | None, vocab_size: int) -> None:
+    """Every ``logit_bias`` key must be a token id inside the vocabulary."""
+    if not logit_bias:
+        return
+    bad = [t for t in logit_bias if t < 0 or t >= vocab_size]
+    if bad:
+        raise ValueError(
+            f"invalid sampling parameter logit_bias: token id {bad[0]} is outside the vocabulary [0, {vocab_size})"
+        )

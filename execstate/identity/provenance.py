@@ -31,19 +31,28 @@ _KERNEL_SET_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-.")
 ROUTE_MODES = ("free", "replayed")
 
 
+def _check_utf8(name: str, value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (e.g. from a JSON "\ud800") cannot be encoded
+        raise ValueError(f"Provenance.{name} is not valid UTF-8 text") from None
+
+
 @dataclass(frozen=True)
 class Provenance:
     """Identity of an execution; see the module docstring for the encoding contract.
 
     Fields:
         model_id: the model's name or path as loaded (e.g. ``"Qwen/Qwen3-30B-A3B"``).
-        weights_version: digest of the loaded tensors; re-bound on every weight update.
+        weights_version: digest of the loaded tensors (64 hex digits), or ``"user:<version>"``
+            when a trainer supplied the version of an update; re-bound on every weight update.
         dtype: compute dtype name (e.g. ``"bfloat16"``).
         numerics: ``"eager"`` or ``"compiled"``, optionally ``+<kernel set>`` when custom
             kernels replace some torch ops (e.g. ``"eager+cpu-avx2-v1"``): they round
             differently, so their state must not be mixed with torch-only state.
         route_mode: ``"free"`` (router picks top-k) or ``"replayed"`` (routes given).
-        cache_salt: tenant isolation salt, ``None`` when the cache is shared.
+        cache_salt: tenant isolation salt, ``None`` when the cache is shared (the engine-wide
+            salt, or a request's own, which replaces it in that request's root).
     """
 
     model_id: str
@@ -60,6 +69,7 @@ class Provenance:
                 raise TypeError(f"Provenance.{name} must be str, got {type(value).__name__}")
             if not value:
                 raise ValueError(f"Provenance.{name} must be non-empty")
+            _check_utf8(name, value)
         mode, plus, kernel_set = self.numerics.partition("+")
         if mode not in NUMERICS_MODES or (plus and not (kernel_set and set(kernel_set) <= _KERNEL_SET_CHARS)):
             raise ValueError(f"Provenance.numerics must be one of {NUMERICS_MODES}, optionally followed by "
@@ -73,6 +83,7 @@ class Provenance:
                 )
             if not self.cache_salt:
                 raise ValueError("Provenance.cache_salt must be None (no salt) or a non-empty string")
+            _check_utf8("cache_salt", self.cache_salt)
 
     def encode(self) -> bytes:
         """Canonical bytes of this provenance (format version ``ENCODING_VERSION``)."""

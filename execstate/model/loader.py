@@ -43,36 +43,47 @@ Tensors = list[torch.Tensor]
 
 
 @dataclass(frozen=True)
-class _Source:
-    """One way to build a parameter: these checkpoint tensors, combined by ``combine``."""
+class Source:
+    """One way to build a parameter: these checkpoint tensors, combined by ``combine``.
+
+    ``views(param, parts)`` gives, for each part, the region of an existing parameter it
+    fills (what ``combine`` would put there), so a weight update can copy in place; it
+    raises ``RuntimeError``/``IndexError`` when the parts cannot tile the parameter.
+    """
 
     names: tuple[str, ...]
     combine: Callable[[Tensors], torch.Tensor]
+    views: Callable[[torch.Tensor, Tensors], Tensors]
 
 
-def _one(name: str) -> _Source:
-    return _Source((name,), lambda ts: ts[0])
+def _one(name: str) -> Source:
+    return Source((name,), lambda ts: ts[0], lambda p, ts: [p])
 
 
-def _cat(*names: str) -> _Source:
-    return _Source(names, lambda ts: torch.cat(ts, dim=0))
+def _cat(*names: str) -> Source:
+    return Source(names, lambda ts: torch.cat(ts, dim=0),
+                  lambda p, ts: list(p.split([t.shape[0] for t in ts], dim=0)))
 
 
-def _stack(names: list[str]) -> _Source:
-    return _Source(tuple(names), lambda ts: torch.stack(ts, dim=0))
+def _stack(names: list[str]) -> Source:
+    return Source(tuple(names), lambda ts: torch.stack(ts, dim=0), lambda p, ts: list(p.unbind(0)))
 
 
-def _stack_pairs(gates: list[str], ups: list[str]) -> _Source:
+def _stack_pairs(gates: list[str], ups: list[str]) -> Source:
     e = len(gates)
     def combine(ts: Tensors) -> torch.Tensor:  # [E, I, H] gates | [E, I, H] ups -> [E, 2I, H]
         return torch.cat([torch.stack(ts[:e]), torch.stack(ts[e:])], dim=1)
 
-    return _Source(tuple(gates + ups), combine)
+    def views(p: torch.Tensor, ts: Tensors) -> Tensors:
+        half = p.shape[1] // 2
+        return [p[i, :half] for i in range(p.shape[0])] + [p[i, half:] for i in range(p.shape[0])]
+
+    return Source(tuple(gates + ups), combine, views)
 
 
-def _recipes(config: ModelConfig) -> dict[str, list[_Source]]:
+def _recipes(config: ModelConfig) -> dict[str, list[Source]]:
     """Our parameter name -> alternative sources, the first complete one is used."""
-    r: dict[str, list[_Source]] = {
+    r: dict[str, list[Source]] = {
         "embed_tokens.weight": [_one("model.embed_tokens.weight")],
         "norm.weight": [_one("model.norm.weight")],
     }
@@ -101,13 +112,13 @@ def _recipes(config: ModelConfig) -> dict[str, list[_Source]]:
     return r
 
 
-def _moe_recipes(config: ModelConfig, hf: str, our: str) -> dict[str, list[_Source]]:
+def _moe_recipes(config: ModelConfig, hf: str, our: str) -> dict[str, list[Source]]:
     experts = range(config.num_experts)
     if config.architecture == MIXTRAL:
         prefixes, (g, u, d) = (hf + "block_sparse_moe.", hf + "mlp."), ("w1", "w3", "w2")
     else:
         prefixes, (g, u, d) = (hf + "mlp.",), ("gate_proj", "up_proj", "down_proj")
-    r: dict[str, list[_Source]] = {
+    r: dict[str, list[Source]] = {
         our + "router.weight": [_one(p + "gate.weight") for p in prefixes],
         our + "w_gate_up": [_one(p + "experts.gate_up_proj") for p in prefixes]
         + [_stack_pairs([f"{p}experts.{e}.{g}.weight" for e in experts],
@@ -130,7 +141,8 @@ def _ignored(name: str, config: ModelConfig) -> bool:
 def _check_tied_head(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> None:
     """A tied model's file may repeat the head; if it differs, transformers unties silently. We refuse."""
     head, embed = state_dict.get("lm_head.weight"), state_dict.get("model.embed_tokens.weight")
-    if config.tie_word_embeddings and head is not None and embed is not None and not torch.equal(head, embed):
+    tensors = isinstance(head, torch.Tensor) and isinstance(embed, torch.Tensor)
+    if config.tie_word_embeddings and tensors and not torch.equal(head, embed):
         raise ValueError("tie_word_embeddings=True but lm_head.weight differs from "
                          "model.embed_tokens.weight; set tie_word_embeddings=False in config.json "
                          "to use a separate head")
@@ -139,6 +151,41 @@ def _check_tied_head(state_dict: dict[str, torch.Tensor], config: ModelConfig) -
 def _report(kind: str, names: list[str]) -> str:
     shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
     return f"{kind}: {shown}"
+
+
+def match_checkpoint(
+    model: CausalLM, state_dict: dict[str, torch.Tensor]
+) -> tuple[dict[str, tuple[Source, Tensors]], list[str], list[str]]:
+    """For each parameter of ``model``, the first complete source in ``state_dict`` and its
+    tensors; plus the missing and the unexpected checkpoint names (both empty when the
+    checkpoint matches). No side effects. Raises ``ValueError`` for a tied head that
+    differs from the embedding."""
+    config = model.config
+    _check_tied_head(state_dict, config)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    recipes = _recipes(config)
+    if set(recipes) != set(params):  # programming error, not a checkpoint problem
+        raise RuntimeError(f"loader recipes out of sync with the model: {sorted(set(recipes) ^ set(params))}")
+    missing: list[str] = []
+    consumed: set[str] = set()
+    matches: dict[str, tuple[Source, Tensors]] = {}
+    for target, alternatives in recipes.items():
+        src = next((a for a in alternatives if all(n in state_dict for n in a.names)), None)
+        if src is None:  # report against the alternative the checkpoint most looks like
+            best = max(alternatives, key=lambda a: (sum(n in state_dict for n in a.names), -len(a.names)))
+            missing += [n for n in best.names if n not in state_dict]
+            consumed.update(n for n in best.names if n in state_dict)
+            continue
+        consumed.update(src.names)
+        matches[target] = (src, [state_dict[n] for n in src.names])
+    unexpected = sorted(n for n in state_dict if n not in consumed and not _ignored(n, config))
+    return matches, missing, unexpected
+
+
+def checkpoint_error(config: ModelConfig, problems: list[tuple[str, list[str]]]) -> ValueError | None:
+    """One ``ValueError`` naming every offending tensor, or ``None`` when ``problems`` are all empty."""
+    errors = [_report(kind, names) for kind, names in problems if names]
+    return ValueError(f"checkpoint does not match {config.architecture}: " + "; ".join(errors)) if errors else None
 
 
 def load_hf_weights(model: CausalLM, state_dict: dict[str, torch.Tensor], *,
@@ -150,33 +197,20 @@ def load_hf_weights(model: CausalLM, state_dict: dict[str, torch.Tensor], *,
     copied into; each is a fresh, contiguous, allocator-aligned tensor (numerics then do
     not depend on how the checkpoint was laid out). Validation is complete before
     anything is assigned; on ``ValueError`` (missing / unexpected / wrongly-shaped
-    tensors, all named) the model is unchanged.
+    tensors, all named) the model is unchanged. (A weight update of a loaded model copies
+    in place instead: ``execstate.model.weight_copy``.)
     """
-    config = model.config
-    _check_tied_head(state_dict, config)
+    matches, missing, unexpected = match_checkpoint(model, state_dict)
     params = dict(model.named_parameters(remove_duplicate=False))
-    recipes = _recipes(config)
-    if set(recipes) != set(params):  # programming error, not a checkpoint problem
-        raise RuntimeError(f"loader recipes out of sync with the model: {sorted(set(recipes) ^ set(params))}")
     first = next(iter(params.values()))
     dtype = dtype or first.dtype
     device = torch.device(device) if device is not None else first.device
     if device.type == "meta":
         device = torch.device("cpu")
 
-    missing: list[str] = []
     bad_shape: list[str] = []
-    consumed: set[str] = set()
     built: dict[str, torch.Tensor] = {}
-    for target, alternatives in recipes.items():
-        src = next((a for a in alternatives if all(n in state_dict for n in a.names)), None)
-        if src is None:  # report against the alternative the checkpoint most looks like
-            best = max(alternatives, key=lambda a: (sum(n in state_dict for n in a.names), -len(a.names)))
-            missing += [n for n in best.names if n not in state_dict]
-            consumed.update(n for n in best.names if n in state_dict)
-            continue
-        consumed.update(src.names)
-        parts = [state_dict[n] for n in src.names]
+    for target, (src, parts) in matches.items():
         try:
             tensor = src.combine(parts)
         except RuntimeError as err:
@@ -188,11 +222,10 @@ def load_hf_weights(model: CausalLM, state_dict: dict[str, torch.Tensor], *,
                              f"got {tuple(tensor.shape)}, expected {want}")
             continue
         built[target] = tensor
-    unexpected = sorted(n for n in state_dict if n not in consumed and not _ignored(n, config))
-    errors = [_report(k, v) for k, v in (("missing tensors", missing), ("unexpected tensors", unexpected),
-                                         ("wrongly-shaped tensors", bad_shape)) if v]
-    if errors:
-        raise ValueError(f"checkpoint does not match {config.architecture}: " + "; ".join(errors))
+    err = checkpoint_error(model.config, [("missing tensors", missing), ("unexpected tensors", unexpected),
+                                          ("wrongly-shaped tensors", bad_shape)])
+    if err is not None:
+        raise err
 
     modules = dict(model.named_modules())
     for target, tensor in built.items():

@@ -1,9 +1,17 @@
 """The OpenAI-compatible HTTP app: ``build_app(async_engine, served_model_name, ...)``.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (see those modules),
-``GET /v1/models``, ``GET /health`` (200 ``{"status": "ok"}``, 503 once the engine thread
-is dead), ``GET /metrics`` (Prometheus text, this app's registry). Every error is an
-OpenAI error body (``errors.py``).
+``GET /v1/models``, ``GET /health`` (200 ``{"status": "ok"}``, 503 with the reason once
+the engine thread is dead), ``GET /metrics`` (Prometheus text, this app's registry).
+Every error is an OpenAI error body (``errors.py``).
+
+``limits`` (``ServingLimits``) bounds every request: the body size is checked by
+``BodySizeLimitMiddleware`` before parsing (413), the fields by
+``limit_checks.check_limits`` (400), the waiting queue by the engine's admission
+control (429; its size is the ``AsyncEngine``'s ``max_waiting_requests`` argument,
+which ``serve`` sets from the same limits). Unknown request fields are ignored and
+named in the ``X-Ignored-Fields`` response header (comma-separated, percent-encoded, at
+most ``MAX_IGNORED_LISTED``) and the log.
 
 The app does not own the engine: whoever built the ``AsyncEngine`` shuts it down.
 ``app.state.ctx`` (``ServeContext``) holds the engine, the served name, the metrics
@@ -13,6 +21,8 @@ The app does not own the engine: whoever built the ``AsyncEngine`` shuts it down
 from __future__ import annotations
 
 import asyncio
+import logging
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -20,16 +30,40 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from execstate.engine.async_engine import AsyncEngine, EngineDeadError
 from execstate.serve.auth import APIKeyMiddleware
+from execstate.serve.body_limit import BodySizeLimitMiddleware
 from execstate.serve.chat import create_chat_completion
 from execstate.serve.completions import create_completion
 from execstate.serve.context import ServeContext
 from execstate.serve.errors import install_error_handlers
 from execstate.serve.kv_transfer_config import KVTransferConfig
+from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import EngineStats, ServingMetrics, read_engine_stats
-from execstate.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from execstate.serve.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    SamplingRequest,
+    ignored_fields,
+)
 from execstate.transfer.handoff import HandoffTrust
 
 STATS_TIMEOUT_S = 5.0
+MAX_IGNORED_LISTED = 32
+IGNORED_FIELDS_HEADER = "X-Ignored-Fields"
+
+logger = logging.getLogger(__name__)
+
+
+def _mark_ignored(response: Response, req: SamplingRequest) -> Response:
+    names = ignored_fields(req)
+    if names:
+        listed = [quote(n, safe="") for n in names[:MAX_IGNORED_LISTED]]
+        if len(names) > MAX_IGNORED_LISTED:
+            listed.append(f"+{len(names) - MAX_IGNORED_LISTED}-more")
+        response.headers[IGNORED_FIELDS_HEADER] = ",".join(listed)
+        logger.info("ignored unknown request field(s): %s", ",".join(listed))
+    return response
 
 
 def build_app(
@@ -39,26 +73,30 @@ def build_app(
     *,
     metrics: ServingMetrics | None = None,
     kv_transfer_config: KVTransferConfig | None = None,
+    limits: ServingLimits | None = None,
     handoff_trust: HandoffTrust | None = None,
 ) -> FastAPI:
     """An app serving ``async_engine`` under ``served_model_name`` (the only accepted
-    ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry;
-    ``handoff_trust`` (PD decode side) decides which handoff parameters are accepted."""
-    ctx = ServeContext(async_engine, served_model_name, metrics or ServingMetrics(), kv_transfer_config,
-                       handoff_trust)
+    ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry,
+    ``limits`` to ``ServingLimits()``; ``handoff_trust`` (PD decode side) decides which
+    handoff parameters are accepted."""
+    limits = limits or ServingLimits()
+    ctx = ServeContext(async_engine, served_model_name, metrics or ServingMetrics(), kv_transfer_config, limits,
+                       handoff_trust=handoff_trust)
     app = FastAPI(title="execstate", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     install_error_handlers(app)
-    if api_key:
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=limits.max_request_bytes)
+    if api_key:  # added last: runs first, so an unauthenticated body is never read
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await create_completion(ctx, body, request)
+        return _mark_ignored(await create_completion(ctx, body, request), body)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await create_chat_completion(ctx, body, request)
+        return _mark_ignored(await create_chat_completion(ctx, body, request), body)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

@@ -2,7 +2,8 @@
 
 ``max_completion_tokens`` (or the older ``max_tokens``) defaults to the room left in the
 context. ``logprobs: true`` returns the sampled tokens' logprobs with ``top_logprobs``
-alternatives (0-20). Streaming: a first chunk per choice with ``delta.role``, then
+alternatives (0 to ``--max-logprobs``). The template is rendered and the prompt tokenised
+in a worker thread, after the request was admitted (see ``completions``). Streaming: a first chunk per choice with ``delta.role``, then
 content deltas; the finishing chunk of a choice carries ``finish_reason`` (and
 ``routed_experts``); an optional usage chunk; then ``data: [DONE]``.
 """
@@ -12,22 +13,25 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from functools import partial
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from execstate.engine.async_engine import EngineDeadError
+from execstate.engine.async_engine import Admission, AsyncEngine, EngineDeadError
 from execstate.engine.outputs import RequestOutput
 from execstate.serve.context import ServeContext, as_openai_error, engine_dead, new_request_id
 from execstate.serve.convert import (
     chat_logprobs,
     chat_prompt,
+    check_logit_bias,
     check_unsupported,
     sampling_params,
     validate_prompts,
 )
 from execstate.serve.errors import bad_request
 from execstate.serve.generation import (
+    PromptInput,
     SubRequest,
     cancel_on_disconnect,
     encode_routes,
@@ -36,6 +40,7 @@ from execstate.serve.generation import (
     merged_outputs,
     usage_of,
 )
+from execstate.serve.limit_checks import check_limits
 from execstate.serve.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -53,26 +58,35 @@ async def create_chat_completion(ctx: ServeContext, req: ChatCompletionRequest, 
     arrival = time.monotonic()
     ctx.check_request(req.model)
     check_unsupported(req)
+    check_limits(req, ctx.limits)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
     if req.top_logprobs is not None and req.top_logprobs < 0:
         raise bad_request(f"top_logprobs must be >= 0, got {req.top_logprobs}", param="top_logprobs")
     eng = ctx.engine
-    prompt = chat_prompt(req, eng.tokenizer)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None)
-    validate_prompts([prompt], eng.model_config.vocab_size, eng.max_model_len, params.max_tokens)
-    request_id = new_request_id("chatcmpl")
-    kv = ctx.accept_kv_transfer_params(req.kv_transfer_params)
-    subs = expand(request_id, [prompt], params, params.n, kv)
-    if req.stream:
-        return SSEResponse(_stream(ctx, req, subs, request_id, arrival))
+    check_logit_bias(params, eng.model_config.vocab_size)
+    ctx.check_sampling(params)
+    kv = ctx.accept_kv_transfer_params(req.kv_transfer_params)  # 400 before the engine, trusted or not at all
+    admission: Admission | None = ctx.admit(params.n)
     try:
-        finals = await cancel_on_disconnect(raw, final_outputs(eng, subs, ctx.metrics, arrival))
+        prompt = await ctx.in_worker(_prompt, req, eng, params.max_tokens)
+        request_id = new_request_id("chatcmpl")
+        subs = expand(request_id, [prompt], params, params.n, kv, req.cache_salt)
+        if req.stream:
+            stream = _stream(ctx, req, subs, request_id, arrival, admission)
+            response = SSEResponse(stream, on_close=partial(eng.release, admission))
+            admission = None  # released by the response, once the stream is over
+            return response
+        finals = await cancel_on_disconnect(raw, final_outputs(eng, subs, ctx.metrics, arrival, admission))
     except ValueError as exc:
         raise bad_request(str(exc)) from None
     except EngineDeadError as exc:
         raise engine_dead(exc) from None
+    finally:
+        if admission is not None:
+            eng.release(admission)
     if finals is None:  # the client is gone; its requests were aborted
         return Response(status_code=499)
     choices = []
@@ -98,6 +112,13 @@ async def create_chat_completion(ctx: ServeContext, req: ChatCompletionRequest, 
     return JSONResponse(body.model_dump())
 
 
+def _prompt(req: ChatCompletionRequest, eng: AsyncEngine, max_tokens: int | None) -> PromptInput:
+    """The templated, tokenised and validated prompt (runs in a worker thread)."""
+    prompt = chat_prompt(req, eng.tokenizer, eng.max_model_len)
+    validate_prompts([prompt], eng.model_config.vocab_size, eng.max_model_len, max_tokens)
+    return prompt
+
+
 def _logprobs(req: ChatCompletionRequest, out: RequestOutput, start: int) -> ChatLogprobs | None:
     c = out.outputs[0]
     if not req.logprobs or c.logprobs is None:
@@ -106,7 +127,8 @@ def _logprobs(req: ChatCompletionRequest, out: RequestOutput, start: int) -> Cha
 
 
 async def _stream(
-    ctx: ServeContext, req: ChatCompletionRequest, subs: list[SubRequest], request_id: str, arrival: float
+    ctx: ServeContext, req: ChatCompletionRequest, subs: list[SubRequest], request_id: str, arrival: float,
+    admission: Admission,
 ) -> AsyncIterator[str]:
     model = ctx.served_model_name
     trackers = {s.index: DeltaTracker(s.params.stop) for s in subs}
@@ -116,7 +138,7 @@ async def _stream(
         first = ChatStreamChoice(index=s.index, delta=DeltaMessage(role="assistant", content=""))
         yield sse(ChatCompletionChunk(id=request_id, model=model, choices=[first], prompt_token_ids=prompt_ids).model_dump())
     try:
-        async with aclosing(merged_outputs(ctx.engine, subs, ctx.metrics, arrival)) as stream:
+        async with aclosing(merged_outputs(ctx.engine, subs, ctx.metrics, arrival, admission)) as stream:
             async for sub, out in stream:
                 c = out.outputs[0]
                 tr = trackers[sub.index]

@@ -6,6 +6,10 @@ deltas (see ``streaming.DeltaTracker``), the finishing chunk of a choice carries
 ``finish_reason`` (and ``routed_experts``), an optional usage chunk
 (``stream_options.include_usage``), then ``data: [DONE]``. An error after the stream
 started is sent as one ``data: {"error": ...}`` event before ``[DONE]``.
+
+Order of checks: the server's bounds and the sampling parameters first (cheap, on the
+event loop), then the request's engine requests are admitted to the waiting queue
+(429 when full), then the prompts are tokenised and validated in a worker thread.
 """
 
 from __future__ import annotations
@@ -13,14 +17,16 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from functools import partial
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from execstate.engine.async_engine import EngineDeadError
+from execstate.engine.async_engine import Admission, AsyncEngine, EngineDeadError
 from execstate.engine.outputs import RequestOutput
 from execstate.serve.context import ServeContext, as_openai_error, engine_dead, new_request_id
 from execstate.serve.convert import (
+    check_logit_bias,
     check_unsupported,
     completion_logprobs,
     completion_prompts,
@@ -29,6 +35,7 @@ from execstate.serve.convert import (
 )
 from execstate.serve.errors import bad_request
 from execstate.serve.generation import (
+    PromptInput,
     SubRequest,
     cancel_on_disconnect,
     encode_routes,
@@ -37,6 +44,7 @@ from execstate.serve.generation import (
     merged_outputs,
     usage_of,
 )
+from execstate.serve.limit_checks import check_limits, num_prompts
 from execstate.serve.protocol import CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse
 from execstate.serve.streaming import DeltaTracker, SSEResponse, sse
 
@@ -45,23 +53,32 @@ async def create_completion(ctx: ServeContext, req: CompletionRequest, raw: Requ
     arrival = time.monotonic()
     ctx.check_request(req.model)
     check_unsupported(req)
+    check_limits(req, ctx.limits)
     eng = ctx.engine
-    prompts = completion_prompts(req, eng.tokenizer)
     params = sampling_params(req, req.max_tokens, req.logprobs)
-    if req.kv_transfer_params is not None and len(prompts) != 1:
+    ctx.check_sampling(params)
+    if req.kv_transfer_params is not None and num_prompts(req) != 1:
         raise bad_request("kv_transfer_params needs exactly one prompt", param="kv_transfer_params")
-    validate_prompts(prompts, eng.model_config.vocab_size, eng.max_model_len, params.max_tokens)
-    request_id = new_request_id("cmpl")
-    kv = ctx.accept_kv_transfer_params(req.kv_transfer_params)
-    subs = expand(request_id, prompts, params, params.n, kv)
-    if req.stream:
-        return SSEResponse(_stream(ctx, req, subs, request_id, arrival))
+    check_logit_bias(params, eng.model_config.vocab_size)
+    kv = ctx.accept_kv_transfer_params(req.kv_transfer_params)  # 400 before the engine, trusted or not at all
+    admission: Admission | None = ctx.admit(num_prompts(req) * params.n)
     try:
-        finals = await cancel_on_disconnect(raw, final_outputs(eng, subs, ctx.metrics, arrival))
+        prompts = await ctx.in_worker(_prompts, req, eng, params.max_tokens)
+        request_id = new_request_id("cmpl")
+        subs = expand(request_id, prompts, params, params.n, kv, req.cache_salt)
+        if req.stream:
+            stream = _stream(ctx, req, subs, request_id, arrival, admission)
+            response = SSEResponse(stream, on_close=partial(eng.release, admission))
+            admission = None  # released by the response, once the stream is over
+            return response
+        finals = await cancel_on_disconnect(raw, final_outputs(eng, subs, ctx.metrics, arrival, admission))
     except ValueError as exc:
         raise bad_request(str(exc)) from None
     except EngineDeadError as exc:
         raise engine_dead(exc) from None
+    finally:
+        if admission is not None:
+            eng.release(admission)
     if finals is None:  # the client is gone; its requests were aborted
         return Response(status_code=499)
     choices = [
@@ -74,6 +91,13 @@ async def create_completion(ctx: ServeContext, req: CompletionRequest, raw: Requ
         kv_transfer_params=finals[0].kv_transfer_params if len(finals) == 1 else None,
     )
     return JSONResponse(body.model_dump())
+
+
+def _prompts(req: CompletionRequest, eng: AsyncEngine, max_tokens: int | None) -> list[PromptInput]:
+    """Tokenised and validated prompts (runs in a worker thread)."""
+    prompts = completion_prompts(req, eng.tokenizer, eng.max_model_len)
+    validate_prompts(prompts, eng.model_config.vocab_size, eng.max_model_len, max_tokens)
+    return prompts
 
 
 def _choice(
@@ -100,14 +124,15 @@ def _choice(
 
 
 async def _stream(
-    ctx: ServeContext, req: CompletionRequest, subs: list[SubRequest], request_id: str, arrival: float
+    ctx: ServeContext, req: CompletionRequest, subs: list[SubRequest], request_id: str, arrival: float,
+    admission: Admission,
 ) -> AsyncIterator[str]:
     trackers = {s.index: DeltaTracker(s.params.stop) for s in subs}
     offsets = dict.fromkeys(trackers, 0)
     finals: dict[int, RequestOutput] = {}
     model = ctx.served_model_name
     try:
-        async with aclosing(merged_outputs(ctx.engine, subs, ctx.metrics, arrival)) as stream:
+        async with aclosing(merged_outputs(ctx.engine, subs, ctx.metrics, arrival, admission)) as stream:
             async for sub, out in stream:
                 tr = trackers[sub.index]
                 start = tr.sent_tokens

@@ -1,16 +1,37 @@
-"""What every endpoint of one app shares (kept on ``app.state.ctx``)."""
+"""What every endpoint of one app shares (kept on ``app.state.ctx``).
+
+Prompt work (tokenising, chat templating, prompt validation) runs in ``workers``, a
+small thread pool of its own, never on the event loop (``in_worker``); the tokenizer
+releases the GIL while it encodes, so ``/health`` and the streams of other requests
+keep being served meanwhile.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-from execstate.engine.async_engine import AsyncEngine, EngineDeadError
-from execstate.serve.errors import OpenAIError
+from execstate.engine.async_engine import Admission, AsyncEngine, EngineDeadError, EngineOverloadedError
+from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.validation import validate_sampling
+from execstate.serve.errors import OpenAIError, bad_request, param_of
 from execstate.serve.kv_transfer_config import KVTransferConfig
+from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import ServingMetrics
 from execstate.transfer.handoff import Handoff, HandoffError, HandoffTrust, wants_remote_prefill
+
+T = TypeVar("T")
+
+# Threads tokenising and templating prompts (the tokenizer releases the GIL).
+PROMPT_WORKERS = 4
+
+
+def _prompt_workers() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(PROMPT_WORKERS, thread_name_prefix="execstate-prompt")
 
 
 @dataclass(frozen=True)
@@ -19,6 +40,8 @@ class ServeContext:
     served_model_name: str
     metrics: ServingMetrics
     kv_transfer_config: KVTransferConfig | None = None
+    limits: ServingLimits = field(default_factory=ServingLimits)
+    workers: ThreadPoolExecutor = field(default_factory=_prompt_workers)
     handoff_trust: HandoffTrust | None = None
 
     def check_request(self, model: str) -> None:
@@ -49,9 +72,37 @@ class ServeContext:
         if not self.engine.is_healthy:
             raise engine_dead(self.engine.error)
 
+    def check_sampling(self, params: SamplingParams) -> None:
+        """400 for sampling parameters this model cannot serve (e.g. stop ids outside its vocabulary)."""
+        try:
+            validate_sampling(params, self.engine.model_config.vocab_size)
+        except ValueError as exc:
+            raise bad_request(str(exc), param=param_of(str(exc))) from None
+
+    def admit(self, count: int) -> Admission:
+        """Reserve ``count`` engine requests in the waiting queue: 429 when it is full."""
+        try:
+            return self.engine.admit(count)
+        except EngineOverloadedError as exc:
+            raise overloaded(exc) from None
+        except ValueError as exc:
+            raise bad_request(str(exc), param="n") from None
+        except EngineDeadError as exc:
+            raise engine_dead(exc) from None
+
+    async def in_worker(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the prompt worker pool, off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.workers, fn, *args)
+
 
 def engine_dead(err: BaseException | None) -> OpenAIError:
     return OpenAIError(503, f"the engine is not serving: {err}", type="server_error", code="engine_dead")
+
+
+def overloaded(exc: EngineOverloadedError) -> OpenAIError:
+    return OpenAIError(
+        429, str(exc), code="rate_limit_exceeded", headers={"Retry-After": str(exc.retry_after_s)}
+    )
 
 
 def as_openai_error(exc: Exception) -> OpenAIError:
@@ -60,6 +111,8 @@ def as_openai_error(exc: Exception) -> OpenAIError:
         return exc
     if isinstance(exc, EngineDeadError):
         return engine_dead(exc)
+    if isinstance(exc, EngineOverloadedError):
+        return overloaded(exc)
     if isinstance(exc, ValueError):
         return OpenAIError(400, str(exc))
     return OpenAIError(500, f"internal error: {exc!r}")

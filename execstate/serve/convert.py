@@ -2,14 +2,18 @@
 
 Everything a request can get wrong is checked here, before any engine request exists,
 and raised as a 400 ``OpenAIError`` naming the parameter: unsupported OpenAI features at
-non-neutral values, sampling ranges (``SamplingParams`` validation), prompts that are
+non-neutral values, sampling ranges (``SamplingParams`` validation), ``logit_bias`` keys
+that are not token ids of the vocabulary, prompts that are
 empty, too long or hold ids outside the vocabulary, and ``max_tokens`` that cannot fit
-after the prompt. Tokenisation uses the engine's immutable tokenizer on the caller's
-thread, exactly as ``LLM.generate`` (text prompts) and ``LLM.chat`` (chat) do.
+after the prompt. Bounds set by the server (``n``, ``logprobs``, stop strings...) are
+checked by ``limit_checks.check_limits``. Tokenisation uses the engine's immutable tokenizer on the
+caller's thread, exactly as ``LLM.generate`` (text prompts) and ``LLM.chat`` (chat) do;
+the HTTP handlers call ``completion_prompts`` and ``chat_prompt`` in a worker thread.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import jinja2
@@ -17,7 +21,7 @@ import jinja2
 from execstate.engine.outputs import Logprob
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.tokenizer import Tokenizer
-from execstate.engine.validation import validate_prompt
+from execstate.engine.validation import validate_logit_bias, validate_prompt
 from execstate.serve.errors import bad_request, param_of
 from execstate.serve.generation import PromptInput
 from execstate.serve.protocol import (
@@ -30,19 +34,11 @@ from execstate.serve.protocol import (
     TopLogprob,
 )
 
-MAX_LOGPROBS = 20
-
 
 def check_unsupported(req: SamplingRequest) -> None:
     def no(param: str, why: str = "is not supported by this server") -> None:
         raise bad_request(f"{param} {why}", param=param)
 
-    if req.frequency_penalty:
-        no("frequency_penalty")
-    if req.presence_penalty:
-        no("presence_penalty")
-    if req.logit_bias:
-        no("logit_bias")
     if isinstance(req, CompletionRequest):
         if req.echo:
             no("echo")
@@ -62,9 +58,6 @@ def check_unsupported(req: SamplingRequest) -> None:
 
 
 def sampling_params(req: SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-    if logprobs is not None and logprobs > MAX_LOGPROBS:
-        name = "top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs"
-        raise bad_request(f"{name} must be <= {MAX_LOGPROBS}, got {logprobs}", param=name)
     if req.seed is not None and not -(2**63) <= req.seed < 2**64:
         raise bad_request(f"seed must fit in 64 bits, got {req.seed}", param="seed")
     try:
@@ -73,6 +66,11 @@ def sampling_params(req: SamplingRequest, max_tokens: int | None, logprobs: int 
             temperature=req.temperature,
             top_p=req.top_p,
             top_k=req.top_k,
+            min_p=req.min_p,
+            repetition_penalty=req.repetition_penalty,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            logit_bias=_logit_bias(req.logit_bias),
             seed=req.seed,
             max_tokens=max_tokens,
             min_tokens=req.min_tokens,
@@ -86,8 +84,31 @@ def sampling_params(req: SamplingRequest, max_tokens: int | None, logprobs: int 
         raise bad_request(str(exc), param=param_of(str(exc))) from None
 
 
-def completion_prompts(req: CompletionRequest, tokenizer: Tokenizer | None) -> list[PromptInput]:
-    """``prompt``: text, token ids, or a list of either (one choice group per prompt)."""
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI sends ``{"token id": bias}``; the engine takes int ids."""
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        if not re.fullmatch(r"[0-9]+", key.strip()):
+            raise bad_request(f"logit_bias keys must be token ids (integers >= 0), got {key!r}", param="logit_bias")
+        out[int(key)] = value
+    return out
+
+
+def check_logit_bias(params: SamplingParams, vocab_size: int) -> None:
+    """``logit_bias`` keys inside the vocabulary (400 naming logit_bias)."""
+    try:
+        validate_logit_bias(params.logit_bias, vocab_size)
+    except ValueError as exc:
+        raise bad_request(str(exc), param="logit_bias") from None
+
+
+def completion_prompts(
+    req: CompletionRequest, tokenizer: Tokenizer | None, max_model_len: int | None = None
+) -> list[PromptInput]:
+    """``prompt``: text, token ids, or a list of either (one choice group per prompt). With
+    ``max_model_len``, a text prompt that cannot fit is refused as soon as it is tokenised."""
     p = req.prompt
     items: list[str | list[int]]
     if isinstance(p, str) or (isinstance(p, list) and all(isinstance(t, int) for t in p)):
@@ -101,13 +122,15 @@ def completion_prompts(req: CompletionRequest, tokenizer: Tokenizer | None) -> l
         if isinstance(item, str):
             if tokenizer is None:
                 raise bad_request("this model has no tokenizer: send token ids as the prompt", param="prompt")
-            out.append(PromptInput(tokenizer.encode(item), item))
+            out.append(PromptInput(_encode(tokenizer, item, True, max_model_len), item))
         else:
             out.append(PromptInput([int(t) for t in item], None))
     return out
 
 
-def chat_prompt(req: ChatCompletionRequest, tokenizer: Tokenizer | None) -> PromptInput:
+def chat_prompt(
+    req: ChatCompletionRequest, tokenizer: Tokenizer | None, max_model_len: int | None = None
+) -> PromptInput:
     if tokenizer is None:
         raise bad_request("this model has no tokenizer; chat completions need one", param="messages")
     messages = [_message(i, m.model_dump()) for i, m in enumerate(req.messages)]
@@ -115,7 +138,14 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: Tokenizer | None) -> Prom
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
     except (ValueError, jinja2.TemplateError) as exc:
         raise bad_request(f"cannot apply the chat template: {exc}", param="messages") from None
-    return PromptInput(tokenizer.encode(text, add_special_tokens=False), text)
+    return PromptInput(_encode(tokenizer, text, False, max_model_len), text)
+
+
+def _encode(tokenizer: Tokenizer, text: str, add_special_tokens: bool, max_model_len: int | None) -> list[int]:
+    try:
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens, max_model_len=max_model_len)
+    except ValueError as exc:  # too long for the context
+        raise bad_request(str(exc), param="prompt") from None
 
 
 def _message(i: int, m: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,11 @@
 """OpenAI-style errors: every failure is ``{"error": {"message", "type", "param", "code"}}``.
 
 Status codes: 400 malformed JSON, bad or unsupported parameter, bad prompt (too long,
-token ids outside the vocabulary, empty); 401 missing or wrong API key; 404 unknown model
-or path; 503 the engine is dead. FastAPI's 422 validation errors are mapped to 400.
+token ids outside the vocabulary, empty, beyond a ``ServingLimits`` bound); 401 missing or
+wrong API key; 404 unknown model or path; 413 body larger than ``--max-request-bytes``;
+429 waiting queue full (with ``Retry-After``); 500 the engine step serving this request
+failed (the server goes on); 503 the engine is dead. FastAPI's 422 validation errors
+are mapped to 400.
 """
 
 from __future__ import annotations
@@ -16,14 +19,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from execstate.serve.protocol import ErrorInfo, ErrorResponse
 
-_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error"}
+_TYPES = {s: "invalid_request_error" for s in (400, 401, 404, 413, 429)}
 
 
 class OpenAIError(Exception):
     """An error returned to the client with its HTTP status."""
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None, type: str | None = None
+        self, status: int, message: str, param: str | None = None, code: str | None = None, type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -31,13 +35,14 @@ class OpenAIError(Exception):
         self.param = param
         self.code = code
         self.type = type or _TYPES.get(status, "server_error")
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         info = ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code)
         return ErrorResponse(error=info).model_dump()
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None) -> OpenAIError:

@@ -4,7 +4,9 @@ An HTTP request with P prompts and ``n`` choices becomes P*n engine requests (ch
 ``index = p * n + j``, seed ``seed + j`` as in ``LLM.generate``). ``merged_outputs``
 runs them concurrently and yields ``(sub, output)`` in arrival order; if the consumer
 stops early or one of them fails, all the others are cancelled, which aborts them in the
-engine (``AsyncEngine.generate`` contract) and frees their blocks.
+engine (``AsyncEngine.generate`` contract) and frees their blocks. Each engine request
+uses one slot of the HTTP request's ``Admission`` (reserved by the handler, which
+releases what is left when it is done).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 from starlette.requests import Request
 
-from execstate.engine.async_engine import AsyncEngine
+from execstate.engine.async_engine import Admission, AsyncEngine
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.sampling_params import SamplingParams
 from execstate.serve.errors import OpenAIError
@@ -45,32 +47,35 @@ class SubRequest:
     params: SamplingParams
     request_id: str
     kv_transfer_params: dict[str, Any] | Handoff | None
+    cache_salt: str | None = None  # the request body's, validated (engine/cache_salt.py)
 
 
 def expand(
     base_id: str, prompts: list[PromptInput], params: SamplingParams, n: int,
-    kv_transfer_params: dict[str, Any] | Handoff | None,
+    kv_transfer_params: dict[str, Any] | Handoff | None, cache_salt: str | None = None,
 ) -> list[SubRequest]:
     subs = []
     for p, prompt in enumerate(prompts):
         for j in range(n):
             seed = None if params.seed is None else params.seed + j
             sub_params = replace(params, n=1, seed=seed)
-            subs.append(SubRequest(p * n + j, p, prompt, sub_params, f"{base_id}-{p}-{j}", kv_transfer_params))
+            subs.append(SubRequest(p * n + j, p, prompt, sub_params, f"{base_id}-{p}-{j}", kv_transfer_params,
+                                   cache_salt))
     return subs
 
 
 async def merged_outputs(
-    engine: AsyncEngine, subs: list[SubRequest], metrics: ServingMetrics, arrival: float
+    engine: AsyncEngine, subs: list[SubRequest], metrics: ServingMetrics, arrival: float,
+    admission: Admission | None = None,
 ) -> AsyncIterator[tuple[SubRequest, RequestOutput]]:
     """Yield every output of every sub-request; raises the first error of any of them."""
     results: asyncio.Queue[tuple[SubRequest, RequestOutput | BaseException | None]] = asyncio.Queue()
 
     async def pump(sub: SubRequest) -> None:
         timer = metrics.timer(arrival)
-        prompt = {"prompt_token_ids": sub.prompt.token_ids, "prompt": sub.prompt.text}
+        prompt = {"prompt_token_ids": sub.prompt.token_ids, "prompt": sub.prompt.text, "cache_salt": sub.cache_salt}
         try:
-            gen = engine.generate(prompt, sub.params, sub.request_id, sub.kv_transfer_params)
+            gen = engine.generate(prompt, sub.params, sub.request_id, sub.kv_transfer_params, admission)
             async with aclosing(gen):
                 async for out in gen:
                     if out.finished and out.error is not None:
@@ -102,11 +107,12 @@ async def merged_outputs(
 
 
 async def final_outputs(
-    engine: AsyncEngine, subs: list[SubRequest], metrics: ServingMetrics, arrival: float
+    engine: AsyncEngine, subs: list[SubRequest], metrics: ServingMetrics, arrival: float,
+    admission: Admission | None = None,
 ) -> list[RequestOutput]:
     """Run to completion; the final output of each sub-request, in choice order."""
     finals: dict[int, RequestOutput] = {}
-    async with aclosing(merged_outputs(engine, subs, metrics, arrival)) as stream:
+    async with aclosing(merged_outputs(engine, subs, metrics, arrival, admission)) as stream:
         async for sub, out in stream:
             if out.finished:
                 finals[sub.index] = out

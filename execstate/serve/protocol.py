@@ -1,12 +1,17 @@
 """OpenAI-compatible request and response bodies (field names follow OpenAI and vLLM).
 
-Requests reject unknown fields (a typo such as ``routed_experts_prompt_strat`` must not be
-silently ignored by an RL stack); OpenAI fields this server does not implement are
-accepted at their neutral values only (see ``convert.check_unsupported``).
+Requests accept unknown fields and ignore them, as OpenAI-compatible servers (vLLM) do:
+clients send OpenAI fields this server has no use for (``store``, ``metadata``,
+``service_tier``...). They are not silent: ``ignored_fields`` names them, and the app
+lists them in the ``X-Ignored-Fields`` response header and the log, so a typo such as
+``routed_experts_prompt_strat`` is visible to an RL stack. OpenAI fields this server
+does not implement are accepted at their neutral values only (see
+``convert.check_unsupported``). Sampling fields: OpenAI's ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` (keys are
+token ids as strings), vLLM's ``repetition_penalty`` and ``min_p``.
 
-Extensions, as in vLLM: ``top_k``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
+Extensions, as in vLLM: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
 ``return_token_ids``, ``kv_transfer_params`` (PD handoff, passed to the engine and
-returned top-level), and R3's ``routed_experts_prompt_start`` (request) /
+returned top-level), ``cache_salt`` (per-tenant prefix cache), and R3's ``routed_experts_prompt_start`` (request) /
 ``routed_experts`` (each choice: base64 of ``numpy.save`` bytes, DESIGN.md 4). Response
 extensions that were not asked for are omitted rather than sent as ``null``.
 """
@@ -17,6 +22,8 @@ import time
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer
+
+from execstate.engine.cache_salt import check_cache_salt
 
 Prompt = str | list[int] | list[str] | list[list[int]]
 
@@ -34,14 +41,14 @@ class _Response(BaseModel):
 
 # -- requests -------------------------------------------------------------------------------------
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     include_usage: bool = False
 
 
 class SamplingRequest(BaseModel):
     """Fields shared by completions and chat completions."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     model: str
     max_tokens: int | None = None
@@ -54,11 +61,12 @@ class SamplingRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # OpenAI fields accepted only at their neutral values.
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     # vLLM extensions.
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     min_tokens: int = 0
@@ -66,8 +74,18 @@ class SamplingRequest(BaseModel):
     # R3 and PD.
     routed_experts_prompt_start: int = 0
     kv_transfer_params: dict[str, Any] | None = None
+    # vLLM: tenant salt of the prompt's cache keys (engine/cache_salt.py).
+    cache_salt: str | None = None
 
-    @field_validator("temperature", "top_p", "n", "min_tokens", "ignore_eos", "return_token_ids", mode="before")
+    @field_validator("cache_salt")
+    @classmethod
+    def _check_cache_salt(cls, v: str | None) -> str | None:
+        return check_cache_salt(v)
+
+    @field_validator(
+        "temperature", "top_p", "n", "min_tokens", "ignore_eos", "return_token_ids",
+        "frequency_penalty", "presence_penalty", "min_p", "repetition_penalty", mode="before",
+    )
     @classmethod
     def _null_is_default(cls, v: Any, info: ValidationInfo) -> Any:
         """Some clients send ``null`` for "not given"."""
@@ -101,6 +119,14 @@ class ChatCompletionRequest(SamplingRequest):
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+
+
+def ignored_fields(req: SamplingRequest) -> list[str]:
+    """The request's unknown fields (accepted and ignored), nested ones as ``parent.name``."""
+    names = list(req.model_extra or {})
+    if req.stream_options is not None:
+        names += [f"stream_options.{k}" for k in req.stream_options.model_extra or {}]
+    return names
 
 
 # -- responses ------------------------------------------------------------------------------------

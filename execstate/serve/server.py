@@ -4,22 +4,42 @@ Start-up order (``run_server``):
 
 1. ``--kv-transfer-config`` is parsed first (``KVTransferConfig.from_json``): a bad
    config fails before any model is loaded.
-2. ``LLMEngine`` from the CLI flags, wrapped in an ``AsyncEngine`` (its thread starts).
+2. ``LLMEngine`` from the CLI flags (capacity: ``--max-num-seqs``,
+   ``--max-num-batched-tokens``, ``--kv-cache-memory`` / ``--num-kv-blocks``,
+   ``--max-model-len``), wrapped in an ``AsyncEngine`` whose waiting queue is bounded by
+   ``--max-waiting-requests`` (its thread starts).
 3. With a kv-transfer config: ``attach_kv_connector(async_engine, kv_cfg, metrics)``,
    before the app accepts requests; its handoff trust policy goes to the app.
-4. ``build_app`` and ``uvicorn.run``; on exit the engine thread is shut down.
+4. ``build_app`` with the request limits (``ServingLimits`` from the flags) and
+   ``serve_until_engine_dies``; on exit the engine thread is shut down.
+
+Exit status: 1 when the engine stopped serving (a crash, or a failed step that left
+shared state corrupt): ``/health`` has answered 503 with the reason meanwhile, the
+server stops accepting requests, and the non-zero status tells a supervisor to restart
+it. Stopped by a signal, the process ends as uvicorn ends it (it re-raises the signal:
+130 for SIGINT).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import threading
+from dataclasses import fields
+from typing import TYPE_CHECKING
 
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
 from execstate.serve.kv_transfer_config import KVTransferConfig
+from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import ServingMetrics
 from execstate.transfer.handoff import HandoffTrust
+
+if TYPE_CHECKING:
+    import uvicorn
+
+logger = logging.getLogger(__name__)
 
 
 def attach_kv_connector(
@@ -82,7 +102,33 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         seed=args.seed,
         max_model_len=args.max_model_len,
         kernels=args.kernels,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_memory_bytes=args.kv_cache_memory,
+        num_kv_blocks=args.num_kv_blocks,
     )
+
+
+def limits_from_args(args: argparse.Namespace) -> ServingLimits:
+    return ServingLimits(**{f.name: getattr(args, f.name) for f in fields(ServingLimits)})
+
+
+def serve_until_engine_dies(server: uvicorn.Server, async_engine: AsyncEngine) -> int:
+    """Run ``server`` (a ``uvicorn.Server``) until it exits; stop it if the engine stops
+    serving first. Returns the exit status: 1 if the engine died, else 0."""
+    died = threading.Event()
+
+    def watch() -> None:
+        async_engine.wait_dead()
+        if server.should_exit:
+            return  # shutting down anyway
+        died.set()
+        logger.critical("the engine stopped serving (%s); shutting the server down", async_engine.error)
+        server.should_exit = True
+
+    threading.Thread(target=watch, name="execstate-engine-watch", daemon=True).start()
+    server.run()
+    return 1 if died.is_set() or not async_engine.is_healthy else 0
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -91,15 +137,18 @@ def run_server(args: argparse.Namespace) -> int:
     from execstate.serve.app import build_app
 
     kv_cfg = KVTransferConfig.from_json(args.kv_transfer_config) if args.kv_transfer_config else None
-    async_engine = AsyncEngine(LLMEngine(engine_config_from_args(args)))
+    limits = limits_from_args(args)
+    async_engine = AsyncEngine(LLMEngine(engine_config_from_args(args)), limits.max_waiting_requests)
     try:
         metrics = ServingMetrics()
         trust = attach_kv_connector(async_engine, kv_cfg, metrics) if kv_cfg is not None else None
         name = args.served_model_name or str(args.model)
-        app = build_app(async_engine, name, api_key=args.api_key, metrics=metrics, kv_transfer_config=kv_cfg,
-                        handoff_trust=trust)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+        app = build_app(
+            async_engine, name, api_key=args.api_key, metrics=metrics, kv_transfer_config=kv_cfg, limits=limits,
+            handoff_trust=trust,
+        )
+        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
+        return serve_until_engine_dies(server, async_engine)
     finally:
         async_engine.shutdown()
-    return 0
 

@@ -11,7 +11,7 @@ final text.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.responses import StreamingResponse
@@ -70,17 +70,23 @@ def sse(data: dict[str, Any] | str) -> str:
 
 class SSEResponse(StreamingResponse):
     """``text/event-stream`` that always closes its iterator, so a client disconnect
-    deterministically runs the generator's cleanup (which aborts the requests)."""
+    deterministically runs the generator's cleanup (which aborts the requests), and then
+    calls ``on_close`` (even if the iterator never started)."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, content: AsyncIterator[str]) -> None:
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None] | None = None) -> None:
         super().__init__(content, headers={"Cache-Control": "no-cache"})
+        self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            try:
+                if aclose is not None:
+                    await aclose()
+            finally:
+                if self.on_close is not None:
+                    self.on_close()

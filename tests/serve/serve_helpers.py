@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import uvicorn
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from execstate.engine.async_engine import AsyncEngine
@@ -63,3 +67,20 @@ def wait_idle(engine: AsyncEngine, timeout: float = 10.0) -> tuple[int, int, int
         if state == (0, 0, 0) or time.monotonic() > deadline:
             return state
         time.sleep(0.02)
+
+
+@contextmanager
+def running_server(app) -> Iterator[tuple[str, uvicorn.Server]]:
+    """Serve ``app`` with a real uvicorn on 127.0.0.1 in a thread; yields (base url, server)."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}", server
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -1,0 +1,118 @@
+"""What happens when a step raises: its requests fail, the engine goes on (DESIGN.md 8).
+
+Contract (``LLMEngine.step`` calls ``fail_step`` from its ``except``):
+
+- The *requests of the step* are those the scheduler returned for it; if the step
+  raised before the scheduler returned, every unfinished request (the step's set is
+  unknown). Requests not in the step are left alone and continue.
+- Each of them that has not finished yet is finished with ``finish_reason == "abort"``
+  and ``error`` saying the step failed (and why), which releases its blocks and route
+  leases through the scheduler (exactly once, as any finish). Outputs the step had
+  already produced are kept and returned first, so consumers see them in order.
+- Then the block pool and the route store must pass ``check_integrity()``, and every
+  block reference must belong to a live request (``check_references``; skipped while
+  blocks are held outside requests, e.g. PD exports). If not, or if failing the
+  requests raised in turn, shared state may be corrupt and
+  ``EngineCorruptedError`` is raised: the engine must stop (the server exits so that a
+  supervisor restarts it). A step whose error is not attributable to any request
+  (nothing was scheduled) re-raises as ``EngineFatalError`` for the same reason: the
+  error would repeat on every step.
+- ``EngineFatalError`` raised inside the step (a broken engine invariant) propagates
+  unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from execstate.engine.outputs import CompletionOutput, RequestOutput
+from execstate.engine.request import Request, RequestStatus
+from execstate.state.block_pool import BlockId
+
+if TYPE_CHECKING:
+    from execstate.engine.llm_engine import LLMEngine
+    from execstate.engine.scheduler import SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+
+class EngineFatalError(RuntimeError):
+    """The engine cannot go on serving (a broken invariant, possibly corrupt shared state)."""
+
+
+class EngineCorruptedError(EngineFatalError):
+    """A step failed and the shared state (block pool, route store) fails its integrity check."""
+
+
+@dataclass
+class StepState:
+    """What one step has done so far; read only when the step raised."""
+
+    sched: SchedulerOutput | None = None
+    outputs: list[RequestOutput] = field(default_factory=list)
+
+
+def fail_step(engine: LLMEngine, state: StepState, exc: Exception) -> list[RequestOutput]:
+    """Fail the requests of the step that raised ``exc``; return every output to deliver."""
+    if isinstance(exc, EngineFatalError):
+        raise exc
+    if state.sched is not None:
+        victims = [s.request for s in state.sched.scheduled]
+    else:
+        victims = list(engine.requests.values())
+    if not victims:
+        raise EngineFatalError(f"an engine step failed outside any request: {exc!r}") from exc
+    logger.error("an engine step failed; failing its %d request(s)", len(victims), exc_info=exc)
+    message = f"the engine step serving this request failed: {exc!r}"
+    delivered = {o.request_id for o in state.outputs if o.finished}
+    outputs = list(state.outputs)
+    try:
+        for req in victims:
+            if req.request_id in delivered:
+                continue
+            if not req.is_finished:
+                req.abort_message = message
+                engine.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+            outputs.append(_final_output(engine, req))
+        engine.check_integrity()
+        check_references(engine)
+    except Exception as corrupt:
+        raise EngineCorruptedError(
+            f"an engine step failed ({exc!r}) and shared state is inconsistent afterwards: {corrupt!r}"
+        ) from exc
+    return outputs
+
+
+def check_references(engine: LLMEngine) -> None:
+    """Raise ``AssertionError`` unless each block's reference count is the number of live
+    requests holding it (a leaked or lost reference). No-op while blocks are held elsewhere."""
+    if engine._blocks_held_elsewhere():
+        return
+    held = Counter(b for req in engine.requests.values() for b in req.block_ids)
+    pool = engine.block_pool
+    wrong = [b for b in range(pool.num_blocks) if pool.ref_count(BlockId(b)) != held.get(b, 0)]
+    if wrong:
+        b = wrong[0]
+        raise AssertionError(
+            f"{len(wrong)} block(s) with references no request holds, e.g. block {b}: "
+            f"ref_count {pool.ref_count(BlockId(b))}, held by {held.get(b, 0)} request(s)"
+        )
+
+
+def _final_output(engine: LLMEngine, req: Request) -> RequestOutput:
+    """The request's final output; a bare one if building it fails (it may be what raised)."""
+    try:
+        return engine._finalize(req)
+    except Exception:  # noqa: BLE001 - the request must still get its terminal output
+        engine.requests.pop(req.request_id, None)
+        completion = CompletionOutput(
+            index=0, text="", token_ids=list(req.output_token_ids), cumulative_logprob=None, logprobs=None,
+            finish_reason=req.finish_reason,
+        )
+        return RequestOutput(
+            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=list(req.prompt_token_ids),
+            outputs=[completion], finished=True, error=req.abort_message or "the request failed",
+        )
