@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import sys
 
@@ -11,17 +12,25 @@ import pytest
 from execstate.transfer.bulk import populate
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * mmap.PAGESIZE
+def resident_pages(addr: int, nbytes: int) -> tuple[int, int]:
+    """(resident, total) pages of the page-aligned interior of a range (``mincore``)."""
+    page = mmap.PAGESIZE
+    start = (addr + page - 1) // page * page
+    n = ((addr + nbytes) // page * page - start) // page
+    vec = (ctypes.c_ubyte * n)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    assert libc.mincore(start, n * page, vec) == 0, ctypes.get_errno()
+    return sum(v & 1 for v in vec), n
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux's")
 def test_populate_maps_pages_and_keeps_contents():
     lazy = np.zeros(64 << 20, dtype=np.uint8)  # calloc: pages not mapped until written
     lazy[12345] = 7  # one page written by "the engine"
-    before = rss_bytes()
+    resident, total = resident_pages(lazy.ctypes.data, lazy.nbytes)
+    assert resident < total // 2
     if not populate(lazy.ctypes.data, lazy.nbytes, chunk=8 << 20):
         pytest.skip("kernel without MADV_POPULATE_WRITE (< 5.14)")
-    assert rss_bytes() - before > 60 << 20
+    assert resident_pages(lazy.ctypes.data, lazy.nbytes) == (total, total)
     assert lazy[12345] == 7 and int(lazy.sum()) == 7
