@@ -26,11 +26,14 @@ def resident_pages(addr: int, nbytes: int) -> tuple[int, int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux's")
 def test_populate_maps_pages_and_keeps_contents():
-    lazy = np.zeros(64 << 20, dtype=np.uint8)  # calloc: pages not mapped until written
+    region = mmap.mmap(-1, 64 << 20)  # fresh anonymous memory: pages mapped on first write
+    lazy = np.frombuffer(region, dtype=np.uint8)
+    addr = lazy.ctypes.data
     lazy[12345] = 7  # one page written by "the engine"
-    resident, total = resident_pages(lazy.ctypes.data, lazy.nbytes)
+    resident, total = resident_pages(addr, lazy.nbytes)
     assert resident < total // 2
-    if not populate(lazy.ctypes.data, lazy.nbytes, chunk=8 << 20):
+    if not populate(addr, lazy.nbytes, chunk=8 << 20):
         pytest.skip("kernel without MADV_POPULATE_WRITE (< 5.14)")
-    assert resident_pages(lazy.ctypes.data, lazy.nbytes) == (total, total)
+    assert resident_pages(addr, lazy.nbytes) == (total, total)
     assert lazy[12345] == 7 and int(lazy.sum()) == 7
+    del lazy
