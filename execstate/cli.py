@@ -46,6 +46,13 @@ def _bench(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(report, indent=2))
         return 0
+    if args.bench_cmd == "pd" and args.itl_under_loads:
+        from execstate.bench.pd_itl import format_itl_table, run_itl_under_loads
+
+        report = run_itl_under_loads(model=args.model, prompt_len=args.prompt_len, num_loads=args.num_loads,
+                                     threads=args.threads)
+        print(json.dumps(report, indent=2) if args.json else format_itl_table(report))
+        return 0
     if args.bench_cmd == "pd":
         from execstate.bench.pd import run_pd_bench
 
@@ -198,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--max-tokens", type=int, default=32)
     bp.add_argument("--repeats", type=int, default=3)
     bp.add_argument("--threads", type=int, default=None, help="threads per engine process (default: all CPUs)")
+    bp.add_argument("--itl-under-loads", action="store_true",
+                    help="instead: p99 ITL of a stream on D while --num-loads PD loads happen, vs none")
+    bp.add_argument("--num-loads", type=int, default=6, help="with --itl-under-loads: PD loads during the stream")
     bp.add_argument("--nice-nixl-threads", action="store_true",
                     help="diagnostic: renice the busy-polling NIXL progress threads to 19")
     bp.add_argument("--json", action="store_true")
@@ -266,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     px.add_argument("--decode", nargs="+", required=True, help="decode instance URL(s)")
     px.add_argument("--host", default="127.0.0.1")
     px.add_argument("--port", type=int, default=8000)
+    px.add_argument("--kv-secret", default=None,
+                    help="verify P's handoff signatures with this secret (default: $EXECSTATE_KV_SECRET)")
     px.set_defaults(func=_proxy)
     return p
 

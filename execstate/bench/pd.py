@@ -6,7 +6,8 @@ NIXL agents than needed are alive while timing:
 
 1. ``single`` (one instance, no connector), ``prefill`` (kv_producer) + ``decode``
    (kv_consumer) + ``proxy``: the timed workload;
-2. then ``decode_fail`` + ``proxy_fail`` (``fault_injection: corrupt``, policy ``fail``) and
+2. then ``decode_fail`` + ``proxy_fail`` (a corrupting importer, started through the test/bench
+   launcher ``bench/faulty_serve.py``; policy ``fail``) and
    ``decode_recompute`` + ``proxy_recompute`` (same fault, policy ``recompute``), both
    pulling from the same prefill instance: the failure checks.
 
@@ -91,8 +92,8 @@ def run_pd_bench(
         cpu_timed = {n: round(pr.cpu_seconds() - cpu0[n], 2) for n, pr in procs.items()}
 
         # phase 2: injected failures (a corrupting decode instance per policy, each behind its proxy)
-        cluster.serve("decode_fail", path, kv_config("kv_consumer", "fail", "corrupt"))
-        cluster.serve("decode_recompute", path, kv_config("kv_consumer", "recompute", "corrupt"))
+        cluster.serve("decode_fail", path, kv_config("kv_consumer", "fail"), fault="corrupt")
+        cluster.serve("decode_recompute", path, kv_config("kv_consumer", "recompute"), fault="corrupt")
         cluster.proxy("proxy_fail", p, procs["decode_fail"].url)
         cluster.proxy("proxy_recompute", p, procs["decode_recompute"].url)
         cluster.wait_healthy(client, ["decode_fail", "decode_recompute", "proxy_fail", "proxy_recompute"])

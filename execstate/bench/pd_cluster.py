@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -41,11 +42,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def kv_config(role: str, policy: str = "fail", fault: str | None = None, timeout_s: float = 10.0) -> str:
-    """``--kv-transfer-config`` JSON of a PD instance (NIXL, route transfer on, optional fault)."""
+def kv_config(role: str, policy: str = "fail", timeout_s: float = 10.0, ttl_s: float | None = None) -> str:
+    """``--kv-transfer-config`` JSON of a PD instance (NIXL, route transfer on). The handoff secret
+    reaches every process through ``$EXECSTATE_KV_SECRET`` (``Cluster.secret``)."""
     extra: dict[str, Any] = {"transfer_timeout_s": timeout_s}
-    if fault is not None:
-        extra["fault_injection"] = {"mode": fault}
+    if ttl_s is not None:
+        extra["transfer_ttl_s"] = ttl_s
     return json.dumps({"kv_connector": "NixlConnector", "kv_role": role, "enable_routed_experts_transfer": True,
                        "kv_load_failure_policy": policy, "kv_connector_extra_config": extra})
 
@@ -94,23 +96,27 @@ class Cluster:
     threads: int
     logdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="execstate-bench-pd-")))
     procs: dict[str, Proc] = field(default_factory=dict)
+    secret: str = field(default_factory=lambda: secrets.token_hex(16))  # P, D and proxies share it
 
-    def spawn(self, name: str, args: list[str], threads: int) -> str:
+    def spawn(self, name: str, args: list[str], threads: int, fault: str | None = None) -> str:
+        """Start ``execstate ARGS --port P``; with ``fault`` (a fault mode) through the fault launcher."""
         port = free_port()
         root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-                   PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+                   PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+                   EXECSTATE_KV_SECRET=self.secret)
         log = self.logdir / f"{name}.log"
+        launcher = ["execstate"] if fault is None else ["execstate.bench.faulty_serve", json.dumps({"mode": fault})]
         with open(log, "wb") as fh:  # a file, not a pipe: a full pipe would block the server
-            popen = subprocess.Popen([sys.executable, "-m", "execstate", *args, "--port", str(port)],
+            popen = subprocess.Popen([sys.executable, "-m", *launcher, *args, "--port", str(port)],
                                      env=env, stdout=fh, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         self.procs[name] = Proc(name, popen, url, log)
         return url
 
-    def serve(self, name: str, model: Path, kv: str | None = None) -> str:
+    def serve(self, name: str, model: Path, kv: str | None = None, fault: str | None = None) -> str:
         args = ["serve", str(model), "--served-model-name", SERVED_NAME, "--enable-return-routed-experts"]
-        return self.spawn(name, args + (["--kv-transfer-config", kv] if kv else []), self.threads)
+        return self.spawn(name, args + (["--kv-transfer-config", kv] if kv else []), self.threads, fault)
 
     def proxy(self, name: str, prefill: str, decode: str) -> str:
         return self.spawn(name, ["proxy", "--prefill", prefill, "--decode", decode], 1)

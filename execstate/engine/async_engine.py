@@ -5,7 +5,9 @@ Contract:
 - Exactly one background thread (``execstate-engine``) touches the wrapped engine. Every
   other thread talks to it through a FIFO command queue (add, abort, run a function),
   drained between steps. The thread loops ``step()`` while requests are unfinished and
-  blocks on the queue when idle (no busy-wait).
+  blocks on the queue when idle (no busy-wait); while loads or exports are pending
+  (``needs_polling``) it wakes every 50 ms to ``poll``. A step in which every request
+  waits for a KV load blocks until a load finishes or a command arrives (``LLMEngine.wake``).
 - ``generate`` yields the ``RequestOutput``s of one request as they are produced
   (delivered with ``loop.call_soon_threadsafe`` into a per-request asyncio queue); what
   each carries follows ``params.output_kind`` (everything so far, deltas, or only the
@@ -56,6 +58,7 @@ from execstate.engine.outputs import RequestOutput
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.weight_update import UpdatePolicy, WeightUpdate, WeightUpdateResult
 from execstate.model.loader import load_hf_state_dict
+from execstate.transfer.handoff import Handoff
 
 T = TypeVar("T")
 
@@ -85,7 +88,7 @@ class _Add:
     prompt: PromptType
     params: SamplingParams
     request_id: str
-    kv_transfer_params: dict[str, Any] | None
+    kv_transfer_params: dict[str, Any] | Handoff | None
     sink: _Sink
     done: concurrent.futures.Future[None]
 
@@ -173,7 +176,7 @@ class AsyncEngine:
         prompt: PromptType,
         params: SamplingParams,
         request_id: str,
-        kv_transfer_params: dict[str, Any] | None = None,
+        kv_transfer_params: dict[str, Any] | Handoff | None = None,
         admission: Admission | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Add one request (``params.n`` must be 1) and yield its outputs until finished.
@@ -264,12 +267,14 @@ class AsyncEngine:
             if self._error is not None:
                 raise _copy(self._error)
             self._commands.put(cmd)
+        self._engine.wake()  # an idle step waiting for a KV load returns to take the command
 
     def _submit_nowait(self, cmd: _Command) -> None:
         """Like ``_submit`` but silent when the engine is already dead (cleanup paths)."""
         with self._lock:
             if self._error is None:
                 self._commands.put(cmd)
+        self._engine.wake()
 
     # -- engine thread --------------------------------------------------------------------------
     def _run(self) -> None:
@@ -369,7 +374,7 @@ class AsyncEngine:
     def _queue_state(eng: LLMEngine) -> tuple[int, int]:
         """(waiting requests, free sequence slots) of the scheduler, for admission control."""
         sched = eng.scheduler
-        return len(sched.waiting), max(0, sched.max_num_seqs - len(sched.running))
+        return len(sched.waiting), max(0, sched.max_num_seqs - len(sched.running) - sched.num_loading)
 
     def _die(self, err: EngineDeadError) -> None:
         with self._lock:

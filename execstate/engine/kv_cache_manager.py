@@ -14,6 +14,8 @@ that creates, hits and releases units:
   route rows (first writer wins for a key computed twice).
 - ``release``: frees blocks (tail first, so tails are evicted first) and, when the
   request is finished, releases its route leases.
+- ``apply_external``: commits a finished PD load (``ExternalPrefix``) of a request that
+  ``admit`` left waiting for it.
 
 Keys chain from the provenance root, so a weights update (new weights version) makes
 every old unit unreachable for new requests without any reset. The root depends on the
@@ -26,12 +28,12 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from execstate.engine.r3_clock import R3Clock
-from execstate.engine.request import Request
+from execstate.engine.request import Request, RequestStatus
 from execstate.identity.keys import BlockKey, block_key, root_key
 from execstate.identity.provenance import Provenance
 from execstate.state.block_pool import BlockId, BlockPool, NoFreeBlocks
@@ -39,25 +41,52 @@ from execstate.state.route_store import RouteStore
 
 
 class ExternalLoadError(RuntimeError):
-    """Loading state from another instance failed and the policy is ``fail``."""
+    """Loading state from another instance failed or cannot start: a request-level error."""
 
 
 @dataclass(frozen=True)
 class ExternalLoad:
-    num_verified_blocks: int  # a verified prefix of the requested blocks
-    routes: np.ndarray | None  # int16 [num_verified_blocks * block_size, L, K] (source's records)
+    """The outcome of one load. ``error`` set: the request fails (policy ``fail``, or blocks that
+    cannot be trusted whatever the policy); else the first ``num_verified_blocks`` blocks hold
+    verified KV and ``routes`` (int16 ``[>= their tokens, L, K]``, the source's records) their rows."""
+
+    num_verified_blocks: int
+    routes: np.ndarray | None
+    error: str | None = None
+
+
+class FinishedLoad(NamedTuple):
+    request: Request
+    load: ExternalLoad
 
 
 class ExternalPrefix(Protocol):
-    """A source of KV units for a request's prefix held by another instance (PD)."""
+    """A source of KV units for a request's prefix held by another instance (PD), loaded
+    asynchronously. Engine thread only. Call order per request: ``num_blocks``; then either
+    ``skip_load`` (the local cache covered every offered block) or ``start_load`` followed, some
+    steps later, by exactly one :class:`FinishedLoad` from ``finished_loads`` (``cancel_load`` in
+    between makes it come sooner when the load had not started). The request's blocks stay
+    allocated until that result arrived: until then the transfer may still write them."""
 
     def num_blocks(self, req: Request) -> int:
-        """Leading full blocks of the request the source can provide."""
+        """Leading full blocks of the request the source can provide (0: nothing to load)."""
         ...
 
-    def load(self, req: Request, first_block: int, keys: list[BlockKey], dst: list[BlockId]) -> ExternalLoad:
-        """Fill ``dst`` with the KV of blocks ``first_block...`` whose expected keys are
-        ``keys``; only a verified prefix counts. Raises ExternalLoadError (policy fail)."""
+    def start_load(self, req: Request, first_block: int, keys: list[BlockKey], dst: list[BlockId]) -> None:
+        """Begin filling ``dst`` with blocks ``first_block...`` whose expected keys are ``keys``.
+        Raises ExternalLoadError when the load cannot start (limits): nothing started."""
+        ...
+
+    def skip_load(self, req: Request) -> None:
+        """Nothing to load after all: let the source release what it holds for ``req`` now."""
+        ...
+
+    def cancel_load(self, req: Request) -> None:
+        """``req`` was aborted while loading; its result still arrives (maybe sooner)."""
+        ...
+
+    def finished_loads(self) -> list[FinishedLoad]:
+        """Loads that finished since the last call, in completion order."""
         ...
 
 
@@ -161,17 +190,21 @@ class KVCacheManager:
         With ``external`` (PD decode side), the full blocks after the local hit are
         loaded from another instance into freshly allocated blocks: local units first
         (their rows are this instance's records, never the source's), then the
-        verified loaded blocks (rows from the source's records), then whatever is left
-        is computed here. The last prompt token is always computed here. A load that
-        raises ``ExternalLoadError`` releases everything and propagates.
+        verified loaded blocks (rows from the source's records, see
+        :meth:`apply_external`), then whatever is left is computed here. The load is
+        only started here: the request is then ``WAITING_FOR_REMOTE_KVS`` and holds
+        blocks for its whole prompt. When the local hit covers every offered block the
+        source is told to release (``skip_load``). A load that cannot start raises
+        ``ExternalLoadError`` after releasing everything. A request loads at most once.
         """
         assert not req.block_ids, "admit() on a request that still holds blocks"
         hits = self.find_cached_prefix(req)
         num_cached = len(hits) * self.block_size
         num_new_tokens = min(num_new_tokens, req.num_tokens - num_cached)
-        n_ext = 0
-        if external is not None:
-            n_ext = max(0, min(external.num_blocks(req), req.num_tokens // self.block_size) - len(hits))
+        n_ext = n_offered = 0
+        if external is not None and not req.kv_load_started:
+            n_offered = external.num_blocks(req)
+            n_ext = max(0, min(n_offered, req.num_tokens // self.block_size) - len(hits))
             if n_ext:  # hold the whole prompt: loaded blocks plus the tail computed here
                 num_new_tokens = req.num_tokens - num_cached
         self.pool.acquire(hits)
@@ -194,22 +227,35 @@ class KVCacheManager:
             assert req.routes is not None
             rows = np.concatenate([self.route_store.get(k) for k in keys])
             req.routes.fill(0, rows)
-        if n_ext:
-            assert external is not None
-            self._load_external(req, external, len(hits), n_ext)
+        if external is not None and n_offered and not req.kv_load_started:
+            req.kv_load_started = True
+            if n_ext:
+                self._start_external(req, external, len(hits), n_ext)
+            else:
+                external.skip_load(req)  # our own cache had every block: the source may free them now
         return hits
 
-    def _load_external(self, req: Request, external: ExternalPrefix, first: int, count: int) -> None:
+    def _start_external(self, req: Request, external: ExternalPrefix, first: int, count: int) -> None:
         self.update_block_keys(req)
         keys = req.block_keys[first : first + count]
         try:
-            loaded = external.load(req, first, keys, req.block_ids[first : first + count])
+            external.start_load(req, first, keys, req.block_ids[first : first + count])
         except ExternalLoadError:
             self.release(req, finished=False)
             raise
+        req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+
+    def apply_external(self, req: Request, loaded: ExternalLoad) -> None:
+        """Commit a finished load (``loaded.error`` is None) of a WAITING_FOR_REMOTE_KVS request:
+        the verified blocks count as computed, their rows are the source's records, and they are
+        registered in the prefix cache now (they are verified; a preemption must not lose them).
+        The rest of the prompt is computed here. Fail closed: loaded KV without routes (when this
+        instance returns routes) counts as unverified."""
+        assert loaded.error is None and req.status is RequestStatus.WAITING_FOR_REMOTE_KVS
+        first = req.num_computed_tokens // self.block_size  # admission left the local hit here
         verified = loaded.num_verified_blocks
         if self.route_store is not None and loaded.routes is None:
-            verified = 0  # fail closed: loaded KV without its routes is recomputed here
+            verified = 0
         start = first * self.block_size
         end = min((first + verified) * self.block_size, req.num_tokens - 1)
         if end > start:
@@ -218,6 +264,7 @@ class KVCacheManager:
                 req.routes.fill(start, loaded.routes[: end - start])
             req.num_computed_tokens = end
             req.num_transferred_tokens = end - start
+            self.commit(req)
 
     def allocate(self, req: Request, num_new_tokens: int) -> bool:
         """Reserve slots for ``num_new_tokens`` more tokens of a running request."""

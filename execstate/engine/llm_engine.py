@@ -18,11 +18,17 @@ Failure isolation: a step that raises fails the requests of that step (finish_re
 ``"abort"``, ``error`` set) and the engine goes on serving; only when shared state fails
 its integrity checks afterwards does ``step`` raise (``EngineCorruptedError``). See
 ``step_failure``.
+
+PD decode side: a request whose KV is loaded from a prefill instance waits in its own
+state while the others keep stepping (``engine/pd_connector.py``). When every unfinished
+request is waiting for a load, ``step()`` blocks until a load finishes, ``wake()`` is called
+(any thread: the ``AsyncEngine`` calls it for each command) or 50 ms pass.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -67,11 +73,14 @@ from execstate.state.block_pool import BlockPool
 from execstate.state.kv_pool import KVPool
 from execstate.state.route_store import RouteStore
 from execstate.transfer.errors import TransferError
+from execstate.transfer.handoff import Handoff, wants_remote_prefill
 
 if TYPE_CHECKING:
     from execstate.engine.pd_connector import PDConfig, PDConnector
 
 PromptType = str | list[int] | dict[str, Any]
+# Longest wait of an idle step (every unfinished request waiting for a KV load) without a wake-up.
+_IDLE_WAIT_S = 0.05
 
 
 class LLMEngine:
@@ -125,6 +134,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self.eos_token_ids = set(mc.eos_token_ids)
         self.pd: PDConnector | None = None
+        self._wakeup = threading.Event()
         self.weight_update: WeightUpdate | None = None  # in progress (policy drain)
         self._weights_versions = {self.provenance.weights_version}  # every version this engine has run
         self.startup_seconds = time.perf_counter() - t0
@@ -137,6 +147,10 @@ class LLMEngine:
             raise RuntimeError("a PD connector is already attached")
         self.pd = PDConnector(self, cfg)
         return self.pd
+
+    def wake(self) -> None:
+        """End an idle ``step()``'s wait now (thread-safe: a load finished, a command arrived)."""
+        self._wakeup.set()
 
     # -- requests -------------------------------------------------------------
     def tokenize_prompt(self, prompt: PromptType) -> tuple[list[int], str | None]:
@@ -159,8 +173,11 @@ class LLMEngine:
         prompt: PromptType,
         params: SamplingParams | None = None,
         request_id: str | None = None,
-        kv_transfer_params: dict[str, Any] | None = None,
+        kv_transfer_params: dict[str, Any] | Handoff | None = None,
     ) -> str:
+        """Queue one request. ``kv_transfer_params``: PD handoff parameters (a dict as a producer
+        returned them, accepted only if signed or from an allow-listed producer, else ValueError),
+        a ``Handoff`` the caller already verified, or ``{"do_remote_decode": True}`` (export)."""
         params = params or SamplingParams()
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
@@ -179,8 +196,13 @@ class LLMEngine:
                 mc.num_experts or 0, self.max_model_len - 1,
             )
             params = replace(params, routed_experts=forced)
+        handoff = self._handoff(kv_transfer_params)
         req = Request(request_id, [int(t) for t in token_ids], params, self.max_model_len, prompt=text)
-        req.kv_transfer_params = kv_transfer_params
+        if isinstance(kv_transfer_params, Handoff):
+            req.handoff = kv_transfer_params
+        else:
+            req.kv_transfer_params = kv_transfer_params
+            req.handoff = handoff
         req.cache_salt = cache_salt
         if self.return_routes or params.routed_experts is not None:
             capacity = len(token_ids) + req.max_new_tokens
@@ -190,6 +212,18 @@ class LLMEngine:
         self.requests[request_id] = req
         self.scheduler.add(req)
         return request_id
+
+    def _handoff(self, kv: dict[str, Any] | Handoff | None) -> Handoff | None:
+        """The trusted handoff to load from, or None; ValueError when it may not be used."""
+        if isinstance(kv, Handoff) or wants_remote_prefill(kv):
+            if self.pd is None or not self.pd.is_consumer:
+                raise ValueError("kv_transfer_params asks to load KV (do_remote_prefill) but this engine has no "
+                                 "kv_consumer connector")
+            if isinstance(kv, Handoff):
+                return kv
+            assert kv is not None
+            return self.pd.accept_handoff(kv)
+        return None
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         req = self.scheduler.abort(request_id)
@@ -208,7 +242,7 @@ class LLMEngine:
 
     @property
     def needs_polling(self) -> bool:
-        return (self.pd is not None and self.pd.num_pinned_exports > 0) or self.weight_update is not None
+        return (self.pd is not None and self.pd.needs_polling) or self.weight_update is not None
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished
@@ -228,6 +262,12 @@ class LLMEngine:
         if sched.empty:
             if self.scheduler.has_unfinished and not outputs and not self._blocks_held_elsewhere():
                 raise EngineFatalError("scheduler made no progress although requests are waiting")
+            if not outputs and self.scheduler.num_loading and not (self.pd and self.pd.has_finished_loads):
+                # Nothing to run until a load finishes. A wake-up set before this wait ends it at once
+                # (at worst one spurious extra step); one set after it returns is not needed: the
+                # caller takes its commands and the next step polls the loads.
+                self._wakeup.wait(_IDLE_WAIT_S)
+                self._wakeup.clear()
             return outputs
         result = self.runner.execute(sched)
         if result.routes is not None:
@@ -262,8 +302,10 @@ class LLMEngine:
         return outputs
 
     def _blocks_held_elsewhere(self) -> bool:
-        """True while blocks are pinned outside any request (PD exports awaiting pickup)."""
-        return self.pd is not None and self.pd.num_pinned_exports > 0
+        """True while blocks are held outside running requests (PD exports awaiting pickup,
+        requests waiting for their KV load, blocks fenced after an uncancellable read)."""
+        pd = self.pd
+        return self.scheduler.num_loading > 0 or (pd is not None and (pd.num_pinned_exports > 0 or bool(pd.fenced_blocks)))
 
     def _export(self, req: Request, status: RequestStatus) -> RequestStatus:
         """Producer: hand the finished prefill's blocks to the decode side (before the

@@ -8,38 +8,45 @@ exported — pinned in the pool, snapshotted with keys, checksums and route reco
 and its output carries the handoff parameters for the decode side. The blocks stay
 pinned until the decode side releases them or the TTL passes.
 
-Consumer: a request carrying the producer's handoff parameters is admitted through
-``KVCacheManager.admit(external=self)``: the local prefix cache is consulted first
-(those rows are this instance's records), then the remaining full blocks are read from
-the producer over NIXL into freshly allocated blocks and verified (identity, keys this
-engine computed itself, per-block checksums) before anything is used; their rows are
-the producer's records. The last prompt token is always recomputed here. On a failed
-or partial load, policy ``fail`` finishes the request with an error (the engine stays
-healthy) and ``recompute`` computes the unverified ranges here (those rows are ours).
+Consumer: a request carrying the producer's handoff parameters is accepted only if the
+producer signed them or names an allow-listed producer (``transfer/handoff.py``; checked by
+``LLMEngine.add_request`` and, over HTTP, before the request reaches the engine). It is
+admitted through ``KVCacheManager.admit(external=self.loads)``: the local prefix cache is
+consulted first (those rows are this instance's records); if it covers every offered block the
+producer is told to release at once; otherwise the remaining full blocks are read from the
+producer over NIXL into freshly allocated blocks **on the transfer thread**
+(``transfer/load_worker.py``) and verified there (identity, keys this engine computed itself,
+per-block checksums) while the engine keeps stepping the other requests; the request waits in
+WAITING_FOR_REMOTE_KVS and is committed between steps (``engine/pd_loads.py``: failure policy,
+fenced blocks, limits). Loaded rows are the producer's records. The last prompt token is always
+recomputed here.
 
-All methods run on the engine thread; only the control server's thread reads the
-exporter's immutable snapshots.
+Threads: the engine thread calls every method; the control server's thread reads the
+exporter's immutable snapshots; the transfer thread owns the importer and reads through NIXL.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from execstate.engine.kv_cache_manager import ExternalLoad, ExternalLoadError
+from execstate.engine.pd_loads import LoadStats, RemoteLoads
 from execstate.engine.request import Request
-from execstate.identity.keys import BlockKey
 from execstate.state.block_pool import BlockId
-from execstate.transfer.bulk import NixlBulk
+from execstate.transfer.bulk import NixlBulk, populate
 from execstate.transfer.checks import kv_layout_of
 from execstate.transfer.control import ControlServer
 from execstate.transfer.errors import TransferError
 from execstate.transfer.exporter import KVExporter
-from execstate.transfer.faults import FaultInjection
+from execstate.transfer.handoff import Handoff, HandoffTrust, check_allow_list, resolve_secret
 from execstate.transfer.importer import KVImporter
+from execstate.transfer.load_worker import LoadWorker
 from execstate.transfer.manifest import FORMAT_VERSION, Capabilities, R3Format
 
 if TYPE_CHECKING:
@@ -51,6 +58,12 @@ POLICIES = ("fail", "recompute")
 
 @dataclass
 class PDConfig:
+    """``secret``: the handoff HMAC key shared by P, D and the proxy (``None``: from
+    ``$EXECSTATE_KV_SECRET``, else unsigned handoffs). ``allowed_prefill``: producer engine id ->
+    control address D may load from without a signature. ``ttl_s``: how long P keeps an export
+    pinned when D never releases it (also the handoff's expiry). ``max_fenced_blocks``: ``None``
+    = a quarter of the KV pool."""
+
     role: str
     failure_policy: str = "fail"
     routes_transfer: bool = True
@@ -61,24 +74,24 @@ class PDConfig:
     max_bytes: int = 1 << 30
     ttl_s: float = 60.0
     timeout_s: float = 10.0
-    faults: dict[str, Any] | None = None
+    secret: str | None = None
+    allowed_prefill: Mapping[str, str] | None = None
+    max_fenced_blocks: int | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"kv_role must be one of {ROLES}, got {self.role!r}")
         if self.failure_policy not in POLICIES:
             raise ValueError(f"kv_load_failure_policy must be one of {POLICIES}, got {self.failure_policy!r}")
+        self.allowed_prefill = check_allow_list(self.allowed_prefill)
+        if self.max_fenced_blocks is not None and self.max_fenced_blocks < 1:
+            raise ValueError(f"max_fenced_blocks must be >= 1, got {self.max_fenced_blocks}")
 
 
 @dataclass
-class TransferStats:
-    loads: int = 0
-    failures: int = 0
-    kv_bytes: int = 0
-    control_bytes: int = 0
+class TransferStats(LoadStats):
     exports: int = 0
     export_failures: int = 0
-    load_seconds: float = 0.0  # total wall time spent in loads
 
 
 class PDConnector:
@@ -87,14 +100,13 @@ class PDConnector:
         self.cfg = cfg
         self.instance_id = cfg.engine_id or f"execstate-{uuid.uuid4().hex[:12]}"
         self.stats = TransferStats()
-        # Blocks a stuck (uncancellable) NIXL read may still write: never reused.
-        self.fenced_blocks: list[BlockId] = []
-        # Called after every load with (kv_bytes, ok, control_bytes, seconds): the server's metrics hook.
-        self.on_transfer: Callable[[int, bool, int, float], None] | None = None
+        self.secret = resolve_secret(cfg.secret)
+        # Thread-safe and immutable: the HTTP layer checks handoffs with it before the engine sees them.
+        self.trust = HandoffTrust(self.secret, dict(cfg.allowed_prefill or {}), engine.block_size)
         self.bulk = NixlBulk(engine.kv_pool, self.instance_id, timeout_s=cfg.timeout_s)
         self.exporter: KVExporter | None = None
         self.server: ControlServer | None = None
-        self.importer: KVImporter | None = None
+        self.loads: RemoteLoads | None = None
         caps = self.capabilities()
         if cfg.role in ("kv_producer", "kv_both"):
             self.exporter = KVExporter(
@@ -102,9 +114,52 @@ class PDConnector:
             )
             self.server = ControlServer(cfg.host, cfg.port, self.exporter)
         if cfg.role in ("kv_consumer", "kv_both"):
-            faults = FaultInjection.from_dict(cfg.faults) if cfg.faults else None
-            self.importer = KVImporter(engine.kv_pool, caps, self.bulk, cfg.timeout_s, faults)
-            engine.scheduler.external = self
+            self._populate_pool()
+            importer = KVImporter(engine.kv_pool, caps, self.bulk, cfg.timeout_s)
+            worker = LoadWorker(importer, self.bulk, on_result=engine.wake)
+            max_fenced = cfg.max_fenced_blocks or max(1, engine.block_pool.num_blocks // 4)
+            self.loads = RemoteLoads(worker, engine.block_pool, engine.block_size, engine.return_routes,
+                                     cfg.failure_policy, cfg.max_inflight, max_fenced, self.stats)
+            engine.scheduler.external = self.loads
+
+    def _populate_pool(self) -> None:
+        """Map the KV pool's pages now, on a background thread, so loads do not pay page faults
+        inside the copy (``transfer/bulk.py``: 20-70x the copy) while the engine serves."""
+        pool = self.engine.kv_pool
+        if pool.k.device.type != "cpu":
+            return
+
+        def run() -> None:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + 10)
+            for t in (pool.k, pool.v):
+                populate(t.data_ptr(), t.numel() * t.element_size())
+
+        threading.Thread(target=run, name="execstate-kv-populate", daemon=True).start()
+
+    @property
+    def is_consumer(self) -> bool:
+        return self.loads is not None
+
+    @property
+    def importer(self) -> KVImporter | None:
+        """The transfer thread's importer (tests replace its methods while no load runs)."""
+        return self.loads.worker.importer if self.loads is not None else None
+
+    @property
+    def on_transfer(self) -> Callable[[int, bool, int, float], None] | None:
+        """Called after every load with (kv_bytes, ok, control_bytes, seconds): the metrics hook."""
+        return self.loads.on_transfer if self.loads is not None else None
+
+    @on_transfer.setter
+    def on_transfer(self, fn: Callable[[int, bool, int, float], None] | None) -> None:
+        if self.loads is not None:
+            self.loads.on_transfer = fn
+
+    @property
+    def fenced_blocks(self) -> list[BlockId]:
+        """Blocks an uncancellable NIXL read may still write: out of the pool until it ends."""
+        return self.loads.fenced_blocks if self.loads is not None else []
 
     def capabilities(self) -> Capabilities:
         e = self.engine
@@ -133,16 +188,8 @@ class PDConnector:
         e = self.engine
         bs = e.block_size
         n_full = req.num_prompt_tokens // bs
-        params: dict[str, Any] = {
-            "do_remote_prefill": n_full > 0,
-            "do_remote_decode": False,
-            "remote_engine_id": self.instance_id,
-            "remote_addr": self.server.addr,
-            "num_blocks": n_full,
-            "block_size": bs,
-        }
-        if n_full == 0:
-            return params
+        if n_full == 0:  # nothing to hand off: D computes the whole prompt
+            return {"do_remote_prefill": False, "do_remote_decode": False, "remote_engine_id": self.instance_id}
         e.kv_manager.update_block_keys(req)
         routes = None
         if req.routes is not None and self.cfg.routes_transfer:
@@ -156,16 +203,42 @@ class PDConnector:
             self.stats.export_failures += 1
             raise
         self.stats.exports += 1
-        params.update(transfer_id=transfer_id, epoch=self.exporter.epoch)
-        return params
+        handoff = Handoff(
+            remote_engine_id=self.instance_id,
+            remote_addr=self.server.addr,
+            transfer_id=transfer_id,
+            epoch=self.exporter.epoch,
+            num_blocks=n_full,
+            block_size=bs,
+            expires_at=int(time.time() + self.cfg.ttl_s),
+        )
+        return handoff.to_params(self.secret)
 
     def poll(self) -> None:
+        """Between steps and while idle: drop released/expired exports, take finished loads and
+        reclaimed fences from the transfer thread."""
         if self.exporter is not None:
             self.exporter.poll()
+        if self.loads is not None:
+            self.loads.poll()
 
     @property
     def num_pinned_exports(self) -> int:
         return self.exporter.num_inflight if self.exporter is not None else 0
+
+    @property
+    def needs_polling(self) -> bool:
+        """Housekeeping pending: pinned exports (TTL), loads in flight, fenced blocks."""
+        loads = self.loads
+        return self.num_pinned_exports > 0 or (loads is not None and (loads.num_inflight > 0 or bool(loads.fenced_blocks)))
+
+    @property
+    def has_finished_loads(self) -> bool:
+        return self.loads is not None and self.loads.has_finished
+
+    def accept_handoff(self, params: Mapping[str, Any]) -> Handoff:
+        """The trusted handoff of ``params`` or ``HandoffError`` (a ``ValueError``)."""
+        return self.trust.accept(params)
 
     def on_weights_updated(self) -> None:
         """New weights: no old export may be served, and the handshake identity changes."""
@@ -173,59 +246,13 @@ class PDConnector:
         if self.exporter is not None:
             self.exporter.invalidate_all()
             self.exporter.caps = caps
-        if self.importer is not None:
-            self.importer.caps = caps
-
-    # -- consumer (ExternalPrefix) -------------------------------------------------
-    def num_blocks(self, req: Request) -> int:
-        p = req.kv_transfer_params
-        if not p or not p.get("do_remote_prefill"):
-            return 0
-        n = p.get("num_blocks")
-        if not isinstance(n, int) or n < 0 or p.get("block_size") != self.engine.block_size:
-            raise ExternalLoadError(f"invalid kv_transfer_params: num_blocks={n!r} block_size={p.get('block_size')!r}")
-        return n
-
-    def load(self, req: Request, first_block: int, keys: list[BlockKey], dst: list[BlockId]) -> ExternalLoad:
-        assert self.importer is not None
-        p = req.kv_transfer_params or {}
-        addr, tid, epoch = p.get("remote_addr"), p.get("transfer_id"), p.get("epoch")
-        if not isinstance(addr, str) or not isinstance(tid, str) or not isinstance(epoch, int):
-            return self._failed(f"invalid kv_transfer_params (remote_addr/transfer_id/epoch): {p!r}")
-        t0 = time.perf_counter()
-        stuck_before = self.bulk.num_stuck
-        res = self.importer.load(addr, tid, epoch, keys, dst, self.engine.return_routes, start_block=first_block)
-        if self.bulk.num_stuck > stuck_before:
-            # A read NIXL could not cancel may still write into ``dst``: fence those blocks
-            # for good (an extra reference nobody releases) and fail the request whatever
-            # the policy, since recomputing into them could be overwritten later.
-            self.engine.block_pool.acquire(dst)
-            self.fenced_blocks.extend(dst)
-            self.stats.failures += 1
-            raise ExternalLoadError(f"KV load from {addr}: a timed-out read could not be cancelled; "
-                                    f"{len(dst)} blocks fenced")
-        self.stats.loads += 1
-        self.stats.kv_bytes += res.kv_bytes
-        self.stats.control_bytes += res.control_bytes
-        self.stats.load_seconds += time.perf_counter() - t0
-        req.transfer_info = {"kv_bytes": res.kv_bytes, "control_bytes": res.control_bytes, "seconds": res.elapsed_s}
-        if self.on_transfer is not None:
-            self.on_transfer(res.kv_bytes, res.ok, res.control_bytes, res.elapsed_s)
-        if not res.ok:
-            self._failed(f"KV load from {addr} failed: {res.error}")
-        return ExternalLoad(res.num_blocks_verified, res.routes)
-
-    def _failed(self, message: str) -> ExternalLoad:
-        """Policy ``fail``: raise (request-level error). ``recompute``: nothing verified
-        beyond what the caller reports; the rest is computed here."""
-        self.stats.failures += 1
-        if self.cfg.failure_policy == "fail":
-            raise ExternalLoadError(message)
-        return ExternalLoad(0, None)
+        if self.loads is not None:
+            self.loads.worker.set_caps(caps)
 
     def close(self) -> None:
+        """Stop the control server and the transfer thread (a load in progress finishes first)."""
         if self.server is not None:
             self.server.close()
-        if self.importer is not None:
-            self.importer.close()
+        if self.loads is not None:
+            self.loads.worker.close()
         self.bulk.close()

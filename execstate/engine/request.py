@@ -1,7 +1,9 @@
 """A request's lifecycle state (pure Python; the scheduler and tests drive it).
 
 States: WAITING -> RUNNING -> FINISHED_*; RUNNING -> PREEMPTED -> RUNNING (by
-recompute). ``num_computed_tokens`` counts tokens whose KV is in this request's
+recompute); PD decode side: WAITING -> WAITING_FOR_REMOTE_KVS (blocks allocated, KV being
+loaded from another instance, never scheduled) -> RUNNING once the load is committed, or
+FINISHED_ABORTED if it failed. ``num_computed_tokens`` counts tokens whose KV is in this request's
 blocks; the last token of ``all_token_ids`` has had no forward pass yet whenever the
 request is decoding.
 """
@@ -18,6 +20,7 @@ from execstate.engine.route_trace import RouteTrace
 from execstate.engine.sampling_params import SamplingParams
 from execstate.identity.keys import BlockKey
 from execstate.state.block_pool import BlockId
+from execstate.transfer.handoff import Handoff
 
 if TYPE_CHECKING:
     from execstate.engine.outputs import Logprob
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_STOPPED = "stop"
@@ -64,6 +68,10 @@ class Request:
     # PD: handoff parameters received with the request / produced for the decode side.
     kv_transfer_params: dict[str, Any] | None = None
     kv_transfer_out: dict[str, Any] | None = None
+    # PD decode side: the verified handoff to load from (None: nothing to load), and whether the
+    # load was already started or skipped (a request loads at most once, even if preempted).
+    handoff: Handoff | None = None
+    kv_load_started: bool = False
     # PD decode side: bytes and time of the load that brought this request's KV.
     transfer_info: dict[str, Any] | None = None
     num_preemptions: int = 0

@@ -104,6 +104,9 @@ def _truncated(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tens
     vocab = logits.shape[1]
     temp = torch.tensor([min(p.temperature, MAX_TEMPERATURE) for p in params], dtype=logits.dtype)
     x = logits / temp[:, None]  # a new tensor: the masks below work in place
+    # A tiny temperature over large (penalised) logits can overflow to +inf, and a softmax
+    # over +inf is NaN: keep such tokens as the largest finite value (they stay the likeliest).
+    torch.nan_to_num_(x, nan=float("-inf"), posinf=torch.finfo(x.dtype).max, neginf=float("-inf"))
     if any(p.min_p > 0.0 for p in params):
         min_p = torch.tensor([p.min_p for p in params], dtype=x.dtype)
         probs = torch.softmax(x, dim=-1)

@@ -7,6 +7,15 @@ last. When a running request needs a block and the pool is empty, the newest run
 request is preempted by recompute: its blocks are freed and it goes back to the
 front of the waiting queue, keeping its generated tokens and its route rows.
 
+PD decode side (``external``): admission may start an asynchronous KV load instead of
+scheduling the request; it then waits in ``loading`` (status WAITING_FOR_REMOTE_KVS, its
+blocks allocated, counted against ``max_num_seqs``) while the others keep running. Each
+``schedule()`` first applies the loads that finished since the last step: a verified load
+is committed (``KVCacheManager.apply_external``) and the request joins ``running``; a
+failed one finishes the request with its error (reported in ``SchedulerOutput.failed``).
+A request aborted while loading is finished at once, but its blocks are released only when
+its load result arrived (the transfer can no longer write them).
+
 Contract with the engine: ``schedule()`` returns what to run; after the forward pass
 the engine calls ``on_computed`` for each scheduled request, then ``finish`` for
 those that stopped. ``abort`` may be called at any time between steps.
@@ -41,7 +50,7 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
-    # Requests that failed admission (external load failed under policy "fail"): finished.
+    # Requests that failed admission or their external load (request-level error): finished.
     failed: list[Request] = field(default_factory=list)
 
     @property
@@ -68,6 +77,8 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # Requests whose KV is being loaded (PD), by id; aborted ones stay until their load ends.
+        self.loading: dict[str, Request] = {}
         self.num_preemptions = 0
         self.external = external
         self.admit_only: set[Request] | None = None
@@ -78,10 +89,16 @@ class Scheduler:
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        """Requests to run, or loads still in flight (even of aborted requests: their blocks)."""
+        return bool(self.waiting or self.running or self.loading)
+
+    @property
+    def num_loading(self) -> int:
+        return len(self.loading)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        self._apply_finished_loads(out)
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
@@ -101,7 +118,7 @@ class Scheduler:
             i += 1
         if out.preempted:
             return out  # the pool is full: admit nothing new this step
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) + len(self.loading) < self.max_num_seqs:
             req = self.waiting[0]
             if self.admit_only is not None and req not in self.admit_only:
                 break
@@ -115,14 +132,37 @@ class Scheduler:
             if hits is None:
                 break
             self.waiting.popleft()
-            n = min(req.remaining_tokens, budget)
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = req.num_computed_tokens - req.num_transferred_tokens
+            if req.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
+                self.loading[req.request_id] = req  # not scheduled until its KV arrived
+                continue
+            n = min(req.remaining_tokens, budget)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens))
             budget -= n
         return out
+
+    def _apply_finished_loads(self, out: SchedulerOutput) -> None:
+        if self.external is None or not self.loading:
+            return
+        for done in self.external.finished_loads():
+            req = self.loading.pop(done.request.request_id, None)
+            if req is None or req is not done.request:
+                raise RuntimeError(f"a load finished for request {done.request.request_id!r}, which is not loading")
+            if req.is_finished:  # aborted while loading: the transfer is over, the blocks are free now
+                self.kv.release(req, finished=True)
+                continue
+            if done.load.error is not None:
+                req.abort_message = done.load.error
+                self.kv.release(req, finished=True)
+                req.status = RequestStatus.FINISHED_ABORTED
+                out.failed.append(req)
+                continue
+            self.kv.apply_external(req, done.load)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
 
     def _preempt(self, req: Request) -> None:
         self.kv.release(req, finished=False)
@@ -140,6 +180,12 @@ class Scheduler:
         """Finish a request exactly once: release its blocks and route leases."""
         if req.is_finished:
             return
+        if self.loading.get(req.request_id) is req:
+            # The transfer may still write its blocks: keep them (and the entry) until it ends.
+            req.status = status
+            assert self.external is not None
+            self.external.cancel_load(req)
+            return
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
@@ -148,7 +194,8 @@ class Scheduler:
         req.status = status
 
     def abort(self, request_id: str) -> Request | None:
-        for req in list(self.running) + list(self.waiting):
+        loading = [r for r in self.loading.values() if not r.is_finished]
+        for req in list(self.running) + list(self.waiting) + loading:
             if req.request_id == request_id:
                 self.finish(req, RequestStatus.FINISHED_ABORTED)
                 return req

@@ -46,6 +46,7 @@ from execstate.serve.protocol import (
     SamplingRequest,
     ignored_fields,
 )
+from execstate.transfer.handoff import HandoffTrust
 
 STATS_TIMEOUT_S = 5.0
 MAX_IGNORED_LISTED = 32
@@ -73,12 +74,15 @@ def build_app(
     metrics: ServingMetrics | None = None,
     kv_transfer_config: KVTransferConfig | None = None,
     limits: ServingLimits | None = None,
+    handoff_trust: HandoffTrust | None = None,
 ) -> FastAPI:
     """An app serving ``async_engine`` under ``served_model_name`` (the only accepted
     ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry,
-    ``limits`` to ``ServingLimits()``."""
+    ``limits`` to ``ServingLimits()``; ``handoff_trust`` (PD decode side) decides which
+    handoff parameters are accepted."""
     limits = limits or ServingLimits()
-    ctx = ServeContext(async_engine, served_model_name, metrics or ServingMetrics(), kv_transfer_config, limits)
+    ctx = ServeContext(async_engine, served_model_name, metrics or ServingMetrics(), kv_transfer_config, limits,
+                       handoff_trust=handoff_trust)
     app = FastAPI(title="execstate", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     install_error_handlers(app)

@@ -69,12 +69,13 @@ async def create_chat_completion(ctx: ServeContext, req: ChatCompletionRequest, 
     params = sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None)
     check_logit_bias(params, eng.model_config.vocab_size)
     ctx.check_sampling(params)
+    kv = ctx.accept_kv_transfer_params(req.kv_transfer_params)  # 400 before the engine, trusted or not at all
     admission: Admission | None = ctx.admit(params.n)
     try:
         prompt = await ctx.in_worker(_prompt, req, eng, params.max_tokens)
         request_id = new_request_id("chatcmpl")
         kind = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
-        subs = expand(request_id, [prompt], params, params.n, req.kv_transfer_params, req.cache_salt, output_kind=kind)
+        subs = expand(request_id, [prompt], params, params.n, kv, req.cache_salt, output_kind=kind)
         if req.stream:
             stream = _stream(ctx, req, subs, request_id, arrival, admission)
             response = SSEResponse(stream, on_close=partial(eng.release, admission))

@@ -61,12 +61,13 @@ async def create_completion(ctx: ServeContext, req: CompletionRequest, raw: Requ
     if req.kv_transfer_params is not None and num_prompts(req) != 1:
         raise bad_request("kv_transfer_params needs exactly one prompt", param="kv_transfer_params")
     check_logit_bias(params, eng.model_config.vocab_size)
+    kv = ctx.accept_kv_transfer_params(req.kv_transfer_params)  # 400 before the engine, trusted or not at all
     admission: Admission | None = ctx.admit(num_prompts(req) * params.n)
     try:
         prompts = await ctx.in_worker(_prompts, req, eng, params.max_tokens)
         request_id = new_request_id("cmpl")
         kind = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
-        subs = expand(request_id, prompts, params, params.n, req.kv_transfer_params, req.cache_salt, output_kind=kind)
+        subs = expand(request_id, prompts, params, params.n, kv, req.cache_salt, output_kind=kind)
         if req.stream:
             stream = _stream(ctx, req, subs, request_id, arrival, admission)
             response = SSEResponse(stream, on_close=partial(eng.release, admission))

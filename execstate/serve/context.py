@@ -22,6 +22,7 @@ from execstate.serve.errors import OpenAIError, bad_request, param_of
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import ServingMetrics
+from execstate.transfer.handoff import Handoff, HandoffError, HandoffTrust, wants_remote_prefill
 
 T = TypeVar("T")
 
@@ -41,6 +42,7 @@ class ServeContext:
     kv_transfer_config: KVTransferConfig | None = None
     limits: ServingLimits = field(default_factory=ServingLimits)
     workers: ThreadPoolExecutor = field(default_factory=_prompt_workers)
+    handoff_trust: HandoffTrust | None = None
 
     def check_request(self, model: str) -> None:
         """404 unless ``model`` is the served name; 503 if the engine is dead."""
@@ -50,6 +52,21 @@ class ServeContext:
                 param="model", code="model_not_found",
             )
         self.check_healthy()
+
+    def accept_kv_transfer_params(self, params: dict[str, Any] | None) -> dict[str, Any] | Handoff | None:
+        """What the engine gets for the body's ``kv_transfer_params``: a verified ``Handoff`` when
+        they ask to load KV (400 unless P signed them or names an allow-listed P; checked here,
+        before the engine, so D never dials an address a client invented), else them unchanged."""
+        if not wants_remote_prefill(params):
+            return params
+        assert params is not None
+        if self.handoff_trust is None:
+            raise OpenAIError(400, "kv_transfer_params.do_remote_prefill: this server does not load KV from "
+                                   "other instances (no kv_consumer connector)", param="kv_transfer_params")
+        try:
+            return self.handoff_trust.accept(params)
+        except HandoffError as e:
+            raise OpenAIError(400, str(e), param="kv_transfer_params", code="invalid_handoff") from None
 
     def check_healthy(self) -> None:
         if not self.engine.is_healthy:

@@ -30,6 +30,7 @@ from execstate.engine.sampling_params import RequestOutputKind, SamplingParams
 from execstate.serve.errors import OpenAIError
 from execstate.serve.metrics import ServingMetrics
 from execstate.serve.protocol import PromptTokensDetails, Usage
+from execstate.transfer.handoff import Handoff
 
 T = TypeVar("T")
 
@@ -47,13 +48,13 @@ class SubRequest:
     prompt: PromptInput
     params: SamplingParams
     request_id: str
-    kv_transfer_params: dict[str, Any] | None
+    kv_transfer_params: dict[str, Any] | Handoff | None
     cache_salt: str | None = None  # the request body's, validated (engine/cache_salt.py)
 
 
 def expand(
     base_id: str, prompts: list[PromptInput], params: SamplingParams, n: int,
-    kv_transfer_params: dict[str, Any] | None, cache_salt: str | None = None, *,
+    kv_transfer_params: dict[str, Any] | Handoff | None, cache_salt: str | None = None, *,
     output_kind: RequestOutputKind,
 ) -> list[SubRequest]:
     subs = []

@@ -11,26 +11,55 @@ For each ``/v1/completions`` or ``/v1/chat/completions`` request:
 
 The proxy carries neither KV nor route arrays: the prefill reply it reads holds only
 the handoff parameters (a prefill instance never returns routes for an exported
-request). Errors from either side are passed through with their status code.
+request). A client's own ``kv_transfer_params`` are never forwarded (stripped): only P's
+handoff goes to D. With a secret (``--kv-secret`` or ``$EXECSTATE_KV_SECRET``, the one P
+and D share) the proxy also checks P's signature and refuses (502) a handoff that fails.
+
+Errors: every error the proxy answers is an OpenAI error body
+``{"error": {"message", "type", "param", "code"}}`` with its status (400 bad body, 404/405
+unknown route, 502 an instance unreachable or a missing/invalid handoff); an instance's own
+error (already in that shape) is passed through with its status, anything else from an
+instance is wrapped into it. ``GET /metrics`` and the per-request log line: ``proxy_metrics``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+import json
+import logging
+import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from execstate.serve.errors import OpenAIError, install_error_handlers
+from execstate.serve.proxy_metrics import ProxyMetrics, ProxyRecord
+from execstate.transfer.handoff import HandoffError, HandoffTrust, resolve_secret, wants_remote_prefill
 
 _FORWARD_HEADERS = ("authorization", "content-type")
 
 
-def _error(status: int, message: str, code: str) -> JSONResponse:
-    body = {"error": {"message": message, "type": "proxy_error", "param": None, "code": code}}
-    return JSONResponse(body, status_code=status)
+def _error(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
+    return OpenAIError(status, message, param=param, code=code).response()
+
+
+def _upstream_error(resp: httpx.Response, content: bytes, stage: str, url: str) -> Response:
+    """An instance's error: passed through when it is already an OpenAI error body, else wrapped."""
+    try:
+        body = json.loads(content)
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return Response(content, status_code=resp.status_code, media_type="application/json")
+    text = content.decode("utf-8", errors="replace")[:300]
+    return _error(resp.status_code, f"{stage} instance {url} answered {resp.status_code}: {text}", f"{stage}_error")
 
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -40,75 +69,125 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     return p
 
 
-def build_proxy_app(prefill: list[str], decode: list[str], timeout_s: float = 600.0) -> FastAPI:
+def build_proxy_app(
+    prefill: list[str], decode: list[str], timeout_s: float = 600.0, secret: str | bytes | None = None
+) -> FastAPI:
+    """``secret``: verify P's handoff signatures (``None``: ``$EXECSTATE_KV_SECRET``, else pass through)."""
     if not prefill or not decode:
         raise ValueError("the proxy needs at least one --prefill and one --decode URL")
-    app = FastAPI(title="execstate PD proxy")
-    next_p = itertools.cycle([u.rstrip("/") for u in prefill]).__next__
-    next_d = itertools.cycle([u.rstrip("/") for u in decode]).__next__
+    key = resolve_secret(secret)
+    trust = HandoffTrust(key) if key is not None else None
     client = httpx.AsyncClient(timeout=timeout_s)
 
-    @app.on_event("shutdown")
-    async def _close() -> None:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
         await client.aclose()
 
-    async def handle(request: Request, path: str) -> Response:
+    app = FastAPI(title="execstate PD proxy", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    install_error_handlers(app)
+    metrics = ProxyMetrics()
+    app.state.metrics = metrics
+    next_p = itertools.cycle([u.rstrip("/") for u in prefill]).__next__
+    next_d = itertools.cycle([u.rstrip("/") for u in decode]).__next__
+
+    async def handle(request: Request, path: str, endpoint: str) -> Response:
+        rec = ProxyRecord(metrics, f"proxy-{uuid.uuid4().hex}", endpoint)
         try:
             body = await request.json()
         except ValueError:
+            rec.finish(400, "request")
             return _error(400, "request body is not valid JSON", "invalid_json")
         if not isinstance(body, dict):
+            rec.finish(400, "request")
             return _error(400, "request body must be a JSON object", "invalid_request")
+        body = {k: v for k, v in body.items() if k != "kv_transfer_params"}  # only P's handoff goes to D
+        rec.stream = bool(body.get("stream"))
         headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
+        headers["x-request-id"] = rec.request_id
         p_url, d_url = next_p(), next_d()
+        rec.prefill_url, rec.decode_url = p_url, d_url
+        t0 = time.perf_counter()
         try:
             p_resp = await client.post(p_url + path, json=prefill_body(body), headers=headers)
         except httpx.HTTPError as e:
+            rec.finish(502, "prefill")
             return _error(502, f"prefill instance {p_url} unreachable: {e!r}", "prefill_unreachable")
+        rec.prefill_done(time.perf_counter() - t0)
         if p_resp.status_code != 200:
-            return Response(p_resp.content, status_code=p_resp.status_code, media_type="application/json")
-        kv = p_resp.json().get("kv_transfer_params")
+            rec.finish(p_resp.status_code, "prefill")
+            return _upstream_error(p_resp, p_resp.content, "prefill", p_url)
+        try:
+            kv = p_resp.json().get("kv_transfer_params")
+        except (ValueError, AttributeError):
+            kv = None
         if not isinstance(kv, dict):
+            rec.finish(502, "handoff")
             return _error(502, f"prefill instance {p_url} returned no kv_transfer_params", "no_handoff")
+        if trust is not None and wants_remote_prefill(kv):
+            try:
+                trust.accept(kv)
+            except HandoffError as e:
+                rec.finish(502, "handoff")
+                return _error(502, f"prefill instance {p_url} returned an invalid handoff: {e}", "invalid_handoff")
         d_body = dict(body, kv_transfer_params=kv)
-        if not body.get("stream"):
+        t1 = time.perf_counter()
+        if not rec.stream:
             try:
                 d_resp = await client.post(d_url + path, json=d_body, headers=headers)
             except httpx.HTTPError as e:
+                rec.finish(502, "decode", time.perf_counter() - t1)
                 return _error(502, f"decode instance {d_url} unreachable: {e!r}", "decode_unreachable")
-            return Response(d_resp.content, status_code=d_resp.status_code, media_type="application/json")
+            ok = d_resp.status_code == 200
+            rec.finish(d_resp.status_code, None if ok else "decode", time.perf_counter() - t1)
+            if not ok:
+                return _upstream_error(d_resp, d_resp.content, "decode", d_url)
+            return Response(d_resp.content, status_code=200, media_type="application/json")
         req = client.build_request("POST", d_url + path, json=d_body, headers=headers)
         try:
             d_resp = await client.send(req, stream=True)
         except httpx.HTTPError as e:
+            rec.finish(502, "decode", time.perf_counter() - t1)
             return _error(502, f"decode instance {d_url} unreachable: {e!r}", "decode_unreachable")
         if d_resp.status_code != 200:
             content = await d_resp.aread()
             await d_resp.aclose()
-            return Response(content, status_code=d_resp.status_code, media_type="application/json")
+            rec.finish(d_resp.status_code, "decode", time.perf_counter() - t1)
+            return _upstream_error(d_resp, content, "decode", d_url)
 
         async def relay() -> AsyncIterator[bytes]:
+            status, stage = 499, None  # 499: the client went away before the end
             try:
                 async for chunk in d_resp.aiter_raw():
                     yield chunk
+                status = 200
+            except httpx.HTTPError:
+                status, stage = 200, "decode"  # the stream broke after its 200 was sent
             finally:  # client gone or stream done: closing aborts the decode request upstream
                 await d_resp.aclose()
+                rec.finish(status, stage, time.perf_counter() - t1)
 
         return StreamingResponse(relay(), media_type="text/event-stream")
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await handle(request, "/v1/completions")
+        return await handle(request, "/v1/completions", "completions")
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        return await handle(request, "/v1/chat/completions")
+        return await handle(request, "/v1/chat/completions", "chat")
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
-        r = await client.get(next_d() + "/v1/models", headers=headers)
-        return Response(r.content, status_code=r.status_code, media_type="application/json")
+        url = next_d()
+        try:
+            r = await client.get(url + "/v1/models", headers=headers)
+        except httpx.HTTPError as e:
+            return _error(502, f"decode instance {url} unreachable: {e!r}", "decode_unreachable")
+        if r.status_code != 200:
+            return _upstream_error(r, r.content, "decode", url)
+        return Response(r.content, status_code=200, media_type="application/json")
 
     @app.get("/health")
     async def health() -> Response:
@@ -124,12 +203,22 @@ def build_proxy_app(prefill: list[str], decode: list[str], timeout_s: float = 60
             return JSONResponse({"status": "unhealthy", "instances": bad}, status_code=503)
         return JSONResponse({"status": "ok"})
 
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
     return app
 
 
 def run_proxy(args: argparse.Namespace) -> int:
     import uvicorn
 
-    app = build_proxy_app(args.prefill, args.decode)
+    app = build_proxy_app(args.prefill, args.decode, secret=getattr(args, "kv_secret", None))
+    logger = logging.getLogger("execstate.proxy")
+    if not logger.handlers:  # one line per request on stderr
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

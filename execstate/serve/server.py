@@ -9,9 +9,10 @@ Start-up order (``run_server``):
    ``--max-model-len``), wrapped in an ``AsyncEngine`` whose waiting queue is bounded by
    ``--max-waiting-requests`` (its thread starts).
 3. With a kv-transfer config: ``attach_kv_connector(async_engine, kv_cfg, metrics)``,
-   before the app accepts requests.
-4. ``build_app`` with the request limits (``ServingLimits`` from the flags); the start-up
-   summary is logged (``startup_log``: model, dtype, kernels, KV blocks, limits, PD role, ...);
+   before the app accepts requests; its handoff trust policy goes to the app.
+4. ``build_app`` with the request limits (``ServingLimits`` from the flags) and the handoff
+   trust; the start-up summary is logged (``startup_log``: model, dtype, kernels, KV blocks,
+   limits, PD role, ...);
    ``serve_until_engine_dies``; on exit the engine thread is shut down.
 
 Exit status: 1 when the engine stopped serving (a crash, or a failed step that left
@@ -36,6 +37,7 @@ from execstate.engine.llm_engine import LLMEngine
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import ServingMetrics
+from execstate.transfer.handoff import HandoffTrust
 
 if TYPE_CHECKING:
     import uvicorn
@@ -45,15 +47,19 @@ logger = logging.getLogger(__name__)
 
 def attach_kv_connector(
     async_engine: AsyncEngine, kv_cfg: KVTransferConfig, metrics: ServingMetrics | None = None
-) -> None:
-    """Install the PD connector described by ``kv_cfg`` on the engine.
+) -> HandoffTrust | None:
+    """Install the PD connector described by ``kv_cfg`` on the engine; returns the handoff
+    trust policy the HTTP layer checks incoming handoffs with (``None`` unless a consumer).
 
     Called once at start-up, after the engine thread started and before any request;
     the connector is built on the engine thread (``async_engine.call``). Keys read from
     ``kv_connector_extra_config`` (all optional): ``side_channel_host`` / ``side_channel_port``
-    (the control channel, default 127.0.0.1 and a free port), ``max_inflight_transfers``,
-    ``max_transfer_bytes``, ``transfer_ttl_s``, ``transfer_timeout_s``, ``fault_injection``
-    (tests only, see ``execstate.transfer.faults``). Unknown extra keys are rejected.
+    (the control channel, default 127.0.0.1 and a free port), ``max_inflight_transfers``
+    (default 64: exports pinned on P, loads in flight on D), ``max_transfer_bytes``,
+    ``transfer_ttl_s`` (default 60: how long P keeps an export D never released),
+    ``transfer_timeout_s``, ``kv_secret`` (the handoff HMAC secret; default
+    ``$EXECSTATE_KV_SECRET``), ``allowed_prefill_engines`` (engine id -> ``tcp://host:port``),
+    ``max_fenced_blocks`` (default a quarter of the KV pool). Unknown extra keys are rejected.
     """
     from execstate.engine.pd_connector import PDConfig
 
@@ -65,7 +71,9 @@ def attach_kv_connector(
         "max_transfer_bytes": "max_bytes",
         "transfer_ttl_s": "ttl_s",
         "transfer_timeout_s": "timeout_s",
-        "fault_injection": "faults",
+        "kv_secret": "secret",
+        "allowed_prefill_engines": "allowed_prefill",
+        "max_fenced_blocks": "max_fenced_blocks",
     }
     unknown = sorted(set(extra) - set(known))
     if unknown:
@@ -78,12 +86,13 @@ def attach_kv_connector(
         **{known[k]: v for k, v in extra.items()},
     )
 
-    def attach(engine: LLMEngine) -> None:
+    def attach(engine: LLMEngine) -> HandoffTrust | None:
         connector = engine.attach_pd(cfg)
         if metrics is not None:
             connector.on_transfer = metrics.record_transfer
+        return connector.trust if connector.is_consumer else None
 
-    async_engine.call(attach)
+    return async_engine.call(attach)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -137,11 +146,11 @@ def run_server(args: argparse.Namespace) -> int:
     async_engine = AsyncEngine(LLMEngine(engine_config_from_args(args)), limits.max_waiting_requests)
     try:
         metrics = ServingMetrics()
-        if kv_cfg is not None:
-            attach_kv_connector(async_engine, kv_cfg, metrics)
+        trust = attach_kv_connector(async_engine, kv_cfg, metrics) if kv_cfg is not None else None
         name = args.served_model_name or str(args.model)
         app = build_app(
-            async_engine, name, api_key=args.api_key, metrics=metrics, kv_transfer_config=kv_cfg, limits=limits
+            async_engine, name, api_key=args.api_key, metrics=metrics, kv_transfer_config=kv_cfg, limits=limits,
+            handoff_trust=trust,
         )
         elapsed = time.perf_counter() - t0  # read on the engine thread, the engine's only user:
         async_engine.call(lambda engine: log_startup(StartupInfo(engine, args, kv_cfg, elapsed, limits)))

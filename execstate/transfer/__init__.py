@@ -4,7 +4,9 @@ Control state (a small :class:`~execstate.transfer.manifest.Manifest`) travels o
 channel (:mod:`~execstate.transfer.control`); KV bytes travel on a NIXL/UCX bulk channel
 (:mod:`~execstate.transfer.bulk`). The source pins and snapshots (:mod:`~execstate.transfer.exporter`),
 the receiver fetches, verifies and commits only what verified (:mod:`~execstate.transfer.importer`),
-with the checks of :mod:`~execstate.transfer.checks` and the faults of :mod:`~execstate.transfer.faults`.
+with the checks of :mod:`~execstate.transfer.checks`, on the receiver's transfer thread
+(:mod:`~execstate.transfer.load_worker`); who may hand state over: :mod:`~execstate.transfer.handoff`.
+:mod:`~execstate.transfer.faults` is a test double (fault-injecting importer), never configured by a server.
 """
 
 from execstate.transfer.errors import ErrorCode, TransferError, TransferLimitError

@@ -1,4 +1,11 @@
-"""Fault injection for the transfer path, applied on the importer side (off by default).
+"""Fault injection for the transfer path: a test double of the importer (tests and benchmarks only).
+
+No production configuration reaches this module: the server's ``kv_connector_extra_config`` has
+no fault key, and :class:`~execstate.transfer.importer.KVImporter` injects nothing. Tests build a
+:class:`FaultyImporter` directly, or make a decode instance build one instead of the real
+importer (:func:`importer_factory` in place of ``execstate.engine.pd_connector.KVImporter``:
+in-process with pytest's ``monkeypatch``, in a server process through the launcher
+``python -m execstate.bench.faulty_serve``, used by the HTTP tests and ``execstate bench pd``).
 
 Configured from a dict such as ``{"mode": "corrupt", "every_n": 2}`` (:meth:`FaultInjection.from_dict`).
 The fault fires on every ``every_n``-th load of an importer (1-based count). Modes:
@@ -20,16 +27,20 @@ The fault fires on every ``every_n``-th load of an importer (1-based count). Mod
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import msgspec
 import torch
 
 from execstate.state.kv_pool import KVPool
-from execstate.transfer.control import ReplyFilter
-from execstate.transfer.manifest import Manifest
+from execstate.transfer.bulk import NixlBulk
+from execstate.transfer.control import ControlClient, ReplyFilter
+from execstate.transfer.importer import KVImporter, LoadRequest, LoadResult
+from execstate.transfer.manifest import Capabilities, Manifest
 
 
 class FaultMode(Enum):
@@ -122,3 +133,60 @@ def corrupt_block(pool: KVPool, block_id: int) -> None:
     row = pool.v[pool.num_layers - 1, block_id * pool.block_size + pool.block_size // 2]
     raw = row.reshape(-1).view(torch.uint8)
     raw[3] ^= 0xFF
+
+
+class FaultyImporter(KVImporter):
+    """A :class:`KVImporter` that injects ``faults`` (a test double; same thread rules)."""
+
+    def __init__(
+        self,
+        pool: KVPool,
+        caps: Capabilities,
+        bulk: NixlBulk,
+        timeout_s: float,
+        faults: FaultInjection | None = None,
+        hash_executor: Executor | None = None,
+    ) -> None:
+        super().__init__(pool, caps, bulk, timeout_s, hash_executor)
+        self.faults = faults or FaultInjection()
+        self._loads = 0
+        self._fault: FaultMode | None = None
+        self._last_transfer_id: str | None = None
+
+    def load(self, remote_addr: str, transfer_id: str, *args: Any, **kwargs: Any) -> LoadResult:
+        self._loads += 1
+        self._fault = self.faults.active(self._loads)
+        try:
+            result = super().load(remote_addr, transfer_id, *args, **kwargs)
+            if self._fault is FaultMode.DUPLICATE and result.ok:
+                self._fault = None
+                result = super().load(remote_addr, transfer_id, *args, **kwargs)  # delivered twice
+        finally:
+            self._fault = None
+            self._last_transfer_id = transfer_id
+        return result
+
+    def _fetch_manifest(self, client: ControlClient, req: LoadRequest) -> Manifest:
+        fault = self._fault
+        tid = req.transfer_id
+        if fault is FaultMode.STALE_TRANSFER_ID:
+            tid = self.faults.stale_id or self._last_transfer_id or f"{tid}~stale"
+        flt = None if fault is None else reply_filter(fault, self.faults.delay_s)
+        manifest = client.get_manifest(tid, req.epoch, flt)
+        if fault is FaultMode.TRUNCATE:
+            manifest = truncate_manifest(manifest, self.faults.truncate)
+        return manifest
+
+    def _received(self, req: LoadRequest) -> None:
+        if self._fault is FaultMode.CORRUPT:
+            j = len(req.keys) // 2 if self.faults.corrupt_block is None else self.faults.corrupt_block
+            corrupt_block(self.pool, int(req.dst[j]))
+
+
+def importer_factory(faults: FaultInjection) -> Callable[..., KVImporter]:
+    """A drop-in for the :class:`KVImporter` constructor that builds a :class:`FaultyImporter`."""
+
+    def make(*args: Any, **kwargs: Any) -> KVImporter:
+        return FaultyImporter(*args, faults=faults, **kwargs)
+
+    return make

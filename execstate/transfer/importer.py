@@ -1,7 +1,8 @@
 """Receiver side of a transfer (decode instance, or any instance taking state in; docs/ARCHITECTURE.md 5).
 
-:meth:`KVImporter.load` runs the whole protocol for one transfer, on the engine thread, into
-blocks the caller already allocated: handshake (cached per source address, redone after a
+:meth:`KVImporter.load` runs the whole protocol for one transfer, on the thread that owns the
+importer (the decode instance's transfer thread, see ``transfer/load_worker.py``), into blocks the
+caller already allocated and does not touch until the load returns: handshake (cached per source address, redone after a
 failure) -> ``GetManifest`` -> :func:`verify_manifest` -> NIXL read -> per-block checksum of the
 received bytes -> ``Release`` (sent once a manifest for this transfer id arrived, verified or
 not; after a timeout the source's TTL frees the pins). Transfer faults never raise: they return
@@ -11,6 +12,10 @@ Commit contract for the caller: blocks ``dst_block_ids[:num_blocks_verified]`` h
 (identity, epoch and checksum all matched) and may be committed to the cache under their keys;
 every later block is garbage and must be recomputed (policy ``recompute``) or the request failed
 (policy ``fail``). ``routes`` covers exactly the verified tokens and came with that KV.
+
+:meth:`KVImporter.release` sends only the ``Release`` (the receiver had every block already). Test
+doubles (``transfer/faults.py``) override :meth:`KVImporter._fetch_manifest` and
+:meth:`KVImporter._received`; the product importer injects nothing.
 """
 
 from __future__ import annotations
@@ -31,13 +36,6 @@ from execstate.transfer.bulk import NixlBulk
 from execstate.transfer.checks import block_checksums, check_compatible, kv_layout_of, verify_manifest
 from execstate.transfer.control import ControlClient
 from execstate.transfer.errors import ErrorCode, TransferError
-from execstate.transfer.faults import (
-    FaultInjection,
-    FaultMode,
-    corrupt_block,
-    reply_filter,
-    truncate_manifest,
-)
 from execstate.transfer.manifest import Capabilities, Manifest, unpack_routes
 
 # Failures after which the cached connection and handshake to a source are dropped.
@@ -66,10 +64,11 @@ class LoadResult(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class _Request:
+class LoadRequest:
+    """One load's arguments, as the hooks see them."""
+
     addr: str
     transfer_id: str  # the transfer the caller asked for
-    request_id: str  # the id sent to the source (differs only under the stale_transfer_id fault)
     epoch: int
     keys: Sequence[BlockKey]
     dst: Sequence[BlockId]
@@ -78,11 +77,10 @@ class _Request:
 
 
 class KVImporter:
-    """Loads exported blocks from remote :class:`KVExporter` s into one KV pool; engine thread only.
+    """Loads exported blocks from remote :class:`KVExporter` s into one KV pool; one thread only.
 
     ``timeout_s`` bounds each control request (a dead source fails within it); the bulk read is
-    bounded by ``bulk.timeout_s``. ``faults`` injects failures (off by default); ``hash_executor``
-    (optional) verifies received blocks in parallel.
+    bounded by ``bulk.timeout_s``. ``hash_executor`` (optional) verifies received blocks in parallel.
     """
 
     def __init__(
@@ -91,18 +89,14 @@ class KVImporter:
         caps: Capabilities,
         bulk: NixlBulk,
         timeout_s: float,
-        faults: FaultInjection | None = None,
         hash_executor: Executor | None = None,
     ) -> None:
         if caps.kv_layout != kv_layout_of(pool):
             raise ValueError(f"caps layout {caps.kv_layout} is not the pool's {kv_layout_of(pool)}")
         self.pool, self.caps, self.bulk, self.timeout_s = pool, caps, bulk, timeout_s
-        self.faults = faults or FaultInjection()
         self._hash_executor = hash_executor
         self._clients: dict[str, ControlClient] = {}
         self._remote_caps: dict[str, Capabilities] = {}
-        self._loads = 0
-        self._last_transfer_id: str | None = None
 
     def load(
         self,
@@ -125,26 +119,21 @@ class KVImporter:
             check_key(key)
         if any(not 0 <= b < self.pool.num_blocks for b in dst_block_ids) or start_block < 0:
             raise ValueError("destination block id out of range or negative start_block")
-        self._loads += 1
-        fault = self.faults.active(self._loads)
-        request_id = transfer_id
-        if fault is FaultMode.STALE_TRANSFER_ID:
-            request_id = self.faults.stale_id or self._last_transfer_id or f"{transfer_id}~stale"
-        req = _Request(
-            remote_addr,
-            transfer_id,
-            request_id,
-            epoch,
-            expected_keys,
-            dst_block_ids,
-            need_routes,
-            start_block,
-        )
-        result = self._load(req, fault)
-        if fault is FaultMode.DUPLICATE and result.ok:
-            result = self._load(req, None)  # the same handoff delivered twice
-        self._last_transfer_id = transfer_id
-        return result
+        req = LoadRequest(remote_addr, transfer_id, epoch, expected_keys, dst_block_ids, need_routes, start_block)
+        return self._load(req)
+
+    def release(self, remote_addr: str, transfer_id: str) -> bool:
+        """Tell the source at ``remote_addr`` to drop ``transfer_id``'s pins without loading it
+        (the receiver's own cache held every block). True if the source acknowledged; a failure is
+        harmless (the source's TTL frees the pins)."""
+        client = self._client(remote_addr)
+        try:
+            client.release(transfer_id)
+        except TransferError as e:
+            if e.code in _RECONNECT:
+                self._forget(remote_addr)
+            return False
+        return True
 
     def close(self) -> None:
         for client in self._clients.values():
@@ -152,9 +141,17 @@ class KVImporter:
         self._clients.clear()
         self._remote_caps.clear()
 
+    # -- hooks (test doubles override these) ------------------------------------------------------
+
+    def _fetch_manifest(self, client: ControlClient, req: LoadRequest) -> Manifest:
+        return client.get_manifest(req.transfer_id, req.epoch)
+
+    def _received(self, req: LoadRequest) -> None:
+        """Called after the bulk read landed in ``req.dst``, before the checksums."""
+
     # -- internals -------------------------------------------------------------------------------
 
-    def _load(self, req: _Request, fault: FaultMode | None) -> LoadResult:
+    def _load(self, req: LoadRequest) -> LoadResult:
         t0 = time.monotonic()
         client = self._client(req.addr)
         c0 = client.bytes_sent + client.bytes_received
@@ -164,10 +161,7 @@ class KVImporter:
         error: TransferError | None = None
         try:
             remote = self._handshake(req.addr, client, req.need_routes)
-            flt = None if fault is None else reply_filter(fault, self.faults.delay_s)
-            manifest = client.get_manifest(req.request_id, req.epoch, flt)
-            if fault is FaultMode.TRUNCATE:
-                manifest = truncate_manifest(manifest, self.faults.truncate)
+            manifest = self._fetch_manifest(client, req)
             if manifest.source_instance_id != remote.instance_id:
                 raise TransferError(
                     ErrorCode.SOURCE_CHANGED,
@@ -187,9 +181,7 @@ class KVImporter:
                 manifest.agent_name, manifest.agent_metadata, [manifest.block_addrs[i] for i in rng], req.dst
             )
             kv_bytes = len(req.keys) * manifest.kv_layout.block_nbytes
-            if fault is FaultMode.CORRUPT:
-                j = len(req.keys) // 2 if self.faults.corrupt_block is None else self.faults.corrupt_block
-                corrupt_block(self.pool, int(req.dst[j]))
+            self._received(req)
             for j, got in enumerate(
                 block_checksums(self.pool, [int(b) for b in req.dst], self._hash_executor)
             ):

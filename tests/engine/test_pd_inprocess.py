@@ -9,23 +9,36 @@ range's source is visible in the returned array.
 from __future__ import annotations
 
 import time
+from unittest import mock
 
 import numpy as np
 import pytest
 
+from execstate.engine import pd_connector
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.pd_connector import PDConfig
 from execstate.engine.sampling_params import SamplingParams
+from execstate.transfer.faults import FaultInjection, importer_factory
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+SECRET = "in-process-test-secret-0123456789"
 
 
-def engine(model_dir, role: str | None = None, kernels: str = "auto", **pd_kw) -> LLMEngine:
+def engine(model_dir, role: str | None = None, kernels: str = "auto", faults: dict | None = None,
+           **pd_kw) -> LLMEngine:
+    """An engine; with ``role`` a PD connector sharing SECRET; ``faults``: the decode side loads
+    through a FaultyImporter (the test-only hook: the connector's importer class is swapped)."""
     e = LLMEngine(EngineConfig(model=str(model_dir), enable_return_routed_experts=True, block_size=16,
                                kernels=kernels))
     if role is not None:
-        e.attach_pd(PDConfig(role=role, timeout_s=5.0, **pd_kw))
+        pd_kw.setdefault("secret", SECRET)
+        cfg = PDConfig(role=role, timeout_s=5.0, **pd_kw)
+        if faults is None:
+            e.attach_pd(cfg)
+        else:
+            with mock.patch.object(pd_connector, "KVImporter", importer_factory(FaultInjection.from_dict(faults))):
+                e.attach_pd(cfg)
     return e
 
 
@@ -201,23 +214,45 @@ def test_uncancellable_read_fences_its_blocks_and_fails_the_request(moe_dir, mon
     try:
         ids = prompt(9, 40)
         _, kv = handoff(p, ids)
+        bulk = d.pd.bulk
+        stuck = StuckRead()
         real_load = d.pd.importer.load
 
         def stuck_load(*args, **kwargs):
             res = real_load(*args, **kwargs)
-            d.pd.bulk._stuck.append(object())  # as if a timed-out read could not be cancelled
+            bulk._stuck[999] = stuck  # as if a timed-out read could not be cancelled
             return res
 
         monkeypatch.setattr(d.pd.importer, "load", stuck_load)
+        monkeypatch.setattr(bulk, "_xfer_state", lambda h: h.state)
         out = run(d, ids, kv=kv)
         assert out.outputs[0].finish_reason == "abort" and "could not be cancelled" in out.error
         fenced = d.pd.fenced_blocks
-        assert len(fenced) == 2 and d.block_pool.num_used == 2  # held forever, never reused
+        assert len(fenced) == 2 and d.block_pool.num_used == 2  # held while the read may write
         assert all(d.block_pool.ref_count(b) == 1 for b in fenced)
-        d.pd.bulk._stuck.clear()
         ok = run(d, prompt(10, 40))
         assert len(ok.outputs[0].token_ids) == 8
+        stuck.state = "DONE"  # NIXL reports the read ended: the blocks go back to the pool
+        deadline = time.monotonic() + 10
+        while d.pd.fenced_blocks and time.monotonic() < deadline:
+            time.sleep(0.02)
+            d.poll()
+        assert d.pd.fenced_blocks == [] and stuck.released and d.block_pool.num_used == 0
+        assert d.pd.stats.reclaimed_blocks == 2
         d.check_integrity()
     finally:
         p.pd.close()
         d.pd.close()
+
+
+class StuckRead:
+    """A NIXL transfer handle that cannot be released while its state is PROC (a test double)."""
+
+    def __init__(self) -> None:
+        self.state = "PROC"
+        self.released = False
+
+    def release(self) -> None:
+        if self.state == "PROC":
+            raise RuntimeError("cannot cancel an active transfer")
+        self.released = True

@@ -115,6 +115,15 @@ def test_connector_hook_attaches_pd_and_rejects_unknown_extra_keys(model_dir):
         )
         with pytest.raises(ValueError, match="unknown key"):
             attach_kv_connector(ae, bad)
+        # fault injection is reachable only from tests (a test double), never from the config
+        faulty = KVTransferConfig.from_dict({"kv_connector": "NixlConnector", "kv_role": "kv_consumer",
+                                             "kv_connector_extra_config": {"fault_injection": {"mode": "corrupt"}}})
+        with pytest.raises(ValueError, match="unknown key.*fault_injection"):
+            attach_kv_connector(ae, faulty)
+        short = KVTransferConfig.from_dict({"kv_connector": "NixlConnector", "kv_role": "kv_consumer",
+                                            "kv_connector_extra_config": {"kv_secret": "short"}})
+        with pytest.raises(ValueError, match="at least 16 bytes"):
+            attach_kv_connector(ae, short)
         cfg = KVTransferConfig.from_dict(
             {
                 "kv_connector": "NixlConnector",
@@ -122,11 +131,17 @@ def test_connector_hook_attaches_pd_and_rejects_unknown_extra_keys(model_dir):
                 "kv_load_failure_policy": "recompute",
                 "enable_routed_experts_transfer": True,
                 "engine_id": "unit-test",
-                "kv_connector_extra_config": {"transfer_ttl_s": 3.0, "max_inflight_transfers": 2},
+                "kv_connector_extra_config": {
+                    "transfer_ttl_s": 3.0, "max_inflight_transfers": 2, "kv_secret": "unit-test-secret-0123456789",
+                    "allowed_prefill_engines": {"p9": "tcp://10.1.2.3:5600"}, "max_fenced_blocks": 8,
+                },
             }
         )
-        attach_kv_connector(ae, cfg)
+        trust = attach_kv_connector(ae, cfg)
+        assert trust is not None and trust.secret == b"unit-test-secret-0123456789"
+        assert trust.allowed == {"p9": "tcp://10.1.2.3:5600"}
         pd = ae.call(lambda e: e.pd)
+        assert pd.loads.max_fenced_blocks == 8 and pd.loads.max_inflight == 2
         assert pd.instance_id == "unit-test" and pd.cfg.failure_policy == "recompute"
         assert pd.exporter is not None and pd.importer is not None
         assert pd.exporter.max_inflight == 2 and pd.exporter.ttl_s == 3.0

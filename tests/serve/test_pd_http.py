@@ -12,6 +12,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from serve_helpers import free_port
 from execstate import LLM, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
+SECRET = "http-test-secret-0123456789abcdef"  # shared by P, D and the proxy (EXECSTATE_KV_SECRET)
 
 
 def _kv_cfg(role: str, **extra) -> str:
@@ -38,10 +40,15 @@ def _kv_cfg(role: str, **extra) -> str:
     return json.dumps(cfg)
 
 
-def start(args: list[str], port: int) -> subprocess.Popen:
+def start(args: list[str], port: int, fault: dict | None = None, secret: str | None = SECRET) -> subprocess.Popen:
+    """``execstate ARGS --port PORT``; with ``fault``, through the fault-injecting launcher."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.pop("EXECSTATE_KV_SECRET", None)
+    if secret is not None:
+        env["EXECSTATE_KV_SECRET"] = secret
+    launcher = ["execstate"] if fault is None else ["execstate.bench.faulty_serve", json.dumps(fault)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "execstate", *args, "--port", str(port)],
+        [sys.executable, "-m", *launcher, *args, "--port", str(port)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 240
@@ -122,7 +129,75 @@ def test_prefill_reply_carries_handoff_not_routes(cluster):
     assert d["usage"]["prompt_token_sources"]["transferred"] == 32
 
 
+class Trap:
+    """A TCP listener standing in for an address a client invented: records any connection."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.addr = f"tcp://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def connected(self, wait_s: float) -> bool:
+        self.sock.settimeout(wait_s)
+        try:
+            conn, _ = self.sock.accept()
+        except TimeoutError:
+            return False
+        conn.close()
+        return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _transfers(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("execstate_kv_transfers_total"))
+
+
+def test_untrusted_handoffs_are_400_and_decode_dials_nothing(cluster):
+    from execstate.transfer.handoff import Handoff
+
+    trap = Trap()
+    try:
+        body = {"model": "m", "prompt": prompt(24, 40), "max_tokens": 2, "temperature": 0}
+        good = httpx.post(cluster["p"] + "/v1/completions", timeout=60,
+                          json=dict(body, max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+                          ).json()["kv_transfer_params"]
+        h = Handoff("prefill-evil", trap.addr, "prefill-evil/1", 0, 2, 16, int(time.time()) + 60)
+        cases = {
+            "tampered": dict(good, remote_addr=trap.addr),
+            "wrong secret": h.to_params(b"not-the-shared-secret-0123456789"),
+            "expired": Handoff(**{**h.__dict__, "expires_at": int(time.time()) - 1}).to_params(SECRET.encode()),
+            "missing signature, engine not allow-listed": h.to_params(None),
+            "malformed": dict(h.to_params(SECRET.encode()), num_blocks="2"),
+        }
+        before = _transfers(cluster["d"])
+        for name, kv in cases.items():
+            for stream in (False, True):
+                r = httpx.post(cluster["d"] + "/v1/completions", json=dict(body, kv_transfer_params=kv, stream=stream),
+                               timeout=60)
+                assert r.status_code == 400, (name, r.text)
+                err = r.json()["error"]
+                assert err["param"] == "kv_transfer_params" and err["type"] == "invalid_request_error", name
+        assert not trap.connected(0.5) and _transfers(cluster["d"]) == before
+        # The proxy never forwards a client's kv_transfer_params (even validly signed ones).
+        signed_to_trap = h.to_params(SECRET.encode())
+        r = httpx.post(cluster["x"] + "/v1/completions", json=dict(body, kv_transfer_params=signed_to_trap), timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["prompt_token_sources"]["transferred"] == 32
+        assert not trap.connected(0.5)
+        # Control: a handoff D does trust makes it dial (so the trap would have seen the cases above).
+        fresh = dict(body, prompt=prompt(25, 40), kv_transfer_params=signed_to_trap)  # not in D's cache
+        r = httpx.post(cluster["d"] + "/v1/completions", json=fresh, timeout=60)
+        assert trap.connected(10)
+        assert r.status_code >= 400 and "KV load" in r.text  # the trap speaks no ZeroMQ: timeout
+    finally:
+        trap.close()
+
+
 def test_killed_prefill_gives_request_error_and_decode_recovers(cluster):
+    """Last in this module: it kills the shared prefill process."""
     body = {"model": "m", "prompt": prompt(23, 40), "max_tokens": 4, "temperature": 0}
     kv = httpx.post(cluster["p"] + "/v1/completions",
                     json=dict(body, max_tokens=1, kv_transfer_params={"do_remote_decode": True}),

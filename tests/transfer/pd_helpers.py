@@ -6,7 +6,7 @@ import torch
 from transfer_harness import BLOCK_SIZE, keys_for
 
 from execstate.transfer.errors import ErrorCode
-from execstate.transfer.faults import FaultInjection
+from execstate.transfer.faults import FaultInjection, FaultyImporter
 from execstate.transfer.importer import KVImporter, LoadResult
 
 
@@ -36,7 +36,7 @@ def load(
     for b in dst:  # stale bytes from an earlier test must not pass as loaded
         rx.pool.k[:, slots(b)] = float("nan")
         rx.pool.v[:, slots(b)] = float("nan")
-    imp = importer or KVImporter(
+    imp = importer or FaultyImporter(
         rx.pool, caps or rx.caps, rx.bulk, timeout_s, FaultInjection.from_dict(faults)
     )
     try:

@@ -8,13 +8,12 @@ from pd_helpers import assert_blocks, failed, load
 from transfer_harness import BLOCK_SIZE, routes_for
 
 from execstate.transfer.errors import ErrorCode
-from execstate.transfer.faults import FaultInjection
-from execstate.transfer.importer import KVImporter
+from execstate.transfer.faults import FaultInjection, FaultyImporter
 
 
 def test_fault_drop_times_out_then_retry_succeeds(source, source_kv, receiver) -> None:
     exp = source.export("drop", 64, token_seed=4)
-    imp = KVImporter(
+    imp = FaultyImporter(
         receiver.pool, receiver.caps, receiver.bulk, 0.5, FaultInjection.from_dict({"mode": "drop"})
     )
     result, _ = load(receiver, source.addr, "drop", exp.epoch, 64, 4, importer=imp)
@@ -86,7 +85,7 @@ def test_fault_stale_transfer_id(source, receiver) -> None:
     failed(result, ErrorCode.STALE_TRANSFER_ID)
     assert load(receiver, source.addr, "stale-old", old.epoch, 32, 9)[0].ok  # not released by the wrong load
     # Without an explicit id the importer replays its previous (released) id.
-    imp = KVImporter(receiver.pool, receiver.caps, receiver.bulk, 3.0)
+    imp = FaultyImporter(receiver.pool, receiver.caps, receiver.bulk, 3.0)
     assert load(receiver, source.addr, "stale-new", new.epoch, 32, 9, importer=imp)[0].ok
     third = source.export("stale-third", 32, token_seed=9)
     imp.faults = FaultInjection.from_dict({"mode": "stale_transfer_id"})
