@@ -133,7 +133,7 @@ class LMSessions:
         assert isinstance(state, LMState)
         root = self.engine.kv_manager.root_key("free", state.cache_salt)
         if state.root != root:
-            if not reprefill:
+            if not reprefill and state.token_ids:  # an empty context has nothing computed: adopt the new root
                 raise rt.fail("stale_state", "the engine's weights or provenance changed since this session's "
                               f"state was computed (weights version now {self.engine.provenance.weights_version}); "
                               "reset and step with reprefill=True, or close the session")
