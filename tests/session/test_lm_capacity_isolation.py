@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from session_helpers import GREEDY, SAMPLED, check_accounting, check_released, generate, make_llm, tokens
 
@@ -140,5 +142,32 @@ def test_a_session_step_is_scheduled_ahead_of_queued_batch_requests(moe_dir, pri
     while eng.has_unfinished_requests():
         eng.step()
     assert handle.result.token_ids == generate(make_llm(moe_dir), tokens(80, 10), max_tokens=2).token_ids
+    sessions.close("s")
+    check_released(llm)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_preempted_session_step_recomputes_to_the_same_tokens_routes_and_rng(moe_dir, params):
+    prompt = tokens(100, 30)
+    solo = make_llm(moe_dir).open_session(sampling_params=params)
+    alone = solo.step(prompt, max_tokens=20), solo.step([7, 8], max_tokens=4), solo.routed_experts
+    llm = make_llm(moe_dir, num_kv_blocks=6, max_model_len=64)  # the step and the batch request do not fit together
+    eng = llm.engine
+    sessions = LMSessions.of(eng)
+    sessions.open("s", params, priority=PRIORITY_BATCH)  # same class as the batch request: the newer one yields
+    eng.add_request(tokens(101, 30), replace(GREEDY, max_tokens=30), "batch")
+    eng.step()
+    handle = sessions.start_step("s", prompt, max_tokens=20)
+    while not handle.done:
+        eng.step()
+    assert handle.request.num_preemptions > 0  # freed, then recomputed (prefix cache hits where it could)
+    assert handle.result.token_ids == alone[0].token_ids
+    nxt = sessions.start_step("s", [7, 8], max_tokens=4)  # the RNG went on from the same state
+    while not nxt.done:
+        eng.step()
+    assert nxt.result.token_ids == alone[1].token_ids
+    assert sessions.routed_experts("s").tobytes() == alone[2].tobytes()
+    while eng.has_unfinished_requests():
+        eng.step()
     sessions.close("s")
     check_released(llm)
