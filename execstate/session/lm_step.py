@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from execstate.engine.llm_engine import LLMEngine
-from execstate.engine.outputs import RequestOutput
+from execstate.engine.outputs import Logprob, RequestOutput
 from execstate.engine.request import Request, RequestStatus
 from execstate.engine.sampling_params import RequestOutputKind
 from execstate.session.events import Drained, SessionEventError
@@ -64,6 +64,9 @@ class StepResult:
     num_computed_tokens: int
     num_cached_tokens: int
     routed_experts: np.ndarray | None = None
+    # Per generated token, when the session's sampling params ask for logprobs (vLLM's layout).
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
 
 
 @dataclass(frozen=True)
@@ -158,13 +161,17 @@ def finish_lm_step(engine: LLMEngine, rt: SessionRuntime, handle: StepHandle, re
         state.token_ids = req.all_token_ids
         cancelled = req.status is RequestStatus.FINISHED_ABORTED
         rt.end_step(True, clock=clock())
+        admitted = req.num_cached_tokens is not None  # a step cancelled while queued computed nothing
         num_cached = req.num_cached_tokens or 0
+        wants_logprobs = req.params.logprobs is not None
         handle.result = StepResult(
             session_id=rt.session_id, step_index=rt.step_index, token_ids=list(req.output_token_ids),
             text=req.detok.text(True) if engine.tokenizer is not None else None,
             finish_reason=req.finish_reason, stop_reason=req.stop_reason, events=handle.events,
-            num_computed_tokens=req.num_prompt_tokens - num_cached, num_cached_tokens=num_cached,
+            num_computed_tokens=req.num_prompt_tokens - num_cached if admitted else 0, num_cached_tokens=num_cached,
             routed_experts=None if cancelled else out.outputs[0].routed_experts,
+            logprobs=list(req.output_logprob_entries) if wants_logprobs else None,
+            cumulative_logprob=req.cumulative_logprob if wants_logprobs else None,
         )
     finally:
         handle.done = True

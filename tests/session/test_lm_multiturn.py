@@ -5,6 +5,7 @@ history (greedy) in a cold engine; ``s.routed_experts`` equals that generate's r
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from session_helpers import GREEDY, check_accounting, check_released, generate, make_llm, tokens
 
 from execstate import SamplingParams
@@ -69,3 +70,17 @@ def test_each_step_samples_with_the_session_params_and_max_tokens(moe_dir):
     assert len(s.step([5], max_tokens=7).token_ids) == 7
     s.close()
     check_released(llm)
+
+
+def test_logprobs_when_the_session_asks_for_them(moe_dir):
+    llm, cold = make_llm(moe_dir), make_llm(moe_dir)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=2)
+    s = llm.open_session(sampling_params=params)
+    s.step(tokens(8, 12))
+    r = s.step([9, 10])
+    ref = cold.generate({"prompt_token_ids": s.token_ids[:-4]}, params, use_tqdm=False)[0].outputs[0]
+    assert [list(e) for e in r.logprobs] == [list(e) for e in ref.logprobs]
+    assert [e[t].logprob for e, t in zip(r.logprobs, r.token_ids, strict=True)] == pytest.approx(
+        [e[t].logprob for e, t in zip(ref.logprobs, ref.token_ids, strict=True)], abs=1e-5)  # prefill chunking: float noise
+    assert r.cumulative_logprob == pytest.approx(ref.cumulative_logprob, abs=1e-4)
+    assert GREEDY.logprobs is None and llm.open_session(sampling_params=GREEDY).step([5]).logprobs is None
