@@ -39,7 +39,6 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,11 +57,11 @@ from execstate.engine.route_trace import RouteTrace
 from execstate.engine.runner import ModelRunner
 from execstate.engine.sampler import sample
 from execstate.engine.sampling_params import RequestOutputKind, SamplingParams
-from execstate.engine.scheduler import PRIORITY_INTERACTIVE, Scheduler
+from execstate.engine.scheduler import Scheduler
 from execstate.engine.step_failure import EngineFatalError, StepState, fail_step
+from execstate.engine.step_request import StepRequest, build_step_request
 from execstate.engine.tokenizer import Tokenizer
 from execstate.engine.validation import (
-    check_prompt_length,
     validate_forced_routes,
     validate_logit_bias,
     validate_prompt,
@@ -80,7 +79,7 @@ from execstate.model.loader import load_hf_state_dict, load_model
 from execstate.model.registry import resolve_model
 from execstate.model.weight_copy import plan_weight_copy
 from execstate.model.weights_digest import model_digest
-from execstate.state.block_holds import BlockHolds, HeldBlocks
+from execstate.state.block_holds import BlockHolds
 from execstate.state.block_pool import BlockPool
 from execstate.state.kv_pool import KVPool
 from execstate.state.route_store import RouteStore
@@ -228,49 +227,16 @@ class LLMEngine:
         self.scheduler.add(req)
         return request_id
 
-    def add_step_request(
-        self, request_id: str, token_ids: list[int], params: SamplingParams, *, held: HeldBlocks | None,
-        routes: RouteTrace | None, generator: torch.Generator, priority: int = PRIORITY_INTERACTIVE,
-        cache_salt: str | None = None, on_finished: Callable[[Request, RequestOutput], None] | None = None,
-    ) -> Request:
-        """Queue one session step: ``token_ids`` is the session's whole context plus the step's
-        input (each id already validated by the caller, who validated each input event);
-        ``held`` (registered in ``kv_holds``) holds the KV of its first ``held.num_tokens``
-        tokens, and ``routes`` (the session's trace, when route return is on) their rows. Both
-        move into the request (its admission skips the prefix lookup for them) and the blocks
-        come back at finish as ``Request.returned_blocks``; ``routes`` and ``generator`` stay
-        shared with the caller. Raises ValueError, changing nothing, on bad input."""
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        if params.n != 1:
-            raise ValueError("a session step takes n=1")
-        validate_sampling(params, self.model_config.vocab_size)
-        validate_logit_bias(params.logit_bias, self.model_config.vocab_size)
-        if not token_ids:
-            raise ValueError("a step needs at least one token of context")
-        check_prompt_length(len(token_ids), self.max_model_len)
-        if held is not None:
-            if not self.kv_holds.holds(held):
-                raise ValueError("the step's blocks are not held (released, or handed over already)")
-            if not 0 < held.num_tokens < len(token_ids):
-                raise ValueError(f"held KV of {held.num_tokens} tokens for a step of {len(token_ids)} tokens")
-            if routes is not None and routes.rows_known < held.num_tokens:
-                raise ValueError(f"route rows for {routes.rows_known} of the {held.num_tokens} held tokens")
-        if (routes is not None) != self.return_routes:
-            raise ValueError("a step carries a route trace exactly when the engine returns routes")
-        req = Request(request_id, token_ids, params, self.max_model_len, priority=priority)
-        req.keep_blocks = True
-        req.cache_salt = cache_salt
-        req.routes = routes
-        req.generator = generator
-        req.on_finished = on_finished
-        req.penalty_state = PenaltyState.for_request(params, req.prompt_token_ids, req.output_token_ids,
-                                                     self.model_config.vocab_size)
-        if held is not None:
-            self.kv_holds.hand_over(held)
+    def add_step_request(self, step: StepRequest) -> Request:
+        """Queue one session step (``engine/step_request.py``): validated first (ValueError,
+        nothing changed); then its held blocks become the request's and come back at finish as
+        ``Request.returned_blocks``. Returns the queued request."""
+        req = build_step_request(self, step)
+        if step.held is not None:
+            held = self.kv_holds.hand_over(step.held)
             req.block_ids, req.block_keys = held.block_ids, held.block_keys
             req.num_committed_blocks, req.num_computed_tokens = held.num_committed_blocks, held.num_tokens
-        self.requests[request_id] = req
+        self.requests[req.request_id] = req
         self.scheduler.add(req)
         return req
 

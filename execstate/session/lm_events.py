@@ -79,7 +79,10 @@ def pretokenize(kind: str, data: Any, tokenizer: Tokenizer | None) -> Any:
         extra = set(data) - {"text", "add_special_tokens"}
         if extra or not isinstance(data.get("add_special_tokens", False), bool):
             return data
-        return {"token_ids": _encode(tokenizer, data["text"], data.get("add_special_tokens", False))}
+        try:
+            return {"token_ids": _encode(tokenizer, data["text"], data.get("add_special_tokens", False))}
+        except ValueError:
+            return data  # the validator refuses it with the same message
     if kind == COMPOSITE and isinstance(data, Mapping) and isinstance(data.get("events"), list):
         parts = [
             {**p, "data": pretokenize(p["kind"], p.get("data"), tokenizer)}

@@ -32,6 +32,7 @@ from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.outputs import Logprob, RequestOutput
 from execstate.engine.request import Request, RequestStatus
 from execstate.engine.sampling_params import RequestOutputKind
+from execstate.engine.step_request import StepRequest
 from execstate.session.events import Drained, SessionEventError
 from execstate.session.lm_events import INPUT, SAMPLING
 from execstate.session.lm_state import LMState
@@ -128,9 +129,9 @@ def start_lm_step(
         finish_lm_step(engine, rt, handle, req, out, clock)
 
     try:
-        handle.request = engine.add_step_request(
-            handle.request_id, tokens, step_params, held=state.blocks, routes=state.routes,
-            generator=state.generator, priority=state.priority, cache_salt=state.cache_salt, on_finished=hook)
+        handle.request = engine.add_step_request(StepRequest(
+            handle.request_id, tokens, step_params, held=state.blocks, routes=state.routes, generator=state.generator,
+            priority=state.priority, cache_salt=state.cache_salt, on_finished=hook))
     except ValueError as exc:
         raise SessionEventError("invalid", str(exc)) from None
     state.blocks = None  # the request holds them until it finishes

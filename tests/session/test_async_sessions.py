@@ -204,3 +204,21 @@ def test_bad_calls_are_refused_with_codes(served):
         assert ei.value.code == "closed"
 
     asyncio.run(main())
+
+
+def test_text_on_a_model_without_tokenizer_is_refused_as_invalid(moe_dir_other_weights):
+    aeng = AsyncEngine(LLMEngine(EngineConfig(model=str(moe_dir_other_weights), seed=0)))
+    sessions = AsyncSessions(aeng)
+
+    async def main():
+        await sessions.open("t")
+        for call in (lambda: sessions.submit_event("t", 1, "input", {"text": "hi"}),
+                     lambda: sessions.step("t", "hi").__anext__()):
+            with pytest.raises(SessionEventError) as ei:
+                await call()
+            assert ei.value.code == "invalid" and "no tokenizer" in ei.value.message
+
+    try:
+        asyncio.run(main())
+    finally:
+        aeng.shutdown()
