@@ -137,6 +137,9 @@ def _size(text: str) -> int:
 # they agree; engine.config imports torch, which --help should not wait for).
 _ENGINE_DEFAULTS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "kv_cache_memory": 1 << 30}
 
+# Defaults of the session options (EngineConfig's; tests/session/test_session_options.py checks them).
+_SESSION_DEFAULTS = {"max_sessions": 64, "session_eviction": "none", "max_session_events": 64}
+
 _LIMIT_HELP = {
     "max_n": "most choices per prompt (n)",
     "max_logprobs": "most logprobs (completions) / top_logprobs (chat) per token",
@@ -172,6 +175,21 @@ def _add_capacity_and_limit_options(s: argparse.ArgumentParser) -> None:
         kind = _size if name == "max_request_bytes" else int
         g.add_argument(option_name(name), type=kind, default=getattr(defaults, name),
                        help=f"{text} (default: %(default)s)")
+
+
+def _add_session_options(s: argparse.ArgumentParser) -> None:
+    """``serve``: bounds on sessions (``session/``; beyond a bound: an immediate, clear refusal)."""
+    d = _SESSION_DEFAULTS
+    g = s.add_argument_group("sessions")
+    g.add_argument("--max-sessions", type=int, default=d["max_sessions"],
+                   help="resident sessions at most; beyond it opening one fails (code capacity) unless "
+                        "--session-eviction evicts an idle one (default: %(default)s)")
+    g.add_argument("--session-eviction", choices=["none", "lru"], default=d["session_eviction"],
+                   help="lru: evict the idle session whose last step is the oldest when a new one needs room "
+                        "or the KV pool is full; a later call on it fails with code evicted (default: %(default)s)")
+    g.add_argument("--max-session-events", type=int, default=d["max_session_events"],
+                   help="pending events per session; beyond it an event is refused (code backpressure) "
+                        "(default: %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -269,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="execstate's CPU kernels (auto: when available, CPU, fp32) or torch ops only; "
                         "recorded in provenance numerics, so P and D of a PD pair must agree")
     _add_capacity_and_limit_options(s)
+    _add_session_options(s)
     s.set_defaults(func=_serve)
 
     px = sub.add_parser("proxy", help="prefill/decode disaggregation proxy")

@@ -16,6 +16,12 @@ Contract:
   generator closed, a client disconnect), the request is aborted and its blocks freed.
 - ``abort`` finishes a request from outside; its consumer receives the final output with
   ``finish_reason == "abort"``.
+- ``stream(start)`` is ``generate`` for a request some other layer adds: ``start(engine)`` runs
+  on the engine thread, adds exactly one request (e.g. a session step) and returns its id; its
+  outputs are yielded as ``generate`` yields them (no admission ticket: the caller bounds its
+  own requests, as sessions do). Closing the iterator early aborts that request.
+- ``add_shutdown_hook(fn)``: ``fn(engine)`` runs on the engine thread at ``shutdown``, after
+  the requests in flight were aborted (sessions release their state there).
 - ``update_weights`` is a command too: a checkpoint path is read off the engine thread,
   validation and the switch run on it. Under ``drain`` the thread keeps stepping (and
   streaming) the requests in flight and accepts new ones, which wait; the awaitable
@@ -94,6 +100,13 @@ class _Add:
 
 
 @dataclass
+class _AddWith:
+    start: Callable[[LLMEngine], str]
+    sink: _Sink
+    done: concurrent.futures.Future[str]
+
+
+@dataclass
 class _Abort:
     request_id: str
 
@@ -123,7 +136,7 @@ def _copy(err: EngineDeadError) -> EngineDeadError:
     return new
 
 
-_Command = _Add | _Abort | _Call | _UpdateWeights | _Stop
+_Command = _Add | _AddWith | _Abort | _Call | _UpdateWeights | _Stop
 
 
 class AsyncEngine:
@@ -141,6 +154,7 @@ class AsyncEngine:
         self._lock = threading.Lock()  # guards _error against late submissions
         self._error: EngineDeadError | None = None
         self._dead = threading.Event()
+        self._shutdown_hooks: list[Callable[[LLMEngine], None]] = []
         self._thread = threading.Thread(target=self._run, name="execstate-engine", daemon=True)
         self._thread.start()
 
@@ -216,6 +230,45 @@ class AsyncEngine:
         finally:
             if not finished:  # consumer gone early (or cancelled while adding): free the request
                 self._submit_nowait(_Abort(request_id))
+
+    async def stream(self, start: Callable[[LLMEngine], str]) -> AsyncIterator[RequestOutput]:
+        """Run ``start(engine)`` on the engine thread (it adds one request and returns its id) and
+        yield that request's outputs until finished, as ``generate`` does. An exception from
+        ``start`` is raised here before anything is yielded (nothing was added). Closing or
+        cancelling the iterator early aborts the request."""
+        loop = asyncio.get_running_loop()
+        sink = _Sink(loop, asyncio.Queue())
+        added: concurrent.futures.Future[str] = concurrent.futures.Future()
+        self._submit(_AddWith(start, sink, added))
+        request_id: str | None = None
+        finished = False
+        try:
+            try:
+                request_id = await asyncio.wrap_future(added)
+            except BaseException:
+                finished = True  # nothing to abort here; if the request gets added anyway, abort it then
+                added.add_done_callback(self._abort_added)
+                raise
+            while True:
+                item = await sink.queue.get()
+                if isinstance(item, EngineDeadError):
+                    finished = True
+                    raise _copy(item)
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished and request_id is not None:
+                self._submit_nowait(_Abort(request_id))
+
+    def _abort_added(self, added: concurrent.futures.Future[str]) -> None:
+        if not added.cancelled() and added.exception() is None:
+            self._submit_nowait(_Abort(added.result()))
+
+    def add_shutdown_hook(self, fn: Callable[[LLMEngine], None]) -> None:
+        """``fn(engine)`` runs on the engine thread at shutdown, after in-flight requests were aborted."""
+        self._shutdown_hooks.append(fn)
 
     async def abort(self, request_id: str) -> None:
         """Abort a request (no-op if it is unknown or already finished)."""
@@ -296,6 +349,8 @@ class AsyncEngine:
                     if cmd is not None and not self._handle(cmd):
                         for request_id in list(self._sinks):
                             eng.abort_request(request_id)  # free blocks and route leases
+                        for hook in self._shutdown_hooks:
+                            hook(eng)
                         self._die(EngineDeadError("the engine was shut down"))
                         return
                     try:
@@ -327,6 +382,15 @@ class AsyncEngine:
                 cmd.done.set_exception(exc)
             finally:  # its waiting-queue slot is now the scheduler's (or free)
                 self._admission.on_added(*self._queue_state(eng))
+        elif isinstance(cmd, _AddWith):
+            if cmd.done.set_running_or_notify_cancel():
+                try:
+                    request_id = cmd.start(eng)
+                except Exception as exc:  # noqa: BLE001 - returned to the caller; start changed nothing
+                    cmd.done.set_exception(exc)
+                else:
+                    self._sinks[request_id] = cmd.sink
+                    cmd.done.set_result(request_id)
         elif isinstance(cmd, _Abort):
             out = eng.abort_request(cmd.request_id)
             if out is not None:
@@ -389,7 +453,7 @@ class AsyncEngine:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(cmd, _Add | _Call | _UpdateWeights) and cmd.done.set_running_or_notify_cancel():
+            if isinstance(cmd, _Add | _AddWith | _Call | _UpdateWeights) and cmd.done.set_running_or_notify_cancel():
                 cmd.done.set_exception(err)
         if self._update is not None:
             self._update[1].set_exception(err)

@@ -31,6 +31,13 @@ class EngineConfig:
     # kernels when available, the device is CPU and the dtype float32. Recorded in the
     # provenance numerics (the two round differently).
     kernels: str = "auto"
+    # Sessions (session/): at most max_sessions resident; beyond it, opening one fails
+    # ("capacity") or, with session_eviction="lru", evicts the idle session whose last step is
+    # the oldest (also under KV pressure). max_session_events: pending events per session
+    # (beyond it an event is refused with "backpressure").
+    max_sessions: int = 64
+    session_eviction: str | None = None
+    max_session_events: int = 64
 
     def __post_init__(self) -> None:
         if self.kernels not in KERNEL_CHOICES:
@@ -42,6 +49,11 @@ class EngineConfig:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.max_sessions < 1 or self.max_session_events < 1:
+            raise ValueError(f"max_sessions and max_session_events must be >= 1, got {self.max_sessions}, "
+                             f"{self.max_session_events}")
+        if self.session_eviction not in (None, "lru"):
+            raise ValueError(f"session_eviction must be None or 'lru', got {self.session_eviction!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 

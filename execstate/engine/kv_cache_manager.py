@@ -17,6 +17,15 @@ that creates, hits and releases units:
 - ``apply_external``: commits a finished PD load (``ExternalPrefix``) of a request that
   ``admit`` left waiting for it.
 
+Session steps (``Request.keep_blocks``, ``state/block_holds.py``): a request that arrives
+holding blocks is admitted without a prefix lookup for the held part; only its new tokens get
+slots. If its partial tail block is shared (a checkpoint or a fork pins it: ``ref_count > 1``),
+that one block is copied first (copy-on-write: a fresh block, the KV copy queued in
+``take_block_copies`` for the engine to run before the forward pass, one reference on the old
+block dropped); full blocks are never written again, so they stay shared as they are. At finish
+(``release(finished=True)``) such a request's blocks covering its computed tokens are handed back
+as ``req.returned_blocks`` (registered in the block holds) instead of being freed.
+
 Keys chain from the provenance root, so a weights update (new weights version) makes
 every old unit unreachable for new requests without any reset. The root depends on the
 request's route mode and its cache salt (``engine/cache_salt.py``: the request's own,
@@ -36,6 +45,7 @@ from execstate.engine.r3_clock import R3Clock
 from execstate.engine.request import Request, RequestStatus
 from execstate.identity.keys import BlockKey, block_key, root_key
 from execstate.identity.provenance import Provenance
+from execstate.state.block_holds import BlockHolds, HeldBlocks
 from execstate.state.block_pool import BlockId, BlockPool, NoFreeBlocks
 from execstate.state.route_store import RouteStore
 
@@ -107,8 +117,12 @@ class KVCacheManager:
         enable_prefix_caching: bool = True,
         route_store: RouteStore | None = None,
         r3_clock: R3Clock | None = None,
+        holds: BlockHolds | None = None,
     ) -> None:
         self.pool = pool
+        self.holds = holds if holds is not None else BlockHolds(pool)
+        self._block_copies: list[tuple[BlockId, BlockId]] = []  # copy-on-write, (src, dst), for the engine
+        self.num_block_copies = 0
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.route_store = route_store
@@ -196,8 +210,12 @@ class KVCacheManager:
         blocks for its whole prompt. When the local hit covers every offered block the
         source is told to release (``skip_load``). A load that cannot start raises
         ``ExternalLoadError`` after releasing everything. A request loads at most once.
+
+        A request that arrives holding blocks (a session step) skips the lookup: see
+        :meth:`_admit_held`.
         """
-        assert not req.block_ids, "admit() on a request that still holds blocks"
+        if req.block_ids:
+            return self._admit_held(req, num_new_tokens)
         hits = self.find_cached_prefix(req)
         num_cached = len(hits) * self.block_size
         num_new_tokens = min(num_new_tokens, req.num_tokens - num_cached)
@@ -234,6 +252,37 @@ class KVCacheManager:
             else:
                 external.skip_load(req)  # our own cache had every block: the source may free them now
         return hits
+
+    def _admit_held(self, req: Request, num_new_tokens: int) -> list[BlockId] | None:
+        """Slots for ``num_new_tokens`` after the held KV; copy-on-write of a shared partial tail.
+        Returns ``[]`` (no prefix hit), or None when the pool is short (nothing changed)."""
+        bs = self.block_size
+        held = req.num_computed_tokens
+        if not 0 < held < req.num_tokens or len(req.block_ids) != cdiv(held, bs):
+            raise ValueError(f"held blocks {len(req.block_ids)} do not cover {held} of {req.num_tokens} tokens")
+        n = min(num_new_tokens, req.num_tokens - held)
+        tail = req.block_ids[-1] if held % bs else None
+        cow = tail is not None and self.pool.ref_count(tail) > 1
+        need = cdiv(held + n, bs) - len(req.block_ids) + int(cow)
+        try:
+            fresh = self.pool.allocate(need)
+        except NoFreeBlocks:
+            return None
+        if cow:
+            assert tail is not None
+            copy = fresh.pop(0)
+            self._block_copies.append((tail, copy))
+            self.num_block_copies += 1
+            req.block_ids[-1] = copy
+            self.pool.free([tail])  # the other holders keep it, unchanged
+        req.block_ids.extend(fresh)
+        return []
+
+    def take_block_copies(self) -> list[tuple[BlockId, BlockId]]:
+        """Copy-on-write copies queued by admissions since the last call, as ``(src, dst)``; the
+        engine copies the KV before the forward pass that writes into ``dst``."""
+        copies, self._block_copies = self._block_copies, []
+        return copies
 
     def _start_external(self, req: Request, external: ExternalPrefix, first: int, count: int) -> None:
         self.update_block_keys(req)
@@ -308,8 +357,19 @@ class KVCacheManager:
 
     def release(self, req: Request, finished: bool) -> None:
         """Free the request's blocks (tail first). Route leases are kept across a
-        preemption (the request still owes those rows) and released when finished."""
-        if req.block_ids:
+        preemption (the request still owes those rows) and released when finished.
+        A finished ``keep_blocks`` request hands its computed blocks back instead
+        (``req.returned_blocks``, held in ``self.holds``; None when it computed nothing);
+        slots beyond them are freed."""
+        if finished and req.keep_blocks:
+            keep = cdiv(req.num_computed_tokens, self.block_size)
+            if len(req.block_ids) > keep:
+                self.pool.free(list(reversed(req.block_ids[keep:])))
+            if keep:
+                req.returned_blocks = self.holds.adopt(HeldBlocks(
+                    req.block_ids[:keep], req.num_computed_tokens, list(req.block_keys),
+                    min(req.num_committed_blocks, keep)))
+        elif req.block_ids:
             self.pool.free(list(reversed(req.block_ids)))
         req.block_ids = []
         req.num_committed_blocks = 0

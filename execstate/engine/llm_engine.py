@@ -19,6 +19,14 @@ Failure isolation: a step that raises fails the requests of that step (finish_re
 its integrity checks afterwards does ``step`` raise (``EngineCorruptedError``). See
 ``step_failure``.
 
+Session steps (``add_step_request``, used by ``session/``): a request that arrives holding the
+session's blocks (``HeldBlocks`` registered in ``kv_holds``) and hands them back at finish;
+``on_finished`` runs in ``_finalize``, on the engine thread, before the final output is
+returned. References held by sessions and checkpoints live in ``kv_holds`` and count in the
+failed-step reference check. When waiting requests cannot be admitted because holds fill the
+pool (nothing running), the engine asks the holds' owner to reclaim (evict an idle session);
+if it cannot, the first waiting request fails with an error saying why (never a hang).
+
 PD decode side: a request whose KV is loaded from a prefill instance waits in its own
 state while the others keep stepping (``engine/pd_connector.py``). When every unfinished
 request is waiting for a load, ``step()`` blocks until a load finishes, ``wake()`` is called
@@ -28,6 +36,7 @@ request is waiting for a load, ``step()`` blocks until a load finishes, ``wake()
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from dataclasses import replace
@@ -50,6 +59,7 @@ from execstate.engine.sampler import sample
 from execstate.engine.sampling_params import RequestOutputKind, SamplingParams
 from execstate.engine.scheduler import Scheduler
 from execstate.engine.step_failure import EngineFatalError, StepState, fail_step
+from execstate.engine.step_request import StepRequest, build_step_request
 from execstate.engine.tokenizer import Tokenizer
 from execstate.engine.validation import (
     validate_forced_routes,
@@ -69,6 +79,7 @@ from execstate.model.loader import load_hf_state_dict, load_model
 from execstate.model.registry import resolve_model
 from execstate.model.weight_copy import plan_weight_copy
 from execstate.model.weights_digest import model_digest
+from execstate.state.block_holds import BlockHolds
 from execstate.state.block_pool import BlockPool
 from execstate.state.kv_pool import KVPool
 from execstate.state.route_store import RouteStore
@@ -78,6 +89,7 @@ from execstate.transfer.handoff import Handoff, wants_remote_prefill
 if TYPE_CHECKING:
     from execstate.engine.pd_connector import PDConfig, PDConnector
 
+logger = logging.getLogger(__name__)
 PromptType = str | list[int] | dict[str, Any]
 # Longest wait of an idle step (every unfinished request waiting for a KV load) without a wake-up.
 _IDLE_WAIT_S = 0.05
@@ -123,9 +135,10 @@ class LLMEngine:
             cache_salt=config.cache_salt,
         )
         self.r3_clock = R3Clock()  # route-return bookkeeping time (the direct R3 overhead)
+        self.kv_holds = BlockHolds(self.block_pool)  # references held by sessions and checkpoints
         self.kv_manager = KVCacheManager(
             self.block_pool, config.block_size, self.provenance, config.enable_prefix_caching, self.route_store,
-            self.r3_clock,
+            self.r3_clock, self.kv_holds,
         )
         self.scheduler = Scheduler(self.kv_manager, config.max_num_batched_tokens, config.max_num_seqs)
         self.runner = ModelRunner(self.model, self.kv_pool, config.device, self.return_routes, self.r3_clock)
@@ -137,6 +150,7 @@ class LLMEngine:
         self._wakeup = threading.Event()
         self.weight_update: WeightUpdate | None = None  # in progress (policy drain)
         self._weights_versions = {self.provenance.weights_version}  # every version this engine has run
+        self._finished_between_steps: list[RequestOutput] = []  # final outputs the next step() returns
         self.startup_seconds = time.perf_counter() - t0
 
     def attach_pd(self, cfg: PDConfig) -> PDConnector:
@@ -213,6 +227,19 @@ class LLMEngine:
         self.scheduler.add(req)
         return request_id
 
+    def add_step_request(self, step: StepRequest) -> Request:
+        """Queue one session step (``engine/step_request.py``): validated first (ValueError,
+        nothing changed); then its held blocks become the request's and come back at finish as
+        ``Request.returned_blocks``. Returns the queued request."""
+        req = build_step_request(self, step)
+        if step.held is not None:
+            held = self.kv_holds.hand_over(step.held)
+            req.block_ids, req.block_keys = held.block_ids, held.block_keys
+            req.num_committed_blocks, req.num_computed_tokens = held.num_committed_blocks, held.num_tokens
+        self.requests[req.request_id] = req
+        self.scheduler.add(req)
+        return req
+
     def _handoff(self, kv: dict[str, Any] | Handoff | None) -> Handoff | None:
         """The trusted handoff to load from, or None; ValueError when it may not be used."""
         if isinstance(kv, Handoff) or wants_remote_prefill(kv):
@@ -233,6 +260,15 @@ class LLMEngine:
         self._switch_weights_if_drained()
         return out
 
+    def abort_request_deferred(self, request_id: str) -> bool:
+        """Abort now, but let the next ``step()`` return the final output (for callers that are
+        not the request's consumer, e.g. a session closed on the engine thread). False if unknown."""
+        out = self.abort_request(request_id)
+        if out is None:
+            return False
+        self._finished_between_steps.append(out)
+        return True
+
     def poll(self) -> None:
         """Housekeeping that must also run while idle (PD: apply releases, expire exports;
         a drained weight update switches)."""
@@ -245,7 +281,7 @@ class LLMEngine:
         return (self.pd is not None and self.pd.needs_polling) or self.weight_update is not None
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished
+        return self.scheduler.has_unfinished or bool(self._finished_between_steps)
 
     # -- one step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -258,10 +294,16 @@ class LLMEngine:
     def _run_step(self, state: StepState) -> list[RequestOutput]:
         self.poll()
         sched = state.sched = self.scheduler.schedule()
-        outputs = state.outputs = [self._finalize(r) for r in sched.failed]
+        if sched.block_copies:
+            self.kv_pool.copy_blocks(sched.block_copies)
+        outputs = state.outputs = self._finished_between_steps + [self._finalize(r) for r in sched.failed]
+        self._finished_between_steps = []
         if sched.empty:
             if self.scheduler.has_unfinished and not outputs and not self._blocks_held_elsewhere():
-                raise EngineFatalError("scheduler made no progress although requests are waiting")
+                if not self.kv_holds.num_holders:
+                    raise EngineFatalError("scheduler made no progress although requests are waiting")
+                outputs += self._relieve_holds()
+                return outputs
             if not outputs and self.scheduler.num_loading and not (self.pd and self.pd.has_finished_loads):
                 # Nothing to run until a load finishes. A wake-up set before this wait ends it at once
                 # (at worst one spurious extra step); one set after it returns is not needed: the
@@ -307,6 +349,22 @@ class LLMEngine:
         pd = self.pd
         return self.scheduler.num_loading > 0 or (pd is not None and (pd.num_pinned_exports > 0 or bool(pd.fenced_blocks)))
 
+    def _relieve_holds(self) -> list[RequestOutput]:
+        """Nothing runs and the waiting requests do not fit beside the blocks held by sessions and
+        checkpoints: let the holds' owner reclaim (evict an idle session); if it cannot, fail the
+        first waiting request (a request-level error) rather than wait forever."""
+        if self.kv_holds.reclaim() or not self.scheduler.waiting:
+            return []
+        req = self.scheduler.waiting[0]
+        pool = self.block_pool
+        req.abort_message = (
+            f"the request cannot be admitted: sessions and checkpoints hold {self.kv_holds.num_references} "
+            f"block references ({pool.num_used} of {pool.num_blocks} blocks in use); close sessions or "
+            "release checkpoints, or enable session eviction"
+        )
+        self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+        return [self._finalize(req)]
+
     def _export(self, req: Request, status: RequestStatus) -> RequestStatus:
         """Producer: hand the finished prefill's blocks to the decode side (before the
         request frees them). Over the transfer limits this is a request-level error."""
@@ -330,7 +388,22 @@ class LLMEngine:
         out = build_output(req, self.tokenizer, self.return_routes)
         if out.outputs[0].routed_experts is not None:
             self.r3_clock.add_since(t_r3)  # the output is built anyway; dominated by the routes array
+        self._run_finish_hook(req, out)
         return out
+
+    def _run_finish_hook(self, req: Request, out: RequestOutput) -> None:
+        """``req.on_finished`` (a session taking its step's blocks back), once. If it raises, the
+        blocks it did not take are released so that nothing leaks; the error is logged."""
+        hook, req.on_finished = req.on_finished, None
+        if hook is None:
+            return
+        try:
+            hook(req, out)
+        except Exception:  # noqa: BLE001 - a hook must not take the engine down
+            logger.exception("the finish hook of request %s failed", req.request_id)
+            held = req.returned_blocks
+            if held is not None and self.kv_holds.holds(held):
+                self.kv_holds.release(held)
 
     # -- weights ----------------------------------------------------------------
     def update_weights(
@@ -385,9 +458,13 @@ class LLMEngine:
         version = update.version or model_digest(self.model)
         self.provenance = replace(self.provenance, weights_version=version)
         self.kv_manager.set_provenance(self.provenance)
-        for req in self.requests.values():  # held back by the drain: never admitted, keys from the new root
-            assert not req.block_ids
-            req.block_keys = []
+        for req in list(self.requests.values()):  # held back by the drain: never admitted
+            if req.block_ids:  # a session step holding KV of the old weights: it cannot go on
+                req.abort_message = "the weights were updated before this step started: its state is stale"
+                self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+                self._finished_between_steps.append(self._finalize(req))  # returned by the next step()
+                continue
+            req.block_keys = []  # keys from the new root
         self.scheduler.admit_only = None
         self._weights_versions.add(version)
         self.weight_update = None
@@ -397,5 +474,6 @@ class LLMEngine:
 
     def check_integrity(self) -> None:
         self.block_pool.check_integrity()
+        self.kv_holds.check_integrity()
         if self.route_store is not None:
             self.route_store.check_integrity()

@@ -6,12 +6,19 @@ loaded from another instance, never scheduled) -> RUNNING once the load is commi
 FINISHED_ABORTED if it failed. ``num_computed_tokens`` counts tokens whose KV is in this request's
 blocks; the last token of ``all_token_ids`` has had no forward pass yet whenever the
 request is decoding.
+
+Session steps (``session/``): a request may arrive holding blocks (``block_ids`` with the KV of
+its first ``num_computed_tokens`` tokens, handed over by the session); with ``keep_blocks`` its
+blocks are handed back at finish (``returned_blocks``, registered in the engine's block holds)
+instead of being freed, and ``on_finished(request, final_output)`` runs on the engine thread
+as it finishes. ``priority`` is its scheduling class (higher first, ``engine/scheduler.py``).
 """
 
 from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,11 +26,12 @@ from execstate.engine.detokenizer import IncrementalDetokenizer
 from execstate.engine.route_trace import RouteTrace
 from execstate.engine.sampling_params import SamplingParams
 from execstate.identity.keys import BlockKey
+from execstate.state.block_holds import HeldBlocks
 from execstate.state.block_pool import BlockId
 from execstate.transfer.handoff import Handoff
 
 if TYPE_CHECKING:
-    from execstate.engine.outputs import Logprob
+    from execstate.engine.outputs import Logprob, RequestOutput
     from execstate.engine.penalties import PenaltyState
 
 
@@ -93,6 +101,10 @@ class Request:
     output_logprob_entries: list[dict[int, Logprob]] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     num_sent_tokens: int = 0
+    # Session steps (module docstring): hand the blocks back at finish instead of freeing them.
+    keep_blocks: bool = False
+    returned_blocks: HeldBlocks | None = None
+    on_finished: Callable[[Request, RequestOutput], None] | None = None
 
     def __post_init__(self) -> None:
         self.detok = IncrementalDetokenizer(self.params.skip_special_tokens, self.params.stop)

@@ -7,6 +7,15 @@ last. When a running request needs a block and the pool is empty, the newest run
 request is preempted by recompute: its blocks are freed and it goes back to the
 front of the waiting queue, keeping its generated tokens and its route rows.
 
+Priority classes (``Request.priority``, higher first: ``PRIORITY_INTERACTIVE`` session
+steps above ``PRIORITY_BATCH`` requests): the rules above apply class by class, from the
+highest: a class's running requests, then its waiting ones, then the next class, so the
+budget goes to higher classes first. ``waiting`` and ``running`` are kept ordered by class
+(arrival order within one; a preempted request returns to the front of its class).
+Preemption victims are the newest running requests of the lowest class; a waiting request
+that finds no sequence slot or no blocks may preempt running requests of *lower* classes
+(never of its own). Without priorities (every request in one class) nothing changes.
+
 PD decode side (``external``): admission may start an asynchronous KV load instead of
 scheduling the request; it then waits in ``loading`` (status WAITING_FOR_REMOTE_KVS, its
 blocks allocated, counted against ``max_num_seqs``) while the others keep running. Each
@@ -32,6 +41,10 @@ from dataclasses import dataclass, field
 
 from execstate.engine.kv_cache_manager import ExternalLoadError, ExternalPrefix, KVCacheManager
 from execstate.engine.request import Request, RequestStatus
+from execstate.state.block_pool import BlockId
+
+PRIORITY_BATCH = 0
+PRIORITY_INTERACTIVE = 1
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,8 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     # Requests that failed admission or their external load (request-level error): finished.
     failed: list[Request] = field(default_factory=list)
+    # Copy-on-write block copies (src, dst) to run before the forward pass (KVCacheManager).
+    block_copies: list[tuple[BlockId, BlockId]] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -85,7 +100,26 @@ class Scheduler:
 
     def add(self, req: Request) -> None:
         req.status = RequestStatus.WAITING
-        self.waiting.append(req)
+        self._enqueue(req, front=False)
+
+    def _enqueue(self, req: Request, front: bool) -> None:
+        """Into ``waiting`` at the back (or, ``front``, the front) of its priority class."""
+        w = self.waiting
+        if not w or (w[-1].priority >= req.priority and not front):
+            w.append(req)
+            return
+        i = 0
+        while i < len(w) and (w[i].priority > req.priority or (w[i].priority == req.priority and not front)):
+            i += 1
+        w.insert(i, req)
+
+    def _start_running(self, req: Request) -> None:
+        """Into ``running`` after the running requests of its class and of higher ones."""
+        r = self.running
+        i = len(r)
+        while i > 0 and r[i - 1].priority < req.priority:
+            i -= 1
+        r.insert(i, req)
 
     @property
     def has_unfinished(self) -> bool:
@@ -100,49 +134,85 @@ class Scheduler:
         out = SchedulerOutput()
         self._apply_finished_loads(out)
         budget = self.max_num_batched_tokens
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = min(req.remaining_tokens, budget)
-            before = req.num_computed_tokens
-            while not self.kv.allocate(req, n):
-                victim = self.running.pop()
-                self._preempt(victim)
-                out.preempted.append(victim)
-                if victim is req:
+        admitting = True
+        i = 0  # next running request to serve: running[:i] are scheduled (or preempted)
+        while budget > 0:
+            run_cls = self.running[i].priority if i < len(self.running) else None
+            wait_cls = self.waiting[0].priority if admitting and self.waiting else None
+            if run_cls is None and wait_cls is None:
+                break
+            if run_cls is not None and (wait_cls is None or run_cls >= wait_cls):
+                req = self.running[i]
+                n = min(req.remaining_tokens, budget)
+                before = req.num_computed_tokens
+                while not self.kv.allocate(req, n):
+                    victim = self.running.pop()  # the newest of the lowest class
+                    self._preempt(victim)
+                    out.preempted.append(victim)
+                    admitting = False  # the pool is full: admit nothing new this step
+                    if victim is req:
+                        break
+                if req.status is not RequestStatus.RUNNING:
                     break
-            if req.status is not RequestStatus.RUNNING:
-                break
-            out.scheduled.append(ScheduledRequest(req, n, before))
-            budget -= n
-            i += 1
-        if out.preempted:
-            return out  # the pool is full: admit nothing new this step
-        while self.waiting and budget > 0 and len(self.running) + len(self.loading) < self.max_num_seqs:
-            req = self.waiting[0]
-            if self.admit_only is not None and req not in self.admit_only:
-                break
+                out.scheduled.append(ScheduledRequest(req, n, before))
+                budget -= n
+                i += 1
+                continue
+            admitted = self._admit_head(out, budget, i)
+            if admitted is None:
+                admitting = False
+                continue
+            if admitted:
+                budget -= out.scheduled[-1].num_new_tokens
+                i += 1
+        out.block_copies = self.kv.take_block_copies()
+        return out
+
+    def _admit_head(self, out: SchedulerOutput, budget: int, served: int) -> bool | None:
+        """Admit ``waiting[0]``: True if it was scheduled (inserted at ``running[served]``), False
+        if it left the queue otherwise (failed, or loading), None if it cannot be admitted now.
+        Running requests of lower classes not yet served (``running[served:]``) may be preempted
+        for its sequence slot or its blocks."""
+        req = self.waiting[0]
+        if self.admit_only is not None and req not in self.admit_only:
+            return None
+        while len(self.running) + len(self.loading) >= self.max_num_seqs:
+            if not self._preempt_lower(req, out, served):
+                return None
+        while True:
             try:
                 hits = self.kv.admit(req, budget, self.external)
             except ExternalLoadError as e:
+                self.waiting.popleft()
                 req.abort_message = str(e)
                 self.finish(req, RequestStatus.FINISHED_ABORTED)
                 out.failed.append(req)
-                continue
-            if hits is None:
+                return False
+            if hits is not None:
                 break
-            self.waiting.popleft()
-            if req.num_cached_tokens is None:
-                req.num_cached_tokens = req.num_computed_tokens - req.num_transferred_tokens
-            if req.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
-                self.loading[req.request_id] = req  # not scheduled until its KV arrived
-                continue
-            n = min(req.remaining_tokens, budget)
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            out.scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens))
-            budget -= n
-        return out
+            if not self._preempt_lower(req, out, served):
+                return None
+        self.waiting.popleft()
+        if req.num_cached_tokens is None:
+            req.num_cached_tokens = req.num_computed_tokens - req.num_transferred_tokens
+        if req.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
+            self.loading[req.request_id] = req  # not scheduled until its KV arrived
+            return False
+        n = min(req.remaining_tokens, budget)
+        req.status = RequestStatus.RUNNING
+        self.running.insert(served, req)
+        out.scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens))
+        return True
+
+    def _preempt_lower(self, req: Request, out: SchedulerOutput, served: int) -> bool:
+        """Preempt the newest running request of a class below ``req``'s that this step has not
+        served yet; False if there is none."""
+        if len(self.running) <= served or self.running[-1].priority >= req.priority:
+            return False
+        victim = self.running.pop()
+        self._preempt(victim)
+        out.preempted.append(victim)
+        return True
 
     def _apply_finished_loads(self, out: SchedulerOutput) -> None:
         if self.external is None or not self.loading:
@@ -162,14 +232,14 @@ class Scheduler:
                 continue
             self.kv.apply_external(req, done.load)
             req.status = RequestStatus.RUNNING
-            self.running.append(req)
+            self._start_running(req)
 
     def _preempt(self, req: Request) -> None:
         self.kv.release(req, finished=False)
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        self._enqueue(req, front=True)
 
     def on_computed(self, s: ScheduledRequest) -> None:
         """The forward pass computed ``s``'s tokens: advance and commit full blocks."""

@@ -10,8 +10,10 @@ Contract (``LLMEngine.step`` calls ``fail_step`` from its ``except``):
   leases through the scheduler (exactly once, as any finish). Outputs the step had
   already produced are kept and returned first, so consumers see them in order.
 - Then the block pool and the route store must pass ``check_integrity()``, and every
-  block reference must belong to a live request (``check_references``; skipped while
-  blocks are held outside requests, e.g. PD exports). If not, or if failing the
+  block reference must belong to a live request or to a hold of a session or checkpoint
+  (``engine.kv_holds``; ``check_references``; skipped while PD holds blocks outside
+  requests: exports awaiting pickup, loads in flight, fenced blocks). A failed session step
+  hands its blocks back to its session like any finished step, so they are counted there. If not, or if failing the
   requests raised in turn, shared state may be corrupt and
   ``EngineCorruptedError`` is raised: the engine must stop (the server exits so that a
   supervisor restarts it). A step whose error is not attributable to any request
@@ -88,17 +90,21 @@ def fail_step(engine: LLMEngine, state: StepState, exc: Exception) -> list[Reque
 
 def check_references(engine: LLMEngine) -> None:
     """Raise ``AssertionError`` unless each block's reference count is the number of live
-    requests holding it (a leaked or lost reference). No-op while blocks are held elsewhere."""
+    requests holding it plus the number of session/checkpoint holds on it (a leaked or lost
+    reference). No-op while PD holds blocks outside requests."""
     if engine._blocks_held_elsewhere():
         return
-    held = Counter(b for req in engine.requests.values() for b in req.block_ids)
+    by_requests = Counter(b for req in engine.requests.values() for b in req.block_ids)
+    by_holds = engine.kv_holds.counts()
     pool = engine.block_pool
-    wrong = [b for b in range(pool.num_blocks) if pool.ref_count(BlockId(b)) != held.get(b, 0)]
+    wrong = [b for b in range(pool.num_blocks)
+             if pool.ref_count(BlockId(b)) != by_requests.get(b, 0) + by_holds.get(b, 0)]
     if wrong:
         b = wrong[0]
         raise AssertionError(
-            f"{len(wrong)} block(s) with references no request holds, e.g. block {b}: "
-            f"ref_count {pool.ref_count(BlockId(b))}, held by {held.get(b, 0)} request(s)"
+            f"{len(wrong)} block(s) with references no request or hold accounts for, e.g. block {b}: "
+            f"ref_count {pool.ref_count(BlockId(b))}, held by {by_requests.get(b, 0)} request(s) and "
+            f"{by_holds.get(b, 0)} session/checkpoint hold(s)"
         )
 
 
@@ -108,11 +114,17 @@ def _final_output(engine: LLMEngine, req: Request) -> RequestOutput:
         return engine._finalize(req)
     except Exception:  # noqa: BLE001 - the request must still get its terminal output
         engine.requests.pop(req.request_id, None)
-        completion = CompletionOutput(
-            index=0, text="", token_ids=list(req.output_token_ids), cumulative_logprob=None, logprobs=None,
-            finish_reason=req.finish_reason,
-        )
-        return RequestOutput(
-            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=list(req.prompt_token_ids),
-            outputs=[completion], finished=True, error=req.abort_message or "the request failed",
-        )
+        bare = _bare_output(req)
+        engine._run_finish_hook(req, bare)
+        return bare
+
+
+def _bare_output(req: Request) -> RequestOutput:
+    completion = CompletionOutput(
+        index=0, text="", token_ids=list(req.output_token_ids), cumulative_logprob=None, logprobs=None,
+        finish_reason=req.finish_reason,
+    )
+    return RequestOutput(
+        request_id=req.request_id, prompt=req.prompt, prompt_token_ids=list(req.prompt_token_ids),
+        outputs=[completion], finished=True, error=req.abort_message or "the request failed",
+    )

@@ -45,6 +45,17 @@ class KVPool:
     def block_slots(self, block_id: int) -> slice:
         return slice(block_id * self.block_size, (block_id + 1) * self.block_size)
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write: block ``src``'s K/V in every layer into block ``dst``, for each pair, in
+        place (one block-sized slice per layer and tensor; the source is only read)."""
+        for src, dst in pairs:
+            if not (0 <= src < self.num_blocks and 0 <= dst < self.num_blocks) or src == dst:
+                raise ValueError(f"cannot copy block {src} to {dst} in a pool of {self.num_blocks}")
+        for src, dst in pairs:
+            s, d = self.block_slots(src), self.block_slots(dst)
+            self.k[:, d].copy_(self.k[:, s])
+            self.v[:, d].copy_(self.v[:, s])
+
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """Zero-filled tensor. On CPU from ``calloc`` (numpy): the OS hands out zero pages on first

@@ -1,0 +1,79 @@
+"""A session step as the engine takes it (``LLMEngine.add_step_request``; sessions: ``session/``).
+
+A :class:`StepRequest` is the session's whole context plus the step's input (``token_ids``), the
+blocks holding the KV of its first ``held.num_tokens`` tokens (registered in the engine's block
+holds; None: nothing held, the prefix cache is looked up as for any request), the session's route
+trace (rows for at least the held tokens; present exactly when the engine returns routes) and
+its generator, the scheduling class and a hook for the end.
+
+``build_step_request`` validates everything first (``ValueError``, nothing changed) and builds the
+engine ``Request`` with ``keep_blocks`` set; the engine then hands the held blocks over (they
+become the request's references) and queues it. The trace and the generator stay shared with the
+session: the request fills the trace and draws from the generator in place. The ids in
+``token_ids`` are not scanned again: the session validated each input event when it was submitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from execstate.engine.penalties import PenaltyState
+from execstate.engine.request import Request
+from execstate.engine.route_trace import RouteTrace
+from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.scheduler import PRIORITY_INTERACTIVE
+from execstate.engine.validation import check_prompt_length, validate_logit_bias, validate_sampling
+from execstate.state.block_holds import HeldBlocks
+
+if TYPE_CHECKING:
+    from execstate.engine.llm_engine import LLMEngine
+    from execstate.engine.outputs import RequestOutput
+
+
+@dataclass(eq=False)
+class StepRequest:
+    request_id: str
+    token_ids: list[int]
+    params: SamplingParams
+    held: HeldBlocks | None
+    routes: RouteTrace | None
+    generator: torch.Generator
+    priority: int = PRIORITY_INTERACTIVE
+    cache_salt: str | None = None
+    on_finished: Callable[[Request, RequestOutput], None] | None = None
+
+
+def build_step_request(engine: LLMEngine, step: StepRequest) -> Request:
+    """The engine ``Request`` for ``step`` (module docstring); ValueError on bad input."""
+    vocab = engine.model_config.vocab_size
+    if step.request_id in engine.requests:
+        raise ValueError(f"request id {step.request_id!r} is already in use")
+    if step.params.n != 1:
+        raise ValueError("a session step takes n=1")
+    validate_sampling(step.params, vocab)
+    validate_logit_bias(step.params.logit_bias, vocab)
+    if not step.token_ids:
+        raise ValueError("a step needs at least one token of context")
+    check_prompt_length(len(step.token_ids), engine.max_model_len)
+    held = step.held
+    if held is not None:
+        if not engine.kv_holds.holds(held):
+            raise ValueError("the step's blocks are not held (released, or handed over already)")
+        if not 0 < held.num_tokens < len(step.token_ids):
+            raise ValueError(f"held KV of {held.num_tokens} tokens for a step of {len(step.token_ids)} tokens")
+        if step.routes is not None and step.routes.rows_known < held.num_tokens:
+            raise ValueError(f"route rows for {step.routes.rows_known} of the {held.num_tokens} held tokens")
+    if (step.routes is not None) != engine.return_routes:
+        raise ValueError("a step carries a route trace exactly when the engine returns routes")
+    req = Request(step.request_id, step.token_ids, step.params, engine.max_model_len, priority=step.priority)
+    req.keep_blocks = True
+    req.cache_salt = step.cache_salt
+    req.routes = step.routes
+    req.generator = step.generator
+    req.on_finished = step.on_finished
+    req.penalty_state = PenaltyState.for_request(step.params, req.prompt_token_ids, req.output_token_ids, vocab)
+    return req

@@ -1,0 +1,138 @@
+"""LM sessions over an ``AsyncEngine``: the API a realtime front (WebSocket) calls.
+
+Every operation is a command executed on the engine thread between steps (``LMSessions``,
+``session/lm_sessions.py``), so nothing blocks the event loop and sessions never race with the
+engine. Text is tokenised in a worker thread, never on the engine thread::
+
+    sessions = AsyncSessions(async_engine)
+    info = await sessions.open(session_id=None, sampling_params=SamplingParams(...))  # SessionInfo
+    ack = await sessions.submit_event(sid, event_id=7, kind="input", data={"text": "..."})
+    async for item in sessions.step(sid, input=[...] or "text", max_tokens=16):
+        ...  # StepDelta (new tokens and text) as they come, then the StepResult, last
+    await sessions.cancel(sid)               # the step in flight ends with finish_reason "abort"
+    cp = await sessions.checkpoint(sid)      # a checkpoint id (str)
+    await sessions.rollback(sid, cp); await sessions.release_checkpoint(sid, cp)
+    fork = await sessions.fork(sid, cp or None, new_session_id=None)   # SessionInfo
+    await sessions.reset(sid); await sessions.close(sid)
+    await sessions.info(sid); await sessions.list()
+    await sessions.token_ids(sid); await sessions.routed_experts(sid)
+
+Errors are ``SessionEventError`` with a ``code`` (``session/lm_sessions.py``); a failed step
+raises it (code ``failed``) from the ``step`` iterator after the deltas it produced. Closing the
+``step`` iterator early cancels the step (the session keeps what was generated). Session ids are
+strings (``session/manager.py``), checkpoints are referred to by their ids. When the
+``AsyncEngine`` shuts down, every session is closed and its state released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from execstate.engine.async_engine import AsyncEngine
+from execstate.engine.llm_engine import LLMEngine
+from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.scheduler import PRIORITY_INTERACTIVE
+from execstate.session.events import EventAck, SessionEventError
+from execstate.session.lm_events import INPUT, pretokenize
+from execstate.session.lm_sessions import LMSessions, SessionInfo
+from execstate.session.lm_step import StepDelta, StepHandle, StepResult
+
+T = TypeVar("T")
+
+
+class AsyncSessions:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        engine.add_shutdown_hook(lambda eng: LMSessions.of(eng).close_all())
+
+    async def _on_engine(self, fn: Callable[[LMSessions], T]) -> T:
+        return await self.engine.run_on_engine(lambda eng: fn(LMSessions.of(eng)))
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def open(self, session_id: str | None = None, sampling_params: SamplingParams | None = None,
+                   priority: int = PRIORITY_INTERACTIVE, cache_salt: str | None = None) -> SessionInfo:
+        def fn(s: LMSessions) -> SessionInfo:
+            return s.info(s.open(session_id, sampling_params, priority, cache_salt).session_id)
+
+        return await self._on_engine(fn)
+
+    async def close(self, session_id: str) -> bool:
+        """Close (idempotent); a step in flight is cancelled first."""
+        return await self._on_engine(lambda s: s.close(session_id))
+
+    async def reset(self, session_id: str) -> None:
+        await self._on_engine(lambda s: s.reset(session_id))
+
+    # -- events and steps -------------------------------------------------------------------------
+    async def submit_event(self, session_id: str, event_id: int, kind: str, data: Any = None) -> EventAck:
+        data = await asyncio.to_thread(pretokenize, kind, data, self.engine.tokenizer)
+        return await self._on_engine(lambda s: s.submit_event(session_id, event_id, kind, data))
+
+    async def step(self, session_id: str, input: list[int] | str | None = None, max_tokens: int | None = None,
+                   reprefill: bool = False) -> AsyncIterator[StepDelta | StepResult]:
+        """Submit ``input`` (if any) and run one step: yields ``StepDelta``s, then the ``StepResult``."""
+        if isinstance(input, str):
+            first = await self._on_engine(lambda s: s.first_input(session_id))
+            data = await asyncio.to_thread(pretokenize, INPUT, {"text": input, "add_special_tokens": first},
+                                           self.engine.tokenizer)
+            input = data["token_ids"] if isinstance(data, dict) and "token_ids" in data else input
+        handles: list[StepHandle] = []
+
+        def start(eng: LLMEngine) -> str:
+            handle = LMSessions.of(eng).start_step(session_id, input, max_tokens, reprefill, stream=True)
+            handles.append(handle)
+            return handle.request_id
+
+        async for out in self.engine.stream(start):
+            c = out.outputs[0]
+            if c.token_ids or c.text:
+                yield StepDelta(session_id, handles[0].step_index, list(c.token_ids), c.text)
+        handle = handles[0]
+        if not handle.done:  # the engine finished the request, so its hook ran: never expected
+            raise SessionEventError("failed", f"step {handle.step_index} of session {session_id!r} ended unsettled")
+        if handle.error is not None:
+            raise handle.error
+        assert handle.result is not None
+        yield handle.result
+
+    async def cancel(self, session_id: str) -> bool:
+        """Cancel the step in flight; False if there is none."""
+        return await self._on_engine(lambda s: s.cancel(session_id))
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    async def checkpoint(self, session_id: str) -> str:
+        return await self._on_engine(lambda s: s.checkpoint(session_id).checkpoint_id)
+
+    async def rollback(self, session_id: str, checkpoint_id: str) -> None:
+        await self._on_engine(lambda s: s.rollback(session_id, _cp_id(checkpoint_id)))
+
+    async def release_checkpoint(self, session_id: str, checkpoint_id: str) -> None:
+        await self._on_engine(lambda s: s.release_checkpoint(session_id, _cp_id(checkpoint_id)))
+
+    async def fork(self, session_id: str, checkpoint_id: str | None = None,
+                   new_session_id: str | None = None) -> SessionInfo:
+        cp = None if checkpoint_id is None else _cp_id(checkpoint_id)
+        return await self._on_engine(lambda s: s.info(s.fork(session_id, cp, new_session_id).session_id))
+
+    # -- queries ------------------------------------------------------------------------------------
+    async def info(self, session_id: str) -> SessionInfo:
+        return await self._on_engine(lambda s: s.info(session_id))
+
+    async def list(self) -> list[SessionInfo]:
+        return await self._on_engine(lambda s: s.list())
+
+    async def token_ids(self, session_id: str) -> list[int]:
+        return await self._on_engine(lambda s: s.token_ids(session_id))
+
+    async def routed_experts(self, session_id: str) -> np.ndarray | None:
+        return await self._on_engine(lambda s: s.routed_experts(session_id))
+
+
+def _cp_id(checkpoint_id: object) -> str:
+    if not isinstance(checkpoint_id, str):
+        raise SessionEventError("invalid", f"a checkpoint id is a string, got {checkpoint_id!r}")
+    return checkpoint_id

@@ -1,0 +1,126 @@
+"""The offline LM session API (``LLM.open_session``), one call per operation::
+
+    s = llm.open_session(sampling_params=SamplingParams(temperature=0.8, seed=1))
+    r = s.step([1, 2, 3] or "text", max_tokens=16)    # -> StepResult
+    s.token_ids, s.routed_experts                       # the whole context, its route rows
+    s.submit_event(event_id=7, kind="input", data={"token_ids": [4, 5]})   # applied at the next step
+    cp = s.checkpoint(); s.rollback(cp); f = s.fork(cp)  # fork(None): at the current step
+    s.reset(); s.close()
+
+``step`` drives ``engine.step()`` until the step's request finished; other requests in the engine
+progress in the same steps (their outputs go to ``on_output`` when given). A refused call raises
+:class:`SessionEventError` (``.code``: see ``session/lm_sessions.py``); a failed step raises it
+with code ``failed`` and leaves the session FAILED (only ``reset`` and ``close`` work then).
+Rules of the state machine, checkpoints and forks: ``session/runtime.py``; of events:
+``session/events.py`` and ``session/lm_events.py``.
+
+A ``Session`` is also a context manager that closes it. Not thread-safe (like ``LLM``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from execstate.engine.outputs import RequestOutput
+from execstate.session.events import EventAck, SessionEventError
+from execstate.session.lm_sessions import LMSessions, SessionInfo
+from execstate.session.lm_step import StepResult
+from execstate.session.runtime import Checkpoint, SessionRuntime
+
+__all__ = ["Checkpoint", "Session", "SessionEventError", "StepResult"]
+
+
+class Session:
+    def __init__(self, sessions: LMSessions, rt: SessionRuntime) -> None:
+        self._sessions = sessions
+        self._rt = rt
+        self.session_id = rt.session_id
+
+    # -- state ------------------------------------------------------------------------------------
+    @property
+    def status(self) -> str:
+        return self._rt.status.value
+
+    @property
+    def step_index(self) -> int:
+        return self._rt.step_index
+
+    @property
+    def event_epoch(self) -> int:
+        return self._rt.event_epoch
+
+    @property
+    def branch_id(self) -> str:
+        return self._rt.branch_id
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The whole context so far (inputs and outputs, in order)."""
+        return self._sessions.token_ids(self.session_id)
+
+    @property
+    def routed_experts(self) -> np.ndarray | None:
+        """int16 ``[len(token_ids) - 1, n_moe_layers, top_k]`` (vLLM layout); None without R3."""
+        return self._sessions.routed_experts(self.session_id)
+
+    @property
+    def checkpoints(self) -> list[Checkpoint]:
+        return self._rt.checkpoints
+
+    def state_key(self) -> bytes:
+        """The session state key (identity/session_keys.py)."""
+        return self._rt.state_key()
+
+    def info(self) -> SessionInfo:
+        return self._sessions.info(self.session_id)
+
+    # -- operations --------------------------------------------------------------------------------
+    def submit_event(self, event_id: int, kind: str, data: Any = None) -> EventAck:
+        return self._sessions.submit_event(self.session_id, event_id, kind, data)
+
+    def step(self, input: list[int] | str | None = None, max_tokens: int | None = None, reprefill: bool = False,
+             on_output: Callable[[RequestOutput], None] | None = None) -> StepResult:
+        """Append ``input`` (an ``input`` event with the next id) and the pending events, then
+        generate up to ``max_tokens`` tokens (None: the session's ``SamplingParams.max_tokens``)."""
+        handle = self._sessions.start_step(self.session_id, input, max_tokens, reprefill)
+        engine = self._sessions.engine
+        while not handle.done:
+            if not engine.has_unfinished_requests():
+                raise RuntimeError(f"the engine lost step {handle.step_index} of session {self.session_id!r}")
+            for out in engine.step():
+                if out.request_id != handle.request_id and on_output is not None:
+                    on_output(out)
+        if handle.error is not None:
+            raise handle.error
+        assert handle.result is not None
+        return handle.result
+
+    def checkpoint(self) -> Checkpoint:
+        return self._sessions.checkpoint(self.session_id)
+
+    def rollback(self, checkpoint: Checkpoint | str) -> None:
+        self._sessions.rollback(self.session_id, checkpoint)
+
+    def release_checkpoint(self, checkpoint: Checkpoint | str) -> None:
+        self._sessions.release_checkpoint(self.session_id, checkpoint)
+
+    def fork(self, checkpoint: Checkpoint | str | None = None, session_id: str | None = None) -> Session:
+        return Session(self._sessions, self._sessions.fork(self.session_id, checkpoint, session_id))
+
+    def reset(self) -> None:
+        self._sessions.reset(self.session_id)
+
+    def close(self) -> None:
+        self._sessions.close(self.session_id)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Session({self.session_id!r}, {self.status}, step {self.step_index})"

@@ -1,0 +1,274 @@
+"""The generic session runtime: lifecycle, step index, event epoch, branch id, checkpoints
+(docs/ARCHITECTURE.md 6). Pure Python; it does not know what a step computes.
+
+A session *kind* (the LM kind: ``session/lm_state.py``; a world-model kind next) keeps its state
+in a :class:`KindState` (for an LM: tokens, KV blocks, routes, sampling params, RNG). The runtime
+keeps the rest and enforces the rules:
+
+Status machine (every other call raises :class:`SessionEventError` with the status's code)::
+
+    OPEN --begin_step--> STEPPING --end_step(ok)--> OPEN        (step_index + 1)
+                         STEPPING --end_step(failed)--> FAILED  (never retried in place)
+    OPEN | FAILED --reset--> OPEN      (to the newest live checkpoint, else the origin)
+    OPEN | FAILED --evict--> EVICTED   (the manager's capacity policy; idle sessions only)
+    any --close--> CLOSED              (idempotent)
+
+- Calls allowed per status: ``submit_event`` in OPEN and STEPPING (queued for the next
+  boundary); ``begin_step``, ``checkpoint``, ``rollback``, ``fork`` in OPEN; ``reset`` in OPEN and
+  FAILED; ``close`` always. Refusals: ``busy`` (STEPPING), ``failed``, ``evicted``, ``closed``.
+- ``step_index`` counts completed steps: the first step is step 1; a checkpoint taken after k
+  steps has ``step_index == k`` and rolling back to it re-runs steps k+1, ... .
+- ``event_epoch`` advances by one at each boundary that applies at least one event, and on every
+  rollback or reset to a fresh value above every epoch the session had, so a state reached after
+  a rollback never shares a key with the abandoned branch.
+- A checkpoint (:class:`Checkpoint`) holds the kind's saved state (``KindState.save``: pinned
+  resources, no copies of tensors) plus the control state: step index, epoch, branch id and the
+  event queue's snapshot (pending events, id watermark, acknowledgements). It belongs to the
+  session that made it; it is released by ``release_checkpoint`` / ``Checkpoint.release`` or when
+  the session closes or is evicted. A fork takes its own references, so it outlives them.
+- The *origin* is the state the session started from (empty for a new session, the fork point
+  for a fork): ``reset`` returns to it when no checkpoint is live. It is released at close.
+- ``close`` (and ``evict``) release the kind state, every checkpoint and the origin, exactly once.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from execstate.identity.keys import BlockKey
+from execstate.identity.session_keys import SessionKey, session_state_key
+from execstate.session.events import Drained, EventAck, EventQueue, QueueSnapshot, SessionEventError
+
+T = TypeVar("T")
+
+
+class SessionStatus(enum.Enum):
+    OPEN = "open"
+    STEPPING = "stepping"
+    FAILED = "failed"
+    CLOSED = "closed"
+    EVICTED = "evicted"
+
+
+_REFUSAL = {SessionStatus.STEPPING: "busy", SessionStatus.FAILED: "failed", SessionStatus.CLOSED: "closed",
+            SessionStatus.EVICTED: "evicted"}
+
+
+class Saved(Protocol):
+    """A kind's saved state (inside a checkpoint); ``release`` gives its resources back, once."""
+
+    def release(self) -> None: ...
+
+
+class KindState(Protocol):
+    """What a session kind keeps per session. Contract: ``save`` is cheap (pins, no tensor copy);
+    ``restore`` makes this state equal to ``saved`` (releasing what it held); ``clone`` returns an
+    independent state equal to ``saved`` (or to this state when None) with its own references;
+    ``release`` gives every resource back (called once); ``chain`` is the state's block chain for
+    its key: (the last full block's key or the provenance root, the tokens after it)."""
+
+    def save(self) -> Saved: ...
+
+    def restore(self, saved: Any) -> None: ...
+
+    def clone(self, saved: Any | None) -> KindState: ...
+
+    def release(self) -> None: ...
+
+    def chain(self) -> tuple[BlockKey, list[int]]: ...
+
+
+@dataclass(eq=False)
+class Checkpoint:
+    """A session's state at a step boundary (module docstring)."""
+
+    checkpoint_id: str
+    session_id: str
+    step_index: int
+    event_epoch: int
+    branch_id: str
+    events: QueueSnapshot
+    saved: Saved
+    released: bool = field(default=False, init=False)
+
+    def release(self) -> None:
+        """Give the pinned state back (idempotent)."""
+        if not self.released:
+            self.released = True
+            self.saved.release()
+
+
+class SessionRuntime:
+    """One session's generic state and rules (module docstring). Not thread-safe: the owner (the
+    engine thread, or the offline caller) serialises every call."""
+
+    def __init__(self, session_id: str, state: KindState, events: EventQueue, branch_id: str,
+                 step_index: int = 0, event_epoch: int = 0) -> None:
+        self.session_id = session_id
+        self.state = state
+        self.events = events
+        self.branch_id = branch_id
+        self.status = SessionStatus.OPEN
+        self.step_index = step_index
+        self.event_epoch = event_epoch
+        self._max_epoch = event_epoch
+        self.last_active = 0  # the manager's clock at the last step (LRU eviction)
+        self.error: str | None = None  # why the session failed or was evicted
+        self._checkpoints: dict[str, Checkpoint] = {}
+        self._cp_ids = itertools.count(1)
+        self.origin = self._save("origin")
+
+    # -- queries --------------------------------------------------------------------------------
+    @property
+    def checkpoints(self) -> list[Checkpoint]:
+        """Live checkpoints, oldest first."""
+        return [cp for cp in self._checkpoints.values() if not cp.released]
+
+    def checkpoint_by_id(self, checkpoint_id: str) -> Checkpoint:
+        cp = self._checkpoints.get(checkpoint_id)
+        if cp is None or cp.released:
+            raise SessionEventError("not_found", f"session {self.session_id!r} has no live checkpoint "
+                                    f"{checkpoint_id!r}")
+        return cp
+
+    def state_key(self) -> SessionKey:
+        chain, tail = self.state.chain()
+        return session_state_key(chain, tail, self.step_index, self.event_epoch, self.branch_id)
+
+    def require(self, *allowed: SessionStatus) -> None:
+        """Raise the status's refusal unless the session is in one of ``allowed``."""
+        if self.status not in allowed:
+            why = f": {self.error}" if self.error else ""
+            raise SessionEventError(_REFUSAL.get(self.status, "invalid"),
+                                    f"session {self.session_id!r} is {self.status.value}{why}")
+
+    # -- events and steps -------------------------------------------------------------------------
+    def submit_event(self, event_id: int, kind: str, data: Any = None) -> EventAck:
+        self.require(SessionStatus.OPEN, SessionStatus.STEPPING)
+        return self.events.submit(event_id, kind, data)
+
+    def next_event_id(self) -> int:
+        """The id a shorthand call uses: one above the watermark."""
+        last = self.events.last_event_id
+        return 0 if last is None else last + 1
+
+    def begin_step(self, prepare: Callable[[Drained], T]) -> T:
+        """Step boundary: drain the pending events and let ``prepare`` start the step with them.
+        If ``prepare`` raises, the events are pending again and nothing changed; else the session
+        is STEPPING and its epoch advanced if any event was applied."""
+        self.require(SessionStatus.OPEN)
+        snap = self.events.snapshot()
+        drained = self.events.drain()
+        try:
+            started = prepare(drained)
+        except BaseException:
+            self.events.restore(snap)
+            raise
+        if drained.applied or drained.overwritten:
+            self._advance_epoch()
+        self.status = SessionStatus.STEPPING
+        return started
+
+    def end_step(self, ok: bool, error: str | None = None, clock: int = 0) -> None:
+        """The step in flight finished: OPEN with the next step index, or FAILED (``error``)."""
+        if self.status is not SessionStatus.STEPPING:
+            return  # closed while stepping: nothing to advance
+        self.last_active = clock
+        if ok:
+            self.step_index += 1
+            self.status = SessionStatus.OPEN
+        else:
+            self.status = SessionStatus.FAILED
+            self.error = error or "the step failed"
+
+    def fail(self, code: str, message: str) -> SessionEventError:
+        """Move an OPEN session to FAILED (e.g. its state became stale) and return the error to raise."""
+        self.require(SessionStatus.OPEN)
+        self.status = SessionStatus.FAILED
+        self.error = message
+        return SessionEventError(code, message)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def checkpoint(self) -> Checkpoint:
+        self.require(SessionStatus.OPEN)
+        cp = self._save(f"cp-{next(self._cp_ids)}")
+        self._checkpoints[cp.checkpoint_id] = cp
+        return cp
+
+    def release_checkpoint(self, checkpoint_id: str) -> None:
+        cp = self._checkpoints.pop(checkpoint_id, None)
+        if cp is not None:
+            cp.release()
+
+    def rollback(self, cp: Checkpoint) -> None:
+        self.require(SessionStatus.OPEN)
+        self._restore(cp)
+
+    def reset(self) -> None:
+        """Back to the newest live checkpoint (the origin if none); also the way out of FAILED."""
+        self.require(SessionStatus.OPEN, SessionStatus.FAILED)
+        live = self.checkpoints
+        self._restore(live[-1] if live else self.origin)
+        self.status = SessionStatus.OPEN
+        self.error = None
+
+    def fork_parts(self, cp: Checkpoint | None) -> tuple[KindState, QueueSnapshot, int, int]:
+        """What a fork at ``cp`` (None: now) starts from: an independent kind state, the event
+        queue snapshot, the step index and the epoch. The caller builds the new runtime."""
+        self.require(SessionStatus.OPEN)
+        if cp is None:
+            return self.state.clone(None), self.events.snapshot(), self.step_index, self.event_epoch
+        self._check_own(cp)
+        return self.state.clone(cp.saved), cp.events, cp.step_index, cp.event_epoch
+
+    # -- end of life ------------------------------------------------------------------------------
+    def close(self) -> bool:
+        """Release everything (once); True if this call did. Idempotent."""
+        return self._end(SessionStatus.CLOSED, None)
+
+    def evict(self, reason: str) -> bool:
+        """Release everything and refuse later calls with ``evicted``; only idle sessions."""
+        self.require(SessionStatus.OPEN, SessionStatus.FAILED)
+        return self._end(SessionStatus.EVICTED, reason)
+
+    def _end(self, status: SessionStatus, reason: str | None) -> bool:
+        if self.status in (SessionStatus.CLOSED, SessionStatus.EVICTED):
+            if status is SessionStatus.CLOSED:
+                self.status = status  # closing an evicted session: nothing left to release
+            return False
+        self.status = status
+        self.error = reason
+        self.events.close()
+        for cp in self._checkpoints.values():
+            cp.release()
+        self._checkpoints.clear()
+        self.origin.release()
+        self.state.release()  # a step in flight gives its resources back to a released state: freed then
+        return True
+
+    # -- internals --------------------------------------------------------------------------------
+    def _save(self, checkpoint_id: str) -> Checkpoint:
+        return Checkpoint(checkpoint_id, self.session_id, self.step_index, self.event_epoch, self.branch_id,
+                          self.events.snapshot(), self.state.save())
+
+    def _restore(self, cp: Checkpoint) -> None:
+        self._check_own(cp)
+        self.state.restore(cp.saved)
+        self.events.restore(cp.events)
+        self.step_index = cp.step_index
+        self._advance_epoch()
+
+    def _check_own(self, cp: Checkpoint) -> None:
+        if cp.released:
+            raise SessionEventError("not_found", f"checkpoint {cp.checkpoint_id!r} was released")
+        if cp is not self.origin and self._checkpoints.get(cp.checkpoint_id) is not cp:
+            raise SessionEventError("invalid", f"checkpoint {cp.checkpoint_id!r} belongs to session "
+                                    f"{cp.session_id!r}, not {self.session_id!r}")
+
+    def _advance_epoch(self) -> None:
+        self._max_epoch += 1
+        self.event_epoch = self._max_epoch
