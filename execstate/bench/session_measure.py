@@ -8,7 +8,8 @@
 - ``step_latency_under_load(llm, ...)``: wall time of interactive session steps (``input_len``
   new tokens, ``max_tokens`` generated) while the engine is saturated with batch requests (every
   sequence slot busy and ``queued`` more waiting), with the session's steps in the interactive
-  priority class or in the batch class; also without any load. p50 / p99 in ms.
+  priority class or in the batch class; also without any load. p50 / p95 / p99 / max in ms and
+  every step's latency (``latencies_ms``).
 
 All offline on one engine, single process; the caller picks the model (``bench/models.py``).
 """
@@ -77,7 +78,8 @@ def step_latency_under_load(
         lat = _session_steps(llm, f"bench-{mode}", priority, None if mode == "no_load" else load, steps,
                              input_len, max_tokens)
         results[mode] = {"p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
-                         "steps": steps, "batch_requests": load.take_count()}
+                         "p95_ms": float(np.percentile(lat, 95)), "max_ms": float(max(lat)),
+                         "latencies_ms": lat, "steps": steps, "batch_requests": load.take_count()}
         load.stop()
     results["workload"] = {"input_len": input_len, "max_tokens": max_tokens, "batch_prompt_len": batch_prompt_len,
                            "batch_max_tokens": batch_max_tokens, "max_num_seqs": eng.scheduler.max_num_seqs,
