@@ -3,14 +3,14 @@ build has one, reports that it is not available otherwise.
 
 Session migration (issue 8) provides ``execstate/bench/session_migration.py`` with::
 
-    measure_migration(model_dir: Path, context_len: int, repeats: int) -> dict[str, Any]
+    measure_migration(model_dir: str | Path, context_len: int, repeats: int, ...) -> dict[str, Any]
 
 which moves a live session holding ``context_len`` tokens between two engines in one process and
-returns medians over ``repeats``, at least ``migration_ms`` (start -> the target serves the
-session, verified) and ``failure_recovery_ms`` (an injected failure during migration -> the
-session serving again at the source), and ``tokens_identical`` (the migrated session's next steps
-equal those in place). Any other keys are kept in the report as they are. The part calls it once
-per context length of the checkpoint part.
+returns a JSON-able dict; the table reads ``migrate_s`` and ``first_step_s`` (medians over
+``repeats``), ``recompute_s``, ``state_recovery_overhead``, ``tokens_equal`` and
+``failure_recovery`` (``{fault mode: {"error", "detect_s", "recovery_s", ...}}``); every key is
+kept in the report as it is. The part calls it once per context length of the checkpoint part,
+positionally ``(model_dir, context_len, repeats)``.
 """
 
 from __future__ import annotations

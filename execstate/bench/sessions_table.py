@@ -84,14 +84,23 @@ def _latency(c: dict[str, Any]) -> list[str]:
 
 
 def _migration(c: dict[str, Any]) -> list[str]:
+    """Rows from ``measure_migration``'s keys (``sessions_migration_part``); missing ones show ``-``."""
     if not c["available"]:
         return [f"migration: {c['reason']}"]
-    lines = [f"{'context':>8} {'migration ms':>13} {'failure recovery ms':>20} {'tokens identical':>17} {'load':>6}"]
+    lines = [f"{'context':>8} {'migrate ms':>11} {'1st step ms':>12} {'recompute ms':>13} {'migrate/recompute':>18} "
+             f"{'tokens equal':>13} {'load':>6}  failure (injected) -> detected / served again at the source, ms"]
     for r in c["results"]:
         if "error" in r:
             lines.append(f"{r['context_tokens']:>8} error: {r['error']}")
             continue
-        lines.append(f"{r['context_tokens']:>8} {fmt(r.get('migration_ms'), '.1f'):>13} "
-                     f"{fmt(r.get('failure_recovery_ms'), '.1f'):>20} {str(r.get('tokens_identical', '-')):>17} "
-                     f"{r['loadavg_1m_before']:>6.2f}")
+        fails = r.get("failure_recovery") or {}
+        fail_text = "; ".join(f"{mode}: {f.get('error')} {_ms(f.get('detect_s'))} / {_ms(f.get('recovery_s'))}"
+                              for mode, f in fails.items()) or "-"
+        lines.append(f"{r['context_tokens']:>8} {_ms(r.get('migrate_s')):>11} {_ms(r.get('first_step_s')):>12} "
+                     f"{_ms(r.get('recompute_s')):>13} {fmt(r.get('state_recovery_overhead'), '.3f'):>18} "
+                     f"{str(r.get('tokens_equal', '-')):>13} {r['loadavg_1m_before']:>6.2f}  {fail_text}")
     return lines
+
+
+def _ms(seconds: float | None) -> str:
+    return fmt(None if seconds is None else seconds * 1e3, ".1f")

@@ -105,7 +105,8 @@ def test_migration_part_calls_measure_migration_per_context(tmp_path, monkeypatc
         calls.append((model_dir, context_len, repeats))
         if context_len == 64:
             raise RuntimeError("injected")
-        return {"migration_ms": 1.5, "failure_recovery_ms": 2.5, "tokens_identical": True, "extra": 7}
+        return {"migrate_s": 0.0015, "first_step_s": 0.004, "tokens_equal": True, "extra": 7,
+                "failure_recovery": {"corrupt": {"error": "checksum", "detect_s": 0.002, "recovery_s": 0.0125}}}
 
     fake = types.ModuleType(sessions_migration_part.MODULE)
     fake.measure_migration = measure_migration
@@ -114,11 +115,12 @@ def test_migration_part_calls_measure_migration_per_context(tmp_path, monkeypatc
     assert calls == [(tmp_path, 32, 3), (tmp_path, 64, 3)]
     assert out["available"] is True
     first, second = out["results"]
-    assert (first["context_tokens"], first["migration_ms"], first["extra"]) == (32, 1.5, 7)
+    assert (first["context_tokens"], first["migrate_s"], first["extra"]) == (32, 0.0015, 7)
     assert second["context_tokens"] == 64 and second["error"] == "RuntimeError: injected"
     text = format_sessions_table({"model": "m", "threads": 1, "machine": {"cpu": None, "cpu_count": 2},
                                   "loadavg_1m_before_part": {"migration": 0.5}, "migration": out})
-    assert "error: RuntimeError: injected" in text and "1.5" in text
+    assert "error: RuntimeError: injected" in text
+    assert "     1.5          4.0" in text and "corrupt: checksum 2.0 / 12.5" in text  # ms
 
 
 def test_cli_runs_one_part_as_json(model_dir, capsys):
