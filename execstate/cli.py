@@ -110,7 +110,8 @@ def _bench(args: argparse.Namespace) -> int:
         report = run_sessions_bench(
             model=args.model, parts=tuple(args.parts.split(",")), turns=args.turns, turn_len=args.turn_len,
             max_tokens=args.max_tokens, chat_repeats=args.repeats,
-            contexts=tuple(int(n) for n in args.contexts.split(",")), steps=args.steps, threads=args.threads,
+            contexts=tuple(int(n) for n in args.contexts.split(",")), steps=args.steps,
+            batch_class_steps=args.batch_class_steps, threads=args.threads,
         )
         print(json.dumps(report, indent=2) if args.json else format_sessions_table(report))
         return 0 if report["ok"] else 1
@@ -285,6 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     bss.add_argument("--repeats", type=int, default=3, help="chats (fresh user turns each); per-turn medians")
     bss.add_argument("--contexts", default="256,1024,4096", help="checkpoint part: context lengths")
     bss.add_argument("--steps", type=int, default=40, help="latency part: session steps per mode")
+    bss.add_argument("--batch-class-steps", type=int, default=12,
+                     help="latency part: steps with the session in the batch class (each waits behind the queue)")
     bss.add_argument("--threads", type=int, default=None)
     bss.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)

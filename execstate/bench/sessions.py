@@ -11,7 +11,9 @@ the bench model (``bench/models.py``; route return on, seed 0), offline in one p
    recompute at the longest;
 3. ``latency``: interactive session step latency p50 / p95 / p99 / max without load, under a
    saturating batch load in the interactive class, and under it in the batch class
-   (``session_measure.step_latency_under_load``);
+   (``session_measure.step_latency_under_load``); ``steps`` steps per mode, ``batch_class_steps``
+   in the batch class (each of its steps waits behind the batch queue: seconds, so fewer; with
+   12 steps its p99 is about its maximum, which the table also shows);
 4. ``migration``: migration and failure-recovery time, when this build has session migration
    (``sessions_migration_part``), else reported as not available.
 
@@ -64,7 +66,8 @@ def _check(*llms: LLM) -> None:
 def run_sessions_bench(
     model: str | Path = STANDARD, *, parts: tuple[str, ...] = PARTS, turns: int = 8, turn_len: int = 64,
     max_tokens: int = 32, chat_repeats: int = 3, contexts: tuple[int, ...] = (256, 1024, 4096),
-    checkpoint_repeats: int = 5, steps: int = 40, step_input_len: int = 8, step_max_tokens: int = 8,
+    checkpoint_repeats: int = 5, steps: int = 40, batch_class_steps: int | None = 12, step_input_len: int = 8,
+    step_max_tokens: int = 8,
     batch_prompt_len: int = 64, batch_max_tokens: int = 64, queued: int = 8,
     max_num_seqs: int = LATENCY_MAX_NUM_SEQS, migration_repeats: int = 3, threads: int | None = None,
 ) -> dict[str, Any]:
@@ -91,8 +94,8 @@ def run_sessions_bench(
         elif part == "checkpoint":
             report["checkpoint"] = _checkpoint(path, contexts, checkpoint_repeats)
         elif part == "latency":
-            report["latency"] = _latency(path, steps, step_input_len, step_max_tokens, batch_prompt_len,
-                                         batch_max_tokens, queued, max_num_seqs)
+            report["latency"] = _latency(path, steps, batch_class_steps, step_input_len, step_max_tokens,
+                                         batch_prompt_len, batch_max_tokens, queued, max_num_seqs)
         else:
             report["migration"] = migration_part(path, _clamped(path, contexts), migration_repeats)
         report.setdefault("part_seconds", {})[part] = time.perf_counter() - t0
@@ -136,10 +139,11 @@ def _checkpoint(path: Path, contexts: tuple[int, ...], repeats: int) -> dict[str
     }
 
 
-def _latency(path: Path, steps: int, input_len: int, max_tokens: int, batch_prompt_len: int, batch_max_tokens: int,
-             queued: int, max_num_seqs: int) -> dict[str, Any]:
+def _latency(path: Path, steps: int, batch_class_steps: int | None, input_len: int, max_tokens: int,
+             batch_prompt_len: int, batch_max_tokens: int, queued: int, max_num_seqs: int) -> dict[str, Any]:
     llm = _llm(path, max_num_seqs=max_num_seqs)
-    out = step_latency_under_load(llm, steps, input_len, max_tokens, batch_prompt_len, batch_max_tokens, queued)
+    out = step_latency_under_load(llm, steps, input_len, max_tokens, batch_prompt_len, batch_max_tokens, queued,
+                                  batch_class_steps)
     _check(llm)
     return out
 

@@ -172,7 +172,7 @@ def _report(runs: list[dict[str, list[Turn]]], loads: list[float], turns: int, t
             ts = [got[p][k] for got in runs]
             per_turn.append({"turn": k + 1, "prompt_tokens": ts[0].prompt_tokens,
                              "computed": [t.computed for t in ts], "cached": [t.cached for t in ts],
-                             "ttft_ms": median(t.ttft_ms for t in ts),
+                             "ttft_ms": median(t.ttft_ms for t in ts), "ttft_ms_min": min(t.ttft_ms for t in ts),
                              "engine_ttft_ms": median(t.engine_ttft_ms for t in ts),
                              "wall_ms": median(t.wall_ms for t in ts)})
         paths[p] = {

@@ -75,11 +75,13 @@ def _latency(c: dict[str, Any]) -> list[str]:
     lines = [f"interactive session step latency: {w['input_len']} new tokens -> {w['max_tokens']} generated; batch "
              f"load keeps max_num_seqs={w['max_num_seqs']} slots busy + {w['queued']} waiting "
              f"({w['batch_prompt_len']} prompt + {w['batch_max_tokens']} generated tokens each)",
-             f"{'':<46} {'steps':>5} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8} {'batch reqs':>10}"]
+             f"{'':<46} {'steps':>5} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8} {'batch reqs':>10} "
+             f"{'load':>6}"]
     for mode, label in _MODES.items():
         r = c[mode]
         lines.append(f"{label:<46} {r['steps']:>5} {fmt(r['p50_ms'], '.0f'):>8} {fmt(r.get('p95_ms'), '.0f'):>8} "
-                     f"{fmt(r['p99_ms'], '.0f'):>8} {fmt(r.get('max_ms'), '.0f'):>8} {r['batch_requests']:>10}")
+                     f"{fmt(r['p99_ms'], '.0f'):>8} {fmt(r.get('max_ms'), '.0f'):>8} {r['batch_requests']:>10} "
+                     f"{fmt(r.get('loadavg_1m_before'), '.2f'):>6}")
     return lines
 
 
