@@ -286,9 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     bss.add_argument("--repeats", type=int, default=3, help="chats (fresh user turns each); per-turn medians")
     bss.add_argument("--contexts", default="256,1024,4096", help="checkpoint part: context lengths")
     bss.add_argument("--steps", type=int, default=40, help="latency part: session steps per mode")
-    bss.add_argument("--batch-class-steps", type=int, default=12,
-                     help="latency part: steps with the session in the batch class (each waits behind the queue)")
-    bss.add_argument("--threads", type=int, default=None)
+    bss.add_argument("--batch-class-steps", type=int, default=None,
+                     help="latency part: steps with the session in the batch class, each waiting behind the "
+                          "batch queue (default: --steps)")
+    bss.add_argument("--threads", type=int, default=1, help="torch threads (default 1: small steps; 0: all CPUs)")
     bss.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)
 

@@ -11,9 +11,9 @@ the bench model (``bench/models.py``; route return on, seed 0), offline in one p
    recompute at the longest;
 3. ``latency``: interactive session step latency p50 / p95 / p99 / max without load, under a
    saturating batch load in the interactive class, and under it in the batch class
-   (``session_measure.step_latency_under_load``); ``steps`` steps per mode, ``batch_class_steps``
-   in the batch class (each of its steps waits behind the batch queue: seconds, so fewer; with
-   12 steps its p99 is about its maximum, which the table also shows);
+   (``session_measure.step_latency_under_load``); ``steps`` steps per mode, or
+   ``batch_class_steps`` in the batch class (each of its steps waits behind the batch queue, for
+   seconds; with few steps its p99 is about its maximum, which the table also shows);
 4. ``migration``: migration and failure-recovery time, when this build has session migration
    (``sessions_migration_part``), else reported as not available.
 
@@ -66,12 +66,16 @@ def _check(*llms: LLM) -> None:
 def run_sessions_bench(
     model: str | Path = STANDARD, *, parts: tuple[str, ...] = PARTS, turns: int = 8, turn_len: int = 64,
     max_tokens: int = 32, chat_repeats: int = 3, contexts: tuple[int, ...] = (256, 1024, 4096),
-    checkpoint_repeats: int = 5, steps: int = 40, batch_class_steps: int | None = 12, step_input_len: int = 8,
+    checkpoint_repeats: int = 5, steps: int = 40, batch_class_steps: int | None = None, step_input_len: int = 8,
     step_max_tokens: int = 8,
     batch_prompt_len: int = 64, batch_max_tokens: int = 64, queued: int = 8,
-    max_num_seqs: int = LATENCY_MAX_NUM_SEQS, migration_repeats: int = 3, threads: int | None = None,
+    max_num_seqs: int = LATENCY_MAX_NUM_SEQS, migration_repeats: int = 3, threads: int | None = 1,
 ) -> dict[str, Any]:
-    """Run the chosen parts (module docstring) and return the report."""
+    """Run the chosen parts (module docstring) and return the report. ``threads``: torch intra-op
+    threads for this process (None: all CPUs). One by default: the parts time small steps, and
+    on a shared machine a second intra-op thread makes every op wait for it to be scheduled
+    (measured on 2 cores at a load average of 4-5: an 8-turn chat of the three paths took ~11 s
+    with 1 thread, ~30 s with 2, and its TTFTs varied several-fold with 2)."""
     unknown = set(parts) - set(PARTS)
     if unknown or not parts:
         raise ValueError(f"parts must be a non-empty subset of {PARTS}, got {list(parts)}")
