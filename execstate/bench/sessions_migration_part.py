@@ -11,12 +11,16 @@ returns a JSON-able dict; the table reads ``migrate_s`` and ``first_step_s`` (me
 ``failure_recovery`` (``{fault mode: {"error", "detect_s", "recovery_s", ...}}``); every key is
 kept in the report as it is. The part calls it once per context length of the checkpoint part,
 positionally ``(model_dir, context_len, repeats)``.
+
+NIXL (under the migration) logs INFO lines through a handler on stdout, where the bench prints
+its report (``--json``); that handler is pointed at stderr once the module is imported.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +40,7 @@ def migration_part(model_dir: Path, context_lens: Sequence[int], repeats: int) -
         measure = importlib.import_module(MODULE).measure_migration
     except (ImportError, AttributeError) as exc:
         return {"available": False, "reason": f"{NOT_AVAILABLE} ({type(exc).__name__}: {exc})", "results": []}
+    _nixl_logs_to_stderr()
     results: list[dict[str, Any]] = []
     for n in context_lens:
         load = loadavg_1m()
@@ -48,3 +53,9 @@ def migration_part(model_dir: Path, context_lens: Sequence[int], repeats: int) -
         out["loadavg_1m_before"] = load
         results.append(out)
     return {"available": True, "reason": None, "results": results}
+
+
+def _nixl_logs_to_stderr() -> None:
+    for h in logging.getLogger("nixl").handlers:
+        if isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.__stdout__):
+            h.setStream(sys.stderr)

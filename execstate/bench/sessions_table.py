@@ -89,8 +89,11 @@ def _migration(c: dict[str, Any]) -> list[str]:
     """Rows from ``measure_migration``'s keys (``sessions_migration_part``); missing ones show ``-``."""
     if not c["available"]:
         return [f"migration: {c['reason']}"]
-    lines = [f"{'context':>8} {'migrate ms':>11} {'1st step ms':>12} {'recompute ms':>13} {'migrate/recompute':>18} "
-             f"{'tokens equal':>13} {'load':>6}  failure (injected) -> detected / served again at the source, ms"]
+    lines = ["migration of a live session between two engines (medians); its first step on the target "
+             "(in place: the same step at the source)",
+             f"{'context':>8} {'migrate ms':>11} {'1st step ms (in place)':>23} {'recompute ms':>13} "
+             f"{'migrate/recompute':>18} {'tokens equal':>13} {'load':>6}  "
+             "failure (injected) -> detected / served again at the source, ms"]
     for r in c["results"]:
         if "error" in r:
             lines.append(f"{r['context_tokens']:>8} error: {r['error']}")
@@ -98,7 +101,8 @@ def _migration(c: dict[str, Any]) -> list[str]:
         fails = r.get("failure_recovery") or {}
         fail_text = "; ".join(f"{mode}: {f.get('error')} {_ms(f.get('detect_s'))} / {_ms(f.get('recovery_s'))}"
                               for mode, f in fails.items()) or "-"
-        lines.append(f"{r['context_tokens']:>8} {_ms(r.get('migrate_s')):>11} {_ms(r.get('first_step_s')):>12} "
+        step = f"{_ms(r.get('first_step_s'))} ({_ms(r.get('in_place_step_s'))})"
+        lines.append(f"{r['context_tokens']:>8} {_ms(r.get('migrate_s')):>11} {step:>23} "
                      f"{_ms(r.get('recompute_s')):>13} {fmt(r.get('state_recovery_overhead'), '.3f'):>18} "
                      f"{str(r.get('tokens_equal', '-')):>13} {r['loadavg_1m_before']:>6.2f}  {fail_text}")
     return lines

@@ -5,6 +5,8 @@ what prefix caching saves, restore vs recompute), not speed."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 import sys
 import types
 
@@ -122,7 +124,22 @@ def test_migration_part_calls_measure_migration_per_context(tmp_path, monkeypatc
     text = format_sessions_table({"model": "m", "threads": 1, "machine": {"cpu": None, "cpu_count": 2},
                                   "loadavg_1m_before_part": {"migration": 0.5}, "migration": out})
     assert "error: RuntimeError: injected" in text
-    assert "     1.5          4.0" in text and "corrupt: checksum 2.0 / 12.5" in text  # ms
+    assert re.search(r"\n +32 +1\.5 +4\.0 \(-\) +- +- +True ", text)  # ms; the keys it lacks: -
+    assert "corrupt: checksum 2.0 / 12.5" in text
+
+
+def test_nixl_log_lines_leave_stdout_for_the_report(tmp_path, monkeypatch):
+    nixl = logging.getLogger("nixl")
+    handler = logging.StreamHandler(sys.stdout)  # what NIXL installs when imported
+    nixl.addHandler(handler)
+    fake = types.ModuleType(sessions_migration_part.MODULE)
+    fake.measure_migration = lambda model_dir, context_len, repeats: {}
+    monkeypatch.setitem(sys.modules, sessions_migration_part.MODULE, fake)
+    try:
+        sessions_migration_part.migration_part(tmp_path, [8], 1)
+        assert handler.stream is sys.stderr
+    finally:
+        nixl.removeHandler(handler)
 
 
 def test_cli_runs_one_part_as_json(model_dir, capsys):
