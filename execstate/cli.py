@@ -177,6 +177,13 @@ def _add_capacity_and_limit_options(s: argparse.ArgumentParser) -> None:
                        help=f"{text} (default: %(default)s)")
 
 
+def _grace(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}")
+    return value
+
+
 def _add_session_options(s: argparse.ArgumentParser) -> None:
     """``serve``: bounds on sessions (``session/``; beyond a bound: an immediate, clear refusal)."""
     d = _SESSION_DEFAULTS
@@ -190,6 +197,9 @@ def _add_session_options(s: argparse.ArgumentParser) -> None:
     g.add_argument("--max-session-events", type=int, default=d["max_session_events"],
                    help="pending events per session; beyond it an event is refused (code backpressure) "
                         "(default: %(default)s)")
+    g.add_argument("--realtime-grace-s", type=_grace, default=0.0,
+                   help="seconds a /v1/realtime session outlives its dropped connection, for session.resume; "
+                        "0 closes it at once (default: %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
