@@ -299,3 +299,45 @@ def test_routes_are_the_session_rows(served, offline):
     assert rows.tobytes() == whole.outputs[0].routed_experts.tobytes()
     step_rows = decode_routes(done["response"]["routed_experts"])
     assert step_rows.tobytes() == rows[len(A) + 5 - 1:].tobytes()
+
+
+def test_health_answers_while_realtime_text_is_tokenised(served):
+    """Text events are tokenised in worker threads: /health keeps answering while a client sends
+    frames of (almost) the largest size, each a text input of about a million characters."""
+    import statistics
+    import threading
+    import time
+
+    import httpx
+
+    from execstate.serve.realtime_protocol import MAX_MESSAGE_BYTES
+
+    text = ("the quick brown fox jumps over a lazy dog " * (MAX_MESSAGE_BYTES // 42))[: MAX_MESSAGE_BYTES - 200]
+    answers: list[dict] = []
+
+    async def send_all():
+        async with client(served.url) as c:
+            await open_session(c)
+            for i in range(4):
+                answers.append(await c.ask({"type": "event.submit", "event_id": i, "kind": "input",
+                                            "data": {"text": text}}))
+
+    sender = threading.Thread(target=lambda: asyncio.run(send_all()))
+    latencies = []
+    with httpx.Client(base_url=served.url, timeout=30) as probe:
+        assert probe.get("/health").status_code == 200
+        sender.start()
+        time.sleep(0.2)
+        while sender.is_alive():
+            t0 = time.monotonic()
+            assert probe.get("/health").status_code == 200
+            latencies.append(time.monotonic() - t0)
+            time.sleep(0.02)
+    sender.join()
+    assert [(a["event_id"], a["error"]["code"]) for a in answers] == [(i, "invalid") for i in range(4)]
+    assert "max_model_len" in answers[0]["error"]["message"]  # tokenised: far too many tokens
+    assert len(latencies) >= 5
+    print(f"/health during realtime tokenisation: {len(latencies)} probes, p50 "
+          f"{statistics.median(latencies) * 1e3:.1f} ms, max {max(latencies) * 1e3:.1f} ms")
+    assert statistics.median(latencies) < 0.1 and max(latencies) < 1.0
+    wait_released(served.engine)
