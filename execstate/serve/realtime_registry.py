@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import NewType
@@ -43,8 +44,8 @@ class Entry:
 
 class SessionOwners:
     def __init__(self, close: Callable[[str], Awaitable[object]], grace_s: float) -> None:
-        if not grace_s >= 0:
-            raise ValueError(f"the realtime grace period must be >= 0 seconds, got {grace_s!r}")
+        if not (math.isfinite(grace_s) and grace_s >= 0):
+            raise ValueError(f"the realtime grace period must be a finite number of seconds >= 0, got {grace_s!r}")
         self._close = close
         self.grace_s = grace_s
         self._entries: dict[str, Entry] = {}

@@ -11,11 +11,13 @@ import time
 import httpx
 import pytest
 from realtime_helpers import client, open_session, wait_released, ws_url
-from serve_helpers import MODEL_NAME, running_server
+from serve_helpers import MODEL_NAME, engine_config, running_server
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from execstate import SamplingParams
+from execstate.engine.async_engine import AsyncEngine
+from execstate.engine.llm_engine import LLMEngine
 from execstate.serve.app import build_app
 
 A = [5, 17, 42, 99, 250, 311, 7, 8, 9, 10]
@@ -132,3 +134,33 @@ def test_api_key_accepted_by_header_or_subprotocol(served, keyed, headers, subpr
 
     asyncio.run(main())
     wait_released(served.engine)
+
+
+def test_without_route_return_and_after_the_engine_died(model_dir):
+    """Routes asked of an engine that does not return them: ``invalid``. After the engine stopped
+    serving, every message gets ``engine_dead`` and the connection still answers."""
+    engine = AsyncEngine(LLMEngine(engine_config(model_dir, enable_return_routed_experts=False)))
+    try:
+        with running_server(build_app(engine, MODEL_NAME)) as (url, _):
+            async def main():
+                async with client(url) as c:
+                    err = await c.ask({"type": "session.create", "event_id": 1, "session": {"return_routes": True}})
+                    assert (err["event_id"], err["error"]["code"]) == (1, "invalid")
+                    assert "--enable-return-routed-experts" in err["error"]["message"]
+                    await open_session(c, max_tokens=2)
+                    err = await c.ask({"type": "response.create", "event_id": 2, "input": {"token_ids": A},
+                                       "return_routes": True})
+                    assert (err["event_id"], err["error"]["code"]) == (2, "invalid")
+                    _, _, done = await c.respond(input={"token_ids": A})
+                    assert "routed_experts" not in done["response"]
+                    await asyncio.to_thread(engine.shutdown)
+                    for i, msg in enumerate([{"type": "session.get"}, {"type": "response.create"},
+                                             {"type": "session.checkpoint"}]):
+                        err = await c.ask({**msg, "event_id": f"d{i}"})
+                        assert (err["event_id"], err["error"]["code"], err["error"]["type"]) == (
+                            f"d{i}", "engine_dead", "server_error")
+                    assert httpx.get(url + "/health").status_code == 503
+
+            asyncio.run(main())
+    finally:
+        engine.shutdown()

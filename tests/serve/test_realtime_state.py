@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from execstate.cli import build_parser
 from execstate.serve.realtime_protocol import CLIENT_TYPES, ProtocolError
 from execstate.serve.realtime_registry import SessionOwners
 from execstate.serve.realtime_state import ConnectionState, Phase
@@ -156,7 +157,11 @@ def test_a_session_being_closed_is_not_resumable():
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("grace", [-1.0, math.nan])
-def test_grace_must_be_non_negative(grace):
+@pytest.mark.parametrize("grace", [-1.0, math.nan, math.inf])
+def test_grace_must_be_finite_and_non_negative(grace):
     with pytest.raises(ValueError, match="grace"):
         SessionOwners(Closer(), grace)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "/m", "--realtime-grace-s", str(grace)])
+    assert build_parser().parse_args(["serve", "/m", "--realtime-grace-s", "30"]).realtime_grace_s == 30.0
+    assert build_parser().parse_args(["serve", "/m"]).realtime_grace_s == 0.0
