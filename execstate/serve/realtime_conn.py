@@ -37,9 +37,9 @@ from typing import Any
 from execstate.engine.async_engine import EngineDeadError
 from execstate.serve.generation import encode_routes
 from execstate.serve.realtime_convert import (
+    done_json,
     event_data,
     invalid,
-    outcome_json,
     response_json,
     server_event,
     session_json,
@@ -256,17 +256,10 @@ class RealtimeConnection:
     async def _done(self, msg: ResponseCreate, sid: str, rid: str, start: tuple[int, dict[str, list[int]]],
                     result: StepResult | None, tokens: list[int], text: str, error: SessionEventError | None,
                     want_routes: bool) -> dict[str, Any]:
-        if result is not None:
-            status = "cancelled" if result.finish_reason == "abort" else "completed"
-        else:
-            status = "cancelled" if error is not None and error.code == "closed" else "failed"
-            if status == "cancelled":
-                error = None
         routes = None
         if want_routes and result is not None and result.routed_experts is not None:
             routes = await self.in_worker(encode_routes, result.routed_experts)
-        response = response_json(rid, sid, status, start[0], start[1])
-        response.update(outcome_json(result, tokens, text, error, routes, want_routes))
+        response = done_json(rid, sid, start[0], start[1], result, tokens, text, error, routes, want_routes)
         return server_event("response.done", msg.event_id, response=response)
 
     async def _cancel(self, msg: ResponseCancel) -> None:

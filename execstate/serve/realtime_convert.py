@@ -9,7 +9,7 @@ engine work): ``session_params`` (``session.create``'s ``sampling`` and ``max_to
 Outbound: every server event is a plain dict (``server_event``) whose ``event_id`` is the id of
 the client message it answers (``None`` for ``response.delta``); ``session_json`` is a
 ``SessionInfo``; ``response_json`` the ``response`` object of ``response.created`` /
-``response.done``. Route rows travel as base64 of ``numpy.save`` bytes, as over HTTP
+``response.done`` (``done_json``). Route rows travel as base64 of ``numpy.save`` bytes, as over HTTP
 (``generation.encode_routes``).
 """
 
@@ -119,22 +119,29 @@ def response_json(response_id: str, session_id: str, status: str, step_index: in
             "events": events}
 
 
-def outcome_json(result: StepResult | None, token_ids: list[int], text: str, error: SessionEventError | None,
-                 routes: str | None, want_routes: bool) -> dict[str, Any]:
-    """What ``response.done`` adds to the ``response`` object: the step's metadata, or for a step
-    that ended without a result (failed, or its session closed), what was delivered."""
+def done_json(response_id: str, session_id: str, step_index: int, events: dict[str, list[int]],
+              result: StepResult | None, token_ids: list[int], text: str, error: SessionEventError | None,
+              routes: str | None, want_routes: bool) -> dict[str, Any]:
+    """The ``response`` object of ``response.done``: the step's metadata, or for a step that ended
+    without a result (failed, or its session closed: ``cancelled``), what was delivered."""
     if result is not None:
-        out: dict[str, Any] = {
-            "token_ids": result.token_ids, "text": result.text, "finish_reason": result.finish_reason,
-            "stop_reason": result.stop_reason, "events": result.events,
+        status = "cancelled" if result.finish_reason == "abort" else "completed"
+    else:
+        status = "cancelled" if error is not None and error.code == "closed" else "failed"
+        error = None if status == "cancelled" else error
+    out = response_json(response_id, session_id, status, step_index, events)
+    if result is not None:
+        out.update({
+            "events": result.events, "token_ids": result.token_ids, "text": result.text,
+            "finish_reason": result.finish_reason, "stop_reason": result.stop_reason,
             "num_computed_tokens": result.num_computed_tokens, "num_cached_tokens": result.num_cached_tokens,
-        }
+        })
         if result.logprobs is not None:
             out["logprobs"] = [_logprobs_json(entry) for entry in result.logprobs]
             out["cumulative_logprob"] = result.cumulative_logprob
     else:
-        out = {"token_ids": token_ids, "text": text, "finish_reason": "abort", "stop_reason": None,
-               "num_computed_tokens": None, "num_cached_tokens": None}
+        out.update({"token_ids": token_ids, "text": text, "finish_reason": "abort", "stop_reason": None,
+                    "num_computed_tokens": None, "num_cached_tokens": None})
     if want_routes:
         out["routed_experts"] = routes
     out["error"] = None if error is None else {"code": error.code, "message": error.message}
