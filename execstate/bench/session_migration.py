@@ -13,8 +13,8 @@ migration as ``execstate.session.migration.migrate_session`` runs it, split into
   ``migrate_s`` (all of it); then ``first_step_s``: the target's first step (1 new token, 1
   generated: it also recomputes the partial tail), against ``in_place_step_s``: the same step at
   the source just before (then rolled back); their tokens and routes must be equal
-  (``tokens_equal``). Medians over ``repeats``, each with a fresh prompt (so the target's prefix
-  cache never helps).
+  (``tokens_equal``). Medians over ``repeats`` (after one uncounted warm-up migration), each
+  with a fresh prompt (so the target's prefix cache never helps).
 - **recompute**: the same state rebuilt from its inputs on an engine with prefix caching off (a
   fresh session stepping the same ``context_len - 1`` prompt tokens, one generated); **state
   recovery overhead** = ``migrate_s / recompute_s`` (docs/ARCHITECTURE.md 9).
@@ -54,6 +54,8 @@ SECRET = "bench-session-migration-secret-0123"
 
 def _llm(model_dir: Path, num_kv_blocks: int, faults: dict | None = None, timeout_s: float = 10.0,
          pd: bool = True, **kw: Any) -> LLM:
+    """An engine holding two contexts (``num_kv_blocks`` blocks, ``max_model_len`` to match)."""
+    kw.setdefault("max_model_len", num_kv_blocks * 16 // 2)
     llm = LLM(str(model_dir), enable_return_routed_experts=True, seed=0, num_kv_blocks=num_kv_blocks, **kw)
     if pd:
         cfg = PDConfig(role="kv_both", secret=SECRET, timeout_s=timeout_s)
@@ -84,7 +86,7 @@ def measure_migration(model_dir: str | Path, context_len: int = 4000, repeats: i
     time.sleep(1.0)  # let the receivers' pool-mapping threads finish (transfer/bulk.py: populate)
     try:
         runs = [_migrate_once(src, dst, _prompt(7000 + r, context_len - 1, vocab), f"bench-mig-{r}")
-                for r in range(repeats)]
+                for r in range(repeats + 1)][1:]  # the first one warms both engines up: not counted
         recompute_s = _recompute(recompute_llm, _prompt(7000, context_len - 1, vocab), recompute_repeats)
         failures = {}
         for i, (mode, target) in enumerate(faulty.items()):

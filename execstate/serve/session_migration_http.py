@@ -46,7 +46,7 @@ from execstate.serve.context import ServeContext
 from execstate.serve.errors import OpenAIError
 from execstate.session.migration_source import Outgoing, begin_export, finish_export
 from execstate.session.migration_target import ImportHandle, MigrationResult, begin_import
-from execstate.session.migration_wire import MigrationError
+from execstate.session.migration_wire import MigrationError, decode_offer
 
 IMPORT_PATH = "/v1/sessions/import"
 MAX_WINDOW_S = 600.0
@@ -104,7 +104,15 @@ def install_migration_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Aw
     @app.post(IMPORT_PATH)
     async def import_session(request: Request) -> JSONResponse:
         data = await request.body()
-        handle: ImportHandle = await call(engine.run_on_engine(lambda e: begin_import(e, data)))
+        pd = await call(engine.run_on_engine(lambda e: e.pd))  # its secret is immutable once attached
+        if pd is None:
+            data_or_decoded: bytes | tuple[Any, bool] = data  # begin_import refuses: no connector
+        else:
+            try:  # decoded and its signature checked in a worker, off the engine thread and the event loop
+                data_or_decoded = await ctx.in_worker(decode_offer, data, pd.secret)
+            except MigrationError as e:
+                raise OpenAIError(_status(e.code), e.message, code=e.code) from None
+        handle: ImportHandle = await call(engine.run_on_engine(lambda e: begin_import(e, data_or_decoded)))
         fut = asyncio.wrap_future(handle.future)
         try:
             result = await asyncio.wait_for(asyncio.shield(fut), max(0.0, handle.offer.commit_by - time.time()))

@@ -60,7 +60,7 @@ def chain_keys_from(root: BlockKey, token_ids: list[int], num_blocks: int, block
 
 def begin_export(engine: LLMEngine, session_id: str, window_s: float) -> Outgoing:
     """Freeze the session, export its blocks and encode its offer (module docstring). Raises
-    ``SessionEventError`` (the session's refusal) or ``MigrationError`` with nothing changed."""
+    ``MigrationError`` (with the session's own code when it refuses) with nothing changed."""
     if window_s <= 0 or not window_s < 3600:
         raise MigrationError("invalid", f"the migration window must be in (0, 3600) seconds, got {window_s!r}")
     pd = engine.pd
@@ -68,14 +68,17 @@ def begin_export(engine: LLMEngine, session_id: str, window_s: float) -> Outgoin
         raise MigrationError("unsupported", "this instance cannot send sessions: it needs a PD connector with "
                              "role kv_producer or kv_both (--kv-transfer-config)")
     sessions = LMSessions.of(engine)
-    rt = sessions.manager.get(session_id)
-    rt.require(SessionStatus.OPEN)
+    try:
+        rt = sessions.manager.get(session_id)
+        rt.require(SessionStatus.OPEN)
+    except SessionEventError as e:  # not_found, busy, failed, closed, evicted: the session's own code
+        raise MigrationError(e.code, e.message) from None
     state = rt.state
     assert isinstance(state, LMState)
     root = engine.kv_manager.root_key("free", state.cache_salt)
     if state.root != root and state.token_ids:
-        raise SessionEventError("stale_state", f"session {session_id!r} was computed under other weights or "
-                                "provenance; reset and step with reprefill=True before migrating it")
+        raise MigrationError("stale_state", f"session {session_id!r} was computed under other weights or "
+                             "provenance; reset and step with reprefill=True before migrating it")
     t0 = time.monotonic()
     bs = engine.block_size
     blocks = state.blocks

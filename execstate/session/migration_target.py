@@ -108,15 +108,16 @@ class ImportHandle:
         self.future.set_exception(MigrationError("timeout", why))
 
 
-def begin_import(engine: LLMEngine, data: bytes) -> ImportHandle:
+def begin_import(engine: LLMEngine, data: bytes | tuple[SessionOffer, bool]) -> ImportHandle:
     """Check the offer and start loading its blocks (module docstring); ``MigrationError`` with
-    nothing taken when it is refused."""
+    nothing taken when it is refused. ``data``: the envelope's bytes, or what ``decode_offer``
+    made of them with this engine's ``pd.secret`` (a caller that decodes off the engine thread)."""
     t0 = time.monotonic()
     pd = engine.pd
     if pd is None:
         raise MigrationError("unsupported", "this instance cannot receive sessions: it needs a PD connector "
                              "(--kv-transfer-config, role kv_consumer or kv_both)")
-    offer, signed = decode_offer(data, pd.secret)
+    offer, signed = decode_offer(data, pd.secret) if isinstance(data, bytes) else data
     params = offer.handoff
     if not signed and (params is None or "signature" in params or params.get("remote_engine_id") not in
                        (pd.cfg.allowed_prefill or {})):

@@ -166,3 +166,20 @@ def test_random_histories_migrate_and_migrate_back(engines, moe_dir, data):
         llm.engine.poll()
         assert llm.engine.kv_holds.num_holders == 0 and llm.engine.block_pool.num_used == 0
         check_accounting(llm)
+
+
+def test_the_same_engine_and_a_stale_state_are_refused(engines, moe_dir_other_weights):
+    a, b = engines(), engines()
+    s = a.open_session(sampling_params=GREEDY)
+    s.step(A)
+    with pytest.raises(MigrationError) as e:
+        migrate_session(s, a)
+    assert e.value.code == "invalid"
+    a.update_weights(moe_dir_other_weights)  # the session's KV is now from other weights
+    with pytest.raises(MigrationError) as e:
+        migrate_session(s, b)
+    assert e.value.code == "stale_state" and s.status == "open"
+    assert_holds_nothing(b, s.session_id)
+    with pytest.raises(MigrationError) as e:
+        s.migrate(b, timeout_s=0)
+    assert e.value.code == "invalid"  # a window of 0 s
