@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP app: ``build_app(async_engine, served_model_name, ...)``.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (see those modules),
+``/v1/sessions...`` (``sessions_http.py``: a minimal session API and session migration),
 the ``/v1/realtime`` WebSocket (``realtime.py``), ``GET /v1/models``, ``GET /health`` (200
 ``{"status": "ok"}``, 503 with the reason once the engine thread is dead), ``GET /metrics``
 (Prometheus text, this app's registry).
@@ -48,6 +49,7 @@ from execstate.serve.protocol import (
     ignored_fields,
 )
 from execstate.serve.realtime import DEFAULT_GRACE_S, install_realtime
+from execstate.serve.sessions_http import install_session_routes
 from execstate.transfer.handoff import HandoffTrust
 
 STATS_TIMEOUT_S = 5.0
@@ -128,4 +130,5 @@ def build_app(
         ctx.metrics.set_engine_stats(stats, async_engine.is_healthy)
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    install_session_routes(app, ctx, api_key)  # /v1/sessions...: minimal session API and migration
     return app

@@ -164,3 +164,24 @@ def test_without_route_return_and_after_the_engine_died(model_dir):
             asyncio.run(main())
     finally:
         engine.shutdown()
+
+
+def test_a_session_opened_over_http_can_be_resumed(served):
+    """A session the realtime endpoint never saw (opened by the HTTP session API, or moved in by a
+    migration) is resumable; it then belongs to the connection (closed at its end, grace 0)."""
+    r = httpx.post(served.url + "/v1/sessions", json={"session_id": "via-http", "sampling": {"temperature": 0}})
+    assert r.status_code == 200, r.text
+    step = httpx.post(served.url + "/v1/sessions/via-http/step", json={"input": A, "max_tokens": 3}, timeout=60)
+    assert step.status_code == 200, step.text
+
+    async def main():
+        async with client(served.url) as c:
+            ack = await c.ask({"type": "session.resume", "event_id": "r", "session_id": "via-http"})
+            assert (ack["type"], ack["session"]["step_index"], ack["session"]["num_tokens"]) == (
+                "session.resumed", 1, len(A) + 3)
+            _, _, done = await c.respond(input={"token_ids": B}, max_tokens=2)
+            assert done["response"]["step_index"] == 2
+
+    asyncio.run(main())
+    wait_released(served.engine)
+    assert httpx.get(served.url + "/v1/sessions/via-http").json()["status"] == "closed"
