@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 
@@ -189,6 +190,16 @@ def _add_capacity_and_limit_options(s: argparse.ArgumentParser) -> None:
                        help=f"{text} (default: %(default)s)")
 
 
+def _grace(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
 def _add_session_options(s: argparse.ArgumentParser) -> None:
     """``serve``: bounds on sessions (``session/``; beyond a bound: an immediate, clear refusal)."""
     d = _SESSION_DEFAULTS
@@ -202,6 +213,9 @@ def _add_session_options(s: argparse.ArgumentParser) -> None:
     g.add_argument("--max-session-events", type=int, default=d["max_session_events"],
                    help="pending events per session; beyond it an event is refused (code backpressure) "
                         "(default: %(default)s)")
+    g.add_argument("--realtime-grace-s", type=_grace, default=0.0,
+                   help="seconds a /v1/realtime session outlives its dropped connection, for session.resume; "
+                        "0 closes it at once (default: %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
