@@ -143,8 +143,13 @@ def test_nixl_log_lines_leave_stdout_for_the_report(tmp_path, monkeypatch):
 
 
 def test_cli_runs_one_part_as_json(model_dir, capsys):
-    rc = main(["bench", "sessions", "--model", str(model_dir), "--parts", "chat", "--turns", "2", "--turn-len", "8",
-               "--max-tokens", "2", "--repeats", "1", "--threads", "1", "--json"])
+    logger = logging.getLogger("execstate")
+    before = list(logger.handlers), logger.level
+    try:  # main() installs the CLI's log handler on this test's captured stderr: taken off after
+        rc = main(["bench", "sessions", "--model", str(model_dir), "--parts", "chat", "--turns", "2", "--turn-len",
+                   "8", "--max-tokens", "2", "--repeats", "1", "--threads", "1", "--json"])
+    finally:
+        logger.handlers[:], logger.level = before[0], before[1]
     rep = json.loads(capsys.readouterr().out)
     assert rc == 0 and rep["parts"] == ["chat"] and rep["chat"]["tokens_identical"] is True
     assert [t["computed"] for t in rep["chat"]["paths"]["session"]["turns"]] == [[8], [9]]
