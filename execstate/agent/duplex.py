@@ -1,0 +1,419 @@
+"""``DuplexAgent``: a front that listens while it speaks, delegates to a back end, survives barge-in.
+
+One asyncio task (the *loop*) drives the front step by step (``config.step_tokens`` tokens per
+step); the public calls (``feed``, ``cancel``, ``truncate``, ``deliver_result``) run on the same
+event loop, take effect at once in the agent's state and reach the front's context at the next
+step boundary. Order of one loop turn::
+
+    tick the turn policy (end of turn, resume) -> boundary: rollbacks for truncations, results
+    appended (or marked stale), the next response started -> one front step, or wait for input,
+    a result or the policy's next deadline
+
+Guarantees (``agent/fence.py``): a barge-in or cancel advances the epoch and ends the response in
+flight (``response.done`` ``cancelled``) in the same call, then cancels the front's step; deltas the
+step still produces are dropped, so no old-epoch output follows the terminal event, and every
+response has exactly one terminal event. After an interruption the response's item is truncated
+to what was emitted; ``truncate`` cuts it further to what was played. A delegation belongs to the
+epoch it was created in; its result is appended (and spoken) only if the epoch is still current at
+the boundary that would append it, else it is ``stale``. Interruptions leave back-end tasks running
+unless ``cancel(cancel_tasks=True)`` or ``config.cancel_tasks_on_barge_in``.
+
+Input: ``feed(text, t)``, a chunk of words with its time on the agent's clock (seconds since
+``start``; None: now). Backchannels and false interruptions never enter the context. User turns
+enter it at the boundary of the response that answers them (``user_prefix`` + text). Events:
+``agent/agent_events.py``; a consumer that stops reading lets at most ``max_events`` pile up,
+then the agent closes itself with an ``error`` event ``overflow``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from execstate.agent.agent_events import (
+    AgentEvent,
+    DelegationCreated,
+    DelegationId,
+    DelegationResult,
+    ErrorEvent,
+    ResponseId,
+    TurnEvent,
+)
+from execstate.agent.backend import Backend
+from execstate.agent.config import AgentConfig
+from execstate.agent.delegation import RegexPolicy, ToolCall, ToolCallParser
+from execstate.agent.fence import Response, ResponseFence
+from execstate.agent.front import FrontChunk, FrontModel
+from execstate.agent.ledger import DelegationState, LedgerError, ToolLedger
+from execstate.agent.transcript import Transcript
+from execstate.agent.turn_policy import Decision, TurnPolicy
+
+
+class AgentError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Interrupt:
+    t_accept: float
+    old_epoch: int
+    t_step_end: float | None = None  # when the front's cancelled step ended (None: no step was running)
+
+
+@dataclass
+class AgentStats:
+    step_s: list[float] = field(default_factory=list)
+    interrupts: list[Interrupt] = field(default_factory=list)
+
+
+@dataclass
+class _Plan:
+    cause: str  # "turn" | "result"
+    forced: str  # spoken first ("": the model speaks from the start)
+
+
+_END = object()
+
+
+class DuplexAgent:
+    def __init__(self, front: FrontModel, backend: Backend | None = None, policy: RegexPolicy | None = None,
+                 config: AgentConfig | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.front = front
+        self.backend = backend or Backend()
+        self.policy = policy
+        self.config = config or AgentConfig()
+        self.turns = TurnPolicy(self.config.turn)
+        self.fence = ResponseFence(self._emit)
+        self.ledger = ToolLedger()
+        self.transcript = Transcript()
+        self.stats = AgentStats()
+        self._clock = clock
+        self._t0 = clock()
+        self._last_t = 0.0
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._wake = asyncio.Event()
+        self._turn: list[str] = []  # the open user turn
+        self._burst: list[str] = []  # input while the agent speaks, not (yet) a turn
+        self._pending: list[tuple[str, list[int]]] = [("prefix", front.prelude())]
+        self._replay: list[int] = []  # recorded in the transcript, to send after a rewind
+        self._plans: deque[_Plan] = deque()
+        self._first: _Plan | None = None  # the plan of the response whose first step is next
+        self._ready: deque[DelegationId] = deque()
+        self._truncs: list[tuple[str, int]] = []
+        self._parser: ToolCallParser | None = None
+        self._generated = 0
+        self._paused = False
+        self._stepping = False
+        self._closed = False  # no more input; the loop stops
+        self._shut = False  # close() ran
+        self._task: asyncio.Task[None] | None = None
+
+    # -- public API ---------------------------------------------------------------------------------
+    def now(self) -> float:
+        return max(self._clock() - self._t0, self._last_t)
+
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="duplex-agent")
+
+    def feed(self, text: str, t: float | None = None) -> None:
+        """A chunk of user input at time ``t`` (module docstring); AgentError ``invalid``/``closed``."""
+        self._require_open()
+        if not isinstance(text, str) or not text.strip() or len(text) > self.config.max_input_chars:
+            raise AgentError("invalid", f"input must be a non-empty string of at most {self.config.max_input_chars} "
+                             "characters")
+        t = self._at(t)
+        d = self.turns.on_input(len(text.split()), t, self.fence.active)
+        if d is Decision.NONE:
+            self._turn.append(text)
+        elif d in (Decision.HOLD, Decision.BACKCHANNEL):
+            self._burst.append(text)
+            self._paused = d is Decision.HOLD
+            self._emit(TurnEvent(t, self.fence.epoch, d.value, text))
+        elif d is Decision.BARGE_IN:
+            self._turn, self._burst = [*self._burst, text], []
+            self._interrupt(t, "barge_in", self.config.cancel_tasks_on_barge_in)
+            self._emit(TurnEvent(t, self.fence.epoch, d.value, " ".join(self._turn)))
+        self._wake.set()
+
+    def cancel(self, cancel_tasks: bool = False) -> bool:
+        """Cancel the response in flight (False if none); ``cancel_tasks`` also cancels open back-end tasks."""
+        self._require_open()
+        active = self.fence.active
+        self._interrupt(self.now(), "cancel", cancel_tasks)
+        self._wake.set()
+        return active
+
+    def cancel_delegation(self, delegation_id: str) -> bool:
+        """Cancel one back-end task (ledger: cancelled; its result, if it still comes, is ``late``)."""
+        d = self.ledger.get(delegation_id)
+        if not self.ledger.cancel(d.delegation_id):
+            return False
+        self.backend.cancel(d.delegation_id)
+        return True
+
+    def truncate(self, item_id: str, played_chars: int | None = None, played_ms: float | None = None) -> int:
+        """Cut a finished response's item to what was played (applied at the next boundary);
+        returns the tokens kept. AgentError ``not_found`` / ``invalid``."""
+        self._require_open()
+        r = self.fence.responses.get(ResponseId(item_id))
+        if r is None or not self.transcript.has_mark(item_id):
+            raise AgentError("not_found", f"no truncatable item {item_id!r} (only the last "
+                             f"{self.transcript.max_marks} responses can be truncated)")
+        if r.status is None:
+            raise AgentError("invalid", f"item {item_id!r} is still being generated; cancel it first")
+        if (played_chars is None) == (played_ms is None):
+            raise AgentError("invalid", "give exactly one of played_chars and played_ms")
+        chars = played_chars if played_chars is not None else int(played_ms * self.config.chars_per_s / 1000)
+        if isinstance(chars, bool) or not isinstance(chars, int) or chars < 0:
+            raise AgentError("invalid", f"the playback position must be >= 0, got {chars!r}")
+        keep = r.tokens_within(chars)
+        self._truncs.append((item_id, keep))
+        self._wake.set()
+        return keep
+
+    def deliver_result(self, delegation_id: str, result: str) -> None:
+        """A result for a delegation (e.g. a tool the client runs); LedgerError on late/duplicate/unknown."""
+        self._require_open()
+        self._settle(self.ledger.resolve(delegation_id, str(result), self.fence.epoch, self.now()))
+
+    async def events(self) -> AsyncIterator[AgentEvent]:
+        """Every event, in order, until the agent is closed."""
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                return
+            assert isinstance(item, AgentEvent)
+            yield item
+
+    async def close(self, cancel_tasks: bool = True) -> None:
+        """Stop: the response in flight is cancelled, the front released, back-end tasks cancelled
+        (or, ``cancel_tasks=False``, awaited). Idempotent."""
+        if self._shut:
+            return
+        self._shut = True
+        self._interrupt(self.now(), "closed", False)
+        self._closed = True
+        self._wake.set()
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await self._task
+        await self.backend.close(cancel=cancel_tasks)
+        await self.front.close()
+        self._queue.put_nowait(_END)
+
+    # -- state changes --------------------------------------------------------------------------------
+    def _interrupt(self, t: float, reason: str, cancel_tasks: bool) -> None:
+        if self.fence.active:
+            r = self.fence.interrupt(t, reason)
+            assert r is not None
+            self.stats.interrupts.append(Interrupt(t, r.epoch))
+            if self.transcript.has_mark(r.response_id):
+                self._truncs.append((r.response_id, len(r.token_ids)))
+            if self._stepping:
+                asyncio.get_running_loop().create_task(self.front.cancel())
+            self._parser, self._first = None, None
+        self._paused = False
+        self._plans.clear()
+        if cancel_tasks:
+            for did in self.ledger.open_ids():
+                self.cancel_delegation(did)
+
+    def _on_result(self, delegation_id: DelegationId, result: str | None, error: str | None) -> None:
+        if self._closed:
+            return
+        try:
+            d = self.ledger.resolve(delegation_id, result, self.fence.epoch, self.now(), error)
+        except LedgerError as exc:
+            self._emit(ErrorEvent(self.now(), self.fence.epoch, exc.code, exc.message))
+            return
+        self._settle(d)
+
+    def _settle(self, d) -> None:
+        if d.state is DelegationState.COMPLETED:
+            self._ready.append(d.delegation_id)
+            self._wake.set()
+        else:
+            self._emit(DelegationResult(self.now(), self.fence.epoch, d.delegation_id, d.state.value,
+                                        d.result or "", d.error or ""))
+
+    def _delegate(self, call: ToolCall, source: str, t: float) -> bool:
+        if call.tool not in self.backend.tools:
+            self._emit(ErrorEvent(t, self.fence.epoch, "unknown_tool", f"no back-end tool {call.tool!r}"))
+            return False
+        try:
+            d = self.ledger.open(call.tool, call.arguments, self.fence.epoch, t, source)
+        except LedgerError as exc:
+            self._emit(ErrorEvent(t, self.fence.epoch, exc.code, exc.message))
+            return False
+        self._emit(DelegationCreated(t, d.epoch, d.delegation_id, d.tool, dict(d.arguments), source))
+        self.backend.start(d, self._on_result)
+        return True
+
+    def _end_of_turn(self, t: float) -> None:
+        text = " ".join(self._turn)
+        self._turn = []
+        self._emit(TurnEvent(t, self.fence.epoch, Decision.END_OF_TURN.value, text))
+        self._pending.append(("user", self.front.encode(f"{self.config.user_prefix} {text}")))
+        forced = ""
+        decided = self.policy.decide(text) if self.policy is not None else None
+        if decided is not None and self._delegate(decided[0], "policy", t):
+            forced = f" {decided[1]}"
+        self._plans.append(_Plan("turn", forced))
+
+    # -- the loop -------------------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        try:
+            while not self._closed:
+                self._tick()
+                await self._boundary()
+                r = self.fence.current
+                if r is not None and not self._paused:
+                    await self._step(r)
+                    continue
+                deadline = self.turns.next_deadline()
+                timeout = None if deadline is None else max(deadline - self.now(), 0.0) + 0.001
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                self._wake.clear()
+        except Exception as exc:  # the front failed: the agent cannot speak any more
+            t = self.now()
+            if self.fence.current is not None:
+                self.fence.finish(self.fence.current.response_id, "failed", t, str(exc))
+            self._emit(ErrorEvent(t, self.fence.epoch, "front_failed", f"{type(exc).__name__}: {exc}"))
+            self._closed = True
+
+    def _tick(self) -> None:
+        t = self.now()
+        d = self.turns.on_tick(t)
+        if d is Decision.END_OF_TURN:
+            self._end_of_turn(t)
+        elif d is Decision.RESUME:
+            self._emit(TurnEvent(t, self.fence.epoch, d.value, " ".join(self._burst)))
+            self._burst, self._paused = [], False
+
+    async def _boundary(self) -> None:
+        for item_id, keep in self._truncs:
+            mark, tokens, released = self.transcript.plan_truncate(item_id, keep)
+            await self.front.rewind(mark)
+            self._replay = tokens
+            for m in released:
+                await self.front.release(m)
+        self._truncs.clear()
+        floor_free = not self.turns.user_turn_open and not self.turns.burst_open
+        if self._ready and floor_free:
+            self._append_results()
+        if not self.fence.active and self._plans and floor_free:
+            self._first = self._plans.popleft()
+            self.fence.start(self.now(), self._first.cause)
+            self._generated = 0
+            self._parser = ToolCallParser(self.backend.names) if self.config.model_tool_calls else None
+
+    def _append_results(self) -> None:
+        t, cfg, speak = self.now(), self.config, []
+        while self._ready:
+            d = self.ledger.get(self._ready.popleft())
+            if d.epoch != self.fence.epoch:
+                self.ledger.mark_stale(d.delegation_id)
+                self._emit(DelegationResult(t, self.fence.epoch, d.delegation_id, "stale", d.result or ""))
+                continue
+            self._pending.append(("result", self.front.encode(cfg.result_format.format(tool=d.tool, result=d.result))))
+            d.t_appended = t
+            self._emit(DelegationResult(t, d.epoch, d.delegation_id, "completed", d.result or "", appended=True))
+            speak.append(cfg.result_template.format(result=d.result) if cfg.speak_results == "template" else "")
+        if not speak:
+            return
+        if self.fence.current is not None:  # the acknowledgement yields to the answer
+            self._finish(self.fence.current, "result")
+        self._plans.appendleft(_Plan("result", "".join(speak)))
+
+    async def _step(self, r: Response) -> None:
+        epoch, cfg = self.fence.epoch, self.config
+        inp, self._replay = self._replay, []
+        plan, self._first = self._first, None
+        if plan is not None:
+            for m in self.transcript.add_mark(r.response_id, await self.front.mark()):
+                await self.front.release(m)
+        for role, toks in self._pending:
+            self.transcript.append(role, toks)
+            inp += toks
+        self._pending = []
+        if plan is not None:
+            prefix = self.front.encode(cfg.agent_prefix)
+            self.transcript.append("prefix", prefix, r.response_id)
+            inp += prefix
+            if plan.forced:
+                forced = self.front.encode(plan.forced)
+                self.transcript.append("agent", forced, r.response_id)
+                inp += forced
+                self.fence.delta(r.response_id, epoch, plan.forced, tuple(forced), self.now())
+        finish, t0 = None, time.perf_counter()
+        self._stepping = True
+        try:
+            async for c in self.front.step(inp, max(1, min(cfg.step_tokens, cfg.max_response_tokens - self._generated))):
+                if isinstance(c, FrontChunk):
+                    self._on_chunk(r, epoch, c)
+                else:
+                    finish = c.finish_reason
+        finally:
+            self._stepping = False
+        t = self.now()
+        self.stats.step_s.append(time.perf_counter() - t0)
+        for it in self.stats.interrupts:
+            if it.old_epoch == epoch and it.t_step_end is None:
+                it.t_step_end = t
+        if self.fence.current is r and self.fence.epoch == epoch and (
+                finish == "stop" or self._generated >= cfg.max_response_tokens):
+            self._finish(r, finish or "length")
+
+    def _on_chunk(self, r: Response, epoch: int, c: FrontChunk) -> None:
+        self.transcript.append("agent", list(c.token_ids), r.response_id)
+        if self.fence.current is not r or self.fence.epoch != epoch:
+            self.fence.delta(r.response_id, epoch, c.text, c.token_ids, self.now())  # dropped, counted
+            return
+        self._generated += len(c.token_ids)
+        speech, calls, errors = self._parser.feed(c.text) if self._parser is not None else (c.text, [], [])
+        t = self.now()
+        self.fence.delta(r.response_id, epoch, speech, c.token_ids, t)
+        for call in calls:
+            self._delegate(call, "model", t)
+        for e in errors:
+            self._emit(ErrorEvent(t, epoch, "invalid_tool_call", e))
+
+    def _finish(self, r: Response, reason: str) -> None:
+        t = self.now()
+        if self._parser is not None:
+            rest, errors = self._parser.end()
+            if rest:
+                self.fence.delta(r.response_id, self.fence.epoch, rest, (), t)
+            for e in errors:
+                self._emit(ErrorEvent(t, self.fence.epoch, "invalid_tool_call", e))
+            self._parser = None
+        self.fence.finish(r.response_id, "done", t, reason)
+
+    # -- helpers ------------------------------------------------------------------------------------------
+    def _emit(self, ev: AgentEvent) -> None:
+        if self._queue.qsize() >= self.config.max_events:
+            if not self._closed:
+                self._closed = True
+                self._queue.put_nowait(ErrorEvent(ev.t, ev.epoch, "overflow", "events were not consumed"))
+            return
+        self._queue.put_nowait(ev)
+
+    def _at(self, t: float | None) -> float:
+        if t is None:
+            t = self.now()
+        elif isinstance(t, bool) or not isinstance(t, int | float) or t < self._last_t:
+            raise AgentError("invalid", f"t must be a number >= the last input time {self._last_t}, got {t!r}")
+        self._last_t = float(t)
+        return float(t)
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise AgentError("closed", "the agent is closed")
