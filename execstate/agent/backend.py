@@ -74,7 +74,7 @@ class Backend:
 
         async def run() -> None:
             try:
-                if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+                if _is_async(fn):
                     out = await fn(**d.arguments)
                 else:
                     out = await asyncio.to_thread(fn, **d.arguments)
@@ -104,3 +104,8 @@ class Backend:
                 t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """An ``async def`` function, or an object whose ``__call__`` is one (``ModelTool``)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
