@@ -83,3 +83,44 @@ class FakeFront:
 
     async def close(self) -> None:
         self.closed = True
+
+
+class Collector:
+    """Consumes an agent's events into a list (start it before feeding)."""
+
+    def __init__(self, agent) -> None:
+        self.events: list = []
+        self.task = asyncio.get_running_loop().create_task(self._run(agent))
+
+    async def _run(self, agent) -> None:
+        async for e in agent.events():
+            self.events.append(e)
+
+    def of(self, type_: str) -> list:
+        return [e for e in self.events if e.type == type_]
+
+    async def wait_for(self, pred, timeout: float = 10.0):
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while loop.time() < end:
+            for e in self.events:
+                if pred(e):
+                    return e
+            await asyncio.sleep(0.005)
+        raise AssertionError("event not seen in time")
+
+
+def check_invariants(events) -> None:
+    """One terminal per response; no delta after its terminal or of an older epoch than the newest seen."""
+    created, ended, epoch = {}, set(), 0
+    for e in events:
+        epoch = max(epoch, e.epoch)
+        if e.type == "response.created":
+            created[e.response_id] = e.epoch
+        elif e.type == "response.output_text.delta":
+            assert e.response_id in created and e.response_id not in ended, f"delta after terminal: {e}"
+            assert e.epoch == created[e.response_id] == epoch, f"old-epoch delta: {e}"
+        elif e.type == "response.done":
+            assert e.response_id not in ended, f"second terminal: {e}"
+            ended.add(e.response_id)
+    assert set(created) == ended, "a response without a terminal event"
