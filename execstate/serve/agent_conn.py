@@ -33,7 +33,6 @@ from execstate.agent.agent_events import ErrorEvent, ResponseDone
 from execstate.agent.backend import Backend
 from execstate.agent.config import AgentConfig
 from execstate.agent.duplex import AgentError, DuplexAgent
-from execstate.agent.front import SessionFront
 from execstate.agent.ledger import DelegationState, LedgerError
 from execstate.engine.async_engine import EngineDeadError
 from execstate.serve.agent_convert import (
@@ -75,7 +74,7 @@ logger = logging.getLogger(__name__)
 
 class AgentConnection:
     def __init__(self, server: Any, emit: Emit) -> None:
-        """``server``: the ``AgentServer`` (engine, sessions, tools, task keeper, model name)."""
+        """``server``: the ``AgentServer`` (``open_front``, ``tools``, ``keeper``, ``agents``, ``model_name``)."""
         self.server = server
         self.emit = emit
         self.state = AgentConnState()
@@ -148,15 +147,15 @@ class AgentConnection:
         policy = delegation_policy(s.delegation, set(runners)) if s.delegation is not None else None
         params = front_params(s.sampling)
         tools = {n: self._server_tool(server_tools[n]) if r == "server" else _client_tool for n, r in runners.items()}
-        front = await SessionFront.open(self.server.engine, s.instructions or DEFAULT_INSTRUCTIONS, params,
-                                        sessions=self.server.sessions)
+        front, sid = await self.server.open_front(s.instructions or DEFAULT_INSTRUCTIONS, params)
         agent = DuplexAgent(front, Backend(tools), policy, cfg)
         await agent.start()
         self.agent, self.runners, self.keep_tasks = agent, runners, bool(s.keep_tasks_on_disconnect)
         self.rules = _rules_json(s)
-        self.state.open(front.session_id)
+        self.state.open(sid)
+        self.server.agents[sid] = agent
         await self.emit(server_event("session.created", msg.event_id, session=self._session_json()))
-        self._pump = asyncio.create_task(self._forward(agent), name=f"agent-pump:{front.session_id}")
+        self._pump = asyncio.create_task(self._forward(agent), name=f"agent-pump:{sid}")
 
     async def _update(self, msg: SessionUpdate) -> None:
         agent, s = self._agent(), msg.session
@@ -181,6 +180,7 @@ class AgentConnection:
         """Close the agent: the front released, client-tool delegations cancelled, server tasks
         cancelled or detached; every event it still emits forwarded before this returns."""
         agent, self.agent = self._agent(), None
+        self.server.agents.pop(self.state.session_id, None)
         for did in agent.ledger.open_ids():
             if self.runners.get(agent.ledger.get(did).tool) == "client":
                 agent.cancel_delegation(did)
@@ -195,7 +195,10 @@ class AgentConnection:
     async def _append(self, msg: InputAppend) -> None:
         if msg.t is not None and not (math.isfinite(msg.t) and msg.t >= 0):
             raise invalid(f"t must be a finite number of seconds >= 0, got {msg.t!r}")
-        self._agent().feed(msg.text, msg.t)
+        agent = self._agent()
+        # Input cannot arrive in the past: a t before the agent's clock (network delay, a client
+        # clock behind the server's) is taken as now; a later t moves the agent's clock forward.
+        agent.feed(msg.text, None if msg.t is None else max(msg.t, agent.now()))
 
     async def _cancel(self, msg: ResponseCancel) -> None:
         agent = self._agent()

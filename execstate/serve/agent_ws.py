@@ -29,7 +29,10 @@ from fastapi import FastAPI
 from starlette.websockets import WebSocket
 
 from execstate.agent.backend import ModelTool
+from execstate.agent.duplex import DuplexAgent
+from execstate.agent.front import FrontModel, SessionFront
 from execstate.engine.async_engine import AsyncEngine
+from execstate.engine.sampling_params import SamplingParams
 from execstate.serve.agent_conn import AgentConnection
 from execstate.serve.agent_tools import AgentTools
 from execstate.serve.context import ServeContext
@@ -83,7 +86,13 @@ class AgentServer:
         if self.back_engine.tokenizer is not None:
             self.tools.register(BACK_MODEL_TOOL, ModelTool(self.back_engine, max_tokens=BACK_MODEL_MAX_TOKENS))
         self.keeper = TaskKeeper()
+        self.agents: dict[str, DuplexAgent] = {}  # live agents by front session id
         self.num_connections = 0
+
+    async def open_front(self, instructions: str, params: SamplingParams) -> tuple[FrontModel, str]:
+        """A front for a new agent: an LM session of the served model (interactive priority); (front, its id)."""
+        front = await SessionFront.open(self.engine, instructions, params, sessions=self.sessions)
+        return front, front.session_id
 
     async def endpoint(self, ws: WebSocket) -> None:
         offered = ws.scope.get("subprotocols") or []
