@@ -20,7 +20,6 @@ from execstate.serve.agent_ws import TaskKeeper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
 from agent_fakes import FakeFront  # noqa: E402
-
 from agent_helpers import check_stream  # noqa: E402
 
 FAST_TURN = {"end_of_turn_silence_s": 0.05, "resume_after_s": 0.05}
