@@ -329,6 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "recorded in provenance numerics, so P and D of a PD pair must agree")
     _add_capacity_and_limit_options(s)
     _add_session_options(s)
+    s.add_argument("--agent-back-model", default=None,
+                   help="/v1/realtime/agent: the back-end model agents delegate to (the tool 'reason'): an "
+                        "embedded name or a directory, loaded as a second engine (default: the served model, "
+                        "at batch priority; the front is always the served model)")
     s.set_defaults(func=_serve)
 
     px = sub.add_parser("proxy", help="prefill/decode disaggregation proxy")
