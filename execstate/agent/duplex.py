@@ -103,6 +103,7 @@ class DuplexAgent:
         self._burst: list[str] = []  # input while the agent speaks, not (yet) a turn
         self._pending: list[tuple[str, list[int]]] = [("prefix", front.prelude())]
         self._replay: list[int] = []  # recorded in the transcript, to send after a rewind
+        self._replay_from = 0  # segments the front holds while a replay is unsent
         self._plans: deque[_Plan] = deque()
         self._first: _Plan | None = None  # the plan of the response whose first step is next
         self._ready: deque[DelegationId] = deque()
@@ -302,7 +303,7 @@ class DuplexAgent:
         for item_id, keep in self._truncs:
             mark, tokens, released = self.transcript.plan_truncate(item_id, keep)
             await self.front.rewind(mark)
-            self._replay = tokens
+            self._replay, self._replay_from = tokens, self.transcript.mark_index(item_id)
             for m in released:
                 await self.front.release(m)
         self._truncs.clear()
@@ -335,10 +336,11 @@ class DuplexAgent:
 
     async def _step(self, r: Response) -> None:
         epoch, cfg = self.fence.epoch, self.config
+        held = self._replay_from if self._replay else None  # what the front holds now, in segments
         inp, self._replay = self._replay, []
         plan, self._first = self._first, None
         if plan is not None:
-            for m in self.transcript.add_mark(r.response_id, await self.front.mark()):
+            for m in self.transcript.add_mark(r.response_id, await self.front.mark(), held):
                 await self.front.release(m)
         for role, toks in self._pending:
             self.transcript.append(role, toks)

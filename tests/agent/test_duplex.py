@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from agent_fakes import Collector, FakeFront, check_invariants
+
 from execstate.agent.backend import Backend
 from execstate.agent.config import AgentConfig
 from execstate.agent.delegation import RegexPolicy, Rule
