@@ -130,7 +130,7 @@ class DuplexAgent:
             raise AgentError("invalid", f"input must be a non-empty string of at most {self.config.max_input_chars} "
                              "characters")
         t = self._at(t)
-        d = self.turns.on_input(len(text.split()), t, self.fence.active)
+        d = self.turns.on_input(len(text.split()), t, self.fence.active, text.rstrip()[-1] in ".?!")
         if d is Decision.NONE:
             self._turn.append(text)
         elif d in (Decision.HOLD, Decision.BACKCHANNEL):
