@@ -121,11 +121,16 @@ def _bench(args: argparse.Namespace) -> int:
 
         report = run_duplex_bench(
             model=args.model, parts=tuple(args.parts.split(",")), conversations=args.conversations, turns=args.turns,
-            silences=tuple(float(x) for x in args.silences.split(",")), step_tokens=args.step_tokens,
+            policies=tuple(_policy(x) for x in args.policies.split(",")), step_tokens=args.step_tokens,
             load_tasks=args.load_tasks, threads=args.threads, seed=args.seed, png=args.png)
         print(json.dumps(report, indent=2) if args.json else format_duplex_table(report))
         return 0
     raise AssertionError(args.bench_cmd)
+
+
+def _policy(spec: str) -> tuple[float, float | None]:
+    silence, _, final = spec.partition(":")
+    return float(silence), None if final in ("", "none") else float(final)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -320,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--parts", default="conversations,load", help="comma-separated subset")
     bd.add_argument("--conversations", type=int, default=4)
     bd.add_argument("--turns", type=int, default=8, help="user turns per conversation")
-    bd.add_argument("--silences", default="0.8,0.4", help="end-of-turn silences (s) to compare")
+    bd.add_argument("--policies", default="0.8:0.2,0.4:none",
+                    help="turn policies to compare: SILENCE:SENTENCE_END_SILENCE (s; 'none': no sentence-end cue)")
     bd.add_argument("--step-tokens", type=int, default=4, help="tokens per front step")
     bd.add_argument("--load-tasks", type=int, default=10, help="concurrent back-end model tasks in the load part")
     bd.add_argument("--threads", type=int, default=1)

@@ -5,8 +5,9 @@ Parts, each on a fresh ``AsyncEngine`` of the front model (``smollm2-135m`` by d
 
 1. ``conversations``: ``conversations`` scripted conversations (``duplex_script``: turns with
    pauses, delegated questions with known answers, barge-ins and backchannels at random points)
-   played in real time (``duplex_run``), under each turn-policy setting in ``silences`` (the
-   end-of-turn silence; a sentence-final chunk ends the turn after ``final_silence_s``).
+   played in real time (``duplex_run``), under each turn-policy setting in ``policies``:
+   ``(end-of-turn silence, silence after a sentence-final chunk or None)`` in seconds. The front
+   stops a reply at the next ``\nUser:``/``\nAgent:`` or after 32 tokens (``BENCH_FRONT_PARAMS``).
    Metrics: ``duplex_metrics``.
 2. ``load``: front step latency with no load, under a saturating back-end load (``load_tasks``
    back-end model tasks, ``ModelTool`` sessions in the batch class, on the front's engine) with
@@ -29,7 +30,7 @@ import torch
 
 from execstate.agent.backend import ModelTool
 from execstate.agent.config import AgentConfig
-from execstate.agent.front import DEFAULT_FRONT_PARAMS, SessionFront
+from execstate.agent.front import SessionFront
 from execstate.agent.turn_policy import TurnConfig
 from execstate.bench.duplex_metrics import pct, summarize
 from execstate.bench.duplex_run import Played, play
@@ -39,21 +40,28 @@ from execstate.bench.models import resolve_bench_model
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
+from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE
 
 PARTS = ("conversations", "load")
 LOAD_MODES = ("no_load", "load_front_interactive", "load_front_batch")
+# every reply is max_response_tokens long (the model's end of turn ignored), so the scripted
+# barge-ins and backchannels find the agent speaking: a 135M model's replies are a few words
+BENCH_FRONT_PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+SYSTEM = "<|im_start|>system\nYou are a friendly voice assistant. Answer in two or three sentences.<|im_end|>"
+CHATML = {"user_prefix": "\n<|im_start|>user\n", "agent_prefix": "<|im_end|>\n<|im_start|>assistant\n",
+          "result_format": "\n<|im_start|>user\n[{tool} result: {result}]"}
 
 
 def _engine(path: Path, max_num_seqs: int) -> AsyncEngine:
     return AsyncEngine(LLMEngine(EngineConfig(model=str(path), seed=0, max_num_seqs=max_num_seqs,
-                                              kv_cache_memory_bytes=256 << 20)))
+                                              kv_cache_memory_bytes=256 << 20, max_model_len=2048)))
 
 
 async def _conversations(eng: AsyncEngine, convs: list[Conversation], config: AgentConfig) -> list[Played]:
     runs = []
     for i, conv in enumerate(convs):
-        front = await SessionFront.open(eng)
+        front = await SessionFront.open(eng, SYSTEM, sampling_params=BENCH_FRONT_PARAMS)
         runs.append(await play(front, conv, config, seed=i))
     return runs
 
@@ -74,7 +82,7 @@ async def _load_mode(eng: AsyncEngine, mode: str, config: AgentConfig, tasks: in
     workers = [asyncio.get_running_loop().create_task(worker(k)) for k in range(tasks if mode != "no_load" else 0)]
     await asyncio.sleep(2.0 if workers else 0.0)  # steady state: every slot busy, some waiting
     prio = PRIORITY_BATCH if mode == "load_front_batch" else PRIORITY_INTERACTIVE
-    front = await SessionFront.open(eng, sampling_params=DEFAULT_FRONT_PARAMS, priority=prio)
+    front = await SessionFront.open(eng, SYSTEM, sampling_params=BENCH_FRONT_PARAMS, priority=prio)
     t0 = time.perf_counter()
     played = await play(front, conv, config, seed=seed)
     wall = time.perf_counter() - t0
@@ -90,7 +98,8 @@ async def _load_mode(eng: AsyncEngine, mode: str, config: AgentConfig, tasks: in
 
 
 def run_duplex_bench(model: str | Path = "smollm2-135m", *, parts: tuple[str, ...] = PARTS, conversations: int = 4,
-                     turns: int = 8, silences: tuple[float, ...] = (0.8, 0.4), step_tokens: int = 4,
+                     turns: int = 8, policies: tuple[tuple[float, float | None], ...] = ((0.8, 0.2), (0.4, None)),
+                     step_tokens: int = 4,
                      load_tasks: int = 10, max_num_seqs: int = 8, threads: int | None = 1, seed: int = 0,
                      png: str | Path | None = None) -> dict[str, Any]:
     unknown = set(parts) - set(PARTS)
@@ -101,24 +110,24 @@ def run_duplex_bench(model: str | Path = "smollm2-135m", *, parts: tuple[str, ..
     path = resolve_bench_model(model)
     report: dict[str, Any] = {"model": str(model), "cpu": cpu_name(), "threads": threads, "step_tokens": step_tokens,
                               "workload": {"conversations": conversations, "turns": turns, "seed": seed}}
-    base = AgentConfig(step_tokens=step_tokens, max_response_tokens=32)
+    base = AgentConfig(step_tokens=step_tokens, max_response_tokens=32, **CHATML)
     if "conversations" in parts:
         convs = [make_conversation(seed + i, turns) for i in range(conversations)]
         report["conversations"] = {}
-        for silence in silences:
-            cfg = replace(base, turn=TurnConfig(end_of_turn_silence_s=silence))
+        for silence, final in policies:
+            cfg = replace(base, turn=TurnConfig(end_of_turn_silence_s=silence, final_silence_s=final))
             eng = _engine(path, max_num_seqs)
             try:
                 la = loadavg_1m()
                 runs = asyncio.run(_conversations(eng, convs, cfg))
             finally:
                 eng.shutdown()
-            report["conversations"][f"silence_{silence}s"] = {**summarize(runs), "loadavg_1m_before": la}
-            if png is not None and silence == silences[0]:
+            name = f"silence {silence} s, after a sentence end {final if final is None else f'{final} s'}"
+            report["conversations"][name] = {**summarize(runs), "loadavg_1m_before": la}
+            if png is not None and (silence, final) == policies[0]:
                 from execstate.bench.duplex_plot import plot_timeline
 
-                plot_timeline(runs[0], Path(png), f"{model}, end-of-turn silence {silence} s, "
-                              f"{step_tokens} tokens/step")
+                plot_timeline(runs[0], Path(png), f"{model} front, {name}, {step_tokens} tokens/step")
                 report["png"] = str(png)
     if "load" in parts:
         report["load"] = {"tasks": load_tasks, "max_num_seqs": max_num_seqs}

@@ -52,8 +52,7 @@ def summarize(runs: list[Played]) -> dict[str, Any]:
                 if nxt is not None:
                     resume.append(nxt.t - m["t"])
             elif m["kind"] == "question":
-                spoken = [created[e.response_id] for e in ev if e.type == "delegation.result" and e.appended
-                          and e.t > m["t"]]
+                spoken = [e for e in ev if e.type == "delegation.result" and e.appended and e.t > m["t"]]
                 res = next((e for e in ev if e.type == "delegation.result" and e.t > m["t"]), None)
                 dc = next((e for e in ev if e.type == "delegation.created" and e.t > m["t"]), None)
                 sr = next((c for c in created.values() if c.cause == "result" and res is not None and c.t >= res.t), None)

@@ -35,7 +35,7 @@ def plot_timeline(p: Played, out: Path, title: str) -> Path:
         elif e.type == "response.done":
             texts[e.response_id] = f"{e.status}: {e.text.strip()[:60]}"
     for rid, (t0, t1, epoch) in spans.items():
-        ax.plot([t0, t1], [LANES["agent"]] * 2, lw=8, color=colors(epoch % 10), solid_capstyle="butt")
+        ax.plot([t0, max(t1, t0 + 0.06)], [LANES["agent"]] * 2, lw=8, color=colors(epoch % 10), solid_capstyle="butt")
         ax.text(t0, LANES["agent"] - 0.3, f"{rid} e{epoch}: {texts.get(rid, '')}", fontsize=6, rotation=-20,
                 va="top")
     for e in ev:

@@ -80,14 +80,11 @@ async def play(front: FrontModel, conv: Conversation, config: AgentConfig, seed:
             await asyncio.sleep(0.005)
         return None
 
-    def n_done() -> int:
-        return sum(1 for e in out.events if e.type == "response.done")
-
     try:
         for turn in conv.turns:
             t_start = agent.now()
-            before = n_done()
             await feed(turn.chunks, turn.kind)
+            t_end = agent.now()
             if turn.kind == "delegated":
                 out.marks.append({"kind": "question", "t": t_start, "answer": turn.answer, "tool": turn.tool})
                 await until(lambda e, t=t_start: e.type == "response.done" and e.t > t
@@ -100,8 +97,16 @@ async def play(front: FrontModel, conv: Conversation, config: AgentConfig, seed:
                     active = agent.fence.active
                     rid = agent.fence.current.response_id if agent.fence.current is not None else None
                     out.marks.append({"kind": turn.kind, "t": agent.now(), "active": active, "response_id": rid})
+                    if turn.kind == "backchannel":
+                        await feed(turn.interruption, turn.kind)
+                        if rid is not None:
+                            await until(lambda e, r=rid: e.type == "response.done" and e.response_id == r, turn_timeout_s)
+                        await asyncio.sleep(0.3)
+                        continue
                     await feed(turn.interruption, turn.kind)
-            await until(lambda e, b=before: e.type == "response.done" and n_done() > b
+                    t_end = agent.now()
+            # the reply to the last turn: created after it ended, then done
+            await until(lambda e, t=t_end: e.type == "response.done" and e.response_id in _created_after(out.events, t)
                         and not agent.fence.active, turn_timeout_s)
             await asyncio.sleep(0.3)
     finally:
@@ -114,3 +119,7 @@ async def play(front: FrontModel, conv: Conversation, config: AgentConfig, seed:
 
 def _result_responses(events: list[AgentEvent], after: float) -> set[str]:
     return {e.response_id for e in events if e.type == "response.created" and e.cause == "result" and e.t > after}
+
+
+def _created_after(events: list[AgentEvent], after: float) -> set[str]:
+    return {e.response_id for e in events if e.type == "response.created" and e.t >= after}
