@@ -18,6 +18,10 @@ epoch it was created in; its result is appended (and spoken) only if the epoch i
 the boundary that would append it, else it is ``stale``. Interruptions leave back-end tasks running
 unless ``cancel(cancel_tasks=True)`` or ``config.cancel_tasks_on_barge_in``.
 
+A front that fails (a step raises, e.g. its context reached ``max_model_len``) fails the response
+in flight (``response.done`` ``failed``), emits ``error`` ``front_failed`` and stops the agent;
+``close`` still releases everything.
+
 Input: ``feed(text, t)``, a chunk of words with its time on the agent's clock (seconds since
 ``start``; None: now). Backchannels and false interruptions never enter the context. User turns
 enter it at the boundary of the response that answers them (``user_prefix`` + text). Events:
@@ -84,6 +88,7 @@ class DuplexAgent(FrontLoop):
         self._closed = False  # no more input; the loop stops
         self._shut = False  # close() ran
         self._task: asyncio.Task[None] | None = None
+        self._bg: set[asyncio.Task[None]] = set()  # cancels sent to the front
 
     # -- public API ---------------------------------------------------------------------------------
     def now(self) -> float:

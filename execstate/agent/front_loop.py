@@ -66,7 +66,9 @@ class FrontLoop:
             if self.transcript.has_mark(r.response_id):
                 self._truncs.append((r.response_id, len(r.token_ids)))
             if self._stepping:
-                asyncio.get_running_loop().create_task(self.front.cancel())
+                task = asyncio.get_running_loop().create_task(self.front.cancel())
+                self._bg.add(task)
+                task.add_done_callback(self._bg.discard)
             self._parser, self._first = None, None
         self._paused = False
         self._plans.clear()
@@ -131,7 +133,7 @@ class FrontLoop:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 self._wake.clear()
-        except Exception as exc:  # the front failed: the agent cannot speak any more
+        except Exception as exc:  # the front failed (e.g. its context is full): the agent cannot speak any more
             t = self.now()
             if self.fence.current is not None:
                 self.fence.finish(self.fence.current.response_id, "failed", t, str(exc))
