@@ -10,8 +10,8 @@ issue define them:
   of the response that speaks it; *correct*: that response contains the known answer;
 - TOR on pauses (Full-Duplex-Bench pause handling): share of mid-utterance pauses in which the
   agent started a reply; false interruptions on backchannels: share of backchannels said while the
-  agent spoke whose response was then cancelled; resume latency: the backchannel -> next word of
-  the same response;
+  agent spoke whose response was then cancelled; resume latency: the backchannel -> the first
+  word of the same response after the agent resumed (the hold ends ``resume_after_s`` after it);
 - front step latency p50 / p99 (every front step of the run).
 """
 
@@ -48,7 +48,9 @@ def summarize(runs: list[Played]) -> dict[str, Any]:
             elif m["kind"] == "backchannel" and m["active"]:
                 r = done.get(m["response_id"])
                 bc.append(r is not None and r.status == "cancelled")
-                nxt = next((d for d in deltas if d.response_id == m["response_id"] and d.t > m["t"]), None)
+                res = next((e for e in ev if e.type == "input.turn" and e.kind == "resume" and e.t > m["t"]), None)
+                nxt = next((d for d in deltas if res is not None and d.response_id == m["response_id"]
+                            and d.t >= res.t), None)
                 if nxt is not None:
                     resume.append(nxt.t - m["t"])
             elif m["kind"] == "question":
@@ -77,6 +79,6 @@ def summarize(runs: list[Played]) -> dict[str, Any]:
         "delegated_correct": {"share": round(sum(correct) / len(correct), 3) if correct else None, "n": len(correct)},
         "tor_pauses": {"rate": round(sum(tor) / len(tor), 3) if tor else None, "n": len(tor)},
         "false_interruptions_backchannel": {"rate": round(sum(bc) / len(bc), 3) if bc else None, "n": len(bc),
-                                            "resume_ms_max": pct(resume, 100)},
+                                            "resume_ms_p50": pct(resume, 50), "resume_ms_max": pct(resume, 100)},
         "front_step_ms": {"p50": pct(steps, 50), "p99": pct(steps, 99), "n": len(steps)},
     }

@@ -2,9 +2,9 @@
 
 A conversation is a list of user turns; each turn is one of:
 
-- ``plain``: a sentence in word chunks (80-200 ms apart); some have a mid-utterance pause
-  (0.3-0.7 s, after a chunk that does not end a sentence): the agent must not take the turn there
-  (Full-Duplex-Bench pause handling: TOR, takeover rate).
+- ``plain``: a sentence in word chunks (80-200 ms apart). 70 % of the turns (of every kind but
+  the backchannel's) have a mid-utterance pause (0.3-0.7 s, after a chunk that does not end a
+  sentence): the agent must not take the turn there (Full-Duplex-Bench pause handling: TOR).
 - ``delegated``: a question only the back end can answer (a product by the ``calc`` tool, a code
   by the ``lookup`` tool; each with a back-end latency of 0.4-1.2 s): the answer is known, so the
   share of delegated answers spoken correctly is measurable.
@@ -79,15 +79,15 @@ def make_conversation(seed: int, n_turns: int = 8) -> Conversation:
         elif kind == "delegated":
             if rng.random() < 0.5:
                 a, b = rng.randrange(12, 99), rng.randrange(12, 99)
-                turns.append(Turn(kind, _chunks(rng, f"Quick question, what is {a} times {b}?", False),
+                turns.append(Turn(kind, _chunks(rng, f"Quick question, what is {a} times {b}?", rng.random() < 0.7),
                                   answer=str(a * b), tool="calc"))
             else:
                 name = rng.choice(NAMES)
-                turns.append(Turn(kind, _chunks(rng, f"What is the access code of {name}?", False),
+                turns.append(Turn(kind, _chunks(rng, f"What is the access code of {name}?", rng.random() < 0.7),
                                   answer=codes[name], tool="lookup"))
         elif kind == "barge_in":
             new = f"wait stop, tell me about {rng.choice(SUBJECTS)} instead."
-            turns.append(Turn(kind, _chunks(rng, f"Tell me a long story about {s}.", False),
+            turns.append(Turn(kind, _chunks(rng, f"Tell me a long story about {s}.", rng.random() < 0.7),
                               interrupt_after_s=rng.uniform(0.2, 1.0), interruption=_chunks(rng, new, False)))
         else:
             bc = rng.choice(BACKCHANNELS)
