@@ -18,6 +18,10 @@ epoch it was created in; its result is appended (and spoken) only if the epoch i
 the boundary that would append it, else it is ``stale``. Interruptions leave back-end tasks running
 unless ``cancel(cancel_tasks=True)`` or ``config.cancel_tasks_on_barge_in``.
 
+A front that fails (a step raises, e.g. its context reached ``max_model_len``) fails the response
+in flight (``response.done`` ``failed``), emits ``error`` ``front_failed`` and stops the agent;
+``close`` still releases everything.
+
 Input: ``feed(text, t)``, a chunk of words with its time on the agent's clock (seconds since
 ``start``; None: now). Backchannels and false interruptions never enter the context. User turns
 enter it at the boundary of the response that answers them (``user_prefix`` + text). Events:
@@ -32,57 +36,26 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 
 from execstate.agent.agent_events import (
     AgentEvent,
-    DelegationCreated,
     DelegationId,
-    DelegationResult,
     ErrorEvent,
     ResponseId,
     TurnEvent,
 )
 from execstate.agent.backend import Backend
 from execstate.agent.config import AgentConfig
-from execstate.agent.delegation import RegexPolicy, ToolCall, ToolCallParser
-from execstate.agent.fence import Response, ResponseFence
-from execstate.agent.front import FrontChunk, FrontModel
-from execstate.agent.ledger import DelegationState, LedgerError, ToolLedger
+from execstate.agent.delegation import RegexPolicy, ToolCallParser
+from execstate.agent.fence import ResponseFence
+from execstate.agent.front import FrontModel
+from execstate.agent.front_loop import _END, AgentError, AgentStats, FrontLoop, _Plan
+from execstate.agent.ledger import ToolLedger
 from execstate.agent.transcript import Transcript
 from execstate.agent.turn_policy import Decision, TurnPolicy
 
 
-class AgentError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-
-
-@dataclass
-class Interrupt:
-    t_accept: float
-    old_epoch: int
-    t_step_end: float | None = None  # when the front's cancelled step ended (None: no step was running)
-
-
-@dataclass
-class AgentStats:
-    step_s: list[float] = field(default_factory=list)
-    interrupts: list[Interrupt] = field(default_factory=list)
-
-
-@dataclass
-class _Plan:
-    cause: str  # "turn" | "result"
-    forced: str  # spoken first ("": the model speaks from the start)
-
-
-_END = object()
-
-
-class DuplexAgent:
+class DuplexAgent(FrontLoop):
     def __init__(self, front: FrontModel, backend: Backend | None = None, policy: RegexPolicy | None = None,
                  config: AgentConfig | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.front = front
@@ -103,6 +76,7 @@ class DuplexAgent:
         self._burst: list[str] = []  # input while the agent speaks, not (yet) a turn
         self._pending: list[tuple[str, list[int]]] = [("prefix", front.prelude())]
         self._replay: list[int] = []  # recorded in the transcript, to send after a rewind
+        self._replay_from = 0  # segments the front holds while a replay is unsent
         self._plans: deque[_Plan] = deque()
         self._first: _Plan | None = None  # the plan of the response whose first step is next
         self._ready: deque[DelegationId] = deque()
@@ -114,6 +88,7 @@ class DuplexAgent:
         self._closed = False  # no more input; the loop stops
         self._shut = False  # close() ran
         self._task: asyncio.Task[None] | None = None
+        self._bg: set[asyncio.Task[None]] = set()  # cancels sent to the front
 
     # -- public API ---------------------------------------------------------------------------------
     def now(self) -> float:
@@ -129,7 +104,7 @@ class DuplexAgent:
             raise AgentError("invalid", f"input must be a non-empty string of at most {self.config.max_input_chars} "
                              "characters")
         t = self._at(t)
-        d = self.turns.on_input(len(text.split()), t, self.fence.active)
+        d = self.turns.on_input(len(text.split()), t, self.fence.active, text.rstrip()[-1] in ".?!")
         if d is Decision.NONE:
             self._turn.append(text)
         elif d in (Decision.HOLD, Decision.BACKCHANNEL):
@@ -207,195 +182,6 @@ class DuplexAgent:
         await self.backend.close(cancel=cancel_tasks)
         await self.front.close()
         self._queue.put_nowait(_END)
-
-    # -- state changes --------------------------------------------------------------------------------
-    def _interrupt(self, t: float, reason: str, cancel_tasks: bool) -> None:
-        if self.fence.active:
-            r = self.fence.interrupt(t, reason)
-            assert r is not None
-            self.stats.interrupts.append(Interrupt(t, r.epoch))
-            if self.transcript.has_mark(r.response_id):
-                self._truncs.append((r.response_id, len(r.token_ids)))
-            if self._stepping:
-                asyncio.get_running_loop().create_task(self.front.cancel())
-            self._parser, self._first = None, None
-        self._paused = False
-        self._plans.clear()
-        if cancel_tasks:
-            for did in self.ledger.open_ids():
-                self.cancel_delegation(did)
-
-    def _on_result(self, delegation_id: DelegationId, result: str | None, error: str | None) -> None:
-        if self._closed:
-            return
-        try:
-            d = self.ledger.resolve(delegation_id, result, self.fence.epoch, self.now(), error)
-        except LedgerError as exc:
-            self._emit(ErrorEvent(self.now(), self.fence.epoch, exc.code, exc.message))
-            return
-        self._settle(d)
-
-    def _settle(self, d) -> None:
-        if d.state is DelegationState.COMPLETED:
-            self._ready.append(d.delegation_id)
-            self._wake.set()
-        else:
-            self._emit(DelegationResult(self.now(), self.fence.epoch, d.delegation_id, d.state.value,
-                                        d.result or "", d.error or ""))
-
-    def _delegate(self, call: ToolCall, source: str, t: float) -> bool:
-        if call.tool not in self.backend.tools:
-            self._emit(ErrorEvent(t, self.fence.epoch, "unknown_tool", f"no back-end tool {call.tool!r}"))
-            return False
-        try:
-            d = self.ledger.open(call.tool, call.arguments, self.fence.epoch, t, source)
-        except LedgerError as exc:
-            self._emit(ErrorEvent(t, self.fence.epoch, exc.code, exc.message))
-            return False
-        self._emit(DelegationCreated(t, d.epoch, d.delegation_id, d.tool, dict(d.arguments), source))
-        self.backend.start(d, self._on_result)
-        return True
-
-    def _end_of_turn(self, t: float) -> None:
-        text = " ".join(self._turn)
-        self._turn = []
-        self._emit(TurnEvent(t, self.fence.epoch, Decision.END_OF_TURN.value, text))
-        self._pending.append(("user", self.front.encode(f"{self.config.user_prefix} {text}")))
-        forced = ""
-        decided = self.policy.decide(text) if self.policy is not None else None
-        if decided is not None and self._delegate(decided[0], "policy", t):
-            forced = f" {decided[1]}"
-        self._plans.append(_Plan("turn", forced))
-
-    # -- the loop -------------------------------------------------------------------------------------------
-    async def _run(self) -> None:
-        try:
-            while not self._closed:
-                self._tick()
-                await self._boundary()
-                r = self.fence.current
-                if r is not None and not self._paused:
-                    await self._step(r)
-                    continue
-                deadline = self.turns.next_deadline()
-                timeout = None if deadline is None else max(deadline - self.now(), 0.0) + 0.001
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout)
-                self._wake.clear()
-        except Exception as exc:  # the front failed: the agent cannot speak any more
-            t = self.now()
-            if self.fence.current is not None:
-                self.fence.finish(self.fence.current.response_id, "failed", t, str(exc))
-            self._emit(ErrorEvent(t, self.fence.epoch, "front_failed", f"{type(exc).__name__}: {exc}"))
-            self._closed = True
-
-    def _tick(self) -> None:
-        t = self.now()
-        d = self.turns.on_tick(t)
-        if d is Decision.END_OF_TURN:
-            self._end_of_turn(t)
-        elif d is Decision.RESUME:
-            self._emit(TurnEvent(t, self.fence.epoch, d.value, " ".join(self._burst)))
-            self._burst, self._paused = [], False
-
-    async def _boundary(self) -> None:
-        for item_id, keep in self._truncs:
-            mark, tokens, released = self.transcript.plan_truncate(item_id, keep)
-            await self.front.rewind(mark)
-            self._replay = tokens
-            for m in released:
-                await self.front.release(m)
-        self._truncs.clear()
-        floor_free = not self.turns.user_turn_open and not self.turns.burst_open
-        if self._ready and floor_free:
-            self._append_results()
-        if not self.fence.active and self._plans and floor_free:
-            self._first = self._plans.popleft()
-            self.fence.start(self.now(), self._first.cause)
-            self._generated = 0
-            self._parser = ToolCallParser(self.backend.names) if self.config.model_tool_calls else None
-
-    def _append_results(self) -> None:
-        t, cfg, speak = self.now(), self.config, []
-        while self._ready:
-            d = self.ledger.get(self._ready.popleft())
-            if d.epoch != self.fence.epoch:
-                self.ledger.mark_stale(d.delegation_id)
-                self._emit(DelegationResult(t, self.fence.epoch, d.delegation_id, "stale", d.result or ""))
-                continue
-            self._pending.append(("result", self.front.encode(cfg.result_format.format(tool=d.tool, result=d.result))))
-            d.t_appended = t
-            self._emit(DelegationResult(t, d.epoch, d.delegation_id, "completed", d.result or "", appended=True))
-            speak.append(cfg.result_template.format(result=d.result) if cfg.speak_results == "template" else "")
-        if not speak:
-            return
-        if self.fence.current is not None:  # the acknowledgement yields to the answer
-            self._finish(self.fence.current, "result")
-        self._plans.appendleft(_Plan("result", "".join(speak)))
-
-    async def _step(self, r: Response) -> None:
-        epoch, cfg = self.fence.epoch, self.config
-        inp, self._replay = self._replay, []
-        plan, self._first = self._first, None
-        if plan is not None:
-            for m in self.transcript.add_mark(r.response_id, await self.front.mark()):
-                await self.front.release(m)
-        for role, toks in self._pending:
-            self.transcript.append(role, toks)
-            inp += toks
-        self._pending = []
-        if plan is not None:
-            prefix = self.front.encode(cfg.agent_prefix)
-            self.transcript.append("prefix", prefix, r.response_id)
-            inp += prefix
-            if plan.forced:
-                forced = self.front.encode(plan.forced)
-                self.transcript.append("agent", forced, r.response_id)
-                inp += forced
-                self.fence.delta(r.response_id, epoch, plan.forced, tuple(forced), self.now())
-        finish, t0 = None, time.perf_counter()
-        self._stepping = True
-        try:
-            async for c in self.front.step(inp, max(1, min(cfg.step_tokens, cfg.max_response_tokens - self._generated))):
-                if isinstance(c, FrontChunk):
-                    self._on_chunk(r, epoch, c)
-                else:
-                    finish = c.finish_reason
-        finally:
-            self._stepping = False
-        t = self.now()
-        self.stats.step_s.append(time.perf_counter() - t0)
-        for it in self.stats.interrupts:
-            if it.old_epoch == epoch and it.t_step_end is None:
-                it.t_step_end = t
-        if self.fence.current is r and self.fence.epoch == epoch and (
-                finish == "stop" or self._generated >= cfg.max_response_tokens):
-            self._finish(r, finish or "length")
-
-    def _on_chunk(self, r: Response, epoch: int, c: FrontChunk) -> None:
-        self.transcript.append("agent", list(c.token_ids), r.response_id)
-        if self.fence.current is not r or self.fence.epoch != epoch:
-            self.fence.delta(r.response_id, epoch, c.text, c.token_ids, self.now())  # dropped, counted
-            return
-        self._generated += len(c.token_ids)
-        speech, calls, errors = self._parser.feed(c.text) if self._parser is not None else (c.text, [], [])
-        t = self.now()
-        self.fence.delta(r.response_id, epoch, speech, c.token_ids, t)
-        for call in calls:
-            self._delegate(call, "model", t)
-        for e in errors:
-            self._emit(ErrorEvent(t, epoch, "invalid_tool_call", e))
-
-    def _finish(self, r: Response, reason: str) -> None:
-        t = self.now()
-        if self._parser is not None:
-            rest, errors = self._parser.end()
-            if rest:
-                self.fence.delta(r.response_id, self.fence.epoch, rest, (), t)
-            for e in errors:
-                self._emit(ErrorEvent(t, self.fence.epoch, "invalid_tool_call", e))
-            self._parser = None
-        self.fence.finish(r.response_id, "done", t, reason)
 
     # -- helpers ------------------------------------------------------------------------------------------
     def _emit(self, ev: AgentEvent) -> None:

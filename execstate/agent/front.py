@@ -66,10 +66,11 @@ DEFAULT_FRONT_PARAMS = SamplingParams(temperature=0.0, stop=["\n"], max_tokens=4
 class SessionFront:
     """A :class:`FrontModel` over one LM session of ``engine`` (module docstring)."""
 
-    def __init__(self, sessions: AsyncSessions, session_id: str) -> None:
+    def __init__(self, sessions: AsyncSessions, session_id: str, prelude: list[int] | None = None) -> None:
         self.sessions = sessions
         self.session_id = session_id
         self._tok = sessions.engine.tokenizer
+        self._prelude = list(prelude or [])
 
     @classmethod
     async def open(cls, engine: AsyncEngine, system_prompt: str = "A helpful voice assistant talks with a user.",
@@ -80,11 +81,8 @@ class SessionFront:
             raise ValueError("the front model needs a tokenizer")
         sessions = sessions or AsyncSessions(engine)
         info = await sessions.open(session_id, sampling_params or DEFAULT_FRONT_PARAMS, priority=priority)
-        front = cls(sessions, info.session_id)
-        front._prelude = engine.tokenizer.encode(system_prompt, add_special_tokens=True) if system_prompt else []
-        return front
-
-    _prelude: list[int] = []
+        prelude = engine.tokenizer.encode(system_prompt, add_special_tokens=True) if system_prompt else []
+        return cls(sessions, info.session_id, prelude)
 
     def prelude(self) -> list[int]:
         return list(self._prelude)

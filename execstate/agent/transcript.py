@@ -51,9 +51,11 @@ class Transcript:
         else:
             self.segments.append(Segment(role, list(token_ids), item_id))
 
-    def add_mark(self, item_id: str, mark: Any) -> list[Any]:
-        """Register the checkpoint taken before ``item_id``; returns marks that fell out (release them)."""
-        self._marks[item_id] = _Mark(mark, len(self.segments))
+    def add_mark(self, item_id: str, mark: Any, index: int | None = None) -> list[Any]:
+        """Register the checkpoint taken before ``item_id``; returns marks that fell out (release them).
+        ``index``: how many segments the checkpointed context holds (None: all so far; after a
+        rollback whose replay was not sent yet: the index ``plan_truncate`` returned)."""
+        self._marks[item_id] = _Mark(mark, len(self.segments) if index is None else index)
         out = []
         while len(self._marks) > self.max_marks:
             oldest = next(iter(self._marks))
@@ -63,11 +65,15 @@ class Transcript:
     def has_mark(self, item_id: str) -> bool:
         return item_id in self._marks
 
+    def mark_index(self, item_id: str) -> int:
+        return self._marks[item_id].index
+
     def generated(self, item_id: str) -> list[int]:
         return [t for s in self.segments if s.item_id == item_id and s.role == "agent" for t in s.token_ids]
 
     def plan_truncate(self, item_id: str, keep: int) -> tuple[Any, list[int], list[Any]]:
-        """(mark, tokens to re-append, marks to release); the segments are rewritten (docstring)."""
+        """(mark, tokens to re-append, marks to release); the segments are rewritten (docstring).
+        After it the context holds ``mark_index(item_id)`` segments until the tokens are sent."""
         m = self._marks[item_id]
         later = [k for k, v in self._marks.items() if v.index > m.index]
         released = [self._marks.pop(k).mark for k in later]

@@ -6,7 +6,10 @@ The caller feeds input chunks (``on_input(n_words, t, agent_speaking)``) and the
 Rules (:class:`TurnConfig`):
 
 - The agent silent: input opens (or continues) a user turn; the turn ends (``END_OF_TURN``) once
-  ``end_of_turn_silence_s`` passed since its last chunk. A shorter pause does not end it.
+  ``end_of_turn_silence_s`` passed since its last chunk. A shorter pause does not end it. When
+  the last chunk looks final (``final``: the caller's cue, e.g. it ends a sentence; a text-time
+  stand-in for a semantic end-of-turn detector) the silence needed is ``final_silence_s``
+  instead (None: no shortcut).
 - The agent speaking: input opens a *burst*. While the burst holds at most
   ``backchannel_max_words`` words it does not interrupt: ``HOLD`` (the agent pauses its output,
   when ``pause_on_speech``) or ``BACKCHANNEL`` (it keeps talking). The chunk that takes the burst
@@ -38,10 +41,13 @@ class TurnConfig:
     backchannel_max_words: int = 2
     resume_after_s: float = 0.6
     pause_on_speech: bool = True
+    final_silence_s: float | None = 0.2
 
     def __post_init__(self) -> None:
         if not self.end_of_turn_silence_s > 0 or not self.resume_after_s > 0:
             raise ValueError("end_of_turn_silence_s and resume_after_s must be > 0")
+        if self.final_silence_s is not None and not self.final_silence_s > 0:
+            raise ValueError("final_silence_s must be > 0 or None")
         if isinstance(self.backchannel_max_words, bool) or not isinstance(self.backchannel_max_words, int) \
                 or self.backchannel_max_words < 0:
             raise ValueError("backchannel_max_words must be an integer >= 0")
@@ -53,6 +59,7 @@ class TurnPolicy:
         self.turn_words = 0  # words of the user turn in progress (0: none)
         self.burst_words = 0  # words of the burst in progress while the agent speaks (0: none)
         self.last_input_t: float | None = None
+        self.last_final = False  # the turn's last chunk looked final
         self._t = float("-inf")
 
     @property
@@ -63,11 +70,12 @@ class TurnPolicy:
     def burst_open(self) -> bool:
         return self.burst_words > 0
 
-    def on_input(self, n_words: int, t: float, agent_speaking: bool) -> Decision:
+    def on_input(self, n_words: int, t: float, agent_speaking: bool, final: bool = False) -> Decision:
         self._advance(t)
         if n_words <= 0:
             return Decision.NONE
         self.last_input_t = t
+        self.last_final = final
         if self.turn_words or not agent_speaking:
             self.turn_words += n_words
             return Decision.NONE
@@ -85,7 +93,7 @@ class TurnPolicy:
         if self.burst_words and quiet >= self.config.resume_after_s:
             self.burst_words = 0
             return Decision.RESUME
-        if self.turn_words and quiet >= self.config.end_of_turn_silence_s:
+        if self.turn_words and quiet >= self._silence():
             self.turn_words = 0
             return Decision.END_OF_TURN
         return Decision.NONE
@@ -97,8 +105,13 @@ class TurnPolicy:
         if self.burst_words:
             return self.last_input_t + self.config.resume_after_s
         if self.turn_words:
-            return self.last_input_t + self.config.end_of_turn_silence_s
+            return self.last_input_t + self._silence()
         return None
+
+    def _silence(self) -> float:
+        fs = self.config.final_silence_s
+        long = self.config.end_of_turn_silence_s
+        return min(fs, long) if self.last_final and fs is not None else long
 
     def _advance(self, t: float) -> None:
         if t < self._t:

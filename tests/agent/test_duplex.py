@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from agent_fakes import Collector, FakeFront, check_invariants
+
 from execstate.agent.backend import Backend
 from execstate.agent.config import AgentConfig
 from execstate.agent.delegation import RegexPolicy, Rule
@@ -237,5 +237,38 @@ def test_bad_input_is_refused_clearly():
         with pytest.raises(AgentError) as exc:
             agent.feed("x")
         assert exc.value.code == "closed"
+
+    run(main())
+
+
+class _BrokenFront(FakeFront):
+    async def step(self, input_ids, max_tokens):
+        async for c in super().step(input_ids, 2):
+            yield c
+        if self.steps >= 2:
+            raise RuntimeError("context full")
+
+
+def test_a_failing_front_fails_the_response_once_and_a_failing_tool_is_a_failed_result():
+    async def main():
+        def boom(q):
+            raise KeyError(q)
+
+        agent, front = make(front=_BrokenFront(LONG, 0.001), tools={"t": boom}, rules=[Rule(r"look (?P<q>\w+)", "t")])
+        await agent.start()
+        col = Collector(agent)
+        agent.feed("look here")
+        await col.wait_for(lambda e: e.type == "error")
+        await col.wait_for(lambda e: e.type == "delegation.result")
+        with pytest.raises(AgentError) as exc:
+            agent.feed("more")
+        assert exc.value.code == "closed"
+        await agent.close()
+        await col.task
+        check_invariants(col.events)
+        assert [(d.status, d.reason) for d in col.of("response.done")] == [("failed", "context full")]
+        assert [e.code for e in col.of("error")] == ["front_failed"]
+        res = col.of("delegation.result")[0]
+        assert (res.status, res.error) == ("failed", "KeyError: 'here'") and front.closed
 
     run(main())

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import random
 
+from agent_fakes import Collector, FakeFront, check_invariants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent_fakes import Collector, FakeFront, check_invariants
 from execstate.agent.backend import Backend
 from execstate.agent.config import AgentConfig
 from execstate.agent.delegation import RegexPolicy, Rule
@@ -25,10 +25,12 @@ op = st.tuples(st.sampled_from(["feed", "feed", "feed", "cancel", "cancel_all", 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_random_interleavings_keep_every_invariant(script, seed):
     rng = random.Random(seed)
+    ids = iter(range(10**6))
 
     async def tool(q):
+        n = next(ids)
         await asyncio.sleep(rng.uniform(0, 0.08))
-        return f"R{q}"
+        return f"<{q}:{n}>"  # unique, so a stale result can be told from every other
 
     async def main():
         front = FakeFront(" " + " ".join(f"w{i}" for i in range(12)) + ".", token_delay=0.002)
@@ -50,6 +52,13 @@ def test_random_interleavings_keep_every_invariant(script, seed):
                     agent.truncate(done[-1].response_id, played_chars=n)
             await asyncio.sleep(dt)
         await asyncio.sleep(0.3)
+        n_done = len(col.of("response.done"))
+        agent.feed("final")  # one more turn: its boundary applies every pending truncation
+        await col.wait_for(lambda e: e.type == "response.done" and e.status == "done"
+                           and len(col.of("response.done")) > n_done)
+        await asyncio.sleep(0.05)
+        if not agent.fence.active and not agent._replay:  # the front holds exactly the transcript
+            assert front.text == "".join(map(chr, agent.transcript.token_ids))
         await agent.close(cancel_tasks=False)
         await col.task
         check_invariants(col.events)
