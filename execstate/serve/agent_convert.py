@@ -71,9 +71,9 @@ def agent_config(s: AgentSessionConfig, base: AgentConfig) -> AgentConfig:
         _check_format(changes["result_template"], "result_template", {"result"})
     try:
         if s.turn is not None:
-            turn = {k: v for k, v in msgspec.structs.asdict(s.turn).items() if v is not None}
-            for k in ("end_of_turn_silence_s", "resume_after_s"):
-                if k in turn and not math.isfinite(turn[k]):
+            turn = {k: v for k, v in msgspec.structs.asdict(s.turn).items() if v is not msgspec.UNSET}
+            for k in ("end_of_turn_silence_s", "resume_after_s", "final_silence_s"):
+                if turn.get(k) is not None and not math.isfinite(turn[k]):
                     raise invalid(f"session.turn.{k} must be finite")
             changes["turn"] = dataclasses.replace(base.turn, **turn)
         return dataclasses.replace(base, **changes)

@@ -51,12 +51,14 @@ class _Obj(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
 
 
 class TurnSettings(_Obj):
-    """``agent/turn_policy.py``'s ``TurnConfig``; absent fields keep their defaults (or current values)."""
+    """``agent/turn_policy.py``'s ``TurnConfig``; absent fields keep their defaults (or current
+    values). ``final_silence_s`` may be null: no shortcut after a chunk that ends a sentence."""
 
-    end_of_turn_silence_s: float | None = None
-    backchannel_max_words: int | None = None
-    resume_after_s: float | None = None
-    pause_on_speech: bool | None = None
+    end_of_turn_silence_s: float | msgspec.UnsetType = msgspec.UNSET
+    backchannel_max_words: int | msgspec.UnsetType = msgspec.UNSET
+    resume_after_s: float | msgspec.UnsetType = msgspec.UNSET
+    pause_on_speech: bool | msgspec.UnsetType = msgspec.UNSET
+    final_silence_s: float | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class RuleSettings(_Obj):

@@ -128,6 +128,10 @@ def test_agent_config_overlays_and_bounds():
     assert (cfg.step_tokens, cfg.turn.backchannel_max_words, cfg.turn.end_of_turn_silence_s) == (
         2, 3, base.turn.end_of_turn_silence_s)
     assert agent_config(AgentSessionConfig(), cfg) == cfg
+    assert base.turn.final_silence_s is not None
+    off = parse_client_message('{"type": "session.update", "session": {"turn": {"final_silence_s": null}}}')
+    assert agent_config(off.session, base).turn.final_silence_s is None  # null: no end-of-sentence shortcut
+    assert agent_config(AgentSessionConfig(turn=TurnSettings(final_silence_s=0.1)), base).turn.final_silence_s == 0.1
     for bad, words in [(AgentSessionConfig(step_tokens=0), "step_tokens"),
                        (AgentSessionConfig(max_response_tokens=MAX_RESPONSE_TOKENS + 1), "max_response_tokens"),
                        (AgentSessionConfig(turn=TurnSettings(end_of_turn_silence_s=-1)), "end_of_turn_silence_s"),
