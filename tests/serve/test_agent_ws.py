@@ -244,3 +244,58 @@ def test_bad_frames_get_errors_and_the_agent_goes_on(served):
 
     run(main())
     wait_released(served.engine)
+
+
+@pytest.mark.slow
+def test_smollm2_over_the_socket_speaks_the_answer_and_never_a_stale_one():
+    """The real smollm2-135m front: the delegated product is spoken after its result arrived; a
+    barge-in cancels the acknowledgement of a slow lookup, whose result then comes stale and is
+    never spoken nor stored; the fence holds over the wire."""
+    from serve_helpers import running_server
+
+    from execstate.engine.async_engine import AsyncEngine
+    from execstate.engine.config import EngineConfig
+    from execstate.engine.llm_engine import LLMEngine
+    from execstate.model import registry
+    from execstate.serve.app import build_app
+
+    engine = AsyncEngine(LLMEngine(EngineConfig(model=str(registry.prepare("smollm2-135m")), seed=0)))
+    gate = threading.Event()
+    app = build_app(engine, "smollm2-135m")
+    app.state.agent.tools.register("vault", lambda key: gate.wait(60) and {"zebra": "ZX-4417"}[key])
+
+    async def main(url: str):
+        async with agent_client(url) as c:
+            s = await open_agent(c, turn={"end_of_turn_silence_s": 0.3}, max_response_tokens=40, delegation={"rules": [
+                CALC_RULE, {"pattern": r"code of (?P<key>\w+)", "tool": "vault"}]})
+            await c.send({"type": "input_text.append", "text": "Hi, what is 17 times 23?"})
+            said = await c.wait_for(lambda e: e["type"] == "response.done" and "391" in e["response"]["output_text"])
+            n = len(c.events)
+            await c.send({"type": "input_text.append", "text": "And the code of zebra please"})
+            created = await c.wait_for(lambda e: e["type"] == "delegation.created", n)
+            await c.wait_for(lambda e: e["type"] == "response.output_text.delta", n)
+            await c.send({"type": "input_text.append", "text": "no forget it, tell me a joke"})
+            await c.wait_for(lambda e: e["type"] == "response.done" and e["response"]["status"] == "cancelled", n)
+            gate.set()
+            stale = await c.wait_for(lambda e: e["type"] == "delegation.result" and e["delegation_id"]
+                                     == created["delegation_id"], n)
+            await c.wait_for(lambda e: e["type"] == "response.done" and e["epoch"] == 1
+                             and e["response"]["status"] == "completed", n)
+            tokens = engine.call(lambda e: LMSessions.of(e).token_ids(s["id"]))
+            await c.ask({"type": "session.close"}, "session.closed")
+            return said, stale, tokens, c.events
+
+    try:
+        with running_server(app) as (url, _):
+            said, stale, tokens, events = run(main(url), 300)
+        wait_released(engine)
+    finally:
+        engine.shutdown()
+    first_391 = next(e for e in events if e["type"] == "response.output_text.delta" and "391" in e["delta"])
+    result = next(e for e in events if e["type"] == "delegation.result" and e["result"] == "391")
+    assert result["appended"] and events.index(result) < events.index(first_391)
+    assert said["response"]["status"] == "completed"
+    assert (stale["status"], stale["result"], stale["appended"]) == ("stale", "ZX-4417", False)
+    assert not [e for e in events if "ZX-4417" in e.get("delta", "")]
+    assert "ZX-4417" not in engine.tokenizer.decode(tokens)
+    check_stream(events)
