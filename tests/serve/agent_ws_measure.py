@@ -1,6 +1,6 @@
 """Latencies over the agent socket (a script, not a test): a real uvicorn on 127.0.0.1, one client.
 
-    python tests/serve/agent_ws_measure.py smollm2-135m --turns 20     (or a model directory)
+    python tests/serve/agent_ws_measure.py smollm2-135m --turns 20 [--agents 4]   (or a model directory)
 
 Per turn: the user's words (no final punctuation: the turn ends after ``--silence`` s), then, as
 soon as the reply's first delta arrives, a one-word backchannel (``input.turn hold``), a five-word
@@ -72,6 +72,11 @@ async def measure(url: str, turns: int, silence: float) -> dict[str, list[float]
     return out
 
 
+async def measure_many(url: str, agents: int, turns: int, silence: float) -> dict[str, list[float]]:
+    runs = await asyncio.gather(*(measure(url, turns, silence) for _ in range(agents)))
+    return {k: [x for r in runs for x in r[k]] for k in runs[0]}
+
+
 def summary(xs: list[float]) -> dict[str, float | int]:
     ms = sorted(x * 1000 for x in xs)
     if not ms:
@@ -85,6 +90,7 @@ def main() -> None:
     ap.add_argument("model", help="an embedded name (smollm2-135m) or a model directory")
     ap.add_argument("--turns", type=int, default=20)
     ap.add_argument("--silence", type=float, default=0.3)
+    ap.add_argument("--agents", type=int, default=1, help="agents at once, one connection each")
     args = ap.parse_args()
     if Path(args.model).is_dir():
         path = args.model
@@ -95,7 +101,7 @@ def main() -> None:
     engine = AsyncEngine(LLMEngine(EngineConfig(model=path, seed=0)))
     try:
         with running_server(build_app(engine, args.model)) as (url, _):
-            res = asyncio.run(measure(url, args.turns, args.silence))
+            res = asyncio.run(measure_many(url, args.agents, args.turns, args.silence))
     finally:
         engine.shutdown()
     print(json.dumps({k: summary(v) for k, v in res.items()}, indent=1))
