@@ -29,7 +29,7 @@ def _draw(ax: Any, p: Played, cmap: Any, t_max: float) -> None:
         if e.type == "response.output_text.delta":
             spans.setdefault(e.response_id, [e.t, e.t, e.epoch])[1] = e.t
         elif e.type == "response.done":
-            texts[e.response_id] = f"{e.status}: {e.text.strip()[:38]}"
+            texts[e.response_id] = f"{e.status}: " + " ".join(e.text.split())[:38]
     for rid, (t0, t1, epoch) in spans.items():
         ax.plot([t0, max(t1, t0 + 0.06)], [LANES["agent"]] * 2, lw=9, color=cmap(int(epoch) % 10),
                 solid_capstyle="butt")
