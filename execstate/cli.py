@@ -116,7 +116,21 @@ def _bench(args: argparse.Namespace) -> int:
         )
         print(json.dumps(report, indent=2) if args.json else format_sessions_table(report))
         return 0 if report["ok"] else 1
+    if args.bench_cmd == "duplex":
+        from execstate.bench.duplex import format_duplex_table, run_duplex_bench
+
+        report = run_duplex_bench(
+            model=args.model, parts=tuple(args.parts.split(",")), conversations=args.conversations, turns=args.turns,
+            policies=tuple(_policy(x) for x in args.policies.split(",")), step_tokens=args.step_tokens,
+            load_tasks=args.load_tasks, threads=args.threads, seed=args.seed, png=args.png)
+        print(json.dumps(report, indent=2) if args.json else format_duplex_table(report))
+        return 0
     raise AssertionError(args.bench_cmd)
+
+
+def _policy(spec: str) -> tuple[float, float | None]:
+    silence, _, final = spec.partition(":")
+    return float(silence), None if final in ("", "none") else float(final)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -305,6 +319,20 @@ def build_parser() -> argparse.ArgumentParser:
                           "batch queue (default: --steps)")
     bss.add_argument("--threads", type=int, default=1, help="torch threads (default 1: small steps; 0: all CPUs)")
     bss.add_argument("--json", action="store_true")
+    bd = bsub.add_parser("duplex", help="full-duplex agent on scripted timed conversations: response, interruption "
+                         "and delegation latency, pause/backchannel handling, front step latency under load")
+    bd.add_argument("--model", default="smollm2-135m", help="the front model: an embedded name or a path")
+    bd.add_argument("--parts", default="conversations,load", help="comma-separated subset")
+    bd.add_argument("--conversations", type=int, default=4)
+    bd.add_argument("--turns", type=int, default=8, help="user turns per conversation")
+    bd.add_argument("--policies", default="0.8:0.2,0.4:none",
+                    help="turn policies to compare: SILENCE:SENTENCE_END_SILENCE (s; 'none': no sentence-end cue)")
+    bd.add_argument("--step-tokens", type=int, default=4, help="tokens per front step")
+    bd.add_argument("--load-tasks", type=int, default=10, help="concurrent back-end model tasks in the load part")
+    bd.add_argument("--threads", type=int, default=1)
+    bd.add_argument("--seed", type=int, default=0)
+    bd.add_argument("--png", default=None, help="write the timeline of the first conversation here")
+    bd.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)
 
     d = sub.add_parser("demo", help="R3 rollout with prefix reuse and a replay check")
@@ -329,6 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "recorded in provenance numerics, so P and D of a PD pair must agree")
     _add_capacity_and_limit_options(s)
     _add_session_options(s)
+    s.add_argument("--agent-back-model", default=None,
+                   help="/v1/realtime/agent: the back-end model agents delegate to (the tool 'reason'): an "
+                        "embedded name or a directory, loaded as a second engine (default: the served model, "
+                        "at batch priority; the front is always the served model)")
     s.set_defaults(func=_serve)
 
     px = sub.add_parser("proxy", help="prefill/decode disaggregation proxy")
