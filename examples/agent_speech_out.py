@@ -39,8 +39,9 @@ CHAT = {"user_prefix": "\n<|im_start|>user\n", "agent_prefix": "<|im_end|>\n<|im
 def speak(text: str) -> tuple[bytes, float]:
     """WAV bytes and their duration (s) for ``text``."""
     wav = subprocess.run(["espeak-ng", "--stdout", "-s", "170", text], check=True, capture_output=True).stdout
-    with wave.open(io.BytesIO(wav)) as w:
-        return wav, w.getnframes() / w.getframerate()
+    with wave.open(io.BytesIO(wav)) as w:  # on stdout the header's length is a placeholder: use the bytes
+        per_second = w.getframerate() * w.getsampwidth() * w.getnchannels()
+    return wav, max(len(wav) - 44, 0) / per_second
 
 
 class SpeechOut:
@@ -53,6 +54,7 @@ class SpeechOut:
         self.queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
         self.stopped: set[str] = set()
         self.current: str | None = None  # the response being played
+        self.playing = False
 
     def on_delta(self, rid: str, text: str, final: bool = False) -> None:
         buf = self.pending.get(rid, "") + text
@@ -69,11 +71,13 @@ class SpeechOut:
             rid, phrase = await self.queue.get()
             if rid in self.stopped:
                 continue
+            self.playing = True
             wav, seconds = await asyncio.to_thread(speak, phrase)
             self.current = rid
             n += 1
             (self.out / f"{n:03d}-{rid}.wav").write_bytes(wav)
             await asyncio.sleep(seconds)  # playing
+            self.playing = False
             if rid not in self.stopped:
                 self.played[rid] = self.played.get(rid, 0) + len(phrase)
                 print(f"  [played {seconds:.1f} s] {phrase.strip()!r}")
@@ -83,7 +87,7 @@ async def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     eng = AsyncEngine(LLMEngine(EngineConfig(model=str(registry.prepare("smollm2-135m")), seed=0)))
     front = await SessionFront.open(eng, SYSTEM, SamplingParams(temperature=0.0, max_tokens=4))
-    agent = DuplexAgent(front, config=AgentConfig(max_response_tokens=48, **CHAT))
+    agent = DuplexAgent(front, config=AgentConfig(max_response_tokens=24, **CHAT))
     speech = SpeechOut(out)
     player = asyncio.create_task(speech.run())
     await agent.start()
@@ -100,12 +104,17 @@ async def main(out: Path) -> None:
 
     consumer = asyncio.create_task(consume())
     agent.feed("Hello! Who are you?")
-    await asyncio.sleep(8)
+    await asyncio.sleep(1)
+    while agent.fence.active or speech.playing or not speech.queue.empty():  # the user listens to the end
+        await asyncio.sleep(0.1)
     agent.feed("What do you know about the sea?")
-    await asyncio.sleep(4)
+    first = speech.current
+    while speech.current == first:  # the second answer starts playing
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(2.5)
     rid = speech.current  # the user speaks while this answer plays
     if rid is not None:
-        speech.stopped.add(rid)
+        speech.stopped.update(agent.fence.responses)  # stop playing, drop what is queued
         agent.cancel()  # False if its generation already ended
         played = speech.played.get(rid, 0)
         kept = agent.truncate(rid, played_chars=played)

@@ -81,6 +81,7 @@ class DuplexAgent(FrontLoop):
         self._first: _Plan | None = None  # the plan of the response whose first step is next
         self._ready: deque[DelegationId] = deque()
         self._truncs: list[tuple[str, int]] = []
+        self._kept: dict[str, int] = {}  # tokens each truncated response keeps
         self._parser: ToolCallParser | None = None
         self._generated = 0
         self._paused = False
@@ -135,7 +136,8 @@ class DuplexAgent(FrontLoop):
 
     def truncate(self, item_id: str, played_chars: int | None = None, played_ms: float | None = None) -> int:
         """Cut a finished response's item to what was played (applied at the next boundary);
-        returns the tokens kept. AgentError ``not_found`` / ``invalid``."""
+        returns the tokens it keeps (a truncation only ever shortens). AgentError ``not_found`` /
+        ``invalid``."""
         self._require_open()
         r = self.fence.responses.get(ResponseId(item_id))
         if r is None or not self.transcript.has_mark(item_id):
@@ -145,10 +147,16 @@ class DuplexAgent(FrontLoop):
             raise AgentError("invalid", f"item {item_id!r} is still being generated; cancel it first")
         if (played_chars is None) == (played_ms is None):
             raise AgentError("invalid", "give exactly one of played_chars and played_ms")
-        chars = played_chars if played_chars is not None else int(played_ms * self.config.chars_per_s / 1000)
-        if isinstance(chars, bool) or not isinstance(chars, int) or chars < 0:
-            raise AgentError("invalid", f"the playback position must be >= 0, got {chars!r}")
-        keep = r.tokens_within(chars)
+        pos = played_chars if played_chars is not None else played_ms
+        if isinstance(pos, bool) or not isinstance(pos, int | float) or not pos >= 0 or (
+                played_chars is not None and not isinstance(pos, int)):
+            raise AgentError("invalid", f"the playback position must be a number >= 0 (characters: an integer), "
+                             f"got {pos!r}")
+        chars = played_chars if played_chars is not None else int(pos * self.config.chars_per_s / 1000)
+        keep = min(r.tokens_within(chars), self._kept.get(r.response_id, len(r.token_ids)))  # only ever shortens
+        self._kept[r.response_id] = keep
+        for k in [k for k in self._kept if k not in self.fence.responses]:
+            del self._kept[k]
         self._truncs.append((item_id, keep))
         self._wake.set()
         return keep

@@ -12,6 +12,7 @@ Contract:
   or a finish of a response already ended, returns False and emits nothing.
 - Hence: every response gets exactly one terminal event, and no delta of an epoch is emitted
   after that epoch's interrupt (so none after its response's terminal event).
+- ``responses`` keeps the last ``remember`` responses (the agent truncates recent ones only).
 - ``dropped`` counts suppressed deltas; ``last_old_epoch_emit_t`` the time of the last delta
   emitted in each epoch (for the interruption latency metric).
 """
@@ -55,7 +56,8 @@ class Response:
 
 
 class ResponseFence:
-    def __init__(self, emit: Callable[[AgentEvent], None], id_prefix: str = "resp") -> None:
+    def __init__(self, emit: Callable[[AgentEvent], None], id_prefix: str = "resp", remember: int = 64) -> None:
+        self.remember = remember
         self._emit = emit
         self._ids = itertools.count(1)
         self._prefix = id_prefix
@@ -75,6 +77,8 @@ class ResponseFence:
         r = Response(ResponseId(f"{self._prefix}_{next(self._ids)}"), self.epoch, cause, t)
         self.current = r
         self.responses[r.response_id] = r
+        while len(self.responses) > self.remember:  # the oldest (ended) ones are forgotten
+            del self.responses[next(iter(self.responses))]
         self._emit(ResponseCreated(t, r.epoch, r.response_id, cause))
         return r
 

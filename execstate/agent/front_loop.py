@@ -65,6 +65,7 @@ class FrontLoop:
             self.stats.interrupts.append(Interrupt(t, r.epoch))
             if self.transcript.has_mark(r.response_id):
                 self._truncs.append((r.response_id, len(r.token_ids)))
+                self._kept[r.response_id] = len(r.token_ids)
             if self._stepping:
                 task = asyncio.get_running_loop().create_task(self.front.cancel())
                 self._bg.add(task)

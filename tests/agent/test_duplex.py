@@ -188,12 +188,18 @@ def test_truncate_to_the_played_position():
         done = await col.wait_for(lambda e: e.type == "response.done")
         with pytest.raises(AgentError, match="exactly one"):
             agent.truncate(done.response_id)
+        for bad in ({"played_ms": "x"}, {"played_ms": -5}, {"played_chars": 2.5}, {"played_chars": True}):
+            with pytest.raises(AgentError) as exc:
+                agent.truncate(done.response_id, **bad)
+            assert exc.value.code == "invalid"
         assert agent.truncate(done.response_id, played_chars=7) == 7  # " w0 w1 " is 7 characters
+        assert agent.truncate(done.response_id, played_ms=400) == 6  # 15 chars/s: 6 characters, " w0 w1"
+        assert agent.truncate(done.response_id, played_chars=100) == 6  # a truncation only ever shortens
         agent.feed("and then what")
         await col.wait_for(lambda e: e.type == "response.done" and e.status == "done")
         await agent.close()
         await col.task
-        assert "\nAgent: w0 w1 \nUser: and then what\nAgent:" in front.text
+        assert "\nAgent: w0 w1\nUser: and then what\nAgent:" in front.text
         with pytest.raises(AgentError) as exc:
             agent.truncate("resp_99", played_ms=10)
         assert exc.value.code == "closed"
