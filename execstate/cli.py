@@ -1,4 +1,4 @@
-"""Command line: ``execstate models|bench|demo|serve|proxy ...`` (heavy imports happen per command)."""
+"""Command line: ``execstate models|bench|demo|serve|proxy|world ...`` (heavy imports happen per command)."""
 
 from __future__ import annotations
 
@@ -298,6 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
     px.add_argument("--kv-secret", default=None,
                     help="verify P's handoff signatures with this secret (default: $EXECSTATE_KV_SECRET)")
     px.set_defaults(func=_proxy)
+
+    from execstate.model.world.cli import add_world_parser
+
+    add_world_parser(sub)
     return p
 
 

@@ -1,0 +1,56 @@
+"""Teacher forcing over chunk sequences with the causal chunk mask (the training forward).
+
+The sequence holds ``N`` clean chunks followed by their ``N`` noisy copies (CausVid /
+Self-Forcing teacher forcing). Chunk-level attention (then expanded to tokens):
+
+- clean chunk ``i`` attends to clean chunks ``j <= i`` -- what a commit pass sees;
+- noisy chunk ``i`` attends to clean chunks ``j < i`` and to itself -- what a denoise step
+  sees (the cached clean K/V of earlier chunks, plus the chunk being denoised).
+
+Clean and noisy copies of a chunk share its time positions (``i * F + frame``, see
+:mod:`rope`), its actions and its prompt. Clean chunks run at flow time 1 (clean), noisy ones at
+their sampled ``t``; the loss is on the noisy chunks' predictions of the clean latents.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from execstate.model.world import rope
+from execstate.model.world.config import WorldModelConfig
+from execstate.model.world.data import Batch
+from execstate.model.world.transformer import WorldTransformer
+
+
+def chunk_mask(n: int, tokens_per_chunk: int) -> torch.Tensor:
+    """bool ``[2n * tpc, 2n * tpc]``: True where a query token may attend to a key token."""
+    i = torch.arange(n)
+    m = torch.zeros((2 * n, 2 * n), dtype=torch.bool)
+    m[:n, :n] = i[None, :] <= i[:, None]
+    m[n:, :n] = i[None, :] < i[:, None]
+    m[n:, n:] = torch.eye(n, dtype=torch.bool)
+    return m.repeat_interleave(tokens_per_chunk, 0).repeat_interleave(tokens_per_chunk, 1)
+
+
+def predict(model: WorldTransformer, batch: Batch, t: torch.Tensor, noise: torch.Tensor,
+            clean_noise: torch.Tensor | None = None) -> torch.Tensor:
+    """Predicted clean latents of the noisy chunks, ``[B, N, tpc, patch_dim]``.
+
+    ``t [B, N]`` flow times of the noisy chunks, ``noise`` like ``batch.latents``;
+    ``clean_noise`` (optional, like ``batch.latents``) is added to the clean chunks (context
+    corruption, so the model learns to tolerate its own small errors in the cache)."""
+    cfg: WorldModelConfig = model.cfg
+    b, n, tpc, dim = batch.latents.shape
+    x1 = batch.latents
+    xt = t[:, :, None, None] * x1 + (1 - t[:, :, None, None]) * noise
+    clean = x1 if clean_noise is None else x1 + clean_noise
+    x = torch.cat([clean, xt], dim=1).reshape(b, 2 * n * tpc, dim)
+    tt = torch.cat([torch.ones_like(t), t], dim=1)
+    actions = batch.actions.repeat(1, 2)
+    pos = rope.token_frame_positions(n * cfg.frames_per_chunk, 0, cfg.tokens_per_frame).repeat(2)
+    cos, sin = rope.tables(pos, cfg.head_dim, cfg.rope_base)
+    ids = batch.word_ids.repeat(1, 2, 1).reshape(b * 2 * n, -1)
+    pmask = batch.word_mask.repeat(1, 2, 1).reshape(b * 2 * n, -1)
+    pk, pv = model.prompt_kv(ids)
+    out, _, _ = model(x, tt, actions, None, cos, sin, None, None, chunk_mask(n, tpc), pk, pv, pmask)
+    return out[:, n * tpc :].reshape(b, n, tpc, dim)

@@ -1,0 +1,103 @@
+"""The world model's network: patch tokens of a chunk in, predicted clean patches out.
+
+Token layout: a sequence is ``G`` groups (chunks) of ``F`` frames of ``P`` patch tokens,
+frame-major. Each token gets its patch embedding + a learned spatial embedding (its patch's
+place in the frame) + a learned frame-in-chunk embedding + its frame's action embedding (and
+camera projection when ``camera_dim > 0``). The flow time ``t`` of its chunk and its frame's
+action form the conditioning vector that modulates every block (adaLN-single: one shared
+projection, plus each block's own bias; gates start at zero so an untrained block is the
+identity). Time position enters attention through :mod:`rope` only.
+
+:meth:`WorldTransformer.forward` serves training (the whole teacher-forced sequence, a
+block-causal mask, no context) and inference (one chunk, a gathered context, no mask) with the
+same code. It returns the predicted clean latents (``x1``, i.e. x-prediction) and, per layer,
+the chunk's un-rotated keys and values (what a commit stores).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from execstate.model.world.config import WorldModelConfig
+from execstate.model.world.network import Block
+
+_T_FEATURES = 128
+
+
+def _t_features(t: torch.Tensor) -> torch.Tensor:
+    half = _T_FEATURES // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+    ang = (t.to(torch.float32) * 1000.0)[..., None] * freqs
+    return torch.cat([ang.cos(), ang.sin()], dim=-1)
+
+
+class WorldTransformer(nn.Module):
+    def __init__(self, cfg: WorldModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.patch_in = nn.Linear(cfg.patch_dim, d)
+        self.pos_spatial = nn.Parameter(torch.randn(cfg.tokens_per_frame, d) * 0.02)
+        self.pos_frame = nn.Parameter(torch.randn(cfg.frames_per_chunk, d) * 0.02)
+        self.action_in = nn.Embedding(cfg.n_actions, d)
+        self.action_cond = nn.Embedding(cfg.n_actions, d)
+        self.camera_in = nn.Linear(cfg.camera_dim, d) if cfg.camera_dim else None
+        self.t_embed = nn.Sequential(nn.Linear(_T_FEATURES, d), nn.SiLU(), nn.Linear(d, d))
+        self.mod = nn.Sequential(nn.SiLU(), nn.Linear(d, 6 * d))
+        self.words = nn.Embedding(cfg.text_buckets, cfg.text_dim)
+        self.blocks = nn.ModuleList(Block(d, cfg.n_heads, cfg.mlp_ratio, cfg.text_dim) for _ in range(cfg.n_layers))
+        self.final_mod = nn.Sequential(nn.SiLU(), nn.Linear(d, 2 * d))
+        self.patch_out = nn.Linear(d, cfg.patch_dim)
+        for lin in (self.mod[1], self.final_mod[1], self.patch_out):
+            nn.init.zeros_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def prompt_kv(self, word_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``word_ids int64[N, Tt]`` -> cross-attention k, v ``[n_layers, N, Tt, H, Dh]``."""
+        w = self.words(word_ids)
+        kv = [blk.prompt_kv(w) for blk in self.blocks]
+        return torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv])
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, G*F*P, patch_dim]
+        t: torch.Tensor,  # [B, G] flow time of each group
+        actions: torch.Tensor,  # int64 [B, G*F]
+        camera: torch.Tensor | None,  # [B, G*F, camera_dim] or None
+        cos: torch.Tensor,  # [G*F*P, Dh]
+        sin: torch.Tensor,
+        ctx_k: torch.Tensor | None,  # [L, B, Tc, H, Dh] rotated, or None
+        ctx_v: torch.Tensor | None,
+        attn_mask: torch.Tensor | None,  # bool [T, Tc + T] or None
+        prompt_k: torch.Tensor,  # [L, B*G, Tt, H, Dh]
+        prompt_v: torch.Tensor,
+        prompt_mask: torch.Tensor | None,  # bool [B*G, Tt] or None
+        want_output: bool = True,
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        b, n_tok, _ = x.shape
+        g = t.shape[1]
+        f, p, d = cfg.frames_per_chunk, cfg.tokens_per_frame, cfg.d_model
+        act = self.action_in(actions)
+        if self.camera_in is not None and camera is not None:
+            act = act + self.camera_in(camera)
+        h = self.patch_in(x).view(b, g, f, p, d)
+        h = h + self.pos_spatial + self.pos_frame[:, None, :] + act.view(b, g, f, 1, d)
+        h = h.view(b, n_tok, d)
+        cond = self.t_embed(_t_features(t))[:, :, None, :] + self.action_cond(actions).view(b, g, f, d)
+        mod = self.mod(cond).view(b, g * f, 1, 6, d)
+        ks, vs = [], []
+        for i, blk in enumerate(self.blocks):
+            h, k, v = blk(h, mod, cos, sin, None if ctx_k is None else ctx_k[i], None if ctx_v is None else ctx_v[i],
+                          attn_mask, prompt_k[i], prompt_v[i], prompt_mask)
+            ks.append(k)
+            vs.append(v)
+        k_all, v_all = torch.stack(ks), torch.stack(vs)
+        if not want_output:
+            return None, k_all, v_all
+        shift, scale = self.final_mod(cond).view(b, g * f, 1, 2, d).unbind(3)
+        out = self.patch_out((nn.functional.layer_norm(h, (d,)).view(b, g * f, p, d) * (1 + scale) + shift).view(b, n_tok, d))
+        return out, k_all, v_all
