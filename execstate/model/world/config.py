@@ -26,7 +26,6 @@ class WorldModelConfig:
     sink_chunks: int = 1  # chunks kept at the start of the context (the attention sink)
     window_chunks: int = 2  # most recent chunks kept besides the sink (the trained maximum)
     schedule: tuple[float, ...] = (0.0, 0.5)  # flow times the few-step sampler visits (0: noise, 1: clean)
-    rope_base: float = 10000.0
 
     def __post_init__(self) -> None:
         if self.frame_size % self.patch_size:

@@ -41,6 +41,7 @@ class Batch:
     word_ids: torch.Tensor  # int64 [B, N, max_prompt_words + 1] (0-padded)
     word_mask: torch.Tensor  # bool [B, N, max_prompt_words + 1]
     changed: torch.Tensor  # bool [B, N, tokens_per_chunk, patch_dim]: differs from the frame before
+    carry: torch.Tensor  # float32 [B, N, tokens_per_frame, patch_dim]: the frame before each chunk (0 for the sink)
 
 
 def sample_batch(rng: np.random.Generator, cfg: WorldModelConfig, batch_size: int, max_start: int = 24,
@@ -49,7 +50,7 @@ def sample_batch(rng: np.random.Generator, cfg: WorldModelConfig, batch_size: in
     if cfg.sink_chunks != 1:
         raise ValueError("training data supports one sink chunk")
     tw = cfg.max_prompt_words + 1
-    lat, acts, ids, masks, changed = [], [], [], [], []
+    lat, acts, ids, masks, changed, carries = [], [], [], [], [], []
     for _ in range(batch_size):
         s = 1 if max_start <= 1 or rng.random() < 0.5 else int(rng.integers(2, max_start + 1))
         starts = [0] + [(s + m) * f for m in range(n - 1)]
@@ -78,7 +79,11 @@ def sample_batch(rng: np.random.Generator, cfg: WorldModelConfig, batch_size: in
         prev = np.stack([np.stack([frames.get(st + j - 1, frames[st + j]) for j in range(f)]) for st in starts])
         x = codec.encode(clips, cfg.patch_size).reshape(n, cfg.tokens_per_chunk, cfg.patch_dim)
         lat.append(x)
-        changed.append(x != codec.encode(prev, cfg.patch_size).reshape(x.shape))
+        xp = codec.encode(prev, cfg.patch_size)
+        changed.append(x != xp.reshape(x.shape))
+        carry = xp[:, 0].clone()
+        carry[0] = 0.0
+        carries.append(carry)
         acts.append(torch.from_numpy(np.concatenate([actions[st : st + f] for st in starts])))
         wid = torch.zeros((n, tw), dtype=torch.int64)
         wmask = torch.zeros((n, tw), dtype=torch.bool)
@@ -91,4 +96,4 @@ def sample_batch(rng: np.random.Generator, cfg: WorldModelConfig, batch_size: in
     ch = torch.stack(changed)
     ch = ch.view(batch_size, n, cfg.tokens_per_chunk, cfg.patch_size * cfg.patch_size, 3).any(-1, keepdim=True)
     ch = ch.expand(-1, -1, -1, -1, 3).reshape(batch_size, n, cfg.tokens_per_chunk, cfg.patch_dim)
-    return Batch(torch.stack(lat), torch.stack(acts), torch.stack(ids), torch.stack(masks), ch)
+    return Batch(torch.stack(lat), torch.stack(acts), torch.stack(ids), torch.stack(masks), ch, torch.stack(carries))

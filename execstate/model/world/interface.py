@@ -1,19 +1,26 @@
 """The world-model plug-in interface: what a world model implements for the session runtime.
 
 A world-model session advances one *chunk* of ``F`` frames per step. The runtime owns the state
-(KV blocks and block tables, the prompt's cross-attention cache, the noise RNG, events); the
-model is a pure function of its inputs and never allocates, frees or reorders blocks.
+(KV blocks and block tables, the prompt's cross-attention cache, the carry, the noise RNG,
+events); the model is a pure function of its inputs and never allocates, frees or reorders
+blocks.
 
 Call order of one step (``sampler.generate_chunk`` is the reference implementation)::
 
     ctx = model.gather_context(pool, context_chunks)        # once per step; read-only view
     x = noise[0]                                            # noise: [S, *spec.chunk_latent_shape]
     for i, t in enumerate(spec.schedule):                   # S few-step iterations
-        x1 = model.denoise_step(x, t, actions, prompt, ctx) # reads ctx, writes nothing
+        x1 = model.denoise_step(x, t, actions, prompt, ctx, carry)   # reads ctx, writes nothing
         if i + 1 < S:                                       # re-noise to the next flow time
             x = schedule[i+1] * x1 + (1 - schedule[i+1]) * noise[i+1]
-    model.commit(x1, actions, prompt, ctx, writer)          # writes exactly the new chunk's slots
+    carry = model.commit(x1, actions, prompt, ctx, carry, writer)  # writes the new chunk's slots
     frames = model.decode(x1)                               # uint8 [F, H, W, 3]
+
+The *carry* is the session's small recurrent state besides the K/V: what the next step needs
+from this one that is not K/V (this model: the last frame's latents, 12 KiB; a streaming VAE
+decoder's feature cache would be carry too). A session starts with ``model.initial_carry()``;
+the runtime keeps the carry with its control state and saves it in checkpoints (it is
+immutable: a new one per step).
 
 then the runtime appends the new chunk's block ids to the session's block table and, with a
 rolling window, releases the oldest middle chunks (``window.RollingWindow``): a block-table
@@ -25,7 +32,8 @@ Contracts (each tested in tests/model/world/):
 - ``denoise_step`` does not write the pool or any cached state (pool checksum unchanged);
   calling it twice with the same inputs gives the same output.
 - ``commit`` writes the chunk's K/V in place (``index_copy_`` into the pool) at exactly the
-  slots of ``writer.block_ids`` and nothing else; it allocates no temporary of pool size.
+  slots of ``writer.block_ids`` and nothing else; it allocates no temporary of pool size; it
+  returns the next carry and leaves the given one unchanged.
 - ``gather_context`` returns a copy of the context's K/V (window-sized, not pool-sized) that
   depends only on the K/V bytes of the listed blocks and their order: the same chunks held in
   other block ids give the same view (so rolling, checkpoints and restores into other slots
@@ -36,8 +44,8 @@ Contracts (each tested in tests/model/world/):
 - Time positions are assigned within the context (``rope``), so the sink + window layout stays
   in the trained range however long a session runs; ``window_chunks`` must not exceed
   ``spec.max_window_chunks`` and the sink is ``spec.sink_chunks`` chunks.
-- Outputs depend only on the inputs (weights, numerics mode, pool bytes, noise): the runtime
-  makes a step reproducible by restoring its block table and RNG state.
+- Outputs depend only on the inputs (weights, numerics mode, pool bytes, carry, noise): the
+  runtime makes a step reproducible by restoring its block table, carry and RNG state.
 - Bad input (wrong shapes, an action outside the key set, a block count that is not one
   chunk) raises ``ValueError`` before anything is written.
 """
@@ -54,6 +62,9 @@ import torch
 from execstate.state.kv_pool import KVPool
 
 NUMERICS_MODES = ("eager", "compiled")
+
+Carry = torch.Tensor
+"""A session's recurrent state besides the K/V (immutable; see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -173,10 +184,13 @@ class WorldModel(Protocol):
     def gather_context(self, pool: KVPool, chunks: Sequence[Sequence[int]]) -> ContextKV:
         """Read the listed chunks' K/V (block ids per chunk, sink first) into a view for one step."""
 
+    def initial_carry(self) -> Carry:
+        """The carry of a session before its first chunk."""
+
     def denoise_step(self, noisy: torch.Tensor, t: float, actions: ChunkActions, prompt: PromptKV,
-                     ctx: ContextKV) -> torch.Tensor:
+                     ctx: ContextKV, carry: Carry) -> torch.Tensor:
         """Predict the clean chunk from ``noisy`` at flow time ``t``; attends to ``ctx``, writes nothing."""
 
     def commit(self, clean: torch.Tensor, actions: ChunkActions, prompt: PromptKV, ctx: ContextKV,
-               writer: KVWriter) -> None:
-        """Run the clean chunk once and write its K/V through ``writer`` (in place)."""
+               carry: Carry, writer: KVWriter) -> Carry:
+        """Run the clean chunk once, write its K/V through ``writer`` (in place); the next carry."""

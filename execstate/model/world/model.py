@@ -23,6 +23,7 @@ import torch
 from execstate.model.world import codec, rope
 from execstate.model.world.interface import (
     NUMERICS_MODES,
+    Carry,
     ChunkActions,
     ContextKV,
     KVLayout,
@@ -100,7 +101,7 @@ class ChunkedWorldModel:
         key = (n_frames, start)
         if key not in self._tables:
             pos = rope.token_frame_positions(n_frames, start, self.cfg.tokens_per_frame)
-            self._tables[key] = rope.tables(pos, self.cfg.head_dim, self.cfg.rope_base)
+            self._tables[key] = rope.tables(pos, self.cfg.tokens_per_frame, self.cfg.head_dim)
         return self._tables[key]
 
     @torch.no_grad()
@@ -126,29 +127,38 @@ class ChunkedWorldModel:
         v = pool.v.index_select(1, slots)
         return ContextKV(key, n_frames, k[:, None], v[:, None])
 
+    def initial_carry(self) -> Carry:
+        """Zeros: "no frame before" (what training shows the first chunk)."""
+        return torch.zeros(self.spec.chunk_latent_shape[1:])
+
     def _run(self, x: torch.Tensor, t: float, actions: ChunkActions, prompt: PromptKV, ctx: ContextKV,
-             want_output: bool) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+             carry: Carry, want_output: bool) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         if x.shape != self.spec.chunk_latent_shape:
             raise ValueError(f"chunk latents must have shape {self.spec.chunk_latent_shape}, got {tuple(x.shape)}")
+        if carry.shape != self.spec.chunk_latent_shape[1:]:
+            raise ValueError(f"carry must have shape {self.spec.chunk_latent_shape[1:]}, got {tuple(carry.shape)}")
         cos, sin = self._rope(cfg.frames_per_chunk, ctx.n_frames)
         tt = torch.full((1, 1), float(t))
         cam = None if actions.camera is None else actions.camera[None]
         with torch.no_grad():
-            return self._forward(x.reshape(1, cfg.tokens_per_chunk, cfg.patch_dim).to(torch.float32), tt,
+            return self._forward(x.reshape(1, cfg.tokens_per_chunk, cfg.patch_dim).to(torch.float32),
+                                 carry[None, None].to(torch.float32), tt,
                                  actions.keys[None], cam, cos, sin, ctx.k, ctx.v, None, prompt.k, prompt.v, None,
                                  want_output)
 
     def denoise_step(self, noisy: torch.Tensor, t: float, actions: ChunkActions, prompt: PromptKV,
-                     ctx: ContextKV) -> torch.Tensor:
+                     ctx: ContextKV, carry: Carry) -> torch.Tensor:
         if not 0.0 <= t < 1.0:
             raise ValueError(f"flow time must be in [0, 1), got {t}")
-        out, _, _ = self._run(noisy, t, actions, prompt, ctx, want_output=True)
+        out, _, _ = self._run(noisy, t, actions, prompt, ctx, carry, want_output=True)
         return out.reshape(self.spec.chunk_latent_shape)
 
     def commit(self, clean: torch.Tensor, actions: ChunkActions, prompt: PromptKV, ctx: ContextKV,
-               writer: KVWriter) -> None:
+               carry: Carry, writer: KVWriter) -> Carry:
+        """Writes the chunk's K/V; the next carry is the chunk's last frame (a copy)."""
         if writer.pool.k.shape[0] != self.spec.kv.num_layers:
             raise ValueError("the writer's pool does not match the model's KV layout")
-        _, k, v = self._run(clean, 1.0, actions, prompt, ctx, want_output=False)
+        _, k, v = self._run(clean, 1.0, actions, prompt, ctx, carry, want_output=False)
         writer.write(k[:, 0], v[:, 0])
+        return clean[-1].detach().to(torch.float32).clone()

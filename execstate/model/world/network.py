@@ -58,8 +58,8 @@ class Block(nn.Module):
 
         a = (F.layer_norm(x, (d,)).view(b, nf, -1, d) * (1 + scale1) + shift1).view(b, t, d)
         q, k, v = self.qkv(a).view(b, t, 3, h, dh).unbind(2)
-        q = F.rms_norm(q, (dh,), self.q_norm)
-        k = F.rms_norm(k, (dh,), self.k_norm)
+        q = F.rms_norm(q, (dh,), self.q_norm.to(q.dtype))
+        k = F.rms_norm(k, (dh,), self.k_norm.to(k.dtype))
         kr = rotate(k, cos, sin)
         keys = kr if ctx_k is None else torch.cat([ctx_k, kr], dim=1)
         vals = v if ctx_v is None else torch.cat([ctx_v, v], dim=1)

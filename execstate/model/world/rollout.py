@@ -3,8 +3,8 @@
 It does what the session runtime does for a world session, without events or serving: it owns
 a :class:`BlockPool` (block ids, reference counts) and a :class:`KVPool` (the tensors), the
 session's block table (one tuple of block ids per chunk, sink first), a :class:`RollingWindow`,
-the prompt's cross-attention cache (:class:`PromptKV`, re-encoded only when the prompt changes)
-and the noise generator (``torch.Generator``, the session's RNG state). Evaluation, benchmarks
+the prompt's cross-attention cache (:class:`PromptKV`, re-encoded only when the prompt changes),
+the carry and the noise generator (``torch.Generator``, the session's RNG state). Evaluation, benchmarks
 and tests use it; the runtime task's world sessions are meant to follow the same steps.
 
 - :meth:`start` commits the given first frames as chunk 0 (the sink), or generates it from the
@@ -12,7 +12,7 @@ and tests use it; the runtime task's world sessions are meant to follow the same
 - :meth:`step` = gather context -> S denoise iterations -> commit into freshly allocated
   blocks -> append to the table -> roll the window (release the middle chunks' blocks).
 - :meth:`checkpoint` pins the table's blocks (one reference each, no copy) and saves the RNG
-  state and prompt; :meth:`rollback` restores them, so re-running the same actions reproduces
+  state, prompt and carry; :meth:`rollback` restores them, so re-running the same actions reproduces
   the same frames bit for bit. :meth:`release` drops a checkpoint's pins.
 
 Memory is bounded: at most ``(sink + window + 1)`` chunks of blocks in use, plus what
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from execstate.model.world.interface import KVWriter, PromptKV, WorldModel
+from execstate.model.world.interface import Carry, KVWriter, PromptKV, WorldModel
 from execstate.model.world.sampler import generate_chunk
 from execstate.model.world.window import Chunk, RollingWindow
 from execstate.state.block_pool import BlockId, BlockPool
@@ -39,6 +39,7 @@ class RolloutCheckpoint:
     table: tuple[Chunk, ...]
     rng_state: torch.Tensor
     prompt: PromptKV
+    carry: Carry
     steps: int
 
 
@@ -62,6 +63,7 @@ class WorldRollout:
         self.table: list[Chunk] = []
         self.gen = torch.Generator().manual_seed(seed)
         self.prompt = model.encode_prompt(prompt, 0)
+        self.carry = model.initial_carry()
         self.steps = 0
 
     def set_prompt(self, prompt: str) -> None:
@@ -78,15 +80,16 @@ class WorldRollout:
             writer = KVWriter(self.pool, block_ids, model.spec.kv)
             if frames is None:
                 shape = (len(model.spec.schedule), *model.spec.chunk_latent_shape)
-                latents = generate_chunk(model, torch.randn(shape, generator=self.gen), actions, self.prompt, ctx,
-                                         writer)
+                latents, carry = generate_chunk(model, torch.randn(shape, generator=self.gen), actions, self.prompt,
+                                                ctx, self.carry, writer)
             else:
                 latents = model.encode_frames(frames)
-                model.commit(latents, actions, self.prompt, ctx, writer)
+                carry = model.commit(latents, actions, self.prompt, ctx, self.carry, writer)
         except BaseException:
             self.blocks.free(block_ids)
             raise
         self.table.append(tuple(block_ids))
+        self.carry = carry
         self.table, released = self.window.roll(self.table)
         self.blocks.free(BlockId(b) for b in released)
         self.steps += 1
@@ -112,7 +115,7 @@ class WorldRollout:
     def checkpoint(self) -> RolloutCheckpoint:
         ids = [BlockId(b) for c in self.table for b in c]
         self.blocks.acquire(ids)
-        return RolloutCheckpoint(tuple(self.table), self.gen.get_state(), self.prompt, self.steps)
+        return RolloutCheckpoint(tuple(self.table), self.gen.get_state(), self.prompt, self.carry, self.steps)
 
     def rollback(self, cp: RolloutCheckpoint) -> None:
         """Back to ``cp`` (which stays valid: roll back to it again, or :meth:`release` it)."""
@@ -121,6 +124,7 @@ class WorldRollout:
         self.table = list(cp.table)
         self.gen.set_state(cp.rng_state)
         self.prompt = cp.prompt
+        self.carry = cp.carry
         self.steps = cp.steps
 
     def release(self, cp: RolloutCheckpoint) -> None:

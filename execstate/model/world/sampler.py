@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from execstate.model.world.interface import ChunkActions, ContextKV, KVWriter, PromptKV, WorldModel
+from execstate.model.world.interface import Carry, ChunkActions, ContextKV, KVWriter, PromptKV, WorldModel
 
 
 def denoise_chunk(model: WorldModel, noise: torch.Tensor, actions: ChunkActions, prompt: PromptKV,
-                  ctx: ContextKV) -> torch.Tensor:
+                  ctx: ContextKV, carry: Carry) -> torch.Tensor:
     """``noise [S, *chunk_latent_shape]`` -> the clean chunk's latents (writes nothing)."""
     sched = model.spec.schedule
     if noise.shape != (len(sched), *model.spec.chunk_latent_shape):
@@ -24,7 +24,7 @@ def denoise_chunk(model: WorldModel, noise: torch.Tensor, actions: ChunkActions,
     x = noise[0]
     x1 = x
     for i, t in enumerate(sched):
-        x1 = model.denoise_step(x, t, actions, prompt, ctx)
+        x1 = model.denoise_step(x, t, actions, prompt, ctx, carry)
         if i + 1 < len(sched):
             nt = sched[i + 1]
             x = nt * x1 + (1.0 - nt) * noise[i + 1]
@@ -32,8 +32,8 @@ def denoise_chunk(model: WorldModel, noise: torch.Tensor, actions: ChunkActions,
 
 
 def generate_chunk(model: WorldModel, noise: torch.Tensor, actions: ChunkActions, prompt: PromptKV,
-                   ctx: ContextKV, writer: KVWriter) -> torch.Tensor:
-    """One step: denoise, then commit the clean chunk through ``writer``; returns its latents."""
-    x1 = denoise_chunk(model, noise, actions, prompt, ctx)
-    model.commit(x1, actions, prompt, ctx, writer)
-    return x1
+                   ctx: ContextKV, carry: Carry, writer: KVWriter) -> tuple[torch.Tensor, Carry]:
+    """One step: denoise, then commit the clean chunk through ``writer``; returns its latents and
+    the next carry."""
+    x1 = denoise_chunk(model, noise, actions, prompt, ctx, carry)
+    return x1, model.commit(x1, actions, prompt, ctx, carry, writer)

@@ -8,7 +8,7 @@ Self-Forcing teacher forcing). Chunk-level attention (then expanded to tokens):
   sees (the cached clean K/V of earlier chunks, plus the chunk being denoised).
 
 Clean and noisy copies of a chunk share its time positions (``i * F + frame``, see
-:mod:`rope`), its actions and its prompt. Clean chunks run at flow time 1 (clean), noisy ones at
+:mod:`rope`), its actions, its prompt and its carry (the frame before it). Clean chunks run at flow time 1 (clean), noisy ones at
 their sampled ``t``; the loss is on the noisy chunks' predictions of the clean latents.
 """
 
@@ -48,9 +48,10 @@ def predict(model: WorldTransformer, batch: Batch, t: torch.Tensor, noise: torch
     tt = torch.cat([torch.ones_like(t), t], dim=1)
     actions = batch.actions.repeat(1, 2)
     pos = rope.token_frame_positions(n * cfg.frames_per_chunk, 0, cfg.tokens_per_frame).repeat(2)
-    cos, sin = rope.tables(pos, cfg.head_dim, cfg.rope_base)
+    cos, sin = rope.tables(pos, cfg.tokens_per_frame, cfg.head_dim)
     ids = batch.word_ids.repeat(1, 2, 1).reshape(b * 2 * n, -1)
     pmask = batch.word_mask.repeat(1, 2, 1).reshape(b * 2 * n, -1)
     pk, pv = model.prompt_kv(ids)
-    out, _, _ = model(x, tt, actions, None, cos, sin, None, None, chunk_mask(n, tpc), pk, pv, pmask)
+    carry = batch.carry.repeat(1, 2, 1, 1)
+    out, _, _ = model(x, carry, tt, actions, None, cos, sin, None, None, chunk_mask(n, tpc), pk, pv, pmask)
     return out[:, n * tpc :].reshape(b, n, tpc, dim)

@@ -126,7 +126,7 @@ def train_to_dir(out_dir: Path, model_cfg: WorldModelConfig, cfg: TrainConfig,
                  on_saving: Callable[[], None] | None = None) -> dict[str, Any]:
     """Train and write ``model.safetensors``, ``config.json`` and ``train.json`` (the train config,
     stats, the weights' sha256 and ``extra``) into ``out_dir``; returns the train.json content."""
-    model, stats = train(model_cfg, cfg, log, log_every=100)
+    model, stats = train(model_cfg, cfg, log, log_every=max(1, min(100, cfg.steps // 4)))
     if on_saving:
         on_saving()
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,13 @@
 """The world model's network: patch tokens of a chunk in, predicted clean patches out.
 
 Token layout: a sequence is ``G`` groups (chunks) of ``F`` frames of ``P`` patch tokens,
-frame-major. Each token gets its patch embedding + a learned spatial embedding (its patch's
-place in the frame) + a learned frame-in-chunk embedding + its frame's action embedding (and
-camera projection when ``camera_dim > 0``). The flow time ``t`` of its chunk and its frame's
+frame-major. Each group also gets its *carry*: the clean latents of the frame just before the
+chunk (zeros before the first chunk). A token's input is its patch concatenated with the carry's
+patch at the same place (channel concat, as GameNGen / Matrix-Game condition on frames), and the
+output is a residual on the carry: ``x1 = carry + delta`` -- the static floor and walls are
+free, the network spends itself on what moves. Each token's embedding also gets a learned
+spatial embedding (its patch's place), a learned frame-in-chunk embedding and its frame's
+action embedding (and camera projection when ``camera_dim > 0``). The flow time ``t`` of its chunk and its frame's
 action form the conditioning vector that modulates every block (adaLN-single: one shared
 projection, plus each block's own bias; gates start at zero so an untrained block is the
 identity). Time position enters attention through :mod:`rope` only.
@@ -39,7 +43,7 @@ class WorldTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
-        self.patch_in = nn.Linear(cfg.patch_dim, d)
+        self.patch_in = nn.Linear(2 * cfg.patch_dim, d)
         self.pos_spatial = nn.Parameter(torch.randn(cfg.tokens_per_frame, d) * 0.02)
         self.pos_frame = nn.Parameter(torch.randn(cfg.frames_per_chunk, d) * 0.02)
         self.action_in = nn.Embedding(cfg.n_actions, d)
@@ -64,6 +68,7 @@ class WorldTransformer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [B, G*F*P, patch_dim]
+        carry: torch.Tensor,  # [B, G, P, patch_dim] the frame before each group
         t: torch.Tensor,  # [B, G] flow time of each group
         actions: torch.Tensor,  # int64 [B, G*F]
         camera: torch.Tensor | None,  # [B, G*F, camera_dim] or None
@@ -84,7 +89,8 @@ class WorldTransformer(nn.Module):
         act = self.action_in(actions)
         if self.camera_in is not None and camera is not None:
             act = act + self.camera_in(camera)
-        h = self.patch_in(x).view(b, g, f, p, d)
+        base = carry[:, :, None].expand(b, g, f, p, cfg.patch_dim)
+        h = self.patch_in(torch.cat([x.view(b, g, f, p, -1), base], dim=-1))
         h = h + self.pos_spatial + self.pos_frame[:, None, :] + act.view(b, g, f, 1, d)
         h = h.view(b, n_tok, d)
         cond = self.t_embed(_t_features(t))[:, :, None, :] + self.action_cond(actions).view(b, g, f, d)
@@ -100,4 +106,4 @@ class WorldTransformer(nn.Module):
             return None, k_all, v_all
         shift, scale = self.final_mod(cond).view(b, g * f, 1, 2, d).unbind(3)
         out = self.patch_out((nn.functional.layer_norm(h, (d,)).view(b, g * f, p, d) * (1 + scale) + shift).view(b, n_tok, d))
-        return out, k_all, v_all
+        return out + base.reshape(b, n_tok, cfg.patch_dim), k_all, v_all

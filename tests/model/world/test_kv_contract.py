@@ -38,15 +38,17 @@ def _noise(model: WorldModel, seed: int) -> torch.Tensor:
     return torch.randn((len(model.spec.schedule), *model.spec.chunk_latent_shape), generator=g)
 
 
-def _fill(model: ChunkedWorldModel, pool: KVPool, chunks: list[list[int]], seed: int = 0) -> None:
+def _fill(model: ChunkedWorldModel, pool: KVPool, chunks: list[list[int]], seed: int = 0) -> torch.Tensor:
     """Commit one rendered chunk per entry of ``chunks`` (each attending to the sink and the
     window before it)."""
     prompt = model.encode_prompt("a snow maze", 0)
     window = RollingWindow(1, 2)
+    carry = model.initial_carry()
     for i, ids in enumerate(chunks):
         ctx = model.gather_context(pool, window.context([tuple(c) for c in chunks[:i]]))
-        model.commit(model.encode_frames(_frames(model, seed + i)), model.make_actions([1, 2]), prompt, ctx,
-                     KVWriter(pool, ids, model.spec.kv))
+        carry = model.commit(model.encode_frames(_frames(model, seed + i)), model.make_actions([1, 2]), prompt, ctx,
+                             carry, KVWriter(pool, ids, model.spec.kv))
+    return carry
 
 
 def test_spec_and_layout(tiny_model: ChunkedWorldModel) -> None:
@@ -61,23 +63,24 @@ def test_spec_and_layout(tiny_model: ChunkedWorldModel) -> None:
 
 def test_denoise_does_not_write_the_pool(tiny_model: ChunkedWorldModel) -> None:
     pool = _pool(tiny_model, 8)
-    _fill(tiny_model, pool, [[0, 1], [2, 3]])
-    before = _digest(pool)
+    carry = _fill(tiny_model, pool, [[0, 1], [2, 3]])
+    before, carry_before = _digest(pool), carry.clone()
     ctx = tiny_model.gather_context(pool, [[0, 1], [2, 3]])
     prompt = tiny_model.encode_prompt("night", 0)
-    a = denoise_chunk(tiny_model, _noise(tiny_model, 1), tiny_model.make_actions([3, 4]), prompt, ctx)
-    b = denoise_chunk(tiny_model, _noise(tiny_model, 1), tiny_model.make_actions([3, 4]), prompt, ctx)
-    assert _digest(pool) == before
+    a = denoise_chunk(tiny_model, _noise(tiny_model, 1), tiny_model.make_actions([3, 4]), prompt, ctx, carry)
+    b = denoise_chunk(tiny_model, _noise(tiny_model, 1), tiny_model.make_actions([3, 4]), prompt, ctx, carry)
+    assert _digest(pool) == before and torch.equal(carry, carry_before)
     assert torch.equal(a, b)
 
 
 def test_commit_writes_exactly_the_chunk_slots(tiny_model: ChunkedWorldModel) -> None:
     pool = _pool(tiny_model, 8)
-    _fill(tiny_model, pool, [[5, 1]])
+    carry = _fill(tiny_model, pool, [[5, 1]])
     k0, v0 = pool.k.clone(), pool.v.clone()
     ctx = tiny_model.gather_context(pool, [[5, 1]])
-    generate_chunk(tiny_model, _noise(tiny_model, 2), tiny_model.make_actions([0, 1]),
-                   tiny_model.encode_prompt("", 0), ctx, KVWriter(pool, [6, 3], tiny_model.spec.kv))
+    x1, nxt = generate_chunk(tiny_model, _noise(tiny_model, 2), tiny_model.make_actions([0, 1]),
+                             tiny_model.encode_prompt("", 0), ctx, carry, KVWriter(pool, [6, 3], tiny_model.spec.kv))
+    assert torch.equal(nxt, x1[-1]) and not torch.equal(nxt, carry)  # the carry: the chunk's last frame
     changed = ((pool.k != k0) | (pool.v != v0)).flatten(2).any(-1).any(0)  # per slot
     expected = torch.zeros(8 * 16, dtype=torch.bool)
     expected[6 * 16 : 7 * 16] = expected[3 * 16 : 4 * 16] = True
@@ -100,7 +103,7 @@ def test_rolling_block_table_equals_contiguous_cache_of_kept_chunks(tiny_model: 
     into a fresh pool, contiguously, gives bit-identical K/V and outputs."""
     pool = _pool(tiny_model, 12)
     table = [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
-    _fill(tiny_model, pool, table)
+    carry = _fill(tiny_model, pool, table)
     kept = [table[0], table[3], table[4]]  # sink + window of 2 (chunks 1 and 2 released)
     fresh = _pool(tiny_model, 6)
     for dst, src in enumerate(b for c in kept for b in c):
@@ -109,8 +112,8 @@ def test_rolling_block_table_equals_contiguous_cache_of_kept_chunks(tiny_model: 
     prompt, actions = tiny_model.encode_prompt("lava", 0), tiny_model.make_actions([2, 2])
     rolled = tiny_model.gather_context(pool, kept)
     contiguous = tiny_model.gather_context(fresh, [[0, 1], [2, 3], [4, 5]])
-    x_rolled = denoise_chunk(tiny_model, _noise(tiny_model, 3), actions, prompt, rolled)
-    x_contig = denoise_chunk(tiny_model, _noise(tiny_model, 3), actions, prompt, contiguous)
+    x_rolled = denoise_chunk(tiny_model, _noise(tiny_model, 3), actions, prompt, rolled, carry)
+    x_contig = denoise_chunk(tiny_model, _noise(tiny_model, 3), actions, prompt, contiguous, carry)
     assert torch.equal(x_rolled, x_contig)
 
 
@@ -140,6 +143,9 @@ def test_bad_writer_actions_and_latents_are_value_errors(tiny_model: ChunkedWorl
     ctx = tiny_model.gather_context(pool, [])
     with pytest.raises(ValueError, match="shape"):
         tiny_model.denoise_step(torch.zeros(3, 16, 192), 0.0, tiny_model.make_actions([0, 0]),
-                                tiny_model.encode_prompt("", 0), ctx)
+                                tiny_model.encode_prompt("", 0), ctx, tiny_model.initial_carry())
+    with pytest.raises(ValueError, match="carry"):
+        tiny_model.denoise_step(torch.zeros(2, 16, 192), 0.0, tiny_model.make_actions([0, 0]),
+                                tiny_model.encode_prompt("", 0), ctx, torch.zeros(2, 16, 192))
     with pytest.raises(ValueError, match="uint8"):
         tiny_model.encode_frames(np.zeros((2, 32, 32, 3), np.float32))

@@ -38,8 +38,11 @@ def test_cached_inference_matches_teacher_forcing(tiny_model: ChunkedWorldModel)
             ctx = tiny_model.gather_context(pool, chunks)
             x1 = batch.latents[s, i].view(shape)
             xt = t[s, i] * x1 + (1 - t[s, i]) * noise[s, i].view(shape)
-            got = tiny_model.denoise_step(xt, float(t[s, i]), actions, prompt, ctx)
+            carry = batch.carry[s, i]
+            got = tiny_model.denoise_step(xt, float(t[s, i]), actions, prompt, ctx, carry)
             torch.testing.assert_close(got.view(-1, shape[-1]), expected[s, i], atol=2e-5, rtol=1e-4)
             ids = [2 * i, 2 * i + 1]
-            tiny_model.commit(x1, actions, prompt, ctx, KVWriter(pool, ids, kv))
+            nxt = tiny_model.commit(x1, actions, prompt, ctx, carry, KVWriter(pool, ids, kv))
+            if i + 1 < n and i > 0:  # contiguous chunks: the carry is the frame before the next chunk
+                assert torch.equal(nxt, batch.carry[s, i + 1])
             chunks.append(ids)
