@@ -13,7 +13,8 @@ from typing import Any
 class WorldModelConfig:
     frame_size: int = 32  # frames are frame_size x frame_size RGB
     patch_size: int = 8  # latent token = one patch_size x patch_size x 3 patch
-    frames_per_chunk: int = 4  # F: frames generated per step
+    frames_per_chunk: int = 2  # F: frames generated per step
+    carry_frames: int = 2  # frames before the chunk given to every token (channel concat)
     d_model: int = 192
     n_layers: int = 4
     n_heads: int = 4
@@ -24,7 +25,7 @@ class WorldModelConfig:
     text_dim: int = 64
     max_prompt_words: int = 8
     sink_chunks: int = 1  # chunks kept at the start of the context (the attention sink)
-    window_chunks: int = 2  # most recent chunks kept besides the sink (the trained maximum)
+    window_chunks: int = 3  # most recent chunks kept besides the sink (the trained maximum)
     schedule: tuple[float, ...] = (0.0, 0.5)  # flow times the few-step sampler visits (0: noise, 1: clean)
 
     def __post_init__(self) -> None:
@@ -35,7 +36,8 @@ class WorldModelConfig:
         if not self.schedule or any(not 0.0 <= t < 1.0 for t in self.schedule) or list(self.schedule) != sorted(
                 set(self.schedule)):
             raise ValueError(f"schedule must be increasing flow times in [0, 1), got {self.schedule}")
-        for name in ("frames_per_chunk", "n_layers", "sink_chunks", "window_chunks", "max_prompt_words"):
+        for name in ("frames_per_chunk", "carry_frames", "n_layers", "sink_chunks", "window_chunks",
+                     "max_prompt_words"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
 

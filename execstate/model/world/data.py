@@ -41,7 +41,8 @@ class Batch:
     word_ids: torch.Tensor  # int64 [B, N, max_prompt_words + 1] (0-padded)
     word_mask: torch.Tensor  # bool [B, N, max_prompt_words + 1]
     changed: torch.Tensor  # bool [B, N, tokens_per_chunk, patch_dim]: differs from the frame before
-    carry: torch.Tensor  # float32 [B, N, tokens_per_frame, patch_dim]: the frame before each chunk (0 for the sink)
+    carry: torch.Tensor  # float32 [B, N, carry_frames, tokens_per_frame, patch_dim]: the frames before each
+    # chunk, oldest first (0 for the sink)
 
 
 def sample_batch(rng: np.random.Generator, cfg: WorldModelConfig, batch_size: int, max_start: int = 24,
@@ -66,7 +67,8 @@ def sample_batch(rng: np.random.Generator, cfg: WorldModelConfig, batch_size: in
         for i in range(1, n):
             prompts.append(prompts[-1] if themes[i] == themes[i - 1] else random_prompt(rng, themes[i]))
         state = renderer.random_state(rng, themes[0])
-        want = {starts[i] + j: i for i in range(n) for j in range(-1, f)}
+        nc = cfg.carry_frames
+        want = {starts[i] + j: i for i in range(n) for j in range(-nc, f)}
         frames: dict[int, np.ndarray] = {}
         for k in range(total):
             if k:
@@ -81,7 +83,9 @@ def sample_batch(rng: np.random.Generator, cfg: WorldModelConfig, batch_size: in
         lat.append(x)
         xp = codec.encode(prev, cfg.patch_size)
         changed.append(x != xp.reshape(x.shape))
-        carry = xp[:, 0].clone()
+        before = np.stack([np.stack([frames[st - nc + j] for j in range(nc)]) if st else np.zeros((nc, *clips.shape[2:]),
+                          np.uint8) for st in starts])
+        carry = codec.encode(before, cfg.patch_size)
         carry[0] = 0.0
         carries.append(carry)
         acts.append(torch.from_numpy(np.concatenate([actions[st : st + f] for st in starts])))

@@ -128,16 +128,17 @@ class ChunkedWorldModel:
         return ContextKV(key, n_frames, k[:, None], v[:, None])
 
     def initial_carry(self) -> Carry:
-        """Zeros: "no frame before" (what training shows the first chunk)."""
-        return torch.zeros(self.spec.chunk_latent_shape[1:])
+        """Zeros: "no frames before" (what training shows the first chunk)."""
+        return torch.zeros((self.cfg.carry_frames, *self.spec.chunk_latent_shape[1:]))
 
     def _run(self, x: torch.Tensor, t: float, actions: ChunkActions, prompt: PromptKV, ctx: ContextKV,
              carry: Carry, want_output: bool) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         if x.shape != self.spec.chunk_latent_shape:
             raise ValueError(f"chunk latents must have shape {self.spec.chunk_latent_shape}, got {tuple(x.shape)}")
-        if carry.shape != self.spec.chunk_latent_shape[1:]:
-            raise ValueError(f"carry must have shape {self.spec.chunk_latent_shape[1:]}, got {tuple(carry.shape)}")
+        want = (self.cfg.carry_frames, *self.spec.chunk_latent_shape[1:])
+        if carry.shape != want:
+            raise ValueError(f"carry must have shape {want}, got {tuple(carry.shape)}")
         cos, sin = self._rope(cfg.frames_per_chunk, ctx.n_frames)
         tt = torch.full((1, 1), float(t))
         cam = None if actions.camera is None else actions.camera[None]
@@ -156,9 +157,9 @@ class ChunkedWorldModel:
 
     def commit(self, clean: torch.Tensor, actions: ChunkActions, prompt: PromptKV, ctx: ContextKV,
                carry: Carry, writer: KVWriter) -> Carry:
-        """Writes the chunk's K/V; the next carry is the chunk's last frame (a copy)."""
+        """Writes the chunk's K/V; the next carry is the last ``carry_frames`` frames (a new tensor)."""
         if writer.pool.k.shape[0] != self.spec.kv.num_layers:
             raise ValueError("the writer's pool does not match the model's KV layout")
         _, k, v = self._run(clean, 1.0, actions, prompt, ctx, carry, want_output=False)
         writer.write(k[:, 0], v[:, 0])
-        return clean[-1].detach().to(torch.float32).clone()
+        return torch.cat([carry, clean.detach().to(torch.float32)])[-self.cfg.carry_frames :].clone()

@@ -52,6 +52,6 @@ def predict(model: WorldTransformer, batch: Batch, t: torch.Tensor, noise: torch
     ids = batch.word_ids.repeat(1, 2, 1).reshape(b * 2 * n, -1)
     pmask = batch.word_mask.repeat(1, 2, 1).reshape(b * 2 * n, -1)
     pk, pv = model.prompt_kv(ids)
-    carry = batch.carry.repeat(1, 2, 1, 1)
+    carry = batch.carry.repeat(1, 2, 1, 1, 1)
     out, _, _ = model(x, carry, tt, actions, None, cos, sin, None, None, chunk_mask(n, tpc), pk, pv, pmask)
     return out[:, n * tpc :].reshape(b, n, tpc, dim)

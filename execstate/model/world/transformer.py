@@ -1,13 +1,16 @@
 """The world model's network: patch tokens of a chunk in, predicted clean patches out.
 
 Token layout: a sequence is ``G`` groups (chunks) of ``F`` frames of ``P`` patch tokens,
-frame-major. Each group also gets its *carry*: the clean latents of the frame just before the
-chunk (zeros before the first chunk). A token's input is its patch concatenated with the carry's
-patch at the same place (channel concat, as GameNGen / Matrix-Game condition on frames), and the
-output is a residual on the carry: ``x1 = carry + delta`` -- the static floor and walls are
-free, the network spends itself on what moves. Each token's embedding also gets a learned
-spatial embedding (its patch's place), a learned frame-in-chunk embedding and its frame's
-action embedding (and camera projection when ``camera_dim > 0``). The flow time ``t`` of its chunk and its frame's
+frame-major. Each group also gets its *carry*: the clean latents of the ``carry_frames`` frames
+just before the chunk (zeros before the first chunk). A token's input is its patch concatenated
+with the carry frames' patches at the same place (channel concat, as GameNGen / Matrix-Game
+condition on frames: where things were and how they moved), and the output is a residual on the
+newest carry frame: ``x1 = carry[-1] + delta`` -- the static floor and walls are free, the
+network spends itself on what moves. Each token's embedding also gets a learned spatial
+embedding (its patch's place), a learned frame-in-chunk embedding and the chunk's actions *up to
+its frame* (``sum_{j <= f} E_j[key_j]``, one table per frame slot: the cumulative move, as
+Matrix-Game's action module feeds each frame a window of recent actions), plus the camera
+deltas' projection, cumulated the same way, when ``camera_dim > 0``. The flow time ``t`` of its chunk and its frame's
 action form the conditioning vector that modulates every block (adaLN-single: one shared
 projection, plus each block's own bias; gates start at zero so an untrained block is the
 identity). Time position enters attention through :mod:`rope` only.
@@ -43,11 +46,11 @@ class WorldTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
-        self.patch_in = nn.Linear(2 * cfg.patch_dim, d)
+        self.patch_in = nn.Linear((1 + cfg.carry_frames) * cfg.patch_dim, d)
         self.pos_spatial = nn.Parameter(torch.randn(cfg.tokens_per_frame, d) * 0.02)
         self.pos_frame = nn.Parameter(torch.randn(cfg.frames_per_chunk, d) * 0.02)
-        self.action_in = nn.Embedding(cfg.n_actions, d)
-        self.action_cond = nn.Embedding(cfg.n_actions, d)
+        self.action_in = nn.Parameter(torch.randn(cfg.frames_per_chunk, cfg.n_actions, d) * 0.02)
+        self.action_cond = nn.Parameter(torch.randn(cfg.frames_per_chunk, cfg.n_actions, d) * 0.02)
         self.camera_in = nn.Linear(cfg.camera_dim, d) if cfg.camera_dim else None
         self.t_embed = nn.Sequential(nn.Linear(_T_FEATURES, d), nn.SiLU(), nn.Linear(d, d))
         self.mod = nn.Sequential(nn.SiLU(), nn.Linear(d, 6 * d))
@@ -68,7 +71,7 @@ class WorldTransformer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [B, G*F*P, patch_dim]
-        carry: torch.Tensor,  # [B, G, P, patch_dim] the frame before each group
+        carry: torch.Tensor,  # [B, G, carry_frames, P, patch_dim] the frames before each group (oldest first)
         t: torch.Tensor,  # [B, G] flow time of each group
         actions: torch.Tensor,  # int64 [B, G*F]
         camera: torch.Tensor | None,  # [B, G*F, camera_dim] or None
@@ -86,14 +89,18 @@ class WorldTransformer(nn.Module):
         b, n_tok, _ = x.shape
         g = t.shape[1]
         f, p, d = cfg.frames_per_chunk, cfg.tokens_per_frame, cfg.d_model
-        act = self.action_in(actions)
+        slot = torch.arange(f).repeat(g)
+        act = self.action_in[slot, actions].view(b, g, f, d)
         if self.camera_in is not None and camera is not None:
-            act = act + self.camera_in(camera)
-        base = carry[:, :, None].expand(b, g, f, p, cfg.patch_dim)
-        h = self.patch_in(torch.cat([x.view(b, g, f, p, -1), base], dim=-1))
-        h = h + self.pos_spatial + self.pos_frame[:, None, :] + act.view(b, g, f, 1, d)
+            act = act + self.camera_in(camera).view(b, g, f, d)
+        act = act.cumsum(2)
+        cond_act = self.action_cond[slot, actions].view(b, g, f, d).cumsum(2)
+        nc = cfg.carry_frames
+        frames = carry.permute(0, 1, 3, 2, 4).reshape(b, g, 1, p, nc * cfg.patch_dim).expand(b, g, f, p, -1)
+        h = self.patch_in(torch.cat([x.view(b, g, f, p, -1), frames], dim=-1))
+        h = h + self.pos_spatial + self.pos_frame[:, None, :] + act[:, :, :, None, :]
         h = h.view(b, n_tok, d)
-        cond = self.t_embed(_t_features(t))[:, :, None, :] + self.action_cond(actions).view(b, g, f, d)
+        cond = self.t_embed(_t_features(t))[:, :, None, :] + cond_act
         mod = self.mod(cond).view(b, g * f, 1, 6, d)
         ks, vs = [], []
         for i, blk in enumerate(self.blocks):
@@ -106,4 +113,5 @@ class WorldTransformer(nn.Module):
             return None, k_all, v_all
         shift, scale = self.final_mod(cond).view(b, g * f, 1, 2, d).unbind(3)
         out = self.patch_out((nn.functional.layer_norm(h, (d,)).view(b, g * f, p, d) * (1 + scale) + shift).view(b, n_tok, d))
-        return out + base.reshape(b, n_tok, cfg.patch_dim), k_all, v_all
+        base = carry[:, :, -1:].expand(b, g, f, p, cfg.patch_dim).reshape(b, n_tok, cfg.patch_dim)
+        return out + base, k_all, v_all

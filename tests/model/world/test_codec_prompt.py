@@ -65,7 +65,7 @@ def test_theme_words_have_their_own_buckets() -> None:
 def test_config_round_trip_and_validation() -> None:
     cfg = WorldModelConfig(d_model=64, n_heads=2, schedule=(0.0, 0.25, 0.5))
     assert WorldModelConfig.from_dict(cfg.to_dict()) == cfg
-    assert cfg.tokens_per_frame == 16 and cfg.tokens_per_chunk == 64 and cfg.patch_dim == 192
+    assert cfg.tokens_per_frame == 16 and cfg.tokens_per_chunk == 32 and cfg.patch_dim == 192
     for bad in (dict(patch_size=5), dict(d_model=30, n_heads=4), dict(schedule=(0.5, 0.0)), dict(schedule=(1.0,)),
                 dict(window_chunks=0)):
         with pytest.raises(ValueError):

@@ -80,7 +80,7 @@ def test_commit_writes_exactly_the_chunk_slots(tiny_model: ChunkedWorldModel) ->
     ctx = tiny_model.gather_context(pool, [[5, 1]])
     x1, nxt = generate_chunk(tiny_model, _noise(tiny_model, 2), tiny_model.make_actions([0, 1]),
                              tiny_model.encode_prompt("", 0), ctx, carry, KVWriter(pool, [6, 3], tiny_model.spec.kv))
-    assert torch.equal(nxt, x1[-1]) and not torch.equal(nxt, carry)  # the carry: the chunk's last frame
+    assert torch.equal(nxt, x1) and not torch.equal(nxt, carry)  # the carry: the last 2 frames
     changed = ((pool.k != k0) | (pool.v != v0)).flatten(2).any(-1).any(0)  # per slot
     expected = torch.zeros(8 * 16, dtype=torch.bool)
     expected[6 * 16 : 7 * 16] = expected[3 * 16 : 4 * 16] = True
@@ -146,6 +146,6 @@ def test_bad_writer_actions_and_latents_are_value_errors(tiny_model: ChunkedWorl
                                 tiny_model.encode_prompt("", 0), ctx, tiny_model.initial_carry())
     with pytest.raises(ValueError, match="carry"):
         tiny_model.denoise_step(torch.zeros(2, 16, 192), 0.0, tiny_model.make_actions([0, 0]),
-                                tiny_model.encode_prompt("", 0), ctx, torch.zeros(2, 16, 192))
+                                tiny_model.encode_prompt("", 0), ctx, torch.zeros(16, 192))
     with pytest.raises(ValueError, match="uint8"):
         tiny_model.encode_frames(np.zeros((2, 32, 32, 3), np.float32))
