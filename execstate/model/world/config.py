@@ -11,8 +11,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class WorldModelConfig:
-    frame_size: int = 32  # frames are frame_size x frame_size RGB
-    patch_size: int = 8  # latent token = one patch_size x patch_size x 3 patch
+    frame_size: int = 48  # frames are frame_size x frame_size RGB
+    patch_size: int = 12  # latent token = one patch_size x patch_size x 3 patch (3 x 3 world cells)
     frames_per_chunk: int = 2  # F: frames generated per step
     carry_frames: int = 2  # frames before the chunk given to every token (channel concat)
     d_model: int = 192

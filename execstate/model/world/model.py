@@ -52,7 +52,11 @@ class ChunkedWorldModel:
             keys=ACTIONS[: cfg.n_actions], camera_dim=cfg.camera_dim, schedule=cfg.schedule,
             chunk_latent_shape=(f, p, cfg.patch_dim), sink_chunks=cfg.sink_chunks,
             max_window_chunks=cfg.window_chunks, kv=layout, numerics=numerics, weights_version=weights_version)
-        self._forward = net.forward if numerics == "eager" else torch.compile(net.forward, dynamic=False)
+        # compiled: shapes are dynamic (the context grows until the window is full), so one graph
+        # serves every context length; denoise and commit (no output) are two graphs.
+        self._forward = net.forward if numerics == "eager" else torch.compile(net.forward, dynamic=True)
+        kv = self.spec.kv
+        self._no_ctx = torch.zeros((kv.num_layers, 1, 0, kv.num_kv_heads, kv.head_dim))
         self._tables: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
@@ -142,10 +146,12 @@ class ChunkedWorldModel:
         cos, sin = self._rope(cfg.frames_per_chunk, ctx.n_frames)
         tt = torch.full((1, 1), float(t))
         cam = None if actions.camera is None else actions.camera[None]
+        ck = self._no_ctx if ctx.k is None else ctx.k
+        cv = self._no_ctx if ctx.v is None else ctx.v
         with torch.no_grad():
             return self._forward(x.reshape(1, cfg.tokens_per_chunk, cfg.patch_dim).to(torch.float32),
                                  carry[None, None].to(torch.float32), tt,
-                                 actions.keys[None], cam, cos, sin, ctx.k, ctx.v, None, prompt.k, prompt.v, None,
+                                 actions.keys[None], cam, cos, sin, ck, cv, None, prompt.k, prompt.v, None,
                                  want_output)
 
     def denoise_step(self, noisy: torch.Tensor, t: float, actions: ChunkActions, prompt: PromptKV,

@@ -1,11 +1,11 @@
 """The procedural world the world model is trained on and measured against (the ground truth).
 
-A top-down 2D maze on a 16 x 16 grid of 2-pixel cells, rendered as a 32 x 32 RGB frame:
+A top-down 2D maze on a 12 x 12 grid of 4-pixel cells, rendered as a 48 x 48 RGB frame:
 
-- **walls**: a one-cell border plus a few random rectangles; nothing passes them;
-- **agent**: a 2 x 2-cell magenta square the player moves one cell per frame with a key
+- **walls**: a one-cell border plus a few random bars; nothing passes them;
+- **agent**: a one-cell magenta square the player moves one cell per frame with a key
   (:data:`ACTIONS`: none, up, down, left, right); a move into a wall leaves it in place;
-- **movers**: two 2 x 2-cell squares (yellow, cyan) patrolling along one axis, one cell per
+- **movers**: two one-cell squares (yellow, cyan) patrolling along one axis, one cell per
   frame; blocked ahead, a mover turns round (and moves back if that cell is free);
 - **theme**: the palette of floor and walls (:data:`THEMES`), chosen by a prompt word
   (:func:`theme_for_prompt`); the agent's and movers' colours never change.
@@ -25,10 +25,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-FRAME = 32
-CELL = 2
+FRAME = 48
+CELL = 4
 GRID = FRAME // CELL
-SIZE = 2  # agent and movers: SIZE x SIZE cells
+SIZE = 1  # agent and movers: SIZE x SIZE cells
 
 NONE, UP, DOWN, LEFT, RIGHT = range(5)
 ACTIONS = ("none", "up", "down", "left", "right")
@@ -92,8 +92,8 @@ def random_state(rng: np.random.Generator, theme: str = DEFAULT_THEME) -> WorldS
         raise ValueError(f"unknown theme {theme!r}; known: {', '.join(THEME_NAMES)}")
     walls = np.zeros((GRID, GRID), dtype=bool)
     walls[0, :] = walls[-1, :] = walls[:, 0] = walls[:, -1] = True
-    for _ in range(int(rng.integers(3, 7))):
-        h, w = int(rng.integers(1, 3)), int(rng.integers(2, 6))
+    for _ in range(int(rng.integers(3, 6))):
+        h, w = 1, int(rng.integers(2, 5))
         if rng.integers(2):
             h, w = w, h
         y, x = int(rng.integers(2, GRID - 2 - h + 1)), int(rng.integers(2, GRID - 2 - w + 1))

@@ -33,12 +33,14 @@ def chunk_mask(n: int, tokens_per_chunk: int) -> torch.Tensor:
 
 
 def predict(model: WorldTransformer, batch: Batch, t: torch.Tensor, noise: torch.Tensor,
-            clean_noise: torch.Tensor | None = None) -> torch.Tensor:
+            clean_noise: torch.Tensor | None = None, carry_noise: torch.Tensor | None = None) -> torch.Tensor:
     """Predicted clean latents of the noisy chunks, ``[B, N, tpc, patch_dim]``.
 
     ``t [B, N]`` flow times of the noisy chunks, ``noise`` like ``batch.latents``;
-    ``clean_noise`` (optional, like ``batch.latents``) is added to the clean chunks (context
-    corruption, so the model learns to tolerate its own small errors in the cache)."""
+    ``clean_noise`` (like ``batch.latents``) and ``carry_noise`` (like ``batch.carry``), optional,
+    are added to the clean chunks and to the carries: context corruption, so the model learns to
+    correct small errors of its own in the cache and the carry instead of compounding them
+    (GameNGen's noise augmentation)."""
     cfg: WorldModelConfig = model.cfg
     b, n, tpc, dim = batch.latents.shape
     x1 = batch.latents
@@ -52,6 +54,8 @@ def predict(model: WorldTransformer, batch: Batch, t: torch.Tensor, noise: torch
     ids = batch.word_ids.repeat(1, 2, 1).reshape(b * 2 * n, -1)
     pmask = batch.word_mask.repeat(1, 2, 1).reshape(b * 2 * n, -1)
     pk, pv = model.prompt_kv(ids)
-    carry = batch.carry.repeat(1, 2, 1, 1, 1)
-    out, _, _ = model(x, carry, tt, actions, None, cos, sin, None, None, chunk_mask(n, tpc), pk, pv, pmask)
-    return out[:, n * tpc :].reshape(b, n, tpc, dim)
+    carry = batch.carry if carry_noise is None else batch.carry + carry_noise
+    carry = carry.repeat(1, 2, 1, 1, 1)
+    out, _, _ = model(x, carry, tt, actions, None, cos, sin, None, None, chunk_mask(n, tpc), pk, pv, pmask,
+                      out_groups=n)
+    return out.reshape(b, n, tpc, dim)

@@ -46,7 +46,7 @@ class TrainConfig:
     p_theme_change: float = 0.3
     p_schedule: float = 0.75
     motion_weight: float = 4.0
-    context_noise: float = 0.0  # std of the noise added to clean context chunks (uniform in [0, this])
+    context_noise: float = 0.1  # std of the noise added to context chunks and carries (uniform in [0, this])
     bf16: bool = True
     threads: int = 2
 
@@ -91,14 +91,16 @@ def _train(model_cfg: WorldModelConfig, cfg: TrainConfig, log: Callable[[str], N
         uniform = torch.rand((b, n), generator=gen)
         t = torch.where(torch.rand((b, n), generator=gen) < cfg.p_schedule, sched[pick], uniform)
         noise = torch.randn(batch.latents.shape, generator=gen)
-        clean_noise = None
+        clean_noise = carry_noise = None
         if cfg.context_noise > 0:
             sigma = torch.rand((b, n, 1, 1), generator=gen) * cfg.context_noise
             clean_noise = sigma * torch.randn(batch.latents.shape, generator=gen)
+            carry_noise = sigma[..., None] * torch.randn(batch.carry.shape, generator=gen)
+            carry_noise[:, 0] = 0.0  # the sink's carry is "no frames": zeros, exactly
         for group in opt.param_groups:
             group["lr"] = _lr(cfg, step)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            pred = teacher.predict(model, batch, t, noise, clean_noise)
+            pred = teacher.predict(model, batch, t, noise, clean_noise, carry_noise)
         w = 1.0 + cfg.motion_weight * batch.changed.to(torch.float32)
         loss = (w * (pred.to(torch.float32) - batch.latents) ** 2).sum() / w.sum()
         opt.zero_grad(set_to_none=True)

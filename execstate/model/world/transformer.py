@@ -6,7 +6,9 @@ just before the chunk (zeros before the first chunk). A token's input is its pat
 with the carry frames' patches at the same place (channel concat, as GameNGen / Matrix-Game
 condition on frames: where things were and how they moved), and the output is a residual on the
 newest carry frame: ``x1 = carry[-1] + delta`` -- the static floor and walls are free, the
-network spends itself on what moves. Each token's embedding also gets a learned spatial
+network spends itself on what moves. The noisy chunk enters scaled by its flow time
+(``c_in(t) = t``, EDM-style input preconditioning): at ``t = 0`` it is pure noise and carries
+no information, so the first sampler step is exactly a function of the context. Each token's embedding also gets a learned spatial
 embedding (its patch's place), a learned frame-in-chunk embedding and the chunk's actions *up to
 its frame* (``sum_{j <= f} E_j[key_j]``, one table per frame slot: the cumulative move, as
 Matrix-Game's action module feeds each frame a window of recent actions), plus the camera
@@ -84,6 +86,7 @@ class WorldTransformer(nn.Module):
         prompt_v: torch.Tensor,
         prompt_mask: torch.Tensor | None,  # bool [B*G, Tt] or None
         want_output: bool = True,
+        out_groups: int | None = None,  # predict only the last ``out_groups`` groups (default: all)
     ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         b, n_tok, _ = x.shape
@@ -97,7 +100,8 @@ class WorldTransformer(nn.Module):
         cond_act = self.action_cond[slot, actions].view(b, g, f, d).cumsum(2)
         nc = cfg.carry_frames
         frames = carry.permute(0, 1, 3, 2, 4).reshape(b, g, 1, p, nc * cfg.patch_dim).expand(b, g, f, p, -1)
-        h = self.patch_in(torch.cat([x.view(b, g, f, p, -1), frames], dim=-1))
+        xin = x.view(b, g, f, p, -1) * t.to(x.dtype)[:, :, None, None, None]
+        h = self.patch_in(torch.cat([xin, frames], dim=-1))
         h = h + self.pos_spatial + self.pos_frame[:, None, :] + act[:, :, :, None, :]
         h = h.view(b, n_tok, d)
         cond = self.t_embed(_t_features(t))[:, :, None, :] + cond_act
@@ -111,7 +115,9 @@ class WorldTransformer(nn.Module):
         k_all, v_all = torch.stack(ks), torch.stack(vs)
         if not want_output:
             return None, k_all, v_all
-        shift, scale = self.final_mod(cond).view(b, g * f, 1, 2, d).unbind(3)
-        out = self.patch_out((nn.functional.layer_norm(h, (d,)).view(b, g * f, p, d) * (1 + scale) + shift).view(b, n_tok, d))
-        base = carry[:, :, -1:].expand(b, g, f, p, cfg.patch_dim).reshape(b, n_tok, cfg.patch_dim)
-        return out + base, k_all, v_all
+        go = g if out_groups is None else out_groups
+        shift, scale = self.final_mod(cond[:, g - go :]).view(b, go * f, 1, 2, d).unbind(3)
+        h = h.view(b, g * f, p, d)[:, (g - go) * f :]
+        out = self.patch_out(nn.functional.layer_norm(h, (d,)) * (1 + scale) + shift)
+        base = carry[:, g - go :, -1:].expand(b, go, f, p, cfg.patch_dim).reshape(b, go * f, p, cfg.patch_dim)
+        return (out + base).reshape(b, go * f * p, cfg.patch_dim), k_all, v_all

@@ -65,7 +65,7 @@ def test_theme_words_have_their_own_buckets() -> None:
 def test_config_round_trip_and_validation() -> None:
     cfg = WorldModelConfig(d_model=64, n_heads=2, schedule=(0.0, 0.25, 0.5))
     assert WorldModelConfig.from_dict(cfg.to_dict()) == cfg
-    assert cfg.tokens_per_frame == 16 and cfg.tokens_per_chunk == 32 and cfg.patch_dim == 192
+    assert cfg.tokens_per_frame == 16 and cfg.tokens_per_chunk == 32 and cfg.patch_dim == 432
     for bad in (dict(patch_size=5), dict(d_model=30, n_heads=4), dict(schedule=(0.5, 0.0)), dict(schedule=(1.0,)),
                 dict(window_chunks=0)):
         with pytest.raises(ValueError):
@@ -78,7 +78,7 @@ def test_training_batch_layout() -> None:
     cfg = WorldModelConfig(frames_per_chunk=2)
     b = data.sample_batch(np.random.default_rng(0), cfg, 3, max_start=1)
     n = cfg.sink_chunks + cfg.window_chunks + 1
-    assert b.latents.shape == (3, n, 32, 192) and b.actions.shape == (3, n * 2)
+    assert b.latents.shape == (3, n, 32, 432) and b.actions.shape == (3, n * 2)
     assert b.word_ids.shape == b.word_mask.shape == (3, n, 9)
     assert bool(b.word_mask[:, :, 0].all()) and bool((b.word_ids[~b.word_mask] == 0).all())
     assert int(b.actions[:, 0].abs().sum()) == 0  # the first frame's key is ignored (none)

@@ -53,7 +53,7 @@ def _fill(model: ChunkedWorldModel, pool: KVPool, chunks: list[list[int]], seed:
 
 def test_spec_and_layout(tiny_model: ChunkedWorldModel) -> None:
     spec = tiny_model.spec
-    assert spec.kv.tokens_per_chunk == 32 and spec.chunk_latent_shape == (2, 16, 192)
+    assert spec.kv.tokens_per_chunk == 32 and spec.chunk_latent_shape == (2, 16, 432)
     assert spec.kv.blocks_per_chunk(16) == 2 and spec.kv.blocks_per_chunk(32) == 1
     with pytest.raises(ValueError, match="does not divide"):
         spec.kv.blocks_per_chunk(12)
@@ -142,10 +142,10 @@ def test_bad_writer_actions_and_latents_are_value_errors(tiny_model: ChunkedWorl
         tiny_model.make_actions([0, 0], camera=[[0.0], [0.0]])
     ctx = tiny_model.gather_context(pool, [])
     with pytest.raises(ValueError, match="shape"):
-        tiny_model.denoise_step(torch.zeros(3, 16, 192), 0.0, tiny_model.make_actions([0, 0]),
+        tiny_model.denoise_step(torch.zeros(3, 16, 432), 0.0, tiny_model.make_actions([0, 0]),
                                 tiny_model.encode_prompt("", 0), ctx, tiny_model.initial_carry())
     with pytest.raises(ValueError, match="carry"):
-        tiny_model.denoise_step(torch.zeros(2, 16, 192), 0.0, tiny_model.make_actions([0, 0]),
-                                tiny_model.encode_prompt("", 0), ctx, torch.zeros(16, 192))
+        tiny_model.denoise_step(torch.zeros(2, 16, 432), 0.0, tiny_model.make_actions([0, 0]),
+                                tiny_model.encode_prompt("", 0), ctx, torch.zeros(16, 432))
     with pytest.raises(ValueError, match="uint8"):
         tiny_model.encode_frames(np.zeros((2, 32, 32, 3), np.float32))
