@@ -134,6 +134,9 @@ def _proxy(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from execstate.serve.server import run_server
 
+    if args.model is None and args.world is None:
+        raise SystemExit("execstate serve: give a MODEL, --world, or both")
+
     return run_server(args)
 
 
@@ -216,6 +219,24 @@ def _add_session_options(s: argparse.ArgumentParser) -> None:
     g.add_argument("--realtime-grace-s", type=_grace, default=0.0,
                    help="seconds a /v1/realtime session outlives its dropped connection, for session.resume; "
                         "0 closes it at once (default: %(default)s)")
+
+
+def _add_world_options(s: argparse.ArgumentParser) -> None:
+    """``serve --world``: world sessions over /v1/realtime/video and the /world page (serve/world_server.py)."""
+    g = s.add_argument_group("world sessions")
+    g.add_argument("--world", nargs="?", const="world", default=None, metavar="WORLD_MODEL",
+                   help="also serve world sessions (/v1/realtime/video, the /world page) with this world model: "
+                        "a trained directory or 'world' (the default; without MODEL: a world-only server)")
+    g.add_argument("--world-max-sessions", type=int, default=8,
+                   help="resident world sessions at most; beyond it session.start is refused (code capacity) "
+                        "(default: %(default)s)")
+    g.add_argument("--world-session-memory", type=_size, default=16 << 20,
+                   help="K/V memory budget of one world session (bytes, or a size such as 16MiB); a session or "
+                        "checkpoint beyond it is refused (code memory_budget) (default: 16MiB)")
+    g.add_argument("--world-fps", type=float, default=16.0,
+                   help="a world session's target frame rate unless session.start sets fps; 0: as fast as "
+                        "possible (default: %(default)s)")
+    g.add_argument("--world-threads", type=int, default=0, help="torch threads for world steps (0: torch's default)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -312,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_demo)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, /metrics)")
-    s.add_argument("model", help="embedded model name or a Hugging Face directory")
+    s.add_argument("model", nargs="?", default=None,
+                   help="embedded model name or a Hugging Face directory (optional with --world)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
@@ -329,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "recorded in provenance numerics, so P and D of a PD pair must agree")
     _add_capacity_and_limit_options(s)
     _add_session_options(s)
+    _add_world_options(s)
     s.set_defaults(func=_serve)
 
     px = sub.add_parser("proxy", help="prefill/decode disaggregation proxy")

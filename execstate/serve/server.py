@@ -144,6 +144,10 @@ def run_server(args: argparse.Namespace) -> int:
     from execstate.serve.realtime import MAX_FRAME_BYTES
     from execstate.serve.startup_log import StartupInfo, log_startup
 
+    if args.model is None:  # execstate serve --world: world sessions only
+        from execstate.serve.world_server import run_world_server
+
+        return run_world_server(args)
     t0 = time.perf_counter()
     kv_cfg = KVTransferConfig.from_json(args.kv_transfer_config) if args.kv_transfer_config else None
     limits = limits_from_args(args)
@@ -156,6 +160,11 @@ def run_server(args: argparse.Namespace) -> int:
             async_engine, name, api_key=args.api_key, metrics=metrics, kv_transfer_config=kv_cfg, limits=limits,
             handoff_trust=trust, realtime_grace_s=args.realtime_grace_s,
         )
+        if args.world is not None:  # the world endpoints on the same app (serve --world)
+            from execstate.serve.world_server import world_host_from_args
+            from execstate.serve.world_ws import install_world
+
+            install_world(app, world_host_from_args(args))
         elapsed = time.perf_counter() - t0  # read on the engine thread, the engine's only user:
         async_engine.call(lambda engine: log_startup(StartupInfo(engine, args, kv_cfg, elapsed, limits)))
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
