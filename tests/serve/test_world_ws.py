@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
 from websockets.asyncio.client import connect
-from world_helpers import WorldClient, tiny_world_model, world_server, ws_url
+from world_helpers import WorldClient, offline_hashes, tiny_world_model, world_server, ws_url
 
-from execstate.model.world import renderer
-from execstate.model.world.rollout import WorldRollout
-from execstate.serve.world_driver import BLOCK_SIZE, WorldHost
+from execstate.serve.world_driver import WorldHost
 from execstate.serve.world_encode import decode_chunk, frame_sha256
 
 
@@ -28,20 +25,6 @@ def served(model):
     with world_server(host) as url:
         yield host, url
     host.shutdown()
-
-
-def offline_hashes(model, seed: int, prompt: str, chunks: list[dict]) -> list[str]:
-    """The offline driver replaying what the chunks' metadata says each step used (key, prompt)."""
-    f = model.spec.frames_per_chunk
-    ro = WorldRollout(model, seed=seed, prompt=prompt, block_size=BLOCK_SIZE)
-    _, truth = renderer.trajectory(renderer.initial_state(seed, renderer.theme_for_prompt(prompt)),
-                                   np.zeros(f, dtype=np.int64))
-    out = [ro.start(truth[:f], [0] * f)]
-    for meta in chunks[1:]:
-        if meta["prompt"] is not None:
-            ro.set_prompt(meta["prompt"])
-        out.append(ro.step([model.spec.keys.index(k) for k in meta["keys"]]))
-    return [frame_sha256(fr) for chunk in out for fr in chunk]
 
 
 async def drive(url: str, seed: int, prompt: str, n_chunks: int, fmt: str = "png") -> WorldClient:
