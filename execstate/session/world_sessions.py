@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from execstate.model.world.interface import WorldModel
+from execstate.model.world.interface import KVWriter, WorldModel
 from execstate.model.world.window import RollingWindow
 from execstate.session.events import EventAck, EventQueue, SessionEventError
 from execstate.session.manager import SessionManager
@@ -91,7 +91,6 @@ class WorldSessions:
              sink_chunks: int | None = None) -> SessionRuntime:
         """A new session. ``start_frames`` (uint8 ``[F, H, W, 3]``) are committed as its first
         chunk now (its origin then holds them); else its first step generates from the prompt."""
-        spec = self.spec
         window = self._window(window_chunks, sink_chunks)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise SessionEventError("invalid", f"seed must be an int in [0, 2**63), got {seed!r}")
@@ -133,8 +132,6 @@ class WorldSessions:
             raise SessionEventError("capacity", "the shared K/V pool is full")
         chunk = store.allocate_chunk()
         try:
-            from execstate.model.world.interface import KVWriter
-
             carry = model.commit(latents, actions, state.prompt, ctx, state.carry,
                                  KVWriter(store.kv, chunk.block_ids, self.spec.kv))
         except BaseException:
