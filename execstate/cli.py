@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 
@@ -103,6 +104,18 @@ def _bench(args: argparse.Namespace) -> int:
                                repeats=args.repeats)
         print(json.dumps(report, indent=2) if args.json else format_itl_table(report))
         return 0
+    if args.bench_cmd == "sessions":
+        from execstate.bench.sessions import run_sessions_bench
+        from execstate.bench.sessions_table import format_sessions_table
+
+        report = run_sessions_bench(
+            model=args.model, parts=tuple(args.parts.split(",")), turns=args.turns, turn_len=args.turn_len,
+            max_tokens=args.max_tokens, chat_repeats=args.repeats,
+            contexts=tuple(int(n) for n in args.contexts.split(",")), steps=args.steps,
+            batch_class_steps=args.batch_class_steps, threads=args.threads,
+        )
+        print(json.dumps(report, indent=2) if args.json else format_sessions_table(report))
+        return 0 if report["ok"] else 1
     raise AssertionError(args.bench_cmd)
 
 
@@ -177,6 +190,16 @@ def _add_capacity_and_limit_options(s: argparse.ArgumentParser) -> None:
                        help=f"{text} (default: %(default)s)")
 
 
+def _grace(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
 def _add_session_options(s: argparse.ArgumentParser) -> None:
     """``serve``: bounds on sessions (``session/``; beyond a bound: an immediate, clear refusal)."""
     d = _SESSION_DEFAULTS
@@ -190,6 +213,9 @@ def _add_session_options(s: argparse.ArgumentParser) -> None:
     g.add_argument("--max-session-events", type=int, default=d["max_session_events"],
                    help="pending events per session; beyond it an event is refused (code backpressure) "
                         "(default: %(default)s)")
+    g.add_argument("--realtime-grace-s", type=_grace, default=0.0,
+                   help="seconds a /v1/realtime session outlives its dropped connection, for session.resume; "
+                        "0 closes it at once (default: %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -264,6 +290,21 @@ def build_parser() -> argparse.ArgumentParser:
     bi.add_argument("--no-model", action="store_true", help="only the output path (no model run)")
     bi.add_argument("--repeats", type=int, default=1, help="runs per kind; each median is the smallest")
     bi.add_argument("--json", action="store_true")
+    bss = bsub.add_parser("sessions", help="sessions: multi-turn chat vs re-sending, checkpoint/rollback vs "
+                          "recompute, step latency under batch load, migration")
+    bss.add_argument("--model", default="standard", help="'standard', an embedded name (smollm2-moe) or a path")
+    bss.add_argument("--parts", default="chat,checkpoint,latency,migration", help="comma-separated subset")
+    bss.add_argument("--turns", type=int, default=8)
+    bss.add_argument("--turn-len", type=int, default=64, help="random token ids per user turn")
+    bss.add_argument("--max-tokens", type=int, default=32, help="tokens generated per turn (ignore_eos)")
+    bss.add_argument("--repeats", type=int, default=3, help="chats (fresh user turns each); per-turn medians")
+    bss.add_argument("--contexts", default="256,1024,4096", help="checkpoint part: context lengths")
+    bss.add_argument("--steps", type=int, default=40, help="latency part: session steps per mode")
+    bss.add_argument("--batch-class-steps", type=int, default=None,
+                     help="latency part: steps with the session in the batch class, each waiting behind the "
+                          "batch queue (default: --steps)")
+    bss.add_argument("--threads", type=int, default=1, help="torch threads (default 1: small steps; 0: all CPUs)")
+    bss.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)
 
     d = sub.add_parser("demo", help="R3 rollout with prefix reuse and a replay check")

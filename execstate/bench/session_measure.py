@@ -8,13 +8,15 @@
 - ``step_latency_under_load(llm, ...)``: wall time of interactive session steps (``input_len``
   new tokens, ``max_tokens`` generated) while the engine is saturated with batch requests (every
   sequence slot busy and ``queued`` more waiting), with the session's steps in the interactive
-  priority class or in the batch class; also without any load. p50 / p99 in ms.
+  priority class or in the batch class; also without any load. p50 / p95 / p99 / max in ms and
+  every step's latency (``latencies_ms``).
 
 All offline on one engine, single process; the caller picks the model (``bench/models.py``).
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from dataclasses import replace
@@ -22,10 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from execstate.bench.machine import loadavg_1m
 from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE
 from execstate.session.lm_sessions import LMSessions
+
+log = logging.getLogger(__name__)
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 
@@ -65,19 +70,25 @@ def checkpoint_vs_recompute(llm: LLM, recompute_llm: LLM, context_len: int, repe
 
 def step_latency_under_load(
     llm: LLM, steps: int = 12, input_len: int = 8, max_tokens: int = 8, batch_prompt_len: int = 64,
-    batch_max_tokens: int = 64, queued: int = 8,
+    batch_max_tokens: int = 64, queued: int = 8, batch_class_steps: int | None = None,
 ) -> dict[str, Any]:
     """Interactive session step latency: no load; saturating batch load with the session in the
-    interactive class; the same load with the session in the batch class."""
+    interactive class; the same load with the session in the batch class (``batch_class_steps``
+    steps, default ``steps``: each of its steps waits for the batch queue ahead of it)."""
     eng = llm.engine
     load = _BatchLoad(llm, batch_prompt_len, batch_max_tokens, eng.scheduler.max_num_seqs + queued)
     results: dict[str, Any] = {}
     for mode in ("no_load", "load_interactive", "load_batch_class"):
         priority = PRIORITY_BATCH if mode == "load_batch_class" else PRIORITY_INTERACTIVE
-        lat = _session_steps(llm, f"bench-{mode}", priority, None if mode == "no_load" else load, steps,
+        n = batch_class_steps if mode == "load_batch_class" and batch_class_steps is not None else steps
+        load_before = loadavg_1m()
+        log.info("step latency: %s, %d steps (1-min load %.2f)", mode, n, load_before)
+        lat = _session_steps(llm, f"bench-{mode}", priority, None if mode == "no_load" else load, n,
                              input_len, max_tokens)
         results[mode] = {"p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
-                         "steps": steps, "batch_requests": load.take_count()}
+                         "p95_ms": float(np.percentile(lat, 95)), "max_ms": float(max(lat)),
+                         "latencies_ms": lat, "steps": n, "batch_requests": load.take_count(),
+                         "loadavg_1m_before": load_before}
         load.stop()
     results["workload"] = {"input_len": input_len, "max_tokens": max_tokens, "batch_prompt_len": batch_prompt_len,
                            "batch_max_tokens": batch_max_tokens, "max_num_seqs": eng.scheduler.max_num_seqs,

@@ -345,9 +345,10 @@ class LLMEngine:
 
     def _blocks_held_elsewhere(self) -> bool:
         """True while blocks are held outside running requests (PD exports awaiting pickup,
-        requests waiting for their KV load, blocks fenced after an uncancellable read)."""
+        loads in flight, blocks fenced after an uncancellable read)."""
         pd = self.pd
-        return self.scheduler.num_loading > 0 or (pd is not None and (pd.num_pinned_exports > 0 or bool(pd.fenced_blocks)))
+        return self.scheduler.num_loading > 0 or (pd is not None and (
+            pd.num_pinned_exports > 0 or bool(pd.fenced_blocks) or pd.num_loads_inflight > 0))
 
     def _relieve_holds(self) -> list[RequestOutput]:
         """Nothing runs and the waiting requests do not fit beside the blocks held by sessions and

@@ -36,12 +36,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from execstate.engine.pd_loads import LoadStats, RemoteLoads
 from execstate.engine.request import Request
+from execstate.identity.keys import BlockKey
 from execstate.state.block_pool import BlockId
 from execstate.transfer.bulk import NixlBulk, populate
 from execstate.transfer.checks import kv_layout_of
-from execstate.transfer.control import ControlServer
+from execstate.transfer.control import ControlServer, Release
 from execstate.transfer.errors import TransferError
 from execstate.transfer.exporter import KVExporter
 from execstate.transfer.handoff import Handoff, HandoffTrust, check_allow_list, resolve_secret
@@ -194,25 +197,39 @@ class PDConnector:
         routes = None
         if req.routes is not None and self.cfg.routes_transfer:
             routes = req.routes.rows(0, n_full * bs)
+        handoff = self.export_blocks(req.block_ids[:n_full], req.block_keys[:n_full], routes)
+        return handoff.to_params(self.secret)
+
+    def export_blocks(self, block_ids: list[BlockId], keys: list[BlockKey], routes: np.ndarray | None) -> Handoff:
+        """Export full blocks (pinned until released or the TTL) under a fresh transfer id; the
+        unsigned handoff naming them (``to_params(self.secret)`` signs it). ``routes``: their rows,
+        or None (sent only when this instance transfers routes). Raises TransferError (limits)."""
+        assert self.exporter is not None and self.server is not None, "export on a non-producer"
+        if not self.cfg.routes_transfer:
+            routes = None
         transfer_id = f"{self.instance_id}/{uuid.uuid4().hex}"
+        bs = self.engine.block_size
         try:
-            self.exporter.export(
-                transfer_id, self.exporter.epoch, req.block_ids[:n_full], req.block_keys[:n_full], routes, n_full * bs
-            )
+            self.exporter.export(transfer_id, self.exporter.epoch, block_ids, keys, routes, len(block_ids) * bs)
         except TransferError:
             self.stats.export_failures += 1
             raise
         self.stats.exports += 1
-        handoff = Handoff(
+        return Handoff(
             remote_engine_id=self.instance_id,
             remote_addr=self.server.addr,
             transfer_id=transfer_id,
             epoch=self.exporter.epoch,
-            num_blocks=n_full,
+            num_blocks=len(block_ids),
             block_size=bs,
             expires_at=int(time.time() + self.cfg.ttl_s),
         )
-        return handoff.to_params(self.secret)
+
+    def release_export(self, transfer_id: str) -> None:
+        """Drop an export's pins now (the receiver may not have released it; idempotent)."""
+        if self.exporter is not None:
+            self.exporter.on_release(Release(transfer_id))
+            self.exporter.poll()
 
     def poll(self) -> None:
         """Between steps and while idle: drop released/expired exports, take finished loads and
@@ -221,6 +238,11 @@ class PDConnector:
             self.exporter.poll()
         if self.loads is not None:
             self.loads.poll()
+
+    @property
+    def num_loads_inflight(self) -> int:
+        """Loads queued or running on the transfer thread (requests' and owned ones)."""
+        return self.loads.num_inflight if self.loads is not None else 0
 
     @property
     def num_pinned_exports(self) -> int:

@@ -16,6 +16,12 @@ Limits (request-level errors from ``start_load``, after telling the source to re
 at most ``max_inflight`` loads queued or running, and no new load while ``max_fenced_blocks``
 or more blocks are fenced (so fenced blocks never exceed that bound plus the blocks of the
 loads in flight when it was reached).
+
+Owned loads (:meth:`RemoteLoads.submit_owned`): a load that no request waits for (a session
+migrating in, ``session/migration_target.py``). Same worker, limits, stats and fencing; its
+outcome goes to the owner's callback on the engine thread, with no failure policy applied (the
+owner decides). A fenced load reports ``fenced=True``: its blocks are out of the pool until the
+read ends, whatever the owner frees.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from execstate.engine.kv_cache_manager import ExternalLoad, ExternalLoadError, F
 from execstate.engine.request import Request
 from execstate.identity.keys import BlockKey
 from execstate.state.block_pool import BlockId, BlockPool
+from execstate.transfer.importer import LoadResult
 from execstate.transfer.load_worker import LoadDone, LoadJob, LoadWorker, Reclaimed, ReleaseDone
 
 
@@ -46,6 +53,13 @@ class LoadStats:
 @dataclass
 class _InFlight:
     request: Request
+    dst: list[BlockId]
+    addr: str
+
+
+@dataclass
+class _Owned:
+    on_done: Callable[[LoadResult | None, bool], None]
     dst: list[BlockId]
     addr: str
 
@@ -82,6 +96,7 @@ class RemoteLoads:
         self.on_transfer: Callable[[int, bool, int, float], None] | None = None
         self._ids = itertools.count(1)
         self._inflight: dict[int, _InFlight] = {}
+        self._owned: dict[int, _Owned] = {}
         self._job_of: dict[str, int] = {}
         self._finished: list[FinishedLoad] = []
         self._fences: list[_Fence] = []
@@ -94,8 +109,8 @@ class RemoteLoads:
     def start_load(self, req: Request, first_block: int, keys: list[BlockKey], dst: list[BlockId]) -> None:
         h = req.handoff
         assert h is not None
-        if len(self._inflight) >= self.max_inflight:
-            self._refuse(req, f"{len(self._inflight)} KV loads in flight (max_inflight_transfers={self.max_inflight})")
+        if self.num_inflight >= self.max_inflight:
+            self._refuse(req, f"{self.num_inflight} KV loads in flight (max_inflight_transfers={self.max_inflight})")
         if self.num_fenced_blocks >= self.max_fenced_blocks:
             self._refuse(req, f"{self.num_fenced_blocks} KV blocks fenced after uncancellable reads "
                               f"(max_fenced_blocks={self.max_fenced_blocks})")
@@ -116,6 +131,32 @@ class RemoteLoads:
         if job_id is not None:
             self.worker.cancel(job_id)
 
+    def submit_owned(self, addr: str, transfer_id: str, epoch: int, keys: list[BlockKey], dst: list[BlockId],
+                     need_routes: bool, first_block: int,
+                     on_done: Callable[[LoadResult | None, bool], None]) -> int:
+        """Start a load no request waits for (module docstring); returns its job id.
+
+        ``on_done(result, fenced)`` runs once, on the engine thread (from :meth:`poll`): ``result``
+        None when the load was cancelled before it started, ``fenced`` when a read could not be
+        cancelled (the blocks stay fenced here). Raises ``ExternalLoadError`` over a limit (nothing
+        started; the source is told to release)."""
+        if self.num_inflight >= self.max_inflight:
+            self._refuse_owned(addr, transfer_id, f"{self.num_inflight} KV loads in flight "
+                                                  f"(max_inflight_transfers={self.max_inflight})")
+        if self.num_fenced_blocks >= self.max_fenced_blocks:
+            self._refuse_owned(addr, transfer_id, f"{self.num_fenced_blocks} KV blocks fenced after "
+                                                  f"uncancellable reads (max_fenced_blocks={self.max_fenced_blocks})")
+        job_id = next(self._ids)
+        self._owned[job_id] = _Owned(on_done, list(dst), addr)
+        self.worker.submit_load(LoadJob(job_id, addr, transfer_id, epoch, list(keys), list(dst), need_routes,
+                                        first_block))
+        return job_id
+
+    def cancel_owned(self, job_id: int) -> None:
+        """Skip the owned load if it has not started (its callback then gets ``None``)."""
+        if job_id in self._owned:
+            self.worker.cancel(job_id)
+
     def finished_loads(self) -> list[FinishedLoad]:
         self.poll()
         out, self._finished = self._finished, []
@@ -126,7 +167,9 @@ class RemoteLoads:
     def poll(self) -> None:
         """Take the worker's results: finished loads (kept for ``finished_loads``), reclaimed fences."""
         for item in self.worker.results():
-            if isinstance(item, LoadDone):
+            if isinstance(item, LoadDone) and item.job_id in self._owned:
+                self._on_owned_done(item)
+            elif isinstance(item, LoadDone):
                 self._on_done(item)
             elif isinstance(item, Reclaimed):
                 self._on_reclaimed(item.stuck_id)
@@ -135,7 +178,8 @@ class RemoteLoads:
 
     @property
     def num_inflight(self) -> int:
-        return len(self._inflight)
+        """Loads queued or running: requests' and owned ones."""
+        return len(self._inflight) + len(self._owned)
 
     @property
     def has_finished(self) -> bool:
@@ -157,6 +201,29 @@ class RemoteLoads:
         assert req.handoff is not None
         self.worker.submit_release(req.handoff.remote_addr, req.handoff.transfer_id)  # free P's pins now
         raise ExternalLoadError(f"KV load refused: {why}")
+
+    def _refuse_owned(self, addr: str, transfer_id: str, why: str) -> None:
+        self.stats.refused += 1
+        self.stats.failures += 1
+        self.worker.submit_release(addr, transfer_id)
+        raise ExternalLoadError(f"KV load refused: {why}")
+
+    def _on_owned_done(self, done: LoadDone) -> None:
+        owned = self._owned.pop(done.job_id)
+        res = done.result
+        if res is not None:
+            self.stats.loads += 1
+            self.stats.kv_bytes += res.kv_bytes
+            self.stats.control_bytes += res.control_bytes
+            self.stats.load_seconds += res.elapsed_s
+            if not res.ok or done.stuck:
+                self.stats.failures += 1
+            if self.on_transfer is not None:
+                self.on_transfer(res.kv_bytes, res.ok and not done.stuck, res.control_bytes, res.elapsed_s)
+        if done.stuck:
+            self.block_pool.acquire(owned.dst)  # as for a request's load: out of the pool until the read ends
+            self._fences.append(_Fence(set(done.stuck), list(owned.dst)))
+        owned.on_done(res, bool(done.stuck))
 
     def _on_done(self, done: LoadDone) -> None:
         flight = self._inflight.pop(done.job_id)

@@ -1,8 +1,10 @@
 """The OpenAI-compatible HTTP app: ``build_app(async_engine, served_model_name, ...)``.
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (see those modules),
-``GET /v1/models``, ``GET /health`` (200 ``{"status": "ok"}``, 503 with the reason once
-the engine thread is dead), ``GET /metrics`` (Prometheus text, this app's registry).
+``/v1/sessions...`` (``sessions_http.py``: a minimal session API and session migration),
+the ``/v1/realtime`` WebSocket (``realtime.py``), ``GET /v1/models``, ``GET /health`` (200
+``{"status": "ok"}``, 503 with the reason once the engine thread is dead), ``GET /metrics``
+(Prometheus text, this app's registry).
 Every error is an OpenAI error body (``errors.py``).
 
 ``limits`` (``ServingLimits``) bounds every request: the body size is checked by
@@ -46,6 +48,8 @@ from execstate.serve.protocol import (
     SamplingRequest,
     ignored_fields,
 )
+from execstate.serve.realtime import DEFAULT_GRACE_S, install_realtime
+from execstate.serve.sessions_http import install_session_routes
 from execstate.transfer.handoff import HandoffTrust
 
 STATS_TIMEOUT_S = 5.0
@@ -75,11 +79,13 @@ def build_app(
     kv_transfer_config: KVTransferConfig | None = None,
     limits: ServingLimits | None = None,
     handoff_trust: HandoffTrust | None = None,
+    realtime_grace_s: float = DEFAULT_GRACE_S,
 ) -> FastAPI:
     """An app serving ``async_engine`` under ``served_model_name`` (the only accepted
     ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry,
     ``limits`` to ``ServingLimits()``; ``handoff_trust`` (PD decode side) decides which
-    handoff parameters are accepted."""
+    handoff parameters are accepted; ``realtime_grace_s`` how long a session of a dropped
+    ``/v1/realtime`` connection is kept for ``session.resume`` (``realtime.py``)."""
     limits = limits or ServingLimits()
     ctx = ServeContext(async_engine, served_model_name, metrics or ServingMetrics(), kv_transfer_config, limits,
                        handoff_trust=handoff_trust)
@@ -97,6 +103,8 @@ def build_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return _mark_ignored(await create_chat_completion(ctx, body, request), body)
+
+    install_realtime(app, ctx, realtime_grace_s)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -122,4 +130,5 @@ def build_app(
         ctx.metrics.set_engine_stats(stats, async_engine.is_healthy)
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    install_session_routes(app, ctx, api_key)  # /v1/sessions...: minimal session API and migration
     return app

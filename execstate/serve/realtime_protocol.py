@@ -5,24 +5,31 @@ OpenAI Realtime API. Every client message has a ``type`` and may carry an ``even
 server echoes in the ``error`` it causes (for ``event.submit`` the ``event_id`` is required and
 is the session event id: a non-negative int, strictly increasing per session).
 
-Client -> server:
+Client -> server (each answered as ``docs/realtime.md`` says: an acknowledgement, a response, or
+an ``error``):
 
 ============================  ======================================================================
-``session.create``            open a session: ``session: {id?, sampling?, max_tokens?, return_routes?}``
-``session.resume``            reattach to a session kept for the grace period: ``session_id``
+``session.create``            open a session: ``session: {id?, sampling?, max_tokens?, return_routes?,
+                              priority?, cache_salt?}``
+``session.resume``            reattach to a session no live connection holds: ``session_id``
+``session.get``               the session's info, context token ids (and route rows when asked)
 ``event.submit``              queue an event: ``event_id``, ``kind``, ``data`` (applied at the next step)
-``response.create``           step: ``input?`` ({"token_ids": [...]} or {"text": ...}), ``max_tokens?``
+``response.create``           step: ``input?`` ({"token_ids": [...]} or {"text": ...}), ``max_tokens?``,
+                              ``return_routes?``, ``reprefill?``
 ``response.cancel``           stop the step in progress (its ``response.done`` says ``cancelled``)
 ``session.checkpoint``        pin the session's state now; answered with ``session.checkpointed``
 ``session.rollback``          back to ``checkpoint_id``; answered with ``session.rolled_back``
+``session.reset``             back to the newest checkpoint (the way out of FAILED); ``session.reset_done``
+``checkpoint.release``        release ``checkpoint_id``; ``checkpoint.released``
 ``session.fork``              a new session from ``checkpoint_id`` (or now); ``session.forked``
 ``session.close``             release everything; ``session.closed``
 ============================  ======================================================================
 
-Server -> client: ``session.created``, ``session.resumed``, ``event.accepted``,
+Server -> client: ``session.created``, ``session.resumed``, ``session.info``, ``event.accepted``,
 ``response.created``, ``response.delta`` (new token ids and text), ``response.done`` (the step's
 metadata; its route rows as base64 ``.npy`` when asked), ``session.checkpointed``,
-``session.rolled_back``, ``session.forked``, ``session.closed``, and ``error``
+``session.rolled_back``, ``session.reset_done``, ``checkpoint.released``, ``session.forked``,
+``session.closed``, and ``error``
 (``{"type": "error", "event_id": <the offending message's>, "error": {"type", "code", "message"}}``).
 
 ``parse_client_message`` turns a frame into a typed message or raises :class:`ProtocolError`
@@ -58,12 +65,16 @@ class _Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, omit_de
 class SessionConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """``session.create``'s ``session``: a client-chosen id (else generated), sampling fields with
     vLLM's names (temperature, top_p, top_k, min_p, seed, penalties, stop...), the default
-    ``max_tokens`` of a step, and whether ``response.done`` carries the step's route rows."""
+    ``max_tokens`` of a step, whether ``response.done`` carries the step's route rows, the
+    scheduling class (``priority``: 1 interactive, the default; 0 batch) and the tenant
+    ``cache_salt`` (as the HTTP API's)."""
 
     id: str | None = None
     sampling: dict[str, Any] = msgspec.field(default_factory=dict)
     max_tokens: int | None = None
     return_routes: bool = False
+    priority: int | None = None
+    cache_salt: str | None = None
 
 
 class SessionCreate(_Msg, tag="session.create"):
@@ -73,6 +84,10 @@ class SessionCreate(_Msg, tag="session.create"):
 
 class SessionResume(_Msg, tag="session.resume"):
     session_id: str
+    event_id: int | str | None = None
+
+
+class SessionGet(_Msg, tag="session.get"):
     event_id: int | str | None = None
 
 
@@ -86,6 +101,7 @@ class ResponseCreate(_Msg, tag="response.create"):
     input: dict[str, Any] | None = None
     max_tokens: int | None = None
     return_routes: bool | None = None
+    reprefill: bool = False
     event_id: int | str | None = None
 
 
@@ -102,6 +118,15 @@ class SessionRollback(_Msg, tag="session.rollback"):
     event_id: int | str | None = None
 
 
+class SessionReset(_Msg, tag="session.reset"):
+    event_id: int | str | None = None
+
+
+class CheckpointRelease(_Msg, tag="checkpoint.release"):
+    checkpoint_id: str
+    event_id: int | str | None = None
+
+
 class SessionFork(_Msg, tag="session.fork"):
     checkpoint_id: str | None = None
     session_id: str | None = None  # the new session's id (else generated)
@@ -113,8 +138,8 @@ class SessionClose(_Msg, tag="session.close"):
 
 
 ClientMessage = (
-    SessionCreate | SessionResume | EventSubmit | ResponseCreate | ResponseCancel | SessionCheckpoint
-    | SessionRollback | SessionFork | SessionClose
+    SessionCreate | SessionResume | SessionGet | EventSubmit | ResponseCreate | ResponseCancel | SessionCheckpoint
+    | SessionRollback | SessionReset | CheckpointRelease | SessionFork | SessionClose
 )
 CLIENT_TYPES = tuple(sorted(t.__struct_config__.tag for t in ClientMessage.__args__))  # type: ignore[attr-defined]
 _DECODER = msgspec.json.Decoder(ClientMessage)
@@ -163,3 +188,8 @@ def error_event(code: str, message: str, event_id: ClientEventId = None, kind: s
     if param is not None:
         err["param"] = param
     return {"type": "error", "event_id": event_id, "error": err}
+
+
+def type_of(msg: ClientMessage) -> str:
+    """The message's ``type`` (its tag)."""
+    return msg.__struct_config__.tag  # type: ignore[return-value]

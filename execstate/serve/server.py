@@ -141,6 +141,7 @@ def run_server(args: argparse.Namespace) -> int:
     import uvicorn
 
     from execstate.serve.app import build_app
+    from execstate.serve.realtime import MAX_FRAME_BYTES
     from execstate.serve.startup_log import StartupInfo, log_startup
 
     t0 = time.perf_counter()
@@ -153,11 +154,12 @@ def run_server(args: argparse.Namespace) -> int:
         name = args.served_model_name or str(args.model)
         app = build_app(
             async_engine, name, api_key=args.api_key, metrics=metrics, kv_transfer_config=kv_cfg, limits=limits,
-            handoff_trust=trust,
+            handoff_trust=trust, realtime_grace_s=args.realtime_grace_s,
         )
         elapsed = time.perf_counter() - t0  # read on the engine thread, the engine's only user:
         async_engine.call(lambda engine: log_startup(StartupInfo(engine, args, kv_cfg, elapsed, limits)))
-        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
+        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                                               ws_max_size=MAX_FRAME_BYTES))
         return serve_until_engine_dies(server, async_engine)
     finally:
         async_engine.shutdown()

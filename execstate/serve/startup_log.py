@@ -118,6 +118,13 @@ def pd_line(i: StartupInfo) -> str:
     return ", ".join(parts)
 
 
+def sessions_line(info: StartupInfo) -> str:
+    cfg = info.engine.config
+    return (f"at most {cfg.max_sessions} (eviction: {cfg.session_eviction or 'none'}), {cfg.max_session_events} "
+            f"pending events each; /v1/realtime keeps a dropped connection's sessions "
+            f"{info.args.realtime_grace_s:g} s")
+
+
 FIELDS: list[tuple[str, Callable[[StartupInfo], str]]] = [
     ("model", model_line),
     ("architecture", architecture_line),
@@ -137,6 +144,7 @@ FIELDS: list[tuple[str, Callable[[StartupInfo], str]]] = [
     ("served name", lambda i: i.args.served_model_name or str(i.args.model)),
     ("listening on", lambda i: f"http://{i.args.host}:{i.args.port}"),
     ("API key", lambda i: "required" if i.args.api_key else "off"),
+    ("sessions", lambda i: sessions_line(i)),
     ("start-up", lambda i: f"{i.startup_seconds:.1f} s (engine {i.engine.startup_seconds:.1f} s)"),
 ]
 

@@ -73,8 +73,14 @@ class AsyncSessions:
         return await self._on_engine(lambda s: s.submit_event(session_id, event_id, kind, data))
 
     async def step(self, session_id: str, input: list[int] | str | None = None, max_tokens: int | None = None,
-                   reprefill: bool = False) -> AsyncIterator[StepDelta | StepResult]:
-        """Submit ``input`` (if any) and run one step: yields ``StepDelta``s, then the ``StepResult``."""
+                   reprefill: bool = False, on_start: Callable[[int, dict[str, list[int]]], None] | None = None,
+                   ) -> AsyncIterator[StepDelta | StepResult]:
+        """Submit ``input`` (if any) and run one step: yields ``StepDelta``s, then the ``StepResult``.
+
+        ``on_start(step_index, events)`` is called on the caller's event loop once the step has
+        begun (its boundary drained the pending events), before its first delta; a step refused
+        at its start raises before it is called."""
+        loop = asyncio.get_running_loop()
         if isinstance(input, str):
             first = await self._on_engine(lambda s: s.first_input(session_id))
             data = await asyncio.to_thread(pretokenize, INPUT, {"text": input, "add_special_tokens": first},
@@ -85,6 +91,8 @@ class AsyncSessions:
         def start(eng: LLMEngine) -> str:
             handle = LMSessions.of(eng).start_step(session_id, input, max_tokens, reprefill, stream=True)
             handles.append(handle)
+            if on_start is not None:  # scheduled before any output of the request can be delivered
+                loop.call_soon_threadsafe(on_start, handle.step_index, handle.events)
             return handle.request_id
 
         async for out in self.engine.stream(start):

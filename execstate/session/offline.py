@@ -6,6 +6,7 @@
     s.submit_event(event_id=7, kind="input", data={"token_ids": [4, 5]})   # applied at the next step
     cp = s.checkpoint(); s.rollback(cp); f = s.fork(cp)  # fork(None): at the current step
     s.reset(); s.close()
+    s2 = s.migrate(other_llm)                            # session/migration.py; s is closed then
 
 ``step`` drives ``engine.step()`` until the step's request finished; other requests in the engine
 progress in the same steps (their outputs go to ``on_output`` when given). A refused call raises
@@ -112,6 +113,14 @@ class Session:
 
     def reset(self) -> None:
         self._sessions.reset(self.session_id)
+
+    def migrate(self, target: Any, timeout_s: float = 30.0) -> Session:
+        """Move this session to ``target`` (an ``LLM`` or ``LLMEngine`` in this process; both need
+        PD connectors: ``session/migration.py``) and return its handle there (same id); this one
+        is closed. ``MigrationError`` leaves this session as it was, serving."""
+        from execstate.session.migration import migrate_session
+
+        return migrate_session(self, target, timeout_s).session
 
     def close(self) -> None:
         self._sessions.close(self.session_id)

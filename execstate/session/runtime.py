@@ -11,11 +11,15 @@ Status machine (every other call raises :class:`SessionEventError` with the stat
                          STEPPING --end_step(failed)--> FAILED  (never retried in place)
     OPEN | FAILED --reset--> OPEN      (to the newest live checkpoint, else the origin)
     OPEN | FAILED --evict--> EVICTED   (the manager's capacity policy; idle sessions only)
+    OPEN --begin_migration--> MIGRATING --end_migration--> OPEN   (moved elsewhere: then closed)
     any --close--> CLOSED              (idempotent)
 
 - Calls allowed per status: ``submit_event`` in OPEN and STEPPING (queued for the next
   boundary); ``begin_step``, ``checkpoint``, ``rollback``, ``fork`` in OPEN; ``reset`` in OPEN and
-  FAILED; ``close`` always. Refusals: ``busy`` (STEPPING), ``failed``, ``evicted``, ``closed``.
+  FAILED; ``close`` always. Refusals: ``busy`` (STEPPING, MIGRATING), ``failed``, ``evicted``,
+  ``closed``. While MIGRATING (its state is being sent to another instance,
+  ``session/migration_source.py``) every call but ``close`` is refused, so the state sent is the
+  state left behind.
 - ``step_index`` counts completed steps: the first step is step 1; a checkpoint taken after k
   steps has ``step_index == k`` and rolling back to it re-runs steps k+1, ... .
 - ``event_epoch`` advances by one at each boundary that applies at least one event, and on every
@@ -52,10 +56,11 @@ class SessionStatus(enum.Enum):
     FAILED = "failed"
     CLOSED = "closed"
     EVICTED = "evicted"
+    MIGRATING = "migrating"
 
 
 _REFUSAL = {SessionStatus.STEPPING: "busy", SessionStatus.FAILED: "failed", SessionStatus.CLOSED: "closed",
-            SessionStatus.EVICTED: "evicted"}
+            SessionStatus.EVICTED: "evicted", SessionStatus.MIGRATING: "busy"}
 
 
 class Saved(Protocol):
@@ -107,7 +112,7 @@ class SessionRuntime:
     engine thread, or the offline caller) serialises every call."""
 
     def __init__(self, session_id: str, state: KindState, events: EventQueue, branch_id: str,
-                 step_index: int = 0, event_epoch: int = 0) -> None:
+                 step_index: int = 0, event_epoch: int = 0, max_event_epoch: int | None = None) -> None:
         self.session_id = session_id
         self.state = state
         self.events = events
@@ -115,7 +120,8 @@ class SessionRuntime:
         self.status = SessionStatus.OPEN
         self.step_index = step_index
         self.event_epoch = event_epoch
-        self._max_epoch = event_epoch
+        # the highest epoch this session (on any instance) had: the next fresh epoch is above it
+        self._max_epoch = event_epoch if max_event_epoch is None else max(event_epoch, max_event_epoch)
         self.last_active = 0  # the manager's clock at the last step (LRU eviction)
         self.error: str | None = None  # why the session failed or was evicted
         self._checkpoints: dict[str, Checkpoint] = {}
@@ -184,6 +190,22 @@ class SessionRuntime:
         else:
             self.status = SessionStatus.FAILED
             self.error = error or "the step failed"
+
+    @property
+    def max_event_epoch(self) -> int:
+        """The highest epoch this session had (a migration carries it along)."""
+        return self._max_epoch
+
+    def begin_migration(self) -> None:
+        """OPEN -> MIGRATING: every call but ``close`` is refused until ``end_migration``."""
+        self.require(SessionStatus.OPEN)
+        self.status = SessionStatus.MIGRATING
+
+    def end_migration(self) -> None:
+        """MIGRATING -> OPEN (the migration failed, or it succeeded and the caller closes next);
+        a session closed meanwhile stays closed."""
+        if self.status is SessionStatus.MIGRATING:
+            self.status = SessionStatus.OPEN
 
     def fail(self, code: str, message: str) -> SessionEventError:
         """Move an OPEN session to FAILED (e.g. its state became stale) and return the error to raise."""

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from execstate.serve.realtime_protocol import (
     CLIENT_TYPES,
     MAX_MESSAGE_BYTES,
+    CheckpointRelease,
     EventSubmit,
     ProtocolError,
     ResponseCreate,
@@ -19,13 +20,14 @@ from execstate.serve.realtime_protocol import (
     SessionRollback,
     error_event,
     parse_client_message,
+    type_of,
 )
 
 
 def test_every_client_type_parses():
     assert set(CLIENT_TYPES) == {"session.create", "session.resume", "event.submit", "response.create",
                                  "response.cancel", "session.checkpoint", "session.rollback", "session.fork",
-                                 "session.close"}
+                                 "session.close", "session.get", "session.reset", "checkpoint.release"}
     m = parse_client_message('{"type": "session.create", "event_id": "c1", "session": {"id": "s", '
                              '"sampling": {"temperature": 0.5}, "max_tokens": 4, "return_routes": true}}')
     assert isinstance(m, SessionCreate) and m.event_id == "c1"
@@ -35,6 +37,14 @@ def test_every_client_type_parses():
     m = parse_client_message('{"type": "response.create", "input": {"text": "hi"}, "max_tokens": 3}')
     assert isinstance(m, ResponseCreate) and m.input == {"text": "hi"} and m.max_tokens == 3
     assert parse_client_message('{"type": "session.rollback", "checkpoint_id": "cp-1"}') == SessionRollback("cp-1")
+    m = parse_client_message('{"type": "session.create", "session": {"priority": 0, "cache_salt": "t1"}}')
+    assert (m.session.priority, m.session.cache_salt) == (0, "t1")
+    m = parse_client_message('{"type": "response.create", "reprefill": true, "return_routes": false}')
+    assert (m.reprefill, m.return_routes) == (True, False)
+    assert parse_client_message('{"type": "checkpoint.release", "checkpoint_id": "cp-2", "event_id": 1}') == \
+        CheckpointRelease("cp-2", 1)
+    assert type_of(parse_client_message('{"type": "session.reset"}')) == "session.reset"
+    assert type_of(parse_client_message('{"type": "session.get", "event_id": "g"}')) == "session.get"
 
 
 @pytest.mark.parametrize(
@@ -49,6 +59,8 @@ def test_every_client_type_parses():
         ('{"type": "session.rollback", "event_id": 5}', "invalid_message", 5),  # checkpoint_id missing
         ('{"type": "response.create", "event_id": 9, "maxtokens": 3}', "invalid_message", 9),  # typo: not ignored
         ('{"type": "response.create", "event_id": true}', "invalid_message", None),
+        ('{"type": "checkpoint.release", "event_id": "r"}', "invalid_message", "r"),  # checkpoint_id missing
+        ('{"type": "session.create", "event_id": 4, "session": {"priority": "high"}}', "invalid_message", 4),
     ],
 )
 def test_malformed_frames_are_errors_with_a_code(frame, code, event_id):

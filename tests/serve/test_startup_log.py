@@ -81,6 +81,11 @@ def test_every_line_of_a_moe_server(model_dir: Path) -> None:
     assert lines["served name"] == "tiny"
     assert lines["listening on"] == "http://127.0.0.1:8123"
     assert lines["API key"] == "required"
+    assert lines["sessions"] == ("at most 64 (eviction: none), 64 pending events each; /v1/realtime keeps a dropped "
+                                 "connection's sessions 0 s")
+    assert lines_of(model_dir, "--max-sessions", "3", "--session-eviction", "lru", "--realtime-grace-s", "2.5")[
+        "sessions"] == "at most 3 (eviction: lru), 64 pending events each; /v1/realtime keeps a dropped connection's " \
+        "sessions 2.5 s"
     assert lines["start-up"].startswith("1.2 s (engine ") and lines["start-up"].endswith(" s)")
     assert SECRET not in "\n".join(lines.values())
 
