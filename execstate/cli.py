@@ -230,9 +230,9 @@ def _add_world_options(s: argparse.ArgumentParser) -> None:
     g.add_argument("--world-max-sessions", type=int, default=8,
                    help="resident world sessions at most; beyond it session.start is refused (code capacity) "
                         "(default: %(default)s)")
-    g.add_argument("--world-session-memory", type=_size, default=16 << 20,
+    g.add_argument("--world-session-memory", type=_size, default=4 << 20,
                    help="K/V memory budget of one world session (bytes, or a size such as 16MiB); a session or "
-                        "checkpoint beyond it is refused (code memory_budget) (default: 16MiB)")
+                        "checkpoint beyond it is refused (code budget) (default: 4MiB)")
     g.add_argument("--world-fps", type=float, default=16.0,
                    help="a world session's target frame rate unless session.start sets fps; 0: as fast as "
                         "possible (default: %(default)s)")

@@ -2,28 +2,31 @@
 
 The endpoint (``world_ws.py``) feeds every client frame to ``handle`` in arrival order; ``emit``
 sends a JSON event, ``emit_chunk`` a chunk's ``video.chunk_metadata`` and its binary frame back to
-back (one writer: nothing interleaves). Contract:
+back (one writer: nothing interleaves). The session itself is the runtime's (``world_driver.py``):
+events are submitted to it as they arrive and it applies them at the next chunk boundary. Contract:
 
 - Every client message gets an answer carrying its ``event_id``: ``video.start``,
   ``session.interaction.queued`` (also for ``key.down``/``key.up``), ``session.paused``,
   ``session.resumed``, ``session.checkpointed``, ``session.rolled_back``, ``checkpoint.released``,
   ``session.pong``, ``session.done``, or an ``error`` with a code (the connection stays open).
+- Client event ids (strings) name the events in the chunks' ``started``/``active``/``completed``
+  lists; the runtime's own ids (ints, in arrival order) never leave the server.
 - After ``video.start`` the session's *stepper* task streams chunks: chunk 0 at once, then one
   chunk per ``F / fps`` seconds, at most one chunk ahead of real time (``fps: 0``: back to back).
-  Events are applied at the boundary before each step (``world_events.py``): an event that
-  arrives while a step runs is applied at the next one. A chunk later than its real-time slot by
-  more than one chunk's duration is reported with ``session.behind`` (``behind_ms``: how late; at
-  most once a second while behind); every chunk's metadata carries ``behind_ms``.
+  An event that arrives while a step runs applies at the next one. A chunk later than its
+  real-time slot by more than one chunk's duration is reported with ``session.behind``
+  (``behind_ms``: how late; at most once a second while behind); every chunk carries ``behind_ms``.
 - Pause takes effect at the next boundary (the step in progress is delivered); the real-time clock
   stops while paused. ``session.stop`` lets the step in progress finish, then ``session.done``.
 - Checkpoint, rollback and release run between steps (they wait for the step in progress).
 - A failed step ends the session: ``error`` (``step_failed``) then ``session.done``.
-- ``close()`` (the socket is gone): the stepper stops after its step, the session is released.
+- ``close()`` (the socket is gone): the stepper stops after its step, the session is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -35,9 +38,8 @@ from typing import Any
 import numpy as np
 
 from execstate.serve.world_convert import StartConfig, chunk_metadata, interaction_parts, start_config
-from execstate.serve.world_driver import WorldCapacityError, WorldDriver, WorldHost
-from execstate.serve.world_encode import EncodedChunk, encode_chunk
-from execstate.serve.world_events import Boundary, BoundaryEvents
+from execstate.serve.world_driver import WorldHost
+from execstate.serve.world_encode import encode_chunk
 from execstate.serve.world_protocol import (
     CheckpointRelease,
     KeyDown,
@@ -56,10 +58,12 @@ from execstate.serve.world_protocol import (
     type_of,
 )
 from execstate.serve.world_state import Phase, WorldConnState
+from execstate.session.events import SessionEventError
 
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
 EmitChunk = Callable[[dict[str, Any], bytes], Awaitable[None]]
 BEHIND_REPORT_S = 1.0
+ID_MEMORY = 4096  # client event ids remembered per session (a reused one: event_id_conflict)
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +72,10 @@ logger = logging.getLogger(__name__)
 class _Live:
     """One running session of this connection."""
 
-    driver: WorldDriver
+    session_id: str
     cfg: StartConfig
-    events: BoundaryEvents
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # driver use: one at a time
+    start_frames: np.ndarray | None  # chunk 0, sent first (None: the first step generates)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # steps and checkpoint ops: one at a time
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # pause/resume/stop changed
     paused: bool = False
     stopping: bool = False
@@ -81,6 +85,12 @@ class _Live:
     paused_at: float | None = None
     behind_reported_at: float | None = None
     task: asyncio.Task[None] | None = None
+    next_id: int = 0  # the runtime's event ids
+    client_ids: dict[int, str] = field(default_factory=dict)  # runtime id -> client id, until completed
+    prompts: dict[int, str] = field(default_factory=dict)  # runtime id of a prompt event -> its text
+    seen: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=ID_MEMORY))
+    held: str | None = None  # the key held once every submitted event applies
+    held_at: dict[str, str | None] = field(default_factory=dict)  # checkpoint id -> held then
 
 
 class WorldConnection:
@@ -117,7 +127,7 @@ class WorldConnection:
             await self._handlers[type(msg)](msg)
         except WorldProtocolError as e:
             await self.emit(error_event(e.code, e.message, e.event_id, self.request_id))
-        except WorldCapacityError as e:
+        except SessionEventError as e:  # the runtime's refusal (invalid, capacity, budget, backpressure...)
             await self.emit(error_event(e.code, e.message, event_id, self.request_id))
         except Exception as e:  # a bug: reported to this client; the connection and the server go on
             logger.exception("world: unexpected error handling a message")
@@ -128,31 +138,36 @@ class WorldConnection:
             await self.emit(error_event(error.code, error.message, error.event_id, self.request_id))
 
     async def close(self) -> None:
-        """The socket is gone: stop the stepper after its step and release the session."""
+        """The socket is gone: stop the stepper after its step and close the session."""
         self.state.gone()
         await self._end_session()
 
     # -- session life -------------------------------------------------------------------------------
     async def _start(self, msg: SessionStart) -> None:
-        spec = self.host.model.spec
+        spec = self.host.spec
         cfg = start_config(msg, spec, self.host.model_name, self.host.default_fps)
+        t0 = time.perf_counter()
         try:
-            driver = await self.host.run(self.host.open, cfg.seed, cfg.prompt, cfg.window_chunks)
-        except ValueError as e:
-            raise WorldProtocolError("invalid_message", f"session.start: {e}", msg.event_id) from None
-        live = _Live(driver, cfg, BoundaryEvents(spec.keys))
+            info, frames = await self.host.open(cfg.prompt, cfg.seed, cfg.start, cfg.window_chunks)
+        except SessionEventError as e:
+            if e.code == "capacity":  # name the server's option
+                raise SessionEventError(e.code, f"{e.message} (this server: --world-max-sessions "
+                                        f"{self.host.max_sessions})") from None
+            raise
+        live = _Live(info.session_id, cfg, frames)
         self.live = live
-        self.state.started(driver.session_id)
+        self.state.started(info.session_id)
         h, w, c = spec.frame_shape
-        await self.emit({"type": "video.start", "request_id": driver.session_id, "event_id": msg.event_id,
+        await self.emit({"type": "video.start", "request_id": info.session_id, "event_id": msg.event_id,
                          "format": cfg.format, "config": {
                              "model": self.host.model_name, "prompt": cfg.prompt, "seed": cfg.seed, "fps": cfg.fps,
                              "width": w, "height": h, "channels": c, "frames_per_chunk": spec.frames_per_chunk,
                              "num_inference_steps": len(spec.schedule), "keys": list(spec.keys[1:]),
                              "start": cfg.start, "num_frames": cfg.num_frames,
-                             "window_chunks": driver.rollout.window.window_chunks,
-                             "memory_bytes": driver.memory_bytes, "weights_version": spec.weights_version}})
-        live.task = asyncio.create_task(self._stepper(live, time.perf_counter()))
+                             "window_chunks": cfg.window_chunks or spec.max_window_chunks,
+                             "memory_bytes": self.host.session_memory_bytes, "budget_blocks": info.budget_blocks,
+                             "weights_version": spec.weights_version}})
+        live.task = asyncio.create_task(self._stepper(live, t0))
 
     async def _stop(self, msg: SessionStop) -> None:
         await self._end_session(msg.event_id, stopped=True)
@@ -169,7 +184,7 @@ class WorldConnection:
             return  # the stepper ended it meanwhile
         self.live = None
         async with live.lock:
-            self.host.close(live.driver)
+            await self.host.close(live.session_id)
         rid = self.request_id
         self.state.done()
         if self.state.phase is not Phase.GONE:
@@ -177,38 +192,79 @@ class WorldConnection:
                              "frames": live.frames, "stopped": stopped})
 
     # -- events -------------------------------------------------------------------------------------
-    def _eid(self, given: Any) -> str:
-        return str(given) if given is not None else f"ev-{next(self._ids)}"
+    def _client_id(self, live: _Live, given: Any) -> str:
+        eid = str(given) if given is not None else f"ev-{next(self._ids)}"
+        if eid in live.seen:
+            raise WorldProtocolError("event_id_conflict", f"event id {eid!r} was used before in this session",
+                                     given)
+        return eid
 
-    async def _queued(self, event_id: Any, client_event_id: Any, **fields: Any) -> None:
-        await self.emit({"type": "session.interaction.queued", "request_id": self.request_id,
-                         "event_id": event_id, **({"client_event_id": client_event_id}
-                                                  if client_event_id is not None and str(client_event_id) != event_id
-                                                  else {}), **fields})
+    async def _submit(self, live: _Live, client_id: str, kind: str, data: Any) -> int:
+        rid = live.next_id
+        await self.host.submit(live.session_id, rid, kind, data)  # refused: nothing was queued
+        live.next_id += 1
+        live.seen.append(client_id)
+        live.client_ids[rid] = client_id
+        return rid
+
+    async def _queued(self, event_id: str, client_event_id: Any, **fields: Any) -> None:
+        extra = {"client_event_id": client_event_id} if client_event_id is not None and str(
+            client_event_id) != event_id else {}
+        await self.emit({"type": "session.interaction.queued", "request_id": self.request_id, "event_id": event_id,
+                         **extra, **fields})
 
     async def _interaction(self, msg: SessionInteraction) -> None:
         live = self._live()
-        parts = interaction_parts(msg, self.host.model.spec, self._eid(None))
-        live.events.interaction(parts.event_id, parts.keys, parts.prompt)
-        await self._queued(parts.event_id, msg.event_id)
+        parts = interaction_parts(msg, self.host.spec, f"ev-{next(self._ids)}")
+        eid = self._client_id(live, parts.event_id)
+        events: list[dict[str, Any]] = []
+        held = live.held
+        if parts.keys is not None:
+            if len(parts.keys) > 1:
+                raise WorldProtocolError("unsupported_interaction_schema", "this world holds one key at a time; an "
+                                         f"action lists at most one key, got {parts.keys}", eid)
+            if parts.keys:
+                events.append({"kind": "key", "data": {"key": parts.keys[0], "down": True}})
+                held = parts.keys[0]
+            elif held is not None:
+                events.append({"kind": "key", "data": {"key": held, "down": False}})
+                held = None
+        if parts.prompt is not None:
+            events.append({"kind": "prompt", "data": {"text": parts.prompt}})
+        if not events:
+            raise WorldProtocolError("invalid_message", "the interaction changes nothing (no key is held)", eid)
+        if len(events) == 1:
+            rid = await self._submit(live, eid, events[0]["kind"], events[0]["data"])
+        else:
+            rid = await self._submit(live, eid, "composite", {"events": events})
+        if parts.prompt is not None:
+            live.prompts[rid] = parts.prompt
+        live.held = held
+        await self._queued(eid, msg.event_id)
 
     async def _key_down(self, msg: KeyDown) -> None:
-        eid = self._eid(msg.event_id)
-        self._live().events.key_down(eid, msg.key)
+        live = self._live()
+        eid = self._client_id(live, msg.event_id)
+        await self._submit(live, eid, "key", {"key": msg.key, "down": True})
+        live.held = msg.key
         await self._queued(eid, None, key=msg.key, down=True)
 
     async def _key_up(self, msg: KeyUp) -> None:
-        eid = self._eid(msg.event_id)
-        ends = self._live().events.key_up(eid, msg.key)
-        await self._queued(eid, None, key=msg.key, down=False, ends_event_id=ends)
+        live = self._live()
+        eid = self._client_id(live, msg.event_id)
+        if live.held != msg.key:
+            raise WorldProtocolError("key_not_held", f"key.up for {msg.key!r}, which is not held (held: "
+                                     f"{live.held!r}; a key.down of another key releases the one held)", msg.event_id)
+        await self._submit(live, eid, "key", {"key": msg.key, "down": False})
+        live.held = None
+        await self._queued(eid, None, key=msg.key, down=False)
 
     async def _pause(self, msg: SessionPause) -> None:
         live = self._live()
         live.paused, live.paused_at = True, time.perf_counter()
         live.wake.set()
         self.state.paused()
-        await self.emit({"type": "session.paused", "request_id": self.request_id, "event_id": msg.event_id,
-                         "next_chunk_index": live.driver.step_index})
+        await self.emit({"type": "session.paused", "request_id": self.request_id, "event_id": msg.event_id})
 
     async def _resume(self, msg: SessionResume) -> None:
         live = self._live()
@@ -226,32 +282,27 @@ class WorldConnection:
     async def _checkpoint(self, msg: SessionCheckpoint) -> None:
         live = self._live()
         async with live.lock:
-            cp = await self.host.run(live.driver.checkpoint)
-            index = live.driver.step_index
+            cp = await self.host.checkpoint(live.session_id)
+            info = await self.host.info(live.session_id)
+        live.held_at[cp] = live.held
         await self.emit({"type": "session.checkpointed", "request_id": self.request_id, "event_id": msg.event_id,
-                         "checkpoint_id": cp, "next_chunk_index": index})
+                         "checkpoint_id": cp, "step_index": info.step_index, "blocks_in_use": info.blocks_in_use})
 
     async def _rollback(self, msg: SessionRollback) -> None:
         live = self._live()
         async with live.lock:
-            await self._with_checkpoint(live.driver.rollback, msg.checkpoint_id, msg.event_id)
-            index = live.driver.step_index
+            info = await self.host.rollback(live.session_id, msg.checkpoint_id)
+        live.held = live.held_at.get(msg.checkpoint_id, info.held_key)
         await self.emit({"type": "session.rolled_back", "request_id": self.request_id, "event_id": msg.event_id,
-                         "checkpoint_id": msg.checkpoint_id, "next_chunk_index": index})
+                         "checkpoint_id": msg.checkpoint_id, "step_index": info.step_index})
 
     async def _release(self, msg: CheckpointRelease) -> None:
         live = self._live()
         async with live.lock:
-            await self._with_checkpoint(live.driver.release, msg.checkpoint_id, msg.event_id)
+            await self.host.release(live.session_id, msg.checkpoint_id)
+        live.held_at.pop(msg.checkpoint_id, None)
         await self.emit({"type": "checkpoint.released", "request_id": self.request_id, "event_id": msg.event_id,
                          "checkpoint_id": msg.checkpoint_id})
-
-    async def _with_checkpoint(self, fn: Callable[[str], None], cp_id: str, event_id: Any) -> None:
-        try:
-            await self.host.run(fn, cp_id)
-        except KeyError:
-            raise WorldProtocolError("unknown_checkpoint", f"no checkpoint {cp_id!r} in this session",
-                                     event_id) from None
 
     def _live(self) -> _Live:
         assert self.live is not None  # check() let the message through
@@ -259,7 +310,7 @@ class WorldConnection:
 
     # -- the stepper --------------------------------------------------------------------------------
     async def _stepper(self, live: _Live, started_at: float) -> None:
-        period = live.driver.frames_per_chunk / live.cfg.fps if live.cfg.fps > 0 else 0.0
+        period = self.host.spec.frames_per_chunk / live.cfg.fps if live.cfg.fps > 0 else 0.0
         failed = False
         try:
             while not live.stopping:
@@ -276,30 +327,64 @@ class WorldConnection:
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(live.wake.wait(), delay)
                         continue
-                await self._one_chunk(live, period, started_at)
-        except Exception as e:  # the step failed: this session ends, the server goes on
+                try:
+                    await self._one_chunk(live, period, started_at)
+                except SessionEventError as e:
+                    if e.code != "budget" or live.stopping:
+                        raise
+                    await self._pause_for_budget(live, e)
+        except SessionEventError as e:
+            if not live.stopping:
+                failed = True
+                await self.emit(error_event("step_failed", f"{e.code}: {e.message}", None, self.request_id))
+        except Exception as e:  # a bug: this session ends, the server goes on
             logger.exception("world: step failed")
             failed = True
             await self.emit(error_event("step_failed", f"the step failed: {e!r}", None, self.request_id))
         if not live.stopping:
             await self._end_session(None, stopped=failed)
 
+    async def _pause_for_budget(self, live: _Live, e: SessionEventError) -> None:
+        """The next step would hold more K/V than the session's budget (checkpoints pin chunks):
+        nothing ran; the session pauses until the client releases a checkpoint and resumes."""
+        await self.emit(error_event("budget", e.message, None, self.request_id))
+        if not live.paused:
+            live.paused, live.paused_at = True, time.perf_counter()
+            self.state.paused()
+            await self.emit({"type": "session.paused", "request_id": self.request_id, "event_id": None,
+                             "reason": "budget"})
+
     async def _one_chunk(self, live: _Live, period: float, started_at: float) -> None:
+        spec = self.host.spec
         async with live.lock:
-            index = live.driver.step_index
-            boundary = live.events.boundary() if index > 0 else Boundary(0, None, (), (), ())
-            frames, enc, step_ms, encode_ms = await self.host.run(_compute, live.driver, live.cfg, boundary, index)
-            version = live.driver.prompt_version
+            if live.start_frames is not None:  # chunk 0: the scene the session started from
+                frames, index, keys, version = live.start_frames, 0, ("none",) * spec.frames_per_chunk, 0
+                events: dict[str, list[int]] = {"started": [], "active": [], "completed": []}
+                timings = {"step_ms": (time.perf_counter() - started_at) * 1000}
+                live.start_frames = None
+            else:
+                r = await self.host.step(live.session_id)
+                frames, index, keys, version, events, timings = (r.frames, r.step_index, r.keys, r.prompt_version,
+                                                                 r.events, dict(r.timings))
+        t0 = time.perf_counter()
+        enc = await asyncio.to_thread(encode_chunk, frames, live.cfg.format)
+        timings["encode_ms"] = (time.perf_counter() - t0) * 1000
+        prompt = next((live.prompts[e] for e in reversed(events["started"]) if e in live.prompts), None)
+        named = {k: list(dict.fromkeys(live.client_ids.get(e, str(e)) for e in v)) for k, v in events.items()}
+        for e in events["completed"]:
+            if e not in events["active"]:
+                live.client_ids.pop(e, None)
+                live.prompts.pop(e, None)
         now = time.perf_counter()
         behind_ms = None
         if period:
             if live.origin is None:
                 live.origin = now
             behind_ms = max(0.0, now - (live.origin + live.chunks * period)) * 1000
-        meta = chunk_metadata(self.request_id or "", live.chunks, index, live.driver.model.spec, boundary, version,
-                              enc, step_ms, encode_ms, behind_ms, live.cfg.format)
         if live.chunks == 0:
-            meta["timings"]["since_start_ms"] = round((now - started_at) * 1000, 3)
+            timings["since_start_ms"] = (now - started_at) * 1000
+        meta = chunk_metadata(self.request_id or "", live.chunks, index, spec, keys, named, prompt, version, enc,
+                              timings, behind_ms, live.cfg.format)
         await self.emit_chunk(meta, enc.payload)
         live.chunks += 1
         live.frames += len(frames)
@@ -310,13 +395,3 @@ class WorldConnection:
                     behind_ms, 3), "generation_chunk_index": index, "fps": live.cfg.fps})
         else:
             live.behind_reported_at = None
-
-
-def _compute(driver: WorldDriver, cfg: StartConfig, boundary: Boundary,
-             index: int) -> tuple[np.ndarray, EncodedChunk, float, float]:
-    """One chunk on a worker thread: the step (or the start), then its encoding."""
-    t0 = time.perf_counter()
-    frames = driver.start(cfg.start) if index == 0 else driver.step(boundary.key, boundary.prompt)
-    t1 = time.perf_counter()
-    enc = encode_chunk(frames, cfg.format)
-    return frames, enc, (t1 - t0) * 1000, (time.perf_counter() - t1) * 1000

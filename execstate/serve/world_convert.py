@@ -8,7 +8,6 @@ from typing import Any
 
 from execstate.model.world.interface import WorldSpec
 from execstate.serve.world_encode import EncodedChunk
-from execstate.serve.world_events import Boundary
 from execstate.serve.world_protocol import (
     MAX_PROMPT_CHARS,
     SessionInteraction,
@@ -130,18 +129,18 @@ def _action_keys(action: Any, eid: str) -> list[str]:
 
 
 def chunk_metadata(request_id: str, transport_index: int, generation_index: int, spec: WorldSpec,
-                   boundary: Boundary, prompt_version: int, enc: EncodedChunk, step_ms: float, encode_ms: float,
-                   behind_ms: float | None, fmt: str) -> dict[str, Any]:
+                   keys: tuple[str, ...], events: dict[str, list[str]], prompt: str | None, prompt_version: int,
+                   enc: EncodedChunk, timings: dict[str, float], behind_ms: float | None, fmt: str) -> dict[str, Any]:
     """``video.chunk_metadata`` (vLLM-Omni's fields, then ours): it precedes the chunk's binary frame."""
     f = spec.frames_per_chunk
     return {
         "type": "video.chunk_metadata", "request_id": request_id, "kind": "media",
         "transport_chunk_index": transport_index, "generation_chunk_index": generation_index, "num_frames": f,
-        "byte_length": len(enc.payload), "started_event_ids": list(boundary.started),
-        "active_event_ids": list(boundary.active), "completed_event_ids": list(boundary.completed),
+        "byte_length": len(enc.payload), "started_event_ids": events["started"],
+        "active_event_ids": events["active"], "completed_event_ids": events["completed"],
         "format": fmt, "frame_indices": list(range(generation_index * f, (generation_index + 1) * f)),
         "frame_byte_lengths": enc.frame_byte_lengths, "frame_sha256": enc.frame_sha256,
-        "keys": [spec.keys[boundary.key]] * f, "prompt": boundary.prompt, "prompt_version": prompt_version,
-        "timings": {"step_ms": round(step_ms, 3), "encode_ms": round(encode_ms, 3)},
+        "keys": list(keys), "prompt": prompt, "prompt_version": prompt_version,
+        "timings": {k: round(v, 3) for k, v in timings.items()},
         "behind_ms": None if behind_ms is None else round(behind_ms, 3),
     }

@@ -1,187 +1,103 @@
-"""The adapter between the world WebSocket and the world-session runtime.
+"""The world-session runtime as the world WebSocket uses it.
 
-:class:`WorldHost` holds one world model for a server and the sessions resident on it: at most
-``max_sessions``, each with a KV memory budget (``session_memory_bytes``); beyond either bound
-``open`` refuses at once (:class:`WorldCapacityError`, codes ``capacity`` and ``memory_budget``).
-Steps run on the host's worker threads (``run``), never on the event loop.
+:class:`WorldHost` holds one world model for a server and its sessions: an ``execstate.World``
+(``session/world_offline.py``: events applied at chunk boundaries, checkpoints, rollback, the
+rolling K/V window) driven through ``AsyncWorld`` (``session/world_async.py``: steps on worker
+threads, never on the event loop). At most ``max_sessions`` sessions are resident (beyond:
+``SessionEventError`` ``capacity``); each holds at most ``session_memory_bytes`` of K/V, rounded
+down to whole blocks (beyond, e.g. by pinning checkpoints: ``budget``). The runtime's refusals
+reach the client unchanged (code and message).
 
-:class:`WorldDriver` is one session: ``start`` (the first chunk), ``step(key, prompt)`` (the next
-chunk), ``checkpoint`` / ``rollback`` / ``release``. It drives the offline driver
-(``model.world.rollout.WorldRollout``: block pool, rolling window, prompt cache, carry, noise RNG),
-so a session's frames equal the offline driver's for the same seed, start and keys, bit for bit.
-This file is the only place the serving layer touches the runtime.
-
-Memory: a session's KV pool holds ``session_memory_bytes`` worth of blocks (at least its rolling
-window needs); a checkpoint pins the blocks of the table it saves, so ``checkpoint`` refuses
-(``memory_budget``) when the pins would leave less than the window needs.
+A session starts from the procedural world's scene (``scene_seed`` = the session's seed: chunk 0
+is that scene's first frames, committed as given) or, with ``start: "generate"``, from nothing
+(its first step generates from the prompt). Frames equal the offline ``World`` session's for the
+same model, seed, start and events at the same boundaries, bit for bit.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
-from execstate.model.world import renderer
-from execstate.model.world.interface import WorldModel
-from execstate.model.world.rollout import RolloutCheckpoint, WorldRollout
-from execstate.model.world.window import RollingWindow
+from execstate.model.world.interface import WorldModel, WorldSpec
+from execstate.session.world_async import AsyncWorld
+from execstate.session.world_offline import World, scene_frames
+from execstate.session.world_sessions import WorldSessionInfo
+from execstate.session.world_step import WorldStepResult
 
-T = TypeVar("T")
-BLOCK_SIZE = 16
 DEFAULT_MAX_SESSIONS = 8
-DEFAULT_SESSION_MEMORY = 16 << 20
-MAX_CHECKPOINTS = 16
+DEFAULT_SESSION_MEMORY = 4 << 20
 
 
-class WorldCapacityError(Exception):
-    """A refusal beyond a bound (``code``: ``capacity`` or ``memory_budget``)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class WorldDriver:
-    """One world session over the offline driver (see the module docstring)."""
-
-    def __init__(self, model: WorldModel, session_id: str, seed: int, prompt: str, window_chunks: int | None,
-                 memory_bytes: int) -> None:
-        spec = model.spec
-        self.model = model
-        self.session_id = session_id
-        self.seed = seed
-        self.block_bytes = spec.kv.bytes_per_chunk() // spec.kv.blocks_per_chunk(BLOCK_SIZE)
-        window_chunks = spec.max_window_chunks if window_chunks is None else window_chunks
-        if not 1 <= window_chunks <= spec.max_window_chunks:
-            raise ValueError(f"window_chunks must be in [1, {spec.max_window_chunks}], got {window_chunks}")
-        max_chunks = RollingWindow(spec.sink_chunks, window_chunks).max_chunks
-        self.window_blocks = (max_chunks + 1) * spec.kv.blocks_per_chunk(BLOCK_SIZE)
-        num_blocks = memory_bytes // self.block_bytes
-        if num_blocks < self.window_blocks:
-            raise WorldCapacityError("memory_budget", f"a session with this window needs "
-                                     f"{self.window_blocks * self.block_bytes} bytes of KV, over the per-session "
-                                     f"budget of {memory_bytes} bytes (--world-session-memory)")
-        self.rollout = WorldRollout(model, seed=seed, prompt=prompt, block_size=BLOCK_SIZE,
-                                    window_chunks=window_chunks, num_blocks=num_blocks)
-        self.memory_bytes = num_blocks * self.block_bytes
-        self._checkpoints: dict[str, RolloutCheckpoint] = {}
-        self._ids = itertools.count()
-
-    @property
-    def frames_per_chunk(self) -> int:
-        return self.model.spec.frames_per_chunk
-
-    def start(self, mode: str) -> np.ndarray:
-        """The first chunk: the renderer's first frames for the seed (``render``; the theme from
-        the prompt) committed as given, or generated from the prompt (``generate``)."""
-        if mode == "render":
-            f = self.frames_per_chunk
-            theme = renderer.theme_for_prompt(self.rollout.prompt.prompt)
-            keys = np.zeros(f, dtype=np.int64)
-            _, frames = renderer.trajectory(renderer.initial_state(self.seed, theme), keys)
-            return self.rollout.start(frames[:f], [0] * f)
-        return self.rollout.start(None)
-
-    def step(self, key: int, prompt: str | None) -> np.ndarray:
-        if prompt is not None:
-            self.rollout.set_prompt(prompt)
-        return self.rollout.step([key] * self.frames_per_chunk)
-
-    @property
-    def prompt_version(self) -> int:
-        return self.rollout.prompt.version
-
-    @property
-    def step_index(self) -> int:
-        return self.rollout.steps
-
-    def checkpoint(self) -> str:
-        if len(self._checkpoints) >= MAX_CHECKPOINTS:
-            raise WorldCapacityError("memory_budget", f"a session keeps at most {MAX_CHECKPOINTS} checkpoints; "
-                                     "release one first")
-        pinned = {b for cp in self._checkpoints.values() for c in cp.table for b in c}
-        pinned |= {b for c in self.rollout.table for b in c}
-        if len(pinned) + self.window_blocks > self.rollout.blocks.num_blocks:
-            raise WorldCapacityError("memory_budget", "checkpoints would pin more KV than the session's budget "
-                                     f"({self.memory_bytes} bytes) leaves for its window; release one first")
-        cp_id = f"cp-{next(self._ids)}"
-        self._checkpoints[cp_id] = self.rollout.checkpoint()
-        return cp_id
-
-    def rollback(self, cp_id: str) -> None:
-        self.rollout.rollback(self._get(cp_id))
-
-    def release(self, cp_id: str) -> None:
-        self.rollout.release(self._get(cp_id))
-        del self._checkpoints[cp_id]
-
-    def _get(self, cp_id: str) -> RolloutCheckpoint:
-        cp = self._checkpoints.get(cp_id)
-        if cp is None:
-            raise KeyError(cp_id)
-        return cp
-
-    def close(self) -> None:
-        for cp_id in list(self._checkpoints):
-            self.release(cp_id)
+def session_blocks_for(spec: WorldSpec, memory_bytes: int) -> int:
+    """The per-session K/V block budget that fits ``memory_bytes`` (the runtime's block size: one
+    frame's tokens); at least the window and one chunk in flight, else ``ValueError``."""
+    block_size = spec.kv.tokens_per_frame
+    bpc = spec.kv.blocks_per_chunk(block_size)
+    block_bytes = spec.kv.bytes_per_chunk() // bpc
+    least = (spec.sink_chunks + spec.max_window_chunks + 1) * bpc
+    blocks = memory_bytes // block_bytes
+    if blocks < least:
+        raise ValueError(f"--world-session-memory {memory_bytes} bytes holds {blocks} K/V blocks; a session needs "
+                         f"at least {least} ({least * block_bytes} bytes: its window and one chunk in flight)")
+    return blocks
 
 
 class WorldHost:
-    """The server's world model, its resident sessions and the threads their steps run on."""
+    """The server's world model, its sessions (runtime) and their limits."""
 
     def __init__(self, model: WorldModel, model_name: str = "world", max_sessions: int = DEFAULT_MAX_SESSIONS,
                  session_memory_bytes: int = DEFAULT_SESSION_MEMORY, default_fps: float = 16.0,
-                 workers: int | None = None) -> None:
-        if max_sessions < 1 or session_memory_bytes < 1 or default_fps < 0:
-            raise ValueError("max_sessions and session_memory_bytes must be >= 1, default_fps >= 0")
+                 step_workers: int = 1) -> None:
+        if max_sessions < 1 or default_fps < 0:
+            raise ValueError("max_sessions must be >= 1 and default_fps >= 0")
         self.model = model
+        self.spec = model.spec
         self.model_name = model_name
         self.max_sessions = max_sessions
-        self.session_memory_bytes = session_memory_bytes
         self.default_fps = default_fps
-        self.sessions: dict[str, WorldDriver] = {}
-        self._lock = threading.Lock()
-        self._ids = itertools.count()
-        self._pool = ThreadPoolExecutor(workers or max_sessions, thread_name_prefix="execstate-world")
-
-    def open(self, seed: int, prompt: str, window_chunks: int | None) -> WorldDriver:
-        """A new resident session, or ``WorldCapacityError``/``ValueError`` (nothing is kept then)."""
-        with self._lock:
-            if len(self.sessions) >= self.max_sessions:
-                raise WorldCapacityError("capacity", f"{self.max_sessions} world sessions are resident "
-                                         "(--world-max-sessions); try again when one ends")
-            sid = f"world-{next(self._ids)}"
-            self.sessions[sid] = None  # type: ignore[assignment]  # the place is taken while building
-        try:
-            driver = WorldDriver(self.model, sid, seed, prompt, window_chunks, self.session_memory_bytes)
-        except BaseException:
-            with self._lock:
-                del self.sessions[sid]
-            raise
-        with self._lock:
-            self.sessions[sid] = driver
-        return driver
-
-    def close(self, driver: WorldDriver) -> None:
-        with self._lock:
-            if self.sessions.get(driver.session_id) is driver:
-                del self.sessions[driver.session_id]
-        driver.close()
+        self.session_blocks = session_blocks_for(model.spec, session_memory_bytes)
+        block_bytes = model.spec.kv.bytes_per_chunk() // model.spec.kv.blocks_per_chunk(model.spec.kv.tokens_per_frame)
+        self.session_memory_bytes = self.session_blocks * block_bytes
+        self.world = World(model, numerics=model.spec.numerics, max_sessions=max_sessions,
+                           session_blocks=self.session_blocks)
+        self.aw = AsyncWorld(self.world, step_workers)
 
     @property
     def num_sessions(self) -> int:
-        return len(self.sessions)
+        return len(self.world.sessions.list())
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on a world worker thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+    async def open(self, prompt: str, seed: int, start: str, window_chunks: int | None) -> tuple[WorldSessionInfo,
+                                                                                                  np.ndarray | None]:
+        """A new session and its chunk 0 (the scene's frames; ``None`` for ``start: "generate"``)."""
+        frames = scene_frames(self.spec, seed, prompt) if start == "render" else None
+        info = await self.aw.open(prompt=prompt, seed=seed, start_frames=frames, window_chunks=window_chunks)
+        return info, frames
+
+    async def submit(self, session_id: str, event_id: int, kind: str, data: Any) -> None:
+        await self.aw.submit_event(session_id, event_id, kind, data)
+
+    async def step(self, session_id: str) -> WorldStepResult:
+        return await self.aw.step(session_id)
+
+    async def checkpoint(self, session_id: str) -> str:
+        return await self.aw.checkpoint(session_id)
+
+    async def rollback(self, session_id: str, checkpoint_id: str) -> WorldSessionInfo:
+        await self.aw.rollback(session_id, checkpoint_id)
+        return await self.aw.info(session_id)
+
+    async def release(self, session_id: str, checkpoint_id: str) -> None:
+        await self.aw.release_checkpoint(session_id, checkpoint_id)
+
+    async def info(self, session_id: str) -> WorldSessionInfo:
+        return await self.aw.info(session_id)
+
+    async def close(self, session_id: str) -> None:
+        await self.aw.close(session_id)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Close every session and stop the step workers (from outside the server's loop)."""
+        asyncio.run(self.aw.shutdown())

@@ -42,8 +42,8 @@ async def drive(url: str, seed: int, prompt: str, n_chunks: int, fmt: str = "png
             "event_id": "p", "event": {"prompt": "a lava maze"}}})
         assert q["type"] == "session.interaction.queued" and q["event_id"] == "p", q
         await c.ask({"type": "key.up", "key": "right", "event_id": "u"})
-        while len(c.chunks) < n_chunks:
-            await c.chunk()
+        while len(c.chunks) < n_chunks or not any("u" in m["completed_event_ids"] for m, _ in c.chunks):
+            await c.chunk()  # fps 0: chunks stream back to back; the events apply when they arrive
         done = await c.ask({"type": "session.stop", "event_id": "x"}, "session.done")
         assert done["stopped"] is True and done["event_id"] == "x"
         return c
@@ -63,7 +63,7 @@ def check_against_offline(model, c: WorldClient, seed: int, prompt: str, fmt: st
     assert "right" in keys and keys[0] == "none"
     started = [e for m in metas for e in m["started_event_ids"]]
     completed = [e for m in metas for e in m["completed_event_ids"]]
-    assert started == ["r", "p"] and sorted(completed) == ["p", "r"]
+    assert started == ["r", "p", "u"] and sorted(completed) == ["p", "r", "u"]  # an up is an event too
     assert sum(m["prompt"] is not None for m in metas) == 1
     assert metas[-1]["prompt_version"] == 1
 
@@ -131,22 +131,36 @@ def test_capacity_refusal_and_disconnect_release(model, served):
 
 
 def test_memory_budget_refusal(model):
-    need = 3 * 2 * (model.spec.kv.bytes_per_chunk() // 2)  # (sink + window 1 + 1) chunks of 2 blocks
-    host = WorldHost(model, session_memory_bytes=need)
+    spec = model.spec
+    block = spec.kv.bytes_per_chunk() // 2  # the runtime's blocks: one frame's tokens, 2 a chunk
+    least = (spec.sink_chunks + spec.max_window_chunks + 1) * 2
+    with pytest.raises(ValueError, match="needs at least"):
+        WorldHost(model, session_memory_bytes=(least - 1) * block)
+    host = WorldHost(model, session_memory_bytes=least * block)  # the window, nothing for checkpoints
     try:
         with world_server(host) as url:
             async def main():
                 async with connect(ws_url(url)) as ws:
                     c = WorldClient(ws)
-                    ev = await c.ask({"type": "session.start", "event_id": "big", "fps": 1})
-                    assert ev["type"] == "error" and ev["code"] == "memory_budget" and ev["event_id"] == "big"
-                    ev = await c.ask({"type": "session.start", "window_chunks": 1, "fps": 0, "num_frames": 4})
-                    assert ev["type"] == "video.start" and ev["config"]["memory_bytes"] == need
-                    cp = await c.ask({"type": "session.checkpoint", "event_id": "cp"})
-                    assert cp["type"] == "error" and cp["code"] == "memory_budget", cp
+                    ev = await c.ask({"type": "session.start", "fps": 0, "num_frames": 12})
+                    assert ev["type"] == "video.start" and ev["config"]["memory_bytes"] == least * block
+                    while (ev := await c.recv())["type"] != "session.paused":  # a checkpoint after each chunk
+                        if ev["type"] == "video.chunk_metadata":
+                            await c.send({"type": "session.checkpoint", "event_id": f"cp{len(c.chunks)}"})
+                    assert ev["reason"] == "budget"  # the next step would exceed the budget: refused, paused
+                    await c.ask({"type": "session.ping"}, "session.pong")  # every checkpoint answered
+                    refused = [e for e in c.events if e["type"] == "error"]
+                    assert [e["code"] for e in refused] == ["budget"] and "budget" in refused[0]["message"]
+                    cps = [e["checkpoint_id"] for e in c.events if e["type"] == "session.checkpointed"]
+                    assert cps
+                    for cp in cps:
+                        assert (await c.ask({"type": "checkpoint.release", "checkpoint_id": cp}))["type"] == \
+                            "checkpoint.released"
+                    assert (await c.ask({"type": "session.resume"}))["type"] == "session.resumed"
                     done = await c.until("session.done")
-                    assert done["stopped"] is False and done["frames"] == 4
-            asyncio.run(main())
+                    return done
+            done = asyncio.run(main())
+            assert done["stopped"] is False and done["frames"] == 12  # it went on once the pins were released
     finally:
         host.shutdown()
 
@@ -177,16 +191,20 @@ def test_pause_checkpoint_rollback_reproduces(model, served):
             first = [(await c.chunk())[0] for _ in range(3)]
             await c.ask({"type": "session.pause"})
             rb = await c.ask({"type": "session.rollback", "checkpoint_id": cp["checkpoint_id"], "event_id": 4})
-            assert rb["type"] == "session.rolled_back" and rb["next_chunk_index"] == cp["next_chunk_index"]
+            assert rb["type"] == "session.rolled_back" and rb["step_index"] == cp["step_index"]
             bad = await c.ask({"type": "session.rollback", "checkpoint_id": "nope", "event_id": 5})
-            assert bad["code"] == "unknown_checkpoint" and bad["event_id"] == 5
+            assert bad["code"] == "not_found" and bad["event_id"] == 5  # the runtime's code
+            # the rollback restored the events too (the key.down came after the checkpoint): send it again
+            again = await c.ask({"type": "key.down", "key": "up", "event_id": "up-again"})
+            assert again["type"] == "session.interaction.queued", again
             await c.ask({"type": "session.resume"})
             second = []
             while len(second) < 3:
                 meta = (await c.chunk())[0]
-                if meta["generation_chunk_index"] >= cp["next_chunk_index"]:
+                if meta["generation_chunk_index"] > cp["step_index"]:
                     second.append(meta)
-            # the same key held, the same RNG state: the same frames, bit for bit
+            # the same events at the same boundaries, the same RNG state: the same frames, bit for bit
+            assert [m["keys"] for m in second] == [m["keys"] for m in first]
             assert [m["frame_sha256"] for m in second] == [m["frame_sha256"] for m in first]
             assert [m["generation_chunk_index"] for m in second] == [m["generation_chunk_index"] for m in first]
             await c.ask({"type": "session.stop"}, "session.done")

@@ -11,20 +11,18 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import torch
 import uvicorn
 from serve_helpers import free_port
 from websockets.asyncio.client import ClientConnection
 
-from execstate.model.world import renderer
 from execstate.model.world.config import WorldModelConfig
 from execstate.model.world.model import ChunkedWorldModel
-from execstate.model.world.rollout import WorldRollout
 from execstate.model.world.transformer import WorldTransformer
-from execstate.serve.world_driver import BLOCK_SIZE, WorldHost
+from execstate.serve.world_driver import WorldHost
 from execstate.serve.world_encode import frame_sha256
 from execstate.serve.world_server import build_world_app
+from execstate.session.world_offline import World, scene_frames
 
 TINY = WorldModelConfig(d_model=32, n_layers=2, n_heads=2, frames_per_chunk=2, text_dim=16, text_buckets=64,
                         window_chunks=2)
@@ -43,18 +41,19 @@ def tiny_world_model(seed: int = 0) -> ChunkedWorldModel:
 
 
 def offline_hashes(model, seed: int, prompt: str, chunks: list[dict]) -> list[str]:
-    """The offline driver replaying what the chunks' metadata says each step used (key, prompt)."""
-    f = model.spec.frames_per_chunk
-    ro = WorldRollout(model, seed=seed, prompt=prompt, block_size=BLOCK_SIZE)
-    _, truth = renderer.trajectory(renderer.initial_state(seed, renderer.theme_for_prompt(prompt)),
-                                   np.zeros(f, dtype=np.int64))
-    out = [ro.start(truth[:f], [0] * f)]
-    for meta in chunks[1:]:
-        if meta["prompt"] is not None:
-            ro.set_prompt(meta["prompt"])
-        out.append(ro.step([model.spec.keys.index(k) for k in meta["keys"]]))
-    return [frame_sha256(fr) for chunk in out for fr in chunk]
-
+    """The offline ``World`` session replaying what the chunks' metadata says each step used: the
+    scene of ``seed`` as chunk 0, then per chunk its keys (an ``action`` event) and its prompt."""
+    world = World(model, numerics=model.spec.numerics, max_sessions=1)
+    try:
+        s = world.open_session(prompt=prompt, seed=seed, scene_seed=seed)
+        out = list(scene_frames(model.spec, seed, prompt))
+        for meta in chunks[1:]:
+            if meta["prompt"] is not None:
+                s.submit_event(s.next_event_id(), "prompt", {"text": meta["prompt"]})
+            out.extend(s.step(action=list(meta["keys"])).frames)
+    finally:
+        world.close()
+    return [frame_sha256(fr) for fr in out]
 
 
 @contextlib.contextmanager
