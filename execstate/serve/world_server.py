@@ -3,7 +3,7 @@ language model.
 
 - ``execstate serve --world [MODEL]``: a world-only server: ``/v1/realtime/video``, the ``/world``
   page, ``/health``. ``MODEL`` is a trained world-model directory or ``world`` (the default: the
-  embedded trained model, built by ``execstate models prepare world`` when missing).
+  trained model, prepared by ``execstate models prepare world`` or shipped in the package).
 - ``execstate serve LM_MODEL --world [MODEL]``: the usual LM server (unchanged) plus the same
   world endpoints on the same app.
 
@@ -26,16 +26,17 @@ from execstate.serve.world_ws import install_world
 
 
 def load_world_model(name: str):  # noqa: ANN201 - ChunkedWorldModel (torch imported lazily)
-    """A trained world-model directory, or ``world`` (the embedded model, prepared when missing)."""
-    from execstate.model import registry
+    """A trained world-model directory, or ``world``: the default model (the prepared one, else the
+    weights shipped in the package: ``model/world/default.py``)."""
+    from execstate.model.world.default import load_default_world_model
     from execstate.model.world.model import ChunkedWorldModel
 
     path = Path(name)
-    if not path.is_dir():
-        if name != "world":
-            raise ValueError(f"--world {name!r} is not a world-model directory or 'world'")
-        path = registry.prepare("world")
-    return ChunkedWorldModel.load(path, model_id=name)
+    if path.is_dir():
+        return ChunkedWorldModel.load(path, model_id=name)
+    if name != "world":
+        raise ValueError(f"--world {name!r} is not a world-model directory or 'world'")
+    return load_default_world_model()
 
 
 def world_host_from_args(args: argparse.Namespace) -> WorldHost:

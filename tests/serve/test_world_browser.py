@@ -41,13 +41,12 @@ def _need_browser():
 def world_model_for_browser():
     """The trained default world model when it is prepared on this machine (the movement check
     needs a model that follows the keys), else the tiny random one."""
-    from execstate.model import registry
+    from execstate.model.world.default import load_default_world_model
 
-    if registry.is_prepared("world"):
-        from execstate.model.world.model import ChunkedWorldModel
-
-        return ChunkedWorldModel.load(registry.prepare("world")), True
-    return tiny_world_model(), False
+    try:
+        return load_default_world_model(), True
+    except FileNotFoundError:  # neither prepared nor shipped (yet)
+        return tiny_world_model(), False
 
 
 def canvas_frame(page) -> np.ndarray:
