@@ -11,11 +11,8 @@ events are submitted to it as they arrive and it applies them at the next chunk 
   ``session.pong``, ``session.done``, or an ``error`` with a code (the connection stays open).
 - Client event ids (strings) name the events in the chunks' ``started``/``active``/``completed``
   lists; the runtime's own ids (ints, in arrival order) never leave the server.
-- After ``video.start`` the session's *stepper* task streams chunks: chunk 0 at once, then one
-  chunk per ``F / fps`` seconds, at most one chunk ahead of real time (``fps: 0``: back to back).
-  An event that arrives while a step runs applies at the next one. A chunk later than its
-  real-time slot by more than one chunk's duration is reported with ``session.behind``
-  (``behind_ms``: how late; at most once a second while behind); every chunk carries ``behind_ms``.
+- After ``video.start`` the session's stepper (``world_stepper.py``) streams chunks at the
+  session's fps; an event that arrives while a step runs applies at the next one.
 - Pause takes effect at the next boundary (the step in progress is delivered); the real-time clock
   stops while paused. ``session.stop`` lets the step in progress finish, then ``session.done``.
 - Checkpoint, rollback and release run between steps (they wait for the step in progress).
@@ -26,20 +23,14 @@ events are submitted to it as they arrive and it applies them at the next chunk 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from execstate.serve.world_convert import StartConfig, chunk_metadata, interaction_parts, start_config
+from execstate.serve.world_convert import interaction_parts, start_config
 from execstate.serve.world_driver import WorldHost
-from execstate.serve.world_encode import encode_chunk
 from execstate.serve.world_protocol import (
     CheckpointRelease,
     KeyDown,
@@ -58,39 +49,10 @@ from execstate.serve.world_protocol import (
     type_of,
 )
 from execstate.serve.world_state import Phase, WorldConnState
+from execstate.serve.world_stepper import Emit, EmitChunk, LiveSession, run_stepper
 from execstate.session.events import SessionEventError
 
-Emit = Callable[[dict[str, Any]], Awaitable[None]]
-EmitChunk = Callable[[dict[str, Any], bytes], Awaitable[None]]
-BEHIND_REPORT_S = 1.0
-ID_MEMORY = 4096  # client event ids remembered per session (a reused one: event_id_conflict)
-
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Live:
-    """One running session of this connection."""
-
-    session_id: str
-    cfg: StartConfig
-    start_frames: np.ndarray | None  # chunk 0, sent first (None: the first step generates)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # steps and checkpoint ops: one at a time
-    wake: asyncio.Event = field(default_factory=asyncio.Event)  # pause/resume/stop changed
-    paused: bool = False
-    stopping: bool = False
-    chunks: int = 0
-    frames: int = 0
-    origin: float | None = None  # when chunk 0 was delivered, shifted by the time spent paused
-    paused_at: float | None = None
-    behind_reported_at: float | None = None
-    task: asyncio.Task[None] | None = None
-    next_id: int = 0  # the runtime's event ids
-    client_ids: dict[int, str] = field(default_factory=dict)  # runtime id -> client id, until completed
-    prompts: dict[int, str] = field(default_factory=dict)  # runtime id of a prompt event -> its text
-    seen: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=ID_MEMORY))
-    held: str | None = None  # the key held once every submitted event applies
-    held_at: dict[str, str | None] = field(default_factory=dict)  # checkpoint id -> held then
 
 
 class WorldConnection:
@@ -99,7 +61,7 @@ class WorldConnection:
         self.emit = emit
         self.emit_chunk = emit_chunk
         self.state = WorldConnState()
-        self.live: _Live | None = None
+        self.live: LiveSession | None = None
         self._ids = itertools.count()
         self._handlers: dict[type, Callable[[Any], Awaitable[None]]] = {
             SessionStart: self._start, SessionInteraction: self._interaction, KeyDown: self._key_down,
@@ -154,7 +116,7 @@ class WorldConnection:
                 raise SessionEventError(e.code, f"{e.message} (this server: --world-max-sessions "
                                         f"{self.host.max_sessions})") from None
             raise
-        live = _Live(info.session_id, cfg, frames)
+        live = LiveSession(info.session_id, cfg, frames)
         self.live = live
         self.state.started(info.session_id)
         h, w, c = spec.frame_shape
@@ -192,14 +154,14 @@ class WorldConnection:
                              "frames": live.frames, "stopped": stopped})
 
     # -- events -------------------------------------------------------------------------------------
-    def _client_id(self, live: _Live, given: Any) -> str:
+    def _client_id(self, live: LiveSession, given: Any) -> str:
         eid = str(given) if given is not None else f"ev-{next(self._ids)}"
         if eid in live.seen:
             raise WorldProtocolError("event_id_conflict", f"event id {eid!r} was used before in this session",
                                      given)
         return eid
 
-    async def _submit(self, live: _Live, client_id: str, kind: str, data: Any) -> int:
+    async def _submit(self, live: LiveSession, client_id: str, kind: str, data: Any) -> int:
         rid = live.next_id
         await self.host.submit(live.session_id, rid, kind, data)  # refused: nothing was queued
         live.next_id += 1
@@ -304,94 +266,18 @@ class WorldConnection:
         await self.emit({"type": "checkpoint.released", "request_id": self.request_id, "event_id": msg.event_id,
                          "checkpoint_id": msg.checkpoint_id})
 
-    def _live(self) -> _Live:
+    def _live(self) -> LiveSession:
         assert self.live is not None  # check() let the message through
         return self.live
 
     # -- the stepper --------------------------------------------------------------------------------
-    async def _stepper(self, live: _Live, started_at: float) -> None:
-        period = self.host.spec.frames_per_chunk / live.cfg.fps if live.cfg.fps > 0 else 0.0
-        failed = False
-        try:
-            while not live.stopping:
-                if live.cfg.num_frames is not None and live.frames >= live.cfg.num_frames:
-                    break
-                if live.paused:
-                    live.wake.clear()
-                    await live.wake.wait()
-                    continue
-                if period and live.origin is not None:  # at most one chunk ahead of real time
-                    delay = live.origin + (live.chunks - 1) * period - time.perf_counter()
-                    if delay > 0:
-                        live.wake.clear()
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(live.wake.wait(), delay)
-                        continue
-                try:
-                    await self._one_chunk(live, period, started_at)
-                except SessionEventError as e:
-                    if e.code != "budget" or live.stopping:
-                        raise
-                    await self._pause_for_budget(live, e)
-        except SessionEventError as e:
-            if not live.stopping:
-                failed = True
-                await self.emit(error_event("step_failed", f"{e.code}: {e.message}", None, self.request_id))
-        except Exception as e:  # a bug: this session ends, the server goes on
-            logger.exception("world: step failed")
-            failed = True
-            await self.emit(error_event("step_failed", f"the step failed: {e!r}", None, self.request_id))
+    async def _stepper(self, live: LiveSession, started_at: float) -> None:
+        failed = await run_stepper(self.host, live, self.emit, self.emit_chunk, started_at, self._budget_paused)
         if not live.stopping:
             await self._end_session(None, stopped=failed)
 
-    async def _pause_for_budget(self, live: _Live, e: SessionEventError) -> None:
-        """The next step would hold more K/V than the session's budget (checkpoints pin chunks):
-        nothing ran; the session pauses until the client releases a checkpoint and resumes."""
-        await self.emit(error_event("budget", e.message, None, self.request_id))
-        if not live.paused:
-            live.paused, live.paused_at = True, time.perf_counter()
-            self.state.paused()
-            await self.emit({"type": "session.paused", "request_id": self.request_id, "event_id": None,
-                             "reason": "budget"})
-
-    async def _one_chunk(self, live: _Live, period: float, started_at: float) -> None:
-        spec = self.host.spec
-        async with live.lock:
-            if live.start_frames is not None:  # chunk 0: the scene the session started from
-                frames, index, keys, version = live.start_frames, 0, ("none",) * spec.frames_per_chunk, 0
-                events: dict[str, list[int]] = {"started": [], "active": [], "completed": []}
-                timings = {"step_ms": (time.perf_counter() - started_at) * 1000}
-                live.start_frames = None
-            else:
-                r = await self.host.step(live.session_id)
-                frames, index, keys, version, events, timings = (r.frames, r.step_index, r.keys, r.prompt_version,
-                                                                 r.events, dict(r.timings))
-        t0 = time.perf_counter()
-        enc = await asyncio.to_thread(encode_chunk, frames, live.cfg.format)
-        timings["encode_ms"] = (time.perf_counter() - t0) * 1000
-        prompt = next((live.prompts[e] for e in reversed(events["started"]) if e in live.prompts), None)
-        named = {k: list(dict.fromkeys(live.client_ids.get(e, str(e)) for e in v)) for k, v in events.items()}
-        for e in events["completed"]:
-            if e not in events["active"]:
-                live.client_ids.pop(e, None)
-                live.prompts.pop(e, None)
-        now = time.perf_counter()
-        behind_ms = None
-        if period:
-            if live.origin is None:
-                live.origin = now
-            behind_ms = max(0.0, now - (live.origin + live.chunks * period)) * 1000
-        if live.chunks == 0:
-            timings["since_start_ms"] = (now - started_at) * 1000
-        meta = chunk_metadata(self.request_id or "", live.chunks, index, spec, keys, named, prompt, version, enc,
-                              timings, behind_ms, live.cfg.format)
-        await self.emit_chunk(meta, enc.payload)
-        live.chunks += 1
-        live.frames += len(frames)
-        if behind_ms is not None and behind_ms > period * 1000:
-            if live.behind_reported_at is None or now - live.behind_reported_at >= BEHIND_REPORT_S:
-                live.behind_reported_at = now
-                await self.emit({"type": "session.behind", "request_id": self.request_id, "behind_ms": round(
-                    behind_ms, 3), "generation_chunk_index": index, "fps": live.cfg.fps})
-        else:
-            live.behind_reported_at = None
+    async def _budget_paused(self) -> None:
+        """The stepper paused the session (the next step would exceed its K/V budget)."""
+        self.state.paused()
+        await self.emit({"type": "session.paused", "request_id": self.request_id, "event_id": None,
+                         "reason": "budget"})
