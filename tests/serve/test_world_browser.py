@@ -1,7 +1,8 @@
 """The /world page in a real browser: headless Chromium (Debian's package) driven by playwright
 opens the page, which starts a session; frames arrive and are drawn; arrow keys are sent as held
 keys, acknowledged, and show up in the chunks' keys; with the trained world model the agent moves
-the way the keys say. Saves a screenshot (``WORLD_SCREENSHOT=path`` also copies it there).
+the way the keys say. Saves a screenshot (``WORLD_SCREENSHOT=path`` also copies it there;
+``WORLD_MODEL_DIR=dir`` runs a trained model from that directory).
 
 Skipped only where Chromium or playwright is missing *and* not in CI (CI installs both; there
 a missing browser fails the test)."""
@@ -42,7 +43,10 @@ def world_model_for_browser():
     """The trained default world model when it is prepared on this machine (the movement check
     needs a model that follows the keys), else the tiny random one."""
     from execstate.model.world.default import load_default_world_model
+    from execstate.model.world.model import ChunkedWorldModel
 
+    if os.environ.get("WORLD_MODEL_DIR"):  # a trained model elsewhere (e.g. a new training run)
+        return ChunkedWorldModel.load(os.environ["WORLD_MODEL_DIR"]), True
     try:
         return load_default_world_model(), True
     except FileNotFoundError:  # neither prepared nor shipped (yet)
