@@ -33,7 +33,7 @@
     ws.onmessage = (m) => (typeof m.data === "string" ? onEvent(JSON.parse(m.data)) : onChunk(m.data));
   }
   function start() {
-    queue = []; nextShow = 0; held.clear();
+    queue = []; nextShow = 0; held.clear(); serverHeld = null;
     stats.started = performance.now();
     send({ type: "session.start", event_id: "start-" + (++eventSeq), prompt: $("prompt").value,
            seed: Number(params.get("seed") || 0), fps: fps, format: "png" });
@@ -95,15 +95,26 @@
     $("frames").textContent = stats.frames;
     requestAnimationFrame(draw);
   }
+  // The server holds one key at a time (a key.down replaces the held key): send what changes
+  // the held key; on a release, the newest key still pressed takes over.
+  let serverHeld = null;
+  function sendKey(key, down) {
+    stats.keysSent.push([key, down]);
+    send({ type: down ? "key.down" : "key.up", key: key, event_id: "k" + (++eventSeq) });
+    serverHeld = down ? key : null;
+  }
   function keyEvent(e, down) {
     const key = KEYMAP[e.key];
     if (!key || document.activeElement === $("prompt")) return;
     e.preventDefault();
     if (down === held.has(key)) return;  // auto-repeat, or a release of a key pressed elsewhere
-    down ? held.add(key) : held.delete(key);
+    if (down) { held.delete(key); held.add(key); } else { held.delete(key); }
     document.querySelector('#keys span[data-key="' + key + '"]').className = down ? "down" : "";
-    stats.keysSent.push([key, down]);
-    send({ type: down ? "key.down" : "key.up", key: key, event_id: "k" + (++eventSeq) });
+    if (down) sendKey(key, true);
+    else if (serverHeld === key) {
+      const rest = [...held];
+      rest.length ? sendKey(rest[rest.length - 1], true) : sendKey(key, false);
+    }
   }
   document.addEventListener("keydown", (e) => keyEvent(e, true));
   document.addEventListener("keyup", (e) => keyEvent(e, false));
