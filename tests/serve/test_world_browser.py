@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 from PIL import Image
-from world_helpers import tiny_world_model, world_server
+from world_serve_helpers import tiny_world_model, world_server
 
 from execstate.model.world import renderer
 from execstate.serve.world_driver import WorldHost

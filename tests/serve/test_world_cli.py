@@ -13,7 +13,7 @@ import httpx
 import pytest
 from serve_helpers import free_port
 from websockets.asyncio.client import connect
-from world_helpers import WorldClient, tiny_world_model, ws_url
+from world_serve_helpers import WorldClient, tiny_world_model, ws_url
 
 from execstate.cli import build_parser
 from execstate.model.world.weights import save_weights

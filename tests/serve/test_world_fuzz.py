@@ -11,7 +11,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from world_helpers import offline_hashes, tiny_world_model
+from world_serve_helpers import offline_hashes, tiny_world_model
 
 from execstate.serve.world_conn import WorldConnection
 from execstate.serve.world_driver import WorldHost

@@ -8,7 +8,7 @@ import time
 
 import pytest
 from websockets.asyncio.client import connect
-from world_helpers import WorldClient, tiny_world_model, world_server, ws_url
+from world_serve_helpers import WorldClient, tiny_world_model, world_server, ws_url
 
 from execstate.serve.world_driver import WorldHost
 
