@@ -57,6 +57,10 @@ def start_config(msg: SessionStart, spec: WorldSpec, model_name: str, default_fp
                   f"{msg.num_inference_steps}")
     if msg.guidance_scale is not None and msg.guidance_scale != 1.0:
         raise bad(f"this model has no classifier-free guidance (guidance_scale 1.0), got {msg.guidance_scale}")
+    if msg.negative_prompt:
+        raise bad("this model has no negative prompt")
+    if msg.extra_params:
+        raise bad(f"unknown extra_params {sorted(msg.extra_params)}; this model takes none")
     if msg.window_chunks is not None and not 1 <= msg.window_chunks <= spec.max_window_chunks:
         raise bad(f"window_chunks must be in [1, {spec.max_window_chunks}], got {msg.window_chunks}")
     return StartConfig(msg.prompt, msg.seed, float(fps), msg.format, msg.start, msg.num_frames, msg.window_chunks)

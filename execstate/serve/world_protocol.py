@@ -12,7 +12,8 @@ Client -> server (every message may carry ``event_id``, a string or an integer, 
 ``session.start``           ``prompt``, ``seed``, ``fps`` (0: as fast as possible), ``format``
                             (``png`` | ``rgb``), ``start`` (``render`` | ``generate``), ``num_frames``
                             (stop after), ``window_chunks``; vLLM-Omni's ``model``, ``width``,
-                            ``height``, ``num_inference_steps``, ``guidance_scale`` are checked
+                            ``height``, ``num_inference_steps``, ``guidance_scale``, ``negative_prompt``,
+                            ``extra_params`` are checked
 ``session.interaction``     ``interaction: {event_id?, event: {prompt?, multi_modal_data?:
                             {action?, camera?}}, transition_chunks?}`` (vLLM-Omni's shape)
 ``key.down`` / ``key.up``   ``key`` (a key name of the model, e.g. ``up``): a held key (extension)
@@ -67,6 +68,8 @@ class SessionStart(_Msg, tag="session.start"):
     height: int | None = None
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
+    negative_prompt: str | None = None
+    extra_params: dict[str, Any] | None = None
     event_id: int | str | None = None
 
 

@@ -47,6 +47,7 @@ def test_parse():
         ('{"type": "key.down", "key": "up", "bogus": 1, "event_id": "b"}', "invalid_message", "b"),
         ('{"type": "session.start", "format": "gif", "event_id": 5}', "invalid_message", 5),
         ('{"type": "session.ping", "event_id": true}', "invalid_message", None),
+        ('{"type": "session.start", "extra_params": [1], "event_id": 6}', "invalid_message", 6),
         ("{" + " " * (70 << 10) + "}", "message_too_large", None),
     ]:
         e = pytest.raises(WorldProtocolError, parse_client_message, frame).value

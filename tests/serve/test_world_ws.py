@@ -210,3 +210,40 @@ def test_pause_checkpoint_rollback_reproduces(model, served):
             await c.ask({"type": "session.stop"}, "session.done")
 
     asyncio.run(main())
+
+
+def test_vllm_omni_shaped_client(served):
+    """vLLM-Omni's session.start fields (checked against the model), its interaction shape, and the
+    refusals of what this model does not do, each naming the problem."""
+    _, url = served
+
+    async def main():
+        async with connect(ws_url(url)) as ws:
+            c = WorldClient(ws)
+            for bad, code, word in [
+                ({"width": 64}, "invalid_message", "width"),
+                ({"model": "other"}, "model_not_found", "other"),
+                ({"extra_params": {"x": 1}}, "invalid_message", "extra_params"),
+                ({"format": "m4s"}, "invalid_message", "format"),
+                ({"num_inference_steps": 50}, "invalid_message", "num_inference_steps"),
+                ({"guidance_scale": 5.0}, "invalid_message", "guidance"),
+            ]:
+                ev = await c.ask({"type": "session.start", "event_id": "bad", **bad})
+                assert (ev["type"], ev["code"], ev["event_id"]) == ("error", code, "bad") and word in ev["message"], ev
+            start = await c.ask({"type": "session.start", "model": "world", "prompt": "a desert maze", "width": 48,
+                                 "height": 48, "fps": 0, "num_frames": 6, "num_inference_steps": 2,
+                                 "guidance_scale": 1.0, "seed": 42, "extra_params": {}, "format": "png"})
+            assert start["type"] == "video.start" and start["config"]["seed"] == 42
+            cam = await c.ask({"type": "session.interaction", "interaction": {"event_id": "c", "event": {
+                "multi_modal_data": {"camera": {"schema": "camera.v1", "mode": "target", "data": {}}}}}})
+            assert (cam["code"], cam["event_id"]) == ("unsupported_interaction_schema", "c"), cam
+            tr = await c.ask({"type": "session.interaction", "interaction": {
+                "event_id": "t", "event": {"prompt": "a snow maze"}, "transition_chunks": 2}})
+            assert (tr["code"], tr["event_id"]) == ("unsupported_transition", "t"), tr
+            done = await c.until("session.done")
+            assert (done["chunks"], done["frames"], done["stopped"]) == (3, 6, False)
+            metas = [m for m, _ in c.chunks]
+            assert all(m["kind"] == "media" and m["num_frames"] == 2 for m in metas)
+            assert [m["transport_chunk_index"] for m in metas] == [0, 1, 2]
+
+    asyncio.run(main())
