@@ -275,3 +275,18 @@ def test_close_during_compute_discards_the_step(world: World, model) -> None:
         assert e.value.code == "closed"
     finally:
         del model.decode
+
+
+def test_session_equals_the_offline_rollout_driver(world: World, model) -> None:
+    """An independent oracle: model/world/rollout.WorldRollout (its own pool, block size and
+    bookkeeping) gives the same frames for the same seed, start, prompt and keys."""
+    from execstate.model.world.rollout import WorldRollout
+
+    keys = ["up", "up", "left", "none", "right", "down", "down", "left", "up", "none"]
+    ro = WorldRollout(model, seed=5, prompt="a desert maze", block_size=model.spec.kv.tokens_per_chunk)
+    ro.start(start_frames(), [0, 0])
+    s = world.open_session(prompt="a desert maze", seed=5, start_frames=start_frames())
+    for k in keys:
+        want = ro.step([model.spec.keys.index(k)] * 2)
+        got = s.step(action=k).frames
+        assert np.array_equal(got, want)
