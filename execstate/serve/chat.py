@@ -18,10 +18,9 @@ from functools import partial
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from execstate.engine.async_engine import Admission, AsyncEngine, EngineDeadError
+from execstate.engine.async_engine import Admission, AsyncEngine
 from execstate.engine.outputs import RequestOutput
-from execstate.engine.sampling_params import RequestOutputKind
-from execstate.serve.context import ServeContext, as_openai_error, engine_dead, new_request_id
+from execstate.serve.context import ServeContext, as_openai_error
 from execstate.serve.convert import (
     chat_logprobs,
     chat_prompt,
@@ -34,14 +33,12 @@ from execstate.serve.errors import bad_request
 from execstate.serve.generation import (
     PromptInput,
     SubRequest,
-    cancel_on_disconnect,
     encode_routes,
-    expand,
-    final_outputs,
     merged_outputs,
     usage_of,
 )
 from execstate.serve.limit_checks import check_limits
+from execstate.serve.pipeline import run_generation
 from execstate.serve.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -52,7 +49,7 @@ from execstate.serve.protocol import (
     ChatStreamChoice,
     DeltaMessage,
 )
-from execstate.serve.streaming import SSEResponse, sse
+from execstate.serve.streaming import sse
 
 
 async def create_chat_completion(ctx: ServeContext, req: ChatCompletionRequest, raw: Request) -> Response:
@@ -70,27 +67,14 @@ async def create_chat_completion(ctx: ServeContext, req: ChatCompletionRequest, 
     check_logit_bias(params, eng.model_config.vocab_size)
     ctx.check_sampling(params)
     kv = ctx.accept_kv_transfer_params(req.kv_transfer_params)  # 400 before the engine, trusted or not at all
-    admission: Admission | None = ctx.admit(params.n)
-    try:
-        prompt = await ctx.in_worker(_prompt, req, eng, params.max_tokens)
-        request_id = new_request_id("chatcmpl")
-        kind = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
-        subs = expand(request_id, [prompt], params, params.n, kv, req.cache_salt, output_kind=kind)
-        if req.stream:
-            stream = _stream(ctx, req, subs, request_id, arrival, admission)
-            response = SSEResponse(stream, on_close=partial(eng.release, admission))
-            admission = None  # released by the response, once the stream is over
-            return response
-        finals = await cancel_on_disconnect(raw, final_outputs(eng, subs, ctx.metrics, arrival, admission))
-    except ValueError as exc:
-        raise bad_request(str(exc)) from None
-    except EngineDeadError as exc:
-        raise engine_dead(exc) from None
-    finally:
-        if admission is not None:
-            eng.release(admission)
-    if finals is None:  # the client is gone; its requests were aborted
-        return Response(status_code=499)
+    admission = ctx.admit(params.n)
+    done = await run_generation(
+        ctx, raw, admission, partial(_prompts, req, eng, params.max_tokens), "chatcmpl", params, kv, req.cache_salt,
+        req.stream, partial(_stream, ctx, req, arrival=arrival), arrival)
+    if isinstance(done, Response):
+        return done
+    subs, finals, prompt = done.subs, done.finals, done.prompts[0]
+    request_id = done.request_id
     choices = []
     for s, out in zip(subs, finals, strict=True):
         c = out.outputs[0]
@@ -114,11 +98,11 @@ async def create_chat_completion(ctx: ServeContext, req: ChatCompletionRequest, 
     return JSONResponse(body.model_dump())
 
 
-def _prompt(req: ChatCompletionRequest, eng: AsyncEngine, max_tokens: int | None) -> PromptInput:
-    """The templated, tokenised and validated prompt (runs in a worker thread)."""
+def _prompts(req: ChatCompletionRequest, eng: AsyncEngine, max_tokens: int | None) -> list[PromptInput]:
+    """The templated, tokenised and validated prompt, alone in a list (runs in a worker thread)."""
     prompt = chat_prompt(req, eng.tokenizer, eng.max_model_len)
     validate_prompts([prompt], eng.model_config.vocab_size, eng.max_model_len, max_tokens)
-    return prompt
+    return [prompt]
 
 
 def _logprobs(req: ChatCompletionRequest, out: RequestOutput) -> ChatLogprobs | None:
@@ -130,8 +114,8 @@ def _logprobs(req: ChatCompletionRequest, out: RequestOutput) -> ChatLogprobs | 
 
 
 async def _stream(
-    ctx: ServeContext, req: ChatCompletionRequest, subs: list[SubRequest], request_id: str, arrival: float,
-    admission: Admission,
+    ctx: ServeContext, req: ChatCompletionRequest, subs: list[SubRequest], request_id: str, admission: Admission,
+    *, arrival: float,
 ) -> AsyncIterator[str]:
     model = ctx.served_model_name
     num_tokens = {s.index: 0 for s in subs}

@@ -22,10 +22,9 @@ from functools import partial
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from execstate.engine.async_engine import Admission, AsyncEngine, EngineDeadError
+from execstate.engine.async_engine import Admission, AsyncEngine
 from execstate.engine.outputs import RequestOutput
-from execstate.engine.sampling_params import RequestOutputKind
-from execstate.serve.context import ServeContext, as_openai_error, engine_dead, new_request_id
+from execstate.serve.context import ServeContext, as_openai_error
 from execstate.serve.convert import (
     check_logit_bias,
     check_unsupported,
@@ -38,16 +37,14 @@ from execstate.serve.errors import bad_request
 from execstate.serve.generation import (
     PromptInput,
     SubRequest,
-    cancel_on_disconnect,
     encode_routes,
-    expand,
-    final_outputs,
     merged_outputs,
     usage_of,
 )
 from execstate.serve.limit_checks import check_limits, num_prompts
+from execstate.serve.pipeline import run_generation
 from execstate.serve.protocol import CompletionChoice, CompletionChunk, CompletionRequest, CompletionResponse
-from execstate.serve.streaming import SSEResponse, sse
+from execstate.serve.streaming import sse
 
 
 async def create_completion(ctx: ServeContext, req: CompletionRequest, raw: Request) -> Response:
@@ -62,27 +59,13 @@ async def create_completion(ctx: ServeContext, req: CompletionRequest, raw: Requ
         raise bad_request("kv_transfer_params needs exactly one prompt", param="kv_transfer_params")
     check_logit_bias(params, eng.model_config.vocab_size)
     kv = ctx.accept_kv_transfer_params(req.kv_transfer_params)  # 400 before the engine, trusted or not at all
-    admission: Admission | None = ctx.admit(num_prompts(req) * params.n)
-    try:
-        prompts = await ctx.in_worker(_prompts, req, eng, params.max_tokens)
-        request_id = new_request_id("cmpl")
-        kind = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
-        subs = expand(request_id, prompts, params, params.n, kv, req.cache_salt, output_kind=kind)
-        if req.stream:
-            stream = _stream(ctx, req, subs, request_id, arrival, admission)
-            response = SSEResponse(stream, on_close=partial(eng.release, admission))
-            admission = None  # released by the response, once the stream is over
-            return response
-        finals = await cancel_on_disconnect(raw, final_outputs(eng, subs, ctx.metrics, arrival, admission))
-    except ValueError as exc:
-        raise bad_request(str(exc)) from None
-    except EngineDeadError as exc:
-        raise engine_dead(exc) from None
-    finally:
-        if admission is not None:
-            eng.release(admission)
-    if finals is None:  # the client is gone; its requests were aborted
-        return Response(status_code=499)
+    admission = ctx.admit(num_prompts(req) * params.n)
+    done = await run_generation(
+        ctx, raw, admission, partial(_prompts, req, eng, params.max_tokens), "cmpl", params, kv, req.cache_salt,
+        req.stream, partial(_stream, ctx, req, arrival=arrival), arrival)
+    if isinstance(done, Response):
+        return done
+    subs, finals, request_id = done.subs, done.finals, done.request_id
     choices = [
         _choice(ctx, req, out, s.index, 0, with_prompt=True)
         for s, out in zip(subs, finals, strict=True)
@@ -126,8 +109,8 @@ def _choice(
 
 
 async def _stream(
-    ctx: ServeContext, req: CompletionRequest, subs: list[SubRequest], request_id: str, arrival: float,
-    admission: Admission,
+    ctx: ServeContext, req: CompletionRequest, subs: list[SubRequest], request_id: str, admission: Admission,
+    *, arrival: float,
 ) -> AsyncIterator[str]:
     offsets = {s.index: 0 for s in subs}  # logprobs text_offset of each choice's next token
     num_tokens = dict.fromkeys(offsets, 0)

@@ -24,7 +24,7 @@ def add_world_parser(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--layers", type=int, default=m["n_layers"])
     tr.add_argument("--heads", type=int, default=m["n_heads"])
     ev = wsub.add_parser("eval", help="action following, PSNR and drift against the renderer; a comparison PNG")
-    ev.add_argument("model", nargs="?", default="world", help="a trained model directory, or 'world' (prepared)")
+    ev.add_argument("model", nargs="?", default="world", help="a trained model directory, or 'world' (the prepared model, else the shipped weights)")
     ev.add_argument("--episodes", type=int, default=8)
     ev.add_argument("--steps", type=int, default=64, help="steps (chunks) per episode")
     ev.add_argument("--drift-steps", type=int, default=500, help="steps of the rolling-window rollout (0: skip)")
@@ -35,18 +35,23 @@ def add_world_parser(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--steps", type=int, default=64)
     sp.add_argument("--threads", type=int, default=2)
     sp.add_argument("--compiled", action="store_true", help="also torch.compile (minutes of warm-up on 2 cores)")
+    ex = wsub.add_parser("export", help="copy a trained model with its weights in fp16/bf16 (how the shipped "
+                                        "default weights are made from `execstate models prepare world`)")
+    ex.add_argument("model", type=Path, help="a trained model directory")
+    ex.add_argument("--out", required=True, type=Path)
+    ex.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
     w.set_defaults(func=run_world)
 
 
 def _load(name: str, numerics: str = "eager"):  # noqa: ANN202 - lazy import of the model type
-    from execstate.model import registry
+    from execstate.model.world.default import load_default_world_model
     from execstate.model.world.model import ChunkedWorldModel
 
+    if name == "world":  # the prepared model if there is one, else the shipped weights
+        return load_default_world_model(numerics)
     path = Path(name)
     if not path.is_dir():
-        if name != "world":
-            raise ValueError(f"{name!r} is not a model directory or 'world'")
-        path = registry.prepare("world")
+        raise ValueError(f"{name!r} is not a model directory or 'world'")
     return ChunkedWorldModel.load(path, numerics=numerics, model_id=name)
 
 
@@ -65,6 +70,12 @@ def run_world(args: argparse.Namespace) -> int:
         record = train_to_dir(args.out, model_cfg, cfg, log=print, extra={"command": command})
         print(json.dumps({k: record[k] for k in ("weights_sha256", "command")} | {
             "wall_s": record["stats"]["wall_s"], "cpu_s": record["stats"]["cpu_s"]}, indent=2))
+        return 0
+    if args.world_cmd == "export":
+        from execstate.model.world.weights import export_weights
+
+        print(json.dumps({"out": str(args.out), "weights_sha256": export_weights(
+            args.model, args.out, getattr(torch, args.dtype))}, indent=2))
         return 0
     torch.set_num_threads(args.threads)
     if args.world_cmd == "eval":

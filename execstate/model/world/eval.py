@@ -10,7 +10,7 @@ random held keys (``renderer.random_actions``), and the renderer plays the same 
   frames, over every generated frame.
 - **PSNR** of each generated frame against the renderer's, per step (chunk) index.
 - **drift** over a long rollout with the rolling window: per segment of steps, PSNR, action
-  accuracy, and *palette fidelity* (share of pixels within 48 RGB units of a colour that can
+  accuracy, the share of frames where an agent is found at all, and *palette fidelity* (share of pixels within 48 RGB units of a colour that can
   occur in the scene: floor, wall, agent, movers) -- a model that drifts blurs or invents
   colours even where it still follows the keys; plus KV blocks in use and the process's peak
   resident memory (bounded memory: blocks stay constant).
@@ -117,12 +117,14 @@ def drift(model: WorldModel, seed: int = 0, steps: int = 500, segment: int = 50,
     theme = renderer.THEME_NAMES[seed % len(renderer.THEME_NAMES)]
     ep = run_episode(model, seed, steps, theme=theme, window_chunks=window_chunks)
     hits = agent_hits(ep, f).reshape(steps, f)
+    found = np.array([renderer.locate_agent(frame) is not None for frame in ep.generated]).reshape(steps, f)
     p = psnr(ep.generated, ep.truth[f:]).reshape(steps, f)
     segs = []
     for s in range(0, steps, segment):
         frames = ep.generated[s * f : (s + segment) * f]
         segs.append({"steps": [s + 1, min(s + segment, steps)], "psnr": round(float(p[s : s + segment].mean()), 2),
                      "action_accuracy": round(float(hits[s : s + segment].mean()), 3),
+                     "agent_found": round(float(found[s : s + segment].mean()), 3),
                      "palette_fidelity": round(palette_fidelity(frames, theme), 4)})
     return {
         "steps": steps, "theme": theme, "segments": segs,
@@ -133,26 +135,38 @@ def drift(model: WorldModel, seed: int = 0, steps: int = 500, segment: int = 50,
     }
 
 
-def comparison_png(model: WorldModel, path: Path, seed: int = 1, steps: int = 8, scale: int = 4) -> Path:
-    """PNG: for each row pair, generated frames (top) above the renderer's (bottom) for the same keys,
-    16 frames per row, with each frame's key under it; chunk 0 (the given start) is left out."""
+def comparison_png(model: WorldModel, path: Path, seeds: tuple[int, ...] = (1, 2), steps: int = 8,
+                   late_steps: int = 500, scale: int = 4) -> Path:
+    """PNG: row pairs of generated frames (top) above the renderer's (bottom) for the same keys,
+    ``steps * F`` frames per row, each frame's key under it: the first ``steps`` steps of the episodes
+    ``seeds`` (chunk 0, the given start, left out), then (``late_steps > 0``) the last ``steps`` steps
+    of a ``late_steps``-step rollout with the rolling window (seed 0)."""
     from PIL import Image, ImageDraw
 
     f = model.spec.frames_per_chunk
-    ep = run_episode(model, seed, steps)
-    per_row, size, label = 16, model.spec.frame_shape[0] * scale, 12
-    n = len(ep.generated)
-    rows = -(-n // per_row)
-    img = Image.new("RGB", (per_row * (size + 2), rows * (2 * size + label + 8)), (255, 255, 255))
+    rows: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []  # title, generated, truth, keys
+    for seed in seeds:
+        ep = run_episode(model, seed, steps)
+        rows.append((f"seed {seed}: steps 1-{steps}", ep.generated, ep.truth[f:], ep.keys[f:]))
+    if late_steps:
+        ep = run_episode(model, 0, late_steps)
+        lo = (late_steps - steps) * f
+        rows.append((f"seed 0: steps {late_steps - steps + 1}-{late_steps} of a {late_steps}-step rollout "
+                     f"(rolling window)", ep.generated[lo:], ep.truth[f + lo :], ep.keys[f + lo :]))
+    per_row, size, label, title = steps * f, model.spec.frame_shape[0] * scale, 12, 14
+    row_h = title + 2 * size + label + 10
+    img = Image.new("RGB", (per_row * (size + 2), len(rows) * row_h), (255, 255, 255))
     draw = ImageDraw.Draw(img)
-    names = {0: "-", 1: "up", 2: "down", 3: "left", 4: "right"}
-    for i in range(n):
-        r, c = divmod(i, per_row)
-        x, y = c * (size + 2), r * (2 * size + label + 8)
-        for j, frame in enumerate((ep.generated[i], ep.truth[f + i])):
-            tile = Image.fromarray(frame).resize((size, size), Image.NEAREST)
-            img.paste(tile, (x, y + j * (size + 1)))
-        draw.text((x + 2, y + 2 * size + 2), names[int(ep.keys[f + i])], fill=(0, 0, 0))
+    names = dict(enumerate(renderer.ACTIONS))
+    for r, (name, gen, truth, keys) in enumerate(rows):
+        y = r * row_h
+        draw.text((2, y + 1), f"{name} -- top: generated, bottom: renderer", fill=(0, 0, 0))
+        for i in range(per_row):
+            x = i * (size + 2)
+            for j, frame in enumerate((gen[i], truth[i])):
+                tile = Image.fromarray(frame).resize((size, size), Image.NEAREST)
+                img.paste(tile, (x, y + title + j * (size + 1)))
+            draw.text((x + 2, y + title + 2 * size + 2), names[int(keys[i])], fill=(0, 0, 0))
     path.parent.mkdir(parents=True, exist_ok=True)
     img.save(path)
     return path

@@ -11,7 +11,9 @@ Each step: a batch of chunk sequences from :mod:`data`, one flow time per chunk 
 sampler's schedule with probability ``p_schedule``, else uniform in [0, 1)), teacher forcing
 (:mod:`teacher`) and an MSE on the predicted clean latents, weighted ``1 + motion_weight`` on
 pixels that differ from the previous frame (the agent and movers: most of a frame is static
-floor and walls). AdamW, linear warm-up, cosine decay to ``lr * 0.1``, gradient clipping at 1.
+floor and walls), and by ``sink_loss_weight`` on the sink chunk: generated from nothing (no
+carry, no context), its loss is mostly the unpredictable random maze, which at weight 1 was most
+of the loss and drowned the learnable part (the next frames given the previous ones). AdamW, linear warm-up, cosine decay to ``lr * 0.1``, gradient clipping at 1.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class TrainConfig:
     p_schedule: float = 0.75
     motion_weight: float = 4.0
     context_noise: float = 0.1  # std of the noise added to context chunks and carries (uniform in [0, this])
+    sink_loss_weight: float = 0.05  # loss weight of the sink chunk (generated from nothing: mostly unpredictable)
     bf16: bool = True
     threads: int = 2
 
@@ -102,6 +105,7 @@ def _train(model_cfg: WorldModelConfig, cfg: TrainConfig, log: Callable[[str], N
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             pred = teacher.predict(model, batch, t, noise, clean_noise, carry_noise)
         w = 1.0 + cfg.motion_weight * batch.changed.to(torch.float32)
+        w[:, 0] *= cfg.sink_loss_weight
         loss = (w * (pred.to(torch.float32) - batch.latents) ** 2).sum() / w.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
