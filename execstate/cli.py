@@ -122,7 +122,7 @@ def _bench(args: argparse.Namespace) -> int:
 
         report = run_world_bench(model=args.model, parts=tuple(args.parts.split(",")), steps=args.steps,
                                  memory_steps=args.memory_steps, compiled_steps=args.compiled_steps,
-                                 episodes=args.episodes, threads=args.threads)
+                                 episodes=args.episodes, threads=args.threads, png=args.png)
         print(json.dumps(report, indent=2) if args.json else format_world_table(report))
         return 0
     raise AssertionError(args.bench_cmd)
@@ -324,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     bw.add_argument("--compiled-steps", type=int, default=32)
     bw.add_argument("--episodes", type=int, default=4, help="quality part: episodes against the renderer")
     bw.add_argument("--threads", type=int, default=2, help="torch threads")
+    bw.add_argument("--png", default=None, help="also write generated frames above the renderer's to this PNG")
     bw.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)
 

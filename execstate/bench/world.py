@@ -199,7 +199,7 @@ def bench_quality(model: WorldModel, episodes: int = 4, steps: int = 64) -> dict
 
 def run_world_bench(model: str | None = None, parts: tuple[str, ...] = PARTS, steps: int = 64,
                     memory_steps: int = 500, compiled_steps: int = 32, episodes: int = 4,
-                    threads: int = 2) -> dict[str, Any]:
+                    threads: int = 2, png: str | None = None) -> dict[str, Any]:
     from execstate.session.world_offline import load_world_model
 
     unknown = set(parts) - set(PARTS)
@@ -224,6 +224,12 @@ def run_world_bench(model: str | None = None, parts: tuple[str, ...] = PARTS, st
         report["memory"] = bench_memory(eager, memory_steps)
     if "quality" in parts:
         report["quality"] = bench_quality(eager, episodes, steps)
+    if png is not None:  # generated frames above the renderer's, same actions (model/world/eval.py)
+        from pathlib import Path
+
+        from execstate.model.world.eval import comparison_png
+
+        report["png"] = str(comparison_png(eager, Path(png)))
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     report["load_end"] = [round(x, 2) for x in os.getloadavg()]
     return report

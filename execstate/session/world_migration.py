@@ -129,7 +129,7 @@ def import_world_session(sessions: WorldSessions, blob: bytes, secret: bytes | N
             or o.kv_layout != [kv.num_layers, kv.num_kv_heads, kv.head_dim, kv.tokens_per_chunk]):
         raise MigrationError("incompatible", "frame shape, frames per chunk or K/V layout differ from this model's")
     try:
-        window = sessions._window(o.window_chunks, o.sink_chunks)
+        window = sessions.window_for(o.window_chunks, o.sink_chunks)
     except SessionEventError as e:
         raise _bad("window", e.message) from None
     if len(o.chunks) > window.max_chunks or o.n_chunks < len(o.chunks) or (o.n_chunks and not o.chunks):
