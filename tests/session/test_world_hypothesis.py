@@ -149,3 +149,27 @@ def test_random_operations_keep_accounting_and_replay_equality(model, ops) -> No
         ref.close()
     world.sessions.check_integrity()
     assert world.sessions.store.pool.num_used == 0
+
+
+json_value = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=True) | st.sampled_from(
+        ["left", "up", "none", "jump", ""]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["key", "down", "keys", "text", "delta", "deltas", "events", "kind", "data", "x"]), inner,
+        max_size=3),
+    max_leaves=8)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["key", "action", "camera", "prompt", "composite", "other"]), data=json_value)
+def test_any_payload_is_accepted_or_refused_invalid(model, kind, data) -> None:
+    world = World(model=model)
+    s = world.open_session(seed=0, start_frames=start_frames())
+    try:
+        s.submit_event(0, kind, data)
+    except SessionEventError as e:
+        assert e.code == "invalid" and e.message
+    r = s.step()  # whatever was accepted applies cleanly
+    assert r.frames.shape == (2, 24, 24, 3)
+    world.close()
+    world.sessions.check_integrity()
