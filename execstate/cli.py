@@ -116,6 +116,15 @@ def _bench(args: argparse.Namespace) -> int:
         )
         print(json.dumps(report, indent=2) if args.json else format_sessions_table(report))
         return 0 if report["ok"] else 1
+    if args.bench_cmd == "world":
+        from execstate.bench.world import run_world_bench
+        from execstate.bench.world_table import format_world_table
+
+        report = run_world_bench(model=args.model, parts=tuple(args.parts.split(",")), steps=args.steps,
+                                 memory_steps=args.memory_steps, compiled_steps=args.compiled_steps,
+                                 episodes=args.episodes, threads=args.threads, png=args.png)
+        print(json.dumps(report, indent=2) if args.json else format_world_table(report))
+        return 0
     raise AssertionError(args.bench_cmd)
 
 
@@ -326,6 +335,18 @@ def build_parser() -> argparse.ArgumentParser:
                           "batch queue (default: --steps)")
     bss.add_argument("--threads", type=int, default=1, help="torch threads (default 1: small steps; 0: all CPUs)")
     bss.add_argument("--json", action="store_true")
+    bw = bsub.add_parser("world", help="world-model sessions: step latency, first chunk, event-to-action, "
+                         "checkpoint/rollback vs recompute, compiled vs eager, 500-step memory, quality")
+    bw.add_argument("--model", default=None, help="a trained world model directory (default: the default model)")
+    bw.add_argument("--parts", default="latency,events,checkpoint,compiled,memory,quality",
+                    help="comma-separated subset")
+    bw.add_argument("--steps", type=int, default=64, help="steps of the latency, events and quality parts")
+    bw.add_argument("--memory-steps", type=int, default=500)
+    bw.add_argument("--compiled-steps", type=int, default=32)
+    bw.add_argument("--episodes", type=int, default=4, help="quality part: episodes against the renderer")
+    bw.add_argument("--threads", type=int, default=2, help="torch threads")
+    bw.add_argument("--png", default=None, help="also write generated frames above the renderer's to this PNG")
+    bw.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)
 
     d = sub.add_parser("demo", help="R3 rollout with prefix reuse and a replay check")

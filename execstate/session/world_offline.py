@@ -154,6 +154,14 @@ class WorldSession:
     def reset(self) -> None:
         self._sessions.reset(self.session_id)
 
+    def migrate(self, target: World, secret: bytes | None = None) -> WorldSession:
+        """Move this session to World ``target`` (``session/world_migration.py``) and return its
+        handle there (same id); this one is closed. ``MigrationError`` leaves it serving here."""
+        from execstate.session.world_migration import migrate_world_session
+
+        return WorldSession(target.sessions, migrate_world_session(self._sessions, self.session_id, target.sessions,
+                                                                   secret))
+
     def close(self) -> None:
         self._sessions.close(self.session_id)
 

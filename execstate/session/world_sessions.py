@@ -91,7 +91,7 @@ class WorldSessions:
              sink_chunks: int | None = None) -> SessionRuntime:
         """A new session. ``start_frames`` (uint8 ``[F, H, W, 3]``) are committed as its first
         chunk now (its origin then holds them); else its first step generates from the prompt."""
-        window = self._window(window_chunks, sink_chunks)
+        window = self.window_for(window_chunks, sink_chunks)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise SessionEventError("invalid", f"seed must be an int in [0, 2**63), got {seed!r}")
         try:
@@ -113,7 +113,7 @@ class WorldSessions:
             rt = SessionRuntime(sid, state, EventQueue(self.kinds, self.max_pending_events), secrets.token_hex(8))
             return self.manager.add(rt)
 
-    def _window(self, window_chunks: int | None, sink_chunks: int | None) -> RollingWindow:
+    def window_for(self, window_chunks: int | None, sink_chunks: int | None) -> RollingWindow:
         spec = self.spec
         w = spec.max_window_chunks if window_chunks is None else window_chunks
         s = spec.sink_chunks if sink_chunks is None else sink_chunks

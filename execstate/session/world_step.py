@@ -7,8 +7,8 @@ the first and last under its lock, the middle one outside it).
    the frames' K/V are untouched), draws the chunk's noise from the session's generator, gathers
    the context (a window-sized copy of the sink + newest chunks' K/V) and allocates the new
    chunk's blocks. Everything the compute phase reads is now private to the step.
-2. :func:`compute_world_step`: the few-step denoise and the commit (``sampler.generate_chunk``:
-   K/V written in place into the step's own blocks), then decode to uint8 frames. It touches no
+2. :func:`compute_world_step`: the few-step denoise and the commit (``sampler.generate_chunk``'s
+   two halves: K/V written in place into the step's own blocks), then decode to uint8 frames. It touches no
    session state, so other sessions' calls and this session's event submissions proceed
    meanwhile.
 3. :func:`finish_world_step` appends the chunk to the block table, rolls the window (releasing
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from execstate.model.world.interface import Carry, ChunkActions, ContextKV, KVWriter, PromptKV
-from execstate.model.world.sampler import generate_chunk
+from execstate.model.world.sampler import denoise_chunk
 from execstate.session.events import Drained, SessionEventError
 from execstate.session.world_events import ChunkControls, apply_boundary
 from execstate.session.world_state import WorldState, step_history
@@ -114,13 +114,16 @@ def compute_world_step(state: WorldState, prep: PreparedStep) -> ComputedStep:
     model = store.model
     t0 = time.perf_counter()
     writer = KVWriter(store.kv, prep.chunk.block_ids, model.spec.kv)
-    latents, carry = generate_chunk(model, prep.noise, prep.actions, prep.prompt, prep.ctx, prep.carry, writer)
+    latents = denoise_chunk(model, prep.noise, prep.actions, prep.prompt, prep.ctx, prep.carry)
     t1 = time.perf_counter()
-    frames = model.decode(latents)
+    carry = model.commit(latents, prep.actions, prep.prompt, prep.ctx, prep.carry, writer)
     t2 = time.perf_counter()
+    frames = model.decode(latents)
+    t3 = time.perf_counter()
     return ComputedStep(latents, carry, frames, {"gather_ms": round(prep.gather_ms, 3),
-                                                 "generate_ms": round((t1 - t0) * 1000, 3),
-                                                 "decode_ms": round((t2 - t1) * 1000, 3)})
+                                                 "denoise_ms": round((t1 - t0) * 1000, 3),
+                                                 "commit_ms": round((t2 - t1) * 1000, 3),
+                                                 "decode_ms": round((t3 - t2) * 1000, 3)})
 
 
 def finish_world_step(session_id: str, state: WorldState, prep: PreparedStep, done: ComputedStep,

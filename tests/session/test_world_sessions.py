@@ -275,3 +275,32 @@ def test_close_during_compute_discards_the_step(world: World, model) -> None:
         assert e.value.code == "closed"
     finally:
         del model.decode
+
+
+def test_session_equals_the_offline_rollout_driver(world: World, model) -> None:
+    """An independent oracle: model/world/rollout.WorldRollout (its own pool, block size and
+    bookkeeping) gives the same frames for the same seed, start, prompt and keys."""
+    from execstate.model.world.rollout import WorldRollout
+
+    keys = ["up", "up", "left", "none", "right", "down", "down", "left", "up", "none"]
+    ro = WorldRollout(model, seed=5, prompt="a desert maze", block_size=model.spec.kv.tokens_per_chunk)
+    ro.start(start_frames(), [0, 0])
+    s = world.open_session(prompt="a desert maze", seed=5, start_frames=start_frames())
+    for k in keys:
+        want = ro.step([model.spec.keys.index(k)] * 2)
+        got = s.step(action=k).frames
+        assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("sink,window", [(1, 1), (0, 2), (0, 1), (1, 2)])
+def test_window_and_sink_sizes(world: World, sink: int, window: int) -> None:
+    s = world.open_session(seed=0, start_frames=start_frames(), sink_chunks=sink, window_chunks=window)
+    start_kv = table_kv(world, s)[0]
+    bpc = world.sessions.store.blocks_per_chunk
+    for i in range(6):
+        s.step(action="up")
+        kv = table_kv(world, s)
+        assert len(kv) == min(i + 2, sink + window)
+        assert (kv[0] == start_kv) == (sink == 1 or i + 2 <= window)  # the sink stays; without one it rolls out
+    s.checkpoint()  # the origin (start chunk) and this checkpoint pin what the window released
+    assert world.sessions.store.pool.num_used == (sink + window + (1 - sink)) * bpc
