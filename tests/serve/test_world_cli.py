@@ -71,3 +71,31 @@ def test_world_only_server_subprocess(tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_lm_app_with_world_endpoints(served):
+    """``serve MODEL --world``: the LM app keeps its endpoints and gains the world ones."""
+    from fastapi.testclient import TestClient
+    from serve_helpers import MODEL_NAME
+
+    from execstate.serve.app import build_app
+    from execstate.serve.world_driver import WorldHost
+    from execstate.serve.world_ws import install_world
+
+    app = build_app(served.engine, MODEL_NAME)
+    host = WorldHost(tiny_world_model(), max_sessions=1)
+    install_world(app, host)
+    try:
+        with TestClient(app) as client:
+            assert client.get("/v1/models").json()["data"][0]["id"] == MODEL_NAME
+            out = client.post("/v1/completions", json={"model": MODEL_NAME, "prompt": [1, 2, 3], "max_tokens": 2})
+            assert out.status_code == 200 and len(out.json()["choices"]) == 1
+            assert '<canvas id="screen"' in client.get("/world").text
+            with client.websocket_connect("/v1/realtime/video") as ws:
+                ws.send_json({"type": "session.start", "fps": 0, "num_frames": 2, "format": "rgb"})
+                assert ws.receive_json()["type"] == "video.start"
+                meta = ws.receive_json()
+                assert meta["type"] == "video.chunk_metadata" and len(ws.receive_bytes()) == meta["byte_length"]
+                assert ws.receive_json()["type"] == "session.done"
+    finally:
+        host.shutdown()
