@@ -152,6 +152,7 @@ def run_server(args: argparse.Namespace) -> int:
     kv_cfg = KVTransferConfig.from_json(args.kv_transfer_config) if args.kv_transfer_config else None
     limits = limits_from_args(args)
     async_engine = AsyncEngine(LLMEngine(engine_config_from_args(args)), limits.max_waiting_requests)
+    world_host = None
     try:
         metrics = ServingMetrics()
         trust = attach_kv_connector(async_engine, kv_cfg, metrics) if kv_cfg is not None else None
@@ -164,7 +165,8 @@ def run_server(args: argparse.Namespace) -> int:
             from execstate.serve.world_server import world_host_from_args
             from execstate.serve.world_ws import install_world
 
-            install_world(app, world_host_from_args(args))
+            world_host = world_host_from_args(args)
+            install_world(app, world_host)
         elapsed = time.perf_counter() - t0  # read on the engine thread, the engine's only user:
         async_engine.call(lambda engine: log_startup(StartupInfo(engine, args, kv_cfg, elapsed, limits)))
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
@@ -172,4 +174,6 @@ def run_server(args: argparse.Namespace) -> int:
         return serve_until_engine_dies(server, async_engine)
     finally:
         async_engine.shutdown()
+        if world_host is not None:
+            world_host.shutdown()
 
