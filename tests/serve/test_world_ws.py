@@ -247,3 +247,21 @@ def test_vllm_omni_shaped_client(served):
             assert [m["transport_chunk_index"] for m in metas] == [0, 1, 2]
 
     asyncio.run(main())
+
+
+def test_socket_limits(served):
+    """Over the real socket: an oversized text frame and a binary frame get errors naming the
+    problem, and the connection goes on."""
+    _, url = served
+
+    async def main():
+        async with connect(ws_url(url)) as ws:
+            c = WorldClient(ws)
+            big = await c.ask("x" * (70 << 10))
+            assert big["code"] == "message_too_large" and "65536" in big["message"]
+            await ws.send(b"\x00\x01")
+            binary = await c.recv()
+            assert binary["code"] == "invalid_message" and "binary" in binary["message"]
+            assert (await c.ask({"type": "session.ping", "event_id": 3}))["type"] == "session.pong"
+
+    asyncio.run(main())
