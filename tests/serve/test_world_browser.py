@@ -1,8 +1,10 @@
 """The /world page in a real browser: headless Chromium (Debian's package) driven by playwright
-opens the page, which starts a session; frames arrive and are drawn; arrow keys are sent as held
-keys, acknowledged, and show up in the chunks' keys; with the trained world model the agent moves
-the way the keys say. Saves a screenshot (``WORLD_SCREENSHOT=path`` also copies it there;
-``WORLD_MODEL_DIR=dir`` runs a trained model from that directory).
+opens the page, which starts a session; frames arrive and are drawn; arrow keys and WASD are sent
+as held keys, acknowledged, and show up in the chunks' keys in the order pressed. The page's frames
+equal the offline session's for the same keys, bit for bit, and the canvas shows the last one;
+with the trained world model, in each run of a held key the agent moves the way the renderer moves
+it. Saves a screenshot (``WORLD_SCREENSHOT=path`` copies it there; ``WORLD_MODEL_DIR=dir`` runs a
+trained model from that directory).
 
 Skipped only where Chromium or playwright is missing *and* not in CI (CI installs both; there
 a missing browser fails the test)."""
@@ -22,6 +24,8 @@ from world_serve_helpers import tiny_world_model, world_server
 
 from execstate.model.world import renderer
 from execstate.serve.world_driver import WorldHost
+from execstate.serve.world_encode import frame_sha256
+from execstate.session.world_offline import World, scene_frames
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -77,7 +81,6 @@ def test_world_page_in_chromium(tmp_path):
                 page.goto(f"{url}/world?fps=16&seed=3")
                 wait_for(page, "window.worldStats && window.worldStats.frames >= 8")
                 before = canvas_frame(page)
-                start_pos = renderer.locate_agent(before)
                 page.keyboard.down("ArrowRight")
                 wait_for(page, "window.worldStats.chunkKeys.slice(-3).every(k => k === 'right')")
                 page.keyboard.down("ArrowUp")  # a second key takes over while pressed...
@@ -97,7 +100,7 @@ def test_world_page_in_chromium(tmp_path):
                 wait_for(page, "worldStats.frames + worldStats.skipped === worldStats.chunks * 2")
                 stats = page.evaluate("({frames: worldStats.frames, chunks: worldStats.chunks, acked: worldStats.acked,"
                                       " errors: worldStats.errors, keys: worldStats.chunkKeys, fps: worldStats.fps,"
-                                      " ttfc: worldStats.ttfcMs, arrivals: worldStats.arrivals})")
+                                      " ttfc: worldStats.ttfcMs, hashes: worldStats.chunkHashes})")
                 after = canvas_frame(page)  # the last frame of the last chunk
             finally:
                 browser.close()
@@ -115,13 +118,48 @@ def test_world_page_in_chromium(tmp_path):
     assert before.shape == after.shape == model.spec.frame_shape
     if os.environ.get("WORLD_SCREENSHOT"):
         shutil.copy(shot, os.environ["WORLD_SCREENSHOT"])
-    if trained:  # the agent moves the way the keys say: where the renderer puts it for the same keys
-        f = model.spec.frames_per_chunk
-        frame_keys = np.repeat([renderer.ACTIONS.index(k) for k in keys], f)
-        states, _ = renderer.trajectory(renderer.initial_state(3, renderer.theme_for_prompt("a meadow maze")),
-                                        frame_keys)
-        truth_start, truth_end = renderer.agent_center(states[0]), renderer.agent_center(states[-1])
-        end_pos = renderer.locate_agent(after)
-        assert start_pos is not None and end_pos is not None
-        assert truth_end != truth_start  # the keys moved the agent in the ground truth
-        assert max(abs(end_pos[0] - truth_end[0]), abs(end_pos[1] - truth_end[1])) <= 2.0, (end_pos, truth_end)
+    # The page got exactly the offline session's frames for these keys (frame hashes), and showed
+    # the last one (the canvas, read back).
+    frames = offline_frames(model, 3, "a meadow maze", keys)
+    assert [h for hs in stats["hashes"] for h in hs] == [frame_sha256(fr) for fr in frames]
+    assert np.abs(after.astype(int) - frames[-1].astype(int)).max() <= 2
+    if trained:
+        check_follows_keys(model, keys, frames)
+
+
+def offline_frames(model, seed: int, prompt: str, chunk_keys: list[str]) -> list[np.ndarray]:
+    """The offline World session for the chunks' keys (chunk 0: the scene)."""
+    world = World(model, numerics=model.spec.numerics, max_sessions=1)
+    try:
+        s = world.open_session(prompt=prompt, seed=seed, scene_seed=seed)
+        out = list(scene_frames(model.spec, seed, prompt))
+        for k in chunk_keys[1:]:
+            out.extend(s.step(action=k).frames)
+    finally:
+        world.close()
+    return out
+
+
+def check_follows_keys(model, keys: list[str], frames: list[np.ndarray]) -> None:
+    """The agent moves the way the keys say: over each run of chunks with one key held, where the
+    renderer (same start, same keys) moves the agent that way, the generated agent moves that way too."""
+    f = model.spec.frames_per_chunk
+    states, _ = renderer.trajectory(renderer.initial_state(3, renderer.theme_for_prompt("a meadow maze")),
+                                    np.repeat([renderer.ACTIONS.index(k) for k in keys], f))
+    axis = {"up": (0, -1), "down": (0, 1), "left": (1, -1), "right": (1, 1)}
+    checked = 0
+    i = 1
+    while i < len(keys):
+        j = i
+        while j < len(keys) and keys[j] == keys[i]:
+            j += 1
+        if keys[i] in axis:
+            a, sign = axis[keys[i]]
+            first, last = i * f - 1, j * f - 1  # the frame before the run, the run's last frame
+            moved = sign * (renderer.agent_center(states[last])[a] - renderer.agent_center(states[first])[a])
+            p0, p1 = renderer.locate_agent(frames[first]), renderer.locate_agent(frames[last])
+            if moved > 0 and p0 is not None and p1 is not None:
+                assert sign * (p1[a] - p0[a]) > 0, (keys[i], p0, p1)
+                checked += 1
+        i = j
+    assert checked >= 1, "no run of a held key in which the renderer moved the agent"

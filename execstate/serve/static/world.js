@@ -10,7 +10,7 @@
   const KEYMAP = { ArrowUp: "up", ArrowDown: "down", ArrowLeft: "left", ArrowRight: "right",
                    w: "up", s: "down", a: "left", d: "right", W: "up", S: "down", A: "left", D: "right" };
   const stats = { frames: 0, chunks: 0, acked: 0, errors: [], behindMs: 0, shown: [], lastMeta: null,
-                  ttfcMs: null, started: null, fps: 0, keysSent: [], done: null, chunkKeys: [], arrivals: [], skipped: 0 };
+                  ttfcMs: null, started: null, fps: 0, keysSent: [], done: null, chunkKeys: [], chunkHashes: [], arrivals: [], skipped: 0 };
   window.worldStats = stats;  // read by tests and curious users
   let ws = null, pendingMeta = null, queue = [], fps = Number(params.get("fps") || 16), paused = false;
   let nextShow = 0, held = new Set(), eventSeq = 0;
@@ -58,7 +58,8 @@
     const meta = pendingMeta; pendingMeta = null;
     if (!meta) return;
     stats.chunks++; stats.lastMeta = meta;
-    stats.chunkKeys.push(meta.keys[0]); stats.arrivals.push(performance.now());
+    stats.chunkKeys.push(meta.keys[0]); stats.chunkHashes.push(meta.frame_sha256);
+    stats.arrivals.push(performance.now());
     if (stats.ttfcMs === null) {
       stats.ttfcMs = performance.now() - stats.started;
       $("ttfc").textContent = stats.ttfcMs.toFixed(0) + " ms";
