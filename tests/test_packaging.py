@@ -201,11 +201,13 @@ print(json.dumps({
     "file": execstate.__file__, "modules": names,
     "dev_extras": [m for m in ("pytest", "hypothesis", "openai", "ruff") if importlib.util.find_spec(m)],
     "kernels_built": importlib.util.find_spec("execstate.kernels._cpu") is not None,
+    "world_weights": sorted(p.name for p in importlib.import_module("execstate.model.world.default").SHIPPED_DIR.iterdir()),
 }))
 """
     report = json.loads(_run([venv.python, "-c", script], venv.work, 300).stdout.splitlines()[-1])
     assert Path(report["file"]).is_relative_to(venv.root)  # the installed copy, not the repository
     assert report["dev_extras"] == []
+    assert {"model.safetensors", "config.json", "train.json"} <= set(report["world_weights"])  # package data
     expected = {
         "execstate." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts)
         for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" and p.parent.name != "csrc"

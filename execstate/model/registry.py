@@ -95,7 +95,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         ),
         EmbeddedModel(
             "world",
-            "realtime world model (chunked latent-video transformer, 4 layers, 0.9M params) trained on "
+            "realtime world model (chunked latent-video transformer, 4 layers, 1.4M params) trained on "
             "the procedural world (seed 0)",
             recipe_version=world_recipe.RECIPE_VERSION,
             build=world_recipe.build,

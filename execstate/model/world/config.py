@@ -26,6 +26,7 @@ class WorldModelConfig:
     max_prompt_words: int = 8
     sink_chunks: int = 1  # chunks kept at the start of the context (the attention sink)
     window_chunks: int = 3  # most recent chunks kept besides the sink (the trained maximum)
+    action_shift_px: int = 0  # > 0: also input the carry shifted by the keys' moves (shift.py), px per cell
     schedule: tuple[float, ...] = (0.0, 0.5)  # flow times the few-step sampler visits (0: noise, 1: clean)
 
     def __post_init__(self) -> None:

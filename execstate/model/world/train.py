@@ -39,7 +39,7 @@ from execstate.model.world.weights import save_weights
 @dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0
-    steps: int = 2400
+    steps: int = 2000
     batch_size: int = 8
     lr: float = 1e-3
     warmup: int = 100
@@ -48,10 +48,10 @@ class TrainConfig:
     p_theme_change: float = 0.3
     p_schedule: float = 0.75
     motion_weight: float = 4.0
-    context_noise: float = 0.1  # std of the noise added to context chunks and carries (uniform in [0, this])
+    context_noise: float = 0.0  # std of the noise added to context chunks and carries (uniform in [0, this])
     sink_loss_weight: float = 0.05  # loss weight of the sink chunk (generated from nothing: mostly unpredictable)
     bf16: bool = True
-    threads: int = 2
+    threads: int = 1
 
 
 def _lr(cfg: TrainConfig, step: int) -> float:

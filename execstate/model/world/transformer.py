@@ -4,9 +4,13 @@ Token layout: a sequence is ``G`` groups (chunks) of ``F`` frames of ``P`` patch
 frame-major. Each group also gets its *carry*: the clean latents of the ``carry_frames`` frames
 just before the chunk (zeros before the first chunk). A token's input is its patch concatenated
 with the carry frames' patches at the same place (channel concat, as GameNGen / Matrix-Game
-condition on frames: where things were and how they moved), and the output is a residual on the
-newest carry frame: ``x1 = carry[-1] + delta`` -- the static floor and walls are free, the
-network spends itself on what moves. The noisy chunk enters scaled by its flow time
+condition on frames: where things were and how they moved), and the output is built on the
+newest carry frame -- the static floor and walls are free, the network spends itself on what
+moves. The output is *gated*: per latent value, a new value and
+a gate, ``x1 = carry + sigmoid(gate) * (value - carry)`` (the gate starts near 0: copy). A
+static pixel is kept exactly by a saturated gate, which needs no precision, where an additive
+residual ``carry + delta`` had to produce an exact zero from the last hidden state: its errors
+were coloured noise over the whole frame that compounded over a rollout. The noisy chunk enters scaled by its flow time
 (``c_in(t) = t``, EDM-style input preconditioning): at ``t = 0`` it is pure noise and carries
 no information, so the first sampler step is exactly a function of the context. Each token's embedding also gets a learned spatial
 embedding (its patch's place), a learned frame-in-chunk embedding and the chunk's actions *up to
@@ -32,8 +36,10 @@ from torch import nn
 
 from execstate.model.world.config import WorldModelConfig
 from execstate.model.world.network import Block
+from execstate.model.world.shift import shifted_carry
 
 _T_FEATURES = 128
+_GATE_INIT = -4.0
 
 
 def _t_features(t: torch.Tensor) -> torch.Tensor:
@@ -48,7 +54,8 @@ class WorldTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
-        self.patch_in = nn.Linear((1 + cfg.carry_frames) * cfg.patch_dim, d)
+        n_in = 1 + cfg.carry_frames + (1 if cfg.action_shift_px else 0)
+        self.patch_in = nn.Linear(n_in * cfg.patch_dim, d)
         self.pos_spatial = nn.Parameter(torch.randn(cfg.tokens_per_frame, d) * 0.02)
         self.pos_frame = nn.Parameter(torch.randn(cfg.frames_per_chunk, d) * 0.02)
         self.action_in = nn.Parameter(torch.randn(cfg.frames_per_chunk, cfg.n_actions, d) * 0.02)
@@ -59,10 +66,12 @@ class WorldTransformer(nn.Module):
         self.words = nn.Embedding(cfg.text_buckets, cfg.text_dim)
         self.blocks = nn.ModuleList(Block(d, cfg.n_heads, cfg.mlp_ratio, cfg.text_dim) for _ in range(cfg.n_layers))
         self.final_mod = nn.Sequential(nn.SiLU(), nn.Linear(d, 2 * d))
-        self.patch_out = nn.Linear(d, cfg.patch_dim)
+        self.patch_out = nn.Linear(d, 2 * cfg.patch_dim)  # per value: a new value and a keep/replace gate
         for lin in (self.mod[1], self.final_mod[1], self.patch_out):
             nn.init.zeros_(lin.weight)
             nn.init.zeros_(lin.bias)
+        with torch.no_grad():
+            self.patch_out.bias[cfg.patch_dim :] = _GATE_INIT  # start by keeping the carry (copying)
 
     def prompt_kv(self, word_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``word_ids int64[N, Tt]`` -> cross-attention k, v ``[n_layers, N, Tt, H, Dh]``."""
@@ -101,7 +110,10 @@ class WorldTransformer(nn.Module):
         nc = cfg.carry_frames
         frames = carry.permute(0, 1, 3, 2, 4).reshape(b, g, 1, p, nc * cfg.patch_dim).expand(b, g, f, p, -1)
         xin = x.view(b, g, f, p, -1) * t.to(x.dtype)[:, :, None, None, None]
-        h = self.patch_in(torch.cat([xin, frames], dim=-1))
+        parts = [xin, frames]
+        if cfg.action_shift_px:
+            parts.append(shifted_carry(carry[:, :, -1], actions, f, cfg.patch_size, cfg.action_shift_px).to(x.dtype))
+        h = self.patch_in(torch.cat(parts, dim=-1))
         h = h + self.pos_spatial + self.pos_frame[:, None, :] + act[:, :, :, None, :]
         h = h.view(b, n_tok, d)
         cond = self.t_embed(_t_features(t))[:, :, None, :] + cond_act
@@ -118,6 +130,7 @@ class WorldTransformer(nn.Module):
         go = g if out_groups is None else out_groups
         shift, scale = self.final_mod(cond[:, g - go :]).view(b, go * f, 1, 2, d).unbind(3)
         h = h.view(b, g * f, p, d)[:, (g - go) * f :]
-        out = self.patch_out(nn.functional.layer_norm(h, (d,)) * (1 + scale) + shift)
+        value, gate = self.patch_out(nn.functional.layer_norm(h, (d,)) * (1 + scale) + shift).chunk(2, dim=-1)
         base = carry[:, g - go :, -1:].expand(b, go, f, p, cfg.patch_dim).reshape(b, go * f, p, cfg.patch_dim)
-        return (out + base).reshape(b, go * f * p, cfg.patch_dim), k_all, v_all
+        x1 = base + torch.sigmoid(gate) * (value - base)
+        return x1.reshape(b, go * f * p, cfg.patch_dim), k_all, v_all

@@ -10,7 +10,7 @@ from execstate.model.world.model import ChunkedWorldModel
 from execstate.model.world.transformer import WorldTransformer
 
 TINY = WorldModelConfig(d_model=32, n_layers=2, n_heads=2, frames_per_chunk=2, text_dim=16, text_buckets=64,
-                        window_chunks=2)
+                        window_chunks=2, action_shift_px=4)
 
 
 def random_net(cfg: WorldModelConfig = TINY, seed: int = 0) -> WorldTransformer:
