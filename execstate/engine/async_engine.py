@@ -52,13 +52,24 @@ import contextlib
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
 from execstate.engine.admission import Admission, AdmissionControl, EngineOverloadedError
+from execstate.engine.engine_commands import (
+    EngineDeadError,
+    _Abort,
+    _Add,
+    _AddWith,
+    _Call,
+    _Command,
+    _copy,
+    _Sink,
+    _Stop,
+    _UpdateWeights,
+)
 from execstate.engine.llm_engine import LLMEngine, PromptType
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.sampling_params import SamplingParams
@@ -73,71 +84,6 @@ __all__ = ["Admission", "AsyncEngine", "EngineDeadError", "EngineOverloadedError
 
 # How often an idle engine with pending housekeeping (PD exports) polls.
 _POLL_S = 0.05
-
-class EngineDeadError(RuntimeError):
-    """The engine thread is gone (crashed or shut down); no request can be served."""
-
-
-@dataclass
-class _Sink:
-    """Where a request's outputs go: an asyncio queue on the consumer's loop."""
-
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[RequestOutput | EngineDeadError]
-
-    def put(self, item: RequestOutput | EngineDeadError) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-
-
-@dataclass
-class _Add:
-    prompt: PromptType
-    params: SamplingParams
-    request_id: str
-    kv_transfer_params: dict[str, Any] | Handoff | None
-    sink: _Sink
-    done: concurrent.futures.Future[None]
-
-
-@dataclass
-class _AddWith:
-    start: Callable[[LLMEngine], str]
-    sink: _Sink
-    done: concurrent.futures.Future[str]
-
-
-@dataclass
-class _Abort:
-    request_id: str
-
-
-@dataclass
-class _Call:
-    fn: Callable[[LLMEngine], Any]
-    done: concurrent.futures.Future[Any]
-
-
-@dataclass
-class _UpdateWeights:
-    state_dict: dict[str, torch.Tensor]
-    weights_version: str | None
-    policy: UpdatePolicy
-    done: concurrent.futures.Future[WeightUpdateResult]
-
-
-class _Stop:
-    pass
-
-
-def _copy(err: EngineDeadError) -> EngineDeadError:
-    """A fresh instance per raise: one exception object must not travel through many tasks."""
-    new = EngineDeadError(str(err))
-    new.__cause__ = err.__cause__
-    return new
-
-
-_Command = _Add | _AddWith | _Abort | _Call | _UpdateWeights | _Stop
-
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, max_waiting_requests: int | None = None) -> None:

@@ -5,7 +5,8 @@ input) → ``step()`` repeatedly while ``has_unfinished_requests()`` → outputs
 request is finished exactly once (stop, length, abort), which releases its blocks and
 route leases.
 
-Weight updates (``update_weights``, rules in ``engine/weight_update.py``): tensors are
+Weight updates (``update_weights``: ``engine/engine_weights.py``, rules in
+``engine/weight_update.py``): tensors are
 copied in place; the weights version (a digest of the loaded tensors, or a version the
 trainer supplies) is part of every block key, so units computed with old weights can
 never be hit by requests admitted afterwards; no cache reset is needed. Requests in
@@ -47,6 +48,7 @@ import torch
 
 from execstate.engine.cache_salt import cache_salt_of
 from execstate.engine.config import EngineConfig
+from execstate.engine.engine_weights import EngineWeights
 from execstate.engine.kv_cache_manager import KVCacheManager
 from execstate.engine.output_builder import build_output, on_new_token
 from execstate.engine.outputs import RequestOutput
@@ -67,17 +69,11 @@ from execstate.engine.validation import (
     validate_prompt,
     validate_sampling,
 )
-from execstate.engine.weight_update import (
-    UpdatePolicy,
-    WeightUpdate,
-    check_policy,
-    supplied_version,
-)
+from execstate.engine.weight_update import WeightUpdate
 from execstate.identity.provenance import Provenance
 from execstate.kernels import cpu as cpu_kernels
-from execstate.model.loader import load_hf_state_dict, load_model
+from execstate.model.loader import load_model
 from execstate.model.registry import resolve_model
-from execstate.model.weight_copy import plan_weight_copy
 from execstate.model.weights_digest import model_digest
 from execstate.state.block_holds import BlockHolds
 from execstate.state.block_pool import BlockPool
@@ -95,7 +91,7 @@ PromptType = str | list[int] | dict[str, Any]
 _IDLE_WAIT_S = 0.05
 
 
-class LLMEngine:
+class LLMEngine(EngineWeights):
     def __init__(self, config: EngineConfig) -> None:
         t0 = time.perf_counter()
         self.config = config
@@ -405,73 +401,6 @@ class LLMEngine:
             held = req.returned_blocks
             if held is not None and self.kv_holds.holds(held):
                 self.kv_holds.release(held)
-
-    # -- weights ----------------------------------------------------------------
-    def update_weights(
-        self, source: str | Path | dict[str, torch.Tensor], weights_version: str | None = None,
-        policy: UpdatePolicy = "abort",
-    ) -> list[RequestOutput]:
-        """Load new weights in place (``source``: a state dict with HF tensor names, or a
-        checkpoint directory) and return the final outputs of the requests in flight:
-        aborted (``policy="abort"``) or completed on the old weights (``"drain"``, which
-        steps the engine until they finish). ``weights_version``: see ``begin_weight_update``.
-        """
-        update = self.begin_weight_update(source, weights_version, policy)
-        outputs = list(update.aborted)
-        while not update.done:
-            outputs += [o for o in self.step() if o.finished]
-            self.poll()
-        return outputs
-
-    def begin_weight_update(
-        self, source: str | Path | dict[str, torch.Tensor], weights_version: str | None = None,
-        policy: UpdatePolicy = "abort",
-    ) -> WeightUpdate:
-        """Start a weight update (rules: ``engine/weight_update.py``); complete when the
-        returned update is ``done``: at once for ``abort`` (outputs in ``update.aborted``),
-        for ``drain`` once the requests in flight finish (``step``/``poll`` switch; the
-        state dict's tensors are read then: leave them unchanged until ``done``). A
-        ``ValueError`` (policy, version, any tensor's name/dtype/shape) changes nothing."""
-        if self.weight_update is not None:
-            raise RuntimeError("a weight update is already in progress")
-        policy = check_policy(policy)
-        version = supplied_version(weights_version, self._weights_versions)
-        state_dict = load_hf_state_dict(Path(source)) if isinstance(source, str | Path) else source
-        update = WeightUpdate(plan_weight_copy(self.model, state_dict), version, policy)
-        if policy == "abort":
-            for req in list(self.requests.values()):
-                self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
-                req.abort_message = "aborted by a weight update"
-                update.aborted.append(self._finalize(req))
-        else:
-            update.waits_for = list(self.requests.values())
-            self.scheduler.admit_only = set(update.waits_for)
-        self.weight_update = update
-        self._switch_weights_if_drained()
-        return update
-
-    def _switch_weights_if_drained(self) -> None:
-        update = self.weight_update
-        if update is None or not update.drained:
-            return
-        t0 = time.perf_counter()
-        update.plan.apply()
-        version = update.version or model_digest(self.model)
-        self.provenance = replace(self.provenance, weights_version=version)
-        self.kv_manager.set_provenance(self.provenance)
-        for req in list(self.requests.values()):  # held back by the drain: never admitted
-            if req.block_ids:  # a session step holding KV of the old weights: it cannot go on
-                req.abort_message = "the weights were updated before this step started: its state is stale"
-                self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
-                self._finished_between_steps.append(self._finalize(req))  # returned by the next step()
-                continue
-            req.block_keys = []  # keys from the new root
-        self.scheduler.admit_only = None
-        self._weights_versions.add(version)
-        self.weight_update = None
-        if self.pd is not None:
-            self.pd.on_weights_updated()
-        update.finish(version, time.perf_counter() - t0)
 
     def check_integrity(self) -> None:
         self.block_pool.check_integrity()

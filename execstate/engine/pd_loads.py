@@ -30,7 +30,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from execstate.engine.kv_cache_manager import ExternalLoad, ExternalLoadError, FinishedLoad
+from execstate.engine.external_prefix import ExternalLoad, ExternalLoadError, FinishedLoad
 from execstate.engine.request import Request
 from execstate.identity.keys import BlockKey
 from execstate.state.block_pool import BlockId, BlockPool

@@ -39,7 +39,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from execstate.engine.kv_cache_manager import ExternalLoadError, ExternalPrefix, KVCacheManager
+from execstate.engine.external_prefix import ExternalLoadError, ExternalPrefix
+from execstate.engine.kv_cache_manager import KVCacheManager
 from execstate.engine.request import Request, RequestStatus
 from execstate.state.block_pool import BlockId
 

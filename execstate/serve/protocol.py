@@ -198,26 +198,24 @@ class AssistantMessage(BaseModel):
     content: str
 
 
-class ChatChoice(_Response):
+class _ChatChoiceFields(_Response):
+    """What a chat choice carries besides its message (whole) or delta (streamed)."""
+
     omit_if_none: ClassVar[frozenset[str]] = frozenset({"routed_experts", "token_ids"})
     index: int
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    routed_experts: str | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatChoice(_ChatChoiceFields):
     message: AssistantMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    routed_experts: str | None = None
-    token_ids: list[int] | None = None
 
 
-class ChatStreamChoice(_Response):
-    omit_if_none: ClassVar[frozenset[str]] = frozenset({"routed_experts", "token_ids"})
-    index: int
+class ChatStreamChoice(_ChatChoiceFields):
     delta: DeltaMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    routed_experts: str | None = None
-    token_ids: list[int] | None = None
 
 
 class ChatCompletionResponse(_Response):

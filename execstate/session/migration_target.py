@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from execstate.engine.kv_cache_manager import ExternalLoadError
+from execstate.engine.external_prefix import ExternalLoadError
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.route_trace import RouteTrace
 from execstate.identity.keys import BlockKey

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from execstate.engine.kv_cache_manager import ExternalLoadError
+from execstate.engine.external_prefix import ExternalLoadError
 from execstate.engine.pd_loads import LoadStats, RemoteLoads
 from execstate.engine.request import Request
 from execstate.engine.sampling_params import SamplingParams

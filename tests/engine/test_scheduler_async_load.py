@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from test_scheduler_kv import BS, fake_rows, make, new_req, run_step
 
-from execstate.engine.kv_cache_manager import ExternalLoad, ExternalLoadError, FinishedLoad
+from execstate.engine.external_prefix import ExternalLoad, ExternalLoadError, FinishedLoad
 from execstate.engine.request import Request, RequestStatus
 from execstate.engine.scheduler import SchedulerOutput
 

@@ -17,7 +17,7 @@ Call order of one step (``sampler.generate_chunk`` is the reference implementati
     frames = model.decode(x1)                               # uint8 [F, H, W, 3]
 
 The *carry* is the session's small recurrent state besides the K/V: what the next step needs
-from this one that is not K/V (this model: the last frame's latents, 12 KiB; a streaming VAE
+from this one that is not K/V (this model: the last two frames' latents, 54 KiB; a streaming VAE
 decoder's feature cache would be carry too). A session starts with ``model.initial_carry()``;
 the runtime keeps the carry with its control state and saves it in checkpoints (it is
 immutable: a new one per step).

@@ -49,6 +49,7 @@ class TrainConfig:
     p_schedule: float = 0.75
     motion_weight: float = 4.0
     context_noise: float = 0.0  # std of the noise added to context chunks and carries (uniform in [0, this])
+    p_own_history: float = 0.0  # share of samples whose context/carries are the model's own predictions
     sink_loss_weight: float = 0.05  # loss weight of the sink chunk (generated from nothing: mostly unpredictable)
     bf16: bool = True
     threads: int = 1
@@ -102,8 +103,14 @@ def _train(model_cfg: WorldModelConfig, cfg: TrainConfig, log: Callable[[str], N
             carry_noise[:, 0] = 0.0  # the sink's carry is "no frames": zeros, exactly
         for group in opt.param_groups:
             group["lr"] = _lr(cfg, step)
+        context = None
+        if cfg.p_own_history > 0:
+            own = torch.rand(b, generator=gen) < cfg.p_own_history
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                context, carry = teacher.own_history(model, batch, own)
+            batch = dataclasses.replace(batch, carry=carry)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            pred = teacher.predict(model, batch, t, noise, clean_noise, carry_noise)
+            pred = teacher.predict(model, batch, t, noise, clean_noise, carry_noise, context)
         w = 1.0 + cfg.motion_weight * batch.changed.to(torch.float32)
         w[:, 0] *= cfg.sink_loss_weight
         loss = (w * (pred.to(torch.float32) - batch.latents) ** 2).sum() / w.sum()
