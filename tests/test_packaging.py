@@ -51,8 +51,7 @@ from execstate.cli import build_parser
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "execstate"
 # Optional peers, imported only inside functions, each with a clear message when missing.
-OPTIONAL_IMPORTS = {"llama_cpp": "llama-cpp-python (bench throughput's llama.cpp peer)",
-                    "matplotlib": "matplotlib (bench duplex --png, the plot extra)"}
+OPTIONAL_IMPORTS = {"llama_cpp": "llama-cpp-python (bench throughput's llama.cpp peer)"}
 # What never travels into the clean copy that gets installed.
 _NOT_COPIED = (".git", ".venv", "build", "dist", "*.egg-info", "*.so", "__pycache__", ".pytest_cache",
                ".ruff_cache", ".hypothesis", ".cache")

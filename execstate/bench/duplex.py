@@ -127,11 +127,8 @@ def run_duplex_bench(model: str | Path = "smollm2-135m", *, parts: tuple[str, ..
             if png is not None and (silence, final) == policies[0]:
                 from execstate.bench.duplex_plot import plot_timeline
 
-                try:
-                    plot_timeline(runs[0], Path(png), f"{model} front, {name}, {step_tokens} tokens/step")
-                    report["png"] = str(png)
-                except ImportError:
-                    report["png"] = "not written: matplotlib is not installed (pip install 'execstate[plot]')"
+                plot_timeline(runs[0], Path(png), f"{model} front, {name}, {step_tokens} tokens/step")
+                report["png"] = str(png)
     if "load" in parts:
         report["load"] = {"tasks": load_tasks, "max_num_seqs": max_num_seqs}
         for i, mode in enumerate(LOAD_MODES):
