@@ -3,6 +3,7 @@
 Public API (vLLM-compatible names)::
 
     from execstate import LLM, SamplingParams
+    from execstate import World     # world-model sessions (session/world_offline.py)
 
 Imported lazily, so the pure-Python layers (identity/, state/ bookkeeping) load
 without torch.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "ScoreOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "ScoreOutput", "World"]
 __version__ = "0.1.0"
 
 _EXPORTS = {
@@ -21,6 +22,7 @@ _EXPORTS = {
     "RequestOutput": "execstate.engine.outputs",
     "CompletionOutput": "execstate.engine.outputs",
     "ScoreOutput": "execstate.engine.outputs",
+    "World": "execstate.session.world_offline",
 }
 
 
