@@ -124,6 +124,7 @@ def _bench(args: argparse.Namespace) -> int:
             policies=tuple(_policy(x) for x in args.policies.split(",")), step_tokens=args.step_tokens,
             load_tasks=args.load_tasks, threads=args.threads, seed=args.seed, png=args.png)
         print(json.dumps(report, indent=2) if args.json else format_duplex_table(report))
+        return 0
     if args.bench_cmd == "world":
         from execstate.bench.world import run_world_bench
         from execstate.bench.world_table import format_world_table
