@@ -116,6 +116,14 @@ def _bench(args: argparse.Namespace) -> int:
         )
         print(json.dumps(report, indent=2) if args.json else format_sessions_table(report))
         return 0 if report["ok"] else 1
+    if args.bench_cmd == "duplex":
+        from execstate.bench.duplex import format_duplex_table, run_duplex_bench
+
+        report = run_duplex_bench(
+            model=args.model, parts=tuple(args.parts.split(",")), conversations=args.conversations, turns=args.turns,
+            policies=tuple(_policy(x) for x in args.policies.split(",")), step_tokens=args.step_tokens,
+            load_tasks=args.load_tasks, threads=args.threads, seed=args.seed, png=args.png)
+        print(json.dumps(report, indent=2) if args.json else format_duplex_table(report))
     if args.bench_cmd == "world":
         from execstate.bench.world import run_world_bench
         from execstate.bench.world_table import format_world_table
@@ -126,6 +134,11 @@ def _bench(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2) if args.json else format_world_table(report))
         return 0
     raise AssertionError(args.bench_cmd)
+
+
+def _policy(spec: str) -> tuple[float, float | None]:
+    silence, _, final = spec.partition(":")
+    return float(silence), None if final in ("", "none") else float(final)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -142,6 +155,9 @@ def _proxy(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from execstate.serve.server import run_server
+
+    if args.model is None and args.world is None:
+        raise SystemExit("execstate serve: give a MODEL, --world, or both")
 
     return run_server(args)
 
@@ -225,6 +241,24 @@ def _add_session_options(s: argparse.ArgumentParser) -> None:
     g.add_argument("--realtime-grace-s", type=_grace, default=0.0,
                    help="seconds a /v1/realtime session outlives its dropped connection, for session.resume; "
                         "0 closes it at once (default: %(default)s)")
+
+
+def _add_world_options(s: argparse.ArgumentParser) -> None:
+    """``serve --world``: world sessions over /v1/realtime/video and the /world page (serve/world_server.py)."""
+    g = s.add_argument_group("world sessions")
+    g.add_argument("--world", nargs="?", const="world", default=None, metavar="WORLD_MODEL",
+                   help="also serve world sessions (/v1/realtime/video, the /world page) with this world model: "
+                        "a trained directory or 'world' (the default; without MODEL: a world-only server)")
+    g.add_argument("--world-max-sessions", type=int, default=8,
+                   help="resident world sessions at most; beyond it session.start is refused (code capacity) "
+                        "(default: %(default)s)")
+    g.add_argument("--world-session-memory", type=_size, default=4 << 20,
+                   help="K/V memory budget of one world session (bytes, or a size such as 16MiB); a session or "
+                        "checkpoint beyond it is refused (code budget) (default: 4MiB)")
+    g.add_argument("--world-fps", type=float, default=16.0,
+                   help="a world session's target frame rate unless session.start sets fps; 0: as fast as "
+                        "possible (default: %(default)s)")
+    g.add_argument("--world-threads", type=int, default=0, help="torch threads for world steps (0: torch's default)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -314,6 +348,20 @@ def build_parser() -> argparse.ArgumentParser:
                           "batch queue (default: --steps)")
     bss.add_argument("--threads", type=int, default=1, help="torch threads (default 1: small steps; 0: all CPUs)")
     bss.add_argument("--json", action="store_true")
+    bd = bsub.add_parser("duplex", help="full-duplex agent on scripted timed conversations: response, interruption "
+                         "and delegation latency, pause/backchannel handling, front step latency under load")
+    bd.add_argument("--model", default="smollm2-135m", help="the front model: an embedded name or a path")
+    bd.add_argument("--parts", default="conversations,load", help="comma-separated subset")
+    bd.add_argument("--conversations", type=int, default=4)
+    bd.add_argument("--turns", type=int, default=8, help="user turns per conversation")
+    bd.add_argument("--policies", default="0.8:0.2,0.4:none",
+                    help="turn policies to compare: SILENCE:SENTENCE_END_SILENCE (s; 'none': no sentence-end cue)")
+    bd.add_argument("--step-tokens", type=int, default=4, help="tokens per front step")
+    bd.add_argument("--load-tasks", type=int, default=10, help="concurrent back-end model tasks in the load part")
+    bd.add_argument("--threads", type=int, default=1)
+    bd.add_argument("--seed", type=int, default=0)
+    bd.add_argument("--png", default=None, help="write the timeline of the first conversation here")
+    bd.add_argument("--json", action="store_true")
     bw = bsub.add_parser("world", help="world-model sessions: step latency, first chunk, event-to-action, "
                          "checkpoint/rollback vs recompute, compiled vs eager, 500-step memory, quality")
     bw.add_argument("--model", default=None, help="a trained world model directory (default: the default model)")
@@ -333,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_demo)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, /metrics)")
-    s.add_argument("model", help="embedded model name or a Hugging Face directory")
+    s.add_argument("model", nargs="?", default=None,
+                   help="embedded model name or a Hugging Face directory (optional with --world)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
@@ -350,6 +399,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "recorded in provenance numerics, so P and D of a PD pair must agree")
     _add_capacity_and_limit_options(s)
     _add_session_options(s)
+    s.add_argument("--agent-back-model", default=None,
+                   help="/v1/realtime/agent: the back-end model agents delegate to (the tool 'reason'): an "
+                        "embedded name or a directory, loaded as a second engine (default: the served model, "
+                        "at batch priority; the front is always the served model)")
+    _add_world_options(s)
     s.set_defaults(func=_serve)
 
     px = sub.add_parser("proxy", help="prefill/decode disaggregation proxy")

@@ -193,7 +193,7 @@ def venv() -> Iterator[Venv]:
 @pytest.mark.packaging
 def test_installed_without_extras_imports_every_module(venv: Venv) -> None:
     script = """
-import importlib, importlib.util, json, pkgutil, shutil, execstate
+import importlib, importlib.resources, importlib.util, json, pkgutil, shutil, execstate
 names = sorted(m.name for m in pkgutil.walk_packages(execstate.__path__, "execstate.") if m.name != "execstate.__main__")
 for name in names:
     importlib.import_module(name)
@@ -202,12 +202,14 @@ print(json.dumps({
     "dev_extras": [m for m in ("pytest", "hypothesis", "openai", "ruff") if importlib.util.find_spec(m)],
     "kernels_built": importlib.util.find_spec("execstate.kernels._cpu") is not None,
     "world_weights": sorted(p.name for p in importlib.import_module("execstate.model.world.default").SHIPPED_DIR.iterdir()),
+    "world_page": sorted(p.name for p in importlib.resources.files("execstate.serve").joinpath("static").iterdir()),
 }))
 """
     report = json.loads(_run([venv.python, "-c", script], venv.work, 300).stdout.splitlines()[-1])
     assert Path(report["file"]).is_relative_to(venv.root)  # the installed copy, not the repository
     assert report["dev_extras"] == []
     assert {"model.safetensors", "config.json", "train.json"} <= set(report["world_weights"])  # package data
+    assert {"world.html", "world.js"} <= set(report["world_page"])  # the /world page (package data)
     expected = {
         "execstate." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts)
         for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" and p.parent.name != "csrc"

@@ -2,7 +2,8 @@
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (see those modules),
 ``/v1/sessions...`` (``sessions_http.py``: a minimal session API and session migration),
-the ``/v1/realtime`` WebSocket (``realtime.py``), ``GET /v1/models``, ``GET /health`` (200
+the ``/v1/realtime`` WebSocket (``realtime.py``), the ``/v1/realtime/agent`` WebSocket
+(``agent_ws.py``: full-duplex agents), ``GET /v1/models``, ``GET /health`` (200
 ``{"status": "ok"}``, 503 with the reason once the engine thread is dead), ``GET /metrics``
 (Prometheus text, this app's registry).
 Every error is an OpenAI error body (``errors.py``).
@@ -31,6 +32,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from execstate.engine.async_engine import AsyncEngine, EngineDeadError
+from execstate.serve.agent_ws import install_agent
 from execstate.serve.auth import APIKeyMiddleware
 from execstate.serve.body_limit import BodySizeLimitMiddleware
 from execstate.serve.chat import create_chat_completion
@@ -80,12 +82,15 @@ def build_app(
     limits: ServingLimits | None = None,
     handoff_trust: HandoffTrust | None = None,
     realtime_grace_s: float = DEFAULT_GRACE_S,
+    agent_back_engine: AsyncEngine | None = None,
 ) -> FastAPI:
     """An app serving ``async_engine`` under ``served_model_name`` (the only accepted
     ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry,
     ``limits`` to ``ServingLimits()``; ``handoff_trust`` (PD decode side) decides which
     handoff parameters are accepted; ``realtime_grace_s`` how long a session of a dropped
-    ``/v1/realtime`` connection is kept for ``session.resume`` (``realtime.py``)."""
+    ``/v1/realtime`` connection is kept for ``session.resume`` (``realtime.py``);
+    ``agent_back_engine`` serves the back-end model of ``/v1/realtime/agent`` agents (``agent_ws.py``;
+    default: ``async_engine`` at batch priority)."""
     limits = limits or ServingLimits()
     ctx = ServeContext(async_engine, served_model_name, metrics or ServingMetrics(), kv_transfer_config, limits,
                        handoff_trust=handoff_trust)
@@ -105,6 +110,7 @@ def build_app(
         return _mark_ignored(await create_chat_completion(ctx, body, request), body)
 
     install_realtime(app, ctx, realtime_grace_s)
+    install_agent(app, ctx, agent_back_engine)  # /v1/realtime/agent: full-duplex agents
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

@@ -14,6 +14,8 @@ Start-up order (``run_server``):
    trust; the start-up summary is logged (``startup_log``: model, dtype, kernels, KV blocks,
    limits, PD role, ...);
    ``serve_until_engine_dies``; on exit the engine thread is shut down.
+   With ``--agent-back-model``, a second engine (same flags, that model) serves the agents'
+   back-end model (``/v1/realtime/agent``, ``agent_ws.py``); it is shut down with the first.
 
 Exit status: 1 when the engine stopped serving (a crash, or a failed step that left
 shared state corrupt): ``/health`` has answered 503 with the reason meanwhile, the
@@ -25,6 +27,7 @@ it. Stopped by a signal, the process ends as uvicorn ends it (it re-raises the s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import threading
 import time
@@ -144,18 +147,33 @@ def run_server(args: argparse.Namespace) -> int:
     from execstate.serve.realtime import MAX_FRAME_BYTES
     from execstate.serve.startup_log import StartupInfo, log_startup
 
+    if args.model is None:  # execstate serve --world: world sessions only
+        from execstate.serve.world_server import run_world_server
+
+        return run_world_server(args)
     t0 = time.perf_counter()
     kv_cfg = KVTransferConfig.from_json(args.kv_transfer_config) if args.kv_transfer_config else None
     limits = limits_from_args(args)
     async_engine = AsyncEngine(LLMEngine(engine_config_from_args(args)), limits.max_waiting_requests)
+    back_engine = None
+    world_host = None
     try:
+        if getattr(args, "agent_back_model", None):  # the agents' back-end model: a second engine
+            back_cfg = dataclasses.replace(engine_config_from_args(args), model=args.agent_back_model)
+            back_engine = AsyncEngine(LLMEngine(back_cfg), limits.max_waiting_requests)
         metrics = ServingMetrics()
         trust = attach_kv_connector(async_engine, kv_cfg, metrics) if kv_cfg is not None else None
         name = args.served_model_name or str(args.model)
         app = build_app(
             async_engine, name, api_key=args.api_key, metrics=metrics, kv_transfer_config=kv_cfg, limits=limits,
-            handoff_trust=trust, realtime_grace_s=args.realtime_grace_s,
+            handoff_trust=trust, realtime_grace_s=args.realtime_grace_s, agent_back_engine=back_engine,
         )
+        if args.world is not None:  # the world endpoints on the same app (serve --world)
+            from execstate.serve.world_server import world_host_from_args
+            from execstate.serve.world_ws import install_world
+
+            world_host = world_host_from_args(args)
+            install_world(app, world_host)
         elapsed = time.perf_counter() - t0  # read on the engine thread, the engine's only user:
         async_engine.call(lambda engine: log_startup(StartupInfo(engine, args, kv_cfg, elapsed, limits)))
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
@@ -163,4 +181,8 @@ def run_server(args: argparse.Namespace) -> int:
         return serve_until_engine_dies(server, async_engine)
     finally:
         async_engine.shutdown()
+        if back_engine is not None:
+            back_engine.shutdown()
+        if world_host is not None:
+            world_host.shutdown()
 

@@ -125,6 +125,12 @@ def sessions_line(info: StartupInfo) -> str:
             f"{info.args.realtime_grace_s:g} s")
 
 
+def agents_line(info: StartupInfo) -> str:
+    back = getattr(info.args, "agent_back_model", None)
+    return (f"/v1/realtime/agent: front = the served model; back-end model (tool 'reason') = "
+            f"{back or 'the served model, batch priority'}; server tools calculator, lookup")
+
+
 FIELDS: list[tuple[str, Callable[[StartupInfo], str]]] = [
     ("model", model_line),
     ("architecture", architecture_line),
@@ -145,6 +151,7 @@ FIELDS: list[tuple[str, Callable[[StartupInfo], str]]] = [
     ("listening on", lambda i: f"http://{i.args.host}:{i.args.port}"),
     ("API key", lambda i: "required" if i.args.api_key else "off"),
     ("sessions", lambda i: sessions_line(i)),
+    ("agents", agents_line),
     ("start-up", lambda i: f"{i.startup_seconds:.1f} s (engine {i.engine.startup_seconds:.1f} s)"),
 ]
 

@@ -19,10 +19,10 @@ from execstate.model.world.rollout import WorldRollout
 from execstate.model.world.weights import file_sha256
 
 # Measured on the shipped weights (eager, fp32 compute); see notes/worldmodel.md.
-MIN_ACCURACY_16 = 0.12  # action accuracy over seeds 0-3, 16 steps
-MIN_PSNR_FIRST = 21.5  # mean PSNR (dB) of the first 4 steps, seeds 0-3
-MIN_LATE_FOUND = 0.0  # share of frames of steps 101-150 (rolling window) where the agent is found
-MIN_LATE_PALETTE = 0.6  # palette fidelity of steps 101-150
+MIN_ACCURACY_16 = 0.12  # action accuracy over seeds 0-3, 16 steps (measured 0.172)
+MIN_PSNR_FIRST = 21.5  # mean PSNR (dB) of the first 4 steps, seeds 0-3 (measured 22.98)
+MIN_EARLY_FOUND = 0.1  # share of frames of steps 1-50 (rolling window) where the agent is found (measured 0.19)
+MIN_LATE_PALETTE = 0.6  # palette fidelity of steps 101-150 (measured 0.696; the scene drifts, see docs)
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +76,8 @@ def test_a_held_key_moves_the_agent_that_way(model, key: int, axis: int, sign: i
     assert moved == pytest.approx(list(range(1, 3 * f + 1)), abs=0.5), moved
 
 
-def test_long_rollout_with_the_rolling_window_stays_coherent(model) -> None:  # noqa: ANN001
+def test_long_rollout_with_the_rolling_window_keeps_memory_bounded_and_the_palette(model) -> None:  # noqa: ANN001
     r = world_eval.drift(model, seed=0, steps=150, segment=50)
-    last = r["segments"][-1]
-    assert last["palette_fidelity"] >= MIN_LATE_PALETTE, r
-    assert last["agent_found"] >= MIN_LATE_FOUND, r
+    assert r["segments"][0]["agent_found"] >= MIN_EARLY_FOUND, r
+    assert r["segments"][-1]["palette_fidelity"] >= MIN_LATE_PALETTE, r
     assert r["blocks_in_use_max"] == r["blocks_in_use_last"]

@@ -1,0 +1,111 @@
+"""Back-end tasks: tools (Python callables) and model sessions, each on its own timescale.
+
+``Backend.start(delegation, done)`` runs one task as an asyncio task and calls
+``done(delegation_id, result, error)`` on the agent's event loop when it ends (``result`` is the
+tool's return value as text; ``error`` the exception's text). A sync callable runs in a worker
+thread (so a slow tool never blocks the front); an ``async def`` is awaited. ``cancel(id)`` cancels
+the task (``done`` is not called then). A :class:`ModelTool` is a slower model: each task opens
+its own LM session on its ``AsyncEngine`` (batch class by default, below the front), runs one step
+on the prompt and closes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from execstate.agent.agent_events import DelegationId
+from execstate.agent.ledger import Delegation
+from execstate.engine.async_engine import AsyncEngine
+from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.scheduler import PRIORITY_BATCH
+from execstate.session.async_sessions import AsyncSessions
+from execstate.session.lm_step import StepResult
+
+Done = Callable[[DelegationId, str | None, str | None], None]
+
+
+class ModelTool:
+    """A back-end model: ``await tool(prompt=...)`` -> its completion (one session per call)."""
+
+    def __init__(self, engine: AsyncEngine, max_tokens: int = 32, priority: int = PRIORITY_BATCH,
+                 sampling_params: SamplingParams | None = None, prompt_format: str = "{prompt}") -> None:
+        self.sessions = AsyncSessions(engine)
+        self.max_tokens = max_tokens
+        self.priority = priority
+        self.params = sampling_params or SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        self.prompt_format = prompt_format
+
+    async def __call__(self, prompt: str) -> str:
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError("a model task needs a non-empty 'prompt' string")
+        info = await self.sessions.open(None, self.params, priority=self.priority)
+        try:
+            text = ""
+            async for item in self.sessions.step(info.session_id, self.prompt_format.format(prompt=prompt),
+                                                 max_tokens=self.max_tokens):
+                if isinstance(item, StepResult):
+                    text = item.text or ""
+            return text.strip()
+        finally:
+            await self.sessions.close(info.session_id)
+
+
+class Backend:
+    def __init__(self, tools: Mapping[str, Callable[..., Any]] | None = None) -> None:
+        self.tools = dict(tools or {})
+        for name, fn in self.tools.items():
+            if not isinstance(name, str) or not name or not callable(fn):
+                raise ValueError(f"tool {name!r}: a non-empty name and a callable")
+        self._tasks: dict[DelegationId, asyncio.Task[None]] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.tools)
+
+    @property
+    def running(self) -> list[DelegationId]:
+        return [k for k, t in self._tasks.items() if not t.done()]
+
+    def start(self, d: Delegation, done: Done) -> None:
+        fn = self.tools[d.tool]
+
+        async def run() -> None:
+            try:
+                if _is_async(fn):
+                    out = await fn(**d.arguments)
+                else:
+                    out = await asyncio.to_thread(fn, **d.arguments)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a task's failure is its result, never the agent's
+                done(d.delegation_id, None, f"{type(exc).__name__}: {exc}")
+            else:
+                done(d.delegation_id, str(out), None)
+            finally:
+                self._tasks.pop(d.delegation_id, None)
+
+        self._tasks[d.delegation_id] = asyncio.get_running_loop().create_task(run(), name=f"backend:{d.delegation_id}")
+
+    def cancel(self, delegation_id: DelegationId) -> bool:
+        task = self._tasks.pop(delegation_id, None)
+        if task is None or task.done():
+            return False
+        task.cancel()
+        return True
+
+    async def close(self, cancel: bool = True) -> None:
+        """Cancel every task (``cancel``) or wait for them to finish."""
+        tasks = list(self._tasks.values())
+        if cancel:
+            for t in tasks:
+                t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """An ``async def`` function, or an object whose ``__call__`` is one (``ModelTool``)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)

@@ -1,0 +1,116 @@
+"""The front: the fast model an agent speaks with, stepped a few tokens at a time.
+
+:class:`FrontModel` is what ``DuplexAgent`` needs from it (any modality: an audio front would
+implement the same calls over its own session kind). Contract:
+
+- ``step(input_ids, max_tokens)`` appends ``input_ids`` to the context at this step boundary and
+  generates at most ``max_tokens`` tokens, yielding :class:`FrontChunk`s and, last, one
+  :class:`FrontStepEnd`. One step at a time; the caller always consumes it to its end.
+- ``cancel()`` makes the step in flight end early (``finish_reason == "abort"``); the context
+  keeps what it generated until then (the caller rolls back what it must not keep).
+- ``prelude()`` is what the context starts with (a system prompt, with the tokenizer's special
+  tokens); the agent appends it at its first step and keeps it in its transcript.
+- ``mark()`` checkpoints the context at a boundary (no step in flight); ``rewind(mark)`` rolls
+  back to it (the mark stays valid); ``release(mark)`` drops it.
+
+:class:`SessionFront` implements it with an LM session on an ``AsyncEngine``
+(``session/async_sessions.py``): each step is a session step, so it runs in the session's
+priority class (interactive by default: above batch and back-end requests in the same engine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from execstate.engine.async_engine import AsyncEngine
+from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.scheduler import PRIORITY_INTERACTIVE
+from execstate.session.async_sessions import AsyncSessions
+from execstate.session.lm_step import StepDelta
+
+
+@dataclass(frozen=True)
+class FrontChunk:
+    token_ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class FrontStepEnd:
+    finish_reason: str | None  # "stop" (end of the reply), "length" (step budget), "abort" (cancelled)
+
+
+class FrontModel(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def prelude(self) -> list[int]: ...
+
+    def step(self, input_ids: list[int], max_tokens: int) -> AsyncIterator[FrontChunk | FrontStepEnd]: ...
+
+    async def cancel(self) -> None: ...
+
+    async def mark(self) -> Any: ...
+
+    async def rewind(self, mark: Any) -> None: ...
+
+    async def release(self, mark: Any) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+DEFAULT_FRONT_PARAMS = SamplingParams(temperature=0.0, stop=["\n"], max_tokens=4)
+
+
+class SessionFront:
+    """A :class:`FrontModel` over one LM session of ``engine`` (module docstring)."""
+
+    def __init__(self, sessions: AsyncSessions, session_id: str, prelude: list[int] | None = None) -> None:
+        self.sessions = sessions
+        self.session_id = session_id
+        self._tok = sessions.engine.tokenizer
+        self._prelude = list(prelude or [])
+
+    @classmethod
+    async def open(cls, engine: AsyncEngine, system_prompt: str = "A helpful voice assistant talks with a user.",
+                   sampling_params: SamplingParams | None = None, priority: int = PRIORITY_INTERACTIVE,
+                   session_id: str | None = None, sessions: AsyncSessions | None = None) -> SessionFront:
+        """Open the session and put ``system_prompt`` first in its context (appended at the first step)."""
+        if engine.tokenizer is None:
+            raise ValueError("the front model needs a tokenizer")
+        sessions = sessions or AsyncSessions(engine)
+        info = await sessions.open(session_id, sampling_params or DEFAULT_FRONT_PARAMS, priority=priority)
+        prelude = engine.tokenizer.encode(system_prompt, add_special_tokens=True) if system_prompt else []
+        return cls(sessions, info.session_id, prelude)
+
+    def prelude(self) -> list[int]:
+        return list(self._prelude)
+
+    def encode(self, text: str) -> list[int]:
+        assert self._tok is not None
+        return self._tok.encode(text, add_special_tokens=False)
+
+    async def step(self, input_ids: list[int], max_tokens: int) -> AsyncIterator[FrontChunk | FrontStepEnd]:
+        finish = None
+        async for item in self.sessions.step(self.session_id, input=list(input_ids) or None, max_tokens=max_tokens):
+            if isinstance(item, StepDelta):
+                yield FrontChunk(tuple(item.token_ids), item.text)
+            else:
+                finish = item.finish_reason
+        yield FrontStepEnd(finish)
+
+    async def cancel(self) -> None:
+        await self.sessions.cancel(self.session_id)
+
+    async def mark(self) -> str:
+        return await self.sessions.checkpoint(self.session_id)
+
+    async def rewind(self, mark: str) -> None:
+        await self.sessions.rollback(self.session_id, mark)
+
+    async def release(self, mark: str) -> None:
+        await self.sessions.release_checkpoint(self.session_id, mark)
+
+    async def close(self) -> None:
+        await self.sessions.close(self.session_id)

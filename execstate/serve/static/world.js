@@ -1,0 +1,133 @@
+// The /world page: one world session over /v1/realtime/video (docs/world-serving.md).
+// Chunks arrive as video.chunk_metadata + one binary frame (the chunk's PNGs back to back); frames
+// are shown at the session's fps from a small queue. Arrow keys / WASD are sent as key.down/key.up.
+"use strict";
+(() => {
+  const params = new URLSearchParams(location.search);
+  const $ = (id) => document.getElementById(id);
+  const canvas = $("screen");
+  const ctx2d = canvas.getContext("2d");
+  const KEYMAP = { ArrowUp: "up", ArrowDown: "down", ArrowLeft: "left", ArrowRight: "right",
+                   w: "up", s: "down", a: "left", d: "right", W: "up", S: "down", A: "left", D: "right" };
+  const stats = { frames: 0, chunks: 0, acked: 0, errors: [], behindMs: 0, shown: [], lastMeta: null,
+                  ttfcMs: null, started: null, fps: 0, keysSent: [], done: null, chunkKeys: [], chunkHashes: [], arrivals: [], skipped: 0 };
+  window.worldStats = stats;  // read by tests and curious users
+  let ws = null, pendingMeta = null, queue = [], fps = Number(params.get("fps") || 16), paused = false;
+  let nextShow = 0, held = new Set(), eventSeq = 0;
+
+  function log(line) {
+    const el = $("log");
+    el.textContent += line + "\n";
+    el.scrollTop = el.scrollHeight;
+  }
+  function send(msg) {
+    if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(msg));
+  }
+  function connect() {
+    const url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/v1/realtime/video";
+    const key = params.get("key");
+    ws = key ? new WebSocket(url, ["realtime", "openai-insecure-api-key." + key]) : new WebSocket(url);
+    ws.binaryType = "arraybuffer";
+    ws.onopen = () => { $("status").textContent = "connected"; if (params.get("autostart") !== "0") start(); };
+    ws.onclose = () => { $("status").textContent = "closed"; };
+    ws.onmessage = (m) => (typeof m.data === "string" ? onEvent(JSON.parse(m.data)) : onChunk(m.data));
+  }
+  function start() {
+    queue = []; nextShow = 0; held.clear(); serverHeld = null;
+    stats.started = performance.now();
+    send({ type: "session.start", event_id: "start-" + (++eventSeq), prompt: $("prompt").value,
+           seed: Number(params.get("seed") || 0), fps: fps, format: "png" });
+  }
+  function onEvent(ev) {
+    switch (ev.type) {
+      case "video.start":
+        fps = ev.config.fps; $("target").textContent = fps === 0 ? "as fast as possible" : fps;
+        $("status").textContent = "running " + ev.request_id; log("video.start " + ev.request_id); break;
+      case "video.chunk_metadata": pendingMeta = ev; break;
+      case "session.interaction.queued": stats.acked++; $("acked").textContent = stats.acked; break;
+      case "session.behind":
+        stats.behindMs = ev.behind_ms; log("behind real time by " + ev.behind_ms.toFixed(0) + " ms"); break;
+      case "session.done": stats.done = ev; $("status").textContent = "done"; log("session.done"); break;
+      case "session.paused": $("status").textContent = "paused"; break;
+      case "session.resumed": $("status").textContent = "running"; break;
+      case "error": stats.errors.push(ev); log("error " + ev.code + ": " + ev.message); break;
+      default: log(ev.type);
+    }
+  }
+  async function onChunk(buf) {
+    const meta = pendingMeta; pendingMeta = null;
+    if (!meta) return;
+    stats.chunks++; stats.lastMeta = meta;
+    stats.chunkKeys.push(meta.keys[0]); stats.chunkHashes.push(meta.frame_sha256);
+    stats.arrivals.push(performance.now());
+    if (stats.ttfcMs === null) {
+      stats.ttfcMs = performance.now() - stats.started;
+      $("ttfc").textContent = stats.ttfcMs.toFixed(0) + " ms";
+    }
+    $("chunk").textContent = meta.generation_chunk_index + " (" + meta.keys[0] + ")";
+    $("stepms").textContent = meta.timings.step_ms.toFixed(1);
+    $("active").textContent = meta.active_event_ids.join(", ") || "-";
+    const behind = meta.behind_ms || 0;
+    stats.behindMs = behind;
+    const b = $("behind");
+    b.textContent = behind > 0 ? "behind by " + behind.toFixed(0) + " ms" : "on time";
+    b.className = behind > 1000 * meta.num_frames / Math.max(fps, 1e-9) ? "behind" : "ok";
+    let pos = 0;
+    for (const n of meta.frame_byte_lengths) {
+      const bmp = await createImageBitmap(new Blob([buf.slice(pos, pos + n)], { type: "image/png" }));
+      pos += n;
+      queue.push(bmp);
+    }
+  }
+  function draw(now) {
+    const interval = fps > 0 ? 1000 / fps : 0;
+    while (queue.length && now >= nextShow) {
+      const bmp = queue.shift();
+      if (queue.length > 8) { stats.skipped++; continue; }  // far behind: skip to stay live
+      canvas.width = bmp.width; canvas.height = bmp.height;
+      ctx2d.drawImage(bmp, 0, 0);
+      stats.frames++; stats.shown.push(now);
+      nextShow = Math.max(nextShow + interval, now - interval);
+      if (interval) break;
+    }
+    while (stats.shown.length && stats.shown[0] < now - 1000) stats.shown.shift();
+    stats.fps = stats.shown.length;
+    $("fps").textContent = stats.fps;
+    $("frames").textContent = stats.frames;
+    requestAnimationFrame(draw);
+  }
+  // The server holds one key at a time (a key.down replaces the held key): send what changes
+  // the held key; on a release, the newest key still pressed takes over.
+  let serverHeld = null;
+  function sendKey(key, down) {
+    stats.keysSent.push([key, down]);
+    send({ type: down ? "key.down" : "key.up", key: key, event_id: "k" + (++eventSeq) });
+    serverHeld = down ? key : null;
+  }
+  function keyEvent(e, down) {
+    const key = KEYMAP[e.key];
+    if (!key || document.activeElement === $("prompt")) return;
+    e.preventDefault();
+    if (down === held.has(key)) return;  // auto-repeat, or a release of a key pressed elsewhere
+    if (down) { held.delete(key); held.add(key); } else { held.delete(key); }
+    document.querySelector('#keys span[data-key="' + key + '"]').className = down ? "down" : "";
+    if (down) sendKey(key, true);
+    else if (serverHeld === key) {
+      const rest = [...held];
+      rest.length ? sendKey(rest[rest.length - 1], true) : sendKey(key, false);
+    }
+  }
+  document.addEventListener("keydown", (e) => keyEvent(e, true));
+  document.addEventListener("keyup", (e) => keyEvent(e, false));
+  $("send-prompt").onclick = () => send({ type: "session.interaction", event_id: "p" + (++eventSeq),
+                                          interaction: { event: { prompt: $("prompt").value } } });
+  $("start").onclick = () => start();
+  $("stop").onclick = () => send({ type: "session.stop" });
+  $("pause").onclick = () => {
+    paused = !paused;
+    send({ type: paused ? "session.pause" : "session.resume" });
+    $("pause").textContent = paused ? "resume" : "pause";
+  };
+  requestAnimationFrame(draw);
+  connect();
+})();

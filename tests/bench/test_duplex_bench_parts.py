@@ -1,0 +1,60 @@
+"""``bench duplex`` pieces without a model: the scripted conversations and the metrics on a
+hand-built event log with known answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from execstate.agent.agent_events import (
+    DelegationCreated,
+    DelegationResult,
+    OutputDelta,
+    ResponseCreated,
+    ResponseDone,
+)
+from execstate.bench.duplex_metrics import summarize
+from execstate.bench.duplex_run import Played
+from execstate.bench.duplex_script import BACKCHANNELS, make_conversation
+
+
+def test_conversations_are_seeded_and_well_formed():
+    a, b = make_conversation(3, 8), make_conversation(3, 8)
+    assert a == b and a != make_conversation(4, 8)
+    assert sorted(t.kind for t in a.turns) == ["backchannel"] * 2 + ["barge_in"] * 2 + ["delegated"] * 2 + ["plain"] * 2
+    for t in a.turns:
+        assert t.chunks[0].gap_s == 0.0 and all(0 < c.gap_s < 0.8 for c in t.chunks[1:])
+        assert t.chunks[-1].text.endswith((".", "?")) and not any(c.text.endswith((".", "?")) for c in t.chunks[:-1])
+        assert all(i > 0 for i, c in enumerate(t.chunks) if c.pause)  # a pause is mid-utterance
+        if t.kind == "backchannel":
+            assert len(t.interruption) == 1 and t.interruption[0].text in BACKCHANNELS
+            assert len(t.interruption[0].text.split()) <= 2
+        if t.kind == "barge_in":
+            assert sum(len(c.text.split()) for c in t.interruption) > 2
+        if t.kind == "delegated":
+            text = " ".join(c.text for c in t.chunks)
+            assert t.answer is not None and (t.answer == str(eval(text.split("is ")[1].rstrip("?").replace(
+                "times", "*"))) if t.tool == "calc" else t.answer == a.codes[text.split()[-1].rstrip("?")])
+
+
+def test_metrics_on_a_known_log():
+    ev = [
+        ResponseCreated(1.2, 0, "r1", "turn"), DelegationCreated(1.2, 0, "d1", "calc", {"a": "6", "b": "7"}),
+        OutputDelta(1.5, 0, "r1", " Let me check."), DelegationResult(2.2, 0, "d1", "completed", "42", appended=True),
+        ResponseDone(2.2, 0, "r1", "done", "result", " Let me check."), ResponseCreated(2.2, 0, "r2", "result"),
+        OutputDelta(2.25, 0, "r2", " The answer is 42."), ResponseDone(3.0, 0, "r2", "done", "length",
+                                                                      " The answer is 42."),
+        ResponseCreated(4.1, 0, "r3", "turn"), OutputDelta(4.4, 0, "r3", " Once"),
+        OutputDelta(4.9, 0, "r3", " upon"), ResponseDone(5.0, 1, "r3", "cancelled", "barge_in", " Once upon"),
+    ]
+    marks = [{"kind": "question", "t": 0.0, "answer": "42", "tool": "calc"},
+             {"kind": "turn_end", "t": 1.0, "during": "delegated"},
+             {"kind": "pause", "t0": 3.2, "t1": 3.8}, {"kind": "turn_end", "t": 4.0, "during": "plain"}]
+    s = summarize([Played(ev, marks, [0.1, 0.2, 0.3], [(4.8, 0, 4.95)])])
+    assert s["response_latency_ms"] == {"p50": 450.0, "p90": 490.0, "n": 2}  # 0.5 s and 0.4 s
+    assert s["delegated_correct"] == {"share": 1.0, "n": 1}
+    assert s["delegation_ms"]["created_to_appended_p50"] == 1000.0
+    assert s["delegation_ms"]["appended_to_first_word_p50"] == pytest.approx(50.0)
+    assert s["interruption_latency_ms"]["p99"] == pytest.approx(100.0)  # " upon" came 0.1 s after the accept
+    assert s["stop_latency_ms"]["p50"] == pytest.approx(150.0)
+    assert s["tor_pauses"] == {"rate": 0.0, "n": 1}
+    assert s["front_step_ms"]["p50"] == 200.0
