@@ -1,5 +1,6 @@
 """A PNG timeline of one played conversation: user input, agent output per epoch, turn decisions,
-delegations (created -> result) and barge-ins, in rows of ``row_s`` seconds. Uses matplotlib."""
+delegations (created -> result) and barge-ins, in rows of ``row_s`` seconds (matplotlib, imported
+when a plot is made)."""
 
 from __future__ import annotations
 

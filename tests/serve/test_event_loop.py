@@ -16,7 +16,8 @@ from execstate.engine.tokenizer import Tokenizer
 from execstate.serve.limits import ServingLimits
 
 HEALTH_P50_S = 0.1  # the bound
-HEALTH_MAX_S = 1.0  # a margin for a loaded 2-core CI box; the GIL-holding encode stalled it ~3-4 s
+HEALTH_MAX_S = 2.5  # a margin for a 2-core box shared with other jobs (1.45 s seen at load 8); the GIL-holding
+# encode stalled it ~3-4 s on its own, ~4 s with a 4.8 MB prompt
 
 
 def _maximal_text_body() -> bytes:
