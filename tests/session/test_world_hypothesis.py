@@ -97,11 +97,12 @@ def _pick(items, i):
     return items[i % len(items)] if items else None
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(op, min_size=3, max_size=25))
 def test_random_operations_keep_accounting_and_replay_equality(model, ops) -> None:
     world, ref = World(model=model, max_sessions=5, eviction="lru"), World(model=model)
-    live: list[tuple[object, dict]] = []  # (session, {"seed", "history", "cps": {cp_id: history}})
+    # (session, {"seed", "history", "origin": the history reset returns to without checkpoints, "cps"})
+    live: list[tuple[object, dict]] = []
     try:
         for o in [("open", 0), *ops]:
             entry = _pick(live, o[1]) if o[0] != "open" else None
@@ -109,7 +110,7 @@ def test_random_operations_keep_accounting_and_replay_equality(model, ops) -> No
             try:
                 if o[0] == "open":
                     s = world.open_session(seed=o[1], start_frames=start_frames(seed=o[1]))
-                    live.append((s, {"seed": o[1], "history": [], "cps": {}}))
+                    live.append((s, {"seed": o[1], "history": [], "origin": [], "cps": {}}))
                 elif s is None:
                     continue
                 elif o[0] == "step":
@@ -130,11 +131,12 @@ def test_random_operations_keep_accounting_and_replay_equality(model, ops) -> No
                         meta["cps"].pop(cp_id)
                     else:
                         hist = meta["history"] if cp_id is None else meta["cps"][cp_id]
-                        live.append((s.fork(cp_id), {"seed": meta["seed"], "history": list(hist), "cps": {}}))
+                        live.append((s.fork(cp_id), {"seed": meta["seed"], "history": list(hist),
+                                                     "origin": list(hist), "cps": {}}))
                 elif o[0] == "reset":
                     s.reset()
-                    meta["history"] = list(meta["cps"][max(meta["cps"], key=lambda c: int(c[3:]))]) if meta[
-                        "cps"] else []
+                    newest = max(meta["cps"], key=lambda c: int(c[3:])) if meta["cps"] else None
+                    meta["history"] = list(meta["origin"] if newest is None else meta["cps"][newest])
                 elif o[0] == "close":
                     s.close()
                     live.remove(entry)
