@@ -151,7 +151,16 @@ class FrontLoop:
             self._burst, self._paused = [], False
 
     async def _boundary(self) -> None:
-        for item_id, keep in self._truncs:
+        # latest item first: an earlier item's rewind re-appends the later ones (already cut) and
+        # releases their checkpoints
+        order = sorted(self._truncs, key=lambda tk: self.transcript.mark_index(tk[0])
+                       if self.transcript.has_mark(tk[0]) else -1, reverse=True)
+        for item_id, keep in order:
+            if not self.transcript.has_mark(item_id):  # released since it was asked for (an earlier
+                # truncation re-appended it, or newer responses pushed its checkpoint out): say so, go on
+                self._emit(ErrorEvent(self.now(), self.fence.epoch, "not_found",
+                                      f"truncation of {item_id} not applied: its checkpoint was released"))
+                continue
             mark, tokens, released = self.transcript.plan_truncate(item_id, keep)
             await self.front.rewind(mark)
             self._replay, self._replay_from = tokens, self.transcript.mark_index(item_id)
