@@ -16,7 +16,7 @@ compute, ``session/world_sessions.py``): an event submitted while its session's 
 computed is accepted at once and applies at the next boundary. ``submit_event`` records when
 each event arrived (``received_at``, ``time.perf_counter``) for event-to-action latency.
 
-Errors are ``SessionEventError`` with a ``code`` (``notes/wruntime.md``).
+Errors are ``SessionEventError`` with a ``code`` (``docs/world-sessions.md``).
 """
 
 from __future__ import annotations

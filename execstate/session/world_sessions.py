@@ -1,5 +1,5 @@
 """The world-model sessions of one ``World``: the API the offline ``WorldSession`` and
-``AsyncWorld`` call (``notes/wruntime.md``). The generic rules (status machine, step index,
+``AsyncWorld`` call (``docs/world-sessions.md``). The generic rules (status machine, step index,
 epochs, checkpoints, forks, capacity, eviction, event queue) are the session runtime's
 (``runtime.py``, ``events.py``, ``manager.py``); this module adds the world kind.
 
@@ -14,7 +14,7 @@ checkpoints and origin pin); a step beyond that is refused with code ``budget``,
 that finds the shared pool full with ``capacity`` (neither changes anything). With the default
 sizes (``num_blocks = max_sessions * session_blocks``) the pool never fills.
 
-Errors are :class:`SessionEventError` with a ``code`` (``notes/wruntime.md``).
+Errors are :class:`SessionEventError` with a ``code`` (``docs/world-sessions.md``).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from execstate.state.block_holds import HeldBlocks
 
 @dataclass(frozen=True)
 class WorldStepResult:
-    """What one step produced (``notes/wruntime.md``): ``frames`` uint8 ``[F, H, W, 3]``, the
+    """What one step produced (``docs/world-sessions.md``): ``frames`` uint8 ``[F, H, W, 3]``, the
     ``keys`` its frames were conditioned on, the prompt version, the boundary's event lists,
     ``timings`` in ms and the session's distinct K/V blocks after the step (checkpoints included)."""
 

@@ -1,7 +1,7 @@
 """The shipped default world model (``execstate/model/world/shipped``) against the renderer.
 
 These run in CI in seconds: the thresholds are the measured values on fixed seeds with a margin
-(notes/worldmodel.md has the full measurements, ``execstate world eval``). They fail when the
+(docs/world-model.md 6 has the full measurements, ``execstate world eval``). They fail when the
 weights stop following the keys, blur, drift or no longer load the way the runtime loads them.
 """
 
@@ -18,7 +18,7 @@ from execstate.model.world.default import SHIPPED_DIR, default_world_model_dir, 
 from execstate.model.world.rollout import WorldRollout
 from execstate.model.world.weights import file_sha256
 
-# Measured on the shipped weights (eager, fp32 compute); see notes/worldmodel.md.
+# Measured on the shipped weights (eager, fp32 compute); see docs/world-model.md 6.
 MIN_ACCURACY_16 = 0.12  # action accuracy over seeds 0-3, 16 steps (measured 0.172)
 MIN_PSNR_FIRST = 21.5  # mean PSNR (dB) of the first 4 steps, seeds 0-3 (measured 22.98)
 MIN_EARLY_FOUND = 0.1  # share of frames of steps 1-50 (rolling window) where the agent is found (measured 0.19)
