@@ -355,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--parts", default="conversations,load", help="comma-separated subset")
     bd.add_argument("--conversations", type=int, default=4)
     bd.add_argument("--turns", type=int, default=8, help="user turns per conversation")
-    bd.add_argument("--policies", default="0.8:0.2,0.4:none",
+    bd.add_argument("--policies", default="0.8:0.15,0.4:none",
                     help="turn policies to compare: SILENCE:SENTENCE_END_SILENCE (s; 'none': no sentence-end cue)")
     bd.add_argument("--step-tokens", type=int, default=4, help="tokens per front step")
     bd.add_argument("--load-tasks", type=int, default=10, help="concurrent back-end model tasks in the load part")

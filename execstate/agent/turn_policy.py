@@ -41,7 +41,7 @@ class TurnConfig:
     backchannel_max_words: int = 2
     resume_after_s: float = 0.6
     pause_on_speech: bool = True
-    final_silence_s: float | None = 0.2
+    final_silence_s: float | None = 0.15
 
     def __post_init__(self) -> None:
         if not self.end_of_turn_silence_s > 0 or not self.resume_after_s > 0:

@@ -82,7 +82,8 @@ def test_a_final_looking_chunk_ends_the_turn_after_the_shorter_silence():
     p = TurnPolicy(CFG)
     p.on_input(3, 0.0, False, final=True)
     assert p.next_deadline() == pytest.approx(CFG.final_silence_s)
-    assert p.on_tick(0.19) is Decision.NONE and p.on_tick(0.2) is Decision.END_OF_TURN
+    fs = CFG.final_silence_s
+    assert p.on_tick(fs - 0.01) is Decision.NONE and p.on_tick(fs) is Decision.END_OF_TURN
     p.on_input(2, 1.0, False, final=True)
     p.on_input(2, 1.1, False, final=False)  # it went on: the long silence again
     assert p.on_tick(1.5) is Decision.NONE and p.on_tick(1.95) is Decision.END_OF_TURN
