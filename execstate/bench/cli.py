@@ -1,0 +1,213 @@
+"""``execstate bench ...``: the benchmarks' command line (each benchmark's heavy imports happen
+when it runs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    b = sub.add_parser("bench", help="benchmarks")
+    bsub = b.add_subparsers(dest="bench_cmd", required=True)
+    bt = bsub.add_parser("throughput", help="engine vs transformers (and llama.cpp) tokens/s")
+    bt.add_argument("--model", default="standard", help="'standard', an embedded name or a path")
+    bt.add_argument("--repeats", type=int, default=3)
+    bt.add_argument("--threads", type=int, default=None)
+    bt.add_argument("--no-peers", action="store_true", help="skip transformers/llama.cpp")
+    bt.add_argument("--json", action="store_true")
+    bp = bsub.add_parser("pd", help="PD (proxy -> prefill -> decode) vs single instance: TTFT, transfer, recovery")
+    bp.add_argument("--model", default="standard", help="'standard', an embedded name or a path")
+    bp.add_argument("--prompt-len", type=int, default=2048)
+    bp.add_argument("--num-prompts", type=int, default=4)
+    bp.add_argument("--max-tokens", type=int, default=32)
+    bp.add_argument("--repeats", type=int, default=3)
+    bp.add_argument("--threads", type=int, default=None, help="threads per engine process (default: all CPUs)")
+    bp.add_argument("--itl-under-loads", action="store_true",
+                    help="instead: p99 ITL of a stream on D while --num-loads PD loads happen, vs none")
+    bp.add_argument("--num-loads", type=int, default=6, help="with --itl-under-loads: PD loads during the stream")
+    bp.add_argument("--nice-nixl-threads", action="store_true",
+                    help="diagnostic: renice the busy-polling NIXL progress threads to 19")
+    bp.add_argument("--json", action="store_true")
+    bk = bsub.add_parser("kernels", help="execstate's CPU kernels vs the torch ops they replace (GB/s, speed-up)")
+    bk.add_argument("--repeats", type=int, default=5)
+    bk.add_argument("--threads", type=int, default=None)
+    bk.add_argument("--json", action="store_true")
+    bs = bsub.add_parser("sampler", help="vectorised sampler vs the old per-row loop (batch 1/8/64, vocab 49152)")
+    bs.add_argument("--repeats", type=int, default=20)
+    bs.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    bs.add_argument("--json", action="store_true")
+    bw = bsub.add_parser("weights", help="update_weights time: state dict or path, hashed or supplied version")
+    bw.add_argument("--model", default="smollm2-moe", help="an embedded name or a path")
+    bw.add_argument("--repeats", type=int, default=5)
+    bw.add_argument("--threads", type=int, default=None)
+    bw.add_argument("--json", action="store_true")
+    bl = bsub.add_parser("load", help="load test: concurrent streaming clients, some cut, then a flood past the queue")
+    bl.add_argument("--model", default="standard", help="'standard', an embedded name or a path")
+    bl.add_argument("--clients", type=int, default=12, help="concurrent streaming clients (<= seqs + waiting)")
+    bl.add_argument("--rounds", type=int, default=2)
+    bl.add_argument("--prompt-len", type=int, default=128)
+    bl.add_argument("--max-tokens", type=int, default=48)
+    bl.add_argument("--cut-every", type=int, default=4, help="every Nth client closes its stream early (0: none)")
+    bl.add_argument("--cut-after", type=int, default=8, help="tokens a cut client reads before closing")
+    bl.add_argument("--flood", type=int, default=96, help="requests sent at once after the steady phase")
+    bl.add_argument("--max-num-seqs", type=int, default=8)
+    bl.add_argument("--max-waiting-requests", type=int, default=8)
+    bl.add_argument("--threads", type=int, default=None)
+    bl.add_argument("--json", action="store_true")
+    bi = bsub.add_parser("itl", help="per-token latency at 100 vs N generated tokens (host overhead vs forward)")
+    bi.add_argument("--max-tokens", type=int, default=8000)
+    bi.add_argument("--kinds", default="delta,cumulative,final_only", help="output kinds, comma-separated")
+    bi.add_argument("--logprobs", type=int, default=1)
+    bi.add_argument("--window", type=int, default=100, help="tokens per median")
+    bi.add_argument("--threads", type=int, default=1, help="torch threads")
+    bi.add_argument("--no-model", action="store_true", help="only the output path (no model run)")
+    bi.add_argument("--repeats", type=int, default=1, help="runs per kind; each median is the smallest")
+    bi.add_argument("--json", action="store_true")
+    bss = bsub.add_parser("sessions", help="sessions: multi-turn chat vs re-sending, checkpoint/rollback vs "
+                          "recompute, step latency under batch load, migration")
+    bss.add_argument("--model", default="standard", help="'standard', an embedded name (smollm2-moe) or a path")
+    bss.add_argument("--parts", default="chat,checkpoint,latency,migration", help="comma-separated subset")
+    bss.add_argument("--turns", type=int, default=8)
+    bss.add_argument("--turn-len", type=int, default=64, help="random token ids per user turn")
+    bss.add_argument("--max-tokens", type=int, default=32, help="tokens generated per turn (ignore_eos)")
+    bss.add_argument("--repeats", type=int, default=3, help="chats (fresh user turns each); per-turn medians")
+    bss.add_argument("--contexts", default="256,1024,4096", help="checkpoint part: context lengths")
+    bss.add_argument("--steps", type=int, default=40, help="latency part: session steps per mode")
+    bss.add_argument("--batch-class-steps", type=int, default=None,
+                     help="latency part: steps with the session in the batch class, each waiting behind the "
+                          "batch queue (default: --steps)")
+    bss.add_argument("--threads", type=int, default=1, help="torch threads (default 1: small steps; 0: all CPUs)")
+    bss.add_argument("--json", action="store_true")
+    bd = bsub.add_parser("duplex", help="full-duplex agent on scripted timed conversations: response, interruption "
+                         "and delegation latency, pause/backchannel handling, front step latency under load")
+    bd.add_argument("--model", default="smollm2-135m", help="the front model: an embedded name or a path")
+    bd.add_argument("--parts", default="conversations,load", help="comma-separated subset")
+    bd.add_argument("--conversations", type=int, default=4)
+    bd.add_argument("--turns", type=int, default=8, help="user turns per conversation")
+    bd.add_argument("--policies", default="0.8:0.15,0.4:none",
+                    help="turn policies to compare: SILENCE:SENTENCE_END_SILENCE (s; 'none': no sentence-end cue)")
+    bd.add_argument("--step-tokens", type=int, default=4, help="tokens per front step")
+    bd.add_argument("--load-tasks", type=int, default=10, help="concurrent back-end model tasks in the load part")
+    bd.add_argument("--threads", type=int, default=1)
+    bd.add_argument("--seed", type=int, default=0)
+    bd.add_argument("--png", default=None, help="write the timeline of the first conversation here")
+    bd.add_argument("--json", action="store_true")
+    bw = bsub.add_parser("world", help="world-model sessions: step latency, first chunk, event-to-action, "
+                         "checkpoint/rollback vs recompute, compiled vs eager, 500-step memory, quality")
+    bw.add_argument("--model", default=None, help="a trained world model directory (default: the default model)")
+    bw.add_argument("--parts", default="latency,events,checkpoint,compiled,memory,quality",
+                    help="comma-separated subset")
+    bw.add_argument("--steps", type=int, default=64, help="steps of the latency, events and quality parts")
+    bw.add_argument("--memory-steps", type=int, default=500)
+    bw.add_argument("--compiled-steps", type=int, default=32)
+    bw.add_argument("--episodes", type=int, default=4, help="quality part: episodes against the renderer")
+    bw.add_argument("--threads", type=int, default=2, help="torch threads")
+    bw.add_argument("--png", default=None, help="also write generated frames above the renderer's to this PNG")
+    bw.add_argument("--json", action="store_true")
+    b.set_defaults(func=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.bench_cmd == "throughput":
+        from execstate.bench.throughput import run_throughput_bench
+
+        report = run_throughput_bench(
+            model=args.model, repeats=args.repeats, peers=not args.no_peers, num_threads=args.threads
+        )
+        if args.json:
+            print(json.dumps(report, indent=2))
+        return 0
+    if args.bench_cmd == "pd" and args.itl_under_loads:
+        from execstate.bench.pd_itl import format_itl_table, run_itl_under_loads
+
+        report = run_itl_under_loads(model=args.model, prompt_len=args.prompt_len, num_loads=args.num_loads,
+                                     threads=args.threads)
+        print(json.dumps(report, indent=2) if args.json else format_itl_table(report))
+        return 0
+    if args.bench_cmd == "pd":
+        from execstate.bench.pd import run_pd_bench
+
+        report = run_pd_bench(
+            model=args.model, prompt_len=args.prompt_len, num_prompts=args.num_prompts,
+            max_tokens=args.max_tokens, repeats=args.repeats, threads=args.threads,
+            nice_busy_threads=args.nice_nixl_threads,
+        )
+        if args.json:
+            print(json.dumps(report, indent=2))
+        ok = report["correctness"]["token_mismatches"] == 0 and report["recovery"]["failure"]["error_detected"]
+        return 0 if ok else 1
+    if args.bench_cmd == "kernels":
+        from execstate.bench.kernels import format_kernel_table, run_kernel_bench
+
+        report = run_kernel_bench(repeats=args.repeats, threads=args.threads)
+        print(json.dumps(report, indent=2) if args.json else format_kernel_table(report))
+        return 0
+    if args.bench_cmd == "sampler":
+        from execstate.bench.sampler import format_sampler_table, run_sampler_bench
+
+        report = run_sampler_bench(repeats=args.repeats, threads=args.threads)
+        print(json.dumps(report, indent=2) if args.json else format_sampler_table(report))
+        return 0
+    if args.bench_cmd == "weights":
+        from execstate.bench.weights import run_weights_bench
+
+        report = run_weights_bench(model=args.model, repeats=args.repeats, threads=args.threads,
+                                   print_table=not args.json)
+        if args.json:
+            print(json.dumps(report, indent=2))
+        return 0
+    if args.bench_cmd == "load":
+        from execstate.bench.load import format_load_report, run_load_bench
+
+        report = run_load_bench(
+            model=args.model, clients=args.clients, rounds=args.rounds, prompt_len=args.prompt_len,
+            max_tokens=args.max_tokens, cut_every=args.cut_every, cut_after=args.cut_after, flood=args.flood,
+            max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting_requests, threads=args.threads,
+        )
+        print(json.dumps(report, indent=2) if args.json else format_load_report(report))
+        return 0 if report["ok"] else 1
+    if args.bench_cmd == "itl":
+        from execstate.bench.itl import format_itl_table, run_itl_bench
+
+        report = run_itl_bench(max_tokens=args.max_tokens, kinds=args.kinds.split(","), logprobs=args.logprobs,
+                               window=args.window, threads=args.threads, model=not args.no_model,
+                               repeats=args.repeats)
+        print(json.dumps(report, indent=2) if args.json else format_itl_table(report))
+        return 0
+    if args.bench_cmd == "sessions":
+        from execstate.bench.sessions import run_sessions_bench
+        from execstate.bench.sessions_table import format_sessions_table
+
+        report = run_sessions_bench(
+            model=args.model, parts=tuple(args.parts.split(",")), turns=args.turns, turn_len=args.turn_len,
+            max_tokens=args.max_tokens, chat_repeats=args.repeats,
+            contexts=tuple(int(n) for n in args.contexts.split(",")), steps=args.steps,
+            batch_class_steps=args.batch_class_steps, threads=args.threads,
+        )
+        print(json.dumps(report, indent=2) if args.json else format_sessions_table(report))
+        return 0 if report["ok"] else 1
+    if args.bench_cmd == "duplex":
+        from execstate.bench.duplex import format_duplex_table, run_duplex_bench
+
+        report = run_duplex_bench(
+            model=args.model, parts=tuple(args.parts.split(",")), conversations=args.conversations, turns=args.turns,
+            policies=tuple(_policy(x) for x in args.policies.split(",")), step_tokens=args.step_tokens,
+            load_tasks=args.load_tasks, threads=args.threads, seed=args.seed, png=args.png)
+        print(json.dumps(report, indent=2) if args.json else format_duplex_table(report))
+        return 0
+    if args.bench_cmd == "world":
+        from execstate.bench.world import run_world_bench
+        from execstate.bench.world_table import format_world_table
+
+        report = run_world_bench(model=args.model, parts=tuple(args.parts.split(",")), steps=args.steps,
+                                 memory_steps=args.memory_steps, compiled_steps=args.compiled_steps,
+                                 episodes=args.episodes, threads=args.threads, png=args.png)
+        print(json.dumps(report, indent=2) if args.json else format_world_table(report))
+        return 0
+    raise AssertionError(args.bench_cmd)
+
+
+def _policy(spec: str) -> tuple[float, float | None]:
+    silence, _, final = spec.partition(":")
+    return float(silence), None if final in ("", "none") else float(final)
