@@ -165,6 +165,21 @@ def test_memory_budget_refusal(model):
         host.shutdown()
 
 
+async def after_resume(c: WorldClient, step_index: int, n: int = 3) -> list[dict]:
+    """Resume, then the ``n`` chunks that follow ``step_index``: from ``c.chunks``, starting at the
+    chunk numbered ``step_index + 1`` (a chunk may arrive before the resume's acknowledgement, and
+    ``ask`` reads it on the way; a chunk of the abandoned branch, in flight at the pause before a
+    rollback, may arrive after the mark)."""
+    mark = len(c.chunks)
+    await c.ask({"type": "session.resume"})
+    while True:
+        metas = [m for m, _ in c.chunks[mark:]]
+        starts = [i for i, m in enumerate(metas) if m["generation_chunk_index"] == step_index + 1]
+        if starts and len(metas) - starts[0] >= n:
+            return metas[starts[0] : starts[0] + n]
+        await c.chunk()
+
+
 def test_pause_checkpoint_rollback_reproduces(model, served):
     _, url = served
 
@@ -187,8 +202,7 @@ def test_pause_checkpoint_rollback_reproduces(model, served):
             cp = await c.ask({"type": "session.checkpoint", "event_id": 3})
             assert cp["type"] == "session.checkpointed", cp
             await c.ask({"type": "key.down", "key": "up"})
-            await c.ask({"type": "session.resume"})
-            first = [(await c.chunk())[0] for _ in range(3)]
+            first = await after_resume(c, cp["step_index"])
             await c.ask({"type": "session.pause"})
             rb = await c.ask({"type": "session.rollback", "checkpoint_id": cp["checkpoint_id"], "event_id": 4})
             assert rb["type"] == "session.rolled_back" and rb["step_index"] == cp["step_index"]
@@ -197,12 +211,7 @@ def test_pause_checkpoint_rollback_reproduces(model, served):
             # the rollback restored the events too (the key.down came after the checkpoint): send it again
             again = await c.ask({"type": "key.down", "key": "up", "event_id": "up-again"})
             assert again["type"] == "session.interaction.queued", again
-            await c.ask({"type": "session.resume"})
-            second = []
-            while len(second) < 3:
-                meta = (await c.chunk())[0]
-                if meta["generation_chunk_index"] > cp["step_index"]:
-                    second.append(meta)
+            second = await after_resume(c, cp["step_index"])
             # the same events at the same boundaries, the same RNG state: the same frames, bit for bit
             assert [m["keys"] for m in second] == [m["keys"] for m in first]
             assert [m["frame_sha256"] for m in second] == [m["frame_sha256"] for m in first]
