@@ -31,13 +31,7 @@ from typing import Any
 
 import msgspec
 
-from execstate.serve.realtime_protocol import (
-    MAX_MESSAGE_BYTES,
-    ClientEventId,
-    ProtocolError,
-    _event_id_of,
-    _loose,
-)
+from execstate.serve.realtime_protocol import decode_client_message
 
 EventId = int | str | None
 
@@ -174,21 +168,7 @@ _DECODER = msgspec.json.Decoder(ClientMessage)
 def parse_client_message(frame: str | bytes) -> ClientMessage:
     """A typed client message, or ``ProtocolError`` naming what is wrong (with the frame's
     ``event_id`` when it could be read)."""
-    raw = frame.encode() if isinstance(frame, str) else frame
-    if len(raw) > MAX_MESSAGE_BYTES:
-        raise ProtocolError("message_too_large", f"a message is at most {MAX_MESSAGE_BYTES} bytes, got {len(raw)}")
-    try:
-        return _DECODER.decode(raw)
-    except msgspec.DecodeError as exc:
-        loose = _loose(raw)
-        if not isinstance(loose, dict):
-            raise ProtocolError("invalid_message", "a message must be a JSON object with a 'type'") from None
-        event_id: ClientEventId = _event_id_of(loose)
-        kind = loose.get("type")
-        if kind not in CLIENT_TYPES:
-            raise ProtocolError("unknown_type", f"unknown message type {kind!r}; expected one of "
-                                f"{', '.join(CLIENT_TYPES)}", event_id) from None
-        raise ProtocolError("invalid_message", f"{kind}: {exc}", event_id) from None
+    return decode_client_message(_DECODER, CLIENT_TYPES, frame)
 
 
 def type_of(msg: ClientMessage) -> str:

@@ -148,20 +148,30 @@ _DECODER = msgspec.json.Decoder(ClientMessage)
 def parse_client_message(frame: str | bytes) -> ClientMessage:
     """A typed client message, or ``ProtocolError`` naming what is wrong (and the frame's
     ``event_id`` when it could be read)."""
+    return decode_client_message(_DECODER, CLIENT_TYPES, frame)
+
+
+def decode_client_message(decoder: msgspec.json.Decoder, client_types: tuple[str, ...], frame: str | bytes,
+                          max_bytes: int = MAX_MESSAGE_BYTES, max_event_id_chars: int | None = None) -> Any:
+    """One JSON text frame decoded into a protocol's tagged union (``decoder``), or ``ProtocolError``:
+    ``message_too_large`` (over ``max_bytes``), ``unknown_type`` (a ``type`` not in ``client_types``)
+    or ``invalid_message`` naming the problem, with the frame's ``event_id`` when it could be read
+    (an int, or a string of at most ``max_event_id_chars`` when that is given). Shared by every
+    WebSocket protocol of the server (LM sessions, agents, world sessions)."""
     raw = frame.encode() if isinstance(frame, str) else frame
-    if len(raw) > MAX_MESSAGE_BYTES:
-        raise ProtocolError("message_too_large", f"a message is at most {MAX_MESSAGE_BYTES} bytes, got {len(raw)}")
+    if len(raw) > max_bytes:
+        raise ProtocolError("message_too_large", f"a message is at most {max_bytes} bytes, got {len(raw)}")
     try:
-        return _DECODER.decode(raw)
+        return decoder.decode(raw)
     except msgspec.DecodeError as exc:
         loose = _loose(raw)
-        event_id = _event_id_of(loose)
-        kind = loose.get("type") if isinstance(loose, dict) else None
         if not isinstance(loose, dict):
             raise ProtocolError("invalid_message", "a message must be a JSON object with a 'type'") from None
-        if kind not in CLIENT_TYPES:
+        event_id = _event_id_of(loose, max_event_id_chars)
+        kind = loose.get("type")
+        if kind not in client_types:
             raise ProtocolError(
-                "unknown_type", f"unknown message type {kind!r}; expected one of {', '.join(CLIENT_TYPES)}", event_id
+                "unknown_type", f"unknown message type {kind!r}; expected one of {', '.join(client_types)}", event_id
             ) from None
         raise ProtocolError("invalid_message", f"{kind}: {exc}", event_id) from None
 
@@ -173,11 +183,12 @@ def _loose(raw: bytes) -> Any:
         return None
 
 
-def _event_id_of(obj: Any) -> ClientEventId:
-    if isinstance(obj, dict):
-        eid = obj.get("event_id")
-        if isinstance(eid, str) or (isinstance(eid, int) and not isinstance(eid, bool)):
-            return eid
+def _event_id_of(obj: dict[str, Any], max_chars: int | None = None) -> ClientEventId:
+    eid = obj.get("event_id")
+    if isinstance(eid, str) and (max_chars is None or 0 < len(eid) <= max_chars):
+        return eid
+    if isinstance(eid, int) and not isinstance(eid, bool):
+        return eid
     return None
 
 

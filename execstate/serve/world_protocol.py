@@ -34,21 +34,14 @@ from typing import Any, Literal
 
 import msgspec
 
+from execstate.serve.realtime_protocol import ClientEventId, ProtocolError, decode_client_message
+
 MAX_MESSAGE_BYTES = 64 << 10  # control messages are small; a prompt is at most MAX_PROMPT_CHARS
 MAX_PROMPT_CHARS = 2000
 MAX_EVENT_ID_CHARS = 128
 
-ClientEventId = int | str | None
-
-
-class WorldProtocolError(Exception):
-    """A message the server cannot act on; sent back as an ``error`` event naming the problem."""
-
-    def __init__(self, code: str, message: str, event_id: ClientEventId = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.event_id = event_id
+# The world protocol's errors are the realtime protocol's (code, message, event_id).
+WorldProtocolError = ProtocolError
 
 
 class _Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, omit_defaults=True):
@@ -135,42 +128,12 @@ _DECODER = msgspec.json.Decoder(ClientMessage)
 
 def parse_client_message(frame: str | bytes) -> ClientMessage:
     """A typed client message, or ``WorldProtocolError`` naming what is wrong."""
-    raw = frame.encode() if isinstance(frame, str) else frame
-    if len(raw) > MAX_MESSAGE_BYTES:
-        raise WorldProtocolError("message_too_large", f"a message is at most {MAX_MESSAGE_BYTES} bytes, got {len(raw)}")
-    try:
-        msg = _DECODER.decode(raw)
-    except msgspec.DecodeError as exc:
-        loose = _loose(raw)
-        if not isinstance(loose, dict):
-            raise WorldProtocolError("invalid_message", "a message must be a JSON object with a 'type'") from None
-        event_id = _event_id_of(loose)
-        kind = loose.get("type")
-        if kind not in CLIENT_TYPES:
-            raise WorldProtocolError(
-                "unknown_type", f"unknown message type {kind!r}; expected one of {', '.join(CLIENT_TYPES)}", event_id
-            ) from None
-        raise WorldProtocolError("invalid_message", f"{kind}: {exc}", event_id) from None
+    msg = decode_client_message(_DECODER, CLIENT_TYPES, frame, MAX_MESSAGE_BYTES, MAX_EVENT_ID_CHARS)
     eid = msg.event_id
     if isinstance(eid, bool) or (isinstance(eid, str) and not 0 < len(eid) <= MAX_EVENT_ID_CHARS):
         raise WorldProtocolError("invalid_message", f"event_id must be an integer or a string of 1-{MAX_EVENT_ID_CHARS}"
                                  " characters", None)
     return msg
-
-
-def _loose(raw: bytes) -> Any:
-    try:
-        return msgspec.json.decode(raw)
-    except msgspec.DecodeError:
-        return None
-
-
-def _event_id_of(obj: dict[str, Any]) -> ClientEventId:
-    eid = obj.get("event_id")
-    if (isinstance(eid, str) and 0 < len(eid) <= MAX_EVENT_ID_CHARS) or (
-            isinstance(eid, int) and not isinstance(eid, bool)):
-        return eid
-    return None
 
 
 def type_of(msg: ClientMessage) -> str:
