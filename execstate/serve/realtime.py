@@ -32,7 +32,7 @@ import asyncio
 import collections
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 from fastapi import FastAPI
@@ -58,30 +58,35 @@ logger = logging.getLogger(__name__)
 _ENCODER = msgspec.json.Encoder()
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True)
-class _CloseFrame:
+class CloseFrame:
     code: int
     reason: str
 
 
-class Outbox:
-    """The connection's unsent server events, in order; one writer ``get``\\ s them. ``put`` waits
-    while ``max_events`` are unsent and drops events once the outbox stopped accepting."""
+class Outbox(Generic[T]):
+    """The connection's unsent items (server events, or whatever its writer sends), in order; one
+    writer ``get``\\ s them. ``put`` waits while ``max_events`` are unsent and drops items once the
+    outbox stopped accepting. Used by every WebSocket endpoint (``/v1/realtime``, ``/agent``,
+    ``/video``)."""
 
     def __init__(self, max_events: int) -> None:
-        self._items: collections.deque[dict[str, Any] | _CloseFrame] = collections.deque()
+        self._items: collections.deque[T | CloseFrame] = collections.deque()
         self._max = max_events
         self._accepting = True
         self._cond = asyncio.Condition()
 
-    async def put(self, event: dict[str, Any]) -> None:
+    async def put(self, item: T) -> None:
         async with self._cond:
             await self._cond.wait_for(lambda: not self._accepting or len(self._items) < self._max)
             if self._accepting:
-                self._items.append(event)
+                self._items.append(item)
                 self._cond.notify_all()
 
-    async def get(self) -> dict[str, Any] | _CloseFrame | None:
+    async def get(self) -> T | CloseFrame | None:
         """The next item; ``None`` once the outbox stopped accepting and is empty."""
         async with self._cond:
             await self._cond.wait_for(lambda: bool(self._items) or not self._accepting)
@@ -91,16 +96,16 @@ class Outbox:
             self._cond.notify_all()
             return item
 
-    async def close_with(self, event: dict[str, Any], code: int, reason: str) -> None:
-        """Send what is queued, then ``event``, then a close frame; drop every later ``put``."""
+    async def close_with(self, item: T, code: int, reason: str) -> None:
+        """Send what is queued, then ``item``, then a close frame; drop every later ``put``."""
         async with self._cond:
             if self._accepting:
-                self._items.extend((event, _CloseFrame(code, reason)))
+                self._items.extend((item, CloseFrame(code, reason)))
                 self._accepting = False
                 self._cond.notify_all()
 
     async def finish(self) -> None:
-        """No more events: the writer ends once the queued ones are sent."""
+        """No more items: the writer ends once the queued ones are sent."""
         async with self._cond:
             self._accepting = False
             self._cond.notify_all()
@@ -134,7 +139,7 @@ class RealtimeServer:
         offered = ws.scope.get("subprotocols") or []
         await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         self.num_connections += 1
-        outbox = Outbox(MAX_UNSENT_EVENTS)
+        outbox: Outbox[dict[str, Any]] = Outbox(MAX_UNSENT_EVENTS)
         conn = RealtimeConnection(self.sessions, self.owners, outbox.put, self.ctx.in_worker)
         inbox: asyncio.Queue[_Frame | None] = asyncio.Queue()
         pending = [0, 0]  # messages, bytes received and not yet taken by the processor
@@ -146,7 +151,7 @@ class RealtimeServer:
             await asyncio.shield(self._end(conn, inbox, processor, outbox, writer))
 
     async def _end(self, conn: RealtimeConnection, inbox: asyncio.Queue[_Frame | None], processor: asyncio.Task[None],
-                   outbox: Outbox, writer: asyncio.Task[None]) -> None:
+                   outbox: Outbox[dict[str, Any]], writer: asyncio.Task[None]) -> None:
         conn.disconnected()
         inbox.put_nowait(None)
         await asyncio.wait({processor})
@@ -159,7 +164,7 @@ class RealtimeServer:
         self.num_connections -= 1
 
 
-async def _read(ws: WebSocket, inbox: asyncio.Queue[_Frame | None], pending: list[int], outbox: Outbox) -> None:
+async def _read(ws: WebSocket, inbox: asyncio.Queue[_Frame | None], pending: list[int], outbox: Outbox[dict[str, Any]]) -> None:
     """Queue frames until the socket closes or a limit is crossed (module docstring)."""
     while True:
         message = await ws.receive()
@@ -193,10 +198,10 @@ async def _process(conn: RealtimeConnection, inbox: asyncio.Queue[_Frame | None]
             await conn.handle(item.frame, item.binary)
 
 
-async def _write(ws: WebSocket, outbox: Outbox) -> None:
+async def _write(ws: WebSocket, outbox: Outbox[dict[str, Any]]) -> None:
     try:
         while (item := await outbox.get()) is not None:
-            if isinstance(item, _CloseFrame):
+            if isinstance(item, CloseFrame):
                 await ws.close(item.code, item.reason)
                 return
             await ws.send_text(_ENCODER.encode(item).decode())

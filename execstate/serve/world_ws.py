@@ -19,9 +19,7 @@ is free.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -30,6 +28,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, Response
 from starlette.websockets import WebSocket
 
+from execstate.serve.realtime import CloseFrame, Outbox
 from execstate.serve.world_conn import WorldConnection
 from execstate.serve.world_driver import WorldHost
 from execstate.serve.world_protocol import MAX_MESSAGE_BYTES, WorldProtocolError, error_event
@@ -46,53 +45,8 @@ logger = logging.getLogger(__name__)
 _ENCODER = msgspec.json.Encoder()
 
 
-@dataclass(frozen=True)
-class _Close:
-    code: int
-    reason: str
-
-
-_Item = tuple[dict[str, Any], bytes | None] | _Close
-
-
-class _Outbox:
-    """Unsent items in order; ``put`` waits while ``max_items`` are unsent, drops once closed."""
-
-    def __init__(self, max_items: int) -> None:
-        self._items: collections.deque[_Item] = collections.deque()
-        self._max = max_items
-        self._accepting = True
-        self._cond = asyncio.Condition()
-
-    async def put(self, item: _Item) -> None:
-        async with self._cond:
-            await self._cond.wait_for(lambda: not self._accepting or len(self._items) < self._max)
-            if self._accepting:
-                self._items.append(item)
-                self._cond.notify_all()
-
-    async def get(self) -> _Item | None:
-        async with self._cond:
-            await self._cond.wait_for(lambda: bool(self._items) or not self._accepting)
-            if not self._items:
-                return None
-            item = self._items.popleft()
-            self._cond.notify_all()
-            return item
-
-    async def close_with(self, event: dict[str, Any], code: int, reason: str) -> None:
-        async with self._cond:
-            if self._accepting:
-                self._items.extend(((event, None), _Close(code, reason)))
-                self._accepting = False
-                self._cond.notify_all()
-
-    async def stop(self, drop: bool) -> None:
-        async with self._cond:
-            self._accepting = False
-            if drop:
-                self._items.clear()
-            self._cond.notify_all()
+# What the writer sends: a JSON event, and a chunk's payload (a binary frame) after it, if any.
+_Item = tuple[dict[str, Any], bytes | None]
 
 
 class WorldServer:
@@ -106,7 +60,7 @@ class WorldServer:
         offered = ws.scope.get("subprotocols") or []  # a browser offers the API key as for /v1/realtime
         await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         self.num_connections += 1
-        outbox = _Outbox(MAX_UNSENT)
+        outbox: Outbox[_Item] = Outbox(MAX_UNSENT)
 
         async def emit(event: dict[str, Any]) -> None:
             await outbox.put((event, None))
@@ -124,12 +78,12 @@ class WorldServer:
             await asyncio.shield(self._end(conn, inbox, processor, outbox, writer))
 
     async def _end(self, conn: WorldConnection, inbox: asyncio.Queue[Any], processor: asyncio.Task[None],
-                   outbox: _Outbox, writer: asyncio.Task[None]) -> None:
+                   outbox: Outbox[_Item], writer: asyncio.Task[None]) -> None:
         conn.state.gone()
         inbox.put_nowait(None)
         await asyncio.wait({processor})
         await conn.close()
-        await outbox.stop(drop=False)
+        await outbox.finish()
         try:
             await asyncio.wait_for(writer, WRITER_DRAIN_S)
         except TimeoutError:
@@ -137,7 +91,7 @@ class WorldServer:
         self.num_connections -= 1
 
 
-async def _read(ws: WebSocket, inbox: asyncio.Queue[Any], outbox: _Outbox) -> None:
+async def _read(ws: WebSocket, inbox: asyncio.Queue[Any], outbox: Outbox[_Item]) -> None:
     while True:
         message = await ws.receive()
         if message["type"] == "websocket.disconnect":
@@ -155,7 +109,7 @@ async def _read(ws: WebSocket, inbox: asyncio.Queue[Any], outbox: _Outbox) -> No
         if inbox.qsize() >= MAX_UNPROCESSED_MESSAGES:
             err = error_event("too_many_messages", f"more than {MAX_UNPROCESSED_MESSAGES} messages are waiting to be "
                               "processed; closing the connection")
-            await outbox.close_with(err, CLOSE_POLICY_VIOLATION, "too many unprocessed messages")
+            await outbox.close_with((err, None), CLOSE_POLICY_VIOLATION, "too many unprocessed messages")
             return
         inbox.put_nowait(item)
 
@@ -169,10 +123,10 @@ async def _process(conn: WorldConnection, inbox: asyncio.Queue[Any]) -> None:
             await conn.handle(frame, binary)
 
 
-async def _write(ws: WebSocket, outbox: _Outbox) -> None:
+async def _write(ws: WebSocket, outbox: Outbox[_Item]) -> None:
     try:
         while (item := await outbox.get()) is not None:
-            if isinstance(item, _Close):
+            if isinstance(item, CloseFrame):
                 await ws.close(item.code, item.reason)
                 return
             event, payload = item
@@ -182,7 +136,7 @@ async def _write(ws: WebSocket, outbox: _Outbox) -> None:
     except Exception as exc:  # noqa: BLE001 - the client is gone: nothing more can be sent
         logger.debug("world: send failed: %r", exc)
     finally:
-        await outbox.stop(drop=True)
+        await outbox.abandon()
 
 
 def page_html() -> str:
