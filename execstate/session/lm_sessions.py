@@ -173,7 +173,7 @@ class LMSessions:
 
     def rollback(self, session_id: str, checkpoint: Checkpoint | str) -> None:
         rt = self.manager.get(session_id)
-        rt.rollback(self._cp(rt, checkpoint))
+        rt.rollback(rt.resolve_checkpoint(checkpoint))
 
     def release_checkpoint(self, session_id: str, checkpoint: Checkpoint | str) -> None:
         rt = self.manager.get(session_id)
@@ -187,23 +187,8 @@ class LMSessions:
              new_session_id: str | None = None) -> SessionRuntime:
         """A new session (new branch id) from ``checkpoint`` (None: the current state); it shares
         the blocks and has its own RNG with the same state, its own events and checkpoints."""
-        rt = self.manager.get(session_id)
-        rt.require(SessionStatus.OPEN)
-        cp = None if checkpoint is None else self._cp(rt, checkpoint)
-        rt.last_active = self.manager.tick()  # never the LRU victim of its own fork
-        sid = self.manager.admit(new_session_id)
-        state, events, step_index, epoch = rt.fork_parts(cp)
-        queue = EventQueue(self.kinds, self.max_pending_events)
-        queue.restore(events)
-        return self.manager.add(SessionRuntime(sid, state, queue, secrets.token_hex(8), step_index, epoch))
-
-    @staticmethod
-    def _cp(rt: SessionRuntime, checkpoint: Checkpoint | str) -> Checkpoint:
-        if isinstance(checkpoint, Checkpoint):
-            return checkpoint
-        if isinstance(checkpoint, str):
-            return rt.checkpoint_by_id(checkpoint)
-        raise SessionEventError("invalid", f"a checkpoint or its id, got {type(checkpoint).__name__}")
+        return self.manager.fork(session_id, checkpoint, new_session_id,
+                                 lambda: EventQueue(self.kinds, self.max_pending_events))
 
     # -- state ------------------------------------------------------------------------------------
     def token_ids(self, session_id: str) -> list[int]:

@@ -23,9 +23,10 @@ import itertools
 import re
 import secrets
 from collections import OrderedDict
+from collections.abc import Callable
 
-from execstate.session.events import SessionEventError
-from execstate.session.runtime import SessionRuntime, SessionStatus
+from execstate.session.events import EventQueue, SessionEventError
+from execstate.session.runtime import Checkpoint, SessionRuntime, SessionStatus
 
 EVICTION_POLICIES = (None, "lru")
 SESSION_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -98,6 +99,22 @@ class SessionManager:
         rt.last_active = self.tick()
         self._resident[rt.session_id] = rt
         return rt
+
+    def fork(self, session_id: str, checkpoint: Checkpoint | str | None, new_session_id: str | None,
+             new_queue: Callable[[], EventQueue]) -> SessionRuntime:
+        """A new resident session (new id, new branch id) from ``checkpoint`` of ``session_id``
+        (None: its current state): the kind's ``fork_parts`` (shared blocks, its own generator in
+        the same state), the pending events in a fresh queue (``new_queue``), the same step index
+        and epoch. The parent is touched first, so it is never the LRU victim of its own fork."""
+        rt = self.get(session_id)
+        rt.require(SessionStatus.OPEN)
+        cp = None if checkpoint is None else rt.resolve_checkpoint(checkpoint)
+        rt.last_active = self.tick()
+        sid = self.admit(new_session_id)
+        state, events, step_index, epoch = rt.fork_parts(cp)
+        queue = new_queue()
+        queue.restore(events)
+        return self.add(SessionRuntime(sid, state, queue, secrets.token_hex(8), step_index, epoch))
 
     # -- end of life -------------------------------------------------------------------------------
     def close(self, session_id: str) -> bool:

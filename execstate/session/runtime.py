@@ -141,6 +141,15 @@ class SessionRuntime:
                                     f"{checkpoint_id!r}")
         return cp
 
+    def resolve_checkpoint(self, checkpoint: Checkpoint | str) -> Checkpoint:
+        """``checkpoint`` itself, or this session's live checkpoint with that id; else ``invalid`` /
+        ``not_found``."""
+        if isinstance(checkpoint, Checkpoint):
+            return checkpoint
+        if isinstance(checkpoint, str):
+            return self.checkpoint_by_id(checkpoint)
+        raise SessionEventError("invalid", f"a checkpoint or its id, got {type(checkpoint).__name__}")
+
     def state_key(self) -> SessionKey:
         chain, tail = self.state.chain()
         return session_state_key(chain, tail, self.step_index, self.event_epoch, self.branch_id)
