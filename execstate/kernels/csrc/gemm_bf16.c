@@ -75,6 +75,28 @@ static KT inline void dot_1x4(const float *xa, float *ya, const uint16_t *w0, in
     ya[n + 3] = finish_bf16(a3, w3, xa, k8, K);
 }
 
+/* 2 x rows by 4 weight rows: each widened weight vector serves both rows. */
+static KT inline void dot_2x4(const float *xa, const float *xb, float *ya, float *yb, const uint16_t *w0, int64_t n,
+                              int64_t k8, int64_t K) {
+    const uint16_t *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int64_t k = 0; k < k8; k += 8) {
+        if (!(k & 31)) {
+            PF(w0 + PF_ROWS * K + k); PF(w1 + PF_ROWS * K + k); PF(w2 + PF_ROWS * K + k); PF(w3 + PF_ROWS * K + k);
+        }
+        __m256 va = _mm256_loadu_ps(xa + k), vb = _mm256_loadu_ps(xb + k);
+        __m256 v0 = wload(w0 + k), v1 = wload(w1 + k), v2 = wload(w2 + k), v3 = wload(w3 + k);
+        a0 = _mm256_fmadd_ps(v0, va, a0); b0 = _mm256_fmadd_ps(v0, vb, b0);
+        a1 = _mm256_fmadd_ps(v1, va, a1); b1 = _mm256_fmadd_ps(v1, vb, b1);
+        a2 = _mm256_fmadd_ps(v2, va, a2); b2 = _mm256_fmadd_ps(v2, vb, b2);
+        a3 = _mm256_fmadd_ps(v3, va, a3); b3 = _mm256_fmadd_ps(v3, vb, b3);
+    }
+    ya[n] = finish_bf16(a0, w0, xa, k8, K); yb[n] = finish_bf16(b0, w0, xb, k8, K);
+    ya[n + 1] = finish_bf16(a1, w1, xa, k8, K); yb[n + 1] = finish_bf16(b1, w1, xb, k8, K);
+    ya[n + 2] = finish_bf16(a2, w2, xa, k8, K); yb[n + 2] = finish_bf16(b2, w2, xb, k8, K);
+    ya[n + 3] = finish_bf16(a3, w3, xa, k8, K); yb[n + 3] = finish_bf16(b3, w3, xb, k8, K);
+}
+
 /* yr[m][n] = dot(xr[m], widen(w + n*K)) for m < M, n in [n0, n1); weight rows 4 at a time. */
 static KT void dot_rows_bf16(const float *const *xr, float *const *yr, int64_t M, const uint16_t *w, int64_t K,
                              int64_t n0, int64_t n1) {
@@ -87,7 +109,8 @@ static KT void dot_rows_bf16(const float *const *xr, float *const *yr, int64_t M
             dot_4x2(xr + m, yr + m, w0, w0 + K, n, k8, K);
             dot_4x2(xr + m, yr + m, w2, w2 + K, n + 2, k8, K);
         }
-        for (; m < M; m++) dot_1x4(xr[m], yr[m], w0, n, k8, K);
+        for (; m + 2 <= M; m += 2) dot_2x4(xr[m], xr[m + 1], yr[m], yr[m + 1], w0, n, k8, K);
+        if (m < M) dot_1x4(xr[m], yr[m], w0, n, k8, K);
     }
     for (; n < n1; n++) {
         const uint16_t *w0 = w + n * K;
