@@ -96,3 +96,16 @@ def test_pd_transfer_between_two_bf16_engines_is_accepted(moe_dir) -> None:
     finally:
         p.pd.close()
         d.pd.close()
+
+
+def test_weight_update_of_a_bf16_engine_rounds_into_the_bf16_weights(moe_dir, moe_dir_other_weights) -> None:
+    """An update (fp32 checkpoint) is rounded into the bf16 parameters in place: the engine then
+    equals a bf16 engine started on the new weights (same weights version, same tokens)."""
+    updated = LLMEngine(EngineConfig(model=str(moe_dir), dtype="bfloat16", block_size=16))
+    fresh = LLMEngine(EngineConfig(model=str(moe_dir_other_weights), dtype="bfloat16", block_size=16))
+    before = updated.provenance.weights_version
+    updated.update_weights(moe_dir_other_weights)
+    assert {p.dtype for p in updated.model.parameters() if p.dim() >= 2} == {torch.bfloat16}
+    assert updated.provenance.weights_version == fresh.provenance.weights_version != before
+    ids = _prompt(3, 20)
+    assert _run(updated, ids).outputs[0].token_ids == _run(fresh, ids).outputs[0].token_ids
