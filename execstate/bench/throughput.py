@@ -75,6 +75,8 @@ def run_throughput_bench(
     ``dtype="bfloat16"`` adds the peer ``execstate_bf16_r3_off`` (bf16 weights, fp32 activations)
     next to the fp32 engine peers, measured in the same interleaved run.
     """
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
     import torch
     import transformers  # noqa: F401 - imported before the clock starts (the peers and the report use it)
 
@@ -93,8 +95,6 @@ def run_throughput_bench(
     peer_list, unavailable = _peers(model, path, wl, threads, peers, llama_cpp, notes)
     if dtype == "bfloat16":
         peer_list.insert(2, EnginePeer(path, routes=False, dtype="bfloat16"))
-    elif dtype != "float32":
-        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
     resident = n_params * 4 * len(peer_list) <= RESIDENT_BUDGET_BYTES
     if not resident:
         notes.append("peers loaded one at a time per repeat (weights of all peers exceed the memory budget)")
