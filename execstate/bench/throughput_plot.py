@@ -45,7 +45,7 @@ def plot_sweep(report: dict[str, Any], out: Path) -> Path:
     ax.set_ylabel("decode throughput (generated tokens / s, after the first token)")
     wl = report["workload"]
     ax.set_title(f"Decode tok/s vs batch size — {report['model']} ({report['architecture']}, "
-                 f"{report["param_count"] / 1e6:.1f}M params, {report['dtype']})\n"
+                 f"{report['param_count'] / 1e6:.1f}M params, {report['dtype']})\n"
                  f"{wl['prompt_len']}-token prompts, {wl['max_new_tokens']} new tokens, greedy; "
                  f"{report['threads']} threads; median of {report['repeats']} repeat(s)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
