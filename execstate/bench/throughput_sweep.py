@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from execstate.bench.machine import loadavg_1m
-from execstate.bench.numbers import median
+from execstate.bench.numbers import fmt, median
 from execstate.bench.parity import add_counts, compare, summarise
 from execstate.bench.peers import EnginePeer, Peer
 from execstate.bench.throughput_roofline import measure_bandwidth, roofline
@@ -146,6 +147,9 @@ def _measure(peer_list: list[Peer], wl: SweepWorkload, vocab: int, repeats: int,
                 for p in runnable[k:] + runnable[:k]:
                     s, tokens[p.name] = _one(p, wl, vocab, b, r, threads)
                     samples[p.name].setdefault(str(b), []).append(s)
+                    print(f"sweep: repeat {r + 1}/{repeats}, batch {b}, {p.name}: decode "
+                          f"{fmt(s['decode_tok_s'], '.1f')} tok/s, prefill {s['prefill_s']:.2f} s, "
+                          f"run {s['total_s']:.2f} s", file=sys.stderr, flush=True)
                 ref = tokens.get(REFERENCE)
                 for name, ids in tokens.items():
                     if ref is not None and name != REFERENCE:
