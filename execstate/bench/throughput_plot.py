@@ -1,13 +1,14 @@
 """The batch-size sweep of ``execstate bench throughput --sweep``, as a PNG (decode tok/s against
 batch size: one line per peer, the memory-bandwidth roofline dashed, 70% of it dotted;
-matplotlib, imported when a plot is made) and as a text table."""
+matplotlib, imported when a plot is made) and as a text table. Each peer's legend entry has its
+median CPU share (CPU s / (wall s x threads)): a plot made on a busy machine says so."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from execstate.bench.numbers import fmt
+from execstate.bench.numbers import fmt, median
 
 TARGET_FRACTION = 0.7  # issue 11: batch-8 decode at >= 70% of the roofline
 STYLES = {"execstate_r3_off": ("tab:blue", "o"), "transformers": ("tab:orange", "s"),
@@ -28,16 +29,19 @@ def plot_sweep(report: dict[str, Any], out: Path) -> Path:
     batches = [int(b) for b in report["workload"]["batches"]]
     roof = report["roofline"]
     ceiling = [roof["by_batch"][str(b)]["ceiling_tok_s"] for b in batches]
-    fig, ax = plt.subplots(figsize=(9, 6))
+    fig, ax = plt.subplots(figsize=(12, 6))
     ax.plot(batches, ceiling, "k--", lw=1.5,
-            label=f"roofline: batch x {roof['bandwidth_gb_s']:.1f} GB/s / weight bytes per step")
+            label=f"roofline: batch x {roof['bandwidth_gb_s']:.1f} GB/s ({report['bandwidth']['source']})\n"
+                  f"/ weight bytes read per decode step")
     ax.plot(batches, [TARGET_FRACTION * c for c in ceiling], "k:", lw=1.0,
             label=f"{TARGET_FRACTION:.0%} of the roofline (issue 11 target)")
     for name, e in _available(report).items():
         color, marker = STYLES.get(name, (None, "x"))
         pts = sorted((int(b), x["decode_tok_s"]) for b, x in e["by_batch"].items() if x["decode_tok_s"])
+        share = median([c for x in e["by_batch"].values() for c in x["cpu_share"]])
         if pts:
-            ax.plot([b for b, _ in pts], [y for _, y in pts], marker=marker, color=color, lw=2, label=e["label"])
+            ax.plot([b for b, _ in pts], [y for _, y in pts], marker=marker, color=color, lw=2,
+                    label=f"{e['label']}\n(median CPU share {fmt(share, '.2f')})")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(batches, [str(b) for b in batches])
@@ -49,8 +53,12 @@ def plot_sweep(report: dict[str, Any], out: Path) -> Path:
                  f"{wl['prompt_len']}-token prompts, {wl['max_new_tokens']} new tokens, greedy; "
                  f"{report['threads']} threads; median of {report['repeats']} repeat(s)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
+    busy = [n for n in report["notes"] if n.startswith("busy machine")]
+    if busy:
+        fig.text(0.01, 0.01, "WARNING " + busy[0], fontsize=7, color="firebrick", wrap=True)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+              title="CPU share = CPU s / (wall s x threads);\nbelow ~0.85 the run was starved", title_fontsize=7)
+    fig.tight_layout(rect=(0, 0.03 if busy else 0, 1, 1))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)

@@ -120,6 +120,7 @@ def run_throughput_sweep(model: str | Path = "standard", workload: SweepWorkload
     for name, why in unavailable.items():
         report["peers"][name] = {"available": False, "note": why}
     _add_fractions(report)
+    _note_starved(report)
     if print_table:
         from execstate.bench.throughput_plot import format_sweep_table
 
@@ -196,6 +197,21 @@ def _peer_entry(p: Peer, runs: dict[str, list[dict[str, Any]]], wl: SweepWorkloa
         entry["startup_seconds"] = p.startup_seconds
     entry.update({k: v for k, v in p.report_extra().items() if k in ("startup_seconds", "settings")})
     return entry
+
+
+def _note_starved(report: dict[str, Any]) -> None:
+    """A note when a peer's median CPU share is below ``CLEAN_SHARE`` (its runs waited for CPU)."""
+    from execstate.bench.throughput_report import CLEAN_SHARE
+
+    shares = {n: median([c for x in e["by_batch"].values() for c in x["cpu_share"]])
+              for n, e in report["peers"].items() if e.get("by_batch")}
+    starved = {n: s for n, s in shares.items() if s is not None and s < CLEAN_SHARE}
+    report["median_cpu_share"] = shares
+    if starved:
+        report["notes"].append(
+            "busy machine: median CPU share (CPU s / (wall s x threads)) below " f"{CLEAN_SHARE} for "
+            + ", ".join(f"{n} {s:.2f}" for n, s in starved.items())
+            + "; these runs waited for CPU and their tok/s are not what the code does on a quiet machine")
 
 
 def _add_fractions(report: dict[str, Any]) -> None:

@@ -143,4 +143,19 @@ def test_sweep_engine_only_report_table_and_plot(tiny_moe, tmp_path, monkeypatch
     assert "roofline ceiling tok/s" in text and "12.5 GB/s" in text and "peers disabled" in text
     out = plot_sweep(report, tmp_path / "sweep.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert matplotlib.image.imread(str(out)).shape[:2] == (660, 990)  # 9 x 6 in at 110 dpi
+    assert matplotlib.image.imread(str(out)).shape[:2] == (660, 1320)  # 12 x 6 in at 110 dpi
+
+
+def test_starved_peers_are_noted():
+    from execstate.bench.throughput_sweep import _note_starved
+
+    report = {"notes": [], "peers": {
+        "a": {"by_batch": {"1": {"cpu_share": [0.5, 0.6, 0.1]}, "2": {"cpu_share": [0.4]}}},
+        "b": {"by_batch": {"1": {"cpu_share": [0.95, 0.9]}}},
+        "c": {"available": False, "note": "absent"}}}
+    _note_starved(report)
+    assert report["median_cpu_share"] == {"a": pytest.approx(0.45), "b": pytest.approx(0.925)}
+    assert len(report["notes"]) == 1 and "a 0.45" in report["notes"][0] and "b " not in report["notes"][0]
+    report = {"notes": [], "peers": {"b": {"by_batch": {"1": {"cpu_share": [0.9]}}}}}
+    _note_starved(report)
+    assert report["notes"] == []
