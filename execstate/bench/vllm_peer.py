@@ -14,7 +14,8 @@ prompt token ids, greedy, ``ignore_eos``, ``max_tokens``, and
 gets back the wall time, the token ids (for parity) and the CPU time of the driver and its
 children (for the clean-run share); every run also probes the prefill (time to first token,
 a ``max_tokens=1`` run of the same prompts just before the timed one, outside its wall time).
-``close`` sends ``quit`` and waits for the driver (killing it after ``QUIT_TIMEOUT_S``).
+``close`` sends ``quit`` and waits for the driver (killing it after ``QUIT_TIMEOUT_S``); a request
+without a reply within ``REQUEST_TIMEOUT_S`` kills the driver and raises ``DriverError``.
 The driver's stderr (vLLM's logs) goes to a temporary file; its tail is in every error.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import subprocess
 import tempfile
 from pathlib import Path
@@ -35,7 +37,8 @@ DRIVER = Path(__file__).with_name("vllm_driver.py")
 ENV_PYTHON = "EXECSTATE_VLLM_PYTHON"
 KVCACHE_GIB = 2
 QUIT_TIMEOUT_S = 30.0
-PROBE_TIMEOUT_S = 120.0
+# No reply within this long (a load compiles for minutes on a busy machine): the driver is killed.
+REQUEST_TIMEOUT_S = 1800.0
 
 
 class DriverError(RuntimeError):
@@ -60,13 +63,20 @@ class DriverProcess:
                                      stderr=self._log, env={**os.environ, **(env or {})}, text=True,
                                      bufsize=1)
 
-    def request(self, req: dict[str, Any]) -> dict[str, Any]:
+    def request(self, req: dict[str, Any], timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, Any]:
+        """Send ``req`` and wait up to ``timeout_s`` for its reply (else kill the driver, raise)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
             self.proc.stdin.write(json.dumps(req) + "\n")
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError) as e:
             raise DriverError(f"vLLM driver is gone ({e}); {self.stderr_tail()}") from e
+        # one request in flight and one reply line each, so nothing waits unread in the buffer
+        if not select.select([self.proc.stdout], [], [], timeout_s)[0]:
+            self.proc.kill()
+            self.proc.wait()
+            raise DriverError(f"vLLM driver gave no reply to {req.get('op')!r} within {timeout_s:g} s (killed); "
+                              f"{self.stderr_tail()}")
         line = self.proc.stdout.readline()
         if not line:
             raise DriverError(f"vLLM driver exited (rc {self.proc.wait()}) during {req.get('op')!r}; "
@@ -87,7 +97,7 @@ class DriverProcess:
         """Ask the driver to quit; kill it if it has not exited after ``QUIT_TIMEOUT_S``."""
         if self.proc.poll() is None:
             with contextlib.suppress(DriverError, ValueError):
-                self.request({"op": "quit"})
+                self.request({"op": "quit"}, QUIT_TIMEOUT_S)
             try:
                 self.proc.wait(QUIT_TIMEOUT_S)
             except subprocess.TimeoutExpired:

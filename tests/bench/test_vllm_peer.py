@@ -157,6 +157,15 @@ def test_driver_process_reports_death_with_stderr(tmp_path):
     assert d.close() == 0 and not log.exists()
 
 
+def test_request_without_reply_in_time_kills_the_driver():
+    d = DriverProcess(sys.executable)
+    # a python start alone takes far longer than 0.1 ms
+    with pytest.raises(DriverError, match="no reply to 'probe' within 0.0001 s"):
+        d.request({"op": "probe"}, timeout_s=1e-4)
+    assert d.proc.poll() is not None  # killed
+    d.close()
+
+
 def test_cpu_env(tmp_path, monkeypatch):
     for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "LD_PRELOAD"):
         monkeypatch.delenv(k, raising=False)
