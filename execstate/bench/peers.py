@@ -20,6 +20,8 @@ class RunResult:
     seconds: float
     ttft_s: list[float] | None = None  # batch 1 only, where the peer reports it
     r3_seconds: float | None = None  # engine only: its R3Clock's growth over the run
+    # a peer running in other processes (vLLM): their CPU time over the run (this process's otherwise)
+    cpu_seconds: float | None = None
 
 
 class Peer:
@@ -33,6 +35,13 @@ class Peer:
 
     def run(self, prompts: list[list[int]], max_new_tokens: int, batched: bool) -> RunResult:
         raise NotImplementedError
+
+    def after_warmup(self) -> None:
+        """Called by the bench loop after each load's warm-up runs, before the timed runs."""
+
+    def report_extra(self) -> dict[str, Any]:
+        """Peer-specific figures added to the peer's report entry."""
+        return {}
 
 
 class EnginePeer(Peer):

@@ -114,6 +114,7 @@ class PeerLoop:
         peer.run(warm[:1], WARMUP_NEW_TOKENS, batched=False)
         if isinstance(peer, EnginePeer):
             peer.cached_tokens = 0  # the warm-up's batch-1 prompt hits its own batch-8 prefix
+        peer.after_warmup()
 
     @staticmethod
     def _deactivate(peer: Peer) -> None:
@@ -129,7 +130,8 @@ class PeerLoop:
         cpu0 = time.process_time()
         res = p.run(prompts, self.wl.new_tokens(p, batched), batched)
         # share of the machine this process got: CPU seconds / (wall seconds x threads)
-        s[f"{key}_cpu_share"].append((time.process_time() - cpu0) / (res.seconds * self.threads))
+        cpu = res.cpu_seconds if res.cpu_seconds is not None else time.process_time() - cpu0
+        s[f"{key}_cpu_share"].append(cpu / (res.seconds * self.threads))
         s[f"{key}_load"].append(load)
         s[f"{key}_s"].append(res.seconds)
         s[f"{key}_tok"].append([len(t) for t in res.token_ids])

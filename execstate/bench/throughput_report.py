@@ -83,6 +83,7 @@ def _peer_entry(p: Peer, res: dict[str, list[Any]], wl: Workload) -> dict[str, A
         entry["experts_implementation"] = p.experts_implementation
     if not p.batch8:
         entry["batch8_note"] = "not measured"
+    entry.update(p.report_extra())
     return entry
 
 
@@ -153,7 +154,7 @@ def _ratios(report_peers: dict[str, Any]) -> dict[str, Any]:
             # measured inside the R3-on engine (execstate.engine.r3_clock): not run-to-run noise
             "direct_pct": None if bon.get("r3_bookkeeping_share") is None else 100.0 * bon["r3_bookkeeping_share"],
         }
-        for peer in ("transformers", "llama_cpp"):
+        for peer in ("transformers", "llama_cpp", "vllm"):
             rp = _ratio(med(off, key), med(peer, key))
             if rp is not None:
                 c = "clean_median_tok_s"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from execstate.bench.numbers import fmt, span
+from execstate.bench.numbers import fmt, median, span
 from execstate.bench.throughput_report import CLEAN_SHARE
 
 
@@ -56,7 +56,7 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{fmt(x['clean_on_over_off'], '.3f')} ({fmt(x['clean_slowdown_pct'], '+.1f')}%); "
                      f"direct (R3 bookkeeping time in the R3-on engine / its wall time): "
                      f"{fmt(x.get('direct_pct'), '.2f')}%")
-    for peer in ("transformers", "llama_cpp"):
+    for peer in ("transformers", "llama_cpp", "vllm"):
         rr = report["ratios"].get(f"engine_over_{peer}")
         if rr:
             parts = [f"{k} {fmt(v['r3_off'], '.2f')}x (R3 on {fmt(v['r3_on'], '.2f')}x; clean runs "
@@ -80,6 +80,11 @@ def format_table(report: dict[str, Any]) -> str:
             lines.append(f"WARNING {p}: {e['prefix_cache_hit_tokens']} prefix-cache hit tokens in timed runs")
         if e.get("routed_experts_shape_ok") is False:
             lines.append(f"WARNING {p}: routed_experts shape mismatch")
+    vl = report["peers"].get("vllm", {})
+    if vl.get("available"):
+        lines.append(f"vLLM: engine start {fmt(median(vl['startup_seconds']), '.1f')} s, batched prefill "
+                     f"{fmt(vl.get('prefill_batched_tok_s'), '.0f')} tok/s (max_tokens=1 runs of the batch-8 "
+                     f"prompts), settings {vl.get('settings')}")
     hf = report["peers"].get("transformers", {})
     if hf.get("experts_implementation"):
         lines.append(f"transformers experts implementation: {hf['experts_implementation']}")

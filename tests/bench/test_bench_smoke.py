@@ -27,7 +27,7 @@ def test_report_structure(report):
     json.dumps(report)  # the CLI prints it with --json
     assert report["param_count"] > 0 and report["is_moe"]
     assert report["workload"]["prompt_len"] == PROMPT_LEN and report["repeats"] == REPEATS
-    assert set(report["peers"]) == {"execstate_r3_on", "execstate_r3_off", "transformers", "llama_cpp"}
+    assert set(report["peers"]) == {"execstate_r3_on", "execstate_r3_off", "transformers", "llama_cpp", "vllm"}
     assert report["peers"]["llama_cpp"]["available"] is False and report["peers"]["llama_cpp"]["note"]
     for name in ("execstate_r3_on", "execstate_r3_off", "transformers"):
         e = report["peers"][name]
