@@ -66,3 +66,36 @@ class PagedDecode:
                                    self.tokens.data_ptr(), self.block_table.data_ptr(), self.ctx_lens.data_ptr(),
                                    self.num_seqs, self.block_table.shape[1], nh, nkv, d, self.block_size,
                                    float(scale))
+
+    @classmethod
+    def for_spans(cls, token_starts: list[int], num_queries: list[int], block_tables: list[list[int]],
+                  ctx_lens: list[int], block_size: int, num_slots: int) -> PagedDecode:
+        """Every query of a step's spans, prefill spans included: span ``s`` holds rows
+        ``token_starts[s] ..`` (``num_queries[s]`` of them) whose last one sees ``ctx_lens[s]``
+        positions; query ``i`` of the span sees ``ctx_lens[s] - num_queries[s] + i + 1`` (causal).
+
+        Each query row is then computed exactly as a decode query over its context (one
+        kernel, one order of operations; no gathered copy of the context), so a token's
+        attention output does not depend on how its span was split or batched. Validated per
+        span, expanded with torch (no per-token Python loop).
+        """
+        if not (len(token_starts) == len(num_queries) == len(block_tables) == len(ctx_lens)):
+            raise ValueError("PagedDecode.for_spans: one entry per span in every list")
+        if any(n < 1 for n in num_queries) or any(c < n for c, n in zip(ctx_lens, num_queries, strict=True)):
+            raise ValueError("PagedDecode.for_spans: every span needs 1 <= num_query <= ctx_len")
+        span_ends = [s + n for s, n in zip(token_starts, num_queries, strict=True)]
+        # One entry per span, validated by __init__ (tables, last-query context lengths).
+        self = cls([e - 1 for e in span_ends] if span_ends else [], block_tables, ctx_lens, block_size, num_slots)
+        if not token_starts:
+            return self
+        counts = torch.tensor(num_queries, dtype=torch.int64)
+        first = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+        offset = torch.arange(int(counts.sum()), dtype=torch.int64) - first  # i within its span
+        self.tokens = torch.repeat_interleave(torch.tensor(token_starts, dtype=torch.int64), counts) + offset
+        self.ctx_lens = torch.repeat_interleave(self.ctx_lens - counts, counts) + offset + 1
+        self.block_table = torch.repeat_interleave(self.block_table, counts, dim=0)
+        self.num_seqs = int(self.tokens.shape[0])
+        if min(token_starts) < 0:
+            raise ValueError("PagedDecode: token rows must be >= 0")
+        self.max_token = max(span_ends) - 1
+        return self

@@ -58,6 +58,40 @@ static PyObject *py_linear(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_linear_packed(PyObject *self, PyObject *args) {
+    unsigned long long x, w, y;
+    Py_ssize_t M, K, N;
+    int status;
+    if (!PyArg_ParseTuple(args, "KKKnnn", &x, &w, &y, &M, &K, &N)) return NULL;
+    if (M < 0 || K < 0 || N < 0) return PyErr_Format(PyExc_ValueError, "linear_packed: negative size");
+    Py_BEGIN_ALLOW_THREADS
+    status = es_linear_packed_f32((const float *)x, (const float *)w, (float *)y, M, K, N);
+    Py_END_ALLOW_THREADS
+    if (status == 3) return PyErr_Format(PyExc_RuntimeError, "linear_packed needs AVX-512 (avx512f/dq/vl)");
+    if (status) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_packed_available(PyObject *self, PyObject *args) {
+    return PyBool_FromLong(cpu_ok() && es_gemm_packed_available());
+}
+
+static PyObject *py_moe_packed(PyObject *self, PyObject *args) {
+    unsigned long long x, ids, wts, wgu, wd, out;
+    Py_ssize_t T, k, E, H, I;
+    int bad;
+    if (!PyArg_ParseTuple(args, "KKKKKKnnnnn", &x, &ids, &wts, &wgu, &wd, &out, &T, &k, &E, &H, &I)) return NULL;
+    if (T < 0 || k < 1 || E < 1 || H < 1 || I < 1) return PyErr_Format(PyExc_ValueError, "moe_packed: bad sizes");
+    Py_BEGIN_ALLOW_THREADS
+    bad = es_moe_packed_f32((const float *)x, (const int64_t *)ids, (const float *)wts, (const float *)wgu,
+                            (const float *)wd, (float *)out, T, k, E, H, I);
+    Py_END_ALLOW_THREADS
+    if (bad == 3) return PyErr_Format(PyExc_RuntimeError, "moe_packed needs AVX-512 (avx512f/dq/vl)");
+    if (bad == 2) return PyErr_NoMemory();
+    if (bad) return PyErr_Format(PyExc_ValueError, "moe: expert id outside [0, %zd)", E);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_moe(PyObject *self, PyObject *args) {
     unsigned long long x, ids, wts, wgu, wd, out;
     Py_ssize_t T, k, E, H, I;
@@ -145,6 +179,11 @@ static PyMethodDef methods[] = {
     {"available", py_available, METH_NOARGS, "True when this CPU has AVX2 and FMA."},
     {"max_threads", py_max_threads, METH_NOARGS, "omp_get_max_threads() of the OpenMP runtime in use."},
     {"linear", py_linear, METH_VARARGS, "linear(x, w, y, M, K, N): y = x @ w.T (fp32 data pointers)."},
+    {"linear_packed", py_linear_packed, METH_VARARGS,
+     "linear_packed(x, w, y, M, K, N): y = x @ w.T, AVX-512 register-blocked, dot_rows numerics."},
+    {"packed_available", py_packed_available, METH_NOARGS, "True when linear_packed can run (AVX-512)."},
+    {"moe_packed", py_moe_packed, METH_VARARGS,
+     "moe_packed(x, ids, wts, w_gate_up, w_down, out, T, k, E, H, I): moe for many tokens, AVX-512."},
     {"moe", py_moe, METH_VARARGS, "moe(x, ids, wts, w_gate_up, w_down, out, T, k, E, H, I) (data pointers)."},
     {NULL, NULL, 0, NULL},
 };
