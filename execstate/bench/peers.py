@@ -20,6 +20,7 @@ class RunResult:
     seconds: float
     ttft_s: list[float] | None = None  # batch 1 only, where the peer reports it
     r3_seconds: float | None = None  # engine only: its R3Clock's growth over the run
+    prefill_s: float | None = None  # batch 8, where the peer reports it: the batch's time to first token
 
 
 class Peer:
@@ -76,8 +77,10 @@ class EnginePeer(Peer):
             if self.routes and getattr(mc, "is_moe", False):
                 self.route_rows_ok &= r is not None and tuple(r.shape) == (
                     len(p) + len(t) - 1, mc.num_moe_layers, mc.top_k)
-        ttft = None if batched else [float(o.metrics.get("ttft_s", float("nan"))) for o in outs]
-        return RunResult(tokens, seconds, ttft, r3_seconds)
+        ttfts = [float(o.metrics.get("ttft_s", float("nan"))) for o in outs]
+        if batched:  # prefill time of the batch: until its last prompt's first token
+            return RunResult(tokens, seconds, None, r3_seconds, prefill_s=max(ttfts, default=None))
+        return RunResult(tokens, seconds, ttfts, r3_seconds)
 
 
 class TransformersPeer(Peer):
