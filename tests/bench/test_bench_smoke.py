@@ -42,7 +42,7 @@ def test_report_structure(report):
     assert report["peers"]["execstate_r3_on"]["routed_experts_shape_ok"] is True
     for name in ("execstate_r3_on", "execstate_r3_off"):  # prefill of the batch-8 runs (engine TTFT)
         b8 = report["peers"][name]["batch8"]
-        assert len(b8["prefill_s"]) == REPEATS and all(0 < s < t for s, t in zip(b8["prefill_s"], b8["seconds"]))
+        assert len(b8["prefill_s"]) == REPEATS and all(0 < s < t for s, t in zip(b8["prefill_s"], b8["seconds"], strict=True))
         assert b8["prefill_tokens"] == NUM_PROMPTS * PROMPT_LEN
         assert b8["prefill_tok_s"] == pytest.approx(NUM_PROMPTS * PROMPT_LEN / b8["median_prefill_s"])
     assert "prefill_tok_s" not in report["peers"]["transformers"]["batch8"]  # no TTFT from generate()
