@@ -1,10 +1,13 @@
-"""Decode attention straight on the paged KV cache's block tables (C: ``decode_attention``)."""
+"""Decode attention straight on the paged KV cache's block tables (C: ``decode_attention``; a
+plan from ``PagedDecode.for_spans`` runs ``prefill_attention``, the same results tiled by span)."""
 
 from __future__ import annotations
 
 import torch
 
 from execstate.kernels.ext import lib, require, sync_threads
+
+MAX_TILED_GROUP = 16  # query heads per KV head the tiled prefill kernel takes
 
 
 class PagedDecode:
@@ -34,6 +37,7 @@ class PagedDecode:
         if any(t < 0 for t in tokens):
             raise ValueError("PagedDecode: token rows must be >= 0")
         self.num_seqs = len(tokens)
+        self.tiled = False  # for_spans: rows of a span in a row, run by the tiled prefill kernel
         self.max_token = max(tokens, default=-1)
         self.block_size, self.num_slots = block_size, num_slots
         self.tokens = torch.tensor(tokens, dtype=torch.int64)
@@ -62,7 +66,9 @@ class PagedDecode:
             raise ValueError(f"PagedDecode: token row {self.max_token} outside a batch of {n}")
         if self.num_seqs:
             sync_threads()
-            lib().decode_attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+            # the tiled kernel: same results bit for bit, K/V read once per tile of a span's rows
+            fn = lib().prefill_attention if self.tiled and nh // nkv <= MAX_TILED_GROUP else lib().decode_attention
+            fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                                    self.tokens.data_ptr(), self.block_table.data_ptr(), self.ctx_lens.data_ptr(),
                                    self.num_seqs, self.block_table.shape[1], nh, nkv, d, self.block_size,
                                    float(scale))
@@ -95,6 +101,7 @@ class PagedDecode:
         self.ctx_lens = torch.repeat_interleave(self.ctx_lens - counts, counts) + offset + 1
         self.block_table = torch.repeat_interleave(self.block_table, counts, dim=0)
         self.num_seqs = int(self.tokens.shape[0])
+        self.tiled = True
         if min(token_starts) < 0:
             raise ValueError("PagedDecode: token rows must be >= 0")
         self.max_token = max(span_ends) - 1

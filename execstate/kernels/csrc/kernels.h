@@ -20,6 +20,10 @@ int es_moe_packed_f32(const float *x, const int64_t *ids, const float *wts, cons
 int es_decode_attention_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
                             const int64_t *block_table, const int64_t *ctx_len, int64_t B, int64_t max_blocks,
                             int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale);
+/* prefill_attention.c (nh / nkv <= 16) */
+int es_prefill_attention_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
+                             const int64_t *block_table, const int64_t *ctx_len, int64_t B, int64_t max_blocks,
+                             int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale);
 /* fused.c */
 void es_silu_mul(const float *g, const float *u, float *h, int64_t n);
 void es_rms_norm_f32(const float *x, const float *w, float *out, int64_t T, int64_t H, float eps);

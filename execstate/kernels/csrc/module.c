@@ -128,6 +128,26 @@ static PyObject *py_decode_attention(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_prefill_attention(PyObject *self, PyObject *args) {
+    unsigned long long q, kc, vc, out, tok, bt, cl;
+    Py_ssize_t B, max_blocks, nh, nkv, d, bs;
+    float scale;
+    int status;
+    if (!PyArg_ParseTuple(args, "KKKKKKKnnnnnnf", &q, &kc, &vc, &out, &tok, &bt, &cl, &B, &max_blocks, &nh, &nkv, &d,
+                          &bs, &scale))
+        return NULL;
+    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
+    if (B < 0 || max_blocks < 1 || nkv < 1 || nh % nkv || nh / nkv > 16 || d < 1 || bs < 1)
+        return PyErr_Format(PyExc_ValueError, "prefill_attention: bad sizes");
+    Py_BEGIN_ALLOW_THREADS
+    status = es_prefill_attention_f32((const float *)q, (const float *)kc, (const float *)vc, (float *)out,
+                                      (const int64_t *)tok, (const int64_t *)bt, (const int64_t *)cl, B, max_blocks,
+                                      nh, nkv, d, bs, scale);
+    Py_END_ALLOW_THREADS
+    if (status) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_rms_norm(PyObject *self, PyObject *args) {
     unsigned long long x, w, out;
     Py_ssize_t T, H;
@@ -176,6 +196,8 @@ static PyMethodDef methods[] = {
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu_mul(gate_up, h, T, I): h = silu(gate) * up per row."},
     {"decode_attention", py_decode_attention, METH_VARARGS,
      "decode_attention(q, k_cache, v_cache, out, tok, block_table, ctx_len, B, max_blocks, nh, nkv, d, bs, scale)."},
+    {"prefill_attention", py_prefill_attention, METH_VARARGS,
+     "prefill_attention(...): decode_attention's arguments and results, rows of a span tiled together."},
     {"available", py_available, METH_NOARGS, "True when this CPU has AVX2 and FMA."},
     {"max_threads", py_max_threads, METH_NOARGS, "omp_get_max_threads() of the OpenMP runtime in use."},
     {"linear", py_linear, METH_VARARGS, "linear(x, w, y, M, K, N): y = x @ w.T (fp32 data pointers)."},
