@@ -377,3 +377,19 @@ def test_tiled_prefill_kernel_equals_decode_kernel_bitwise(data, nkv: int, group
     plan.tiled = False  # the same plan on the decode kernel
     with_threads(threads, lambda: plan.run(q, kc, vc, plain, d**-0.5))
     assert torch.equal(tiled, plain)
+
+
+@pytest.mark.parametrize(("nh", "nkv"), [(8, 4), (9, 3), (16, 2)])  # the AVX-512 head-pair path (d = 64)
+def test_tiled_prefill_kernel_standard_shapes_equal_decode_kernel(nh: int, nkv: int) -> None:
+    d, bs = 64, 16
+    spans = [(0, 40, 40), (40, 17, 50), (57, 1, 33)]  # fresh prompt, continued prompt, decode row
+    tables = [[3, 0, 5], [1, 6, 2, 9], [4, 7, 8]]
+    slots = 10 * bs
+    q, kc, vc = randn(58, nh, d, seed=4), randn(slots, nkv, d, seed=5), randn(slots, nkv, d, seed=6)
+    plan = cpu.PagedDecode.for_spans([s[0] for s in spans], [s[1] for s in spans], tables, [s[2] for s in spans],
+                                     bs, slots)
+    tiled, plain = torch.empty_like(q), torch.empty_like(q)
+    plan.run(q, kc, vc, tiled, d**-0.5)
+    plan.tiled = False
+    plan.run(q, kc, vc, plain, d**-0.5)
+    assert torch.equal(tiled, plain)

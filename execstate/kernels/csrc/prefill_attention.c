@@ -103,19 +103,102 @@ static KT void block_values(const float *s, const float *vb, int64_t vstride, in
     }
 }
 
-/* One tile (entries e0..e0+n-1, same block table row bt) and KV head h: G heads per row. */
+#define KP __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma")))
+
+/* Two heads (a, b) of one row at once on 16-lane vectors: lanes 0-7 are head a's 8 lanes,
+ * 8-15 head b's, each K/V chunk broadcast to both halves; every lane does what the 8-lane
+ * code above does, so the results are the same bits. qp: [qa[i:i+8] | qb[i:i+8]] per i. */
+/* simd.h's hsum8 of the low and the high 8 lanes of 8 accumulators at once: the same adds in
+ * the same tree (lanes i + i+4, then 0+2 and 1+3, then those two), so the same bits. Result
+ * lane 4q + e is half q % 2 of a[2e + q / 2]. */
+static KP inline __m512 hsum8_x16(const __m512 a[8]) {
+    __m512 s[4];
+    for (int i = 0; i < 4; i++) /* quarters: [a.lo s4, a.hi s4, b.lo s4, b.hi s4] */
+        s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 v0 = _mm512_add_ps(_mm512_shuffle_ps(s[0], s[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_ps(s[0], s[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 v1 = _mm512_add_ps(_mm512_shuffle_ps(s[2], s[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_ps(s[2], s[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_ps(v0, v1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(v0, v1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+static KP void pair_scores(const float *qp, const float *kb, int64_t kstride,
+                           int64_t l0, int64_t l1, int64_t d8, float scale, float *sa, float *sb) {
+    int64_t l = l0;
+    for (; l + 8 <= l1; l += 8) {
+        const float *k0 = kb + (l - l0) * kstride;
+        __m512 a[8];
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; u++) a[u] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < d8; i += 8) {
+            const __m512 qv = _mm512_loadu_ps(qp + 2 * i);
+#pragma GCC unroll 8
+            for (int u = 0; u < 8; u++)
+                a[u] = _mm512_fmadd_ps(_mm512_broadcast_f32x8(_mm256_loadu_ps(k0 + u * kstride + i)), qv, a[u]);
+        }
+        /* keys l..l+7 of head a, then of head b (see hsum8_x16 for the lane order) */
+        const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+        const __m512 r = _mm512_mul_ps(_mm512_permutexvar_ps(order, hsum8_x16(a)), _mm512_set1_ps(scale));
+        _mm256_storeu_ps(sa + l, _mm512_castps512_ps256(r));
+        _mm256_storeu_ps(sb + l, _mm512_extractf32x8_ps(r, 1));
+    }
+    for (; l < l1; l++) {
+        const float *k0 = kb + (l - l0) * kstride;
+        __m512 a0 = _mm512_setzero_ps();
+        for (int64_t i = 0; i < d8; i += 8)
+            a0 = _mm512_fmadd_ps(_mm512_broadcast_f32x8(_mm256_loadu_ps(k0 + i)), _mm512_loadu_ps(qp + 2 * i), a0);
+        sa[l] = hsum8(_mm512_castps512_ps256(a0)) * scale;
+        sb[l] = hsum8(_mm512_extractf32x8_ps(a0, 1)) * scale;
+    }
+}
+
+/* o (interleaved [a chunk | b chunk] per 8 floats, d = 64) += p_l V_l for l in [l0, l1). */
+static KP void pair_values64(const float *sa, const float *sb, const float *vb, int64_t vstride, int64_t l0,
+                             int64_t l1, float *o) {
+    __m512 r[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) r[c] = _mm512_loadu_ps(o + 16 * c);
+    for (int64_t l = l0; l < l1; l++) {
+        const float *vp = vb + (l - l0) * vstride;
+        const __m512 p = _mm512_insertf32x8(_mm512_set1_ps(sa[l]), _mm256_set1_ps(sb[l]), 1);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) r[c] = _mm512_fmadd_ps(p, _mm512_broadcast_f32x8(_mm256_loadu_ps(vp + 8 * c)), r[c]);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) _mm512_storeu_ps(o + 16 * c, r[c]);
+}
+
+/* One tile (entries e0..e0+n-1, same block table row bt) and KV head h: G heads per row
+ * (rows r = i * G + g). With `pairs` (AVX-512, d = 64), heads 2m and 2m + 1 of an entry run
+ * together on 16-lane vectors (oacc then holds the pair interleaved by 8 floats). */
 static KT void tile_item(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
                          const int64_t *bt, const int64_t *ctx_len, int64_t e0, int64_t n, int64_t h, int64_t G,
                          int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale, int64_t lmax, float *sc,
-                         float *oacc) {
-    const int64_t rows = n * G, stride = nkv * d;
+                         float *oacc, float *qp, int pairs) {
+    const int64_t rows = n * G, stride = nkv * d, npair = pairs ? G / 2 : 0;
     int64_t L = 0;
     for (int64_t i = 0; i < n; i++) L = ctx_len[e0 + i] > L ? ctx_len[e0 + i] : L;
+    for (int64_t i = 0; i < n; i++) /* packed query pairs */
+        for (int64_t m = 0; m < npair; m++) {
+            const float *qa = q + (tok[e0 + i] * nh + h * G + 2 * m) * d, *qb = qa + d;
+            float *o = qp + (i * npair + m) * 2 * d;
+            for (int64_t c = 0; c < d; c += 8) {
+                memcpy(o + 2 * c, qa + c, 8 * sizeof(float));
+                memcpy(o + 2 * c + 8, qb + c, 8 * sizeof(float));
+            }
+        }
     for (int64_t b0 = 0; b0 < L; b0 += bs) { /* scores, block by block */
         const float *kb = kc + (bt[b0 / bs] * bs * nkv + h) * d;
-        for (int64_t r = 0; r < rows; r++) {
-            const int64_t e = e0 + r / G, j = h * G + r % G, l1 = ctx_len[e] < b0 + bs ? ctx_len[e] : b0 + bs;
-            if (l1 > b0) block_scores(q + (tok[e] * nh + j) * d, kb, stride, b0, l1, d, scale, sc + r * lmax);
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t e = e0 + i, l1 = ctx_len[e] < b0 + bs ? ctx_len[e] : b0 + bs;
+            if (l1 <= b0) continue;
+            for (int64_t m = 0; m < npair; m++)
+                pair_scores(qp + (i * npair + m) * 2 * d, kb, stride, b0, l1, d, scale, sc + (i * G + 2 * m) * lmax,
+                            sc + (i * G + 2 * m + 1) * lmax);
+            for (int64_t g = 2 * npair; g < G; g++)
+                block_scores(q + (tok[e] * nh + h * G + g) * d, kb, stride, b0, l1, d, scale, sc + (i * G + g) * lmax);
         }
     }
     float inv[QT * 16];
@@ -123,18 +206,31 @@ static KT void tile_item(const float *q, const float *kc, const float *vc, float
     memset(oacc, 0, sizeof(float) * rows * d);
     for (int64_t b0 = 0; b0 < L; b0 += bs) { /* values, block by block */
         const float *vb = vc + (bt[b0 / bs] * bs * nkv + h) * d;
-        for (int64_t r = 0; r < rows; r++) {
-            const int64_t e = e0 + r / G, l1 = ctx_len[e] < b0 + bs ? ctx_len[e] : b0 + bs;
-            if (l1 > b0) block_values(sc + r * lmax, vb, stride, b0, l1, d, oacc + r * d);
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t e = e0 + i, l1 = ctx_len[e] < b0 + bs ? ctx_len[e] : b0 + bs;
+            if (l1 <= b0) continue;
+            for (int64_t m = 0; m < npair; m++) {
+                const int64_t r = i * G + 2 * m;
+                pair_values64(sc + r * lmax, sc + (r + 1) * lmax, vb, stride, b0, l1, oacc + r * d);
+            }
+            for (int64_t g = 2 * npair; g < G; g++)
+                block_values(sc + (i * G + g) * lmax, vb, stride, b0, l1, d, oacc + (i * G + g) * d);
         }
     }
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t e = e0 + r / G, j = h * G + r % G;
+        const int64_t e = e0 + r / G, g = r % G, j = h * G + g;
         float *o = out + (tok[e] * nh + j) * d;
+        const float *a = oacc + r * d;
+        if (g < 2 * npair) { /* de-interleave the pair: head 2m from the low 8 of each 16 */
+            a = oacc + (r - g % 2) * d + (g % 2) * 8;
+            for (int64_t c = 0; c < d; c += 8)
+                _mm256_storeu_ps(o + c, _mm256_mul_ps(_mm256_loadu_ps(a + 2 * c), _mm256_set1_ps(inv[r])));
+            continue;
+        }
         const __m256 iv = _mm256_set1_ps(inv[r]);
-        int64_t i = 0;
-        for (; i + 8 <= d; i += 8) _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(oacc + r * d + i), iv));
-        for (; i < d; i++) o[i] = oacc[r * d + i] * inv[r];
+        int64_t c = 0;
+        for (; c + 8 <= d; c += 8) _mm256_storeu_ps(o + c, _mm256_mul_ps(_mm256_loadu_ps(a + c), iv));
+        for (; c < d; c++) o[c] = a[c] * inv[r];
     }
 }
 
@@ -144,6 +240,7 @@ KT int es_prefill_attention_f32(const float *q, const float *kc, const float *vc
                                 const int64_t *block_table, const int64_t *ctx_len, int64_t B, int64_t max_blocks,
                                 int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale) {
     const int64_t G = nh / nkv;
+    const int pairs = d == 64 && G >= 2 && es_gemm_packed_available(); /* AVX-512 */
     int64_t lmax = 1, n_tiles = 0;
     for (int64_t b = 0; b < B; b++) lmax = ctx_len[b] > lmax ? ctx_len[b] : lmax;
     int64_t *tile_start = malloc(sizeof(int64_t) * (B + 1));
@@ -158,17 +255,19 @@ KT int es_prefill_attention_f32(const float *q, const float *kc, const float *vc
 #pragma omp parallel if (B * nh * lmax * d >= PARALLEL_MIN_MACS)
     {
         float *sc = malloc(sizeof(float) * QT * G * lmax), *oacc = malloc(sizeof(float) * QT * G * d);
-        if (!sc || !oacc) {
+        float *qp = malloc(sizeof(float) * QT * G * d + 64);
+        if (!sc || !oacc || !qp) {
 #pragma omp atomic write
             oom = 1;
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < n_tiles * nkv; item++) {
-            if (!sc || !oacc) continue;
+            if (!sc || !oacc || !qp) continue;
             const int64_t t = item / nkv, h = item % nkv, e0 = tile_start[t];
             tile_item(q, kc, vc, out, tok, block_table + e0 * max_blocks, ctx_len, e0, tile_start[t + 1] - e0, h,
-                      G, nh, nkv, d, bs, scale, lmax, sc, oacc);
+                      G, nh, nkv, d, bs, scale, lmax, sc, oacc, qp, pairs);
         }
+        free(qp);
         free(sc);
         free(oacc);
     }
