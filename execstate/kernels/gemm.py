@@ -111,8 +111,8 @@ def moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate_up: to
     if t:
         sync_threads()
         fn = lib().moe_packed if PACKED and t > MAX_MOE_TOKENS else lib().moe
-        fn(x.data_ptr(), ids.data_ptr(), weights.data_ptr(), w_gate_up.data_ptr(), w_down.data_ptr(),
-                 out.data_ptr(), t, ids.shape[1], e, h, i)
+        fn(x.data_ptr(), ids.data_ptr(), weights.data_ptr(), w_gate_up.data_ptr(), w_down.data_ptr(), out.data_ptr(), t,
+           ids.shape[1], e, h, i)
     return out
 
 

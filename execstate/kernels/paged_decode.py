@@ -37,7 +37,7 @@ class PagedDecode:
         if any(t < 0 for t in tokens):
             raise ValueError("PagedDecode: token rows must be >= 0")
         self.num_seqs = len(tokens)
-        self.tiled = False  # for_spans: rows of a span in a row, run by the tiled prefill kernel
+        self.tiled = False  # True for for_spans plans (a span's rows adjacent): the tiled kernel runs them
         self.max_token = max(tokens, default=-1)
         self.block_size, self.num_slots = block_size, num_slots
         self.tokens = torch.tensor(tokens, dtype=torch.int64)
@@ -68,10 +68,9 @@ class PagedDecode:
             sync_threads()
             # the tiled kernel: same results bit for bit, K/V read once per tile of a span's rows
             fn = lib().prefill_attention if self.tiled and nh // nkv <= MAX_TILED_GROUP else lib().decode_attention
-            fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
-                                   self.tokens.data_ptr(), self.block_table.data_ptr(), self.ctx_lens.data_ptr(),
-                                   self.num_seqs, self.block_table.shape[1], nh, nkv, d, self.block_size,
-                                   float(scale))
+            fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), self.tokens.data_ptr(),
+               self.block_table.data_ptr(), self.ctx_lens.data_ptr(), self.num_seqs, self.block_table.shape[1], nh,
+               nkv, d, self.block_size, float(scale))
 
     @classmethod
     def for_spans(cls, token_starts: list[int], num_queries: list[int], block_tables: list[list[int]],
@@ -89,6 +88,8 @@ class PagedDecode:
             raise ValueError("PagedDecode.for_spans: one entry per span in every list")
         if any(n < 1 for n in num_queries) or any(c < n for c, n in zip(ctx_lens, num_queries, strict=True)):
             raise ValueError("PagedDecode.for_spans: every span needs 1 <= num_query <= ctx_len")
+        if any(s < 0 for s in token_starts):
+            raise ValueError("PagedDecode: token rows must be >= 0")
         span_ends = [s + n for s, n in zip(token_starts, num_queries, strict=True)]
         # One entry per span, validated by __init__ (tables, last-query context lengths).
         self = cls([e - 1 for e in span_ends] if span_ends else [], block_tables, ctx_lens, block_size, num_slots)
@@ -102,7 +103,5 @@ class PagedDecode:
         self.block_table = torch.repeat_interleave(self.block_table, counts, dim=0)
         self.num_seqs = int(self.tokens.shape[0])
         self.tiled = True
-        if min(token_starts) < 0:
-            raise ValueError("PagedDecode: token rows must be >= 0")
         self.max_token = max(span_ends) - 1
         return self

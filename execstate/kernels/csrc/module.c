@@ -1,7 +1,9 @@
 /* execstate CPU kernels, Python module `execstate.kernels._cpu`: bindings and the contracts.
  *
  * Files: gemm.c (small-batch linear, fused MoE), attention.c (paged decode attention),
- * fused.c (RMSNorm, q/k/v + QK-norm + RoPE, SwiGLU gate), simd.h (shared helpers).
+ * fused.c (RMSNorm, q/k/v + QK-norm + RoPE, SwiGLU gate), simd.h (shared helpers);
+ * gemm_packed.c (AVX-512 many-row linear and MoE) and prefill_attention.c (decode attention
+ * tiled by span), which keep the 8-lane numerics below bit for bit on 16-lane vectors.
  *
  * Why: at decode, a step multiplies a few rows (batch <= 16; an MoE expert sees 1-4 tokens)
  * by large weight matrices. That is memory-bound: the best kernel reads every weight once at
