@@ -8,7 +8,8 @@ setup(
     ext_modules=[
         Extension(
             "execstate.kernels._cpu",
-            [f"execstate/kernels/csrc/{name}.c" for name in ("module", "gemm", "attention", "fused", "gemm_bf16")],
+            [f"execstate/kernels/csrc/{name}.c" for name in ("module", "gemm", "attention", "fused", "gemm_bf16",
+                                                              "gemm_packed", "prefill_attention")],
             depends=["execstate/kernels/csrc/kernels.h", "execstate/kernels/csrc/simd.h"],
             # -ffp-contract=off: no implicit FMA contraction; the kernels' FMAs are explicit,
             # so every code path rounds the same way (see the numerics note in csrc/module.c).

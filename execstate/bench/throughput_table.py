@@ -25,10 +25,11 @@ def format_table(report: dict[str, Any]) -> str:
         f"median of {report['repeats']} interleaved repeats",
         f"workload: batch 8 = {wl['num_prompts']} prompts x {wl['prompt_len']} tokens -> "
         f"{wl['max_new_tokens']} new tokens each, greedy, ignore_eos; batch 1 = {wl['batch1_prompts']} "
-        f"prompts one at a time (tok/s = generated tokens / wall s, prefill included)",
+        f"prompts one at a time (tok/s = generated tokens / wall s, prefill included); b8 prefill tok/s = "
+        f"{wl['num_prompts']} x {wl['prompt_len']} prompt tokens / the batch-8 run's time to first token",
         "",
         f"{'peer':<44}{'batch 8 tok/s':>14}{'batch 1 tok/s':>15}{'b8 clean (n)':>14}{'b1 clean (n)':>14}"
-        f"{'b1 TTFT s':>11}{'b1 decode tok/s':>17}  runs (b8 | b1)",
+        f"{'b1 TTFT s':>11}{'b1 decode tok/s':>17}{'b8 prefill tok/s':>18}  runs (b8 | b1)",
     ]
     for name, e in report["peers"].items():
         if not e.get("available"):
@@ -43,7 +44,8 @@ def format_table(report: dict[str, Any]) -> str:
             f"{fmt(b1['median_tok_s'], '.1f') if b1 else 'n/a':>15}"
             f"{_clean(b8):>14}{_clean(b1):>14}"
             f"{fmt(b1.get('median_ttft_s') if b1 else None, '.3f'):>11}"
-            f"{fmt(b1.get('decode_tok_s') if b1 else None, '.1f'):>17}  {runs8} | {runs1}"
+            f"{fmt(b1.get('decode_tok_s') if b1 else None, '.1f'):>17}"
+            f"{fmt(b8.get('prefill_tok_s') if b8 else None, '.0f'):>18}  {runs8} | {runs1}"
             + ("" if exact else "  TOKEN COUNT MISMATCH")
         )
     lines.append("")
