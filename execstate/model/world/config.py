@@ -34,6 +34,7 @@ class WorldModelConfig:
     schedule: tuple[float, ...] = (0.0, 0.5)  # flow times the few-step sampler visits (0: noise, 1: clean)
     codec: str = "patch"  # latent_codec.py: "patch" (pixel patches, MSE) or "palette" (one-hot cells, cross-entropy)
     cell_size: int = 4  # "palette": pixels per world cell (a latent unit)
+    conv_channels: int = 0  # > 0: 3x3 convolutions over the unit grid before and after the transformer (cell_conv.py)
 
     def __post_init__(self) -> None:
         if self.frame_size % self.patch_size:

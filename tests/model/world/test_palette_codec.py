@@ -98,8 +98,9 @@ def test_latent_codec_and_config_agree_on_the_palette_layout() -> None:
         dataclasses.replace(TINY, codec="palette", cell_size=5)
 
 
-def test_a_palette_model_commits_only_valid_frames_and_replays_bit_for_bit() -> None:
-    model = ChunkedWorldModel(random_net(PAL), weights_version="tiny-palette")
+@pytest.mark.parametrize("conv", [0, 8])
+def test_a_palette_model_commits_only_valid_frames_and_replays_bit_for_bit(conv: int) -> None:
+    model = ChunkedWorldModel(random_net(dataclasses.replace(PAL, conv_channels=conv)), weights_version="tiny-palette")
     assert model.spec.chunk_latent_shape == (2, 16, 135)
     _, frames = _frames(3, 2, "meadow")
     keys = [renderer.RIGHT, renderer.UP]
