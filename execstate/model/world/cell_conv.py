@@ -5,7 +5,10 @@ local in units, not tokens (a mover steps into the next cell, the agent stops at
 away, and either may cross a token's edge). Two 3 x 3 convolutions over the whole frame's unit
 grid before the tokens are formed (the *stem*) give every token the neighbourhood of each of its
 units, across token edges; one 3 x 3 convolution after them (the *head*) lets each unit's output
-see its neighbours' hidden state. This is the convolutional patch embedding and decoder of
+see its neighbours' hidden state. The stem's unit features also skip the transformer and are
+added to the head's input (a U-Net skip), so the local rules (a mover continues its step, the
+agent takes the key's step unless a wall is there) have a path of three convolutions that does
+not go through the token bottleneck. This is the convolutional patch embedding and decoder of
 hybrid ViTs; the transformer still does everything that is not local (attention to the cached
 context, the prompt, the actions).
 

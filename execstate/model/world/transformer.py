@@ -134,10 +134,11 @@ class WorldTransformer(nn.Module):
             shifted = shifted_carry(carry[:, :, -1], actions, f, cfg.latent_grid, cfg.action_shift_px,
                                     cfg.latent_channels).to(x.dtype)
             parts.append(shifted)
+        local = None
         if self.stem is not None:
             srcs = [xin, *(carry[:, :, k : k + 1].expand(b, g, f, p, dim) for k in range(nc)), *parts[2:]]
-            h = self.patch_in(self.stem(torch.stack(srcs, dim=-2).reshape(b * g * f, p, len(srcs), dim)))
-            h = h.view(b, g, f, p, d)
+            local = self.stem(torch.stack(srcs, dim=-2).reshape(b * g * f, p, len(srcs), dim))
+            h = self.patch_in(local).view(b, g, f, p, d)
         else:
             h = self.patch_in(torch.cat(parts, dim=-1))
         h = h + self.pos_spatial + self.pos_frame[:, None, :] + act[:, :, :, None, :]
@@ -157,8 +158,9 @@ class WorldTransformer(nn.Module):
         shift, scale = self.final_mod(cond[:, g - go :]).view(b, go * f, 1, 2, d).unbind(3)
         h = h.view(b, g * f, p, d)[:, (g - go) * f :]
         out = self.patch_out(nn.functional.layer_norm(h, (d,)) * (1 + scale) + shift)
-        if self.head is not None:
-            out = self.head(out.reshape(b * go * f, p, -1)).view(b, go * f, p, dim)
+        if self.head is not None and local is not None:  # the stem's cell features skip the transformer (U-Net)
+            skip = local.view(b, g, f, p, -1)[:, g - go :].reshape(b * go * f, p, -1)
+            out = self.head(out.reshape(b * go * f, p, -1) + skip).view(b, go * f, p, dim)
         base = carry[:, g - go :, -1:].expand(b, go, f, p, dim).reshape(b, go * f, p, dim)
         if self.copy_gain is not None:  # logits
             c = cfg.latent_channels
