@@ -23,8 +23,13 @@ def add_world_parser(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--d-model", type=int, default=m["d_model"])
     tr.add_argument("--layers", type=int, default=m["n_layers"])
     tr.add_argument("--heads", type=int, default=m["n_heads"])
+    tr.add_argument("--codec", choices=("patch", "palette"), default=m.get("codec", "patch"),
+                    help="latents: pixel patches (MSE) or one-hot palette cells (cross-entropy)")
+    tr.add_argument("--conv-channels", type=int, default=m.get("conv_channels", 0),
+                    help="palette codec: 3x3 convolutions over the cell grid around the transformer (0: off)")
     tr.add_argument("--action-shift-px", type=int, default=m["action_shift_px"],
-                    help="input the carry shifted by the keys' moves, this many px per cell (0: off)")
+                    help="input the carry shifted by the keys' moves, this many latent units (px, or cells) "
+                         "per cell (0: off)")
     tr.add_argument("--context-noise", type=float, default=t["context_noise"],
                     help="max std of the noise added to context chunks and carries in training")
     ev = wsub.add_parser("eval", help="action following, PSNR and drift against the renderer; a comparison PNG")
@@ -67,12 +72,15 @@ def run_world(args: argparse.Namespace) -> int:
         from execstate.model.world.train import TrainConfig, train_to_dir
 
         model_cfg = WorldModelConfig(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-                                     action_shift_px=args.action_shift_px)
+                                     action_shift_px=args.action_shift_px, codec=args.codec,
+                                     conv_channels=args.conv_channels)
         cfg = TrainConfig(seed=args.seed, steps=args.steps, batch_size=args.batch_size, threads=args.threads,
                           context_noise=args.context_noise)
         command = (f"execstate world train --out {args.out} --seed {args.seed} --steps {args.steps} "
                    f"--batch-size {args.batch_size} --threads {args.threads} --d-model {args.d_model} "
-                   f"--layers {args.layers} --heads {args.heads} --action-shift-px {args.action_shift_px} "
+                   f"--layers {args.layers} --heads {args.heads} --codec {args.codec} "
+                   f"--conv-channels {args.conv_channels} "
+                   f"--action-shift-px {args.action_shift_px} "
                    f"--context-noise {args.context_noise}")
         record = train_to_dir(args.out, model_cfg, cfg, log=print, extra={"command": command})
         print(json.dumps({k: record[k] for k in ("weights_sha256", "command")} | {

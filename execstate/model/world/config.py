@@ -8,6 +8,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from execstate.model.world.palette_codec import K as PALETTE_SIZE
+
+CODECS = ("patch", "palette")
+
 
 @dataclass(frozen=True)
 class WorldModelConfig:
@@ -28,6 +32,9 @@ class WorldModelConfig:
     window_chunks: int = 3  # most recent chunks kept besides the sink (the trained maximum)
     action_shift_px: int = 0  # > 0: also input the carry shifted by the keys' moves (shift.py), px per cell
     schedule: tuple[float, ...] = (0.0, 0.5)  # flow times the few-step sampler visits (0: noise, 1: clean)
+    codec: str = "patch"  # latent_codec.py: "patch" (pixel patches, MSE) or "palette" (one-hot cells, cross-entropy)
+    cell_size: int = 4  # "palette": pixels per world cell (a latent unit)
+    conv_channels: int = 0  # > 0: 3x3 convolutions over the unit grid before and after the transformer (cell_conv.py)
 
     def __post_init__(self) -> None:
         if self.frame_size % self.patch_size:
@@ -37,6 +44,10 @@ class WorldModelConfig:
         if not self.schedule or any(not 0.0 <= t < 1.0 for t in self.schedule) or list(self.schedule) != sorted(
                 set(self.schedule)):
             raise ValueError(f"schedule must be increasing flow times in [0, 1), got {self.schedule}")
+        if self.codec not in CODECS:
+            raise ValueError(f"codec must be one of {CODECS}, got {self.codec!r}")
+        if self.codec == "palette" and (self.cell_size < 1 or self.patch_size % self.cell_size):
+            raise ValueError(f"patch_size {self.patch_size} is not a multiple of cell_size {self.cell_size}")
         for name in ("frames_per_chunk", "carry_frames", "n_layers", "sink_chunks", "window_chunks",
                      "max_prompt_words"):
             if getattr(self, name) < 1:
@@ -53,6 +64,20 @@ class WorldModelConfig:
     @property
     def patch_dim(self) -> int:
         return self.patch_size * self.patch_size * 3
+
+    @property
+    def latent_grid(self) -> int:
+        """Latent units (pixels, or palette cells) per token side."""
+        return self.patch_size // self.cell_size if self.codec == "palette" else self.patch_size
+
+    @property
+    def latent_channels(self) -> int:
+        return PALETTE_SIZE if self.codec == "palette" else 3
+
+    @property
+    def latent_dim(self) -> int:
+        """Values per latent token."""
+        return self.latent_grid * self.latent_grid * self.latent_channels
 
     @property
     def head_dim(self) -> int:

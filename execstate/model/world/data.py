@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from execstate.model.world import codec, renderer
+from execstate.model.world import renderer
 from execstate.model.world.config import WorldModelConfig
+from execstate.model.world.latent_codec import LatentCodec
 from execstate.model.world.prompt import word_ids
 
 FILLERS = ("a", "the", "world", "maze", "level", "with", "walls", "game", "top", "down", "view", "small",
@@ -36,12 +37,12 @@ def random_prompt(rng: np.random.Generator, theme: str) -> str:
 
 @dataclass(frozen=True)
 class Batch:
-    latents: torch.Tensor  # float32 [B, N, tokens_per_chunk, patch_dim] (clean)
+    latents: torch.Tensor  # float32 [B, N, tokens_per_chunk, latent_dim] (clean)
     actions: torch.Tensor  # int64 [B, N * F]
     word_ids: torch.Tensor  # int64 [B, N, max_prompt_words + 1] (0-padded)
     word_mask: torch.Tensor  # bool [B, N, max_prompt_words + 1]
-    changed: torch.Tensor  # bool [B, N, tokens_per_chunk, patch_dim]: differs from the frame before
-    carry: torch.Tensor  # float32 [B, N, carry_frames, tokens_per_frame, patch_dim]: the frames before each
+    changed: torch.Tensor  # bool [B, N, tokens_per_chunk, latent_grid**2]: latent unit differs from the frame before
+    carry: torch.Tensor  # float32 [B, N, carry_frames, tokens_per_frame, latent_dim]: the frames before each
     # chunk, oldest first (0 for the sink)
 
 
@@ -51,6 +52,7 @@ def sample_batch(rng: np.random.Generator, cfg: WorldModelConfig, batch_size: in
     if cfg.sink_chunks != 1:
         raise ValueError("training data supports one sink chunk")
     tw = cfg.max_prompt_words + 1
+    lc = LatentCodec(cfg)
     lat, acts, ids, masks, changed, carries = [], [], [], [], [], []
     for _ in range(batch_size):
         s = 1 if max_start <= 1 or rng.random() < 0.5 else int(rng.integers(2, max_start + 1))
@@ -79,13 +81,13 @@ def sample_batch(rng: np.random.Generator, cfg: WorldModelConfig, batch_size: in
                 frames[k] = renderer.render(state)
         clips = np.stack([np.stack([frames[st + j] for j in range(f)]) for st in starts])
         prev = np.stack([np.stack([frames.get(st + j - 1, frames[st + j]) for j in range(f)]) for st in starts])
-        x = codec.encode(clips, cfg.patch_size).reshape(n, cfg.tokens_per_chunk, cfg.patch_dim)
+        x = lc.encode(clips).reshape(n, cfg.tokens_per_chunk, cfg.latent_dim)
         lat.append(x)
-        xp = codec.encode(prev, cfg.patch_size)
+        xp = lc.encode(prev)
         changed.append(x != xp.reshape(x.shape))
         before = np.stack([np.stack([frames[st - nc + j] for j in range(nc)]) if st else np.zeros((nc, *clips.shape[2:]),
                           np.uint8) for st in starts])
-        carry = codec.encode(before, cfg.patch_size)
+        carry = lc.encode(before)
         carry[0] = 0.0
         carries.append(carry)
         acts.append(torch.from_numpy(np.concatenate([actions[st : st + f] for st in starts])))
@@ -97,7 +99,5 @@ def sample_batch(rng: np.random.Generator, cfg: WorldModelConfig, batch_size: in
             wmask[i, : len(w)] = True
         ids.append(wid)
         masks.append(wmask)
-    ch = torch.stack(changed)
-    ch = ch.view(batch_size, n, cfg.tokens_per_chunk, cfg.patch_size * cfg.patch_size, 3).any(-1, keepdim=True)
-    ch = ch.expand(-1, -1, -1, -1, 3).reshape(batch_size, n, cfg.tokens_per_chunk, cfg.patch_dim)
+    ch = lc.unit_mask(torch.stack(changed))
     return Batch(torch.stack(lat), torch.stack(acts), torch.stack(ids), torch.stack(masks), ch, torch.stack(carries))

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from execstate.model.world import codec, rope
+from execstate.model.world import rope
 from execstate.model.world.interface import (
     NUMERICS_MODES,
     Carry,
@@ -31,6 +31,7 @@ from execstate.model.world.interface import (
     PromptKV,
     WorldSpec,
 )
+from execstate.model.world.latent_codec import LatentCodec
 from execstate.model.world.prompt import word_ids
 from execstate.model.world.renderer import ACTIONS
 from execstate.model.world.transformer import WorldTransformer
@@ -45,12 +46,13 @@ class ChunkedWorldModel:
             raise ValueError(f"numerics must be one of {NUMERICS_MODES}, got {numerics!r}")
         cfg = net.cfg
         self.net, self.cfg = net, cfg
+        self.codec = LatentCodec(cfg)
         f, p = cfg.frames_per_chunk, cfg.tokens_per_frame
         layout = KVLayout(cfg.n_layers, cfg.n_heads, cfg.head_dim, p, f, torch.float32)
         self.spec = WorldSpec(
             model_id=model_id, frame_shape=(cfg.frame_size, cfg.frame_size, 3), frames_per_chunk=f,
             keys=ACTIONS[: cfg.n_actions], camera_dim=cfg.camera_dim, schedule=cfg.schedule,
-            chunk_latent_shape=(f, p, cfg.patch_dim), sink_chunks=cfg.sink_chunks,
+            chunk_latent_shape=(f, p, cfg.latent_dim), sink_chunks=cfg.sink_chunks,
             max_window_chunks=cfg.window_chunks, kv=layout, numerics=numerics, weights_version=weights_version)
         # compiled: shapes are dynamic (the context grows until the window is full), so one graph
         # serves every context length; denoise and commit (no output) are two graphs.
@@ -71,10 +73,10 @@ class ChunkedWorldModel:
         want = (self.cfg.frames_per_chunk, *self.spec.frame_shape)
         if frames.shape != want or frames.dtype != np.uint8:
             raise ValueError(f"a chunk of frames must be uint8{list(want)}, got {frames.dtype}{list(frames.shape)}")
-        return codec.encode(frames, self.cfg.patch_size)
+        return self.codec.encode(frames)
 
     def decode(self, latents: torch.Tensor) -> np.ndarray:
-        return codec.decode(latents, self.cfg.patch_size)
+        return self.codec.decode(latents)
 
     @torch.no_grad()
     def encode_prompt(self, prompt: str, version: int) -> PromptKV:
@@ -149,7 +151,7 @@ class ChunkedWorldModel:
         ck = self._no_ctx if ctx.k is None else ctx.k
         cv = self._no_ctx if ctx.v is None else ctx.v
         with torch.no_grad():
-            return self._forward(x.reshape(1, cfg.tokens_per_chunk, cfg.patch_dim).to(torch.float32),
+            return self._forward(x.reshape(1, cfg.tokens_per_chunk, cfg.latent_dim).to(torch.float32),
                                  carry[None, None].to(torch.float32), tt,
                                  actions.keys[None], cam, cos, sin, ck, cv, None, prompt.k, prompt.v, None,
                                  want_output)
@@ -159,7 +161,7 @@ class ChunkedWorldModel:
         if not 0.0 <= t < 1.0:
             raise ValueError(f"flow time must be in [0, 1), got {t}")
         out, _, _ = self._run(noisy, t, actions, prompt, ctx, carry, want_output=True)
-        return out.reshape(self.spec.chunk_latent_shape)
+        return self.codec.snap(out.reshape(self.spec.chunk_latent_shape))
 
     def commit(self, clean: torch.Tensor, actions: ChunkActions, prompt: PromptKV, ctx: ContextKV,
                carry: Carry, writer: KVWriter) -> Carry:

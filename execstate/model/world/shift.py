@@ -18,34 +18,35 @@ import torch
 KEY_MOVES = ((0, 0), (-1, 0), (1, 0), (0, -1), (0, 1))  # renderer.ACTIONS order: none, up, down, left, right
 
 
-def unpatchify(latents: torch.Tensor, patch: int) -> torch.Tensor:
-    """``[..., n*n, p*p*3]`` -> ``[..., n*p, n*p, 3]`` (same values, pixel layout)."""
+def unpatchify(latents: torch.Tensor, patch: int, channels: int = 3) -> torch.Tensor:
+    """``[..., n*n, p*p*C]`` -> ``[..., n*p, n*p, C]`` (same values, unit layout)."""
     *lead, tokens, _ = latents.shape
     side = int(round(tokens**0.5))
-    x = latents.reshape(*lead, side, side, patch, patch, 3).movedim(-4, -3)
-    return x.reshape(*lead, side * patch, side * patch, 3)
+    x = latents.reshape(*lead, side, side, patch, patch, channels).movedim(-4, -3)
+    return x.reshape(*lead, side * patch, side * patch, channels)
 
 
 def patchify(pixels: torch.Tensor, patch: int) -> torch.Tensor:
     """Inverse of :func:`unpatchify`."""
-    *lead, h, w, _ = pixels.shape
-    x = pixels.reshape(*lead, h // patch, patch, w // patch, patch, 3).movedim(-4, -3)
-    return x.reshape(*lead, (h // patch) * (w // patch), patch * patch * 3)
+    *lead, h, w, c = pixels.shape
+    x = pixels.reshape(*lead, h // patch, patch, w // patch, patch, c).movedim(-4, -3)
+    return x.reshape(*lead, (h // patch) * (w // patch), patch * patch * c)
 
 
 def shifted_carry(last: torch.Tensor, actions: torch.Tensor, frames_per_chunk: int, patch: int,
-                  shift_px: int) -> torch.Tensor:
-    """``last [B, G, P, patch_dim]`` (each group's newest carry frame), ``actions int64 [B, G*F]``
-    -> ``[B, G, F, P, patch_dim]``: frame ``f`` of group ``g`` is ``last[:, g]`` moved by the sum
-    of the key moves of frames ``0..f`` of the group."""
+                  shift_px: int, channels: int = 3) -> torch.Tensor:
+    """``last [B, G, P, latent_dim]`` (each group's newest carry frame), ``actions int64 [B, G*F]``
+    -> ``[B, G, F, P, latent_dim]``: frame ``f`` of group ``g`` is ``last[:, g]`` moved by the sum
+    of the key moves of frames ``0..f`` of the group. A token is ``patch x patch`` units (pixels,
+    or palette cells) of ``channels`` values; ``shift_px`` units per world cell."""
     b, g = last.shape[:2]
     f = frames_per_chunk
     moves = torch.tensor(KEY_MOVES, dtype=torch.int64, device=last.device)[actions].view(b, g, f, 2).cumsum(2)
-    pix = unpatchify(last, patch)  # [B, G, H, W, 3]
+    pix = unpatchify(last, patch, channels)  # [B, G, H, W, C]
     h, w = pix.shape[2:4]
     rows = (torch.arange(h, device=last.device) - moves[..., 0:1] * shift_px).clamp(0, h - 1)  # [B, G, F, H]
     cols = (torch.arange(w, device=last.device) - moves[..., 1:2] * shift_px).clamp(0, w - 1)  # [B, G, F, W]
     bi = torch.arange(b, device=last.device).view(b, 1, 1, 1, 1)
     gi = torch.arange(g, device=last.device).view(1, g, 1, 1, 1)
-    out = pix[bi, gi, rows[..., :, None], cols[..., None, :]]  # [B, G, F, H, W, 3]
+    out = pix[bi, gi, rows[..., :, None], cols[..., None, :]]  # [B, G, F, H, W, C]
     return patchify(out, patch)

@@ -19,6 +19,7 @@ import torch
 from execstate.model.world import rope
 from execstate.model.world.config import WorldModelConfig
 from execstate.model.world.data import Batch
+from execstate.model.world.latent_codec import LatentCodec
 from execstate.model.world.transformer import WorldTransformer
 
 
@@ -35,7 +36,7 @@ def chunk_mask(n: int, tokens_per_chunk: int) -> torch.Tensor:
 def predict(model: WorldTransformer, batch: Batch, t: torch.Tensor, noise: torch.Tensor,
             clean_noise: torch.Tensor | None = None, carry_noise: torch.Tensor | None = None,
             context: torch.Tensor | None = None) -> torch.Tensor:
-    """Predicted clean latents of the noisy chunks, ``[B, N, tpc, patch_dim]``.
+    """Predicted clean latents of the noisy chunks, ``[B, N, tpc, latent_dim]`` (the network's raw output: patches, or palette logits).
 
     ``t [B, N]`` flow times of the noisy chunks, ``noise`` like ``batch.latents``;
     ``clean_noise`` (like ``batch.latents``) and ``carry_noise`` (like ``batch.carry``), optional,
@@ -80,7 +81,7 @@ def own_history(model: WorldTransformer, batch: Batch, mask: torch.Tensor) -> tu
     cfg: WorldModelConfig = model.cfg
     b, n, tpc, dim = batch.latents.shape
     f, nc, p = cfg.frames_per_chunk, cfg.carry_frames, cfg.tokens_per_frame
-    pred = predict(model, batch, torch.zeros((b, n)), torch.zeros_like(batch.latents)).to(torch.float32)
+    pred = LatentCodec(cfg).snap(predict(model, batch, torch.zeros((b, n)), torch.zeros_like(batch.latents)).to(torch.float32))
     context = batch.latents.clone()
     context[:, 1:] = torch.where(mask[:, None, None, None], pred[:, 1:], batch.latents[:, 1:])
     carry = batch.carry.clone()

@@ -9,8 +9,9 @@ CPUs (AVX512-BF16); the master weights, optimizer and loss stay fp32.
 
 Each step: a batch of chunk sequences from :mod:`data`, one flow time per chunk (from the
 sampler's schedule with probability ``p_schedule``, else uniform in [0, 1)), teacher forcing
-(:mod:`teacher`) and an MSE on the predicted clean latents, weighted ``1 + motion_weight`` on
-pixels that differ from the previous frame (the agent and movers: most of a frame is static
+(:mod:`teacher`) and the codec's loss (:mod:`latent_codec`: MSE on predicted patches, or
+cross-entropy on predicted palette cells), weighted ``1 + motion_weight`` on
+latent units (pixels or cells) that differ from the previous frame (the agent and movers: most of a frame is static
 floor and walls), and by ``sink_loss_weight`` on the sink chunk: generated from nothing (no
 carry, no context), its loss is mostly the unpredictable random maze, which at weight 1 was most
 of the loss and drowned the learnable part (the next frames given the previous ones). AdamW, linear warm-up, cosine decay to ``lr * 0.1``, gradient clipping at 1.
@@ -32,6 +33,7 @@ import torch
 
 from execstate.model.world import data, teacher
 from execstate.model.world.config import WorldModelConfig
+from execstate.model.world.latent_codec import LatentCodec
 from execstate.model.world.transformer import WorldTransformer
 from execstate.model.world.weights import save_weights
 
@@ -85,6 +87,7 @@ def _train(model_cfg: WorldModelConfig, cfg: TrainConfig, log: Callable[[str], N
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
     sched = torch.tensor(model_cfg.schedule)
+    lc = LatentCodec(model_cfg)
     start_wall, start_cpu = time.perf_counter(), time.process_time()
     losses: list[float] = []
     recent: list[float] = []
@@ -113,7 +116,7 @@ def _train(model_cfg: WorldModelConfig, cfg: TrainConfig, log: Callable[[str], N
             pred = teacher.predict(model, batch, t, noise, clean_noise, carry_noise, context)
         w = 1.0 + cfg.motion_weight * batch.changed.to(torch.float32)
         w[:, 0] *= cfg.sink_loss_weight
-        loss = (w * (pred.to(torch.float32) - batch.latents) ** 2).sum() / w.sum()
+        loss = lc.loss(pred, batch.latents, w)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -34,12 +34,14 @@ import math
 import torch
 from torch import nn
 
+from execstate.model.world.cell_conv import CellConvHead, CellConvStem
 from execstate.model.world.config import WorldModelConfig
 from execstate.model.world.network import Block
 from execstate.model.world.shift import shifted_carry
 
 _T_FEATURES = 128
 _GATE_INIT = -4.0
+_COPY_GAIN_INIT = 2.0
 
 
 def _t_features(t: torch.Tensor) -> torch.Tensor:
@@ -55,7 +57,11 @@ class WorldTransformer(nn.Module):
         self.cfg = cfg
         d = cfg.d_model
         n_in = 1 + cfg.carry_frames + (1 if cfg.action_shift_px else 0)
-        self.patch_in = nn.Linear(n_in * cfg.patch_dim, d)
+        dim = cfg.latent_dim
+        hid, units = cfg.conv_channels, cfg.latent_grid**2
+        self.stem = CellConvStem(n_in, cfg.latent_channels, hid, cfg.latent_grid) if hid else None
+        self.head = CellConvHead(hid, cfg.latent_channels, cfg.latent_grid) if hid else None
+        self.patch_in = nn.Linear(units * hid if hid else n_in * dim, d)
         self.pos_spatial = nn.Parameter(torch.randn(cfg.tokens_per_frame, d) * 0.02)
         self.pos_frame = nn.Parameter(torch.randn(cfg.frames_per_chunk, d) * 0.02)
         self.action_in = nn.Parameter(torch.randn(cfg.frames_per_chunk, cfg.n_actions, d) * 0.02)
@@ -66,12 +72,23 @@ class WorldTransformer(nn.Module):
         self.words = nn.Embedding(cfg.text_buckets, cfg.text_dim)
         self.blocks = nn.ModuleList(Block(d, cfg.n_heads, cfg.mlp_ratio, cfg.text_dim) for _ in range(cfg.n_layers))
         self.final_mod = nn.Sequential(nn.SiLU(), nn.Linear(d, 2 * d))
-        self.patch_out = nn.Linear(d, 2 * cfg.patch_dim)  # per value: a new value and a keep/replace gate
-        for lin in (self.mod[1], self.final_mod[1], self.patch_out):
+        self.palette = cfg.codec == "palette"
+        # patch: per value a new value and a keep/replace gate; palette: per cell logits, plus the
+        # newest carry frame's one-hot times a learned gain (starts by copying it)
+        if hid and not self.palette:
+            raise ValueError("conv_channels needs the palette codec")
+        self.patch_out = nn.Linear(d, units * hid if hid else dim if self.palette else 2 * dim)
+        # palette: per palette entry, the gain of the newest carry frame and of its action-shifted copy
+        # (a skip from the inputs to the logits: static cells copy the carry, moved ones the shift)
+        self.copy_gain = nn.Parameter(torch.full((cfg.latent_channels,), _COPY_GAIN_INIT)) if self.palette else None
+        self.shift_gain = (nn.Parameter(torch.zeros(cfg.latent_channels))
+                           if self.palette and cfg.action_shift_px else None)
+        for lin in (self.mod[1], self.final_mod[1]) + (() if hid else (self.patch_out,)):
             nn.init.zeros_(lin.weight)
             nn.init.zeros_(lin.bias)
-        with torch.no_grad():
-            self.patch_out.bias[cfg.patch_dim :] = _GATE_INIT  # start by keeping the carry (copying)
+        if not self.palette:
+            with torch.no_grad():
+                self.patch_out.bias[dim:] = _GATE_INIT  # start by keeping the carry (copying)
 
     def prompt_kv(self, word_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``word_ids int64[N, Tt]`` -> cross-attention k, v ``[n_layers, N, Tt, H, Dh]``."""
@@ -81,8 +98,8 @@ class WorldTransformer(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [B, G*F*P, patch_dim]
-        carry: torch.Tensor,  # [B, G, carry_frames, P, patch_dim] the frames before each group (oldest first)
+        x: torch.Tensor,  # [B, G*F*P, latent_dim]
+        carry: torch.Tensor,  # [B, G, carry_frames, P, latent_dim] the frames before each group (oldest first)
         t: torch.Tensor,  # [B, G] flow time of each group
         actions: torch.Tensor,  # int64 [B, G*F]
         camera: torch.Tensor | None,  # [B, G*F, camera_dim] or None
@@ -108,12 +125,22 @@ class WorldTransformer(nn.Module):
         act = act.cumsum(2)
         cond_act = self.action_cond[slot, actions].view(b, g, f, d).cumsum(2)
         nc = cfg.carry_frames
-        frames = carry.permute(0, 1, 3, 2, 4).reshape(b, g, 1, p, nc * cfg.patch_dim).expand(b, g, f, p, -1)
+        dim = cfg.latent_dim
+        frames = carry.permute(0, 1, 3, 2, 4).reshape(b, g, 1, p, nc * dim).expand(b, g, f, p, -1)
         xin = x.view(b, g, f, p, -1) * t.to(x.dtype)[:, :, None, None, None]
         parts = [xin, frames]
+        shifted = None
         if cfg.action_shift_px:
-            parts.append(shifted_carry(carry[:, :, -1], actions, f, cfg.patch_size, cfg.action_shift_px).to(x.dtype))
-        h = self.patch_in(torch.cat(parts, dim=-1))
+            shifted = shifted_carry(carry[:, :, -1], actions, f, cfg.latent_grid, cfg.action_shift_px,
+                                    cfg.latent_channels).to(x.dtype)
+            parts.append(shifted)
+        local = None
+        if self.stem is not None:
+            srcs = [xin, *(carry[:, :, k : k + 1].expand(b, g, f, p, dim) for k in range(nc)), *parts[2:]]
+            local = self.stem(torch.stack(srcs, dim=-2).reshape(b * g * f, p, len(srcs), dim))
+            h = self.patch_in(local).view(b, g, f, p, d)
+        else:
+            h = self.patch_in(torch.cat(parts, dim=-1))
         h = h + self.pos_spatial + self.pos_frame[:, None, :] + act[:, :, :, None, :]
         h = h.view(b, n_tok, d)
         cond = self.t_embed(_t_features(t))[:, :, None, :] + cond_act
@@ -130,7 +157,18 @@ class WorldTransformer(nn.Module):
         go = g if out_groups is None else out_groups
         shift, scale = self.final_mod(cond[:, g - go :]).view(b, go * f, 1, 2, d).unbind(3)
         h = h.view(b, g * f, p, d)[:, (g - go) * f :]
-        value, gate = self.patch_out(nn.functional.layer_norm(h, (d,)) * (1 + scale) + shift).chunk(2, dim=-1)
-        base = carry[:, g - go :, -1:].expand(b, go, f, p, cfg.patch_dim).reshape(b, go * f, p, cfg.patch_dim)
-        x1 = base + torch.sigmoid(gate) * (value - base)
-        return x1.reshape(b, go * f * p, cfg.patch_dim), k_all, v_all
+        out = self.patch_out(nn.functional.layer_norm(h, (d,)) * (1 + scale) + shift)
+        if self.head is not None and local is not None:  # the stem's cell features skip the transformer (U-Net)
+            skip = local.view(b, g, f, p, -1)[:, g - go :].reshape(b * go * f, p, -1)
+            out = self.head(out.reshape(b * go * f, p, -1) + skip).view(b, go * f, p, dim)
+        base = carry[:, g - go :, -1:].expand(b, go, f, p, dim).reshape(b, go * f, p, dim)
+        if self.copy_gain is not None:  # logits
+            c = cfg.latent_channels
+            x1 = out + (base.unflatten(-1, (-1, c)) * self.copy_gain).flatten(-2)
+            if self.shift_gain is not None and shifted is not None:
+                sh = shifted[:, g - go :].reshape(b, go * f, p, -1, c)
+                x1 = x1 + (sh * self.shift_gain).flatten(-2)
+        else:
+            value, gate = out.chunk(2, dim=-1)
+            x1 = base + torch.sigmoid(gate) * (value - base)
+        return x1.reshape(b, go * f * p, dim), k_all, v_all

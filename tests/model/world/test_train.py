@@ -10,6 +10,7 @@ import torch
 from conftest import TINY
 
 from execstate.model.world import data, teacher
+from execstate.model.world.latent_codec import LatentCodec
 from execstate.model.world.model import ChunkedWorldModel
 from execstate.model.world.train import TrainConfig, train, train_to_dir
 
@@ -25,7 +26,7 @@ def _held_out_loss(net: torch.nn.Module, t_value: float = 0.5) -> float:
     with torch.no_grad():
         pred = teacher.predict(net, batch, t, torch.randn(batch.latents.shape, generator=g))
     w = (1 + 4 * batch.changed.float())[:, 1:]
-    return float((w * (pred - batch.latents)[:, 1:] ** 2).sum() / w.sum())
+    return float(LatentCodec(net.cfg).loss(pred[:, 1:], batch.latents[:, 1:], w))
 
 
 def test_tiny_training_reduces_the_loss_and_is_deterministic(tmp_path: Path) -> None:
