@@ -17,6 +17,7 @@ from torch import nn
 from execstate.kernels import cpu as cpu_kernels
 from execstate.model.config import ModelConfig
 from execstate.model.context import StepContext
+from execstate.model.decode_path import DecodeWeights, decode_layers
 from execstate.model.layers import Attention, GatedMLP, Linear, RMSNorm
 from execstate.model.moe import SparseMoE
 from execstate.model.rotary import RotaryEmbedding
@@ -65,6 +66,7 @@ class CausalLM(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config)
         self.kernels = False
+        self._decode_weights: DecodeWeights | None = None  # decode_path's checked weights, built on first use
         self.requires_grad_(False)
 
     def use_cpu_kernels(self, enabled: bool) -> None:
@@ -75,6 +77,7 @@ class CausalLM(nn.Module):
         if enabled and not cpu_kernels.available():
             raise RuntimeError(f"execstate CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
         self.kernels = enabled
+        self._decode_weights = None
         for module in self.modules():
             if isinstance(module, _KERNEL_MODULES):
                 module.use_kernels = enabled
@@ -98,9 +101,25 @@ class CausalLM(nn.Module):
                 raise ValueError(f"RouteCapture shape {got} != (tokens, moe layers, top_k) {want}")
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
+        if self.kernels and (fast := decode_layers(self, x, cos, sin, ctx)) is not None:
+            return self.norm(fast)
         for layer in self.layers:
             x = layer(x, cos, sin, ctx)
         return self.norm(x)
+
+    def decode_weights(self) -> DecodeWeights:
+        """The whole-layer decode path's checked weights (``model/decode_path.py``), built once."""
+        if self._decode_weights is None:
+            self._decode_weights = DecodeWeights.build(self)
+        return self._decode_weights
+
+    def drop_decode_weights(self) -> None:
+        """Forget the decode path's weight pointers; call after replacing (not copying into) parameters."""
+        self._decode_weights = None
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        self.drop_decode_weights()  # .to() / .float() may replace every parameter
+        return super()._apply(fn, recurse)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[n, vocab]`` for hidden states ``[n, H]`` (matmul in the model dtype)."""
