@@ -23,54 +23,91 @@
 #include "kernels.h"
 #include "simd.h"
 
-static void add_rows(float *y, const float *b, int64_t T, int64_t N) {
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t n = 0; n < N; n++) y[t * N + n] += b[n];
-}
-
-/* y[i] = x[i] + y[i]: the residual add (one fp32 rounding, as torch's x + y). */
-static void add_into(float *x, const float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) x[i] = x[i] + y[i];
-}
-
+/* One fork per layer: every phase below is split over the team and separated by barriers
+ * (the per-op path forks once per kernel). Each phase computes every element exactly as
+ * the kernel it stands for (es_linear_f32's dot products, es_qkv_rope_f32's per-token
+ * work, the attention work items), so a split changes no result. */
 KT int es_decode_layer_f32(const EsDecodeLayer *a) {
-    const int64_t T = a->T, H = a->H, nh = a->nh, nkv = a->nkv, d = a->d, I = a->I;
+    const int64_t T = a->T, H = a->H, nh = a->nh, nkv = a->nkv, d = a->d, I = a->I, E = a->E;
     const int64_t qkv_n = (nh + 2 * nkv) * d;
-    const int64_t need = T * (H + qkv_n + nh * d + 2 * nkv * d + nh * d + H + H + (a->w_gu ? 3 * I + H : 0));
-    float *buf = malloc(sizeof(float) * (need > 0 ? need : 1));
-    if (!buf) return 2;
+    int64_t lmax = 0;
+    for (int64_t t = 0; t < T; t++) lmax = a->ctx_len[t] > lmax ? a->ctx_len[t] : lmax;
+    const int64_t nthreads = omp_get_max_threads();
+    const int64_t need = T * (H + qkv_n + nh * d + 2 * nkv * d + nh * d + H + H + (a->w_gu ? 3 * I + H : 0)) +
+                         nthreads * (lmax + 1);
+    float *buf = malloc(sizeof(float) * need);
+    const float **xr = malloc(sizeof(float *) * 4 * T);
+    float **yr = malloc(sizeof(float *) * 4 * T);
+    if (!buf || !xr || !yr) {
+        free(buf); free(xr); free(yr);
+        return 2;
+    }
     float *hn = buf, *qkv = hn + T * H, *q = qkv + T * qkv_n, *k = q + T * nh * d, *v = k + T * nkv * d;
     float *att = v + T * nkv * d, *o = att + T * nh * d, *h = o + T * H, *gu = h + T * H;
-    float *act = gu + 2 * I * T, *y = act + I * T;
-    int st = 0;
+    float *act = gu + (a->w_gu ? 2 * I * T : 0), *y = act + (a->w_gu ? I * T : 0);
+    float *scratch = y + (a->w_gu ? H * T : 0);
     if (a->h_out) h = a->h_out;
-
-    es_rms_norm_f32(a->x, a->in_norm, hn, T, H, a->eps);
-    if ((st = es_linear_f32(hn, a->w_qkv, qkv, T, H, qkv_n))) goto done;
-    if (a->b_qkv) add_rows(qkv, a->b_qkv, T, qkv_n);
-    es_qkv_rope_f32(qkv, a->cos, a->sin, a->q_norm, a->k_norm, a->eps, q, k, v, T, nh, nkv, d);
+    /* Row pointers of the four linears: hn -> qkv, att -> o, h -> gu / logits, act -> y. */
     for (int64_t t = 0; t < T; t++) {
-        memcpy(a->k_cache + a->slots[t] * nkv * d, k + t * nkv * d, sizeof(float) * nkv * d);
-        memcpy(a->v_cache + a->slots[t] * nkv * d, v + t * nkv * d, sizeof(float) * nkv * d);
+        xr[t] = hn + t * H; yr[t] = qkv + t * qkv_n;
+        xr[T + t] = att + t * nh * d; yr[T + t] = o + t * H;
+        xr[2 * T + t] = h + t * H; yr[2 * T + t] = a->w_router ? a->logits_out + t * E : gu + t * 2 * I;
+        xr[3 * T + t] = act + t * I; yr[3 * T + t] = y + t * H;
     }
-    if ((st = es_decode_attention_f32(q, a->k_cache, a->v_cache, att, a->tok, a->block_table, a->ctx_len, T,
-                                      a->max_blocks, nh, nkv, d, a->block_size, a->scale)))
-        goto done;
-    if ((st = es_linear_f32(att, a->w_o, o, T, nh * d, H))) goto done;
-    if (a->b_o) add_rows(o, a->b_o, T, H);
-    add_into(a->x, o, T * H);
-    es_rms_norm_f32(a->x, a->post_norm, h, T, H, a->eps);
-    if (a->w_router) {
-        st = es_linear_f32(h, a->w_router, a->logits_out, T, H, a->E);
-    } else if (a->w_gu) {
-        if ((st = es_linear_f32(h, a->w_gu, gu, T, H, 2 * I))) goto done;
-        for (int64_t t = 0; t < T; t++) es_silu_mul(gu + t * 2 * I, gu + t * 2 * I + I, act + t * I, I);
-        if ((st = es_linear_f32(act, a->w_d, y, T, I, H))) goto done;
-        add_into(a->x, y, T * H);
+    const int64_t macs = T * H * (qkv_n + nh * d + (a->w_gu ? 3 * I : E)) + T * nh * lmax * d;
+#pragma omp parallel if (macs >= PARALLEL_MIN_MACS)
+    {
+        int64_t lo, hi;
+        float *sc = scratch + omp_get_thread_num() * (lmax + 1);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++) es_rms_norm_f32(a->x + t * H, a->in_norm, hn + t * H, 1, H, a->eps);
+        share(qkv_n, &lo, &hi);
+        es_linear_rows_f32(xr, yr, T, a->w_qkv, H, lo, hi);
+#pragma omp barrier
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++) {
+            float *row = qkv + t * qkv_n;
+            if (a->b_qkv)
+                for (int64_t n = 0; n < qkv_n; n++) row[n] += a->b_qkv[n];
+            es_qkv_rope_f32(row, a->cos + t * d, a->sin + t * d, a->q_norm, a->k_norm, a->eps, q + t * nh * d,
+                            k + t * nkv * d, v + t * nkv * d, 1, nh, nkv, d);
+            memcpy(a->k_cache + a->slots[t] * nkv * d, k + t * nkv * d, sizeof(float) * nkv * d);
+            memcpy(a->v_cache + a->slots[t] * nkv * d, v + t * nkv * d, sizeof(float) * nkv * d);
+        }
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < T * nh; item++)
+            es_decode_attention_items_f32(q, a->k_cache, a->v_cache, att, a->tok, a->block_table, a->ctx_len,
+                                          a->max_blocks, nh, nkv, d, a->block_size, a->scale, item, item + 1, sc);
+        share(H, &lo, &hi);
+        es_linear_rows_f32(xr + T, yr + T, T, a->w_o, nh * d, lo, hi);
+#pragma omp barrier
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++) {
+            float *xt = a->x + t * H, *ot = o + t * H;
+            if (a->b_o)
+                for (int64_t n = 0; n < H; n++) ot[n] += a->b_o[n];
+            for (int64_t n = 0; n < H; n++) xt[n] = xt[n] + ot[n];
+            es_rms_norm_f32(xt, a->post_norm, h + t * H, 1, H, a->eps);
+        }
+        if (a->w_router) {
+            share(E, &lo, &hi);
+            es_linear_rows_f32(xr + 2 * T, yr + 2 * T, T, a->w_router, H, lo, hi);
+        } else if (a->w_gu) {
+            share(2 * I, &lo, &hi);
+            es_linear_rows_f32(xr + 2 * T, yr + 2 * T, T, a->w_gu, H, lo, hi);
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < T; t++) es_silu_mul(gu + t * 2 * I, gu + t * 2 * I + I, act + t * I, I);
+            share(H, &lo, &hi);
+            es_linear_rows_f32(xr + 3 * T, yr + 3 * T, T, a->w_d, I, lo, hi);
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t n = 0; n < H; n++) a->x[t * H + n] = a->x[t * H + n] + y[t * H + n];
+        }
     }
-done:
-    free(buf);
-    return st;
+    free(buf); free(xr); free(yr);
+    return 0;
 }
 
 /* decode_layer(x, in_norm, w_qkv, b_qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, slots, tok,
