@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_helpers import with_threads
 
 import execstate.model.transformer as transformer
 from execstate import LLM, SamplingParams
@@ -29,7 +30,11 @@ PATH_ARCHES = ("qwen3_moe", "qwen2_moe", "mixtral", "llama", "qwen3")  # every l
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory) -> dict[str, object]:
-    return {a: make_random(a, tmp_path_factory.mktemp(a), seed=3) for a in (*PATH_ARCHES, "olmoe")}
+    dirs = {a: make_random(a, tmp_path_factory.mktemp(a), seed=3) for a in (*PATH_ARCHES, "olmoe")}
+    # Wide enough that a layer forks (decode_layer.c: T * H * widths >= PARALLEL_MIN_MACS).
+    wide = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=256, head_dim=64)
+    dirs["qwen3_moe_wide"] = make_random("qwen3_moe", tmp_path_factory.mktemp("wide"), seed=4, **wide)
+    return dirs
 
 
 def _count_layers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -141,6 +146,24 @@ def test_batch_invariance(model_dirs, lens, seed, arch) -> None:
     assert torch.equal(slow_h, batch_h)
     if batch_r is not None:
         assert torch.equal(slow_r, batch_r)
+
+
+@pytest.mark.parametrize("lens", [[7], [3, 17, 9, 30, 1]])
+def test_one_fork_per_layer_is_thread_count_invariant(model_dirs, lens) -> None:
+    """On a model wide enough to fork, a step on 2 threads equals the step on 1 thread and the
+    per-op path on 2 threads, bit for bit (each phase's split over the team changes nothing)."""
+    model, pool, tables, tokens = _prefilled(model_dirs["qwen3_moe_wide"], lens, seed=2)
+    rows = list(range(len(lens)))
+    two = with_threads(2, lambda: _decode(model, pool, tables, tokens, lens, rows))
+    one = with_threads(1, lambda: _decode(model, pool, tables, tokens, lens, rows))
+    real = transformer.decode_layers
+    transformer.decode_layers = lambda *a, **k: None
+    try:
+        slow = with_threads(2, lambda: _decode(model, pool, tables, tokens, lens, rows))
+    finally:
+        transformer.decode_layers = real
+    for got in (one, slow):
+        assert torch.equal(got[0], two[0]) and torch.equal(got[1], two[1])
 
 
 def _tables_args(t: int = 2, num_blocks: int = 8):
