@@ -23,46 +23,55 @@
 #include "kernels.h"
 #include "simd.h"
 
-/* One fork per layer: every phase below is split over the team and separated by barriers
- * (the per-op path forks once per kernel). Each phase computes every element exactly as
- * the kernel it stands for (es_linear_f32's dot products, es_qkv_rope_f32's per-token
- * work, the attention work items), so a split changes no result. */
+/* One fork per layer and 4 barriers (5 with a dense MLP). The row-wise steps that feed a
+ * linear (the two RMSNorms, SwiGLU) are computed by every thread into its own buffer (the
+ * same function on the same inputs, so the same bits) instead of being shared behind a
+ * barrier; each thread adds the residual to the columns of x its share of the output
+ * projection / down projection produced. Every element is computed exactly as the kernel it
+ * stands for computes it (es_linear_f32's dot products, es_qkv_rope_f32's per-token work,
+ * the attention work items), so no split changes a result. */
 KT int es_decode_layer_f32(const EsDecodeLayer *a) {
     const int64_t T = a->T, H = a->H, nh = a->nh, nkv = a->nkv, d = a->d, I = a->I, E = a->E;
     const int64_t qkv_n = (nh + 2 * nkv) * d;
     int64_t lmax = 0;
     for (int64_t t = 0; t < T; t++) lmax = a->ctx_len[t] > lmax ? a->ctx_len[t] : lmax;
     const int64_t nthreads = omp_get_max_threads();
-    const int64_t need = T * (H + qkv_n + nh * d + 2 * nkv * d + nh * d + H + H + (a->w_gu ? 3 * I + H : 0)) +
-                         nthreads * (lmax + 1);
-    float *buf = malloc(sizeof(float) * need);
-    const float **xr = malloc(sizeof(float *) * 4 * T);
+    /* per thread: hn, h [T, H], act [T, I], attention scores [lmax + 1], padded to 64 bytes */
+    const int64_t per_thread = (2 * T * H + T * I + lmax + 1 + 15) & ~(int64_t)15;
+    const int64_t shared = T * (qkv_n + nh * d + 2 * nkv * d + nh * d + H + (a->w_gu ? 2 * I + H : 0));
+    float *buf = malloc(sizeof(float) * (shared + nthreads * per_thread));
+    const float **xr = malloc(sizeof(float *) * 3 * T * nthreads + sizeof(float *) * T);
     float **yr = malloc(sizeof(float *) * 4 * T);
     if (!buf || !xr || !yr) {
         free(buf); free(xr); free(yr);
         return 2;
     }
-    float *hn = buf, *qkv = hn + T * H, *q = qkv + T * qkv_n, *k = q + T * nh * d, *v = k + T * nkv * d;
-    float *att = v + T * nkv * d, *o = att + T * nh * d, *h = o + T * H, *gu = h + T * H;
-    float *act = gu + (a->w_gu ? 2 * I * T : 0), *y = act + (a->w_gu ? I * T : 0);
-    float *scratch = y + (a->w_gu ? H * T : 0);
-    if (a->h_out) h = a->h_out;
-    /* Row pointers of the four linears: hn -> qkv, att -> o, h -> gu / logits, act -> y. */
+    float *qkv = buf, *q = qkv + T * qkv_n, *k = q + T * nh * d, *v = k + T * nkv * d;
+    float *att = v + T * nkv * d, *o = att + T * nh * d, *gu = o + T * H, *y = gu + (a->w_gu ? 2 * I * T : 0);
+    float *priv = buf + shared;
+    const float **att_r = xr + 3 * T * nthreads;
+    /* Output rows of the four linears: qkv, o, gu / logits, y. */
     for (int64_t t = 0; t < T; t++) {
-        xr[t] = hn + t * H; yr[t] = qkv + t * qkv_n;
-        xr[T + t] = att + t * nh * d; yr[T + t] = o + t * H;
-        xr[2 * T + t] = h + t * H; yr[2 * T + t] = a->w_router ? a->logits_out + t * E : gu + t * 2 * I;
-        xr[3 * T + t] = act + t * I; yr[3 * T + t] = y + t * H;
+        att_r[t] = att + t * nh * d;
+        yr[t] = qkv + t * qkv_n;
+        yr[T + t] = o + t * H;
+        yr[2 * T + t] = a->w_router ? a->logits_out + t * E : gu + t * 2 * I;
+        yr[3 * T + t] = y + t * H;
     }
     const int64_t macs = T * H * (qkv_n + nh * d + (a->w_gu ? 3 * I : E)) + T * nh * lmax * d;
 #pragma omp parallel if (macs >= PARALLEL_MIN_MACS)
     {
+        const int tid = omp_get_thread_num();
+        float *hn = priv + tid * per_thread, *h = hn + T * H, *act = h + T * H, *sc = act + T * I;
+        if (tid == 0 && a->h_out) h = a->h_out; /* thread 0's post-norm rows are the caller's */
+        const float **hn_r = xr + 3 * T * tid, **h_r = hn_r + T, **act_r = h_r + T;
+        for (int64_t t = 0; t < T; t++) {
+            hn_r[t] = hn + t * H; h_r[t] = h + t * H; act_r[t] = act + t * I;
+        }
         int64_t lo, hi;
-        float *sc = scratch + omp_get_thread_num() * (lmax + 1);
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < T; t++) es_rms_norm_f32(a->x + t * H, a->in_norm, hn + t * H, 1, H, a->eps);
+        es_rms_norm_f32(a->x, a->in_norm, hn, T, H, a->eps);
         share(qkv_n, &lo, &hi);
-        es_linear_rows_f32(xr, yr, T, a->w_qkv, H, lo, hi);
+        es_linear_rows_f32(hn_r, yr, T, a->w_qkv, H, lo, hi);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) {
@@ -79,31 +88,28 @@ KT int es_decode_layer_f32(const EsDecodeLayer *a) {
             es_decode_attention_items_f32(q, a->k_cache, a->v_cache, att, a->tok, a->block_table, a->ctx_len,
                                           a->max_blocks, nh, nkv, d, a->block_size, a->scale, item, item + 1, sc);
         share(H, &lo, &hi);
-        es_linear_rows_f32(xr + T, yr + T, T, a->w_o, nh * d, lo, hi);
-#pragma omp barrier
-#pragma omp for schedule(static)
+        es_linear_rows_f32(att_r, yr + T, T, a->w_o, nh * d, lo, hi);
         for (int64_t t = 0; t < T; t++) {
             float *xt = a->x + t * H, *ot = o + t * H;
-            if (a->b_o)
-                for (int64_t n = 0; n < H; n++) ot[n] += a->b_o[n];
-            for (int64_t n = 0; n < H; n++) xt[n] = xt[n] + ot[n];
-            es_rms_norm_f32(xt, a->post_norm, h + t * H, 1, H, a->eps);
+            for (int64_t n = lo; n < hi; n++) {
+                if (a->b_o) ot[n] += a->b_o[n];
+                xt[n] = xt[n] + ot[n];
+            }
         }
+#pragma omp barrier
+        es_rms_norm_f32(a->x, a->post_norm, h, T, H, a->eps);
         if (a->w_router) {
             share(E, &lo, &hi);
-            es_linear_rows_f32(xr + 2 * T, yr + 2 * T, T, a->w_router, H, lo, hi);
+            es_linear_rows_f32(h_r, yr + 2 * T, T, a->w_router, H, lo, hi);
         } else if (a->w_gu) {
             share(2 * I, &lo, &hi);
-            es_linear_rows_f32(xr + 2 * T, yr + 2 * T, T, a->w_gu, H, lo, hi);
+            es_linear_rows_f32(h_r, yr + 2 * T, T, a->w_gu, H, lo, hi);
 #pragma omp barrier
-#pragma omp for schedule(static)
             for (int64_t t = 0; t < T; t++) es_silu_mul(gu + t * 2 * I, gu + t * 2 * I + I, act + t * I, I);
             share(H, &lo, &hi);
-            es_linear_rows_f32(xr + 3 * T, yr + 3 * T, T, a->w_d, I, lo, hi);
-#pragma omp barrier
-#pragma omp for schedule(static)
+            es_linear_rows_f32(act_r, yr + 3 * T, T, a->w_d, I, lo, hi);
             for (int64_t t = 0; t < T; t++)
-                for (int64_t n = 0; n < H; n++) a->x[t * H + n] = a->x[t * H + n] + y[t * H + n];
+                for (int64_t n = lo; n < hi; n++) a->x[t * H + n] = a->x[t * H + n] + y[t * H + n];
         }
     }
     free(buf); free(xr); free(yr);
