@@ -15,6 +15,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bt.add_argument("--repeats", type=int, default=3)
     bt.add_argument("--threads", type=int, default=None)
     bt.add_argument("--no-peers", action="store_true", help="skip transformers/llama.cpp")
+    bt.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="bfloat16: also measure the engine with bf16 weights (fp32 activations) in the same run")
     bt.add_argument("--json", action="store_true")
     bp = bsub.add_parser("pd", help="PD (proxy -> prefill -> decode) vs single instance: TTFT, transfer, recovery")
     bp.add_argument("--model", default="standard", help="'standard', an embedded name or a path")
@@ -113,7 +115,8 @@ def _bench(args: argparse.Namespace) -> int:
         from execstate.bench.throughput import run_throughput_bench
 
         report = run_throughput_bench(
-            model=args.model, repeats=args.repeats, peers=not args.no_peers, num_threads=args.threads
+            model=args.model, repeats=args.repeats, peers=not args.no_peers, num_threads=args.threads,
+            dtype=args.dtype,
         )
         if args.json:
             print(json.dumps(report, indent=2))

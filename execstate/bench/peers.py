@@ -36,10 +36,11 @@ class Peer:
 
 
 class EnginePeer(Peer):
-    def __init__(self, path: Path, routes: bool) -> None:
-        self.path, self.routes = path, routes
-        self.name = f"execstate_r3_{'on' if routes else 'off'}"
-        self.label = f"execstate (R3 {'on' if routes else 'off'})"
+    def __init__(self, path: Path, routes: bool, dtype: str = "float32") -> None:
+        self.path, self.routes, self.dtype = path, routes, dtype
+        bf16 = "_bf16" if dtype == "bfloat16" else ""  # bf16 weights, fp32 activations (model/bf16_weights.py)
+        self.name = f"execstate{bf16}_r3_{'on' if routes else 'off'}"
+        self.label = f"execstate{' bf16 weights' if bf16 else ''} (R3 {'on' if routes else 'off'})"
         self.llm: Any = None
         self.startup_seconds: list[float] = []
         self.cached_tokens = 0
@@ -48,7 +49,7 @@ class EnginePeer(Peer):
     def load(self) -> None:
         from execstate import LLM
 
-        self.llm = LLM(str(self.path), dtype="float32", block_size=16, enable_prefix_caching=True,
+        self.llm = LLM(str(self.path), dtype=self.dtype, block_size=16, enable_prefix_caching=True,
                        enable_return_routed_experts=self.routes, seed=0, max_model_len=None,
                        max_num_batched_tokens=2048, max_num_seqs=64)
         self.startup_seconds.append(float(self.llm.engine.startup_seconds))

@@ -64,6 +64,7 @@ def run_throughput_bench(
     llama_cpp: bool = True,
     print_table: bool = True,
     time_budget_s: float | None = 600.0,
+    dtype: str = "float32",
 ) -> dict[str, Any]:
     """Run the benchmark and return its report (also printed as a table).
 
@@ -71,7 +72,11 @@ def run_throughput_bench(
     ``time_budget_s``: after each repeat, stop early (noted in the report) when one more
     repeat at the pace so far would end past this many seconds from the start (loading
     and warm-up included); the workload itself is never cut, so peers stay comparable.
+    ``dtype="bfloat16"`` adds the peer ``execstate_bf16_r3_off`` (bf16 weights, fp32 activations)
+    next to the fp32 engine peers, measured in the same interleaved run.
     """
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
     import torch
     import transformers  # noqa: F401 - imported before the clock starts (the peers and the report use it)
 
@@ -88,6 +93,8 @@ def run_throughput_bench(
     n_params = count_parameters(path)
     notes: list[str] = []
     peer_list, unavailable = _peers(model, path, wl, threads, peers, llama_cpp, notes)
+    if dtype == "bfloat16":
+        peer_list.insert(2, EnginePeer(path, routes=False, dtype="bfloat16"))
     resident = n_params * 4 * len(peer_list) <= RESIDENT_BUDGET_BYTES
     if not resident:
         notes.append("peers loaded one at a time per repeat (weights of all peers exceed the memory budget)")

@@ -161,6 +161,11 @@ def _ratios(report_peers: dict[str, Any]) -> dict[str, Any]:
                     "r3_off": rp, "r3_on": _ratio(med(on, key), med(peer, key)),
                     "clean_r3_off": _ratio(med(off, key, c), med(peer, key, c)),
                     "clean_r3_on": _ratio(med(on, key, c), med(peer, key, c))}
+        bf16 = _ratio(med("execstate_bf16_r3_off", key), med(off, key))  # --dtype bfloat16
+        if bf16 is not None:
+            ratios.setdefault("bf16_over_fp32", {})[key] = {
+                "r3_off": bf16, "clean_r3_off": _ratio(med("execstate_bf16_r3_off", key, "clean_median_tok_s"),
+                                                       med(off, key, "clean_median_tok_s"))}
     return ratios
 
 

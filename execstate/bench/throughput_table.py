@@ -62,6 +62,10 @@ def format_table(report: dict[str, Any]) -> str:
             parts = [f"{k} {fmt(v['r3_off'], '.2f')}x (R3 on {fmt(v['r3_on'], '.2f')}x; clean runs "
                      f"{fmt(v['clean_r3_off'], '.2f')}x / {fmt(v['clean_r3_on'], '.2f')}x)" for k, v in rr.items()]
             lines.append(f"engine / {peer}: " + ", ".join(parts))
+    bf16 = report["ratios"].get("bf16_over_fp32")
+    if bf16:
+        lines.append("engine bf16 weights / fp32: " + ", ".join(
+            f"{k} {fmt(v['r3_off'], '.2f')}x (clean runs {fmt(v['clean_r3_off'], '.2f')}x)" for k, v in bf16.items()))
     st = report["engine_startup_seconds"]
     lines.append("engine start: " + ", ".join(f"{k} {v:.2f} s" for k, v in st.items())
                  + f" (target < {report['engine_startup_target_seconds']:.0f} s: "

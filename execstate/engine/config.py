@@ -28,8 +28,9 @@ class EngineConfig:
     cache_salt: str | None = None
     # "execstate": few-row fp32 linears and the MoE block run on execstate's C kernels
     # (execstate.kernels.cpu; error if unavailable); "torch": torch ops only; "auto": the
-    # kernels when available, the device is CPU and the dtype float32. Recorded in the
-    # provenance numerics (the two round differently).
+    # kernels when available and the device is CPU. Recorded in the provenance numerics (the
+    # two round differently). dtype "bfloat16" with the kernels: bf16 weights, fp32
+    # activations and KV cache (model/bf16_weights.py); with torch ops: everything in bf16.
     kernels: str = "auto"
     # Sessions (session/): at most max_sessions resident; beyond it, opening one fails
     # ("capacity") or, with session_eviction="lru", evicts the idle session whose last step is
@@ -61,14 +62,19 @@ class EngineConfig:
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]
 
+    def bf16_weights(self) -> bool:
+        """Whether the engine keeps bf16 weights with fp32 activations (dtype bfloat16 on the
+        kernels); else the weights, activations and KV cache are all in ``torch_dtype``."""
+        return self.dtype == "bfloat16" and self.use_cpu_kernels()
+
     def use_cpu_kernels(self) -> bool:
         """Whether the engine runs execstate's CPU kernels (see ``kernels``)."""
         from execstate.kernels import cpu as cpu_kernels
 
-        fits = torch.device(self.device).type == "cpu" and self.dtype == "float32"
+        fits = torch.device(self.device).type == "cpu"
         if self.kernels == "execstate":
             if not fits:
-                raise ValueError(f"kernels='execstate' needs device cpu and dtype float32, got {self.device} {self.dtype}")
+                raise ValueError(f"kernels='execstate' needs device cpu, got {self.device}")
             if not cpu_kernels.available():
                 raise ValueError(f"kernels='execstate' but {cpu_kernels.unavailable_reason()}")
             return True

@@ -96,13 +96,17 @@ class LLMEngine(EngineWeights):
         t0 = time.perf_counter()
         self.config = config
         self.model_path: Path = resolve_model(config.model)
-        self.model = load_model(self.model_path, dtype=config.torch_dtype, device=config.device)
+        bf16_weights = config.bf16_weights()
+        act_dtype = torch.float32 if bf16_weights else config.torch_dtype  # activations and KV cache
+        self.model = load_model(self.model_path, dtype=act_dtype, device=config.device)
+        if bf16_weights:
+            self.model.store_weights_bf16()
         self.model.use_cpu_kernels(config.use_cpu_kernels())
         self.model_config = mc = self.model.config
         self.tokenizer = Tokenizer(self.model_path) if (self.model_path / "tokenizer.json").exists() else None
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         self.block_size = config.block_size
-        bpb = KVPool.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype)
+        bpb = KVPool.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, act_dtype)
         min_blocks = -(-self.max_model_len // config.block_size)
         # Never allocate more than max_num_seqs full-length sequences could ever use.
         num_blocks = config.num_kv_blocks or max(
@@ -114,7 +118,7 @@ class LLMEngine(EngineWeights):
                 f"sequence ({min_blocks} blocks); raise kv_cache_memory_bytes/num_kv_blocks or lower max_model_len"
             )
         self.kv_pool = KVPool(
-            mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, config.torch_dtype, config.device
+            mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, act_dtype, config.device
         )
         self.return_routes = config.enable_return_routed_experts and mc.is_moe
         self.route_store = (
@@ -126,7 +130,8 @@ class LLMEngine(EngineWeights):
             model_id=str(config.model),
             weights_version=model_digest(self.model),
             dtype=config.dtype,
-            numerics=f"eager+{cpu_kernels.KERNEL_SET}" if self.model.kernels else "eager",
+            numerics=("eager" if not self.model.kernels
+                      else f"eager+{cpu_kernels.KERNEL_SET_BF16 if bf16_weights else cpu_kernels.KERNEL_SET}"),
             route_mode="free",
             cache_salt=config.cache_salt,
         )

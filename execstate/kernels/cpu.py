@@ -3,6 +3,7 @@
 - ``ext``: the optional C extension ``_cpu`` (sources in ``csrc/``) (AVX2/FMA, OpenMP on torch's thread pool):
   ``available()``, ``unavailable_reason()``, ``max_threads()``, ``KERNEL_SET``;
 - ``gemm``: few-row fp32 linear and the fused MoE expert block;
+- ``gemm_bf16``: the same two with bf16 weights (fp32 activations and sums), ``KERNEL_SET_BF16``;
 - ``paged_decode``: decode attention on the paged cache's block tables;
 - ``fused``: RMSNorm, q/k/v split + QK-norm + RoPE, SwiGLU gate.
 
@@ -22,9 +23,20 @@ from execstate.kernels.gemm import (
     use_linear,
     use_moe,
 )
+from execstate.kernels.gemm_bf16 import (
+    KERNEL_SET_BF16,
+    MAX_LINEAR_ROWS_BF16,
+    linear_bf16,
+    linear_bf16_if_small,
+    moe_bf16,
+    use_linear_bf16,
+    use_moe_bf16,
+)
 from execstate.kernels.paged_decode import PagedDecode
 
 __all__ = [
     "KERNEL_SET", "MAX_LINEAR_ROWS", "MAX_MOE_TOKENS", "PagedDecode", "available", "linear", "linear_if_small", "max_threads", "moe",
     "qkv_rope", "rms_norm", "silu_mul", "unavailable_reason", "use_linear", "use_moe", "use_rows",
+    "KERNEL_SET_BF16", "MAX_LINEAR_ROWS_BF16", "linear_bf16", "linear_bf16_if_small", "moe_bf16",
+    "use_linear_bf16", "use_moe_bf16",
 ]

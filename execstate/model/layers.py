@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from execstate.kernels import cpu as cpu_kernels
+from execstate.model.bf16_weights import BF16, linear_mixed
 from execstate.model.config import ModelConfig
 from execstate.model.context import StepContext
 from execstate.model.rotary import RotaryEmbedding
@@ -24,15 +25,20 @@ class Linear(nn.Linear):
     ``use_kernels`` (off by default; ``CausalLM.use_cpu_kernels`` sets it) routes calls that
     ``cpu_kernels.use_linear`` accepts to the kernel (``linear_if_small``; bias added
     after); every other call is ``F.linear``. The two paths agree to fp32 rounding, not bitwise.
+    A bf16 weight with fp32 input (``model/bf16_weights.py``) takes ``linear_bf16_if_small`` or
+    ``linear_mixed``.
     """
 
     use_kernels: bool = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.use_kernels:
-            y = cpu_kernels.linear_if_small(x, self.weight)
+            w = self.weight
+            y = cpu_kernels.linear_if_small(x, w) if w.dtype is not BF16 else cpu_kernels.linear_bf16_if_small(x, w)
             if y is not None:
                 return y if self.bias is None else y.add_(self.bias)
+        if self.weight.dtype is not x.dtype:  # bf16 weights, fp32 activations (model/bf16_weights.py)
+            return linear_mixed(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 

@@ -90,10 +90,18 @@ class SparseMoE(nn.Module):
 
         With ``use_kernels`` and a step ``cpu_kernels.use_moe`` accepts (fp32, few tokens), the
         fused C kernel computes the same sum (same slot order, fp32 rounding differs) in one
-        call; otherwise experts run one torch GEMM pair each.
+        call; otherwise experts run one torch GEMM pair each. With bf16 weights and fp32 ``x``
+        (``model/bf16_weights.py``) the kernel is ``moe_bf16``, and the torch path (prefill) runs
+        the experts in bf16 (torch's bf16 GEMM) and returns fp32.
         """
         if self.use_kernels and cpu_kernels.use_moe(x, self.w_gate_up):
             return cpu_kernels.moe(x, ids.contiguous(), weights.float().contiguous(), self.w_gate_up, self.w_down)
+        if self.w_gate_up.dtype is not x.dtype:  # bf16 weights, fp32 activations (model/bf16_weights.py)
+            if self.use_kernels and cpu_kernels.use_moe_bf16(x, self.w_gate_up):
+                return cpu_kernels.moe_bf16(x, ids.contiguous(), weights.float().contiguous(), self.w_gate_up,
+                                            self.w_down)
+            w_dtype = self.w_gate_up.dtype
+            return experts_torch(x.to(w_dtype), ids, weights.to(w_dtype), self.w_gate_up, self.w_down).to(x.dtype)
         return experts_torch(x, ids, weights, self.w_gate_up, self.w_down)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, logits: torch.Tensor | None = None) -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from execstate.kernels import cpu as cpu_kernels
+from execstate.model.bf16_weights import linear_mixed, store_weights_bf16
 from execstate.model.config import ModelConfig
 from execstate.model.context import StepContext
 from execstate.model.decode_path import DecodeWeights, decode_layers
@@ -82,6 +83,12 @@ class CausalLM(nn.Module):
             if isinstance(module, _KERNEL_MODULES):
                 module.use_kernels = enabled
 
+    def store_weights_bf16(self) -> None:
+        """Keep every matrix (matmul weights, embeddings) in bf16 and compute in fp32
+        (``model/bf16_weights.py``). Call on an fp32 model, before ``use_cpu_kernels``."""
+        store_weights_bf16(self)
+        self.drop_decode_weights()  # parameters replaced (the decode path then falls back: not fp32)
+
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Hidden states ``[T, H]`` (final norm applied) for the flat batch ``input_ids`` ``[T]``.
 
@@ -100,6 +107,8 @@ class CausalLM(nn.Module):
             if got != want:
                 raise ValueError(f"RouteCapture shape {got} != (tokens, moe layers, top_k) {want}")
         x = self.embed_tokens(input_ids)
+        if x.dtype is not self.norm.weight.dtype:  # bf16 weights: activations in the norms' dtype (fp32)
+            x = x.to(self.norm.weight.dtype)
         cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
         if self.kernels and (fast := decode_layers(self, x, cos, sin, ctx)) is not None:
             return self.norm(fast)
@@ -124,11 +133,13 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[n, vocab]`` for hidden states ``[n, H]`` (matmul in the model dtype)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        bf16 = weight.dtype is not hidden.dtype  # bf16 weights, fp32 activations (model/bf16_weights.py)
         if self.kernels:
-            logits = cpu_kernels.linear_if_small(hidden, weight)
+            logits = cpu_kernels.linear_bf16_if_small(hidden, weight) if bf16 else cpu_kernels.linear_if_small(
+                hidden, weight)
             if logits is not None:
                 return logits
-        return F.linear(hidden, weight).float()
+        return linear_mixed(hidden, weight) if bf16 else F.linear(hidden, weight).float()
 
     def load_hf_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Assign weights from an HF-named state dict; see ``loader.load_hf_weights``."""

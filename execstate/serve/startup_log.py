@@ -60,14 +60,14 @@ def kernels_line(i: StartupInfo) -> str:
     """Which kernels run and why (mirrors ``EngineConfig.use_cpu_kernels``)."""
     cfg = i.engine.config
     if i.engine.model.kernels:
-        why = "requested" if cfg.kernels == "execstate" else "auto: extension built, AVX2+FMA, cpu, float32"
+        why = "requested" if cfg.kernels == "execstate" else f"auto: extension built, AVX2+FMA, cpu, {cfg.dtype}"
+        if cfg.dtype == "bfloat16":
+            return f"execstate CPU kernels ({cpu_kernels.KERNEL_SET_BF16}: bf16 weights, fp32 activations; {why})"
         return f"execstate CPU kernels ({cpu_kernels.KERNEL_SET}; {why})"
     if cfg.kernels == "torch":
         why = "--kernels torch"
     elif torch.device(cfg.device).type != "cpu":
         why = f"auto: device is {cfg.device}"
-    elif cfg.dtype != "float32":
-        why = f"auto: dtype is {cfg.dtype}"
     else:
         why = f"auto: {cpu_kernels.unavailable_reason()}"
     return f"torch ({why})"

@@ -80,16 +80,16 @@ def test_kernels_setting_is_validated() -> None:
         EngineConfig(model="unused", kernels="")
 
 
-@needs_kernels
-def test_execstate_kernels_need_float32(moe_dir) -> None:
-    with pytest.raises(ValueError, match="kernels='execstate' needs device cpu and dtype float32"):
-        EngineConfig(model=str(moe_dir), kernels="execstate", dtype="bfloat16").use_cpu_kernels()
-    with pytest.raises(ValueError, match="dtype float32"):
-        _llm(moe_dir, kernels="execstate", dtype="bfloat16")
+def test_execstate_kernels_need_cpu(moe_dir) -> None:
+    with pytest.raises(ValueError, match="kernels='execstate' needs device cpu, got meta"):
+        EngineConfig(model=str(moe_dir), kernels="execstate", device="meta").use_cpu_kernels()
 
 
 def test_auto_kernels_follow_dtype_and_availability(moe_dir) -> None:
-    assert _llm(moe_dir, kernels="auto", dtype="bfloat16").engine.provenance.numerics == "eager"
+    bf16 = _llm(moe_dir, kernels="auto", dtype="bfloat16").engine
+    assert bf16.provenance.numerics == ("eager+cpu-avx2-v1-bf16w" if cpu.available() else "eager")
+    assert bf16.provenance.dtype == "bfloat16"
+    assert _llm(moe_dir, kernels="torch", dtype="bfloat16").engine.provenance.numerics == "eager"
     auto = _llm(moe_dir, kernels="auto")
     assert auto.engine.provenance.numerics == ("eager+cpu-avx2-v1" if cpu.available() else "eager")
     assert auto.engine.model.kernels == cpu.available()

@@ -206,12 +206,16 @@ def test_dense_model_has_no_routes(dense_dir):
     assert len(out.outputs[0].token_ids) == 12
 
 
-def test_bf16_engine_routes_are_consistent(moe_dir):
+@pytest.mark.parametrize("kernels", ["torch", "auto"])
+def test_bf16_engine_routes_are_consistent(moe_dir, kernels):
+    """bf16 on torch ops: everything bf16; on the kernels: bf16 weights, fp32 activations and KV."""
     shared = prompt(13, 32)
-    engine = llm(moe_dir, dtype="bfloat16")
+    engine = llm(moe_dir, dtype="bfloat16", kernels=kernels)
     a = engine.generate({"prompt_token_ids": shared + [7, 8]}, GREEDY, use_tqdm=False)[0]
     b = engine.generate({"prompt_token_ids": shared + [9]}, GREEDY, use_tqdm=False)[0]
-    assert engine.engine.kv_pool.k.dtype == torch.bfloat16
+    bf16_weights = engine.engine.model.kernels
+    assert engine.engine.kv_pool.k.dtype == (torch.float32 if bf16_weights else torch.bfloat16)
+    assert engine.engine.model.layers[0].mlp.w_gate_up.dtype == torch.bfloat16
     assert b.num_cached_tokens == 32
     ra, rb = a.outputs[0].routed_experts, b.outputs[0].routed_experts
     assert ra.shape == (34 + 12 - 1, 2, 2) and rb.shape == (33 + 12 - 1, 2, 2)

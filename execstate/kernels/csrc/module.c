@@ -12,6 +12,8 @@
  *   linear: y[M, N] = x[M, K] @ w[N, K]^T; all fp32, row-major, contiguous.
  *   moe:    out[T, H] = sum_j wts[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, j],
  *           w_gate_up [E, 2I, H] (gate rows first), w_down [E, H, I]; ids int64, wts fp32.
+ *   linear_bf16, moe_bf16: the same with bf16 weights (gemm_bf16.c), bitwise equal to
+ *           linear / moe on the weights widened to fp32.
  *
  * Numerics: every output element y[m, n] is one dot product computed the same way whatever
  * M, the other rows, the thread count or the code path: 8 fp32 lanes accumulate k = lane
@@ -72,6 +74,37 @@ static PyObject *py_moe(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     if (bad == 2) return PyErr_NoMemory();
     if (bad) return PyErr_Format(PyExc_ValueError, "moe: expert id outside [0, %zd)", E);
+    Py_RETURN_NONE;
+}
+
+/* linear_bf16 / moe_bf16: as linear / moe with the weights as bf16 bit patterns (gemm_bf16.c). */
+static PyObject *py_linear_bf16(PyObject *self, PyObject *args) {
+    unsigned long long x, w, y;
+    Py_ssize_t M, K, N;
+    int status;
+    if (!PyArg_ParseTuple(args, "KKKnnn", &x, &w, &y, &M, &K, &N)) return NULL;
+    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
+    if (M < 0 || K < 0 || N < 0) return PyErr_Format(PyExc_ValueError, "linear_bf16: negative size");
+    Py_BEGIN_ALLOW_THREADS
+    status = es_linear_bf16((const float *)x, (const uint16_t *)w, (float *)y, M, K, N);
+    Py_END_ALLOW_THREADS
+    if (status) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_moe_bf16(PyObject *self, PyObject *args) {
+    unsigned long long x, ids, wts, wgu, wd, out;
+    Py_ssize_t T, k, E, H, I;
+    int bad;
+    if (!PyArg_ParseTuple(args, "KKKKKKnnnnn", &x, &ids, &wts, &wgu, &wd, &out, &T, &k, &E, &H, &I)) return NULL;
+    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
+    if (T < 0 || k < 1 || E < 1 || H < 1 || I < 1) return PyErr_Format(PyExc_ValueError, "moe_bf16: bad sizes");
+    Py_BEGIN_ALLOW_THREADS
+    bad = es_moe_bf16((const float *)x, (const int64_t *)ids, (const float *)wts, (const uint16_t *)wgu,
+                      (const uint16_t *)wd, (float *)out, T, k, E, H, I);
+    Py_END_ALLOW_THREADS
+    if (bad == 2) return PyErr_NoMemory();
+    if (bad) return PyErr_Format(PyExc_ValueError, "moe_bf16: expert id outside [0, %zd)", E);
     Py_RETURN_NONE;
 }
 
@@ -147,6 +180,8 @@ static PyMethodDef methods[] = {
     {"max_threads", py_max_threads, METH_NOARGS, "omp_get_max_threads() of the OpenMP runtime in use."},
     {"linear", py_linear, METH_VARARGS, "linear(x, w, y, M, K, N): y = x @ w.T (fp32 data pointers)."},
     {"moe", py_moe, METH_VARARGS, "moe(x, ids, wts, w_gate_up, w_down, out, T, k, E, H, I) (data pointers)."},
+    {"linear_bf16", py_linear_bf16, METH_VARARGS, "linear_bf16(x, w, y, M, K, N): y = x @ float(w).T (w bf16)."},
+    {"moe_bf16", py_moe_bf16, METH_VARARGS, "moe_bf16(...): moe with bf16 w_gate_up and w_down."},
     {"decode_layer", es_py_decode_layer, METH_VARARGS, "decode_layer(...): a whole decode-step layer (decode_layer.c)."},
     {NULL, NULL, 0, NULL},
 };

@@ -1,0 +1,220 @@
+/* Small-batch linear and fused MoE expert block with bf16 weights, fp32 activations and fp32
+ * accumulation (contracts in module.c). Same blocking as gemm.c: every weight row streamed once
+ * for all rows that use it, at half the bytes.
+ *
+ * Widening: a bf16 is the top 16 bits of an fp32, so 8 weights are widened exactly by
+ * zero-extending the uint16s to 32 bits and shifting left by 16 (AVX2: vpmovzxwd + vpslld).
+ * Every output element is then the same FMA sequence as gemm.c's on the widened weights, so
+ * es_linear_bf16(x, w) == es_linear_f32(x, float(w)) bit for bit (deterministic, batch-invariant).
+ *
+ * Not used: AVX512-BF16's vdpbf16ps (present on this CPU) multiplies bf16 by bf16, which would
+ * round the activations to bf16 too; the kernels keep activations in fp32. */
+#include <string.h>
+
+#include "kernels.h"
+#include "simd.h"
+
+static KT inline __m256 wload(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+static inline float widen1(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static KT inline float finish_bf16(__m256 acc, const uint16_t *w, const float *x, int64_t k8, int64_t K) {
+    float s = hsum8(acc);
+    for (int64_t k = k8; k < K; k++) s = fmaf(widen1(w[k]), x[k], s);
+    return s;
+}
+
+/* 4 x rows by 2 weight rows (w0 = row n, w1 = row n + 1). */
+static KT inline void dot_4x2(const float *const *xr, float *const *yr, const uint16_t *w0, const uint16_t *w1,
+                              int64_t n, int64_t k8, int64_t K) {
+    const float *x0 = xr[0], *x1 = xr[1], *x2 = xr[2], *x3 = xr[3];
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    const uint16_t *p0 = w0 + PF_ROWS * K, *p1 = w1 + PF_ROWS * K;
+    for (int64_t k = 0; k < k8; k += 8) {
+        if (!(k & 31)) { PF(p0 + k); PF(p1 + k); } /* one prefetch per 64-byte line */
+        __m256 v0 = wload(w0 + k), v1 = wload(w1 + k);
+        __m256 u = _mm256_loadu_ps(x0 + k);
+        a0 = _mm256_fmadd_ps(v0, u, a0); b0 = _mm256_fmadd_ps(v1, u, b0);
+        u = _mm256_loadu_ps(x1 + k);
+        a1 = _mm256_fmadd_ps(v0, u, a1); b1 = _mm256_fmadd_ps(v1, u, b1);
+        u = _mm256_loadu_ps(x2 + k);
+        a2 = _mm256_fmadd_ps(v0, u, a2); b2 = _mm256_fmadd_ps(v1, u, b2);
+        u = _mm256_loadu_ps(x3 + k);
+        a3 = _mm256_fmadd_ps(v0, u, a3); b3 = _mm256_fmadd_ps(v1, u, b3);
+    }
+    yr[0][n] = finish_bf16(a0, w0, x0, k8, K); yr[0][n + 1] = finish_bf16(b0, w1, x0, k8, K);
+    yr[1][n] = finish_bf16(a1, w0, x1, k8, K); yr[1][n + 1] = finish_bf16(b1, w1, x1, k8, K);
+    yr[2][n] = finish_bf16(a2, w0, x2, k8, K); yr[2][n + 1] = finish_bf16(b2, w1, x2, k8, K);
+    yr[3][n] = finish_bf16(a3, w0, x3, k8, K); yr[3][n + 1] = finish_bf16(b3, w1, x3, k8, K);
+}
+
+/* 1 x row by 4 weight rows: the batch-1 decode shape. */
+static KT inline void dot_1x4(const float *xa, float *ya, const uint16_t *w0, int64_t n, int64_t k8, int64_t K) {
+    const uint16_t *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t k = 0; k < k8; k += 8) {
+        if (!(k & 31)) {
+            PF(w0 + PF_ROWS * K + k); PF(w1 + PF_ROWS * K + k); PF(w2 + PF_ROWS * K + k); PF(w3 + PF_ROWS * K + k);
+        }
+        __m256 va = _mm256_loadu_ps(xa + k);
+        a0 = _mm256_fmadd_ps(wload(w0 + k), va, a0);
+        a1 = _mm256_fmadd_ps(wload(w1 + k), va, a1);
+        a2 = _mm256_fmadd_ps(wload(w2 + k), va, a2);
+        a3 = _mm256_fmadd_ps(wload(w3 + k), va, a3);
+    }
+    ya[n] = finish_bf16(a0, w0, xa, k8, K);
+    ya[n + 1] = finish_bf16(a1, w1, xa, k8, K);
+    ya[n + 2] = finish_bf16(a2, w2, xa, k8, K);
+    ya[n + 3] = finish_bf16(a3, w3, xa, k8, K);
+}
+
+/* 2 x rows by 4 weight rows: each widened weight vector serves both rows. */
+static KT inline void dot_2x4(const float *xa, const float *xb, float *ya, float *yb, const uint16_t *w0, int64_t n,
+                              int64_t k8, int64_t K) {
+    const uint16_t *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int64_t k = 0; k < k8; k += 8) {
+        if (!(k & 31)) {
+            PF(w0 + PF_ROWS * K + k); PF(w1 + PF_ROWS * K + k); PF(w2 + PF_ROWS * K + k); PF(w3 + PF_ROWS * K + k);
+        }
+        __m256 va = _mm256_loadu_ps(xa + k), vb = _mm256_loadu_ps(xb + k);
+        __m256 v0 = wload(w0 + k), v1 = wload(w1 + k), v2 = wload(w2 + k), v3 = wload(w3 + k);
+        a0 = _mm256_fmadd_ps(v0, va, a0); b0 = _mm256_fmadd_ps(v0, vb, b0);
+        a1 = _mm256_fmadd_ps(v1, va, a1); b1 = _mm256_fmadd_ps(v1, vb, b1);
+        a2 = _mm256_fmadd_ps(v2, va, a2); b2 = _mm256_fmadd_ps(v2, vb, b2);
+        a3 = _mm256_fmadd_ps(v3, va, a3); b3 = _mm256_fmadd_ps(v3, vb, b3);
+    }
+    ya[n] = finish_bf16(a0, w0, xa, k8, K); yb[n] = finish_bf16(b0, w0, xb, k8, K);
+    ya[n + 1] = finish_bf16(a1, w1, xa, k8, K); yb[n + 1] = finish_bf16(b1, w1, xb, k8, K);
+    ya[n + 2] = finish_bf16(a2, w2, xa, k8, K); yb[n + 2] = finish_bf16(b2, w2, xb, k8, K);
+    ya[n + 3] = finish_bf16(a3, w3, xa, k8, K); yb[n + 3] = finish_bf16(b3, w3, xb, k8, K);
+}
+
+/* yr[m][n] = dot(xr[m], widen(w + n*K)) for m < M, n in [n0, n1); weight rows 4 at a time. */
+static KT void dot_rows_bf16(const float *const *xr, float *const *yr, int64_t M, const uint16_t *w, int64_t K,
+                             int64_t n0, int64_t n1) {
+    const int64_t k8 = K & ~(int64_t)7;
+    int64_t n = n0;
+    for (; n + 4 <= n1; n += 4) {
+        const uint16_t *w0 = w + n * K, *w2 = w0 + 2 * K;
+        int64_t m = 0;
+        for (; m + 4 <= M; m += 4) {
+            dot_4x2(xr + m, yr + m, w0, w0 + K, n, k8, K);
+            dot_4x2(xr + m, yr + m, w2, w2 + K, n + 2, k8, K);
+        }
+        for (; m + 2 <= M; m += 2) dot_2x4(xr[m], xr[m + 1], yr[m], yr[m + 1], w0, n, k8, K);
+        if (m < M) dot_1x4(xr[m], yr[m], w0, n, k8, K);
+    }
+    for (; n < n1; n++) {
+        const uint16_t *w0 = w + n * K;
+        for (int64_t m = 0; m < M; m++) {
+            const float *xa = xr[m];
+            __m256 a0 = _mm256_setzero_ps();
+            for (int64_t k = 0; k < k8; k += 8) a0 = _mm256_fmadd_ps(wload(w0 + k), _mm256_loadu_ps(xa + k), a0);
+            yr[m][n] = finish_bf16(a0, w0, xa, k8, K);
+        }
+    }
+}
+
+/* Returns 0, or 2 when out of memory (nothing computed). */
+KT int es_linear_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t K, int64_t N) {
+    const float **xr = malloc(sizeof(float *) * (M + 1));
+    float **yr = malloc(sizeof(float *) * (M + 1));
+    if (!xr || !yr) {
+        free(xr);
+        free(yr);
+        return 2;
+    }
+    for (int64_t m = 0; m < M; m++) { xr[m] = x + m * K; yr[m] = y + m * N; }
+    if (M * K * N < PARALLEL_MIN_MACS) {
+        dot_rows_bf16(xr, yr, M, w, K, 0, N);
+    } else {
+#pragma omp parallel
+        {
+            int64_t lo, hi;
+            share(N, &lo, &hi);
+            dot_rows_bf16(xr, yr, M, w, K, lo, hi);
+        }
+    }
+    free(xr);
+    free(yr);
+    return 0;
+}
+
+/* Rows [lo, hi) of the concatenation over active experts of `rows` rows each. */
+static KT void expert_rows_bf16(int64_t lo, int64_t hi, int64_t rows, const int64_t *active, int64_t n_active,
+                                const int64_t *offset, const int64_t *count, const float *const *in,
+                                float *const *out, const uint16_t *w, int64_t estride, int64_t K) {
+    for (int64_t a = lo / rows; a < n_active && a * rows < hi; a++) {
+        int64_t r0 = a * rows > lo ? 0 : lo - a * rows;
+        int64_t r1 = (a + 1) * rows < hi ? rows : hi - a * rows;
+        int64_t e = active[a];
+        dot_rows_bf16(in + offset[e], out + offset[e], count[e], w + e * estride, K, r0, r1);
+    }
+}
+
+/* Returns 0, 1 if an id is out of range or 2 when out of memory (nothing computed then). */
+KT int es_moe_bf16(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu, const uint16_t *w_d,
+                   float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
+    const int64_t S = T * k;
+    for (int64_t s = 0; s < S; s++)
+        if (ids[s] < 0 || ids[s] >= E) return 1;
+    int64_t *count = calloc(E, sizeof(int64_t)), *offset = malloc(sizeof(int64_t) * E);
+    int64_t *active = malloc(sizeof(int64_t) * E), *pos = malloc(sizeof(int64_t) * S);
+    int64_t *fill = malloc(sizeof(int64_t) * E);
+    float *gu = malloc(sizeof(float) * S * 2 * I), *h = malloc(sizeof(float) * S * I);
+    float *y = malloc(sizeof(float) * S * H);
+    const float **xin = malloc(sizeof(float *) * S), **hin = malloc(sizeof(float *) * S);
+    float **guo = malloc(sizeof(float *) * S), **yo = malloc(sizeof(float *) * S);
+    int64_t n_active = 0, acc = 0;
+    int oom = !count || !offset || !active || !pos || !fill || !gu || !h || !y || !xin || !hin || !guo || !yo;
+    if (oom) goto done;
+    for (int64_t s = 0; s < S; s++) count[ids[s]]++;
+    for (int64_t e = 0; e < E; e++) {
+        offset[e] = fill[e] = acc;
+        acc += count[e];
+        if (count[e]) active[n_active++] = e;
+    }
+    for (int64_t s = 0; s < S; s++) { /* slots grouped by expert, token order within */
+        int64_t p = fill[ids[s]]++;
+        pos[s] = p;
+        xin[p] = x + (s / k) * H;
+    }
+    for (int64_t p = 0; p < S; p++) {
+        guo[p] = gu + p * 2 * I;
+        hin[p] = h + p * I;
+        yo[p] = y + p * H;
+    }
+#pragma omp parallel if (S * H * I >= PARALLEL_MIN_MACS)
+    {
+        int64_t lo, hi;
+        share(n_active * 2 * I, &lo, &hi);
+        expert_rows_bf16(lo, hi, 2 * I, active, n_active, offset, count, xin, guo, w_gu, 2 * I * H, H);
+#pragma omp barrier
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < S; p++) es_silu_mul(gu + p * 2 * I, gu + p * 2 * I + I, h + p * I, I);
+        share(n_active * H, &lo, &hi);
+        expert_rows_bf16(lo, hi, H, active, n_active, offset, count, hin, yo, w_d, H * I, I);
+#pragma omp barrier
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++) {
+            float *o = out + t * H;
+            for (int64_t n = 0; n < H; n++) {
+                float s = wts[t * k] * y[pos[t * k] * H + n];
+                for (int64_t j = 1; j < k; j++) s += wts[t * k + j] * y[pos[t * k + j] * H + n];
+                o[n] = s;
+            }
+        }
+    }
+done:
+    free(count); free(offset); free(active); free(pos); free(fill);
+    free(gu); free(h); free(y); free(xin); free(hin); free(guo); free(yo);
+    return oom ? 2 : 0;
+}

@@ -1,0 +1,113 @@
+"""Few-row linear and the fused MoE expert block with bf16 weights (C: ``csrc/gemm_bf16.c``).
+
+Weights are bf16 (half the bytes of fp32; decode streams every weight once per step, so it is
+bound by weight bytes); activations, outputs and every sum are fp32. The C code widens each
+weight exactly (bf16 is the top half of an fp32) and runs the same FMA sequence as the fp32
+kernels, so ``linear_bf16(x, w)`` equals ``gemm.linear(x, w.float())`` bit for bit, and
+likewise ``moe_bf16``: deterministic and batch-invariant (``csrc/module.c``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from execstate.kernels.ext import F32, LIB, available, is_f32_cpu, lib, require, sync_threads
+from execstate.kernels.gemm import MAX_MOE_TOKENS
+
+BF16 = torch.bfloat16
+# Provenance kernel set of an engine with bf16 weights (fp32 activations, KV and sums; prefill
+# on torch's bf16 GEMM: execstate/model/bf16_weights.py).
+KERNEL_SET_BF16 = "cpu-avx2-v1-bf16w"
+# Rows up to which the bf16 kernel beats widening the weight and calling torch's fp32 GEMM
+# (`execstate bench kernels`-style timing on 2 Zen cores, 512x1536 and 1536x512 weights).
+MAX_LINEAR_ROWS_BF16 = 32
+
+
+def is_bf16_cpu(t: torch.Tensor) -> bool:
+    return t.dtype is BF16 and t.is_cpu and t.is_contiguous()
+
+
+def use_linear_bf16(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``linear_bf16(x, weight)`` applies (few fp32 rows, bf16 weight, CPU, contiguous)."""
+    return (
+        LIB is not None
+        and x.dtype is F32
+        and weight.dtype is BF16
+        and x.dim() == 2
+        and weight.dim() == 2
+        and x.shape[0] <= MAX_LINEAR_ROWS_BF16
+        and x.shape[1] == weight.shape[1]
+        and x.is_cpu
+        and weight.is_cpu
+        and x.is_contiguous()
+        and weight.is_contiguous()
+    )
+
+
+def linear_bf16_if_small(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """``linear_bf16(x, weight)`` when ``use_linear_bf16`` accepts the call, else ``None``."""
+    if not use_linear_bf16(x, weight):
+        return None
+    m, n = x.shape[0], weight.shape[0]
+    y = torch.empty((m, n), dtype=F32)
+    if m and n:
+        torch.get_num_threads()  # sync_threads(), inlined
+        LIB.linear_bf16(x.data_ptr(), weight.data_ptr(), y.data_ptr(), m, x.shape[1], n)
+    return y
+
+
+def _require_bf16(t: torch.Tensor, name: str, dim: int) -> None:
+    lib()  # RuntimeError when the kernels are unavailable
+    if not isinstance(t, torch.Tensor) or t.dim() != dim:
+        raise ValueError(f"{name} must be a {dim}-D tensor, got {getattr(t, 'shape', type(t))}")
+    if not is_bf16_cpu(t):
+        raise ValueError(f"{name} must be a contiguous bfloat16 CPU tensor, got {t.dtype} on {t.device}"
+                         f"{'' if t.is_contiguous() else ' (non-contiguous)'}")
+
+
+def linear_bf16(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x [M, K] @ float(weight[N, K]).T`` -> new fp32 ``[M, N]``; ``x`` fp32, ``weight`` bf16."""
+    require(x, "x", 2)
+    _require_bf16(weight, "weight", 2)
+    if x.shape[1] != weight.shape[1]:
+        raise ValueError(f"linear_bf16: x has {x.shape[1]} features, weight expects {weight.shape[1]}")
+    m, k = x.shape
+    n = weight.shape[0]
+    y = torch.empty((m, n), dtype=F32)
+    if m and n:
+        sync_threads()
+        lib().linear_bf16(x.data_ptr(), weight.data_ptr(), y.data_ptr(), m, k, n)
+    return y
+
+
+def use_moe_bf16(x: torch.Tensor, w_gate_up: torch.Tensor) -> bool:
+    """Whether ``moe_bf16`` applies (fp32 activations, bf16 experts, at most ``MAX_MOE_TOKENS``)."""
+    return available() and x.dim() == 2 and x.shape[0] <= MAX_MOE_TOKENS \
+        and is_f32_cpu(x) and is_bf16_cpu(w_gate_up)
+
+
+def moe_bf16(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor,
+             w_down: torch.Tensor) -> torch.Tensor:
+    """``gemm.moe`` with bf16 ``w_gate_up [E, 2I, H]`` and ``w_down [E, H, I]``; fp32 ``[T, H]`` out."""
+    require(x, "x", 2)
+    require(weights, "weights", 2)
+    _require_bf16(w_gate_up, "w_gate_up", 3)
+    _require_bf16(w_down, "w_down", 3)
+    if ids.dtype != torch.int64 or ids.device.type != "cpu" or not ids.is_contiguous() or ids.dim() != 2:
+        raise ValueError(f"moe_bf16: ids must be contiguous int64 [T, k] on CPU, got {ids.dtype} "
+                         f"{tuple(ids.shape)}")
+    t, h = x.shape
+    e, two_i, h2 = w_gate_up.shape
+    i = two_i // 2
+    if h2 != h or two_i % 2 or tuple(w_down.shape) != (e, h, i):
+        raise ValueError(f"moe_bf16: inconsistent shapes x {tuple(x.shape)}, w_gate_up {tuple(w_gate_up.shape)}, "
+                         f"w_down {tuple(w_down.shape)}")
+    if ids.shape[0] != t or tuple(weights.shape) != tuple(ids.shape):
+        raise ValueError(f"moe_bf16: ids {tuple(ids.shape)} and weights {tuple(weights.shape)} must both be "
+                         f"[{t}, k]")
+    out = torch.empty((t, h), dtype=F32)
+    if t:
+        sync_threads()
+        lib().moe_bf16(x.data_ptr(), ids.data_ptr(), weights.data_ptr(), w_gate_up.data_ptr(), w_down.data_ptr(),
+                       out.data_ptr(), t, ids.shape[1], e, h, i)
+    return out
