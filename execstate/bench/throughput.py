@@ -17,7 +17,9 @@ always runs first or right after another), so machine noise hits them alike
    directly: the R3-on engine's own R3 bookkeeping time, ``engine/r3_clock.py``, / wall time);
 3. ``transformers``     — ``AutoModelForCausalLM.generate`` on the same fp32 weights;
 4. ``llama_cpp``        — llama-cpp-python on an F32 GGUF of the same dequantised weights,
-   only for the dense ``smollm2-135m`` and only when ``llama_cpp`` is importable.
+   only for the dense ``smollm2-135m`` and only when ``llama_cpp`` is importable;
+5. ``vllm``             — vLLM's CPU build in its own venv, driven as a subprocess
+   (``vllm_peer``), only when its python is given (``--vllm-python`` / ``$EXECSTATE_VLLM_PYTHON``).
 
 Every repeat draws fresh prompts (batch 8 and batch 1 draw separate sets), so the prefix
 cache never hits across repeats or between the two batch shapes; a short warm-up per peer
@@ -41,6 +43,7 @@ from execstate.bench.throughput_loop import PeerLoop
 from execstate.bench.throughput_report import build_report
 from execstate.bench.throughput_table import format_table
 from execstate.bench.throughput_workload import Workload
+from execstate.bench.vllm_peer import add_vllm_peer
 
 __all__ = ["run_throughput_bench", "format_table"]
 
@@ -65,6 +68,7 @@ def run_throughput_bench(
     print_table: bool = True,
     time_budget_s: float | None = 600.0,
     dtype: str = "float32",
+    vllm_python: str | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark and return its report (also printed as a table).
 
@@ -74,6 +78,8 @@ def run_throughput_bench(
     and warm-up included); the workload itself is never cut, so peers stay comparable.
     ``dtype="bfloat16"`` adds the peer ``execstate_bf16_r3_off`` (bf16 weights, fp32 activations)
     next to the fp32 engine peers, measured in the same interleaved run.
+    ``vllm_python``: the python of a venv with vLLM's CPU build (else ``$EXECSTATE_VLLM_PYTHON``;
+    without either the vLLM peer is left out with a note), see ``execstate.bench.vllm_peer``.
     """
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
@@ -95,6 +101,10 @@ def run_throughput_bench(
     peer_list, unavailable = _peers(model, path, wl, threads, peers, llama_cpp, notes)
     if dtype == "bfloat16":
         peer_list.insert(2, EnginePeer(path, routes=False, dtype="bfloat16"))
+    if peers:
+        add_vllm_peer(peer_list, unavailable, vllm_python, path, wl, threads)
+    else:
+        unavailable["vllm"] = "peers disabled (--no-peers)"
     resident = n_params * 4 * len(peer_list) <= RESIDENT_BUDGET_BYTES
     if not resident:
         notes.append("peers loaded one at a time per repeat (weights of all peers exceed the memory budget)")

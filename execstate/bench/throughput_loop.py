@@ -31,7 +31,7 @@ from execstate.bench.throughput_workload import Workload
 WARMUP_NEW_TOKENS = 4
 REFERENCE_PEER = "execstate_r3_on"
 _SAMPLE_KEYS = ("b8_s", "b8_tok", "b8_cpu_share", "b8_load", "b8_r3_share", "b1_s", "b1_tok", "b1_cpu_share",
-                "b1_load", "b1_r3_share", "b1_ttft")
+                "b1_load", "b1_r3_share", "b1_ttft", "b8_prefill_s")
 
 # peer name -> "b8"/"b1" (batch shape) -> generated token ids per prompt, of one repeat
 _Tokens = dict[str, dict[str, list[list[int]]]]
@@ -44,7 +44,8 @@ class Measured:
     ``samples[peer]``: per batch shape ``b8``/``b1``, one entry per timed run: ``_s`` wall
     seconds, ``_tok`` generated tokens per prompt, ``_cpu_share`` CPU s / (wall s x threads),
     ``_load`` the 1-minute load average before the run, ``_r3_share`` (engines) the share of
-    the run's wall time its R3Clock measured; ``b1_ttft``: every batch-1 TTFT.
+    the run's wall time its R3Clock measured; ``b1_ttft``: every batch-1 TTFT; ``b8_prefill_s``:
+    per batch-8 run, the batch's time to first token (peers that report it).
     ``parity[peer][shape]``: agreement counts with the engine (R3 on), summed over repeats.
     """
 
@@ -114,6 +115,7 @@ class PeerLoop:
         peer.run(warm[:1], WARMUP_NEW_TOKENS, batched=False)
         if isinstance(peer, EnginePeer):
             peer.cached_tokens = 0  # the warm-up's batch-1 prompt hits its own batch-8 prefix
+        peer.after_warmup()
 
     @staticmethod
     def _deactivate(peer: Peer) -> None:
@@ -129,12 +131,15 @@ class PeerLoop:
         cpu0 = time.process_time()
         res = p.run(prompts, self.wl.new_tokens(p, batched), batched)
         # share of the machine this process got: CPU seconds / (wall seconds x threads)
-        s[f"{key}_cpu_share"].append((time.process_time() - cpu0) / (res.seconds * self.threads))
+        cpu = res.cpu_seconds if res.cpu_seconds is not None else time.process_time() - cpu0
+        s[f"{key}_cpu_share"].append(cpu / (res.seconds * self.threads))
         s[f"{key}_load"].append(load)
         s[f"{key}_s"].append(res.seconds)
         s[f"{key}_tok"].append([len(t) for t in res.token_ids])
         if res.ttft_s:
             s["b1_ttft"].extend(res.ttft_s)
+        if res.prefill_s is not None:
+            s["b8_prefill_s"].append(res.prefill_s)
         if res.r3_seconds is not None:  # the engine's own R3 bookkeeping time, as a share of the run
             s[f"{key}_r3_share"].append(res.r3_seconds / res.seconds)
         tokens.setdefault(key, {})[p.name] = res.token_ids

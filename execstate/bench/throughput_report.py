@@ -74,6 +74,8 @@ def _peer_entry(p: Peer, res: dict[str, list[Any]], wl: Workload) -> dict[str, A
     entry: dict[str, Any] = {"label": p.label, "available": True}
     for key, shape, batched in _SHAPES:
         entry[shape] = _shape_stats(res, key, wl.num_prompts_of(batched), wl.new_tokens(p, batched))
+    if entry["batch8"] is not None and res.get("b8_prefill_s"):
+        entry["batch8"].update(_prefill_stats(res["b8_prefill_s"], wl.num_prompts * wl.prompt_len))
     if isinstance(p, EnginePeer):
         entry["startup_seconds"] = p.startup_seconds
         entry["prefix_cache_hit_tokens"] = p.cached_tokens
@@ -83,6 +85,7 @@ def _peer_entry(p: Peer, res: dict[str, list[Any]], wl: Workload) -> dict[str, A
         entry["experts_implementation"] = p.experts_implementation
     if not p.batch8:
         entry["batch8_note"] = "not measured"
+    entry.update(p.report_extra())
     return entry
 
 
@@ -120,6 +123,13 @@ def _shape_stats(res: dict[str, list[Any]], key: str, n_prompts: int, n_new: int
     return b
 
 
+def _prefill_stats(prefill_s: list[float], prompt_tokens: int) -> dict[str, Any]:
+    """Prefill of the batch-8 runs: tok/s = prompt tokens of the batch / its time to first token."""
+    med = median(prefill_s)
+    return {"prefill_s": prefill_s, "median_prefill_s": med,
+            "prefill_tok_s": prompt_tokens / med if med else None, "prefill_tokens": prompt_tokens}
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
@@ -153,7 +163,7 @@ def _ratios(report_peers: dict[str, Any]) -> dict[str, Any]:
             # measured inside the R3-on engine (execstate.engine.r3_clock): not run-to-run noise
             "direct_pct": None if bon.get("r3_bookkeeping_share") is None else 100.0 * bon["r3_bookkeeping_share"],
         }
-        for peer in ("transformers", "llama_cpp"):
+        for peer in ("transformers", "llama_cpp", "vllm"):
             rp = _ratio(med(off, key), med(peer, key))
             if rp is not None:
                 c = "clean_median_tok_s"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from execstate.bench.numbers import fmt, span
+from execstate.bench.numbers import fmt, median, span
 from execstate.bench.throughput_report import CLEAN_SHARE
 
 
@@ -25,10 +25,11 @@ def format_table(report: dict[str, Any]) -> str:
         f"median of {report['repeats']} interleaved repeats",
         f"workload: batch 8 = {wl['num_prompts']} prompts x {wl['prompt_len']} tokens -> "
         f"{wl['max_new_tokens']} new tokens each, greedy, ignore_eos; batch 1 = {wl['batch1_prompts']} "
-        f"prompts one at a time (tok/s = generated tokens / wall s, prefill included)",
+        f"prompts one at a time (tok/s = generated tokens / wall s, prefill included); b8 prefill tok/s = "
+        f"{wl['num_prompts']} x {wl['prompt_len']} prompt tokens / the batch-8 run's time to first token",
         "",
         f"{'peer':<44}{'batch 8 tok/s':>14}{'batch 1 tok/s':>15}{'b8 clean (n)':>14}{'b1 clean (n)':>14}"
-        f"{'b1 TTFT s':>11}{'b1 decode tok/s':>17}  runs (b8 | b1)",
+        f"{'b1 TTFT s':>11}{'b1 decode tok/s':>17}{'b8 prefill tok/s':>18}  runs (b8 | b1)",
     ]
     for name, e in report["peers"].items():
         if not e.get("available"):
@@ -43,7 +44,8 @@ def format_table(report: dict[str, Any]) -> str:
             f"{fmt(b1['median_tok_s'], '.1f') if b1 else 'n/a':>15}"
             f"{_clean(b8):>14}{_clean(b1):>14}"
             f"{fmt(b1.get('median_ttft_s') if b1 else None, '.3f'):>11}"
-            f"{fmt(b1.get('decode_tok_s') if b1 else None, '.1f'):>17}  {runs8} | {runs1}"
+            f"{fmt(b1.get('decode_tok_s') if b1 else None, '.1f'):>17}"
+            f"{fmt(b8.get('prefill_tok_s') if b8 else None, '.0f'):>18}  {runs8} | {runs1}"
             + ("" if exact else "  TOKEN COUNT MISMATCH")
         )
     lines.append("")
@@ -56,7 +58,7 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{fmt(x['clean_on_over_off'], '.3f')} ({fmt(x['clean_slowdown_pct'], '+.1f')}%); "
                      f"direct (R3 bookkeeping time in the R3-on engine / its wall time): "
                      f"{fmt(x.get('direct_pct'), '.2f')}%")
-    for peer in ("transformers", "llama_cpp"):
+    for peer in ("transformers", "llama_cpp", "vllm"):
         rr = report["ratios"].get(f"engine_over_{peer}")
         if rr:
             parts = [f"{k} {fmt(v['r3_off'], '.2f')}x (R3 on {fmt(v['r3_on'], '.2f')}x; clean runs "
@@ -80,6 +82,11 @@ def format_table(report: dict[str, Any]) -> str:
             lines.append(f"WARNING {p}: {e['prefix_cache_hit_tokens']} prefix-cache hit tokens in timed runs")
         if e.get("routed_experts_shape_ok") is False:
             lines.append(f"WARNING {p}: routed_experts shape mismatch")
+    vl = report["peers"].get("vllm", {})
+    if vl.get("available"):
+        lines.append(f"vLLM: engine start {fmt(median(vl['startup_seconds']), '.1f')} s, batched prefill "
+                     f"{fmt(vl.get('prefill_batched_tok_s'), '.0f')} tok/s (max_tokens=1 runs of the batch-8 "
+                     f"prompts), settings {vl.get('settings')}")
     hf = report["peers"].get("transformers", {})
     if hf.get("experts_implementation"):
         lines.append(f"transformers experts implementation: {hf['experts_implementation']}")

@@ -14,6 +14,9 @@ uses the ``tokenizers`` library's ``DecodeStream``.
   request (an incomplete sequence becomes U+FFFD, as in a full decode). Afterwards the
   text equals ``tokenizer.decode(output ids, skip_special_tokens)``, unless a stop string
   cut it.
+- ``find_stop_held_back(tokenizer)``: the same search over the complete characters of ids
+  still held back (the text before an incomplete character), without adding them unless a
+  stop string is found there.
 - ``find_stop(new_chars)`` searches each stop string (in list order) only in the last
   ``new_chars + len(stop) - 1`` characters; on a hit the text is cut where the stop
   string begins and the stop string is returned. Text before the newest ``new_chars``
@@ -68,6 +71,17 @@ class _StreamDecoder:
         self.pending = []
         return text
 
+    def peek(self, tok: HFTokenizer) -> str:
+        """What the held-back ids decode to so far, without the incomplete character(s) at the
+        end; changes nothing."""
+        if not self.pending:
+            return ""
+        skip = self.skip_special_tokens
+        prefix = tok.decode(self.window, skip_special_tokens=skip)
+        full = tok.decode(self.window + self.pending, skip_special_tokens=skip)
+        rest = full[len(prefix) :] if full.startswith(prefix) else tok.decode(self.pending, skip_special_tokens=skip)
+        return rest.rstrip("\ufffd")
+
     def flush(self, tok: HFTokenizer) -> str:
         """What the held-back ids decode to in the context of the last chunk."""
         if not self.pending:
@@ -119,6 +133,19 @@ class IncrementalDetokenizer:
                 self.finished = True  # the text ends here: nothing held back is added later
                 return s
         return None
+
+    def find_stop_held_back(self, tokenizer: Tokenizer | None) -> str | None:
+        """A stop string that ends in the complete characters of the ids still held back for an
+        incomplete character (a token that decodes to ``" \ufffd"`` holds back its space too):
+        on a hit the held-back text is added and cut as :meth:`find_stop` does, so the request
+        stops at the token that completed the stop string, as a full decode after each token
+        would see it."""
+        if not self.stop or tokenizer is None or self.finished:
+            return None
+        peek = self._decoder.peek(tokenizer.backend)
+        if not peek or not any(s in self._suffix(self.holdback) + peek for s in self.stop):
+            return None
+        return self.find_stop(self.finish(tokenizer))
 
     def text(self, finished: bool) -> str:
         """The whole text so far (less the hold-back while unfinished)."""

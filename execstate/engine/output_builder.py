@@ -44,7 +44,7 @@ def on_new_token(req: Request, eos_token_ids: set[int], tokenizer: Tokenizer | N
     if at_length:  # the last token: decode what an incomplete character held back
         new_chars += req.detok.finish(tokenizer)
     if may_stop and p.stop:
-        stop = req.detok.find_stop(new_chars)
+        stop = req.detok.find_stop(new_chars) if new_chars else req.detok.find_stop_held_back(tokenizer)
         if stop is not None:
             req.stop_reason = stop
             return RequestStatus.FINISHED_STOPPED

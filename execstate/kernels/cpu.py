@@ -2,7 +2,8 @@
 
 - ``ext``: the optional C extension ``_cpu`` (sources in ``csrc/``) (AVX2/FMA, OpenMP on torch's thread pool):
   ``available()``, ``unavailable_reason()``, ``max_threads()``, ``KERNEL_SET``;
-- ``gemm``: few-row fp32 linear and the fused MoE expert block;
+- ``gemm``: few-row fp32 linear and the fused MoE expert block; on AVX-512 CPUs (``PACKED``) also
+  many-row (prefill) calls, on the register-blocked kernels of ``csrc/gemm_packed.c`` (same bits);
 - ``gemm_bf16``: the same two with bf16 weights (fp32 activations and sums), ``KERNEL_SET_BF16``;
 - ``paged_decode``: decode attention on the paged cache's block tables;
 - ``fused``: RMSNorm, q/k/v split + QK-norm + RoPE, SwiGLU gate.
@@ -17,6 +18,8 @@ from execstate.kernels.fused import qkv_rope, rms_norm, silu_mul, use_rows
 from execstate.kernels.gemm import (
     MAX_LINEAR_ROWS,
     MAX_MOE_TOKENS,
+    MIN_PACKED_ROWS,
+    PACKED,
     linear,
     linear_if_small,
     moe,
@@ -35,7 +38,7 @@ from execstate.kernels.gemm_bf16 import (
 from execstate.kernels.paged_decode import PagedDecode
 
 __all__ = [
-    "KERNEL_SET", "MAX_LINEAR_ROWS", "MAX_MOE_TOKENS", "PagedDecode", "available", "linear", "linear_if_small", "max_threads", "moe",
+    "KERNEL_SET", "MAX_LINEAR_ROWS", "MAX_MOE_TOKENS", "MIN_PACKED_ROWS", "PACKED", "PagedDecode", "available", "linear", "linear_if_small", "max_threads", "moe",
     "qkv_rope", "rms_norm", "silu_mul", "unavailable_reason", "use_linear", "use_moe", "use_rows",
     "KERNEL_SET_BF16", "MAX_LINEAR_ROWS_BF16", "linear_bf16", "linear_bf16_if_small", "moe_bf16",
     "use_linear_bf16", "use_moe_bf16",

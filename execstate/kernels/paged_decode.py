@@ -1,10 +1,13 @@
-"""Decode attention straight on the paged KV cache's block tables (C: ``decode_attention``)."""
+"""Decode attention straight on the paged KV cache's block tables (C: ``decode_attention``; a
+plan from ``PagedDecode.for_spans`` runs ``prefill_attention``, the same results tiled by span)."""
 
 from __future__ import annotations
 
 import torch
 
 from execstate.kernels.ext import lib, require, sync_threads
+
+MAX_TILED_GROUP = 16  # query heads per KV head the tiled prefill kernel takes
 
 
 class PagedDecode:
@@ -34,6 +37,7 @@ class PagedDecode:
         if any(t < 0 for t in tokens):
             raise ValueError("PagedDecode: token rows must be >= 0")
         self.num_seqs = len(tokens)
+        self.tiled = False  # True for for_spans plans (a span's rows adjacent): the tiled kernel runs them
         self.max_token = max(tokens, default=-1)
         self.block_size, self.num_slots = block_size, num_slots
         self.tokens = torch.tensor(tokens, dtype=torch.int64)
@@ -62,7 +66,42 @@ class PagedDecode:
             raise ValueError(f"PagedDecode: token row {self.max_token} outside a batch of {n}")
         if self.num_seqs:
             sync_threads()
-            lib().decode_attention(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
-                                   self.tokens.data_ptr(), self.block_table.data_ptr(), self.ctx_lens.data_ptr(),
-                                   self.num_seqs, self.block_table.shape[1], nh, nkv, d, self.block_size,
-                                   float(scale))
+            # the tiled kernel: same results bit for bit, K/V read once per tile of a span's rows
+            fn = lib().prefill_attention if self.tiled and nh // nkv <= MAX_TILED_GROUP else lib().decode_attention
+            fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), self.tokens.data_ptr(),
+               self.block_table.data_ptr(), self.ctx_lens.data_ptr(), self.num_seqs, self.block_table.shape[1], nh,
+               nkv, d, self.block_size, float(scale))
+
+    @classmethod
+    def for_spans(cls, token_starts: list[int], num_queries: list[int], block_tables: list[list[int]],
+                  ctx_lens: list[int], block_size: int, num_slots: int) -> PagedDecode:
+        """Every query of a step's spans, prefill spans included: span ``s`` holds rows
+        ``token_starts[s] ..`` (``num_queries[s]`` of them) whose last one sees ``ctx_lens[s]``
+        positions; query ``i`` of the span sees ``ctx_lens[s] - num_queries[s] + i + 1`` (causal).
+
+        Each query row is then computed exactly as a decode query over its context (one
+        kernel, one order of operations; no gathered copy of the context), so a token's
+        attention output does not depend on how its span was split or batched. Validated per
+        span, expanded with torch (no per-token Python loop).
+        """
+        if not (len(token_starts) == len(num_queries) == len(block_tables) == len(ctx_lens)):
+            raise ValueError("PagedDecode.for_spans: one entry per span in every list")
+        if any(n < 1 for n in num_queries) or any(c < n for c, n in zip(ctx_lens, num_queries, strict=True)):
+            raise ValueError("PagedDecode.for_spans: every span needs 1 <= num_query <= ctx_len")
+        if any(s < 0 for s in token_starts):
+            raise ValueError("PagedDecode: token rows must be >= 0")
+        span_ends = [s + n for s, n in zip(token_starts, num_queries, strict=True)]
+        # One entry per span, validated by __init__ (tables, last-query context lengths).
+        self = cls([e - 1 for e in span_ends] if span_ends else [], block_tables, ctx_lens, block_size, num_slots)
+        if not token_starts:
+            return self
+        counts = torch.tensor(num_queries, dtype=torch.int64)
+        first = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+        offset = torch.arange(int(counts.sum()), dtype=torch.int64) - first  # i within its span
+        self.tokens = torch.repeat_interleave(torch.tensor(token_starts, dtype=torch.int64), counts) + offset
+        self.ctx_lens = torch.repeat_interleave(self.ctx_lens - counts, counts) + offset + 1
+        self.block_table = torch.repeat_interleave(self.block_table, counts, dim=0)
+        self.num_seqs = int(self.tokens.shape[0])
+        self.tiled = True
+        self.max_token = max(span_ends) - 1
+        return self

@@ -12,6 +12,10 @@ K/V already sit in the request's blocks. All index tensors are built once per st
 - prefill spans run one by one: a span with no cached context attends to its own
   fresh K/V causally; a span continuing a context (prefix hit, chunked prefill,
   resumed request) gathers its context and uses an explicit causal mask.
+
+With ``use_kernels`` every query of the step, decode or prefill, runs the C kernel
+(``PagedDecode.for_spans``) straight on the block tables: no gathered copy of a context, and
+each query row computed the same way whichever span, step or batch it is in.
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ class SeqSpan:
 
 
 class PagedAttention:
-    """``use_kernels``: decode spans run ``execstate.kernels.cpu.PagedDecode`` straight on the
-    block tables (no gathered copy of the context); prefill spans always use torch SDPA."""
+    """``use_kernels``: every span (decode and prefill) runs ``execstate.kernels.cpu.PagedDecode``
+    straight on the block tables (no gathered copy of the context); otherwise torch SDPA."""
 
     def __init__(self, pool: KVPool, spans: list[SeqSpan], device: torch.device | str = "cpu",
                  use_kernels: bool = False) -> None:
@@ -50,6 +54,8 @@ class PagedAttention:
             start = span.context_len - span.num_query
             for pos in range(start, span.context_len):
                 slot_mapping.append(span.block_ids[pos // bs] * bs + pos % bs)
+            if use_kernels:
+                continue  # every span goes to PagedDecode.for_spans below
             if span.num_query == 1 and start > 0:
                 decode.append(span)
             elif start == 0:
@@ -62,10 +68,11 @@ class PagedAttention:
         self.slot_mapping = torch.tensor(slot_mapping, dtype=torch.long, device=device)
         self.decode_tokens: torch.Tensor | None = None
         self.paged_decode: PagedDecode | None = None
-        if decode and use_kernels:
-            self.paged_decode = PagedDecode(
-                [s.token_start for s in decode], [s.block_ids[: -(-s.context_len // bs)] for s in decode],
-                [s.context_len for s in decode], bs, pool.num_blocks * bs)
+        if spans and use_kernels:
+            self.paged_decode = PagedDecode.for_spans(
+                [s.token_start for s in spans], [s.num_query for s in spans],
+                [s.block_ids[: -(-s.context_len // bs)] for s in spans], [s.context_len for s in spans], bs,
+                pool.num_blocks * bs)
         elif decode:
             max_len = max(s.context_len for s in decode)
             idx = torch.zeros((len(decode), max_len), dtype=torch.long)

@@ -27,7 +27,7 @@ def test_report_structure(report):
     json.dumps(report)  # the CLI prints it with --json
     assert report["param_count"] > 0 and report["is_moe"]
     assert report["workload"]["prompt_len"] == PROMPT_LEN and report["repeats"] == REPEATS
-    assert set(report["peers"]) == {"execstate_r3_on", "execstate_r3_off", "transformers", "llama_cpp"}
+    assert set(report["peers"]) == {"execstate_r3_on", "execstate_r3_off", "transformers", "llama_cpp", "vllm"}
     assert report["peers"]["llama_cpp"]["available"] is False and report["peers"]["llama_cpp"]["note"]
     for name in ("execstate_r3_on", "execstate_r3_off", "transformers"):
         e = report["peers"][name]
@@ -40,6 +40,12 @@ def test_report_structure(report):
         assert e["prefix_cache_hit_tokens"] == 0  # fresh prompts: no unfair cache hits
         assert 0 < report["engine_startup_seconds"][name] < 60
     assert report["peers"]["execstate_r3_on"]["routed_experts_shape_ok"] is True
+    for name in ("execstate_r3_on", "execstate_r3_off"):  # prefill of the batch-8 runs (engine TTFT)
+        b8 = report["peers"][name]["batch8"]
+        assert len(b8["prefill_s"]) == REPEATS and all(0 < s < t for s, t in zip(b8["prefill_s"], b8["seconds"], strict=True))
+        assert b8["prefill_tokens"] == NUM_PROMPTS * PROMPT_LEN
+        assert b8["prefill_tok_s"] == pytest.approx(NUM_PROMPTS * PROMPT_LEN / b8["median_prefill_s"])
+    assert "prefill_tok_s" not in report["peers"]["transformers"]["batch8"]  # no TTFT from generate()
     r3 = report["ratios"]["r3_overhead"]
     for key in ("batch8", "batch1"):
         assert r3[key]["on_over_off"] > 0 and len(r3[key]["paired_ratios"]) == REPEATS
@@ -71,6 +77,7 @@ def test_table_renders(report):
 
     text = format_table(report)
     assert "R3 overhead" in text and "transformers" in text and "only for the dense" in text
+    assert "b8 prefill tok/s" in text
 
 
 def _tiny_gguf(path):

@@ -233,3 +233,16 @@ def test_logprob_entries_are_built_once_and_shared(tiny):
     assert cum[-1].outputs[0].cumulative_logprob == sum(-0.5 - i for i in range(len(ids)))
     # an unfinished cumulative output is a snapshot: later tokens do not change it
     assert len(cum[0].outputs[0].token_ids) == 1 and len(cum[0].outputs[0].logprobs) == 1
+
+
+def test_a_stop_string_before_a_split_character_stops_at_its_token(smol):
+    """Token 459 decodes to a space and the first byte of a split character: the space is text
+    the moment the token arrives (a full decode shows it), so a stop string " " ends the request
+    at that token, although the stream still holds the token back for its incomplete character."""
+    assert smol.decode([459]) == " " + FFFD and smol.decode([0]) == ""
+    assert old_rule(smol, [459, 0], [" "]) == ("", " ", 1)
+    for kind in (CUMULATIVE, DELTA):
+        req, outs = drive(smol, [459, 0], kind, stop=[" "])
+        assert (req.stop_reason, len(req.output_token_ids), outs[-1].outputs[0].text) == (" ", 1, "")
+    req, _ = drive(smol, [459, 0], CUMULATIVE, stop=["x"])  # no stop: the whole text at the end
+    assert req.detok.text(True) == " " + FFFD and req.stop_reason is None

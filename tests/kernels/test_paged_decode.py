@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kernel_helpers import randn, with_threads
 
 from execstate.kernels import cpu
@@ -275,7 +277,8 @@ def test_paged_attention_kernel_vs_torch_on_the_same_pool(nh: int, nkv: int, d: 
     kern_attn = PagedAttention(pools[1], spans, use_kernels=True)
     assert torch_attn.paged_decode is None and torch_attn.decode_tokens is not None
     assert kern_attn.paged_decode is not None and kern_attn.decode_tokens is None
-    assert kern_attn.paged_decode.num_seqs == 4 and len(kern_attn.prefills) == 3
+    # Every query row (decode and prefill) runs the kernel on the block tables.
+    assert kern_attn.paged_decode.num_seqs == t and len(kern_attn.prefills) == 0
     for layer in range(layers):
         q = randn(t, nh, d, seed=40 + layer)
         k, v = randn(t, nkv, d, seed=50 + layer), randn(t, nkv, d, seed=60 + layer)
@@ -285,13 +288,16 @@ def test_paged_attention_kernel_vs_torch_on_the_same_pool(nh: int, nkv: int, d: 
         assert all(torch.equal(a, b) for a, b in zip(inputs, (q, k, v), strict=True)), "inputs modified"
         assert got.shape == ref.shape == (t, nh, d)
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
-        # The decode rows against the float64 reference on the pool as written this step.
-        decode = [s for s in spans if s.num_query == 1 and s.context_len > 1]
-        f64 = _reference_f64(q, pools[1].k[layer], pools[1].v[layer], [s.token_start for s in decode],
-                             [s.block_ids for s in decode], [s.context_len for s in decode], bs, d**-0.5)
+        # Every row against the float64 reference on the pool as written this step (query i of
+        # a span sees its context up to and including its own position).
+        rows = [(s.token_start + i, s.block_ids, s.context_len - s.num_query + i + 1)
+                for s in spans for i in range(s.num_query)]
+        f64 = _reference_f64(q, pools[1].k[layer], pools[1].v[layer], [r[0] for r in rows],
+                             [r[1] for r in rows], [r[2] for r in rows], bs, d**-0.5)
+        assert len(f64) == t
         for tok, want in f64.items():
             torch.testing.assert_close(got[tok].double(), want, rtol=1e-5, atol=1e-5)
-    assert runs == [4] * layers
+    assert runs == [t] * layers
     assert torch.equal(pools[0].k, pools[1].k) and torch.equal(pools[0].v, pools[1].v)
     # The step wrote its new tokens' K/V (and nothing else) into the pool.
     changed = (pools[1].k != init_k).any(dim=(2, 3))  # [layers, slots]
@@ -300,3 +306,90 @@ def test_paged_attention_kernel_vs_torch_on_the_same_pool(nh: int, nkv: int, d: 
         written[_slots(s.block_ids, s.context_len, bs)[s.context_len - s.num_query :]] = True
     assert torch.equal(changed, written.expand(layers, -1))
     assert bool(torch.isfinite(got).all())
+
+
+@pytest.mark.parametrize("chunks", [[10], [4, 3, 3], [1] * 10, [9, 1]])
+def test_prefill_rows_are_the_same_bits_however_the_prompt_is_split(chunks: list[int]) -> None:
+    """A 10-token prompt prefilled in one span, in chunks over several steps (chunked prefill,
+    a prefix hit) or token by token (decode) gives every row the same attention output, bit
+    for bit: each query row is one kernel call over its own context (PagedDecode.for_spans)."""
+    nh, nkv, d, bs, n = 4, 2, 16, 4, 10
+    q, k, v = randn(n, nh, d, seed=1), randn(n, nkv, d, seed=2), randn(n, nkv, d, seed=3)
+    table = [5, 2, 7]
+
+    def run(splits: list[int]) -> torch.Tensor:
+        pool = KVPool(1, 8, bs, nkv, d, torch.float32)
+        outs, done = [], 0
+        for c in splits:
+            # the same span in a batch behind another request's 3-token prefill (rows 0..2)
+            other = SeqSpan(token_start=0, num_query=3, context_len=3, block_ids=[0])
+            span = SeqSpan(token_start=3, num_query=c, context_len=done + c, block_ids=table)
+            attn = PagedAttention(pool, [other, span], use_kernels=True)
+            pad = randn(3, nh, d, seed=9), randn(3, nkv, d, seed=10), randn(3, nkv, d, seed=11)
+            out = attn.forward(0, torch.cat([pad[0], q[done : done + c]]), torch.cat([pad[1], k[done : done + c]]),
+                               torch.cat([pad[2], v[done : done + c]]))
+            outs.append(out[3:])
+            done += c
+        return torch.cat(outs)
+
+    whole = run([n])
+    assert torch.equal(run(chunks), whole)
+    ref = PagedAttention(KVPool(1, 8, bs, nkv, d, torch.float32),
+                         [SeqSpan(token_start=0, num_query=n, context_len=n, block_ids=table)], use_kernels=False)
+    torch.testing.assert_close(whole, ref.forward(0, q, k, v), rtol=1e-5, atol=1e-5)
+
+
+def test_for_spans_validates_spans() -> None:
+    with pytest.raises(ValueError, match="num_query <= ctx_len"):
+        cpu.PagedDecode.for_spans([0], [5], [[0, 1]], [4], 4, 16)
+    with pytest.raises(ValueError, match="ctx_len 9 for 2 blocks"):
+        cpu.PagedDecode.for_spans([0], [2], [[0, 1]], [9], 4, 16)
+    with pytest.raises(ValueError, match="one entry per span"):
+        cpu.PagedDecode.for_spans([0, 3], [2], [[0, 1]], [2], 4, 16)
+    plan = cpu.PagedDecode.for_spans([2, 0], [3, 2], [[1], [3]], [4, 2], 4, 16)
+    assert plan.tokens.tolist() == [2, 3, 4, 0, 1] and plan.ctx_lens.tolist() == [2, 3, 4, 1, 2]
+    assert plan.block_table.tolist() == [[1]] * 3 + [[3]] * 2 and plan.max_token == 4
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), nkv=st.integers(1, 3), group=st.integers(1, 5), d=st.sampled_from([4, 12, 16, 64, 72, 136]),
+       bs=st.sampled_from([1, 3, 4, 16]), threads=st.sampled_from([1, 2]))
+def test_tiled_prefill_kernel_equals_decode_kernel_bitwise(data, nkv: int, group: int, d: int, bs: int,
+                                                           threads: int) -> None:
+    """``prefill_attention`` (tiles of a span's rows, K/V read once per tile) gives every row the
+    decode kernel's bits: spans of any length, cached contexts, GQA groups, head sizes with
+    and without a 64 / 8 tail, threads."""
+    nh, blocks = nkv * group, 24
+    lens = data.draw(st.lists(st.tuples(st.integers(1, 20), st.integers(0, 12)), min_size=1, max_size=4))
+    starts, queries, tables, ctxs, t, free = [], [], [], [], 0, list(range(blocks * 4 // bs + 40))
+    for n, cached in lens:
+        need = -(-(n + cached) // bs)
+        tables.append([free.pop(data.draw(st.integers(0, len(free) - 1))) for _ in range(need)])
+        starts.append(t)
+        queries.append(n)
+        ctxs.append(n + cached)
+        t += n
+    slots = (max(b for tb in tables for b in tb) + 1) * bs
+    q, kc, vc = randn(t, nh, d, seed=1), randn(slots, nkv, d, seed=2), randn(slots, nkv, d, seed=3)
+    plan = cpu.PagedDecode.for_spans(starts, queries, tables, ctxs, bs, slots)
+    tiled, plain = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    with_threads(threads, lambda: plan.run(q, kc, vc, tiled, d**-0.5))
+    plan.tiled = False  # the same plan on the decode kernel
+    with_threads(threads, lambda: plan.run(q, kc, vc, plain, d**-0.5))
+    assert torch.equal(tiled, plain)
+
+
+@pytest.mark.parametrize(("nh", "nkv"), [(8, 4), (9, 3), (16, 2)])  # the AVX-512 head-pair path (d = 64)
+def test_tiled_prefill_kernel_standard_shapes_equal_decode_kernel(nh: int, nkv: int) -> None:
+    d, bs = 64, 16
+    spans = [(0, 40, 40), (40, 17, 50), (57, 1, 33)]  # fresh prompt, continued prompt, decode row
+    tables = [[3, 0, 5], [1, 6, 2, 9], [4, 7, 8]]
+    slots = 10 * bs
+    q, kc, vc = randn(58, nh, d, seed=4), randn(slots, nkv, d, seed=5), randn(slots, nkv, d, seed=6)
+    plan = cpu.PagedDecode.for_spans([s[0] for s in spans], [s[1] for s in spans], tables, [s[2] for s in spans],
+                                     bs, slots)
+    tiled, plain = torch.empty_like(q), torch.empty_like(q)
+    plan.run(q, kc, vc, tiled, d**-0.5)
+    plan.tiled = False
+    plan.run(q, kc, vc, plain, d**-0.5)
+    assert torch.equal(tiled, plain)

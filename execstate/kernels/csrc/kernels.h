@@ -17,6 +17,11 @@ void es_linear_rows_f32(const float *const *xr, float *const *yr, int64_t M, con
 int es_linear_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t K, int64_t N);
 int es_moe_bf16(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu, const uint16_t *w_d,
                 float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
+/* gemm_packed.c (AVX-512; returns 3 where the CPU lacks it) */
+int es_gemm_packed_available(void);
+int es_linear_packed_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N);
+int es_moe_packed_f32(const float *x, const int64_t *ids, const float *wts, const float *w_gu, const float *w_d,
+                      float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
 /* attention.c */
 int es_decode_attention_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
                             const int64_t *block_table, const int64_t *ctx_len, int64_t B, int64_t max_blocks,
@@ -24,6 +29,10 @@ int es_decode_attention_f32(const float *q, const float *kc, const float *vc, fl
 void es_decode_attention_items_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
                                    const int64_t *block_table, const int64_t *ctx_len, int64_t max_blocks, int64_t nh,
                                    int64_t nkv, int64_t d, int64_t bs, float scale, int64_t i0, int64_t i1, float *sc);
+/* prefill_attention.c (nh / nkv <= 16) */
+int es_prefill_attention_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
+                             const int64_t *block_table, const int64_t *ctx_len, int64_t B, int64_t max_blocks,
+                             int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale);
 /* fused.c */
 void es_silu_mul(const float *g, const float *u, float *h, int64_t n);
 void es_rms_norm_f32(const float *x, const float *w, float *out, int64_t T, int64_t H, float eps);

@@ -1,7 +1,9 @@
 /* execstate CPU kernels, Python module `execstate.kernels._cpu`: bindings and the contracts.
  *
  * Files: gemm.c (small-batch linear, fused MoE), attention.c (paged decode attention),
- * fused.c (RMSNorm, q/k/v + QK-norm + RoPE, SwiGLU gate), simd.h (shared helpers).
+ * fused.c (RMSNorm, q/k/v + QK-norm + RoPE, SwiGLU gate), simd.h (shared helpers);
+ * gemm_packed.c (AVX-512 many-row linear and MoE) and prefill_attention.c (decode attention
+ * tiled by span), which keep the 8-lane numerics below bit for bit on 16-lane vectors.
  *
  * Why: at decode, a step multiplies a few rows (batch <= 16; an MoE expert sees 1-4 tokens)
  * by large weight matrices. That is memory-bound: the best kernel reads every weight once at
@@ -58,6 +60,40 @@ static PyObject *py_linear(PyObject *self, PyObject *args) {
     status = es_linear_f32((const float *)x, (const float *)w, (float *)y, M, K, N);
     Py_END_ALLOW_THREADS
     if (status) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_linear_packed(PyObject *self, PyObject *args) {
+    unsigned long long x, w, y;
+    Py_ssize_t M, K, N;
+    int status;
+    if (!PyArg_ParseTuple(args, "KKKnnn", &x, &w, &y, &M, &K, &N)) return NULL;
+    if (M < 0 || K < 0 || N < 0) return PyErr_Format(PyExc_ValueError, "linear_packed: negative size");
+    Py_BEGIN_ALLOW_THREADS
+    status = es_linear_packed_f32((const float *)x, (const float *)w, (float *)y, M, K, N);
+    Py_END_ALLOW_THREADS
+    if (status == 3) return PyErr_Format(PyExc_RuntimeError, "linear_packed needs AVX-512 (avx512f/dq/vl)");
+    if (status) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_packed_available(PyObject *self, PyObject *args) {
+    return PyBool_FromLong(cpu_ok() && es_gemm_packed_available());
+}
+
+static PyObject *py_moe_packed(PyObject *self, PyObject *args) {
+    unsigned long long x, ids, wts, wgu, wd, out;
+    Py_ssize_t T, k, E, H, I;
+    int bad;
+    if (!PyArg_ParseTuple(args, "KKKKKKnnnnn", &x, &ids, &wts, &wgu, &wd, &out, &T, &k, &E, &H, &I)) return NULL;
+    if (T < 0 || k < 1 || E < 1 || H < 1 || I < 1) return PyErr_Format(PyExc_ValueError, "moe_packed: bad sizes");
+    Py_BEGIN_ALLOW_THREADS
+    bad = es_moe_packed_f32((const float *)x, (const int64_t *)ids, (const float *)wts, (const float *)wgu,
+                            (const float *)wd, (float *)out, T, k, E, H, I);
+    Py_END_ALLOW_THREADS
+    if (bad == 3) return PyErr_Format(PyExc_RuntimeError, "moe_packed needs AVX-512 (avx512f/dq/vl)");
+    if (bad == 2) return PyErr_NoMemory();
+    if (bad) return PyErr_Format(PyExc_ValueError, "moe: expert id outside [0, %zd)", E);
     Py_RETURN_NONE;
 }
 
@@ -128,6 +164,26 @@ static PyObject *py_decode_attention(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_prefill_attention(PyObject *self, PyObject *args) {
+    unsigned long long q, kc, vc, out, tok, bt, cl;
+    Py_ssize_t B, max_blocks, nh, nkv, d, bs;
+    float scale;
+    int status;
+    if (!PyArg_ParseTuple(args, "KKKKKKKnnnnnnf", &q, &kc, &vc, &out, &tok, &bt, &cl, &B, &max_blocks, &nh, &nkv, &d,
+                          &bs, &scale))
+        return NULL;
+    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
+    if (B < 0 || max_blocks < 1 || nkv < 1 || nh % nkv || nh / nkv > 16 || d < 1 || bs < 1)
+        return PyErr_Format(PyExc_ValueError, "prefill_attention: bad sizes");
+    Py_BEGIN_ALLOW_THREADS
+    status = es_prefill_attention_f32((const float *)q, (const float *)kc, (const float *)vc, (float *)out,
+                                      (const int64_t *)tok, (const int64_t *)bt, (const int64_t *)cl, B, max_blocks,
+                                      nh, nkv, d, bs, scale);
+    Py_END_ALLOW_THREADS
+    if (status) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_rms_norm(PyObject *self, PyObject *args) {
     unsigned long long x, w, out;
     Py_ssize_t T, H;
@@ -176,9 +232,16 @@ static PyMethodDef methods[] = {
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu_mul(gate_up, h, T, I): h = silu(gate) * up per row."},
     {"decode_attention", py_decode_attention, METH_VARARGS,
      "decode_attention(q, k_cache, v_cache, out, tok, block_table, ctx_len, B, max_blocks, nh, nkv, d, bs, scale)."},
+    {"prefill_attention", py_prefill_attention, METH_VARARGS,
+     "prefill_attention(...): decode_attention's arguments and results, rows of a span tiled together."},
     {"available", py_available, METH_NOARGS, "True when this CPU has AVX2 and FMA."},
     {"max_threads", py_max_threads, METH_NOARGS, "omp_get_max_threads() of the OpenMP runtime in use."},
     {"linear", py_linear, METH_VARARGS, "linear(x, w, y, M, K, N): y = x @ w.T (fp32 data pointers)."},
+    {"linear_packed", py_linear_packed, METH_VARARGS,
+     "linear_packed(x, w, y, M, K, N): y = x @ w.T, AVX-512 register-blocked, dot_rows numerics."},
+    {"packed_available", py_packed_available, METH_NOARGS, "True when linear_packed can run (AVX-512)."},
+    {"moe_packed", py_moe_packed, METH_VARARGS,
+     "moe_packed(x, ids, wts, w_gate_up, w_down, out, T, k, E, H, I): moe for many tokens, AVX-512."},
     {"moe", py_moe, METH_VARARGS, "moe(x, ids, wts, w_gate_up, w_down, out, T, k, E, H, I) (data pointers)."},
     {"linear_bf16", py_linear_bf16, METH_VARARGS, "linear_bf16(x, w, y, M, K, N): y = x @ float(w).T (w bf16)."},
     {"moe_bf16", py_moe_bf16, METH_VARARGS, "moe_bf16(...): moe with bf16 w_gate_up and w_down."},

@@ -1,0 +1,99 @@
+"""The batch-size sweep of ``execstate bench throughput --sweep``, as a PNG (decode tok/s against
+batch size: one line per peer, the memory-bandwidth roofline dashed, 70% of it dotted;
+matplotlib, imported when a plot is made) and as a text table. Each peer's legend entry has its
+median CPU share (CPU s / (wall s x threads)): a plot made on a busy machine says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from execstate.bench.numbers import fmt, median
+
+TARGET_FRACTION = 0.7  # issue 11: batch-8 decode at >= 70% of the roofline
+STYLES = {"execstate_r3_off": ("tab:blue", "o"), "transformers": ("tab:orange", "s"),
+          "llama_cpp": ("tab:green", "^"), "vllm": ("tab:red", "D")}
+
+
+def _available(report: dict[str, Any]) -> dict[str, Any]:
+    return {n: e for n, e in report["peers"].items() if e.get("available") and e.get("by_batch")}
+
+
+def plot_sweep(report: dict[str, Any], out: Path) -> Path:
+    """Write the sweep's plot to ``out`` (PNG) and return it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = [int(b) for b in report["workload"]["batches"]]
+    roof = report["roofline"]
+    ceiling = [roof["by_batch"][str(b)]["ceiling_tok_s"] for b in batches]
+    fig, ax = plt.subplots(figsize=(12, 6))
+    ax.plot(batches, ceiling, "k--", lw=1.5,
+            label=f"roofline: batch x {roof['bandwidth_gb_s']:.1f} GB/s ({report['bandwidth']['source']})\n"
+                  f"/ weight bytes read per decode step")
+    ax.plot(batches, [TARGET_FRACTION * c for c in ceiling], "k:", lw=1.0,
+            label=f"{TARGET_FRACTION:.0%} of the roofline (issue 11 target)")
+    for name, e in _available(report).items():
+        color, marker = STYLES.get(name, (None, "x"))
+        pts = sorted((int(b), x["decode_tok_s"]) for b, x in e["by_batch"].items() if x["decode_tok_s"])
+        share = median([c for x in e["by_batch"].values() for c in x["cpu_share"]])
+        if pts:
+            ax.plot([b for b, _ in pts], [y for _, y in pts], marker=marker, color=color, lw=2,
+                    label=f"{e['label']}\n(median CPU share {fmt(share, '.2f')})")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set_xlabel("batch size (sequences decoded together)")
+    ax.set_ylabel("decode throughput (generated tokens / s, after the first token)")
+    wl = report["workload"]
+    ax.set_title(f"Decode tok/s vs batch size — {report['model']} ({report['architecture']}, "
+                 f"{report['param_count'] / 1e6:.1f}M params, {report['dtype']})\n"
+                 f"{wl['prompt_len']}-token prompts, {wl['max_new_tokens']} new tokens, greedy; "
+                 f"{report['threads']} threads; median of {report['repeats']} repeat(s)", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    busy = [n for n in report["notes"] if n.startswith("busy machine")]
+    if busy:
+        fig.text(0.01, 0.01, "WARNING " + busy[0], fontsize=7, color="firebrick", wrap=True)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+              title="CPU share = CPU s / (wall s x threads);\nbelow ~0.85 the run was starved", title_fontsize=7)
+    fig.tight_layout(rect=(0, 0.03 if busy else 0, 1, 1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def format_sweep_table(report: dict[str, Any]) -> str:
+    """The sweep as text: decode tok/s per peer and batch size (and the share of the roofline),
+    the roofline, prefill tok/s, parity and the notes."""
+    batches = [str(b) for b in report["workload"]["batches"]]
+    roof = report["roofline"]
+    bw = report["bandwidth"]
+    lines = [f"execstate throughput sweep — model {report['model']} ({report['architecture']}), "
+             f"{report['dtype']}, {report['threads']} threads, median of {report['repeats']} repeat(s)",
+             f"decode tok/s = batch x (new tokens - 1) / (run wall s - prefill probe wall s); memory bandwidth "
+             f"{bw['read_gb_s']:.1f} GB/s ({bw['source']})", "",
+             f"{'batch size':<44}" + "".join(f"{b:>16}" for b in batches)]
+    lines.append(f"{'roofline ceiling tok/s':<44}"
+                 + "".join(f"{roof['by_batch'][b]['ceiling_tok_s']:>16.1f}" for b in batches))
+    for name, e in report["peers"].items():
+        if not (e.get("available") and e.get("by_batch")):
+            lines.append(f"{name:<44}{e.get('note', 'not measured')}")
+            continue
+        cells = []
+        for b in batches:
+            x = e["by_batch"].get(b)
+            cells.append("n/a" if x is None else f"{fmt(x['decode_tok_s'], '.1f')} ({fmt(x['fraction_of_roofline'] and 100 * x['fraction_of_roofline'], '.0f')}%)"
+                         + ("" if x["tokens_exact"] else "!"))
+        lines.append(f"{e['label'][:43]:<44}" + "".join(f"{c:>16}" for c in cells))
+    lines.append("")
+    for name, e in _available(report).items():
+        pre = ", ".join(f"b{b} {fmt(x['prefill_tok_s'], '.0f')}" for b, x in e["by_batch"].items())
+        lines.append(f"prefill tok/s (probe), {name}: {pre}")
+    for name, per in report["parity_vs_engine"].items():
+        parts = [f"b{b} {c['identical']}/{c['tokens']}" for b, c in per.items()]
+        lines.append(f"greedy parity vs execstate, {name}: " + ", ".join(parts))
+    lines += [f"note: {n}" for n in report["notes"]]
+    return "\n".join(lines)

@@ -1,0 +1,229 @@
+/* Large-M fp32 linear (prefill): y[M, N] = x[M, K] @ w[N, K]^T, AVX-512, register-blocked,
+ * with bitwise the numerics of gemm.c's dot_rows (module.c): so a row's result is the same
+ * whichever kernel computes it, whatever M (batch invariance across the two paths).
+ *
+ * How the numerics survive 16-lane vectors: x rows are packed in pairs, 8 floats of each row
+ * per 16-float vector (xp[pair][k/8] = x[2p, k:k+8] ++ x[2p+1, k:k+8]); each weight row's 8
+ * floats are broadcast to both halves. So lane j of an accumulator's low half sums
+ * w[n, k] * x[2p, k] over k = j (mod 8) in k order with FMA, exactly dot_rows's lane j; the
+ * halves are then summed with dot_rows's tree (hsum8) and the K % 8 tail with fmaf (finish).
+ *
+ * Blocking: each thread owns a range of weight rows, split in NC-row blocks (kept in L2);
+ * for each block it walks all row pairs in tiles of P pairs (the packed x tile, kept in L1)
+ * and each tile against J weight rows at a time (a P x J tile of 512-bit accumulators). The
+ * packed copy of x is built once per call, shared by the threads. */
+#include "kernels.h"
+#include "simd.h"
+
+#define KP __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma")))
+#define P_MAX 4  /* row pairs per tile (8 rows) */
+#define J_MAX 6  /* weight rows per tile: 24 accumulators of 32 zmm registers */
+#define NC 96    /* weight rows per L2 block */
+
+/* One P x J tile over K8 = K & ~7: pairs xp[0..P) (stride kb16 floats), weight rows w[0..J). */
+static KP inline __attribute__((always_inline)) void tile(const float *xp, int64_t kb16, const float *const *wr,
+                                                         int P, int J, int64_t k8, __m512 acc[P_MAX][J_MAX]) {
+#pragma GCC unroll 4
+    for (int p = 0; p < P_MAX; p++)
+#pragma GCC unroll 6
+        for (int j = 0; j < J_MAX; j++) acc[p][j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < k8; k += 8) {
+        __m512 xv[P_MAX];
+#pragma GCC unroll 4
+        for (int p = 0; p < P_MAX; p++)
+            xv[p] = p < P ? _mm512_loadu_ps(xp + p * kb16 + 2 * k) : _mm512_setzero_ps();
+#pragma GCC unroll 6
+        for (int j = 0; j < J_MAX; j++) {
+            if (j >= J) continue;
+            __m512 wv = _mm512_broadcast_f32x8(_mm256_loadu_ps(wr[j] + k));
+#pragma GCC unroll 4
+            for (int p = 0; p < P_MAX; p++)
+                if (p < P) acc[p][j] = _mm512_fmadd_ps(wv, xv[p], acc[p][j]);
+        }
+    }
+}
+
+/* Writes the tile's outputs: y[m * ldy + n0 + j] for the valid rows m of pairs [pair0, pair0 + P). */
+static KP inline __attribute__((always_inline)) void store(__m512 acc[P_MAX][J_MAX], int P, int J,
+                                                          const float *const *xr, const float *const *wr, float *y,
+                                                          int64_t ldy, int64_t pair0, int64_t n0, int64_t M,
+                                                          int64_t K, int64_t k8) {
+    for (int p = 0; p < P; p++) {
+        int64_t m = 2 * (pair0 + p);
+        for (int j = 0; j < J; j++) {
+            __m256 lo = _mm512_castps512_ps256(acc[p][j]);
+            __m256 hi = _mm512_extractf32x8_ps(acc[p][j], 1);
+            y[m * ldy + n0 + j] = finish(lo, wr[j], xr[m], k8, K);
+            if (m + 1 < M) y[(m + 1) * ldy + n0 + j] = finish(hi, wr[j], xr[m + 1], k8, K);
+        }
+    }
+}
+
+#define TILE_CASE(PP, JJ)                                                              \
+    do {                                                                               \
+        __m512 acc[P_MAX][J_MAX];                                                      \
+        tile(xt, kb16, wr, PP, JJ, k8, acc);                                           \
+        store(acc, PP, JJ, xr, wr, y, ldy, pair0, n, M, K, k8);                        \
+    } while (0)
+
+/* Columns [n0, n1) of y (row stride ldy) for rows xr[0..M); xp holds those rows packed
+ * (pack_pairs). */
+static KP void rows_block(const float *const *xr, const float *xp, const float *w, float *y, int64_t ldy,
+                          int64_t M, int64_t K, int64_t n0, int64_t n1) {
+    const int64_t k8 = K & ~(int64_t)7, kb16 = 2 * k8, pairs = (M + 1) / 2;
+    for (int64_t nb = n0; nb < n1; nb += NC) {
+        const int64_t nb1 = nb + NC < n1 ? nb + NC : n1;
+        for (int64_t pair0 = 0; pair0 < pairs; pair0 += P_MAX) {
+            const int P = pairs - pair0 < P_MAX ? (int)(pairs - pair0) : P_MAX;
+            const float *xt = xp + pair0 * kb16;
+            for (int64_t n = nb; n < nb1; n += J_MAX) {
+                const int J = nb1 - n < J_MAX ? (int)(nb1 - n) : J_MAX;
+                const float *wr[J_MAX];
+                for (int j = 0; j < J_MAX; j++) wr[j] = w + (n + (j < J ? j : 0)) * K;
+                if (P == P_MAX && J == J_MAX) {
+                    TILE_CASE(P_MAX, J_MAX);
+                } else if (P == P_MAX) {
+                    TILE_CASE(P_MAX, J);
+                } else {
+                    TILE_CASE(P, J);
+                }
+            }
+        }
+    }
+}
+
+/* Rows xr[0..M) in pairs (see the header), pairs [p0, p1); a missing odd row is zero. */
+static KP void pack_pairs(const float *const *xr, float *xp, int64_t M, int64_t K, int64_t p0, int64_t p1) {
+    const int64_t k8 = K & ~(int64_t)7;
+    for (int64_t p = p0; p < p1; p++) {
+        const float *a = xr[2 * p], *b = 2 * p + 1 < M ? xr[2 * p + 1] : NULL;
+        float *o = xp + p * 2 * k8;
+        for (int64_t k = 0; k < k8; k += 8) {
+            _mm256_storeu_ps(o + 2 * k, _mm256_loadu_ps(a + k));
+            _mm256_storeu_ps(o + 2 * k + 8, b ? _mm256_loadu_ps(b + k) : _mm256_setzero_ps());
+        }
+    }
+}
+
+/* This thread's part of packing the rows of every active expert (expert a: rows
+ * rows[start[a] ..], count[a] of them, into xp at pair offset poff[a]). */
+static KP void pack_groups(const float *const *rows, float *xp, int64_t K, const int64_t *start, const int64_t *count,
+                           const int64_t *poff, int64_t n_groups) {
+    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t k8 = K & ~(int64_t)7;
+    for (int64_t a = 0; a < n_groups; a++) {
+        const int64_t pairs = (count[a] + 1) / 2;
+        pack_pairs(rows + start[a], xp + poff[a] * 2 * k8, count[a], K, pairs * tid / nt, pairs * (tid + 1) / nt);
+    }
+}
+
+int es_gemm_packed_available(void) {
+    static int ok = -1;
+    if (ok < 0) {
+        __builtin_cpu_init();
+        ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
+    return ok;
+}
+
+/* Returns 0, 2 when out of memory, 3 when the CPU lacks AVX-512 (nothing computed then). */
+int es_linear_packed_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N) {
+    if (!es_gemm_packed_available()) return 3;
+    if (M <= 0 || N <= 0) return 0;
+    const int64_t k8 = K & ~(int64_t)7, pairs = (M + 1) / 2, zero = 0;
+    float *xp = malloc(sizeof(float) * (size_t)(pairs * 2 * k8 + 16));
+    const float **xr = malloc(sizeof(float *) * (size_t)M);
+    if (!xp || !xr) {
+        free(xp);
+        free(xr);
+        return 2;
+    }
+    for (int64_t m = 0; m < M; m++) xr[m] = x + m * K;
+#pragma omp parallel if (M * K * N >= PARALLEL_MIN_MACS)
+    {
+        pack_groups(xr, xp, K, &zero, &M, &zero, 1);
+#pragma omp barrier
+        int64_t lo, hi;
+        share(N, &lo, &hi);
+        rows_block(xr, xp, w, y, N, M, K, lo, hi);
+    }
+    free(xp);
+    free(xr);
+    return 0;
+}
+
+/* The fused MoE block of gemm.c (es_moe_f32: same contract, same results bit for bit) for
+ * many tokens: slots grouped by expert, each expert's rows packed once and multiplied by
+ * its weights with the register-blocked kernel, both threads sharing each expert's rows.
+ * Returns 0, 1 if an id is out of range, 2 when out of memory, 3 without AVX-512. */
+int es_moe_packed_f32(const float *x, const int64_t *ids, const float *wts, const float *w_gu, const float *w_d,
+                      float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
+    if (!es_gemm_packed_available()) return 3;
+    const int64_t S = T * k;
+    for (int64_t s = 0; s < S; s++)
+        if (ids[s] < 0 || ids[s] >= E) return 1;
+    const int64_t h8 = H & ~(int64_t)7, i8 = I & ~(int64_t)7, kmax8 = h8 > i8 ? h8 : i8;
+    int64_t *count = calloc(E, sizeof(int64_t)), *offset = malloc(sizeof(int64_t) * E);
+    int64_t *fill = malloc(sizeof(int64_t) * E), *pos = malloc(sizeof(int64_t) * (S + 1));
+    int64_t *a_start = malloc(sizeof(int64_t) * E), *a_count = malloc(sizeof(int64_t) * E);
+    int64_t *a_poff = malloc(sizeof(int64_t) * E), *a_e = malloc(sizeof(int64_t) * E);
+    float *gu = malloc(sizeof(float) * (S * 2 * I + 1)), *h = malloc(sizeof(float) * (S * I + 1));
+    float *y = malloc(sizeof(float) * (S * H + 1)), *xp = malloc(sizeof(float) * ((S + E) * kmax8 + 16));
+    const float **xin = malloc(sizeof(float *) * (S + 1)), **hin = malloc(sizeof(float *) * (S + 1));
+    int64_t n_active = 0, acc = 0, pacc = 0;
+    int oom = !count || !offset || !fill || !pos || !a_start || !a_count || !a_poff || !a_e || !gu || !h || !y ||
+              !xp || !xin || !hin;
+    if (oom) goto done;
+    for (int64_t s = 0; s < S; s++) count[ids[s]]++;
+    for (int64_t e = 0; e < E; e++) {
+        offset[e] = fill[e] = acc;
+        if (count[e]) {
+            a_e[n_active] = e;
+            a_start[n_active] = acc;
+            a_count[n_active] = count[e];
+            a_poff[n_active++] = pacc;
+            pacc += (count[e] + 1) / 2;
+        }
+        acc += count[e];
+    }
+    for (int64_t s = 0; s < S; s++) { /* slots grouped by expert, token order within */
+        int64_t p = fill[ids[s]]++;
+        pos[s] = p;
+        xin[p] = x + (s / k) * H;
+    }
+    for (int64_t p = 0; p < S; p++) hin[p] = h + p * I;
+#pragma omp parallel if (S * H * I >= PARALLEL_MIN_MACS)
+    {
+        int64_t lo, hi;
+        pack_groups(xin, xp, H, a_start, a_count, a_poff, n_active);
+#pragma omp barrier
+        share(2 * I, &lo, &hi);
+        for (int64_t a = 0; a < n_active; a++)
+            rows_block(xin + a_start[a], xp + a_poff[a] * 2 * h8, w_gu + a_e[a] * 2 * I * H, gu + a_start[a] * 2 * I,
+                       2 * I, a_count[a], H, lo, hi);
+#pragma omp barrier
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < S; p++) es_silu_mul(gu + p * 2 * I, gu + p * 2 * I + I, h + p * I, I);
+        pack_groups(hin, xp, I, a_start, a_count, a_poff, n_active);
+#pragma omp barrier
+        share(H, &lo, &hi);
+        for (int64_t a = 0; a < n_active; a++)
+            rows_block(hin + a_start[a], xp + a_poff[a] * 2 * i8, w_d + a_e[a] * H * I, y + a_start[a] * H, H,
+                       a_count[a], I, lo, hi);
+#pragma omp barrier
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++) { /* as es_moe_f32 */
+            float *o = out + t * H;
+            for (int64_t n = 0; n < H; n++) {
+                float s = wts[t * k] * y[pos[t * k] * H + n];
+                for (int64_t j = 1; j < k; j++) s += wts[t * k + j] * y[pos[t * k + j] * H + n];
+                o[n] = s;
+            }
+        }
+    }
+done:
+    free(count); free(offset); free(fill); free(pos); free(a_start); free(a_count); free(a_poff); free(a_e);
+    free(gu); free(h); free(y); free(xp); free(xin); free(hin);
+    return oom ? 2 : 0;
+}

@@ -1,0 +1,276 @@
+/* Prefill attention straight on a paged KV cache's block tables: the decode kernel's contract
+ * and, bit for bit, its results (attention.c), for many query rows of one sequence at a time.
+ *
+ * Same inputs as es_decode_attention_f32: entry b is query row tok[b] attending to the first
+ * ctx_len[b] positions of block table row b. Consecutive entries with the same block table
+ * row (a prefill span: PagedDecode.for_spans) form a tile of up to QT rows; a work item is a
+ * tile and one KV head, its G query heads together. The item walks the context one cache
+ * block at a time, so each block's K and V rows are read from memory once for all of the
+ * item's rows (the decode kernel reads them once per row and head).
+ *
+ * Numerics per (row, head) are exactly the decode kernel's: each score is the 8-lane dot
+ * product + finish, times scale; softmax_numerators is the same code; the output is
+ * acc = 0, acc = fma(p_l, V_l, acc) for l in order (here kept in memory between blocks: fp32
+ * stores are exact), times 1 / sum. So a row's output does not depend on its tile, the
+ * thread count or whether it ran as prefill or decode. */
+#include <string.h>
+
+#include "kernels.h"
+#include "simd.h"
+
+#define QT 8 /* rows per tile */
+
+/* s[l] = dot(q, K_l) * scale for l in [l0, l1) of one cache block starting at kb (rows of
+ * stride kstride floats, position l0 at kb): the decode kernel's scores, four at a time. */
+static KT void block_scores(const float *qg, const float *kb, int64_t kstride, int64_t l0, int64_t l1, int64_t d,
+                            float scale, float *s) {
+    const int64_t d8 = d & ~(int64_t)7;
+    int64_t l = l0;
+    for (; l + 4 <= l1; l += 4) {
+        const float *k0 = kb + (l - l0) * kstride, *k1 = k0 + kstride, *k2 = k1 + kstride, *k3 = k2 + kstride;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t i = 0; i < d8; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(qg + i);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + i), qv, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(k1 + i), qv, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(k2 + i), qv, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(k3 + i), qv, a3);
+        }
+        s[l] = finish(a0, k0, qg, d8, d) * scale;
+        s[l + 1] = finish(a1, k1, qg, d8, d) * scale;
+        s[l + 2] = finish(a2, k2, qg, d8, d) * scale;
+        s[l + 3] = finish(a3, k3, qg, d8, d) * scale;
+    }
+    for (; l < l1; l++) {
+        const float *k0 = kb + (l - l0) * kstride;
+        __m256 a0 = _mm256_setzero_ps();
+        for (int64_t i = 0; i < d8; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + i), _mm256_loadu_ps(qg + i), a0);
+        s[l] = finish(a0, k0, qg, d8, d) * scale;
+    }
+}
+
+/* attention.c's softmax_numerators, verbatim: s[l] <- exp(s[l] - max), returns the sum. */
+static KT float numerators(float *s, int64_t L) {
+    float mx = -INFINITY;
+    for (int64_t l = 0; l < L; l++) mx = s[l] > mx ? s[l] : mx;
+    int64_t l = 0;
+    __m256 acc = _mm256_setzero_ps();
+    for (; l + 8 <= L; l += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), _mm256_set1_ps(mx)));
+        _mm256_storeu_ps(s + l, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float sum = hsum8(acc);
+    for (; l < L; l++) {
+        s[l] = exp1(s[l] - mx);
+        sum += s[l];
+    }
+    return sum;
+}
+
+/* o[i] = fma(s[l], V_l[i], o[i]) for l in [l0, l1) in order (rows of one cache block). */
+static KT void block_values(const float *s, const float *vb, int64_t vstride, int64_t l0, int64_t l1, int64_t d,
+                            float *o) {
+    const int64_t d8 = d & ~(int64_t)7;
+    int64_t c = 0;
+    for (; c + 64 <= d; c += 64) {
+        __m256 r0 = _mm256_loadu_ps(o + c), r1 = _mm256_loadu_ps(o + c + 8), r2 = _mm256_loadu_ps(o + c + 16);
+        __m256 r3 = _mm256_loadu_ps(o + c + 24), r4 = _mm256_loadu_ps(o + c + 32), r5 = _mm256_loadu_ps(o + c + 40);
+        __m256 r6 = _mm256_loadu_ps(o + c + 48), r7 = _mm256_loadu_ps(o + c + 56);
+        for (int64_t l = l0; l < l1; l++) {
+            const float *vp = vb + (l - l0) * vstride + c;
+            const __m256 p = _mm256_set1_ps(s[l]);
+            r0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vp), r0);
+            r1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + 8), r1);
+            r2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + 16), r2);
+            r3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + 24), r3);
+            r4 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + 32), r4);
+            r5 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + 40), r5);
+            r6 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + 48), r6);
+            r7 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + 56), r7);
+        }
+        _mm256_storeu_ps(o + c, r0); _mm256_storeu_ps(o + c + 8, r1);
+        _mm256_storeu_ps(o + c + 16, r2); _mm256_storeu_ps(o + c + 24, r3);
+        _mm256_storeu_ps(o + c + 32, r4); _mm256_storeu_ps(o + c + 40, r5);
+        _mm256_storeu_ps(o + c + 48, r6); _mm256_storeu_ps(o + c + 56, r7);
+    }
+    for (int64_t l = l0; c < d && l < l1; l++) {
+        const float *vp = vb + (l - l0) * vstride;
+        const __m256 p = _mm256_set1_ps(s[l]);
+        int64_t i = c;
+        for (; i < d8; i += 8) _mm256_storeu_ps(o + i, _mm256_fmadd_ps(p, _mm256_loadu_ps(vp + i), _mm256_loadu_ps(o + i)));
+        for (; i < d; i++) o[i] = fmaf(s[l], vp[i], o[i]);
+    }
+}
+
+#define KP __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma")))
+
+/* Two heads (a, b) of one row at once on 16-lane vectors: lanes 0-7 are head a's 8 lanes,
+ * 8-15 head b's, each K/V chunk broadcast to both halves; every lane does what the 8-lane
+ * code above does, so the results are the same bits. qp: [qa[i:i+8] | qb[i:i+8]] per i. */
+/* simd.h's hsum8 of the low and the high 8 lanes of 8 accumulators at once: the same adds in
+ * the same tree (lanes i + i+4, then 0+2 and 1+3, then those two), so the same bits. Result
+ * lane 4q + e is half q % 2 of a[2e + q / 2]. */
+static KP inline __m512 hsum8_x16(const __m512 a[8]) {
+    __m512 s[4];
+    for (int i = 0; i < 4; i++) /* quarters: [a.lo s4, a.hi s4, b.lo s4, b.hi s4] */
+        s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 v0 = _mm512_add_ps(_mm512_shuffle_ps(s[0], s[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_ps(s[0], s[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 v1 = _mm512_add_ps(_mm512_shuffle_ps(s[2], s[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_ps(s[2], s[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_ps(v0, v1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(v0, v1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+static KP void pair_scores(const float *qp, const float *kb, int64_t kstride,
+                           int64_t l0, int64_t l1, int64_t d8, float scale, float *sa, float *sb) {
+    int64_t l = l0;
+    for (; l + 8 <= l1; l += 8) {
+        const float *k0 = kb + (l - l0) * kstride;
+        __m512 a[8];
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; u++) a[u] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < d8; i += 8) {
+            const __m512 qv = _mm512_loadu_ps(qp + 2 * i);
+#pragma GCC unroll 8
+            for (int u = 0; u < 8; u++)
+                a[u] = _mm512_fmadd_ps(_mm512_broadcast_f32x8(_mm256_loadu_ps(k0 + u * kstride + i)), qv, a[u]);
+        }
+        /* keys l..l+7 of head a, then of head b (see hsum8_x16 for the lane order) */
+        const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+        const __m512 r = _mm512_mul_ps(_mm512_permutexvar_ps(order, hsum8_x16(a)), _mm512_set1_ps(scale));
+        _mm256_storeu_ps(sa + l, _mm512_castps512_ps256(r));
+        _mm256_storeu_ps(sb + l, _mm512_extractf32x8_ps(r, 1));
+    }
+    for (; l < l1; l++) {
+        const float *k0 = kb + (l - l0) * kstride;
+        __m512 a0 = _mm512_setzero_ps();
+        for (int64_t i = 0; i < d8; i += 8)
+            a0 = _mm512_fmadd_ps(_mm512_broadcast_f32x8(_mm256_loadu_ps(k0 + i)), _mm512_loadu_ps(qp + 2 * i), a0);
+        sa[l] = hsum8(_mm512_castps512_ps256(a0)) * scale;
+        sb[l] = hsum8(_mm512_extractf32x8_ps(a0, 1)) * scale;
+    }
+}
+
+/* o (interleaved [a chunk | b chunk] per 8 floats, d = 64) += p_l V_l for l in [l0, l1). */
+static KP void pair_values64(const float *sa, const float *sb, const float *vb, int64_t vstride, int64_t l0,
+                             int64_t l1, float *o) {
+    __m512 r[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) r[c] = _mm512_loadu_ps(o + 16 * c);
+    for (int64_t l = l0; l < l1; l++) {
+        const float *vp = vb + (l - l0) * vstride;
+        const __m512 p = _mm512_insertf32x8(_mm512_set1_ps(sa[l]), _mm256_set1_ps(sb[l]), 1);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) r[c] = _mm512_fmadd_ps(p, _mm512_broadcast_f32x8(_mm256_loadu_ps(vp + 8 * c)), r[c]);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) _mm512_storeu_ps(o + 16 * c, r[c]);
+}
+
+/* One tile (entries e0..e0+n-1, same block table row bt) and KV head h: G heads per row
+ * (rows r = i * G + g). With `pairs` (AVX-512, d = 64), heads 2m and 2m + 1 of an entry run
+ * together on 16-lane vectors (oacc then holds the pair interleaved by 8 floats). */
+static KT void tile_item(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
+                         const int64_t *bt, const int64_t *ctx_len, int64_t e0, int64_t n, int64_t h, int64_t G,
+                         int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale, int64_t lmax, float *sc,
+                         float *oacc, float *qp, int pairs) {
+    const int64_t rows = n * G, stride = nkv * d, npair = pairs ? G / 2 : 0;
+    int64_t L = 0;
+    for (int64_t i = 0; i < n; i++) L = ctx_len[e0 + i] > L ? ctx_len[e0 + i] : L;
+    for (int64_t i = 0; i < n; i++) /* packed query pairs */
+        for (int64_t m = 0; m < npair; m++) {
+            const float *qa = q + (tok[e0 + i] * nh + h * G + 2 * m) * d, *qb = qa + d;
+            float *o = qp + (i * npair + m) * 2 * d;
+            for (int64_t c = 0; c < d; c += 8) {
+                memcpy(o + 2 * c, qa + c, 8 * sizeof(float));
+                memcpy(o + 2 * c + 8, qb + c, 8 * sizeof(float));
+            }
+        }
+    for (int64_t b0 = 0; b0 < L; b0 += bs) { /* scores, block by block */
+        const float *kb = kc + (bt[b0 / bs] * bs * nkv + h) * d;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t e = e0 + i, l1 = ctx_len[e] < b0 + bs ? ctx_len[e] : b0 + bs;
+            if (l1 <= b0) continue;
+            for (int64_t m = 0; m < npair; m++)
+                pair_scores(qp + (i * npair + m) * 2 * d, kb, stride, b0, l1, d, scale, sc + (i * G + 2 * m) * lmax,
+                            sc + (i * G + 2 * m + 1) * lmax);
+            for (int64_t g = 2 * npair; g < G; g++)
+                block_scores(q + (tok[e] * nh + h * G + g) * d, kb, stride, b0, l1, d, scale, sc + (i * G + g) * lmax);
+        }
+    }
+    float inv[QT * 16];
+    for (int64_t r = 0; r < rows; r++) inv[r] = 1.0f / numerators(sc + r * lmax, ctx_len[e0 + r / G]);
+    memset(oacc, 0, sizeof(float) * rows * d);
+    for (int64_t b0 = 0; b0 < L; b0 += bs) { /* values, block by block */
+        const float *vb = vc + (bt[b0 / bs] * bs * nkv + h) * d;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t e = e0 + i, l1 = ctx_len[e] < b0 + bs ? ctx_len[e] : b0 + bs;
+            if (l1 <= b0) continue;
+            for (int64_t m = 0; m < npair; m++) {
+                const int64_t r = i * G + 2 * m;
+                pair_values64(sc + r * lmax, sc + (r + 1) * lmax, vb, stride, b0, l1, oacc + r * d);
+            }
+            for (int64_t g = 2 * npair; g < G; g++)
+                block_values(sc + (i * G + g) * lmax, vb, stride, b0, l1, d, oacc + (i * G + g) * d);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t e = e0 + r / G, g = r % G, j = h * G + g;
+        float *o = out + (tok[e] * nh + j) * d;
+        const float *a = oacc + r * d;
+        if (g < 2 * npair) { /* de-interleave the pair: head 2m from the low 8 of each 16 */
+            a = oacc + (r - g % 2) * d + (g % 2) * 8;
+            for (int64_t c = 0; c < d; c += 8)
+                _mm256_storeu_ps(o + c, _mm256_mul_ps(_mm256_loadu_ps(a + 2 * c), _mm256_set1_ps(inv[r])));
+            continue;
+        }
+        const __m256 iv = _mm256_set1_ps(inv[r]);
+        int64_t c = 0;
+        for (; c + 8 <= d; c += 8) _mm256_storeu_ps(o + c, _mm256_mul_ps(_mm256_loadu_ps(a + c), iv));
+        for (; c < d; c++) o[c] = a[c] * inv[r];
+    }
+}
+
+/* Returns 0, or 2 when out of memory (then nothing is guaranteed written). Heads per KV head
+ * G = nh / nkv must be at most 16. */
+KT int es_prefill_attention_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
+                                const int64_t *block_table, const int64_t *ctx_len, int64_t B, int64_t max_blocks,
+                                int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale) {
+    const int64_t G = nh / nkv;
+    const int pairs = d == 64 && G >= 2 && es_gemm_packed_available(); /* AVX-512 */
+    int64_t lmax = 1, n_tiles = 0;
+    for (int64_t b = 0; b < B; b++) lmax = ctx_len[b] > lmax ? ctx_len[b] : lmax;
+    int64_t *tile_start = malloc(sizeof(int64_t) * (B + 1));
+    if (!tile_start) return 2;
+    for (int64_t b = 0; b < B; b++) { /* a new tile at a new table row or after QT rows */
+        const int64_t *row = block_table + b * max_blocks;
+        if (b == 0 || b - tile_start[n_tiles - 1] >= QT || memcmp(row, row - max_blocks, sizeof(int64_t) * max_blocks))
+            tile_start[n_tiles++] = b;
+    }
+    tile_start[n_tiles] = B;
+    int oom = 0;
+#pragma omp parallel if (B * nh * lmax * d >= PARALLEL_MIN_MACS)
+    {
+        float *sc = malloc(sizeof(float) * QT * G * lmax), *oacc = malloc(sizeof(float) * QT * G * d);
+        float *qp = malloc(sizeof(float) * QT * G * d + 64);
+        if (!sc || !oacc || !qp) {
+#pragma omp atomic write
+            oom = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < n_tiles * nkv; item++) {
+            if (!sc || !oacc || !qp) continue;
+            const int64_t t = item / nkv, h = item % nkv, e0 = tile_start[t];
+            tile_item(q, kc, vc, out, tok, block_table + e0 * max_blocks, ctx_len, e0, tile_start[t + 1] - e0, h,
+                      G, nh, nkv, d, bs, scale, lmax, sc, oacc, qp, pairs);
+        }
+        free(qp);
+        free(sc);
+        free(oacc);
+    }
+    free(tile_start);
+    return oom ? 2 : 0;
+}

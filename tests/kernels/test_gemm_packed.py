@@ -1,0 +1,118 @@
+"""The AVX-512 register-blocked kernels (csrc/gemm_packed.c): ``linear_packed``, ``moe_packed``.
+
+Oracles: the AVX2 kernels ``linear``/``moe`` (dot_rows), which the packed ones must equal bit
+for bit on every shape (that is what keeps a row's result independent of the row count that
+picks the kernel); float64 references; the batch-invariance contract (a row alone equals the
+same row in a batch of any size, whichever kernel each call takes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kernel_helpers import randn, with_threads
+
+from execstate.kernels import cpu, ext
+
+pytestmark = pytest.mark.skipif(not cpu.PACKED, reason="no AVX-512 here: the packed kernels do not run")
+
+
+def _packed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    y = torch.full((x.shape[0], w.shape[0]), float("nan"))
+    ext.lib().linear_packed(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], w.shape[0])
+    return y
+
+
+def _dot_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    y = torch.full((x.shape[0], w.shape[0]), float("nan"))
+    ext.lib().linear(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], w.shape[0])
+    return y
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 70), k=st.integers(1, 80), n=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_linear_packed_equals_dot_rows_bitwise(m: int, k: int, n: int, seed: int) -> None:
+    x, w = randn(m, k, seed=seed), randn(n, k, seed=seed + 1)
+    got = _packed(x, w)
+    assert torch.equal(got, _dot_rows(x, w))  # every element, every tile edge (odd M, N % 6, K % 8)
+    torch.testing.assert_close(got.double(), x.double() @ w.double().T, rtol=1e-5, atol=1e-5 * math.sqrt(k))
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(2048, 512, 1024), (513, 768, 97), (300, 1000, 13)])
+def test_linear_packed_large_shapes_bitwise_and_thread_count_invariant(m: int, k: int, n: int) -> None:
+    x, w = randn(m, k, seed=m), randn(n, k, seed=n) / math.sqrt(k)
+    one = with_threads(1, lambda: _packed(x, w))
+    two = with_threads(2, lambda: _packed(x, w))
+    assert torch.equal(one, two)
+    assert torch.equal(one, _dot_rows(x, w))
+    torch.testing.assert_close(one.double(), x.double() @ w.double().T, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(2, 200), row=st.integers(0, 199), seed=st.integers(0, 2**16))
+def test_linear_row_alone_equals_row_in_any_batch(m: int, row: int, seed: int) -> None:
+    """Through the public ``cpu.linear``: M = 1 takes dot_rows, larger M the packed kernel."""
+    row %= m
+    x, w = randn(m, 64 + 3, seed=seed), randn(50, 64 + 3, seed=seed + 1)
+    batch = cpu.linear(x, w)
+    alone = cpu.linear(x[row : row + 1].contiguous(), w)
+    assert torch.equal(batch[row], alone[0])
+
+
+def _moe_inputs(t: int, e: int, h: int, i: int, k: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    x = randn(t, h, seed=seed)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
+    wts = torch.rand(t, k, generator=gen)
+    w_gate_up = randn(e, 2 * i, h, seed=seed + 1) / math.sqrt(h)
+    w_down = randn(e, h, i, seed=seed + 2) / math.sqrt(i)
+    return x, ids, wts, w_gate_up, w_down
+
+
+def _moe_call(name: str, x, ids, wts, w_gate_up, w_down) -> torch.Tensor:
+    out = torch.full_like(x, float("nan"))
+    e, two_i, h = w_gate_up.shape
+    getattr(ext.lib(), name)(x.data_ptr(), ids.data_ptr(), wts.data_ptr(), w_gate_up.data_ptr(), w_down.data_ptr(),
+                             out.data_ptr(), x.shape[0], ids.shape[1], e, h, two_i // 2)
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(t=st.integers(1, 90), e=st.integers(1, 9), h=st.integers(1, 40), i=st.integers(1, 30),
+       k=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_moe_packed_equals_moe_bitwise(t: int, e: int, h: int, i: int, k: int, seed: int) -> None:
+    k = min(k, e)
+    args = _moe_inputs(t, e, h, i, k, seed)
+    got = _moe_call("moe_packed", *args)
+    assert torch.equal(got, _moe_call("moe", *args))
+
+
+def test_moe_packed_standard_shapes_thread_invariant_and_token_alone() -> None:
+    x, ids, wts, w_gate_up, w_down = _moe_inputs(600, 8, 512, 768, 2, seed=3)
+    one = with_threads(1, lambda: cpu.moe(x, ids, wts, w_gate_up, w_down))  # 600 tokens: packed
+    two = with_threads(2, lambda: cpu.moe(x, ids, wts, w_gate_up, w_down))
+    assert torch.equal(one, two)
+    for row in (0, 257, 599):  # one token alone takes the AVX2 kernel
+        alone = cpu.moe(x[row : row + 1].contiguous(), ids[row : row + 1].contiguous(),
+                        wts[row : row + 1].contiguous(), w_gate_up, w_down)
+        assert torch.equal(one[row], alone[0])
+    # float64 reference for a few tokens
+    for row in (0, 599):
+        want = torch.zeros(512, dtype=torch.float64)
+        for j in range(2):
+            eid = int(ids[row, j])
+            gu = w_gate_up[eid].double() @ x[row].double()
+            h = torch.nn.functional.silu(gu[:768]) * gu[768:]
+            want += float(wts[row, j]) * (w_down[eid].double() @ h)
+        torch.testing.assert_close(one[row].double(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_moe_packed_rejects_out_of_range_ids() -> None:
+    x, ids, wts, w_gate_up, w_down = _moe_inputs(100, 4, 16, 8, 2, seed=5)
+    ids[50, 1] = 4
+    with pytest.raises(ValueError, match=r"expert id outside \[0, 4\)"):
+        cpu.moe(x, ids, wts, w_gate_up, w_down)
