@@ -9,8 +9,9 @@ setup(
         Extension(
             "execstate.kernels._cpu",
             [f"execstate/kernels/csrc/{name}.c" for name in ("module", "gemm", "attention", "fused", "gemm_bf16",
-                                                              "gemm_packed", "prefill_attention")],
-            depends=["execstate/kernels/csrc/kernels.h", "execstate/kernels/csrc/simd.h"],
+                                                              "gemm_packed", "prefill_attention", "decode_layer")],
+            depends=["execstate/kernels/csrc/kernels.h", "execstate/kernels/csrc/simd.h",
+                     "execstate/kernels/csrc/decode_layer.h"],
             # -ffp-contract=off: no implicit FMA contraction; the kernels' FMAs are explicit,
             # so every code path rounds the same way (see the numerics note in csrc/module.c).
             extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off", "-std=c11"],

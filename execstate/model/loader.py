@@ -234,6 +234,7 @@ def load_hf_weights(model: CausalLM, state_dict: dict[str, torch.Tensor], *,
         # differently depending on pointer alignment, and replay must be bitwise across loads.
         value = torch.empty(tensor.shape, dtype=dtype, device=device).copy_(tensor)
         setattr(modules[module_name], attr, nn.Parameter(value, requires_grad=False))
+    model.drop_decode_weights()
 
 
 def load_hf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

@@ -62,9 +62,12 @@ class SparseMoE(nn.Module):
             self.shared_expert = GatedMLP(hidden, config.shared_expert_intermediate_size)
             self.shared_expert_gate = Linear(hidden, 1, bias=False)
 
-    def route(self, x: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ids int64 ``[T, k]``, combine weights ``[T, k]``) for ``x`` ``[T, H]``; records routes."""
-        logits = self.router(x)
+    def route(self, x: torch.Tensor, ctx: StepContext,
+              logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids int64 ``[T, k]``, combine weights ``[T, k]``) for ``x`` ``[T, H]``; records routes.
+        ``logits``: ``self.router(x)`` when the caller has it already (the whole-layer decode path)."""
+        if logits is None:
+            logits = self.router(x)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         routes = ctx.routes
@@ -101,8 +104,8 @@ class SparseMoE(nn.Module):
             return experts_torch(x.to(w_dtype), ids, weights.to(w_dtype), self.w_gate_up, self.w_down).to(x.dtype)
         return experts_torch(x, ids, weights, self.w_gate_up, self.w_down)
 
-    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        ids, weights = self.route(x, ctx)
+    def forward(self, x: torch.Tensor, ctx: StepContext, logits: torch.Tensor | None = None) -> torch.Tensor:
+        ids, weights = self.route(x, ctx, logits)
         out = self.experts(x, ids, weights)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from execstate.kernels.decode_layer import DecodeTables
+from execstate.kernels.gemm import MAX_LINEAR_ROWS
 from execstate.kernels.paged_decode import PagedDecode
 from execstate.state.kv_pool import KVPool
 
@@ -81,6 +83,16 @@ class PagedAttention:
             self.decode_tokens = torch.tensor([s.token_start for s in decode], dtype=torch.long, device=device)
             self.decode_slots = idx.to(device)
             self.decode_mask = mask.to(device)
+
+    def decode_tables(self) -> DecodeTables | None:
+        """The step's tables for the whole-layer decode kernel (``kernels/decode_layer.py``) when
+        every span is a decode on the C kernels with at most ``MAX_LINEAR_ROWS`` tokens, else None."""
+        pd = self.paged_decode
+        if self.prefills or pd is None or self.decode_tokens is not None or not 0 < pd.num_seqs <= MAX_LINEAR_ROWS \
+                or self.pool.k.dtype != torch.float32:
+            return None
+        return DecodeTables(self.slot_mapping, pd.tokens, pd.block_table, pd.ctx_lens, pd.block_size, self.pool.k,
+                            self.pool.v)
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.pool.write(layer_idx, self.slot_mapping, k, v)

@@ -18,6 +18,7 @@ from execstate.kernels import cpu as cpu_kernels
 from execstate.model.bf16_weights import linear_mixed, store_weights_bf16
 from execstate.model.config import ModelConfig
 from execstate.model.context import StepContext
+from execstate.model.decode_path import DecodeWeights, decode_layers
 from execstate.model.layers import Attention, GatedMLP, Linear, RMSNorm
 from execstate.model.moe import SparseMoE
 from execstate.model.rotary import RotaryEmbedding
@@ -66,6 +67,7 @@ class CausalLM(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config)
         self.kernels = False
+        self._decode_weights: DecodeWeights | None = None  # decode_path's checked weights, built on first use
         self.requires_grad_(False)
 
     def use_cpu_kernels(self, enabled: bool) -> None:
@@ -76,6 +78,7 @@ class CausalLM(nn.Module):
         if enabled and not cpu_kernels.available():
             raise RuntimeError(f"execstate CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
         self.kernels = enabled
+        self._decode_weights = None
         for module in self.modules():
             if isinstance(module, _KERNEL_MODULES):
                 module.use_kernels = enabled
@@ -84,6 +87,7 @@ class CausalLM(nn.Module):
         """Keep every matrix (matmul weights, embeddings) in bf16 and compute in fp32
         (``model/bf16_weights.py``). Call on an fp32 model, before ``use_cpu_kernels``."""
         store_weights_bf16(self)
+        self.drop_decode_weights()  # parameters replaced (the decode path then falls back: not fp32)
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Hidden states ``[T, H]`` (final norm applied) for the flat batch ``input_ids`` ``[T]``.
@@ -106,9 +110,25 @@ class CausalLM(nn.Module):
         if x.dtype is not self.norm.weight.dtype:  # bf16 weights: activations in the norms' dtype (fp32)
             x = x.to(self.norm.weight.dtype)
         cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
+        if self.kernels and (fast := decode_layers(self, x, cos, sin, ctx)) is not None:
+            return self.norm(fast)
         for layer in self.layers:
             x = layer(x, cos, sin, ctx)
         return self.norm(x)
+
+    def decode_weights(self) -> DecodeWeights:
+        """The whole-layer decode path's checked weights (``model/decode_path.py``), built once."""
+        if self._decode_weights is None:
+            self._decode_weights = DecodeWeights.build(self)
+        return self._decode_weights
+
+    def drop_decode_weights(self) -> None:
+        """Forget the decode path's weight pointers; call after replacing (not copying into) parameters."""
+        self._decode_weights = None
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        self.drop_decode_weights()  # .to() / .float() may replace every parameter
+        return super()._apply(fn, recurse)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[n, vocab]`` for hidden states ``[n, H]`` (matmul in the model dtype)."""

@@ -132,3 +132,20 @@ KT int es_decode_attention_f32(const float *q, const float *kc, const float *vc,
     }
     return oom ? 2 : 0;
 }
+
+/* Work items [i0, i1) (item = sequence * nh + query head) of es_decode_attention_f32 on the
+ * calling thread, for callers already inside a parallel region (decode_layer.c); `sc`:
+ * scratch of max(ctx_len) + 1 floats. Same computation per item, so the same results. */
+KT void es_decode_attention_items_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
+                                      const int64_t *block_table, const int64_t *ctx_len, int64_t max_blocks,
+                                      int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale, int64_t i0,
+                                      int64_t i1, float *sc) {
+    const int64_t G = nh / nkv;
+    for (int64_t item = i0; item < i1; item++) {
+        const int64_t b = item / nh, j = item % nh, h = j / G, L = ctx_len[b];
+        const int64_t *bt = block_table + b * max_blocks;
+        scores(q + (tok[b] * nh + j) * d, kc, bt, L, bs, nkv, h, d, scale, sc);
+        const float sum = softmax_numerators(sc, L);
+        weighted_values(sc, vc, bt, L, bs, nkv, h, d, 1.0f / sum, out + (tok[b] * nh + j) * d);
+    }
+}

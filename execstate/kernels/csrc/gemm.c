@@ -186,3 +186,11 @@ done:
     free(gu); free(h); free(y); free(xin); free(hin); free(guo); free(yo);
     return oom ? 2 : 0;
 }
+
+/* Weight rows [n0, n1) of y = x @ w^T on the calling thread (xr/yr: row pointers), for
+ * callers that are already inside a parallel region (decode_layer.c); the same dot products
+ * as es_linear_f32, so the same results. */
+KT void es_linear_rows_f32(const float *const *xr, float *const *yr, int64_t M, const float *w, int64_t K, int64_t n0,
+                           int64_t n1) {
+    dot_rows(xr, yr, M, w, K, n0, n1);
+}

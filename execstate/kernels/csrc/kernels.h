@@ -11,6 +11,8 @@
 int es_linear_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N);
 int es_moe_f32(const float *x, const int64_t *ids, const float *wts, const float *w_gu, const float *w_d, float *out,
                int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
+void es_linear_rows_f32(const float *const *xr, float *const *yr, int64_t M, const float *w, int64_t K, int64_t n0,
+                        int64_t n1);
 /* gemm_bf16.c: the same with bf16 weights (uint16 bit patterns), fp32 activations and sums */
 int es_linear_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t K, int64_t N);
 int es_moe_bf16(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu, const uint16_t *w_d,
@@ -24,6 +26,9 @@ int es_moe_packed_f32(const float *x, const int64_t *ids, const float *wts, cons
 int es_decode_attention_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
                             const int64_t *block_table, const int64_t *ctx_len, int64_t B, int64_t max_blocks,
                             int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale);
+void es_decode_attention_items_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
+                                   const int64_t *block_table, const int64_t *ctx_len, int64_t max_blocks, int64_t nh,
+                                   int64_t nkv, int64_t d, int64_t bs, float scale, int64_t i0, int64_t i1, float *sc);
 /* prefill_attention.c (nh / nkv <= 16) */
 int es_prefill_attention_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
                              const int64_t *block_table, const int64_t *ctx_len, int64_t B, int64_t max_blocks,

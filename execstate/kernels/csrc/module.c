@@ -33,6 +33,7 @@
 
 #include <omp.h>
 
+#include "decode_layer.h"
 #include "kernels.h"
 
 static int cpu_ok(void) {
@@ -244,6 +245,7 @@ static PyMethodDef methods[] = {
     {"moe", py_moe, METH_VARARGS, "moe(x, ids, wts, w_gate_up, w_down, out, T, k, E, H, I) (data pointers)."},
     {"linear_bf16", py_linear_bf16, METH_VARARGS, "linear_bf16(x, w, y, M, K, N): y = x @ float(w).T (w bf16)."},
     {"moe_bf16", py_moe_bf16, METH_VARARGS, "moe_bf16(...): moe with bf16 w_gate_up and w_down."},
+    {"decode_layer", es_py_decode_layer, METH_VARARGS, "decode_layer(...): a whole decode-step layer (decode_layer.c)."},
     {NULL, NULL, 0, NULL},
 };
 

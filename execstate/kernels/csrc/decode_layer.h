@@ -1,0 +1,28 @@
+/* The whole-layer decode entry (decode_layer.c): its arguments and its Python binding. */
+#ifndef EXECSTATE_DECODE_LAYER_H
+#define EXECSTATE_DECODE_LAYER_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+/* Optional pointers are NULL when absent. x [T, H] is updated in place (the residual stream). */
+typedef struct {
+    float *x;
+    const float *in_norm, *w_qkv, *b_qkv, *q_norm, *k_norm, *cos, *sin; /* cos/sin [T, d] */
+    float *k_cache, *v_cache;                                           /* the layer's [slots, nkv, d] */
+    const int64_t *slots, *tok, *block_table, *ctx_len;                 /* [T], [T], [T, max_blocks], [T] */
+    const float *w_o, *b_o, *post_norm;
+    float *h_out;                                                       /* [T, H] post-norm output, or NULL */
+    const float *w_router;                                              /* [E, H] (MoE layer) */
+    float *logits_out;                                                  /* [T, E] */
+    const float *w_gu, *w_d;                                            /* [2I, H], [H, I] (dense layer) */
+    int64_t T, H, nh, nkv, d, max_blocks, block_size, E, I;
+    float eps, scale;
+} EsDecodeLayer;
+
+/* 0 ok, 2 out of memory. */
+int es_decode_layer_f32(const EsDecodeLayer *a);
+PyObject *es_py_decode_layer(PyObject *self, PyObject *args);
+
+#endif
