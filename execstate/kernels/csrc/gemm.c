@@ -90,8 +90,15 @@ static KT void dot_rows(const float *const *xr, float *const *yr, int64_t M, con
 }
 
 
-/* Returns 0, or 2 when out of memory (nothing computed). */
-KT int es_linear_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N) {
+static KT void rows_f32(const float *const *xr, float *const *yr, int64_t M, const void *w, int64_t K, int64_t n0,
+                        int64_t n1) {
+    dot_rows(xr, yr, M, (const float *)w, K, n0, n1);
+}
+
+/* y = x @ w^T with `rows` computing weight rows [n0, n1) for every x row (one weight format's
+ * dot products); the columns are shared over the OpenMP team. Returns 0, or 2 when out of
+ * memory (nothing computed). */
+KT int es_linear_with(es_rows_fn rows, const float *x, const void *w, float *y, int64_t M, int64_t K, int64_t N) {
     const float **xr = malloc(sizeof(float *) * (M + 1));
     float **yr = malloc(sizeof(float *) * (M + 1));
     if (!xr || !yr) {
@@ -101,13 +108,13 @@ KT int es_linear_f32(const float *x, const float *w, float *y, int64_t M, int64_
     }
     for (int64_t m = 0; m < M; m++) { xr[m] = x + m * K; yr[m] = y + m * N; }
     if (M * K * N < PARALLEL_MIN_MACS) { /* serial: no OpenMP team setup at all */
-        dot_rows(xr, yr, M, w, K, 0, N);
+        rows(xr, yr, M, w, K, 0, N);
     } else {
 #pragma omp parallel
         {
             int64_t lo, hi;
             share(N, &lo, &hi);
-            dot_rows(xr, yr, M, w, K, lo, hi);
+            rows(xr, yr, M, w, K, lo, hi);
         }
     }
     free(xr);
@@ -115,22 +122,29 @@ KT int es_linear_f32(const float *x, const float *w, float *y, int64_t M, int64_
     return 0;
 }
 
-/* Rows [lo, hi) of the concatenation over active experts of `rows` rows each, as
- * dot_rows calls on each expert's weight (stride `estride` floats) and its slot rows. */
-static KT void expert_rows(int64_t lo, int64_t hi, int64_t rows, const int64_t *active, int64_t n_active,
-                           const int64_t *offset, const int64_t *count, const float *const *in,
-                           float *const *out, const float *w, int64_t estride, int64_t K) {
+/* Returns 0, or 2 when out of memory (nothing computed). */
+KT int es_linear_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N) {
+    return es_linear_with(rows_f32, x, w, y, M, K, N);
+}
+
+/* Rows [lo, hi) of the concatenation over active experts of `rows` rows each, as `fn` calls on
+ * each expert's weight (stride `estride` elements of `wsize` bytes) and its slot rows. */
+static KT void expert_rows(es_rows_fn fn, size_t wsize, int64_t lo, int64_t hi, int64_t rows, const int64_t *active,
+                           int64_t n_active, const int64_t *offset, const int64_t *count, const float *const *in,
+                           float *const *out, const void *w, int64_t estride, int64_t K) {
     for (int64_t a = lo / rows; a < n_active && a * rows < hi; a++) {
         int64_t r0 = a * rows > lo ? 0 : lo - a * rows;
         int64_t r1 = (a + 1) * rows < hi ? rows : hi - a * rows;
         int64_t e = active[a];
-        dot_rows(in + offset[e], out + offset[e], count[e], w + e * estride, K, r0, r1);
+        fn(in + offset[e], out + offset[e], count[e], (const char *)w + e * estride * (int64_t)wsize, K, r0, r1);
     }
 }
 
-/* Returns 0, 1 if an id is out of range or 2 when out of memory (nothing computed then). */
-KT int es_moe_f32(const float *x, const int64_t *ids, const float *wts, const float *w_gu, const float *w_d,
-                      float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
+/* The fused MoE block with `rows` as the dot products of weights of `wsize` bytes per element.
+ * Returns 0, 1 if an id is out of range or 2 when out of memory (nothing computed then). */
+KT int es_moe_with(es_rows_fn rows, size_t wsize, const float *x, const int64_t *ids, const float *wts,
+                   const void *w_gu, const void *w_d, float *out, int64_t T, int64_t k, int64_t E, int64_t H,
+                   int64_t I) {
     const int64_t S = T * k;
     for (int64_t s = 0; s < S; s++)
         if (ids[s] < 0 || ids[s] >= E) return 1;
@@ -164,12 +178,12 @@ KT int es_moe_f32(const float *x, const int64_t *ids, const float *wts, const fl
     {
         int64_t lo, hi;
         share(n_active * 2 * I, &lo, &hi);
-        expert_rows(lo, hi, 2 * I, active, n_active, offset, count, xin, guo, w_gu, 2 * I * H, H);
+        expert_rows(rows, wsize, lo, hi, 2 * I, active, n_active, offset, count, xin, guo, w_gu, 2 * I * H, H);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < S; p++) es_silu_mul(gu + p * 2 * I, gu + p * 2 * I + I, h + p * I, I);
         share(n_active * H, &lo, &hi);
-        expert_rows(lo, hi, H, active, n_active, offset, count, hin, yo, w_d, H * I, I);
+        expert_rows(rows, wsize, lo, hi, H, active, n_active, offset, count, hin, yo, w_d, H * I, I);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) {
@@ -185,6 +199,11 @@ done:
     free(count); free(offset); free(active); free(pos); free(fill);
     free(gu); free(h); free(y); free(xin); free(hin); free(guo); free(yo);
     return oom ? 2 : 0;
+}
+
+KT int es_moe_f32(const float *x, const int64_t *ids, const float *wts, const float *w_gu, const float *w_d,
+                  float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
+    return es_moe_with(rows_f32, sizeof(float), x, ids, wts, w_gu, w_d, out, T, k, E, H, I);
 }
 
 /* Weight rows [n0, n1) of y = x @ w^T on the calling thread (xr/yr: row pointers), for

@@ -123,98 +123,17 @@ static KT void dot_rows_bf16(const float *const *xr, float *const *yr, int64_t M
     }
 }
 
-/* Returns 0, or 2 when out of memory (nothing computed). */
+static KT void rows_bf16(const float *const *xr, float *const *yr, int64_t M, const void *w, int64_t K, int64_t n0,
+                         int64_t n1) {
+    dot_rows_bf16(xr, yr, M, (const uint16_t *)w, K, n0, n1);
+}
+
+/* es_linear_f32 / es_moe_f32 (gemm.c's drivers) on the bf16 row kernel. */
 KT int es_linear_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t K, int64_t N) {
-    const float **xr = malloc(sizeof(float *) * (M + 1));
-    float **yr = malloc(sizeof(float *) * (M + 1));
-    if (!xr || !yr) {
-        free(xr);
-        free(yr);
-        return 2;
-    }
-    for (int64_t m = 0; m < M; m++) { xr[m] = x + m * K; yr[m] = y + m * N; }
-    if (M * K * N < PARALLEL_MIN_MACS) {
-        dot_rows_bf16(xr, yr, M, w, K, 0, N);
-    } else {
-#pragma omp parallel
-        {
-            int64_t lo, hi;
-            share(N, &lo, &hi);
-            dot_rows_bf16(xr, yr, M, w, K, lo, hi);
-        }
-    }
-    free(xr);
-    free(yr);
-    return 0;
+    return es_linear_with(rows_bf16, x, w, y, M, K, N);
 }
 
-/* Rows [lo, hi) of the concatenation over active experts of `rows` rows each. */
-static KT void expert_rows_bf16(int64_t lo, int64_t hi, int64_t rows, const int64_t *active, int64_t n_active,
-                                const int64_t *offset, const int64_t *count, const float *const *in,
-                                float *const *out, const uint16_t *w, int64_t estride, int64_t K) {
-    for (int64_t a = lo / rows; a < n_active && a * rows < hi; a++) {
-        int64_t r0 = a * rows > lo ? 0 : lo - a * rows;
-        int64_t r1 = (a + 1) * rows < hi ? rows : hi - a * rows;
-        int64_t e = active[a];
-        dot_rows_bf16(in + offset[e], out + offset[e], count[e], w + e * estride, K, r0, r1);
-    }
-}
-
-/* Returns 0, 1 if an id is out of range or 2 when out of memory (nothing computed then). */
 KT int es_moe_bf16(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu, const uint16_t *w_d,
                    float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
-    const int64_t S = T * k;
-    for (int64_t s = 0; s < S; s++)
-        if (ids[s] < 0 || ids[s] >= E) return 1;
-    int64_t *count = calloc(E, sizeof(int64_t)), *offset = malloc(sizeof(int64_t) * E);
-    int64_t *active = malloc(sizeof(int64_t) * E), *pos = malloc(sizeof(int64_t) * S);
-    int64_t *fill = malloc(sizeof(int64_t) * E);
-    float *gu = malloc(sizeof(float) * S * 2 * I), *h = malloc(sizeof(float) * S * I);
-    float *y = malloc(sizeof(float) * S * H);
-    const float **xin = malloc(sizeof(float *) * S), **hin = malloc(sizeof(float *) * S);
-    float **guo = malloc(sizeof(float *) * S), **yo = malloc(sizeof(float *) * S);
-    int64_t n_active = 0, acc = 0;
-    int oom = !count || !offset || !active || !pos || !fill || !gu || !h || !y || !xin || !hin || !guo || !yo;
-    if (oom) goto done;
-    for (int64_t s = 0; s < S; s++) count[ids[s]]++;
-    for (int64_t e = 0; e < E; e++) {
-        offset[e] = fill[e] = acc;
-        acc += count[e];
-        if (count[e]) active[n_active++] = e;
-    }
-    for (int64_t s = 0; s < S; s++) { /* slots grouped by expert, token order within */
-        int64_t p = fill[ids[s]]++;
-        pos[s] = p;
-        xin[p] = x + (s / k) * H;
-    }
-    for (int64_t p = 0; p < S; p++) {
-        guo[p] = gu + p * 2 * I;
-        hin[p] = h + p * I;
-        yo[p] = y + p * H;
-    }
-#pragma omp parallel if (S * H * I >= PARALLEL_MIN_MACS)
-    {
-        int64_t lo, hi;
-        share(n_active * 2 * I, &lo, &hi);
-        expert_rows_bf16(lo, hi, 2 * I, active, n_active, offset, count, xin, guo, w_gu, 2 * I * H, H);
-#pragma omp barrier
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < S; p++) es_silu_mul(gu + p * 2 * I, gu + p * 2 * I + I, h + p * I, I);
-        share(n_active * H, &lo, &hi);
-        expert_rows_bf16(lo, hi, H, active, n_active, offset, count, hin, yo, w_d, H * I, I);
-#pragma omp barrier
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < T; t++) {
-            float *o = out + t * H;
-            for (int64_t n = 0; n < H; n++) {
-                float s = wts[t * k] * y[pos[t * k] * H + n];
-                for (int64_t j = 1; j < k; j++) s += wts[t * k + j] * y[pos[t * k + j] * H + n];
-                o[n] = s;
-            }
-        }
-    }
-done:
-    free(count); free(offset); free(active); free(pos); free(fill);
-    free(gu); free(h); free(y); free(xin); free(hin); free(guo); free(yo);
-    return oom ? 2 : 0;
+    return es_moe_with(rows_bf16, sizeof(uint16_t), x, ids, wts, w_gu, w_d, out, T, k, E, H, I);
 }

@@ -7,7 +7,14 @@
 
 #include <stdint.h>
 
-/* gemm.c */
+/* gemm.c; one weight format's dot products (weight rows [n0, n1) for every x row) plug into
+ * the shared linear and MoE drivers es_linear_with / es_moe_with */
+#include <stddef.h>
+typedef void (*es_rows_fn)(const float *const *xr, float *const *yr, int64_t M, const void *w, int64_t K, int64_t n0,
+                           int64_t n1);
+int es_linear_with(es_rows_fn rows, const float *x, const void *w, float *y, int64_t M, int64_t K, int64_t N);
+int es_moe_with(es_rows_fn rows, size_t wsize, const float *x, const int64_t *ids, const float *wts, const void *w_gu,
+                const void *w_d, float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
 int es_linear_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N);
 int es_moe_f32(const float *x, const int64_t *ids, const float *wts, const float *w_gu, const float *w_d, float *out,
                int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
