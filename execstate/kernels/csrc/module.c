@@ -49,32 +49,61 @@ static PyObject *py_available(PyObject *self, PyObject *args) { return PyBool_Fr
 
 static PyObject *py_max_threads(PyObject *self, PyObject *args) { return PyLong_FromLong(omp_get_max_threads()); }
 
-static PyObject *py_linear(PyObject *self, PyObject *args) {
+/* The bindings of one kernel family share their argument parsing, size checks and return-code
+ * handling; each calls its own kernel with the GIL released. */
+struct linear_args {
     unsigned long long x, w, y;
     Py_ssize_t M, K, N;
-    int status;
-    if (!PyArg_ParseTuple(args, "KKKnnn", &x, &w, &y, &M, &K, &N)) return NULL;
-    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
-    if (M < 0 || K < 0 || N < 0) return PyErr_Format(PyExc_ValueError, "linear: negative size");
-    Py_BEGIN_ALLOW_THREADS
-    status = es_linear_f32((const float *)x, (const float *)w, (float *)y, M, K, N);
-    Py_END_ALLOW_THREADS
-    if (status) return PyErr_NoMemory();
+};
+
+static int parse_linear(PyObject *args, const char *name, int need_avx2, struct linear_args *a) {
+    if (!PyArg_ParseTuple(args, "KKKnnn", &a->x, &a->w, &a->y, &a->M, &a->K, &a->N)) return 0;
+    if (need_avx2 && !cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA"), 0;
+    if (a->M < 0 || a->K < 0 || a->N < 0) return PyErr_Format(PyExc_ValueError, "%s: negative size", name), 0;
+    return 1;
+}
+
+struct moe_args {
+    unsigned long long x, ids, wts, wgu, wd, out;
+    Py_ssize_t T, k, E, H, I;
+};
+
+static int parse_moe(PyObject *args, const char *name, int need_avx2, struct moe_args *a) {
+    if (!PyArg_ParseTuple(args, "KKKKKKnnnnn", &a->x, &a->ids, &a->wts, &a->wgu, &a->wd, &a->out, &a->T, &a->k, &a->E,
+                          &a->H, &a->I))
+        return 0;
+    if (need_avx2 && !cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA"), 0;
+    if (a->T < 0 || a->k < 1 || a->E < 1 || a->H < 1 || a->I < 1)
+        return PyErr_Format(PyExc_ValueError, "%s: bad sizes", name), 0;
+    return 1;
+}
+
+/* Kernel status -> Python: 0 None, 1 a bad expert id (`id_name`), 2 out of memory, 3 no AVX-512. */
+static PyObject *kernel_result(int status, const char *name, const char *id_name, Py_ssize_t E) {
+    if (status == 3) return PyErr_Format(PyExc_RuntimeError, "%s needs AVX-512 (avx512f/dq/vl)", name);
+    if (status == 2) return PyErr_NoMemory();
+    if (status) return PyErr_Format(PyExc_ValueError, "%s: expert id outside [0, %zd)", id_name, E);
     Py_RETURN_NONE;
 }
 
-static PyObject *py_linear_packed(PyObject *self, PyObject *args) {
-    unsigned long long x, w, y;
-    Py_ssize_t M, K, N;
+static PyObject *py_linear(PyObject *self, PyObject *args) {
+    struct linear_args a;
     int status;
-    if (!PyArg_ParseTuple(args, "KKKnnn", &x, &w, &y, &M, &K, &N)) return NULL;
-    if (M < 0 || K < 0 || N < 0) return PyErr_Format(PyExc_ValueError, "linear_packed: negative size");
+    if (!parse_linear(args, "linear", 1, &a)) return NULL;
     Py_BEGIN_ALLOW_THREADS
-    status = es_linear_packed_f32((const float *)x, (const float *)w, (float *)y, M, K, N);
+    status = es_linear_f32((const float *)a.x, (const float *)a.w, (float *)a.y, a.M, a.K, a.N);
     Py_END_ALLOW_THREADS
-    if (status == 3) return PyErr_Format(PyExc_RuntimeError, "linear_packed needs AVX-512 (avx512f/dq/vl)");
-    if (status) return PyErr_NoMemory();
-    Py_RETURN_NONE;
+    return kernel_result(status ? 2 : 0, "linear", "linear", 0);
+}
+
+static PyObject *py_linear_packed(PyObject *self, PyObject *args) {
+    struct linear_args a;
+    int status;
+    if (!parse_linear(args, "linear_packed", 0, &a)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    status = es_linear_packed_f32((const float *)a.x, (const float *)a.w, (float *)a.y, a.M, a.K, a.N);
+    Py_END_ALLOW_THREADS
+    return kernel_result(status == 3 ? 3 : status ? 2 : 0, "linear_packed", "linear_packed", 0);
 }
 
 static PyObject *py_packed_available(PyObject *self, PyObject *args) {
@@ -82,106 +111,89 @@ static PyObject *py_packed_available(PyObject *self, PyObject *args) {
 }
 
 static PyObject *py_moe_packed(PyObject *self, PyObject *args) {
-    unsigned long long x, ids, wts, wgu, wd, out;
-    Py_ssize_t T, k, E, H, I;
+    struct moe_args a;
     int bad;
-    if (!PyArg_ParseTuple(args, "KKKKKKnnnnn", &x, &ids, &wts, &wgu, &wd, &out, &T, &k, &E, &H, &I)) return NULL;
-    if (T < 0 || k < 1 || E < 1 || H < 1 || I < 1) return PyErr_Format(PyExc_ValueError, "moe_packed: bad sizes");
+    if (!parse_moe(args, "moe_packed", 0, &a)) return NULL;
     Py_BEGIN_ALLOW_THREADS
-    bad = es_moe_packed_f32((const float *)x, (const int64_t *)ids, (const float *)wts, (const float *)wgu,
-                            (const float *)wd, (float *)out, T, k, E, H, I);
+    bad = es_moe_packed_f32((const float *)a.x, (const int64_t *)a.ids, (const float *)a.wts, (const float *)a.wgu,
+                            (const float *)a.wd, (float *)a.out, a.T, a.k, a.E, a.H, a.I);
     Py_END_ALLOW_THREADS
-    if (bad == 3) return PyErr_Format(PyExc_RuntimeError, "moe_packed needs AVX-512 (avx512f/dq/vl)");
-    if (bad == 2) return PyErr_NoMemory();
-    if (bad) return PyErr_Format(PyExc_ValueError, "moe: expert id outside [0, %zd)", E);
-    Py_RETURN_NONE;
+    return kernel_result(bad, "moe_packed", "moe", a.E);
 }
 
 static PyObject *py_moe(PyObject *self, PyObject *args) {
-    unsigned long long x, ids, wts, wgu, wd, out;
-    Py_ssize_t T, k, E, H, I;
+    struct moe_args a;
     int bad;
-    if (!PyArg_ParseTuple(args, "KKKKKKnnnnn", &x, &ids, &wts, &wgu, &wd, &out, &T, &k, &E, &H, &I)) return NULL;
-    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
-    if (T < 0 || k < 1 || E < 1 || H < 1 || I < 1) return PyErr_Format(PyExc_ValueError, "moe: bad sizes");
+    if (!parse_moe(args, "moe", 1, &a)) return NULL;
     Py_BEGIN_ALLOW_THREADS
-    bad = es_moe_f32((const float *)x, (const int64_t *)ids, (const float *)wts, (const float *)wgu,
-                  (const float *)wd, (float *)out, T, k, E, H, I);
+    bad = es_moe_f32((const float *)a.x, (const int64_t *)a.ids, (const float *)a.wts, (const float *)a.wgu,
+                     (const float *)a.wd, (float *)a.out, a.T, a.k, a.E, a.H, a.I);
     Py_END_ALLOW_THREADS
-    if (bad == 2) return PyErr_NoMemory();
-    if (bad) return PyErr_Format(PyExc_ValueError, "moe: expert id outside [0, %zd)", E);
-    Py_RETURN_NONE;
+    return kernel_result(bad, "moe", "moe", a.E);
 }
 
 /* linear_bf16 / moe_bf16: as linear / moe with the weights as bf16 bit patterns (gemm_bf16.c). */
 static PyObject *py_linear_bf16(PyObject *self, PyObject *args) {
-    unsigned long long x, w, y;
-    Py_ssize_t M, K, N;
+    struct linear_args a;
     int status;
-    if (!PyArg_ParseTuple(args, "KKKnnn", &x, &w, &y, &M, &K, &N)) return NULL;
-    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
-    if (M < 0 || K < 0 || N < 0) return PyErr_Format(PyExc_ValueError, "linear_bf16: negative size");
+    if (!parse_linear(args, "linear_bf16", 1, &a)) return NULL;
     Py_BEGIN_ALLOW_THREADS
-    status = es_linear_bf16((const float *)x, (const uint16_t *)w, (float *)y, M, K, N);
+    status = es_linear_bf16((const float *)a.x, (const uint16_t *)a.w, (float *)a.y, a.M, a.K, a.N);
     Py_END_ALLOW_THREADS
-    if (status) return PyErr_NoMemory();
-    Py_RETURN_NONE;
+    return kernel_result(status ? 2 : 0, "linear_bf16", "linear_bf16", 0);
 }
 
 static PyObject *py_moe_bf16(PyObject *self, PyObject *args) {
-    unsigned long long x, ids, wts, wgu, wd, out;
-    Py_ssize_t T, k, E, H, I;
+    struct moe_args a;
     int bad;
-    if (!PyArg_ParseTuple(args, "KKKKKKnnnnn", &x, &ids, &wts, &wgu, &wd, &out, &T, &k, &E, &H, &I)) return NULL;
-    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
-    if (T < 0 || k < 1 || E < 1 || H < 1 || I < 1) return PyErr_Format(PyExc_ValueError, "moe_bf16: bad sizes");
+    if (!parse_moe(args, "moe_bf16", 1, &a)) return NULL;
     Py_BEGIN_ALLOW_THREADS
-    bad = es_moe_bf16((const float *)x, (const int64_t *)ids, (const float *)wts, (const uint16_t *)wgu,
-                      (const uint16_t *)wd, (float *)out, T, k, E, H, I);
+    bad = es_moe_bf16((const float *)a.x, (const int64_t *)a.ids, (const float *)a.wts, (const uint16_t *)a.wgu,
+                      (const uint16_t *)a.wd, (float *)a.out, a.T, a.k, a.E, a.H, a.I);
     Py_END_ALLOW_THREADS
-    if (bad == 2) return PyErr_NoMemory();
-    if (bad) return PyErr_Format(PyExc_ValueError, "moe_bf16: expert id outside [0, %zd)", E);
-    Py_RETURN_NONE;
+    return kernel_result(bad, "moe_bf16", "moe_bf16", a.E);
+}
+
+/* decode_attention and prefill_attention take the same arguments (prefill: nh / nkv <= 16). */
+struct attention_args {
+    unsigned long long q, kc, vc, out, tok, bt, cl;
+    Py_ssize_t B, max_blocks, nh, nkv, d, bs;
+    float scale;
+};
+
+static int parse_attention(PyObject *args, const char *name, Py_ssize_t max_group, struct attention_args *a) {
+    if (!PyArg_ParseTuple(args, "KKKKKKKnnnnnnf", &a->q, &a->kc, &a->vc, &a->out, &a->tok, &a->bt, &a->cl, &a->B,
+                          &a->max_blocks, &a->nh, &a->nkv, &a->d, &a->bs, &a->scale))
+        return 0;
+    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA"), 0;
+    if (a->B < 0 || a->max_blocks < 1 || a->nkv < 1 || a->nh % a->nkv || (max_group && a->nh / a->nkv > max_group) ||
+        a->d < 1 || a->bs < 1)
+        return PyErr_Format(PyExc_ValueError, "%s: bad sizes", name), 0;
+    return 1;
 }
 
 static PyObject *py_decode_attention(PyObject *self, PyObject *args) {
-    unsigned long long q, kc, vc, out, tok, bt, cl;
-    Py_ssize_t B, max_blocks, nh, nkv, d, bs;
-    float scale;
+    struct attention_args a;
     int status;
-    if (!PyArg_ParseTuple(args, "KKKKKKKnnnnnnf", &q, &kc, &vc, &out, &tok, &bt, &cl, &B, &max_blocks, &nh, &nkv, &d,
-                          &bs, &scale))
-        return NULL;
-    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
-    if (B < 0 || max_blocks < 1 || nkv < 1 || nh % nkv || d < 1 || bs < 1)
-        return PyErr_Format(PyExc_ValueError, "decode_attention: bad sizes");
+    if (!parse_attention(args, "decode_attention", 0, &a)) return NULL;
     Py_BEGIN_ALLOW_THREADS
-    status = es_decode_attention_f32((const float *)q, (const float *)kc, (const float *)vc, (float *)out,
-                                  (const int64_t *)tok, (const int64_t *)bt, (const int64_t *)cl, B, max_blocks, nh,
-                                  nkv, d, bs, scale);
+    status = es_decode_attention_f32((const float *)a.q, (const float *)a.kc, (const float *)a.vc, (float *)a.out,
+                                     (const int64_t *)a.tok, (const int64_t *)a.bt, (const int64_t *)a.cl, a.B,
+                                     a.max_blocks, a.nh, a.nkv, a.d, a.bs, a.scale);
     Py_END_ALLOW_THREADS
-    if (status) return PyErr_NoMemory();
-    Py_RETURN_NONE;
+    return kernel_result(status ? 2 : 0, "decode_attention", "decode_attention", 0);
 }
 
 static PyObject *py_prefill_attention(PyObject *self, PyObject *args) {
-    unsigned long long q, kc, vc, out, tok, bt, cl;
-    Py_ssize_t B, max_blocks, nh, nkv, d, bs;
-    float scale;
+    struct attention_args a;
     int status;
-    if (!PyArg_ParseTuple(args, "KKKKKKKnnnnnnf", &q, &kc, &vc, &out, &tok, &bt, &cl, &B, &max_blocks, &nh, &nkv, &d,
-                          &bs, &scale))
-        return NULL;
-    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
-    if (B < 0 || max_blocks < 1 || nkv < 1 || nh % nkv || nh / nkv > 16 || d < 1 || bs < 1)
-        return PyErr_Format(PyExc_ValueError, "prefill_attention: bad sizes");
+    if (!parse_attention(args, "prefill_attention", 16, &a)) return NULL;
     Py_BEGIN_ALLOW_THREADS
-    status = es_prefill_attention_f32((const float *)q, (const float *)kc, (const float *)vc, (float *)out,
-                                      (const int64_t *)tok, (const int64_t *)bt, (const int64_t *)cl, B, max_blocks,
-                                      nh, nkv, d, bs, scale);
+    status = es_prefill_attention_f32((const float *)a.q, (const float *)a.kc, (const float *)a.vc, (float *)a.out,
+                                      (const int64_t *)a.tok, (const int64_t *)a.bt, (const int64_t *)a.cl, a.B,
+                                      a.max_blocks, a.nh, a.nkv, a.d, a.bs, a.scale);
     Py_END_ALLOW_THREADS
-    if (status) return PyErr_NoMemory();
-    Py_RETURN_NONE;
+    return kernel_result(status ? 2 : 0, "prefill_attention", "prefill_attention", 0);
 }
 
 static PyObject *py_rms_norm(PyObject *self, PyObject *args) {
