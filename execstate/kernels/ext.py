@@ -61,11 +61,13 @@ def lib() -> Any:
     return _cpu
 
 
-def require(t: torch.Tensor, name: str, dim: int) -> None:
+def require(t: torch.Tensor, name: str, dim: int, dtype: torch.dtype = F32) -> None:
+    """``RuntimeError`` without the kernels; ``ValueError`` unless ``t`` is a contiguous ``dim``-D
+    ``dtype`` CPU tensor."""
     if _cpu is None or _UNAVAILABLE is not None:
         raise RuntimeError(f"execstate CPU kernels unavailable: {_UNAVAILABLE}")
     if not isinstance(t, torch.Tensor) or t.dim() != dim:
         raise ValueError(f"{name} must be a {dim}-D tensor, got {getattr(t, 'shape', type(t))}")
-    if not is_f32_cpu(t):
-        raise ValueError(f"{name} must be a contiguous float32 CPU tensor, got {t.dtype} on {t.device}"
-                         f"{'' if t.is_contiguous() else ' (non-contiguous)'}")
+    if not (t.dtype is dtype and t.is_cpu and t.is_contiguous()):
+        raise ValueError(f"{name} must be a contiguous {str(dtype).removeprefix('torch.')} CPU tensor, got {t.dtype} "
+                         f"on {t.device}{'' if t.is_contiguous() else ' (non-contiguous)'}")

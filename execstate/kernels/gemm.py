@@ -93,20 +93,7 @@ def moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate_up: to
     ``w_down [E, H, I]``. Per-token slot results are summed over ``j`` in order. Above
     ``MAX_MOE_TOKENS`` tokens (where ``PACKED``) the packed kernel runs: same result, bit for bit.
     """
-    require(x, "x", 2)
-    require(weights, "weights", 2)
-    require(w_gate_up, "w_gate_up", 3)
-    require(w_down, "w_down", 3)
-    if ids.dtype != torch.int64 or ids.device.type != "cpu" or not ids.is_contiguous() or ids.dim() != 2:
-        raise ValueError(f"moe: ids must be contiguous int64 [T, k] on CPU, got {ids.dtype} {tuple(ids.shape)}")
-    t, h = x.shape
-    e, two_i, h2 = w_gate_up.shape
-    i = two_i // 2
-    if h2 != h or two_i % 2 or tuple(w_down.shape) != (e, h, i):
-        raise ValueError(f"moe: inconsistent shapes x {tuple(x.shape)}, w_gate_up {tuple(w_gate_up.shape)}, "
-                         f"w_down {tuple(w_down.shape)}")
-    if ids.shape[0] != t or tuple(weights.shape) != tuple(ids.shape):
-        raise ValueError(f"moe: ids {tuple(ids.shape)} and weights {tuple(weights.shape)} must both be [{t}, k]")
+    t, h, e, i = moe_sizes("moe", x, ids, weights, w_gate_up, w_down)
     out = torch.empty((t, h), dtype=torch.float32)
     if t:
         sync_threads()
@@ -116,3 +103,22 @@ def moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate_up: to
     return out
 
 
+def moe_sizes(name: str, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor,
+              w_down: torch.Tensor, w_dtype: torch.dtype = F32) -> tuple[int, int, int, int]:
+    """``(T, H, E, I)`` of a fused-MoE call after checking every argument (``ValueError`` naming
+    ``name`` and the argument); the expert weights must be ``w_dtype``."""
+    require(x, "x", 2)
+    require(weights, "weights", 2)
+    require(w_gate_up, "w_gate_up", 3, w_dtype)
+    require(w_down, "w_down", 3, w_dtype)
+    if ids.dtype != torch.int64 or ids.device.type != "cpu" or not ids.is_contiguous() or ids.dim() != 2:
+        raise ValueError(f"{name}: ids must be contiguous int64 [T, k] on CPU, got {ids.dtype} {tuple(ids.shape)}")
+    t, h = x.shape
+    e, two_i, h2 = w_gate_up.shape
+    i = two_i // 2
+    if h2 != h or two_i % 2 or tuple(w_down.shape) != (e, h, i):
+        raise ValueError(f"{name}: inconsistent shapes x {tuple(x.shape)}, w_gate_up {tuple(w_gate_up.shape)}, "
+                         f"w_down {tuple(w_down.shape)}")
+    if ids.shape[0] != t or tuple(weights.shape) != tuple(ids.shape):
+        raise ValueError(f"{name}: ids {tuple(ids.shape)} and weights {tuple(weights.shape)} must both be [{t}, k]")
+    return t, h, e, i

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from execstate.kernels.ext import F32, LIB, available, is_f32_cpu, lib, require, sync_threads
-from execstate.kernels.gemm import MAX_MOE_TOKENS
+from execstate.kernels.gemm import MAX_MOE_TOKENS, moe_sizes
 
 BF16 = torch.bfloat16
 # Provenance kernel set of an engine with bf16 weights (fp32 activations, KV and sums; prefill
@@ -56,19 +56,10 @@ def linear_bf16_if_small(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor 
     return y
 
 
-def _require_bf16(t: torch.Tensor, name: str, dim: int) -> None:
-    lib()  # RuntimeError when the kernels are unavailable
-    if not isinstance(t, torch.Tensor) or t.dim() != dim:
-        raise ValueError(f"{name} must be a {dim}-D tensor, got {getattr(t, 'shape', type(t))}")
-    if not is_bf16_cpu(t):
-        raise ValueError(f"{name} must be a contiguous bfloat16 CPU tensor, got {t.dtype} on {t.device}"
-                         f"{'' if t.is_contiguous() else ' (non-contiguous)'}")
-
-
 def linear_bf16(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x [M, K] @ float(weight[N, K]).T`` -> new fp32 ``[M, N]``; ``x`` fp32, ``weight`` bf16."""
     require(x, "x", 2)
-    _require_bf16(weight, "weight", 2)
+    require(weight, "weight", 2, BF16)
     if x.shape[1] != weight.shape[1]:
         raise ValueError(f"linear_bf16: x has {x.shape[1]} features, weight expects {weight.shape[1]}")
     m, k = x.shape
@@ -89,22 +80,7 @@ def use_moe_bf16(x: torch.Tensor, w_gate_up: torch.Tensor) -> bool:
 def moe_bf16(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor,
              w_down: torch.Tensor) -> torch.Tensor:
     """``gemm.moe`` with bf16 ``w_gate_up [E, 2I, H]`` and ``w_down [E, H, I]``; fp32 ``[T, H]`` out."""
-    require(x, "x", 2)
-    require(weights, "weights", 2)
-    _require_bf16(w_gate_up, "w_gate_up", 3)
-    _require_bf16(w_down, "w_down", 3)
-    if ids.dtype != torch.int64 or ids.device.type != "cpu" or not ids.is_contiguous() or ids.dim() != 2:
-        raise ValueError(f"moe_bf16: ids must be contiguous int64 [T, k] on CPU, got {ids.dtype} "
-                         f"{tuple(ids.shape)}")
-    t, h = x.shape
-    e, two_i, h2 = w_gate_up.shape
-    i = two_i // 2
-    if h2 != h or two_i % 2 or tuple(w_down.shape) != (e, h, i):
-        raise ValueError(f"moe_bf16: inconsistent shapes x {tuple(x.shape)}, w_gate_up {tuple(w_gate_up.shape)}, "
-                         f"w_down {tuple(w_down.shape)}")
-    if ids.shape[0] != t or tuple(weights.shape) != tuple(ids.shape):
-        raise ValueError(f"moe_bf16: ids {tuple(ids.shape)} and weights {tuple(weights.shape)} must both be "
-                         f"[{t}, k]")
+    t, h, e, i = moe_sizes("moe_bf16", x, ids, weights, w_gate_up, w_down, BF16)
     out = torch.empty((t, h), dtype=F32)
     if t:
         sync_threads()
