@@ -38,25 +38,6 @@ static KT void scores(const float *qg, const float *kc, const int64_t *bt, int64
     }
 }
 
-/* s[l] <- exp(s[l] - max) for l < L; returns the sum (8 lanes, then the tail in order). */
-static KT float softmax_numerators(float *s, int64_t L) {
-    float mx = -INFINITY;
-    for (int64_t l = 0; l < L; l++) mx = s[l] > mx ? s[l] : mx;
-    int64_t l = 0;
-    __m256 acc = _mm256_setzero_ps();
-    for (; l + 8 <= L; l += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), _mm256_set1_ps(mx)));
-        _mm256_storeu_ps(s + l, e);
-        acc = _mm256_add_ps(acc, e);
-    }
-    float sum = hsum8(acc);
-    for (; l < L; l++) {
-        s[l] = exp1(s[l] - mx);
-        sum += s[l];
-    }
-    return sum;
-}
-
 /* o[i] = inv * sum_l s[l] V_l[i] (FMA in l order). Full 64-wide chunks accumulate in
  * registers; other widths in o itself; both round identically. */
 static KT void weighted_values(const float *s, const float *vc, const int64_t *bt, int64_t L, int64_t bs,

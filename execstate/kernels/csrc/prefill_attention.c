@@ -9,7 +9,7 @@
  * item's rows (the decode kernel reads them once per row and head).
  *
  * Numerics per (row, head) are exactly the decode kernel's: each score is the 8-lane dot
- * product + finish, times scale; softmax_numerators is the same code; the output is
+ * product + finish, times scale; softmax_numerators (simd.h) is the same function; the output is
  * acc = 0, acc = fma(p_l, V_l, acc) for l in order (here kept in memory between blocks: fp32
  * stores are exact), times 1 / sum. So a row's output does not depend on its tile, the
  * thread count or whether it ran as prefill or decode. */
@@ -47,25 +47,6 @@ static KT void block_scores(const float *qg, const float *kb, int64_t kstride, i
         for (int64_t i = 0; i < d8; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + i), _mm256_loadu_ps(qg + i), a0);
         s[l] = finish(a0, k0, qg, d8, d) * scale;
     }
-}
-
-/* attention.c's softmax_numerators, verbatim: s[l] <- exp(s[l] - max), returns the sum. */
-static KT float numerators(float *s, int64_t L) {
-    float mx = -INFINITY;
-    for (int64_t l = 0; l < L; l++) mx = s[l] > mx ? s[l] : mx;
-    int64_t l = 0;
-    __m256 acc = _mm256_setzero_ps();
-    for (; l + 8 <= L; l += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), _mm256_set1_ps(mx)));
-        _mm256_storeu_ps(s + l, e);
-        acc = _mm256_add_ps(acc, e);
-    }
-    float sum = hsum8(acc);
-    for (; l < L; l++) {
-        s[l] = exp1(s[l] - mx);
-        sum += s[l];
-    }
-    return sum;
 }
 
 /* o[i] = fma(s[l], V_l[i], o[i]) for l in [l0, l1) in order (rows of one cache block). */
@@ -202,7 +183,7 @@ static KT void tile_item(const float *q, const float *kc, const float *vc, float
         }
     }
     float inv[QT * 16];
-    for (int64_t r = 0; r < rows; r++) inv[r] = 1.0f / numerators(sc + r * lmax, ctx_len[e0 + r / G]);
+    for (int64_t r = 0; r < rows; r++) inv[r] = 1.0f / softmax_numerators(sc + r * lmax, ctx_len[e0 + r / G]);
     memset(oacc, 0, sizeof(float) * rows * d);
     for (int64_t b0 = 0; b0 < L; b0 += bs) { /* values, block by block */
         const float *vb = vc + (bt[b0 / bs] * bs * nkv + h) * d;

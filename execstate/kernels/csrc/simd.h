@@ -65,4 +65,24 @@ static KT inline __m256 exp8(__m256 in) {
 
 static KT inline float exp1(float x) { return _mm256_cvtss_f32(exp8(_mm256_set1_ps(x))); }
 
+/* Softmax over attention scores: s[l] <- exp(s[l] - max) for l < L; returns the sum (8 lanes,
+ * then the tail in order). One definition for the decode and prefill kernels (same bits). */
+static KT inline float softmax_numerators(float *s, int64_t L) {
+    float mx = -INFINITY;
+    for (int64_t l = 0; l < L; l++) mx = s[l] > mx ? s[l] : mx;
+    int64_t l = 0;
+    __m256 acc = _mm256_setzero_ps();
+    for (; l + 8 <= L; l += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), _mm256_set1_ps(mx)));
+        _mm256_storeu_ps(s + l, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float sum = hsum8(acc);
+    for (; l < L; l++) {
+        s[l] = exp1(s[l] - mx);
+        sum += s[l];
+    }
+    return sum;
+}
+
 #endif
