@@ -26,37 +26,22 @@ from typing import Any
 import numpy as np
 
 from execstate.engine.outputs import RequestOutput
-from execstate.session.events import EventAck, SessionEventError
+from execstate.session.events import SessionEventError
+from execstate.session.handle import SessionHandle
 from execstate.session.lm_sessions import LMSessions, SessionInfo
 from execstate.session.lm_step import StepResult
-from execstate.session.runtime import Checkpoint, SessionRuntime
+from execstate.session.runtime import Checkpoint
 
 __all__ = ["Checkpoint", "Session", "SessionEventError", "StepResult"]
 
 
-class Session:
-    def __init__(self, sessions: LMSessions, rt: SessionRuntime) -> None:
-        self._sessions = sessions
-        self._rt = rt
-        self.session_id = rt.session_id
+class Session(SessionHandle):
+    """An LM session (``LLM.open_session``): the shared handle (``handle.py``) plus the context's
+    tokens and routes, ``step`` and ``migrate``."""
+
+    _sessions: LMSessions
 
     # -- state ------------------------------------------------------------------------------------
-    @property
-    def status(self) -> str:
-        return self._rt.status.value
-
-    @property
-    def step_index(self) -> int:
-        return self._rt.step_index
-
-    @property
-    def event_epoch(self) -> int:
-        return self._rt.event_epoch
-
-    @property
-    def branch_id(self) -> str:
-        return self._rt.branch_id
-
     @property
     def token_ids(self) -> list[int]:
         """The whole context so far (inputs and outputs, in order)."""
@@ -67,21 +52,10 @@ class Session:
         """int16 ``[len(token_ids) - 1, n_moe_layers, top_k]`` (vLLM layout); None without R3."""
         return self._sessions.routed_experts(self.session_id)
 
-    @property
-    def checkpoints(self) -> list[Checkpoint]:
-        return self._rt.checkpoints
-
-    def state_key(self) -> bytes:
-        """The session state key (identity/session_keys.py)."""
-        return self._rt.state_key()
-
     def info(self) -> SessionInfo:
         return self._sessions.info(self.session_id)
 
     # -- operations --------------------------------------------------------------------------------
-    def submit_event(self, event_id: int, kind: str, data: Any = None) -> EventAck:
-        return self._sessions.submit_event(self.session_id, event_id, kind, data)
-
     def step(self, input: list[int] | str | None = None, max_tokens: int | None = None, reprefill: bool = False,
              on_output: Callable[[RequestOutput], None] | None = None) -> StepResult:
         """Append ``input`` (an ``input`` event with the next id) and the pending events, then
@@ -99,21 +73,6 @@ class Session:
         assert handle.result is not None
         return handle.result
 
-    def checkpoint(self) -> Checkpoint:
-        return self._sessions.checkpoint(self.session_id)
-
-    def rollback(self, checkpoint: Checkpoint | str) -> None:
-        self._sessions.rollback(self.session_id, checkpoint)
-
-    def release_checkpoint(self, checkpoint: Checkpoint | str) -> None:
-        self._sessions.release_checkpoint(self.session_id, checkpoint)
-
-    def fork(self, checkpoint: Checkpoint | str | None = None, session_id: str | None = None) -> Session:
-        return Session(self._sessions, self._sessions.fork(self.session_id, checkpoint, session_id))
-
-    def reset(self) -> None:
-        self._sessions.reset(self.session_id)
-
     def migrate(self, target: Any, timeout_s: float = 30.0) -> Session:
         """Move this session to ``target`` (an ``LLM`` or ``LLMEngine`` in this process; both need
         PD connectors: ``session/migration.py``) and return its handle there (same id); this one
@@ -121,15 +80,3 @@ class Session:
         from execstate.session.migration import migrate_session
 
         return migrate_session(self, target, timeout_s).session
-
-    def close(self) -> None:
-        self._sessions.close(self.session_id)
-
-    def __enter__(self) -> Session:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"Session({self.session_id!r}, {self.status}, step {self.step_index})"

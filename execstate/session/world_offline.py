@@ -17,13 +17,13 @@ context managers that close them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from execstate.model.world.interface import WorldModel, WorldSpec
-from execstate.session.events import EventAck, SessionEventError
-from execstate.session.runtime import Checkpoint, SessionRuntime
+from execstate.session.events import SessionEventError
+from execstate.session.handle import SessionHandle
+from execstate.session.runtime import Checkpoint
 from execstate.session.world_sessions import WorldSessionInfo, WorldSessions
 from execstate.session.world_step import WorldStepResult
 
@@ -106,53 +106,20 @@ class World:
         self.close()
 
 
-class WorldSession:
-    def __init__(self, sessions: WorldSessions, rt: SessionRuntime) -> None:
-        self._sessions = sessions
-        self._rt = rt
-        self.session_id = rt.session_id
+class WorldSession(SessionHandle):
+    """A world-model session (``World.open_session``): the shared handle (``handle.py``) plus
+    ``step`` (one chunk), ``next_event_id`` and ``migrate``."""
 
-    @property
-    def status(self) -> str:
-        return self._rt.status.value
-
-    @property
-    def step_index(self) -> int:
-        return self._rt.step_index
-
-    @property
-    def checkpoints(self) -> list[Checkpoint]:
-        return self._rt.checkpoints
-
-    def state_key(self) -> bytes:
-        return self._rt.state_key()
+    _sessions: WorldSessions
 
     def info(self) -> WorldSessionInfo:
         return self._sessions.info(self.session_id)
-
-    def submit_event(self, event_id: int, kind: str, data: Any = None) -> EventAck:
-        return self._sessions.submit_event(self.session_id, event_id, kind, data)
 
     def next_event_id(self) -> int:
         return self._rt.next_event_id()
 
     def step(self, action: str | list[str] | None = None) -> WorldStepResult:
         return self._sessions.step(self.session_id, action)
-
-    def checkpoint(self) -> Checkpoint:
-        return self._sessions.checkpoint(self.session_id)
-
-    def rollback(self, checkpoint: Checkpoint | str) -> None:
-        self._sessions.rollback(self.session_id, checkpoint)
-
-    def release_checkpoint(self, checkpoint: Checkpoint | str) -> None:
-        self._sessions.release_checkpoint(self.session_id, checkpoint)
-
-    def fork(self, checkpoint: Checkpoint | str | None = None, session_id: str | None = None) -> WorldSession:
-        return WorldSession(self._sessions, self._sessions.fork(self.session_id, checkpoint, session_id))
-
-    def reset(self) -> None:
-        self._sessions.reset(self.session_id)
 
     def migrate(self, target: World, secret: bytes | None = None) -> WorldSession:
         """Move this session to World ``target`` (``session/world_migration.py``) and return its
@@ -161,15 +128,3 @@ class WorldSession:
 
         return WorldSession(target.sessions, migrate_world_session(self._sessions, self.session_id, target.sessions,
                                                                    secret))
-
-    def close(self) -> None:
-        self._sessions.close(self.session_id)
-
-    def __enter__(self) -> WorldSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"WorldSession({self.session_id!r}, {self.status}, step {self.step_index})"
