@@ -48,6 +48,9 @@ class WorldModelConfig:
             raise ValueError(f"codec must be one of {CODECS}, got {self.codec!r}")
         if self.codec == "palette" and (self.cell_size < 1 or self.patch_size % self.cell_size):
             raise ValueError(f"patch_size {self.patch_size} is not a multiple of cell_size {self.cell_size}")
+        if self.conv_channels < 0 or (self.conv_channels and self.codec != "palette"):
+            raise ValueError(f"conv_channels must be 0, or > 0 with the palette codec; got {self.conv_channels} "
+                             f"with codec {self.codec!r}")
         for name in ("frames_per_chunk", "carry_frames", "n_layers", "sink_chunks", "window_chunks",
                      "max_prompt_words"):
             if getattr(self, name) < 1:

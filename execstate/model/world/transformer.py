@@ -75,8 +75,6 @@ class WorldTransformer(nn.Module):
         self.palette = cfg.codec == "palette"
         # patch: per value a new value and a keep/replace gate; palette: per cell logits, plus the
         # newest carry frame's one-hot times a learned gain (starts by copying it)
-        if hid and not self.palette:
-            raise ValueError("conv_channels needs the palette codec")
         self.patch_out = nn.Linear(d, units * hid if hid else dim if self.palette else 2 * dim)
         # palette: per palette entry, the gain of the newest carry frame and of its action-shifted copy
         # (a skip from the inputs to the logits: static cells copy the carry, moved ones the shift)
