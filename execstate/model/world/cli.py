@@ -27,6 +27,14 @@ def add_world_parser(sub: argparse._SubParsersAction) -> None:
                     help="latents: pixel patches (MSE) or one-hot palette cells (cross-entropy)")
     tr.add_argument("--conv-channels", type=int, default=m.get("conv_channels", 0),
                     help="palette codec: 3x3 convolutions over the cell grid around the transformer (0: off)")
+    tr.add_argument("--conv-layers", type=int, default=m.get("conv_layers", 2), help="convolutions in the stem")
+    tr.add_argument("--conv-keys", action=argparse.BooleanOptionalAction, default=m.get("conv_keys", False),
+                    help="the stem gets the frame's keys as input channels")
+    tr.add_argument("--conv-prev-frame", action=argparse.BooleanOptionalAction,
+                    default=m.get("conv_prev_frame", False), help="frame f's stem also sees frame f-1's noisy input")
+    tr.add_argument("--local-steps", type=int, default=t.get("local_steps", 0),
+                    help="a first stage of this many steps training the conv path alone (0: none)")
+    tr.add_argument("--local-batch-size", type=int, default=t.get("local_batch_size", 16))
     tr.add_argument("--action-shift-px", type=int, default=m["action_shift_px"],
                     help="input the carry shifted by the keys' moves, this many latent units (px, or cells) "
                          "per cell (0: off)")
@@ -71,17 +79,21 @@ def run_world(args: argparse.Namespace) -> int:
         from execstate.model.world.config import WorldModelConfig
         from execstate.model.world.train import TrainConfig, train_to_dir
 
-        model_cfg = WorldModelConfig(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-                                     action_shift_px=args.action_shift_px, codec=args.codec,
-                                     conv_channels=args.conv_channels)
-        cfg = TrainConfig(seed=args.seed, steps=args.steps, batch_size=args.batch_size, threads=args.threads,
-                          context_noise=args.context_noise)
-        command = (f"execstate world train --out {args.out} --seed {args.seed} --steps {args.steps} "
-                   f"--batch-size {args.batch_size} --threads {args.threads} --d-model {args.d_model} "
-                   f"--layers {args.layers} --heads {args.heads} --codec {args.codec} "
-                   f"--conv-channels {args.conv_channels} "
-                   f"--action-shift-px {args.action_shift_px} "
-                   f"--context-noise {args.context_noise}")
+        model_args = {"d_model": args.d_model, "n_layers": args.layers, "n_heads": args.heads,
+                      "action_shift_px": args.action_shift_px, "codec": args.codec,
+                      "conv_channels": args.conv_channels, "conv_layers": args.conv_layers,
+                      "conv_keys": args.conv_keys, "conv_prev_frame": args.conv_prev_frame}
+        train_args = {"seed": args.seed, "steps": args.steps, "batch_size": args.batch_size, "threads": args.threads,
+                      "context_noise": args.context_noise, "local_steps": args.local_steps,
+                      "local_batch_size": args.local_batch_size}
+        model_cfg = WorldModelConfig(**model_args)
+        cfg = TrainConfig(**train_args)
+        flags = {"layers": "n_layers", "heads": "n_heads"}
+        words = [f"execstate world train --out {args.out}"]
+        for key, value in {**train_args, **model_args}.items():
+            flag = next((f for f, k in flags.items() if k == key), key).replace("_", "-")
+            words.append(f"--{flag} {value}" if not isinstance(value, bool) else f"--{'' if value else 'no-'}{flag}")
+        command = " ".join(words)
         record = train_to_dir(args.out, model_cfg, cfg, log=print, extra={"command": command})
         print(json.dumps({k: record[k] for k in ("weights_sha256", "command")} | {
             "wall_s": record["stats"]["wall_s"], "cpu_s": record["stats"]["cpu_s"]}, indent=2))

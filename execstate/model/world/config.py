@@ -35,6 +35,9 @@ class WorldModelConfig:
     codec: str = "patch"  # latent_codec.py: "patch" (pixel patches, MSE) or "palette" (one-hot cells, cross-entropy)
     cell_size: int = 4  # "palette": pixels per world cell (a latent unit)
     conv_channels: int = 0  # > 0: 3x3 convolutions over the unit grid before and after the transformer (cell_conv.py)
+    conv_layers: int = 2  # convolutions in the stem (>= 2; the third on are residual)
+    conv_keys: bool = False  # the stem also gets the frame's keys (one-hot per frame slot) as constant channels
+    conv_prev_frame: bool = False  # frame f's stem also gets frame f-1's noisy input
 
     def __post_init__(self) -> None:
         if self.frame_size % self.patch_size:
@@ -51,6 +54,10 @@ class WorldModelConfig:
         if self.conv_channels < 0 or (self.conv_channels and self.codec != "palette"):
             raise ValueError(f"conv_channels must be 0, or > 0 with the palette codec; got {self.conv_channels} "
                              f"with codec {self.codec!r}")
+        if self.conv_layers < 2:
+            raise ValueError(f"conv_layers must be >= 2, got {self.conv_layers}")
+        if (self.conv_keys or self.conv_prev_frame or self.conv_layers != 2) and not self.conv_channels:
+            raise ValueError("conv_layers, conv_keys and conv_prev_frame need conv_channels > 0")
         for name in ("frames_per_chunk", "carry_frames", "n_layers", "sink_chunks", "window_chunks",
                      "max_prompt_words"):
             if getattr(self, name) < 1:

@@ -85,10 +85,12 @@ def sample_batch(rng: np.random.Generator, cfg: WorldModelConfig, batch_size: in
         lat.append(x)
         xp = lc.encode(prev)
         changed.append(x != xp.reshape(x.shape))
-        before = np.stack([np.stack([frames[st - nc + j] for j in range(nc)]) if st else np.zeros((nc, *clips.shape[2:]),
-                          np.uint8) for st in starts])
+        # a carry frame before frame 0 is "no frame" (zeros), as in a session's initial carry; the
+        # sink's carry is all such frames (with F < carry_frames, so are the first ones after it)
+        missing = torch.tensor([[st == 0 or st - nc + j < 0 for j in range(nc)] for st in starts])
+        before = np.stack([np.stack([frames.get(st - nc + j, clips[0, 0]) for j in range(nc)]) for st in starts])
         carry = lc.encode(before)
-        carry[0] = 0.0
+        carry[missing] = 0.0
         carries.append(carry)
         acts.append(torch.from_numpy(np.concatenate([actions[st : st + f] for st in starts])))
         wid = torch.zeros((n, tw), dtype=torch.int64)

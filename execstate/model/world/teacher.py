@@ -35,7 +35,7 @@ def chunk_mask(n: int, tokens_per_chunk: int) -> torch.Tensor:
 
 def predict(model: WorldTransformer, batch: Batch, t: torch.Tensor, noise: torch.Tensor,
             clean_noise: torch.Tensor | None = None, carry_noise: torch.Tensor | None = None,
-            context: torch.Tensor | None = None) -> torch.Tensor:
+            context: torch.Tensor | None = None, local_only: bool = False) -> torch.Tensor:
     """Predicted clean latents of the noisy chunks, ``[B, N, tpc, latent_dim]`` (the network's raw output: patches, or palette logits).
 
     ``t [B, N]`` flow times of the noisy chunks, ``noise`` like ``batch.latents``;
@@ -43,7 +43,8 @@ def predict(model: WorldTransformer, batch: Batch, t: torch.Tensor, noise: torch
     are added to the clean chunks and to the carries; ``context`` (like ``batch.latents``), optional,
     replaces the clean chunks (:func:`own_history`): context corruption, so the model learns to
     correct small errors of its own in the cache and the carry instead of compounding them
-    (GameNGen's noise augmentation)."""
+    (GameNGen's noise augmentation). ``local_only``: the convolutional path alone (no attention,
+    no prompt; training's first stage)."""
     cfg: WorldModelConfig = model.cfg
     b, n, tpc, dim = batch.latents.shape
     x1 = batch.latents
@@ -57,8 +58,12 @@ def predict(model: WorldTransformer, batch: Batch, t: torch.Tensor, noise: torch
     cos, sin = rope.tables(pos, cfg.tokens_per_frame, cfg.head_dim)
     ids = batch.word_ids.repeat(1, 2, 1).reshape(b * 2 * n, -1)
     pmask = batch.word_mask.repeat(1, 2, 1).reshape(b * 2 * n, -1)
-    pk, pv = model.prompt_kv(ids)
     carry = batch.carry if carry_noise is None else batch.carry + carry_noise
+    if local_only:  # only the noisy chunks: the conv path sees no other chunk
+        out, _, _ = model(xt.reshape(b, n * tpc, dim), carry, t, batch.actions, None, cos, sin, None, None, None,
+                          None, None, None, local_only=True)
+        return out.reshape(b, n, tpc, dim)
+    pk, pv = model.prompt_kv(ids)
     carry = carry.repeat(1, 2, 1, 1, 1)
     out, _, _ = model(x, carry, tt, actions, None, cos, sin, None, None, chunk_mask(n, tpc), pk, pv, pmask,
                       out_groups=n)

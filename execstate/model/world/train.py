@@ -55,12 +55,18 @@ class TrainConfig:
     sink_loss_weight: float = 0.05  # loss weight of the sink chunk (generated from nothing: mostly unpredictable)
     bf16: bool = True
     threads: int = 1
+    # > 0 (needs conv_channels): a first stage of this many steps trains the convolutional path
+    # alone (stem, head, carry gains; no attention): the world's local rules, at a tenth of a
+    # full step's cost, before the transformer learns the rest on top of them
+    local_steps: int = 0
+    local_batch_size: int = 16
 
 
-def _lr(cfg: TrainConfig, step: int) -> float:
+def _lr(cfg: TrainConfig, step: int, steps: int | None = None) -> float:
+    steps = cfg.steps if steps is None else steps
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
-    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    frac = (step - cfg.warmup) / max(1, steps - cfg.warmup)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
@@ -89,14 +95,13 @@ def _train(model_cfg: WorldModelConfig, cfg: TrainConfig, log: Callable[[str], N
     sched = torch.tensor(model_cfg.schedule)
     lc = LatentCodec(model_cfg)
     start_wall, start_cpu = time.perf_counter(), time.process_time()
+    local_losses = _train_local(model, model_cfg, cfg, rng, gen, log, log_every) if cfg.local_steps else []
     losses: list[float] = []
     recent: list[float] = []
     for step in range(cfg.steps):
         batch = data.sample_batch(rng, model_cfg, cfg.batch_size, cfg.max_start, cfg.p_theme_change)
         b, n = batch.latents.shape[:2]
-        pick = torch.randint(len(sched), (b, n), generator=gen)
-        uniform = torch.rand((b, n), generator=gen)
-        t = torch.where(torch.rand((b, n), generator=gen) < cfg.p_schedule, sched[pick], uniform)
+        t = _flow_times(cfg, sched, (b, n), gen)
         noise = torch.randn(batch.latents.shape, generator=gen)
         clean_noise = carry_noise = None
         if cfg.context_noise > 0:
@@ -114,9 +119,7 @@ def _train(model_cfg: WorldModelConfig, cfg: TrainConfig, log: Callable[[str], N
             batch = dataclasses.replace(batch, carry=carry)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             pred = teacher.predict(model, batch, t, noise, clean_noise, carry_noise, context)
-        w = 1.0 + cfg.motion_weight * batch.changed.to(torch.float32)
-        w[:, 0] *= cfg.sink_loss_weight
-        loss = lc.loss(pred, batch.latents, w)
+        loss = lc.loss(pred, batch.latents, _loss_weights(cfg, batch))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -131,10 +134,62 @@ def _train(model_cfg: WorldModelConfig, cfg: TrainConfig, log: Callable[[str], N
             if on_log:
                 on_log(step + 1, model)
     model.eval()
-    stats = {"losses": losses, "log_every": log_every, "wall_s": round(time.perf_counter() - start_wall, 1),
+    stats = {"losses": losses, "local_losses": local_losses, "log_every": log_every, "wall_s": round(time.perf_counter() - start_wall, 1),
              "cpu_s": round(time.process_time() - start_cpu, 1), "threads": cfg.threads,
              "torch": torch.__version__}
     return model, stats
+
+
+def _flow_times(cfg: TrainConfig, sched: torch.Tensor, shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
+    """One flow time per chunk: a schedule time with probability ``p_schedule``, else uniform in [0, 1)."""
+    pick = torch.randint(len(sched), shape, generator=gen)
+    uniform = torch.rand(shape, generator=gen)
+    return torch.where(torch.rand(shape, generator=gen) < cfg.p_schedule, sched[pick], uniform)
+
+
+def _loss_weights(cfg: TrainConfig, batch: data.Batch) -> torch.Tensor:
+    w = 1.0 + cfg.motion_weight * batch.changed.to(torch.float32)
+    w[:, 0] *= cfg.sink_loss_weight
+    return w
+
+
+def _train_local(model: WorldTransformer, model_cfg: WorldModelConfig, cfg: TrainConfig, rng: np.random.Generator,
+                 gen: torch.Generator, log: Callable[[str], None] | None, log_every: int) -> list[float]:
+    """The first stage: ``local_steps`` steps on the convolutional path alone (``local_only``:
+    stem, head and carry gains; the transformer's output is zero-initialised, so the full model
+    starts the second stage exactly where this one ends). Batches of ``local_batch_size``
+    without theme changes (a prompt is not visible to the convolutions); its own AdamW, warm-up
+    and cosine schedule. Returns the mean loss per ``log_every`` steps."""
+    if not model_cfg.conv_channels or model.stem is None or model.head is None:
+        raise ValueError("local_steps needs the convolutional path (conv_channels > 0)")
+    params = [*model.stem.parameters(), *model.head.parameters(),
+              *(p for p in (model.copy_gain, model.shift_gain) if p is not None)]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
+    sched = torch.tensor(model_cfg.schedule)
+    lc = LatentCodec(model_cfg)
+    start = time.perf_counter()
+    losses: list[float] = []
+    recent: list[float] = []
+    for step in range(cfg.local_steps):
+        batch = data.sample_batch(rng, model_cfg, cfg.local_batch_size, cfg.max_start, 0.0)
+        t = _flow_times(cfg, sched, tuple(batch.latents.shape[:2]), gen)
+        noise = torch.randn(batch.latents.shape, generator=gen)
+        for group in opt.param_groups:
+            group["lr"] = _lr(cfg, step, cfg.local_steps)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            pred = teacher.predict(model, batch, t, noise, local_only=True)
+        loss = lc.loss(pred, batch.latents, _loss_weights(cfg, batch))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        recent.append(loss.item())
+        if (step + 1) % log_every == 0 or step + 1 == cfg.local_steps:
+            losses.append(float(np.mean(recent)))
+            recent = []
+            if log:
+                log(f"local step {step + 1}/{cfg.local_steps} loss {losses[-1]:.5f} {time.perf_counter() - start:.0f}s")
+    return losses
 
 
 def train_to_dir(out_dir: Path, model_cfg: WorldModelConfig, cfg: TrainConfig,

@@ -59,7 +59,10 @@ class WorldTransformer(nn.Module):
         n_in = 1 + cfg.carry_frames + (1 if cfg.action_shift_px else 0)
         dim = cfg.latent_dim
         hid, units = cfg.conv_channels, cfg.latent_grid**2
-        self.stem = CellConvStem(n_in, cfg.latent_channels, hid, cfg.latent_grid) if hid else None
+        n_src = n_in + (1 if cfg.conv_prev_frame else 0)
+        n_extra = cfg.frames_per_chunk * cfg.n_actions if cfg.conv_keys else 0
+        self.stem = (CellConvStem(n_src, cfg.latent_channels, hid, cfg.latent_grid, cfg.conv_layers, n_extra)
+                     if hid else None)
         self.head = CellConvHead(hid, cfg.latent_channels, cfg.latent_grid) if hid else None
         self.patch_in = nn.Linear(units * hid if hid else n_in * dim, d)
         self.pos_spatial = nn.Parameter(torch.randn(cfg.tokens_per_frame, d) * 0.02)
@@ -81,7 +84,9 @@ class WorldTransformer(nn.Module):
         self.copy_gain = nn.Parameter(torch.full((cfg.latent_channels,), _COPY_GAIN_INIT)) if self.palette else None
         self.shift_gain = (nn.Parameter(torch.zeros(cfg.latent_channels))
                            if self.palette and cfg.action_shift_px else None)
-        for lin in (self.mod[1], self.final_mod[1]) + (() if hid else (self.patch_out,)):
+        # zero-init: an untrained transformer adds nothing to the conv path's logits (with the
+        # convolutions, a first training stage may train that path alone: train.py local_steps)
+        for lin in (self.mod[1], self.final_mod[1], self.patch_out):
             nn.init.zeros_(lin.weight)
             nn.init.zeros_(lin.bias)
         if not self.palette:
@@ -106,12 +111,13 @@ class WorldTransformer(nn.Module):
         ctx_k: torch.Tensor | None,  # [L, B, Tc, H, Dh] rotated, or None
         ctx_v: torch.Tensor | None,
         attn_mask: torch.Tensor | None,  # bool [T, Tc + T] or None
-        prompt_k: torch.Tensor,  # [L, B*G, Tt, H, Dh]
-        prompt_v: torch.Tensor,
+        prompt_k: torch.Tensor | None,  # [L, B*G, Tt, H, Dh] (None only with local_only)
+        prompt_v: torch.Tensor | None,
         prompt_mask: torch.Tensor | None,  # bool [B*G, Tt] or None
         want_output: bool = True,
         out_groups: int | None = None,  # predict only the last ``out_groups`` groups (default: all)
-    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        local_only: bool = False,  # conv path only (training's first stage): no blocks, no K/V
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         cfg = self.cfg
         b, n_tok, _ = x.shape
         g = t.shape[1]
@@ -135,8 +141,21 @@ class WorldTransformer(nn.Module):
         local = None
         if self.stem is not None:
             srcs = [xin, *(carry[:, :, k : k + 1].expand(b, g, f, p, dim) for k in range(nc)), *parts[2:]]
-            local = self.stem(torch.stack(srcs, dim=-2).reshape(b * g * f, p, len(srcs), dim))
+            if cfg.conv_prev_frame:  # frame f-1's noisy input (zeros for the first frame)
+                srcs.append(torch.cat([torch.zeros_like(xin[:, :, :1]), xin[:, :, :-1]], dim=2))
+            extra = None
+            if cfg.conv_keys:  # [B, G, F, F * n_actions]: frame f sees the one-hot keys of slots 0..f
+                onehot = nn.functional.one_hot(actions.view(b, g, f), cfg.n_actions).to(x.dtype)
+                upto = torch.tril(torch.ones(f, f, dtype=x.dtype))  # [frame, slot]
+                extra = (upto[None, None, :, :, None] * onehot[:, :, None, :, :]).reshape(b * g * f, -1)
+            local = self.stem(torch.stack(srcs, dim=-2).reshape(b * g * f, p, len(srcs), dim), extra)
+            if local_only:
+                go = g if out_groups is None else out_groups
+                none = local.new_zeros((b * go * f, *local.shape[1:]))
+                return self._output(none, local, carry, shifted, b, g, out_groups), None, None
             h = self.patch_in(local).view(b, g, f, p, d)
+        elif local_only:
+            raise ValueError("local_only needs the convolutional path (conv_channels > 0)")
         else:
             h = self.patch_in(torch.cat(parts, dim=-1))
         h = h + self.pos_spatial + self.pos_frame[:, None, :] + act[:, :, :, None, :]
@@ -156,6 +175,15 @@ class WorldTransformer(nn.Module):
         shift, scale = self.final_mod(cond[:, g - go :]).view(b, go * f, 1, 2, d).unbind(3)
         h = h.view(b, g * f, p, d)[:, (g - go) * f :]
         out = self.patch_out(nn.functional.layer_norm(h, (d,)) * (1 + scale) + shift)
+        return self._output(out, local, carry, shifted, b, g, out_groups), k_all, v_all
+
+    def _output(self, out: torch.Tensor, local: torch.Tensor | None, carry: torch.Tensor,
+                shifted: torch.Tensor | None, b: int, g: int, out_groups: int | None) -> torch.Tensor:
+        """The last ``out_groups`` groups' predicted clean latents from the transformer's output
+        ``out`` (only those groups' frames) and the stem's cell features ``local`` (all groups)."""
+        cfg = self.cfg
+        f, p, dim = cfg.frames_per_chunk, cfg.tokens_per_frame, cfg.latent_dim
+        go = g if out_groups is None else out_groups
         if self.head is not None and local is not None:  # the stem's cell features skip the transformer (U-Net)
             skip = local.view(b, g, f, p, -1)[:, g - go :].reshape(b * go * f, p, -1)
             out = self.head(out.reshape(b * go * f, p, -1) + skip).view(b, go * f, p, dim)
@@ -169,4 +197,4 @@ class WorldTransformer(nn.Module):
         else:
             value, gate = out.chunk(2, dim=-1)
             x1 = base + torch.sigmoid(gate) * (value - base)
-        return x1.reshape(b, go * f * p, dim), k_all, v_all
+        return x1.reshape(b, go * f * p, dim)

@@ -96,9 +96,13 @@ def test_latent_codec_and_config_agree_on_the_palette_layout() -> None:
         dataclasses.replace(TINY, codec="vq")
     with pytest.raises(ValueError, match="cell_size"):
         dataclasses.replace(TINY, codec="palette", cell_size=5)
-    for bad in (dict(conv_channels=8), dict(codec="palette", cell_size=4, conv_channels=-1)):
+    for bad in (dict(conv_channels=8), dict(codec="palette", cell_size=4, conv_channels=-1),
+                dict(codec="palette", cell_size=4, conv_keys=True), dict(codec="palette", cell_size=4,
+                                                                          conv_prev_frame=True)):
         with pytest.raises(ValueError, match="conv_channels"):
             dataclasses.replace(TINY, **bad)
+    with pytest.raises(ValueError, match="conv_layers"):
+        dataclasses.replace(TINY, codec="palette", cell_size=4, conv_channels=8, conv_layers=1)
 
 
 @pytest.mark.parametrize("conv", [0, 8])

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from conftest import TINY
 
@@ -47,3 +48,36 @@ def test_tiny_training_reduces_the_loss_and_is_deterministic(tmp_path: Path) -> 
     assert trained0 < untrained0, (untrained0, trained0)  # from pure noise: better than copying
     other, _ = train(TINY, TrainConfig(**{**FAST.__dict__, "seed": 4}))
     assert not torch.equal(other.patch_out.weight, model.net.patch_out.weight)
+
+
+def test_the_local_stage_trains_the_conv_path_alone_and_hands_over_exactly() -> None:
+    """``local_steps``: the first stage changes only the convolutional path (stem, head, carry
+    gains), lowers its loss, and leaves the transformer's output at zero, so the full model
+    starts the second stage predicting exactly what the conv path alone predicts."""
+    import dataclasses
+
+    from execstate.model.world.transformer import WorldTransformer
+
+    cfg = dataclasses.replace(TINY, codec="palette", cell_size=4, action_shift_px=1, conv_channels=8, conv_layers=3,
+                              conv_keys=True, conv_prev_frame=True)
+    tc = TrainConfig(seed=5, steps=0, local_steps=40, local_batch_size=2, lr=1e-2, warmup=5, threads=1)
+    net, stats = train(cfg, tc, log_every=10)
+    torch.manual_seed(tc.seed)
+    fresh = WorldTransformer(cfg)
+    local = ("stem.", "head.", "copy_gain", "shift_gain")
+    trained = dict(net.named_parameters())
+    for name, p in fresh.named_parameters():
+        assert torch.equal(p, trained[name]) != name.startswith(local), name
+    assert stats["local_losses"][-1] < 0.8 * stats["local_losses"][0], stats["local_losses"]
+    batch = data.sample_batch(np.random.default_rng(11), cfg, 2)
+    g = torch.Generator().manual_seed(1)
+    t = torch.rand(batch.latents.shape[:2], generator=g)
+    noise = torch.randn(batch.latents.shape, generator=g)
+    with torch.no_grad():
+        full = teacher.predict(net, batch, t, noise)
+        alone = teacher.predict(net, batch, t, noise, local_only=True)
+    torch.testing.assert_close(full, alone, atol=1e-5, rtol=1e-5)
+    again, _ = train(cfg, tc, log_every=10)
+    assert all(torch.equal(a, b) for a, b in zip(again.parameters(), net.parameters(), strict=True))
+    with pytest.raises(ValueError, match="conv_channels"):
+        train(TINY, TrainConfig(steps=0, local_steps=2))
