@@ -18,7 +18,6 @@ from execstate.model.world.interface import KVWriter, PromptKV
 from execstate.model.world.model import ChunkedWorldModel
 from execstate.state.kv_pool import KVPool
 
-
 # the palette codec with every option of the convolutional path (cell_conv.py), at F = 2 and at
 # F = 1 (fewer frames per chunk than carry frames: the first carries after the sink are partly
 # "no frame")
