@@ -60,6 +60,9 @@ class TrainConfig:
     # full step's cost, before the transformer learns the rest on top of them
     local_steps: int = 0
     local_batch_size: int = 16
+    # the second stage's learning rate of the conv path, relative to ``lr`` (0: frozen, so the
+    # transformer learns only what the convolutions cannot: the prompt, the sink, the context)
+    conv_lr_scale: float = 1.0
 
 
 def _lr(cfg: TrainConfig, step: int, steps: int | None = None) -> float:
@@ -91,7 +94,11 @@ def _train(model_cfg: WorldModelConfig, cfg: TrainConfig, log: Callable[[str], N
     model = WorldTransformer(model_cfg)
     rng = np.random.default_rng(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
+    conv = {id(p) for p in _conv_params(model)}
+    groups = [{"params": [p for p in model.parameters() if id(p) not in conv], "scale": 1.0}]
+    if conv:
+        groups.append({"params": [p for p in model.parameters() if id(p) in conv], "scale": cfg.conv_lr_scale})
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
     sched = torch.tensor(model_cfg.schedule)
     lc = LatentCodec(model_cfg)
     start_wall, start_cpu = time.perf_counter(), time.process_time()
@@ -110,7 +117,7 @@ def _train(model_cfg: WorldModelConfig, cfg: TrainConfig, log: Callable[[str], N
             carry_noise = sigma[..., None] * torch.randn(batch.carry.shape, generator=gen)
             carry_noise[:, 0] = 0.0  # the sink's carry is "no frames": zeros, exactly
         for group in opt.param_groups:
-            group["lr"] = _lr(cfg, step)
+            group["lr"] = _lr(cfg, step) * group["scale"]
         context = None
         if cfg.p_own_history > 0:
             own = torch.rand(b, generator=gen) < cfg.p_own_history
@@ -153,6 +160,14 @@ def _loss_weights(cfg: TrainConfig, batch: data.Batch) -> torch.Tensor:
     return w
 
 
+def _conv_params(model: WorldTransformer) -> list[torch.nn.Parameter]:
+    """The convolutional path: stem, head and the carry gains (empty without convolutions)."""
+    if model.stem is None or model.head is None:
+        return []
+    return [*model.stem.parameters(), *model.head.parameters(),
+            *(p for p in (model.copy_gain, model.shift_gain) if p is not None)]
+
+
 def _train_local(model: WorldTransformer, model_cfg: WorldModelConfig, cfg: TrainConfig, rng: np.random.Generator,
                  gen: torch.Generator, log: Callable[[str], None] | None, log_every: int) -> list[float]:
     """The first stage: ``local_steps`` steps on the convolutional path alone (``local_only``:
@@ -162,8 +177,7 @@ def _train_local(model: WorldTransformer, model_cfg: WorldModelConfig, cfg: Trai
     and cosine schedule. Returns the mean loss per ``log_every`` steps."""
     if not model_cfg.conv_channels or model.stem is None or model.head is None:
         raise ValueError("local_steps needs the convolutional path (conv_channels > 0)")
-    params = [*model.stem.parameters(), *model.head.parameters(),
-              *(p for p in (model.copy_gain, model.shift_gain) if p is not None)]
+    params = _conv_params(model)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
     sched = torch.tensor(model_cfg.schedule)
     lc = LatentCodec(model_cfg)

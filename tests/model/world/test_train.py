@@ -79,5 +79,9 @@ def test_the_local_stage_trains_the_conv_path_alone_and_hands_over_exactly() -> 
     torch.testing.assert_close(full, alone, atol=1e-5, rtol=1e-5)
     again, _ = train(cfg, tc, log_every=10)
     assert all(torch.equal(a, b) for a, b in zip(again.parameters(), net.parameters(), strict=True))
+    # conv_lr_scale = 0: the second stage trains the transformer on top of a frozen conv path
+    frozen, _ = train(cfg, dataclasses.replace(tc, steps=3, conv_lr_scale=0.0), log_every=10)
+    for name, p in frozen.named_parameters():
+        assert torch.equal(p, trained[name]) == name.startswith(local), name
     with pytest.raises(ValueError, match="conv_channels"):
         train(TINY, TrainConfig(steps=0, local_steps=2))
