@@ -32,6 +32,9 @@ def add_world_parser(sub: argparse._SubParsersAction) -> None:
                     help="the stem gets the frame's keys as input channels")
     tr.add_argument("--conv-prev-frame", action=argparse.BooleanOptionalAction,
                     default=m.get("conv_prev_frame", False), help="frame f's stem also sees frame f-1's noisy input")
+    tr.add_argument("--schedule", type=lambda v: tuple(float(x) for x in v.split(",")),
+                    default=tuple(m.get("schedule", (0.0, 0.5))),
+                    help="flow times the sampler visits, comma-separated (default: %(default)s)")
     tr.add_argument("--local-steps", type=int, default=t.get("local_steps", 0),
                     help="a first stage of this many steps training the conv path alone (0: none)")
     tr.add_argument("--local-batch-size", type=int, default=t.get("local_batch_size", 16))
@@ -60,6 +63,29 @@ def add_world_parser(sub: argparse._SubParsersAction) -> None:
     w.set_defaults(func=run_world)
 
 
+def train_configs(args: argparse.Namespace):  # noqa: ANN201 - (WorldModelConfig, TrainConfig, command line)
+    """``world train``'s arguments -> the model and train configs and the equivalent command line
+    (recorded in train.json). Without flags these are the default recipe's (``recipe.PARAMS``)."""
+    from execstate.model.world.config import WorldModelConfig
+    from execstate.model.world.train import TrainConfig
+
+    model_args = {"d_model": args.d_model, "n_layers": args.layers, "n_heads": args.heads,
+                  "action_shift_px": args.action_shift_px, "codec": args.codec,
+                  "conv_channels": args.conv_channels, "conv_layers": args.conv_layers,
+                  "conv_keys": args.conv_keys, "conv_prev_frame": args.conv_prev_frame, "schedule": args.schedule}
+    train_args = {"seed": args.seed, "steps": args.steps, "batch_size": args.batch_size, "threads": args.threads,
+                  "context_noise": args.context_noise, "local_steps": args.local_steps,
+                  "local_batch_size": args.local_batch_size}
+    flags = {"layers": "n_layers", "heads": "n_heads"}
+    words = [f"execstate world train --out {args.out}"]
+    for key, value in {**train_args, **model_args}.items():
+        flag = next((f for f, k in flags.items() if k == key), key).replace("_", "-")
+        if isinstance(value, tuple):
+            value = ",".join(str(v) for v in value)
+        words.append(f"--{flag} {value}" if not isinstance(value, bool) else f"--{'' if value else 'no-'}{flag}")
+    return WorldModelConfig(**model_args), TrainConfig(**train_args), " ".join(words)
+
+
 def _load(name: str, numerics: str = "eager"):  # noqa: ANN202 - lazy import of the model type
     from execstate.model.world.default import load_default_world_model
     from execstate.model.world.model import ChunkedWorldModel
@@ -76,24 +102,9 @@ def run_world(args: argparse.Namespace) -> int:
     import torch
 
     if args.world_cmd == "train":
-        from execstate.model.world.config import WorldModelConfig
-        from execstate.model.world.train import TrainConfig, train_to_dir
+        from execstate.model.world.train import train_to_dir
 
-        model_args = {"d_model": args.d_model, "n_layers": args.layers, "n_heads": args.heads,
-                      "action_shift_px": args.action_shift_px, "codec": args.codec,
-                      "conv_channels": args.conv_channels, "conv_layers": args.conv_layers,
-                      "conv_keys": args.conv_keys, "conv_prev_frame": args.conv_prev_frame}
-        train_args = {"seed": args.seed, "steps": args.steps, "batch_size": args.batch_size, "threads": args.threads,
-                      "context_noise": args.context_noise, "local_steps": args.local_steps,
-                      "local_batch_size": args.local_batch_size}
-        model_cfg = WorldModelConfig(**model_args)
-        cfg = TrainConfig(**train_args)
-        flags = {"layers": "n_layers", "heads": "n_heads"}
-        words = [f"execstate world train --out {args.out}"]
-        for key, value in {**train_args, **model_args}.items():
-            flag = next((f for f, k in flags.items() if k == key), key).replace("_", "-")
-            words.append(f"--{flag} {value}" if not isinstance(value, bool) else f"--{'' if value else 'no-'}{flag}")
-        command = " ".join(words)
+        model_cfg, cfg, command = train_configs(args)
         record = train_to_dir(args.out, model_cfg, cfg, log=print, extra={"command": command})
         print(json.dumps({k: record[k] for k in ("weights_sha256", "command")} | {
             "wall_s": record["stats"]["wall_s"], "cpu_s": record["stats"]["cpu_s"]}, indent=2))

@@ -8,7 +8,9 @@ random held keys (``renderer.random_actions``), and the renderer plays the same 
   segmentation (``renderer.locate_agent``) vs the renderer's; a frame is a hit when the agent is
   found within ``tolerance_px`` (default 1 px: half a move) on both axes. Accuracy = hits /
   frames, over every generated frame.
-- **PSNR** of each generated frame against the renderer's, per step (chunk) index.
+- **exact frames**: the share of generated frames equal to the renderer's, pixel for pixel.
+- **PSNR** of each generated frame against the renderer's, per step (chunk) index (99 dB for an
+  exact frame, so a mean over steps mostly counts exact frames).
 - **drift** over a long rollout with the rolling window: per segment of steps, PSNR, action
   accuracy, the share of frames where an agent is found at all, and *palette fidelity* (share of pixels within 48 RGB units of a colour that can
   occur in the scene: floor, wall, agent, movers) -- a model that drifts blurs or invents
@@ -87,7 +89,7 @@ def evaluate(model: WorldModel, seeds: range = range(8), steps: int = 64, psnr_s
     """Action following over ``steps`` steps and PSNR per step for the first ``psnr_steps``, averaged
     over episodes ``seeds`` (themes cycle through all of them)."""
     f = model.spec.frames_per_chunk
-    hits, per_step, moved_hits, step_ms = [], [], [], []
+    hits, per_step, moved_hits, step_ms, exact = [], [], [], [], []
     for seed in seeds:
         ep = run_episode(model, seed, steps)
         h = agent_hits(ep, f)
@@ -95,6 +97,7 @@ def evaluate(model: WorldModel, seeds: range = range(8), steps: int = 64, psnr_s
         moved = np.any(ep.centers[f:] != ep.centers[f - 1 : -1], axis=1)
         moved_hits.append(h[moved])
         per_step.append(psnr(ep.generated, ep.truth[f:]).reshape(steps, f).mean(axis=1))
+        exact.append((ep.generated == ep.truth[f:]).all(axis=(1, 2, 3)))
         step_ms.extend(ep.step_ms)
     p = np.mean(per_step, axis=0)
     return {
@@ -102,6 +105,9 @@ def evaluate(model: WorldModel, seeds: range = range(8), steps: int = 64, psnr_s
         "action_accuracy": float(np.concatenate(hits).mean()),
         "action_accuracy_when_moving": float(np.concatenate(moved_hits).mean()),
         "action_accuracy_by_step16": [float(x) for x in np.stack(hits).reshape(len(seeds), -1, 16 * f).mean(axis=(0, 2))]
+        if steps % 16 == 0 else None,
+        "exact_frames": float(np.concatenate(exact).mean()),
+        "exact_frames_by_step16": [float(x) for x in np.stack(exact).reshape(len(seeds), -1, 16 * f).mean(axis=(0, 2))]
         if steps % 16 == 0 else None,
         "psnr_by_step": [round(float(x), 2) for x in p[:psnr_steps]],
         "psnr_mean_first": round(float(p[:psnr_steps].mean()), 2),

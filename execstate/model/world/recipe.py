@@ -14,14 +14,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 BUILD_STEPS = ("training on the procedural world", "writing weights")
-ESTIMATE = "about 12 min on an idle CPU core, 20-30 min on a loaded 2-core machine"
+ESTIMATE = "about 15 min on an idle CPU core, 20-25 min on a loaded 2-core machine"
 PARAMS: dict[str, Any] = {
-    "model": {"d_model": 128, "n_layers": 4, "n_heads": 4, "action_shift_px": 4},
+    # palette cells with the convolutional path (docs/world-model.md 2 and 6): the keys and the
+    # previous frame of the chunk reach the convolutions; the second sampler iteration at t = 0.75
+    # sees the first one's snapped frames clearly
+    "model": {"d_model": 128, "n_layers": 4, "n_heads": 4, "action_shift_px": 1, "codec": "palette",
+              "conv_channels": 64, "conv_layers": 4, "conv_keys": True, "conv_prev_frame": True,
+              "schedule": (0.0, 0.75)},
     # one torch thread: on a shared 2-core machine a 2-thread step spends most of its CPU time
     # waiting at OpenMP barriers (measured ~2 CPU-s per step under load vs 0.33 with one thread).
-    "train": {"seed": 0, "steps": 2000, "batch_size": 8, "threads": 1, "context_noise": 0.0},
+    # 6,000 steps of the conv path alone (the local rules, batch 16), then 1,000 of the whole model
+    "train": {"seed": 0, "steps": 1000, "batch_size": 8, "threads": 1, "context_noise": 0.0,
+              "local_steps": 6000, "local_batch_size": 16},
 }
 
 

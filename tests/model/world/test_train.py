@@ -85,3 +85,24 @@ def test_the_local_stage_trains_the_conv_path_alone_and_hands_over_exactly() -> 
         assert torch.equal(p, trained[name]) == name.startswith(local), name
     with pytest.raises(ValueError, match="conv_channels"):
         train(TINY, TrainConfig(steps=0, local_steps=2))
+
+
+def test_world_train_without_flags_trains_the_default_recipe(tmp_path: Path) -> None:
+    """``execstate world train --out DIR`` = ``execstate models prepare world`` (the recipe's model
+    and train configs, so the same weights), and the recorded command line gives them back."""
+    import shlex
+
+    from execstate.cli import build_parser
+    from execstate.model.world import recipe
+    from execstate.model.world.cli import train_configs
+    from execstate.model.world.config import WorldModelConfig
+
+    parser = build_parser()
+    model_cfg, cfg, command = train_configs(parser.parse_args(["world", "train", "--out", str(tmp_path)]))
+    assert model_cfg == WorldModelConfig.from_dict(recipe.PARAMS["model"])
+    assert cfg == TrainConfig(**recipe.PARAMS["train"])
+    again = train_configs(parser.parse_args(shlex.split(command)[1:]))
+    assert again == (model_cfg, cfg, command)
+    custom = train_configs(parser.parse_args(["world", "train", "--out", "x", "--schedule", "0,0.5", "--no-conv-keys",
+                                              "--local-steps", "7"]))
+    assert (custom[0].schedule, custom[0].conv_keys, custom[1].local_steps) == ((0.0, 0.5), False, 7)
