@@ -102,6 +102,9 @@ def _add_capacity_and_limit_options(s: argparse.ArgumentParser) -> None:
                         "full-length sequences can use)")
     g.add_argument("--num-kv-blocks", type=int, default=None,
                    help="KV pool size in blocks; overrides --kv-cache-memory (default: from --kv-cache-memory)")
+    g.add_argument("--prefault-kv", action="store_true",
+                   help="map the whole KV pool's pages at start (a background thread; ~0.5 s CPU per GiB, the "
+                        "pool becomes resident) so prefills into fresh blocks pay no page faults")
     g = s.add_argument_group("request limits (beyond a bound: 400, 413 or 429, before any engine work)")
     defaults = ServingLimits()
     for name, text in _LIMIT_HELP.items():

@@ -61,7 +61,7 @@ class EnginePeer(Peer):
 
         self.llm = LLM(str(self.path), dtype=self.dtype, block_size=16, enable_prefix_caching=True,
                        enable_return_routed_experts=self.routes, seed=0, max_model_len=None,
-                       max_num_batched_tokens=2048, max_num_seqs=64)
+                       max_num_batched_tokens=2048, max_num_seqs=64, prefault_kv=True)
         self.startup_seconds.append(float(self.llm.engine.startup_seconds))
 
     def close(self) -> None:

@@ -83,7 +83,7 @@ def measure_migration(model_dir: str | Path, context_len: int = 4000, repeats: i
               for m in fault_modes}
     recompute_llm = _llm(model_dir, blocks, pd=False, enable_prefix_caching=False)
     vocab = src.engine.model_config.vocab_size
-    time.sleep(1.0)  # let the receivers' pool-mapping threads finish (transfer/bulk.py: populate)
+    time.sleep(1.0)  # let the receivers' pool-mapping threads finish (KVPool.populate_async)
     try:
         runs = [_migrate_once(src, dst, _prompt(7000 + r, context_len - 1, vocab), f"bench-mig-{r}")
                 for r in range(repeats + 1)][1:]  # the first one warms both engines up: not counted

@@ -120,6 +120,8 @@ class LLMEngine(EngineWeights):
         self.kv_pool = KVPool(
             mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, act_dtype, config.device
         )
+        # prefault_kv: the pool's pages mapped in the background (the thread, to wait for it)
+        self.kv_populate = self.kv_pool.populate_async() if config.prefault_kv else None
         self.return_routes = config.enable_return_routed_experts and mc.is_moe
         self.route_store = (
             RouteStore(config.block_size, mc.num_moe_layers, mc.top_k, mc.num_experts) if self.return_routes else None

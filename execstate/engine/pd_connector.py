@@ -27,9 +27,6 @@ exporter's immutable snapshots; the transfer thread owns the importer and reads 
 
 from __future__ import annotations
 
-import contextlib
-import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -42,7 +39,7 @@ from execstate.engine.pd_loads import LoadStats, RemoteLoads
 from execstate.engine.request import Request
 from execstate.identity.keys import BlockKey
 from execstate.state.block_pool import BlockId
-from execstate.transfer.bulk import NixlBulk, populate
+from execstate.transfer.bulk import NixlBulk
 from execstate.transfer.checks import kv_layout_of
 from execstate.transfer.control import ControlServer, Release
 from execstate.transfer.errors import TransferError
@@ -128,17 +125,8 @@ class PDConnector:
     def _populate_pool(self) -> None:
         """Map the KV pool's pages now, on a background thread, so loads do not pay page faults
         inside the copy (``transfer/bulk.py``: 20-70x the copy) while the engine serves."""
-        pool = self.engine.kv_pool
-        if pool.k.device.type != "cpu":
-            return
-
-        def run() -> None:
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + 10)
-            for t in (pool.k, pool.v):
-                populate(t.data_ptr(), t.numel() * t.element_size())
-
-        threading.Thread(target=run, name="execstate-kv-populate", daemon=True).start()
+        if not self.engine.config.prefault_kv:  # else the engine has started it already
+            self.engine.kv_pool.populate_async()
 
     @property
     def is_consumer(self) -> bool:

@@ -8,10 +8,15 @@ hold zeros (not garbage), so masked-out positions can never inject NaN/Inf.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
+import os
+import threading
 
 import numpy as np
 import torch
+
+from execstate.state.page_map import populate
 
 
 class KVPool:
@@ -43,6 +48,24 @@ class KVPool:
         """Store k/v ``[T, n_kv_heads, head_dim]`` at flat ``slots`` ``[T]`` in place."""
         self.k[layer].index_copy_(0, slots, k)
         self.v[layer].index_copy_(0, slots, v)
+
+    def populate_async(self) -> threading.Thread | None:
+        """Map the pool's pages now (``state/page_map.py``), on a daemon thread at a lower CPU
+        priority, so later writes into never-used blocks do not pay page faults (a prefill's K/V
+        writes, a PD receiver's transfers). Contents are unchanged and the engine may write
+        meanwhile. Returns the thread (``None`` for a pool not in host memory)."""
+        if self.k.device.type != "cpu":
+            return None
+
+        def run() -> None:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + 10)
+            for t in (self.k, self.v):
+                populate(t.data_ptr(), t.numel() * t.element_size())
+
+        thread = threading.Thread(target=run, name="execstate-kv-populate", daemon=True)
+        thread.start()
+        return thread
 
     def block_slots(self, block_id: int) -> slice:
         return slice(block_id * self.block_size, (block_id + 1) * self.block_size)

@@ -15,7 +15,7 @@ instance's transfer thread; ``close`` after that thread stopped).
 Memory: the pool's pages are mapped on first write (``state/kv_pool.py``), and a read into
 never-written blocks pays the page faults inside the copy: 20-70x the copy itself (measured:
 95-495 ms instead of 4-7 ms for 32 MiB, on a loaded 2-core machine), kernel time taken from the
-engine. A receiver therefore maps its pool ahead (:func:`populate`, ``MADV_POPULATE_WRITE``:
+engine. A receiver therefore maps its pool ahead (``KVPool.populate_async``, ``MADV_POPULATE_WRITE``:
 contents unchanged, safe while the engine writes), off the engine thread.
 
 Failure: a NIXL error or a transfer that does not complete within ``timeout_s`` raises
@@ -29,9 +29,7 @@ the transfer ended, done or failed, and its handle was released).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import itertools
-import mmap
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -73,28 +71,6 @@ def _paced_progress_thread() -> Iterator[None]:
             yield
         finally:
             bind.nixlAgent = original
-
-
-_MADV_POPULATE_WRITE = 23  # Linux >= 5.14
-_POPULATE_CHUNK = 64 << 20
-
-
-def populate(addr: int, nbytes: int, chunk: int = _POPULATE_CHUNK) -> bool:
-    """Map every page of ``[addr, addr + nbytes)`` writable now (``madvise(MADV_POPULATE_WRITE)``,
-    in ``chunk``-byte steps so other threads' page faults interleave). Contents are unchanged.
-    False where the platform refuses (not Linux, kernel < 5.14): then pages map on first write."""
-    page = mmap.PAGESIZE
-    start = (addr + page - 1) // page * page
-    end = (addr + nbytes) // page * page
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        for a in range(start, end, chunk):
-            if libc.madvise(a, min(chunk, end - a), _MADV_POPULATE_WRITE) != 0:
-                return False
-    except (OSError, AttributeError):
-        return False
-    return True
 
 
 class NixlBulk:
