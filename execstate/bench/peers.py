@@ -22,7 +22,9 @@ class RunResult:
     r3_seconds: float | None = None  # engine only: its R3Clock's growth over the run
     # a peer running in other processes (vLLM): their CPU time over the run (this process's otherwise)
     cpu_seconds: float | None = None
-    prefill_s: float | None = None  # batch 8, where the peer reports it: the batch's time to first token
+    # batch 8, where the peer reports it: the wall time of a max_tokens=1 run of the batch's
+    # prompts (nothing cached) just before the timed run, outside its wall time
+    prefill_s: float | None = None
 
 
 class Peer:
@@ -72,6 +74,7 @@ class EnginePeer(Peer):
 
         sp = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True)
         groups = [prompts] if batched else [[p] for p in prompts]
+        prefill_s = self._probe_prefill(prompts) if batched and max_new_tokens > 1 else None
         outs = []
         r3_0 = self.llm.engine.r3_clock.seconds
         t0 = time.perf_counter()
@@ -87,10 +90,22 @@ class EnginePeer(Peer):
             if self.routes and getattr(mc, "is_moe", False):
                 self.route_rows_ok &= r is not None and tuple(r.shape) == (
                     len(p) + len(t) - 1, mc.num_moe_layers, mc.top_k)
+        if batched:
+            return RunResult(tokens, seconds, None, r3_seconds, prefill_s=prefill_s)
         ttfts = [float(o.metrics.get("ttft_s", float("nan"))) for o in outs]
-        if batched:  # prefill time of the batch: until its last prompt's first token
-            return RunResult(tokens, seconds, None, r3_seconds, prefill_s=max(ttfts, default=None))
         return RunResult(tokens, seconds, ttfts, r3_seconds)
+
+    def _probe_prefill(self, prompts: list[list[int]]) -> float:
+        """Seconds of a ``max_tokens=1`` run of ``prompts`` with their first token changed (no
+        block of theirs or of the timed run is in the prefix cache, and the timed run hits none
+        of the probe's): vLLM's peer probes the same way (bench/vllm_peer.py)."""
+        from execstate import SamplingParams
+
+        vocab = self.llm.engine.model_config.vocab_size
+        fresh = [{"prompt_token_ids": [(p[0] + 1) % vocab, *p[1:]]} for p in prompts]
+        t0 = time.perf_counter()
+        self.llm.generate(fresh, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True), use_tqdm=False)
+        return time.perf_counter() - t0
 
 
 class TransformersPeer(Peer):

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from execstate.bench.machine import loadavg_1m
+from execstate.bench.machine import loadavg_1m, settle
 from execstate.bench.parity import add_counts, compare
 from execstate.bench.peers import EnginePeer, Peer
 from execstate.bench.throughput_workload import Workload
@@ -127,6 +127,7 @@ class PeerLoop:
             return
         s = self.samples[p.name]
         gc.collect()
+        settle()
         load = loadavg_1m()
         cpu0 = time.process_time()
         res = p.run(prompts, self.wl.new_tokens(p, batched), batched)

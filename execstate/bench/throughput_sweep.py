@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from execstate.bench.machine import loadavg_1m
+from execstate.bench.machine import loadavg_1m, settle
 from execstate.bench.numbers import fmt, median
 from execstate.bench.parity import add_counts, compare, summarise
 from execstate.bench.peers import EnginePeer, Peer
@@ -164,8 +164,10 @@ def _measure(peer_list: list[Peer], wl: SweepWorkload, vocab: int, repeats: int,
 def _one(p: Peer, wl: SweepWorkload, vocab: int, b: int, r: int, threads: int) -> tuple[dict[str, Any], list[list[int]]]:
     """One prefill probe and one timed run of ``p`` at batch ``b``."""
     batched = b > 1
+    settle()
     load = loadavg_1m()
     pre = p.run(wl.prompts(vocab, b, r, "prefill"), 1, batched)
+    settle()
     cpu0 = time.process_time()
     full = p.run(wl.prompts(vocab, b, r, "full"), wl.max_new_tokens, batched)
     cpu = full.cpu_seconds if full.cpu_seconds is not None else time.process_time() - cpu0

@@ -26,7 +26,8 @@ def format_table(report: dict[str, Any]) -> str:
         f"workload: batch 8 = {wl['num_prompts']} prompts x {wl['prompt_len']} tokens -> "
         f"{wl['max_new_tokens']} new tokens each, greedy, ignore_eos; batch 1 = {wl['batch1_prompts']} "
         f"prompts one at a time (tok/s = generated tokens / wall s, prefill included); b8 prefill tok/s = "
-        f"{wl['num_prompts']} x {wl['prompt_len']} prompt tokens / the batch-8 run's time to first token",
+        f"{wl['num_prompts']} x {wl['prompt_len']} prompt tokens / the wall time of a max_tokens=1 run of the "
+        f"batch's prompts (nothing cached; vLLM's peer probes the same way)",
         "",
         f"{'peer':<44}{'batch 8 tok/s':>14}{'batch 1 tok/s':>15}{'b8 clean (n)':>14}{'b1 clean (n)':>14}"
         f"{'b1 TTFT s':>11}{'b1 decode tok/s':>17}{'b8 prefill tok/s':>18}  runs (b8 | b1)",
