@@ -1,4 +1,11 @@
-"""The world model's network: patch tokens of a chunk in, predicted clean patches out.
+"""The world model's network: latent tokens of a chunk in, predicted clean latents out.
+
+Two codecs (``WorldModelConfig.codec``): pixel patches (described below: a gated residual on
+the carry) and palette cells (the default recipe since v3: per-cell logits, the newest carry
+and its action-shifted copy added through learned per-colour gains, and with
+``conv_channels`` a convolutional stem and head around the blocks, ``cell_conv.py``;
+``forward(local_only=True)`` runs that conv path alone, with no blocks: training's first
+stage). The rest of this docstring holds for both.
 
 Token layout: a sequence is ``G`` groups (chunks) of ``F`` frames of ``P`` patch tokens,
 frame-major. Each group also gets its *carry*: the clean latents of the ``carry_frames`` frames
