@@ -20,7 +20,8 @@ class RunResult:
     seconds: float
     ttft_s: list[float] | None = None  # batch 1 only, where the peer reports it
     r3_seconds: float | None = None  # engine only: its R3Clock's growth over the run
-    # a peer running in other processes (vLLM): their CPU time over the run (this process's otherwise)
+    # CPU seconds of the timed part: a peer running in other processes (vLLM) reports theirs, the
+    # engine its process's (without its prefill probe); None: the caller measures this process's
     cpu_seconds: float | None = None
     # batch 8, where the peer reports it: the wall time of a max_tokens=1 run of the batch's
     # prompts (nothing cached) just before the timed run, outside its wall time
@@ -77,10 +78,11 @@ class EnginePeer(Peer):
         prefill_s = self._probe_prefill(prompts) if batched and max_new_tokens > 1 else None
         outs = []
         r3_0 = self.llm.engine.r3_clock.seconds
-        t0 = time.perf_counter()
+        cpu0, t0 = time.process_time(), time.perf_counter()
         for g in groups:
             outs += self.llm.generate([{"prompt_token_ids": p} for p in g], sp, use_tqdm=False)
         seconds = time.perf_counter() - t0
+        cpu_seconds = time.process_time() - cpu0  # the timed part only (not the prefill probe)
         r3_seconds = self.llm.engine.r3_clock.seconds - r3_0
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         mc = self.llm.engine.model_config
@@ -91,9 +93,9 @@ class EnginePeer(Peer):
                 self.route_rows_ok &= r is not None and tuple(r.shape) == (
                     len(p) + len(t) - 1, mc.num_moe_layers, mc.top_k)
         if batched:
-            return RunResult(tokens, seconds, None, r3_seconds, prefill_s=prefill_s)
+            return RunResult(tokens, seconds, None, r3_seconds, cpu_seconds=cpu_seconds, prefill_s=prefill_s)
         ttfts = [float(o.metrics.get("ttft_s", float("nan"))) for o in outs]
-        return RunResult(tokens, seconds, ttfts, r3_seconds)
+        return RunResult(tokens, seconds, ttfts, r3_seconds, cpu_seconds=cpu_seconds)
 
     def _probe_prefill(self, prompts: list[list[int]]) -> float:
         """Seconds of a ``max_tokens=1`` run of ``prompts`` with their first token changed (no
