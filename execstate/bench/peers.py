@@ -49,8 +49,10 @@ class Peer:
 
 
 class EnginePeer(Peer):
-    def __init__(self, path: Path, routes: bool, dtype: str = "float32") -> None:
-        self.path, self.routes, self.dtype = path, routes, dtype
+    def __init__(self, path: Path, routes: bool, dtype: str = "float32", probe_prefill: bool = True) -> None:
+        # probe_prefill: each batched run first times a max_tokens=1 run (RunResult.prefill_s);
+        # off where the caller probes itself (the sweep), as for the vLLM peer
+        self.path, self.routes, self.dtype, self.probe_prefill = path, routes, dtype, probe_prefill
         bf16 = "_bf16" if dtype == "bfloat16" else ""  # bf16 weights, fp32 activations (model/bf16_weights.py)
         self.name = f"execstate{bf16}_r3_{'on' if routes else 'off'}"
         self.label = f"execstate{' bf16 weights' if bf16 else ''} (R3 {'on' if routes else 'off'})"
@@ -75,7 +77,7 @@ class EnginePeer(Peer):
 
         sp = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True)
         groups = [prompts] if batched else [[p] for p in prompts]
-        prefill_s = self._probe_prefill(prompts) if batched and max_new_tokens > 1 else None
+        prefill_s = self._probe_prefill(prompts) if batched and self.probe_prefill else None
         outs = []
         r3_0 = self.llm.engine.r3_clock.seconds
         cpu0, t0 = time.process_time(), time.perf_counter()

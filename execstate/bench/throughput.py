@@ -121,9 +121,11 @@ def run_throughput_bench(
 
 
 def _peers(model: str | Path, path: Path, wl: Workload, threads: int, enabled: bool, llama_cpp: bool,
-           notes: list[str]) -> tuple[list[Peer], dict[str, str]]:
-    """The peers to measure (engine R3 on and off first) and, by name, those left out and why."""
-    peer_list: list[Peer] = [EnginePeer(path, routes=True), EnginePeer(path, routes=False)]
+           notes: list[str], probe_prefill: bool = True) -> tuple[list[Peer], dict[str, str]]:
+    """The peers to measure (engine R3 on and off first) and, by name, those left out and why.
+    ``probe_prefill``: the engine peers time a prefill probe before each batched run."""
+    peer_list: list[Peer] = [EnginePeer(path, routes=True, probe_prefill=probe_prefill),
+                             EnginePeer(path, routes=False, probe_prefill=probe_prefill)]
     unavailable: dict[str, str] = {}
     if not enabled:
         unavailable["transformers"] = unavailable["llama_cpp"] = "peers disabled (--no-peers)"

@@ -98,9 +98,10 @@ def run_throughput_sweep(model: str | Path = "standard", workload: SweepWorkload
                      "size_mib": bw["size_mib"], "loadavg_1m_before": loadavg_1m()}
     else:
         bandwidth = {"source": "given (--bandwidth-gbs)", "read_gb_s": float(bandwidth_gb_s)}
-    # the main bench's peer set, less the R3-on engine (route return is measured there)
+    # the main bench's peer set, less the R3-on engine (route return is measured there); every
+    # peer's prefill is this sweep's own probe run (_one), so none probes inside its runs
     big = Workload(wl.prompt_len, wl.max_new_tokens, max(wl.batches), 1, None, wl.seed)
-    peer_list, unavailable = _peers(model, path, big, threads, peers, llama_cpp, notes)
+    peer_list, unavailable = _peers(model, path, big, threads, peers, llama_cpp, notes, probe_prefill=False)
     peer_list = [p for p in peer_list if p.name != "execstate_r3_on"]
     if peers:
         add_vllm_peer(peer_list, unavailable, vllm_python, path, big, threads, probe_prefill=False)

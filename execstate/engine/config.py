@@ -35,8 +35,8 @@ class EngineConfig:
     # Map the KV pool's pages at start, on a background thread (KVPool.populate_async), so
     # prefills into never-used blocks do not pay page faults (~4 % of an 8 x 256-token prefill
     # on the standard model); costs about 0.5 s of CPU per GiB of pool, once, and makes the
-    # pool resident. The server and the throughput benchmark turn it on; a PD consumer always
-    # maps its pool.
+    # pool resident. Off unless asked (serve --prefault-kv, the throughput benchmark); a PD
+    # consumer always maps its pool.
     prefault_kv: bool = False
     # Sessions (session/): at most max_sessions resident; beyond it, opening one fails
     # ("capacity") or, with session_eviction="lru", evicts the idle session whose last step is

@@ -74,24 +74,22 @@ class _StreamDecoder:
     def peek(self, tok: HFTokenizer) -> str:
         """What the held-back ids decode to so far, without the incomplete character(s) at the
         end; changes nothing."""
-        if not self.pending:
-            return ""
-        skip = self.skip_special_tokens
-        prefix = tok.decode(self.window, skip_special_tokens=skip)
-        full = tok.decode(self.window + self.pending, skip_special_tokens=skip)
-        rest = full[len(prefix) :] if full.startswith(prefix) else tok.decode(self.pending, skip_special_tokens=skip)
-        return rest.rstrip("\ufffd")
+        return self._pending_text(tok).rstrip("\ufffd")
 
     def flush(self, tok: HFTokenizer) -> str:
         """What the held-back ids decode to in the context of the last chunk."""
+        rest = self._pending_text(tok)
+        self.window, self.pending = self.window + self.pending, []
+        return rest
+
+    def _pending_text(self, tok: HFTokenizer) -> str:
+        """The held-back ids' text in the context of the last chunk ("" when none are held)."""
         if not self.pending:
             return ""
         skip = self.skip_special_tokens
         prefix = tok.decode(self.window, skip_special_tokens=skip)
         full = tok.decode(self.window + self.pending, skip_special_tokens=skip)
-        rest = full[len(prefix) :] if full.startswith(prefix) else tok.decode(self.pending, skip_special_tokens=skip)
-        self.window, self.pending = self.window + self.pending, []
-        return rest
+        return full[len(prefix) :] if full.startswith(prefix) else tok.decode(self.pending, skip_special_tokens=skip)
 
 
 class IncrementalDetokenizer:

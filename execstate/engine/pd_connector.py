@@ -114,19 +114,15 @@ class PDConnector:
             )
             self.server = ControlServer(cfg.host, cfg.port, self.exporter)
         if cfg.role in ("kv_consumer", "kv_both"):
-            self._populate_pool()
+            # map the pool's pages now, in the background, so loads do not pay page faults inside
+            # the copy (transfer/bulk.py: 20-70x the copy) while the engine serves
+            self.engine.kv_pool.populate_async()
             importer = KVImporter(engine.kv_pool, caps, self.bulk, cfg.timeout_s)
             worker = LoadWorker(importer, self.bulk, on_result=engine.wake)
             max_fenced = cfg.max_fenced_blocks or max(1, engine.block_pool.num_blocks // 4)
             self.loads = RemoteLoads(worker, engine.block_pool, engine.block_size, engine.return_routes,
                                      cfg.failure_policy, cfg.max_inflight, max_fenced, self.stats)
             engine.scheduler.external = self.loads
-
-    def _populate_pool(self) -> None:
-        """Map the KV pool's pages now, on a background thread, so loads do not pay page faults
-        inside the copy (``transfer/bulk.py``: 20-70x the copy) while the engine serves."""
-        if not self.engine.config.prefault_kv:  # else the engine has started it already
-            self.engine.kv_pool.populate_async()
 
     @property
     def is_consumer(self) -> bool:

@@ -38,6 +38,7 @@ class KVPool:
         shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
         self.k = _zeros(shape, dtype, device)
         self.v = _zeros(shape, dtype, device)
+        self._populate: threading.Thread | None = None
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -53,9 +54,12 @@ class KVPool:
         """Map the pool's pages now (``state/page_map.py``), on a daemon thread at a lower CPU
         priority, so later writes into never-used blocks do not pay page faults (a prefill's K/V
         writes, a PD receiver's transfers). Contents are unchanged and the engine may write
-        meanwhile. Returns the thread (``None`` for a pool not in host memory)."""
+        meanwhile. Returns the thread (``None`` for a pool not in host memory); once started,
+        later calls return the same thread (the pool is mapped once, whoever asks)."""
         if self.k.device.type != "cpu":
             return None
+        if self._populate is not None:
+            return self._populate
 
         def run() -> None:
             with contextlib.suppress(OSError):
@@ -63,9 +67,9 @@ class KVPool:
             for t in (self.k, self.v):
                 populate(t.data_ptr(), t.numel() * t.element_size())
 
-        thread = threading.Thread(target=run, name="execstate-kv-populate", daemon=True)
-        thread.start()
-        return thread
+        self._populate = threading.Thread(target=run, name="execstate-kv-populate", daemon=True)
+        self._populate.start()
+        return self._populate
 
     def block_slots(self, block_id: int) -> slice:
         return slice(block_id * self.block_size, (block_id + 1) * self.block_size)

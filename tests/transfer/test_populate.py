@@ -38,6 +38,7 @@ def test_kv_pool_populate_async_maps_the_whole_pool_and_keeps_it_zero():
     assert resident_pages(pool.k.data_ptr(), nbytes)[0] < resident_pages(pool.k.data_ptr(), nbytes)[1] // 2
     thread = pool.populate_async()
     assert thread is not None
+    assert pool.populate_async() is thread  # mapped once, whoever asks (engine start, PD consumer)
     thread.join(timeout=30)
     for t in (pool.k, pool.v):
         resident, total = resident_pages(t.data_ptr(), nbytes)

@@ -76,10 +76,10 @@ def train_configs(args: argparse.Namespace):  # noqa: ANN201 - (WorldModelConfig
     train_args = {"seed": args.seed, "steps": args.steps, "batch_size": args.batch_size, "threads": args.threads,
                   "context_noise": args.context_noise, "local_steps": args.local_steps,
                   "local_batch_size": args.local_batch_size}
-    flags = {"layers": "n_layers", "heads": "n_heads"}
+    flags = {"n_layers": "layers", "n_heads": "heads"}  # config field -> flag, where they differ
     words = [f"execstate world train --out {args.out}"]
     for key, value in {**train_args, **model_args}.items():
-        flag = next((f for f, k in flags.items() if k == key), key).replace("_", "-")
+        flag = flags.get(key, key).replace("_", "-")
         if isinstance(value, tuple):
             value = ",".join(str(v) for v in value)
         words.append(f"--{flag} {value}" if not isinstance(value, bool) else f"--{'' if value else 'no-'}{flag}")

@@ -13,14 +13,22 @@ import numpy as np
 import torch
 
 
-def encode(frames: np.ndarray | torch.Tensor, patch: int) -> torch.Tensor:
-    """``uint8[..., H, W, 3]`` -> ``float32[..., (H/p)*(W/p), p*p*3]``."""
+def checked_frames(frames: np.ndarray | torch.Tensor, unit: int, unit_name: str) -> torch.Tensor:
+    """``frames`` as a tensor, after checking it is ``uint8[..., H, W, 3]`` with H and W multiples
+    of ``unit`` (a ValueError naming the problem otherwise)."""
     x = torch.as_tensor(frames)
     if x.dtype != torch.uint8 or x.dim() < 3 or x.shape[-1] != 3:
         raise ValueError(f"frames must be uint8[..., H, W, 3], got {x.dtype} {tuple(x.shape)}")
+    h, w = x.shape[-3:-1]
+    if h % unit or w % unit:
+        raise ValueError(f"frame {h}x{w} is not a multiple of the {unit_name} {unit}")
+    return x
+
+
+def encode(frames: np.ndarray | torch.Tensor, patch: int) -> torch.Tensor:
+    """``uint8[..., H, W, 3]`` -> ``float32[..., (H/p)*(W/p), p*p*3]``."""
+    x = checked_frames(frames, patch, "patch size")
     *lead, h, w, _ = x.shape
-    if h % patch or w % patch:
-        raise ValueError(f"frame {h}x{w} is not a multiple of the patch size {patch}")
     x = x.reshape(*lead, h // patch, patch, w // patch, patch, 3).movedim(-4, -3)
     x = x.reshape(*lead, (h // patch) * (w // patch), patch * patch * 3)
     return x.to(torch.float32) / 127.5 - 1.0

@@ -104,16 +104,23 @@ def evaluate(model: WorldModel, seeds: range = range(8), steps: int = 64, psnr_s
         "episodes": len(seeds), "steps": steps, "frames_per_chunk": f,
         "action_accuracy": float(np.concatenate(hits).mean()),
         "action_accuracy_when_moving": float(np.concatenate(moved_hits).mean()),
-        "action_accuracy_by_step16": [float(x) for x in np.stack(hits).reshape(len(seeds), -1, 16 * f).mean(axis=(0, 2))]
-        if steps % 16 == 0 else None,
+        "action_accuracy_by_step16": _by_16_steps(hits, f),
         "exact_frames": float(np.concatenate(exact).mean()),
-        "exact_frames_by_step16": [float(x) for x in np.stack(exact).reshape(len(seeds), -1, 16 * f).mean(axis=(0, 2))]
-        if steps % 16 == 0 else None,
+        "exact_frames_by_step16": _by_16_steps(exact, f),
         "psnr_by_step": [round(float(x), 2) for x in p[:psnr_steps]],
         "psnr_mean_first": round(float(p[:psnr_steps].mean()), 2),
         "psnr_mean_all": round(float(p.mean()), 2),
         "step_ms_p50": round(float(np.percentile(step_ms, 50)), 2),
     }
+
+
+def _by_16_steps(per_frame: list[np.ndarray], f: int) -> list[float] | None:
+    """Means over episodes of each stretch of 16 steps (``16 * f`` frames), or ``None`` when the
+    episodes are not a whole number of stretches."""
+    x = np.stack(per_frame)
+    if x.shape[1] % (16 * f):
+        return None
+    return [float(v) for v in x.reshape(len(per_frame), -1, 16 * f).mean(axis=(0, 2))]
 
 
 def drift(model: WorldModel, seed: int = 0, steps: int = 500, segment: int = 50,

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from execstate.model.world import renderer
+from execstate.model.world.codec import checked_frames
 
 PALETTE = np.array(
     [c for pair in renderer.THEMES.values() for c in pair] + [renderer.AGENT_RGB, *renderer.MOVER_RGB], np.uint8)
@@ -34,12 +35,8 @@ K = len(PALETTE)
 
 def cell_indices(frames: np.ndarray | torch.Tensor, cell: int) -> torch.Tensor:
     """``uint8[..., H, W, 3]`` -> ``int64[..., H/cell, W/cell]``: each cell's nearest palette entry."""
-    x = torch.as_tensor(frames)
-    if x.dtype != torch.uint8 or x.dim() < 3 or x.shape[-1] != 3:
-        raise ValueError(f"frames must be uint8[..., H, W, 3], got {x.dtype} {tuple(x.shape)}")
+    x = checked_frames(frames, cell, "cell size")
     *lead, h, w, _ = x.shape
-    if h % cell or w % cell:
-        raise ValueError(f"frame {h}x{w} is not a multiple of the cell size {cell}")
     mean = x.to(torch.float32).reshape(*lead, h // cell, cell, w // cell, cell, 3).mean(dim=(-4, -2))
     dist = ((mean[..., None, :] - torch.as_tensor(PALETTE, dtype=torch.float32)) ** 2).sum(-1)
     return dist.argmin(-1)

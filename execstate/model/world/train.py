@@ -23,7 +23,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,8 +103,7 @@ def _train(model_cfg: WorldModelConfig, cfg: TrainConfig, log: Callable[[str], N
     lc = LatentCodec(model_cfg)
     start_wall, start_cpu = time.perf_counter(), time.process_time()
     local_losses = _train_local(model, model_cfg, cfg, rng, gen, log, log_every) if cfg.local_steps else []
-    losses: list[float] = []
-    recent: list[float] = []
+    losses = _LossLog(log_every, cfg.steps)
     for step in range(cfg.steps):
         batch = data.sample_batch(rng, model_cfg, cfg.batch_size, cfg.max_start, cfg.p_theme_change)
         b, n = batch.latents.shape[:2]
@@ -127,24 +126,44 @@ def _train(model_cfg: WorldModelConfig, cfg: TrainConfig, log: Callable[[str], N
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             pred = teacher.predict(model, batch, t, noise, clean_noise, carry_noise, context)
         loss = lc.loss(pred, batch.latents, _loss_weights(cfg, batch))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        recent.append(loss.item())
-        if (step + 1) % log_every == 0 or step + 1 == cfg.steps:
-            losses.append(float(np.mean(recent)))
-            recent = []
+        if losses.add(step, _optimizer_step(opt, model.parameters(), loss)):
             if log:
-                log(f"step {step + 1}/{cfg.steps} loss {losses[-1]:.5f} "
+                log(f"step {step + 1}/{cfg.steps} loss {losses.means[-1]:.5f} "
                     f"{time.perf_counter() - start_wall:.0f}s")
             if on_log:
                 on_log(step + 1, model)
     model.eval()
-    stats = {"losses": losses, "local_losses": local_losses, "log_every": log_every, "wall_s": round(time.perf_counter() - start_wall, 1),
+    stats = {"losses": losses.means, "local_losses": local_losses, "log_every": log_every, "wall_s": round(time.perf_counter() - start_wall, 1),
              "cpu_s": round(time.process_time() - start_cpu, 1), "threads": cfg.threads,
              "torch": torch.__version__}
     return model, stats
+
+
+def _optimizer_step(opt: torch.optim.Optimizer, params: Iterable[torch.nn.Parameter], loss: torch.Tensor) -> float:
+    """Backward, clip the gradients of ``params`` at norm 1, step; returns the loss value."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    return loss.item()
+
+
+class _LossLog:
+    """Mean loss per ``every`` steps (and over the last, shorter stretch of ``total``)."""
+
+    def __init__(self, every: int, total: int) -> None:
+        self.every, self.total = every, total
+        self.means: list[float] = []
+        self._recent: list[float] = []
+
+    def add(self, step: int, loss: float) -> bool:
+        """Record step ``step``'s loss; True when it closed a stretch (a new entry in ``means``)."""
+        self._recent.append(loss)
+        if (step + 1) % self.every and step + 1 != self.total:
+            return False
+        self.means.append(float(np.mean(self._recent)))
+        self._recent = []
+        return True
 
 
 def _flow_times(cfg: TrainConfig, sched: torch.Tensor, shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
@@ -182,8 +201,7 @@ def _train_local(model: WorldTransformer, model_cfg: WorldModelConfig, cfg: Trai
     sched = torch.tensor(model_cfg.schedule)
     lc = LatentCodec(model_cfg)
     start = time.perf_counter()
-    losses: list[float] = []
-    recent: list[float] = []
+    losses = _LossLog(log_every, cfg.local_steps)
     for step in range(cfg.local_steps):
         batch = data.sample_batch(rng, model_cfg, cfg.local_batch_size, cfg.max_start, 0.0)
         t = _flow_times(cfg, sched, tuple(batch.latents.shape[:2]), gen)
@@ -193,17 +211,9 @@ def _train_local(model: WorldTransformer, model_cfg: WorldModelConfig, cfg: Trai
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             pred = teacher.predict(model, batch, t, noise, local_only=True)
         loss = lc.loss(pred, batch.latents, _loss_weights(cfg, batch))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        recent.append(loss.item())
-        if (step + 1) % log_every == 0 or step + 1 == cfg.local_steps:
-            losses.append(float(np.mean(recent)))
-            recent = []
-            if log:
-                log(f"local step {step + 1}/{cfg.local_steps} loss {losses[-1]:.5f} {time.perf_counter() - start:.0f}s")
-    return losses
+        if losses.add(step, _optimizer_step(opt, params, loss)) and log:
+            log(f"local step {step + 1}/{cfg.local_steps} loss {losses.means[-1]:.5f} {time.perf_counter() - start:.0f}s")
+    return losses.means
 
 
 def train_to_dir(out_dir: Path, model_cfg: WorldModelConfig, cfg: TrainConfig,
