@@ -17,25 +17,9 @@ static KT void scores(const float *qg, const float *kc, const int64_t *bt, int64
     for (; l + 4 <= L; l += 4) {
         const float *k0 = kv_row(kc, bt, l, bs, nkv, h, d), *k1 = kv_row(kc, bt, l + 1, bs, nkv, h, d);
         const float *k2 = kv_row(kc, bt, l + 2, bs, nkv, h, d), *k3 = kv_row(kc, bt, l + 3, bs, nkv, h, d);
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t i = 0; i < d8; i += 8) {
-            const __m256 qv = _mm256_loadu_ps(qg + i);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + i), qv, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(k1 + i), qv, a1);
-            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(k2 + i), qv, a2);
-            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(k3 + i), qv, a3);
-        }
-        s[l] = finish(a0, k0, qg, d8, d) * scale;
-        s[l + 1] = finish(a1, k1, qg, d8, d) * scale;
-        s[l + 2] = finish(a2, k2, qg, d8, d) * scale;
-        s[l + 3] = finish(a3, k3, qg, d8, d) * scale;
+        scores4(qg, k0, k1, k2, k3, d8, d, scale, s + l);
     }
-    for (; l < L; l++) {
-        const float *k0 = kv_row(kc, bt, l, bs, nkv, h, d);
-        __m256 a0 = _mm256_setzero_ps();
-        for (int64_t i = 0; i < d8; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + i), _mm256_loadu_ps(qg + i), a0);
-        s[l] = finish(a0, k0, qg, d8, d) * scale;
-    }
+    for (; l < L; l++) s[l] = score1(qg, kv_row(kc, bt, l, bs, nkv, h, d), d8, d, scale);
 }
 
 /* o[i] = inv * sum_l s[l] V_l[i] (FMA in l order). Full 64-wide chunks accumulate in

@@ -28,25 +28,9 @@ static KT void block_scores(const float *qg, const float *kb, int64_t kstride, i
     int64_t l = l0;
     for (; l + 4 <= l1; l += 4) {
         const float *k0 = kb + (l - l0) * kstride, *k1 = k0 + kstride, *k2 = k1 + kstride, *k3 = k2 + kstride;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t i = 0; i < d8; i += 8) {
-            const __m256 qv = _mm256_loadu_ps(qg + i);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + i), qv, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(k1 + i), qv, a1);
-            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(k2 + i), qv, a2);
-            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(k3 + i), qv, a3);
-        }
-        s[l] = finish(a0, k0, qg, d8, d) * scale;
-        s[l + 1] = finish(a1, k1, qg, d8, d) * scale;
-        s[l + 2] = finish(a2, k2, qg, d8, d) * scale;
-        s[l + 3] = finish(a3, k3, qg, d8, d) * scale;
+        scores4(qg, k0, k1, k2, k3, d8, d, scale, s + l);
     }
-    for (; l < l1; l++) {
-        const float *k0 = kb + (l - l0) * kstride;
-        __m256 a0 = _mm256_setzero_ps();
-        for (int64_t i = 0; i < d8; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + i), _mm256_loadu_ps(qg + i), a0);
-        s[l] = finish(a0, k0, qg, d8, d) * scale;
-    }
+    for (; l < l1; l++) s[l] = score1(qg, kb + (l - l0) * kstride, d8, d, scale);
 }
 
 /* o[i] = fma(s[l], V_l[i], o[i]) for l in [l0, l1) in order (rows of one cache block). */

@@ -31,6 +31,31 @@ static KT inline float finish(__m256 acc, const float *w, const float *x, int64_
     return s;
 }
 
+/* s[j] = dot(q, k_j) * scale for four key rows k0..k3 of width d (d8 = d rounded down to 8):
+ * the attention scores of the decode and prefill kernels, four keys per pass over q. */
+static KT inline void scores4(const float *qg, const float *k0, const float *k1, const float *k2, const float *k3,
+                              int64_t d8, int64_t d, float scale, float *s) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < d8; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(qg + i);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + i), qv, a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(k1 + i), qv, a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(k2 + i), qv, a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(k3 + i), qv, a3);
+    }
+    s[0] = finish(a0, k0, qg, d8, d) * scale;
+    s[1] = finish(a1, k1, qg, d8, d) * scale;
+    s[2] = finish(a2, k2, qg, d8, d) * scale;
+    s[3] = finish(a3, k3, qg, d8, d) * scale;
+}
+
+/* One key row's score, rounded as each of scores4's. */
+static KT inline float score1(const float *qg, const float *k0, int64_t d8, int64_t d, float scale) {
+    __m256 a0 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d8; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + i), _mm256_loadu_ps(qg + i), a0);
+    return finish(a0, k0, qg, d8, d) * scale;
+}
+
 /* This thread's share [*lo, *hi) of `total` rows, in multiples of 4 rows. */
 static inline void share(int64_t total, int64_t *lo, int64_t *hi) {
     int nt = omp_get_num_threads(), tid = omp_get_thread_num();
