@@ -40,13 +40,13 @@ KT int es_decode_layer_f32(const EsDecodeLayer *a) {
     /* per thread: hn, h [T, H], act [T, I], attention scores [lmax + 1], padded to 64 bytes */
     const int64_t per_thread = (2 * T * H + T * I + lmax + 1 + 15) & ~(int64_t)15;
     const int64_t shared = T * (qkv_n + nh * d + 2 * nkv * d + nh * d + H + (a->w_gu ? 2 * I + H : 0));
-    float *buf = malloc(sizeof(float) * (shared + nthreads * per_thread));
-    const float **xr = malloc(sizeof(float *) * 3 * T * nthreads + sizeof(float *) * T);
-    float **yr = malloc(sizeof(float *) * 4 * T);
-    if (!buf || !xr || !yr) {
-        free(buf); free(xr); free(yr);
-        return 2;
-    }
+    const size_t bytes[3] = {sizeof(float) * (size_t)(shared + nthreads * per_thread),
+                             sizeof(float *) * (size_t)(3 * T * nthreads + T), sizeof(float *) * (size_t)(4 * T)};
+    void *pt[3];
+    if (es_scratch_parts(ES_SCRATCH_LAYER, 3, bytes, pt)) return 2;
+    float *buf = pt[0];
+    const float **xr = pt[1];
+    float **yr = pt[2];
     float *qkv = buf, *q = qkv + T * qkv_n, *k = q + T * nh * d, *v = k + T * nkv * d;
     float *att = v + T * nkv * d, *o = att + T * nh * d, *gu = o + T * H, *y = gu + (a->w_gu ? 2 * I * T : 0);
     float *priv = buf + shared;
@@ -113,7 +113,6 @@ KT int es_decode_layer_f32(const EsDecodeLayer *a) {
                 for (int64_t n = lo; n < hi; n++) a->x[t * H + n] = a->x[t * H + n] + y[t * H + n];
         }
     }
-    free(buf); free(xr); free(yr);
     return 0;
 }
 

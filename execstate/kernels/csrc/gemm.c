@@ -1,5 +1,7 @@
 /* Small-batch fp32 linear and the fused MoE expert block: every weight row streamed once for
  * all rows that use it (see module.c for the contracts). */
+#include <string.h>
+
 #include "kernels.h"
 #include "simd.h"
 
@@ -141,6 +143,7 @@ static KT void expert_rows(es_rows_fn fn, size_t wsize, int64_t lo, int64_t hi, 
 }
 
 /* The fused MoE block with `rows` as the dot products of weights of `wsize` bytes per element.
+ * Temporaries: this thread's ES_SCRATCH_MOE buffer (scratch.c).
  * Returns 0, 1 if an id is out of range or 2 when out of memory (nothing computed then). */
 KT int es_moe_with(es_rows_fn rows, size_t wsize, const float *x, const int64_t *ids, const float *wts,
                    const void *w_gu, const void *w_d, float *out, int64_t T, int64_t k, int64_t E, int64_t H,
@@ -148,16 +151,17 @@ KT int es_moe_with(es_rows_fn rows, size_t wsize, const float *x, const int64_t 
     const int64_t S = T * k;
     for (int64_t s = 0; s < S; s++)
         if (ids[s] < 0 || ids[s] >= E) return 1;
-    int64_t *count = calloc(E, sizeof(int64_t)), *offset = malloc(sizeof(int64_t) * E);
-    int64_t *active = malloc(sizeof(int64_t) * E), *pos = malloc(sizeof(int64_t) * S);
-    int64_t *fill = malloc(sizeof(int64_t) * E);
-    float *gu = malloc(sizeof(float) * S * 2 * I), *h = malloc(sizeof(float) * S * I);
-    float *y = malloc(sizeof(float) * S * H);
-    const float **xin = malloc(sizeof(float *) * S), **hin = malloc(sizeof(float *) * S);
-    float **guo = malloc(sizeof(float *) * S), **yo = malloc(sizeof(float *) * S);
+    const size_t n64 = sizeof(int64_t) * (size_t)E, fsz = sizeof(float), psz = sizeof(float *) * (size_t)S;
+    const size_t bytes[12] = {n64, n64, n64, sizeof(int64_t) * (size_t)S, n64, fsz * (size_t)(S * 2 * I),
+                              fsz * (size_t)(S * I), fsz * (size_t)(S * H), psz, psz, psz, psz};
+    void *pt[12];
+    if (es_scratch_parts(ES_SCRATCH_MOE, 12, bytes, pt)) return 2;
+    int64_t *count = pt[0], *offset = pt[1], *active = pt[2], *pos = pt[3], *fill = pt[4];
+    float *gu = pt[5], *h = pt[6], *y = pt[7];
+    const float **xin = pt[8], **hin = pt[9];
+    float **guo = pt[10], **yo = pt[11];
     int64_t n_active = 0, acc = 0;
-    int oom = !count || !offset || !active || !pos || !fill || !gu || !h || !y || !xin || !hin || !guo || !yo;
-    if (oom) goto done;
+    memset(count, 0, n64);
     for (int64_t s = 0; s < S; s++) count[ids[s]]++;
     for (int64_t e = 0; e < E; e++) {
         offset[e] = fill[e] = acc;
@@ -195,10 +199,7 @@ KT int es_moe_with(es_rows_fn rows, size_t wsize, const float *x, const int64_t 
             }
         }
     }
-done:
-    free(count); free(offset); free(active); free(pos); free(fill);
-    free(gu); free(h); free(y); free(xin); free(hin); free(guo); free(yo);
-    return oom ? 2 : 0;
+    return 0;
 }
 
 KT int es_moe_f32(const float *x, const int64_t *ids, const float *wts, const float *w_gu, const float *w_d,

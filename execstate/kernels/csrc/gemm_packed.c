@@ -12,6 +12,8 @@
  * for each block it walks all row pairs in tiles of P pairs (the packed x tile, kept in L1)
  * and each tile against J weight rows at a time (a P x J tile of 512-bit accumulators). The
  * packed copy of x is built once per call, shared by the threads. */
+#include <string.h>
+
 #include "kernels.h"
 #include "simd.h"
 
@@ -132,13 +134,11 @@ int es_linear_packed_f32(const float *x, const float *w, float *y, int64_t M, in
     if (!es_gemm_packed_available()) return 3;
     if (M <= 0 || N <= 0) return 0;
     const int64_t k8 = K & ~(int64_t)7, pairs = (M + 1) / 2, zero = 0;
-    float *xp = malloc(sizeof(float) * (size_t)(pairs * 2 * k8 + 16));
-    const float **xr = malloc(sizeof(float *) * (size_t)M);
-    if (!xp || !xr) {
-        free(xp);
-        free(xr);
-        return 2;
-    }
+    const size_t bytes[2] = {sizeof(float) * (size_t)(pairs * 2 * k8 + 16), sizeof(float *) * (size_t)M};
+    void *parts[2];
+    if (es_scratch_parts(ES_SCRATCH_PACKED, 2, bytes, parts)) return 2;
+    float *xp = parts[0];
+    const float **xr = parts[1];
     for (int64_t m = 0; m < M; m++) xr[m] = x + m * K;
 #pragma omp parallel if (M * K * N >= PARALLEL_MIN_MACS)
     {
@@ -148,14 +148,13 @@ int es_linear_packed_f32(const float *x, const float *w, float *y, int64_t M, in
         share(N, &lo, &hi);
         rows_block(xr, xp, w, y, N, M, K, lo, hi);
     }
-    free(xp);
-    free(xr);
     return 0;
 }
 
 /* The fused MoE block of gemm.c (es_moe_f32: same contract, same results bit for bit) for
  * many tokens: slots grouped by expert, each expert's rows packed once and multiplied by
  * its weights with the register-blocked kernel, both threads sharing each expert's rows.
+ * Temporaries: this thread's ES_SCRATCH_MOE buffer (scratch.c).
  * Returns 0, 1 if an id is out of range, 2 when out of memory, 3 without AVX-512. */
 int es_moe_packed_f32(const float *x, const int64_t *ids, const float *wts, const float *w_gu, const float *w_d,
                       float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
@@ -164,17 +163,19 @@ int es_moe_packed_f32(const float *x, const int64_t *ids, const float *wts, cons
     for (int64_t s = 0; s < S; s++)
         if (ids[s] < 0 || ids[s] >= E) return 1;
     const int64_t h8 = H & ~(int64_t)7, i8 = I & ~(int64_t)7, kmax8 = h8 > i8 ? h8 : i8;
-    int64_t *count = calloc(E, sizeof(int64_t)), *offset = malloc(sizeof(int64_t) * E);
-    int64_t *fill = malloc(sizeof(int64_t) * E), *pos = malloc(sizeof(int64_t) * (S + 1));
-    int64_t *a_start = malloc(sizeof(int64_t) * E), *a_count = malloc(sizeof(int64_t) * E);
-    int64_t *a_poff = malloc(sizeof(int64_t) * E), *a_e = malloc(sizeof(int64_t) * E);
-    float *gu = malloc(sizeof(float) * (S * 2 * I + 1)), *h = malloc(sizeof(float) * (S * I + 1));
-    float *y = malloc(sizeof(float) * (S * H + 1)), *xp = malloc(sizeof(float) * ((S + E) * kmax8 + 16));
-    const float **xin = malloc(sizeof(float *) * (S + 1)), **hin = malloc(sizeof(float *) * (S + 1));
+    const size_t n64 = sizeof(int64_t) * (size_t)E, fsz = sizeof(float);
+    const size_t bytes[14] = {n64, n64, n64, sizeof(int64_t) * (size_t)(S + 1), n64, n64, n64, n64,
+                              fsz * (size_t)(S * 2 * I), fsz * (size_t)(S * I), fsz * (size_t)(S * H),
+                              fsz * (size_t)((S + E) * kmax8 + 16), sizeof(float *) * (size_t)S,
+                              sizeof(float *) * (size_t)S};
+    void *pt[14];
+    if (es_scratch_parts(ES_SCRATCH_MOE, 14, bytes, pt)) return 2;
+    int64_t *count = pt[0], *offset = pt[1], *fill = pt[2], *pos = pt[3], *a_start = pt[4], *a_count = pt[5];
+    int64_t *a_poff = pt[6], *a_e = pt[7];
+    float *gu = pt[8], *h = pt[9], *y = pt[10], *xp = pt[11];
+    const float **xin = pt[12], **hin = pt[13];
     int64_t n_active = 0, acc = 0, pacc = 0;
-    int oom = !count || !offset || !fill || !pos || !a_start || !a_count || !a_poff || !a_e || !gu || !h || !y ||
-              !xp || !xin || !hin;
-    if (oom) goto done;
+    memset(count, 0, n64);
     for (int64_t s = 0; s < S; s++) count[ids[s]]++;
     for (int64_t e = 0; e < E; e++) {
         offset[e] = fill[e] = acc;
@@ -222,8 +223,5 @@ int es_moe_packed_f32(const float *x, const int64_t *ids, const float *wts, cons
             }
         }
     }
-done:
-    free(count); free(offset); free(fill); free(pos); free(a_start); free(a_count); free(a_poff); free(a_e);
-    free(gu); free(h); free(y); free(xp); free(xin); free(hin);
-    return oom ? 2 : 0;
+    return 0;
 }

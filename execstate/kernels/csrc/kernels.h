@@ -6,10 +6,19 @@
 #define EXECSTATE_KERNELS_H
 
 #include <stdint.h>
+#include <stddef.h>
+
+/* scratch.c: this thread's reusable buffer per slot (64-byte aligned, >= bytes, NULL when out
+ * of memory; valid until the thread's next call for the same slot). One slot per use site
+ * that can be live at once. */
+enum { ES_SCRATCH_PACKED, ES_SCRATCH_MOE, ES_SCRATCH_ATTENTION, ES_SCRATCH_LAYER, ES_SCRATCH_SLOTS };
+void *es_scratch(int slot, size_t bytes);
+/* parts[i] = a 64-byte aligned piece of bytes[i] of this thread's `slot` buffer, i < n (the
+ * pieces do not overlap). Returns 0, or 2 when out of memory. */
+int es_scratch_parts(int slot, int n, const size_t *bytes, void **parts);
 
 /* gemm.c; one weight format's dot products (weight rows [n0, n1) for every x row) plug into
  * the shared linear and MoE drivers es_linear_with / es_moe_with */
-#include <stddef.h>
 typedef void (*es_rows_fn)(const float *const *xr, float *const *yr, int64_t M, const void *w, int64_t K, int64_t n0,
                            int64_t n1);
 int es_linear_with(es_rows_fn rows, const float *x, const void *w, float *y, int64_t M, int64_t K, int64_t N);

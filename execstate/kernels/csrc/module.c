@@ -3,7 +3,8 @@
  * Files: gemm.c (small-batch linear, fused MoE), attention.c (paged decode attention),
  * fused.c (RMSNorm, q/k/v + QK-norm + RoPE, SwiGLU gate), simd.h (shared helpers);
  * gemm_packed.c (AVX-512 many-row linear and MoE) and prefill_attention.c (decode attention
- * tiled by span), which keep the 8-lane numerics below bit for bit on 16-lane vectors.
+ * tiled by span), which keep the 8-lane numerics below bit for bit on 16-lane vectors;
+ * scratch.c (per-thread temporaries kept between calls).
  *
  * Why: at decode, a step multiplies a few rows (batch <= 16; an MoE expert sees 1-4 tokens)
  * by large weight matrices. That is memory-bound: the best kernel reads every weight once at

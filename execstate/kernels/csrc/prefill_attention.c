@@ -208,7 +208,7 @@ KT int es_prefill_attention_f32(const float *q, const float *kc, const float *vc
     const int pairs = d == 64 && G >= 2 && es_gemm_packed_available(); /* AVX-512 */
     int64_t lmax = 1, n_tiles = 0;
     for (int64_t b = 0; b < B; b++) lmax = ctx_len[b] > lmax ? ctx_len[b] : lmax;
-    int64_t *tile_start = malloc(sizeof(int64_t) * (B + 1));
+    int64_t *tile_start = es_scratch(ES_SCRATCH_PACKED, sizeof(int64_t) * (size_t)(B + 1));
     if (!tile_start) return 2;
     for (int64_t b = 0; b < B; b++) { /* a new tile at a new table row or after QT rows */
         const int64_t *row = block_table + b * max_blocks;
@@ -219,12 +219,14 @@ KT int es_prefill_attention_f32(const float *q, const float *kc, const float *vc
     int oom = 0;
 #pragma omp parallel if (B * nh * lmax * d >= PARALLEL_MIN_MACS)
     {
-        float *sc = malloc(sizeof(float) * QT * G * lmax), *oacc = malloc(sizeof(float) * QT * G * d);
-        float *qp = malloc(sizeof(float) * QT * G * d + 64);
-        if (!sc || !oacc || !qp) {
+        const size_t bytes[3] = {sizeof(float) * (size_t)(QT * G * lmax), sizeof(float) * (size_t)(QT * G * d),
+                                 sizeof(float) * (size_t)(QT * G * d) + 64};
+        void *pt[3] = {NULL, NULL, NULL};
+        if (es_scratch_parts(ES_SCRATCH_ATTENTION, 3, bytes, pt)) {
 #pragma omp atomic write
             oom = 1;
         }
+        float *sc = pt[0], *oacc = pt[1], *qp = pt[2];
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < n_tiles * nkv; item++) {
             if (!sc || !oacc || !qp) continue;
@@ -232,10 +234,6 @@ KT int es_prefill_attention_f32(const float *q, const float *kc, const float *vc
             tile_item(q, kc, vc, out, tok, block_table + e0 * max_blocks, ctx_len, e0, tile_start[t + 1] - e0, h,
                       G, nh, nkv, d, bs, scale, lmax, sc, oacc, qp, pairs);
         }
-        free(qp);
-        free(sc);
-        free(oacc);
     }
-    free(tile_start);
     return oom ? 2 : 0;
 }
