@@ -9,7 +9,9 @@ allocation, no further checks.
 
 Numerics: the C entry runs the same kernels in the same order as the per-op kernel path
 (``model/layers.py`` with ``use_kernels``), so its results are bitwise equal to it: per row,
-deterministic and batch-invariant (tested in ``tests/kernels/test_decode_layer.py``).
+deterministic and batch-invariant (tested in ``tests/kernels/test_decode_layer.py``). A layer's
+matrices are all fp32 or all bf16 (``model/bf16_weights.py``: the bf16 kernels' dot products,
+``gemm_bf16.py``); norms, biases and activations are fp32 either way.
 """
 
 from __future__ import annotations
@@ -35,12 +37,13 @@ class LayerWeights(NamedTuple):
     num_experts: int  # router rows (MoE layer), else 0
     intermediate: int  # dense MLP width, else 0
     eps: float
+    bf16: bool  # the matrices are bf16
 
 
-def _check(t: torch.Tensor | None, name: str, shape: tuple[int, ...]) -> int:
+def _check(t: torch.Tensor | None, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> int:
     if t is None:
         return 0
-    require(t, name, len(shape))
+    require(t, name, len(shape), dtype)
     if tuple(t.shape) != shape:
         raise ValueError(f"decode_layer: {name} must be {shape}, got {tuple(t.shape)}")
     return int(t.data_ptr())
@@ -54,8 +57,10 @@ def layer_weights(in_norm: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tenso
     """Checked weights of one layer (``ValueError`` naming the first bad one). ``q_norm``/``k_norm``:
     per-head norm weights ``[head_dim]``, both or neither. Then either ``w_router [E, H]`` (the
     call returns router logits) or ``w_gate_up [2I, H]`` + ``w_down [H, I]`` (dense SwiGLU MLP,
-    added to the residual) or none of them."""
+    added to the residual) or none of them. The matrices (``w_*``) are all fp32 or all bf16, as
+    ``w_qkv`` is; the norm weights and biases are fp32."""
     lib()
+    wt = w_qkv.dtype if w_qkv.dtype in (torch.float32, torch.bfloat16) else torch.float32
     h = in_norm.shape[0] if in_norm.dim() == 1 else -1
     qkv_n = (num_heads + 2 * num_kv_heads) * head_dim
     if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads or head_dim < 2 or head_dim % 2:
@@ -69,15 +74,15 @@ def layer_weights(in_norm: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tenso
     e = w_router.shape[0] if w_router is not None else 0
     i = w_gate_up.shape[0] // 2 if w_gate_up is not None else 0
     ptrs = (
-        _check(in_norm, "in_norm", (h,)), _check(w_qkv, "w_qkv", (qkv_n, h)), _check(b_qkv, "b_qkv", (qkv_n,)),
+        _check(in_norm, "in_norm", (h,)), _check(w_qkv, "w_qkv", (qkv_n, h), wt), _check(b_qkv, "b_qkv", (qkv_n,)),
         _check(q_norm, "q_norm", (head_dim,)), _check(k_norm, "k_norm", (head_dim,)),
-        _check(w_o, "w_o", (h, num_heads * head_dim)), _check(b_o, "b_o", (h,)),
-        _check(post_norm, "post_norm", (h,)), _check(w_router, "w_router", (e, h)),
-        _check(w_gate_up, "w_gate_up", (2 * i, h)), _check(w_down, "w_down", (h, i)),
+        _check(w_o, "w_o", (h, num_heads * head_dim), wt), _check(b_o, "b_o", (h,)),
+        _check(post_norm, "post_norm", (h,)), _check(w_router, "w_router", (e, h), wt),
+        _check(w_gate_up, "w_gate_up", (2 * i, h), wt), _check(w_down, "w_down", (h, i), wt),
     )
     kept = tuple(t for t in (in_norm, w_qkv, b_qkv, q_norm, k_norm, w_o, b_o, post_norm, w_router, w_gate_up, w_down)
                  if t is not None)
-    return LayerWeights(ptrs, kept, h, num_heads, num_kv_heads, head_dim, e, i, float(eps))
+    return LayerWeights(ptrs, kept, h, num_heads, num_kv_heads, head_dim, e, i, float(eps), wt is torch.bfloat16)
 
 
 class DecodeTables:
@@ -161,7 +166,7 @@ def run_layer(layer: int, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, s
     lib().decode_layer(x.data_ptr(), p[0], p[1], p[2], p[3], p[4], cos.data_ptr(), sin.data_ptr(),
                        tables.k_base + off, tables.v_base + off, slots, tok, bt, cl, p[5], p[6], p[7], h_ptr, p[8],
                        logits_ptr, p[9], p[10], t, w.hidden, w.num_heads, w.num_kv_heads, hd, tables.width,
-                       tables.block_size, w.num_experts, w.intermediate, w.eps, hd**-0.5)
+                       tables.block_size, w.num_experts, w.intermediate, w.eps, hd**-0.5, int(w.bf16))
 
 
 __all__ = ["DecodeTables", "LayerWeights", "check_step", "layer_weights", "run_layer"]

@@ -6,7 +6,8 @@
 
 - the step: the model is on the CPU kernels and ``ctx.attention`` gives ``decode_tables()``
   (every span a decode, at most ``MAX_LINEAR_ROWS`` of them, fp32 pool);
-- the model: every layer fp32 with a dense SwiGLU MLP or a ``SparseMoE``, no ``clip_qkv``, and
+- the model: every layer on the CPU with fp32 vectors and fp32 or bf16 matrices (bf16 weights,
+  ``model/bf16_weights.py``), a dense SwiGLU MLP or a ``SparseMoE``, no ``clip_qkv``, and
   QK-norm absent or per head (``DecodeWeights.build`` says which layer does not qualify).
 
 A dense layer is one C call. A MoE layer is one C call up to the router logits, then the
@@ -65,8 +66,14 @@ def _unsupported(layer: DecoderLayer) -> str | None:
         return "norm epsilons differ"
     if not isinstance(layer.mlp, GatedMLP | SparseMoE):
         return f"MLP {type(layer.mlp).__name__}"
-    if any(p.dtype != torch.float32 or not p.is_cpu for p in layer.parameters()):
-        return "not fp32 on CPU"
+    params = list(layer.parameters())
+    if not all(p.is_cpu for p in params):
+        return "not on the CPU"
+    if any(p.dtype != torch.float32 for p in params if p.dim() < 2):
+        return "norm weights or biases not fp32"
+    matrices = {p.dtype for p in params if p.dim() >= 2}
+    if len(matrices) != 1 or not matrices <= {torch.float32, torch.bfloat16}:
+        return "matrices not all fp32 or all bf16"
     return None
 
 

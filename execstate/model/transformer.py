@@ -87,7 +87,7 @@ class CausalLM(nn.Module):
         """Keep every matrix (matmul weights, embeddings) in bf16 and compute in fp32
         (``model/bf16_weights.py``). Call on an fp32 model, before ``use_cpu_kernels``."""
         store_weights_bf16(self)
-        self.drop_decode_weights()  # parameters replaced (the decode path then falls back: not fp32)
+        self.drop_decode_weights()  # parameters replaced: the decode path rebuilds its pointers
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Hidden states ``[T, H]`` (final norm applied) for the flat batch ``input_ids`` ``[T]``.

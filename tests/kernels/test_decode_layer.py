@@ -52,9 +52,9 @@ def _count_layers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def _generate(path, prompts, off: bool, monkeypatch: pytest.MonkeyPatch, **sp):
+def _generate(path, prompts, off: bool, monkeypatch: pytest.MonkeyPatch, dtype: str = "float32", **sp):
     llm = LLM(str(path), kernels="execstate", enable_return_routed_experts=True, enable_prefix_caching=False,
-              block_size=BS, seed=0)
+              block_size=BS, seed=0, dtype=dtype)
     with monkeypatch.context() as m:
         if off:
             m.setattr(transformer, "decode_layers", lambda *a, **k: None)
@@ -62,16 +62,18 @@ def _generate(path, prompts, off: bool, monkeypatch: pytest.MonkeyPatch, **sp):
                             SamplingParams(max_tokens=10, ignore_eos=True, logprobs=2, **sp), use_tqdm=False)
 
 
-@pytest.mark.parametrize("arch", PATH_ARCHES)
-def test_engine_equals_per_op_path(arch, model_dirs, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("arch", "dtype"), [*((a, "float32") for a in PATH_ARCHES), ("qwen3_moe", "bfloat16"),
+                                             ("llama", "bfloat16")])
+def test_engine_equals_per_op_path(arch, dtype, model_dirs, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tokens, sampled-token logprobs, top logprobs and routes are bitwise those of the per-op
-    path, greedy and seeded sampling, 3 sequences of different lengths in one batch."""
+    path, greedy and seeded sampling, 3 sequences of different lengths in one batch; fp32 and
+    bf16 weights."""
     rng = np.random.default_rng(11)
     prompts = [rng.integers(3, 500, n).tolist() for n in (5, 13, 9)]
     calls = _count_layers(monkeypatch)
     for sp in (dict(temperature=0.0), dict(temperature=1.0, seed=5)):
-        fast = _generate(model_dirs[arch], prompts, False, monkeypatch, **sp)
-        slow = _generate(model_dirs[arch], prompts, True, monkeypatch, **sp)
+        fast = _generate(model_dirs[arch], prompts, False, monkeypatch, dtype, **sp)
+        slow = _generate(model_dirs[arch], prompts, True, monkeypatch, dtype, **sp)
         for a, b in zip(fast, slow, strict=True):
             oa, ob = a.outputs[0], b.outputs[0]
             assert oa.token_ids == ob.token_ids
@@ -89,9 +91,12 @@ def test_olmoe_whole_row_qk_norm_falls_back(model_dirs) -> None:
     assert reason is not None and reason.startswith("layer 0: clip_qkv")
 
 
-def _prefilled(path, lens: list[int], seed: int):
-    """A kernel model and a pool holding each sequence's prompt (prefilled one at a time)."""
+def _prefilled(path, lens: list[int], seed: int, bf16: bool = False):
+    """A kernel model (bf16 weights if ``bf16``) and a pool holding each sequence's prompt
+    (prefilled one at a time)."""
     model = load_model(path)
+    if bf16:
+        model.store_weights_bf16()
     model.use_cpu_kernels(True)
     cfg = model.config
     pool = KVPool(cfg.num_layers, 64, BS, cfg.num_kv_heads, cfg.head_dim, torch.float32)
@@ -128,11 +133,12 @@ def _decode(model, pool, tables, tokens, lens, rows: list[int]) -> tuple[torch.T
 
 @settings(max_examples=6, deadline=None)
 @given(lens=st.lists(st.integers(1, 30), min_size=2, max_size=5), seed=st.integers(0, 1000),
-       arch=st.sampled_from(["qwen3_moe", "llama"]))
-def test_batch_invariance(model_dirs, lens, seed, arch) -> None:
+       arch=st.sampled_from(["qwen3_moe", "llama"]), bf16=st.booleans())
+def test_batch_invariance(model_dirs, lens, seed, arch, bf16) -> None:
     """A sequence decoded alone equals the same sequence in a batch (any order), bit for bit,
-    hidden state and routes, and both equal the per-op path."""
-    model, pool, tables, tokens = _prefilled(model_dirs[arch], lens, seed)
+    hidden state and routes, and both equal the per-op path; fp32 or bf16 weights."""
+    model, pool, tables, tokens = _prefilled(model_dirs[arch], lens, seed, bf16)
+    assert model.decode_weights().reason is None
     order = list(range(len(lens)))[::-1] if seed % 2 else list(range(len(lens)))
     batch_h, batch_r = _decode(model, pool, tables, tokens, lens, order)
     for i, r in enumerate(order):
@@ -151,12 +157,12 @@ def test_batch_invariance(model_dirs, lens, seed, arch) -> None:
         assert torch.equal(slow_r, batch_r)
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe_wide", "llama_wide"])
+@pytest.mark.parametrize(("arch", "bf16"), [("qwen3_moe_wide", False), ("llama_wide", False), ("qwen3_moe_wide", True)])
 @pytest.mark.parametrize("lens", [[7], [3, 17, 9, 30, 1]])
-def test_one_fork_per_layer_is_thread_count_invariant(model_dirs, lens, arch) -> None:
+def test_one_fork_per_layer_is_thread_count_invariant(model_dirs, lens, arch, bf16) -> None:
     """On a model wide enough to fork, a step on 2 threads equals the step on 1 thread and the
     per-op path on 2 threads, bit for bit (each phase's split over the team changes nothing)."""
-    model, pool, tables, tokens = _prefilled(model_dirs[arch], lens, seed=2)
+    model, pool, tables, tokens = _prefilled(model_dirs[arch], lens, seed=2, bf16=bf16)
     rows = list(range(len(lens)))
     two = with_threads(2, lambda: _decode(model, pool, tables, tokens, lens, rows))
     one = with_threads(1, lambda: _decode(model, pool, tables, tokens, lens, rows))
@@ -212,6 +218,11 @@ def test_layer_weights_reject_bad_shapes() -> None:
         kern.layer_weights(**{**ok, "w_o": torch.zeros(h, h + 1)}, **kw)
     with pytest.raises(ValueError, match="w_qkv must be a contiguous float32"):
         kern.layer_weights(**{**ok, "w_qkv": torch.zeros(h, (nh + 2 * nkv) * d).t()}, **kw)
+    with pytest.raises(ValueError, match="w_o must be a contiguous bfloat16"):  # matrices: all bf16 or all fp32
+        kern.layer_weights(**{**ok, "w_qkv": ok["w_qkv"].bfloat16()}, **kw)
+    assert kern.layer_weights(**{**ok, "w_qkv": ok["w_qkv"].bfloat16(), "w_o": ok["w_o"].bfloat16()}, **kw).bf16
+    with pytest.raises(ValueError, match="in_norm must be a contiguous float32"):
+        kern.layer_weights(**{**ok, "in_norm": ok["in_norm"].bfloat16()}, **kw)
     with pytest.raises(ValueError, match="both q_norm and k_norm"):
         kern.layer_weights(**{**ok, "q_norm": torch.ones(d)}, **kw)
     with pytest.raises(ValueError, match="router or a dense MLP"):

@@ -16,6 +16,9 @@
  *   experts), or x += down(silu(gate) * up) with w_gu [2I, H], w_d [H, I] (dense layer),
  *   or nothing.
  *
+ * With bf16 weights the linears are gemm_bf16.c's (es_linear_bf16's dot products), so the
+ * layer equals the per-op path of a bf16-weight model bit for bit too.
+ *
  * Callers validate every pointer and size (execstate/kernels/decode_layer.py). */
 #include "decode_layer.h" /* Python.h first */
 
@@ -23,6 +26,15 @@
 
 #include "kernels.h"
 #include "simd.h"
+
+/* Weight rows [lo, hi) of the layer's matrix w (K columns) for its T rows xr, in the layer's format. */
+static KT inline void rows(const EsDecodeLayer *a, const float *const *xr, float *const *yr, const void *w, int64_t K,
+                           int64_t lo, int64_t hi) {
+    if (a->bf16)
+        es_linear_rows_bf16(xr, yr, a->T, w, K, lo, hi);
+    else
+        es_linear_rows_f32(xr, yr, a->T, w, K, lo, hi);
+}
 
 /* One fork per layer and 4 barriers (5 with a dense MLP). The row-wise steps that feed a
  * linear (the two RMSNorms, SwiGLU) are computed by every thread into its own buffer (the
@@ -72,7 +84,7 @@ KT int es_decode_layer_f32(const EsDecodeLayer *a) {
         int64_t lo, hi;
         es_rms_norm_f32(a->x, a->in_norm, hn, T, H, a->eps);
         share(qkv_n, &lo, &hi);
-        es_linear_rows_f32(hn_r, yr, T, a->w_qkv, H, lo, hi);
+        rows(a, hn_r, yr, a->w_qkv, H, lo, hi);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) {
@@ -89,7 +101,7 @@ KT int es_decode_layer_f32(const EsDecodeLayer *a) {
             es_decode_attention_items_f32(q, a->k_cache, a->v_cache, att, a->tok, a->block_table, a->ctx_len,
                                           a->max_blocks, nh, nkv, d, a->block_size, a->scale, item, item + 1, sc);
         share(H, &lo, &hi);
-        es_linear_rows_f32(att_r, yr + T, T, a->w_o, nh * d, lo, hi);
+        rows(a, att_r, yr + T, a->w_o, nh * d, lo, hi);
         for (int64_t t = 0; t < T; t++) {
             float *xt = a->x + t * H, *ot = o + t * H;
             for (int64_t n = lo; n < hi; n++) {
@@ -101,14 +113,14 @@ KT int es_decode_layer_f32(const EsDecodeLayer *a) {
         es_rms_norm_f32(a->x, a->post_norm, h, T, H, a->eps);
         if (a->w_router) {
             share(E, &lo, &hi);
-            es_linear_rows_f32(h_r, yr + 2 * T, T, a->w_router, H, lo, hi);
+            rows(a, h_r, yr + 2 * T, a->w_router, H, lo, hi);
         } else if (a->w_gu) {
             share(2 * I, &lo, &hi);
-            es_linear_rows_f32(h_r, yr + 2 * T, T, a->w_gu, H, lo, hi);
+            rows(a, h_r, yr + 2 * T, a->w_gu, H, lo, hi);
 #pragma omp barrier
             for (int64_t t = 0; t < T; t++) es_silu_mul(gu + t * 2 * I, gu + t * 2 * I + I, act + t * I, I);
             share(H, &lo, &hi);
-            es_linear_rows_f32(act_r, yr + 3 * T, T, a->w_d, I, lo, hi);
+            rows(a, act_r, yr + 3 * T, a->w_d, I, lo, hi);
             for (int64_t t = 0; t < T; t++)
                 for (int64_t n = lo; n < hi; n++) a->x[t * H + n] = a->x[t * H + n] + y[t * H + n];
         }
@@ -118,28 +130,29 @@ KT int es_decode_layer_f32(const EsDecodeLayer *a) {
 
 /* decode_layer(x, in_norm, w_qkv, b_qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, slots, tok,
  *              block_table, ctx_len, w_o, b_o, post_norm, h_out, w_router, logits_out, w_gu, w_d,
- *              T, H, nh, nkv, d, max_blocks, block_size, E, I, eps, scale): data pointers (0 = absent). */
+ *              T, H, nh, nkv, d, max_blocks, block_size, E, I, eps, scale, bf16): data pointers (0 = absent);
+ * bf16: the matrices are bf16. */
 PyObject *es_py_decode_layer(PyObject *self, PyObject *args) {
     unsigned long long p[22];
     EsDecodeLayer a;
     int st;
-    if (!PyArg_ParseTuple(args, "KKKKKKKKKKKKKKKKKKKKKKnnnnnnnnnff", &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6],
+    if (!PyArg_ParseTuple(args, "KKKKKKKKKKKKKKKKKKKKKKnnnnnnnnnffi", &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6],
                           &p[7], &p[8], &p[9], &p[10], &p[11], &p[12], &p[13], &p[14], &p[15], &p[16], &p[17], &p[18],
                           &p[19], &p[20], &p[21], &a.T, &a.H, &a.nh, &a.nkv, &a.d, &a.max_blocks, &a.block_size, &a.E,
-                          &a.I, &a.eps, &a.scale))
+                          &a.I, &a.eps, &a.scale, &a.bf16))
         return NULL;
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
         return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
     if (a.T < 0 || a.H < 1 || a.nh < 1 || a.nkv < 1 || a.nh % a.nkv || a.d < 2 || a.d % 2 || a.max_blocks < 1 ||
         a.block_size < 1 || a.E < 0 || a.I < 0)
         return PyErr_Format(PyExc_ValueError, "decode_layer: bad sizes");
-    a.x = (float *)p[0]; a.in_norm = (const float *)p[1]; a.w_qkv = (const float *)p[2]; a.b_qkv = (const float *)p[3];
+    a.x = (float *)p[0]; a.in_norm = (const float *)p[1]; a.w_qkv = (const void *)p[2]; a.b_qkv = (const float *)p[3];
     a.q_norm = (const float *)p[4]; a.k_norm = (const float *)p[5]; a.cos = (const float *)p[6];
     a.sin = (const float *)p[7]; a.k_cache = (float *)p[8]; a.v_cache = (float *)p[9];
     a.slots = (const int64_t *)p[10]; a.tok = (const int64_t *)p[11]; a.block_table = (const int64_t *)p[12];
-    a.ctx_len = (const int64_t *)p[13]; a.w_o = (const float *)p[14]; a.b_o = (const float *)p[15];
-    a.post_norm = (const float *)p[16]; a.h_out = (float *)p[17]; a.w_router = (const float *)p[18];
-    a.logits_out = (float *)p[19]; a.w_gu = (const float *)p[20]; a.w_d = (const float *)p[21];
+    a.ctx_len = (const int64_t *)p[13]; a.w_o = (const void *)p[14]; a.b_o = (const float *)p[15];
+    a.post_norm = (const float *)p[16]; a.h_out = (float *)p[17]; a.w_router = (const void *)p[18];
+    a.logits_out = (float *)p[19]; a.w_gu = (const void *)p[20]; a.w_d = (const void *)p[21];
     if (a.T == 0) Py_RETURN_NONE;
     Py_BEGIN_ALLOW_THREADS
     st = es_decode_layer_f32(&a);

@@ -6,18 +6,23 @@
 #include <Python.h>
 #include <stdint.h>
 
-/* Optional pointers are NULL when absent. x [T, H] is updated in place (the residual stream). */
+/* Optional pointers are NULL when absent. x [T, H] is updated in place (the residual stream).
+ * The matrices (w_qkv, w_o, w_router, w_gu, w_d) are fp32, or bf16 bit patterns (uint16) when
+ * bf16 is set; everything else is fp32. */
 typedef struct {
     float *x;
-    const float *in_norm, *w_qkv, *b_qkv, *q_norm, *k_norm, *cos, *sin; /* cos/sin [T, d] */
+    const float *in_norm, *b_qkv, *q_norm, *k_norm, *cos, *sin;         /* cos/sin [T, d] */
+    const void *w_qkv;
     float *k_cache, *v_cache;                                           /* the layer's [slots, nkv, d] */
     const int64_t *slots, *tok, *block_table, *ctx_len;                 /* [T], [T], [T, max_blocks], [T] */
-    const float *w_o, *b_o, *post_norm;
+    const void *w_o;
+    const float *b_o, *post_norm;
     float *h_out;                                                       /* [T, H] post-norm output, or NULL */
-    const float *w_router;                                              /* [E, H] (MoE layer) */
+    const void *w_router;                                               /* [E, H] (MoE layer) */
     float *logits_out;                                                  /* [T, E] */
-    const float *w_gu, *w_d;                                            /* [2I, H], [H, I] (dense layer) */
+    const void *w_gu, *w_d;                                             /* [2I, H], [H, I] (dense layer) */
     int64_t T, H, nh, nkv, d, max_blocks, block_size, E, I;
+    int bf16;
     float eps, scale;
 } EsDecodeLayer;
 

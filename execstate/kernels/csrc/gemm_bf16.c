@@ -123,17 +123,17 @@ static KT void dot_rows_bf16(const float *const *xr, float *const *yr, int64_t M
     }
 }
 
-static KT void rows_bf16(const float *const *xr, float *const *yr, int64_t M, const void *w, int64_t K, int64_t n0,
-                         int64_t n1) {
+KT void es_linear_rows_bf16(const float *const *xr, float *const *yr, int64_t M, const void *w, int64_t K, int64_t n0,
+                           int64_t n1) {
     dot_rows_bf16(xr, yr, M, (const uint16_t *)w, K, n0, n1);
 }
 
 /* es_linear_f32 / es_moe_f32 (gemm.c's drivers) on the bf16 row kernel. */
 KT int es_linear_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t K, int64_t N) {
-    return es_linear_with(rows_bf16, x, w, y, M, K, N);
+    return es_linear_with(es_linear_rows_bf16, x, w, y, M, K, N);
 }
 
 KT int es_moe_bf16(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu, const uint16_t *w_d,
                    float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
-    return es_moe_with(rows_bf16, sizeof(uint16_t), x, ids, wts, w_gu, w_d, out, T, k, E, H, I);
+    return es_moe_with(es_linear_rows_bf16, sizeof(uint16_t), x, ids, wts, w_gu, w_d, out, T, k, E, H, I);
 }

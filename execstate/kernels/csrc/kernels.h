@@ -33,6 +33,8 @@ void es_linear_rows_f32(const float *const *xr, float *const *yr, int64_t M, con
 int es_linear_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t K, int64_t N);
 int es_moe_bf16(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu, const uint16_t *w_d,
                 float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
+void es_linear_rows_bf16(const float *const *xr, float *const *yr, int64_t M, const void *w, int64_t K, int64_t n0,
+                         int64_t n1); /* w: bf16 [N, K] */
 /* gemm_packed.c (AVX-512; returns 3 where the CPU lacks it) */
 int es_gemm_packed_available(void);
 int es_linear_packed_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N);
