@@ -10,12 +10,14 @@ Why: decode streams every weight once per step, so its speed is bound by weight 
 halves them. Activations stay fp32 so decode rounds only the weights (the C kernels widen each
 bf16 exactly and accumulate in fp32: ``kernels/gemm_bf16.py``).
 
-Large-row calls (prefill, more than ``MAX_LINEAR_ROWS_BF16`` rows) use torch's bf16 GEMM
-(``linear_mixed``): the input rows are rounded to bf16, products accumulate in fp32, the output is
-rounded to bf16 and returned as fp32. Measured on this 2-core AVX512-BF16 Zen CPU
-(1536x512 weight, 256 rows, one thread): 1.5 ms, against 7.3 ms for widening the weight to fp32
-and running torch's fp32 GEMM; prefill is compute-bound, so bf16 arithmetic is what pays there.
-The engine records the whole mode in its provenance numerics (``KERNEL_SET_BF16``).
+Every row count takes these kernels where the CPU has AVX-512 (prefill on the packed kernels,
+which widen each block of weight rows once per call): so a row's result is the same, bit for
+bit, whichever step computes it (decode, prefill, a mixed batch): batch invariance, as in fp32.
+Measured (standard model, 8 x 256-token prefill, 2 Zen 5 cores): 6.1k tok/s, against 6.9k with
+torch's bf16 GEMM (activations rounded to bf16, so not batch-invariant) and 5.8k in fp32.
+Without AVX-512 (or without the kernels) calls above ``MAX_LINEAR_ROWS_BF16`` rows use torch's
+bf16 GEMM (``linear_mixed``): input rows rounded to bf16, fp32 sums, output rounded to bf16,
+returned as fp32. The engine records the mode in its provenance numerics (``KERNEL_SET_BF16``).
 """
 
 from __future__ import annotations

@@ -91,8 +91,8 @@ class SparseMoE(nn.Module):
         With ``use_kernels`` and a step ``cpu_kernels.use_moe`` accepts (fp32, few tokens), the
         fused C kernel computes the same sum (same slot order, fp32 rounding differs) in one
         call; otherwise experts run one torch GEMM pair each. With bf16 weights and fp32 ``x``
-        (``model/bf16_weights.py``) the kernel is ``moe_bf16``, and the torch path (prefill) runs
-        the experts in bf16 (torch's bf16 GEMM) and returns fp32.
+        (``model/bf16_weights.py``) the kernel is ``moe_bf16`` (any token count on AVX-512), and
+        the torch path runs the experts in bf16 (torch's bf16 GEMM) and returns fp32.
         """
         if self.use_kernels and cpu_kernels.use_moe(x, self.w_gate_up):
             return cpu_kernels.moe(x, ids.contiguous(), weights.float().contiguous(), self.w_gate_up, self.w_down)

@@ -87,7 +87,7 @@ def test_execstate_kernels_need_cpu(moe_dir) -> None:
 
 def test_auto_kernels_follow_dtype_and_availability(moe_dir) -> None:
     bf16 = _llm(moe_dir, kernels="auto", dtype="bfloat16").engine
-    assert bf16.provenance.numerics == ("eager+cpu-avx2-v1-bf16w" if cpu.available() else "eager")
+    assert bf16.provenance.numerics == ("eager+cpu-avx2-v2-bf16w" if cpu.available() else "eager")
     assert bf16.provenance.dtype == "bfloat16"
     assert _llm(moe_dir, kernels="torch", dtype="bfloat16").engine.provenance.numerics == "eager"
     auto = _llm(moe_dir, kernels="auto")

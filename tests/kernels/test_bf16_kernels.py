@@ -118,12 +118,13 @@ def test_bf16_kernels_are_chosen_only_for_their_inputs() -> None:
     x, w = randn(4, 64, seed=1), _bf16(32, 64, seed=2)
     assert cpu.use_linear_bf16(x, w) and cpu.linear_bf16_if_small(x, w) is not None
     assert not cpu.use_linear_bf16(x, w.float()) and not cpu.use_linear(x, w)
-    assert not cpu.use_linear_bf16(randn(cpu.MAX_LINEAR_ROWS_BF16 + 1, 64, seed=3), w)
+    # many rows: the packed kernels where the CPU has AVX-512, else torch
+    assert cpu.use_linear_bf16(randn(cpu.MAX_LINEAR_ROWS_BF16 + 1, 64, seed=3), w) == cpu.PACKED
     assert not cpu.use_linear_bf16(x.bfloat16(), w)
     assert cpu.linear_bf16_if_small(x[:, :32], w[:, :32]) is None  # non-contiguous views
     wgu = _bf16(4, 16, 64, seed=5)
     assert cpu.use_moe_bf16(x, wgu) and not cpu.use_moe_bf16(x, wgu.float()) and not cpu.use_moe(x, wgu)
-    assert not cpu.use_moe_bf16(randn(cpu.MAX_MOE_TOKENS + 1, 64, seed=6), wgu)
+    assert cpu.use_moe_bf16(randn(cpu.MAX_MOE_TOKENS + 1, 64, seed=6), wgu) == cpu.PACKED
 
 
 def test_bf16_kernels_bad_input_names_the_problem() -> None:

@@ -116,3 +116,52 @@ def test_moe_packed_rejects_out_of_range_ids() -> None:
     ids[50, 1] = 4
     with pytest.raises(ValueError, match=r"expert id outside \[0, 4\)"):
         cpu.moe(x, ids, wts, w_gate_up, w_down)
+
+
+# bf16 weights (gemm_packed.c's _bf16 entries): each block of weight rows widened once per call,
+# then the fp32 kernel, so the result must be linear_bf16 / moe_bf16's bit for bit.
+
+
+def _linear_call(name: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    y = torch.full((x.shape[0], w.shape[0]), float("nan"))
+    getattr(ext.lib(), name)(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], w.shape[0])
+    return y
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 70), k=st.integers(1, 80), n=st.integers(1, 200), seed=st.integers(0, 2**16))
+def test_linear_packed_bf16_equals_linear_bf16_bitwise(m: int, k: int, n: int, seed: int) -> None:
+    x, w = randn(m, k, seed=seed), randn(n, k, seed=seed + 1).bfloat16()  # n > 96: several widened blocks
+    got = _linear_call("linear_packed_bf16", x, w)
+    assert torch.equal(got, _linear_call("linear_bf16", x, w))
+    assert torch.equal(got, _packed(x, w.float()))
+
+
+@settings(max_examples=30, deadline=None)
+@given(t=st.integers(1, 90), e=st.integers(1, 9), h=st.integers(1, 40), i=st.integers(1, 120),
+       k=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_moe_packed_bf16_equals_moe_bf16_bitwise(t: int, e: int, h: int, i: int, k: int, seed: int) -> None:
+    k = min(k, e)
+    x, ids, wts, w_gate_up, w_down = _moe_inputs(t, e, h, i, k, seed)
+    args = (x, ids, wts, w_gate_up.bfloat16(), w_down.bfloat16())
+    got = _moe_call("moe_packed_bf16", *args)
+    assert torch.equal(got, _moe_call("moe_bf16", *args))
+    assert torch.equal(got, _moe_call("moe", x, ids, wts, w_gate_up.bfloat16().float(), w_down.bfloat16().float()))
+
+
+def test_bf16_standard_shapes_thread_invariant_and_row_alone() -> None:
+    """The public ``cpu.linear_bf16`` / ``cpu.moe_bf16``: many rows take the packed kernels, one
+    row the AVX2 ones; equal bit for bit, on 1 or 2 threads."""
+    x, w = randn(300, 512, seed=7), (randn(1536, 512, seed=8) / math.sqrt(512)).bfloat16()
+    one = with_threads(1, lambda: cpu.linear_bf16(x, w))
+    assert torch.equal(one, with_threads(2, lambda: cpu.linear_bf16(x, w)))
+    for row in (0, 151, 299):
+        assert torch.equal(one[row], cpu.linear_bf16(x[row : row + 1].contiguous(), w)[0])
+    x, ids, wts, w_gate_up, w_down = _moe_inputs(300, 8, 512, 768, 2, seed=9)
+    w_gate_up, w_down = w_gate_up.bfloat16(), w_down.bfloat16()
+    one = with_threads(1, lambda: cpu.moe_bf16(x, ids, wts, w_gate_up, w_down))
+    assert torch.equal(one, with_threads(2, lambda: cpu.moe_bf16(x, ids, wts, w_gate_up, w_down)))
+    for row in (0, 299):
+        alone = cpu.moe_bf16(x[row : row + 1].contiguous(), ids[row : row + 1].contiguous(),
+                             wts[row : row + 1].contiguous(), w_gate_up, w_down)
+        assert torch.equal(one[row], alone[0])

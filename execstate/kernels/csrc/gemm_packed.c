@@ -11,7 +11,12 @@
  * Blocking: each thread owns a range of weight rows, split in NC-row blocks (kept in L2);
  * for each block it walks all row pairs in tiles of P pairs (the packed x tile, kept in L1)
  * and each tile against J weight rows at a time (a P x J tile of 512-bit accumulators). The
- * packed copy of x is built once per call, shared by the threads. */
+ * packed copy of x is built once per call, shared by the threads.
+ *
+ * bf16 weights (the _bf16 entries, gemm_bf16.c's contract): each NC-row block is widened
+ * exactly to fp32 into the thread's scratch (ES_SCRATCH_WIDEN) and multiplied as above, so
+ * the result equals the fp32 kernel on the widened weights, i.e. es_linear_bf16 / es_moe_bf16,
+ * bit for bit. The widening costs one pass over the block per call, against M rows of use. */
 #include <string.h>
 
 #include "kernels.h"
@@ -68,20 +73,51 @@ static KP inline __attribute__((always_inline)) void store(__m512 acc[P_MAX][J_M
         store(acc, PP, JJ, xr, wr, y, ldy, pair0, n, M, K, k8);                        \
     } while (0)
 
+/* Weights of a call: fp32 rows, or bf16 rows (uint16 bit patterns) widened block by block
+ * into `wide` (NC * K floats, this thread's). */
+typedef struct {
+    const void *w;
+    int bf16;
+    float *wide;
+} Weights;
+
+/* The weights starting `rows` rows into `w` (an expert's matrix within a stacked tensor). */
+static inline Weights offset_rows(Weights w, int64_t rows, int64_t K) {
+    w.w = w.bf16 ? (const void *)((const uint16_t *)w.w + rows * K) : (const void *)((const float *)w.w + rows * K);
+    return w;
+}
+
+/* Exact: a bf16 is the top half of an fp32. */
+static KP void widen(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                      _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i))), 16)));
+    for (; i < n; i++) {
+        const uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(dst + i, &u, sizeof u);
+    }
+}
+
 /* Columns [n0, n1) of y (row stride ldy) for rows xr[0..M); xp holds those rows packed
  * (pack_pairs). */
-static KP void rows_block(const float *const *xr, const float *xp, const float *w, float *y, int64_t ldy,
-                          int64_t M, int64_t K, int64_t n0, int64_t n1) {
+static KP void rows_block(const float *const *xr, const float *xp, Weights wt, float *y, int64_t ldy, int64_t M,
+                          int64_t K, int64_t n0, int64_t n1) {
     const int64_t k8 = K & ~(int64_t)7, kb16 = 2 * k8, pairs = (M + 1) / 2;
     for (int64_t nb = n0; nb < n1; nb += NC) {
         const int64_t nb1 = nb + NC < n1 ? nb + NC : n1;
+        const float *wb = (const float *)wt.w + nb * K; /* row n at wb + (n - nb) * K */
+        if (wt.bf16) {
+            widen((const uint16_t *)wt.w + nb * K, wt.wide, (nb1 - nb) * K);
+            wb = wt.wide;
+        }
         for (int64_t pair0 = 0; pair0 < pairs; pair0 += P_MAX) {
             const int P = pairs - pair0 < P_MAX ? (int)(pairs - pair0) : P_MAX;
             const float *xt = xp + pair0 * kb16;
             for (int64_t n = nb; n < nb1; n += J_MAX) {
                 const int J = nb1 - n < J_MAX ? (int)(nb1 - n) : J_MAX;
                 const float *wr[J_MAX];
-                for (int j = 0; j < J_MAX; j++) wr[j] = w + (n + (j < J ? j : 0)) * K;
+                for (int j = 0; j < J_MAX; j++) wr[j] = wb + (n - nb + (j < J ? j : 0)) * K;
                 if (P == P_MAX && J == J_MAX) {
                     TILE_CASE(P_MAX, J_MAX);
                 } else if (P == P_MAX) {
@@ -129,8 +165,21 @@ int es_gemm_packed_available(void) {
     return ok;
 }
 
-/* Returns 0, 2 when out of memory, 3 when the CPU lacks AVX-512 (nothing computed then). */
-int es_linear_packed_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N) {
+/* This thread's widening buffer for weights of up to K columns (NULL for fp32 weights);
+ * sets *oom (shared) when it cannot be had. */
+static float *wide_buffer(int bf16, int64_t K, int *oom) {
+    if (!bf16) return NULL;
+    float *p = es_scratch(ES_SCRATCH_WIDEN, sizeof(float) * (size_t)(NC * K));
+    if (!p) {
+#pragma omp atomic write
+        *oom = 1;
+    }
+    return p;
+}
+
+/* y = x @ w^T for fp32 or bf16 w. Returns 0, 2 when out of memory, 3 when the CPU lacks
+ * AVX-512 (nothing computed then). */
+static int linear_packed(const float *x, const void *w, int bf16, float *y, int64_t M, int64_t K, int64_t N) {
     if (!es_gemm_packed_available()) return 3;
     if (M <= 0 || N <= 0) return 0;
     const int64_t k8 = K & ~(int64_t)7, pairs = (M + 1) / 2, zero = 0;
@@ -139,25 +188,35 @@ int es_linear_packed_f32(const float *x, const float *w, float *y, int64_t M, in
     if (es_scratch_parts(ES_SCRATCH_PACKED, 2, bytes, parts)) return 2;
     float *xp = parts[0];
     const float **xr = parts[1];
+    int oom = 0;
     for (int64_t m = 0; m < M; m++) xr[m] = x + m * K;
 #pragma omp parallel if (M * K * N >= PARALLEL_MIN_MACS)
     {
+        const Weights wt = {w, bf16, wide_buffer(bf16, K, &oom)};
         pack_groups(xr, xp, K, &zero, &M, &zero, 1);
 #pragma omp barrier
         int64_t lo, hi;
         share(N, &lo, &hi);
-        rows_block(xr, xp, w, y, N, M, K, lo, hi);
+        if (!oom) rows_block(xr, xp, wt, y, N, M, K, lo, hi);
     }
-    return 0;
+    return oom ? 2 : 0;
 }
 
-/* The fused MoE block of gemm.c (es_moe_f32: same contract, same results bit for bit) for
- * many tokens: slots grouped by expert, each expert's rows packed once and multiplied by
- * its weights with the register-blocked kernel, both threads sharing each expert's rows.
- * Temporaries: this thread's ES_SCRATCH_MOE buffer (scratch.c).
+int es_linear_packed_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N) {
+    return linear_packed(x, w, 0, y, M, K, N);
+}
+
+int es_linear_packed_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t K, int64_t N) {
+    return linear_packed(x, w, 1, y, M, K, N);
+}
+
+/* The fused MoE block of gemm.c (es_moe_f32 / es_moe_bf16: same contract, same results bit
+ * for bit) for many tokens: slots grouped by expert, each expert's rows packed once and
+ * multiplied by its weights with the register-blocked kernel, both threads sharing each
+ * expert's rows. Temporaries: this thread's ES_SCRATCH_MOE buffer (scratch.c).
  * Returns 0, 1 if an id is out of range, 2 when out of memory, 3 without AVX-512. */
-int es_moe_packed_f32(const float *x, const int64_t *ids, const float *wts, const float *w_gu, const float *w_d,
-                      float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
+static int moe_packed(const float *x, const int64_t *ids, const float *wts, const void *w_gu, const void *w_d,
+                      int bf16, float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
     if (!es_gemm_packed_available()) return 3;
     const int64_t S = T * k;
     for (int64_t s = 0; s < S; s++)
@@ -175,6 +234,7 @@ int es_moe_packed_f32(const float *x, const int64_t *ids, const float *wts, cons
     float *gu = pt[8], *h = pt[9], *y = pt[10], *xp = pt[11];
     const float **xin = pt[12], **hin = pt[13];
     int64_t n_active = 0, acc = 0, pacc = 0;
+    int oom = 0;
     memset(count, 0, n64);
     for (int64_t s = 0; s < S; s++) count[ids[s]]++;
     for (int64_t e = 0; e < E; e++) {
@@ -197,21 +257,22 @@ int es_moe_packed_f32(const float *x, const int64_t *ids, const float *wts, cons
 #pragma omp parallel if (S * H * I >= PARALLEL_MIN_MACS)
     {
         int64_t lo, hi;
+        const Weights gu_w = {w_gu, bf16, wide_buffer(bf16, H > I ? H : I, &oom)}, d_w = {w_d, bf16, gu_w.wide};
         pack_groups(xin, xp, H, a_start, a_count, a_poff, n_active);
 #pragma omp barrier
         share(2 * I, &lo, &hi);
-        for (int64_t a = 0; a < n_active; a++)
-            rows_block(xin + a_start[a], xp + a_poff[a] * 2 * h8, w_gu + a_e[a] * 2 * I * H, gu + a_start[a] * 2 * I,
-                       2 * I, a_count[a], H, lo, hi);
+        for (int64_t a = 0; a < n_active && !oom; a++)
+            rows_block(xin + a_start[a], xp + a_poff[a] * 2 * h8, offset_rows(gu_w, a_e[a] * 2 * I, H),
+                       gu + a_start[a] * 2 * I, 2 * I, a_count[a], H, lo, hi);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < S; p++) es_silu_mul(gu + p * 2 * I, gu + p * 2 * I + I, h + p * I, I);
         pack_groups(hin, xp, I, a_start, a_count, a_poff, n_active);
 #pragma omp barrier
         share(H, &lo, &hi);
-        for (int64_t a = 0; a < n_active; a++)
-            rows_block(hin + a_start[a], xp + a_poff[a] * 2 * i8, w_d + a_e[a] * H * I, y + a_start[a] * H, H,
-                       a_count[a], I, lo, hi);
+        for (int64_t a = 0; a < n_active && !oom; a++)
+            rows_block(hin + a_start[a], xp + a_poff[a] * 2 * i8, offset_rows(d_w, a_e[a] * H, I), y + a_start[a] * H,
+                       H, a_count[a], I, lo, hi);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) { /* as es_moe_f32 */
@@ -223,5 +284,15 @@ int es_moe_packed_f32(const float *x, const int64_t *ids, const float *wts, cons
             }
         }
     }
-    return 0;
+    return oom ? 2 : 0;
+}
+
+int es_moe_packed_f32(const float *x, const int64_t *ids, const float *wts, const float *w_gu, const float *w_d,
+                      float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
+    return moe_packed(x, ids, wts, w_gu, w_d, 0, out, T, k, E, H, I);
+}
+
+int es_moe_packed_bf16(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu,
+                       const uint16_t *w_d, float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
+    return moe_packed(x, ids, wts, w_gu, w_d, 1, out, T, k, E, H, I);
 }

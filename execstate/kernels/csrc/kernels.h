@@ -11,7 +11,7 @@
 /* scratch.c: this thread's reusable buffer per slot (64-byte aligned, >= bytes, NULL when out
  * of memory; valid until the thread's next call for the same slot). One slot per use site
  * that can be live at once. */
-enum { ES_SCRATCH_PACKED, ES_SCRATCH_MOE, ES_SCRATCH_ATTENTION, ES_SCRATCH_LAYER, ES_SCRATCH_SLOTS };
+enum { ES_SCRATCH_PACKED, ES_SCRATCH_MOE, ES_SCRATCH_WIDEN, ES_SCRATCH_ATTENTION, ES_SCRATCH_LAYER, ES_SCRATCH_SLOTS };
 void *es_scratch(int slot, size_t bytes);
 /* parts[i] = a 64-byte aligned piece of bytes[i] of this thread's `slot` buffer, i < n (the
  * pieces do not overlap). Returns 0, or 2 when out of memory. */
@@ -40,6 +40,10 @@ int es_gemm_packed_available(void);
 int es_linear_packed_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N);
 int es_moe_packed_f32(const float *x, const int64_t *ids, const float *wts, const float *w_gu, const float *w_d,
                       float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
+/* the same with bf16 weights: bitwise es_linear_bf16 / es_moe_bf16 */
+int es_linear_packed_bf16(const float *x, const uint16_t *w, float *y, int64_t M, int64_t K, int64_t N);
+int es_moe_packed_bf16(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu,
+                       const uint16_t *w_d, float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
 /* attention.c */
 int es_decode_attention_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
                             const int64_t *block_table, const int64_t *ctx_len, int64_t B, int64_t max_blocks,

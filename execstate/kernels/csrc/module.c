@@ -107,6 +107,16 @@ static PyObject *py_linear_packed(PyObject *self, PyObject *args) {
     return kernel_result(status == 3 ? 3 : status ? 2 : 0, "linear_packed", "linear_packed", 0);
 }
 
+static PyObject *py_linear_packed_bf16(PyObject *self, PyObject *args) {
+    struct linear_args a;
+    int status;
+    if (!parse_linear(args, "linear_packed_bf16", 0, &a)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    status = es_linear_packed_bf16((const float *)a.x, (const uint16_t *)a.w, (float *)a.y, a.M, a.K, a.N);
+    Py_END_ALLOW_THREADS
+    return kernel_result(status == 3 ? 3 : status ? 2 : 0, "linear_packed_bf16", "linear_packed_bf16", 0);
+}
+
 static PyObject *py_packed_available(PyObject *self, PyObject *args) {
     return PyBool_FromLong(cpu_ok() && es_gemm_packed_available());
 }
@@ -120,6 +130,17 @@ static PyObject *py_moe_packed(PyObject *self, PyObject *args) {
                             (const float *)a.wd, (float *)a.out, a.T, a.k, a.E, a.H, a.I);
     Py_END_ALLOW_THREADS
     return kernel_result(bad, "moe_packed", "moe", a.E);
+}
+
+static PyObject *py_moe_packed_bf16(PyObject *self, PyObject *args) {
+    struct moe_args a;
+    int bad;
+    if (!parse_moe(args, "moe_packed_bf16", 0, &a)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    bad = es_moe_packed_bf16((const float *)a.x, (const int64_t *)a.ids, (const float *)a.wts, (const uint16_t *)a.wgu,
+                             (const uint16_t *)a.wd, (float *)a.out, a.T, a.k, a.E, a.H, a.I);
+    Py_END_ALLOW_THREADS
+    return kernel_result(bad, "moe_packed_bf16", "moe_bf16", a.E);
 }
 
 static PyObject *py_moe(PyObject *self, PyObject *args) {
@@ -256,6 +277,9 @@ static PyMethodDef methods[] = {
     {"moe_packed", py_moe_packed, METH_VARARGS,
      "moe_packed(x, ids, wts, w_gate_up, w_down, out, T, k, E, H, I): moe for many tokens, AVX-512."},
     {"moe", py_moe, METH_VARARGS, "moe(x, ids, wts, w_gate_up, w_down, out, T, k, E, H, I) (data pointers)."},
+    {"linear_packed_bf16", py_linear_packed_bf16, METH_VARARGS,
+     "linear_packed_bf16(x, w, y, M, K, N): linear_bf16 for many rows, AVX-512 (w bf16)."},
+    {"moe_packed_bf16", py_moe_packed_bf16, METH_VARARGS, "moe_packed_bf16(...): moe_bf16 for many tokens, AVX-512."},
     {"linear_bf16", py_linear_bf16, METH_VARARGS, "linear_bf16(x, w, y, M, K, N): y = x @ float(w).T (w bf16)."},
     {"moe_bf16", py_moe_bf16, METH_VARARGS, "moe_bf16(...): moe with bf16 w_gate_up and w_down."},
     {"decode_layer", es_py_decode_layer, METH_VARARGS, "decode_layer(...): a whole decode-step layer (decode_layer.c)."},
