@@ -6,7 +6,9 @@ weight exactly (bf16 is the top half of an fp32) and runs the same FMA sequence 
 kernels, so ``linear_bf16(x, w)`` equals ``gemm.linear(x, w.float())`` bit for bit, and
 likewise ``moe_bf16``: deterministic and batch-invariant (``csrc/module.c``). Many-row calls on
 AVX-512 CPUs take the packed kernels (``csrc/gemm_packed.c``: each block of weight rows widened
-once per call, then the fp32 register-blocked kernel), with the same results bit for bit.
+once per call, then the fp32 register-blocked kernel), and calls of 4+ rows the AVX-512
+few-row kernel (``csrc/gemm_bf16_pairs.c``: weights widened in registers into both halves of
+a 16-lane vector, two rows per vector), with the same results bit for bit.
 """
 
 from __future__ import annotations

@@ -11,7 +11,15 @@
 /* scratch.c: this thread's reusable buffer per slot (64-byte aligned, >= bytes, NULL when out
  * of memory; valid until the thread's next call for the same slot). One slot per use site
  * that can be live at once. */
-enum { ES_SCRATCH_PACKED, ES_SCRATCH_MOE, ES_SCRATCH_WIDEN, ES_SCRATCH_ATTENTION, ES_SCRATCH_LAYER, ES_SCRATCH_SLOTS };
+enum {
+    ES_SCRATCH_PACKED,
+    ES_SCRATCH_MOE,
+    ES_SCRATCH_WIDEN,
+    ES_SCRATCH_ROWS,
+    ES_SCRATCH_ATTENTION,
+    ES_SCRATCH_LAYER,
+    ES_SCRATCH_SLOTS
+};
 void *es_scratch(int slot, size_t bytes);
 /* parts[i] = a 64-byte aligned piece of bytes[i] of this thread's `slot` buffer, i < n (the
  * pieces do not overlap). Returns 0, or 2 when out of memory. */
@@ -35,6 +43,11 @@ int es_moe_bf16(const float *x, const int64_t *ids, const float *wts, const uint
                 float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
 void es_linear_rows_bf16(const float *const *xr, float *const *yr, int64_t M, const void *w, int64_t K, int64_t n0,
                          int64_t n1); /* w: bf16 [N, K] */
+/* gemm_bf16_pairs.c (AVX-512 BW): the same dot products, bit for bit, for 2+ rows; 0 or 2 (no memory) */
+int es_bf16_pairs_available(void);
+int es_bf16_pairs_enable(int on); /* gemm_bf16.c: 0 = always the AVX2 kernel; returns the old setting */
+int es_linear_rows_bf16_pairs(const float *const *xr, float *const *yr, int64_t M, const uint16_t *w, int64_t K,
+                              int64_t n0, int64_t n1);
 /* gemm_packed.c (AVX-512; returns 3 where the CPU lacks it) */
 int es_gemm_packed_available(void);
 int es_linear_packed_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N);
