@@ -43,7 +43,7 @@ static KT inline void rows(const EsDecodeLayer *a, const float *const *xr, float
  * projection / down projection produced. Every element is computed exactly as the kernel it
  * stands for computes it (es_linear_f32's dot products, es_qkv_rope_f32's per-token work,
  * the attention work items), so no split changes a result. */
-KT int es_decode_layer_f32(const EsDecodeLayer *a) {
+KT int es_decode_layer(const EsDecodeLayer *a) {
     const int64_t T = a->T, H = a->H, nh = a->nh, nkv = a->nkv, d = a->d, I = a->I, E = a->E;
     const int64_t qkv_n = (nh + 2 * nkv) * d;
     int64_t lmax = 0;
@@ -155,7 +155,7 @@ PyObject *es_py_decode_layer(PyObject *self, PyObject *args) {
     a.logits_out = (float *)p[19]; a.w_gu = (const void *)p[20]; a.w_d = (const void *)p[21];
     if (a.T == 0) Py_RETURN_NONE;
     Py_BEGIN_ALLOW_THREADS
-    st = es_decode_layer_f32(&a);
+    st = es_decode_layer(&a);
     Py_END_ALLOW_THREADS
     if (st) return PyErr_NoMemory();
     Py_RETURN_NONE;

@@ -27,7 +27,7 @@ typedef struct {
 } EsDecodeLayer;
 
 /* 0 ok, 2 out of memory. */
-int es_decode_layer_f32(const EsDecodeLayer *a);
+int es_decode_layer(const EsDecodeLayer *a);
 PyObject *es_py_decode_layer(PyObject *self, PyObject *args);
 
 #endif
