@@ -42,7 +42,7 @@ static void make_key(void) { pthread_key_create(&exit_key, release); }
 
 void *es_scratch(int slot, size_t bytes) {
     Slot *s = &slots[slot];
-    if (bytes <= s->cap) return s->p;
+    if (s->p && bytes <= s->cap) return s->p; /* also for bytes == 0: a valid buffer */
     const size_t huge = (size_t)2 << 20, cap = (bytes + huge - 1) & ~(huge - 1);
     if (s->p) munmap(s->p, s->cap);
     s->p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
