@@ -30,9 +30,8 @@ def plot_sweep(report: dict[str, Any], out: Path) -> Path:
     roof = report["roofline"]
     ceiling = [roof["by_batch"][str(b)]["ceiling_tok_s"] for b in batches]
     fig, ax = plt.subplots(figsize=(12, 6))
-    ax.plot(batches, ceiling, "k--", lw=1.5,
-            label=f"roofline: batch x {roof['bandwidth_gb_s']:.1f} GB/s ({report['bandwidth']['source']})\n"
-                  f"/ weight bytes read per decode step")
+    ax.plot(batches, ceiling, "k--", lw=1.5, label=f"roofline: batch x {_bandwidth_words(report)}\n"
+                                                  f"/ weight bytes read per decode step")
     ax.plot(batches, [TARGET_FRACTION * c for c in ceiling], "k:", lw=1.0,
             label=f"{TARGET_FRACTION:.0%} of the roofline (issue 11 target)")
     for name, e in _available(report).items():
@@ -65,6 +64,16 @@ def plot_sweep(report: dict[str, Any], out: Path) -> Path:
     return out
 
 
+def _bandwidth_words(report: dict[str, Any]) -> str:
+    """The roofline's bandwidth in words: one figure, or the range of the per-batch ones."""
+    roof = report["roofline"]
+    per = roof.get("bandwidth_gb_s_by_batch")
+    if per:
+        return (f"the bandwidth measured next to each batch size's runs ({min(per.values()):.1f}-"
+                f"{max(per.values()):.1f} GB/s)")
+    return f"{roof['bandwidth_gb_s']:.1f} GB/s ({report['bandwidth']['source']})"
+
+
 def format_sweep_table(report: dict[str, Any]) -> str:
     """The sweep as text: decode tok/s per peer and batch size (and the share of the roofline),
     the roofline, prefill tok/s, parity and the notes."""
@@ -73,9 +82,14 @@ def format_sweep_table(report: dict[str, Any]) -> str:
     bw = report["bandwidth"]
     lines = [f"execstate throughput sweep — model {report['model']} ({report['architecture']}), "
              f"{report['dtype']}, {report['threads']} threads, median of {report['repeats']} repeat(s)",
-             f"decode tok/s = batch x (new tokens - 1) / (run wall s - prefill probe wall s); memory bandwidth "
-             f"{bw['read_gb_s']:.1f} GB/s ({bw['source']})", "",
+             f"decode tok/s = batch x (new tokens - 1) / (run wall s - prefill probe wall s); roofline: "
+             f"{_bandwidth_words(report)}"
+             + (f"; at the start of the sweep {bw['read_gb_s']:.1f} GB/s" if roof.get("bandwidth_gb_s_by_batch") else ""),
+             "",
              f"{'batch size':<44}" + "".join(f"{b:>16}" for b in batches)]
+    if roof.get("bandwidth_gb_s_by_batch"):
+        lines.append(f"{'bandwidth GB/s next to the runs':<44}"
+                     + "".join(f"{roof['bandwidth_gb_s_by_batch'][b]:>16.1f}" for b in batches))
     lines.append(f"{'roofline ceiling tok/s':<44}"
                  + "".join(f"{roof['by_batch'][b]['ceiling_tok_s']:>16.1f}" for b in batches))
     for name, e in report["peers"].items():

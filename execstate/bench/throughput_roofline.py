@@ -102,19 +102,30 @@ def kv_bytes_per_token(cfg: dict[str, Any], bytes_per_value: int = 4) -> int:
     return 2 * int(cfg["num_hidden_layers"]) * heads * head_dim * bytes_per_value
 
 
-def roofline(model_dir: Path, batches: list[int], bandwidth_bytes_s: float,
+def roofline(model_dir: Path, batches: list[int], bandwidth_bytes_s: float | dict[int, float],
              bytes_per_weight: int = 4) -> dict[str, Any]:
-    """The roofline of ``model_dir`` at each batch size (JSON-ready)."""
+    """The roofline of ``model_dir`` at each batch size (JSON-ready). ``bandwidth_bytes_s``: one
+    figure for every batch size, or one per batch size (the bandwidth measured next to that batch
+    size's runs: this shared machine's bandwidth moves by tens of percent within minutes);
+    ``bandwidth_gb_s`` is then their median and ``bandwidth_gb_s_by_batch`` each one."""
     w = weight_bytes(model_dir, bytes_per_weight)
-    return {
-        "bandwidth_gb_s": bandwidth_bytes_s / 1e9,
+    per = bandwidth_bytes_s if isinstance(bandwidth_bytes_s, dict) else {b: bandwidth_bytes_s for b in batches}
+    missing = [b for b in batches if b not in per]
+    if missing:
+        raise ValueError(f"roofline: no bandwidth for batch sizes {missing}")
+    out = {
+        "bandwidth_gb_s": float(np.median([per[b] for b in batches])) / 1e9 if batches else 0.0,
         "bytes_per_weight": bytes_per_weight,
         "weights": asdict(w),
         "routing_assumption": "each token picks top_k distinct experts uniformly at random",
-        "by_batch": {str(b): {"step_bytes": step_bytes(w, b), "ceiling_tok_s": ceiling_tok_s(w, b, bandwidth_bytes_s),
+        "by_batch": {str(b): {"step_bytes": step_bytes(w, b), "ceiling_tok_s": ceiling_tok_s(w, b, per[b]),
+                              "bandwidth_gb_s": per[b] / 1e9,
                               "experts_read_per_layer": None if not (w.num_experts and w.top_k)
                               else expected_experts_read(w.num_experts, w.top_k, b)} for b in batches},
     }
+    if isinstance(bandwidth_bytes_s, dict):
+        out["bandwidth_gb_s_by_batch"] = {str(b): per[b] / 1e9 for b in batches}
+    return out
 
 
 def measure_bandwidth(size_mib: int = 512, repeats: int = 5, threads: int = 1) -> dict[str, Any]:

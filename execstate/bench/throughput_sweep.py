@@ -9,12 +9,17 @@ rotates with ``B`` and the repeat) runs
 1. a prefill probe: ``B`` fresh prompts, ``max_tokens=1`` -> ``prefill_s`` (time to first token);
 2. the timed run: ``B`` other fresh prompts, ``max_new_tokens`` each -> ``total_s``,
 
-all ``B`` prompts in one call (``B = 1``: one prompt, unbatched). Decode tok/s =
+all ``B`` prompts in one call (``B = 1``: one prompt, unbatched), after a read-bandwidth probe
+(``ADJACENT_PROBE_MIB`` summed; unless a bandwidth is given). Decode tok/s =
 ``B x (max_new_tokens - 1) / (total_s - prefill_s)``: the tokens after the first over the time
 after the first (prefill cost estimated from the probe's equally long prompts). Fresh prompts
 everywhere, so no prefix cache hits. Medians over repeats; the timed runs' greedy tokens are
 compared with the engine's (``parity``). The report (JSON-ready) carries the roofline at each
-``B`` and each peer's share of it; ``throughput_plot`` draws it.
+``B`` and each peer's share of it; ``throughput_plot`` draws it. The roofline at ``B`` uses the
+median of the bandwidth probes taken next to ``B``'s runs: this shared VM's memory bandwidth
+moves by tens of percent within minutes (one run measured 44.6 GB/s at its start, the next
+73.4), so a single figure from the start of the sweep made the share of the roofline a
+matter of timing. The start-of-sweep measure (every thread count) is kept in the report.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from execstate.bench.peers import EnginePeer, Peer
 from execstate.bench.throughput_roofline import measure_bandwidth, roofline
 
 MAX_BATCH = 64  # the engine peer's (and vLLM peer's) max_num_seqs
+ADJACENT_PROBE_MIB = 256  # the read-bandwidth probe before each batch size's runs (best of 3)
 WARMUP_NEW_TOKENS = 4
 REFERENCE = "execstate_r3_off"
 
@@ -108,12 +114,19 @@ def run_throughput_sweep(model: str | Path = "standard", workload: SweepWorkload
     else:
         unavailable["vllm"] = "peers disabled (--no-peers)"
     t0 = time.perf_counter()
-    samples, parity = _measure(peer_list, wl, int(cfg["vocab_size"]), repeats, threads)
+    samples, parity, adjacent = _measure(peer_list, wl, int(cfg["vocab_size"]), repeats, threads,
+                                         probe_bandwidth=bandwidth_gb_s is None)
+    if adjacent:
+        bandwidth["next_to_runs_gb_s"] = {str(b): [v / 1e9 for v in vs] for b, vs in adjacent.items()}
+        bandwidth["source"] = "measured next to each batch size's runs, median"
+        per_batch: float | dict[int, float] = {b: float(np.median(vs)) for b, vs in adjacent.items()}
+    else:
+        per_batch = bandwidth["read_gb_s"] * 1e9
     report = {
         "model": str(model), "model_path": str(path), "architecture": (cfg.get("architectures") or ["?"])[0],
         "param_count": count_parameters(path), "dtype": "float32", "threads": threads,
         "workload": asdict(wl), "repeats": repeats, "bandwidth": bandwidth,
-        "roofline": roofline(path, list(wl.batches), bandwidth["read_gb_s"] * 1e9),
+        "roofline": roofline(path, list(wl.batches), per_batch),
         "peers": {p.name: _peer_entry(p, samples[p.name], wl) for p in peer_list},
         "parity_vs_engine": {name: {b: summarise(c) for b, c in per.items()} for name, per in parity.items()},
         "sweep_seconds": time.perf_counter() - t0, "machine": _machine(), "notes": notes,
@@ -129,10 +142,14 @@ def run_throughput_sweep(model: str | Path = "standard", workload: SweepWorkload
     return report
 
 
-def _measure(peer_list: list[Peer], wl: SweepWorkload, vocab: int, repeats: int, threads: int
-             ) -> tuple[dict[str, dict[str, list[dict[str, Any]]]], dict[str, dict[str, dict[str, Any]]]]:
+def _measure(peer_list: list[Peer], wl: SweepWorkload, vocab: int, repeats: int, threads: int,
+             probe_bandwidth: bool = True) -> tuple[dict[str, dict[str, list[dict[str, Any]]]],
+                                                   dict[str, dict[str, dict[str, Any]]], dict[int, list[float]]]:
+    """Samples per peer and batch, greedy parity, and (``probe_bandwidth``) the read bandwidth
+    in bytes/s measured before each batch size's runs, per batch size."""
     samples: dict[str, dict[str, list[dict[str, Any]]]] = {p.name: {} for p in peer_list}
     parity: dict[str, dict[str, dict[str, Any]]] = {}
+    adjacent: dict[int, list[float]] = {}
     try:
         for p in peer_list:
             p.load()
@@ -144,6 +161,10 @@ def _measure(peer_list: list[Peer], wl: SweepWorkload, vocab: int, repeats: int,
         for r in range(repeats):
             for i, b in enumerate(wl.batches):
                 runnable = [p for p in peer_list if b == 1 or p.batch8]
+                if probe_bandwidth and runnable:
+                    settle()
+                    bw = measure_bandwidth(size_mib=ADJACENT_PROBE_MIB, repeats=3, threads=threads)
+                    adjacent.setdefault(b, []).append(bw["read"])
                 k = (i + r) % len(runnable) if runnable else 0
                 tokens: dict[str, list[list[int]]] = {}
                 for p in runnable[k:] + runnable[:k]:
@@ -159,7 +180,7 @@ def _measure(peer_list: list[Peer], wl: SweepWorkload, vocab: int, repeats: int,
     finally:
         for p in peer_list:
             p.close()
-    return samples, parity
+    return samples, parity, adjacent
 
 
 def _one(p: Peer, wl: SweepWorkload, vocab: int, b: int, r: int, threads: int) -> tuple[dict[str, Any], list[list[int]]]:

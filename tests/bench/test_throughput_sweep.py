@@ -146,6 +146,39 @@ def test_sweep_engine_only_report_table_and_plot(tiny_moe, tmp_path, monkeypatch
     assert matplotlib.image.imread(str(out)).shape[:2] == (660, 1320)  # 12 x 6 in at 110 dpi
 
 
+def test_measured_roofline_uses_the_bandwidth_next_to_each_batch(tiny_moe, tmp_path, monkeypatch):
+    """Without --bandwidth-gbs the sweep probes the bandwidth before each batch size's runs and
+    each batch's ceiling uses the median of its probes (here: a fake probe whose figure moves)."""
+    import execstate.bench.throughput_sweep as sweep
+    from execstate.bench.throughput_plot import format_sweep_table, plot_sweep
+
+    monkeypatch.delenv("EXECSTATE_VLLM_PYTHON", raising=False)
+    calls = []
+
+    def fake(size_mib=512, repeats=5, threads=1):
+        calls.append(size_mib)
+        gb = 50.0 if len(calls) == 1 else 10.0 * (len(calls) - 1)  # start: 50; then 10, 20, 30, 40
+        return {"read": gb * 1e9, "copy": gb * 1e9, "size_mib": size_mib, "repeats": repeats,
+                "by_threads": {"1": {"read": gb * 1e9, "copy": gb * 1e9}}}
+
+    monkeypatch.setattr(sweep, "measure_bandwidth", fake)
+    wl = SweepWorkload((1, 2), prompt_len=8, max_new_tokens=6)
+    report = run_throughput_sweep(str(tiny_moe), wl, repeats=2, num_threads=1, peers=False, print_table=False)
+    assert calls == [512] + [sweep.ADJACENT_PROBE_MIB] * 4  # start, then before (repeat, batch) 1, 2, 1, 2
+    bw = report["bandwidth"]
+    assert bw["read_gb_s"] == 50.0 and bw["next_to_runs_gb_s"] == {"1": [10.0, 30.0], "2": [20.0, 40.0]}
+    roof = report["roofline"]
+    assert roof["bandwidth_gb_s_by_batch"] == {"1": 20.0, "2": 30.0} and roof["bandwidth_gb_s"] == 25.0
+    w = weight_bytes(tiny_moe, 4)
+    for b, gb in ((1, 20.0), (2, 30.0)):
+        assert roof["by_batch"][str(b)]["ceiling_tok_s"] == pytest.approx(ceiling_tok_s(w, b, gb * 1e9))
+    text = format_sweep_table(report)
+    assert "next to each batch size's runs (20.0-30.0 GB/s)" in text and "start of the sweep 50.0 GB/s" in text
+    assert plot_sweep(report, tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="no bandwidth for batch sizes"):
+        roofline(tiny_moe, [1, 4], {1: 1e9})
+
+
 def test_starved_peers_are_noted():
     from execstate.bench.throughput_sweep import _note_starved
 
