@@ -60,7 +60,7 @@ def layer_weights(in_norm: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tenso
     added to the residual) or none of them. The matrices (``w_*``) are all fp32 or all bf16, as
     ``w_qkv`` is; the norm weights and biases are fp32."""
     lib()
-    wt = w_qkv.dtype if w_qkv.dtype in (torch.float32, torch.bfloat16) else torch.float32
+    wt = torch.bfloat16 if getattr(w_qkv, "dtype", None) is torch.bfloat16 else torch.float32
     h = in_norm.shape[0] if in_norm.dim() == 1 else -1
     qkv_n = (num_heads + 2 * num_kv_heads) * head_dim
     if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads or head_dim < 2 or head_dim % 2:
