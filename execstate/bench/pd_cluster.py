@@ -42,6 +42,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a TCP socket listening on ``port`` (Linux /proc): the check
+    that a ``/health`` answer on that port came from the process started for it, not from another
+    one that took the port first (the started one then fails to bind and exits, too late for a
+    health check already answered)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                f = line.split()
+                if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    inodes.add(f"socket:[{f[9]}]")
+    if not inodes:
+        return False
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+    return False
+
+
 def kv_config(role: str, policy: str = "fail", timeout_s: float = 10.0, ttl_s: float | None = None) -> str:
     """``--kv-transfer-config`` JSON of a PD instance (NIXL, route transfer on). The handoff secret
     reaches every process through ``$EXECSTATE_KV_SECRET`` (``Cluster.secret``)."""
@@ -74,6 +99,7 @@ class Proc:
     popen: subprocess.Popen
     url: str
     log: Path
+    port: int = 0
 
     def log_tail(self, n: int = 2000) -> str:
         try:
@@ -99,8 +125,13 @@ class Cluster:
     secret: str = field(default_factory=lambda: secrets.token_hex(16))  # P, D and proxies share it
 
     def spawn(self, name: str, args: list[str], threads: int, fault: str | None = None) -> str:
-        """Start ``execstate ARGS --port P``; with ``fault`` (a fault mode) through the fault launcher."""
+        """Start ``execstate ARGS --port P``; with ``fault`` (a fault mode) through the fault launcher.
+        ``P``: a free port none of this cluster's processes was given (the OS can hand out a port
+        again right after ``free_port`` closed it)."""
+        taken = {p.port for p in self.procs.values()}
         port = free_port()
+        while port in taken:
+            port = free_port()
         root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                    PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
@@ -111,7 +142,7 @@ class Cluster:
             popen = subprocess.Popen([sys.executable, "-m", *launcher, *args, "--port", str(port)],
                                      env=env, stdout=fh, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
-        self.procs[name] = Proc(name, popen, url, log)
+        self.procs[name] = Proc(name, popen, url, log, port)
         return url
 
     def serve(self, name: str, model: Path, kv: str | None = None, fault: str | None = None) -> str:
@@ -122,7 +153,9 @@ class Cluster:
         return self.spawn(name, ["proxy", "--prefill", prefill, "--decode", decode], 1)
 
     def wait_healthy(self, client: Any, names: list[str] | None = None, timeout_s: float = 300.0) -> float:
-        """Wait until the processes (default: all) answer ``/health`` with 200; returns the seconds waited."""
+        """Wait until the processes (default: all) answer ``/health`` with 200 on their port, and
+        listen on it themselves (``listens_on``: another process answering there does not count);
+        returns the seconds waited."""
         import httpx
 
         t0 = time.monotonic()
@@ -132,7 +165,8 @@ class Cluster:
                 if p.popen.poll() is not None:
                     raise RuntimeError(f"{name} exited with {p.popen.returncode}:\n{p.log_tail()}")
                 try:
-                    if client.get(p.url + "/health", timeout=2.0).status_code == 200:
+                    if client.get(p.url + "/health", timeout=2.0).status_code == 200 and \
+                            listens_on(p.popen.pid, p.port):
                         del pending[name]
                 except httpx.HTTPError:
                     pass

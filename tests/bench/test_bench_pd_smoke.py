@@ -96,3 +96,41 @@ def test_table_renders(report):
 
     text = format_table(report)
     assert "TTFT PD / single" in text and "recovery" in text and "0 token mismatches" in text
+
+
+def test_listens_on_names_the_process_holding_the_port(tmp_path):
+    """The health check's sender check: this process's listening socket is found under its own
+    pid, not under another process's, and a closed port under nobody's."""
+    import socket
+    import subprocess
+    import sys
+
+    from execstate.bench.pd_cluster import listens_on
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert listens_on(os.getpid(), port)
+            assert not listens_on(other.pid, port)
+        finally:
+            other.kill()
+            other.wait()
+    assert not listens_on(os.getpid(), port)
+
+
+def test_cluster_never_gives_two_processes_one_port(monkeypatch, tmp_path):
+    """The OS may hand the same free port out twice in a row; a cluster draws again."""
+    import subprocess
+
+    import execstate.bench.pd_cluster as pc
+
+    ports = iter([41001, 41001, 41001, 41002])
+    monkeypatch.setattr(pc, "free_port", lambda: next(ports))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: None)
+    cluster = pc.Cluster(threads=1, logdir=tmp_path)
+    assert cluster.spawn("a", ["serve"], 1).endswith(":41001")
+    assert cluster.spawn("b", ["serve"], 1).endswith(":41002")
+    assert [p.port for p in cluster.procs.values()] == [41001, 41002]
