@@ -18,14 +18,14 @@ from execstate.kernels import cpu, ext
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C kernels here")
 
-T, H, I, E, K = 1024, 256, 384, 8, 2
+T, H, INTER, E, K = 1024, 256, 384, 8, 2
 
 
 def _moe_args(t: int, seed: int) -> tuple[torch.Tensor, ...]:
     x = randn(t, H, seed=seed)
     ids = torch.stack([torch.randperm(E, generator=torch.Generator().manual_seed(seed + r))[:K] for r in range(t)])
     wts = torch.softmax(randn(t, K, seed=seed + 1), dim=-1)
-    return x, ids.contiguous(), wts, randn(E, 2 * I, H, seed=seed + 2) / 16, randn(E, H, I, seed=seed + 3) / 20
+    return x, ids.contiguous(), wts, randn(E, 2 * INTER, H, seed=seed + 2) / 16, randn(E, H, INTER, seed=seed + 3) / 20
 
 
 def _rss_kib() -> int:
@@ -38,7 +38,7 @@ def _moe_into(out: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, wts: torch.
     """The kernel ``cpu.moe`` takes for ``x``, writing into ``out`` (no allocation on our side)."""
     fn = ext.lib().moe_packed if cpu.PACKED and x.shape[0] > cpu.MAX_MOE_TOKENS else ext.lib().moe
     fn(x.data_ptr(), ids.data_ptr(), wts.data_ptr(), w_gu.data_ptr(), w_d.data_ptr(), out.data_ptr(), x.shape[0], K, E,
-       H, I)
+       H, INTER)
 
 
 def test_warm_calls_do_not_page_fault_even_after_the_heap_is_churned() -> None:
