@@ -7,7 +7,7 @@ from typing import TypeVar
 
 import torch
 
-from execstate.kernels import cpu
+from execstate.kernels import cpu, ext
 
 T = TypeVar("T")
 
@@ -27,3 +27,14 @@ def with_threads(n: int, fn: Callable[[], T]) -> T:
         return fn()
     finally:
         torch.set_num_threads(before)
+
+
+def moe_call(name: str, x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, w_gate_up: torch.Tensor,
+             w_down: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The C MoE entry ``name`` (``moe``, ``moe_packed``, ``moe_bf16``, ...) called directly, into
+    ``out`` (a NaN-filled new tensor by default: nothing on the Python side allocates then)."""
+    out = torch.full_like(x, float("nan")) if out is None else out
+    e, two_i, h = w_gate_up.shape
+    getattr(ext.lib(), name)(x.data_ptr(), ids.data_ptr(), wts.data_ptr(), w_gate_up.data_ptr(), w_down.data_ptr(),
+                             out.data_ptr(), x.shape[0], ids.shape[1], e, h, two_i // 2)
+    return out

@@ -14,23 +14,26 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_helpers import randn, with_threads
+from kernel_helpers import moe_call, randn, with_threads
 
 from execstate.kernels import cpu, ext
 
 pytestmark = pytest.mark.skipif(not cpu.PACKED, reason="no AVX-512 here: the packed kernels do not run")
 
 
-def _packed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _linear_call(name: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The C linear entry ``name`` called directly, into a NaN-filled output."""
     y = torch.full((x.shape[0], w.shape[0]), float("nan"))
-    ext.lib().linear_packed(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], w.shape[0])
+    getattr(ext.lib(), name)(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], w.shape[0])
     return y
+
+
+def _packed(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return _linear_call("linear_packed", x, w)
 
 
 def _dot_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    y = torch.full((x.shape[0], w.shape[0]), float("nan"))
-    ext.lib().linear(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], w.shape[0])
-    return y
+    return _linear_call("linear", x, w)
 
 
 @settings(max_examples=60, deadline=None)
@@ -73,22 +76,14 @@ def _moe_inputs(t: int, e: int, h: int, i: int, k: int, seed: int):
     return x, ids, wts, w_gate_up, w_down
 
 
-def _moe_call(name: str, x, ids, wts, w_gate_up, w_down) -> torch.Tensor:
-    out = torch.full_like(x, float("nan"))
-    e, two_i, h = w_gate_up.shape
-    getattr(ext.lib(), name)(x.data_ptr(), ids.data_ptr(), wts.data_ptr(), w_gate_up.data_ptr(), w_down.data_ptr(),
-                             out.data_ptr(), x.shape[0], ids.shape[1], e, h, two_i // 2)
-    return out
-
-
 @settings(max_examples=30, deadline=None)
 @given(t=st.integers(1, 90), e=st.integers(1, 9), h=st.integers(1, 40), i=st.integers(1, 30),
        k=st.integers(1, 3), seed=st.integers(0, 2**16))
 def test_moe_packed_equals_moe_bitwise(t: int, e: int, h: int, i: int, k: int, seed: int) -> None:
     k = min(k, e)
     args = _moe_inputs(t, e, h, i, k, seed)
-    got = _moe_call("moe_packed", *args)
-    assert torch.equal(got, _moe_call("moe", *args))
+    got = moe_call("moe_packed", *args)
+    assert torch.equal(got, moe_call("moe", *args))
 
 
 def test_moe_packed_standard_shapes_thread_invariant_and_token_alone() -> None:
@@ -122,12 +117,6 @@ def test_moe_packed_rejects_out_of_range_ids() -> None:
 # then the fp32 kernel, so the result must be linear_bf16 / moe_bf16's bit for bit.
 
 
-def _linear_call(name: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    y = torch.full((x.shape[0], w.shape[0]), float("nan"))
-    getattr(ext.lib(), name)(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], w.shape[0])
-    return y
-
-
 @settings(max_examples=60, deadline=None)
 @given(m=st.integers(1, 70), k=st.integers(1, 80), n=st.integers(1, 200), seed=st.integers(0, 2**16))
 def test_linear_packed_bf16_equals_linear_bf16_bitwise(m: int, k: int, n: int, seed: int) -> None:
@@ -144,9 +133,9 @@ def test_moe_packed_bf16_equals_moe_bf16_bitwise(t: int, e: int, h: int, i: int,
     k = min(k, e)
     x, ids, wts, w_gate_up, w_down = _moe_inputs(t, e, h, i, k, seed)
     args = (x, ids, wts, w_gate_up.bfloat16(), w_down.bfloat16())
-    got = _moe_call("moe_packed_bf16", *args)
-    assert torch.equal(got, _moe_call("moe_bf16", *args))
-    assert torch.equal(got, _moe_call("moe", x, ids, wts, w_gate_up.bfloat16().float(), w_down.bfloat16().float()))
+    got = moe_call("moe_packed_bf16", *args)
+    assert torch.equal(got, moe_call("moe_bf16", *args))
+    assert torch.equal(got, moe_call("moe", x, ids, wts, w_gate_up.bfloat16().float(), w_down.bfloat16().float()))
 
 
 def test_bf16_standard_shapes_thread_invariant_and_row_alone() -> None:

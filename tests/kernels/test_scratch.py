@@ -12,9 +12,9 @@ import threading
 
 import pytest
 import torch
-from kernel_helpers import randn
+from kernel_helpers import moe_call, randn
 
-from execstate.kernels import cpu, ext
+from execstate.kernels import cpu
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C kernels here")
 
@@ -33,14 +33,6 @@ def _rss_kib() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
-def _moe_into(out: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, w_gu: torch.Tensor,
-              w_d: torch.Tensor) -> None:
-    """The kernel ``cpu.moe`` takes for ``x``, writing into ``out`` (no allocation on our side)."""
-    fn = ext.lib().moe_packed if cpu.PACKED and x.shape[0] > cpu.MAX_MOE_TOKENS else ext.lib().moe
-    fn(x.data_ptr(), ids.data_ptr(), wts.data_ptr(), w_gu.data_ptr(), w_d.data_ptr(), out.data_ptr(), x.shape[0], K, E,
-       H, INTER)
-
-
 def test_warm_calls_do_not_page_fault_even_after_the_heap_is_churned() -> None:
     args = _moe_args(T, 0)
     want = cpu.moe(*args)
@@ -50,7 +42,7 @@ def test_warm_calls_do_not_page_fault_even_after_the_heap_is_churned() -> None:
         junk = [bytearray(40 << 20) for _ in range(3)]  # big frees: glibc trims / remaps
         del junk
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        _moe_into(out, *args)
+        moe_call("moe_packed" if cpu.PACKED else "moe", *args, out=out)  # the kernel cpu.moe takes for T
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
         assert torch.equal(out, want)
     # fresh temporaries (~15 MiB) fault >= 8 times even on 2 MiB pages, ~3,700 times on 4 KiB ones

@@ -9,8 +9,6 @@
  *
  * Not used: AVX512-BF16's vdpbf16ps (present on this CPU) multiplies bf16 by bf16, which would
  * round the activations to bf16 too; the kernels keep activations in fp32. */
-#include <string.h>
-
 #include "kernels.h"
 #include "simd.h"
 
@@ -27,19 +25,6 @@ int es_bf16_pairs_enable(int on) {
 
 static KT inline __m256 wload(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-
-static inline float widen1(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static KT inline float finish_bf16(__m256 acc, const uint16_t *w, const float *x, int64_t k8, int64_t K) {
-    float s = hsum8(acc);
-    for (int64_t k = k8; k < K; k++) s = fmaf(widen1(w[k]), x[k], s);
-    return s;
 }
 
 /* 4 x rows by 2 weight rows (w0 = row n, w1 = row n + 1). */

@@ -13,8 +13,6 @@
  * rows ahead like gemm.c), against every row pair of x, P_PAIRS pairs per pass (their 4 KB
  * of weights stay in L1 between passes). The packed x copy is this thread's (ES_SCRATCH_ROWS):
  * callers run this inside their own parallel regions, each thread on its own weight rows. */
-#include <string.h>
-
 #include "kernels.h"
 #include "simd.h"
 
@@ -26,19 +24,6 @@
 static KP inline __m512 wide2(const uint16_t *p) {
     const __m256i w8 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w8), 16));
-}
-
-static inline float widen_one(uint16_t b) {
-    const uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static KP inline float finish_half(__m256 acc, const uint16_t *w, const float *x, int64_t k8, int64_t K) {
-    float s = hsum8(acc);
-    for (int64_t k = k8; k < K; k++) s = fmaf(widen_one(w[k]), x[k], s);
-    return s;
 }
 
 /* Weight rows w0..w0 + J - 1 (row n0 first) against pairs [0, P) of xp (pair stride kb16). */
@@ -68,9 +53,9 @@ static KP inline __attribute__((always_inline)) void store(__m512 acc[P_PAIRS][J
     for (int p = 0; p < P; p++) {
         const int64_t m = 2 * (pair0 + p);
         for (int j = 0; j < J; j++) {
-            yr[m][n0 + j] = finish_half(_mm512_castps512_ps256(acc[p][j]), w0 + j * K, xr[m], k8, K);
+            yr[m][n0 + j] = finish_bf16(_mm512_castps512_ps256(acc[p][j]), w0 + j * K, xr[m], k8, K);
             if (m + 1 < M)
-                yr[m + 1][n0 + j] = finish_half(_mm512_extractf32x8_ps(acc[p][j], 1), w0 + j * K, xr[m + 1], k8, K);
+                yr[m + 1][n0 + j] = finish_bf16(_mm512_extractf32x8_ps(acc[p][j], 1), w0 + j * K, xr[m + 1], k8, K);
         }
     }
 }
@@ -99,14 +84,7 @@ KP int es_linear_rows_bf16_pairs(const float *const *xr, float *const *yr, int64
     const int64_t k8 = K & ~(int64_t)7, kb16 = 2 * k8, pairs = (M + 1) / 2;
     float *xp = es_scratch(ES_SCRATCH_ROWS, sizeof(float) * (size_t)(pairs * kb16 + 16));
     if (!xp) return 2;
-    for (int64_t p = 0; p < pairs; p++) { /* as gemm_packed.c's pack_pairs; a missing odd row is zero */
-        const float *a = xr[2 * p], *b = 2 * p + 1 < M ? xr[2 * p + 1] : NULL;
-        float *o = xp + p * kb16;
-        for (int64_t k = 0; k < k8; k += 8) {
-            _mm256_storeu_ps(o + 2 * k, _mm256_loadu_ps(a + k));
-            _mm256_storeu_ps(o + 2 * k + 8, b ? _mm256_loadu_ps(b + k) : _mm256_setzero_ps());
-        }
-    }
+    es_pack_pairs(xr, xp, M, K, 0, pairs);
     for (int64_t n = n0; n < n1; n += J_ROWS) {
         const int J = n1 - n < J_ROWS ? (int)(n1 - n) : J_ROWS;
         const uint16_t *w0 = w + n * K;

@@ -93,14 +93,11 @@ static KP void widen(const uint16_t *src, float *dst, int64_t n) {
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(
                                       _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i))), 16)));
-    for (; i < n; i++) {
-        const uint32_t u = (uint32_t)src[i] << 16;
-        memcpy(dst + i, &u, sizeof u);
-    }
+    for (; i < n; i++) dst[i] = widen1(src[i]);
 }
 
 /* Columns [n0, n1) of y (row stride ldy) for rows xr[0..M); xp holds those rows packed
- * (pack_pairs). */
+ * (es_pack_pairs). */
 static KP void rows_block(const float *const *xr, const float *xp, Weights wt, float *y, int64_t ldy, int64_t M,
                           int64_t K, int64_t n0, int64_t n1) {
     const int64_t k8 = K & ~(int64_t)7, kb16 = 2 * k8, pairs = (M + 1) / 2;
@@ -131,7 +128,7 @@ static KP void rows_block(const float *const *xr, const float *xp, Weights wt, f
 }
 
 /* Rows xr[0..M) in pairs (see the header), pairs [p0, p1); a missing odd row is zero. */
-static KP void pack_pairs(const float *const *xr, float *xp, int64_t M, int64_t K, int64_t p0, int64_t p1) {
+KP void es_pack_pairs(const float *const *xr, float *xp, int64_t M, int64_t K, int64_t p0, int64_t p1) {
     const int64_t k8 = K & ~(int64_t)7;
     for (int64_t p = p0; p < p1; p++) {
         const float *a = xr[2 * p], *b = 2 * p + 1 < M ? xr[2 * p + 1] : NULL;
@@ -151,7 +148,7 @@ static KP void pack_groups(const float *const *rows, float *xp, int64_t K, const
     const int64_t k8 = K & ~(int64_t)7;
     for (int64_t a = 0; a < n_groups; a++) {
         const int64_t pairs = (count[a] + 1) / 2;
-        pack_pairs(rows + start[a], xp + poff[a] * 2 * k8, count[a], K, pairs * tid / nt, pairs * (tid + 1) / nt);
+        es_pack_pairs(rows + start[a], xp + poff[a] * 2 * k8, count[a], K, pairs * tid / nt, pairs * (tid + 1) / nt);
     }
 }
 

@@ -50,6 +50,9 @@ int es_linear_rows_bf16_pairs(const float *const *xr, float *const *yr, int64_t 
                               int64_t n0, int64_t n1);
 /* gemm_packed.c (AVX-512; returns 3 where the CPU lacks it) */
 int es_gemm_packed_available(void);
+/* x rows xr[0..M) packed in pairs, pairs [p0, p1): xp[p][k/8] = 8 floats of row 2p ++ 8 of row
+ * 2p + 1 (zeros for a missing odd row), K & ~7 columns; the layout of the 16-lane kernels */
+void es_pack_pairs(const float *const *xr, float *xp, int64_t M, int64_t K, int64_t p0, int64_t p1);
 int es_linear_packed_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N);
 int es_moe_packed_f32(const float *x, const int64_t *ids, const float *wts, const float *w_gu, const float *w_d,
                       float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);

@@ -8,6 +8,7 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define KT __attribute__((target("avx2,fma")))
 /* Below this many multiply-adds a call runs on one thread (fork/join costs more). */
@@ -28,6 +29,21 @@ static KT inline float hsum8(__m256 v) {
 static KT inline float finish(__m256 acc, const float *w, const float *x, int64_t k8, int64_t K) {
     float s = hsum8(acc);
     for (int64_t k = k8; k < K; k++) s = fmaf(w[k], x[k], s);
+    return s;
+}
+
+/* A bf16 (uint16 bit pattern) as fp32: exact, a bf16 is the top half of an fp32. */
+static inline float widen1(uint16_t b) {
+    const uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* finish() with bf16 weights: the lane sum, then the K % 8 tail on widened weights. */
+static KT inline float finish_bf16(__m256 acc, const uint16_t *w, const float *x, int64_t k8, int64_t K) {
+    float s = hsum8(acc);
+    for (int64_t k = k8; k < K; k++) s = fmaf(widen1(w[k]), x[k], s);
     return s;
 }
 
