@@ -3,8 +3,8 @@
 Oracles: float64 references on the widened weights; the fp32 kernels on ``w.float()``, which
 the contract says the bf16 kernels equal bit for bit (same FMA sequence on exactly widened
 weights); bitwise batch invariance (a row alone equals the same row in any batch, any
-position, one or two threads); the AVX2 kernel for the AVX-512 one (``gemm_bf16_pairs.c``,
-which calls of 4+ rows take: ``bf16_pairs(False)`` switches it off), bit for bit.
+position, one or two threads), which also checks the AVX-512 few-row kernel
+(``gemm_bf16_pairs.c``, calls of 4+ rows) against the AVX2 one (a row alone), bit for bit.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_helpers import randn, with_threads
 
-from execstate.kernels import cpu, ext
+from execstate.kernels import cpu
 
 
 def _bf16(*shape: int, seed: int) -> torch.Tensor:
@@ -146,13 +146,9 @@ def test_bf16_kernels_bad_input_names_the_problem() -> None:
         cpu.moe_bf16(x, torch.tensor([[0, 4], [1, 2]]), wts, wgu, wd)
 
 
-def _avx2_only(fn):
-    """``fn()`` with the AVX-512 few-row kernel switched off (every row count on the AVX2 one)."""
-    was = ext.lib().bf16_pairs(False)
-    try:
-        return fn()
-    finally:
-        ext.lib().bf16_pairs(was)
+def _rows_alone(fn, x: torch.Tensor) -> torch.Tensor:
+    """``fn`` on each row of ``x`` alone: one row takes the AVX2 kernel, never the pairs one."""
+    return torch.cat([fn(x[r : r + 1].contiguous()) for r in range(x.shape[0])])
 
 
 @pytest.mark.skipif(not cpu.PACKED, reason="no AVX-512 here: the pairs kernel does not run")
@@ -160,23 +156,29 @@ def _avx2_only(fn):
 @given(m=st.integers(1, 32), k=st.integers(1, 300), n=st.integers(1, 70), threads=st.sampled_from([1, 2]),
        seed=st.integers(0, 2**16))
 def test_pairs_kernel_equals_avx2_kernel_bitwise(m: int, k: int, n: int, threads: int, seed: int) -> None:
-    """Every tile edge: odd M (a missing pair row), N % 4, K % 8 tails, several pair passes."""
+    """Every tile edge: odd M (a missing pair row), N % 4, K % 8 tails, several pair passes.
+    Oracles: each row alone (the AVX2 kernel) and the fp32 kernels on the widened weights."""
     x, w = randn(m, k, seed=seed), _bf16(n, k, seed=seed + 1)
     got = with_threads(threads, lambda: cpu.linear_bf16(x, w))
-    assert torch.equal(got, _avx2_only(lambda: cpu.linear_bf16(x, w)))
+    assert torch.equal(got, _rows_alone(lambda row: cpu.linear_bf16(row, w), x))
     assert torch.equal(got, cpu.linear(x, w.float()))
 
 
 @pytest.mark.skipif(not cpu.PACKED, reason="no AVX-512 here: the pairs kernel does not run")
 def test_pairs_kernel_in_moe_and_standard_shapes() -> None:
     """The fused MoE block (experts of 4+ tokens take the pairs kernel) and the standard model's
-    LM head shape at batch 8: equal to the AVX2 kernel, bit for bit."""
+    LM head shape at batch 8: equal to each token alone (the AVX2 kernel) and to the fp32 kernels
+    on the widened weights, bit for bit."""
     h, i = 512, 768
     w_gate_up, w_down = _bf16(8, 2 * i, h, seed=1) / 20, _bf16(8, h, i, seed=2) / 30
     x = randn(32, h, seed=3)
     ids, weights = _route(32, 2, 8, seed=4)
     got = cpu.moe_bf16(x, ids, weights, w_gate_up, w_down)
-    assert torch.equal(got, _avx2_only(lambda: cpu.moe_bf16(x, ids, weights, w_gate_up, w_down)))
+    alone = torch.cat([cpu.moe_bf16(x[t : t + 1], ids[t : t + 1], weights[t : t + 1], w_gate_up, w_down)
+                       for t in range(32)])
+    assert torch.equal(got, alone)
+    assert torch.equal(got, cpu.moe(x, ids, weights, w_gate_up.float(), w_down.float()))
     head = _bf16(32000, h, seed=5)
     got = cpu.linear_bf16(x[:8].contiguous(), head)
-    assert torch.equal(got, _avx2_only(lambda: cpu.linear_bf16(x[:8].contiguous(), head)))
+    assert torch.equal(got, _rows_alone(lambda row: cpu.linear_bf16(row, head), x[:8]))
+    assert torch.equal(got, cpu.linear(x[:8].contiguous(), head.float()))

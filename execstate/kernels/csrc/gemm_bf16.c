@@ -12,16 +12,9 @@
 #include "kernels.h"
 #include "simd.h"
 
-/* Rows from which es_linear_rows_bf16 takes the AVX-512 kernel (es_bf16_pairs_enable(0):
- * never, for tests and A/B measurements; the results are the same either way). */
+/* Rows from which es_linear_rows_bf16 takes the AVX-512 kernel (the results are the same
+ * either way). */
 #define PAIRS_MIN_ROWS 4
-static int pairs_enabled = 1;
-
-int es_bf16_pairs_enable(int on) {
-    const int was = pairs_enabled;
-    pairs_enabled = on;
-    return was;
-}
 
 static KT inline __m256 wload(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
@@ -124,7 +117,7 @@ static KT void dot_rows_bf16(const float *const *xr, float *const *yr, int64_t M
  * get its pack buffer), else dot_rows_bf16. */
 KT void es_linear_rows_bf16(const float *const *xr, float *const *yr, int64_t M, const void *w, int64_t K, int64_t n0,
                            int64_t n1) {
-    if (M >= PAIRS_MIN_ROWS && pairs_enabled && es_bf16_pairs_available() &&
+    if (M >= PAIRS_MIN_ROWS && es_bf16_pairs_available() &&
         !es_linear_rows_bf16_pairs(xr, yr, M, (const uint16_t *)w, K, n0, n1))
         return;
     dot_rows_bf16(xr, yr, M, (const uint16_t *)w, K, n0, n1);

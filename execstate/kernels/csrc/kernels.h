@@ -45,7 +45,6 @@ void es_linear_rows_bf16(const float *const *xr, float *const *yr, int64_t M, co
                          int64_t n1); /* w: bf16 [N, K] */
 /* gemm_bf16_pairs.c (AVX-512 BW): the same dot products, bit for bit, for 2+ rows; 0 or 2 (no memory) */
 int es_bf16_pairs_available(void);
-int es_bf16_pairs_enable(int on); /* gemm_bf16.c: 0 = always the AVX2 kernel; returns the old setting */
 int es_linear_rows_bf16_pairs(const float *const *xr, float *const *yr, int64_t M, const uint16_t *w, int64_t K,
                               int64_t n0, int64_t n1);
 /* gemm_packed.c (AVX-512; returns 3 where the CPU lacks it) */

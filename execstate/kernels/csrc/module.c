@@ -118,12 +118,6 @@ static PyObject *py_linear_packed_bf16(PyObject *self, PyObject *args) {
     return kernel_result(status == 3 ? 3 : status ? 2 : 0, "linear_packed_bf16", "linear_packed_bf16", 0);
 }
 
-static PyObject *py_bf16_pairs(PyObject *self, PyObject *args) {
-    int on;
-    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
-    return PyBool_FromLong(es_bf16_pairs_enable(on));
-}
-
 static PyObject *py_packed_available(PyObject *self, PyObject *args) {
     return PyBool_FromLong(cpu_ok() && es_gemm_packed_available());
 }
@@ -289,8 +283,6 @@ static PyMethodDef methods[] = {
     {"moe_packed_bf16", py_moe_packed_bf16, METH_VARARGS, "moe_packed_bf16(...): moe_bf16 for many tokens, AVX-512."},
     {"linear_bf16", py_linear_bf16, METH_VARARGS, "linear_bf16(x, w, y, M, K, N): y = x @ float(w).T (w bf16)."},
     {"moe_bf16", py_moe_bf16, METH_VARARGS, "moe_bf16(...): moe with bf16 w_gate_up and w_down."},
-    {"bf16_pairs", py_bf16_pairs, METH_VARARGS,
-     "bf16_pairs(on) -> previous: whether few-row bf16 calls may take the AVX-512 kernel (same bits)."},
     {"decode_layer", es_py_decode_layer, METH_VARARGS, "decode_layer(...): a whole decode-step layer (decode_layer.c)."},
     {NULL, NULL, 0, NULL},
 };
