@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from pathlib import Path
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -39,7 +40,8 @@ def _models(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from execstate.demo import run_demo
 
-    return run_demo(model=args.model)
+    parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
+    return run_demo(model=args.model, parts=parts, out_dir=args.out)
 
 
 def _proxy(args: argparse.Namespace) -> int:
@@ -179,8 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
 
-    d = sub.add_parser("demo", help="R3 rollout with prefix reuse and a replay check")
-    d.add_argument("--model", default="smollm2-moe")
+    d = sub.add_parser("demo", help="a tour of the three workloads: R3 rollout, world session, duplex agent")
+    d.add_argument("--model", default="smollm2-moe", help="the MoE model of the R3 part (default: %(default)s)")
+    d.add_argument("--parts", default="r3,world,agent", help="which parts to run, comma-separated "
+                   "(default: %(default)s)")
+    d.add_argument("--out", type=Path, default=None,
+                   help="where the world part saves its PNG (default: $EXECSTATE_CACHE/demo)")
     d.set_defaults(func=_demo)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, /metrics)")

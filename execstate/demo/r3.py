@@ -1,4 +1,4 @@
-"""The main job: an R3 rollout on the embedded MoE with prefix reuse and replay.
+"""Part 1 of the tour: an R3 rollout on the embedded MoE with prefix reuse and replay.
 
 1. Rollout: greedy answers to chat prompts that share a long system prompt, with
    route return on. The first prompt computes the shared prefix; the others hit it in
@@ -30,7 +30,7 @@ QUESTIONS = [
 ]
 
 
-def run_demo(model: str = "smollm2-moe") -> int:
+def run_r3(model: str = "smollm2-moe") -> bool:
     t0 = time.perf_counter()
     # First run only: build the embedded model (progress on stderr) before the engine, so the
     # "engine start" printed below is the warm start.
@@ -76,5 +76,5 @@ def run_demo(model: str = "smollm2-moe") -> int:
     ok &= worst < 1e-3
     print(f"replay: scoring each rollout with its own routes reproduces its logprobs "
           f"(max abs diff {worst:.2e}); replayed routes identical: {ok}")
-    print(f"\ndemo {'PASSED' if ok else 'FAILED'} in {time.perf_counter() - t0:.1f} s")
-    return 0 if ok else 1
+    print(f"R3 part {'passed' if ok else 'FAILED'} in {time.perf_counter() - t0:.1f} s")
+    return bool(ok)
