@@ -30,7 +30,7 @@ async def settle(agent, front, s=0.3):
     """Wait until nothing runs, then check the front holds exactly the transcript."""
     await asyncio.sleep(s)
     if not agent.fence.active:
-        assert front.text == "".join(map(chr, agent.transcript.token_ids)) or agent._replay
+        assert front.text == "".join(map(chr, agent.transcript.token_ids)) or agent.context.replaying
 
 
 def run(coro):
