@@ -1,8 +1,9 @@
 """LM sessions over an ``AsyncEngine``: the API a realtime front (WebSocket) calls.
 
 Every operation is a command executed on the engine thread between steps (``LMSessions``,
-``session/lm_sessions.py``), so nothing blocks the event loop and sessions never race with the
-engine. Text is tokenised in a worker thread, never on the engine thread::
+``session/lm/sessions.py``), so nothing blocks the event loop and sessions never race with the
+engine. The shared operations are ``AsyncKindSessions``' (``session/runtime/async_sessions.py``).
+Text is tokenised in a worker thread, never on the engine thread::
 
     sessions = AsyncSessions(async_engine)
     info = await sessions.open(session_id=None, sampling_params=SamplingParams(...))  # SessionInfo
@@ -17,11 +18,16 @@ engine. Text is tokenised in a worker thread, never on the engine thread::
     await sessions.info(sid); await sessions.list()
     await sessions.token_ids(sid); await sessions.routed_experts(sid)
 
-Errors are ``SessionEventError`` with a ``code`` (``session/lm_sessions.py``); a failed step
+Errors are ``SessionEventError`` with a ``code`` (``session/lm/sessions.py``); a failed step
 raises it (code ``failed``) from the ``step`` iterator after the deltas it produced. Closing the
 ``step`` iterator early cancels the step (the session keeps what was generated). Session ids are
-strings (``session/manager.py``), checkpoints are referred to by their ids. When the
+strings (``session/runtime/manager.py``), checkpoints are referred to by their ids. When the
 ``AsyncEngine`` shuts down, every session is closed and its state released.
+
+Ownership: an ``AsyncSessions`` owns the engine's ``LMSessions`` (built on the engine thread by its
+first call); an engine has at most one, so build one ``AsyncSessions`` per engine and pass it to
+every part that opens sessions on it (the server's surfaces share the app's: ``ServeContext.sessions``).
+``run(fn)`` / ``call(fn)`` run ``fn(lm_sessions)`` on the engine thread (e.g. a migration's phases).
 """
 
 from __future__ import annotations
@@ -36,21 +42,38 @@ from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
-from execstate.session.events import EventAck, SessionEventError
-from execstate.session.lm_events import INPUT, pretokenize
-from execstate.session.lm_sessions import LMSessions, SessionInfo
-from execstate.session.lm_step import StepDelta, StepHandle, StepResult
+from execstate.session.lm.events import INPUT, pretokenize
+from execstate.session.lm.sessions import LMSessions, SessionInfo
+from execstate.session.lm.step import StepDelta, StepHandle, StepResult
+from execstate.session.runtime.async_sessions import AsyncKindSessions
+from execstate.session.runtime.events import EventAck, SessionEventError
 
 T = TypeVar("T")
 
 
-class AsyncSessions:
+class AsyncSessions(AsyncKindSessions[LMSessions, SessionInfo]):
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        engine.add_shutdown_hook(lambda eng: LMSessions.of(eng).close_all())
+        self._lm: LMSessions | None = None  # engine thread only
+        engine.add_shutdown_hook(self._shutdown)
 
-    async def _on_engine(self, fn: Callable[[LMSessions], T]) -> T:
-        return await self.engine.run_on_engine(lambda eng: fn(LMSessions.of(eng)))
+    def lm_sessions(self, eng: LLMEngine) -> LMSessions:
+        """Engine thread only: the engine's ``LMSessions``, owned here (built by the first call)."""
+        if self._lm is None:
+            self._lm = LMSessions(eng)
+        return self._lm
+
+    async def run(self, fn: Callable[[LMSessions], T]) -> T:
+        """``fn(lm_sessions)`` on the engine thread, between two engine steps."""
+        return await self.engine.run_on_engine(lambda eng: fn(self.lm_sessions(eng)))
+
+    def call(self, fn: Callable[[LMSessions], T], timeout: float | None = None) -> T:
+        """Blocking :meth:`run` for plain threads (start-up, tests); never on the event loop."""
+        return self.engine.call(lambda eng: fn(self.lm_sessions(eng)), timeout)
+
+    def _shutdown(self, eng: LLMEngine) -> None:
+        if self._lm is not None:
+            self._lm.close_all()
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def open(self, session_id: str | None = None, sampling_params: SamplingParams | None = None,
@@ -58,19 +81,12 @@ class AsyncSessions:
         def fn(s: LMSessions) -> SessionInfo:
             return s.info(s.open(session_id, sampling_params, priority, cache_salt).session_id)
 
-        return await self._on_engine(fn)
-
-    async def close(self, session_id: str) -> bool:
-        """Close (idempotent); a step in flight is cancelled first."""
-        return await self._on_engine(lambda s: s.close(session_id))
-
-    async def reset(self, session_id: str) -> None:
-        await self._on_engine(lambda s: s.reset(session_id))
+        return await self.run(fn)
 
     # -- events and steps -------------------------------------------------------------------------
     async def submit_event(self, session_id: str, event_id: int, kind: str, data: Any = None) -> EventAck:
         data = await asyncio.to_thread(pretokenize, kind, data, self.engine.tokenizer)
-        return await self._on_engine(lambda s: s.submit_event(session_id, event_id, kind, data))
+        return await self.run(lambda s: s.submit_event(session_id, event_id, kind, data))
 
     async def step(self, session_id: str, input: list[int] | str | None = None, max_tokens: int | None = None,
                    reprefill: bool = False, on_start: Callable[[int, dict[str, list[int]]], None] | None = None,
@@ -82,14 +98,14 @@ class AsyncSessions:
         at its start raises before it is called."""
         loop = asyncio.get_running_loop()
         if isinstance(input, str):
-            first = await self._on_engine(lambda s: s.first_input(session_id))
+            first = await self.run(lambda s: s.first_input(session_id))
             data = await asyncio.to_thread(pretokenize, INPUT, {"text": input, "add_special_tokens": first},
                                            self.engine.tokenizer)
             input = data["token_ids"] if isinstance(data, dict) and "token_ids" in data else input
         handles: list[StepHandle] = []
 
         def start(eng: LLMEngine) -> str:
-            handle = LMSessions.of(eng).start_step(session_id, input, max_tokens, reprefill, stream=True)
+            handle = self.lm_sessions(eng).start_step(session_id, input, max_tokens, reprefill, stream=True)
             handles.append(handle)
             if on_start is not None:  # scheduled before any output of the request can be delivered
                 loop.call_soon_threadsafe(on_start, handle.step_index, handle.events)
@@ -109,38 +125,12 @@ class AsyncSessions:
 
     async def cancel(self, session_id: str) -> bool:
         """Cancel the step in flight; False if there is none."""
-        return await self._on_engine(lambda s: s.cancel(session_id))
-
-    # -- checkpoints ------------------------------------------------------------------------------
-    async def checkpoint(self, session_id: str) -> str:
-        return await self._on_engine(lambda s: s.checkpoint(session_id).checkpoint_id)
-
-    async def rollback(self, session_id: str, checkpoint_id: str) -> None:
-        await self._on_engine(lambda s: s.rollback(session_id, _cp_id(checkpoint_id)))
-
-    async def release_checkpoint(self, session_id: str, checkpoint_id: str) -> None:
-        await self._on_engine(lambda s: s.release_checkpoint(session_id, _cp_id(checkpoint_id)))
-
-    async def fork(self, session_id: str, checkpoint_id: str | None = None,
-                   new_session_id: str | None = None) -> SessionInfo:
-        cp = None if checkpoint_id is None else _cp_id(checkpoint_id)
-        return await self._on_engine(lambda s: s.info(s.fork(session_id, cp, new_session_id).session_id))
+        return await self.run(lambda s: s.cancel(session_id))
 
     # -- queries ------------------------------------------------------------------------------------
-    async def info(self, session_id: str) -> SessionInfo:
-        return await self._on_engine(lambda s: s.info(session_id))
-
-    async def list(self) -> list[SessionInfo]:
-        return await self._on_engine(lambda s: s.list())
-
     async def token_ids(self, session_id: str) -> list[int]:
-        return await self._on_engine(lambda s: s.token_ids(session_id))
+        return await self.run(lambda s: s.token_ids(session_id))
 
     async def routed_experts(self, session_id: str) -> np.ndarray | None:
-        return await self._on_engine(lambda s: s.routed_experts(session_id))
+        return await self.run(lambda s: s.routed_experts(session_id))
 
-
-def _cp_id(checkpoint_id: object) -> str:
-    if not isinstance(checkpoint_id, str):
-        raise SessionEventError("invalid", f"a checkpoint id is a string, got {checkpoint_id!r}")
-    return checkpoint_id

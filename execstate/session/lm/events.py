@@ -1,4 +1,4 @@
-"""The event kinds of an LM session (docs/ARCHITECTURE.md 6; the queue: ``session/events.py``).
+"""The event kinds of an LM session (docs/ARCHITECTURE.md 6; the queue: ``session/runtime/events.py``).
 
 - ``input`` (``Merge.APPEND``): ``{"token_ids": [int, ...]}`` or ``{"text": str}`` with an
   optional ``"add_special_tokens": bool`` (default False; the shorthand ``step("text")`` on an
@@ -23,7 +23,7 @@ from typing import Any
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.tokenizer import Tokenizer
 from execstate.engine.validation import validate_logit_bias, validate_sampling
-from execstate.session.events import COMPOSITE, EventKind, Merge
+from execstate.session.runtime.events import COMPOSITE, EventKind, Merge
 
 INPUT = "input"
 SAMPLING = "sampling"

@@ -1,7 +1,9 @@
 """The source side of a session migration (docs/ARCHITECTURE.md 5, 6): engine thread only.
 
-Call order: :func:`begin_export` -> the offer goes to the target (in-process, or over HTTP) ->
-:func:`finish_export` with ``ok`` = whether the target confirmed that it created the session.
+Call order (the runtime's hand-over, ``session/runtime/migration.py``): :func:`begin_export` ->
+the offer goes to the target (in-process, or over HTTP) -> :func:`finish_export` with ``ok`` =
+whether the target confirmed that it created the session. Both take the engine's ``LMSessions``
+(the session's owner; ``sessions.engine`` is the engine).
 
 - ``begin_export`` refuses a session that is not OPEN (``busy`` while it steps or migrates,
   ``failed``, ``closed``, ...) or whose state was computed under another provenance
@@ -9,7 +11,7 @@ Call order: :func:`begin_export` -> the offer goes to the target (in-process, or
   session becomes MIGRATING (every call but ``close`` is refused, so it cannot change while its
   state travels), its full KV blocks are exported through the PD connector's ``KVExporter``
   (pinned, checksummed, with keys and route records, until the target releases them or the TTL)
-  and its control state is encoded and signed (``session/migration_wire.py``).
+  and its control state is encoded and signed (``session/lm/migration_wire.py``).
 - ``finish_export(ok=True)``: the target has the session; the source closes its own, releasing
   its blocks, its checkpoints and its origin (checkpoints are not migrated: they stay behind and
   end with the source session). ``ok=False``: the session is OPEN again, exactly as it was, and
@@ -22,14 +24,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from execstate.engine.llm_engine import LLMEngine
 from execstate.identity.keys import BlockKey, block_key
-from execstate.session.events import SessionEventError
-from execstate.session.lm_sessions import LMSessions
-from execstate.session.lm_state import LMState
-from execstate.session.migration_state import build_offer
-from execstate.session.migration_wire import MigrationError, encode_offer
-from execstate.session.runtime import SessionRuntime, SessionStatus
+from execstate.session.lm.migration_state import build_offer
+from execstate.session.lm.migration_wire import encode_offer
+from execstate.session.lm.sessions import LMSessions
+from execstate.session.lm.state import LMState
+from execstate.session.runtime.events import SessionEventError
+from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
+from execstate.session.runtime.migration import MigrationError
 from execstate.transfer.errors import TransferError
 
 
@@ -58,16 +60,16 @@ def chain_keys_from(root: BlockKey, token_ids: list[int], num_blocks: int, block
     return keys
 
 
-def begin_export(engine: LLMEngine, session_id: str, window_s: float) -> Outgoing:
+def begin_export(sessions: LMSessions, session_id: str, window_s: float) -> Outgoing:
     """Freeze the session, export its blocks and encode its offer (module docstring). Raises
     ``MigrationError`` (with the session's own code when it refuses) with nothing changed."""
     if window_s <= 0 or not window_s < 3600:
         raise MigrationError("invalid", f"the migration window must be in (0, 3600) seconds, got {window_s!r}")
+    engine = sessions.engine
     pd = engine.pd
     if pd is None or pd.exporter is None or pd.server is None:
         raise MigrationError("unsupported", "this instance cannot send sessions: it needs a PD connector with "
                              "role kv_producer or kv_both (--kv-transfer-config)")
-    sessions = LMSessions.of(engine)
     try:
         rt = sessions.manager.get(session_id)
         rt.require(SessionStatus.OPEN)
@@ -110,9 +112,9 @@ def begin_export(engine: LLMEngine, session_id: str, window_s: float) -> Outgoin
                     len(rt.checkpoints), t0, rt)
 
 
-def finish_export(engine: LLMEngine, out: Outgoing, ok: bool) -> None:
+def finish_export(sessions: LMSessions, out: Outgoing, ok: bool) -> None:
     """The target confirmed (``ok``: close the source session) or not (serve it again)."""
-    sessions = LMSessions.of(engine)
+    engine = sessions.engine
     rt = out.runtime
     assert rt is not None
     rt.end_migration()

@@ -1,4 +1,4 @@
-"""An LM session's control state to and from its :class:`SessionOffer` (``session/migration_wire.py``).
+"""An LM session's control state to and from its :class:`SessionOffer` (``session/lm/migration_wire.py``).
 
 Source side: :func:`build_offer` reads a session (OPEN, its state computed under the engine's
 current provenance) into an offer. Target side: :func:`check_offer` validates a decoded offer
@@ -25,28 +25,13 @@ import torch
 
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.validation import validate_logit_bias, validate_sampling
-from execstate.session.events import (
-    COMPOSITE,
-    Event,
-    EventAck,
-    EventId,
-    EventKind,
-    EventQueue,
-    QueueSnapshot,
-    SessionEventError,
-)
-from execstate.session.lm_events import INPUT
-from execstate.session.lm_state import LMState
-from execstate.session.migration_wire import (
-    FORMAT_VERSION,
-    MigrationError,
-    SessionOffer,
-    WireAck,
-    WireEvents,
-    WirePending,
-    WireSampling,
-)
-from execstate.session.runtime import SessionRuntime
+from execstate.session.lm.events import INPUT
+from execstate.session.lm.migration_wire import FORMAT_VERSION, SessionOffer, WireSampling
+from execstate.session.lm.state import LMState
+from execstate.session.runtime.events import Event, EventKind, EventQueue
+from execstate.session.runtime.lifecycle import SessionRuntime
+from execstate.session.runtime.migration import MigrationError
+from execstate.session.runtime.migration_wire import events_to_wire, queue_from_wire
 
 _SAMPLING = tuple(WireSampling.__struct_fields__)
 
@@ -72,21 +57,8 @@ def build_offer(rt: SessionRuntime, *, source_instance_id: str, provenance_diges
         max_event_epoch=rt.max_event_epoch, branch_id=rt.branch_id, seed=state.seed,
         rng_state=bytes(state.generator.get_state().numpy()),
         sampling=WireSampling(**{f: getattr(state.params, f) for f in _SAMPLING}), priority=state.priority,
-        events=_events_to_wire(snap), handoff=handoff, commit_by=commit_by,
+        events=events_to_wire(snap, _payload), handoff=handoff, commit_by=commit_by,
     )
-
-
-def _events_to_wire(snap: QueueSnapshot) -> WireEvents:
-    pending = []
-    for entry in snap.pending:
-        first = entry[0]
-        if len(entry) == 1 and first.part is None:
-            pending.append(WirePending(first.event_id, first.kind, _payload(first)))
-        else:
-            parts = [{"kind": e.kind, "data": _payload(e)} for e in entry]
-            pending.append(WirePending(first.event_id, COMPOSITE, {"events": parts}))
-    acks = [WireAck(eid, ack.kind, ack.status) for eid, ack in snap.acks]
-    return WireEvents(pending, snap.last_id, acks)
 
 
 def _payload(e: Event) -> Any:
@@ -168,13 +140,4 @@ def event_queue(offer: SessionOffer, kinds: dict[str, EventKind], max_pending: i
     if len(ev.pending) > max_pending:
         raise MigrationError("capacity", f"{len(ev.pending)} pending events; this instance keeps at most "
                              f"{max_pending} per session (max_session_events)")
-    queue = EventQueue(kinds, max_pending)
-    try:
-        for p in ev.pending:
-            queue.submit(p.event_id, p.kind, p.data)
-    except SessionEventError as e:
-        raise _bad("events.pending", e.message) from None
-    acks = tuple((EventId(a.event_id), EventAck(EventId(a.event_id), a.kind, a.status)) for a in ev.acks)
-    queue.restore(QueueSnapshot(queue.snapshot().pending, None if ev.last_event_id is None
-                                else EventId(ev.last_event_id), acks))
-    return queue
+    return queue_from_wire(ev, kinds, max_pending, _bad)

@@ -1,6 +1,7 @@
 """The target side of a session migration (docs/ARCHITECTURE.md 5, 6): engine thread only.
 
-:func:`begin_import` takes the source's signed offer (``session/migration_wire.py``) and, before
+:func:`begin_import` takes the target's ``LMSessions`` (the engine's session owner) and the
+source's signed offer (``session/lm/migration_wire.py``) and, before
 it allocates anything, checks who sent it (the offer's HMAC, or an allow-listed source), the
 handoff (``HandoffTrust``, as a PD decode instance does), the provenance digest (same model,
 weights, dtype, numerics, salt), the offer against this model (``migration_state.check_offer``),
@@ -44,13 +45,20 @@ from execstate.engine.external_prefix import ExternalLoadError
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.route_trace import RouteTrace
 from execstate.identity.keys import BlockKey
-from execstate.session.events import EventQueue, SessionEventError
-from execstate.session.lm_sessions import LMSessions
-from execstate.session.lm_state import LMState
-from execstate.session.migration_source import chain_keys_from
-from execstate.session.migration_state import check_offer, event_queue, rng_state, route_rows, sampling_params
-from execstate.session.migration_wire import MigrationError, SessionOffer, decode_offer
-from execstate.session.runtime import SessionRuntime
+from execstate.session.lm.migration_source import chain_keys_from
+from execstate.session.lm.migration_state import (
+    check_offer,
+    event_queue,
+    rng_state,
+    route_rows,
+    sampling_params,
+)
+from execstate.session.lm.migration_wire import SessionOffer, decode_offer
+from execstate.session.lm.sessions import LMSessions
+from execstate.session.lm.state import LMState
+from execstate.session.runtime.events import EventQueue, SessionEventError
+from execstate.session.runtime.lifecycle import SessionRuntime
+from execstate.session.runtime.migration import MigrationError
 from execstate.state.block_holds import HeldBlocks
 from execstate.state.block_pool import BlockId, NoFreeBlocks
 from execstate.transfer.handoff import Handoff, HandoffError
@@ -81,7 +89,7 @@ class MigrationResult:
 class ImportHandle:
     """An import in progress. ``future`` gets the :class:`MigrationResult` or the error."""
 
-    engine: LLMEngine
+    sessions: LMSessions
     offer: SessionOffer
     keys: list[BlockKey]
     hits: list[BlockId]
@@ -96,11 +104,15 @@ class ImportHandle:
     created: bool = False
     future: concurrent.futures.Future[MigrationResult] = field(default_factory=concurrent.futures.Future)
 
+    @property
+    def engine(self) -> LLMEngine:
+        return self.sessions.engine
+
     def abandon(self, why: str = "the source gave up waiting") -> None:
         """Engine thread: fail the import now (``timeout``); undo a session already created."""
         if self.future.done():
             if self.future.exception() is None:  # created, but the source will keep its own: undo
-                LMSessions.of(self.engine).close(self.offer.session_id)
+                self.sessions.close(self.offer.session_id)
             return
         self.abandoned = True
         if self.job_id is not None and self.engine.pd is not None and self.engine.pd.loads is not None:
@@ -108,11 +120,12 @@ class ImportHandle:
         self.future.set_exception(MigrationError("timeout", why))
 
 
-def begin_import(engine: LLMEngine, data: bytes | tuple[SessionOffer, bool]) -> ImportHandle:
+def begin_import(sessions: LMSessions, data: bytes | tuple[SessionOffer, bool]) -> ImportHandle:
     """Check the offer and start loading its blocks (module docstring); ``MigrationError`` with
     nothing taken when it is refused. ``data``: the envelope's bytes, or what ``decode_offer``
     made of them with this engine's ``pd.secret`` (a caller that decodes off the engine thread)."""
     t0 = time.monotonic()
+    engine = sessions.engine
     pd = engine.pd
     if pd is None:
         raise MigrationError("unsupported", "this instance cannot receive sessions: it needs a PD connector "
@@ -142,7 +155,6 @@ def begin_import(engine: LLMEngine, data: bytes | tuple[SessionOffer, bool]) -> 
                 num_experts=mc.num_experts or 0, rng_nbytes=_RNG_NBYTES)
     if offer.commit_by <= time.time():
         raise MigrationError("timeout", "the offer arrived after its commit deadline")
-    sessions = LMSessions.of(engine)
     manager = sessions.manager
     if any(rt.session_id == offer.session_id for rt in manager.resident()):
         raise MigrationError("conflict", f"session {offer.session_id!r} is already open on this instance")
@@ -163,7 +175,7 @@ def begin_import(engine: LLMEngine, data: bytes | tuple[SessionOffer, bool]) -> 
     n = handoff.num_blocks if handoff is not None else 0
     keys = chain_keys_from(root, state.token_ids, n, bs)
     hits = _local_hits(engine, keys)
-    imp = ImportHandle(engine, offer, keys, hits, [], handoff, queue, state, rows, t0)
+    imp = ImportHandle(sessions, offer, keys, hits, [], handoff, queue, state, rows, t0)
     engine.block_pool.acquire(hits)
     if handoff is None:
         _settle(imp, None, False)
@@ -265,7 +277,7 @@ def _create(imp: ImportHandle, res: LoadResult | None, fenced: bool) -> None:
     if kept:
         state.blocks = engine.kv_holds.adopt(HeldBlocks(kept, len(kept) * bs, imp.keys[: len(kept)], len(imp.hits)))
         imp.hits, imp.dst = [], []  # the session owns them now
-    sessions = LMSessions.of(engine)
+    sessions = imp.sessions
     try:
         sid = sessions.manager.admit(offer.session_id)
     except SessionEventError as e:

@@ -20,7 +20,10 @@ verified by the target's ``KVImporter``), and everything else the session owns t
   from the listed address), never with a signed handoff lifted from another offer.
 - **Decoding** (:func:`decode_offer`) checks types and bounds (a malformed, oversized or
   unknown-field message is ``MigrationError("invalid")``); the semantic checks against the
-  receiving model are in ``session/migration_state.py``.
+  receiving model are in ``session/lm/migration_state.py``.
+
+The pending events and the envelope are the kind-agnostic wire parts
+(``session/runtime/migration_wire.py``), shared with the world kind's offer.
 
 Errors of a migration are :class:`MigrationError` with a ``code``: ``invalid``, ``unauthorized``,
 ``incompatible``, ``capacity``, ``conflict`` (the id is open on the target), ``timeout``,
@@ -33,20 +36,31 @@ source could not classify), or a transfer ``ErrorCode`` value
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta, Struct
 
-from execstate.session.events import SessionEventError
+from execstate.session.runtime.migration import MigrationError
+from execstate.session.runtime.migration_wire import (
+    MAX_EVENTS,
+    SignedEnvelope,
+    WireAck,
+    WireEvents,
+    WirePending,
+    open_envelope,
+    seal,
+    sign_payload,
+)
+
+__all__ = ["DOMAIN", "FORMAT_VERSION", "MAX_EVENTS", "MAX_OFFER_BYTES", "MAX_RNG_BYTES", "MAX_TOKENS", "MigrationError",
+           "SessionOffer", "SignedOffer", "WireAck", "WireEvents", "WirePending", "WireSampling", "decode_offer",
+           "encode_offer", "sign"]
 
 FORMAT_VERSION = 1
 DOMAIN = b"execstate/v1/session-offer\x00"
 MAX_OFFER_BYTES = 64 << 20
 MAX_TOKENS = 1 << 20
-MAX_EVENTS = 4096
 MAX_RNG_BYTES = 1 << 16
 
 _Count = Annotated[int, Meta(ge=0, le=(1 << 63) - 1)]
@@ -54,14 +68,8 @@ _Name = Annotated[str, Meta(min_length=1, max_length=256)]
 _SessionId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
 _Token = Annotated[int, Meta(ge=0, le=(1 << 31) - 1)]
 
-
-class MigrationError(SessionEventError):
-    """A migration failed or was refused; ``code`` says why (module docstring). The source
-    session is unchanged and serving; the target holds nothing of it. A refusal by the session
-    itself (``busy``, ``failed``, ``closed``, ``not_found``, ``stale_state``) keeps its code."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(code, message)
+SignedOffer = SignedEnvelope
+"""The envelope: the offer's msgpack bytes and their HMAC (hex), None when unsigned."""
 
 
 class WireSampling(Struct, frozen=True, forbid_unknown_fields=True):
@@ -82,27 +90,6 @@ class WireSampling(Struct, frozen=True, forbid_unknown_fields=True):
     ignore_eos: bool
     logprobs: int | None
     skip_special_tokens: bool
-
-
-class WirePending(Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
-    """One pending event as its client submitted it (a composite as ``{"events": [...]}``); the
-    target validates it again with its own event kinds."""
-
-    event_id: _Count
-    kind: _Name
-    data: Any
-
-
-class WireAck(Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
-    event_id: _Count
-    kind: _Name
-    status: _Name
-
-
-class WireEvents(Struct, frozen=True, forbid_unknown_fields=True):
-    pending: Annotated[list[WirePending], Meta(max_length=MAX_EVENTS)]
-    last_event_id: _Count | None
-    acks: Annotated[list[WireAck], Meta(max_length=MAX_EVENTS)]
 
 
 class SessionOffer(Struct, frozen=True, forbid_unknown_fields=True):
@@ -129,21 +116,13 @@ class SessionOffer(Struct, frozen=True, forbid_unknown_fields=True):
     commit_by: float
 
 
-class SignedOffer(Struct, frozen=True, forbid_unknown_fields=True):
-    """The envelope: the offer's msgpack bytes and their HMAC (hex), None when unsigned."""
-
-    payload: bytes
-    signature: Annotated[str, Meta(min_length=64, max_length=64)] | None
-
-
 def sign(secret: bytes, payload: bytes) -> str:
-    return hmac.new(secret, DOMAIN + payload, hashlib.sha256).hexdigest()
+    return sign_payload(secret, DOMAIN, payload)
 
 
 def encode_offer(offer: SessionOffer, secret: bytes | None) -> bytes:
     """The envelope's bytes (signed when ``secret`` is given)."""
-    payload = msgspec.msgpack.encode(offer)
-    return msgspec.msgpack.encode(SignedOffer(payload, None if secret is None else sign(secret, payload)))
+    return seal(msgspec.msgpack.encode(offer), secret, DOMAIN)
 
 
 def decode_offer(data: bytes, secret: bytes | None) -> tuple[SessionOffer, bool]:
@@ -154,22 +133,11 @@ def decode_offer(data: bytes, secret: bytes | None) -> tuple[SessionOffer, bool]
     secret to check). An unsigned offer decodes with ``False``; the caller decides whether its
     handoff is trusted without one.
     """
-    if len(data) > MAX_OFFER_BYTES:
-        raise MigrationError("invalid", f"a session offer of {len(data)} bytes (at most {MAX_OFFER_BYTES})")
+    payload, signed = open_envelope(data, secret, DOMAIN, what="session offer", max_bytes=MAX_OFFER_BYTES,
+                                    require_signature=False,
+                                    no_secret="this instance has no handoff secret (kv_secret / EXECSTATE_KV_SECRET)")
     try:
-        env = msgspec.msgpack.decode(data, type=SignedOffer)
-    except (msgspec.ValidationError, msgspec.DecodeError) as e:
-        raise MigrationError("invalid", f"malformed session offer envelope: {e}") from None
-    signed = env.signature is not None
-    if signed:
-        if secret is None:
-            raise MigrationError("unauthorized", "the session offer is signed but this instance has no handoff "
-                                 "secret (kv_secret / EXECSTATE_KV_SECRET)")
-        if not hmac.compare_digest(env.signature or "", sign(secret, env.payload)):
-            raise MigrationError("unauthorized", "the session offer's signature does not match (tampered, or "
-                                 "another secret)")
-    try:
-        offer = msgspec.msgpack.decode(env.payload, type=SessionOffer)
+        offer = msgspec.msgpack.decode(payload, type=SessionOffer)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise MigrationError("invalid", f"malformed session offer: {e}") from None
     if offer.format_version != FORMAT_VERSION:

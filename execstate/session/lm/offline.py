@@ -1,4 +1,4 @@
-"""The offline LM session API (``LLM.open_session``), one call per operation::
+"""The offline LM session API (``execstate.LLM.open_session``, ``session/lm/llm.py``), one call per operation::
 
     s = llm.open_session(sampling_params=SamplingParams(temperature=0.8, seed=1))
     r = s.step([1, 2, 3] or "text", max_tokens=16)    # -> StepResult
@@ -6,14 +6,14 @@
     s.submit_event(event_id=7, kind="input", data={"token_ids": [4, 5]})   # applied at the next step
     cp = s.checkpoint(); s.rollback(cp); f = s.fork(cp)  # fork(None): at the current step
     s.reset(); s.close()
-    s2 = s.migrate(other_llm)                            # session/migration.py; s is closed then
+    s2 = s.migrate(other_llm)                            # session/lm/migration.py; s is closed then
 
 ``step`` drives ``engine.step()`` until the step's request finished; other requests in the engine
 progress in the same steps (their outputs go to ``on_output`` when given). A refused call raises
-:class:`SessionEventError` (``.code``: see ``session/lm_sessions.py``); a failed step raises it
+:class:`SessionEventError` (``.code``: see ``session/lm/sessions.py``); a failed step raises it
 with code ``failed`` and leaves the session FAILED (only ``reset`` and ``close`` work then).
-Rules of the state machine, checkpoints and forks: ``session/runtime.py``; of events:
-``session/events.py`` and ``session/lm_events.py``.
+Rules of the state machine, checkpoints and forks: ``session/runtime/lifecycle.py``; of events:
+``session/runtime/events.py`` and ``session/lm/events.py``.
 
 A ``Session`` is also a context manager that closes it. Not thread-safe (like ``LLM``).
 """
@@ -26,18 +26,18 @@ from typing import Any
 import numpy as np
 
 from execstate.engine.outputs import RequestOutput
-from execstate.session.events import SessionEventError
-from execstate.session.handle import SessionHandle
-from execstate.session.lm_sessions import LMSessions, SessionInfo
-from execstate.session.lm_step import StepResult
-from execstate.session.runtime import Checkpoint
+from execstate.session.lm.sessions import LMSessions, SessionInfo
+from execstate.session.lm.step import StepResult
+from execstate.session.runtime.checkpoint import Checkpoint
+from execstate.session.runtime.events import SessionEventError
+from execstate.session.runtime.handle import SessionHandle
 
 __all__ = ["Checkpoint", "Session", "SessionEventError", "StepResult"]
 
 
 class Session(SessionHandle):
-    """An LM session (``LLM.open_session``): the shared handle (``handle.py``) plus the context's
-    tokens and routes, ``step`` and ``migrate``."""
+    """An LM session (``LLM.open_session``): the shared handle (``session/runtime/handle.py``) plus
+    the context's tokens and routes, ``step`` and ``migrate``."""
 
     _sessions: LMSessions
 
@@ -74,9 +74,10 @@ class Session(SessionHandle):
         return handle.result
 
     def migrate(self, target: Any, timeout_s: float = 30.0) -> Session:
-        """Move this session to ``target`` (an ``LLM`` or ``LLMEngine`` in this process; both need
-        PD connectors: ``session/migration.py``) and return its handle there (same id); this one
-        is closed. ``MigrationError`` leaves this session as it was, serving."""
-        from execstate.session.migration import migrate_session
+        """Move this session to ``target`` (an ``execstate.LLM`` or the ``LMSessions`` of an engine
+        in this process; both engines need PD connectors: ``session/lm/migration.py``) and return
+        its handle there (same id); this one is closed. ``MigrationError`` leaves this session as it
+        was, serving."""
+        from execstate.session.lm.migration import migrate_session
 
         return migrate_session(self, target, timeout_s).session

@@ -1,8 +1,13 @@
 """The LM sessions of one engine: the API the offline ``Session`` and ``AsyncSessions`` call.
 
-Engine thread only (or the offline caller's thread): every method runs between engine steps.
-One ``LMSessions`` per ``LLMEngine`` (``LMSessions.of(engine)``); it installs its manager's LRU
-eviction as the engine's block-holds reclaimer. Options come from ``EngineConfig``:
+Engine thread only (or the offline caller's thread): every method runs between engine steps
+(``session/runtime/sessions.py``: the LM kind serialises on that thread, no lock). An engine has
+at most one ``LMSessions``, built explicitly by its owner and passed to whoever needs it: the
+offline ``execstate.LLM`` holds its ``sessions`` (``session/lm/llm.py``), an ``AsyncSessions``
+builds its own on the engine thread (``session/lm/async_sessions.py``). It installs its
+manager's LRU eviction as the engine's block-holds reclaimer (KV pressure evicts an idle
+session); a second ``LMSessions`` on the same engine raises ``ValueError``. The owner closes it
+at shutdown (``close_all``). Options come from ``EngineConfig``:
 ``max_sessions`` (resident sessions), ``session_eviction`` (``None`` or ``"lru"``),
 ``max_session_events`` (pending events per session).
 
@@ -22,7 +27,6 @@ and the keys and recomputes the whole context under the new provenance.
 from __future__ import annotations
 
 import secrets
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,14 +37,13 @@ from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.engine.validation import validate_logit_bias, validate_sampling
-from execstate.session.events import EventAck, EventQueue, SessionEventError
-from execstate.session.lm_events import INPUT, lm_event_kinds
-from execstate.session.lm_state import LMState
-from execstate.session.lm_step import StepHandle, start_lm_step
-from execstate.session.manager import SessionManager
-from execstate.session.runtime import Checkpoint, SessionRuntime, SessionStatus
-
-_BY_ENGINE: weakref.WeakKeyDictionary[LLMEngine, LMSessions] = weakref.WeakKeyDictionary()
+from execstate.session.lm.events import INPUT, lm_event_kinds
+from execstate.session.lm.state import LMState
+from execstate.session.lm.step import StepHandle, start_lm_step
+from execstate.session.runtime.events import SessionEventError
+from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
+from execstate.session.runtime.manager import SessionManager
+from execstate.session.runtime.sessions import KindSessions, runtime_fields
 
 
 @dataclass(frozen=True)
@@ -60,21 +63,19 @@ class SessionInfo:
     state_key: str | None  # hex; None once the session ended
 
 
-class LMSessions:
-    @classmethod
-    def of(cls, engine: LLMEngine) -> LMSessions:
-        """The engine's LM sessions (created on first use)."""
-        found = _BY_ENGINE.get(engine)
-        if found is None:
-            found = _BY_ENGINE[engine] = cls(engine)
-        return found
+class LMSessions(KindSessions[SessionInfo]):
+    """The LM kind's sessions object (module docstring); the shared operations (events,
+    checkpoints, rollback, fork, reset, info) are ``KindSessions``'."""
 
     def __init__(self, engine: LLMEngine) -> None:
+        if engine.kv_holds.has_reclaimer:
+            raise ValueError("this engine already has its LM sessions (its KV holds have an owner): pass that "
+                             "LMSessions (or the AsyncSessions holding it) instead of building a second one")
         cfg = engine.config
+        super().__init__(SessionManager(cfg.max_sessions, cfg.session_eviction),
+                         lm_event_kinds(engine.model_config.vocab_size, engine.max_model_len, engine.tokenizer),
+                         cfg.max_session_events)
         self.engine = engine
-        self.manager = SessionManager(cfg.max_sessions, cfg.session_eviction)
-        self.max_pending_events = cfg.max_session_events
-        self.kinds = lm_event_kinds(engine.model_config.vocab_size, engine.max_model_len, engine.tokenizer)
         self.steps: dict[str, StepHandle] = {}  # the step in flight of each session
         mc = engine.model_config
         self._route_shape = (mc.num_moe_layers, mc.top_k) if engine.return_routes else None
@@ -101,8 +102,7 @@ class LMSessions:
         root = self.engine.kv_manager.root_key("free", cache_salt)
         state = LMState(self.engine.kv_holds, self.engine.block_size, self._route_shape, params, seed, root,
                         cache_salt, priority)
-        rt = SessionRuntime(sid, state, EventQueue(self.kinds, self.max_pending_events), secrets.token_hex(8))
-        return self.manager.add(rt)
+        return self.manager.add(SessionRuntime(sid, state, self.new_queue(), secrets.token_hex(8)))
 
     def close(self, session_id: str) -> bool:
         """Close (idempotent); a step in flight is cancelled first (its final output comes from
@@ -111,16 +111,9 @@ class LMSessions:
         handle = self.steps.get(session_id)
         if handle is not None and not handle.done:
             self.engine.abort_request_deferred(handle.request_id)
-        return self.manager.close(session_id)
-
-    def close_all(self) -> None:
-        for rt in self.manager.resident():
-            self.close(rt.session_id)
+        return super().close(session_id)
 
     # -- events and steps -------------------------------------------------------------------------
-    def submit_event(self, session_id: str, event_id: int, kind: str, data: Any = None) -> EventAck:
-        return self.manager.get(session_id).submit_event(event_id, kind, data)
-
     def start_step(self, session_id: str, input: list[int] | str | None = None, max_tokens: int | None = None,
                    reprefill: bool = False, stream: bool = False) -> StepHandle:
         """Submit ``input`` (if any) as an ``input`` event with the next id, then start a step.
@@ -167,29 +160,6 @@ class LMSessions:
         assert isinstance(state, LMState)
         return not state.token_ids and not any(e.kind == INPUT for entry in rt.events.snapshot().pending for e in entry)
 
-    # -- checkpoints --------------------------------------------------------------------------------
-    def checkpoint(self, session_id: str) -> Checkpoint:
-        return self.manager.get(session_id).checkpoint()
-
-    def rollback(self, session_id: str, checkpoint: Checkpoint | str) -> None:
-        rt = self.manager.get(session_id)
-        rt.rollback(rt.resolve_checkpoint(checkpoint))
-
-    def release_checkpoint(self, session_id: str, checkpoint: Checkpoint | str) -> None:
-        rt = self.manager.get(session_id)
-        cp_id = checkpoint.checkpoint_id if isinstance(checkpoint, Checkpoint) else checkpoint
-        rt.release_checkpoint(cp_id)
-
-    def reset(self, session_id: str) -> None:
-        self.manager.get(session_id).reset()
-
-    def fork(self, session_id: str, checkpoint: Checkpoint | str | None = None,
-             new_session_id: str | None = None) -> SessionRuntime:
-        """A new session (new branch id) from ``checkpoint`` (None: the current state); it shares
-        the blocks and has its own RNG with the same state, its own events and checkpoints."""
-        return self.manager.fork(session_id, checkpoint, new_session_id,
-                                 lambda: EventQueue(self.kinds, self.max_pending_events))
-
     # -- state ------------------------------------------------------------------------------------
     def token_ids(self, session_id: str) -> list[int]:
         state = self.manager.get(session_id).state
@@ -205,17 +175,7 @@ class LMSessions:
         n = max(len(state.token_ids) - 1, 0)
         return state.routes.rows(0, n).copy()
 
-    def info(self, session_id: str) -> SessionInfo:
-        rt = self.manager.get(session_id)
+    def describe(self, rt: SessionRuntime) -> SessionInfo:
         state = rt.state
         assert isinstance(state, LMState)
-        live = rt.status not in (SessionStatus.CLOSED, SessionStatus.EVICTED)
-        return SessionInfo(
-            rt.session_id, rt.status.value, rt.step_index, rt.event_epoch, rt.branch_id, len(state.token_ids),
-            state.num_kv_tokens, [cp.checkpoint_id for cp in rt.checkpoints], rt.events.last_event_id,
-            rt.events.num_pending, rt.status is SessionStatus.STEPPING, rt.error,
-            rt.state_key().hex() if live else None,
-        )
-
-    def list(self) -> list[SessionInfo]:
-        return [self.info(rt.session_id) for rt in self.manager.resident()]
+        return SessionInfo(**runtime_fields(rt), num_tokens=len(state.token_ids), num_kv_tokens=state.num_kv_tokens)

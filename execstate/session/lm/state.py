@@ -1,4 +1,4 @@
-"""The state of an LM session: the LM kind's ``KindState`` (``session/runtime.py``).
+"""The state of an LM session: the LM kind's ``KindState`` (``session/runtime/lifecycle.py``).
 
 - ``token_ids``: the context so far, every input and generated token in order.
 - ``blocks``: :class:`HeldBlocks` (registered in the engine's block holds) with the KV of the

@@ -33,10 +33,10 @@ from execstate.engine.outputs import Logprob, RequestOutput
 from execstate.engine.request import Request, RequestStatus
 from execstate.engine.sampling_params import RequestOutputKind
 from execstate.engine.step_request import StepRequest
-from execstate.session.events import Drained, SessionEventError
-from execstate.session.lm_events import INPUT, SAMPLING
-from execstate.session.lm_state import LMState
-from execstate.session.runtime import SessionRuntime
+from execstate.session.lm.events import INPUT, SAMPLING
+from execstate.session.lm.state import LMState
+from execstate.session.runtime.events import Drained, SessionEventError
+from execstate.session.runtime.lifecycle import SessionRuntime
 
 _request_ids = itertools.count()
 

@@ -1,42 +1,36 @@
 """``SessionHandle``: what an offline session object is, whatever its kind.
 
-A handle is a session id plus the manager that owns the session (``LMSessions`` or
-``WorldSessions``) and the session's runtime (``runtime.py``). The state it reports (status,
-step index, event epoch, branch, checkpoints, state key) comes from the runtime; every
-operation goes to the manager, which applies it under its own rules (capacity, events, block
-references). The kinds add their own ``step`` and ``migrate`` (``offline.Session``,
-``world_offline.WorldSession``).
+A handle is a session id plus the sessions object that owns the session (a
+:class:`KindSessions`: ``LMSessions`` or ``WorldSessions``, ``session/runtime/sessions.py``) and
+the session's runtime (``session/runtime/lifecycle.py``). The state it reports (status, step
+index, event epoch, branch, checkpoints, state key) comes from the runtime; every operation goes
+to the sessions object, which applies it under its own rules (capacity, events, block
+references). The kinds add their own ``step`` and ``migrate`` (``session/lm/offline.py``:
+``Session``; ``session/world/offline.py``: ``WorldSession``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Self
+from typing import Any, Self
 
-from execstate.session.events import EventAck
-from execstate.session.runtime import Checkpoint, SessionRuntime
-
-
-class SessionOps(Protocol):
-    """The per-session operations both session managers provide."""
-
-    def info(self, session_id: str) -> Any: ...
-    def submit_event(self, session_id: str, event_id: int, kind: str, data: Any = None) -> EventAck: ...
-    def checkpoint(self, session_id: str) -> Checkpoint: ...
-    def rollback(self, session_id: str, checkpoint: Checkpoint | str) -> None: ...
-    def release_checkpoint(self, session_id: str, checkpoint: Checkpoint | str) -> None: ...
-    def reset(self, session_id: str) -> None: ...
-    def fork(self, session_id: str, checkpoint: Checkpoint | str | None = None,
-             new_session_id: str | None = None) -> SessionRuntime: ...
-    def close(self, session_id: str) -> bool: ...
+from execstate.session.runtime.checkpoint import Checkpoint
+from execstate.session.runtime.events import EventAck
+from execstate.session.runtime.lifecycle import SessionRuntime
+from execstate.session.runtime.sessions import KindSessions
 
 
 class SessionHandle:
-    def __init__(self, sessions: SessionOps, rt: SessionRuntime) -> None:
+    def __init__(self, sessions: KindSessions[Any], rt: SessionRuntime) -> None:
         self._sessions = sessions
         self._rt = rt
         self.session_id = rt.session_id
 
     # -- state ------------------------------------------------------------------------------------
+    @property
+    def sessions(self) -> KindSessions[Any]:
+        """The sessions object that owns this session."""
+        return self._sessions
+
     @property
     def status(self) -> str:
         return self._rt.status.value
@@ -60,6 +54,10 @@ class SessionHandle:
     def state_key(self) -> bytes:
         """The session state key (identity/session_keys.py)."""
         return self._rt.state_key()
+
+    def info(self) -> Any:
+        """The kind's info record (``SessionInfo`` / ``WorldSessionInfo``)."""
+        return self._sessions.info(self.session_id)
 
     # -- operations --------------------------------------------------------------------------------
     def submit_event(self, event_id: int, kind: str, data: Any = None) -> EventAck:

@@ -25,8 +25,8 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Callable
 
-from execstate.session.events import EventQueue, SessionEventError
-from execstate.session.runtime import Checkpoint, SessionRuntime, SessionStatus
+from execstate.session.runtime.events import EventQueue, SessionEventError
+from execstate.session.runtime.lifecycle import Checkpoint, SessionRuntime, SessionStatus
 
 EVICTION_POLICIES = (None, "lru")
 SESSION_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")

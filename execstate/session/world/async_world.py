@@ -11,9 +11,10 @@
 
 Steps run on worker threads (``step_workers``, default 1: on a small CPU one chunk at a time is
 fastest, torch already uses every core), so the event loop never blocks on a chunk. Every other
-call takes the sessions' lock only for its bookkeeping (microseconds; never for a chunk's
-compute, ``session/world_sessions.py``): an event submitted while its session's step is being
-computed is accepted at once and applies at the next boundary. ``submit_event`` records when
+call runs at once (``run``) and takes the sessions' lock only for its bookkeeping (microseconds;
+never for a chunk's compute, ``session/world/sessions.py``): an event submitted while its
+session's step is being computed is accepted at once and applies at the next boundary. The
+shared operations are ``AsyncKindSessions``' (``session/runtime/async_sessions.py``). ``submit_event`` records when
 each event arrived (``received_at``, ``time.perf_counter``) for event-to-action latency.
 
 Errors are ``SessionEventError`` with a ``code`` (``docs/world-sessions.md``).
@@ -24,22 +25,25 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from execstate.model.world.interface import WorldSpec
-from execstate.session.events import EventAck, SessionEventError
-from execstate.session.runtime import SessionStatus
-from execstate.session.world_offline import World, scene_frames
-from execstate.session.world_sessions import WorldSessionInfo
-from execstate.session.world_step import WorldStepResult
+from execstate.session.runtime.async_sessions import AsyncKindSessions
+from execstate.session.runtime.events import EventAck, SessionEventError
+from execstate.session.runtime.lifecycle import SessionStatus
+from execstate.session.world.offline import World, scene_frames
+from execstate.session.world.sessions import WorldSessionInfo, WorldSessions
+from execstate.session.world.step import WorldStepResult
 
 _REMEMBER_ARRIVALS = 4096
+T = TypeVar("T")
 
 
-class AsyncWorld:
+class AsyncWorld(AsyncKindSessions[WorldSessions, WorldSessionInfo]):
     def __init__(self, world: World, step_workers: int = 1) -> None:
         if isinstance(step_workers, bool) or not isinstance(step_workers, int) or step_workers < 1:
             raise ValueError(f"step_workers must be an int >= 1, got {step_workers!r}")
@@ -65,7 +69,7 @@ class AsyncWorld:
             rt = self.sessions.open(session_id, prompt, seed, start_frames, window_chunks, sink_chunks)
             return self.sessions.info(rt.session_id)
 
-        return await self._run(fn)  # committing the start frames runs the model once
+        return await self._in_worker(fn)  # committing the start frames runs the model once
 
     async def submit_event(self, session_id: str, event_id: int, kind: str, data: Any = None) -> EventAck:
         t = time.perf_counter()
@@ -84,46 +88,19 @@ class AsyncWorld:
             raise SessionEventError("busy", f"session {session_id!r} has a step queued or running")
         self._in_flight.add(session_id)
         try:
-            return await self._run(lambda: self.sessions.step(session_id, action))
+            return await self._in_worker(lambda: self.sessions.step(session_id, action))
         finally:
             self._in_flight.discard(session_id)
 
-    async def checkpoint(self, session_id: str) -> str:
-        return self.sessions.checkpoint(session_id).checkpoint_id
-
-    async def rollback(self, session_id: str, checkpoint_id: str) -> None:
-        self.sessions.rollback(session_id, _cp_id(checkpoint_id))
-
-    async def release_checkpoint(self, session_id: str, checkpoint_id: str) -> None:
-        self.sessions.release_checkpoint(session_id, _cp_id(checkpoint_id))
-
-    async def fork(self, session_id: str, checkpoint_id: str | None = None,
-                   new_session_id: str | None = None) -> WorldSessionInfo:
-        cp = None if checkpoint_id is None else _cp_id(checkpoint_id)
-        return self.sessions.info(self.sessions.fork(session_id, cp, new_session_id).session_id)
-
-    async def reset(self, session_id: str) -> None:
-        self.sessions.reset(session_id)
-
-    async def close(self, session_id: str) -> bool:
-        return self.sessions.close(session_id)
-
-    async def info(self, session_id: str) -> WorldSessionInfo:
-        return self.sessions.info(session_id)
-
-    async def list(self) -> list[WorldSessionInfo]:
-        return self.sessions.list()
+    async def run(self, fn: Callable[[WorldSessions], T]) -> T:
+        """``fn(sessions)`` now: it takes the sessions' lock for its bookkeeping only."""
+        return fn(self.sessions)
 
     async def shutdown(self) -> None:
         """Close every session and stop the workers (a step in flight finishes, then is discarded)."""
         self.sessions.close_all()
         await asyncio.get_running_loop().run_in_executor(None, lambda: self._pool.shutdown(wait=True))
 
-    async def _run(self, fn: Any) -> Any:
+    async def _in_worker(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
-
-def _cp_id(checkpoint_id: object) -> str:
-    if not isinstance(checkpoint_id, str):
-        raise SessionEventError("invalid", f"a checkpoint id is a string, got {checkpoint_id!r}")
-    return checkpoint_id

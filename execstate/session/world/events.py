@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from execstate.session.events import Drained, EventKind, Merge
+from execstate.session.runtime.events import Drained, EventKind, Merge
 
 KEY = "key"
 ACTION = "action"

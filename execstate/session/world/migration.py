@@ -7,7 +7,7 @@ byte channel)::
     rt = migrate_world_session(src_world.sessions, sid, dst_world.sessions)   # all three
     s2 = s.migrate(dst_world)                                        # the offline WorldSession's shorthand
 
-The offer (``session/world_migration_wire.py``) carries the K/V of the block table's chunks, the
+The offer (``session/world/migration_wire.py``) carries the K/V of the block table's chunks, the
 carry, the noise generator's state, the prompt and its version, the held key and the control
 state (step index, epochs, branch id, the event queue); checkpoints stay behind. The target
 checks it against its own model before allocating anything: the same provenance (model, weights
@@ -18,6 +18,7 @@ its own event kinds (``invalid``, naming the field). It writes the chunks' K/V i
 allocated blocks; the session then continues exactly as it would have at the source (same
 frames, bit for bit, for the same events). On any error the source session is OPEN and
 unchanged, and the target holds nothing of it (``MigrationError``, a ``SessionEventError``).
+The order of the three calls is the runtime's hand-over (``session/runtime/migration.py``).
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from execstate.session.events import EventAck, EventId, EventQueue, QueueSnapshot, SessionEventError
-from execstate.session.migration_wire import MigrationError, WireAck, WireEvents, WirePending
-from execstate.session.runtime import SessionRuntime, SessionStatus
-from execstate.session.world_events import CAMERA, KEY, PROMPT, HeldKey
-from execstate.session.world_migration_wire import (
+from execstate.session.runtime.events import Event, EventQueue, SessionEventError
+from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
+from execstate.session.runtime.migration import MigrationError, hand_over
+from execstate.session.runtime.migration_wire import WireEvents, events_to_wire, queue_from_wire
+from execstate.session.world.events import CAMERA, KEY, PROMPT, HeldKey
+from execstate.session.world.migration_wire import (
     FORMAT_VERSION,
     WireChunk,
     WireHeld,
@@ -38,22 +40,22 @@ from execstate.session.world_migration_wire import (
     decode_world_offer,
     encode_world_offer,
 )
-from execstate.session.world_sessions import WorldSessions
-from execstate.session.world_state import WorldState
+from execstate.session.world.sessions import WorldSessions
+from execstate.session.world.state import WorldState
 from execstate.state.block_holds import HeldBlocks
 from execstate.state.block_pool import NoFreeBlocks
 
 
-def _wire_data(kind: str, data: object) -> object:
+def _wire_data(e: Event) -> object:
     """An applied event's normalised payload back to what a client submits."""
-    if kind == KEY:
-        name, down = data  # type: ignore[misc]
+    if e.kind == KEY:
+        name, down = e.data
         return {"key": name, "down": down}
-    if kind == CAMERA:
-        return {"deltas": [list(d) for d in data]}  # type: ignore[union-attr]
-    if kind == PROMPT:
-        return {"text": data}
-    return {"keys": list(data)}  # type: ignore[call-overload]
+    if e.kind == CAMERA:
+        return {"deltas": [list(d) for d in e.data]}
+    if e.kind == PROMPT:
+        return {"text": e.data}
+    return {"keys": list(e.data)}
 
 
 def export_world_session(sessions: WorldSessions, session_id: str, secret: bytes | None = None) -> bytes:
@@ -88,16 +90,7 @@ def _offer(sessions: WorldSessions, rt: SessionRuntime) -> WorldOffer:
         k = store.kv.k[:, slots].contiguous().numpy().astype("<f4", copy=False).tobytes()
         v = store.kv.v[:, slots].contiguous().numpy().astype("<f4", copy=False).tobytes()
         chunks.append(WireChunk(k, v, chunk_digest(k, v)))
-    snap = rt.events.snapshot()
-    pending = []
-    for entry in snap.pending:
-        if len(entry) == 1 and entry[0].part is None:
-            pending.append(WirePending(int(entry[0].event_id), entry[0].kind, _wire_data(entry[0].kind, entry[0].data)))
-        else:
-            parts = [{"kind": e.kind, "data": _wire_data(e.kind, e.data)} for e in entry]
-            pending.append(WirePending(int(entry[0].event_id), "composite", {"events": parts}))
-    events = WireEvents(pending, None if snap.last_id is None else int(snap.last_id),
-                        [WireAck(int(eid), a.kind, a.status) for eid, a in snap.acks])
+    events = events_to_wire(rt.events.snapshot(), _wire_data)
     kv = spec.kv
     carry = state.carry.detach().to(torch.float32).contiguous()
     return WorldOffer(
@@ -190,21 +183,10 @@ def _write_chunk(sessions: WorldSessions, c: WireChunk) -> HeldBlocks:
 
 def _queue(sessions: WorldSessions, ev: WireEvents) -> EventQueue:
     """The event queue of the offer, its pending events validated by this side's kinds."""
-    probe = EventQueue(sessions.kinds, max(sessions.max_pending_events, len(ev.pending) or 1))
-    try:
-        for p in ev.pending:
-            probe.submit(p.event_id, p.kind, p.data)
-    except SessionEventError as e:
-        raise _bad("events.pending", e.message) from None
-    if len(ev.pending) > sessions.max_pending_events:
-        raise _bad("events.pending", f"{len(ev.pending)} events (this side queues {sessions.max_pending_events})")
+    queue = queue_from_wire(ev, sessions.kinds, sessions.max_pending_events, _bad)
     last = ev.last_event_id
     if ev.pending and (last is None or last < ev.pending[-1].event_id):
         raise _bad("events.last_event_id", "below a pending event's id")
-    snap = probe.snapshot()
-    acks = tuple((EventId(a.event_id), EventAck(EventId(a.event_id), a.kind, a.status)) for a in ev.acks)
-    queue = EventQueue(sessions.kinds, sessions.max_pending_events)
-    queue.restore(QueueSnapshot(snap.pending, None if last is None else EventId(last), acks))
     return queue
 
 
@@ -212,12 +194,8 @@ def migrate_world_session(src: WorldSessions, session_id: str, dst: WorldSession
                           secret: bytes | None = None) -> SessionRuntime:
     """Move ``session_id`` from ``src`` to ``dst``; the session there. On failure the source
     session serves again, unchanged."""
-    blob = export_world_session(src, session_id, secret)
-    try:
-        rt = import_world_session(dst, blob, secret)
-    except BaseException:
-        finish_export(src, session_id, ok=False)
-        raise
-    finish_export(src, session_id, ok=True)
+    _, rt = hand_over(lambda: export_world_session(src, session_id, secret),
+                      lambda blob: import_world_session(dst, blob, secret),
+                      lambda _, ok: finish_export(src, session_id, ok))
     assert rt.status is SessionStatus.OPEN
     return rt

@@ -1,7 +1,7 @@
 """A migrating world session as it travels: one signed msgpack message (``msgspec``, never pickle).
 
 Unlike an LM session (whose KV goes through the PD connectors of an ``LLMEngine``,
-``session/migration_wire.py``), a world session's K/V is small (its rolling window: a few chunks
+``session/lm/migration_wire.py``), a world session's K/V is small (its rolling window: a few chunks
 of a few hundred KB) and lives in the ``World``'s own pool, so it travels inside the message:
 
 - **Contents** (:class:`WorldOffer`): session id, provenance digest (model, weights version,
@@ -15,20 +15,22 @@ of a few hundred KB) and lives in the ``World``'s own pool, so it travels inside
   :class:`WireEvents`). Checkpoints stay behind (the target's origin is the arrival state).
 - **Signature**: ``HMAC-SHA256(secret, DOMAIN + payload)`` when the sides share a secret; a
   signed message needs the secret to be read, and a target given a secret refuses unsigned ones.
+  The envelope and the event queue's wire form are the kind-agnostic ones
+  (``session/runtime/migration_wire.py``).
 - **Decoding** checks types and bounds (``MigrationError("invalid")``); the checks against the
-  receiving model are in ``session/world_migration.py``.
+  receiving model are in ``session/world/migration.py``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 from typing import Annotated
 
 import msgspec
 from msgspec import Meta, Struct
 
-from execstate.session.migration_wire import MigrationError, WireEvents
+from execstate.session.runtime.migration import MigrationError
+from execstate.session.runtime.migration_wire import SignedEnvelope, WireEvents, open_envelope, seal
 
 FORMAT_VERSION = 1
 DOMAIN = b"execstate/v1/world-session-offer\x00"
@@ -78,41 +80,23 @@ class WorldOffer(Struct, frozen=True, forbid_unknown_fields=True):
     events: WireEvents
 
 
-class SignedWorldOffer(Struct, frozen=True, forbid_unknown_fields=True):
-    payload: bytes
-    signature: Annotated[str, Meta(min_length=64, max_length=64)] | None
+SignedWorldOffer = SignedEnvelope
 
 
 def chunk_digest(k: bytes, v: bytes) -> str:
     return hashlib.sha256(k + v).hexdigest()
 
 
-def _sign(secret: bytes, payload: bytes) -> str:
-    return hmac.new(secret, DOMAIN + payload, hashlib.sha256).hexdigest()
-
-
 def encode_world_offer(offer: WorldOffer, secret: bytes | None) -> bytes:
-    payload = msgspec.msgpack.encode(offer)
-    return msgspec.msgpack.encode(SignedWorldOffer(payload, None if secret is None else _sign(secret, payload)))
+    return seal(msgspec.msgpack.encode(offer), secret, DOMAIN)
 
 
 def decode_world_offer(data: bytes, secret: bytes | None) -> WorldOffer:
     """The offer in ``data``; ``MigrationError`` ``invalid``, ``unauthorized`` or ``incompatible``."""
-    if not isinstance(data, bytes | bytearray) or len(data) > MAX_OFFER_BYTES:
-        raise MigrationError("invalid", f"a world session offer is bytes of at most {MAX_OFFER_BYTES}")
+    payload, _ = open_envelope(data, secret, DOMAIN, what="world session offer", max_bytes=MAX_OFFER_BYTES,
+                               require_signature=secret is not None, no_secret="no secret was given")
     try:
-        env = msgspec.msgpack.decode(data, type=SignedWorldOffer)
-    except (msgspec.ValidationError, msgspec.DecodeError) as e:
-        raise MigrationError("invalid", f"malformed world session offer envelope: {e}") from None
-    if env.signature is not None:
-        if secret is None:
-            raise MigrationError("unauthorized", "the world session offer is signed but no secret was given")
-        if not hmac.compare_digest(env.signature, _sign(secret, env.payload)):
-            raise MigrationError("unauthorized", "the world session offer's signature does not match")
-    elif secret is not None:
-        raise MigrationError("unauthorized", "an unsigned world session offer (this side requires a signature)")
-    try:
-        offer = msgspec.msgpack.decode(env.payload, type=WorldOffer)
+        offer = msgspec.msgpack.decode(payload, type=WorldOffer)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise MigrationError("invalid", f"malformed world session offer: {e}") from None
     if offer.format_version != FORMAT_VERSION:

@@ -9,8 +9,8 @@
     s.reset(); s.close(); world.close()
 
 Steps run on the caller's thread. Rules of the status machine, checkpoints and forks:
-``session/runtime.py``; events: ``session/events.py`` and ``session/world_events.py``; sizes,
-budgets and errors: ``session/world_sessions.py``. A ``WorldSession`` and a ``World`` are
+``session/runtime/lifecycle.py``; events: ``session/runtime/events.py`` and ``session/world/events.py``; sizes,
+budgets and errors: ``session/world/sessions.py``. A ``WorldSession`` and a ``World`` are
 context managers that close them.
 """
 
@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from execstate.model.world.interface import WorldModel, WorldSpec
-from execstate.session.events import SessionEventError
-from execstate.session.handle import SessionHandle
-from execstate.session.runtime import Checkpoint
-from execstate.session.world_sessions import WorldSessionInfo, WorldSessions
-from execstate.session.world_step import WorldStepResult
+from execstate.session.runtime.events import SessionEventError
+from execstate.session.runtime.handle import SessionHandle
+from execstate.session.runtime.lifecycle import Checkpoint
+from execstate.session.world.sessions import WorldSessionInfo, WorldSessions
+from execstate.session.world.step import WorldStepResult
 
 __all__ = ["Checkpoint", "SessionEventError", "World", "WorldSession", "WorldStepResult", "scene_frames"]
 
@@ -107,8 +107,8 @@ class World:
 
 
 class WorldSession(SessionHandle):
-    """A world-model session (``World.open_session``): the shared handle (``handle.py``) plus
-    ``step`` (one chunk), ``next_event_id`` and ``migrate``."""
+    """A world-model session (``World.open_session``): the shared handle
+    (``session/runtime/handle.py``) plus ``step`` (one chunk), ``next_event_id`` and ``migrate``."""
 
     _sessions: WorldSessions
 
@@ -122,9 +122,9 @@ class WorldSession(SessionHandle):
         return self._sessions.step(self.session_id, action)
 
     def migrate(self, target: World, secret: bytes | None = None) -> WorldSession:
-        """Move this session to World ``target`` (``session/world_migration.py``) and return its
+        """Move this session to World ``target`` (``session/world/migration.py``) and return its
         handle there (same id); this one is closed. ``MigrationError`` leaves it serving here."""
-        from execstate.session.world_migration import migrate_world_session
+        from execstate.session.world.migration import migrate_world_session
 
         return WorldSession(target.sessions, migrate_world_session(self._sessions, self.session_id, target.sessions,
                                                                    secret))

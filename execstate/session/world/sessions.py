@@ -1,12 +1,14 @@
 """The world-model sessions of one ``World``: the API the offline ``WorldSession`` and
 ``AsyncWorld`` call (``docs/world-sessions.md``). The generic rules (status machine, step index,
-epochs, checkpoints, forks, capacity, eviction, event queue) are the session runtime's
-(``runtime.py``, ``events.py``, ``manager.py``); this module adds the world kind.
+epochs, checkpoints, forks, capacity, eviction, event queue) and the shared operations are the
+session runtime's (``session/runtime/``: ``lifecycle.py``, ``events.py``, ``manager.py``,
+``sessions.py``); this module adds the world kind: ``open``, ``step`` and its info record.
 
-Thread safety: every call takes the sessions' lock, except the compute phase of a step
-(``world_step``), which runs outside it on private inputs: while one session computes a chunk,
-any thread may submit events to it (queued for its next boundary), and other sessions may be
-used, stepped (in parallel) or closed. A second step of the same session is refused ``busy``.
+Thread safety: every call takes the sessions' lock (an ``RLock``: ``KindSessions``' lock), except
+the compute phase of a step (``session/world/step.py``), which runs outside it on private
+inputs: while one session computes a chunk, any thread may submit events to it (queued for its
+next boundary), and other sessions may be used, stepped (in parallel) or closed. A second step of
+the same session is refused ``busy``.
 
 Memory: the sessions share one K/V pool of ``num_blocks`` blocks. Each session may hold at most
 ``session_blocks`` distinct blocks (its table, the chunk being computed, and what its
@@ -29,12 +31,13 @@ import numpy as np
 
 from execstate.model.world.interface import KVWriter, WorldModel
 from execstate.model.world.window import RollingWindow
-from execstate.session.events import EventAck, EventQueue, SessionEventError
-from execstate.session.manager import SessionManager
-from execstate.session.runtime import Checkpoint, SessionRuntime, SessionStatus
-from execstate.session.world_events import ACTION, world_event_kinds
-from execstate.session.world_state import WorldState, WorldStore, start_history, step_history
-from execstate.session.world_step import (
+from execstate.session.runtime.events import SessionEventError
+from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
+from execstate.session.runtime.manager import SessionManager
+from execstate.session.runtime.sessions import KindSessions, runtime_fields
+from execstate.session.world.events import ACTION, world_event_kinds
+from execstate.session.world.state import WorldState, WorldStore, start_history, step_history
+from execstate.session.world.step import (
     WorldStepResult,
     compute_world_step,
     finish_world_step,
@@ -63,7 +66,10 @@ class WorldSessionInfo:
     state_key: str | None  # hex; None once the session ended
 
 
-class WorldSessions:
+class WorldSessions(KindSessions[WorldSessionInfo]):
+    """The world kind's sessions object (module docstring); the shared operations (events,
+    checkpoints, rollback, fork, reset, close, info) are ``KindSessions``'."""
+
     def __init__(self, model: WorldModel, max_sessions: int = 8, session_blocks: int | None = None,
                  num_blocks: int | None = None, eviction: str | None = None, max_session_events: int = 64,
                  block_size: int | None = None) -> None:
@@ -76,14 +82,13 @@ class WorldSessions:
         if isinstance(session_blocks, bool) or not isinstance(session_blocks, int) or session_blocks < least:
             raise ValueError(f"session_blocks must be an int >= {least} (the window and one chunk in flight), "
                              f"got {session_blocks!r}")
-        self.manager = SessionManager(max_sessions, eviction)
+        super().__init__(SessionManager(max_sessions, eviction),
+                         world_event_kinds(spec.keys, spec.frames_per_chunk, spec.camera_dim), max_session_events,
+                         threading.RLock())
         num_blocks = max_sessions * session_blocks if num_blocks is None else num_blocks
         self.store = WorldStore(model, num_blocks, block_size)
         self.spec = spec
         self.session_blocks = session_blocks
-        self.max_pending_events = max_session_events
-        self.kinds = world_event_kinds(spec.keys, spec.frames_per_chunk, spec.camera_dim)
-        self.lock = threading.RLock()
 
     # -- lifecycle --------------------------------------------------------------------------------
     def open(self, session_id: str | None = None, prompt: str = "", seed: int = 0,
@@ -110,8 +115,7 @@ class WorldSessions:
                                history)
             if start_frames is not None:
                 self._commit_start(state, latents)
-            rt = SessionRuntime(sid, state, EventQueue(self.kinds, self.max_pending_events), secrets.token_hex(8))
-            return self.manager.add(rt)
+            return self.manager.add(SessionRuntime(sid, state, self.new_queue(), secrets.token_hex(8)))
 
     def window_for(self, window_chunks: int | None, sink_chunks: int | None) -> RollingWindow:
         spec = self.spec
@@ -139,20 +143,7 @@ class WorldSessions:
             raise
         state.append_chunk(chunk, carry, step_history(keys, None, state.prompt))
 
-    def close(self, session_id: str) -> bool:
-        """Close (idempotent). A step in flight finishes its compute and is then discarded."""
-        with self.lock:
-            return self.manager.close(session_id)
-
-    def close_all(self) -> None:
-        with self.lock:
-            self.manager.close_all()
-
     # -- events and steps -------------------------------------------------------------------------
-    def submit_event(self, session_id: str, event_id: int, kind: str, data: Any = None) -> EventAck:
-        with self.lock:
-            return self.manager.get(session_id).submit_event(event_id, kind, data)
-
     def step(self, session_id: str, action: str | list[str] | None = None) -> WorldStepResult:
         """One chunk. ``action`` (a key name, or F names): an ``action`` event with the next id first."""
         with self.lock:
@@ -182,38 +173,7 @@ class WorldSessions:
             rt.end_step(True, clock=self.manager.tick())
             return result
 
-    # -- checkpoints --------------------------------------------------------------------------------
-    def checkpoint(self, session_id: str) -> Checkpoint:
-        with self.lock:
-            return self.manager.get(session_id).checkpoint()
-
-    def rollback(self, session_id: str, checkpoint: Checkpoint | str) -> None:
-        with self.lock:
-            rt = self.manager.get(session_id)
-            rt.rollback(rt.resolve_checkpoint(checkpoint))
-
-    def release_checkpoint(self, session_id: str, checkpoint: Checkpoint | str) -> None:
-        with self.lock:
-            rt = self.manager.get(session_id)
-            rt.release_checkpoint(checkpoint.checkpoint_id if isinstance(checkpoint, Checkpoint) else checkpoint)
-
-    def reset(self, session_id: str) -> None:
-        with self.lock:
-            self.manager.get(session_id).reset()
-
-    def fork(self, session_id: str, checkpoint: Checkpoint | str | None = None,
-             new_session_id: str | None = None) -> SessionRuntime:
-        """A new session (new branch id) from ``checkpoint`` (None: now): it shares the blocks, has
-        its own generator with the same state, its own events and checkpoints."""
-        with self.lock:
-            return self.manager.fork(session_id, checkpoint, new_session_id,
-                                     lambda: EventQueue(self.kinds, self.max_pending_events))
-
     # -- queries ------------------------------------------------------------------------------------
-    def runtime(self, session_id: str) -> SessionRuntime:
-        with self.lock:
-            return self.manager.get(session_id)
-
     def blocks_in_use(self, rt: SessionRuntime) -> int:
         """Distinct blocks the session holds: its table, its checkpoints' and its origin's."""
         state = rt.state
@@ -226,22 +186,13 @@ class WorldSessions:
                 ids |= cp.saved.block_ids()  # type: ignore[attr-defined]
         return len(ids)
 
-    def info(self, session_id: str) -> WorldSessionInfo:
-        with self.lock:
-            rt = self.manager.get(session_id)
-            state = rt.state
-            assert isinstance(state, WorldState)
-            live = rt.status not in (SessionStatus.CLOSED, SessionStatus.EVICTED)
-            return WorldSessionInfo(
-                rt.session_id, rt.status.value, rt.step_index, rt.event_epoch, rt.branch_id, state.n_chunks,
-                state.prompt.prompt, state.prompt.version, None if state.held is None else state.held.key,
-                self.blocks_in_use(rt), self.session_blocks, [cp.checkpoint_id for cp in rt.checkpoints],
-                rt.events.last_event_id, rt.events.num_pending, rt.status is SessionStatus.STEPPING, rt.error,
-                rt.state_key().hex() if live else None)
-
-    def list(self) -> list[WorldSessionInfo]:
-        with self.lock:
-            return [self.info(rt.session_id) for rt in self.manager.resident()]
+    def describe(self, rt: SessionRuntime) -> WorldSessionInfo:
+        state = rt.state
+        assert isinstance(state, WorldState)
+        return WorldSessionInfo(
+            **runtime_fields(rt), n_chunks=state.n_chunks, prompt=state.prompt.prompt,
+            prompt_version=state.prompt.version, held_key=None if state.held is None else state.held.key,
+            blocks_in_use=self.blocks_in_use(rt), budget_blocks=self.session_blocks)
 
     def check_integrity(self) -> None:
         with self.lock:

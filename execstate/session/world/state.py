@@ -1,4 +1,4 @@
-"""The state of a world-model session: the world kind's ``KindState`` (``session/runtime.py``).
+"""The state of a world-model session: the world kind's ``KindState`` (``session/runtime/lifecycle.py``).
 
 - :class:`WorldStore`: what every world session of one ``World`` shares: the model, the
   :class:`BlockPool` (block ids, reference counts), the :class:`KVPool` (the tensors) and the
@@ -33,7 +33,7 @@ from execstate.identity.keys import BlockKey, block_key, root_key
 from execstate.identity.provenance import Provenance
 from execstate.model.world.interface import Carry, PromptKV, WorldModel
 from execstate.model.world.window import RollingWindow
-from execstate.session.world_events import HeldKey
+from execstate.session.world.events import HeldKey
 from execstate.state.block_holds import BlockHolds, HeldBlocks
 from execstate.state.block_pool import BlockId, BlockPool
 from execstate.state.kv_pool import KVPool

@@ -1,4 +1,4 @@
-"""One step of a world session: one chunk, in three phases (``session/world_sessions.py`` runs
+"""One step of a world session: one chunk, in three phases (``session/world/sessions.py`` runs
 the first and last under its lock, the middle one outside it).
 
 1. :func:`prepare_world_step` runs inside ``SessionRuntime.begin_step`` (a refusal leaves the
@@ -28,9 +28,9 @@ import torch
 
 from execstate.model.world.interface import Carry, ChunkActions, ContextKV, KVWriter, PromptKV
 from execstate.model.world.sampler import denoise_chunk
-from execstate.session.events import Drained, SessionEventError
-from execstate.session.world_events import ChunkControls, apply_boundary
-from execstate.session.world_state import WorldState, step_history
+from execstate.session.runtime.events import Drained, SessionEventError
+from execstate.session.world.events import ChunkControls, apply_boundary
+from execstate.session.world.state import WorldState, step_history
 from execstate.state.block_holds import HeldBlocks
 
 
