@@ -6,7 +6,8 @@ against the receiving model before anything is allocated (sizes, token ids insid
 KV and route row counts consistent with the context, route rows in range without duplicate
 experts, the RNG state's size, the sampling parameters as the engine validates them, event ids),
 and :func:`event_queue`, :func:`sampling_params`, :func:`route_rows`, :func:`rng_state` turn the
-checked fields into the session's own objects. Every refusal is ``MigrationError("invalid")``
+checked fields into the session's own objects. :func:`accept_offer` is the target's whole admission
+(who sent the offer, its handoff, provenance, ``check_offer``, deadline, id, capacity). Every refusal is ``MigrationError("invalid")``
 naming the field.
 
 Pending events travel as their clients submitted them (``input`` as ``{"token_ids": [...]}``,
@@ -17,6 +18,7 @@ them again through its own event kinds, so they are validated by the model that 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -26,14 +28,17 @@ import torch
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.validation import validate_logit_bias, validate_sampling
 from execstate.session.lm.events import INPUT
-from execstate.session.lm.migration_wire import FORMAT_VERSION, SessionOffer, WireSampling
+from execstate.session.lm.migration_wire import FORMAT_VERSION, SessionOffer, WireSampling, decode_offer
+from execstate.session.lm.sessions import LMSessions
 from execstate.session.lm.state import LMState
 from execstate.session.runtime.events import Event, EventKind, EventQueue
 from execstate.session.runtime.lifecycle import SessionRuntime
 from execstate.session.runtime.migration import MigrationError
 from execstate.session.runtime.migration_wire import events_to_wire, queue_from_wire
+from execstate.transfer.handoff import Handoff, HandoffError
 
 _SAMPLING = tuple(WireSampling.__struct_fields__)
+RNG_NBYTES = torch.Generator().get_state().numel()
 
 
 def _bad(field: str, why: str) -> MigrationError:
@@ -93,6 +98,51 @@ def check_offer(offer: SessionOffer, *, vocab_size: int, max_model_len: int,
     known = ids + [a.event_id for a in ev.acks]
     if known and (ev.last_event_id is None or max(known) > ev.last_event_id):
         raise _bad("events", f"event ids above the watermark {ev.last_event_id}")
+
+
+def accept_offer(sessions: LMSessions, data: bytes | tuple[SessionOffer, bool]) -> tuple[SessionOffer, Handoff | None]:
+    """Every check before anything is allocated (module docstring): the sender, the handoff, the
+    provenance, the offer against this model, the deadline, the session id and the capacity."""
+    engine = sessions.engine
+    pd = engine.pd
+    if pd is None:
+        raise MigrationError("unsupported", "this instance cannot receive sessions: it needs a PD connector "
+                             "(--kv-transfer-config, role kv_consumer or kv_both)")
+    offer, signed = decode_offer(data, pd.secret) if isinstance(data, bytes) else data
+    params = offer.handoff
+    if not signed and (params is None or "signature" in params or params.get("remote_engine_id") not in
+                       (pd.cfg.allowed_prefill or {})):
+        raise MigrationError("unauthorized", "an unsigned session offer is accepted only with an unsigned handoff "
+                             "from an engine in allowed_prefill_engines")
+    handoff = None
+    if params is not None:
+        if pd.loads is None:
+            raise MigrationError("unsupported", "this instance cannot load KV (PD role kv_producer)")
+        try:
+            handoff = pd.accept_handoff(params)
+        except HandoffError as e:
+            raise MigrationError("unauthorized", str(e)) from None
+        if handoff.remote_engine_id != offer.source_instance_id:
+            raise MigrationError("invalid", "the handoff names another engine than the offer's source")
+    if offer.provenance_digest != engine.provenance.digest():
+        raise MigrationError("incompatible", "the source's provenance (model, weights version, dtype, numerics or "
+                             "cache salt) differs from this instance's")
+    mc = engine.model_config
+    route_shape = (mc.num_moe_layers, mc.top_k) if engine.return_routes else None
+    check_offer(offer, vocab_size=mc.vocab_size, max_model_len=engine.max_model_len, route_shape=route_shape,
+                num_experts=mc.num_experts or 0, rng_nbytes=RNG_NBYTES)
+    if offer.commit_by <= time.time():
+        raise MigrationError("timeout", "the offer arrived after its commit deadline")
+    manager = sessions.manager
+    if any(rt.session_id == offer.session_id for rt in manager.resident()):
+        raise MigrationError("conflict", f"session {offer.session_id!r} is already open on this instance")
+    if manager.num_resident >= manager.max_sessions and manager.eviction is None:
+        raise MigrationError("capacity", f"{manager.num_resident} sessions are resident "
+                             f"(max_sessions={manager.max_sessions})")
+    if handoff is not None and (handoff.num_blocks * engine.block_size > offer.num_kv_tokens):
+        raise MigrationError("invalid", f"the handoff offers {handoff.num_blocks} blocks for "
+                             f"{offer.num_kv_tokens} tokens with KV")
+    return offer, handoff
 
 
 def route_rows(offer: SessionOffer, route_shape: tuple[int, int], num_experts: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 :func:`begin_import` takes the target's ``LMSessions`` (the engine's session owner) and the
 source's signed offer (``session/lm/migration_wire.py``) and, before
-it allocates anything, checks who sent it (the offer's HMAC, or an allow-listed source), the
+it allocates anything, checks (``migration_state.accept_offer``) who sent it (the offer's HMAC, or an allow-listed source), the
 handoff (``HandoffTrust``, as a PD decode instance does), the provenance digest (same model,
 weights, dtype, numerics, salt), the offer against this model (``migration_state.check_offer``),
 the deadline, the session id (``conflict`` if open here) and the capacity. Then, for the
@@ -39,7 +39,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from execstate.engine.external_prefix import ExternalLoadError
 from execstate.engine.llm_engine import LLMEngine
@@ -47,13 +46,13 @@ from execstate.engine.route_trace import RouteTrace
 from execstate.identity.keys import BlockKey
 from execstate.session.lm.migration_source import chain_keys_from
 from execstate.session.lm.migration_state import (
-    check_offer,
+    accept_offer,
     event_queue,
     rng_state,
     route_rows,
     sampling_params,
 )
-from execstate.session.lm.migration_wire import SessionOffer, decode_offer
+from execstate.session.lm.migration_wire import SessionOffer
 from execstate.session.lm.sessions import LMSessions
 from execstate.session.lm.state import LMState
 from execstate.session.runtime.events import EventQueue, SessionEventError
@@ -61,10 +60,8 @@ from execstate.session.runtime.lifecycle import SessionRuntime
 from execstate.session.runtime.migration import MigrationError
 from execstate.state.block_holds import HeldBlocks
 from execstate.state.block_pool import BlockId, NoFreeBlocks
-from execstate.transfer.handoff import Handoff, HandoffError
+from execstate.transfer.handoff import Handoff
 from execstate.transfer.importer import LoadResult
-
-_RNG_NBYTES = torch.Generator().get_state().numel()
 
 
 @dataclass(frozen=True)
@@ -126,45 +123,11 @@ def begin_import(sessions: LMSessions, data: bytes | tuple[SessionOffer, bool]) 
     made of them with this engine's ``pd.secret`` (a caller that decodes off the engine thread)."""
     t0 = time.monotonic()
     engine = sessions.engine
+    offer, handoff = accept_offer(sessions, data)
     pd = engine.pd
-    if pd is None:
-        raise MigrationError("unsupported", "this instance cannot receive sessions: it needs a PD connector "
-                             "(--kv-transfer-config, role kv_consumer or kv_both)")
-    offer, signed = decode_offer(data, pd.secret) if isinstance(data, bytes) else data
-    params = offer.handoff
-    if not signed and (params is None or "signature" in params or params.get("remote_engine_id") not in
-                       (pd.cfg.allowed_prefill or {})):
-        raise MigrationError("unauthorized", "an unsigned session offer is accepted only with an unsigned handoff "
-                             "from an engine in allowed_prefill_engines")
-    handoff = None
-    if params is not None:
-        if pd.loads is None:
-            raise MigrationError("unsupported", "this instance cannot load KV (PD role kv_producer)")
-        try:
-            handoff = pd.accept_handoff(params)
-        except HandoffError as e:
-            raise MigrationError("unauthorized", str(e)) from None
-        if handoff.remote_engine_id != offer.source_instance_id:
-            raise MigrationError("invalid", "the handoff names another engine than the offer's source")
-    if offer.provenance_digest != engine.provenance.digest():
-        raise MigrationError("incompatible", "the source's provenance (model, weights version, dtype, numerics or "
-                             "cache salt) differs from this instance's")
-    mc = engine.model_config
+    assert pd is not None
+    mc, bs = engine.model_config, engine.block_size
     route_shape = (mc.num_moe_layers, mc.top_k) if engine.return_routes else None
-    check_offer(offer, vocab_size=mc.vocab_size, max_model_len=engine.max_model_len, route_shape=route_shape,
-                num_experts=mc.num_experts or 0, rng_nbytes=_RNG_NBYTES)
-    if offer.commit_by <= time.time():
-        raise MigrationError("timeout", "the offer arrived after its commit deadline")
-    manager = sessions.manager
-    if any(rt.session_id == offer.session_id for rt in manager.resident()):
-        raise MigrationError("conflict", f"session {offer.session_id!r} is already open on this instance")
-    if manager.num_resident >= manager.max_sessions and manager.eviction is None:
-        raise MigrationError("capacity", f"{manager.num_resident} sessions are resident "
-                             f"(max_sessions={manager.max_sessions})")
-    bs = engine.block_size
-    if handoff is not None and (handoff.num_blocks * bs > offer.num_kv_tokens):
-        raise MigrationError("invalid", f"the handoff offers {handoff.num_blocks} blocks for "
-                             f"{offer.num_kv_tokens} tokens with KV")
     root = engine.kv_manager.root_key("free", offer.cache_salt)
     state = LMState(engine.kv_holds, bs, route_shape, sampling_params(offer, mc.vocab_size), offer.seed, root,
                     offer.cache_salt, offer.priority)
