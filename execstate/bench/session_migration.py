@@ -4,7 +4,7 @@ bench sessions`` (``measure_migration``) and standalone::
     python -m execstate.bench.session_migration --model standard --context 4000 --out result.json
 
 Two engines in one process, each with a PD connector (``kv_both``, one shared secret), the
-migration as ``execstate.session.migration.migrate_session`` runs it, split into its phases:
+migration as ``execstate.session.lm.migration.migrate_session`` runs it, split into its phases:
 
 - **migration**: a session whose context holds ``context_len`` tokens (KV for all but the last)
   moves from the source to the target: ``export_s`` (freeze, pin and checksum the full blocks,
