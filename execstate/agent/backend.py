@@ -6,7 +6,8 @@ tool's return value as text; ``error`` the exception's text). A sync callable ru
 thread (so a slow tool never blocks the front); an ``async def`` is awaited. ``cancel(id)`` cancels
 the task (``done`` is not called then). A :class:`ModelTool` is a slower model: each task opens
 its own LM session on its ``AsyncEngine`` (batch class by default, below the front), runs one step
-on the prompt and closes it.
+on the prompt and closes it; ``sessions`` is the engine's ``AsyncSessions`` when something else on
+that engine opens sessions too (an engine has one: pass the shared one), else it builds its own.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from execstate.agent.ledger import Delegation
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_BATCH
-from execstate.session.async_sessions import AsyncSessions
-from execstate.session.lm_step import StepResult
+from execstate.session.lm.async_sessions import AsyncSessions
+from execstate.session.lm.step import StepResult
 
 Done = Callable[[DelegationId, str | None, str | None], None]
 
@@ -31,8 +32,9 @@ class ModelTool:
     """A back-end model: ``await tool(prompt=...)`` -> its completion (one session per call)."""
 
     def __init__(self, engine: AsyncEngine, max_tokens: int = 32, priority: int = PRIORITY_BATCH,
-                 sampling_params: SamplingParams | None = None, prompt_format: str = "{prompt}") -> None:
-        self.sessions = AsyncSessions(engine)
+                 sampling_params: SamplingParams | None = None, prompt_format: str = "{prompt}",
+                 sessions: AsyncSessions | None = None) -> None:
+        self.sessions = sessions or AsyncSessions(engine)
         self.max_tokens = max_tokens
         self.priority = priority
         self.params = sampling_params or SamplingParams(temperature=0.0, max_tokens=max_tokens)

@@ -4,7 +4,7 @@ bench sessions`` (``measure_migration``) and standalone::
     python -m execstate.bench.session_migration --model standard --context 4000 --out result.json
 
 Two engines in one process, each with a PD connector (``kv_both``, one shared secret), the
-migration as ``execstate.session.migration.migrate_session`` runs it, split into its phases:
+migration as ``execstate.session.lm.migration.migrate_session`` runs it, split into its phases:
 
 - **migration**: a session whose context holds ``context_len`` tokens (KV for all but the last)
   moves from the source to the target: ``export_s`` (freeze, pin and checksum the full blocks,
@@ -37,15 +37,13 @@ from unittest import mock
 import numpy as np
 
 from execstate.engine import pd_connector
-from execstate.engine.llm import LLM
 from execstate.engine.pd_connector import PDConfig
 from execstate.engine.sampling_params import SamplingParams
-from execstate.session.lm_sessions import LMSessions
-from execstate.session.migration import migrate_session, wait_import
-from execstate.session.migration_source import begin_export, finish_export
-from execstate.session.migration_target import begin_import
-from execstate.session.migration_wire import MigrationError
-from execstate.session.offline import Session
+from execstate.session.lm.llm import LLM
+from execstate.session.lm.migration import migrate_session, wait_import
+from execstate.session.lm.migration_source import begin_export, finish_export
+from execstate.session.lm.migration_target import begin_import
+from execstate.session.lm.migration_wire import MigrationError
 from execstate.transfer.faults import FaultInjection, importer_factory
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
@@ -124,17 +122,17 @@ def _migrate_once(src: LLM, dst: LLM, prompt: list[int], sid: str) -> dict[str, 
     s.rollback(cp)
     s.release_checkpoint(cp)
     t0 = time.perf_counter()
-    out = begin_export(src.engine, sid, 60.0)
+    out = begin_export(src.sessions, sid, 60.0)
     t1 = time.perf_counter()
     ok = False
     try:
-        result = wait_import(dst.engine, begin_import(dst.engine, out.payload), out)
+        result = wait_import(dst.sessions, begin_import(dst.sessions, out.payload), out)
         ok = True
     finally:
         t2 = time.perf_counter()
-        finish_export(src.engine, out, ok)
+        finish_export(src.sessions, out, ok)
     t3 = time.perf_counter()
-    moved = Session(LMSessions.of(dst.engine), LMSessions.of(dst.engine).manager.get(sid))
+    moved = dst.session(sid)
     t4 = time.perf_counter()
     got = moved.step([5], max_tokens=1)
     t5 = time.perf_counter()

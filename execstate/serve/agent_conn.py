@@ -62,7 +62,7 @@ from execstate.serve.agent_protocol import (
 )
 from execstate.serve.agent_state import AgentConnState, Phase
 from execstate.serve.realtime_protocol import ProtocolError, error_event
-from execstate.session.events import SessionEventError
+from execstate.session.runtime.events import SessionEventError
 
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
 DEFAULT_INSTRUCTIONS = "A helpful voice assistant talks with a user."

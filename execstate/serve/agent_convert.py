@@ -38,7 +38,7 @@ from execstate.agent.turn_policy import TurnConfig
 from execstate.engine.sampling_params import SamplingParams
 from execstate.serve.agent_protocol import AgentSessionConfig, DelegationSettings, server_event
 from execstate.serve.realtime_protocol import error_event
-from execstate.session.events import SessionEventError
+from execstate.session.runtime.events import SessionEventError
 
 FRONT_SAMPLING_FIELDS = frozenset({"temperature", "top_p", "top_k", "min_p", "seed"})
 MAX_STEP_TOKENS = 64

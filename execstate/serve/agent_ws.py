@@ -46,7 +46,6 @@ from execstate.serve.realtime import (
     _read,
     _write,
 )
-from execstate.session.async_sessions import AsyncSessions
 
 PATH = "/v1/realtime/agent"
 BACK_MODEL_TOOL = "reason"
@@ -80,11 +79,12 @@ class AgentServer:
         self.ctx = ctx
         self.engine = ctx.engine
         self.model_name = ctx.served_model_name
-        self.sessions = AsyncSessions(ctx.engine)
+        self.sessions = ctx.sessions
         self.tools = tools or AgentTools()
         self.back_engine = back_engine or ctx.engine
         if self.back_engine.tokenizer is not None:
-            self.tools.register(BACK_MODEL_TOOL, ModelTool(self.back_engine, max_tokens=BACK_MODEL_MAX_TOKENS))
+            self.tools.register(BACK_MODEL_TOOL, ModelTool(self.back_engine, max_tokens=BACK_MODEL_MAX_TOKENS,
+                                                             sessions=ctx.sessions if self.back_engine is ctx.engine else None))
         self.keeper = TaskKeeper()
         self.agents: dict[str, DuplexAgent] = {}  # live agents by front session id
         self.num_connections = 0

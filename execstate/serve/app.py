@@ -52,6 +52,7 @@ from execstate.serve.protocol import (
 )
 from execstate.serve.realtime import DEFAULT_GRACE_S, install_realtime
 from execstate.serve.sessions_http import install_session_routes
+from execstate.session.lm.async_sessions import AsyncSessions
 from execstate.transfer.handoff import HandoffTrust
 
 STATS_TIMEOUT_S = 5.0
@@ -83,6 +84,7 @@ def build_app(
     handoff_trust: HandoffTrust | None = None,
     realtime_grace_s: float = DEFAULT_GRACE_S,
     agent_back_engine: AsyncEngine | None = None,
+    sessions: AsyncSessions | None = None,
 ) -> FastAPI:
     """An app serving ``async_engine`` under ``served_model_name`` (the only accepted
     ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry,
@@ -90,10 +92,11 @@ def build_app(
     handoff parameters are accepted; ``realtime_grace_s`` how long a session of a dropped
     ``/v1/realtime`` connection is kept for ``session.resume`` (``realtime.py``);
     ``agent_back_engine`` serves the back-end model of ``/v1/realtime/agent`` agents (``agent_ws.py``;
-    default: ``async_engine`` at batch priority)."""
+    default: ``async_engine`` at batch priority); ``sessions``: the engine's ``AsyncSessions`` when
+    another app already serves sessions on ``async_engine`` (an engine has one), else a new one."""
     limits = limits or ServingLimits()
     ctx = ServeContext(async_engine, served_model_name, metrics or ServingMetrics(), kv_transfer_config, limits,
-                       handoff_trust=handoff_trust)
+                       handoff_trust=handoff_trust, shared_sessions=sessions)
     app = FastAPI(title="execstate", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     install_error_handlers(app)

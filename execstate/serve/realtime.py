@@ -42,7 +42,6 @@ from execstate.serve.context import ServeContext
 from execstate.serve.realtime_conn import RealtimeConnection
 from execstate.serve.realtime_protocol import MAX_MESSAGE_BYTES, ProtocolError, error_event
 from execstate.serve.realtime_registry import SessionOwners
-from execstate.session.async_sessions import AsyncSessions
 
 PATH = "/v1/realtime"
 SUBPROTOCOL = "realtime"
@@ -131,7 +130,7 @@ class RealtimeServer:
 
     def __init__(self, ctx: ServeContext, grace_s: float = DEFAULT_GRACE_S) -> None:
         self.ctx = ctx
-        self.sessions = AsyncSessions(ctx.engine)
+        self.sessions = ctx.sessions
         self.owners = SessionOwners(self.sessions.close, grace_s)
         self.num_connections = 0
 

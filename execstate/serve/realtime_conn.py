@@ -67,9 +67,9 @@ from execstate.serve.realtime_protocol import (
 )
 from execstate.serve.realtime_registry import SessionOwners
 from execstate.serve.realtime_state import ConnectionState, Phase
-from execstate.session.async_sessions import AsyncSessions
-from execstate.session.events import SessionEventError
-from execstate.session.lm_step import StepDelta, StepResult
+from execstate.session.lm.async_sessions import AsyncSessions
+from execstate.session.lm.step import StepDelta, StepResult
+from execstate.session.runtime.events import SessionEventError
 
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
 InWorker = Callable[..., Awaitable[Any]]

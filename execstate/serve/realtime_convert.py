@@ -24,10 +24,10 @@ from execstate.engine.outputs import Logprob
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE
 from execstate.serve.realtime_protocol import ClientEventId, SessionConfig
-from execstate.session.events import COMPOSITE, SessionEventError
-from execstate.session.lm_events import SAMPLING, SAMPLING_FIELDS
-from execstate.session.lm_sessions import SessionInfo
-from execstate.session.lm_step import StepResult
+from execstate.session.lm.events import SAMPLING, SAMPLING_FIELDS
+from execstate.session.lm.sessions import SessionInfo
+from execstate.session.lm.step import StepResult
+from execstate.session.runtime.events import COMPOSITE, SessionEventError
 
 SESSION_SAMPLING_FIELDS = SAMPLING_FIELDS | {"seed"}
 PRIORITIES = (PRIORITY_BATCH, PRIORITY_INTERACTIVE)

@@ -28,7 +28,7 @@ from typing import NewType
 
 from execstate.engine.async_engine import EngineDeadError
 from execstate.serve.realtime_protocol import ClientEventId, ProtocolError
-from execstate.session.events import SessionEventError
+from execstate.session.runtime.events import SessionEventError
 
 ConnId = NewType("ConnId", int)
 

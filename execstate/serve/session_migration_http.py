@@ -44,9 +44,10 @@ from pydantic import BaseModel, ConfigDict
 
 from execstate.serve.context import ServeContext
 from execstate.serve.errors import OpenAIError
-from execstate.session.migration_source import Outgoing, begin_export, finish_export
-from execstate.session.migration_target import ImportHandle, MigrationResult, begin_import
-from execstate.session.migration_wire import MigrationError, decode_offer
+from execstate.session.lm.async_sessions import AsyncSessions
+from execstate.session.lm.migration_source import Outgoing, begin_export, finish_export
+from execstate.session.lm.migration_target import ImportHandle, MigrationResult, begin_import
+from execstate.session.lm.migration_wire import MigrationError, decode_offer
 
 IMPORT_PATH = "/v1/sessions/import"
 MAX_WINDOW_S = 600.0
@@ -81,16 +82,16 @@ def result_json(r: MigrationResult) -> dict[str, Any]:
 
 def install_migration_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Awaitable[Any]], Awaitable[Any]],
                              api_key: str | None) -> None:
-    engine = ctx.engine
+    engine, sessions = ctx.engine, ctx.sessions
 
     @app.post("/v1/sessions/{session_id}/migrate")
     async def migrate(session_id: str, body: MigrateBody) -> JSONResponse:
         base = target_base(body.target)
         if not 0 < body.timeout_s <= MAX_WINDOW_S:
             raise OpenAIError(400, f"timeout_s must be in (0, {MAX_WINDOW_S}]", param="timeout_s")
-        out: Outgoing = await call(engine.run_on_engine(lambda e: begin_export(e, session_id, body.timeout_s)))
+        out: Outgoing = await call(sessions.run(lambda s: begin_export(s, session_id, body.timeout_s)))
         key = body.target_api_key or api_key
-        task = asyncio.ensure_future(_send(engine, out, base, key))
+        task = asyncio.ensure_future(_send(sessions, out, base, key))
         try:
             answer = await asyncio.shield(task)
         except MigrationError as e:
@@ -112,7 +113,7 @@ def install_migration_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Aw
                 data_or_decoded = await ctx.in_worker(decode_offer, data, pd.secret)
             except MigrationError as e:
                 raise OpenAIError(_status(e.code), e.message, code=e.code) from None
-        handle: ImportHandle = await call(engine.run_on_engine(lambda e: begin_import(e, data_or_decoded)))
+        handle: ImportHandle = await call(sessions.run(lambda s: begin_import(s, data_or_decoded)))
         fut = asyncio.wrap_future(handle.future)
         try:
             result = await asyncio.wait_for(asyncio.shield(fut), max(0.0, handle.offer.commit_by - time.time()))
@@ -134,7 +135,7 @@ def _status(code: str) -> int:
     return STATUS.get(code, 502)
 
 
-async def _send(engine: Any, out: Outgoing, base: str, api_key: str | None) -> dict[str, Any]:
+async def _send(sessions: AsyncSessions, out: Outgoing, base: str, api_key: str | None) -> dict[str, Any]:
     """POST the offer to the target, then close (confirmed) or reopen (anything else) the source
     session; the target's answer, or ``MigrationError``."""
     ok = False
@@ -162,7 +163,7 @@ async def _send(engine: Any, out: Outgoing, base: str, api_key: str | None) -> d
         ok = True
         return answer
     finally:
-        await engine.run_on_engine(lambda e: finish_export(e, out, ok))
+        await sessions.run(lambda s: finish_export(s, out, ok))
 
 
 def _error_of(resp: httpx.Response) -> tuple[str, str]:

@@ -35,10 +35,10 @@ from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.serve.context import ServeContext, engine_dead
 from execstate.serve.errors import OpenAIError
-from execstate.session.async_sessions import AsyncSessions
-from execstate.session.events import SessionEventError
-from execstate.session.lm_events import SAMPLING_FIELDS
-from execstate.session.lm_step import StepResult
+from execstate.session.lm.async_sessions import AsyncSessions
+from execstate.session.lm.events import SAMPLING_FIELDS
+from execstate.session.lm.step import StepResult
+from execstate.session.runtime.events import SessionEventError
 
 STATUS = {
     "invalid": 400, "unauthorized": 403, "not_found": 404, "busy": 409, "conflict": 409, "failed": 409,
@@ -107,7 +107,7 @@ def install_session_routes(app: FastAPI, ctx: ServeContext, api_key: str | None 
     """Add the session endpoints (and the migration's) to ``app``; returns its ``AsyncSessions``."""
     from execstate.serve.session_migration_http import install_migration_routes
 
-    sessions = AsyncSessions(ctx.engine)
+    sessions = ctx.sessions
     app.state.sessions = sessions
 
     async def call(coro: Any) -> Any:

@@ -50,7 +50,7 @@ from execstate.serve.world_protocol import (
 )
 from execstate.serve.world_state import Phase, WorldConnState
 from execstate.serve.world_stepper import Emit, EmitChunk, LiveSession, run_stepper
-from execstate.session.events import SessionEventError
+from execstate.session.runtime.events import SessionEventError
 
 logger = logging.getLogger(__name__)
 

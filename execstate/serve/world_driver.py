@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 
 from execstate.model.world.interface import WorldModel, WorldSpec
-from execstate.session.world_async import AsyncWorld
-from execstate.session.world_offline import World, scene_frames
-from execstate.session.world_sessions import WorldSessionInfo
-from execstate.session.world_step import WorldStepResult
+from execstate.session.world.async_world import AsyncWorld
+from execstate.session.world.offline import World, scene_frames
+from execstate.session.world.sessions import WorldSessionInfo
+from execstate.session.world.step import WorldStepResult
 
 DEFAULT_MAX_SESSIONS = 8
 DEFAULT_SESSION_MEMORY = 4 << 20

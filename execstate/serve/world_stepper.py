@@ -31,7 +31,7 @@ from execstate.serve.world_convert import StartConfig, chunk_metadata
 from execstate.serve.world_driver import WorldHost
 from execstate.serve.world_encode import encode_chunk
 from execstate.serve.world_protocol import error_event
-from execstate.session.events import SessionEventError
+from execstate.session.runtime.events import SessionEventError
 
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
 EmitChunk = Callable[[dict[str, Any], bytes], Awaitable[None]]

@@ -113,6 +113,11 @@ class BlockHolds:
         """``fn()`` releases some holds (e.g. evicts an idle session) and says whether it did."""
         self._reclaimer = fn
 
+    @property
+    def has_reclaimer(self) -> bool:
+        """Whether an owner installed its reclaimer (the holds have one owner)."""
+        return self._reclaimer is not None
+
     def reclaim(self) -> bool:
         """Ask the owner of the holds to give some back; True if it released anything."""
         return self._reclaimer() if self._reclaimer is not None else False

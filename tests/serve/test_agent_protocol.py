@@ -42,7 +42,7 @@ from execstate.serve.agent_protocol import (
 from execstate.serve.agent_state import AgentConnState, Phase
 from execstate.serve.agent_tools import DEMO_TABLE, AgentTools, calculator, make_lookup
 from execstate.serve.realtime_protocol import ProtocolError
-from execstate.session.events import SessionEventError
+from execstate.session.runtime.events import SessionEventError
 
 
 def test_client_types_are_the_documented_set():

@@ -125,9 +125,10 @@ def test_readme_agent_transcript_is_what_the_server_says(tmp_path):
     write_tokenizer(model_dir)
     engine = AsyncEngine(LLMEngine(engine_config(model_dir)))
     try:
-        with running_server(build_app(engine, MODEL_NAME)) as (url, _), slow_steps(engine, 0.02):
+        app = build_app(engine, MODEL_NAME)
+        with running_server(app) as (url, _), slow_steps(engine, 0.02):
             mine = segments(asyncio.run(asyncio.wait_for(capture(url), 240)))
-        wait_released(engine)
+        wait_released(app.state.ctx.sessions)
     finally:
         engine.shutdown()
     assert len(mine) == len(theirs)

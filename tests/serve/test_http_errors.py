@@ -19,7 +19,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 @pytest.fixture(scope="module")
 def http(served) -> TestClient:
     """The shared engine behind an app that requires an API key."""
-    return TestClient(build_app(served.engine, MODEL_NAME, api_key=KEY))
+    return TestClient(build_app(served.engine, MODEL_NAME, api_key=KEY, sessions=served.sessions))
 
 
 def assert_error(r, status: int, param: str | None = None, contains: str = "", code: str | None = None) -> None:

@@ -76,7 +76,7 @@ def test_steps_and_events_equal_the_offline_session(served, offline):
             assert closed == {"type": "session.closed", "event_id": "bye", "session_id": "greedy-1"}
 
     asyncio.run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
 
 
 def test_seeded_sampling_equals_the_offline_session(served, offline):
@@ -98,7 +98,7 @@ def test_seeded_sampling_equals_the_offline_session(served, offline):
             assert decode_routes(done["response"]["routed_experts"]).shape[1:] == ref[0].routed_experts.shape[1:]
 
     asyncio.run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
 
 
 def test_checkpoint_rollback_and_fork_reproduce_the_offline_session(served, offline):
@@ -150,7 +150,7 @@ def test_checkpoint_rollback_and_fork_reproduce_the_offline_session(served, offl
         # both connections ended: both sessions closed (grace 0)
 
     asyncio.run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
 
 
 def test_cancel_mid_stream_gives_one_done_and_no_delta_after_it(served):
@@ -179,7 +179,7 @@ def test_cancel_mid_stream_gives_one_done_and_no_delta_after_it(served):
 
     with slow_steps(served.engine):
         asyncio.run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
 
 
 def test_messages_mid_step_events_apply_at_the_next_step(served):
@@ -220,7 +220,7 @@ def test_messages_mid_step_events_apply_at_the_next_step(served):
 
     with slow_steps(served.engine):
         asyncio.run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
 
 
 def test_failed_step_then_reset(served, offline):
@@ -250,7 +250,7 @@ def test_failed_step_then_reset(served, offline):
             same_step(done, ref)
 
     asyncio.run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
 
 
 @pytest.mark.parametrize("mid_stream", [False, True])
@@ -275,7 +275,7 @@ def test_disconnect_releases_everything(served, mid_stream):
 
     with slow_steps(served.engine):
         asyncio.run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
     assert served.app.state.realtime.owners.num_sessions == 0
 
 
@@ -291,7 +291,7 @@ def test_routes_are_the_session_rows(served, offline):
             return done, got
 
     done, got = asyncio.run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
     whole = offline.generate({"prompt_token_ids": got["token_ids"][:-1]},
                              SamplingParams(temperature=0, max_tokens=1, ignore_eos=True), use_tqdm=False)[0]
     rows = decode_routes(got["routed_experts"])
@@ -340,4 +340,4 @@ def test_health_answers_while_realtime_text_is_tokenised(served):
     print(f"/health during realtime tokenisation: {len(latencies)} probes, p50 "
           f"{statistics.median(latencies) * 1e3:.1f} ms, max {max(latencies) * 1e3:.1f} ms")
     assert statistics.median(latencies) < 0.1 and max(latencies) < 1.0
-    wait_released(served.engine)
+    wait_released(served.sessions)

@@ -21,7 +21,7 @@ from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.pd_connector import PDConfig
 from execstate.serve.app import build_app
-from execstate.session.migration_wire import SignedOffer
+from execstate.session.lm.migration_wire import SignedOffer
 
 KEY = "session-http-api-key"
 SECRET = "session-http-test-secret-0123456789"

@@ -82,7 +82,7 @@ def test_lm_app_with_world_endpoints(served):
     from execstate.serve.world_driver import WorldHost
     from execstate.serve.world_ws import install_world
 
-    app = build_app(served.engine, MODEL_NAME)
+    app = build_app(served.engine, MODEL_NAME, sessions=served.sessions)
     host = WorldHost(tiny_world_model(), max_sessions=1)
     install_world(app, host)
     try:

@@ -12,8 +12,7 @@ from session_helpers import check_accounting, make_llm
 from execstate import LLM, SamplingParams
 from execstate.engine import pd_connector
 from execstate.engine.pd_connector import PDConfig
-from execstate.session.lm_sessions import LMSessions
-from execstate.session.lm_step import StepResult
+from execstate.session.lm.step import StepResult
 from execstate.transfer.faults import FaultInjection, importer_factory
 
 SECRET = "session-migration-test-secret-0123"
@@ -64,7 +63,7 @@ def assert_holds_nothing(llm: LLM, session_id: str) -> None:
     """The target after a failed migration: no such session, no holds, no block in use."""
     eng = llm.engine
     eng.poll()
-    assert all(rt.session_id != session_id for rt in LMSessions.of(eng).manager.resident())
+    assert all(rt.session_id != session_id for rt in llm.sessions.manager.resident())
     assert eng.kv_holds.num_holders == 0
     assert eng.block_pool.num_used == 0
     assert eng.pd is None or eng.pd.num_loads_inflight == 0

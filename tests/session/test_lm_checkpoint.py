@@ -11,7 +11,7 @@ import pytest
 import torch
 from session_helpers import GREEDY, SAMPLED, check_accounting, check_released, generate, make_llm, tokens
 
-from execstate.session.events import SessionEventError
+from execstate.session.runtime.events import SessionEventError
 
 A, B, C, D, E = tokens(20, 37), tokens(21, 6), tokens(22, 9), tokens(23, 4), tokens(24, 5)
 UNSEEDED = replace(SAMPLED, seed=None)

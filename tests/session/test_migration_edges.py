@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from migration_helpers import Engines, assert_holds_nothing, assert_same_steps
 from session_helpers import GREEDY, SAMPLED, check_accounting, make_llm, tokens
 
-from execstate.session.events import SessionEventError
-from execstate.session.migration import migrate_session, wait_import
-from execstate.session.migration_source import begin_export, finish_export
-from execstate.session.migration_target import begin_import
-from execstate.session.migration_wire import MigrationError
+from execstate.session.lm.migration import migrate_session, wait_import
+from execstate.session.lm.migration_source import begin_export, finish_export
+from execstate.session.lm.migration_target import begin_import
+from execstate.session.lm.migration_wire import MigrationError
+from execstate.session.runtime.events import SessionEventError
 
 A, B, C = tokens(40, 37), tokens(41, 6), tokens(42, 9)
 
@@ -33,19 +33,19 @@ def test_a_migrating_session_refuses_everything_but_close(engines):
     a = engines()
     s = a.open_session(sampling_params=GREEDY)
     s.step(A)
-    out = begin_export(a.engine, s.session_id, 30.0)
+    out = begin_export(a.sessions, s.session_id, 30.0)
     assert s.status == "migrating" and a.engine.pd.num_pinned_exports == 1
     for call in (lambda: s.step(B), lambda: s.submit_event(5, "input", {"token_ids": B}), s.checkpoint,
                  lambda: s.fork(None), s.reset, lambda: s.migrate(engines())):
         with pytest.raises(SessionEventError) as e:
             call()
         assert e.value.code == "busy"
-    finish_export(a.engine, out, ok=False)
+    finish_export(a.sessions, out, ok=False)
     assert s.status == "open" and a.engine.pd.num_pinned_exports == 0
     s.step(B)
-    out = begin_export(a.engine, s.session_id, 30.0)
+    out = begin_export(a.sessions, s.session_id, 30.0)
     s.close()  # allowed while migrating; finishing later changes nothing
-    finish_export(a.engine, out, ok=True)
+    finish_export(a.sessions, out, ok=True)
     a.engine.poll()
     assert a.engine.kv_holds.num_holders == 0 and a.engine.block_pool.num_used == 0
     check_accounting(a)
@@ -91,16 +91,16 @@ def test_a_replayed_offer_cannot_complete(engines):
     a, b, c = engines(), engines(), engines()
     s = a.open_session(sampling_params=GREEDY, session_id="replay")
     s.step(A)
-    out = begin_export(a.engine, s.session_id, 30.0)
-    result = wait_import(b.engine, begin_import(b.engine, out.payload), out)
-    finish_export(a.engine, out, ok=True)
+    out = begin_export(a.sessions, s.session_id, 30.0)
+    result = wait_import(b.sessions, begin_import(b.sessions, out.payload), out)
+    finish_export(a.sessions, out, ok=True)
     assert result.blocks_transferred == 2
     with pytest.raises(MigrationError) as e:  # the same offer, again, elsewhere: its transfer is released
-        wait_import(c.engine, begin_import(c.engine, out.payload), out)
+        wait_import(c.sessions, begin_import(c.sessions, out.payload), out)
     assert e.value.code == "released"
     assert_holds_nothing(c, "replay")
     with pytest.raises(MigrationError) as e:  # and where it already lives
-        begin_import(b.engine, out.payload)
+        begin_import(b.sessions, out.payload)
     assert e.value.code == "conflict"
 
 

@@ -11,10 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execstate.session.events import EventQueue
-from execstate.session.lm_events import lm_event_kinds
-from execstate.session.migration_state import check_offer, event_queue, route_rows, sampling_params
-from execstate.session.migration_wire import (
+from execstate.session.lm.events import lm_event_kinds
+from execstate.session.lm.migration_state import check_offer, event_queue, route_rows, sampling_params
+from execstate.session.lm.migration_wire import (
     FORMAT_VERSION,
     MigrationError,
     SessionOffer,
@@ -26,6 +25,7 @@ from execstate.session.migration_wire import (
     decode_offer,
     encode_offer,
 )
+from execstate.session.runtime.events import EventQueue
 
 SECRET = b"wire-test-secret-0123456789"
 VOCAB, MAX_LEN, SHAPE, EXPERTS = 512, 256, (2, 2), 8

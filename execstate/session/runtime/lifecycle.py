@@ -1,9 +1,11 @@
-"""The generic session runtime: lifecycle, step index, event epoch, branch id, checkpoints
+"""One session's lifecycle: status, step index, event epoch, branch id, checkpoints
 (docs/ARCHITECTURE.md 6). Pure Python; it does not know what a step computes.
 
-A session *kind* (the LM kind: ``session/lm_state.py``; a world-model kind next) keeps its state
-in a :class:`KindState` (for an LM: tokens, KV blocks, routes, sampling params, RNG). The runtime
-keeps the rest and enforces the rules:
+Each session kind (the LM kind: ``session/lm/state.py``; the world-model kind:
+``session/world/state.py``) keeps its state in a :class:`KindState`
+(``session/runtime/checkpoint.py``; for an LM: tokens, KV blocks, routes, sampling params, RNG;
+for a world model: its chunks' K/V blocks, carry, noise generator, prompt). The runtime keeps the
+rest and enforces the rules:
 
 Status machine (every other call raises :class:`SessionEventError` with the status's code)::
 
@@ -18,7 +20,7 @@ Status machine (every other call raises :class:`SessionEventError` with the stat
   boundary); ``begin_step``, ``checkpoint``, ``rollback``, ``fork`` in OPEN; ``reset`` in OPEN and
   FAILED; ``close`` always. Refusals: ``busy`` (STEPPING, MIGRATING), ``failed``, ``evicted``,
   ``closed``. While MIGRATING (its state is being sent to another instance,
-  ``session/migration_source.py``) every call but ``close`` is refused, so the state sent is the
+  ``session/lm/migration_source.py``) every call but ``close`` is refused, so the state sent is the
   state left behind.
 - ``step_index`` counts completed steps: the first step is step 1; a checkpoint taken after k
   steps has ``step_index == k`` and rolling back to it re-runs steps k+1, ... .
@@ -40,12 +42,11 @@ from __future__ import annotations
 import enum
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from execstate.identity.keys import BlockKey
 from execstate.identity.session_keys import SessionKey, session_state_key
-from execstate.session.events import Drained, EventAck, EventQueue, QueueSnapshot, SessionEventError
+from execstate.session.runtime.checkpoint import Checkpoint, KindState
+from execstate.session.runtime.events import Drained, EventAck, EventQueue, QueueSnapshot, SessionEventError
 
 T = TypeVar("T")
 
@@ -63,53 +64,10 @@ _REFUSAL = {SessionStatus.STEPPING: "busy", SessionStatus.FAILED: "failed", Sess
             SessionStatus.EVICTED: "evicted", SessionStatus.MIGRATING: "busy"}
 
 
-class Saved(Protocol):
-    """A kind's saved state (inside a checkpoint); ``release`` gives its resources back, once."""
-
-    def release(self) -> None: ...
-
-
-class KindState(Protocol):
-    """What a session kind keeps per session. Contract: ``save`` is cheap (pins, no tensor copy);
-    ``restore`` makes this state equal to ``saved`` (releasing what it held); ``clone`` returns an
-    independent state equal to ``saved`` (or to this state when None) with its own references;
-    ``release`` gives every resource back (called once); ``chain`` is the state's block chain for
-    its key: (the last full block's key or the provenance root, the tokens after it)."""
-
-    def save(self) -> Saved: ...
-
-    def restore(self, saved: Any) -> None: ...
-
-    def clone(self, saved: Any | None) -> KindState: ...
-
-    def release(self) -> None: ...
-
-    def chain(self) -> tuple[BlockKey, list[int]]: ...
-
-
-@dataclass(eq=False)
-class Checkpoint:
-    """A session's state at a step boundary (module docstring)."""
-
-    checkpoint_id: str
-    session_id: str
-    step_index: int
-    event_epoch: int
-    branch_id: str
-    events: QueueSnapshot
-    saved: Saved
-    released: bool = field(default=False, init=False)
-
-    def release(self) -> None:
-        """Give the pinned state back (idempotent)."""
-        if not self.released:
-            self.released = True
-            self.saved.release()
-
-
 class SessionRuntime:
-    """One session's generic state and rules (module docstring). Not thread-safe: the owner (the
-    engine thread, or the offline caller) serialises every call."""
+    """One session's generic state and rules (module docstring). Not thread-safe: its kind's
+    sessions object serialises every call (``session/runtime/sessions.py``: the engine thread for
+    the LM kind, a lock for the world kind)."""
 
     def __init__(self, session_id: str, state: KindState, events: EventQueue, branch_id: str,
                  step_index: int = 0, event_epoch: int = 0, max_event_epoch: int | None = None) -> None:
