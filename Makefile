@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine:
 #   make demo   - set up, prepare the embedded smollm2-moe model, run an R3 rollout
-#   make test   - set up, run the test suite (what CI runs)
+#   make test   - set up, run the test suite (what CI runs, after `make lint`)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -29,8 +29,10 @@ test: setup
 test-slow: setup
 	$(PY) -m pytest -q -m slow
 
+# ruff, then the layer rules and the absence of import cycles (import-linter contracts in pyproject.toml)
 lint: setup
 	$(VENV)/bin/ruff check execstate tests
+	$(VENV)/bin/lint-imports
 
 bench: setup
 	$(PY) -m execstate bench throughput --model standard
