@@ -1,11 +1,13 @@
-"""Fault injection for the transfer path: a test double of the importer (tests and benchmarks only).
+"""Fault injection for the transfer path: an importer that injects faults, for the benchmarks and
+the tests (it lives in ``bench/``, which no serving code imports; ``lint-imports`` checks that).
 
 No production configuration reaches this module: the server's ``kv_connector_extra_config`` has
 no fault key, and :class:`~execstate.transfer.importer.KVImporter` injects nothing. Tests build a
-:class:`FaultyImporter` directly, or make a decode instance build one instead of the real
-importer (:func:`importer_factory` in place of ``execstate.engine.pd_connector.KVImporter``:
-in-process with pytest's ``monkeypatch``, in a server process through the launcher
-``python -m execstate.bench.faulty_serve``, used by the HTTP tests and ``execstate bench pd``).
+:class:`FaultyImporter` directly, or make a decode instance build one instead of the real importer
+through the connector's seam: ``engine.attach_pd(cfg, make_importer=importer_factory(faults))``
+(in-process: the engine tests, the session migration tests, ``execstate bench sessions``), or, in
+a server process, through the launcher ``python -m execstate.bench.faulty_serve`` (the HTTP tests
+and ``execstate bench pd``).
 
 Configured from a dict such as ``{"mode": "corrupt", "every_n": 2}`` (:meth:`FaultInjection.from_dict`).
 The fault fires on every ``every_n``-th load of an importer (1-based count). Modes:
@@ -27,7 +29,7 @@ The fault fires on every ``every_n``-th load of an importer (1-based count). Mod
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from enum import Enum
@@ -36,6 +38,7 @@ from typing import Any
 import msgspec
 import torch
 
+from execstate.engine.pd_connector import ImporterFactory
 from execstate.state.kv_pool import KVPool
 from execstate.transfer.bulk import NixlBulk
 from execstate.transfer.control import ControlClient, ReplyFilter
@@ -183,10 +186,10 @@ class FaultyImporter(KVImporter):
             corrupt_block(self.pool, int(req.dst[j]))
 
 
-def importer_factory(faults: FaultInjection) -> Callable[..., KVImporter]:
-    """A drop-in for the :class:`KVImporter` constructor that builds a :class:`FaultyImporter`."""
+def importer_factory(faults: FaultInjection) -> ImporterFactory:
+    """The connector's ``make_importer`` (``engine/pd_connector.py``) that builds a :class:`FaultyImporter`."""
 
-    def make(*args: Any, **kwargs: Any) -> KVImporter:
-        return FaultyImporter(*args, faults=faults, **kwargs)
+    def make(pool: KVPool, caps: Capabilities, bulk: NixlBulk, timeout_s: float) -> KVImporter:
+        return FaultyImporter(pool, caps, bulk, timeout_s, faults=faults)
 
     return make
