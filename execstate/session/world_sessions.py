@@ -32,7 +32,7 @@ from execstate.model.world.window import RollingWindow
 from execstate.session.events import EventAck, EventQueue, SessionEventError
 from execstate.session.manager import SessionManager
 from execstate.session.runtime import Checkpoint, SessionRuntime, SessionStatus
-from execstate.session.world_events import ACTION, world_event_kinds
+from execstate.session.world_events import ACTION, held_after, world_event_kinds
 from execstate.session.world_state import WorldState, WorldStore, start_history, step_history
 from execstate.session.world_step import (
     WorldStepResult,
@@ -61,6 +61,7 @@ class WorldSessionInfo:
     stepping: bool
     error: str | None
     state_key: str | None  # hex; None once the session ended
+    held_key_after_pending: str | None  # held once the pending events apply (a step in flight's not counted)
 
 
 class WorldSessions:
@@ -237,7 +238,15 @@ class WorldSessions:
                 state.prompt.prompt, state.prompt.version, None if state.held is None else state.held.key,
                 self.blocks_in_use(rt), self.session_blocks, [cp.checkpoint_id for cp in rt.checkpoints],
                 rt.events.last_event_id, rt.events.num_pending, rt.status is SessionStatus.STEPPING, rt.error,
-                rt.state_key().hex() if live else None)
+                rt.state_key().hex() if live else None, self._held_after_pending(rt))
+
+    def _held_after_pending(self, rt: SessionRuntime) -> str | None:
+        """The key held once ``rt``'s pending events apply (``world_events.held_after``)."""
+        state = rt.state
+        assert isinstance(state, WorldState)
+        pending = (e for entry in rt.events.snapshot().pending for e in entry)
+        held = held_after(state.held, pending, self.spec.frames_per_chunk)
+        return None if held is None else held.key
 
     def list(self) -> list[WorldSessionInfo]:
         with self.lock:
