@@ -19,9 +19,9 @@ from execstate.engine.async_engine import Admission, AsyncEngine, EngineDeadErro
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.validation import validate_sampling
 from execstate.serve.errors import OpenAIError, bad_request, param_of
-from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import ServingMetrics
+from execstate.serve.pd.kv_transfer_config import KVTransferConfig
 from execstate.transfer.handoff import Handoff, HandoffError, HandoffTrust, wants_remote_prefill
 
 T = TypeVar("T")

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from execstate.serve.protocol import ErrorInfo, ErrorResponse
+from execstate.serve.openai.protocol import ErrorInfo, ErrorResponse
 
 _TYPES = {s: "invalid_request_error" for s in (400, 401, 404, 413, 429)}
 

@@ -23,7 +23,7 @@ from execstate.serve.limits import ServingLimits, option_name
 
 if TYPE_CHECKING:
     from execstate.engine.llm_engine import LLMEngine
-    from execstate.serve.kv_transfer_config import KVTransferConfig
+    from execstate.serve.pd.kv_transfer_config import KVTransferConfig
 
 log = logging.getLogger("execstate.serve.startup")
 

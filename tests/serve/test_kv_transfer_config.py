@@ -7,7 +7,7 @@ import json
 import pytest
 
 from execstate.cli import build_parser
-from execstate.serve.kv_transfer_config import KVTransferConfig
+from execstate.serve.pd.kv_transfer_config import KVTransferConfig
 from execstate.serve.server import engine_config_from_args, run_server
 
 FULL = {

@@ -1,4 +1,5 @@
-"""The realtime connection's state machine and the session owners, without a model or a server."""
+"""The realtime session owners (which connection holds which session; the grace period), without a model
+or a server. The connection's phases: test_realtime_phases.py."""
 
 from __future__ import annotations
 
@@ -6,81 +7,10 @@ import asyncio
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from execstate.cli import build_parser
-from execstate.serve.realtime_protocol import CLIENT_TYPES, ProtocolError
-from execstate.serve.realtime_registry import SessionOwners
-from execstate.serve.realtime_state import ConnectionState, Phase
-
-ACK_ONLY = {"session.create", "session.resume"}
-MID_STEP = {"event.submit", "response.cancel", "session.get", "session.close"}
-
-
-def refusal(state: ConnectionState, kind: str) -> str | None:
-    try:
-        state.check(kind, "e1")
-    except ProtocolError as e:
-        assert e.event_id == "e1" and e.message
-        return e.code
-    return None
-
-
-def expected(phase: Phase, kind: str) -> str | None:
-    """The rule table of docs/realtime.md, written out independently."""
-    if phase is Phase.GONE:
-        return "connection_closed"
-    if phase is Phase.NO_SESSION:
-        return None if kind in ACK_ONLY else "no_session"
-    if kind in ACK_ONLY:
-        return "session_exists"
-    if phase is Phase.RESPONDING:
-        return None if kind in MID_STEP else "response_in_progress"
-    return "no_response" if kind == "response.cancel" else None
-
-
-def state_in(phase: Phase) -> ConnectionState:
-    s = ConnectionState()
-    if phase in (Phase.READY, Phase.RESPONDING):
-        s.attach("s1", False)
-    if phase is Phase.RESPONDING:
-        s.begin_response("resp-1")
-    if phase is Phase.GONE:
-        s.gone()
-    assert s.phase is phase
-    return s
-
-
-@pytest.mark.parametrize("phase", list(Phase))
-@pytest.mark.parametrize("kind", CLIENT_TYPES)
-def test_every_message_in_every_phase(phase, kind):
-    assert refusal(state_in(phase), kind) == expected(phase, kind)
-
-
-ops = st.lists(st.sampled_from(["attach", "begin", "end", "end_other", "detach", "gone"]), max_size=30)
-
-
-@settings(max_examples=300, deadline=None)
-@given(ops)
-def test_transitions_keep_the_invariants(seq):
-    s = ConnectionState()
-    for op in seq:
-        before = s.phase
-        try:
-            {"attach": lambda: s.attach("s1", True), "begin": lambda: s.begin_response("r"),
-             "end": lambda: s.end_response("r"), "end_other": lambda: s.end_response("other"),
-             "detach": s.detach, "gone": s.gone}[op]()
-        except RuntimeError:
-            assert (op, before) in {("attach", p) for p in Phase if p is not Phase.NO_SESSION} | {
-                ("begin", p) for p in Phase if p is not Phase.READY}
-            assert s.phase is before  # a refused transition changes nothing
-        if before is Phase.GONE:
-            assert s.phase is Phase.GONE  # nothing leaves GONE
-        assert (s.session_id is None) == (s.phase is Phase.NO_SESSION) or s.phase is Phase.GONE
-        assert (s.response_id is not None) == (s.phase is Phase.RESPONDING) or s.phase is Phase.GONE
-        for kind in CLIENT_TYPES:
-            assert refusal(s, kind) == expected(s.phase, kind)
+from execstate.serve.realtime.errors import ProtocolError
+from execstate.serve.realtime.lm.owners import SessionOwners
 
 
 class Closer:

@@ -18,8 +18,8 @@ from execstate.kernels import cpu as cpu_kernels
 from execstate.model.random_models import make_random
 from execstate.model.weights_digest import model_digest
 from execstate.serve import server
-from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
+from execstate.serve.pd.kv_transfer_config import KVTransferConfig
 from execstate.serve.startup_log import FIELDS, StartupInfo, format_startup, startup_lines
 
 SECRET = "sk-do-not-log-7f3a"

@@ -1,39 +1,14 @@
-"""The world connection's state machine and the message parser, without a model or a server
-(the chunk-boundary event rules are the runtime's: tests/session/)."""
+"""The world protocol's message parser, without a model or a server (the connection's phases:
+test_realtime_phases.py; the chunk-boundary event rules are the runtime's: tests/session/)."""
 
 from __future__ import annotations
 
 import pytest
 
-from execstate.serve.world_protocol import SessionStart, WorldProtocolError, parse_client_message
-from execstate.serve.world_state import Phase, WorldConnState
+from execstate.serve.realtime.errors import ProtocolError
+from execstate.serve.realtime.world.messages import WORLD_PROTOCOL, SessionStart
 
-
-def code_of(fn) -> str:
-    with pytest.raises(WorldProtocolError) as info:
-        fn()
-    return info.value.code
-
-
-def test_state_machine():
-    s = WorldConnState()
-    assert code_of(lambda: s.check("key.down", 1)) == "no_session"
-    s.check("session.ping")
-    s.check("session.start")
-    s.started("world-0")
-    assert code_of(lambda: s.check("session.start")) == "session_exists"
-    assert code_of(lambda: s.check("session.resume")) == "not_paused"
-    s.check("key.down")
-    s.paused()
-    assert s.phase is Phase.PAUSED
-    assert code_of(lambda: s.check("session.pause")) == "already_paused"
-    s.check("key.up")  # events queue while paused
-    s.resumed()
-    s.done()
-    assert s.phase is Phase.NO_SESSION and s.request_id is None
-    s.gone()
-    e = pytest.raises(WorldProtocolError, s.check, "session.ping", "x").value
-    assert e.code == "connection_closed" and e.event_id == "x"
+parse_client_message = WORLD_PROTOCOL.parse
 
 
 def test_parse():
@@ -50,6 +25,6 @@ def test_parse():
         ('{"type": "session.start", "extra_params": [1], "event_id": 6}', "invalid_message", 6),
         ("{" + " " * (70 << 10) + "}", "message_too_large", None),
     ]:
-        e = pytest.raises(WorldProtocolError, parse_client_message, frame).value
+        e = pytest.raises(ProtocolError, parse_client_message, frame).value
         assert (e.code, e.event_id) == (code, eid), frame[:60]
         assert e.message

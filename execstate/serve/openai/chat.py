@@ -21,7 +21,8 @@ from starlette.responses import JSONResponse, Response
 from execstate.engine.async_engine import Admission, AsyncEngine
 from execstate.engine.outputs import RequestOutput
 from execstate.serve.context import ServeContext, as_openai_error
-from execstate.serve.convert import (
+from execstate.serve.errors import bad_request
+from execstate.serve.openai.convert import (
     chat_logprobs,
     chat_prompt,
     check_logit_bias,
@@ -29,17 +30,15 @@ from execstate.serve.convert import (
     sampling_params,
     validate_prompts,
 )
-from execstate.serve.errors import bad_request
-from execstate.serve.generation import (
+from execstate.serve.openai.generation import (
     PromptInput,
     SubRequest,
-    encode_routes,
     merged_outputs,
     usage_of,
 )
-from execstate.serve.limit_checks import check_limits
-from execstate.serve.pipeline import run_generation
-from execstate.serve.protocol import (
+from execstate.serve.openai.limit_checks import check_limits
+from execstate.serve.openai.pipeline import run_generation
+from execstate.serve.openai.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatCompletionChunk,
@@ -49,7 +48,8 @@ from execstate.serve.protocol import (
     ChatStreamChoice,
     DeltaMessage,
 )
-from execstate.serve.streaming import sse
+from execstate.serve.openai.streaming import sse
+from execstate.serve.route_rows import encode_routes
 
 
 async def create_chat_completion(ctx: ServeContext, req: ChatCompletionRequest, raw: Request) -> Response:

@@ -23,8 +23,8 @@ from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.tokenizer import Tokenizer
 from execstate.engine.validation import validate_logit_bias, validate_prompt
 from execstate.serve.errors import bad_request, param_of
-from execstate.serve.generation import PromptInput
-from execstate.serve.protocol import (
+from execstate.serve.openai.generation import PromptInput
+from execstate.serve.openai.protocol import (
     ChatCompletionRequest,
     ChatLogprobs,
     ChatTokenLogprob,

@@ -14,14 +14,11 @@ handler, which releases what is left when it is done).
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-import numpy as np
 from starlette.requests import Request
 
 from execstate.engine.async_engine import Admission, AsyncEngine
@@ -29,7 +26,7 @@ from execstate.engine.outputs import RequestOutput
 from execstate.engine.sampling_params import RequestOutputKind, SamplingParams
 from execstate.serve.errors import OpenAIError
 from execstate.serve.metrics import ServingMetrics
-from execstate.serve.protocol import PromptTokensDetails, Usage
+from execstate.serve.openai.protocol import PromptTokensDetails, Usage
 from execstate.transfer.handoff import Handoff
 
 T = TypeVar("T")
@@ -175,12 +172,3 @@ def usage_of(
         prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
         prompt_token_sources=sources,
     )
-
-
-def encode_routes(routes: np.ndarray | None) -> str | None:
-    """R3 over HTTP: base64 of the full ``numpy.save`` bytes (docs/ARCHITECTURE.md 4)."""
-    if routes is None:
-        return None
-    buf = io.BytesIO()
-    np.save(buf, routes, allow_pickle=False)
-    return base64.b64encode(buf.getvalue()).decode("ascii")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from execstate.serve.errors import bad_request
 from execstate.serve.limits import ServingLimits, option_name
-from execstate.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from execstate.serve.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 
 
 def _over(param: str, value: int, limit: str, bound: int, what: str = "") -> None:

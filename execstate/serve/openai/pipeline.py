@@ -29,8 +29,14 @@ from execstate.engine.outputs import RequestOutput
 from execstate.engine.sampling_params import RequestOutputKind, SamplingParams
 from execstate.serve.context import ServeContext, engine_dead, new_request_id
 from execstate.serve.errors import bad_request
-from execstate.serve.generation import PromptInput, SubRequest, cancel_on_disconnect, expand, final_outputs
-from execstate.serve.streaming import SSEResponse
+from execstate.serve.openai.generation import (
+    PromptInput,
+    SubRequest,
+    cancel_on_disconnect,
+    expand,
+    final_outputs,
+)
+from execstate.serve.openai.streaming import SSEResponse
 from execstate.transfer.handoff import Handoff
 
 StreamMaker = Callable[[list[SubRequest], str, Admission], AsyncIterator[str]]

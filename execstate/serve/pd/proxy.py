@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from execstate.serve.errors import OpenAIError, install_error_handlers
-from execstate.serve.proxy_metrics import ProxyMetrics, ProxyRecord
+from execstate.serve.pd.proxy_metrics import ProxyMetrics, ProxyRecord
 from execstate.transfer.handoff import HandoffError, HandoffTrust, resolve_secret, wants_remote_prefill
 
 _FORWARD_HEADERS = ("authorization", "content-type")

@@ -11,7 +11,7 @@ the source closes its session (200: ``{"status": "migrated", "target", "session_
 "num_tokens", "blocks_transferred", "blocks_from_cache", "blocks_recomputed", "tokens_recomputed",
 "kv_bytes", "target_seconds", "seconds", "checkpoints_dropped"}``), or, on any failure, serves it
 again and answers the error (``code``: the target's code, ``unreachable``, ``timeout``, ...;
-status as ``sessions_http.STATUS``; the message says the session is still served here). The
+status as ``errors.STATUS``; the message says the session is still served here). The
 client then talks to the target with the same session id.
 
 The migration runs in its own task: a client that disconnects does not cut it short (the
@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict
 
 from execstate.serve.context import ServeContext
 from execstate.serve.errors import OpenAIError
+from execstate.serve.sessions.errors import http_status
 from execstate.session.migration_source import Outgoing, begin_export, finish_export
 from execstate.session.migration_target import ImportHandle, MigrationResult, begin_import
 from execstate.session.migration_wire import MigrationError, decode_offer
@@ -111,7 +112,7 @@ def install_migration_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Aw
             try:  # decoded and its signature checked in a worker, off the engine thread and the event loop
                 data_or_decoded = await ctx.in_worker(decode_offer, data, pd.secret)
             except MigrationError as e:
-                raise OpenAIError(_status(e.code), e.message, code=e.code) from None
+                raise OpenAIError(http_status(e.code), e.message, code=e.code) from None
         handle: ImportHandle = await call(engine.run_on_engine(lambda e: begin_import(e, data_or_decoded)))
         fut = asyncio.wrap_future(handle.future)
         try:
@@ -121,17 +122,11 @@ def install_migration_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Aw
             raise OpenAIError(504, "the session could not be imported before the offer's commit deadline",
                               code="timeout") from None
         except MigrationError as e:
-            raise OpenAIError(_status(e.code), e.message, code=e.code) from None
+            raise OpenAIError(http_status(e.code), e.message, code=e.code) from None
         return JSONResponse(result_json(result))
 
 
 _LOCAL = {"timeout": 504, "unsupported": 501, "unreachable": 502}
-
-
-def _status(code: str) -> int:
-    from execstate.serve.sessions_http import STATUS
-
-    return STATUS.get(code, 502)
 
 
 async def _send(engine: Any, out: Outgoing, base: str, api_key: str | None) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """A minimal HTTP API for LM sessions, and session migration between servers (issue 8).
 
 The realtime WebSocket (``/v1/realtime``) is the full session API; these endpoints cover what a
-client needs without it, and the migration (``serve/session_migration_http.py``):
+client needs without it, and the migration (``migration.py``):
 
 - ``POST /v1/sessions`` ``{"session_id"?, "sampling"?: {SamplingParams fields}, "priority"?,
   "cache_salt"?}`` -> the session's info (``SessionInfo`` fields);
@@ -11,21 +11,17 @@ client needs without it, and the migration (``serve/session_migration_http.py``)
 - ``POST /v1/sessions/{id}/step`` ``{"input"?: [ids] | "text", "max_tokens"?, "return_routes"?}``
   -> the ``StepResult`` (``routed_experts``: base64 ``.npy`` of the step's rows when asked);
 - ``DELETE /v1/sessions/{id}`` -> ``{"closed": true}``;
-- ``POST /v1/sessions/{id}/migrate`` and ``POST /v1/sessions/import``: see
-  ``serve/session_migration_http.py``.
+- ``POST /v1/sessions/{id}/migrate`` and ``POST /v1/sessions/import``: see ``migration.py``.
 
-Errors are OpenAI-style bodies whose ``code`` is the session error's code (:data:`STATUS` gives
-the HTTP status of each). The API key applies (``/v1``).
+Errors are OpenAI-style bodies whose ``code`` is the session error's code (``errors.py``'s
+``STATUS`` gives the HTTP status of each). The API key applies (``/v1``).
 """
 
 from __future__ import annotations
 
-import base64
-import io
 from dataclasses import asdict
 from typing import Any
 
-import numpy as np
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
@@ -35,18 +31,13 @@ from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.serve.context import ServeContext, engine_dead
 from execstate.serve.errors import OpenAIError
+from execstate.serve.route_rows import encode_routes
+from execstate.serve.sessions.errors import session_error
+from execstate.serve.sessions.migration import install_migration_routes
 from execstate.session.async_sessions import AsyncSessions
 from execstate.session.events import SessionEventError
 from execstate.session.lm_events import SAMPLING_FIELDS
 from execstate.session.lm_step import StepResult
-
-STATUS = {
-    "invalid": 400, "unauthorized": 403, "not_found": 404, "busy": 409, "conflict": 409, "failed": 409,
-    "stale_state": 409, "incompatible": 409, "stale": 409, "closed": 410, "evicted": 410, "capacity": 429,
-    "backpressure": 429, "unsupported": 501, "timeout": 504, "internal": 500,
-}
-"""HTTP status of each session / migration error code; any other code (a transfer error, a
-``route_mismatch``, ``unreachable``, ``refused``) is 502: the other instance or the path to it failed."""
 
 
 class OpenBody(BaseModel):
@@ -71,16 +62,6 @@ class EventBody(BaseModel):
     data: Any = None
 
 
-def session_error(e: SessionEventError) -> OpenAIError:
-    return OpenAIError(STATUS.get(e.code, 502), e.message, code=e.code)
-
-
-def npy_b64(rows: np.ndarray) -> str:
-    buf = io.BytesIO()
-    np.save(buf, rows)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
 def sampling_from_json(fields: dict[str, Any] | None) -> SamplingParams:
     """``SamplingParams`` from a JSON object (``logit_bias`` keys may be strings); 400 when bad."""
     fields = dict(fields or {})
@@ -99,14 +80,12 @@ def sampling_from_json(fields: dict[str, Any] | None) -> SamplingParams:
 def step_json(r: StepResult, routes: bool) -> dict[str, Any]:
     out = {k: v for k, v in asdict(r).items() if k not in ("routed_experts", "logprobs")}
     if routes and r.routed_experts is not None:
-        out["routed_experts"] = npy_b64(r.routed_experts)
+        out["routed_experts"] = encode_routes(r.routed_experts)
     return out
 
 
 def install_session_routes(app: FastAPI, ctx: ServeContext, api_key: str | None = None) -> AsyncSessions:
     """Add the session endpoints (and the migration's) to ``app``; returns its ``AsyncSessions``."""
-    from execstate.serve.session_migration_http import install_migration_routes
-
     sessions = AsyncSessions(ctx.engine)
     app.state.sessions = sessions
 
@@ -130,8 +109,7 @@ def install_session_routes(app: FastAPI, ctx: ServeContext, api_key: str | None 
         out = asdict(await call(sessions.info(session_id)))
         out["token_ids"] = await call(sessions.token_ids(session_id))
         if routes:
-            rows = await call(sessions.routed_experts(session_id))
-            out["routed_experts"] = None if rows is None else npy_b64(rows)
+            out["routed_experts"] = encode_routes(await call(sessions.routed_experts(session_id)))
         return JSONResponse(out)
 
     @app.post("/v1/sessions/{session_id}/events")

@@ -36,8 +36,9 @@ from execstate.agent.delegation import RegexPolicy, Rule
 from execstate.agent.front import DEFAULT_FRONT_PARAMS
 from execstate.agent.turn_policy import TurnConfig
 from execstate.engine.sampling_params import SamplingParams
-from execstate.serve.agent_protocol import AgentSessionConfig, DelegationSettings, server_event
-from execstate.serve.realtime_protocol import error_event
+from execstate.serve.realtime.agent.messages import AgentSessionConfig, DelegationSettings
+from execstate.serve.realtime.errors import error_event
+from execstate.serve.realtime.messages import server_event
 from execstate.session.events import SessionEventError
 
 FRONT_SAMPLING_FIELDS = frozenset({"temperature", "top_p", "top_k", "min_p", "seed"})

@@ -1,16 +1,15 @@
-"""``/v1/realtime/agent``: the agent WebSocket (messages: ``agent_protocol.py``; docs/agent-protocol.md).
+"""``/v1/realtime/agent``: the agent WebSocket (messages: ``messages.py``; docs/agent-protocol.md).
 
 Each connection drives one full-duplex agent (``agent/duplex.py``): the front is an LM session of
-the served model (interactive priority), the back end is the server's tools (``agent_tools.py``)
+the served model (interactive priority), the back end is the server's tools (``tools.py``)
 plus the back-end model as the tool ``reason`` (``--agent-back-model``, else the served model at
 batch priority), and any tools the client runs itself. ``/v1/realtime`` (LM sessions) is unchanged.
 
-The transport is the realtime socket's (``realtime.py``): a reader queues frames, a processor
-hands them one at a time to ``AgentConnection.handle``, a single writer sends (``Outbox``), with the
-same abuse limits (1 MiB messages, 256 unprocessed messages, 1024 unsent events: a client that does
-not read slows only its own agent, which stops with an ``overflow`` error past its event bound).
-Several agents run at once, each in its own session; one connection's failure never reaches
-another's. The API key and subprotocol are as for ``/v1/realtime``.
+The socket loop is the framework's (``serve/realtime/``), with ``/v1/realtime``'s limits (1 MiB
+messages, 256 unprocessed messages, 1024 unsent events: a client that does not read slows only its
+own agent, which stops with an ``overflow`` error past its event bound). Several agents run at
+once, each in its own session; one connection's failure never reaches another's. The API key and
+subprotocol are as for ``/v1/realtime``.
 
 When the socket goes, the message being handled is finished, the rest dropped, and the agent is
 closed: its front session released, its back-end tasks cancelled, or, if the client asked
@@ -21,38 +20,27 @@ nowhere: an agent does not outlive its connection).
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Coroutine
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.websockets import WebSocket
 
 from execstate.agent.backend import ModelTool
 from execstate.agent.duplex import DuplexAgent
 from execstate.agent.front import FrontModel, SessionFront
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.sampling_params import SamplingParams
-from execstate.serve.agent_conn import AgentConnection
-from execstate.serve.agent_tools import AgentTools
 from execstate.serve.context import ServeContext
-from execstate.serve.realtime import (
-    MAX_UNSENT_EVENTS,
-    SUBPROTOCOL,
-    WRITER_DRAIN_S,
-    Outbox,
-    _Frame,
-    _process,
-    _read,
-    _write,
-)
+from execstate.serve.realtime.agent.handlers import AgentHandlers
+from execstate.serve.realtime.agent.messages import AGENT_PROTOCOL
+from execstate.serve.realtime.agent.tools import AgentTools
+from execstate.serve.realtime.connection import Peer
+from execstate.serve.realtime.endpoint import Endpoint, mount
 from execstate.session.async_sessions import AsyncSessions
 
 PATH = "/v1/realtime/agent"
 BACK_MODEL_TOOL = "reason"
 BACK_MODEL_MAX_TOKENS = 32
-
-logger = logging.getLogger(__name__)
 
 
 class TaskKeeper:
@@ -87,43 +75,20 @@ class AgentServer:
             self.tools.register(BACK_MODEL_TOOL, ModelTool(self.back_engine, max_tokens=BACK_MODEL_MAX_TOKENS))
         self.keeper = TaskKeeper()
         self.agents: dict[str, DuplexAgent] = {}  # live agents by front session id
-        self.num_connections = 0
+        self.endpoint = Endpoint(AGENT_PROTOCOL, self.handlers)
 
     async def open_front(self, instructions: str, params: SamplingParams) -> tuple[FrontModel, str]:
         """A front for a new agent: an LM session of the served model (interactive priority); (front, its id)."""
         front = await SessionFront.open(self.engine, instructions, params, sessions=self.sessions)
         return front, front.session_id
 
-    async def endpoint(self, ws: WebSocket) -> None:
-        offered = ws.scope.get("subprotocols") or []
-        await ws.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-        self.num_connections += 1
-        outbox = Outbox(MAX_UNSENT_EVENTS)
-        conn = AgentConnection(self, outbox.put)
-        inbox: asyncio.Queue[_Frame | None] = asyncio.Queue()
-        pending = [0, 0]
-        writer = asyncio.create_task(_write(ws, outbox))
-        processor = asyncio.create_task(_process(conn, inbox, pending))  # type: ignore[arg-type]
-        try:
-            await _read(ws, inbox, pending, outbox)
-        finally:
-            await asyncio.shield(self._end(conn, inbox, processor, outbox, writer))
+    def handlers(self, peer: Peer) -> AgentHandlers:
+        """The handlers of one new connection."""
+        return AgentHandlers(peer, self)
 
-    async def _end(self, conn: AgentConnection, inbox: asyncio.Queue[_Frame | None], processor: asyncio.Task[None],
-                   outbox: Outbox, writer: asyncio.Task[None]) -> None:
-        conn.disconnected()
-        inbox.put_nowait(None)
-        await asyncio.wait({processor})
-        try:
-            await conn.close()
-        except Exception:  # noqa: BLE001 - a failed close must not keep the connection counted
-            logger.exception("agent: closing the agent of a dropped connection failed")
-        await outbox.finish()
-        try:
-            await asyncio.wait_for(writer, WRITER_DRAIN_S)
-        except TimeoutError:
-            logger.debug("agent: the client did not read its last events")
-        self.num_connections -= 1
+    @property
+    def num_connections(self) -> int:
+        return self.endpoint.num_connections
 
 
 def install_agent(app: FastAPI, ctx: ServeContext, back_engine: AsyncEngine | None = None) -> AgentServer:
@@ -131,5 +96,5 @@ def install_agent(app: FastAPI, ctx: ServeContext, back_engine: AsyncEngine | No
     tools on ``app.state.agent.tools``)."""
     server = AgentServer(ctx, back_engine)
     app.state.agent = server
-    app.add_api_websocket_route(PATH, server.endpoint)
+    mount(app, PATH, server.endpoint)
     return server

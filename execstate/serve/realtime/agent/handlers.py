@@ -1,19 +1,21 @@
-"""One agent connection: client frames in, server events out, over a ``DuplexAgent``.
+"""The handlers of ``/v1/realtime/agent`` (one full-duplex ``DuplexAgent`` per connection).
 
-No server needed: the endpoint (``agent_ws.py``) feeds every frame to ``handle`` in arrival order
-(one at a time) and sends what ``emit`` receives, in order. Contract:
+The framework (``serve/realtime/connection.py``) decodes each frame, checks the phase
+(``messages.py``'s ``PHASES``), calls the message's handler here, in arrival order and one at a
+time, and turns what a handler raises into an ``error`` event (an agent's ledger errors with
+their wire codes: ``messages.py``'s ``ERRORS``). Contract:
 
 - A message is acted on at once (``feed``, ``cancel``, ``truncate`` ... take effect in the agent's
-  state before ``handle`` returns); the agent's own events (turns, responses, deltas,
+  state before its handler returns); the agent's own events (turns, responses, deltas,
   delegations) are forwarded by a *pump* task as the agent produces them, each followed for a
   ``response.done`` by a ``usage`` event. Acknowledgements carry the client's ``event_id``;
   every refusal is an ``error`` with a code, the ``event_id`` and a message naming the problem.
-- Server tools run as tasks the server's ``TaskKeeper`` holds (``agent_ws.py``): cancelling a
+- Server tools run as tasks the server's ``TaskKeeper`` holds (``endpoint.py``): cancelling a
   delegation cancels its task, unless the agent is being closed with its tasks kept
   (``keep_tasks_on_disconnect`` on a disconnect, ``session.close`` with ``cancel_tasks: false``):
   then the task runs on, detached, and its result goes nowhere. Client tools' delegations are
   cancelled whenever the agent closes (no one is left to answer them).
-- ``close()`` (after the last ``handle``, the socket gone) closes the agent: its front session is
+- ``close()`` (after the last message, the socket gone) closes the agent: its front session is
   released, its response in flight cancelled, its back-end tasks cancelled or kept as asked.
 """
 
@@ -32,10 +34,9 @@ import msgspec
 from execstate.agent.agent_events import ErrorEvent, ResponseDone
 from execstate.agent.backend import Backend
 from execstate.agent.config import AgentConfig
-from execstate.agent.duplex import AgentError, DuplexAgent
-from execstate.agent.ledger import DelegationState, LedgerError
-from execstate.engine.async_engine import EngineDeadError
-from execstate.serve.agent_convert import (
+from execstate.agent.duplex import DuplexAgent
+from execstate.agent.ledger import DelegationState
+from execstate.serve.realtime.agent.convert import (
     agent_config,
     check_instructions,
     delegation_policy,
@@ -44,8 +45,11 @@ from execstate.serve.agent_convert import (
     invalid,
     session_json,
 )
-from execstate.serve.agent_protocol import (
+from execstate.serve.realtime.agent.messages import (
+    CLOSE,
+    END,
     FIXED_FIELDS,
+    OPEN,
     AgentSessionConfig,
     DelegationCancel,
     DelegationResultSubmit,
@@ -56,75 +60,38 @@ from execstate.serve.agent_protocol import (
     SessionClose,
     SessionCreate,
     SessionUpdate,
-    parse_client_message,
-    server_event,
-    type_of,
 )
-from execstate.serve.agent_state import AgentConnState, Phase
-from execstate.serve.realtime_protocol import ProtocolError, error_event
-from execstate.session.events import SessionEventError
+from execstate.serve.realtime.connection import Handler, Peer
+from execstate.serve.realtime.errors import SERVER_ERROR, ProtocolError
+from execstate.serve.realtime.messages import server_event
 
-Emit = Callable[[dict[str, Any]], Awaitable[None]]
 DEFAULT_INSTRUCTIONS = "A helpful voice assistant talks with a user."
-LEDGER_CODES = {"unknown": "unknown_delegation", "duplicate": "duplicate_result", "late": "late_result"}
 STOPPING = ("front_failed", "overflow")  # agent errors after which the agent has stopped
 
 logger = logging.getLogger(__name__)
 
 
-class AgentConnection:
-    def __init__(self, server: Any, emit: Emit) -> None:
+class AgentHandlers:
+    def __init__(self, peer: Peer, server: Any) -> None:
         """``server``: the ``AgentServer`` (``open_front``, ``tools``, ``keeper``, ``agents``, ``model_name``)."""
+        self.peer = peer
+        self.emit = peer.emit
+        self.state = peer.state
         self.server = server
-        self.emit = emit
-        self.state = AgentConnState()
         self.agent: DuplexAgent | None = None
         self.runners: dict[str, str] = {}  # enabled tool -> "server" | "client"
         self.rules: list[dict[str, Any]] = []
         self.keep_tasks = False
         self._detaching = False
         self._pump: asyncio.Task[None] | None = None
-        self._handlers: dict[type, Callable[[Any], Awaitable[None]]] = {
+        self.routes: dict[type, Handler] = {
             SessionCreate: self._create, SessionUpdate: self._update, SessionClose: self._close,
             InputAppend: self._append, ResponseCancel: self._cancel, ItemTruncate: self._truncate,
             DelegationCancel: self._cancel_delegation, DelegationResultSubmit: self._submit, ItemCreate: self._submit,
         }
 
-    # -- the connection's life --------------------------------------------------------------------
-    async def handle(self, frame: str | bytes, binary: bool = False) -> None:
-        if self.state.phase is Phase.GONE:
-            return
-        event_id = None
-        try:
-            if binary:
-                raise ProtocolError("invalid_message", "binary frames are not accepted: send each message as "
-                                    "one JSON text frame")
-            msg = parse_client_message(frame)
-            event_id = msg.event_id
-            self.state.check(type_of(msg), event_id)
-            await self._handlers[type(msg)](msg)
-        except ProtocolError as e:
-            await self.emit(error_event(e.code, e.message, e.event_id))
-        except (SessionEventError, AgentError) as e:
-            await self.emit(error_event(e.code, e.message, event_id))
-        except LedgerError as e:
-            await self.emit(error_event(LEDGER_CODES.get(e.code, e.code), e.message, event_id))
-        except EngineDeadError as e:
-            await self.emit(error_event("engine_dead", f"the engine is not serving: {e}", event_id, "server_error"))
-        except Exception as e:  # a bug: reported to this client; the connection and the server go on
-            logger.exception("agent: unexpected error handling a message")
-            await self.emit(error_event("server_error", f"internal error: {e!r}", event_id, "server_error"))
-
-    async def reject(self, error: ProtocolError) -> None:
-        if self.state.phase is not Phase.GONE:
-            await self.emit(error_event(error.code, error.message, error.event_id))
-
-    def disconnected(self) -> None:
-        self.state.gone()
-
     async def close(self) -> None:
         """The socket is gone: close the agent, keeping its tasks if the client asked."""
-        self.state.gone()
         if self.agent is not None:
             await self._shutdown(cancel_tasks=not self.keep_tasks)
 
@@ -152,7 +119,7 @@ class AgentConnection:
         await agent.start()
         self.agent, self.runners, self.keep_tasks = agent, runners, bool(s.keep_tasks_on_disconnect)
         self.rules = _rules_json(s)
-        self.state.open(sid)
+        self.state.move(OPEN, session_id=sid)
         self.server.agents[sid] = agent
         await self.emit(server_event("session.created", msg.event_id, session=self._session_json()))
         self._pump = asyncio.create_task(self._forward(agent), name=f"agent-pump:{sid}")
@@ -172,7 +139,7 @@ class AgentConnection:
         await self.emit(server_event("session.updated", msg.event_id, session=self._session_json()))
 
     async def _close(self, msg: SessionClose) -> None:
-        sid = self.state.session_id
+        sid = self.state.values["session_id"]
         await self._shutdown(msg.cancel_tasks)
         await self.emit(server_event("session.closed", msg.event_id, session_id=sid))
 
@@ -180,7 +147,7 @@ class AgentConnection:
         """Close the agent: the front released, client-tool delegations cancelled, server tasks
         cancelled or detached; every event it still emits forwarded before this returns."""
         agent, self.agent = self._agent(), None
-        self.server.agents.pop(self.state.session_id, None)
+        self.server.agents.pop(self.state.values["session_id"], None)
         for did in agent.ledger.open_ids():
             if self.runners.get(agent.ledger.get(did).tool) == "client":
                 agent.cancel_delegation(did)
@@ -189,7 +156,7 @@ class AgentConnection:
         if self._pump is not None:
             await self._pump
             self._pump = None
-        self.state.closed()
+        self.state.move(CLOSE)
 
     # -- input and responses --------------------------------------------------------------------------
     async def _append(self, msg: InputAppend) -> None:
@@ -265,11 +232,11 @@ class AgentConnection:
                                                  output_tokens=len(r.token_ids) if r is not None else 0,
                                                  context_tokens=len(agent.transcript.token_ids)))
                 elif isinstance(ev, ErrorEvent) and ev.code in STOPPING:
-                    self.state.ended()
+                    self.state.move(END)
         except Exception as e:  # a bug: the client is told, the agent stops, the server goes on
             logger.exception("agent: forwarding an event failed")
-            self.state.ended()
-            await self.emit(error_event("server_error", f"internal error: {e!r}", None, "server_error"))
+            self.state.move(END)
+            await self.peer.emit_error(ProtocolError("server_error", f"internal error: {e!r}", None, SERVER_ERROR))
             with contextlib.suppress(Exception):
                 await agent.close(cancel_tasks=not self.keep_tasks)
 
@@ -293,8 +260,9 @@ class AgentConnection:
 
     def _session_json(self) -> dict[str, Any]:
         agent = self._agent()
-        assert self.state.session_id is not None
-        return session_json(self.state.session_id, self.server.model_name, agent.config, self.runners, self.rules,
+        sid = self.state.values["session_id"]
+        assert sid is not None
+        return session_json(sid, self.server.model_name, agent.config, self.runners, self.rules,
                             self.keep_tasks)
 
 

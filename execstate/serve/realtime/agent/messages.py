@@ -20,9 +20,24 @@ Client -> server:
                                  call_id, output}
 ===============================  ====================================================================
 
-``parse_client_message`` returns a typed message or raises ``ProtocolError`` (codes
-``invalid_message``, ``unknown_type``, ``message_too_large``) that still carries the frame's
-``event_id`` when it could be read.
+Each message is a struct below (listed in ``MESSAGES``); ``PHASES`` says which a connection acts
+on when; ``AGENT_PROTOCOL`` puts them together for the framework (``serve/realtime/``), which
+answers malformed frames (``invalid_message``, ``unknown_type``, ``message_too_large``). The
+handlers are ``handlers.py``.
+
+Phases (a connection drives at most one agent at a time)::
+
+    NO_SESSION --session.created--> ACTIVE --session.closed--> NO_SESSION
+    ACTIVE --the agent stopped by itself (front failed, events overflowed)--> ENDED
+    ENDED --session.closed--> NO_SESSION
+    any --disconnect--> GONE
+
+Refusals (an ``error`` event; the connection stays): ``no_session`` (anything but
+``session.create`` while no agent is open), ``session_exists`` (``session.create`` while one is
+open: send ``session.close`` first), ``session_ended`` (anything but ``session.close`` once the
+agent stopped by itself: its ``error`` event said why), ``connection_closed`` (after the socket
+went). Whether a response is in flight is the agent's business (``response.cancel`` without one
+gets ``no_response`` from the handler), since responses start and end on the agent's own clock.
 """
 
 from __future__ import annotations
@@ -31,13 +46,12 @@ from typing import Any
 
 import msgspec
 
-from execstate.serve.realtime_protocol import decode_client_message
-
-EventId = int | str | None
-
-
-class _Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, omit_defaults=True):
-    pass
+from execstate.agent.duplex import AgentError
+from execstate.agent.ledger import LedgerError
+from execstate.serve.realtime.errors import ErrorRule, EventId, ProtocolError
+from execstate.serve.realtime.messages import Message, MessageTable
+from execstate.serve.realtime.phases import Move, Phase, PhaseTable, Refusal
+from execstate.serve.realtime.protocol import RealtimeProtocol
 
 
 class _Obj(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -101,34 +115,34 @@ class AgentSessionConfig(_Obj):
 FIXED_FIELDS = ("instructions", "sampling", "tools", "client_tools")
 
 
-class SessionCreate(_Msg, tag="session.create"):
+class SessionCreate(Message, tag="session.create"):
     session: AgentSessionConfig = msgspec.field(default_factory=AgentSessionConfig)
     event_id: EventId = None
 
 
-class SessionUpdate(_Msg, tag="session.update"):
+class SessionUpdate(Message, tag="session.update"):
     session: AgentSessionConfig
     event_id: EventId = None
 
 
-class SessionClose(_Msg, tag="session.close"):
+class SessionClose(Message, tag="session.close"):
     cancel_tasks: bool = True
     event_id: EventId = None
 
 
-class InputAppend(_Msg, tag="input_text.append"):
+class InputAppend(Message, tag="input_text.append"):
     text: str
     t: float | None = None  # seconds on the agent clock (since session.created); None: now
     event_id: EventId = None
 
 
-class ResponseCancel(_Msg, tag="response.cancel"):
+class ResponseCancel(Message, tag="response.cancel"):
     cancel_tasks: bool = False
     response_id: str | None = None  # as OpenAI: when given, it must be the response in flight
     event_id: EventId = None
 
 
-class ItemTruncate(_Msg, tag="conversation.item.truncate"):
+class ItemTruncate(Message, tag="conversation.item.truncate"):
     item_id: str
     audio_end_ms: float | None = None
     played_chars: int | None = None
@@ -136,12 +150,12 @@ class ItemTruncate(_Msg, tag="conversation.item.truncate"):
     event_id: EventId = None
 
 
-class DelegationCancel(_Msg, tag="delegation.cancel"):
+class DelegationCancel(Message, tag="delegation.cancel"):
     delegation_id: str
     event_id: EventId = None
 
 
-class DelegationResultSubmit(_Msg, tag="delegation.result.submit"):
+class DelegationResultSubmit(Message, tag="delegation.result.submit"):
     delegation_id: str
     output: str
     event_id: EventId = None
@@ -152,29 +166,33 @@ class FunctionCallOutput(_Obj, tag_field="type", tag="function_call_output"):
     output: str
 
 
-class ItemCreate(_Msg, tag="conversation.item.create"):
+class ItemCreate(Message, tag="conversation.item.create"):
     item: FunctionCallOutput
     event_id: EventId = None
 
 
-ClientMessage = (
-    SessionCreate | SessionUpdate | SessionClose | InputAppend | ResponseCancel | ItemTruncate | DelegationCancel
-    | DelegationResultSubmit | ItemCreate
+MESSAGES = MessageTable(
+    SessionCreate, SessionUpdate, SessionClose, InputAppend, ResponseCancel, ItemTruncate, DelegationCancel,
+    DelegationResultSubmit, ItemCreate,
 )
-CLIENT_TYPES = tuple(sorted(t.__struct_config__.tag for t in ClientMessage.__args__))  # type: ignore[attr-defined]
-_DECODER = msgspec.json.Decoder(ClientMessage)
 
+SESSION_EXISTS = Refusal("session_exists", "{type}: this connection already has agent session {session_id!r}; "
+                         "send session.close first")
+NO_SESSION = Phase("no_session", allow=frozenset({"session.create"}), otherwise=Refusal(
+    "no_session", "{type}: no agent session on this connection; send session.create first"))
+ACTIVE = Phase("active", refuse={"session.create": SESSION_EXISTS})
+ENDED = Phase("ended", refuse={"session.create": SESSION_EXISTS}, allow=frozenset({"session.close"}),
+              otherwise=Refusal("session_ended", "{type}: agent session {session_id!r} has stopped (see its error "
+                                "event); send session.close"))
+OPEN = Move("open", frozenset({NO_SESSION}), ACTIVE, strict=True)  # session.created
+END = Move("end", frozenset({ACTIVE}), ENDED)  # the agent stopped by itself
+CLOSE = Move("close", None, NO_SESSION)  # session.closed
+PHASES = PhaseTable(NO_SESSION, (NO_SESSION, ACTIVE, ENDED), (OPEN, END, CLOSE), values=("session_id",))
 
-def parse_client_message(frame: str | bytes) -> ClientMessage:
-    """A typed client message, or ``ProtocolError`` naming what is wrong (with the frame's
-    ``event_id`` when it could be read)."""
-    return decode_client_message(_DECODER, CLIENT_TYPES, frame)
+LEDGER_CODES = {"unknown": "unknown_delegation", "duplicate": "duplicate_result", "late": "late_result"}
+ERRORS = (
+    ErrorRule(AgentError, lambda e, event_id: ProtocolError(e.code, e.message, event_id)),
+    ErrorRule(LedgerError, lambda e, event_id: ProtocolError(LEDGER_CODES.get(e.code, e.code), e.message, event_id)),
+)
 
-
-def type_of(msg: ClientMessage) -> str:
-    return msg.__struct_config__.tag  # type: ignore[return-value]
-
-
-def server_event(event_type: str, event_id: EventId = None, /, **fields: Any) -> dict[str, Any]:
-    """A server event: ``type``, the ``event_id`` of the client message it answers (None if none), fields."""
-    return {"type": event_type, "event_id": event_id, **fields}
+AGENT_PROTOCOL = RealtimeProtocol("agent", MESSAGES, PHASES, errors=ERRORS)

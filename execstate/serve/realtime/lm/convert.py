@@ -6,11 +6,11 @@ engine work): ``session_params`` (``session.create``'s ``sampling`` and ``max_to
 ``event_data`` (the same key conversion inside ``sampling`` events, also as composite parts),
 ``step_input`` (``response.create``'s ``input``).
 
-Outbound: every server event is a plain dict (``server_event``) whose ``event_id`` is the id of
-the client message it answers (``None`` for ``response.delta``); ``session_json`` is a
-``SessionInfo``; ``response_json`` the ``response`` object of ``response.created`` /
-``response.done`` (``done_json``). Route rows travel as base64 of ``numpy.save`` bytes, as over HTTP
-(``generation.encode_routes``).
+Outbound: every server event is a plain dict (the framework's ``server_event``) whose ``event_id``
+is the id of the client message it answers (``None`` for ``response.delta``); ``session_json`` is
+a ``SessionInfo``; ``response_json`` the ``response`` object of ``response.created`` /
+``response.done`` (``done_json``). Route rows travel as base64 of ``numpy.save`` bytes, as over
+HTTP (``serve/route_rows.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from execstate.engine.cache_salt import check_cache_salt
 from execstate.engine.outputs import Logprob
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE
-from execstate.serve.realtime_protocol import ClientEventId, SessionConfig
+from execstate.serve.realtime.lm.messages import SessionConfig
 from execstate.session.events import COMPOSITE, SessionEventError
 from execstate.session.lm_events import SAMPLING, SAMPLING_FIELDS
 from execstate.session.lm_sessions import SessionInfo
@@ -102,10 +102,6 @@ def _json_sampling(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # -- outbound -----------------------------------------------------------------------------------------
-def server_event(kind: str, event_id: ClientEventId, /, **fields: Any) -> dict[str, Any]:
-    return {"type": kind, "event_id": event_id, **fields}
-
-
 def session_json(info: SessionInfo, return_routes: bool) -> dict[str, Any]:
     out = dataclasses.asdict(info)
     out["return_routes"] = return_routes

@@ -1,7 +1,8 @@
-"""One realtime connection: client frames in, server events out, over ``AsyncSessions``.
+"""The handlers of ``/v1/realtime`` (LM sessions over ``AsyncSessions``): one per message struct.
 
-No server needed: the WebSocket endpoint (``realtime.py``) feeds every frame to ``handle`` in
-arrival order (one at a time) and sends what ``emit`` receives, in order. Contract:
+The framework (``serve/realtime/connection.py``) decodes each frame, checks the phase
+(``messages.py``'s ``PHASES``), calls the message's handler here, in arrival order and one at a
+time, and turns what a handler raises into an ``error`` event. Contract:
 
 - Every client message gets at least one answer carrying its ``event_id``: its acknowledgement,
   ``response.created`` (then ``response.delta``\\ s and exactly one ``response.done``), or an
@@ -12,12 +13,12 @@ arrival order (one at a time) and sends what ``emit`` receives, in order. Contra
   submitted before it), so an ``event.submit`` sent after ``response.create`` is applied at the
   next step, as offline. The step then streams from its own task while ``handle`` takes the next
   messages (``event.submit``, ``response.cancel``, ``session.get``, ``session.close`` work
-  mid-step; the rest get ``response_in_progress``: ``realtime_state.py``).
+  mid-step; the rest get ``response_in_progress``: ``messages.py``).
 - ``response.done`` carries ``status`` ``completed`` / ``cancelled`` (``response.cancel``, or the
   session closed mid-step) / ``failed`` (the step failed: the session is FAILED, only
   ``session.reset`` and ``session.close`` work); its ``token_ids`` are the concatenation of the
   response's deltas.
-- ``close()`` (after the last ``handle``, when the socket is gone): the response in progress is
+- ``close()`` (after the last message, when the socket is gone): the response in progress is
   cancelled and awaited, then ``SessionOwners.disconnect`` closes or detaches the connection's
   sessions. A message being handled is never interrupted, so no session opened or forked for this
   connection is lost.
@@ -29,28 +30,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from execstate.engine.async_engine import EngineDeadError
-from execstate.serve.generation import encode_routes
-from execstate.serve.realtime_convert import (
+from execstate.serve.realtime.connection import Handler, Peer
+from execstate.serve.realtime.lm.convert import (
     done_json,
     event_data,
     invalid,
     response_json,
-    server_event,
     session_json,
     session_options,
     session_params,
     step_input,
 )
-from execstate.serve.realtime_protocol import (
+from execstate.serve.realtime.lm.messages import (
+    ATTACH,
+    BEGIN_RESPONSE,
+    DETACH,
+    END_RESPONSE,
+    READY,
+    RESPONDING,
     CheckpointRelease,
     EventSubmit,
-    ProtocolError,
     ResponseCancel,
     ResponseCreate,
     SessionCheckpoint,
@@ -61,77 +65,39 @@ from execstate.serve.realtime_protocol import (
     SessionReset,
     SessionResume,
     SessionRollback,
-    error_event,
-    parse_client_message,
-    type_of,
 )
-from execstate.serve.realtime_registry import SessionOwners
-from execstate.serve.realtime_state import ConnectionState, Phase
+from execstate.serve.realtime.lm.owners import SessionOwners
+from execstate.serve.realtime.messages import server_event
+from execstate.serve.route_rows import encode_routes
 from execstate.session.async_sessions import AsyncSessions
 from execstate.session.events import SessionEventError
 from execstate.session.lm_step import StepDelta, StepResult
 
-Emit = Callable[[dict[str, Any]], Awaitable[None]]
 InWorker = Callable[..., Awaitable[Any]]
 
-logger = logging.getLogger(__name__)
 
-
-class RealtimeConnection:
-    def __init__(self, sessions: AsyncSessions, owners: SessionOwners, emit: Emit, in_worker: InWorker) -> None:
+class LMHandlers:
+    def __init__(self, peer: Peer, sessions: AsyncSessions, owners: SessionOwners, in_worker: InWorker) -> None:
+        self.emit = peer.emit
+        self.state = peer.state
         self.sessions = sessions
         self.owners = owners
-        self.emit = emit
         self.in_worker = in_worker
         self.conn = owners.new_connection()
-        self.state = ConnectionState()
+        self.return_routes = False  # the attached session's default for response.done
         self._response: asyncio.Task[None] | None = None
-        self._handlers: dict[type, Callable[[Any], Awaitable[None]]] = {
+        self.routes: dict[type, Handler] = {
             SessionCreate: self._create, SessionResume: self._resume, SessionGet: self._get,
             EventSubmit: self._submit, ResponseCreate: self._respond, ResponseCancel: self._cancel,
             SessionCheckpoint: self._checkpoint, SessionRollback: self._rollback, SessionReset: self._reset,
             CheckpointRelease: self._release, SessionFork: self._fork, SessionClose: self._close,
         }
 
-    # -- the connection's life --------------------------------------------------------------------
-    async def handle(self, frame: str | bytes, binary: bool = False) -> None:
-        """Act on one client frame (text, or ``binary``); every outcome is emitted."""
-        if self.state.phase is Phase.GONE:
-            return
-        event_id = None
-        try:
-            if binary:
-                raise ProtocolError("invalid_message", "binary frames are not accepted: send each message as "
-                                    "one JSON text frame")
-            msg = parse_client_message(frame)
-            event_id = msg.event_id
-            self.state.check(type_of(msg), event_id)
-            await self._handlers[type(msg)](msg)
-        except ProtocolError as e:
-            await self.emit(error_event(e.code, e.message, e.event_id))
-        except SessionEventError as e:
-            await self.emit(error_event(e.code, e.message, event_id))
-        except EngineDeadError as e:
-            await self.emit(error_event("engine_dead", f"the engine is not serving: {e}", event_id, "server_error"))
-        except Exception as e:  # a bug: reported to this client, the connection and the server go on
-            logger.exception("realtime: unexpected error handling a message")
-            await self.emit(error_event("server_error", f"internal error: {e!r}", event_id, "server_error"))
-
-    async def reject(self, error: ProtocolError) -> None:
-        """Answer a frame the endpoint refused unread (e.g. too large)."""
-        if self.state.phase is not Phase.GONE:
-            await self.emit(error_event(error.code, error.message, error.event_id))
-
-    def disconnected(self) -> None:
-        """The socket is gone: later frames are ignored (call ``close`` after the last ``handle``)."""
-        self.state.gone()
-
     async def close(self) -> None:
         """Cancel the response in progress, then close or detach the connection's sessions."""
-        self.state.gone()
         task = self._response
         if task is not None and not task.done():
-            sid = self.state.session_id
+            sid = self.state.values["session_id"]
             if sid is not None:
                 with contextlib.suppress(SessionEventError, EngineDeadError):
                     await self.sessions.cancel(sid)
@@ -146,7 +112,7 @@ class RealtimeConnection:
         self._check_routes(cfg.return_routes)
         info = await self.sessions.open(cfg.id, params, priority, cache_salt)
         self.owners.claim(self.conn, info.session_id, cfg.return_routes, attach=True)
-        self.state.attach(info.session_id, cfg.return_routes)
+        self._attach(info.session_id, cfg.return_routes)
         await self.emit(server_event("session.created", msg.event_id, session=session_json(info, cfg.return_routes)))
 
     async def _resume(self, msg: SessionResume) -> None:
@@ -159,15 +125,15 @@ class RealtimeConnection:
         except BaseException:
             self.owners.forget(sid)
             raise
-        self.state.attach(sid, return_routes)
+        self._attach(sid, return_routes)
         await self.emit(server_event("session.resumed", msg.event_id, session=session_json(info, return_routes)))
 
     async def _get(self, msg: SessionGet) -> None:
         sid = self._sid()
         info = await self.sessions.info(sid)
-        fields: dict[str, Any] = {"session": session_json(info, self.state.return_routes),
+        fields: dict[str, Any] = {"session": session_json(info, self.return_routes),
                                   "token_ids": await self.sessions.token_ids(sid)}
-        if self.state.return_routes:
+        if self.return_routes:
             fields["routed_experts"] = await self.in_worker(encode_routes, await self.sessions.routed_experts(sid))
         await self.emit(server_event("session.info", msg.event_id, **fields))
 
@@ -182,7 +148,8 @@ class RealtimeConnection:
             await asyncio.wait({self._response})  # it ends with its response.done (cancelled)
             self._response = None
         self.owners.forget(sid)
-        self.state.detach()
+        self.state.move(DETACH)
+        self.return_routes = False
         await self.emit(server_event("session.closed", msg.event_id, session_id=sid))
 
     # -- events and responses -----------------------------------------------------------------------
@@ -194,7 +161,7 @@ class RealtimeConnection:
     async def _respond(self, msg: ResponseCreate) -> None:
         sid = self._sid()
         value = step_input(msg.input)
-        want_routes = self.state.return_routes if msg.return_routes is None else msg.return_routes
+        want_routes = self.return_routes if msg.return_routes is None else msg.return_routes
         self._check_routes(want_routes)
         rid = f"resp-{secrets.token_hex(6)}"
         started: asyncio.Future[tuple[int, dict[str, list[int]]]] = asyncio.get_running_loop().create_future()
@@ -209,8 +176,8 @@ class RealtimeConnection:
         self._response = task
         step_index, events = started.result()
         try:
-            if self.state.phase is Phase.READY:
-                self.state.begin_response(rid)
+            if self.state.phase is READY:
+                self.state.move(BEGIN_RESPONSE, response_id=rid)
                 await self.emit(server_event("response.created", msg.event_id,
                                              response=response_json(rid, sid, "in_progress", step_index, events)))
         finally:
@@ -251,7 +218,8 @@ class RealtimeConnection:
             await self.emit(await self._done(msg, sid, rid, started.result(), result, tokens, "".join(texts), error,
                                              want_routes))
         finally:
-            self.state.end_response(rid)
+            if self.state.phase is RESPONDING and self.state.values["response_id"] == rid:
+                self.state.move(END_RESPONSE, response_id=None)
 
     async def _done(self, msg: ResponseCreate, sid: str, rid: str, start: tuple[int, dict[str, list[int]]],
                     result: StepResult | None, tokens: list[int], text: str, error: SessionEventError | None,
@@ -272,21 +240,21 @@ class RealtimeConnection:
         cp = await self.sessions.checkpoint(sid)
         info = await self.sessions.info(sid)
         await self.emit(server_event("session.checkpointed", msg.event_id, checkpoint_id=cp,
-                                     session=session_json(info, self.state.return_routes)))
+                                     session=session_json(info, self.return_routes)))
 
     async def _rollback(self, msg: SessionRollback) -> None:
         sid = self._sid()
         await self.sessions.rollback(sid, msg.checkpoint_id)
         info = await self.sessions.info(sid)
         await self.emit(server_event("session.rolled_back", msg.event_id, checkpoint_id=msg.checkpoint_id,
-                                     session=session_json(info, self.state.return_routes)))
+                                     session=session_json(info, self.return_routes)))
 
     async def _reset(self, msg: SessionReset) -> None:
         sid = self._sid()
         await self.sessions.reset(sid)
         info = await self.sessions.info(sid)
         await self.emit(server_event("session.reset_done", msg.event_id,
-                                     session=session_json(info, self.state.return_routes)))
+                                     session=session_json(info, self.return_routes)))
 
     async def _release(self, msg: CheckpointRelease) -> None:
         await self.sessions.release_checkpoint(self._sid(), msg.checkpoint_id)
@@ -295,14 +263,19 @@ class RealtimeConnection:
     async def _fork(self, msg: SessionFork) -> None:
         sid = self._sid()
         info = await self.sessions.fork(sid, msg.checkpoint_id, msg.session_id)
-        self.owners.claim(self.conn, info.session_id, self.state.return_routes, attach=False)
+        self.owners.claim(self.conn, info.session_id, self.return_routes, attach=False)
         await self.emit(server_event("session.forked", msg.event_id, parent_session_id=sid,
-                                     session=session_json(info, self.state.return_routes)))
+                                     session=session_json(info, self.return_routes)))
 
     # -- helpers ----------------------------------------------------------------------------------
+    def _attach(self, session_id: str, return_routes: bool) -> None:
+        self.state.move(ATTACH, session_id=session_id)
+        self.return_routes = return_routes
+
     def _sid(self) -> str:
-        assert self.state.session_id is not None  # check() let the message through
-        return self.state.session_id
+        sid = self.state.values["session_id"]
+        assert sid is not None  # the phase check let the message through
+        return sid
 
     def _check_routes(self, want: bool) -> None:
         if want and not self.sessions.engine.return_routes:

@@ -32,9 +32,26 @@ metadata; its route rows as base64 ``.npy`` when asked), ``session.checkpointed`
 ``session.closed``, and ``error``
 (``{"type": "error", "event_id": <the offending message's>, "error": {"type", "code", "message"}}``).
 
-``parse_client_message`` turns a frame into a typed message or raises :class:`ProtocolError`
-(code ``invalid_message``, ``unknown_type`` or ``message_too_large``) that still knows the frame's
-``event_id`` when it could be read, so no malformed message is dropped silently.
+Each message is a struct below (listed in ``MESSAGES``); which of them a connection acts on in
+which phase is ``PHASES``; ``LM_PROTOCOL`` puts them together for the framework
+(``serve/realtime/``), which answers malformed frames (``invalid_message``, ``unknown_type``,
+``message_too_large``), keeps the phases and maps errors. The handlers are ``handlers.py``.
+
+Phases (a connection drives at most one session at a time, its *attached* session, and runs at
+most one response, a step, at a time)::
+
+    NO_SESSION --session.created / session.resumed--> READY
+    READY --response.created--> RESPONDING --response.done--> READY
+    READY | RESPONDING --session.closed--> NO_SESSION
+    any --disconnect--> GONE
+
+Refusals (an ``error`` event; the connection stays open): ``no_session`` (anything but
+``session.create`` / ``session.resume`` while no session is attached), ``session_exists``
+(``session.create`` / ``session.resume`` while one is attached: close it first),
+``response_in_progress`` (while a response runs, only ``event.submit``, queued for the next step,
+``response.cancel``, ``session.get`` and ``session.close``, which cancels the response, are acted
+on), ``no_response`` (``response.cancel`` with no response in progress, including one that has
+already sent its ``response.done``), ``connection_closed`` (after the socket went).
 """
 
 from __future__ import annotations
@@ -43,23 +60,10 @@ from typing import Any
 
 import msgspec
 
-MAX_MESSAGE_BYTES = 1 << 20  # one frame; a session's input beyond this is split into several events
-
-ClientEventId = int | str | None
-
-
-class ProtocolError(Exception):
-    """A frame the server cannot act on; sent back as an ``error`` event."""
-
-    def __init__(self, code: str, message: str, event_id: ClientEventId = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.event_id = event_id
-
-
-class _Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, omit_defaults=True):
-    pass
+from execstate.serve.realtime.errors import EventId
+from execstate.serve.realtime.messages import Message, MessageTable
+from execstate.serve.realtime.phases import Move, Phase, PhaseTable, Refusal
+from execstate.serve.realtime.protocol import RealtimeProtocol
 
 
 class SessionConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -77,130 +81,87 @@ class SessionConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tr
     cache_salt: str | None = None
 
 
-class SessionCreate(_Msg, tag="session.create"):
+class SessionCreate(Message, tag="session.create"):
     session: SessionConfig = msgspec.field(default_factory=SessionConfig)
-    event_id: int | str | None = None
+    event_id: EventId = None
 
 
-class SessionResume(_Msg, tag="session.resume"):
+class SessionResume(Message, tag="session.resume"):
     session_id: str
-    event_id: int | str | None = None
+    event_id: EventId = None
 
 
-class SessionGet(_Msg, tag="session.get"):
-    event_id: int | str | None = None
+class SessionGet(Message, tag="session.get"):
+    event_id: EventId = None
 
 
-class EventSubmit(_Msg, tag="event.submit"):
+class EventSubmit(Message, tag="event.submit"):
     event_id: int
     kind: str
     data: Any = None
 
 
-class ResponseCreate(_Msg, tag="response.create"):
+class ResponseCreate(Message, tag="response.create"):
     input: dict[str, Any] | None = None
     max_tokens: int | None = None
     return_routes: bool | None = None
     reprefill: bool = False
-    event_id: int | str | None = None
+    event_id: EventId = None
 
 
-class ResponseCancel(_Msg, tag="response.cancel"):
-    event_id: int | str | None = None
+class ResponseCancel(Message, tag="response.cancel"):
+    event_id: EventId = None
 
 
-class SessionCheckpoint(_Msg, tag="session.checkpoint"):
-    event_id: int | str | None = None
+class SessionCheckpoint(Message, tag="session.checkpoint"):
+    event_id: EventId = None
 
 
-class SessionRollback(_Msg, tag="session.rollback"):
+class SessionRollback(Message, tag="session.rollback"):
     checkpoint_id: str
-    event_id: int | str | None = None
+    event_id: EventId = None
 
 
-class SessionReset(_Msg, tag="session.reset"):
-    event_id: int | str | None = None
+class SessionReset(Message, tag="session.reset"):
+    event_id: EventId = None
 
 
-class CheckpointRelease(_Msg, tag="checkpoint.release"):
+class CheckpointRelease(Message, tag="checkpoint.release"):
     checkpoint_id: str
-    event_id: int | str | None = None
+    event_id: EventId = None
 
 
-class SessionFork(_Msg, tag="session.fork"):
+class SessionFork(Message, tag="session.fork"):
     checkpoint_id: str | None = None
     session_id: str | None = None  # the new session's id (else generated)
-    event_id: int | str | None = None
+    event_id: EventId = None
 
 
-class SessionClose(_Msg, tag="session.close"):
-    event_id: int | str | None = None
+class SessionClose(Message, tag="session.close"):
+    event_id: EventId = None
 
 
-ClientMessage = (
-    SessionCreate | SessionResume | SessionGet | EventSubmit | ResponseCreate | ResponseCancel | SessionCheckpoint
-    | SessionRollback | SessionReset | CheckpointRelease | SessionFork | SessionClose
+MESSAGES = MessageTable(
+    SessionCreate, SessionResume, SessionGet, EventSubmit, ResponseCreate, ResponseCancel, SessionCheckpoint,
+    SessionRollback, SessionReset, CheckpointRelease, SessionFork, SessionClose,
 )
-CLIENT_TYPES = tuple(sorted(t.__struct_config__.tag for t in ClientMessage.__args__))  # type: ignore[attr-defined]
-_DECODER = msgspec.json.Decoder(ClientMessage)
 
+OPENING = frozenset({"session.create", "session.resume"})
+WHILE_RESPONDING = frozenset({"event.submit", "response.cancel", "session.get", "session.close"})
+SESSION_EXISTS = Refusal("session_exists", "{type}: this connection already has session {session_id!r}; send "
+                         "session.close first")
+NO_SESSION = Phase("no_session", allow=OPENING, otherwise=Refusal(
+    "no_session", "{type}: no session on this connection; send session.create or session.resume first"))
+READY = Phase("ready", refuse={**dict.fromkeys(OPENING, SESSION_EXISTS), "response.cancel": Refusal(
+    "no_response", "response.cancel: no response is in progress")})
+RESPONDING = Phase("responding", refuse=dict.fromkeys(OPENING, SESSION_EXISTS), allow=WHILE_RESPONDING,
+                   otherwise=Refusal("response_in_progress", "{type}: response {response_id!r} is in progress; wait "
+                                     "for its response.done or send response.cancel"))
+ATTACH = Move("attach", frozenset({NO_SESSION}), READY, strict=True)  # session.created / session.resumed
+BEGIN_RESPONSE = Move("begin_response", frozenset({READY}), RESPONDING, strict=True)  # response.created
+END_RESPONSE = Move("end_response", frozenset({RESPONDING}), READY)  # response.done sent
+DETACH = Move("detach", None, NO_SESSION)  # session.closed
+PHASES = PhaseTable(NO_SESSION, (NO_SESSION, READY, RESPONDING), (ATTACH, BEGIN_RESPONSE, END_RESPONSE, DETACH),
+                    values=("session_id", "response_id"))
 
-def parse_client_message(frame: str | bytes) -> ClientMessage:
-    """A typed client message, or ``ProtocolError`` naming what is wrong (and the frame's
-    ``event_id`` when it could be read)."""
-    return decode_client_message(_DECODER, CLIENT_TYPES, frame)
-
-
-def decode_client_message(decoder: msgspec.json.Decoder, client_types: tuple[str, ...], frame: str | bytes,
-                          max_bytes: int = MAX_MESSAGE_BYTES, max_event_id_chars: int | None = None) -> Any:
-    """One JSON text frame decoded into a protocol's tagged union (``decoder``), or ``ProtocolError``:
-    ``message_too_large`` (over ``max_bytes``), ``unknown_type`` (a ``type`` not in ``client_types``)
-    or ``invalid_message`` naming the problem, with the frame's ``event_id`` when it could be read
-    (an int, or a string of at most ``max_event_id_chars`` when that is given). Shared by every
-    WebSocket protocol of the server (LM sessions, agents, world sessions)."""
-    raw = frame.encode() if isinstance(frame, str) else frame
-    if len(raw) > max_bytes:
-        raise ProtocolError("message_too_large", f"a message is at most {max_bytes} bytes, got {len(raw)}")
-    try:
-        return decoder.decode(raw)
-    except msgspec.DecodeError as exc:
-        loose = _loose(raw)
-        if not isinstance(loose, dict):
-            raise ProtocolError("invalid_message", "a message must be a JSON object with a 'type'") from None
-        event_id = _event_id_of(loose, max_event_id_chars)
-        kind = loose.get("type")
-        if kind not in client_types:
-            raise ProtocolError(
-                "unknown_type", f"unknown message type {kind!r}; expected one of {', '.join(client_types)}", event_id
-            ) from None
-        raise ProtocolError("invalid_message", f"{kind}: {exc}", event_id) from None
-
-
-def _loose(raw: bytes) -> Any:
-    try:
-        return msgspec.json.decode(raw)
-    except msgspec.DecodeError:
-        return None
-
-
-def _event_id_of(obj: dict[str, Any], max_chars: int | None = None) -> ClientEventId:
-    eid = obj.get("event_id")
-    if isinstance(eid, str) and (max_chars is None or 0 < len(eid) <= max_chars):
-        return eid
-    if isinstance(eid, int) and not isinstance(eid, bool):
-        return eid
-    return None
-
-
-def error_event(code: str, message: str, event_id: ClientEventId = None, kind: str = "invalid_request_error",
-                param: str | None = None) -> dict[str, Any]:
-    """The server's ``error`` event (OpenAI Realtime shape: ``type``, ``event_id``, ``error``)."""
-    err: dict[str, Any] = {"type": kind, "code": code, "message": message}
-    if param is not None:
-        err["param"] = param
-    return {"type": "error", "event_id": event_id, "error": err}
-
-
-def type_of(msg: ClientMessage) -> str:
-    """The message's ``type`` (its tag)."""
-    return msg.__struct_config__.tag  # type: ignore[return-value]
+LM_PROTOCOL = RealtimeProtocol("realtime", MESSAGES, PHASES)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import NewType
 
 from execstate.engine.async_engine import EngineDeadError
-from execstate.serve.realtime_protocol import ClientEventId, ProtocolError
+from execstate.serve.realtime.errors import EventId, ProtocolError
 from execstate.session.events import SessionEventError
 
 ConnId = NewType("ConnId", int)
@@ -80,7 +80,7 @@ class SessionOwners:
         if attach:
             self._attached[conn] = sid
 
-    def resume(self, conn: ConnId, sid: str, event_id: ClientEventId = None) -> bool:
+    def resume(self, conn: ConnId, sid: str, event_id: EventId = None) -> bool:
         """Attach ``sid`` to ``conn``; its ``return_routes`` default. ``session_in_use`` if another
         live connection has it attached."""
         if sid in self._closing_ids:

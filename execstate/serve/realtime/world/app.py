@@ -1,4 +1,4 @@
-"""``execstate serve --world``: world sessions on a server (``world_ws.py``), with or without a
+"""``execstate serve --world``: world sessions on a server (``endpoint.py``), with or without a
 language model.
 
 - ``execstate serve --world [MODEL]``: a world-only server: ``/v1/realtime/video``, the ``/world``
@@ -21,13 +21,15 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from execstate.serve.auth import APIKeyMiddleware
-from execstate.serve.world_driver import WorldHost
-from execstate.serve.world_ws import install_world
+from execstate.serve.realtime.world.endpoint import install_world
+from execstate.serve.realtime.world.host import WorldHost
 
 
-def load_world_model(name: str):  # noqa: ANN201 - ChunkedWorldModel (torch imported lazily)
-    """A trained world-model directory, or ``world``: the default model (the prepared one, else the
-    weights shipped in the package: ``model/world/default.py``)."""
+def world_model_from_option(name: str):  # noqa: ANN201 - ChunkedWorldModel (torch imported lazily)
+    """The model ``--world NAME`` names: a trained world-model directory, or ``world``: the default
+    model (the prepared one, else the weights shipped in the package: ``model/world/default.py``).
+    (``session/world_offline.py``'s ``load_world_model`` is the offline API's: a model, a directory
+    or ``None``, in a given numerics mode.)"""
     from execstate.model.world.default import load_default_world_model
     from execstate.model.world.model import ChunkedWorldModel
 
@@ -44,7 +46,7 @@ def world_host_from_args(args: argparse.Namespace) -> WorldHost:
 
     if args.world_threads:
         torch.set_num_threads(args.world_threads)
-    return WorldHost(load_world_model(args.world), model_name=args.world, max_sessions=args.world_max_sessions,
+    return WorldHost(world_model_from_option(args.world), model_name=args.world, max_sessions=args.world_max_sessions,
                      session_memory_bytes=args.world_session_memory, default_fps=args.world_fps)
 
 

@@ -1,5 +1,5 @@
 """JSON <-> world-session values for the world WebSocket: ``session.start``'s checks, an
-interaction's parts, the server events' bodies (no I/O; every refusal a ``WorldProtocolError``)."""
+interaction's parts, the server events' bodies (no I/O; every refusal a ``ProtocolError``)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from execstate.model.world.interface import WorldSpec
-from execstate.serve.world_encode import EncodedChunk
-from execstate.serve.world_protocol import (
-    MAX_PROMPT_CHARS,
-    SessionInteraction,
-    SessionStart,
-    WorldProtocolError,
-)
+from execstate.serve.realtime.errors import ProtocolError
+from execstate.serve.realtime.world.encode import EncodedChunk
+from execstate.serve.realtime.world.messages import MAX_PROMPT_CHARS, SessionInteraction, SessionStart
 
 MAX_FPS = 240.0
 MAX_SEED = 2**63 - 1
@@ -35,8 +31,8 @@ def start_config(msg: SessionStart, spec: WorldSpec, model_name: str, default_fp
     """``session.start``'s fields checked against the model (vLLM-Omni's fields must agree with it)."""
     eid = msg.event_id
 
-    def bad(text: str) -> WorldProtocolError:
-        return WorldProtocolError("invalid_message", f"session.start: {text}", eid)
+    def bad(text: str) -> ProtocolError:
+        return ProtocolError("invalid_message", f"session.start: {text}", eid)
 
     fps = default_fps if msg.fps is None else msg.fps
     if not 0 <= fps <= MAX_FPS:
@@ -47,7 +43,7 @@ def start_config(msg: SessionStart, spec: WorldSpec, model_name: str, default_fp
     if msg.num_frames is not None and msg.num_frames < 1:
         raise bad(f"num_frames must be >= 1, got {msg.num_frames}")
     if msg.model is not None and msg.model != model_name:
-        raise WorldProtocolError("model_not_found", f"this server serves the world model {model_name!r}, "
+        raise ProtocolError("model_not_found", f"this server serves the world model {model_name!r}, "
                                  f"not {msg.model!r}", eid)
     h, w, _ = spec.frame_shape
     if (msg.width is not None and msg.width != w) or (msg.height is not None and msg.height != h):
@@ -68,9 +64,9 @@ def start_config(msg: SessionStart, spec: WorldSpec, model_name: str, default_fp
 
 def check_prompt(prompt: Any, event_id: Any, allow_empty: bool = False) -> str:
     if not isinstance(prompt, str) or (not allow_empty and not prompt.strip()):
-        raise WorldProtocolError("invalid_message", "a prompt must be a non-empty string", event_id)
+        raise ProtocolError("invalid_message", "a prompt must be a non-empty string", event_id)
     if len(prompt) > MAX_PROMPT_CHARS:
-        raise WorldProtocolError("invalid_message", f"a prompt is at most {MAX_PROMPT_CHARS} characters, got "
+        raise ProtocolError("invalid_message", f"a prompt is at most {MAX_PROMPT_CHARS} characters, got "
                                  f"{len(prompt)}", event_id)
     return prompt
 
@@ -87,48 +83,48 @@ def interaction_parts(msg: SessionInteraction, spec: WorldSpec, generated_id: st
     it = msg.interaction
     given = it.event_id if it.event_id is not None else it.interaction_id
     if it.event_id is not None and it.interaction_id is not None and it.event_id != it.interaction_id:
-        raise WorldProtocolError("invalid_message", "interaction: event_id and interaction_id differ", msg.event_id)
+        raise ProtocolError("invalid_message", "interaction: event_id and interaction_id differ", msg.event_id)
     if given is not None and not 0 < len(given) <= 128:
-        raise WorldProtocolError("invalid_message", "interaction: event_id must be 1-128 characters", msg.event_id)
+        raise ProtocolError("invalid_message", "interaction: event_id must be 1-128 characters", msg.event_id)
     eid = given if given is not None else (str(msg.event_id) if msg.event_id is not None else generated_id)
     if it.transition_chunks not in (None, 0):
-        raise WorldProtocolError("unsupported_transition", "this model changes prompt and actions at the next chunk "
+        raise ProtocolError("unsupported_transition", "this model changes prompt and actions at the next chunk "
                                  f"boundary (transition_chunks 0), got {it.transition_chunks}", eid)
     event = it.event
     unknown = set(event) - {"prompt", "multi_modal_data", "negative_prompt"}
     if unknown:
-        raise WorldProtocolError("invalid_message", f"interaction.event: unknown field(s) {sorted(unknown)}", eid)
+        raise ProtocolError("invalid_message", f"interaction.event: unknown field(s) {sorted(unknown)}", eid)
     if event.get("negative_prompt") is not None:
-        raise WorldProtocolError("unsupported_interaction_schema", "this model has no negative prompt", eid)
+        raise ProtocolError("unsupported_interaction_schema", "this model has no negative prompt", eid)
     prompt = None if event.get("prompt") is None else check_prompt(event["prompt"], eid)
     mm = event.get("multi_modal_data") or {}
     if not isinstance(mm, dict):
-        raise WorldProtocolError("invalid_message", "interaction.event.multi_modal_data must be an object", eid)
+        raise ProtocolError("invalid_message", "interaction.event.multi_modal_data must be an object", eid)
     for name in mm:
         if name == "camera" and spec.camera_dim == 0:
-            raise WorldProtocolError("unsupported_interaction_schema", "this world has no camera (a fixed top-down "
+            raise ProtocolError("unsupported_interaction_schema", "this world has no camera (a fixed top-down "
                                      "view); steer it with actions", eid)
         if name != "action":
-            raise WorldProtocolError("unsupported_interaction_schema", f"unsupported modality {name!r}", eid)
+            raise ProtocolError("unsupported_interaction_schema", f"unsupported modality {name!r}", eid)
     keys = _action_keys(mm["action"], eid) if "action" in mm else None
     if keys is None and prompt is None:
-        raise WorldProtocolError("invalid_message", "an interaction needs event.prompt or an action", eid)
+        raise ProtocolError("invalid_message", "an interaction needs event.prompt or an action", eid)
     return InteractionParts(eid, keys, prompt)
 
 
 def _action_keys(action: Any, eid: str) -> list[str]:
     if not isinstance(action, dict) or set(action) - {"schema", "mode", "data"}:
-        raise WorldProtocolError("invalid_message", "an action is {schema, mode, data}", eid)
+        raise ProtocolError("invalid_message", "an action is {schema, mode, data}", eid)
     if action.get("schema", ACTION_SCHEMA) != ACTION_SCHEMA:
-        raise WorldProtocolError("unsupported_interaction_schema", f"actions use schema {ACTION_SCHEMA!r}, got "
+        raise ProtocolError("unsupported_interaction_schema", f"actions use schema {ACTION_SCHEMA!r}, got "
                                  f"{action.get('schema')!r}", eid)
     if action.get("mode", "velocity") != "velocity":
-        raise WorldProtocolError("unsupported_interaction_schema", "a key action is a velocity (held until "
+        raise ProtocolError("unsupported_interaction_schema", "a key action is a velocity (held until "
                                  f"released or replaced), got mode {action.get('mode')!r}", eid)
     data = action.get("data")
     keys = data.get("keys") if isinstance(data, dict) and set(data) == {"keys"} else None
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-        raise WorldProtocolError("invalid_message", "an action's data is {\"keys\": [key names]}", eid)
+        raise ProtocolError("invalid_message", "an action's data is {\"keys\": [key names]}", eid)
     return keys
 
 

@@ -1,9 +1,11 @@
-"""One world-session connection: client frames in, server events and chunks out (no server needed).
+"""The handlers of ``/v1/realtime/video``: one world session per connection, streamed as chunks.
 
-The endpoint (``world_ws.py``) feeds every client frame to ``handle`` in arrival order; ``emit``
-sends a JSON event, ``emit_chunk`` a chunk's ``video.chunk_metadata`` and its binary frame back to
-back (one writer: nothing interleaves). The session itself is the runtime's (``world_driver.py``):
-events are submitted to it as they arrive and it applies them at the next chunk boundary. Contract:
+The framework (``serve/realtime/connection.py``) decodes each frame, checks the phase
+(``messages.py``'s ``PHASES``), calls the message's handler here, in arrival order and one at a
+time, and turns what a handler raises into an ``error`` event; ``emit`` sends a JSON event,
+``emit_binary`` a chunk's ``video.chunk_metadata`` and its binary frame back to back (one writer:
+nothing interleaves). The session itself is the runtime's (``host.py``): events are submitted to
+it as they arrive and it applies them at the next chunk boundary. Contract:
 
 - Every client message gets an answer carrying its ``event_id``: ``video.start``,
   ``session.interaction.queued`` (also for ``key.down``/``key.up``), ``session.paused``,
@@ -11,11 +13,13 @@ events are submitted to it as they arrive and it applies them at the next chunk 
   ``session.pong``, ``session.done``, or an ``error`` with a code (the connection stays open).
 - Client event ids (strings) name the events in the chunks' ``started``/``active``/``completed``
   lists; the runtime's own ids (ints, in arrival order) never leave the server.
-- After ``video.start`` the session's stepper (``world_stepper.py``) streams chunks at the
+- After ``video.start`` the session's stepper (``stepper.py``) streams chunks at the
   session's fps; an event that arrives while a step runs applies at the next one.
 - Pause takes effect at the next boundary (the step in progress is delivered); the real-time clock
   stops while paused. ``session.stop`` lets the step in progress finish, then ``session.done``.
-- Checkpoint, rollback and release run between steps (they wait for the step in progress).
+- Checkpoint, rollback and release run between steps (they wait for the step in progress). The
+  key held after a rollback is the runtime's (``WorldSessionInfo.held_key_after_pending``: the
+  checkpoint's held key with its pending events applied), not a copy kept here.
 - A failed step ends the session: ``error`` (``step_failed``) then ``session.done``.
 - ``close()`` (the socket is gone): the stepper stops after its step, the session is closed.
 """
@@ -24,14 +28,19 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from execstate.serve.world_convert import interaction_parts, start_config
-from execstate.serve.world_driver import WorldHost
-from execstate.serve.world_protocol import (
+from execstate.serve.realtime.connection import Handler, Peer
+from execstate.serve.realtime.errors import ProtocolError
+from execstate.serve.realtime.phases import GONE
+from execstate.serve.realtime.world.convert import interaction_parts, start_config
+from execstate.serve.realtime.world.host import WorldHost
+from execstate.serve.realtime.world.messages import (
+    DONE,
+    PAUSE,
+    RESUME,
+    START,
     CheckpointRelease,
     KeyDown,
     KeyUp,
@@ -43,27 +52,20 @@ from execstate.serve.world_protocol import (
     SessionRollback,
     SessionStart,
     SessionStop,
-    WorldProtocolError,
-    error_event,
-    parse_client_message,
-    type_of,
 )
-from execstate.serve.world_state import Phase, WorldConnState
-from execstate.serve.world_stepper import Emit, EmitChunk, LiveSession, run_stepper
+from execstate.serve.realtime.world.stepper import LiveSession, run_stepper
 from execstate.session.events import SessionEventError
 
-logger = logging.getLogger(__name__)
 
-
-class WorldConnection:
-    def __init__(self, host: WorldHost, emit: Emit, emit_chunk: EmitChunk) -> None:
+class WorldHandlers:
+    def __init__(self, peer: Peer, host: WorldHost) -> None:
         self.host = host
-        self.emit = emit
-        self.emit_chunk = emit_chunk
-        self.state = WorldConnState()
+        self.emit = peer.emit
+        self.emit_chunk = peer.emit_binary
+        self.state = peer.state
         self.live: LiveSession | None = None
         self._ids = itertools.count()
-        self._handlers: dict[type, Callable[[Any], Awaitable[None]]] = {
+        self.routes: dict[type, Handler] = {
             SessionStart: self._start, SessionInteraction: self._interaction, KeyDown: self._key_down,
             KeyUp: self._key_up, SessionPause: self._pause, SessionResume: self._resume,
             SessionCheckpoint: self._checkpoint, SessionRollback: self._rollback, CheckpointRelease: self._release,
@@ -72,36 +74,10 @@ class WorldConnection:
 
     @property
     def request_id(self) -> str | None:
-        return self.state.request_id
-
-    async def handle(self, frame: str | bytes, binary: bool = False) -> None:
-        """Act on one client frame; every outcome is emitted, nothing raises."""
-        if self.state.phase is Phase.GONE:
-            return
-        event_id = None
-        try:
-            if binary:
-                raise WorldProtocolError("invalid_message", "binary frames are not accepted: send each message as "
-                                         "one JSON text frame")
-            msg = parse_client_message(frame)
-            event_id = msg.event_id
-            self.state.check(type_of(msg), event_id)
-            await self._handlers[type(msg)](msg)
-        except WorldProtocolError as e:
-            await self.emit(error_event(e.code, e.message, e.event_id, self.request_id))
-        except SessionEventError as e:  # the runtime's refusal (invalid, capacity, budget, backpressure...)
-            await self.emit(error_event(e.code, e.message, event_id, self.request_id))
-        except Exception as e:  # a bug: reported to this client; the connection and the server go on
-            logger.exception("world: unexpected error handling a message")
-            await self.emit(error_event("server_error", f"internal error: {e!r}", event_id, self.request_id))
-
-    async def reject(self, error: WorldProtocolError) -> None:
-        if self.state.phase is not Phase.GONE:
-            await self.emit(error_event(error.code, error.message, error.event_id, self.request_id))
+        return self.state.values["request_id"]
 
     async def close(self) -> None:
         """The socket is gone: stop the stepper after its step and close the session."""
-        self.state.gone()
         await self._end_session()
 
     # -- session life -------------------------------------------------------------------------------
@@ -118,7 +94,7 @@ class WorldConnection:
             raise
         live = LiveSession(info.session_id, cfg, frames)
         self.live = live
-        self.state.started(info.session_id)
+        self.state.move(START, request_id=info.session_id)
         h, w, c = spec.frame_shape
         await self.emit({"type": "video.start", "request_id": info.session_id, "event_id": msg.event_id,
                          "format": cfg.format, "config": {
@@ -148,8 +124,8 @@ class WorldConnection:
         async with live.lock:
             await self.host.close(live.session_id)
         rid = self.request_id
-        self.state.done()
-        if self.state.phase is not Phase.GONE:
+        self.state.move(DONE)
+        if self.state.phase is not GONE:
             await self.emit({"type": "session.done", "request_id": rid, "event_id": event_id, "chunks": live.chunks,
                              "frames": live.frames, "stopped": stopped})
 
@@ -157,7 +133,7 @@ class WorldConnection:
     def _client_id(self, live: LiveSession, given: Any) -> str:
         eid = str(given) if given is not None else f"ev-{next(self._ids)}"
         if eid in live.seen:
-            raise WorldProtocolError("event_id_conflict", f"event id {eid!r} was used before in this session",
+            raise ProtocolError("event_id_conflict", f"event id {eid!r} was used before in this session",
                                      given)
         return eid
 
@@ -183,7 +159,7 @@ class WorldConnection:
         held = live.held
         if parts.keys is not None:
             if len(parts.keys) > 1:
-                raise WorldProtocolError("unsupported_interaction_schema", "this world holds one key at a time; an "
+                raise ProtocolError("unsupported_interaction_schema", "this world holds one key at a time; an "
                                          f"action lists at most one key, got {parts.keys}", eid)
             if parts.keys:
                 events.append({"kind": "key", "data": {"key": parts.keys[0], "down": True}})
@@ -194,7 +170,7 @@ class WorldConnection:
         if parts.prompt is not None:
             events.append({"kind": "prompt", "data": {"text": parts.prompt}})
         if not events:
-            raise WorldProtocolError("invalid_message", "the interaction changes nothing (no key is held)", eid)
+            raise ProtocolError("invalid_message", "the interaction changes nothing (no key is held)", eid)
         if len(events) == 1:
             rid = await self._submit(live, eid, events[0]["kind"], events[0]["data"])
         else:
@@ -215,7 +191,7 @@ class WorldConnection:
         live = self._live()
         eid = self._client_id(live, msg.event_id)
         if live.held != msg.key:
-            raise WorldProtocolError("key_not_held", f"key.up for {msg.key!r}, which is not held (held: "
+            raise ProtocolError("key_not_held", f"key.up for {msg.key!r}, which is not held (held: "
                                      f"{live.held!r}; a key.down of another key releases the one held)", msg.event_id)
         await self._submit(live, eid, "key", {"key": msg.key, "down": False})
         live.held = None
@@ -225,7 +201,7 @@ class WorldConnection:
         live = self._live()
         live.paused, live.paused_at = True, time.perf_counter()
         live.wake.set()
-        self.state.paused()
+        self.state.move(PAUSE)
         await self.emit({"type": "session.paused", "request_id": self.request_id, "event_id": msg.event_id})
 
     async def _resume(self, msg: SessionResume) -> None:
@@ -234,7 +210,7 @@ class WorldConnection:
             live.origin += time.perf_counter() - live.paused_at
         live.paused, live.paused_at = False, None
         live.wake.set()
-        self.state.resumed()
+        self.state.move(RESUME)
         await self.emit({"type": "session.resumed", "request_id": self.request_id, "event_id": msg.event_id})
 
     async def _ping(self, msg: SessionPing) -> None:
@@ -246,7 +222,6 @@ class WorldConnection:
         async with live.lock:
             cp = await self.host.checkpoint(live.session_id)
             info = await self.host.info(live.session_id)
-        live.held_at[cp] = live.held
         await self.emit({"type": "session.checkpointed", "request_id": self.request_id, "event_id": msg.event_id,
                          "checkpoint_id": cp, "step_index": info.step_index, "blocks_in_use": info.blocks_in_use})
 
@@ -254,7 +229,7 @@ class WorldConnection:
         live = self._live()
         async with live.lock:
             info = await self.host.rollback(live.session_id, msg.checkpoint_id)
-        live.held = live.held_at.get(msg.checkpoint_id, info.held_key)
+        live.held = info.held_key_after_pending
         await self.emit({"type": "session.rolled_back", "request_id": self.request_id, "event_id": msg.event_id,
                          "checkpoint_id": msg.checkpoint_id, "step_index": info.step_index})
 
@@ -262,12 +237,11 @@ class WorldConnection:
         live = self._live()
         async with live.lock:
             await self.host.release(live.session_id, msg.checkpoint_id)
-        live.held_at.pop(msg.checkpoint_id, None)
         await self.emit({"type": "checkpoint.released", "request_id": self.request_id, "event_id": msg.event_id,
                          "checkpoint_id": msg.checkpoint_id})
 
     def _live(self) -> LiveSession:
-        assert self.live is not None  # check() let the message through
+        assert self.live is not None  # the phase check let the message through
         return self.live
 
     # -- the stepper --------------------------------------------------------------------------------
@@ -278,6 +252,6 @@ class WorldConnection:
 
     async def _budget_paused(self) -> None:
         """The stepper paused the session (the next step would exceed its K/V budget)."""
-        self.state.paused()
+        self.state.move(PAUSE)
         await self.emit({"type": "session.paused", "request_id": self.request_id, "event_id": None,
                          "reason": "budget"})

@@ -23,32 +23,50 @@ Client -> server (every message may carry ``event_id``, a string or an integer, 
 ``session.stop``            answered with ``session.done`` (``stopped: true``)
 ==========================  ====================================================================
 
-``parse_client_message`` turns a frame into a typed message or raises :class:`WorldProtocolError`
-(``invalid_message``, ``unknown_type``, ``message_too_large``) that still knows the frame's
-``event_id`` when it could be read.
+Each message is a struct below (listed in ``MESSAGES``); ``PHASES`` says which a connection acts
+on when; ``WORLD_PROTOCOL`` puts them together for the framework (``serve/realtime/``), which
+answers malformed frames (``invalid_message``, ``unknown_type``, ``message_too_large``). Errors
+have vLLM-Omni's flat shape (:func:`error_event`: ``code`` and ``message`` at the top, with the
+session's ``request_id``). The handlers are ``handlers.py``.
+
+Limits: a text frame over 64 KiB is ``message_too_large``; more than 256 messages not yet
+processed: ``too_many_messages``, then close code 1008; more than 64 items (events, chunks) not yet
+written: the session's stepper waits, so a client that does not read only slows its own session.
+
+Phases (a connection runs at most one world session at a time)::
+
+    NO_SESSION --video.start--> RUNNING --session.paused--> PAUSED --session.resumed--> RUNNING
+    RUNNING | PAUSED --session.done (session.stop, num_frames reached, step failed)--> NO_SESSION
+    any --disconnect--> GONE
+
+Refusals (an ``error`` event; the connection stays open): ``no_session`` (anything but
+``session.start`` / ``session.ping`` while no session runs), ``session_exists`` (``session.start``
+while one runs: ``session.stop`` it first), ``already_paused`` / ``not_paused`` (``session.pause``
+while paused, ``session.resume`` while running), ``connection_closed`` (once the socket is gone).
+Every other message is acted on while a session runs or is paused (events queue for the next chunk
+boundary either way).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import msgspec
 
-from execstate.serve.realtime_protocol import ClientEventId, ProtocolError, decode_client_message
+from execstate.serve.realtime.errors import EventId, ProtocolError
+from execstate.serve.realtime.limits import Limits
+from execstate.serve.realtime.messages import Message, MessageTable
+from execstate.serve.realtime.phases import Move, Phase, PhaseTable, Refusal
+from execstate.serve.realtime.protocol import RealtimeProtocol
 
 MAX_MESSAGE_BYTES = 64 << 10  # control messages are small; a prompt is at most MAX_PROMPT_CHARS
+MAX_UNSENT = 64
 MAX_PROMPT_CHARS = 2000
 MAX_EVENT_ID_CHARS = 128
 
-# The world protocol's errors are the realtime protocol's (code, message, event_id).
-WorldProtocolError = ProtocolError
 
-
-class _Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, omit_defaults=True):
-    pass
-
-
-class SessionStart(_Msg, tag="session.start"):
+class SessionStart(Message, tag="session.start"):
     prompt: str = ""
     seed: int = 0
     fps: float | None = None  # None: the server's default; 0: as fast as possible
@@ -63,7 +81,7 @@ class SessionStart(_Msg, tag="session.start"):
     guidance_scale: float | None = None
     negative_prompt: str | None = None
     extra_params: dict[str, Any] | None = None
-    event_id: int | str | None = None
+    event_id: EventId = None
 
 
 class Interaction(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -73,73 +91,82 @@ class Interaction(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     transition_chunks: int | None = None
 
 
-class SessionInteraction(_Msg, tag="session.interaction"):
+class SessionInteraction(Message, tag="session.interaction"):
     interaction: Interaction
-    event_id: int | str | None = None
+    event_id: EventId = None
 
 
-class KeyDown(_Msg, tag="key.down"):
+class KeyDown(Message, tag="key.down"):
     key: str
-    event_id: int | str | None = None
+    event_id: EventId = None
 
 
-class KeyUp(_Msg, tag="key.up"):
+class KeyUp(Message, tag="key.up"):
     key: str
-    event_id: int | str | None = None
+    event_id: EventId = None
 
 
-class SessionPause(_Msg, tag="session.pause"):
-    event_id: int | str | None = None
+class SessionPause(Message, tag="session.pause"):
+    event_id: EventId = None
 
 
-class SessionResume(_Msg, tag="session.resume"):
-    event_id: int | str | None = None
+class SessionResume(Message, tag="session.resume"):
+    event_id: EventId = None
 
 
-class SessionCheckpoint(_Msg, tag="session.checkpoint"):
-    event_id: int | str | None = None
+class SessionCheckpoint(Message, tag="session.checkpoint"):
+    event_id: EventId = None
 
 
-class SessionRollback(_Msg, tag="session.rollback"):
+class SessionRollback(Message, tag="session.rollback"):
     checkpoint_id: str
-    event_id: int | str | None = None
+    event_id: EventId = None
 
 
-class CheckpointRelease(_Msg, tag="checkpoint.release"):
+class CheckpointRelease(Message, tag="checkpoint.release"):
     checkpoint_id: str
-    event_id: int | str | None = None
+    event_id: EventId = None
 
 
-class SessionPing(_Msg, tag="session.ping"):
-    event_id: int | str | None = None
+class SessionPing(Message, tag="session.ping"):
+    event_id: EventId = None
 
 
-class SessionStop(_Msg, tag="session.stop"):
-    event_id: int | str | None = None
+class SessionStop(Message, tag="session.stop"):
+    event_id: EventId = None
 
 
-ClientMessage = (
-    SessionStart | SessionInteraction | KeyDown | KeyUp | SessionPause | SessionResume | SessionCheckpoint
-    | SessionRollback | CheckpointRelease | SessionPing | SessionStop
+MESSAGES = MessageTable(
+    SessionStart, SessionInteraction, KeyDown, KeyUp, SessionPause, SessionResume, SessionCheckpoint,
+    SessionRollback, CheckpointRelease, SessionPing, SessionStop, max_event_id_chars=MAX_EVENT_ID_CHARS,
 )
-CLIENT_TYPES = tuple(sorted(t.__struct_config__.tag for t in ClientMessage.__args__))  # type: ignore[attr-defined]
-_DECODER = msgspec.json.Decoder(ClientMessage)
+
+SESSION_EXISTS = Refusal("session_exists", "session {request_id} is running on this connection; send session.stop "
+                         "first")
+NO_SESSION = Phase("no_session", allow=frozenset({"session.start", "session.ping"}), otherwise=Refusal(
+    "no_session", "{type}: no world session on this connection; send session.start first"))
+RUNNING = Phase("running", refuse={"session.start": SESSION_EXISTS,
+                                   "session.resume": Refusal("not_paused", "the session is not paused")})
+PAUSED = Phase("paused", refuse={"session.start": SESSION_EXISTS,
+                                 "session.pause": Refusal("already_paused", "the session is already paused")})
+START = Move("start", frozenset({NO_SESSION}), RUNNING, strict=True)  # video.start
+PAUSE = Move("pause", frozenset({RUNNING}), PAUSED, strict=True)  # session.paused
+RESUME = Move("resume", frozenset({PAUSED}), RUNNING, strict=True)  # session.resumed
+DONE = Move("done", None, NO_SESSION)  # session.done
+PHASES = PhaseTable(NO_SESSION, (NO_SESSION, RUNNING, PAUSED), (START, PAUSE, RESUME, DONE), values=("request_id",))
 
 
-def parse_client_message(frame: str | bytes) -> ClientMessage:
-    """A typed client message, or ``WorldProtocolError`` naming what is wrong."""
-    msg = decode_client_message(_DECODER, CLIENT_TYPES, frame, MAX_MESSAGE_BYTES, MAX_EVENT_ID_CHARS)
-    eid = msg.event_id
-    if isinstance(eid, bool) or (isinstance(eid, str) and not 0 < len(eid) <= MAX_EVENT_ID_CHARS):
-        raise WorldProtocolError("invalid_message", f"event_id must be an integer or a string of 1-{MAX_EVENT_ID_CHARS}"
-                                 " characters", None)
-    return msg
-
-
-def type_of(msg: ClientMessage) -> str:
-    return msg.__struct_config__.tag  # type: ignore[return-value]
-
-
-def error_event(code: str, message: str, event_id: ClientEventId = None, request_id: str | None = None) -> dict[str, Any]:
+def error_event(code: str, message: str, event_id: EventId = None, request_id: str | None = None) -> dict[str, Any]:
     """The server's ``error`` (vLLM-Omni's flat shape: ``code`` and ``message`` at the top)."""
     return {"type": "error", "request_id": request_id, "event_id": event_id, "code": code, "message": message}
+
+
+def _error_shape(err: ProtocolError, values: Mapping[str, Any]) -> dict[str, Any]:
+    return error_event(err.code, err.message, err.event_id, values.get("request_id"))
+
+
+WORLD_PROTOCOL = RealtimeProtocol(
+    "world", MESSAGES, PHASES,
+    Limits(max_message_bytes=MAX_MESSAGE_BYTES, max_unprocessed_bytes=None, max_unsent_events=MAX_UNSENT),
+    error_event=_error_shape,
+)

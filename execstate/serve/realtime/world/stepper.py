@@ -1,5 +1,5 @@
 """A world session as one connection drives it (:class:`LiveSession`) and its *stepper*: the task
-that streams the session's chunks at the target frame rate (``world_conn.py`` owns the rest).
+that streams the session's chunks at the target frame rate (``handlers.py`` owns the rest).
 
 Pacing: chunk 0 at once; chunk ``k >= 1`` is begun no earlier than ``origin + (k - 1) * period``
 (``period = F / fps``; ``origin`` = when chunk 0 was delivered, shifted by the time spent paused),
@@ -23,18 +23,16 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from execstate.serve.world_convert import StartConfig, chunk_metadata
-from execstate.serve.world_driver import WorldHost
-from execstate.serve.world_encode import encode_chunk
-from execstate.serve.world_protocol import error_event
+from execstate.serve.realtime.connection import Emit, EmitBinary
+from execstate.serve.realtime.world.convert import StartConfig, chunk_metadata
+from execstate.serve.realtime.world.encode import encode_chunk
+from execstate.serve.realtime.world.host import WorldHost
+from execstate.serve.realtime.world.messages import error_event
 from execstate.session.events import SessionEventError
 
-Emit = Callable[[dict[str, Any]], Awaitable[None]]
-EmitChunk = Callable[[dict[str, Any], bytes], Awaitable[None]]
 BEHIND_REPORT_S = 1.0
 ID_MEMORY = 4096  # client event ids remembered per session (a reused one: event_id_conflict)
 
@@ -63,8 +61,7 @@ class LiveSession:
     client_ids: dict[int, str] = field(default_factory=dict)  # runtime id -> client id, until completed
     prompts: dict[int, str] = field(default_factory=dict)  # runtime id of a prompt event -> its text
     seen: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=ID_MEMORY))
-    held: str | None = None  # the key held once every submitted event applies
-    held_at: dict[str, str | None] = field(default_factory=dict)  # checkpoint id -> held then
+    held: str | None = None  # the key held once every submitted event applies (after a rollback: the runtime's)
 
     def named(self, events: dict[str, list[int]]) -> tuple[dict[str, list[str]], str | None]:
         """The step's event lists with client ids, and the prompt it applied (None: unchanged);
@@ -78,7 +75,7 @@ class LiveSession:
         return named, prompt
 
 
-async def run_stepper(host: WorldHost, live: LiveSession, emit: Emit, emit_chunk: EmitChunk, started_at: float,
+async def run_stepper(host: WorldHost, live: LiveSession, emit: Emit, emit_chunk: EmitBinary, started_at: float,
                       on_budget_pause: Callable[[], Awaitable[None]]) -> bool:
     """Stream the session's chunks until it stops (module docstring); True when a step failed."""
     period = host.spec.frames_per_chunk / live.cfg.fps if live.cfg.fps > 0 else 0.0
@@ -117,7 +114,7 @@ async def run_stepper(host: WorldHost, live: LiveSession, emit: Emit, emit_chunk
     return False
 
 
-async def _one_chunk(host: WorldHost, live: LiveSession, emit: Emit, emit_chunk: EmitChunk, period: float,
+async def _one_chunk(host: WorldHost, live: LiveSession, emit: Emit, emit_chunk: EmitBinary, period: float,
                      started_at: float) -> None:
     spec = host.spec
     async with live.lock:
