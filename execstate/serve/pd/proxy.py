@@ -69,47 +69,48 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     return p
 
 
-def build_proxy_app(
-    prefill: list[str], decode: list[str], timeout_s: float = 600.0, secret: str | bytes | None = None
-) -> FastAPI:
-    """``secret``: verify P's handoff signatures (``None``: ``$EXECSTATE_KV_SECRET``, else pass through)."""
-    if not prefill or not decode:
-        raise ValueError("the proxy needs at least one --prefill and one --decode URL")
-    key = resolve_secret(secret)
-    trust = HandoffTrust(key) if key is not None else None
-    client = httpx.AsyncClient(timeout=timeout_s)
+class PDProxy:
+    """The proxy's state (instances in round robin, the handoff trust, one HTTP client, the metrics)
+    and its request path, one method per stage (module docstring)."""
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        await client.aclose()
+    def __init__(self, prefill: list[str], decode: list[str], timeout_s: float = 600.0,
+                 secret: str | bytes | None = None) -> None:
+        if not prefill or not decode:
+            raise ValueError("the proxy needs at least one --prefill and one --decode URL")
+        key = resolve_secret(secret)
+        self.trust = HandoffTrust(key) if key is not None else None
+        self.client = httpx.AsyncClient(timeout=timeout_s)
+        self.metrics = ProxyMetrics()
+        self.instances = [*prefill, *decode]
+        self.next_prefill = itertools.cycle([u.rstrip("/") for u in prefill]).__next__
+        self.next_decode = itertools.cycle([u.rstrip("/") for u in decode]).__next__
 
-    app = FastAPI(title="execstate PD proxy", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    install_error_handlers(app)
-    metrics = ProxyMetrics()
-    app.state.metrics = metrics
-    next_p = itertools.cycle([u.rstrip("/") for u in prefill]).__next__
-    next_d = itertools.cycle([u.rstrip("/") for u in decode]).__next__
-
-    async def handle(request: Request, path: str, endpoint: str) -> Response:
-        rec = ProxyRecord(metrics, f"proxy-{uuid.uuid4().hex}", endpoint)
-        try:
-            body = await request.json()
-        except ValueError:
-            rec.finish(400, "request")
-            return _error(400, "request body is not valid JSON", "invalid_json")
-        if not isinstance(body, dict):
-            rec.finish(400, "request")
-            return _error(400, "request body must be a JSON object", "invalid_request")
+    async def handle(self, request: Request, path: str, endpoint: str) -> Response:
+        """One completions / chat request: P, then D (streamed back when the client asked)."""
+        rec = ProxyRecord(self.metrics, f"proxy-{uuid.uuid4().hex}", endpoint)
+        body = await _json_body(request, rec)
+        if isinstance(body, Response):
+            return body
         body = {k: v for k, v in body.items() if k != "kv_transfer_params"}  # only P's handoff goes to D
         rec.stream = bool(body.get("stream"))
-        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
+        headers = _forwarded(request)
         headers["x-request-id"] = rec.request_id
-        p_url, d_url = next_p(), next_d()
+        p_url, d_url = self.next_prefill(), self.next_decode()
         rec.prefill_url, rec.decode_url = p_url, d_url
+        kv = await self._prefill(rec, p_url, path, body, headers)
+        if isinstance(kv, Response):
+            return kv
+        d_body = dict(body, kv_transfer_params=kv)
+        if rec.stream:
+            return await self._decode_stream(rec, d_url, path, d_body, headers)
+        return await self._decode(rec, d_url, path, d_body, headers)
+
+    async def _prefill(self, rec: ProxyRecord, p_url: str, path: str, body: dict[str, Any],
+                       headers: dict[str, str]) -> dict[str, Any] | Response:
+        """P's handoff parameters (checked when the proxy has the secret), or the error to answer."""
         t0 = time.perf_counter()
         try:
-            p_resp = await client.post(p_url + path, json=prefill_body(body), headers=headers)
+            p_resp = await self.client.post(p_url + path, json=prefill_body(body), headers=headers)
         except httpx.HTTPError as e:
             rec.finish(502, "prefill")
             return _error(502, f"prefill instance {p_url} unreachable: {e!r}", "prefill_unreachable")
@@ -124,28 +125,34 @@ def build_proxy_app(
         if not isinstance(kv, dict):
             rec.finish(502, "handoff")
             return _error(502, f"prefill instance {p_url} returned no kv_transfer_params", "no_handoff")
-        if trust is not None and wants_remote_prefill(kv):
+        if self.trust is not None and wants_remote_prefill(kv):
             try:
-                trust.accept(kv)
+                self.trust.accept(kv)
             except HandoffError as e:
                 rec.finish(502, "handoff")
                 return _error(502, f"prefill instance {p_url} returned an invalid handoff: {e}", "invalid_handoff")
-        d_body = dict(body, kv_transfer_params=kv)
+        return kv
+
+    async def _decode(self, rec: ProxyRecord, d_url: str, path: str, body: dict[str, Any],
+                      headers: dict[str, str]) -> Response:
         t1 = time.perf_counter()
-        if not rec.stream:
-            try:
-                d_resp = await client.post(d_url + path, json=d_body, headers=headers)
-            except httpx.HTTPError as e:
-                rec.finish(502, "decode", time.perf_counter() - t1)
-                return _error(502, f"decode instance {d_url} unreachable: {e!r}", "decode_unreachable")
-            ok = d_resp.status_code == 200
-            rec.finish(d_resp.status_code, None if ok else "decode", time.perf_counter() - t1)
-            if not ok:
-                return _upstream_error(d_resp, d_resp.content, "decode", d_url)
-            return Response(d_resp.content, status_code=200, media_type="application/json")
-        req = client.build_request("POST", d_url + path, json=d_body, headers=headers)
         try:
-            d_resp = await client.send(req, stream=True)
+            d_resp = await self.client.post(d_url + path, json=body, headers=headers)
+        except httpx.HTTPError as e:
+            rec.finish(502, "decode", time.perf_counter() - t1)
+            return _error(502, f"decode instance {d_url} unreachable: {e!r}", "decode_unreachable")
+        ok = d_resp.status_code == 200
+        rec.finish(d_resp.status_code, None if ok else "decode", time.perf_counter() - t1)
+        if not ok:
+            return _upstream_error(d_resp, d_resp.content, "decode", d_url)
+        return Response(d_resp.content, status_code=200, media_type="application/json")
+
+    async def _decode_stream(self, rec: ProxyRecord, d_url: str, path: str, body: dict[str, Any],
+                             headers: dict[str, str]) -> Response:
+        t1 = time.perf_counter()
+        req = self.client.build_request("POST", d_url + path, json=body, headers=headers)
+        try:
+            d_resp = await self.client.send(req, stream=True)
         except httpx.HTTPError as e:
             rec.finish(502, "decode", time.perf_counter() - t1)
             return _error(502, f"decode instance {d_url} unreachable: {e!r}", "decode_unreachable")
@@ -169,32 +176,21 @@ def build_proxy_app(
 
         return StreamingResponse(relay(), media_type="text/event-stream")
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await handle(request, "/v1/completions", "completions")
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await handle(request, "/v1/chat/completions", "chat")
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> Response:
-        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
-        url = next_d()
+    async def models(self, request: Request) -> Response:
+        url = self.next_decode()
         try:
-            r = await client.get(url + "/v1/models", headers=headers)
+            r = await self.client.get(url + "/v1/models", headers=_forwarded(request))
         except httpx.HTTPError as e:
             return _error(502, f"decode instance {url} unreachable: {e!r}", "decode_unreachable")
         if r.status_code != 200:
             return _upstream_error(r, r.content, "decode", url)
         return Response(r.content, status_code=200, media_type="application/json")
 
-    @app.get("/health")
-    async def health() -> Response:
+    async def health(self) -> Response:
         bad = []
-        for url in [*prefill, *decode]:
+        for url in self.instances:
             try:
-                r = await client.get(url.rstrip("/") + "/health", timeout=5.0)
+                r = await self.client.get(url.rstrip("/") + "/health", timeout=5.0)
                 if r.status_code != 200:
                     bad.append(url)
             except httpx.HTTPError:
@@ -203,9 +199,57 @@ def build_proxy_app(
             return JSONResponse({"status": "unhealthy", "instances": bad}, status_code=503)
         return JSONResponse({"status": "ok"})
 
+
+async def _json_body(request: Request, rec: ProxyRecord) -> dict[str, Any] | Response:
+    try:
+        body = await request.json()
+    except ValueError:
+        rec.finish(400, "request")
+        return _error(400, "request body is not valid JSON", "invalid_json")
+    if not isinstance(body, dict):
+        rec.finish(400, "request")
+        return _error(400, "request body must be a JSON object", "invalid_request")
+    return body
+
+
+def _forwarded(request: Request) -> dict[str, str]:
+    return {k: v for k, v in request.headers.items() if k.lower() in _FORWARD_HEADERS}
+
+
+def build_proxy_app(
+    prefill: list[str], decode: list[str], timeout_s: float = 600.0, secret: str | bytes | None = None
+) -> FastAPI:
+    """``secret``: verify P's handoff signatures (``None``: ``$EXECSTATE_KV_SECRET``, else pass through)."""
+    proxy = PDProxy(prefill, decode, timeout_s, secret)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await proxy.client.aclose()
+
+    app = FastAPI(title="execstate PD proxy", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    install_error_handlers(app)
+    app.state.metrics = proxy.metrics
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await proxy.handle(request, "/v1/completions", "completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await proxy.handle(request, "/v1/chat/completions", "chat")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        return await proxy.models(request)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return await proxy.health()
+
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(proxy.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return app
 
