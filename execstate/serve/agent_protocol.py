@@ -1,4 +1,5 @@
-"""Deprecated shim: ``execstate.serve.agent_protocol`` moved to ``execstate.serve.realtime.agent.messages`` (this path works for one release)."""
+"""Deprecated shim: ``execstate.serve.agent_protocol`` moved to
+``execstate.serve.realtime.agent.messages`` (this path works for one release)."""
 
 import warnings
 
@@ -9,4 +10,5 @@ from execstate.serve.realtime.messages import server_event, type_of  # noqa: F40
 CLIENT_TYPES = _PROTOCOL.messages.types
 parse_client_message = _PROTOCOL.parse
 
-warnings.warn("execstate.serve.agent_protocol moved to execstate.serve.realtime.agent.messages", DeprecationWarning, stacklevel=2)
+warnings.warn("execstate.serve.agent_protocol moved to execstate.serve.realtime.agent.messages", DeprecationWarning,
+              stacklevel=2)

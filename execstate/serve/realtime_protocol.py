@@ -1,4 +1,5 @@
-"""Deprecated shim: ``execstate.serve.realtime_protocol`` moved to ``execstate.serve.realtime.lm.messages`` (this path works for one release)."""
+"""Deprecated shim: ``execstate.serve.realtime_protocol`` moved to
+``execstate.serve.realtime.lm.messages`` (this path works for one release)."""
 
 import warnings
 
@@ -12,4 +13,5 @@ from execstate.serve.realtime.messages import type_of  # noqa: F401
 CLIENT_TYPES = _PROTOCOL.messages.types
 parse_client_message = _PROTOCOL.parse
 
-warnings.warn("execstate.serve.realtime_protocol moved to execstate.serve.realtime.lm.messages", DeprecationWarning, stacklevel=2)
+warnings.warn("execstate.serve.realtime_protocol moved to execstate.serve.realtime.lm.messages", DeprecationWarning,
+              stacklevel=2)

@@ -11,7 +11,7 @@ from execstate.serve.realtime.world.host import WorldHost
 from execstate.serve.realtime.world.messages import WORLD_PROTOCOL
 
 
-def WorldConnection(host: WorldHost, emit: Emit, emit_chunk: EmitBinary) -> Connection:  # noqa: N802 - the old class name
+def WorldConnection(host: WorldHost, emit: Emit, emit_chunk: EmitBinary) -> Connection:  # noqa: N802 - old name
     return Connection(WORLD_PROTOCOL, lambda peer: WorldHandlers(peer, host), emit, emit_chunk)
 
 

@@ -1,4 +1,5 @@
-"""Deprecated shim: ``execstate.serve.world_protocol`` moved to ``execstate.serve.realtime.world.messages`` (this path works for one release)."""
+"""Deprecated shim: ``execstate.serve.world_protocol`` moved to
+``execstate.serve.realtime.world.messages`` (this path works for one release)."""
 
 import warnings
 
@@ -11,4 +12,5 @@ from execstate.serve.realtime.world.messages import WORLD_PROTOCOL as _PROTOCOL
 CLIENT_TYPES = _PROTOCOL.messages.types
 parse_client_message = _PROTOCOL.parse
 
-warnings.warn("execstate.serve.world_protocol moved to execstate.serve.realtime.world.messages", DeprecationWarning, stacklevel=2)
+warnings.warn("execstate.serve.world_protocol moved to execstate.serve.realtime.world.messages", DeprecationWarning,
+              stacklevel=2)

@@ -1,7 +1,7 @@
 """An agent connection (the framework's ``Connection`` with ``AgentHandlers``) without a server or a
-model: a fake front (tests/agent/agent_fakes.py), real agent, tools and task keeper. Every message is answered (its ack or an error with its event_id),
-malformed and out-of-order streams never break the connection, a close releases the front and
-cancels or keeps the back-end tasks."""
+model: a fake front (tests/agent/agent_fakes.py), real agent, tools and task keeper. Every message
+is answered (its ack or an error with its event_id), malformed and out-of-order streams never break
+the connection, a close releases the front and cancels or keeps the back-end tasks."""
 
 from __future__ import annotations
 
