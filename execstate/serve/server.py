@@ -15,7 +15,7 @@ Start-up order (``run_server``):
    limits, PD role, ...);
    ``serve_until_engine_dies``; on exit the engine thread is shut down.
    With ``--agent-back-model``, a second engine (same flags, that model) serves the agents'
-   back-end model (``/v1/realtime/agent``, ``agent_ws.py``); it is shut down with the first.
+   back-end model (``/v1/realtime/agent``, ``realtime/agent/``); it is shut down with the first.
 
 Exit status: 1 when the engine stopped serving (a crash, or a failed step that left
 shared state corrupt): ``/health`` has answered 503 with the reason meanwhile, the
@@ -151,11 +151,11 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
     import uvicorn
 
     from execstate.serve.app import build_app
-    from execstate.serve.realtime import MAX_FRAME_BYTES
+    from execstate.serve.realtime.limits import MAX_FRAME_BYTES
     from execstate.serve.startup_log import StartupInfo, log_startup
 
     if args.model is None:  # execstate serve --world: world sessions only
-        from execstate.serve.world_server import run_world_server
+        from execstate.serve.realtime.world.app import run_world_server
 
         return run_world_server(args)
     t0 = time.perf_counter()
@@ -176,8 +176,8 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
             handoff_trust=trust, realtime_grace_s=args.realtime_grace_s, agent_back_engine=back_engine,
         )
         if args.world is not None:  # the world endpoints on the same app (serve --world)
-            from execstate.serve.world_server import world_host_from_args
-            from execstate.serve.world_ws import install_world
+            from execstate.serve.realtime.world.app import world_host_from_args
+            from execstate.serve.realtime.world.endpoint import install_world
 
             world_host = world_host_from_args(args)
             install_world(app, world_host)
