@@ -9,7 +9,8 @@ what is wrong) and builds; the engine registers the request and queues it.
 - ``tokenize_prompt``: a string (the tokenizer's encoding), a list of ids, or a dict with
   ``prompt_token_ids`` / ``prompt``.
 - ``build``: one request of ``LLMEngine.add_request`` (checks in this order: sampling, prompt,
-  logit bias, cache salt, forced routes, then the PD handoff through ``accept_handoff``).
+  logit bias, cache salt, forced routes, the structured output constraint (compiled, or taken
+  from the compiler's cache, into a fresh matcher), then the PD handoff through ``accept_handoff``).
 - ``build_step``: one session step (``engine/step_request.py``).
 """
 
@@ -22,6 +23,8 @@ from typing import Any
 import torch
 
 from execstate.engine.cache_salt import cache_salt_of
+from execstate.engine.grammar.compiler import GrammarCompiler
+from execstate.engine.grammar.matcher import GrammarMatcher
 from execstate.engine.penalties import PenaltyState
 from execstate.engine.request import Request
 from execstate.engine.route_trace import RouteTrace
@@ -47,13 +50,15 @@ class RequestIntake:
     """Validates and builds requests (module docstring)."""
 
     def __init__(self, model_config: ModelConfig, max_model_len: int, tokenizer: Tokenizer | None,
-                 return_routes: bool, generator: torch.Generator, kv_holds: BlockHolds) -> None:
+                 return_routes: bool, generator: torch.Generator, kv_holds: BlockHolds,
+                 grammar: GrammarCompiler | None = None) -> None:
         self.model_config = model_config
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer
         self.return_routes = return_routes
         self._generator = generator
         self._kv_holds = kv_holds
+        self._grammar = grammar
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):
@@ -87,6 +92,7 @@ class RequestIntake:
                 mc.num_experts or 0, self.max_model_len - 1,
             )
             params = replace(params, routed_experts=forced)
+        grammar = self._grammar_matcher(params)
         handoff = accept_handoff(kv_transfer_params)
         req = Request(request_id, [int(t) for t in token_ids], params, self.max_model_len, prompt=text)
         if isinstance(kv_transfer_params, Handoff):
@@ -95,12 +101,21 @@ class RequestIntake:
             req.kv_transfer_params = kv_transfer_params
             req.handoff = handoff
         req.cache_salt = cache_salt
+        req.grammar = grammar
         if self.return_routes or params.routed_experts is not None:
             capacity = len(token_ids) + req.max_new_tokens
             req.routes = RouteTrace(mc.num_moe_layers, mc.top_k, capacity) if self.return_routes else None
         req.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else self._generator
         req.penalty_state = PenaltyState.for_request(params, req.prompt_token_ids, req.output_token_ids, mc.vocab_size)
         return req
+
+    def _grammar_matcher(self, params: SamplingParams) -> GrammarMatcher | None:
+        spec = params.structured_outputs
+        if spec is None:
+            return None
+        if self._grammar is None:
+            raise ValueError("structured outputs need the model's tokenizer (tokenizer.json)")
+        return self._grammar.compile(spec).matcher()
 
     def build_step(self, step: StepRequest, in_use: Container[str]) -> Request:
         """The request of a session step (``engine/step_request.py``); ``in_use``: live request ids."""

@@ -44,6 +44,8 @@ from execstate.engine.config import EngineConfig
 from execstate.engine.engine_parts import EngineParts
 from execstate.engine.engine_weights import EngineWeights
 from execstate.engine.finisher import RequestFinisher
+from execstate.engine.grammar.compiler import GrammarCompiler
+from execstate.engine.grammar_masks import GrammarMasks
 from execstate.engine.intake import PromptType, RequestIntake
 from execstate.engine.kv_cache_manager import KVCacheManager
 from execstate.engine.outputs import RequestOutput
@@ -100,8 +102,12 @@ class LLMEngine:
         self.eos_token_ids = set(mc.eos_token_ids)
         self.pd: PDConnector | None = None
         self._wakeup = threading.Event()
+        # Structured outputs (engine/grammar/): compiled constraints, and their masks per step.
+        self.grammar = (GrammarCompiler(self.tokenizer.backend, mc.vocab_size, sorted(self.eos_token_ids))
+                        if self.tokenizer is not None else None)
+        self.grammar_masks = GrammarMasks(mc.vocab_size)
         self.intake = RequestIntake(mc, self.max_model_len, self.tokenizer, self.return_routes, self.generator,
-                                    self.kv_holds)
+                                    self.kv_holds, self.grammar)
         self.finisher = RequestFinisher(self.requests, self.tokenizer, self.return_routes, self.r3_clock,
                                         self.kv_holds)
         self.weights = EngineWeights(self.model, self.requests, self.scheduler, self.kv_manager, self.finisher)
@@ -276,7 +282,12 @@ class LLMEngine:
                 self._wakeup.wait(_IDLE_WAIT_S)
                 self._wakeup.clear()
             return outputs
-        self.results.apply(sched, self.runner.execute(sched), outputs)
+        pending = self.grammar_masks.start(sched)  # computed while the forward pass runs
+        try:
+            result = self.runner.execute(sched)
+        finally:  # never leave a matcher in use by the worker (also when the forward pass failed)
+            mask = pending.wait() if pending is not None else None
+        self.results.apply(sched, result, outputs, mask)
         return outputs
 
     def blocks_held_elsewhere(self) -> bool:

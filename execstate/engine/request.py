@@ -31,6 +31,7 @@ from execstate.state.block_pool import BlockId
 from execstate.transfer.handoff import Handoff
 
 if TYPE_CHECKING:
+    from execstate.engine.grammar.matcher import GrammarMatcher
     from execstate.engine.outputs import Logprob, RequestOutput
     from execstate.engine.penalties import PenaltyState
 
@@ -89,6 +90,9 @@ class Request:
     abort_message: str | None = None
     # torch.Generator used for sampling (the request's own when it has a seed).
     generator: Any = None
+    # Constrained decoding: the grammar's matcher state (engine/grammar/), advanced by every
+    # sampled token; a session step's is the session's own (None: unconstrained).
+    grammar: GrammarMatcher | None = None
     # Incremental token counts / logit bias for penalised sampling (None: no penalty used).
     penalty_state: PenaltyState | None = None
     # Tenant salt of this request's block keys (engine/cache_salt.py); None: the engine's.

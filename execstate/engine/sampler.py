@@ -4,7 +4,9 @@ Pipeline, as batched tensor ops with per-row parameter tensors (no per-row Pytho
 except one noise draw per *seeded* row):
 
 1. ``logit_bias``, the ``banned`` ids (``min_tokens``) and the repetition / presence /
-   frequency penalties (``engine/penalties.py``) adjust the logits of the rows that use them.
+   frequency penalties (``engine/penalties.py``) adjust the logits of the rows that use them;
+   then a grammar's ``mask`` (``engine/token_mask.py``) sets the tokens it does not allow to
+   ``-inf`` in the rows it constrains (only those rows are touched; none without a mask).
 2. Greedy rows (temperature < 1e-5) take the argmax of the adjusted logits.
 3. Random rows: temperature, then ``min_p``, then ``top_k``, then ``top_p`` (vLLM v1's
    order and semantics, ties at a cut kept; ``processed_probs``), without a full-vocabulary
@@ -26,6 +28,7 @@ import torch
 
 from execstate.engine.penalties import PenaltyState, apply_penalties
 from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.token_mask import TokenMask, apply_token_mask
 
 MAX_TEMPERATURE = 1e30  # larger ones sample uniformly anyway; beyond float32 they would give NaN
 
@@ -43,16 +46,22 @@ def sample(
     generators: list[torch.Generator | None],
     banned: list[list[int]] | None = None,
     penalties: list[PenaltyState | None] | None = None,
+    mask: TokenMask | None = None,
 ) -> SampleResult:
     """Sample one token per row of ``logits`` ([rows, vocab]).
 
     ``banned[i]`` token ids get zero probability (``min_tokens``: EOS/stop ids are banned
     until reached); ``penalties[i]`` is row i's bias/penalty state (``None``: none).
     ``generators[i]`` is row i's generator (its own when ``params[i].seed`` is set).
+    ``mask``: the allowed tokens of the constrained rows (``None``: no row is constrained).
     """
     logits = logits.float()
     logp = torch.log_softmax(logits, dim=-1)
     x = adjust_logits(logits, banned, penalties)
+    if mask is not None:
+        if x is logits:
+            x = logits.clone()
+        apply_token_mask(x, mask, fallback=logits)
     rand = [i for i, p in enumerate(params) if not p.greedy]
     if len(rand) == len(params):
         tokens = _race(_truncated(x, params), params, generators)

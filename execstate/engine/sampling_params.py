@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from execstate.engine.grammar.spec import StructuredOutputsParams
+
 GREEDY_TEMPERATURE = 1e-5  # below this a request samples greedily (vLLM's _SAMPLING_EPS)
 LOGIT_BIAS_MAX = 100.0  # OpenAI: each bias in [-100, 100]
 
@@ -55,6 +57,8 @@ class SamplingParams:
       N route freely.
     - ``output_kind``: ``RequestOutputKind`` of the request's outputs (``LLM.generate``
       always uses ``FINAL_ONLY``).
+    - ``structured_outputs``: constrain the output to a JSON Schema, regex, choice or grammar
+      (``engine/grammar/``); the request stops (``"stop"``) once the grammar is complete.
     """
 
     n: int = 1
@@ -77,6 +81,7 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     routed_experts_prompt_start: int = 0
     routed_experts: Any = None
+    structured_outputs: StructuredOutputsParams | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -142,6 +147,8 @@ class SamplingParams:
                     f"dtype {arr.dtype}",
                 )
             self.routed_experts = arr
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise bad("structured_outputs", "must be a StructuredOutputsParams")
 
     @property
     def greedy(self) -> bool:

@@ -4,7 +4,9 @@ A :class:`StepRequest` is the session's whole context plus the step's input (``t
 blocks holding the KV of its first ``held.num_tokens`` tokens (registered in the engine's block
 holds; None: nothing held, the prefix cache is looked up as for any request), the session's route
 trace (rows for at least the held tokens; present exactly when the engine returns routes) and
-its generator, the scheduling class and a hook for the end.
+its generator, the scheduling class, a hook for the end, and the session's grammar matcher when
+its sampling parameters constrain the output (``structured_outputs``; advanced in place, like the
+generator: the session owns it).
 
 ``build_step_request`` (called by ``RequestIntake.build_step`` with the engine's limits, live request
 ids and block holds) validates everything first (``ValueError``, nothing changed) and builds the
@@ -31,6 +33,7 @@ from execstate.engine.validation import check_prompt_length, validate_logit_bias
 from execstate.state.block_holds import BlockHolds, HeldBlocks
 
 if TYPE_CHECKING:
+    from execstate.engine.grammar.matcher import GrammarMatcher
     from execstate.engine.outputs import RequestOutput
 
 
@@ -45,6 +48,7 @@ class StepRequest:
     priority: int = PRIORITY_INTERACTIVE
     cache_salt: str | None = None
     on_finished: Callable[[Request, RequestOutput], None] | None = None
+    grammar: GrammarMatcher | None = None
 
 
 def build_step_request(step: StepRequest, *, vocab_size: int, max_model_len: int, in_use: Container[str],
@@ -71,11 +75,14 @@ def build_step_request(step: StepRequest, *, vocab_size: int, max_model_len: int
             raise ValueError(f"route rows for {step.routes.rows_known} of the {held.num_tokens} held tokens")
     if (step.routes is not None) != return_routes:
         raise ValueError("a step carries a route trace exactly when the engine returns routes")
+    if (step.grammar is not None) != (step.params.structured_outputs is not None):
+        raise ValueError("a step carries a grammar matcher exactly when its sampling params constrain the output")
     req = Request(step.request_id, step.token_ids, step.params, max_model_len, priority=step.priority)
     req.keep_blocks = True
     req.cache_salt = step.cache_salt
     req.routes = step.routes
     req.generator = step.generator
     req.on_finished = step.on_finished
+    req.grammar = step.grammar
     req.penalty_state = PenaltyState.for_request(step.params, req.prompt_token_ids, req.output_token_ids, vocab_size)
     return req

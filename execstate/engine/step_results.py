@@ -8,8 +8,11 @@ Contract of ``StepResults.apply(sched, result, out)`` (``result``: ``ModelRunner
 2. every scheduled span is committed (``Scheduler.on_computed``: computed tokens, full blocks
    into the prefix cache with their route records);
 3. the rows that sample draw one token each (``engine/sampler.py``; EOS and stop ids banned
-   below ``min_tokens``), appended with its logprobs to the request;
-4. ``on_new_token`` decides whether it stops; a stopping request goes through ``export``
+   below ``min_tokens``; constrained rows under ``mask``, the grammar masks computed during the
+   forward pass), appended with its logprobs to the request;
+4. a constrained request's matcher accepts the token (a refused token fails the request with
+   ``error`` set; a grammar that is complete stops it, ``"stop"``);
+   ``on_new_token`` decides whether it stops; a stopping request goes through ``export``
    (the engine's PD producer hook: the status it finishes with, ``"abort"`` when the export
    failed) and is finished by the scheduler and the finisher; otherwise, unless it asked for
    its final output only, an output is built now (streaming).
@@ -33,6 +36,7 @@ from execstate.engine.runner import StepResult
 from execstate.engine.sampler import sample
 from execstate.engine.sampling_params import RequestOutputKind
 from execstate.engine.scheduler import Scheduler, SchedulerOutput
+from execstate.engine.token_mask import TokenMask
 from execstate.engine.tokenizer import Tokenizer
 
 # (request, the status it stops with) -> the status it finishes with
@@ -52,7 +56,8 @@ class StepResults:
         self._r3_clock = r3_clock
         self._export = export
 
-    def apply(self, sched: SchedulerOutput, result: StepResult, out: list[RequestOutput]) -> None:
+    def apply(self, sched: SchedulerOutput, result: StepResult, out: list[RequestOutput],
+              mask: TokenMask | None = None) -> None:
         if result.routes is not None:
             t_r3 = time.perf_counter()
             for s, off in zip(sched.scheduled, result.token_offsets, strict=True):
@@ -66,7 +71,7 @@ class StepResults:
         reqs = [sched.scheduled[i].request for i in result.sample_rows]
         banned = [self._banned(r) for r in reqs]
         sampled = sample(result.logits, [r.params for r in reqs], [r.generator for r in reqs], banned,
-                         [r.penalty_state for r in reqs])
+                         [r.penalty_state for r in reqs], mask)
         now = time.monotonic()
         for j, req in enumerate(reqs):
             req.output_token_ids.append(sampled.token_ids[j])
@@ -74,7 +79,10 @@ class StepResults:
             req.output_top_logprobs.append(sampled.top_logprobs[j])
             if req.first_token_time is None:
                 req.first_token_time = now
+            grammar_status = _advance_grammar(req) if req.grammar is not None else None
             status = on_new_token(req, self._eos_token_ids, self._tokenizer)
+            if grammar_status is RequestStatus.FINISHED_ABORTED or (status is None and grammar_status is not None):
+                status = grammar_status
             if status is not None:
                 status = self._export(req, status)
                 self._scheduler.finish(req, status)
@@ -86,3 +94,14 @@ class StepResults:
         if len(req.output_token_ids) >= req.params.min_tokens:
             return []
         return sorted(self._eos_token_ids | set(req.params.stop_token_ids or []))
+
+
+def _advance_grammar(req: Request) -> RequestStatus | None:
+    """The matcher takes the request's newest token: ``"abort"`` (with the reason) when it refuses
+    it, ``"stop"`` when the grammar is complete, else None."""
+    g = req.grammar
+    assert g is not None
+    if not g.accept(req.output_token_ids[-1]):
+        req.abort_message = f"the sampled token does not match the structured output grammar: {g.error}"
+        return RequestStatus.FINISHED_ABORTED
+    return RequestStatus.FINISHED_STOPPED if g.stopped else None
