@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from execstate.agent.turn_policy import TurnConfig
+from execstate.tool_calls.parsers import PARSER_NAMES
 
 
 @dataclass(frozen=True)
@@ -16,7 +17,8 @@ class AgentConfig:
     reliable with small models) or ``"model"`` (the model speaks from the appended result alone).
     ``cancel_tasks_on_barge_in``: interrupting the front also cancels open back-end tasks (off: they
     run on; their results come back stale). ``model_tool_calls``: parse tool calls in the front's
-    output. ``chars_per_s``: the playback rate ``truncate(played_ms=...)`` converts with.
+    output, in the format of ``tool_call_parser`` (``execstate/tool_calls/parsers.py``, the parser
+    the OpenAI API uses too). ``chars_per_s``: the playback rate ``truncate(played_ms=...)`` converts with.
     ``max_input_chars``: bound on one ``feed`` chunk; ``max_events``: bound on undelivered events."""
 
     turn: TurnConfig = field(default_factory=TurnConfig)
@@ -29,6 +31,7 @@ class AgentConfig:
     result_template: str = " The answer is {result}."
     cancel_tasks_on_barge_in: bool = False
     model_tool_calls: bool = True
+    tool_call_parser: str = "hermes"
     chars_per_s: float = 15.0
     max_input_chars: int = 4096
     max_events: int = 10_000
@@ -40,5 +43,7 @@ class AgentConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if self.speak_results not in ("template", "model"):
             raise ValueError(f"speak_results must be 'template' or 'model', got {self.speak_results!r}")
+        if self.tool_call_parser not in PARSER_NAMES:
+            raise ValueError(f"tool_call_parser must be one of {PARSER_NAMES}, got {self.tool_call_parser!r}")
         if not self.chars_per_s > 0:
             raise ValueError("chars_per_s must be > 0")

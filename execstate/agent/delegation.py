@@ -5,30 +5,41 @@ Two paths (use either or both):
 - **Policy** (:class:`RegexPolicy`): rules matched against the text of a finished user turn; the
   first match gives the tool and its arguments (the regex's named groups, or ``arguments(match)``).
   Deterministic, so it is what makes delegation reliable with a small front model.
-- **Model** (:class:`ToolCallParser`): the front's output is scanned as it streams for
-  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (the Hermes/Qwen/SmolLM2 format).
-  Text outside calls is speech; text inside is held back, never emitted. A complete call is
-  validated (JSON object, ``name`` a registered tool, ``arguments`` an object); an invalid one is
+- **Model**: the front's output is scanned as it streams by a tool-call parser
+  (``execstate/tool_calls/``, the one the OpenAI API uses too; ``AgentConfig.tool_call_parser``,
+  the Hermes/Qwen/SmolLM2 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` format by
+  default). Text outside calls is speech; text inside is held back, never emitted. A complete call
+  is validated (JSON object, ``name`` a registered tool, ``arguments`` an object); an invalid one is
   reported as an error and dropped. A call still open when the response ends is invalid.
+
+``ToolCall`` lives in ``execstate/tool_calls/call.py``; ``ToolCallParser`` (now
+``tool_calls.hermes.HermesStream``), ``validate_call``, ``OPEN_TAG``, ``CLOSE_TAG`` and
+``MAX_CALL_CHARS`` moved to ``execstate/tool_calls/hermes.py``; importing them from here still works
+for one release, with a ``DeprecationWarning``.
 """
 
 from __future__ import annotations
 
-import json
 import re
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-OPEN_TAG = "<tool_call>"
-CLOSE_TAG = "</tool_call>"
-MAX_CALL_CHARS = 4096
+from execstate.tool_calls.call import ToolCall
+
+_MOVED = {"ToolCallParser": "execstate.tool_calls.hermes (HermesStream)",
+          "validate_call": "execstate.tool_calls.hermes", "OPEN_TAG": "execstate.tool_calls.hermes",
+          "CLOSE_TAG": "execstate.tool_calls.hermes", "MAX_CALL_CHARS": "execstate.tool_calls.hermes"}
 
 
-@dataclass(frozen=True)
-class ToolCall:
-    tool: str
-    arguments: dict[str, Any]
+def __getattr__(name: str) -> Any:
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"execstate.agent.delegation.{name} moved to {_MOVED[name]}", DeprecationWarning, stacklevel=2)
+    from execstate.tool_calls import hermes
+
+    return hermes.HermesStream if name == "ToolCallParser" else getattr(hermes, name)
 
 
 @dataclass(frozen=True)
@@ -52,73 +63,3 @@ class RegexPolicy:
                 args = rule.arguments(m) if rule.arguments is not None else m.groupdict()
                 return ToolCall(rule.tool, dict(args)), rule.ack if rule.ack is not None else self.ack
         return None
-
-
-def validate_call(body: str, tools: Iterable[str]) -> ToolCall:
-    """The call in ``body`` (the text between the tags); ValueError saying what is wrong."""
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"tool call is not JSON: {exc.msg}") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        raise ValueError("tool call must be an object with a string 'name'")
-    known = set(tools)
-    if obj["name"] not in known:
-        raise ValueError(f"unknown tool {obj['name']!r}; known: {sorted(known)}")
-    args = obj.get("arguments", {})
-    if not isinstance(args, dict):
-        raise ValueError("tool call 'arguments' must be an object")
-    return ToolCall(obj["name"], args)
-
-
-class ToolCallParser:
-    """Streaming split of the front's output into speech and tool calls (module docstring)."""
-
-    def __init__(self, tools: Iterable[str]) -> None:
-        self.tools = tuple(tools)
-        self._buf = ""
-        self._in_call = False
-
-    def feed(self, text: str) -> tuple[str, list[ToolCall], list[str]]:
-        """(speech to emit now, calls completed, errors) after ``text``."""
-        self._buf += text
-        speech, calls, errors = [], [], []
-        while True:
-            if not self._in_call:
-                i = self._buf.find(OPEN_TAG)
-                if i < 0:
-                    keep = _partial_suffix(self._buf, OPEN_TAG)
-                    speech.append(self._buf[: len(self._buf) - keep])
-                    self._buf = self._buf[len(self._buf) - keep:]
-                    break
-                speech.append(self._buf[:i])
-                self._buf = self._buf[i + len(OPEN_TAG):]
-                self._in_call = True
-            j = self._buf.find(CLOSE_TAG)
-            if j < 0:
-                if len(self._buf) > MAX_CALL_CHARS:
-                    errors.append(f"tool call longer than {MAX_CALL_CHARS} characters")
-                    self._buf, self._in_call = "", False
-                break
-            body, self._buf, self._in_call = self._buf[:j], self._buf[j + len(CLOSE_TAG):], False
-            try:
-                calls.append(validate_call(body.strip(), self.tools))
-            except ValueError as exc:
-                errors.append(str(exc))
-        return "".join(speech), calls, errors
-
-    def end(self) -> tuple[str, list[str]]:
-        """At the end of a response: (held-back speech, errors); the parser is reset."""
-        buf, in_call = self._buf, self._in_call
-        self._buf, self._in_call = "", False
-        if in_call:
-            return "", ["tool call not closed before the response ended"]
-        return buf, []
-
-
-def _partial_suffix(s: str, tag: str) -> int:
-    """Length of the longest suffix of ``s`` that is a proper prefix of ``tag``."""
-    for n in range(min(len(s), len(tag) - 1), 0, -1):
-        if s.endswith(tag[:n]):
-            return n
-    return 0

@@ -28,8 +28,8 @@ from execstate.agent.agent_events import (
     ErrorEvent,
 )
 from execstate.agent.backend import Backend
-from execstate.agent.delegation import ToolCall
 from execstate.agent.ledger import Delegation, DelegationState, LedgerError, ToolLedger
+from execstate.tool_calls.call import ToolCall
 
 
 class Delegations:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from execstate.agent.agent_events import AgentEvent, DelegationResult, ErrorEvent, ResponseId, TurnEvent
 from execstate.agent.backend import Backend
 from execstate.agent.config import AgentConfig
-from execstate.agent.delegation import RegexPolicy, ToolCallParser
+from execstate.agent.delegation import RegexPolicy
 from execstate.agent.delegations import Delegations
 from execstate.agent.errors import AgentError, AgentStats, Interrupt
 from execstate.agent.fence import Response, ResponseFence
@@ -50,6 +50,8 @@ from execstate.agent.front_context import FrontContext
 from execstate.agent.ledger import ToolLedger
 from execstate.agent.transcript import Transcript
 from execstate.agent.turn_policy import Decision, TurnPolicy
+from execstate.tool_calls.parser import ToolCallStream
+from execstate.tool_calls.parsers import tool_parser
 
 __all__ = ["AgentConfig", "AgentError", "AgentStats", "DuplexAgent"]
 
@@ -85,7 +87,7 @@ class DuplexAgent:
         self._burst: list[str] = []  # input while the agent speaks, not (yet) a turn
         self._plans: deque[_Plan] = deque()
         self._first: _Plan | None = None  # the plan of the response whose first step is next
-        self._parser: ToolCallParser | None = None
+        self._parser: ToolCallStream | None = None
         self._generated = 0
         self._paused = False
         self._stepping = False
@@ -270,7 +272,8 @@ class DuplexAgent:
             self._first = self._plans.popleft()
             self.fence.start(self.now(), self._first.cause)
             self._generated = 0
-            self._parser = ToolCallParser(self.backend.names) if self.config.model_tool_calls else None
+            self._parser = (tool_parser(self.config.tool_call_parser).stream(self.backend.names)
+                            if self.config.model_tool_calls else None)
 
     def _append_results(self) -> None:
         t, cfg, speak = self.now(), self.config, []

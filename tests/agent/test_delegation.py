@@ -7,7 +7,9 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execstate.agent.delegation import RegexPolicy, Rule, ToolCall, ToolCallParser
+from execstate.agent.delegation import RegexPolicy, Rule
+from execstate.tool_calls.call import ToolCall
+from execstate.tool_calls.hermes import HermesStream as ToolCallParser
 
 
 def test_policy_first_match_with_named_groups_or_builder():
