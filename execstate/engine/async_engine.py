@@ -89,6 +89,7 @@ class AsyncEngine:
         self.max_model_len: int = engine.max_model_len
         self.return_routes: bool = engine.return_routes
         self.model_path = engine.model_path
+        self.grammar = engine.grammar  # structured outputs: thread-safe, compile off the engine thread
         self._worker = EngineThread(engine, self._admission)
         self._thread = self._worker.thread
         self._worker.start()

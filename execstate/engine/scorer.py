@@ -5,6 +5,11 @@ With ``routed_experts`` given, row i forces the experts of the forward pass over
 token i; combine weights still come from the live router. Scoring a finished rollout
 (prompt + generated tokens) with its own routes reproduces the rollout's logprobs up
 to the floating-point differences between one prefill and step-by-step decode.
+
+``prompt_logprobs`` runs the same forward pass and log-softmax, so the logprob it gives each
+token is exactly ``score_tokens``' (vLLM's ``prompt_logprobs`` and the OpenAI API's ``echo``
+logprobs equal ``LLM.score`` on the same tokens), plus the token's rank and the ``k`` most likely
+alternatives at each position (entry 0, the first token, has no logprob: ``None``).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from execstate.engine.outputs import ScoreOutput
+from execstate.engine.outputs import Logprob, ScoreOutput
 from execstate.engine.validation import validate_forced_routes, validate_prompt
 from execstate.model.context import RouteCapture, StepContext
 from execstate.model.dense_attention import DenseCausalAttention
@@ -25,8 +30,42 @@ if TYPE_CHECKING:
 
 @torch.inference_mode()
 def score_tokens(engine: LLMEngine, token_ids: list[int], routed_experts: np.ndarray | None = None) -> ScoreOutput:
-    mc = engine.model_config
     token_ids = [int(t) for t in token_ids]
+    logp, rows = _log_softmax(engine, token_ids, routed_experts)
+    chosen = logp.gather(1, torch.tensor(token_ids[1:], device=logp.device)[:, None]).squeeze(1)
+    return ScoreOutput(token_ids, chosen.cpu().tolist(), rows)
+
+
+@torch.inference_mode()
+def prompt_logprobs(engine: LLMEngine, token_ids: list[int], k: int) -> list[dict[int, Logprob] | None]:
+    """Per token: ``None`` for the first, then ``{token: Logprob, alternative: Logprob...}`` with the
+    token's own logprob (equal to ``score_tokens``'), its rank (1 = most likely) and the ``k`` most
+    likely tokens of that position (``decoded_token`` unset: the caller decodes what it shows)."""
+    token_ids = [int(t) for t in token_ids]
+    if len(token_ids) < 2:
+        return [None] * len(token_ids)
+    logp, _ = _log_softmax(engine, token_ids, None)
+    ids = torch.tensor(token_ids[1:], device=logp.device)[:, None]
+    chosen = logp.gather(1, ids)
+    ranks = (logp > chosen).sum(dim=1) + 1
+    top_v, top_i = torch.topk(logp, min(k, logp.shape[1]), dim=1) if k > 0 else (None, None)
+    out: list[dict[int, Logprob] | None] = [None]
+    chosen_l, ranks_l = chosen.squeeze(1).tolist(), ranks.tolist()
+    tv = top_v.tolist() if top_v is not None else None
+    ti = top_i.tolist() if top_i is not None else None
+    for pos, tok in enumerate(token_ids[1:]):
+        entry = {tok: Logprob(chosen_l[pos], ranks_l[pos])}
+        if tv is not None and ti is not None:
+            for r, (t, v) in enumerate(zip(ti[pos], tv[pos], strict=True)):
+                entry.setdefault(t, Logprob(v, r + 1))
+        out.append(entry)
+    return out
+
+
+def _log_softmax(engine: LLMEngine, token_ids: list[int],
+                 routed_experts: np.ndarray | None) -> tuple[torch.Tensor, np.ndarray | None]:
+    """log-softmax of the logits at positions 0..n-2 ([n-1, vocab], fp32) and the route rows."""
+    mc = engine.model_config
     if len(token_ids) < 2:
         raise ValueError("score needs at least two tokens")
     validate_prompt(token_ids[:-1], mc.vocab_size, engine.max_model_len)
@@ -49,6 +88,5 @@ def score_tokens(engine: LLMEngine, token_ids: list[int], routed_experts: np.nda
     with StepContext(positions, DenseCausalAttention(), routes) as ctx:
         hidden = engine.model(ids, ctx)
     logits = engine.model.compute_logits(hidden[:-1]).float()
-    logp = torch.log_softmax(logits, dim=-1).gather(1, ids[1:, None]).squeeze(1)
     rows = routes.ids[: n - 1].cpu().numpy().copy() if routes is not None else None
-    return ScoreOutput(token_ids, logp.cpu().tolist(), rows)
+    return torch.log_softmax(logits, dim=-1), rows

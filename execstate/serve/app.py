@@ -49,6 +49,7 @@ from execstate.serve.openai.protocol import (
     SamplingRequest,
     ignored_fields,
 )
+from execstate.serve.openai.tokenize import install_tokenize_routes
 from execstate.serve.realtime.agent.endpoint import install_agent
 from execstate.serve.realtime.lm.endpoint import DEFAULT_GRACE_S, install_realtime
 from execstate.serve.sessions.routes import install_session_routes
@@ -112,6 +113,7 @@ def build_app(
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return _mark_ignored(await create_chat_completion(ctx, body, request), body)
 
+    install_tokenize_routes(app, ctx)  # /tokenize, /detokenize, /version (vLLM's)
     install_realtime(app, ctx, realtime_grace_s)
     install_agent(app, ctx, agent_back_engine)  # /v1/realtime/agent: full-duplex agents
 

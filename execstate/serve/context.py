@@ -35,6 +35,11 @@ def _prompt_workers() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(PROMPT_WORKERS, thread_name_prefix="execstate-prompt")
 
 
+def _grammar_workers() -> ThreadPoolExecutor:
+    # Structured-output compiles (serve/openai/structured.py), apart from the prompt workers.
+    return ThreadPoolExecutor(2, thread_name_prefix="execstate-grammar")
+
+
 @dataclass(frozen=True)
 class ServeContext:
     engine: AsyncEngine
@@ -44,6 +49,7 @@ class ServeContext:
     limits: ServingLimits = field(default_factory=ServingLimits)
     workers: ThreadPoolExecutor = field(default_factory=_prompt_workers)
     handoff_trust: HandoffTrust | None = None
+    grammar_workers: ThreadPoolExecutor = field(default_factory=_grammar_workers)
     sessions: AsyncSessions = field(init=False)  # the engine's LM sessions, shared by every surface
     shared_sessions: InitVar[AsyncSessions | None] = None  # the engine's, when another app serves it too
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import jinja2
 
+from execstate.engine.grammar.spec import StructuredOutputsParams
 from execstate.engine.outputs import Logprob
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.tokenizer import Tokenizer
@@ -33,6 +34,7 @@ from execstate.serve.openai.protocol import (
     SamplingRequest,
     TopLogprob,
 )
+from execstate.serve.openai.tools import ToolRequest, prompt_messages
 
 
 def check_unsupported(req: SamplingRequest) -> None:
@@ -40,24 +42,16 @@ def check_unsupported(req: SamplingRequest) -> None:
         raise bad_request(f"{param} {why}", param=param)
 
     if isinstance(req, CompletionRequest):
-        if req.echo:
-            no("echo")
         if req.suffix:
             no("suffix")
         if req.best_of is not None and req.best_of != req.n:
             no("best_of", "must equal n (best_of sampling is not supported)")
-    if isinstance(req, ChatCompletionRequest):
-        if req.tools:
-            no("tools")
-        if req.tool_choice not in (None, "none", "auto"):
-            no("tool_choice")
-        if req.response_format and req.response_format.get("type") != "text":
-            no("response_format")
     if req.kv_transfer_params is not None and req.n != 1:
         no("kv_transfer_params", "needs n=1 (one engine request per PD handoff)")
 
 
-def sampling_params(req: SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+def sampling_params(req: SamplingRequest, max_tokens: int | None, logprobs: int | None,
+                    structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
     if req.seed is not None and not -(2**63) <= req.seed < 2**64:
         raise bad_request(f"seed must fit in 64 bits, got {req.seed}", param="seed")
     try:
@@ -79,6 +73,7 @@ def sampling_params(req: SamplingRequest, max_tokens: int | None, logprobs: int 
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,
             routed_experts_prompt_start=req.routed_experts_prompt_start,
+            structured_outputs=structured_outputs,
         )
     except ValueError as exc:
         raise bad_request(str(exc), param=param_of(str(exc))) from None
@@ -129,13 +124,16 @@ def completion_prompts(
 
 
 def chat_prompt(
-    req: ChatCompletionRequest, tokenizer: Tokenizer | None, max_model_len: int | None = None
+    req: ChatCompletionRequest, tokenizer: Tokenizer | None, max_model_len: int | None = None,
+    tools: ToolRequest | None = None,
 ) -> PromptInput:
     if tokenizer is None:
         raise bad_request("this model has no tokenizer; chat completions need one", param="messages")
     messages = [_message(i, m.model_dump()) for i, m in enumerate(req.messages)]
+    messages, template_args = prompt_messages(messages, tools, tokenizer.chat_template)
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
+                                             **template_args)
     except (ValueError, jinja2.TemplateError) as exc:
         raise bad_request(f"cannot apply the chat template: {exc}", param="messages") from None
     return PromptInput(_encode(tokenizer, text, False, max_model_len), text)

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from execstate.engine.async_engine import Admission, AsyncEngine
-from execstate.engine.outputs import RequestOutput
+from execstate.engine.outputs import Logprob, RequestOutput
 from execstate.engine.sampling_params import RequestOutputKind, SamplingParams
 from execstate.serve.errors import OpenAIError
 from execstate.serve.metrics import ServingMetrics
@@ -33,9 +33,19 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class PromptScores:
+    """The prompt's logprobs (``serve/openai/prompt_scores.py``): per token its entry (``None`` for
+    the first) and its text."""
+
+    entries: list[dict[int, Logprob] | None]
+    texts: list[str]
+
+
+@dataclass(frozen=True)
 class PromptInput:
     token_ids: list[int]
     text: str | None
+    scores: PromptScores | None = None  # when prompt_logprobs or echo with logprobs ask for them
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,10 @@ def check_limits(req: SamplingRequest, limits: ServingLimits) -> None:
               " (the number of prompts)")
         if req.logprobs is not None:
             _over("logprobs", req.logprobs, "max_logprobs", limits.max_logprobs)
+    if req.prompt_logprobs is not None:
+        if req.prompt_logprobs < 0:
+            raise bad_request(f"prompt_logprobs must be >= 0, got {req.prompt_logprobs}", param="prompt_logprobs")
+        _over("prompt_logprobs", req.prompt_logprobs, "max_logprobs", limits.max_logprobs)
     if isinstance(req, ChatCompletionRequest) and req.top_logprobs is not None:
         _over("top_logprobs", req.top_logprobs, "max_logprobs", limits.max_logprobs)
     stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])

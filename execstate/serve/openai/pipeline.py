@@ -10,6 +10,11 @@ to one engine request per choice, and then either
 - or awaited: every choice's final output, returned as :class:`Finished`. A client that
   disconnects aborts them all; the result is then a 499 ``Response``.
 
+With ``prompt_logprobs`` (a number of alternatives), each prompt is scored first
+(``serve/openai/prompt_scores.py``: ``PromptInput.scores``). With ``generate`` False
+(``max_tokens: 0``: echo or prompt logprobs only) no engine request is made: a stream gets the
+choices with nothing to run, a non-streamed request returns them with no final outputs.
+
 A ``ValueError`` on the way (a prompt too long, a bad token id) is a 400, a dead engine a
 503; in every case but a started stream the admission is released here, exactly once.
 """
@@ -36,6 +41,7 @@ from execstate.serve.openai.generation import (
     expand,
     final_outputs,
 )
+from execstate.serve.openai.prompt_scores import score_prompts
 from execstate.serve.openai.streaming import SSEResponse
 from execstate.transfer.handoff import Handoff
 
@@ -55,15 +61,20 @@ class Finished:
 async def run_generation(
     ctx: ServeContext, raw: Request, admission: Admission, make_prompts: Callable[[], list[PromptInput]],
     id_prefix: str, params: SamplingParams, kv: dict[str, Any] | Handoff | None, cache_salt: str | None,
-    stream: bool, make_stream: StreamMaker, arrival: float,
+    stream: bool, make_stream: StreamMaker, arrival: float, prompt_logprobs: int | None = None,
+    generate: bool = True,
 ) -> Response | Finished:
     eng = ctx.engine
     pending: Admission | None = admission
     try:
         prompts = await ctx.in_worker(make_prompts)
+        if prompt_logprobs is not None:
+            prompts = await score_prompts(ctx, prompts, prompt_logprobs)
         request_id = new_request_id(id_prefix)
         kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
         subs = expand(request_id, prompts, params, params.n, kv, cache_salt, output_kind=kind)
+        if not generate and not stream:
+            return Finished(request_id, prompts, subs, [])
         if stream:
             response = SSEResponse(make_stream(subs, request_id, admission), on_close=partial(eng.release, admission))
             pending = None  # released by the response, once the stream is over

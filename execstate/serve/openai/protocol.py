@@ -76,6 +76,12 @@ class SamplingRequest(BaseModel):
     kv_transfer_params: dict[str, Any] | None = None
     # vLLM: tenant salt of the prompt's cache keys (engine/cache_salt.py).
     cache_salt: str | None = None
+    # Structured outputs (serve/openai/structured.py): OpenAI's response_format, vLLM's
+    # structured_outputs ({"json" | "regex" | "choice" | "grammar" | "json_object": ...}).
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    # vLLM: logprobs of the prompt's tokens (their own and this many alternatives per position).
+    prompt_logprobs: int | None = None
 
     @field_validator("cache_salt")
     @classmethod
@@ -94,7 +100,7 @@ class SamplingRequest(BaseModel):
 
 class CompletionRequest(SamplingRequest):
     prompt: Prompt
-    max_tokens: int | None = 16
+    max_tokens: int | None = 16  # 0: no generation (with echo or prompt_logprobs: score the prompt)
     logprobs: int | None = None
     echo: bool = False
     best_of: int | None = None
@@ -117,7 +123,6 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: bool = True
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
 
 
@@ -145,13 +150,25 @@ class Usage(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)  # None: an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's entry of ``prompt_logprobs`` (keyed by token id)."""
+
+    logprob: float
+    rank: int
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class CompletionChoice(_Response):
-    omit_if_none: ClassVar[frozenset[str]] = frozenset({"routed_experts", "token_ids", "prompt_token_ids"})
+    omit_if_none: ClassVar[frozenset[str]] = frozenset(
+        {"routed_experts", "token_ids", "prompt_token_ids", "prompt_logprobs"})
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
@@ -160,6 +177,7 @@ class CompletionChoice(_Response):
     routed_experts: str | None = None
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(_Response):
@@ -187,15 +205,38 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] = Field(default_factory=list)
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaToolCall(BaseModel):
+    """A streamed call: sent whole, once its block is complete (index: its place in the message)."""
+
+    index: int
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class DeltaMessage(_Response):
-    omit_if_none: ClassVar[frozenset[str]] = frozenset({"role", "content"})
+    omit_if_none: ClassVar[frozenset[str]] = frozenset({"role", "content", "tool_calls"})
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
-class AssistantMessage(BaseModel):
+class AssistantMessage(_Response):
+    omit_if_none: ClassVar[frozenset[str]] = frozenset({"tool_calls"})
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class _ChatChoiceFields(_Response):
@@ -219,7 +260,7 @@ class ChatStreamChoice(_ChatChoiceFields):
 
 
 class ChatCompletionResponse(_Response):
-    omit_if_none: ClassVar[frozenset[str]] = frozenset({"usage", "prompt_token_ids"})
+    omit_if_none: ClassVar[frozenset[str]] = frozenset({"usage", "prompt_token_ids", "prompt_logprobs"})
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -228,6 +269,7 @@ class ChatCompletionResponse(_Response):
     usage: Usage | None = None
     prompt_token_ids: list[int] | None = None
     kv_transfer_params: dict[str, Any] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class ChatCompletionChunk(_Response):
