@@ -49,10 +49,13 @@ def test_wire_form_round_trips(spec):
     assert back.key == spec.key and back.kind == spec.kind
 
 
-def test_key_is_canonical():
+def test_key_is_canonical_and_keeps_the_property_order():
     a = S(json={"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}})
-    b = S(json='{"properties": {"b": {"type": "integer"}, "a": {"type": "string"}}, "type": "object"}')
-    assert a.key == b.key
+    same = S(json='{"type": "object",  "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}}')
+    swapped = S(json={"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}})
+    assert a.key == same.key
+    assert a.key != swapped.key  # the output writes the properties in this order: another constraint
+    assert list(S.from_wire(swapped.to_wire()).value["properties"]) == ["b", "a"]
 
 
 def test_json_depth_is_iterative():

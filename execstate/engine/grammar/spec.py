@@ -3,15 +3,17 @@
 Exactly one of ``json`` (a JSON Schema, as a dict or its JSON text), ``regex``, ``choice`` (a list
 of strings: the output is one of them), ``grammar`` (a Lark grammar, or an EBNF / GBNF grammar
 with ``::=`` rules, converted to Lark) or ``json_object`` (any JSON object) is set; otherwise
-``ValueError``. ``key`` is a canonical text of the constraint (sorted JSON), the compiler's cache
-key, and ``to_wire`` / ``from_wire`` give the serialisable form that travels with a session's
-state (migration, hibernation).
+``ValueError``. ``key`` is the canonical text of the constraint (compact JSON, keys in the order
+given: a schema's property order is the order its output writes them, so it is part of the
+constraint), the compiler's cache key; ``to_wire`` / ``from_wire`` give the serialisable form
+that travels with a session's state (migration, hibernation).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -63,10 +65,10 @@ class StructuredOutputsParams:
             return json.loads(v)
         return v
 
-    @property
+    @cached_property
     def key(self) -> str:
-        """Canonical text of the constraint (equal constraints give equal keys)."""
-        return json.dumps([self.kind, self.value], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        """Canonical text of the constraint (equal constraints give equal keys; computed once)."""
+        return json.dumps([self.kind, self.value], separators=(",", ":"), ensure_ascii=False)
 
     def to_wire(self) -> str:
         return self.key

@@ -7,6 +7,8 @@
 - ``sampling`` (``Merge.REPLACE``): ``{field: value, ...}`` with fields of ``SamplingParams``
   listed in :data:`SAMPLING_FIELDS`: the session's sampling parameters for this step and the
   following ones. Last write wins within one step; the overwritten event is completed unapplied.
+  ``structured_outputs`` is ``{"json" | "regex" | "choice" | "grammar" | "json_object": ...}``
+  (checked against the grammar bounds here; compiled when a step starts) or None.
 
 Validation happens at submission (``invalid`` on a bad payload, nothing queued): ids inside the
 vocabulary, at most ``max_model_len - 1`` tokens per event, sampling values as ``SamplingParams``
@@ -20,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import Any
 
+from execstate.engine.grammar.bounds import GrammarBounds, check_bounds
+from execstate.engine.grammar.spec import StructuredOutputsParams
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.tokenizer import Tokenizer
 from execstate.engine.validation import validate_logit_bias, validate_sampling
@@ -30,7 +34,7 @@ SAMPLING = "sampling"
 SAMPLING_FIELDS = frozenset({
     "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
     "logit_bias", "max_tokens", "min_tokens", "stop", "stop_token_ids", "ignore_eos", "logprobs",
-    "skip_special_tokens",
+    "skip_special_tokens", "structured_outputs",
 })
 assert {f.name for f in fields(SamplingParams)} >= SAMPLING_FIELDS
 
@@ -62,6 +66,8 @@ def lm_event_kinds(vocab_size: int, max_model_len: int, tokenizer: Tokenizer | N
         unknown = sorted(set(data) - SAMPLING_FIELDS)
         if unknown:
             raise ValueError(f"unknown or fixed sampling field(s) {unknown}; allowed: {sorted(SAMPLING_FIELDS)}")
+        data = {**data, "structured_outputs": _constraint(data["structured_outputs"])} \
+            if "structured_outputs" in data else data
         probe = replace(SamplingParams(), **dict(data))  # SamplingParams validates (and normalises) each value
         validate_sampling(probe, vocab_size)
         validate_logit_bias(probe.logit_bias, vocab_size)
@@ -69,6 +75,18 @@ def lm_event_kinds(vocab_size: int, max_model_len: int, tokenizer: Tokenizer | N
 
     return {INPUT: EventKind(INPUT, Merge.APPEND, input_tokens),
             SAMPLING: EventKind(SAMPLING, Merge.REPLACE, sampling_fields)}
+
+
+def _constraint(value: Any) -> StructuredOutputsParams | None:
+    if value is None or isinstance(value, StructuredOutputsParams):
+        spec = value
+    elif isinstance(value, Mapping):
+        spec = StructuredOutputsParams.from_dict(dict(value))
+    else:
+        raise ValueError("structured_outputs must be an object such as {'regex': '...'} or null")
+    if spec is not None:
+        check_bounds(spec, GrammarBounds())
+    return spec
 
 
 def pretokenize(kind: str, data: Any, tokenizer: Tokenizer | None) -> Any:

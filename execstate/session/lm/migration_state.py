@@ -5,8 +5,9 @@ current provenance) into an offer. Target side: :func:`check_offer` validates a 
 against the receiving model before anything is allocated (sizes, token ids inside the vocabulary,
 KV and route row counts consistent with the context, route rows in range without duplicate
 experts, the RNG state's size, the sampling parameters as the engine validates them, event ids),
-and :func:`event_queue`, :func:`sampling_params`, :func:`route_rows`, :func:`rng_state` turn the
-checked fields into the session's own objects. :func:`accept_offer` is the target's whole admission
+and :func:`event_queue`, :func:`sampling_params`, :func:`route_rows`, :func:`rng_state`,
+:func:`grammar_state` (the structured-output matcher, its tokens replayed) turn the checked fields
+into the session's own objects. :func:`accept_offer` is the target's whole admission
 (who sent the offer, its handoff, provenance, ``check_offer``, deadline, id, capacity). Every refusal is ``MigrationError("invalid")``
 naming the field.
 
@@ -25,10 +26,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from execstate.engine.grammar.compiler import GrammarCompiler
+from execstate.engine.grammar.matcher import GrammarMatcher, GrammarSnapshot
+from execstate.engine.grammar.spec import StructuredOutputsParams
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.validation import validate_logit_bias, validate_sampling
 from execstate.session.lm.events import INPUT
-from execstate.session.lm.migration_wire import FORMAT_VERSION, SessionOffer, WireSampling, decode_offer
+from execstate.session.lm.migration_wire import (
+    FORMAT_VERSION,
+    SessionOffer,
+    WireGrammar,
+    WireSampling,
+    decode_offer,
+)
 from execstate.session.lm.sessions import LMSessions
 from execstate.session.lm.state import LMState
 from execstate.session.runtime.events import Event, EventKind, EventQueue
@@ -55,20 +65,34 @@ def build_offer(rt: SessionRuntime, *, source_instance_id: str, provenance_diges
     if state.routes is not None:
         rows = np.ascontiguousarray(state.routes.rows(0, max(n - 1, 0)), dtype="<i2").tobytes()
     snap = rt.events.snapshot()
+    gram = state.grammar_snapshot()
     return SessionOffer(
         format_version=FORMAT_VERSION, session_id=rt.session_id, source_instance_id=source_instance_id,
         provenance_digest=provenance_digest, cache_salt=state.cache_salt, token_ids=list(state.token_ids),
         num_kv_tokens=state.num_kv_tokens, route_rows=rows, step_index=rt.step_index, event_epoch=rt.event_epoch,
         max_event_epoch=rt.max_event_epoch, branch_id=rt.branch_id, seed=state.seed,
         rng_state=bytes(state.generator.get_state().numpy()),
-        sampling=WireSampling(**{f: getattr(state.params, f) for f in _SAMPLING}), priority=state.priority,
+        sampling=_wire_sampling(state.params), priority=state.priority,
         events=events_to_wire(snap, _payload), handoff=handoff, commit_by=commit_by,
+        grammar=WireGrammar(gram.spec, list(gram.token_ids)) if gram is not None else None,
     )
+
+
+def _wire_sampling(params: SamplingParams) -> WireSampling:
+    fields = {f: getattr(params, f) for f in _SAMPLING}
+    so = params.structured_outputs
+    return WireSampling(**{**fields, "structured_outputs": so.to_wire() if so is not None else None})
 
 
 def _payload(e: Event) -> Any:
     """An LM event's validated data as a client would submit it."""
-    return {"token_ids": list(e.data)} if e.kind == INPUT else dict(e.data)
+    if e.kind == INPUT:
+        return {"token_ids": list(e.data)}
+    data = dict(e.data)
+    if isinstance(data.get("structured_outputs"), StructuredOutputsParams):  # as a client sends it
+        spec = data["structured_outputs"]
+        data["structured_outputs"] = {spec.kind: spec.value}
+    return data
 
 
 # -- target side -----------------------------------------------------------------------------------
@@ -166,12 +190,27 @@ def sampling_params(offer: SessionOffer, vocab_size: int) -> SamplingParams:
     """The session's ``SamplingParams`` (n=1, free routes), validated as the engine does."""
     fields = {f: getattr(offer.sampling, f) for f in _SAMPLING}
     try:
+        wire = fields["structured_outputs"]
+        fields["structured_outputs"] = StructuredOutputsParams.from_wire(wire) if wire is not None else None
         params = replace(SamplingParams(), **fields, seed=offer.seed)
         validate_sampling(params, vocab_size)
         validate_logit_bias(params.logit_bias, vocab_size)
     except ValueError as e:
         raise _bad("sampling", str(e)) from None
     return params
+
+
+def grammar_state(offer: SessionOffer, compiler: GrammarCompiler | None) -> GrammarMatcher | None:
+    """The session's matcher, its accepted tokens replayed (None: the output is not constrained)."""
+    g = offer.grammar
+    if g is None:
+        return None
+    if compiler is None:
+        raise MigrationError("incompatible", "the session's output is constrained but this model has no tokenizer")
+    try:
+        return compiler.restore(GrammarSnapshot(g.spec, tuple(g.token_ids)))
+    except ValueError as e:
+        raise _bad("grammar", str(e)) from None
 
 
 def rng_state(offer: SessionOffer) -> torch.Tensor:

@@ -48,6 +48,7 @@ from execstate.session.lm.migration_source import chain_keys_from
 from execstate.session.lm.migration_state import (
     accept_offer,
     event_queue,
+    grammar_state,
     rng_state,
     route_rows,
     sampling_params,
@@ -133,6 +134,7 @@ def begin_import(sessions: LMSessions, data: bytes | tuple[SessionOffer, bool]) 
                     offer.cache_salt, offer.priority)
     state.token_ids = list(offer.token_ids)
     state.generator.set_state(rng_state(offer))
+    state.grammar = grammar_state(offer, engine.grammar)
     rows = route_rows(offer, route_shape, mc.num_experts or 0) if route_shape is not None else None
     queue = event_queue(offer, sessions.kinds, sessions.max_pending_events)
     n = handoff.num_blocks if handoff is not None else 0

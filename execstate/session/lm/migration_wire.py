@@ -11,8 +11,10 @@ verified by the target's ``KVImporter``), and everything else the session owns t
   little-endian ``[len(token_ids) - 1, n_moe_layers, top_k]``, C order), step index, event epoch
   (and the highest epoch the session had), branch id, seed and RNG state, sampling parameters,
   scheduling priority, pending events with the id watermark and remembered acknowledgements, the
-  PD handoff of the exported blocks (``None`` when nothing was exported) and ``commit_by``: a
-  Unix time after which the target must not create the session (the source has given up).
+  PD handoff of the exported blocks (``None`` when nothing was exported), ``commit_by``: a
+  Unix time after which the target must not create the session (the source has given up), and
+  the structured-output matcher state (``grammar``: the constraint's wire text and the tokens the
+  matcher accepted, replayed by the target; ``None`` when the output is not constrained).
 - **Signature**: ``HMAC-SHA256(secret, DOMAIN + payload)`` in hex over the exact payload bytes,
   with the PD handoff secret (``transfer/handoff.py``) shared by both instances. A wrongly signed
   offer is refused; an unsigned one is accepted only with an unsigned handoff naming a source
@@ -54,7 +56,8 @@ from execstate.session.runtime.migration_wire import (
 )
 
 __all__ = ["DOMAIN", "FORMAT_VERSION", "MAX_EVENTS", "MAX_OFFER_BYTES", "MAX_RNG_BYTES", "MAX_TOKENS", "MigrationError",
-           "SessionOffer", "SignedOffer", "WireAck", "WireEvents", "WirePending", "WireSampling", "decode_offer",
+           "SessionOffer", "SignedOffer", "WireAck", "WireEvents", "WireGrammar", "WirePending", "WireSampling",
+           "decode_offer",
            "encode_offer", "sign"]
 
 FORMAT_VERSION = 1
@@ -90,6 +93,14 @@ class WireSampling(Struct, frozen=True, forbid_unknown_fields=True):
     ignore_eos: bool
     logprobs: int | None
     skip_special_tokens: bool
+    structured_outputs: Annotated[str, Meta(max_length=1 << 20)] | None = None  # StructuredOutputsParams.to_wire
+
+
+class WireGrammar(Struct, frozen=True, forbid_unknown_fields=True):
+    """A structured-output matcher's state (``engine/grammar/matcher.GrammarSnapshot``)."""
+
+    spec: Annotated[str, Meta(max_length=1 << 20)]
+    token_ids: Annotated[list[_Token], Meta(max_length=MAX_TOKENS)]
 
 
 class SessionOffer(Struct, frozen=True, forbid_unknown_fields=True):
@@ -114,6 +125,7 @@ class SessionOffer(Struct, frozen=True, forbid_unknown_fields=True):
     events: WireEvents
     handoff: dict[str, Any] | None
     commit_by: float
+    grammar: WireGrammar | None = None
 
 
 def sign(secret: bytes, payload: bytes) -> str:

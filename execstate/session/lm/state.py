@@ -12,6 +12,14 @@
   rollback, so re-running the same inputs reproduces the same tokens when sampling too.
 - ``root``: the root key (provenance + cache salt) the KV and keys were computed under. When the
   engine's root differs (a weights update, any provenance change) the state is stale.
+- ``grammar``: the matcher state of the session's structured-output constraint
+  (``params.structured_outputs``; ``engine/grammar/matcher.py``), or None. It spans steps: each
+  step's request advances it in place (like the generator), so a constrained output can be
+  generated over several steps. It is execution state: a checkpoint keeps a copy, a rollback
+  restores one, a fork clones one, and ``grammar_snapshot()`` is its serialisable form (the
+  constraint's wire text + the tokens the matcher accepted), which a migration carries in its
+  offer (``session/lm/migration_wire.py``: ``SessionOffer.grammar``) and a hibernated session
+  stores the same way; the receiving side replays it (``GrammarCompiler.restore``).
 
 ``save`` pins the blocks (one more reference each, no KV copied; the engine copies the shared
 partial tail block before writing into it), copies the token list and the RNG state and keeps a
@@ -26,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from execstate.engine.grammar.matcher import GrammarMatcher, GrammarSnapshot
 from execstate.engine.route_trace import RouteTrace
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
@@ -46,6 +55,7 @@ class LMSaved:
     seed: int
     rng_state: torch.Tensor
     root: BlockKey
+    grammar: GrammarMatcher | None = None  # a copy: never advanced
     released: bool = field(default=False, init=False)
 
     def release(self) -> None:
@@ -73,6 +83,7 @@ class LMState:
         self.blocks: HeldBlocks | None = None
         self.routes: RouteTrace | None = RouteTrace(*route_shape) if route_shape is not None else None
         self.released = False
+        self.grammar: GrammarMatcher | None = None
         self._keys: list[BlockKey] = []  # chain keys of token_ids' full blocks computed so far
 
     # -- KindState ------------------------------------------------------------------------------
@@ -80,7 +91,8 @@ class LMState:
         blocks = self.holds.pin(self.blocks) if self.blocks is not None else None
         rows = self.routes.rows(0, self.routes.rows_known) if self.routes is not None else None
         return LMSaved(self.holds, list(self.token_ids), list(self._keys), blocks, rows, self.params, self.seed,
-                       self.generator.get_state(), self.root)
+                       self.generator.get_state(), self.root,
+                       self.grammar.copy() if self.grammar is not None else None)
 
     def restore(self, saved: LMSaved) -> None:
         self._check_saved(saved)
@@ -113,6 +125,10 @@ class LMState:
         return (self._keys[n_full - 1] if n_full else self.root), self.token_ids[n_full * bs :]
 
     # -- the LM kind's own operations -------------------------------------------------------------
+    def grammar_snapshot(self) -> GrammarSnapshot | None:
+        """The matcher state in its serialisable form (None: the output is not constrained)."""
+        return self.grammar.snapshot() if self.grammar is not None else None
+
     @property
     def num_kv_tokens(self) -> int:
         return self.blocks.num_tokens if self.blocks is not None else 0
@@ -144,6 +160,7 @@ class LMState:
             self.routes = trace
         self.params, self.seed, self.root = saved.params, saved.seed, saved.root
         self.generator.set_state(saved.rng_state)
+        self.grammar = saved.grammar.copy() if saved.grammar is not None else None
 
     def _check_saved(self, saved: LMSaved) -> None:
         if saved.released:

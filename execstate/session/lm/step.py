@@ -28,10 +28,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from execstate.engine.grammar.matcher import GrammarMatcher
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.outputs import Logprob, RequestOutput
 from execstate.engine.request import Request, RequestStatus
-from execstate.engine.sampling_params import RequestOutputKind
+from execstate.engine.sampling_params import RequestOutputKind, SamplingParams
 from execstate.engine.step_request import StepRequest
 from execstate.session.lm.events import INPUT, SAMPLING
 from execstate.session.lm.state import LMState
@@ -121,6 +122,7 @@ def start_lm_step(
     step_params = replace(params, n=1, seed=state.seed, output_kind=kind, routed_experts=None,
                           max_tokens=max_tokens if max_tokens is not None else params.max_tokens,
                           routed_experts_prompt_start=max(len(state.token_ids) - 1, 0))
+    grammar = _step_grammar(engine, state.grammar, params)
     started = sorted({e.event_id for e in drained.applied})
     handle = StepHandle(rt.session_id, rt.step_index + 1, f"session:{rt.session_id}:{next(_request_ids)}",
                         {"started": started, "active": [], "completed": drained.event_ids})
@@ -131,12 +133,30 @@ def start_lm_step(
     try:
         handle.request = engine.add_step_request(StepRequest(
             handle.request_id, tokens, step_params, held=state.blocks, routes=state.routes, generator=state.generator,
-            priority=state.priority, cache_salt=state.cache_salt, on_finished=hook))
+            priority=state.priority, cache_salt=state.cache_salt, on_finished=hook, grammar=grammar))
     except ValueError as exc:
         raise SessionEventError("invalid", str(exc)) from None
     state.blocks = None  # the request holds them until it finishes
     state.params = params
+    state.grammar = grammar  # the request advances it in place
     return handle
+
+
+def _step_grammar(engine: LLMEngine, current: GrammarMatcher | None, params: SamplingParams) -> GrammarMatcher | None:
+    """The matcher a step constrains its output with: the session's own when the constraint is
+    unchanged and not complete yet (a constrained output over several steps), else a fresh one;
+    None without a constraint. SessionEventError ``invalid`` (nothing changed) if it cannot compile."""
+    spec = params.structured_outputs
+    if spec is None:
+        return None
+    if current is not None and current.spec.key == spec.key and not current.stopped:
+        return current
+    if engine.grammar is None:
+        raise SessionEventError("invalid", "structured outputs need the model's tokenizer")
+    try:
+        return engine.grammar.compile(spec).matcher()
+    except ValueError as exc:
+        raise SessionEventError("invalid", str(exc)) from None
 
 
 def finish_lm_step(engine: LLMEngine, rt: SessionRuntime, handle: StepHandle, req: Request, out: RequestOutput,
