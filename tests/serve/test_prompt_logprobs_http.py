@@ -85,3 +85,5 @@ def test_tokenize_detokenize_version(http, served):
     assert http.post("/tokenize", json={"model": "other", "prompt": "x"}).status_code == 404
     assert http.post("/tokenize", json={}).status_code == 400
     assert isinstance(http.get("/version").json()["version"], str)
+    info = http.get("/tokenizer_info").json()
+    assert info["eos_token"] == tok.eos_token and info["chat_template"] == tok.chat_template

@@ -1,4 +1,4 @@
-"""``POST /tokenize``, ``POST /detokenize`` and ``GET /version`` (vLLM's shapes).
+"""``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info`` and ``GET /version`` (vLLM's shapes).
 
 - ``/tokenize``: ``{"prompt": str, "add_special_tokens": true}`` or, for chat,
   ``{"messages": [...], "add_generation_prompt": true, "add_special_tokens": false, "tools": [...]}``
@@ -6,6 +6,9 @@
   ``return_token_strs`` adds each token's string. Answer: ``{"count", "max_model_len", "tokens",
   "token_strs"}``.
 - ``/detokenize``: ``{"tokens": [...]}`` -> ``{"prompt": str}``; ids outside the vocabulary: 400.
+- ``/tokenizer_info``: the special tokens, the chat template and ``model_max_length`` (what
+  lm-evaluation-harness's remote tokenizer reads: with ``/tokenize`` and ``/detokenize`` it
+  tokenises with the server's own tokenizer, nothing downloaded).
 - ``/version``: ``{"version": execstate's version}``.
 
 ``model`` is optional; when given it must be the served name. Tokenising and templating run in the
@@ -71,6 +74,15 @@ def install_tokenize_routes(app: FastAPI, ctx: ServeContext) -> None:
         if tok is None:
             raise bad_request("this model has no tokenizer", param="tokens")
         return JSONResponse({"prompt": await ctx.in_worker(tok.decode, body.tokens)})
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> JSONResponse:
+        _check_model(ctx, None)
+        tok = ctx.engine.tokenizer
+        assert tok is not None
+        return JSONResponse({"tokenizer_class": "execstate", "eos_token": tok.eos_token, "bos_token": tok.bos_token,
+                             "pad_token": None, "chat_template": tok.chat_template,
+                             "model_max_length": ctx.engine.max_model_len})
 
     @app.get("/version")
     async def server_version() -> JSONResponse:
