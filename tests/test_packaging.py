@@ -53,7 +53,9 @@ PACKAGE = REPO / "execstate"
 # Optional peers, imported only inside functions, each with a clear message when missing.
 OPTIONAL_IMPORTS = {"llama_cpp": "llama-cpp-python (bench throughput's llama.cpp peer)",
                     # bench/vllm_driver.py runs under the python of vLLM's own venv (bench throughput's vLLM peer)
-                    "vllm": "vLLM's CPU build", "psutil": "psutil (a dependency of vLLM)"}
+                    "vllm": "vLLM's CPU build", "psutil": "psutil (a dependency of vLLM)",
+                    # bench/harness.py: lm-evaluation-harness, the `eval` extra (a bench-only install)
+                    "lm_eval": "lm-eval (pip install -e '.[eval]')"}
 # What never travels into the clean copy that gets installed.
 _NOT_COPIED = (".git", ".venv", "build", "dist", "*.egg-info", "*.so", "__pycache__", ".pytest_cache",
                ".ruff_cache", ".hypothesis", ".cache")
