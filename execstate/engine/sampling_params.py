@@ -58,7 +58,8 @@ class SamplingParams:
     - ``output_kind``: ``RequestOutputKind`` of the request's outputs (``LLM.generate``
       always uses ``FINAL_ONLY``).
     - ``structured_outputs``: constrain the output to a JSON Schema, regex, choice or grammar
-      (``engine/grammar/``); the request stops (``"stop"``) once the grammar is complete.
+      (``engine/grammar/``; a ``{"regex": ...}``-style dict is converted); the request stops
+      (``"stop"``) once the grammar is complete.
     """
 
     n: int = 1
@@ -147,8 +148,13 @@ class SamplingParams:
                     f"dtype {arr.dtype}",
                 )
             self.routed_experts = arr
+        if isinstance(self.structured_outputs, dict):  # as a JSON body carries it: {"regex": "..."}
+            try:
+                self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
+            except (ValueError, TypeError) as exc:
+                raise bad("structured_outputs", str(exc)) from None
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
-            raise bad("structured_outputs", "must be a StructuredOutputsParams")
+            raise bad("structured_outputs", "must be a StructuredOutputsParams or a {kind: value} dict")
 
     @property
     def greedy(self) -> bool:

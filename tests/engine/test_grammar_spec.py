@@ -89,3 +89,13 @@ def test_nesting_bound():
     with pytest.raises(ValueError, match="nested .* levels deep; at most 32"):
         check_bounds(S(json=schema), GrammarBounds())
     check_bounds(S(json=schema), GrammarBounds(max_depth=200))
+
+
+def test_sampling_params_take_a_dict():
+    from execstate.engine.sampling_params import SamplingParams
+
+    assert SamplingParams(structured_outputs={"regex": "a+"}).structured_outputs == S(regex="a+")
+    with pytest.raises(ValueError, match="invalid sampling parameter structured_outputs"):
+        SamplingParams(structured_outputs={"regex": "a", "choice": ["b"]})
+    with pytest.raises(ValueError, match="structured_outputs"):
+        SamplingParams(structured_outputs="a+")

@@ -138,3 +138,20 @@ def test_slow_compile_is_a_400_and_unconstrained_requests_go_on(served, client, 
     t.join(60)
     assert len(gaps) >= 10 and max(gaps[1:]) < 5.0  # chunks: tokens whose text is complete
     assert wait_idle(served.engine) == (0, 0, 0)
+
+
+def test_a_session_over_http_with_a_constraint(served):
+    with httpx.Client(base_url=served.url, timeout=60) as http:
+        r = http.post("/v1/sessions", json={"sampling": {"seed": 2, "structured_outputs": {"choice": ["up", "down"]}}})
+        assert r.status_code == 200, r.text
+        sid = r.json()["session_id"]
+        step = http.post(f"/v1/sessions/{sid}/step", json={"input": [5, 6, 7], "max_tokens": 10}).json()
+        assert step["text"] in ("up", "down") and step["finish_reason"] == "stop"
+        ev = http.post(f"/v1/sessions/{sid}/events", json={"event_id": 50, "kind": "sampling",
+                                                          "data": {"structured_outputs": {"regex": "[0-9]{4}"}}})
+        assert ev.status_code == 200, ev.text
+        step = http.post(f"/v1/sessions/{sid}/step", json={"input": [8], "max_tokens": 10}).json()
+        assert re.fullmatch(r"[0-9]{4}", step["text"])
+        bad = http.post("/v1/sessions", json={"sampling": {"structured_outputs": {"regex": "a", "choice": ["b"]}}})
+        assert bad.status_code == 400 and "exactly one" in bad.text
+        http.delete(f"/v1/sessions/{sid}")
