@@ -4,7 +4,9 @@ Workload: SmolLM2-135M-Instruct (the embedded ``smollm2-135m``), chat prompts as
 greedy, exactly ``max_tokens`` tokens per prompt (``ignore_eos``; the schema's ``minItems`` keeps
 the document open past ``max_tokens``, so both runs generate the same number of tokens), batch 1
 and batch 8. Each engine runs plain and constrained generations interleaved in one process
-(``repeats`` pairs after a warm-up of each), and the ratio of the median wall times is the cost.
+(``repeats`` pairs after a warm-up of each); ``summary`` gives the ratios of the best runs, of
+adjacent pairs and (execstate and vLLM with psutil) of CPU seconds: on a shared machine the
+best and the CPU-time ratios are the least disturbed.
 vLLM (its CPU venv, ``make vllm-venv``; ``structured_vllm.py``) runs the same prompts and schema
 with its xgrammar and guidance backends.
 
@@ -50,16 +52,17 @@ def measure_execstate(model: str, batches: list[int], max_tokens: int, repeats: 
                             structured_outputs=StructuredOutputsParams(json=SCHEMA))
     out: dict[str, Any] = {"batches": {}}
     for b in batches:
-        runs: dict[str, list[float]] = {"plain": [], "schema": []}
+        runs: dict[str, list[float]] = {"plain": [], "schema": [], "plain_cpu": [], "schema_cpu": []}
         batch = [{"prompt_token_ids": p} for p in ps[:b]]
         llm.generate(batch, plain, use_tqdm=False)
         llm.generate(batch, schema, use_tqdm=False)
         sample = ""
         for _ in range(repeats):
             for name, sp in (("plain", plain), ("schema", schema)):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 res = llm.generate(batch, sp, use_tqdm=False)
                 runs[name].append(time.perf_counter() - t0)
+                runs[f"{name}_cpu"].append(time.process_time() - c0)  # every thread of the process
                 assert all(len(r.outputs[0].token_ids) == max_tokens for r in res)
                 sample = res[0].outputs[0].text if name == "schema" else sample
         out["batches"][str(b)] = {**runs, "sample": sample[:200]}
@@ -83,12 +86,18 @@ def measure_vllm(python: str, model_dir: str, batches: list[int], max_tokens: in
 
 
 def summary(run: dict[str, Any], max_tokens: int) -> dict[str, dict[str, float]]:
-    """Per batch: median tokens/s plain and constrained, and constrained / plain."""
+    """Per batch: the best tokens/s plain and constrained (the least disturbed run on a shared
+    machine), and constrained / plain twice: of the best runs, and the median over the repeats of
+    each adjacent pair's ratio (a pair runs under about the same load)."""
     out = {}
     for b, r in run["batches"].items():
         n = int(b) * max_tokens
-        plain, schema = n / statistics.median(r["plain"]), n / statistics.median(r["schema"])
-        out[b] = {"plain_tok_s": round(plain, 1), "schema_tok_s": round(schema, 1), "ratio": round(schema / plain, 3)}
+        plain, schema = n / min(r["plain"]), n / min(r["schema"])
+        pairs = statistics.median(p / s for p, s in zip(r["plain"], r["schema"], strict=True))
+        out[b] = {"plain_tok_s": round(plain, 1), "schema_tok_s": round(schema, 1), "ratio_best": round(schema / plain, 3),
+                  "ratio_pairs": round(pairs, 3)}
+        if r.get("plain_cpu"):  # CPU seconds per run: less disturbed by other processes than wall time
+            out[b]["ratio_cpu"] = round(statistics.median(r["plain_cpu"]) / statistics.median(r["schema_cpu"]), 3)
     return out
 
 

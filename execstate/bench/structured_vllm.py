@@ -20,6 +20,24 @@ import json  # noqa: E402
 import time  # noqa: E402
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and its children (vLLM's engine core), 0 without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return 0.0
+    me = psutil.Process()
+    procs = [me, *me.children(recursive=True)]
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
 def main() -> None:
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
@@ -37,15 +55,16 @@ def main() -> None:
     result: dict = {"vllm": vllm.__version__, "backend": cfg.get("backend", "xgrammar"), "batches": {}}
     for b in cfg["batches"]:
         prompts = [{"prompt_token_ids": p} for p in cfg["prompts"][:b]]
-        runs: dict[str, list[float]] = {"plain": [], "schema": []}
+        runs: dict[str, list[float]] = {"plain": [], "schema": [], "plain_cpu": [], "schema_cpu": []}
         texts: list[str] = []
         llm.generate(prompts, plain, use_tqdm=False)  # warm-up, both
         llm.generate(prompts, constrained, use_tqdm=False)
         for _ in range(cfg["repeats"]):
             for name, sp in (("plain", plain), ("schema", constrained)):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), _cpu()
                 outs = llm.generate(prompts, sp, use_tqdm=False)
                 runs[name].append(time.perf_counter() - t0)
+                runs[f"{name}_cpu"].append(_cpu() - c0)
                 if name == "schema":
                     texts = [o.outputs[0].text for o in outs]
                     assert all(len(o.outputs[0].token_ids) == cfg["max_tokens"] for o in outs)
