@@ -2,12 +2,21 @@
 
 Every tenant has limits on what it may keep resident: ``sessions`` (LM sessions), ``checkpoints``,
 ``pinned_blocks`` (KV blocks held by its sessions and checkpoints), ``agents`` and
-``world_sessions``. A :class:`QuotaLedger` counts what each tenant holds; the code that creates
-such state calls ``reserve`` first (a refusal changes nothing) and ``release`` exactly once when
-the state goes (close, expiry, eviction, disconnect, error). ``None`` is "unlimited".
+``world_sessions``. ``None`` is "unlimited". A :class:`QuotaLedger` holds the limits and answers
+two ways:
+
+- ``check(tenant, kind, held, asked)``: where the owner of the state can count what a tenant
+  holds from the state itself (the session manager counts its resident sessions, checkpoints
+  and pinned blocks: ``session/runtime/manager.py``), it passes that count; nothing is kept here
+  that could drift from the state;
+- ``reserve`` / ``release``: where nothing else counts it, the ledger does; the code that creates
+  such state calls ``reserve`` first (a refusal changes nothing) and ``release`` exactly once
+  when the state goes (close, expiry, eviction, disconnect, error).
 
 Contract:
 
+- ``check(tenant, kind, held, asked)`` raises :class:`QuotaExceeded` when ``held + asked`` is over
+  the tenant's limit; it counts nothing.
 - ``reserve(tenant, kind, n)`` raises :class:`QuotaExceeded` (``code`` ``quota``, naming the kind,
   the limit and the tenant) when the tenant would hold more than its limit; nothing is counted.
 - ``release(tenant, kind, n)`` never lets a count go below zero (``ValueError``: a double release is
@@ -70,6 +79,12 @@ class QuotaLedger:
     def held(self, tenant: TenantId, kind: str) -> int:
         self.quotas.limit(kind)  # validates kind
         return self._held[tenant][kind] if tenant in self._held else 0
+
+    def check(self, tenant: TenantId, kind: str, held: int, asked: int = 1) -> None:
+        """:class:`QuotaExceeded` unless ``tenant``, holding ``held``, may take ``asked`` more ``kind``."""
+        limit = self.limits(tenant).limit(kind)
+        if limit is not None and held + asked > limit:
+            raise QuotaExceeded(tenant, kind, limit, held, asked)
 
     def reserve(self, tenant: TenantId, kind: str, n: int = 1) -> None:
         limit = self.limits(tenant).limit(kind)

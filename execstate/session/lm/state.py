@@ -17,6 +17,11 @@
 partial tail block before writing into it), copies the token list and the RNG state and keeps a
 *view* of the route rows: a trace only appends past its known rows, and a restore or a fork
 builds its own trace from a copy, so the view never changes.
+
+Memory: ``LMSaved.nbytes`` is a checkpoint's host memory (token ids, block keys, route rows, RNG
+state), counted per tenant in ``/metrics`` (``session/lm/tenancy.py``). ``release`` (of a saved
+state, and of the state when its session ends) drops every reference it holds, so an ended
+session remembered for its status keeps no context, keys, routes or KV.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.identity.keys import BlockKey, block_key
 from execstate.state.block_holds import BlockHolds, HeldBlocks
+
+_NO_RNG = torch.empty(0, dtype=torch.uint8)
 
 
 @dataclass(eq=False)
@@ -48,12 +55,25 @@ class LMSaved:
     root: BlockKey
     released: bool = field(default=False, init=False)
 
+    @property
+    def nbytes(self) -> int:
+        """Host memory held (token ids and keys as pointers to ints/bytes, route rows, RNG state)."""
+        if self.released:
+            return 0
+        routes = self.routes.nbytes if self.routes is not None else 0
+        return 8 * len(self.token_ids) + 40 * len(self.keys) + routes + self.rng_state.numel()
+
+    def block_ids(self) -> set[int]:
+        return set(self.blocks.block_ids) if self.blocks is not None and not self.released else set()
+
     def release(self) -> None:
         if self.released:
             return
         self.released = True
         if self.blocks is not None:
             self.holds.release(self.blocks)
+            self.blocks = None
+        self.token_ids, self.keys, self.routes, self.rng_state = [], [], None, _NO_RNG
 
 
 class LMState:
@@ -100,8 +120,15 @@ class LMState:
                 src.release()  # the clone pinned its own references
 
     def release(self) -> None:
+        """Give the KV back and drop the context (the session ended: only its status is kept)."""
         self.released = True
         self.drop_kv()
+        self.token_ids, self._keys = [], []
+        if self.route_shape is not None:
+            self.routes = RouteTrace(*self.route_shape, capacity=1)
+
+    def block_ids(self) -> set[int]:
+        return set(self.blocks.block_ids) if self.blocks is not None else set()
 
     def chain(self) -> tuple[BlockKey, list[int]]:
         bs = self.block_size

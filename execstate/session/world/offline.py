@@ -113,13 +113,13 @@ class WorldSession(SessionHandle):
     _sessions: WorldSessions
 
     def info(self) -> WorldSessionInfo:
-        return self._sessions.info(self.session_id)
+        return self._sessions.info(self.session_id, self.access)
 
     def next_event_id(self) -> int:
         return self._rt.next_event_id()
 
     def step(self, action: str | list[str] | None = None) -> WorldStepResult:
-        return self._sessions.step(self.session_id, action)
+        return self._sessions.step(self.session_id, action, self.access)
 
     def migrate(self, target: World, secret: bytes | None = None) -> WorldSession:
         """Move this session to World ``target`` (``session/world/migration.py``) and return its
