@@ -57,10 +57,10 @@ from execstate.transfer.control import ControlServer, Release
 from execstate.transfer.errors import TransferError
 from execstate.transfer.exporter import KVExporter
 from execstate.transfer.handoff import Handoff, HandoffTrust, check_allow_list, resolve_secret
-from execstate.transfer.secrets import SecretRing
 from execstate.transfer.importer import KVImporter
 from execstate.transfer.load_worker import LoadWorker
 from execstate.transfer.manifest import FORMAT_VERSION, Capabilities, R3Format
+from execstate.transfer.secrets import SecretRing
 
 ROLES = ("kv_producer", "kv_consumer", "kv_both")
 POLICIES = ("fail", "recompute")

@@ -53,8 +53,8 @@ from execstate.identity.keys import BlockKey
 from execstate.session.lm.migration_source import chain_keys_from
 from execstate.session.lm.migration_state import (
     accept_offer,
-    offer_owner,
     event_queue,
+    offer_owner,
     rng_state,
     route_rows,
     sampling_params,

@@ -47,7 +47,6 @@ import msgspec
 from msgspec import Meta, Struct
 
 from execstate.session.runtime.migration import MigrationError
-from execstate.transfer.secrets import SecretRing
 from execstate.session.runtime.migration_wire import (
     MAX_EVENTS,
     SignedEnvelope,
@@ -58,6 +57,7 @@ from execstate.session.runtime.migration_wire import (
     seal,
     sign_payload,
 )
+from execstate.transfer.secrets import SecretRing
 
 __all__ = ["DOMAIN", "FORMAT_VERSION", "MAX_EVENTS", "MAX_OFFER_BYTES", "MAX_RNG_BYTES", "MAX_TOKENS", "MigrationError",
            "SessionOffer", "SignedOffer", "WireAck", "WireEvents", "WirePending", "WireSampling", "decode_offer",

@@ -47,8 +47,8 @@ from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.engine.validation import validate_logit_bias, validate_sampling
 from execstate.identity.tenant import TenantId
-from execstate.session.lm.events import INPUT, lm_event_kinds
 from execstate.session.lm import tenancy
+from execstate.session.lm.events import INPUT, lm_event_kinds
 from execstate.session.lm.state import LMState
 from execstate.session.lm.step import StepHandle, start_lm_step
 from execstate.session.runtime.access import LOCAL, Access
