@@ -13,6 +13,7 @@ a lookup's timing depend on a stored key's bytes it would need sha256 preimages.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,3 +77,12 @@ class KeyRing:
                 raise ValueError(f"{where}: this key is already given for tenant {table[d]!r}")
             table[d] = tenant
         return cls(table)
+
+
+def keys_from_args(args: argparse.Namespace) -> KeyRing:
+    """``--api-key`` (repeated) and ``--api-keys-file`` of ``execstate serve``; ``ValueError`` naming
+    a bad entry."""
+    keys = args.api_key
+    if isinstance(keys, str):  # a namespace built by hand with one key
+        keys = [keys]
+    return KeyRing.build(keys or [], getattr(args, "api_keys_file", None))

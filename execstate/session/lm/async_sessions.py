@@ -162,7 +162,8 @@ class AsyncSessions(AsyncKindSessions[LMSessions, SessionInfo]):
         a = self.access
         return await self.run(lambda s: s.routed_experts(session_id, a))
 
-    async def usage(self) -> dict[Any, dict[str, Any]]:
-        """Per tenant: what the engine's sessions hold (``LMSessions.usage``; every owner's)."""
-        return await self.run(lambda s: s.usage())
+    async def usage(self) -> tuple[dict[Any, dict[str, Any]], int]:
+        """Per tenant, what the engine's sessions hold (``LMSessions.usage``; every owner's), and
+        how many sessions expired since start."""
+        return await self.run(lambda s: (s.usage(), s.manager.num_expired))
 
