@@ -106,7 +106,7 @@ def install_handover_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Awa
             raise OpenAIError(501, "this instance cannot receive sessions: it needs a PD connector "
                               "(--kv-transfer-config, role kv_consumer or kv_both)", code="unsupported")
         if pd.secrets is None:
-            raise OpenAIError(401, "this instance has no shared secret (kv_secret / EXECSTATE_KV_SECRET): it "
+            raise OpenAIError(403, "this instance has no shared secret (kv_secret / EXECSTATE_KV_SECRET): it "
                               "accepts no session", code="unauthorized")
         return pd.secrets, pd.instance_id
 
