@@ -57,6 +57,7 @@ from execstate.session.runtime.events import SessionEventError
 from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
 from execstate.session.runtime.manager import SessionManager, SessionPolicy
 from execstate.session.runtime.sessions import KindSessions, runtime_fields
+from execstate.state import host_memory
 
 
 @dataclass(frozen=True)
@@ -127,10 +128,22 @@ class LMSessions(KindSessions[SessionInfo]):
     def close(self, session_id: str, access: Access = LOCAL) -> bool:
         """Close (idempotent); a step in flight is cancelled first (its final output comes from
         the next engine step)."""
-        handle = self.steps.get(self.manager.get(session_id, access))
+        rt = self.manager.get(session_id, access)
+        handle = self.steps.get(rt)
         if handle is not None and not handle.done:
             self.engine.abort_request_deferred(handle.request_id)
-        return super().close(session_id, access)
+        held = tenancy.checkpoint_bytes(rt)
+        released = super().close(session_id, access)
+        if held >= host_memory.TRIM_AFTER_BYTES:
+            host_memory.trim()  # its checkpoints' pages go back to the OS, not only to the allocator
+        return released
+
+    def expire_idle(self) -> list[str]:
+        """``KindSessions.expire_idle``, then freed host memory goes back to the OS."""
+        gone = super().expire_idle()
+        if gone:
+            host_memory.trim()
+        return gone
 
     def fork(self, session_id: str, checkpoint: Checkpoint | str | None = None,
              new_session_id: str | None = None, access: Access = LOCAL) -> SessionRuntime:
