@@ -187,6 +187,10 @@ def _add_trust_options(s: argparse.ArgumentParser) -> None:
                    help="where POST /v1/sessions/{id}/migrate may send a session: 'http(s)://host:port' or "
                         "'ENGINE_ID=http(s)://host:port', comma-separated or repeated (default: none: migration "
                         "is off)")
+    g.add_argument("--migration-skew-s", type=_grace, default=30.0, metavar="SECONDS",
+                   help="the clock skew allowed between instances: a hand-over's nonce is remembered this long past "
+                        "its expiry, and a source whose target never confirmed an abort serves the session again "
+                        "only this long after the offer expired (default: %(default)s)")
 
 
 def _add_world_options(s: argparse.ArgumentParser) -> None:

@@ -69,6 +69,7 @@ from execstate.session.lm.async_sessions import AsyncSessions
 from execstate.session.runtime.manager import DEFAULT_MAX_CHECKPOINTS, SessionPolicy
 from execstate.state.quotas import Quotas
 from execstate.transfer.handoff import HandoffTrust
+from execstate.transfer.handover import DEFAULT_SKEW_S
 
 STATS_TIMEOUT_S = 5.0
 MAX_IGNORED_LISTED = 32
@@ -112,6 +113,7 @@ def build_app(
     keys: KeyRing | None = None,
     policy: SessionPolicy | None = None,
     migration_targets: MigrationTargets | list[str] | None = None,
+    migration_skew_s: float = DEFAULT_SKEW_S,
 ) -> FastAPI:
     """An app serving ``async_engine`` under ``served_model_name`` (the only accepted
     ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry,
@@ -122,7 +124,9 @@ def build_app(
     default: ``async_engine`` at batch priority); ``sessions``: the engine's ``AsyncSessions`` when
     another app already serves sessions on ``async_engine`` (an engine has one), else a new one.
     ``keys`` (or ``api_key``: one key, tenant ``default``), ``policy`` (default ``serve_policy()``)
-    and ``migration_targets``: the module docstring's trust settings."""
+    and ``migration_targets``: the module docstring's trust settings; ``migration_skew_s``: the clock
+    skew allowed between instances (a hand-over's nonce is remembered this long past its expiry,
+    and a source resumes an unconfirmed hand-over only this long after it)."""
     limits = limits or ServingLimits()
     keys = keys if keys is not None else KeyRing.build([api_key] if api_key else [])
     policy = policy or serve_policy()
@@ -178,7 +182,7 @@ def build_app(
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     # /v1/sessions...: minimal session API, migration (sending) and hand-overs (receiving)
-    app.state.migrations, incoming = install_session_routes(app, ctx, targets)
+    app.state.migrations, incoming = install_session_routes(app, ctx, targets, migration_skew_s)
     swept.append(incoming)
     return app
 

@@ -196,7 +196,7 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
         app = build_app(
             async_engine, name, metrics=metrics, kv_transfer_config=kv_cfg, limits=limits,
             handoff_trust=trust, realtime_grace_s=args.realtime_grace_s, agent_back_engine=back_engine,
-            keys=keys, policy=policy, migration_targets=targets,
+            keys=keys, policy=policy, migration_targets=targets, migration_skew_s=getattr(args, "migration_skew_s", 30.0),
         )
         if args.world is not None:  # the world endpoints on the same app (serve --world)
             from execstate.serve.realtime.world.app import world_host_from_args

@@ -178,9 +178,13 @@ class Recorder:
         if self.upstream is None or path in self.drop:
             return Response(b'{"error": {"code": "refused", "message": "dropped"}}', 502,
                             media_type="application/json")
-        async with httpx.AsyncClient(timeout=120) as client:
-            headers = {k: v for k, v in request.headers.items() if k not in ("host", "content-length")}
-            resp = await client.request(request.method, self.upstream + path, content=body, headers=headers)
+        try:
+            async with httpx.AsyncClient(timeout=120) as client:
+                headers = {k: v for k, v in request.headers.items() if k not in ("host", "content-length")}
+                resp = await client.request(request.method, self.upstream + path, content=body, headers=headers)
+        except httpx.HTTPError as e:  # the upstream is down: what a proxy answers then
+            return Response(f'{{"error": {{"code": "unreachable", "message": "{type(e).__name__}"}}}}'.encode(), 502,
+                            media_type="application/json")
         hook = self.after_forward.pop(path, None)
         if hook is not None:
             hook()
@@ -192,3 +196,52 @@ class Recorder:
 
     def bodies(self, path: str) -> list[bytes]:
         return [body for _, p, _, body in self.requests if p == path]
+
+
+def start_process(args: list[str], port: int, secret: str | None = None) -> Any:
+    """``execstate ARGS --port PORT`` as its own process (``EXECSTATE_KV_SECRET``: ``secret``)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.pop("EXECSTATE_KV_SECRET", None)
+    if secret is not None:
+        env["EXECSTATE_KV_SECRET"] = secret
+    import tempfile
+
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process; not a pipe: never blocks it
+    proc = subprocess.Popen([sys.executable, "-m", "execstate", *args, "--port", str(port)],
+                            cwd=Path(__file__).resolve().parents[2], env=env, stdout=subprocess.DEVNULL, stderr=log)
+    proc.log = log
+    return proc
+
+
+def process_log(proc: Any) -> str:
+    proc.log.seek(0)
+    return proc.log.read().decode(errors="replace")
+
+
+def wait_healthy(proc: Any, url: str, timeout: float = 300.0) -> None:
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited: {process_log(proc)[-2000:]}")
+        try:
+            return httpx.get(url + "/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(healthy, timeout, f"{url} to become healthy")
+
+
+def stop_process(proc: Any) -> None:
+    import signal
+    import subprocess
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -205,9 +205,10 @@ async def identify(base: str, ring: SecretRing) -> str:
 
 
 def install_migration_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Awaitable[Any]], Awaitable[Any]],
-                             targets: MigrationTargets, scoped: Callable[[Request], AsyncSessions]) -> Migrations:
+                             targets: MigrationTargets, scoped: Callable[[Request], AsyncSessions],
+                             skew_s: float = DEFAULT_SKEW_S) -> Migrations:
     engine = ctx.engine
-    migrations = Migrations(ctx.sessions, targets)
+    migrations = Migrations(ctx.sessions, targets, skew_s)
 
     @app.post("/v1/sessions/{session_id}/migrate")
     async def migrate(session_id: str, body: MigrateBody, request: Request) -> JSONResponse:

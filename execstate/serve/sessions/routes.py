@@ -51,6 +51,7 @@ from execstate.session.lm.events import SAMPLING_FIELDS
 from execstate.session.lm.step import StepResult
 from execstate.session.runtime.access import SESSIONS, Access, Owner
 from execstate.session.runtime.events import SessionEventError
+from execstate.transfer.handover import DEFAULT_SKEW_S, HandoverLedger
 
 
 class OpenBody(BaseModel):
@@ -102,8 +103,8 @@ def http_access(request: Request) -> Access:
     return Access(Owner(scope_tenant(request.scope), SESSIONS))
 
 
-def install_session_routes(app: FastAPI, ctx: ServeContext,
-                           targets: MigrationTargets | None = None) -> tuple[Migrations, IncomingHandovers]:
+def install_session_routes(app: FastAPI, ctx: ServeContext, targets: MigrationTargets | None = None,
+                           skew_s: float = DEFAULT_SKEW_S) -> tuple[Migrations, IncomingHandovers]:
     """Add the session endpoints, the migration's and the hand-over's to ``app``; returns the
     sending side (``migration.py``) and the receiving side (``handover.py``)."""
     app.state.sessions = ctx.sessions
@@ -159,6 +160,6 @@ def install_session_routes(app: FastAPI, ctx: ServeContext,
         await call(scoped(request).close(session_id))
         return JSONResponse({"closed": True, "session_id": session_id})
 
-    incoming = IncomingHandovers(ctx.engine)
+    incoming = IncomingHandovers(ctx.engine, HandoverLedger(remember_s=skew_s))
     install_handover_routes(app, ctx, call, incoming)
-    return install_migration_routes(app, ctx, call, targets or MigrationTargets(), scoped), incoming
+    return install_migration_routes(app, ctx, call, targets or MigrationTargets(), scoped, skew_s), incoming
