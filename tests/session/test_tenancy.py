@@ -81,6 +81,7 @@ def test_a_held_session_refuses_other_kinds_of_callers():
         assert code(call) == "session_in_use"
     http = open_(m, "http", A)
     m.hold("http", A_LIVE)  # session.resume of an HTTP session: held from now on
+    assert http.holder == "realtime"
     assert code(lambda: m.get("http", A)) == "session_in_use"
     assert m.close("live", A_LIVE) and m.get("live", A).status.value == "closed"  # ended: no holder
 
@@ -88,7 +89,8 @@ def test_a_held_session_refuses_other_kinds_of_callers():
 def test_detached_idle_sessions_expire_held_and_busy_ones_do_not():
     clock = Clock()
     m = SessionManager(4, policy=SessionPolicy(idle_ttl_s=10.0), clock=clock)
-    idle, used, held = open_(m, "idle", A), open_(m, "used", A), open_(m, "held", A_LIVE)
+    idle, held = open_(m, "idle", A), open_(m, "held", A_LIVE)
+    open_(m, "used", A)
     stepping = open_(m, "stepping", B)
     stepping.begin_step(lambda drained: None)
     clock.now = 8.0
