@@ -1,13 +1,15 @@
 """The shared secret of server-to-server messages, with rotation (DESIGN 11). Pure Python.
 
-KV handoffs, migration offers and hibernated state are signed with HMAC-SHA256 under a secret the
-servers share. A :class:`SecretRing` holds the *current* secret, which signs, and the *previous*
-ones still accepted during a rotation:
+KV handoffs, migration offers, the hand-over calls and hibernated state are signed with
+HMAC-SHA256 under a secret the servers share. A :class:`SecretRing` holds the *current* secret,
+which signs, and the *previous* ones still accepted during a rotation. Rotate in three rolling
+steps, one server at a time in each, so that every server always accepts what every other signs:
 
-1. give every server the new secret as current and the old one as previous
-   (``EXECSTATE_KV_SECRET=new``, ``EXECSTATE_KV_SECRET_PREVIOUS=old``), one server at a time: each
-   signs with the new secret and accepts both;
-2. once every server runs with the new secret, drop the previous one.
+1. ``EXECSTATE_KV_SECRET=old``, ``EXECSTATE_KV_SECRET_PREVIOUS=new``: every server accepts the new
+   secret (and still signs with the old one);
+2. ``EXECSTATE_KV_SECRET=new``, ``EXECSTATE_KV_SECRET_PREVIOUS=old``: every server signs with the
+   new secret (the old one is still accepted from servers not yet restarted);
+3. ``EXECSTATE_KV_SECRET=new`` alone.
 
 Every signature covers a domain tag (``execstate/v1/...`` + NUL) so a signature made for one kind
 of message is never valid for another. Verification compares in constant time
