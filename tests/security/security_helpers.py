@@ -4,7 +4,7 @@ tiny random MoE), a synchronous realtime client, HTTP calls with a key, and a re
 ``app_with(**kw)`` builds the app with only the keyword arguments ``build_app`` takes: the tests
 of the issue-19 findings configure what the fix added (keys of two tenants, an idle TTL,
 migration targets) and must also *run* against the code before the fix, where they then fail on
-the finding itself, not on an unknown argument (how each was checked: tests/security/README.md).
+the finding itself, not on an unknown argument (how each was checked: docs/security.md).
 """
 
 from __future__ import annotations
