@@ -264,15 +264,37 @@ class World:
             assert "execstate_tenant_sessions{" not in metrics and "execstate_tenant_checkpoints{" not in metrics
 
 
-def _op(kind: str, arg: Any) -> Any:
-    return st.tuples(st.sampled_from("ab"), st.just(kind), st.sampled_from([0, 1]), st.sampled_from(IDS), arg)
-
-
 VIA = st.sampled_from(["http", "ws"])
-OPS = st.one_of(
-    _op("create", VIA), _op("attach", st.none()), _op("step", VIA), _op("checkpoint", st.none()),
-    _op("fork", st.sampled_from(IDS)), _op("migrate", st.none()), _op("close", VIA), _op("disconnect", st.none()),
-)
+
+
+def op_for(world: World) -> st.SearchStrategy[tuple[Any, ...]]:
+    """The next operation of either tenant, drawn against the current state."""
+    return st.sampled_from("ab").flatmap(lambda tenant: ops_of(world, tenant))
+
+
+def ops_of(world: World, tenant: str) -> st.SearchStrategy[tuple[Any, ...]]:
+    """``tenant``'s next operation: on its own sessions, on the other tenant's (the probes across
+    tenants: the same ids) or on random ones; with a session attached to its connection, often
+    on that one (checkpoints, forks and WebSocket steps need it)."""
+    other = "b" if tenant == "a" else "a"
+    random_key = st.tuples(st.sampled_from([0, 1]), st.sampled_from(IDS))
+    own = st.sampled_from(sorted(world.live[tenant])) if world.live[tenant] else random_key
+    theirs = st.sampled_from(sorted(world.live[other])) if world.live[other] else random_key
+    key = st.sampled_from([own] * 7 + [theirs] * 2 + [random_key]).flatmap(lambda k: k)
+
+    def op(kind: str, on: st.SearchStrategy[Key], arg: st.SearchStrategy[Any]) -> st.SearchStrategy[tuple[Any, ...]]:
+        return st.tuples(on, arg).map(lambda t: (tenant, kind, t[0][0], t[0][1], t[1]))
+
+    options = [op("create", random_key, VIA), op("step", key, st.just("http")), op("step", key, st.just("http")),
+               op("migrate", key, st.none()), op("close", key, VIA), op("attach", key, st.none()),
+               op("disconnect", key, st.none())]
+    conn = world.conns[tenant]
+    if conn is not None and conn.attached is not None:
+        mine = st.just((conn.server, conn.attached))
+        options += [op("checkpoint", mine, st.none()), op("checkpoint", mine, st.none()),
+                    op("fork", mine, st.sampled_from(IDS)), op("step", mine, st.just("ws")),
+                    op("step", mine, st.just("ws")), op("close", mine, st.just("ws"))]
+    return st.sampled_from(options).flatmap(lambda o: o)
 
 
 @pytest.fixture(scope="module")
@@ -287,25 +309,25 @@ def servers(model_dir, tmp_path_factory):
         yield built, {"a": set(), "b": set()}
 
 
-def run(servers: tuple[list[Any], dict[str, set[Key]]], ops: list[tuple[Any, ...]]) -> None:
+def run(servers: tuple[list[Any], dict[str, set[Key]]], data: st.DataObject, max_ops: int) -> None:
     world = World(*servers)
     try:
-        for op in ops:
-            world.apply(op)
+        for _ in range(max_ops):
+            world.apply(data.draw(op_for(world), label="operation"))
     finally:
         world.end()
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
-@given(st.lists(OPS, min_size=1, max_size=14))
-def test_two_tenants_never_observe_or_change_each_others_state(servers, ops):
-    run(servers, ops)
+@given(st.data())
+def test_two_tenants_never_observe_or_change_each_others_state(servers, data):
+    run(servers, data, 16)
 
 
 @pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.function_scoped_fixture])
-@given(st.lists(OPS, min_size=1, max_size=40))
-def test_two_tenants_never_observe_or_change_each_others_state_long(servers, ops):
-    run(servers, ops)
+@given(st.data())
+def test_two_tenants_never_observe_or_change_each_others_state_long(servers, data):
+    run(servers, data, 40)
