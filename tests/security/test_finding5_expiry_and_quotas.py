@@ -76,7 +76,7 @@ def test_checkpoints_per_session_are_capped_and_replies_stay_small(model_dir):
 
 def test_a_tenant_past_its_quota_does_not_stop_another(model_dir, tmp_path):
     keys = keys_of(tmp_path / "keys", a=KEY_A, b=KEY_B)
-    with server(model_dir, keys=keys, api_key=KEY_A, policy=policy(quotas={"sessions": 2})) as s:
+    with server(model_dir, keys=keys, api_key=KEY_A, policy=policy(quotas={"sessions": 2, "agents": 1})) as s:
         for i in range(2):
             assert http("POST", f"{s.url}/v1/sessions", KEY_A, {"session_id": f"a-{i}"}).status_code == 200
         r = http("POST", f"{s.url}/v1/sessions", KEY_A, {"session_id": "a-2"})
@@ -88,3 +88,10 @@ def test_a_tenant_past_its_quota_does_not_stop_another(model_dir, tmp_path):
         assert 'execstate_tenant_sessions{tenant="b"} 2.0' in metrics
         assert 'execstate_tenant_quota{kind="sessions"} 2.0' in metrics
         assert KEY_A not in metrics and KEY_B not in metrics
+        open_agent = {"type": "session.create", "event_id": "a", "session": {"max_response_tokens": 2}}
+        with ws(s.url, KEY_A, "/v1/realtime/agent") as a1, ws(s.url, KEY_A, "/v1/realtime/agent") as a2, \
+                ws(s.url, KEY_B, "/v1/realtime/agent") as b1:
+            assert a1.ask(open_agent)["type"] == "session.created"
+            refused = a2.ask(open_agent)
+            assert (refused["type"], refused["error"]["code"]) == ("error", "quota"), refused
+            assert b1.ask(open_agent)["type"] == "session.created"  # the other tenant's agents quota
