@@ -31,7 +31,9 @@ def _models(args: argparse.Namespace) -> int:
         elif args.arch in ARCHITECTURES:
             print(make_random(args.arch, args.out, seed=args.seed))
         else:
-            print(f"unknown architecture {args.arch!r}; choose from {', '.join(ARCHITECTURES)}, standard", file=sys.stderr)
+            print(
+                f"unknown architecture {args.arch!r}; choose from {', '.join(ARCHITECTURES)}, standard", file=sys.stderr
+            )
             return 2
         return 0
     raise AssertionError(args.models_cmd)
