@@ -125,6 +125,13 @@ def _grace(text: str) -> float:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    value = _grace(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
 def _add_session_options(s: argparse.ArgumentParser) -> None:
     """``serve``: bounds on sessions (``session/``; beyond a bound: an immediate, clear refusal)."""
     d = _SESSION_DEFAULTS
@@ -143,6 +150,16 @@ def _add_session_options(s: argparse.ArgumentParser) -> None:
                         "0 closes it at once (default: %(default)s)")
 
 
+def _fps(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value == 0 or 1 <= value <= 240):
+        raise argparse.ArgumentTypeError(f"must be 0 (as fast as possible) or 1 to 240 frames per second, got {text!r}")
+    return value
+
+
 def _add_world_options(s: argparse.ArgumentParser) -> None:
     """``serve --world``: world sessions over /v1/realtime/video and the /world page (serve/realtime/world/app.py)."""
     g = s.add_argument_group("world sessions")
@@ -155,9 +172,12 @@ def _add_world_options(s: argparse.ArgumentParser) -> None:
     g.add_argument("--world-session-memory", type=_size, default=4 << 20,
                    help="K/V memory budget of one world session (bytes, or a size such as 16MiB); a session or "
                         "checkpoint beyond it is refused (code budget) (default: 4MiB)")
-    g.add_argument("--world-fps", type=float, default=16.0,
-                   help="a world session's target frame rate unless session.start sets fps; 0: as fast as "
-                        "possible (default: %(default)s)")
+    g.add_argument("--world-fps", type=_fps, default=16.0,
+                   help="a world session's target frame rate unless session.start sets fps: 0 (as fast as "
+                        "possible) or 1 to 240 (default: %(default)s)")
+    g.add_argument("--world-max-frames", type=int, default=100_000,
+                   help="most frames one world session may ask for (session.start's num_frames); beyond it "
+                        "session.start is refused (invalid_message) (default: %(default)s)")
     g.add_argument("--world-threads", type=int, default=0, help="torch threads for world steps (0: torch's default)")
 
 
@@ -212,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="/v1/realtime/agent: the back-end model agents delegate to (the tool 'reason'): an "
                         "embedded name or a directory, loaded as a second engine (default: the served model, "
                         "at batch priority; the front is always the served model)")
+    s.add_argument("--agent-tool-timeout-s", type=_positive_seconds, default=60.0,
+                   help="/v1/realtime/agent: a back-end task (a tool) still running after this many seconds "
+                        "fails with error 'timeout' (default: %(default)s)")
+    s.add_argument("--agent-max-tasks", type=int, default=8,
+                   help="/v1/realtime/agent: back-end tasks one agent runs at once; beyond it a delegation is "
+                        "refused (error too_many_tasks) (default: %(default)s)")
     _add_world_options(s)
     s.set_defaults(func=_serve)
 

@@ -9,7 +9,8 @@ language model.
 
 Options: ``--world-max-sessions`` (resident sessions; beyond: ``capacity``), ``--world-session-memory``
 (each session's KV budget; beyond: ``memory_budget``), ``--world-fps`` (a session's default target
-frame rate; 0: as fast as possible), ``--world-threads`` (torch threads).
+frame rate: 0, as fast as possible, or 1 to 240), ``--world-max-frames`` (the most frames a session
+may ask for), ``--world-threads`` (torch threads).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def world_host_from_args(args: argparse.Namespace) -> WorldHost:
     if args.world_threads:
         torch.set_num_threads(args.world_threads)
     return WorldHost(world_model_from_option(args.world), model_name=args.world, max_sessions=args.world_max_sessions,
-                     session_memory_bytes=args.world_session_memory, default_fps=args.world_fps)
+                     session_memory_bytes=args.world_session_memory, default_fps=args.world_fps,
+                     max_frames=args.world_max_frames)
 
 
 def build_world_app(host: WorldHost, api_key: str | None = None) -> FastAPI:
