@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -124,3 +125,59 @@ def error_code(event: dict[str, Any]) -> str | None:
 
 def health_ok(url: str) -> bool:
     return httpx.get(f"{url}/health", timeout=10).status_code == 200
+
+
+_PROBE = """
+import json, sys, threading, time
+import httpx
+url, gap = sys.argv[1], float(sys.argv[2])
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+out = []
+with httpx.Client(base_url=url, timeout=120) as c:
+    c.get("/health")
+    print("ready", flush=True)
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        status = c.get("/health").status_code
+        out.append([time.time(), time.perf_counter() - t0, status])
+        time.sleep(gap)
+print(json.dumps(out), flush=True)
+"""
+
+
+class Prober:
+    """Probes ``/health`` back to back (``gap`` s apart) from a separate process, so that its clock
+    keeps running while the server's process is stalled (a server in a thread of the test process
+    that holds the GIL would stall an in-process prober too, hiding the stall). ``samples``:
+    (wall time, latency s, status) of each probe; ``window(t0, t1)`` the latencies of the probes
+    that started within it."""
+
+    def __init__(self, url: str, gap: float = 0.01) -> None:
+        self.url, self.gap = url, gap
+        self.samples: list[tuple[float, float, int]] = []
+
+    def __enter__(self) -> Prober:
+        self._proc = subprocess.Popen([sys.executable, "-c", _PROBE, self.url, str(self.gap)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True)
+        assert self._proc.stdout is not None and self._proc.stdout.readline().strip() == "ready"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        out, _ = self._proc.communicate(timeout=300)
+        self.samples = [tuple(x) for x in json.loads(out.strip().splitlines()[-1])]
+
+    def window(self, t0: float, t1: float) -> list[float]:
+        return [lat for start, lat, _ in self.samples if t0 <= start <= t1]
+
+    @property
+    def latencies(self) -> list[float]:
+        return [lat for _, lat, _ in self.samples]
+
+    @property
+    def worst(self) -> float:
+        return max(self.latencies)
+
+    @property
+    def statuses(self) -> set[int]:
+        return {status for _, _, status in self.samples}
