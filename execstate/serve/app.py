@@ -3,7 +3,7 @@
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``openai/``),
 ``/v1/sessions...`` (``sessions/``: a minimal session API and session migration),
 the ``/v1/realtime`` WebSocket (``realtime/lm/``: LM sessions), the ``/v1/realtime/agent`` WebSocket
-(``realtime/agent/``: full-duplex agents), ``GET /v1/models``, ``GET /health`` (200
+(``realtime/agent/``: full-duplex agents), ``GET /v1/models``, ``GET /health`` (``health.py``: 200
 ``{"status": "ok"}``, 503 with the reason once the engine thread is dead), ``GET /metrics``
 (Prometheus text, this app's registry).
 Every error is an OpenAI error body (``errors.py``).
@@ -37,6 +37,7 @@ from execstate.serve.auth import APIKeyMiddleware
 from execstate.serve.body_limit import BodySizeLimitMiddleware
 from execstate.serve.context import ServeContext
 from execstate.serve.errors import install_error_handlers
+from execstate.serve.health import health_response
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import EngineStats, ServingMetrics, read_engine_stats
@@ -127,9 +128,7 @@ def build_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if async_engine.is_healthy:
-            return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "unhealthy", "error": str(async_engine.error)}, status_code=503)
+        return health_response(None if async_engine.is_healthy else str(async_engine.error))
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

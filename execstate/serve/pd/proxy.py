@@ -40,6 +40,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from execstate.serve.errors import OpenAIError, install_error_handlers
+from execstate.serve.health import health_response
 from execstate.serve.json_depth import depth_message, too_deep
 from execstate.serve.pd.proxy_metrics import ProxyMetrics, ProxyRecord
 from execstate.transfer.handoff import HandoffError, HandoffTrust, resolve_secret, wants_remote_prefill
@@ -198,7 +199,7 @@ class PDProxy:
                 bad.append(url)
         if bad:
             return JSONResponse({"status": "unhealthy", "instances": bad}, status_code=503)
-        return JSONResponse({"status": "ok"})
+        return health_response()
 
 
 async def _json_body(request: Request, rec: ProxyRecord) -> dict[str, Any] | Response:

@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from execstate.serve.auth import APIKeyMiddleware
+from execstate.serve.health import health_response
 from execstate.serve.realtime.world.endpoint import install_world
 from execstate.serve.realtime.world.host import WorldHost
 
@@ -61,18 +62,49 @@ def build_world_app(host: WorldHost, api_key: str | None = None) -> FastAPI:
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        return JSONResponse({"status": "ok", "world_sessions": host.num_sessions})
+        return health_response()  # the LM server's shape (serve/health.py)
 
     return app
 
 
+def world_startup_lines(host: WorldHost, args: argparse.Namespace, seconds: float) -> list[tuple[str, str]]:
+    """The start-up block of ``execstate serve --world`` (the LM server's format: ``startup_log.py``)."""
+    import torch
+
+    spec = host.spec
+    h, w, _ = spec.frame_shape
+    where = args.world if Path(args.world).is_dir() else f"{args.world} (the default world model)"
+    return [
+        ("world model", where),
+        ("weights version", spec.weights_version),
+        ("frames", f"{w}x{h}, {spec.frames_per_chunk} per chunk, a window of at most {spec.max_window_chunks} chunks"),
+        ("device", f"cpu, {torch.get_num_threads()} threads"),
+        ("world sessions", f"at most {host.max_sessions}, {host.session_memory_bytes / 2**20:.1f} MiB of K/V each, "
+                           f"at most {host.max_frames} frames each"),
+        ("default fps", f"{host.default_fps:g} (0: as fast as possible)"),
+        ("endpoints", "/v1/realtime/video (WebSocket), /world (page), /health"),
+        ("listening on", f"http://{args.host}:{args.port}"),
+        ("API key", "required" if args.api_key else "off"),
+        ("start-up", f"{seconds:.1f} s"),
+    ]
+
+
 def run_world_server(args: argparse.Namespace) -> int:
+    import time
+
     import uvicorn
 
+    from execstate.serve.realtime.limits import MAX_FRAME_BYTES
+    from execstate.serve.startup_log import format_block, log
+
+    t0 = time.perf_counter()
     host = world_host_from_args(args)
     try:
         app = build_world_app(host, args.api_key)
-        uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info")).run()
+        log.info("%s", format_block(world_startup_lines(host, args, time.perf_counter() - t0),
+                                    "execstate serve --world ready"))
+        uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                                      ws_max_size=MAX_FRAME_BYTES)).run()
         return 0
     finally:
         host.shutdown()
