@@ -39,7 +39,9 @@ def world_model_from_option(name: str):  # noqa: ANN201 - ChunkedWorldModel (tor
     if path.is_dir():
         return ChunkedWorldModel.load(path, model_id=name)
     if name != "world":
-        raise ValueError(f"--world {name!r} is not a world-model directory or 'world'")
+        from execstate.model.errors import UnknownModelError
+
+        raise UnknownModelError(f"--world {name!r} is not a world-model directory or 'world'")
     return load_default_world_model()
 
 
