@@ -77,7 +77,8 @@ def test_world_only_server_subprocess(tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
-    out = proc.stdout.read().decode()
+    with proc.stdout:
+        out = proc.stdout.read().decode()
     block = out[out.index("execstate serve --world ready"):]  # the start-up block, like the LM server's
     for label, value in (("world model", f"{model_dir}"), ("world sessions", "at most 2,"), ("default fps", "16"),
                          ("listening on", f"http://127.0.0.1:{port}"), ("API key", "off"), ("start-up", "")):
