@@ -3,7 +3,7 @@
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``openai/``),
 ``/v1/sessions...`` (``sessions/``: a minimal session API and session migration),
 the ``/v1/realtime`` WebSocket (``realtime/lm/``: LM sessions), the ``/v1/realtime/agent`` WebSocket
-(``realtime/agent/``: full-duplex agents), ``GET /v1/models``, ``GET /health`` (200
+(``realtime/agent/``: full-duplex agents), ``GET /v1/models``, ``GET /health`` (``health.py``: 200
 ``{"status": "ok"}``, 503 with the reason once the engine thread is dead), ``GET /metrics``
 (Prometheus text, this app's registry).
 Every error is an OpenAI error body (``errors.py``).
@@ -31,11 +31,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from execstate.agent.backend import TaskLimits
 from execstate.engine.async_engine import AsyncEngine, EngineDeadError
 from execstate.serve.auth import APIKeyMiddleware
 from execstate.serve.body_limit import BodySizeLimitMiddleware
 from execstate.serve.context import ServeContext
 from execstate.serve.errors import install_error_handlers
+from execstate.serve.health import health_response
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import EngineStats, ServingMetrics, read_engine_stats
@@ -85,6 +87,7 @@ def build_app(
     realtime_grace_s: float = DEFAULT_GRACE_S,
     agent_back_engine: AsyncEngine | None = None,
     sessions: AsyncSessions | None = None,
+    agent_task_limits: TaskLimits | None = None,
 ) -> FastAPI:
     """An app serving ``async_engine`` under ``served_model_name`` (the only accepted
     ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry,
@@ -93,7 +96,8 @@ def build_app(
     ``/v1/realtime`` connection is kept for ``session.resume`` (``realtime/lm/owners.py``);
     ``agent_back_engine`` serves the back-end model of ``/v1/realtime/agent`` agents (``realtime/agent/``;
     default: ``async_engine`` at batch priority); ``sessions``: the engine's ``AsyncSessions`` when
-    another app already serves sessions on ``async_engine`` (an engine has one), else a new one."""
+    another app already serves sessions on ``async_engine`` (an engine has one), else a new one;
+    ``agent_task_limits``: each agent's back-end bounds (tool timeout, tasks at once)."""
     limits = limits or ServingLimits()
     ctx = ServeContext(async_engine, served_model_name, metrics or ServingMetrics(), kv_transfer_config, limits,
                        handoff_trust=handoff_trust, shared_sessions=sessions)
@@ -113,7 +117,7 @@ def build_app(
         return _mark_ignored(await create_chat_completion(ctx, body, request), body)
 
     install_realtime(app, ctx, realtime_grace_s)
-    install_agent(app, ctx, agent_back_engine)  # /v1/realtime/agent: full-duplex agents
+    install_agent(app, ctx, agent_back_engine, agent_task_limits)  # /v1/realtime/agent: full-duplex agents
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -124,9 +128,7 @@ def build_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if async_engine.is_healthy:
-            return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "unhealthy", "error": str(async_engine.error)}, status_code=503)
+        return health_response(None if async_engine.is_healthy else str(async_engine.error))
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

@@ -34,6 +34,7 @@ import time
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
+from execstate.agent.backend import TaskLimits
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
@@ -175,6 +176,7 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
         app = build_app(
             async_engine, name, api_key=args.api_key, metrics=metrics, kv_transfer_config=kv_cfg, limits=limits,
             handoff_trust=trust, realtime_grace_s=args.realtime_grace_s, agent_back_engine=back_engine,
+            agent_task_limits=TaskLimits(args.agent_tool_timeout_s, args.agent_max_tasks),
         )
         if args.world is not None:  # the world endpoints on the same app (serve --world)
             from execstate.serve.realtime.world.app import world_host_from_args

@@ -125,6 +125,15 @@ def sessions_line(info: StartupInfo) -> str:
             f"{info.args.realtime_grace_s:g} s")
 
 
+def world_line(info: StartupInfo) -> str:
+    """``serve MODEL --world``: the world endpoints on the same server (``serve/realtime/world/app.py``)."""
+    a = info.args
+    if getattr(a, "world", None) is None:
+        return "off"
+    return (f"/v1/realtime/video and /world: world model {a.world}, at most {a.world_max_sessions} sessions, "
+            f"default fps {a.world_fps:g}, at most {a.world_max_frames} frames a session")
+
+
 def agents_line(info: StartupInfo) -> str:
     back = getattr(info.args, "agent_back_model", None)
     return (f"/v1/realtime/agent: front = the served model; back-end model (tool 'reason') = "
@@ -152,6 +161,7 @@ FIELDS: list[tuple[str, Callable[[StartupInfo], str]]] = [
     ("API key", lambda i: "required" if i.args.api_key else "off"),
     ("sessions", lambda i: sessions_line(i)),
     ("agents", agents_line),
+    ("world", world_line),
     ("start-up", lambda i: f"{i.startup_seconds:.1f} s (engine {i.engine.startup_seconds:.1f} s)"),
 ]
 
@@ -160,10 +170,14 @@ def startup_lines(info: StartupInfo) -> list[tuple[str, str]]:
     return [(label, fn(info)) for label, fn in FIELDS]
 
 
-def format_startup(info: StartupInfo) -> str:
-    lines = startup_lines(info)
+def format_block(lines: list[tuple[str, str]], title: str = "execstate serve ready") -> str:
+    """``title``, then one ``label  value`` line each, the values aligned (``serve --world`` uses it too)."""
     width = max(len(label) for label, _ in lines)
-    return "execstate serve ready\n" + "\n".join(f"  {label:<{width}}  {value}" for label, value in lines)
+    return title + "\n" + "\n".join(f"  {label:<{width}}  {value}" for label, value in lines)
+
+
+def format_startup(info: StartupInfo) -> str:
+    return format_block(startup_lines(info))
 
 
 def log_startup(info: StartupInfo) -> None:
