@@ -50,6 +50,7 @@ from execstate.engine.cache_salt import cache_salt_of
 from execstate.engine.config import EngineConfig
 from execstate.engine.engine_weights import EngineWeights
 from execstate.engine.kv_cache_manager import KVCacheManager
+from execstate.engine.offload import OffloadConnector, attach_offload
 from execstate.engine.output_builder import build_output, on_new_token
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.penalties import PenaltyState
@@ -154,6 +155,7 @@ class LLMEngine(EngineWeights):
         self.weight_update: WeightUpdate | None = None  # in progress (policy drain)
         self._weights_versions = {self.provenance.weights_version}  # every version this engine has run
         self._finished_between_steps: list[RequestOutput] = []  # final outputs the next step() returns
+        self.offload: OffloadConnector | None = attach_offload(self)  # offload tiers (engine/offload.py)
         self.startup_seconds = time.perf_counter() - t0
 
     def attach_pd(self, cfg: PDConfig) -> PDConnector:
@@ -414,3 +416,5 @@ class LLMEngine(EngineWeights):
         self.kv_holds.check_integrity()
         if self.route_store is not None:
             self.route_store.check_integrity()
+        if self.offload is not None:
+            self.offload.check_integrity()
