@@ -7,7 +7,7 @@ One Redis string per unit: key ``<prefix><key hex>``, value the unit's blob (``u
 - **Bounded twice**: this process drops its oldest units (``DEL``) beyond ``capacity_bytes``;
   the server's own ``maxmemory`` may evict more (the reader then finds the unit absent and
   recomputes). A write the server refuses for memory (``OOM``) drops this process's oldest
-  units and is retried once.
+  units and is retried once (still refused: the unit is dropped, ``full``).
 - **Timeouts**: every command is bounded by ``timeout_s`` (socket connect and read). A timeout or
   a connection error marks the tier unavailable for ``backoff_s``; during that time nothing is
   sent to the server and every unit is recomputed. A server stopped mid-run costs at most one
@@ -60,14 +60,15 @@ class RedisStore(UnitStore):
         try:
             try:
                 wrote = self.client.set(self._name(key), blob, nx=True)
-            except redis.ResponseError as e:
-                if "OOM" not in str(e):
-                    raise
+            except redis.exceptions.OutOfMemoryError:
                 self._delete(self._evict_oldest(_OOM_DROP))
                 wrote = self.client.set(self._name(key), blob, nx=True)
             self._delete(self.index.add(key, len(blob)))
-        except redis.ResponseError as e:
-            self.stats.dropped("full" if "OOM" in str(e) else "error")
+        except redis.exceptions.OutOfMemoryError:
+            self.stats.dropped("full")
+            return False
+        except redis.ResponseError:
+            self.stats.dropped("error")
             return False
         except redis.RedisError as e:
             self.health.failed(f"{type(e).__name__}: {e}")
