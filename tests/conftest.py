@@ -54,6 +54,7 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> None:
         import redis
 
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
              "--save", "", "--appendonly", "no", "--daemonize", "no", *self.extra],

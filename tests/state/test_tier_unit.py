@@ -3,6 +3,7 @@ every malformed blob refused with ``UnitFormatError`` (never another exception).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 import msgspec
@@ -97,10 +98,8 @@ def test_signature_binds_every_field():
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=400))
 def test_random_bytes_never_crash_the_decoder(data):
-    try:
+    with contextlib.suppress(UnitFormatError):
         unpack_unit(data)
-    except UnitFormatError:
-        pass
 
 
 @settings(max_examples=200, deadline=None)

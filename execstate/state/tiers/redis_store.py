@@ -41,7 +41,8 @@ class RedisStore(UnitStore):
         self.stats = TierStats(name, capacity_bytes)
         self.health = Health(name, self.stats, backoff_s)
 
-    def _name(self, key: BlockKey) -> str:
+    def redis_key(self, key: BlockKey) -> str:
+        """The Redis key of a unit."""
         return self.prefix + key.hex()
 
     def contains(self, key: BlockKey) -> bool:
@@ -59,10 +60,10 @@ class RedisStore(UnitStore):
             return False
         try:
             try:
-                wrote = self.client.set(self._name(key), blob, nx=True)
+                wrote = self.client.set(self.redis_key(key), blob, nx=True)
             except redis.exceptions.OutOfMemoryError:
                 self._delete(self._evict_oldest(_OOM_DROP))
-                wrote = self.client.set(self._name(key), blob, nx=True)
+                wrote = self.client.set(self.redis_key(key), blob, nx=True)
             self._delete(self.index.add(key, len(blob)))
         except redis.exceptions.OutOfMemoryError:
             self.stats.dropped("full")
@@ -84,7 +85,7 @@ class RedisStore(UnitStore):
         if not self.health.available():
             return None
         try:
-            data = self.client.get(self._name(key))
+            data = self.client.get(self.redis_key(key))
         except redis.RedisError as e:
             self.health.failed(f"{type(e).__name__}: {e}")
             return None
@@ -122,7 +123,7 @@ class RedisStore(UnitStore):
         if count:
             self.stats.dropped("full", len(keys))
         try:
-            self.client.delete(*(self._name(k) for k in keys))
+            self.client.delete(*(self.redis_key(k) for k in keys))
         except redis.RedisError as e:  # the server's maxmemory or a restart reclaims them
             self.health.failed(f"{type(e).__name__}: {e}")
 
