@@ -184,7 +184,9 @@ def test_redis_slow_server_times_out(redis_server):
 
 
 def test_redis_out_of_memory_drops_our_oldest_and_never_blocks(tmp_path_factory):
-    from conftest import RedisServer, need_redis_server
+    from conftest import need_redis_server
+
+    from execstate.bench.redis_server import RedisServer
 
     need_redis_server()
     server = RedisServer(tmp_path_factory.mktemp("redis-full"), "--maxmemory", "3mb",
