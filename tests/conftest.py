@@ -50,3 +50,19 @@ def redis_server(tmp_path_factory) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.kill()
+
+
+@pytest.fixture()
+def redis_factory(tmp_path_factory) -> Iterator:
+    """``make(*redis_server_args)``: more servers for one test (their own options), killed afterwards."""
+    need_redis_server()
+    made: list[RedisServer] = []
+
+    def make(*extra: str) -> RedisServer:
+        server = RedisServer(tmp_path_factory.mktemp("redis"), *extra)
+        made.append(server)
+        return server.start()
+
+    yield make
+    for server in made:
+        server.kill()

@@ -30,7 +30,7 @@ from execstate.identity.keys import BlockKey, block_key
 from execstate.state.tiers.disk_store import DiskStore
 from execstate.state.tiers.host_cache import HostCache
 from execstate.state.tiers.redis_store import RedisStore
-from execstate.state.tiers.unit import UnitRecord, pack_unit, sha256, sign, unpack_unit
+from execstate.state.tiers.unit import UnitRecord, pack_unit, sign, unit_digest, unpack_unit
 
 SECRET = b"desync-harness-secret-0123456789"
 OTHER_SECRET = b"another-writer-secret-0123456789"
@@ -175,8 +175,8 @@ class TierDesyncTarget:
                 acc.write_raw(key, b"".join(pack_unit(rec, routes, kv))[:-100])
         elif kind == "forged_unit":  # consistent: only the signature tells it from the real unit
             o_rec, o_routes, o_kv = acc.read(keys_b[BLOCK])
-            forged = msgspec.structs.replace(rec, kv_checksum=sha256(o_kv),
-                                             routes_checksum=None if o_routes is None else sha256(o_routes))
+            forged = msgspec.structs.replace(rec, kv_checksum=unit_digest(o_kv),
+                                             routes_checksum=None if o_routes is None else unit_digest(o_routes))
             acc.write(key, sign(forged, OTHER_SECRET), o_routes, o_kv)
         else:
             raise ValueError(f"tier targets cannot inject {kind!r}")

@@ -2,22 +2,22 @@
 
 The engine thread submits a :class:`ReloadJob` (blocks the request's admission allocated, and
 what it expects each to be: ``unit_checks.ExpectedUnit``) and keeps stepping; the request waits
-in ``WAITING_FOR_REMOTE_KVS``. On the thread ``execstate-offload-load``, per job:
+in ``WAITING_FOR_REMOTE_KVS``. On the thread ``execstate-offload-load``, per job, in chunks of
+``CHUNK`` units, until a unit cannot be had or the job's deadline passed:
 
-1. per unit, in order, until one cannot be had or the job's deadline passed: the first tier that
-   holds the key (DRAM, then the lower tiers in order) gives its record, route bytes and KV
-   bytes; the record is verified (``unit_checks.verify_record``) before a byte is copied, then the
-   KV is copied into the unit's block (``KVPool.import_block``) and its route rows checked. A unit
-   that fails a check is discarded from that tier (``failures[kind]``) and the next tier is tried;
-   a tier that is down or slow answers "absent" (the tier counts it);
-2. the checksums of every copied block are recomputed on the pool's bytes (in parallel on the
-   hash executor) and compared with the records; the first mismatch ends the verified prefix;
-3. one :class:`ReloadDone` reports the verified prefix (``num_verified``), its route rows, the
-   tier each unit came from and every failure.
+1. **fetch**: per unit, the first tier that holds its key (DRAM, then the lower tiers in order)
+   gives its record, route bytes and KV bytes (a DRAM slot stays pinned until step 3); the record
+   and the route rows are verified (``unit_checks``) before anything else. A unit failing a check
+   is discarded from that tier (``failures[kind]``) and the next tier is tried; a tier that is
+   down or slow answers "absent" (the tier counts it);
+2. **verify**: the KV checksums of the chunk's units are computed in parallel (the hash threads)
+   and compared with the records; a mismatching unit is discarded and fetched from the next tier;
+3. **copy**: the verified units' KV is copied into their blocks (``KVPool.import_block``).
 
-Commit contract (the same as a PD load, ``transfer/importer.py``): blocks
-``dst[:num_verified]`` hold verified KV and may be committed under their keys with ``routes``;
-every later block is garbage and is recomputed. Blocks are the engine's again once the
+One :class:`ReloadDone` reports the verified prefix (``num_verified``), its route rows, the tier
+each unit came from and every failure. Commit contract (as a PD load's, ``transfer/importer.py``):
+blocks ``dst[:num_verified]`` hold verified KV and may be committed under their keys with
+``routes``; later blocks are garbage and recomputed. Blocks are the engine's again once the
 ``ReloadDone`` arrived (nothing writes them afterwards; a cancelled job writes nothing).
 """
 
@@ -27,19 +27,17 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from execstate.identity.keys import BlockKey
-from execstate.state.block_pool import BlockId
 from execstate.state.kv_pool import KVPool
 from execstate.state.tiers.host_cache import HostCache
 from execstate.state.tiers.store import UnitStore
-from execstate.state.tiers.unit import UnitFormatError, UnitLayout, UnitRecord, unpack_unit
-from execstate.transfer.checks import block_checksums
+from execstate.state.tiers.unit import UnitFormatError, UnitLayout, UnitRecord, unit_digest, unpack_unit
 from execstate.transfer.errors import ErrorCode
 from execstate.transfer.unit_checks import (
     ExpectedUnit,
@@ -50,13 +48,15 @@ from execstate.transfer.unit_checks import (
 )
 
 logger = logging.getLogger("execstate.offload")
+CHUNK = 32  # units fetched, verified and copied together
+Tier = HostCache | UnitStore
 
 
 @dataclass(frozen=True, slots=True)
 class ReloadJob:
     job_id: int
     units: Sequence[ExpectedUnit]
-    dst: Sequence[BlockId]
+    dst: Sequence[int]
     need_routes: bool
     deadline_s: float  # seconds from the start of the job
 
@@ -83,13 +83,24 @@ class ReloadDone:
     cancelled: bool = False
 
 
+@dataclass(slots=True)
+class _Fetched:
+    tier: Tier
+    key: BlockKey  # the key it was asked for (a DRAM entry's key, whatever its record says)
+    record: UnitRecord
+    rows: np.ndarray | None
+    kv: object  # a buffer: the DRAM slot (pinned) or the blob's KV view
+    seconds: float
+
+
 class _Stop:
     pass
 
 
 class ReloadWorker:
     def __init__(self, pool: KVPool, host: HostCache | None, stores: Sequence[UnitStore], layout: UnitLayout,
-                 n_experts: int | None, secret: bytes | None, on_result=None, hash_threads: int = 2) -> None:
+                 n_experts: int | None, secret: bytes | None, on_result: Callable[[], None] | None = None,
+                 hash_threads: int = 2) -> None:
         self.pool, self.host, self.stores = pool, host, list(stores)
         self.layout, self.n_experts, self.secret = layout, n_experts, secret
         self.on_result = on_result
@@ -152,63 +163,92 @@ class ReloadWorker:
             if self.on_result is not None:
                 self.on_result()
 
-    def _tiers(self) -> list[HostCache | UnitStore]:
+    def tiers(self) -> list[Tier]:
         return ([self.host] if self.host is not None and self.host.visible else []) + self.stores
 
     def _reload(self, job: ReloadJob) -> ReloadDone:
         t0 = time.monotonic()
-        tiers = self._tiers()
-        copied: list[tuple[UnitRecord, HostCache | UnitStore]] = []
-        rows: list[np.ndarray] = []
+        tiers = self.tiers()
         failures: list[UnitFailure] = []
-        per_tier: dict[str, list[float]] = {}
+        sources: list[Tier] = []
+        rows: list[np.ndarray] = []
+        spent: dict[str, float] = {}
         timed_out = False
-        for want, dst in zip(job.units, job.dst, strict=True):
+        n = len(job.units)
+        for start in range(0, n, CHUNK):
             if time.monotonic() - t0 > job.deadline_s:
                 timed_out = True
                 break
-            got = None
-            for tier in tiers:
-                t1 = time.monotonic()
-                got = self._one(tier, want, int(dst), job.need_routes, failures)
-                if got is not None:
-                    acc = per_tier.setdefault(tier.name, [0, 0.0])
-                    acc[0] += 1
-                    acc[1] += time.monotonic() - t1
-                    copied.append((got[0], tier))
-                    if got[1] is not None:
-                        rows.append(got[1])
+            chunk = list(range(start, min(start + CHUNK, n)))
+            got: list[_Fetched] = []
+            for i in chunk:  # 1. fetch, records and routes checked
+                f = self._fetch(tiers, job.units[i], job.need_routes, failures)
+                if f is None:
                     break
-            if got is None:
+                got.append(f)
+            copied = 0
+            slots: list[_Fetched | None] = list(got)
+            try:
+                digests = self._digests([f.kv for f in got])  # 2. KV checksums, in parallel
+                for j, (f, digest) in enumerate(zip(got, digests, strict=True)):
+                    i = chunk[j]
+                    err = kv_mismatch(f.record, digest)
+                    if err is not None:
+                        self._release(f)
+                        self._failed(f.tier, job.units[i], err, failures)
+                        retry = slots[j] = self._fetch(tiers, job.units[i], job.need_routes, failures, after=f.tier,
+                                                       hashed=True)
+                        if retry is None:
+                            break
+                        f = retry
+                    t1 = time.monotonic()
+                    self.pool.import_block(int(job.dst[i]), f.kv)  # 3. copy the verified unit
+                    spent[f.tier.name] = spent.get(f.tier.name, 0.0) + f.seconds + time.monotonic() - t1
+                    sources.append(f.tier)
+                    if f.rows is not None:
+                        rows.append(f.rows)
+                    copied += 1
+            finally:
+                for f in slots:
+                    if f is not None:
+                        self._release(f)
+            if copied < len(chunk):
                 break
-        verified = len(copied)
-        if copied:  # step 2: the checksums of the bytes that landed in the pool
-            t2 = time.monotonic()
-            sums = block_checksums(self.pool, [int(b) for b in job.dst[:verified]], self._hash)
-            for j, ((record, tier), landed) in enumerate(zip(copied, sums, strict=True)):
-                err = kv_mismatch(record, landed)
-                if err is not None:
-                    self._failed(tier, record.key, err, failures)
-                    verified = j
-                    break
-            hashed = (time.monotonic() - t2) / len(copied)
-            for _, tier in copied:
-                per_tier[tier.name][1] += hashed
         if timed_out:
             logger.warning("offload reload passed its %.2f s deadline after %d of %d units; recomputing the rest",
-                           job.deadline_s, len(copied), len(job.units))
+                           job.deadline_s, len(sources), n)
         for tier in tiers:
-            acc = per_tier.get(tier.name)
-            if acc is not None:
-                tier.stats.reloaded(min(acc[0], verified), acc[1])
-        routes = np.concatenate(rows[:verified]) if job.need_routes and verified else None
-        return ReloadDone(job.job_id, verified, routes, time.monotonic() - t0,
-                          [t.name for _, t in copied[:verified]], failures, timed_out)
+            count = sum(1 for s in sources if s is tier)
+            if count:
+                tier.stats.reloaded(count, spent.get(tier.name, 0.0))
+        verified = len(sources)
+        routes = np.concatenate(rows) if job.need_routes and verified else None
+        return ReloadDone(job.job_id, verified, routes, time.monotonic() - t0, [t.name for t in sources], failures,
+                          timed_out)
 
-    def _one(self, tier: HostCache | UnitStore, want: ExpectedUnit, dst: int, need_routes: bool,
-             failures: list[UnitFailure]) -> tuple[UnitRecord, np.ndarray | None] | None:
-        """Copy ``want``'s unit from ``tier`` into block ``dst`` after checking its record; its
-        route rows. None when the tier does not have it or it failed a check (discarded)."""
+    def _fetch(self, tiers: list[Tier], want: ExpectedUnit, need_routes: bool, failures: list[UnitFailure],
+               after: Tier | None = None, hashed: bool = False) -> _Fetched | None:
+        """The unit from the first tier (after ``after``) that has it and whose record and routes
+        verify; with ``hashed`` its KV checksum too (a retry after a mismatch). None: no tier."""
+        if after is not None:
+            tiers = tiers[tiers.index(after) + 1 :]
+        for tier in tiers:
+            t0 = time.monotonic()
+            f = self._fetch_one(tier, want, need_routes, failures)
+            if f is None:
+                continue
+            f.seconds = time.monotonic() - t0
+            if hashed:
+                err = kv_mismatch(f.record, unit_digest(f.kv))
+                if err is not None:
+                    self._release(f)
+                    self._failed(tier, want, err, failures)
+                    continue
+            return f
+        return None
+
+    def _fetch_one(self, tier: Tier, want: ExpectedUnit, need_routes: bool,
+                   failures: list[UnitFailure]) -> _Fetched | None:
         if not tier.contains(want.key):
             return None
         if isinstance(tier, HostCache):
@@ -216,37 +256,44 @@ class ReloadWorker:
             if held is None:
                 return None
             record, routes, kv = held
+        else:
+            blob = tier.get(want.key)
+            if blob is None:
+                return None
             try:
-                return self._checked_copy(tier, record, routes, kv, want, dst, need_routes, failures)
-            finally:
-                tier.unpin(want.key)
-        blob = tier.get(want.key)
-        if blob is None:
-            return None
-        try:
-            record, routes, kv = unpack_unit(blob)
-        except UnitFormatError as e:
-            self._failed(tier, want.key, UnitCheckError("format", ErrorCode.TRUNCATED, str(e)), failures)
-            return None
-        return self._checked_copy(tier, record, routes, kv, want, dst, need_routes, failures)
-
-    def _checked_copy(self, tier: HostCache | UnitStore, record: UnitRecord, routes, kv, want: ExpectedUnit,
-                      dst: int, need_routes: bool, failures: list[UnitFailure]):
+                record, routes, kv = unpack_unit(blob)
+            except UnitFormatError as e:
+                self._failed(tier, want, UnitCheckError("format", ErrorCode.TRUNCATED, str(e)), failures)
+                return None
+        f = _Fetched(tier, want.key, record, None, kv, 0.0)
         try:
             verify_record(record, want, self.layout, need_routes, self.secret)
-            rows = verify_routes(record, routes, self.n_experts) if need_routes else None
+            if need_routes:
+                f.rows = verify_routes(record, routes, self.n_experts)
             if memoryview(kv).nbytes != self.pool.unit_nbytes():
                 raise UnitCheckError("format", ErrorCode.TRUNCATED, "KV bytes of another size than the pool's blocks")
         except UnitCheckError as e:
-            self._failed(tier, want.key, e, failures)
+            self._release(f)
+            self._failed(tier, want, e, failures)
             return None
-        self.pool.import_block(dst, kv)
-        return record, rows
+        return f
 
-    def _failed(self, tier: HostCache | UnitStore, key: BlockKey, err: UnitCheckError,
-                failures: list[UnitFailure]) -> None:
+    def _digests(self, kvs: list) -> list[bytes]:
+        if self._hash is None or len(kvs) < 4:
+            return [unit_digest(kv) for kv in kvs]
+        return list(self._hash.map(unit_digest, kvs))
+
+    @staticmethod
+    def _release(f: _Fetched) -> None:
+        """Unpin a DRAM slot (once); a blob needs nothing."""
+        if isinstance(f.tier, HostCache) and f.kv is not None:
+            f.tier.unpin(f.key)
+        f.kv = None
+
+    @staticmethod
+    def _failed(tier: Tier, want: ExpectedUnit, err: UnitCheckError, failures: list[UnitFailure]) -> None:
         tier.stats.failed(err.kind)
-        tier.discard(key)
+        tier.discard(want.key)
         failures.append(UnitFailure(tier.name, err.kind, str(err)))
         logger.warning("offload unit %s from tier %s failed verification (%s): %s; recomputing it",
-                       key.hex()[:16], tier.name, err.kind, err)
+                       want.key.hex()[:16], tier.name, err.kind, err)

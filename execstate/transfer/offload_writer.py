@@ -5,7 +5,7 @@ the offload connector reserves a DRAM slot (``HostCache.reserve``), copies the b
 (``KVPool.export_block``) and :meth:`WriteBackWorker.submit` s a :class:`WriteJob`. Then, on the
 thread ``execstate-offload-write``, per job in submission order:
 
-1. the KV checksum (sha256 of the slot) and the route checksum are computed and the record built
+1. the KV checksum (unit_digest of the slot) and the route checksum are computed and the record built
    and signed (``unit.sign``);
 2. ``HostCache.seal``: the unit is visible in DRAM (when DRAM is a tier);
 3. the blob is ``put`` into each lower tier (disk, Redis) that does not hold the key yet
@@ -29,7 +29,7 @@ from execstate.identity.keys import BlockKey
 from execstate.state.tiers.host_cache import HostCache
 from execstate.state.tiers.pool_units import UnitOrigin
 from execstate.state.tiers.store import UnitStore
-from execstate.state.tiers.unit import FORMAT_VERSION, UnitLayout, UnitRecord, pack_unit, sha256, sign
+from execstate.state.tiers.unit import FORMAT_VERSION, UnitLayout, UnitRecord, pack_unit, sign, unit_digest
 
 logger = logging.getLogger("execstate.offload")
 
@@ -97,8 +97,8 @@ class WriteBackWorker:
         o = job.origin
         record = sign(UnitRecord(
             format_version=FORMAT_VERSION, key=job.key, parent=o.parent, root=o.root, token_ids=list(o.token_ids),
-            layout=self.layout, kv_checksum=sha256(kv.data),
-            routes_checksum=None if job.routes is None else sha256(job.routes),
+            layout=self.layout, kv_checksum=unit_digest(kv.data),
+            routes_checksum=None if job.routes is None else unit_digest(job.routes),
         ), self.secret)
         self.host.seal(job.key, record, job.routes)
         parts = None

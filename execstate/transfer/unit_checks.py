@@ -2,10 +2,11 @@
 
 The same rules as a PD transfer (``checks.py``): the reader computes the keys itself from its own
 provenance and tokens and accepts only a unit whose record names exactly them; it recomputes the
-checksum on the bytes that landed in its pool; anything that does not verify is recomputed.
+checksum of the bytes it is about to use; anything that does not verify is recomputed. (A PD
+load checks the bytes that landed in the pool, since NIXL writes there directly; a tier's bytes
+are in the reader's hands first, so they are checked before a byte reaches the pool.)
 
-Order (:func:`verify_record` before any byte is copied, :func:`verify_routes` and the KV
-checksum after):
+Order (all before the unit's KV is copied into the pool):
 
 1. signature (``BAD_SIGNATURE``), when the reader has a secret;
 2. format version and layout against the reader's pool and route format (``INCOMPATIBLE``);
@@ -16,7 +17,7 @@ checksum after):
    (``KEY_MISMATCH``);
 5. routes: present when the reader returns routes, their checksum, shape, expert range and no
    duplicate in a row (``CHECKSUM_MISMATCH`` / ``TRUNCATED``);
-6. KV: sha256 of the block's bytes in the pool equals ``kv_checksum`` (``CHECKSUM_MISMATCH``).
+6. KV: ``unit_digest`` of the unit's KV bytes equals ``kv_checksum`` (``CHECKSUM_MISMATCH``).
 
 Each failure is a :class:`UnitCheckError` whose ``kind`` (``format``, ``signature``, ``identity``,
 ``record``, ``routes``, ``checksum``) is what the tier metrics and the desync table count.
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from execstate.identity.keys import BlockKey, block_key
-from execstate.state.tiers.unit import FORMAT_VERSION, UnitLayout, UnitRecord, sha256, tag_valid
+from execstate.state.tiers.unit import FORMAT_VERSION, UnitLayout, UnitRecord, tag_valid, unit_digest
 from execstate.transfer.errors import ErrorCode, TransferError
 
 KINDS = ("format", "signature", "identity", "record", "routes", "checksum")
@@ -90,7 +91,7 @@ def verify_routes(record: UnitRecord, routes: bytes | memoryview | None, n_exper
     lay = record.layout
     if routes is None or record.routes_checksum is None or len(routes) != lay.routes_nbytes:
         raise UnitCheckError("routes", ErrorCode.TRUNCATED, "route rows missing or truncated")
-    if sha256(routes) != record.routes_checksum:
+    if unit_digest(routes) != record.routes_checksum:
         raise UnitCheckError("routes", ErrorCode.CHECKSUM_MISMATCH, "route rows differ from the record's checksum")
     rows = np.frombuffer(routes, dtype="<i2").reshape(lay.block_size, lay.route_layers, lay.route_top_k)
     rows = rows.astype(np.int16)
@@ -102,9 +103,9 @@ def verify_routes(record: UnitRecord, routes: bytes | memoryview | None, n_exper
     return rows
 
 
-def kv_mismatch(record: UnitRecord, landed_checksum: bytes) -> UnitCheckError | None:
-    """The error for KV bytes whose checksum in the pool is ``landed_checksum``, or None."""
-    if landed_checksum == record.kv_checksum:
+def kv_mismatch(record: UnitRecord, digest: bytes) -> UnitCheckError | None:
+    """The error for KV bytes whose ``unit_digest`` is ``digest``, or None when they verify."""
+    if digest == record.kv_checksum:
         return None
     return UnitCheckError("checksum", ErrorCode.CHECKSUM_MISMATCH,
                           "the KV bytes differ from the record's checksum")

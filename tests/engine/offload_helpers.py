@@ -71,6 +71,9 @@ def same_output(got, want) -> None:
 
 def check_clean(llm: LLM) -> None:
     eng = llm.engine
+    if eng.offload is not None:
+        assert eng.offload.flush()
+        assert eng.offload.host.num_pinned == 0  # no slot left pinned by a write-back or a reload
     eng.check_integrity()
     check_references(eng)
     assert not eng.has_unfinished_requests()

@@ -234,3 +234,28 @@ def test_sessions_run_with_tiers(moe_dir):
         check_clean(llm)
     finally:
         close(llm)
+
+
+def test_a_corrupt_dram_unit_is_served_from_the_next_tier(moe_dir, cold, tmp_path):
+    from execstate.bench.offload_desync import UnitAccess
+
+    llm = make(moe_dir, offload_dram_bytes=64 << 20, offload_disk_dir=str(tmp_path / "d"))
+    try:
+        a, b = prompt(14), prompt(15)
+        run(llm, a)
+        run(llm, b)
+        keys_a, keys_b = keys_of(llm, a), keys_of(llm, b)
+        churn(llm, keys_a + keys_b)
+        dram = UnitAccess(llm)
+        rec, routes, _ = dram.read(keys_a[2])
+        dram.write(keys_a[2], rec, routes, dram.read(keys_b[2])[2])  # DRAM's copy: another block's KV
+        out = run(llm, a)
+        same_output(out, run(cold, a))
+        assert out.prompt_token_sources["offloaded"] == 96  # nothing recomputed: disk had a good copy
+        done = llm.engine.offload.loads.last_done
+        assert done.sources == ["dram", "dram", "disk", "dram", "dram", "dram"]
+        assert [(f.tier, f.kind) for f in done.failures] == [("dram", "checksum")]
+        assert llm.engine.offload.host.num_pinned == 0
+        check_clean(llm)
+    finally:
+        close(llm)

@@ -183,25 +183,15 @@ def test_redis_slow_server_times_out(redis_server):
     s.close()
 
 
-def test_redis_out_of_memory_drops_our_oldest_and_never_blocks(tmp_path_factory):
-    from conftest import need_redis_server
-
-    from execstate.bench.redis_server import RedisServer
-
-    need_redis_server()
-    server = RedisServer(tmp_path_factory.mktemp("redis-full"), "--maxmemory", "3mb",
-                         "--maxmemory-policy", "noeviction")
-    server.start()
-    try:
-        s = RedisStore(server.url, 1 << 30)  # our own bound is far away: the server refuses first
-        stored = sum(s.put(key(i), blob(i, 100_000)) for i in range(40))
-        snap = s.stats.snapshot()
-        assert stored == 40  # each refusal dropped our oldest units and the retry went through
-        assert snap.dropped.get("full", 0) > 0 and snap.units < 40
-        assert bytes(s.get(key(39))) == b"".join(blob(39, 100_000))
-        s.close()
-    finally:
-        server.kill()
+def test_redis_out_of_memory_drops_our_oldest_and_never_blocks(redis_factory):
+    server = redis_factory("--maxmemory", "3mb", "--maxmemory-policy", "noeviction")
+    s = RedisStore(server.url, 1 << 30)  # our own bound is far away: the server refuses first
+    stored = sum(s.put(key(i), blob(i, 100_000)) for i in range(40))
+    snap = s.stats.snapshot()
+    assert stored == 40  # each refusal dropped our oldest units and the retry went through
+    assert snap.dropped.get("full", 0) > 0 and snap.units < 40
+    assert bytes(s.get(key(39))) == b"".join(blob(39, 100_000))
+    s.close()
 
 
 def test_two_engines_share_one_redis(redis_server):

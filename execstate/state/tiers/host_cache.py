@@ -69,6 +69,12 @@ class HostCache:
     def num_slots(self) -> int:
         return self.slab.shape[0]
 
+    @property
+    def num_pinned(self) -> int:
+        """Entries pinned by a writer or a reader now (0 once every write-back and reload is done)."""
+        with self._lock:
+            return sum(1 for e in self._entries.values() if e.pins)
+
     def view(self, slot: int) -> np.ndarray:
         return self.slab[slot]
 

@@ -11,8 +11,11 @@ absent for a dense model or without route return) and a :class:`UnitRecord`:
   salt): a unit of another identity names another root;
 - ``token_ids``: the block's tokens;
 - ``layout``: the KV and route shapes the bytes have;
-- ``kv_checksum``: sha256 of the KV bytes in the order of ``transfer.checks.block_checksums``
-  (K then V of layer 0, K then V of layer 1, ...); ``routes_checksum``: sha256 of the route bytes;
+- ``kv_checksum``: BLAKE3-256 (:func:`unit_digest`) of the KV bytes, K then V of layer 0, K then
+  V of layer 1, ... (``KVPool.export_block``; the order of ``transfer.checks.block_checksums``);
+  ``routes_checksum``: BLAKE3-256 of the route bytes. BLAKE3 rather than the PD manifest's
+  sha256: as strong, and about 3.7x faster here (4.9 vs 1.3 GB/s on one core of the 2-core VM),
+  which is most of what a reload from DRAM costs;
 - ``tag``: ``HMAC-SHA256(secret, DOMAIN + record encoded with tag=None)`` when the writer has a
   secret (a shared tier's units then prove who wrote them), else ``None``.
 
@@ -32,6 +35,7 @@ import hmac
 from collections.abc import Sequence
 from typing import Annotated
 
+import blake3
 import msgspec
 from msgspec import Meta, Struct
 
@@ -92,8 +96,9 @@ _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(UnitRecord)
 
 
-def sha256(data: bytes | memoryview) -> bytes:
-    return hashlib.sha256(data).digest()
+def unit_digest(data) -> bytes:
+    """BLAKE3-256 of a buffer (bytes, memoryview, a contiguous numpy array): a unit's checksum."""
+    return blake3.blake3(data).digest()
 
 
 def _tag(record: UnitRecord, secret: bytes) -> bytes:
