@@ -18,13 +18,16 @@ A unit is written back only with everything that makes it one: its origin (block
 its routes is never written). Requests that force routes are neither written nor served.
 
 Threads: the engine thread calls :meth:`OffloadConnector.write_back` and the loads; the tiers are
-shared with the two worker threads under their own locks. :meth:`close` stops the threads and
-closes the stores (the engine's owner calls it; the threads are daemons otherwise).
+shared with the two worker threads under their own locks. :meth:`close` finishes the queued
+write-backs, stops the threads and closes the stores; it runs by itself when the engine is
+garbage-collected or the interpreter exits (nothing here holds the engine: the reload thread
+wakes it through a weak reference).
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -82,12 +85,14 @@ class OffloadConnector:
         secret = resolve_secret(cfg.offload_secret)
         self.units = PoolUnits()
         self.writer = WriteBackWorker(self.host, self.stores, self.layout, secret)
+        wake = weakref.WeakMethod(engine.wake)
         self.loader = ReloadWorker(pool, self.host, self.stores, self.layout, mc.num_experts if routes else None,
-                                   secret, on_result=engine.wake)
+                                   secret, on_result=lambda: _call(wake))
         self.loads = OffloadLoads(engine.kv_manager, self.tiers, self.loader, routes, cfg.offload_timeout_s)
         engine.block_pool.set_write_back(self.write_back)
         engine.kv_manager.pool_units = self.units
         engine.scheduler.offload = self.loads
+        self._closer = weakref.finalize(engine, _close, self.writer, self.loader, list(self.stores))
 
     def tiers(self) -> list[HostCache | UnitStore]:
         """The tiers a lookup consults, in order (DRAM only when it is a tier)."""
@@ -128,7 +133,18 @@ class OffloadConnector:
         self.host.check_integrity()
 
     def close(self) -> None:
-        self.writer.close()
-        self.loader.close()
-        for store in self.stores:
-            store.close()
+        """Finish queued write-backs, stop the threads, close the stores (once; idempotent)."""
+        self._closer()
+
+
+def _call(ref: weakref.WeakMethod) -> None:
+    fn = ref()
+    if fn is not None:
+        fn()
+
+
+def _close(writer: WriteBackWorker, loader: ReloadWorker, stores: list[UnitStore]) -> None:
+    writer.close()
+    loader.close()
+    for store in stores:
+        store.close()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import threading
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from offload_helpers import (
     BS,
     GREEDY,
@@ -257,5 +259,26 @@ def test_a_corrupt_dram_unit_is_served_from_the_next_tier(moe_dir, cold, tmp_pat
         assert [(f.tier, f.kind) for f in done.failures] == [("dram", "checksum")]
         assert llm.engine.offload.host.num_pinned == 0
         check_clean(llm)
+    finally:
+        close(llm)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 90), st.integers(0, 3), st.integers(0, 40),
+                          st.sampled_from([None, "t1"])), min_size=3, max_size=6))
+def test_random_workloads_match_the_oracle(moe_dir, cold, tmp_path_factory, requests):
+    """Prompts built from shared documents, on a small pool with a small DRAM tier and a disk tier:
+    every reply equals the cold engine's (tokens and routes) and nothing leaks."""
+    docs = [prompt(100 + d, 90) for d in range(4)]
+    unit_probe = cold.engine.kv_pool.unit_nbytes()
+    llm = make(moe_dir, num_kv_blocks=16, offload_dram_bytes=6 * unit_probe,
+               offload_disk_dir=str(tmp_path_factory.mktemp("disk")), offload_disk_bytes=40 * unit_probe)
+    try:
+        for a, la, b, lb, salt in requests:
+            ids = docs[a][:la] + docs[b][:lb]
+            same_output(run(llm, ids, salt=salt), run(cold, ids))
+        check_clean(llm)
+        assert all(t.checksum_failures == 0 for t in llm.engine.offload.snapshot())
     finally:
         close(llm)
