@@ -22,6 +22,7 @@ computed (prefill work) and served from the prefix cache or a tier, and whether 
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
 
 CONFIGS = ("none", "dram", "dram+disk", "dram+disk+redis")
+log = logging.getLogger(__name__)
 
 
 def build_workload(tenants: int, conversations: int, turns: int, system_len: int, user_len: int, vocab: int,
@@ -65,6 +67,8 @@ def run_chat(model_dir: Path, workdir: Path, redis_url: str | None, tenants: int
     t0 = time.perf_counter()
     try:
         for turn in range(turns):
+            log.info("offload chat: turn %d of %d (%d conversations, %d engines)", turn + 1, turns, len(users),
+                     len(configs))
             for conv in range(len(users)):
                 tenant = conv // conversations
                 if not histories[conv]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ from execstate.engine.sampling_params import SamplingParams
 from execstate.identity.keys import BlockKey, block_key
 
 TIERS = ("dram", "disk", "disk-cold", "redis")
+log = logging.getLogger(__name__)
 
 
 def long_context_copy(model_dir: Path, out: Path, positions: int) -> Path:
@@ -75,6 +77,7 @@ def run_reload(model_dir: Path, workdir: Path, redis_url: str | None, lengths: t
         for n in lengths:
             per = rows[n] = {t: {"ttft": [], "job": []} for t in ("recompute", *tiers)}
             for rep in range(repeats):
+                log.info("offload reload: %d tokens, repeat %d of %d", n, rep + 1, repeats)
                 ids = np.random.default_rng(1000 * n + rep).integers(3, vocab, n).tolist()
                 keys = _keys(llm, ids, block_size)
                 cold = llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)[0]
