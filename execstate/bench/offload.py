@@ -31,7 +31,7 @@ PARTS = ("chat", "reload", "desync")
 
 def run_offload_bench(model: str = "standard", parts: tuple[str, ...] = PARTS, redis_url: str | None = None,
                       lengths: tuple[int, ...] = (1024, 4096, 16384), repeats: int = 3, tenants: int = 4,
-                      conversations: int = 4, turns: int = 6, system_len: int = 384, user_len: int = 96,
+                      conversations: int = 4, turns: int = 8, system_len: int = 512, user_len: int = 64,
                       reply_len: int = 8, desync_repeats: int = 2, threads: int | None = None,
                       png: str | None = None) -> dict:
     import torch
@@ -142,11 +142,12 @@ def format_offload_table(report: dict) -> str:
                    f"conversations x {w['turns']} turns; working set {w['working_set_tokens']} tokens = "
                    f"{w['working_set_over_pool']:.1f}x the pool ({w['pool_tokens']} tokens); interleaved")
         out.append(f"{'config':<18} {'TTFT p50':>9} {'p99':>9} {'p50 vs none':>11} {'computed':>9} {'from tiers':>10} "
-                   f"{'prefix':>8}")
+                   f"{'prefix':>8} {'reload p50':>10}")
         for name, r in chat["configs"].items():
+            reload = f"{r['reload_p50_s'] * 1e3:>8.1f}ms" if r.get("reload_p50_s") is not None else f"{'-':>10}"
             out.append(f"{name:<18} {r['ttft_p50_s'] * 1e3:>7.1f}ms {r['ttft_p99_s'] * 1e3:>7.1f}ms "
                        f"{r['p50_speedup_vs_none']:>10.2f}x {r['prefill_tokens_computed']:>9} "
-                       f"{r['tokens_from_tiers']:>10} {r['tokens_from_prefix_cache']:>8}")
+                       f"{r['tokens_from_tiers']:>10} {r['tokens_from_prefix_cache']:>8} {reload}")
         out.append(f"reply mismatches vs no tier (tokens or routes): {chat['reply_mismatches']}")
     rel = report.get("reload")
     if rel:

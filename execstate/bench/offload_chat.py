@@ -1,13 +1,14 @@
 """``bench offload`` part ``chat``: a multi-tenant chat workload whose working set is 4x the KV pool.
 
 Workload: ``tenants`` tenants (each its own ``cache_salt``) with a system prompt each, and
-``conversations`` conversations per tenant; ``turns`` rounds in which every conversation, in
-turn, sends its whole history plus a new user message (random token ids) and gets a reply
-(greedy, ``ignore_eos``). The pool holds a quarter of the tokens every conversation has at the
+``conversations`` conversations per tenant; ``turns`` rounds in which every conversation, in a
+random order (seeded; another each round), sends its whole history plus a new user message
+(random token ids) and gets a reply (greedy, ``ignore_eos``). The pool holds a quarter of the tokens every conversation has at the
 end (the working set), so a conversation's blocks are evicted before its next turn.
 
 The same request sequence runs on one engine per configuration, **interleaved** (request i on
-every engine before request i+1), so load on a shared machine hits all of them alike:
+every engine before request i+1, the other engines' write-backs finished first), so load on a
+shared machine hits all of them alike:
 
 - ``none``: the pool only (an evicted history is recomputed);
 - ``dram``: a DRAM tier of 1x the pool;
@@ -46,7 +47,7 @@ def build_workload(tenants: int, conversations: int, turns: int, system_len: int
 
 
 def run_chat(model_dir: Path, workdir: Path, redis_url: str | None, tenants: int = 4, conversations: int = 4,
-             turns: int = 6, system_len: int = 384, user_len: int = 96, reply_len: int = 8,
+             turns: int = 8, system_len: int = 512, user_len: int = 64, reply_len: int = 8,
              block_size: int = 16) -> dict:
     systems, users = build_workload(tenants, conversations, turns, system_len, user_len, vocab_of(model_dir))
     working_set = tenants * system_len + tenants * conversations * turns * (user_len + reply_len)
@@ -62,25 +63,31 @@ def run_chat(model_dir: Path, workdir: Path, redis_url: str | None, tenants: int
         engines[c] = LLM(str(model_dir), **base, **_tier_options(c, pool_blocks * unit, workdir / c, redis_url))
     params = SamplingParams(temperature=0.0, max_tokens=reply_len, ignore_eos=True)
     histories = [[] for _ in users]
-    stats = {c: {"ttft": [], "computed": 0, "local_cache": 0, "offloaded": 0} for c in configs}
+    stats = {c: {"ttft": [], "reload": [], "computed": 0, "local_cache": 0, "offloaded": 0} for c in configs}
     mismatches = 0
+    order_rng = np.random.default_rng(1)
     t0 = time.perf_counter()
     try:
         for turn in range(turns):
             log.info("offload chat: turn %d of %d (%d conversations, %d engines)", turn + 1, turns, len(users),
                      len(configs))
-            for conv in range(len(users)):
+            for conv in order_rng.permutation(len(users)).tolist():
                 tenant = conv // conversations
                 if not histories[conv]:
                     histories[conv] = list(systems[tenant])
                 prompt = histories[conv] + users[conv][turn]
                 outs = {}
                 for c in configs:
+                    _quiet_others(engines, c)
+                    off = engines[c].engine.offload
+                    last = off.loads.last_done if off is not None else None
                     out = engines[c].generate({"prompt_token_ids": prompt, "cache_salt": f"tenant-{tenant}"}, params,
                                               use_tqdm=False)[0]
                     outs[c] = out
                     s = stats[c]
                     s["ttft"].append(out.metrics["ttft_s"])
+                    if off is not None and off.loads.last_done is not last:
+                        s["reload"].append(off.loads.last_done.seconds)
                     for k in ("computed", "local_cache", "offloaded"):
                         s[k] += out.prompt_token_sources[k]
                 ref = outs[configs[0]].outputs[0]
@@ -104,7 +111,8 @@ def run_chat(model_dir: Path, workdir: Path, redis_url: str | None, tenants: int
             "ttft_p50_s": float(np.median(ttft)), "ttft_p99_s": float(np.percentile(ttft, 99)),
             "ttft_mean_s": float(ttft.mean()), "p50_speedup_vs_none": none_p50 / float(np.median(ttft)),
             "prefill_tokens_computed": s["computed"], "tokens_from_prefix_cache": s["local_cache"],
-            "tokens_from_tiers": s["offloaded"], "tiers": tiers[c],
+            "tokens_from_tiers": s["offloaded"], "tiers": tiers[c], "reloads": len(s["reload"]),
+            "reload_p50_s": float(np.median(s["reload"])) if s["reload"] else None,
         }
     return {
         "workload": {"tenants": tenants, "conversations_per_tenant": conversations, "turns": turns,
@@ -123,6 +131,14 @@ def vocab_of(model_dir: Path) -> int:
     import json
 
     return min(json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"], 30000)
+
+
+def _quiet_others(engines: dict[str, LLM], current: str) -> None:
+    """Let the other engines' write-backs finish first: in a deployment each engine has the process
+    (and its cores) to itself; its own write-backs, which do overlap its next request, still run."""
+    for c, e in engines.items():
+        if c != current and e.engine.offload is not None:
+            e.engine.offload.flush()
 
 
 def _tier_options(config: str, pool_bytes: int, workdir: Path, redis_url: str | None) -> dict:

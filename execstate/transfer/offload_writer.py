@@ -14,12 +14,17 @@ thread ``execstate-offload-write``, per job in submission order:
 
 A job never blocks the engine: the queue is bounded by the slab's slots (a reservation fails
 when every slot is pinned: the write-back is dropped). A tier that fails is skipped (counted,
-logged by the tier); the thread survives any exception in a job.
+logged by the tier); the thread survives any exception in a job. The thread runs at a lower CPU
+priority (nice +10): on a machine whose cores the forward pass keeps busy, a write-back waits for
+a free moment instead of stretching the step (an OpenMP region waits for its slowest thread);
+nothing waits for it but a later reload of that unit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import queue
 import threading
 from collections.abc import Sequence
@@ -81,6 +86,8 @@ class WriteBackWorker:
     # -- worker thread -----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + 10)
         while True:
             job = self._jobs.get()
             if isinstance(job, _Stop):
