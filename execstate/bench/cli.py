@@ -127,8 +127,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bo.add_argument("--repeats", type=int, default=3, help="reload part: repeats per length (medians)")
     bo.add_argument("--tenants", type=int, default=4, help="chat part: tenants")
     bo.add_argument("--conversations", type=int, default=4, help="chat part: conversations per tenant")
-    bo.add_argument("--turns", type=int, default=8, help="chat part: turns per conversation")
-    bo.add_argument("--system-len", type=int, default=512, help="chat part: tokens of each tenant's system prompt")
+    bo.add_argument("--turns", type=int, default=6, help="chat part: turns per conversation")
+    bo.add_argument("--system-len", type=int, default=128, help="chat part: tokens of each tenant's system prompt")
+    bo.add_argument("--context-len", type=int, default=768,
+                    help="chat part: tokens of each conversation's own context (a document) after the system prompt")
     bo.add_argument("--user-len", type=int, default=64, help="chat part: tokens of each user message")
     bo.add_argument("--reply-len", type=int, default=8, help="chat part: tokens of each reply")
     bo.add_argument("--desync-repeats", type=int, default=2, help="desync part: trials per kind and tier")
@@ -247,7 +249,8 @@ def _bench(args: argparse.Namespace) -> int:
         report = run_offload_bench(
             model=args.model, parts=tuple(args.parts.split(",")), redis_url=args.redis_url,
             lengths=tuple(int(n) for n in args.lengths.split(",")), repeats=args.repeats, tenants=args.tenants,
-            conversations=args.conversations, turns=args.turns, system_len=args.system_len, user_len=args.user_len,
+            conversations=args.conversations, turns=args.turns, system_len=args.system_len,
+            context_len=args.context_len, user_len=args.user_len,
             reply_len=args.reply_len, desync_repeats=args.desync_repeats,
             threads=args.threads, png=args.png)
         print(json.dumps(report, indent=2) if args.json else format_offload_table(report))

@@ -31,8 +31,8 @@ PARTS = ("chat", "reload", "desync")
 
 def run_offload_bench(model: str = "standard", parts: tuple[str, ...] = PARTS, redis_url: str | None = None,
                       lengths: tuple[int, ...] = (1024, 4096, 16384), repeats: int = 3, tenants: int = 4,
-                      conversations: int = 4, turns: int = 8, system_len: int = 512, user_len: int = 64,
-                      reply_len: int = 8, desync_repeats: int = 2, threads: int | None = None,
+                      conversations: int = 4, turns: int = 6, system_len: int = 128, context_len: int = 768,
+                      user_len: int = 64, reply_len: int = 8, desync_repeats: int = 2, threads: int | None = None,
                       png: str | None = None) -> dict:
     import torch
 
@@ -58,7 +58,7 @@ def run_offload_bench(model: str = "standard", parts: tuple[str, ...] = PARTS, r
                 t0 = time.perf_counter()
                 report["chat"] = run_chat(model_dir, work / "chat", redis_url, tenants=tenants,
                                           conversations=conversations, turns=turns, system_len=system_len,
-                                          user_len=user_len, reply_len=reply_len)
+                                          context_len=context_len, user_len=user_len, reply_len=reply_len)
                 report["chat"]["seconds"] = time.perf_counter() - t0
             if "reload" in parts:
                 from execstate.bench.offload_reload import run_reload
@@ -139,8 +139,10 @@ def format_offload_table(report: dict) -> str:
     if chat:
         w = chat["workload"]
         out.append(f"\nchat: {w['requests']} requests, {w['tenants']} tenants x {w['conversations_per_tenant']} "
-                   f"conversations x {w['turns']} turns; working set {w['working_set_tokens']} tokens = "
-                   f"{w['working_set_over_pool']:.1f}x the pool ({w['pool_tokens']} tokens); interleaved")
+                   f"conversations x {w['turns']} turns (system {w['system_len']}, context "
+                   f"{w.get('context_len', 0)}, user {w['user_len']}, reply {w['reply_len']} tokens); working set "
+                   f"{w['working_set_tokens']} tokens = {w['working_set_over_pool']:.1f}x the pool ({w['pool_tokens']} "
+                   "tokens); interleaved")
         out.append(f"{'config':<18} {'TTFT p50':>9} {'p99':>9} {'p50 vs none':>11} {'computed':>9} {'from tiers':>10} "
                    f"{'prefix':>8} {'reload p50':>10}")
         for name, r in chat["configs"].items():

@@ -1,9 +1,12 @@
 """``bench offload`` part ``chat``: a multi-tenant chat workload whose working set is 4x the KV pool.
 
 Workload: ``tenants`` tenants (each its own ``cache_salt``) with a system prompt each, and
-``conversations`` conversations per tenant; ``turns`` rounds in which every conversation, in a
+``conversations`` conversations per tenant, each starting with its own context (a document, a
+long instruction: ``context_len`` tokens); ``turns`` rounds in which every conversation, in a
 random order (seeded; another each round), sends its whole history plus a new user message
-(random token ids) and gets a reply (greedy, ``ignore_eos``). The pool holds a quarter of the tokens every conversation has at the
+(random token ids) and gets a reply (greedy, ``ignore_eos``). What a tier saves is the history a
+request does not compute again, so the gain grows with the history's length against the new
+message's: docs/offload.md gives both this default and a short-history run. The pool holds a quarter of the tokens every conversation has at the
 end (the working set), so a conversation's blocks are evicted before its next turn.
 
 The same request sequence runs on one engine per configuration, **interleaved** (request i on
@@ -37,22 +40,26 @@ CONFIGS = ("none", "dram", "dram+disk", "dram+disk+redis")
 log = logging.getLogger(__name__)
 
 
-def build_workload(tenants: int, conversations: int, turns: int, system_len: int, user_len: int, vocab: int,
-                   seed: int = 0) -> tuple[list[list[int]], list[list[list[int]]]]:
-    """System prompts (one per tenant) and each conversation's user messages, tenant-major."""
+def build_workload(tenants: int, conversations: int, turns: int, system_len: int, context_len: int, user_len: int,
+                   vocab: int, seed: int = 0) -> tuple[list[list[int]], list[list[int]], list[list[list[int]]]]:
+    """System prompts (one per tenant), each conversation's context and its user messages
+    (conversations tenant-major)."""
     rng = np.random.default_rng(seed)
+    n = tenants * conversations
     systems = [rng.integers(3, vocab, system_len).tolist() for _ in range(tenants)]
-    users = [[rng.integers(3, vocab, user_len).tolist() for _ in range(turns)] for _ in range(tenants * conversations)]
-    return systems, users
+    contexts = [rng.integers(3, vocab, context_len).tolist() for _ in range(n)]
+    users = [[rng.integers(3, vocab, user_len).tolist() for _ in range(turns)] for _ in range(n)]
+    return systems, contexts, users
 
 
 def run_chat(model_dir: Path, workdir: Path, redis_url: str | None, tenants: int = 4, conversations: int = 4,
-             turns: int = 8, system_len: int = 512, user_len: int = 64, reply_len: int = 8,
+             turns: int = 6, system_len: int = 128, context_len: int = 768, user_len: int = 64, reply_len: int = 8,
              block_size: int = 16) -> dict:
-    systems, users = build_workload(tenants, conversations, turns, system_len, user_len, vocab_of(model_dir))
-    working_set = tenants * system_len + tenants * conversations * turns * (user_len + reply_len)
+    systems, contexts, users = build_workload(tenants, conversations, turns, system_len, context_len, user_len,
+                                              vocab_of(model_dir))
+    working_set = tenants * system_len + tenants * conversations * (context_len + turns * (user_len + reply_len))
     pool_blocks = -(-working_set // (4 * block_size))
-    max_len = system_len + turns * (user_len + reply_len) + block_size
+    max_len = system_len + context_len + turns * (user_len + reply_len) + block_size
     pool_blocks = max(pool_blocks, -(-max_len // block_size))
     configs = [c for c in CONFIGS if redis_url is not None or "redis" not in c]
     base = dict(enable_return_routed_experts=True, num_kv_blocks=pool_blocks, block_size=block_size, seed=0,
@@ -74,7 +81,7 @@ def run_chat(model_dir: Path, workdir: Path, redis_url: str | None, tenants: int
             for conv in order_rng.permutation(len(users)).tolist():
                 tenant = conv // conversations
                 if not histories[conv]:
-                    histories[conv] = list(systems[tenant])
+                    histories[conv] = systems[tenant] + contexts[conv]
                 prompt = histories[conv] + users[conv][turn]
                 outs = {}
                 for c in configs:
@@ -116,7 +123,8 @@ def run_chat(model_dir: Path, workdir: Path, redis_url: str | None, tenants: int
         }
     return {
         "workload": {"tenants": tenants, "conversations_per_tenant": conversations, "turns": turns,
-                     "system_len": system_len, "user_len": user_len, "reply_len": reply_len,
+                     "system_len": system_len, "context_len": context_len, "user_len": user_len,
+                     "reply_len": reply_len,
                      "requests": turns * len(users), "working_set_tokens": working_set,
                      "pool_tokens": pool_blocks * block_size, "working_set_over_pool": working_set / (pool_blocks * block_size),
                      "unit_bytes": unit, "interleaved": True},

@@ -11,8 +11,8 @@ def test_bench_offload_smoke(tmp_path, redis_server):
     model = make_random("qwen3_moe", tmp_path / "m", seed=0)
     png = tmp_path / "offload.png"
     report = run_offload_bench(model=str(model), parts=("chat", "reload"), redis_url=redis_server.url,
-                               lengths=(64, 128), repeats=1, tenants=2, conversations=1, turns=2, system_len=32,
-                               user_len=16, reply_len=4, png=str(png))
+                               lengths=(64, 128), repeats=1, tenants=2, conversations=1, turns=2, system_len=16,
+                               context_len=32, user_len=16, reply_len=4, png=str(png))
     assert report["ok"]
     chat = report["chat"]
     assert list(chat["configs"]) == ["none", "dram", "dram+disk", "dram+disk+redis"]
