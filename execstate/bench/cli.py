@@ -134,7 +134,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bo.add_argument("--user-len", type=int, default=64, help="chat part: tokens of each user message")
     bo.add_argument("--reply-len", type=int, default=8, help="chat part: tokens of each reply")
     bo.add_argument("--desync-repeats", type=int, default=2, help="desync part: trials per kind and tier")
-    bo.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    bo.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: on a shared machine a 2-thread forward waits for a descheduled "
+                         "thread, which swamps what the tiers change; 0: torch's default)")
     bo.add_argument("--png", default=None, help="write the plot (TTFT per tier; reload time vs tokens) here")
     bo.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)
