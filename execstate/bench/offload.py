@@ -32,14 +32,14 @@ PARTS = ("chat", "reload", "desync")
 def run_offload_bench(model: str = "standard", parts: tuple[str, ...] = PARTS, redis_url: str | None = None,
                       lengths: tuple[int, ...] = (1024, 4096, 16384), repeats: int = 3, tenants: int = 4,
                       conversations: int = 4, turns: int = 6, system_len: int = 128, context_len: int = 768,
-                      user_len: int = 64, reply_len: int = 8, desync_repeats: int = 2, threads: int | None = None,
+                      user_len: int = 64, reply_len: int = 8, desync_repeats: int = 2, threads: int | None = 1,
                       png: str | None = None) -> dict:
     import torch
 
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise ValueError(f"unknown parts {sorted(unknown)}; choose from {PARTS}")
-    if threads:
+    if threads:  # 0 or None: torch's default
         torch.set_num_threads(threads)
     report: dict = {"model": model, "parts": list(parts), "torch_threads": torch.get_num_threads()}
     server = None
