@@ -39,8 +39,21 @@ def run_offload_bench(model: str = "standard", parts: tuple[str, ...] = PARTS, r
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise ValueError(f"unknown parts {sorted(unknown)}; choose from {PARTS}")
+    before = torch.get_num_threads()
     if threads:  # 0 or None: torch's default
         torch.set_num_threads(threads)
+    try:
+        return _run(model, parts, redis_url, lengths, repeats, tenants, conversations, turns, system_len,
+                    context_len, user_len, reply_len, desync_repeats, png)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run(model: str, parts: tuple[str, ...], redis_url: str | None, lengths: tuple[int, ...], repeats: int,
+         tenants: int, conversations: int, turns: int, system_len: int, context_len: int, user_len: int,
+         reply_len: int, desync_repeats: int, png: str | None) -> dict:
+    import torch
+
     report: dict = {"model": model, "parts": list(parts), "torch_threads": torch.get_num_threads()}
     server = None
     with tempfile.TemporaryDirectory(prefix="execstate-offload-bench-") as tmp:
