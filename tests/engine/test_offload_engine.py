@@ -257,8 +257,7 @@ def test_a_corrupt_dram_unit_is_served_from_the_next_tier(moe_dir, cold, tmp_pat
         done = llm.engine.offload.loads.last_done
         assert done.sources == ["dram", "dram", "disk", "dram", "dram", "dram"]
         assert [(f.tier, f.kind) for f in done.failures] == [("dram", "checksum")]
-        assert llm.engine.offload.host.num_pinned == 0
-        check_clean(llm)
+        check_clean(llm)  # includes: no DRAM slot left pinned once the write-backs are done
     finally:
         close(llm)
 
