@@ -30,6 +30,7 @@ def plot_offload(report: dict, path: str) -> None:
             ax.text(i - 0.2, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
         ax.set_xticks(list(x), names, rotation=12)
         ax.set_yscale("log")
+        ax.set_ylim(bottom=min(p50) / 2)
         ax.set_ylabel("TTFT (ms, log scale)")
         w = chat["workload"]
         ax.set_title(f"chat, working set {w['working_set_over_pool']:.1f}x the pool ({w['requests']} requests)")

@@ -1,4 +1,4 @@
-"""Offload tiers under the KV pool: DRAM, local disk and a shared store (docs/offload.md, DESIGN 12).
+"""Offload tiers under the KV pool: DRAM, local disk and a shared store (docs/offload.md; docs/ARCHITECTURE.md 3).
 
 The unit that moves between tiers is the consistency unit of docs/ARCHITECTURE.md 3: one full
 block's KV in every layer, its route rows (MoE with route return) and its record (key, parent key,
