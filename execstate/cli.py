@@ -78,6 +78,10 @@ def _size(text: str) -> int:
 # they agree; engine.config imports torch, which --help should not wait for).
 _ENGINE_DEFAULTS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "kv_cache_memory": 1 << 30}
 
+# Defaults of the offload options (EngineConfig's; tests/engine/test_offload_options.py checks they agree).
+_OFFLOAD_DEFAULTS = {"offload_disk_bytes": 16 << 30, "offload_redis_bytes": 4 << 30, "offload_policy": "lru",
+                     "offload_timeout_s": 1.0}
+
 # Defaults of the session options (EngineConfig's; tests/session/test_session_options.py checks them).
 _SESSION_DEFAULTS = {"max_sessions": 64, "session_eviction": "none", "max_session_events": 64}
 
@@ -166,6 +170,36 @@ def _fps(text: str) -> float:
     return value
 
 
+def _timeout(text: str) -> float:
+    value = _grace(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _add_offload_options(s: argparse.ArgumentParser) -> None:
+    """``serve``: offload tiers under the KV pool (engine/offload.py, docs/offload.md)."""
+    d = _OFFLOAD_DEFAULTS
+    g = s.add_argument_group("offload tiers (a block evicted from the KV pool is written back to each tier; a "
+                             "prompt that misses the pool reloads its blocks from them, verified)")
+    g.add_argument("--offload-dram", type=_size, default=0, metavar="BYTES",
+                   help="host-memory tier: bytes or a size such as 4GiB (default: 0, no DRAM tier)")
+    g.add_argument("--offload-disk-dir", default=None, metavar="DIR",
+                   help="local-disk tier: one file per unit under DIR; kept across restarts (default: none)")
+    g.add_argument("--offload-disk-bytes", type=_size, default=d["offload_disk_bytes"], metavar="BYTES",
+                   help="most bytes of the disk tier; the oldest units are deleted beyond it (default: 16GiB)")
+    g.add_argument("--offload-redis-url", default=None, metavar="URL",
+                   help="shared tier on a Redis server, e.g. redis://127.0.0.1:6379/0 (default: none)")
+    g.add_argument("--offload-redis-bytes", type=_size, default=d["offload_redis_bytes"], metavar="BYTES",
+                   help="most bytes this server keeps in Redis; its oldest units are deleted beyond it (default: 4GiB)")
+    g.add_argument("--offload-policy", choices=["lru", "fifo"], default=d["offload_policy"],
+                   help="which units a full tier drops first: least recently used, or oldest written "
+                        "(default: %(default)s)")
+    g.add_argument("--offload-timeout", type=_timeout, default=d["offload_timeout_s"], metavar="SECONDS",
+                   help="longest a reload (and one Redis command) may take; beyond it the rest of the prompt is "
+                        "recomputed and a failing tier is skipped for a while (default: %(default)s)")
+
+
 def _add_world_options(s: argparse.ArgumentParser) -> None:
     """``serve --world``: world sessions over /v1/realtime/video and the /world page (serve/realtime/world/app.py)."""
     g = s.add_argument_group("world sessions")
@@ -243,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "recorded in provenance numerics, so P and D of a PD pair must agree (default: %(default)s)")
     _add_capacity_and_limit_options(s)
     _add_session_options(s)
+    _add_offload_options(s)
     s.add_argument("--agent-back-model", default=None,
                    help="/v1/realtime/agent: the back-end model agents delegate to (the tool 'reason'): an "
                         "embedded name or a directory, loaded as a second engine (default: the served model, "

@@ -121,6 +121,13 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_sessions=args.max_sessions,
         session_eviction=None if args.session_eviction == "none" else args.session_eviction,
         max_session_events=args.max_session_events,
+        offload_dram_bytes=args.offload_dram,
+        offload_disk_dir=args.offload_disk_dir,
+        offload_disk_bytes=args.offload_disk_bytes,
+        offload_redis_url=args.offload_redis_url,
+        offload_redis_bytes=args.offload_redis_bytes,
+        offload_policy=args.offload_policy,
+        offload_timeout_s=args.offload_timeout,
     )
 
 

@@ -118,6 +118,23 @@ def pd_line(i: StartupInfo) -> str:
     return ", ".join(parts)
 
 
+def offload_line(i: StartupInfo) -> str:
+    """The offload tiers (a Redis URL without its credentials)."""
+    off = i.engine.offload
+    if off is None:
+        return "off"
+    gib = 1 << 30
+    parts = [f"{t.name} {t.capacity_bytes / gib:.1f} GiB" for t in off.snapshot()]
+    cfg = i.engine.config
+    if cfg.offload_disk_dir is not None:
+        parts.append(f"disk dir {cfg.offload_disk_dir}")
+    if cfg.offload_redis_url is not None:
+        url = cfg.offload_redis_url
+        parts.append(f"redis {url.split('://', 1)[0]}://{url.rsplit('@', 1)[-1].split('://', 1)[-1]}")
+    parts.append(f"policy {cfg.offload_policy}, timeout {cfg.offload_timeout_s:g} s")
+    return ", ".join(parts)
+
+
 def sessions_line(info: StartupInfo) -> str:
     cfg = info.engine.config
     return (f"at most {cfg.max_sessions} (eviction: {cfg.session_eviction or 'none'}), {cfg.max_session_events} "
@@ -151,6 +168,7 @@ FIELDS: list[tuple[str, Callable[[StartupInfo], str]]] = [
     ("max_num_seqs", lambda i: str(i.engine.config.max_num_seqs)),
     ("max_num_batched_tokens", lambda i: str(i.engine.config.max_num_batched_tokens)),
     ("prefix caching", lambda i: "on" if i.engine.config.enable_prefix_caching else "off"),
+    ("offload tiers", offload_line),
     ("weights version", lambda i: i.engine.provenance.weights_version),
     ("waiting queue", waiting_line),
     ("request limits", limits_line),
