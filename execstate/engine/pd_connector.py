@@ -70,7 +70,8 @@ POLICIES = ("fail", "recompute")
 class PDConfig:
     """``secret``: the handoff HMAC key shared by P, D and the proxy (``None``: from
     ``$EXECSTATE_KV_SECRET``, else unsigned handoffs); ``previous_secrets``: still accepted during
-    a rotation (``None``: from ``$EXECSTATE_KV_SECRET_PREVIOUS``, comma-separated). ``allowed_prefill``: producer engine id ->
+    a rotation (``None``: from ``$EXECSTATE_KV_SECRET_PREVIOUS``, comma-separated). ``allowed_prefill``: producer
+    engine id ->
     control address D may load from without a signature. ``ttl_s``: how long P keeps an export
     pinned when D never releases it (also the handoff's expiry). ``max_fenced_blocks``: ``None``
     = a quarter of the KV pool."""
@@ -259,7 +260,9 @@ class PDConnector:
     def needs_polling(self) -> bool:
         """Housekeeping pending: pinned exports (TTL), loads in flight, fenced blocks."""
         loads = self.loads
-        return self.num_pinned_exports > 0 or (loads is not None and (loads.num_inflight > 0 or bool(loads.fenced_blocks)))
+        return self.num_pinned_exports > 0 or (
+            loads is not None and (loads.num_inflight > 0 or bool(loads.fenced_blocks))
+        )
 
     @property
     def has_finished_loads(self) -> bool:

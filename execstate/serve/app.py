@@ -3,7 +3,7 @@
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``openai/``),
 ``/v1/sessions...`` (``sessions/``: a minimal session API and session migration),
 the ``/v1/realtime`` WebSocket (``realtime/lm/``: LM sessions), the ``/v1/realtime/agent`` WebSocket
-(``realtime/agent/``: full-duplex agents), ``GET /v1/models``, ``GET /health`` (200
+(``realtime/agent/``: full-duplex agents), ``GET /v1/models``, ``GET /health`` (``health.py``: 200
 ``{"status": "ok"}``, 503 with the reason once the engine thread is dead), ``GET /metrics``
 (Prometheus text, this app's registry).
 Every error is an OpenAI error body (``errors.py``).
@@ -40,11 +40,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from execstate.agent.backend import TaskLimits
 from execstate.engine.async_engine import AsyncEngine, EngineDeadError
 from execstate.serve.auth import APIKeyMiddleware
 from execstate.serve.body_limit import BodySizeLimitMiddleware
 from execstate.serve.context import ServeContext
 from execstate.serve.errors import install_error_handlers
+from execstate.serve.health import health_response
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import EngineStats, ServingMetrics, read_engine_stats
@@ -114,6 +116,7 @@ def build_app(
     policy: SessionPolicy | None = None,
     migration_targets: MigrationTargets | list[str] | None = None,
     migration_skew_s: float = DEFAULT_SKEW_S,
+    agent_task_limits: TaskLimits | None = None,
 ) -> FastAPI:
     """An app serving ``async_engine`` under ``served_model_name`` (the only accepted
     ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry,
@@ -126,7 +129,8 @@ def build_app(
     ``keys`` (or ``api_key``: one key, tenant ``default``), ``policy`` (default ``serve_policy()``)
     and ``migration_targets``: the module docstring's trust settings; ``migration_skew_s``: the clock
     skew allowed between instances (a hand-over's nonce is remembered this long past its expiry,
-    and a source resumes an unconfirmed hand-over only this long after it)."""
+    and a source resumes an unconfirmed hand-over only this long after it); ``agent_task_limits``:
+    each agent's back-end bounds (tool timeout, tasks at once)."""
     limits = limits or ServingLimits()
     keys = keys if keys is not None else KeyRing.build([api_key] if api_key else [])
     policy = policy or serve_policy()
@@ -154,7 +158,7 @@ def build_app(
         return _mark_ignored(await create_chat_completion(ctx, body, request), body)
 
     install_realtime(app, ctx, realtime_grace_s)
-    install_agent(app, ctx, agent_back_engine)  # /v1/realtime/agent: full-duplex agents
+    install_agent(app, ctx, agent_back_engine, agent_task_limits)  # /v1/realtime/agent: full-duplex agents
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -165,9 +169,7 @@ def build_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if async_engine.is_healthy:
-            return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "unhealthy", "error": str(async_engine.error)}, status_code=503)
+        return health_response(None if async_engine.is_healthy else str(async_engine.error))
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

@@ -5,7 +5,8 @@ HTTP: ``Authorization: Bearer <key>``. WebSocket (``/v1/realtime...``): the same
 browsers (which cannot set headers on a WebSocket), the subprotocol
 ``openai-insecure-api-key.<key>`` among those offered, as OpenAI's Realtime API accepts it. A
 refused WebSocket gets an HTTP 401 with the OpenAI error body before the upgrade (close code
-1008 instead where the ASGI server cannot send an HTTP response); its socket is never accepted.
+1008 instead where the ASGI server cannot send an HTTP response); its socket is never accepted,
+and the refusal is one INFO line with the reason (``ws_refusal.py``).
 
 The key's tenant (``serve/principals.py``'s ``KeyRing``) is put in the ASGI scope
 (:data:`TENANT_KEY`; :func:`scope_tenant` reads it): every surface resolves session ids in that
@@ -28,14 +29,14 @@ from collections.abc import Collection
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
-from starlette.websockets import WebSocket
 
 from execstate.identity.tenant import LOCAL_TENANT, TenantId
 from execstate.serve.errors import OpenAIError
 from execstate.serve.principals import KeyRing
+from execstate.serve.ws_refusal import CLOSE_POLICY_VIOLATION, install_log_filter, refuse_websocket
 
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
-CLOSE_POLICY_VIOLATION = 1008
+__all__ = ["CLOSE_POLICY_VIOLATION", "KEY_SUBPROTOCOL_PREFIX", "TENANT_KEY", "APIKeyMiddleware", "scope_tenant"]
 TENANT_KEY = "execstate.tenant"
 BEARER = "bearer "
 
@@ -54,6 +55,7 @@ class APIKeyMiddleware:
         self.app = app
         self.keys = keys if keys is not None else KeyRing.build([api_key] if api_key else [])
         self.peer_paths = frozenset(peer_paths)
+        install_log_filter()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -93,9 +95,5 @@ def _refusal(how: str) -> OpenAIError:
 
 
 async def _refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
-    ws = WebSocket(scope, receive, send)
-    if "websocket.http.response" in (scope.get("extensions") or {}):
-        err = _refusal(f"send 'Authorization: Bearer <key>' or the subprotocol '{KEY_SUBPROTOCOL_PREFIX}<key>'")
-        await ws.send_denial_response(err.response())
-    else:
-        await ws.close(CLOSE_POLICY_VIOLATION, "invalid API key")
+    err = _refusal(f"send 'Authorization: Bearer <key>' or the subprotocol '{KEY_SUBPROTOCOL_PREFIX}<key>'")
+    await refuse_websocket(scope, receive, send, err, "invalid API key")

@@ -34,6 +34,7 @@ import time
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
+from execstate.agent.backend import TaskLimits
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
@@ -127,6 +128,13 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         session_eviction=None if args.session_eviction == "none" else args.session_eviction,
         max_session_events=args.max_session_events,
         max_session_checkpoints=getattr(args, "max_session_checkpoints", 64),
+        offload_dram_bytes=args.offload_dram,
+        offload_disk_dir=args.offload_disk_dir,
+        offload_disk_bytes=args.offload_disk_bytes,
+        offload_redis_url=args.offload_redis_url,
+        offload_redis_bytes=args.offload_redis_bytes,
+        offload_policy=args.offload_policy,
+        offload_timeout_s=args.offload_timeout,
     )
 
 
@@ -169,6 +177,7 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
     import uvicorn
 
     from execstate.serve.app import build_app
+    from execstate.serve.landing import install_landing
     from execstate.serve.realtime.limits import MAX_FRAME_BYTES
     from execstate.serve.startup_log import StartupInfo, log_startup
 
@@ -194,9 +203,19 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
         trust = attach_kv_connector(async_engine, kv_cfg, metrics, make_importer) if kv_cfg is not None else None
         name = args.served_model_name or str(args.model)
         app = build_app(
-            async_engine, name, metrics=metrics, kv_transfer_config=kv_cfg, limits=limits,
-            handoff_trust=trust, realtime_grace_s=args.realtime_grace_s, agent_back_engine=back_engine,
-            keys=keys, policy=policy, migration_targets=targets, migration_skew_s=getattr(args, "migration_skew_s", 30.0),
+            async_engine,
+            name,
+            metrics=metrics,
+            kv_transfer_config=kv_cfg,
+            limits=limits,
+            handoff_trust=trust,
+            realtime_grace_s=args.realtime_grace_s,
+            agent_back_engine=back_engine,
+            keys=keys,
+            policy=policy,
+            migration_targets=targets,
+            migration_skew_s=getattr(args, "migration_skew_s", 30.0),
+            agent_task_limits=TaskLimits(args.agent_tool_timeout_s, args.agent_max_tasks),
         )
         if args.world is not None:  # the world endpoints on the same app (serve --world)
             from execstate.serve.realtime.world.app import world_host_from_args
@@ -204,9 +223,10 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
 
             world_host = world_host_from_args(args)
             install_world(app, world_host)
+        install_landing(app)  # after every surface: it lists them
         elapsed = time.perf_counter() - t0  # read on the engine thread, the engine's only user:
         async_engine.call(lambda engine: log_startup(StartupInfo(engine, args, kv_cfg, elapsed, limits, keys, policy,
-                                                                 targets)))
+                                                                 targets.describe())))
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                                                ws_max_size=MAX_FRAME_BYTES))
         return serve_until_engine_dies(server, async_engine)

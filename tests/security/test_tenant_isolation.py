@@ -99,7 +99,9 @@ class World:
         self.live[tenant][key] = Session(steps)
         self.ended[tenant].discard(key)
 
-    def expect(self, tenant: str, key: Key, r: Any, ok: int = 200, ended: tuple[int, str | None] = (410, "closed")) -> bool:
+    def expect(
+        self, tenant: str, key: Key, r: Any, ok: int = 200, ended: tuple[int, str | None] = (410, "closed")
+    ) -> bool:
         """Check an HTTP answer on ``key``; True when it acted (the model then changes)."""
         if key in self.live[tenant]:
             if self.held(tenant, key):

@@ -15,7 +15,9 @@ def test_open_server_is_the_local_tenant() -> None:
 
 def test_keys_and_file(tmp_path: Path) -> None:
     f = tmp_path / "keys"
-    f.write_text("# key tenant\nsk-alpha-0001 team-a\n\nsk-beta-00002   team-b  # trailing comment\nsk-alpha-0003 team-a\n")
+    f.write_text(
+        "# key tenant\nsk-alpha-0001 team-a\n\nsk-beta-00002   team-b  # trailing comment\nsk-alpha-0003 team-a\n"
+    )
     ring = KeyRing.build(["sk-solo-key-1"], f)
     assert ring.tenant_of("sk-alpha-0001") == ring.tenant_of("sk-alpha-0003") == "team-a"
     assert ring.tenant_of("sk-beta-00002") == "team-b"

@@ -49,8 +49,16 @@ class Clock:
 
 def open_(m: SessionManager, sid: str | None, access: Access) -> SessionRuntime:
     sid = m.admit(sid, access)
-    return m.add(SessionRuntime(sid, State(), EventQueue({"input": EventKind("input", Merge.APPEND, lambda d: d)}), "br",
-                                owner=access.owner, holder=access.holder))
+    return m.add(
+        SessionRuntime(
+            sid,
+            State(),
+            EventQueue({"input": EventKind("input", Merge.APPEND, lambda d: d)}),
+            "br",
+            owner=access.owner,
+            holder=access.holder,
+        )
+    )
 
 
 def code(fn) -> str:  # noqa: ANN001

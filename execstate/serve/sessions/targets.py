@@ -65,6 +65,10 @@ class MigrationTargets:
     def __bool__(self) -> bool:
         return bool(self.targets)
 
+    def describe(self) -> tuple[str, ...]:
+        """Each target as ``--migration-targets`` would name it (``ENGINE_ID=URL`` or ``URL``)."""
+        return tuple(f"{x.engine_id}={x.base}" if x.engine_id else x.base for x in self.targets)
+
     def resolve(self, target: str) -> Target:
         """The listed target ``target`` names (its URL or its engine id); ``target_not_allowed`` else."""
         try:

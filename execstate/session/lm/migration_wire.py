@@ -149,7 +149,9 @@ def decode_offer(data: bytes, secret: SecretRing | bytes | None) -> tuple[Sessio
     try:
         version = msgspec.msgpack.decode(payload, type=_Version).format_version
         if version != FORMAT_VERSION:
-            raise MigrationError("incompatible", f"session offer format {version}, this instance reads {FORMAT_VERSION}")
+            raise MigrationError(
+                "incompatible", f"session offer format {version}, this instance reads {FORMAT_VERSION}"
+            )
         offer = msgspec.msgpack.decode(payload, type=SessionOffer)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise MigrationError("invalid", f"malformed session offer: {e}") from None

@@ -15,7 +15,8 @@ Moving a session to another instance is, for every kind, three calls in this ord
 So at most one instance serves a session at any time (DESIGN 11). :func:`hand_over` runs the three
 in one thread (``session/lm/migration.py`` commits after it); a server runs them across two
 processes in the same order, with single-use signed offers and an abort that must be confirmed
-before the source serves again (``serve/sessions/migration.py``, ``serve/sessions/handover.py``). The kinds' offers, checks and transports:
+before the source serves again (``serve/sessions/migration.py``, ``serve/sessions/handover.py``). The kinds' offers,
+checks and transports:
 ``session/lm/migration*.py`` (KV through the PD connectors) and ``session/world/migration*.py``
 (K/V inside the message); their shared wire parts: ``session/runtime/migration_wire.py``.
 """

@@ -97,7 +97,8 @@ class WorldSessions(KindSessions[WorldSessionInfo]):
     def open(self, session_id: str | None = None, prompt: str = "", seed: int = 0,
              start_frames: np.ndarray | None = None, window_chunks: int | None = None,
              sink_chunks: int | None = None, access: Access = LOCAL) -> SessionRuntime:
-        """A new session of ``access``'s owner (``session/runtime/access.py``). ``start_frames`` (uint8 ``[F, H, W, 3]``) are committed as its first
+        """A new session of ``access``'s owner (``session/runtime/access.py``). ``start_frames`` (uint8 ``[F, H, W,
+        3]``) are committed as its first
         chunk now (its origin then holds them); else its first step generates from the prompt."""
         window = self.window_for(window_chunks, sink_chunks)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
@@ -125,7 +126,10 @@ class WorldSessions(KindSessions[WorldSessionInfo]):
         spec = self.spec
         w = spec.max_window_chunks if window_chunks is None else window_chunks
         s = spec.sink_chunks if sink_chunks is None else sink_chunks
-        for name, v, lo, hi in (("window_chunks", w, 1, spec.max_window_chunks), ("sink_chunks", s, 0, spec.sink_chunks)):
+        for name, v, lo, hi in (
+            ("window_chunks", w, 1, spec.max_window_chunks),
+            ("sink_chunks", s, 0, spec.sink_chunks),
+        ):
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise SessionEventError("invalid", f"{name} must be an int in [{lo}, {hi}] (the model's trained "
                                         f"range), got {v!r}")

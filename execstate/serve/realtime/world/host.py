@@ -5,7 +5,8 @@
 rolling K/V window) driven through ``AsyncWorld`` (``session/world_async.py``: steps on worker
 threads, never on the event loop). At most ``max_sessions`` sessions are resident (beyond:
 ``SessionEventError`` ``capacity``); each holds at most ``session_memory_bytes`` of K/V, rounded
-down to whole blocks (beyond, e.g. by pinning checkpoints: ``budget``). The runtime's refusals
+down to whole blocks (beyond, e.g. by pinning checkpoints: ``budget``), and runs at most
+``max_frames`` frames (``session.start``'s ``num_frames``; ``convert.py``). The runtime's refusals
 reach the client unchanged (code and message).
 
 A session starts from the procedural world's scene (``scene_seed`` = the session's seed: chunk 0
@@ -28,6 +29,7 @@ import numpy as np
 
 from execstate.identity.tenant import LOCAL_TENANT, TenantId
 from execstate.model.world.interface import WorldModel, WorldSpec
+from execstate.serve.realtime.world.convert import fps_problem
 from execstate.session.runtime.access import WORLD, Access, Owner
 from execstate.session.runtime.manager import SessionPolicy
 from execstate.session.world.async_world import AsyncWorld
@@ -42,6 +44,7 @@ WORLD_HOLDER = "world"
 
 def world_access(tenant: TenantId) -> Access:
     return Access(Owner(tenant, WORLD), WORLD_HOLDER)
+DEFAULT_MAX_FRAMES = 100_000  # about 1 h 45 min at 16 fps
 
 
 def session_blocks_for(spec: WorldSpec, memory_bytes: int) -> int:
@@ -61,16 +64,27 @@ def session_blocks_for(spec: WorldSpec, memory_bytes: int) -> int:
 class WorldHost:
     """The server's world model, its sessions (runtime) and their limits."""
 
-    def __init__(self, model: WorldModel, model_name: str = "world", max_sessions: int = DEFAULT_MAX_SESSIONS,
-                 session_memory_bytes: int = DEFAULT_SESSION_MEMORY, default_fps: float = 16.0,
-                 step_workers: int = 1, policy: SessionPolicy | None = None) -> None:
-        if max_sessions < 1 or default_fps < 0:
-            raise ValueError("max_sessions must be >= 1 and default_fps >= 0")
+    def __init__(
+        self,
+        model: WorldModel,
+        model_name: str = "world",
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        session_memory_bytes: int = DEFAULT_SESSION_MEMORY,
+        default_fps: float = 16.0,
+        step_workers: int = 1,
+        max_frames: int = DEFAULT_MAX_FRAMES,
+        policy: SessionPolicy | None = None,
+    ) -> None:
+        if max_sessions < 1 or max_frames < 1:
+            raise ValueError("max_sessions and max_frames must be >= 1")
+        if (problem := fps_problem(default_fps)) is not None:
+            raise ValueError(f"default {problem}")
         self.model = model
         self.spec = model.spec
         self.model_name = model_name
         self.max_sessions = max_sessions
         self.default_fps = default_fps
+        self.max_frames = max_frames
         self.session_blocks = session_blocks_for(model.spec, session_memory_bytes)
         block_bytes = model.spec.kv.bytes_per_chunk() // model.spec.kv.blocks_per_chunk(model.spec.kv.tokens_per_frame)
         self.session_memory_bytes = self.session_blocks * block_bytes
