@@ -27,7 +27,7 @@ test: setup
 	$(PY) -m pytest -q
 
 test-slow: setup
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow --timeout 3600
 
 # ruff, then the layer rules and the absence of import cycles (import-linter contracts in pyproject.toml)
 lint: setup

@@ -94,8 +94,12 @@ def summary(run: dict[str, Any], max_tokens: int) -> dict[str, dict[str, float]]
         n = int(b) * max_tokens
         plain, schema = n / min(r["plain"]), n / min(r["schema"])
         pairs = statistics.median(p / s for p, s in zip(r["plain"], r["schema"], strict=True))
-        out[b] = {"plain_tok_s": round(plain, 1), "schema_tok_s": round(schema, 1), "ratio_best": round(schema / plain, 3),
-                  "ratio_pairs": round(pairs, 3)}
+        out[b] = {
+            "plain_tok_s": round(plain, 1),
+            "schema_tok_s": round(schema, 1),
+            "ratio_best": round(schema / plain, 3),
+            "ratio_pairs": round(pairs, 3),
+        }
         if r.get("plain_cpu"):  # CPU seconds per run: less disturbed by other processes than wall time
             out[b]["ratio_cpu"] = round(statistics.median(r["plain_cpu"]) / statistics.median(r["schema_cpu"]), 3)
     return out

@@ -20,9 +20,16 @@ from execstate.engine.token_mask import TokenMask, allowed, apply_token_mask
 from execstate.model.random_models import make_random
 from execstate.model.random_tokenizer import write_tokenizer
 
-SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999}, "ok": {"type": "boolean"},
-                                           "tag": {"enum": ["red", "green"]}},
-          "required": ["n", "ok", "tag"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "n": {"type": "integer", "minimum": 0, "maximum": 999},
+        "ok": {"type": "boolean"},
+        "tag": {"enum": ["red", "green"]},
+    },
+    "required": ["n", "ok", "tag"],
+    "additionalProperties": False,
+}
 
 
 @pytest.fixture(autouse=True)

@@ -10,15 +10,13 @@ import asyncio
 import contextlib
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
-from serve_helpers import free_port
+from serve_helpers import running_server
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -141,19 +139,8 @@ def serving(api_key: str | None = None) -> Iterator[tuple[str, Log, Endpoint]]:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     log = Log()
     endpoint = install_echo(app, log)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"ws://127.0.0.1:{port}/v1/echo", log, endpoint
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with running_server(app) as (url, _):
+        yield url.replace("http://", "ws://") + "/v1/echo", log, endpoint
 
 
 @pytest.fixture(scope="module")
@@ -289,16 +276,16 @@ def test_a_disconnect_finishes_the_message_in_hand_then_closes_once(echo):
 
 
 def test_the_apps_api_key_guards_the_socket_and_the_subprotocol_is_chosen():
-    with serving(api_key="k1") as (url, _, _):
+    with serving(api_key="key-one-1") as (url, _, _):
         async def main():
             with pytest.raises(InvalidStatus) as info:
                 async with connect(url):
                     pass
             assert info.value.response.status_code == 401
-            async with connect(url, subprotocols=["realtime", "openai-insecure-api-key.k1"]) as ws:
+            async with connect(url, subprotocols=["realtime", "openai-insecure-api-key.key-one-1"]) as ws:
                 assert ws.subprotocol == "realtime"
                 assert (await ask(ws, {"type": "open", "name": "a"}))["type"] == "opened"
-            async with connect(url, additional_headers={"Authorization": "Bearer k1"}) as ws:
+            async with connect(url, additional_headers={"Authorization": "Bearer key-one-1"}) as ws:
                 assert ws.subprotocol is None
                 assert code(await ask(ws, {"type": "say", "text": "x"})) == ("not_open", None)
 

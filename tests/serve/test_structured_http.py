@@ -124,17 +124,24 @@ def test_slow_compile_is_a_400_and_unconstrained_requests_go_on(served, client, 
 
     t = threading.Thread(target=stream)
     t.start()
-    deep: dict = {"type": "object"}
-    cur = deep
-    for _ in range(200):
-        cur["properties"] = {"a": {"type": "object"}}
-        cur = cur["properties"]["a"]
+    def nested(levels: int) -> dict:
+        deep: dict = {"type": "object"}
+        cur = deep
+        for _ in range(levels):
+            cur["properties"] = {"a": {"type": "object"}}
+            cur = cur["properties"]["a"]
+        return deep
+
+    deep = nested(20)  # 41 levels: past the schema bound (32), within the body's (64 levels)
     bombs = [{"json": deep}, {"regex": "(?<=a)b"}, {"choice": [str(i) for i in range(5000)]},
              {"grammar": "start: undefined_rule"}, {"regex": "a" * 10_000}]
     with httpx.Client(base_url=served.url, timeout=30) as http:
         for so in bombs:
             r = http.post("/v1/completions", json={"model": MODEL_NAME, "prompt": "x", "structured_outputs": so})
             assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs", r.text
+        r = http.post("/v1/completions", json={"model": MODEL_NAME, "prompt": "x",
+                                               "structured_outputs": {"json": nested(200)}})
+        assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_message"), r.text  # the body's bound
     t.join(60)
     assert len(gaps) >= 10 and max(gaps[1:]) < 5.0  # chunks: tokens whose text is complete
     assert wait_idle(served.engine) == (0, 0, 0)

@@ -91,7 +91,9 @@ def test_required_streamed_returns_valid_calls(client, seed):
     for tc in calls.values():
         _valid(tc.function.name, tc.function.arguments)
     assert finish in ("tool_calls", "length")
-    assert content.strip() == "" or (finish == "length" and content.strip().startswith("<tool_call>"))  # cut off mid-call
+    assert content.strip() == "" or (
+        finish == "length" and content.strip().startswith("<tool_call>")
+    )  # cut off mid-call
     # the same request, not streamed, makes the same calls (same seed)
     r = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, tools=TOOLS, tool_choice="required",
                                        temperature=1.0, seed=seed, max_tokens=200)

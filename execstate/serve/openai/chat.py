@@ -3,8 +3,8 @@
 ``max_completion_tokens`` (or the older ``max_tokens``) defaults to the room left in the
 context. ``logprobs: true`` returns the sampled tokens' logprobs with ``top_logprobs``
 alternatives (0 to ``--max-logprobs``). The template is rendered and the prompt tokenised
-in a worker thread, after the request was admitted (see ``completions``). Streaming: a first chunk per choice with ``delta.role``, then
-content deltas; the finishing chunk of a choice carries ``finish_reason`` (and
+in a worker thread, after the request was admitted (see ``completions``). Streaming: a first chunk per choice with
+``delta.role``, then content deltas; the finishing chunk of a choice carries ``finish_reason`` (and
 ``routed_experts``); an optional usage chunk; then ``data: [DONE]``.
 
 Tools (``tools.py``): the tools reach the prompt; ``tool_choice`` ``required`` or a named function

@@ -54,6 +54,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from execstate.serve.realtime.checkpoint_messages import CheckpointRelease, SessionCheckpoint, SessionRollback
 from execstate.serve.realtime.errors import EventId, ProtocolError
 from execstate.serve.realtime.limits import Limits
 from execstate.serve.realtime.messages import Message, MessageTable
@@ -63,7 +64,6 @@ from execstate.serve.realtime.protocol import RealtimeProtocol
 MAX_MESSAGE_BYTES = 64 << 10  # control messages are small; a prompt is at most MAX_PROMPT_CHARS
 MAX_UNSENT = 64
 MAX_PROMPT_CHARS = 2000
-MAX_EVENT_ID_CHARS = 128
 
 
 class SessionStart(Message, tag="session.start"):
@@ -114,20 +114,6 @@ class SessionResume(Message, tag="session.resume"):
     event_id: EventId = None
 
 
-class SessionCheckpoint(Message, tag="session.checkpoint"):
-    event_id: EventId = None
-
-
-class SessionRollback(Message, tag="session.rollback"):
-    checkpoint_id: str
-    event_id: EventId = None
-
-
-class CheckpointRelease(Message, tag="checkpoint.release"):
-    checkpoint_id: str
-    event_id: EventId = None
-
-
 class SessionPing(Message, tag="session.ping"):
     event_id: EventId = None
 
@@ -138,7 +124,7 @@ class SessionStop(Message, tag="session.stop"):
 
 MESSAGES = MessageTable(
     SessionStart, SessionInteraction, KeyDown, KeyUp, SessionPause, SessionResume, SessionCheckpoint,
-    SessionRollback, CheckpointRelease, SessionPing, SessionStop, max_event_id_chars=MAX_EVENT_ID_CHARS,
+    SessionRollback, CheckpointRelease, SessionPing, SessionStop,
 )
 
 SESSION_EXISTS = Refusal("session_exists", "session {request_id} is running on this connection; send session.stop "
