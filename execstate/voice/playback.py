@@ -8,7 +8,8 @@ responses in a row), where the playhead is at time ``t``:
   audio (an underrun, or nothing sent yet), playback restarts at ``t``.
 - ``pause(t)`` / ``resume(t)``: the client paused (a hold: the user may be interrupting) and
   resumed (a false interruption); the playhead does not move while paused.
-- ``clear(t)``: unplayed audio is dropped (an interruption): ``sent`` becomes the playhead.
+- ``clear(t)``: unplayed audio is dropped (an interruption): ``sent`` becomes the playhead, and a
+  pause ends (the client flushed its buffer).
 - ``position(t)`` is the playhead (samples), ``buffered(t)`` what was sent and not yet played,
   ``audible(t)`` whether audio is still to be heard (buffered, or paused mid-audio).
 
@@ -31,7 +32,7 @@ class PlaybackClock:
         self._playing = False  # the playhead moves (not paused, not caught up)
 
     def position(self, t: float) -> int:
-        return int(self._advance(t))
+        return int(self._advance(t) + 1e-6)
 
     def buffered(self, t: float) -> int:
         return self.sent - self.position(t)
@@ -58,10 +59,10 @@ class PlaybackClock:
 
     def clear(self, t: float) -> int:
         """Drop the unplayed audio; returns the playhead."""
-        pos = int(self._advance(t))
+        pos = int(self._advance(t) + 1e-6)
         self._pos = float(pos)
         self.sent = pos
-        self._playing = False
+        self._playing = self.paused = False
         return pos
 
     def _advance(self, t: float) -> float:

@@ -38,8 +38,14 @@ def _clean(hyp: str) -> str:
 
 
 class PocketSphinxStream:
-    def __init__(self, decoder) -> None:
+    """Audio reaches the decoder in fixed blocks of ``block`` samples whatever the callers' chunk
+    sizes, so the transcript depends on the audio only (the decoder's feature normalisation
+    updates per block)."""
+
+    def __init__(self, decoder, block: int = 1024) -> None:
         self._d = decoder
+        self._block = block
+        self._pending = np.zeros(0, dtype=np.int16)
         self._open = False
         self._last = ""
 
@@ -48,11 +54,18 @@ class PocketSphinxStream:
             self._d.end_utt()
         self._d.start_utt()
         self._open, self._last = True, ""
+        self._pending = self._pending[:0]
 
     def feed(self, samples: np.ndarray) -> str | None:
         if not self._open:
             raise RuntimeError("feed before start")
-        self._d.process_raw(np.asarray(samples, dtype="<i2").tobytes(), False, False)
+        buf = np.concatenate([self._pending, np.asarray(samples, dtype=np.int16)])
+        n = len(buf) // self._block * self._block
+        self._pending = buf[n:]
+        if n == 0:
+            return None
+        for i in range(0, n, self._block):
+            self._d.process_raw(buf[i:i + self._block].astype("<i2").tobytes(), False, False)
         h = self._d.hyp()
         text = _clean(h.hypstr) if h is not None else ""
         if text == self._last:
@@ -63,6 +76,9 @@ class PocketSphinxStream:
     def finish(self) -> str:
         if not self._open:
             return ""
+        if len(self._pending):
+            self._d.process_raw(self._pending.astype("<i2").tobytes(), False, False)
+            self._pending = self._pending[:0]
         self._d.end_utt()
         self._open = False
         h = self._d.hyp()
