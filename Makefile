@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine:
 #   make demo   - set up, build the embedded models once, tour the three workloads (R3, world, agent)
-#   make test   - set up, run the test suite (what CI runs)
+#   make test   - set up, run the test suite (what CI runs, after `make lint`)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -29,8 +29,10 @@ test: setup
 test-slow: setup
 	$(PY) -m pytest -q -m slow
 
+# ruff, then the layer rules and the absence of import cycles (import-linter contracts in pyproject.toml)
 lint: setup
 	$(VENV)/bin/ruff check execstate tests
+	$(VENV)/bin/lint-imports
 
 # The docs site (MkDocs): a broken link or a page missing from the navigation fails the build.
 docs: setup

@@ -45,7 +45,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _proxy(args: argparse.Namespace) -> int:
-    from execstate.serve.proxy import run_proxy
+    from execstate.serve.pd.proxy import run_proxy
 
     return run_proxy(args)
 
@@ -144,7 +144,7 @@ def _add_session_options(s: argparse.ArgumentParser) -> None:
 
 
 def _add_world_options(s: argparse.ArgumentParser) -> None:
-    """``serve --world``: world sessions over /v1/realtime/video and the /world page (serve/world_server.py)."""
+    """``serve --world``: world sessions over /v1/realtime/video and the /world page (serve/realtime/world/app.py)."""
     g = s.add_argument_group("world sessions")
     g.add_argument("--world", nargs="?", const="world", default=None, metavar="WORLD_MODEL",
                    help="also serve world sessions (/v1/realtime/video, the /world page) with this world model: "

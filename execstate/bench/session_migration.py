@@ -32,11 +32,10 @@ import statistics
 import time
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 
-from execstate.engine import pd_connector
+from execstate.bench.faults import FaultInjection, importer_factory
 from execstate.engine.pd_connector import PDConfig
 from execstate.engine.sampling_params import SamplingParams
 from execstate.session.lm.llm import LLM
@@ -44,7 +43,6 @@ from execstate.session.lm.migration import migrate_session, wait_import
 from execstate.session.lm.migration_source import begin_export, finish_export
 from execstate.session.lm.migration_target import begin_import
 from execstate.session.lm.migration_wire import MigrationError
-from execstate.transfer.faults import FaultInjection, importer_factory
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 SECRET = "bench-session-migration-secret-0123"
@@ -57,11 +55,8 @@ def _llm(model_dir: Path, num_kv_blocks: int, faults: dict | None = None, timeou
     llm = LLM(str(model_dir), enable_return_routed_experts=True, seed=0, num_kv_blocks=num_kv_blocks, **kw)
     if pd:
         cfg = PDConfig(role="kv_both", secret=SECRET, timeout_s=timeout_s)
-        if faults is None:
-            llm.engine.attach_pd(cfg)
-        else:
-            with mock.patch.object(pd_connector, "KVImporter", importer_factory(FaultInjection.from_dict(faults))):
-                llm.engine.attach_pd(cfg)
+        make_importer = None if faults is None else importer_factory(FaultInjection.from_dict(faults))
+        llm.engine.attach_pd(cfg, make_importer)
     return llm
 
 

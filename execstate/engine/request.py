@@ -86,7 +86,6 @@ class Request:
     routes: RouteTrace | None = None
     stop_reason: int | str | None = None
     first_token_time: float | None = None
-    finish_time: float | None = None
     abort_message: str | None = None
     # torch.Generator used for sampling (the request's own when it has a seed).
     generator: Any = None

@@ -70,10 +70,6 @@ class SchedulerOutput:
     block_copies: list[tuple[BlockId, BlockId]] = field(default_factory=list)
 
     @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    @property
     def empty(self) -> bool:
         return not self.scheduled
 

@@ -1,16 +1,16 @@
 """The OpenAI-compatible HTTP app: ``build_app(async_engine, served_model_name, ...)``.
 
-Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (see those modules),
-``/v1/sessions...`` (``sessions_http.py``: a minimal session API and session migration),
-the ``/v1/realtime`` WebSocket (``realtime.py``), the ``/v1/realtime/agent`` WebSocket
-(``agent_ws.py``: full-duplex agents), ``GET /v1/models``, ``GET /health`` (200
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``openai/``),
+``/v1/sessions...`` (``sessions/``: a minimal session API and session migration),
+the ``/v1/realtime`` WebSocket (``realtime/lm/``: LM sessions), the ``/v1/realtime/agent`` WebSocket
+(``realtime/agent/``: full-duplex agents), ``GET /v1/models``, ``GET /health`` (200
 ``{"status": "ok"}``, 503 with the reason once the engine thread is dead), ``GET /metrics``
 (Prometheus text, this app's registry).
 Every error is an OpenAI error body (``errors.py``).
 
 ``limits`` (``ServingLimits``) bounds every request: the body size is checked by
 ``BodySizeLimitMiddleware`` before parsing (413), the fields by
-``limit_checks.check_limits`` (400), the waiting queue by the engine's admission
+``openai/limit_checks.check_limits`` (400), the waiting queue by the engine's admission
 control (429; its size is the ``AsyncEngine``'s ``max_waiting_requests`` argument,
 which ``serve`` sets from the same limits). Unknown request fields are ignored and
 named in the ``X-Ignored-Fields`` response header (comma-separated, percent-encoded, at
@@ -32,17 +32,16 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from execstate.engine.async_engine import AsyncEngine, EngineDeadError
-from execstate.serve.agent_ws import install_agent
 from execstate.serve.auth import APIKeyMiddleware
 from execstate.serve.body_limit import BodySizeLimitMiddleware
-from execstate.serve.chat import create_chat_completion
-from execstate.serve.completions import create_completion
 from execstate.serve.context import ServeContext
 from execstate.serve.errors import install_error_handlers
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import EngineStats, ServingMetrics, read_engine_stats
-from execstate.serve.protocol import (
+from execstate.serve.openai.chat import create_chat_completion
+from execstate.serve.openai.completions import create_completion
+from execstate.serve.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelCard,
@@ -50,8 +49,9 @@ from execstate.serve.protocol import (
     SamplingRequest,
     ignored_fields,
 )
-from execstate.serve.realtime import DEFAULT_GRACE_S, install_realtime
-from execstate.serve.sessions_http import install_session_routes
+from execstate.serve.realtime.agent.endpoint import install_agent
+from execstate.serve.realtime.lm.endpoint import DEFAULT_GRACE_S, install_realtime
+from execstate.serve.sessions.routes import install_session_routes
 from execstate.session.lm.async_sessions import AsyncSessions
 from execstate.transfer.handoff import HandoffTrust
 
@@ -90,8 +90,8 @@ def build_app(
     ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry,
     ``limits`` to ``ServingLimits()``; ``handoff_trust`` (PD decode side) decides which
     handoff parameters are accepted; ``realtime_grace_s`` how long a session of a dropped
-    ``/v1/realtime`` connection is kept for ``session.resume`` (``realtime.py``);
-    ``agent_back_engine`` serves the back-end model of ``/v1/realtime/agent`` agents (``agent_ws.py``;
+    ``/v1/realtime`` connection is kept for ``session.resume`` (``realtime/lm/owners.py``);
+    ``agent_back_engine`` serves the back-end model of ``/v1/realtime/agent`` agents (``realtime/agent/``;
     default: ``async_engine`` at batch priority); ``sessions``: the engine's ``AsyncSessions`` when
     another app already serves sessions on ``async_engine`` (an engine has one), else a new one."""
     limits = limits or ServingLimits()

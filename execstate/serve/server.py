@@ -15,7 +15,7 @@ Start-up order (``run_server``):
    limits, PD role, ...);
    ``serve_until_engine_dies``; on exit the engine thread is shut down.
    With ``--agent-back-model``, a second engine (same flags, that model) serves the agents'
-   back-end model (``/v1/realtime/agent``, ``agent_ws.py``); it is shut down with the first.
+   back-end model (``/v1/realtime/agent``, ``realtime/agent/``); it is shut down with the first.
 
 Exit status: 1 when the engine stopped serving (a crash, or a failed step that left
 shared state corrupt): ``/health`` has answered 503 with the reason meanwhile, the
@@ -45,14 +45,18 @@ from execstate.transfer.handoff import HandoffTrust
 if TYPE_CHECKING:
     import uvicorn
 
+    from execstate.engine.pd_connector import ImporterFactory
+
 logger = logging.getLogger(__name__)
 
 
 def attach_kv_connector(
-    async_engine: AsyncEngine, kv_cfg: KVTransferConfig, metrics: ServingMetrics | None = None
+    async_engine: AsyncEngine, kv_cfg: KVTransferConfig, metrics: ServingMetrics | None = None,
+    make_importer: ImporterFactory | None = None,
 ) -> HandoffTrust | None:
     """Install the PD connector described by ``kv_cfg`` on the engine; returns the handoff
     trust policy the HTTP layer checks incoming handoffs with (``None`` unless a consumer).
+    ``make_importer``: the connector's importer (``LLMEngine.attach_pd``; None: the real one).
 
     Called once at start-up, after the engine thread started and before any request;
     the connector is built on the engine thread (``async_engine.call``). Keys read from
@@ -90,7 +94,7 @@ def attach_kv_connector(
     )
 
     def attach(engine: LLMEngine) -> HandoffTrust | None:
-        connector = engine.attach_pd(cfg)
+        connector = engine.attach_pd(cfg, make_importer)
         if metrics is not None:
             connector.on_transfer = metrics.record_transfer
         return connector.trust if connector.is_consumer else None
@@ -141,15 +145,17 @@ def serve_until_engine_dies(server: uvicorn.Server, async_engine: AsyncEngine) -
     return 1 if died.is_set() or not async_engine.is_healthy else 0
 
 
-def run_server(args: argparse.Namespace) -> int:
+def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None = None) -> int:
+    """``execstate serve`` (module docstring). ``make_importer``: the PD connector's importer
+    (None: the real one; ``bench/faulty_serve.py`` passes a fault-injecting one)."""
     import uvicorn
 
     from execstate.serve.app import build_app
-    from execstate.serve.realtime import MAX_FRAME_BYTES
+    from execstate.serve.realtime.limits import MAX_FRAME_BYTES
     from execstate.serve.startup_log import StartupInfo, log_startup
 
     if args.model is None:  # execstate serve --world: world sessions only
-        from execstate.serve.world_server import run_world_server
+        from execstate.serve.realtime.world.app import run_world_server
 
         return run_world_server(args)
     t0 = time.perf_counter()
@@ -163,15 +169,15 @@ def run_server(args: argparse.Namespace) -> int:
             back_cfg = dataclasses.replace(engine_config_from_args(args), model=args.agent_back_model)
             back_engine = AsyncEngine(LLMEngine(back_cfg), limits.max_waiting_requests)
         metrics = ServingMetrics()
-        trust = attach_kv_connector(async_engine, kv_cfg, metrics) if kv_cfg is not None else None
+        trust = attach_kv_connector(async_engine, kv_cfg, metrics, make_importer) if kv_cfg is not None else None
         name = args.served_model_name or str(args.model)
         app = build_app(
             async_engine, name, api_key=args.api_key, metrics=metrics, kv_transfer_config=kv_cfg, limits=limits,
             handoff_trust=trust, realtime_grace_s=args.realtime_grace_s, agent_back_engine=back_engine,
         )
         if args.world is not None:  # the world endpoints on the same app (serve --world)
-            from execstate.serve.world_server import world_host_from_args
-            from execstate.serve.world_ws import install_world
+            from execstate.serve.realtime.world.app import world_host_from_args
+            from execstate.serve.realtime.world.endpoint import install_world
 
             world_host = world_host_from_args(args)
             install_world(app, world_host)

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client.parser import text_string_to_metric_families
 from serve_helpers import free_port
 
-from execstate.serve.proxy import build_proxy_app
+from execstate.serve.pd.proxy import build_proxy_app
 from execstate.transfer.handoff import Handoff
 
 SECRET = b"proxy-test-secret-0123456789abcdef"

@@ -12,8 +12,7 @@ import pytest
 from realtime_helpers import client, open_session, slow_steps, wait_released
 from websockets.exceptions import ConnectionClosed
 
-from execstate.serve.realtime import MAX_UNPROCESSED_MESSAGES
-from execstate.serve.realtime_protocol import MAX_MESSAGE_BYTES
+from execstate.serve.realtime.limits import MAX_MESSAGE_BYTES, MAX_UNPROCESSED_MESSAGES
 
 NO_SESSION = [
     ({"type": "response.create", "event_id": "a"}, "a", "no_session"),

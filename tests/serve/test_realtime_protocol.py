@@ -9,19 +9,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execstate.serve.realtime_protocol import (
-    CLIENT_TYPES,
-    MAX_MESSAGE_BYTES,
+from execstate.serve.realtime.errors import ProtocolError, error_event
+from execstate.serve.realtime.limits import MAX_MESSAGE_BYTES
+from execstate.serve.realtime.lm.messages import (
+    LM_PROTOCOL,
     CheckpointRelease,
     EventSubmit,
-    ProtocolError,
     ResponseCreate,
     SessionCreate,
     SessionRollback,
-    error_event,
-    parse_client_message,
-    type_of,
 )
+from execstate.serve.realtime.messages import type_of
+
+CLIENT_TYPES = LM_PROTOCOL.messages.types
+parse_client_message = LM_PROTOCOL.parse
 
 
 def test_every_client_type_parses():

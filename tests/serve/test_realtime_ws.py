@@ -310,7 +310,7 @@ def test_health_answers_while_realtime_text_is_tokenised(served):
 
     import httpx
 
-    from execstate.serve.realtime_protocol import MAX_MESSAGE_BYTES
+    from execstate.serve.realtime.limits import MAX_MESSAGE_BYTES
 
     text = ("the quick brown fox jumps over a lazy dog " * (MAX_MESSAGE_BYTES // 42))[: MAX_MESSAGE_BYTES - 200]
     answers: list[dict] = []

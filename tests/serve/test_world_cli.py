@@ -79,8 +79,8 @@ def test_lm_app_with_world_endpoints(served):
     from serve_helpers import MODEL_NAME
 
     from execstate.serve.app import build_app
-    from execstate.serve.world_driver import WorldHost
-    from execstate.serve.world_ws import install_world
+    from execstate.serve.realtime.world.endpoint import install_world
+    from execstate.serve.realtime.world.host import WorldHost
 
     app = build_app(served.engine, MODEL_NAME, sessions=served.sessions)
     host = WorldHost(tiny_world_model(), max_sessions=1)

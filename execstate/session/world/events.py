@@ -24,11 +24,11 @@ exactly.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from execstate.session.runtime.events import Drained, EventKind, Merge
+from execstate.session.runtime.events import Drained, Event, EventKind, Merge
 
 KEY = "key"
 ACTION = "action"
@@ -157,3 +157,12 @@ def apply_boundary(held: HeldKey | None, drained: Drained, frames_per_chunk: int
     completed.difference_update(active)  # a composite's id whose key part is still held
     return ChunkControls(keys, camera, prompt, held, {
         "started": sorted(set(started)), "active": active, "completed": sorted(completed)})
+
+
+def held_after(held: HeldKey | None, pending: Iterable[Event], frames_per_chunk: int) -> HeldKey | None:
+    """The held key once the ``pending`` events apply: ``KEY`` merges ``REPLACE``, so the next
+    boundary applies only the last key event (``apply_boundary``)."""
+    keys = [e for e in pending if e.kind == KEY]
+    if not keys:
+        return held
+    return apply_boundary(held, Drained((keys[-1],), ()), frames_per_chunk).held

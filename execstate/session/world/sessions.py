@@ -35,7 +35,7 @@ from execstate.session.runtime.events import SessionEventError
 from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
 from execstate.session.runtime.manager import SessionManager
 from execstate.session.runtime.sessions import KindSessions, runtime_fields
-from execstate.session.world.events import ACTION, world_event_kinds
+from execstate.session.world.events import ACTION, held_after, world_event_kinds
 from execstate.session.world.state import WorldState, WorldStore, start_history, step_history
 from execstate.session.world.step import (
     WorldStepResult,
@@ -64,6 +64,7 @@ class WorldSessionInfo:
     stepping: bool
     error: str | None
     state_key: str | None  # hex; None once the session ended
+    held_key_after_pending: str | None  # held once the pending events apply (a step in flight's not counted)
 
 
 class WorldSessions(KindSessions[WorldSessionInfo]):
@@ -192,7 +193,16 @@ class WorldSessions(KindSessions[WorldSessionInfo]):
         return WorldSessionInfo(
             **runtime_fields(rt), n_chunks=state.n_chunks, prompt=state.prompt.prompt,
             prompt_version=state.prompt.version, held_key=None if state.held is None else state.held.key,
-            blocks_in_use=self.blocks_in_use(rt), budget_blocks=self.session_blocks)
+            blocks_in_use=self.blocks_in_use(rt), budget_blocks=self.session_blocks,
+            held_key_after_pending=self._held_after_pending(rt))
+
+    def _held_after_pending(self, rt: SessionRuntime) -> str | None:
+        """The key held once ``rt``'s pending events apply (``world_events.held_after``)."""
+        state = rt.state
+        assert isinstance(state, WorldState)
+        pending = (e for entry in rt.events.snapshot().pending for e in entry)
+        held = held_after(state.held, pending, self.spec.frames_per_chunk)
+        return None if held is None else held.key
 
     def check_integrity(self) -> None:
         with self.lock:

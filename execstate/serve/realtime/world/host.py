@@ -1,0 +1,103 @@
+"""The world-session runtime as the world WebSocket uses it.
+
+:class:`WorldHost` holds one world model for a server and its sessions: an ``execstate.World``
+(``session/world_offline.py``: events applied at chunk boundaries, checkpoints, rollback, the
+rolling K/V window) driven through ``AsyncWorld`` (``session/world_async.py``: steps on worker
+threads, never on the event loop). At most ``max_sessions`` sessions are resident (beyond:
+``SessionEventError`` ``capacity``); each holds at most ``session_memory_bytes`` of K/V, rounded
+down to whole blocks (beyond, e.g. by pinning checkpoints: ``budget``). The runtime's refusals
+reach the client unchanged (code and message).
+
+A session starts from the procedural world's scene (``scene_seed`` = the session's seed: chunk 0
+is that scene's first frames, committed as given) or, with ``start: "generate"``, from nothing
+(its first step generates from the prompt). Frames equal the offline ``World`` session's for the
+same model, seed, start and events at the same boundaries, bit for bit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from execstate.model.world.interface import WorldModel, WorldSpec
+from execstate.session.world.async_world import AsyncWorld
+from execstate.session.world.offline import World, scene_frames
+from execstate.session.world.sessions import WorldSessionInfo
+from execstate.session.world.step import WorldStepResult
+
+DEFAULT_MAX_SESSIONS = 8
+DEFAULT_SESSION_MEMORY = 4 << 20
+
+
+def session_blocks_for(spec: WorldSpec, memory_bytes: int) -> int:
+    """The per-session K/V block budget that fits ``memory_bytes`` (the runtime's block size: one
+    frame's tokens); at least the window and one chunk in flight, else ``ValueError``."""
+    block_size = spec.kv.tokens_per_frame
+    bpc = spec.kv.blocks_per_chunk(block_size)
+    block_bytes = spec.kv.bytes_per_chunk() // bpc
+    least = (spec.sink_chunks + spec.max_window_chunks + 1) * bpc
+    blocks = memory_bytes // block_bytes
+    if blocks < least:
+        raise ValueError(f"--world-session-memory {memory_bytes} bytes holds {blocks} K/V blocks; a session needs "
+                         f"at least {least} ({least * block_bytes} bytes: its window and one chunk in flight)")
+    return blocks
+
+
+class WorldHost:
+    """The server's world model, its sessions (runtime) and their limits."""
+
+    def __init__(self, model: WorldModel, model_name: str = "world", max_sessions: int = DEFAULT_MAX_SESSIONS,
+                 session_memory_bytes: int = DEFAULT_SESSION_MEMORY, default_fps: float = 16.0,
+                 step_workers: int = 1) -> None:
+        if max_sessions < 1 or default_fps < 0:
+            raise ValueError("max_sessions must be >= 1 and default_fps >= 0")
+        self.model = model
+        self.spec = model.spec
+        self.model_name = model_name
+        self.max_sessions = max_sessions
+        self.default_fps = default_fps
+        self.session_blocks = session_blocks_for(model.spec, session_memory_bytes)
+        block_bytes = model.spec.kv.bytes_per_chunk() // model.spec.kv.blocks_per_chunk(model.spec.kv.tokens_per_frame)
+        self.session_memory_bytes = self.session_blocks * block_bytes
+        self.world = World(model, numerics=model.spec.numerics, max_sessions=max_sessions,
+                           session_blocks=self.session_blocks)
+        self.aw = AsyncWorld(self.world, step_workers)
+
+    @property
+    def num_sessions(self) -> int:
+        return len(self.world.sessions.list())
+
+    async def open(self, prompt: str, seed: int, start: str, window_chunks: int | None) -> tuple[WorldSessionInfo,
+                                                                                                  np.ndarray | None]:
+        """A new session and its chunk 0 (the scene's frames; ``None`` for ``start: "generate"``)."""
+        frames = scene_frames(self.spec, seed, prompt) if start == "render" else None
+        info = await self.aw.open(prompt=prompt, seed=seed, start_frames=frames, window_chunks=window_chunks)
+        return info, frames
+
+    async def submit(self, session_id: str, event_id: int, kind: str, data: Any) -> None:
+        await self.aw.submit_event(session_id, event_id, kind, data)
+
+    async def step(self, session_id: str) -> WorldStepResult:
+        return await self.aw.step(session_id)
+
+    async def checkpoint(self, session_id: str) -> str:
+        return await self.aw.checkpoint(session_id)
+
+    async def rollback(self, session_id: str, checkpoint_id: str) -> WorldSessionInfo:
+        await self.aw.rollback(session_id, checkpoint_id)
+        return await self.aw.info(session_id)
+
+    async def release(self, session_id: str, checkpoint_id: str) -> None:
+        await self.aw.release_checkpoint(session_id, checkpoint_id)
+
+    async def info(self, session_id: str) -> WorldSessionInfo:
+        return await self.aw.info(session_id)
+
+    async def close(self, session_id: str) -> None:
+        await self.aw.close(session_id)
+
+    def shutdown(self) -> None:
+        """Close every session and stop the step workers (from outside the server's loop)."""
+        asyncio.run(self.aw.shutdown())

@@ -1,0 +1,138 @@
+"""A minimal HTTP API for LM sessions, and session migration between servers (issue 8).
+
+The realtime WebSocket (``/v1/realtime``) is the full session API; these endpoints cover what a
+client needs without it, and the migration (``migration.py``):
+
+- ``POST /v1/sessions`` ``{"session_id"?, "sampling"?: {SamplingParams fields}, "priority"?,
+  "cache_salt"?}`` -> the session's info (``SessionInfo`` fields);
+- ``GET /v1/sessions/{id}`` -> its info plus ``token_ids`` (and ``routed_experts``, base64 of a
+  ``.npy``, with ``?routes=true``);
+- ``POST /v1/sessions/{id}/events`` ``{"event_id", "kind", "data"}`` -> the acknowledgement;
+- ``POST /v1/sessions/{id}/step`` ``{"input"?: [ids] | "text", "max_tokens"?, "return_routes"?}``
+  -> the ``StepResult`` (``routed_experts``: base64 ``.npy`` of the step's rows when asked);
+- ``DELETE /v1/sessions/{id}`` -> ``{"closed": true}``;
+- ``POST /v1/sessions/{id}/migrate`` and ``POST /v1/sessions/import``: see ``migration.py``.
+
+Errors are OpenAI-style bodies whose ``code`` is the session error's code (``errors.py``'s
+``STATUS`` gives the HTTP status of each). The API key applies (``/v1``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+
+from execstate.engine.async_engine import EngineDeadError
+from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.scheduler import PRIORITY_INTERACTIVE
+from execstate.serve.context import ServeContext, engine_dead
+from execstate.serve.errors import OpenAIError
+from execstate.serve.route_rows import encode_routes
+from execstate.serve.sessions.errors import session_error
+from execstate.serve.sessions.migration import install_migration_routes
+from execstate.session.lm.async_sessions import AsyncSessions
+from execstate.session.lm.events import SAMPLING_FIELDS
+from execstate.session.lm.step import StepResult
+from execstate.session.runtime.events import SessionEventError
+
+
+class OpenBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    session_id: str | None = None
+    sampling: dict[str, Any] | None = None
+    priority: int = PRIORITY_INTERACTIVE
+    cache_salt: str | None = None
+
+
+class StepBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    input: list[int] | str | None = None
+    max_tokens: int | None = None
+    return_routes: bool = False
+
+
+class EventBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    event_id: int
+    kind: str
+    data: Any = None
+
+
+def sampling_from_json(fields: dict[str, Any] | None) -> SamplingParams:
+    """``SamplingParams`` from a JSON object (``logit_bias`` keys may be strings); 400 when bad."""
+    fields = dict(fields or {})
+    unknown = sorted(set(fields) - SAMPLING_FIELDS - {"seed"})
+    if unknown:
+        raise OpenAIError(400, f"unknown sampling field(s) {unknown}", param="sampling")
+    bias = fields.get("logit_bias")
+    try:
+        if isinstance(bias, dict):
+            fields["logit_bias"] = {int(k): v for k, v in bias.items()}
+        return SamplingParams(**fields)
+    except (ValueError, TypeError) as e:
+        raise OpenAIError(400, str(e), param="sampling") from None
+
+
+def step_json(r: StepResult, routes: bool) -> dict[str, Any]:
+    out = {k: v for k, v in asdict(r).items() if k not in ("routed_experts", "logprobs")}
+    if routes and r.routed_experts is not None:
+        out["routed_experts"] = encode_routes(r.routed_experts)
+    return out
+
+
+def install_session_routes(app: FastAPI, ctx: ServeContext, api_key: str | None = None) -> AsyncSessions:
+    """Add the session endpoints (and the migration's) to ``app``; returns its ``AsyncSessions``."""
+    sessions = ctx.sessions
+    app.state.sessions = sessions
+
+    async def call(coro: Any) -> Any:
+        ctx.check_healthy()
+        try:
+            return await coro
+        except SessionEventError as e:
+            raise session_error(e) from None
+        except EngineDeadError as e:
+            raise engine_dead(e) from None
+
+    @app.post("/v1/sessions")
+    async def open_session(body: OpenBody) -> JSONResponse:
+        params = sampling_from_json(body.sampling)
+        info = await call(sessions.open(body.session_id, params, body.priority, body.cache_salt))
+        return JSONResponse(asdict(info))
+
+    @app.get("/v1/sessions/{session_id}")
+    async def get_session(session_id: str, routes: bool = False) -> JSONResponse:
+        out = asdict(await call(sessions.info(session_id)))
+        out["token_ids"] = await call(sessions.token_ids(session_id))
+        if routes:
+            out["routed_experts"] = encode_routes(await call(sessions.routed_experts(session_id)))
+        return JSONResponse(out)
+
+    @app.post("/v1/sessions/{session_id}/events")
+    async def submit_event(session_id: str, body: EventBody) -> JSONResponse:
+        ack = await call(sessions.submit_event(session_id, body.event_id, body.kind, body.data))
+        return JSONResponse({"event_id": ack.event_id, "kind": ack.kind, "status": ack.status,
+                             "duplicate": ack.duplicate})
+
+    @app.post("/v1/sessions/{session_id}/step")
+    async def step(session_id: str, body: StepBody) -> JSONResponse:
+        async def run() -> StepResult:
+            last = None
+            async for item in sessions.step(session_id, body.input, body.max_tokens):
+                last = item
+            assert isinstance(last, StepResult)
+            return last
+
+        return JSONResponse(step_json(await call(run()), body.return_routes))
+
+    @app.delete("/v1/sessions/{session_id}")
+    async def close(session_id: str) -> JSONResponse:
+        await call(sessions.close(session_id))
+        return JSONResponse({"closed": True, "session_id": session_id})
+
+    install_migration_routes(app, ctx, call, api_key)
+    return sessions
