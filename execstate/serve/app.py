@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from urllib.parse import quote
 
 from fastapi import FastAPI, Request
@@ -51,9 +52,11 @@ from execstate.serve.openai.protocol import (
 )
 from execstate.serve.realtime.agent.endpoint import install_agent
 from execstate.serve.realtime.lm.endpoint import DEFAULT_GRACE_S, install_realtime
+from execstate.serve.realtime.voice.handlers import install_voice
 from execstate.serve.sessions.routes import install_session_routes
 from execstate.session.lm.async_sessions import AsyncSessions
 from execstate.transfer.handoff import HandoffTrust
+from execstate.voice.engines import VoiceEngines, default_engines
 
 STATS_TIMEOUT_S = 5.0
 MAX_IGNORED_LISTED = 32
@@ -85,6 +88,7 @@ def build_app(
     realtime_grace_s: float = DEFAULT_GRACE_S,
     agent_back_engine: AsyncEngine | None = None,
     sessions: AsyncSessions | None = None,
+    voice_engines: Callable[[], VoiceEngines] | None = None,
 ) -> FastAPI:
     """An app serving ``async_engine`` under ``served_model_name`` (the only accepted
     ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry,
@@ -93,7 +97,9 @@ def build_app(
     ``/v1/realtime`` connection is kept for ``session.resume`` (``realtime/lm/owners.py``);
     ``agent_back_engine`` serves the back-end model of ``/v1/realtime/agent`` agents (``realtime/agent/``;
     default: ``async_engine`` at batch priority); ``sessions``: the engine's ``AsyncSessions`` when
-    another app already serves sessions on ``async_engine`` (an engine has one), else a new one."""
+    another app already serves sessions on ``async_engine`` (an engine has one), else a new one;
+    ``voice_engines`` builds the audio engines of ``/v1/voice/realtime`` (``voice/engines.py``; default:
+    eSpeak NG, Silero VAD, PocketSphinx), on first use."""
     limits = limits or ServingLimits()
     ctx = ServeContext(async_engine, served_model_name, metrics or ServingMetrics(), kv_transfer_config, limits,
                        handoff_trust=handoff_trust, shared_sessions=sessions)
@@ -113,7 +119,10 @@ def build_app(
         return _mark_ignored(await create_chat_completion(ctx, body, request), body)
 
     install_realtime(app, ctx, realtime_grace_s)
-    install_agent(app, ctx, agent_back_engine)  # /v1/realtime/agent: full-duplex agents
+    agent = install_agent(app, ctx, agent_back_engine)  # /v1/realtime/agent: full-duplex agents
+    # /v1/voice/realtime + /agent: the same agents over audio (OpenAI Realtime's audio protocol),
+    # with the agent endpoint's tools; the audio engines are built on first use
+    install_voice(app, ctx, lambda: agent.tools.tools, voice_engines or default_engines)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
