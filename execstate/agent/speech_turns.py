@@ -18,7 +18,7 @@ Rules (:class:`SpeechTurnConfig`):
   pause does not end it.
 - The agent speaking (generating or its audio still playing): speech opens a *burst*: ``HOLD``
   (the agent pauses) or, with ``pause_on_speech`` off, ``BACKCHANNEL`` (it keeps talking). The burst
-  becomes a ``BARGE_IN`` (its segment becomes the user's turn) once it holds more than
+  becomes a ``BARGE_IN`` (its segments become the user's turn) once it holds more than
   ``backchannel_max_s`` of speech or more than ``backchannel_max_words`` recognised words. A burst
   that stays short and falls silent for ``resume_after_s`` is a false interruption: ``RESUME``.
   With ``interrupt`` off, speech never interrupts the agent (bursts are backchannels).
@@ -63,27 +63,39 @@ class SpeechTurnPolicy:
         self.pending = 0  # turn segments whose final transcript is not in yet
         self.ends_sentence = False
         self.last_speech_t: float | None = None
+        self._burst_base = (0.0, 0)  # speech seconds and words of the burst's earlier segments
+        self._seg = (0.0, 0)  # the segment in progress so far
         self._t = float("-inf")
 
     def on_speech_start(self, t: float, agent_speaking: bool) -> Decision:
+        """NONE (a turn segment, or one more segment of an open burst), HOLD or BACKCHANNEL (a new burst)."""
         self._advance(t)
         self.in_speech, self.last_speech_t = True, t
+        if self.burst_open and not self.user_turn_open:  # the burst goes on: its speech adds up
+            self._burst_base = (self._burst_base[0] + self._seg[0], self._burst_base[1] + self._seg[1])
+            self._seg = (0.0, 0)
+            return Decision.NONE
+        self._seg = (0.0, 0)
         if self.user_turn_open or not agent_speaking:
             self.user_turn_open, self.turn_segment = True, True
             self.pending += 1
             self.ends_sentence = False
             return Decision.NONE
         self.burst_open, self.turn_segment = True, False
+        self._burst_base = (0.0, 0)
         return Decision.HOLD if self.config.pause_on_speech and self.config.interrupt else Decision.BACKCHANNEL
 
     def on_speech(self, t: float, speech_s: float, words: int) -> Decision:
-        """The segment in progress so far: ``speech_s`` seconds of speech, ``words`` recognised."""
+        """The segment in progress so far: ``speech_s`` seconds of speech, ``words`` recognised (a
+        burst counts the speech and words of all its segments)."""
         self._advance(t)
         if self.in_speech:
             self.last_speech_t = t
+        self._seg = (speech_s, words)
         c = self.config
+        total_s, total_words = self._burst_base[0] + speech_s, self._burst_base[1] + words
         if self.burst_open and not self.turn_segment and c.interrupt and (
-                speech_s > c.backchannel_max_s or words > c.backchannel_max_words):
+                total_s > c.backchannel_max_s or total_words > c.backchannel_max_words):
             self.burst_open = False
             self.user_turn_open, self.turn_segment = True, True
             self.pending += 1

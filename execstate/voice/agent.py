@@ -117,7 +117,8 @@ class VoiceAgent:
         self._items = itertools.count(1)
         self._seg: _Segment | None = None
         self._turn_text: list[str] = []
-        self._burst_text = ""
+        self._burst_texts: list[str] = []  # final transcripts of the open burst's segments
+        self._burst_start = 0  # where the open burst began (16 kHz samples)
         self._last_item: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
@@ -271,11 +272,11 @@ class VoiceAgent:
             if self._seg.turn:
                 self._seg.item_id = self._new_item()
                 self._emit(SpeechStarted(t, e, self._seg.item_id, self._ms(ev.audio_start)))
-            elif d is Decision.HOLD:
-                self.out.pause()
-                self.agent.hold(t, pause=True)
-            else:
-                self.agent.hold(t, pause=False)
+            elif d in (Decision.HOLD, Decision.BACKCHANNEL):  # a new burst (NONE: its next segment)
+                self._burst_texts, self._burst_start = [], ev.audio_start
+                if d is Decision.HOLD:
+                    self.out.pause()
+                self.agent.hold(t, pause=d is Decision.HOLD)
         elif seg is None:
             return
         elif isinstance(ev, Progress | Partial):
@@ -301,7 +302,7 @@ class VoiceAgent:
                 self._turn_text.append(text)
                 self.turns.on_transcript(ends_sentence(" ".join(self._turn_text)))
             else:
-                self._burst_text = text
+                self._burst_texts.append(text)
             self._seg = None
 
     def _on_partial(self, seg: _Segment, text: str, t: float, e: int) -> None:
@@ -311,13 +312,16 @@ class VoiceAgent:
             self._emit(InputTranscriptDelta(t, e, seg.item_id, delta, text))
 
     def _barge_in(self, seg: _Segment, t: float) -> None:
+        """The open burst took the floor: its earlier segments' words and this segment are the turn."""
         cuts = self.out.interrupt(self.agent.fence.epoch + 1, "barge_in")  # the playing reply's done first
-        self.agent.barge_in(t, seg.partial)
+        heard = " ".join(x for x in [*self._burst_texts, seg.partial] if x)
+        self.agent.barge_in(t, heard)
         self._truncate_cuts(cuts)
+        self._turn_text, self._burst_texts = [x for x in self._burst_texts if x], []
         seg.turn, seg.item_id = True, self._new_item()
-        self._emit(SpeechStarted(t, self.agent.fence.epoch, seg.item_id, self._ms(seg.audio_start)))
-        if seg.partial:
-            self._emit(InputTranscriptDelta(t, self.agent.fence.epoch, seg.item_id, seg.partial, seg.partial))
+        self._emit(SpeechStarted(t, self.agent.fence.epoch, seg.item_id, self._ms(self._burst_start)))
+        if heard:
+            self._emit(InputTranscriptDelta(t, self.agent.fence.epoch, seg.item_id, heard, heard))
 
     def _truncate_cuts(self, cuts: list[tuple[str, int, int]]) -> None:
         for response_id, chars, _ms in cuts:
@@ -336,8 +340,8 @@ class VoiceAgent:
         elif d is Decision.RESUME:
             self.agent.set_floor(self.turns.user_turn_open)
             self.out.resume()
-            self.agent.resume(t, self._burst_text)
-            self._burst_text = ""
+            self.agent.resume(t, " ".join(x for x in self._burst_texts if x))
+            self._burst_texts = []
 
     async def _ticker(self) -> None:
         while not self._closed:

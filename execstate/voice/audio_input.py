@@ -2,7 +2,8 @@
 
 ``AudioInput.process(samples)`` takes the next input audio (int16 at ``in_rate``), resamples it to
 16 kHz, runs the speech detector on each 32 ms frame, cuts segments with the server VAD
-(``vad.py``) and streams each segment to the recognizer (with ``prefix_padding_ms`` of audio
+(``vad.py``; a segment whose hypothesis so far ends a sentence ends after the VAD's shorter
+``sentence_end_silence_ms``) and streams each segment to the recognizer (with ``prefix_padding_ms`` of audio
 before the first speech frame). It returns what happened, in order, as :class:`InputEvent`s:
 
     VadStart -> (Progress | Partial)* -> VadStop -> Final        (per segment)
@@ -79,6 +80,7 @@ class AudioInput:
         self._seg_start = 0
         self._manual: list[np.ndarray] = []
         self._manual_n = 0
+        self._partial = ""  # the open segment's latest hypothesis
 
     def process(self, samples: np.ndarray) -> list[InputEvent]:
         x = self.resampler.process(samples)
@@ -111,12 +113,19 @@ class AudioInput:
                     self._flush_feed(feed, out)
                     out.append(VadStop(ev.speech_end, ev.audio_end))
                     out.append(Final(self.stream.finish(), self._seg_start, ev.audio_end))
+                    self._partial = ""
                     frame = frame[:0]
             if self.vad.in_speech and len(frame):
                 feed.append(frame)
             self._recent = np.concatenate([self._recent, buf[i:i + n]])[-self._pad:] if self._pad else self._recent
         self._frame = buf[(len(buf) // n) * n:]
         self._flush_feed(feed, out)
+        if self.vad.in_speech and self._partial.rstrip()[-1:] in (".", "?", "!"):
+            early = self.vad.end_early()  # the words so far end a sentence: a shorter silence ends it
+            if early is not None:
+                out.append(VadStop(early.speech_end, early.audio_end))
+                out.append(Final(self.stream.finish(), self._seg_start, early.audio_end))
+                self._partial = ""
         if self.vad.in_speech:
             out.append(Progress(self.vad.speech_samples / RATE))
         return out
@@ -150,4 +159,5 @@ class AudioInput:
         partial = self.stream.feed(np.concatenate(feed))
         feed.clear()
         if partial is not None:
+            self._partial = partial
             out.append(Partial(partial))

@@ -96,3 +96,17 @@ def test_config_bounds() -> None:
                 {"backchannel_max_s": True}):
         with pytest.raises(ValueError):
             SpeechTurnConfig(**bad)
+
+
+def test_a_burst_adds_up_over_its_segments() -> None:
+    """Speech split by short silences into several segments is one burst: its speech and words add
+    up to a barge-in (no segment alone would), and only the first segment holds."""
+    p = SpeechTurnPolicy(CFG)
+    assert p.on_speech_start(0.0, True) is Decision.HOLD
+    assert p.on_speech(0.5, 0.5, 2) is Decision.NONE
+    p.on_speech_stop(0.7, 0.2)
+    assert p.on_tick(0.75) is Decision.NONE  # not yet resume_after_s (0.4 s) of quiet
+    assert p.on_speech_start(0.8, True) is Decision.NONE  # the same burst goes on
+    assert p.on_speech(1.0, 0.2, 0) is Decision.NONE
+    assert p.on_speech(1.2, 0.4, 1) is Decision.BARGE_IN  # 0.9 s > 0.8 s (and 3 words > 2)
+    assert p.user_turn_open and not p.burst_open

@@ -106,3 +106,14 @@ def test_numbers_round_trip(n) -> None:
 ])
 def test_words_to_digits(text, want) -> None:
     assert words_to_digits(text) == want
+
+
+def test_vad_ends_early_at_a_sentence_end() -> None:
+    cfg = VadConfig(silence_duration_ms=320, sentence_end_silence_ms=64)  # 10 and 2 frames
+    s = VadSegmenter(cfg)
+    for p in [0.0, 0.9, 0.9, 0.0]:
+        assert not [e for e in s.push(p) if isinstance(e, Stopped)]
+    assert s.silence == F and s.end_early() is None  # one silent frame: not yet
+    s.push(0.0)
+    assert s.end_early() == Stopped(3 * F, 5 * F) and not s.in_speech
+    assert VadSegmenter(VadConfig(sentence_end_silence_ms=None)).end_early() is None

@@ -69,6 +69,9 @@ def _vad(td: TurnDetection, base: VoiceConfig) -> tuple[VadConfig, SpeechTurnCon
     vad = dataclasses.replace(vad, **{k: v for k, v in (
         ("threshold", td.threshold), ("prefix_padding_ms", _ms(td.prefix_padding_ms, "prefix_padding_ms", 0, 5000)),
         ("silence_duration_ms", _ms(td.silence_duration_ms, "silence_duration_ms", 0, 10_000))) if v is not None})
+    if td.sentence_end_silence_ms is not None:
+        v = _ms(td.sentence_end_silence_ms, "sentence_end_silence_ms", -1, 10_000)
+        vad = dataclasses.replace(vad, sentence_end_silence_ms=None if v == -1 else v)
     t = base.turns
     changes: dict[str, Any] = {}
     for name, field, lo, hi in (("end_of_turn_silence_ms", "end_of_turn_silence_s", 50, 10_000),
@@ -139,6 +142,7 @@ def session_json(sid: str, model: str, instructions: str, cfg: VoiceConfig) -> d
         t = cfg.turns
         td = {"type": "server_vad", "threshold": cfg.vad.threshold, "prefix_padding_ms": cfg.vad.prefix_padding_ms,
               "silence_duration_ms": cfg.vad.silence_duration_ms, "create_response": cfg.create_response,
+              "sentence_end_silence_ms": -1 if cfg.vad.sentence_end_silence_ms is None else cfg.vad.sentence_end_silence_ms,
               "interrupt_response": t.interrupt, "idle_timeout_ms": None,
               "end_of_turn_silence_ms": round(t.end_of_turn_silence_s * 1000),
               "backchannel_max_ms": round(t.backchannel_max_s * 1000), "backchannel_max_words": t.backchannel_max_words,

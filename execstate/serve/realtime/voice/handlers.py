@@ -85,6 +85,7 @@ class VoiceServer:
         self._make_engines = engines
         self._engines: VoiceEngines | None = None
         self.agent_config = agent_config or AgentConfig(max_response_tokens=48)
+        self.front_params = DEFAULT_FRONT_PARAMS  # the front's sampling (an embedding app may change it)
         self.agents: dict[str, VoiceAgent] = {}
         self.endpoint = Endpoint(VOICE_PROTOCOL, lambda peer: VoiceHandlers(peer, self))
 
@@ -96,7 +97,7 @@ class VoiceServer:
     async def open_agent(self, instructions: str, cfg: VoiceConfig) -> tuple[VoiceAgent, str]:
         engines = await asyncio.to_thread(self.engines)  # the first build loads models: off the loop
         ctx = self.ctx
-        front = await SessionFront.open(ctx.engine, instructions, DEFAULT_FRONT_PARAMS, sessions=ctx.sessions)
+        front = await SessionFront.open(ctx.engine, instructions, self.front_params, sessions=ctx.sessions)
         tools = dict(self.tools())
         policy = RegexPolicy([r for r in self.rules if r.tool in tools])
         agent = DuplexAgent(front, Backend(tools), policy, self.agent_config)

@@ -61,6 +61,8 @@ class TurnDetection(_Obj):
     create_response: bool | None = None
     interrupt_response: bool | None = None
     idle_timeout_ms: int | None = None  # accepted: null only
+    # execstate: the silence that ends a segment whose words end a sentence (voice/vad.py; -1: never)
+    sentence_end_silence_ms: int | None = None
     # execstate: agent/speech_turns.py's SpeechTurnConfig
     end_of_turn_silence_ms: int | None = None
     backchannel_max_ms: int | None = None
