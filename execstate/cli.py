@@ -212,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="/v1/realtime/agent: the back-end model agents delegate to (the tool 'reason'): an "
                         "embedded name or a directory, loaded as a second engine (default: the served model, "
                         "at batch priority; the front is always the served model)")
+    s.add_argument("--voice-asr-phrases", default=None,
+                   help="/v1/voice/realtime and /agent: recognise speech with a language model built from these "
+                        "phrases ('demo': the demo's arithmetic and conversation phrases; else a file, one phrase "
+                        "a line) instead of PocketSphinx's general English model")
     _add_world_options(s)
     s.set_defaults(func=_serve)
 

@@ -4,7 +4,8 @@
 audio (so the work, and the time it takes, are the real ASR's), but the text it returns is the
 script's. The bench's client tells it where each utterance sits in the input stream
 (``place(at_sample, utterance)``, at 16 kHz, before the audio is sent); a partial is the script's
-words whose audio has been fed, the final the words inside the segment, with their punctuation
+words whose audio has been fed, the final the words whose audio ended inside the segment, with
+their punctuation
 (so a question's final ``?`` ends a sentence, as a recognizer with punctuation would say).
 Thread-safe: the client places utterances on its loop while the agent's input worker reads them.
 """
@@ -37,10 +38,11 @@ class OracleRecognizer:
             return " ".join(w for _s, e, w in self._words[self._taken:] if e <= end)
 
     def final(self, end: int) -> str:
-        """The words not yet in a final transcript that started before ``end`` (each word is in
-        exactly one final: the segment its audio starts in)."""
+        """The words not yet in a final transcript whose audio ended before ``end`` (100 ms of
+        slack): a word the segment cut is left to the next segment, as a recognizer that has not
+        heard its end would. Each word is in exactly one final."""
         with self._lock:
-            ws = [w for s, _e, w in self._words[self._taken:] if s < end]
+            ws = [w for _s, e, w in self._words[self._taken:] if e <= end + 1600]
             self._taken += len(ws)
         return " ".join(ws)
 

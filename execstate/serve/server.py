@@ -31,7 +31,9 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import fields
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from execstate.engine.async_engine import AsyncEngine
@@ -41,6 +43,8 @@ from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import ServingMetrics
 from execstate.transfer.handoff import HandoffTrust
+from execstate.voice.engines import VoiceEngines, default_engines
+from execstate.voice.vocabulary import demo_phrases
 
 if TYPE_CHECKING:
     import uvicorn
@@ -145,6 +149,21 @@ def serve_until_engine_dies(server: uvicorn.Server, async_engine: AsyncEngine) -
     return 1 if died.is_set() or not async_engine.is_healthy else 0
 
 
+def voice_engines_from_args(args: argparse.Namespace) -> Callable[[], VoiceEngines]:
+    """The voice endpoint's engines (built on first use): ``--voice-asr-phrases`` picks the recognizer's model."""
+    spec = getattr(args, "voice_asr_phrases", None)
+
+    def build() -> VoiceEngines:
+        if spec is None:
+            return default_engines()
+        if spec == "demo":
+            return default_engines(demo_phrases())
+        lines = Path(spec).read_text(encoding="utf-8").splitlines()
+        return default_engines([ln for ln in lines if ln.strip()])
+
+    return build
+
+
 def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None = None) -> int:
     """``execstate serve`` (module docstring). ``make_importer``: the PD connector's importer
     (None: the real one; ``bench/faulty_serve.py`` passes a fault-injecting one)."""
@@ -174,6 +193,7 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
         app = build_app(
             async_engine, name, api_key=args.api_key, metrics=metrics, kv_transfer_config=kv_cfg, limits=limits,
             handoff_trust=trust, realtime_grace_s=args.realtime_grace_s, agent_back_engine=back_engine,
+            voice_engines=voice_engines_from_args(args),
         )
         if args.world is not None:  # the world endpoints on the same app (serve --world)
             from execstate.serve.realtime.world.app import world_host_from_args
