@@ -5,8 +5,8 @@ replaces its text input and text output:
 
 - **In**: 16 kHz PCM (any ``in_rate``, resampled) -> speech detector -> server VAD -> recognizer,
   on one worker thread per agent (``audio_input.py``). Speech segments and transcripts drive the
-  speech turn policy (``agent/speech_turns.py``), whose decisions reach the runtime through its
-  external-turn calls (``hold``, ``resume``, ``barge_in``, ``user_turn``, ``set_floor``). Segments of
+  speech turn policy (``agent/speech_turns.py``) in the ``Listener`` (``listener.py``), whose
+  decisions reach the runtime through its external-turn calls (``hold``, ``resume``, ``barge_in``, ``user_turn``, ``set_floor``). Segments of
   a user turn become input items (``speech_started`` ... ``transcription.completed``); the turn
   ends on the policy's decision and its transcripts (numbers as digits, ``numbers.py``) are the
   user's turn.
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -38,18 +37,16 @@ import numpy as np
 from execstate.agent.agent_events import AgentEvent, ErrorEvent, OutputDelta, ResponseCreated, ResponseDone
 from execstate.agent.duplex import DuplexAgent
 from execstate.agent.errors import AgentError
-from execstate.agent.speech_turns import Decision, SpeechTurnConfig, SpeechTurnPolicy
-from execstate.voice.audio_input import AudioInput, Final, Partial, Progress, VadStart, VadStop
+from execstate.agent.speech_turns import SpeechTurnConfig, SpeechTurnPolicy
+from execstate.voice.audio_input import AudioInput
 from execstate.voice.events import (
     InputCleared,
     InputCommitted,
     InputTranscriptCompleted,
-    InputTranscriptDelta,
     ItemTruncated,
-    SpeechStarted,
-    SpeechStopped,
 )
 from execstate.voice.interfaces import Recognizer, SpeechDetector, Synthesizer
+from execstate.voice.listener import Listener
 from execstate.voice.numbers import words_to_digits
 from execstate.voice.resample import Resampler
 from execstate.voice.speech_out import SpeechOut
@@ -86,19 +83,6 @@ class VoiceConfig:
                 raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
 
 
-@dataclass
-class _Segment:
-    audio_start: int
-    turn: bool
-    item_id: str | None = None
-    partial: str = ""
-    speech_s: float = 0.0
-
-
-def ends_sentence(text: str) -> bool:
-    return text.rstrip()[-1:] in (".", "?", "!")
-
-
 class VoiceAgent:
     def __init__(self, agent: DuplexAgent, recognizer: Recognizer, synthesizer: Synthesizer,
                  detector: SpeechDetector | None, config: VoiceConfig | None = None) -> None:
@@ -110,16 +94,11 @@ class VoiceAgent:
         self._out_exec = ThreadPoolExecutor(1, thread_name_prefix="voice-out")
         self.out = SpeechOut(synthesizer, self._emit, agent.now, self._out_exec, self.config.out_rate,
                              self.config.voice, self.config.lead_ms, self.config.chunk_ms)
+        self.listener = Listener(agent, self.out, self.turns, self._emit, lambda: self.config.create_response)
         self.input: AudioInput | None = None
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         self._tick_wake = asyncio.Event()
         self._lock = asyncio.Lock()
-        self._items = itertools.count(1)
-        self._seg: _Segment | None = None
-        self._turn_text: list[str] = []
-        self._burst_texts: list[str] = []  # final transcripts of the open burst's segments
-        self._burst_start = 0  # where the open burst began (16 kHz samples)
-        self._last_item: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
 
@@ -168,7 +147,7 @@ class VoiceAgent:
         async with self._lock:
             events = await asyncio.get_running_loop().run_in_executor(self._in_exec, self.input.process, samples)
             for ev in events:
-                self._on_input(ev)
+                self.listener.on_input(ev)
         self._tick_wake.set()
 
     async def commit(self) -> str | None:
@@ -181,11 +160,11 @@ class VoiceAgent:
         if final is None:
             return None
         t, e = self.agent.now(), self.agent.fence.epoch
-        item = self._new_item()
-        self._emit(InputCommitted(t, e, item, self._last_item))
+        item = self.listener.new_item()
+        self._emit(InputCommitted(t, e, item, self.listener.last_item))
         text = words_to_digits(final.text)
         self._emit(InputTranscriptCompleted(self.agent.now(), e, item, text))
-        self._last_item = item
+        self.listener.last_item = item
         if text.strip():
             self.agent.user_turn(text, respond=self.config.create_response)
         return item
@@ -195,10 +174,7 @@ class VoiceAgent:
         assert self.input is not None
         async with self._lock:
             await asyncio.get_running_loop().run_in_executor(self._in_exec, self.input.clear)
-        if self._seg is not None and self._seg.turn:
-            self.turns.on_speech_stop(self.agent.now(), 0.0)
-            self.turns.on_transcript(False)
-        self._seg = None
+        self.listener.clear()
         self._emit(InputCleared(self.agent.now(), self.agent.fence.epoch))
 
     # -- output control -----------------------------------------------------------------------------
@@ -212,7 +188,7 @@ class VoiceAgent:
         busy = self.agent.fence.active or self.out.audible()
         cuts = self.out.interrupt(self.agent.fence.epoch + 1, "cancel")
         self.agent.cancel(cancel_tasks=cancel_tasks, advance=True)
-        self._truncate_cuts(cuts)
+        self.listener.truncate_cuts(cuts)
         return busy
 
     def truncate(self, item_id: str, audio_end_ms: int) -> str:
@@ -261,88 +237,6 @@ class VoiceAgent:
             await asyncio.get_running_loop().run_in_executor(self._in_exec, apply)
 
     # -- internals ------------------------------------------------------------------------------------
-    def _on_input(self, ev: object) -> None:
-        t, e = self.agent.now(), self.agent.fence.epoch
-        seg = self._seg
-        if isinstance(ev, VadStart):
-            speaking = self.agent.fence.active or self.out.audible()
-            d = self.turns.on_speech_start(t, speaking)
-            self._seg = _Segment(ev.audio_start, self.turns.turn_segment)
-            self.agent.set_floor(True)
-            if self._seg.turn:
-                self._seg.item_id = self._new_item()
-                self._emit(SpeechStarted(t, e, self._seg.item_id, self._ms(ev.audio_start)))
-            elif d in (Decision.HOLD, Decision.BACKCHANNEL):  # a new burst (NONE: its next segment)
-                self._burst_texts, self._burst_start = [], ev.audio_start
-                if d is Decision.HOLD:
-                    self.out.pause()
-                self.agent.hold(t, pause=d is Decision.HOLD)
-        elif seg is None:
-            return
-        elif isinstance(ev, Progress | Partial):
-            if isinstance(ev, Progress):
-                seg.speech_s = ev.speech_s
-            else:
-                self._on_partial(seg, ev.text, t, e)
-            if self.turns.on_speech(t, seg.speech_s, len(seg.partial.split())) is Decision.BARGE_IN:
-                self._barge_in(seg, t)
-        elif isinstance(ev, VadStop):
-            silence = (ev.audio_end - ev.speech_end) / 16000
-            self.turns.on_speech_stop(t, silence)
-            if seg.turn:
-                assert seg.item_id is not None
-                self._emit(SpeechStopped(t, e, seg.item_id, self._ms(ev.audio_end)))
-                self._emit(InputCommitted(t, e, seg.item_id, self._last_item))
-                self._last_item = seg.item_id
-        elif isinstance(ev, Final):
-            text = words_to_digits(ev.text)
-            if seg.turn:
-                assert seg.item_id is not None
-                self._emit(InputTranscriptCompleted(t, e, seg.item_id, text))
-                self._turn_text.append(text)
-                self.turns.on_transcript(ends_sentence(" ".join(self._turn_text)))
-            else:
-                self._burst_texts.append(text)
-            self._seg = None
-
-    def _on_partial(self, seg: _Segment, text: str, t: float, e: int) -> None:
-        old, seg.partial = seg.partial, text
-        if seg.turn and seg.item_id is not None:
-            delta = text[len(old):] if text.startswith(old) else ""
-            self._emit(InputTranscriptDelta(t, e, seg.item_id, delta, text))
-
-    def _barge_in(self, seg: _Segment, t: float) -> None:
-        """The open burst took the floor: its earlier segments' words and this segment are the turn."""
-        cuts = self.out.interrupt(self.agent.fence.epoch + 1, "barge_in")  # the playing reply's done first
-        heard = " ".join(x for x in [*self._burst_texts, seg.partial] if x)
-        self.agent.barge_in(t, heard)
-        self._truncate_cuts(cuts)
-        self._turn_text, self._burst_texts = [x for x in self._burst_texts if x], []
-        seg.turn, seg.item_id = True, self._new_item()
-        self._emit(SpeechStarted(t, self.agent.fence.epoch, seg.item_id, self._ms(self._burst_start)))
-        if heard:
-            self._emit(InputTranscriptDelta(t, self.agent.fence.epoch, seg.item_id, heard, heard))
-
-    def _truncate_cuts(self, cuts: list[tuple[str, int, int]]) -> None:
-        for response_id, chars, _ms in cuts:
-            with contextlib.suppress(AgentError):  # forgotten or never created in the runtime: nothing to cut
-                self.agent.truncate(response_id, played_chars=chars)
-
-    def _tick(self) -> None:
-        t = self.agent.now()
-        d = self.turns.on_tick(t)
-        if d is Decision.END_OF_TURN:
-            text = " ".join(x for x in self._turn_text if x.strip())
-            self._turn_text = []
-            self.agent.set_floor(self.turns.burst_open)
-            if text:
-                self.agent.user_turn(text, t, respond=self.config.create_response)
-        elif d is Decision.RESUME:
-            self.agent.set_floor(self.turns.user_turn_open)
-            self.out.resume()
-            self.agent.resume(t, " ".join(x for x in self._burst_texts if x))
-            self._burst_texts = []
-
     async def _ticker(self) -> None:
         while not self._closed:
             deadline = self.turns.next_deadline()
@@ -352,7 +246,7 @@ class VoiceAgent:
             self._tick_wake.clear()
             if not self._closed:
                 try:
-                    self._tick()
+                    self.listener.tick()
                 except AgentError as exc:  # the runtime stopped (front failed, overflow)
                     self._emit(ErrorEvent(self.agent.now(), self.agent.fence.epoch, exc.code, exc.message))
 
@@ -377,13 +271,6 @@ class VoiceAgent:
                 self._queue.put_nowait(ErrorEvent(ev.t, ev.epoch, "overflow", "events were not consumed"))
             return
         self._queue.put_nowait(ev)
-
-    def _new_item(self) -> str:
-        return f"item_in_{next(self._items)}"
-
-    @staticmethod
-    def _ms(samples16k: int) -> int:
-        return samples16k // 16
 
     def _require_open(self) -> None:
         if self._closed:
