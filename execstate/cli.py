@@ -31,7 +31,9 @@ def _models(args: argparse.Namespace) -> int:
         elif args.arch in ARCHITECTURES:
             print(make_random(args.arch, args.out, seed=args.seed))
         else:
-            print(f"unknown architecture {args.arch!r}; choose from {', '.join(ARCHITECTURES)}, standard", file=sys.stderr)
+            print(
+                f"unknown architecture {args.arch!r}; choose from {', '.join(ARCHITECTURES)}, standard", file=sys.stderr
+            )
             return 2
         return 0
     raise AssertionError(args.models_cmd)
@@ -50,12 +52,16 @@ def _proxy(args: argparse.Namespace) -> int:
     return run_proxy(args)
 
 
+DEFAULT_SERVE_MODEL = "smollm2-moe"  # `execstate serve` with no MODEL: this model, the world model, every endpoint
+
+
 def _serve(args: argparse.Namespace) -> int:
     from execstate.serve.server import run_server
 
-    if args.model is None and args.world is None:
-        raise SystemExit("execstate serve: give a MODEL, --world, or both")
-
+    if args.model is None and args.world is None:  # the embedded default with every endpoint on
+        args.model, args.world, args.enable_return_routed_experts = DEFAULT_SERVE_MODEL, "world", True
+        print(f"execstate serve: no MODEL given: serving the embedded {DEFAULT_SERVE_MODEL} (routes returned) and "
+              f"the world model, with every endpoint (open http://{args.host}:{args.port}/)", file=sys.stderr)
     return run_server(args)
 
 
@@ -191,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, /metrics)")
     s.add_argument("model", nargs="?", default=None,
-                   help="embedded model name or a Hugging Face directory (optional with --world)")
+                   help="embedded model name or a Hugging Face directory; without MODEL and --world: the embedded "
+                        f"{DEFAULT_SERVE_MODEL} with routes returned and the world model, every endpoint on")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")

@@ -357,7 +357,9 @@ class DuplexAgent:
         finish, t0 = None, time.perf_counter()
         self._stepping = True
         try:
-            async for c in self.front.step(inp, max(1, min(cfg.step_tokens, cfg.max_response_tokens - self._generated))):
+            async for c in self.front.step(
+                inp, max(1, min(cfg.step_tokens, cfg.max_response_tokens - self._generated))
+            ):
                 if isinstance(c, FrontChunk):
                     self._on_chunk(r, epoch, c)
                 else:

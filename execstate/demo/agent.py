@@ -66,7 +66,9 @@ async def _run(model: str) -> bool:
         await _until(events, lambda e: e.type == "response.output_text.delta" and "Rome" in _turn_text(events, e))
         await asyncio.sleep(0.1)
         await _say(agent, "Wait, no, what is the code of zebra?")
-        await _until(events, lambda e: e.type == "delegation.result" and e.status == "completed" and e.result == "ZX-4417")
+        await _until(
+            events, lambda e: e.type == "delegation.result" and e.status == "completed" and e.result == "ZX-4417"
+        )
         await _until(events, lambda e: e.type == "response.done" and _cause(events, e) == "result"
                      and "ZX" in (e.text or ""))
         await agent.close()

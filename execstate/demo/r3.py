@@ -50,7 +50,11 @@ def run_r3(model: str = "smollm2-moe") -> bool:
     for q, o in zip(QUESTIONS, outs, strict=True):
         c = o.outputs[0]
         n_tokens = len(o.prompt_token_ids) + len(c.token_ids)
-        shape_ok = c.routed_experts is not None and c.routed_experts.shape == (n_tokens - 1, mc.num_moe_layers, mc.top_k)
+        shape_ok = c.routed_experts is not None and c.routed_experts.shape == (
+            n_tokens - 1,
+            mc.num_moe_layers,
+            mc.top_k,
+        )
         ok &= shape_ok
         print(f"\nQ: {q}\nA: {c.text.strip()}")
         print(f"   prompt {len(o.prompt_token_ids)} tokens, cached {o.num_cached_tokens}, "

@@ -228,7 +228,10 @@ class EngineThread:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(cmd, AddCommand | AddWithCommand | CallCommand | UpdateWeightsCommand) and cmd.done.set_running_or_notify_cancel():
+            if (
+                isinstance(cmd, AddCommand | AddWithCommand | CallCommand | UpdateWeightsCommand)
+                and cmd.done.set_running_or_notify_cancel()
+            ):
                 cmd.done.set_exception(err)
         if self._update is not None:
             self._update[1].set_exception(err)

@@ -252,7 +252,9 @@ class PDConnector:
     def needs_polling(self) -> bool:
         """Housekeeping pending: pinned exports (TTL), loads in flight, fenced blocks."""
         loads = self.loads
-        return self.num_pinned_exports > 0 or (loads is not None and (loads.num_inflight > 0 or bool(loads.fenced_blocks)))
+        return self.num_pinned_exports > 0 or (
+            loads is not None and (loads.num_inflight > 0 or bool(loads.fenced_blocks))
+        )
 
     @property
     def has_finished_loads(self) -> bool:

@@ -47,8 +47,12 @@ def read_engine_stats(engine: LLMEngine) -> EngineStats:
 class ServingMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.num_requests_running = Gauge(f"{PREFIX}_num_requests_running", "Requests running in the engine", registry=r)
-        self.num_requests_waiting = Gauge(f"{PREFIX}_num_requests_waiting", "Requests waiting to be scheduled", registry=r)
+        self.num_requests_running = Gauge(
+            f"{PREFIX}_num_requests_running", "Requests running in the engine", registry=r
+        )
+        self.num_requests_waiting = Gauge(
+            f"{PREFIX}_num_requests_waiting", "Requests waiting to be scheduled", registry=r
+        )
         self.kv_blocks_used = Gauge(f"{PREFIX}_kv_blocks_used", "KV blocks referenced by requests", registry=r)
         self.kv_blocks_total = Gauge(f"{PREFIX}_kv_blocks_total", "KV blocks in the pool", registry=r)
         self.prefix_cache_hit_rate = Gauge(

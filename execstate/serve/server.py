@@ -170,6 +170,7 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
     import uvicorn
 
     from execstate.serve.app import build_app
+    from execstate.serve.landing import install_landing
     from execstate.serve.realtime.limits import MAX_FRAME_BYTES
     from execstate.serve.startup_log import StartupInfo, log_startup
 
@@ -201,6 +202,7 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
 
             world_host = world_host_from_args(args)
             install_world(app, world_host)
+        install_landing(app)  # after every surface: it lists them
         elapsed = time.perf_counter() - t0  # read on the engine thread, the engine's only user:
         async_engine.call(lambda engine: log_startup(StartupInfo(engine, args, kv_cfg, elapsed, limits)))
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",

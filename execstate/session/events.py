@@ -15,6 +15,18 @@ from execstate.session.runtime.events import (  # noqa: F401
     SessionEventError,
 )
 
-__all__ = ['COMPOSITE', 'Drained', 'Event', 'EventAck', 'EventId', 'EventKind', 'EventQueue', 'MAX_COMPOSITE_PARTS', 'Merge', 'QueueSnapshot', 'SessionEventError']
+__all__ = [
+    "COMPOSITE",
+    "Drained",
+    "Event",
+    "EventAck",
+    "EventId",
+    "EventKind",
+    "EventQueue",
+    "MAX_COMPOSITE_PARTS",
+    "Merge",
+    "QueueSnapshot",
+    "SessionEventError",
+]
 
 moved("execstate.session.events", "execstate.session.runtime.events")

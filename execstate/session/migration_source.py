@@ -1,4 +1,5 @@
-"""Deprecated path: moved to ``execstate.session.lm.migration_source`` (issue 18); this shim goes in the next release."""
+"""Deprecated path: moved to ``execstate.session.lm.migration_source`` (issue 18); this shim goes in the next
+release."""
 
 from execstate.session._moved import moved
 from execstate.session.lm.migration_source import (  # noqa: F401

@@ -20,6 +20,23 @@ from execstate.session.lm.migration_wire import (  # noqa: F401
     sign,
 )
 
-__all__ = ['DOMAIN', 'FORMAT_VERSION', 'MAX_EVENTS', 'MAX_OFFER_BYTES', 'MAX_RNG_BYTES', 'MAX_TOKENS', 'MigrationError', 'SessionOffer', 'SignedOffer', 'WireAck', 'WireEvents', 'WirePending', 'WireSampling', 'decode_offer', 'encode_offer', 'sign']
+__all__ = [
+    "DOMAIN",
+    "FORMAT_VERSION",
+    "MAX_EVENTS",
+    "MAX_OFFER_BYTES",
+    "MAX_RNG_BYTES",
+    "MAX_TOKENS",
+    "MigrationError",
+    "SessionOffer",
+    "SignedOffer",
+    "WireAck",
+    "WireEvents",
+    "WirePending",
+    "WireSampling",
+    "decode_offer",
+    "encode_offer",
+    "sign",
+]
 
 moved("execstate.session.migration_wire", "execstate.session.lm.migration_wire")

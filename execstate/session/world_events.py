@@ -13,6 +13,16 @@ from execstate.session.world.events import (  # noqa: F401
     world_event_kinds,
 )
 
-__all__ = ['ACTION', 'CAMERA', 'ChunkControls', 'HeldKey', 'KEY', 'MAX_PROMPT_CHARS', 'PROMPT', 'apply_boundary', 'world_event_kinds']
+__all__ = [
+    "ACTION",
+    "CAMERA",
+    "ChunkControls",
+    "HeldKey",
+    "KEY",
+    "MAX_PROMPT_CHARS",
+    "PROMPT",
+    "apply_boundary",
+    "world_event_kinds",
+]
 
 moved("execstate.session.world_events", "execstate.session.world.events")

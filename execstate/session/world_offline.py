@@ -11,6 +11,14 @@ from execstate.session.world.offline import (  # noqa: F401
     scene_frames,
 )
 
-__all__ = ['Checkpoint', 'SessionEventError', 'World', 'WorldSession', 'WorldStepResult', 'load_world_model', 'scene_frames']
+__all__ = [
+    "Checkpoint",
+    "SessionEventError",
+    "World",
+    "WorldSession",
+    "WorldStepResult",
+    "load_world_model",
+    "scene_frames",
+]
 
 moved("execstate.session.world_offline", "execstate.session.world.offline")

@@ -10,6 +10,13 @@ from execstate.session.world.step import (  # noqa: F401
     prepare_world_step,
 )
 
-__all__ = ['ComputedStep', 'PreparedStep', 'WorldStepResult', 'compute_world_step', 'finish_world_step', 'prepare_world_step']
+__all__ = [
+    "ComputedStep",
+    "PreparedStep",
+    "WorldStepResult",
+    "compute_world_step",
+    "finish_world_step",
+    "prepare_world_step",
+]
 
 moved("execstate.session.world_step", "execstate.session.world.step")

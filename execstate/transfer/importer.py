@@ -188,7 +188,8 @@ class KVImporter:
                 if got != manifest.blocks[req.start + j].checksum:
                     raise TransferError(
                         ErrorCode.CHECKSUM_MISMATCH,
-                        f"block {req.start + j} (local {int(req.dst[j])}): received bytes differ from the source's checksum",
+                        f"block {req.start + j} (local {int(req.dst[j])}): received bytes differ from the "
+                        "source's checksum",
                     )
                 verified += 1
         except TransferError as e:

@@ -6,7 +6,8 @@ replaces its text input and text output:
 - **In**: 16 kHz PCM (any ``in_rate``, resampled) -> speech detector -> server VAD -> recognizer,
   on one worker thread per agent (``audio_input.py``). Speech segments and transcripts drive the
   speech turn policy (``agent/speech_turns.py``) in the ``Listener`` (``listener.py``), whose
-  decisions reach the runtime through its external-turn calls (``hold``, ``resume``, ``barge_in``, ``user_turn``, ``set_floor``). Segments of
+  decisions reach the runtime through its external-turn calls (``hold``, ``resume``, ``barge_in``,
+  ``user_turn``, ``set_floor``). Segments of
   a user turn become input items (``speech_started`` ... ``transcription.completed``); the turn
   ends on the policy's decision and its transcripts (numbers as digits, ``numbers.py``) are the
   user's turn.

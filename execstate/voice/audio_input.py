@@ -87,7 +87,8 @@ class AudioInput:
         self.received += len(x)
         if self.vad is None:
             if self._manual_n + len(x) > self.max_buffer:
-                raise ValueError(f"the input audio buffer holds at most {self.max_buffer // RATE} s; commit or clear it")
+                raise ValueError(f"the input audio buffer holds at most {self.max_buffer // RATE} s; "
+                                 "commit or clear it")
             self._manual.append(x)
             self._manual_n += len(x)
             return []

@@ -28,7 +28,8 @@ def _decoder_class():
     try:
         from pocketsphinx import Decoder
     except ImportError as exc:
-        raise RuntimeError("the PocketSphinx recognizer needs the pocketsphinx package (pip install pocketsphinx)") from exc
+        raise RuntimeError("the PocketSphinx recognizer needs the pocketsphinx package "
+                           "(pip install pocketsphinx)") from exc
     return Decoder
 
 

@@ -41,7 +41,8 @@ class Resampler:
         d = phases + (half - 1) - np.arange(self.width, dtype=np.float64)[None, :]  # output time - input time
         window = np.kaiser(2 * half + 1, beta)
         wpos = np.clip(d + half, 0, 2 * half)
-        self._bank = (2 * fc * np.sinc(2 * fc * d) * np.interp(wpos, np.arange(2 * half + 1), window)).astype(np.float64)
+        taper = np.interp(wpos, np.arange(2 * half + 1), window)
+        self._bank = (2 * fc * np.sinc(2 * fc * d) * taper).astype(np.float64)
         self._bank /= self._bank.sum(axis=1, keepdims=True)  # unit DC gain in every phase
         self._buf = np.zeros(half - 1, dtype=np.float64)  # history: zeros before the stream
         self._buf0 = -(half - 1)  # absolute input index of _buf[0]

@@ -1,7 +1,8 @@
 """Example phrases for a constrained recognizer (``PocketSphinx(phrases=...)``): the demo domain.
 
 ``demo_phrases()`` is deterministic: spoken arithmetic questions (random ones over 1-99, and the
-demo's ``EXAMPLES``, weighted as phrases a user expects), spoken answers ("the answer is three hundred ninety one"), lookups ("what is the code of
+demo's ``EXAMPLES``, weighted as phrases a user expects), spoken answers ("the answer is three
+hundred ninety one"), lookups ("what is the code of
 zebra") and the conversational glue the demo and the benchmark use (requests for stories,
 interruptions, backchannels). A user with another domain passes their own phrases.
 """

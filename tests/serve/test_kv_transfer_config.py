@@ -85,12 +85,19 @@ def test_serve_cli_arguments():
         "--max-model-len", "128", "--block-size", "8", "--seed", "3", "--kernels", "torch",
     ])
     assert (args.cmd, args.model, args.port, args.host, args.api_key) == ("serve", "/m", 9001, "0.0.0.0", "k")
-    assert args.served_model_name == "moe" and KVTransferConfig.from_json(args.kv_transfer_config).engine_id == "decode-0"
+    assert (
+        args.served_model_name == "moe" and KVTransferConfig.from_json(args.kv_transfer_config).engine_id == "decode-0"
+    )
     cfg = engine_config_from_args(args)
     assert (cfg.dtype, cfg.max_model_len, cfg.block_size, cfg.seed, cfg.kernels) == ("bfloat16", 128, 8, 3, "torch")
     assert cfg.enable_return_routed_experts is True
     defaults = build_parser().parse_args(["serve", "/m"])
-    assert (defaults.port, defaults.host, defaults.api_key, defaults.kv_transfer_config) == (8000, "127.0.0.1", None, None)
+    assert (defaults.port, defaults.host, defaults.api_key, defaults.kv_transfer_config) == (
+        8000,
+        "127.0.0.1",
+        None,
+        None,
+    )
     assert engine_config_from_args(defaults).kernels == "auto"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "/m", "--kernels", "fast"])

@@ -56,7 +56,11 @@ def test_completion_text_prompt_equals_offline(client, offline):
     assert routes.dtype == np.int16 and np.array_equal(routes, rc.routed_experts)
     assert routes.shape[0] == len(ref.prompt_token_ids) + 12 - 1
     u = r.usage
-    assert (u.prompt_tokens, u.completion_tokens, u.total_tokens) == (len(ref.prompt_token_ids), 12, len(ref.prompt_token_ids) + 12)
+    assert (u.prompt_tokens, u.completion_tokens, u.total_tokens) == (
+        len(ref.prompt_token_ids),
+        12,
+        len(ref.prompt_token_ids) + 12,
+    )
     assert u.prompt_tokens_details.cached_tokens == extra(u, "prompt_token_sources")["local_cache"]
     assert sum(extra(u, "prompt_token_sources").values()) == u.prompt_tokens
 
@@ -161,7 +165,9 @@ def test_stop_string_is_cut_and_reported(client, offline):
     r = client.completions.create(**kw)
     streamed = "".join(ch.choices[0].text for ch in client.completions.create(stream=True, **kw) if ch.choices)
     cut = ref.text[: ref.text.find(stop)]
-    assert r.choices[0].text == cut and r.choices[0].finish_reason == "stop" and extra(r.choices[0], "stop_reason") == stop
+    assert (
+        r.choices[0].text == cut and r.choices[0].finish_reason == "stop" and extra(r.choices[0], "stop_reason") == stop
+    )
     assert streamed == cut
 
 

@@ -149,7 +149,9 @@ def test_streaming_is_relayed_and_timed(setup):
         lines = [line for line in s.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]" and len(lines) == 4
     after = metrics(setup["x"])
-    assert after[("execstate_proxy_decode_seconds_count", ())] == before[("execstate_proxy_decode_seconds_count", ())] + 1
+    assert (
+        after[("execstate_proxy_decode_seconds_count", ())] == before[("execstate_proxy_decode_seconds_count", ())] + 1
+    )
 
 
 def test_error_shapes_and_failure_stages(setup):

@@ -10,15 +10,13 @@ import asyncio
 import contextlib
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
-from serve_helpers import free_port
+from serve_helpers import running_server
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -141,19 +139,8 @@ def serving(api_key: str | None = None) -> Iterator[tuple[str, Log, Endpoint]]:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     log = Log()
     endpoint = install_echo(app, log)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"ws://127.0.0.1:{port}/v1/echo", log, endpoint
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with running_server(app) as (url, _):
+        yield url.replace("http://", "ws://") + "/v1/echo", log, endpoint
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,12 @@ def test_every_client_type_parses():
     m = parse_client_message('{"type": "session.create", "event_id": "c1", "session": {"id": "s", '
                              '"sampling": {"temperature": 0.5}, "max_tokens": 4, "return_routes": true}}')
     assert isinstance(m, SessionCreate) and m.event_id == "c1"
-    assert (m.session.id, m.session.sampling, m.session.max_tokens, m.session.return_routes) == ("s", {"temperature": 0.5}, 4, True)
+    assert (m.session.id, m.session.sampling, m.session.max_tokens, m.session.return_routes) == (
+        "s",
+        {"temperature": 0.5},
+        4,
+        True,
+    )
     m = parse_client_message(b'{"type": "event.submit", "event_id": 7, "kind": "input", "data": {"token_ids": [1, 2]}}')
     assert m == EventSubmit(event_id=7, kind="input", data={"token_ids": [1, 2]})
     m = parse_client_message('{"type": "response.create", "input": {"text": "hi"}, "max_tokens": 3}')

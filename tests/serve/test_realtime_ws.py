@@ -165,7 +165,12 @@ def test_cancel_mid_stream_gives_one_done_and_no_delta_after_it(served):
             deltas, done = await c.until_done()
             deltas = [first, *deltas]
             r = done["response"]
-            assert (done["event_id"], r["status"], r["finish_reason"], r["error"]) == ("long", "cancelled", "abort", None)
+            assert (done["event_id"], r["status"], r["finish_reason"], r["error"]) == (
+                "long",
+                "cancelled",
+                "abort",
+                None,
+            )
             assert 0 < len(r["token_ids"]) < 200
             assert joined(deltas) == (r["token_ids"], r["text"])
             # nothing of that response after its done: the next event answers the next message

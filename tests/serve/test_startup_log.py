@@ -68,7 +68,9 @@ def test_every_line_of_a_moe_server(model_dir: Path) -> None:
     assert lines["max_num_seqs"] == "64"
     assert lines["max_num_batched_tokens"] == "2048"
     assert lines["prefix caching"] == "on"
-    assert lines["weights version"] == model_digest(LLMEngine(server.engine_config_from_args(serve_args(model_dir))).model)
+    assert lines["weights version"] == model_digest(
+        LLMEngine(server.engine_config_from_args(serve_args(model_dir))).model
+    )
     assert lines["waiting queue"] == "33 requests (429 with Retry-After beyond)"
     limits = ServingLimits(max_n=7, max_waiting_requests=33)
     assert lines["request limits"] == (
@@ -170,5 +172,9 @@ def test_pd_role_line_of_an_attached_producer(model_dir: Path) -> None:
         line = dict(startup_lines(StartupInfo(engine, args, kv, 0.1)))["PD role"]
     finally:
         pd.close()
-    assert line == f"kv_producer, NixlConnector, failure policy fail, route records off, instance p-1, control channel {pd.server.addr}"
+    assert (
+        line
+        == "kv_producer, NixlConnector, failure policy fail, route records off, instance p-1, "
+        f"control channel {pd.server.addr}"
+    )
     assert re.fullmatch(r"tcp://127\.0\.0\.1:\d+", pd.server.addr)

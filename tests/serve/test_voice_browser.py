@@ -65,8 +65,9 @@ def test_page_asks_17_times_23_and_plays_391(served, tmp_path):
     with voice_server(served) as url, sync_playwright() as pw:
         browser, page, errors = open_page(pw, url, wav)
         try:
-            page.wait_for_function("""Object.values(window.agentState.delegations).some(d => d.status === 'completed')
-                                      && Object.values(window.agentState.responses).some(r => r.shown.includes('391'))""",
+            page.wait_for_function("""
+                Object.values(window.agentState.delegations).some(d => d.status === 'completed')
+                && Object.values(window.agentState.responses).some(r => r.shown.includes('391'))""",
                                    timeout=60_000)
             st = page.evaluate("""() => { const s = window.agentState; return {
                 ec: s.echoCancellation, rate: s.inputRate, sent: s.sentSamples,
@@ -94,7 +95,8 @@ def test_page_asks_17_times_23_and_plays_391(served, tmp_path):
 def test_page_interrupted_reply_stops_and_is_cut(served, tmp_path):
     sync_playwright = _need_browser()
     wav = tmp_path / "interrupt.wav"
-    mic_file(wav, [(0.8, "tell me a long story about the sea"), (5.6, "wait stop tell me about the moon instead")], 14.0)
+    mic_file(wav, [(0.8, "tell me a long story about the sea"),
+                   (5.6, "wait stop tell me about the moon instead")], 14.0)
     with voice_server(served) as url, sync_playwright() as pw:
         browser, page, errors = open_page(pw, url, wav)
         try:
@@ -106,11 +108,14 @@ def test_page_interrupted_reply_stops_and_is_cut(served, tmp_path):
                 div: r.div.textContent, cls: r.div.className,
                 done: s.events.filter(e => e.type === 'response.done' && e.response.id === t.item_id)
                              .map(e => [e.response.status, e.response.output[0].content[0].transcript]),
-                truncated: s.events.filter(e => e.type === 'conversation.item.truncated').map(e => [e.item_id, e.audio_end_ms, e.transcript]),
+                truncated: s.events.filter(e => e.type === 'conversation.item.truncated')
+                                   .map(e => [e.item_id, e.audio_end_ms, e.transcript]),
                 after: s.events.findIndex(e => e.type === 'response.done' && e.response.id === t.item_id),
-                audioAfter: s.events.filter((e, i) => e.type === 'response.output_audio.delta' && e.response_id === t.item_id
+                audioAfter: s.events.filter((e, i) => e.type === 'response.output_audio.delta'
+                             && e.response_id === t.item_id
                              && i > s.events.findIndex(x => x.type === 'input.turn' && x.kind === 'hold')).length,
-                users: s.events.filter(e => e.type === 'conversation.item.input_audio_transcription.completed').map(e => e.transcript)}; }""")
+                users: s.events.filter(e => e.type === 'conversation.item.input_audio_transcription.completed')
+                               .map(e => e.transcript)}; }""")
         finally:
             browser.close()
     assert not errors, errors

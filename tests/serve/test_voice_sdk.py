@@ -26,7 +26,8 @@ def run(coro, timeout: float = 120):
 
 
 def client(url: str):
-    return openai.AsyncOpenAI(api_key="none", base_url=url + "/v1", websocket_base_url=url.replace("http", "ws") + "/v1/voice")
+    return openai.AsyncOpenAI(api_key="none", base_url=url + "/v1",
+                              websocket_base_url=url.replace("http", "ws") + "/v1/voice")
 
 
 async def collect(conn, until, timeout: float = 20.0) -> list:
@@ -164,7 +165,8 @@ def test_sdk_manual_commit_create_and_cancel(served):
                     if len(part):
                         await conn.input_audio_buffer.append(audio=base64.b64encode(part.tobytes()).decode())
                 await conn.input_audio_buffer.commit()
-                events = await collect(conn, lambda e: e.type == "conversation.item.input_audio_transcription.completed")
+                events = await collect(
+                    conn, lambda e: e.type == "conversation.item.input_audio_transcription.completed")
                 await conn.response.create()
                 events += await collect(conn, lambda e: e.type == "response.output_audio.delta")
                 await conn.response.cancel()

@@ -61,7 +61,9 @@ def test_kv_pressure_evicts_idle_sessions_or_fails_the_request_clearly(moe_dir):
             s.step(tokens(42 + i, 60), max_tokens=4)  # 4 blocks each: 12 of 16 held
         out = llm.generate({"prompt_token_ids": tokens(50, 90)}, GREEDY, use_tqdm=False)[0]  # needs 6
         if eviction == "lru":
-            assert out.error is None and out.outputs[0].token_ids == generate(make_llm(moe_dir), tokens(50, 90)).token_ids
+            assert (
+                out.error is None and out.outputs[0].token_ids == generate(make_llm(moe_dir), tokens(50, 90)).token_ids
+            )
             assert [s.status for s in sessions] == ["evicted", "open", "open"]  # the oldest step went
         else:
             assert out.outputs[0].finish_reason == "abort" and "sessions and checkpoints hold" in out.error

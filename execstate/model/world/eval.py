@@ -12,8 +12,8 @@ random held keys (``renderer.random_actions``), and the renderer plays the same 
 - **PSNR** of each generated frame against the renderer's, per step (chunk) index (99 dB for an
   exact frame, so a mean over steps mostly counts exact frames).
 - **drift** over a long rollout with the rolling window: per segment of steps, PSNR, action
-  accuracy, the share of frames where an agent is found at all, and *palette fidelity* (share of pixels within 48 RGB units of a colour that can
-  occur in the scene: floor, wall, agent, movers) -- a model that drifts blurs or invents
+  accuracy, the share of frames where an agent is found at all, and *palette fidelity* (share of pixels within 48 RGB
+  units of a colour that can occur in the scene: floor, wall, agent, movers) -- a model that drifts blurs or invents
   colours even where it still follows the keys; plus KV blocks in use and the process's peak
   resident memory (bounded memory: blocks stay constant).
 """

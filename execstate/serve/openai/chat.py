@@ -3,8 +3,8 @@
 ``max_completion_tokens`` (or the older ``max_tokens``) defaults to the room left in the
 context. ``logprobs: true`` returns the sampled tokens' logprobs with ``top_logprobs``
 alternatives (0 to ``--max-logprobs``). The template is rendered and the prompt tokenised
-in a worker thread, after the request was admitted (see ``completions``). Streaming: a first chunk per choice with ``delta.role``, then
-content deltas; the finishing chunk of a choice carries ``finish_reason`` (and
+in a worker thread, after the request was admitted (see ``completions``). Streaming: a first chunk per choice with
+``delta.role``, then content deltas; the finishing chunk of a choice carries ``finish_reason`` (and
 ``routed_experts``); an optional usage chunk; then ``data: [DONE]``.
 """
 
@@ -123,7 +123,9 @@ async def _stream(
     prompt_ids = subs[0].prompt.token_ids if req.return_token_ids else None
     for s in subs:
         first = ChatStreamChoice(index=s.index, delta=DeltaMessage(role="assistant", content=""))
-        yield sse(ChatCompletionChunk(id=request_id, model=model, choices=[first], prompt_token_ids=prompt_ids).model_dump())
+        yield sse(
+            ChatCompletionChunk(id=request_id, model=model, choices=[first], prompt_token_ids=prompt_ids).model_dump()
+        )
     try:
         async with aclosing(merged_outputs(ctx.engine, subs, ctx.metrics, arrival, admission)) as stream:
             async for sub, out in stream:

@@ -110,11 +110,8 @@ def completion_prompts(
     """``prompt``: text, token ids, or a list of either (one choice group per prompt). With
     ``max_model_len``, a text prompt that cannot fit is refused as soon as it is tokenised."""
     p = req.prompt
-    items: list[str | list[int]]
-    if isinstance(p, str) or (isinstance(p, list) and all(isinstance(t, int) for t in p)):
-        items = [p]  # type: ignore[list-item]
-    else:
-        items = list(p)  # type: ignore[arg-type]
+    single = isinstance(p, str) or (isinstance(p, list) and all(isinstance(t, int) for t in p))
+    items: list[str | list[int]] = [p] if single else list(p)  # type: ignore[list-item,arg-type]
     if not items:
         raise bad_request("prompt is empty: at least one prompt is required", param="prompt")
     out = []

@@ -6,10 +6,11 @@ clients send OpenAI fields this server has no use for (``store``, ``metadata``,
 lists them in the ``X-Ignored-Fields`` response header and the log, so a typo such as
 ``routed_experts_prompt_strat`` is visible to an RL stack. OpenAI fields this server
 does not implement are accepted at their neutral values only (see
-``convert.check_unsupported``). Sampling fields: OpenAI's ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` (keys are
-token ids as strings), vLLM's ``repetition_penalty`` and ``min_p``.
+``convert.check_unsupported``). Sampling fields: OpenAI's ``presence_penalty``, ``frequency_penalty`` and
+``logit_bias`` (keys are token ids as strings), vLLM's ``repetition_penalty`` and ``min_p``.
 
-Extensions, as in vLLM: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
+Extensions, as in vLLM: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``,
+``stop_token_ids``,
 ``return_token_ids``, ``kv_transfer_params`` (PD handoff, passed to the engine and
 returned top-level), ``cache_salt`` (per-tenant prefix cache), and R3's ``routed_experts_prompt_start`` (request) /
 ``routed_experts`` (each choice: base64 of ``numpy.save`` bytes, docs/ARCHITECTURE.md 4). Response

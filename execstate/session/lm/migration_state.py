@@ -7,8 +7,8 @@ KV and route row counts consistent with the context, route rows in range without
 experts, the RNG state's size, the sampling parameters as the engine validates them, event ids),
 and :func:`event_queue`, :func:`sampling_params`, :func:`route_rows`, :func:`rng_state` turn the
 checked fields into the session's own objects. :func:`accept_offer` is the target's whole admission
-(who sent the offer, its handoff, provenance, ``check_offer``, deadline, id, capacity). Every refusal is ``MigrationError("invalid")``
-naming the field.
+(who sent the offer, its handoff, provenance, ``check_offer``, deadline, id, capacity). Every refusal is
+``MigrationError("invalid")`` naming the field.
 
 Pending events travel as their clients submitted them (``input`` as ``{"token_ids": [...]}``,
 ``sampling`` as ``{field: value}``, a composite as ``{"events": [...]}``) and the target submits

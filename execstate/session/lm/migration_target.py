@@ -2,8 +2,8 @@
 
 :func:`begin_import` takes the target's ``LMSessions`` (the engine's session owner) and the
 source's signed offer (``session/lm/migration_wire.py``) and, before
-it allocates anything, checks (``migration_state.accept_offer``) who sent it (the offer's HMAC, or an allow-listed source), the
-handoff (``HandoffTrust``, as a PD decode instance does), the provenance digest (same model,
+it allocates anything, checks (``migration_state.accept_offer``) who sent it (the offer's HMAC, or an allow-listed
+source), the handoff (``HandoffTrust``, as a PD decode instance does), the provenance digest (same model,
 weights, dtype, numerics, salt), the offer against this model (``migration_state.check_offer``),
 the deadline, the session id (``conflict`` if open here) and the capacity. Then, for the
 exported full blocks, keys this instance computes itself from its own root and the offer's

@@ -122,7 +122,10 @@ class WorldSessions(KindSessions[WorldSessionInfo]):
         spec = self.spec
         w = spec.max_window_chunks if window_chunks is None else window_chunks
         s = spec.sink_chunks if sink_chunks is None else sink_chunks
-        for name, v, lo, hi in (("window_chunks", w, 1, spec.max_window_chunks), ("sink_chunks", s, 0, spec.sink_chunks)):
+        for name, v, lo, hi in (
+            ("window_chunks", w, 1, spec.max_window_chunks),
+            ("sink_chunks", s, 0, spec.sink_chunks),
+        ):
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise SessionEventError("invalid", f"{name} must be an int in [{lo}, {hi}] (the model's trained "
                                         f"range), got {v!r}")

@@ -124,7 +124,9 @@ def front_params(sampling: dict[str, Any] | None) -> SamplingParams:
     data = dict(sampling or {})
     unknown = sorted(set(data) - FRONT_SAMPLING_FIELDS)
     if unknown:
-        raise invalid(f"session.sampling: unknown or fixed field(s) {unknown}; allowed: {sorted(FRONT_SAMPLING_FIELDS)}")
+        raise invalid(
+            f"session.sampling: unknown or fixed field(s) {unknown}; allowed: {sorted(FRONT_SAMPLING_FIELDS)}"
+        )
     try:
         return dataclasses.replace(DEFAULT_FRONT_PARAMS, **data)
     except (ValueError, TypeError) as exc:

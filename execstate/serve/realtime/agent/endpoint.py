@@ -71,8 +71,14 @@ class AgentServer:
         self.tools = tools or AgentTools()
         self.back_engine = back_engine or ctx.engine
         if self.back_engine.tokenizer is not None:
-            self.tools.register(BACK_MODEL_TOOL, ModelTool(self.back_engine, max_tokens=BACK_MODEL_MAX_TOKENS,
-                                                             sessions=ctx.sessions if self.back_engine is ctx.engine else None))
+            self.tools.register(
+                BACK_MODEL_TOOL,
+                ModelTool(
+                    self.back_engine,
+                    max_tokens=BACK_MODEL_MAX_TOKENS,
+                    sessions=ctx.sessions if self.back_engine is ctx.engine else None,
+                ),
+            )
         self.keeper = TaskKeeper()
         self.agents: dict[str, DuplexAgent] = {}  # live agents by front session id
         self.endpoint = Endpoint(AGENT_PROTOCOL, self.handlers)

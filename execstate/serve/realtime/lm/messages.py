@@ -60,6 +60,7 @@ from typing import Any
 
 import msgspec
 
+from execstate.serve.realtime.checkpoint_messages import CheckpointRelease, SessionCheckpoint, SessionRollback
 from execstate.serve.realtime.errors import EventId
 from execstate.serve.realtime.messages import Message, MessageTable
 from execstate.serve.realtime.phases import Move, Phase, PhaseTable, Refusal
@@ -113,21 +114,7 @@ class ResponseCancel(Message, tag="response.cancel"):
     event_id: EventId = None
 
 
-class SessionCheckpoint(Message, tag="session.checkpoint"):
-    event_id: EventId = None
-
-
-class SessionRollback(Message, tag="session.rollback"):
-    checkpoint_id: str
-    event_id: EventId = None
-
-
 class SessionReset(Message, tag="session.reset"):
-    event_id: EventId = None
-
-
-class CheckpointRelease(Message, tag="checkpoint.release"):
-    checkpoint_id: str
     event_id: EventId = None
 
 

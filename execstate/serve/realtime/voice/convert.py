@@ -116,7 +116,8 @@ def voice_config(s: VoiceSession, base: VoiceConfig, voices: set[str]) -> VoiceC
         cfg["out_rate"] = _rate(o.format, "output", base.out_rate)
         if o.voice is not None:
             if o.voice not in voices:
-                raise invalid(f"session.audio.output.voice: {o.voice[:MAX_NAME_CHARS]!r} is not one of {sorted(voices)}")
+                raise invalid(f"session.audio.output.voice: {o.voice[:MAX_NAME_CHARS]!r} is not one of "
+                              f"{sorted(voices)}")
             cfg["voice"] = o.voice
         if o.speed not in (None, 1.0):
             raise invalid("session.audio.output.speed: only 1.0")
@@ -142,7 +143,8 @@ def session_json(sid: str, model: str, instructions: str, cfg: VoiceConfig) -> d
         t = cfg.turns
         td = {"type": "server_vad", "threshold": cfg.vad.threshold, "prefix_padding_ms": cfg.vad.prefix_padding_ms,
               "silence_duration_ms": cfg.vad.silence_duration_ms, "create_response": cfg.create_response,
-              "sentence_end_silence_ms": -1 if cfg.vad.sentence_end_silence_ms is None else cfg.vad.sentence_end_silence_ms,
+              "sentence_end_silence_ms": -1 if cfg.vad.sentence_end_silence_ms is None
+              else cfg.vad.sentence_end_silence_ms,
               "interrupt_response": t.interrupt, "idle_timeout_ms": None,
               "end_of_turn_silence_ms": round(t.end_of_turn_silence_s * 1000),
               "backchannel_max_ms": round(t.backchannel_max_s * 1000), "backchannel_max_words": t.backchannel_max_words,
@@ -172,7 +174,8 @@ def events_json(ev: AgentEvent, eid: EventIds, transcripts: dict[str, str]) -> I
     common = {"t": round(ev.t, 6), "epoch": ev.epoch}
     if isinstance(ev, ve.AudioDelta):
         yield {"type": ev.type, "event_id": eid(), "response_id": ev.response_id, "item_id": ev.response_id,
-               "output_index": 0, "content_index": 0, "delta": base64.b64encode(ev.samples.astype("<i2").tobytes()).decode()}
+               "output_index": 0, "content_index": 0,
+               "delta": base64.b64encode(ev.samples.astype("<i2").tobytes()).decode()}
     elif isinstance(ev, ve.AudioTranscriptDelta):
         transcripts[ev.response_id] = transcripts.get(ev.response_id, "") + ev.delta
         yield {"type": ev.type, "event_id": eid(), "response_id": ev.response_id, "item_id": ev.response_id,

@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from execstate.serve.auth import APIKeyMiddleware
+from execstate.serve.landing import install_landing
 from execstate.serve.realtime.world.endpoint import install_world
 from execstate.serve.realtime.world.host import WorldHost
 
@@ -61,6 +62,7 @@ def build_world_app(host: WorldHost, api_key: str | None = None) -> FastAPI:
     async def health() -> JSONResponse:
         return JSONResponse({"status": "ok", "world_sessions": host.num_sessions})
 
+    install_landing(app)
     return app
 
 

@@ -54,6 +54,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from execstate.serve.realtime.checkpoint_messages import CheckpointRelease, SessionCheckpoint, SessionRollback
 from execstate.serve.realtime.errors import EventId, ProtocolError
 from execstate.serve.realtime.limits import Limits
 from execstate.serve.realtime.messages import Message, MessageTable
@@ -111,20 +112,6 @@ class SessionPause(Message, tag="session.pause"):
 
 
 class SessionResume(Message, tag="session.resume"):
-    event_id: EventId = None
-
-
-class SessionCheckpoint(Message, tag="session.checkpoint"):
-    event_id: EventId = None
-
-
-class SessionRollback(Message, tag="session.rollback"):
-    checkpoint_id: str
-    event_id: EventId = None
-
-
-class CheckpointRelease(Message, tag="checkpoint.release"):
-    checkpoint_id: str
     event_id: EventId = None
 
 
