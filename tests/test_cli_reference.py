@@ -62,7 +62,18 @@ def test_cli_page_is_the_parsers_help() -> None:
     assert "## `execstate serve`" in want and "--max-sessions" in want
 
 
+def test_every_serve_flag_says_what_it_does_and_its_default():
+    """Issue 19: every ``serve`` option has help text naming its default."""
+    from execstate.cli import build_parser
+
+    serve = _subparsers(build_parser())["serve"]
+    missing = [a.option_strings or [a.dest] for a in serve._actions
+               if not isinstance(a, argparse._HelpAction) and "(default" not in (a.help or "")]
+    assert missing == []
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
     PAGE.write_text(render())
     print(f"wrote {PAGE.relative_to(REPO)}")
+

@@ -24,7 +24,8 @@ def test_strip_png_places_each_frame(tmp_path: Path) -> None:
     gen[1] = (255, 0, 0)
     truth[2] = (0, 0, 255)
     path = strip_png([StripRow("t", gen, truth, ["none", "up", "left"])], tmp_path / "s.png", scale=2)
-    img = np.asarray(Image.open(path).convert("RGB"))
+    with Image.open(path) as png:
+        img = np.asarray(png.convert("RGB"))
     size, title = 4 * 2, 14
     assert img.shape[1] == 3 * (size + 2)
     assert tuple(img[title + 1, 1 * (size + 2) + 1]) == (255, 0, 0)  # generated frame 1, top row
@@ -39,8 +40,8 @@ def test_world_part(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "frames identical bit for bit" in out
     assert f"steps 1-{STEPS}" not in out  # two rows of four steps
-    img = Image.open(tmp_path / "world.png")
-    assert img.size == (STEPS * (48 * 4 + 2), 2 * (14 + 2 * 48 * 4 + 12 + 10))
+    with Image.open(tmp_path / "world.png") as img:
+        assert img.size == (STEPS * (48 * 4 + 2), 2 * (14 + 2 * 48 * 4 + 12 + 10))
 
 
 @pytest.mark.slow

@@ -4,7 +4,8 @@
 (``backend.py``: the running tasks) and to the agent's event stream. Contract:
 
 - ``delegate(call, source, t, epoch)`` opens a delegation and starts its task, emitting
-  ``delegation.created``; an unknown tool or a full ledger is an ``error`` event and returns None.
+  ``delegation.created``; an unknown tool, a full ledger or a back end already running its
+  ``max_tasks`` tasks (``too_many_tasks``) is an ``error`` event and returns None.
 - A task's result (``on_result``, called by the back end) or a result delivered from outside
   (``deliver``) is resolved in the ledger at the epoch current then: a completed one waits in the
   *ready* queue until the agent's next step boundary takes it (``take_ready``); a stale or failed
@@ -50,6 +51,10 @@ class Delegations:
         epoch = self._epoch()
         if call.tool not in self.backend.tools:
             self._emit(ErrorEvent(t, epoch, "unknown_tool", f"no back-end tool {call.tool!r}"))
+            return None
+        if self.backend.full:
+            self._emit(ErrorEvent(t, epoch, "too_many_tasks", f"{self.backend.limits.max_tasks} back-end tasks are "
+                                  f"running; {call.tool!r} was not started"))
             return None
         try:
             d = self.ledger.open(call.tool, call.arguments, epoch, t, source)

@@ -23,7 +23,9 @@ in flight (``response.done`` ``failed``), emits ``error`` ``front_failed`` and s
 ``close`` still releases everything.
 
 Input: ``feed(text, t)``, a chunk of words with its time on the agent's clock (seconds since
-``start``; None: now). Backchannels and false interruptions never enter the context. User turns
+``start``; None: now), at most ``max_input_chars``; the input not yet taken (the open turn and any
+held burst) is at most ``max_turn_chars``, so the delegation policy's match is bounded too. Backchannels and false
+interruptions never enter the context. User turns
 enter it at the boundary of the response that answers them (``user_prefix`` + text). Events:
 ``agent/agent_events.py``; a consumer that stops reading lets at most ``max_events`` pile up,
 then the agent closes itself with an ``error`` event ``overflow``.
@@ -83,6 +85,7 @@ class DuplexAgent:
         self._wake = asyncio.Event()
         self._turn: list[str] = []  # the open user turn
         self._burst: list[str] = []  # input while the agent speaks, not (yet) a turn
+        self._held_chars = 0  # characters in _turn and _burst (bounded by config.max_turn_chars)
         self._plans: deque[_Plan] = deque()
         self._first: _Plan | None = None  # the plan of the response whose first step is next
         self._parser: ToolCallParser | None = None
@@ -120,7 +123,11 @@ class DuplexAgent:
         if not isinstance(text, str) or not text.strip() or len(text) > self.config.max_input_chars:
             raise AgentError("invalid", f"input must be a non-empty string of at most {self.config.max_input_chars} "
                              "characters")
+        if self._held_chars + len(text) > self.config.max_turn_chars:
+            raise AgentError("invalid", f"a user turn is at most {self.config.max_turn_chars} characters; this "
+                             f"chunk would make it {self._held_chars + len(text)} (let the turn end first)")
         t = self._at(t)
+        self._held_chars += len(text)
         d = self.turns.on_input(len(text.split()), t, self.fence.active, text.rstrip()[-1] in ".?!")
         if d is Decision.NONE:
             self._turn.append(text)
@@ -277,6 +284,7 @@ class DuplexAgent:
 
     def _end_of_turn(self, t: float, respond: bool = True) -> None:
         text = " ".join(self._turn)
+        self._held_chars -= sum(map(len, self._turn))
         self._turn = []
         self._emit(TurnEvent(t, self.fence.epoch, Decision.END_OF_TURN.value, text))
         self.context.push("user", self.front.encode(f"{self.config.user_prefix} {text}"))
@@ -316,6 +324,7 @@ class DuplexAgent:
             self._end_of_turn(t)
         elif d is Decision.RESUME:
             self._emit(TurnEvent(t, self.fence.epoch, d.value, " ".join(self._burst)))
+            self._held_chars -= sum(map(len, self._burst))
             self._burst, self._paused = [], False
 
     async def _boundary(self) -> None:

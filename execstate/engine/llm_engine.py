@@ -46,6 +46,7 @@ from execstate.engine.engine_weights import EngineWeights
 from execstate.engine.finisher import RequestFinisher
 from execstate.engine.intake import PromptType, RequestIntake
 from execstate.engine.kv_cache_manager import KVCacheManager
+from execstate.engine.offload import OffloadConnector, attach_offload
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.r3_clock import R3Clock
 from execstate.engine.request import Request, RequestStatus
@@ -108,6 +109,7 @@ class LLMEngine:
         self.results = StepResults(self.scheduler, self.finisher, self.tokenizer, self.eos_token_ids,
                                    self.return_routes, self.r3_clock, self._export)
         self.failure = StepFailure(self.scheduler, self.requests, self.finisher, self.check_shared_state)
+        self.offload: OffloadConnector | None = attach_offload(self)  # offload tiers (engine/offload.py)
         self.startup_seconds = time.perf_counter() - t0
 
     @property
@@ -320,6 +322,8 @@ class LLMEngine:
         self.kv_holds.check_integrity()
         if self.route_store is not None:
             self.route_store.check_integrity()
+        if self.offload is not None:
+            self.offload.check_integrity()
 
     def check_shared_state(self) -> None:
         """``check_integrity`` and every block reference accounted for (``step_failure.check_references``)."""

@@ -73,6 +73,8 @@ class Request:
     num_cached_tokens: int | None = None
     # Prompt tokens whose KV was loaded from another instance (PD), not computed here.
     num_transferred_tokens: int = 0
+    # Prompt tokens whose KV was reloaded from this engine's offload tiers (engine/offload.py).
+    num_offloaded_tokens: int = 0
     # PD: handoff parameters received with the request / produced for the decode side.
     kv_transfer_params: dict[str, Any] | None = None
     kv_transfer_out: dict[str, Any] | None = None

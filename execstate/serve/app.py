@@ -3,7 +3,7 @@
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``openai/``),
 ``/v1/sessions...`` (``sessions/``: a minimal session API and session migration),
 the ``/v1/realtime`` WebSocket (``realtime/lm/``: LM sessions), the ``/v1/realtime/agent`` WebSocket
-(``realtime/agent/``: full-duplex agents), ``GET /v1/models``, ``GET /health`` (200
+(``realtime/agent/``: full-duplex agents), ``GET /v1/models``, ``GET /health`` (``health.py``: 200
 ``{"status": "ok"}``, 503 with the reason once the engine thread is dead), ``GET /metrics``
 (Prometheus text, this app's registry).
 Every error is an OpenAI error body (``errors.py``).
@@ -32,11 +32,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from execstate.agent.backend import TaskLimits
 from execstate.engine.async_engine import AsyncEngine, EngineDeadError
 from execstate.serve.auth import APIKeyMiddleware
 from execstate.serve.body_limit import BodySizeLimitMiddleware
 from execstate.serve.context import ServeContext
 from execstate.serve.errors import install_error_handlers
+from execstate.serve.health import health_response
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import EngineStats, ServingMetrics, read_engine_stats
@@ -88,6 +90,7 @@ def build_app(
     realtime_grace_s: float = DEFAULT_GRACE_S,
     agent_back_engine: AsyncEngine | None = None,
     sessions: AsyncSessions | None = None,
+    agent_task_limits: TaskLimits | None = None,
     voice_engines: Callable[[], VoiceEngines] | None = None,
 ) -> FastAPI:
     """An app serving ``async_engine`` under ``served_model_name`` (the only accepted
@@ -98,6 +101,8 @@ def build_app(
     ``agent_back_engine`` serves the back-end model of ``/v1/realtime/agent`` agents (``realtime/agent/``;
     default: ``async_engine`` at batch priority); ``sessions``: the engine's ``AsyncSessions`` when
     another app already serves sessions on ``async_engine`` (an engine has one), else a new one;
+    ``agent_task_limits``: each agent's back-end bounds (tool timeout, tasks at once);
+
     ``voice_engines`` builds the audio engines of ``/v1/voice/realtime`` (``voice/engines.py``; default:
     eSpeak NG, Silero VAD, PocketSphinx), on first use."""
     limits = limits or ServingLimits()
@@ -119,7 +124,7 @@ def build_app(
         return _mark_ignored(await create_chat_completion(ctx, body, request), body)
 
     install_realtime(app, ctx, realtime_grace_s)
-    agent = install_agent(app, ctx, agent_back_engine)  # /v1/realtime/agent: full-duplex agents
+    agent = install_agent(app, ctx, agent_back_engine, agent_task_limits)  # /v1/realtime/agent: full-duplex agents
     # /v1/voice/realtime + /agent: the same agents over audio (OpenAI Realtime's audio protocol),
     # with the agent endpoint's tools; the audio engines are built on first use
     install_voice(app, ctx, lambda: agent.tools.tools, voice_engines or default_engines)
@@ -133,9 +138,7 @@ def build_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if async_engine.is_healthy:
-            return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "unhealthy", "error": str(async_engine.error)}, status_code=503)
+        return health_response(None if async_engine.is_healthy else str(async_engine.error))
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

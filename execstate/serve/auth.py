@@ -4,7 +4,8 @@ HTTP: ``Authorization: Bearer <key>``. WebSocket (``/v1/realtime``): the same he
 browsers (which cannot set headers on a WebSocket), the subprotocol
 ``openai-insecure-api-key.<key>`` among those offered, as OpenAI's Realtime API accepts it. A
 refused WebSocket gets an HTTP 401 with the OpenAI error body before the upgrade (close code
-1008 instead where the ASGI server cannot send an HTTP response); its socket is never accepted.
+1008 instead where the ASGI server cannot send an HTTP response); its socket is never accepted,
+and the refusal is one INFO line with the reason (``ws_refusal.py``).
 
 A pure ASGI middleware (runs before body parsing, never wraps streaming responses);
 ``/health`` and ``/metrics`` stay open, as in vLLM. Keys are compared in constant time.
@@ -16,12 +17,12 @@ import hmac
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
-from starlette.websockets import WebSocket
 
 from execstate.serve.errors import OpenAIError
+from execstate.serve.ws_refusal import CLOSE_POLICY_VIOLATION, install_log_filter, refuse_websocket
 
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
-CLOSE_POLICY_VIOLATION = 1008
+__all__ = ["CLOSE_POLICY_VIOLATION", "KEY_SUBPROTOCOL_PREFIX", "APIKeyMiddleware"]
 
 
 class APIKeyMiddleware:
@@ -29,6 +30,7 @@ class APIKeyMiddleware:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
         self.expected_subprotocol = f"{KEY_SUBPROTOCOL_PREFIX}{api_key}".encode()
+        install_log_filter()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1") and scope["method"] != "OPTIONS":
@@ -55,9 +57,5 @@ def _refusal(how: str) -> OpenAIError:
 
 
 async def _refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
-    ws = WebSocket(scope, receive, send)
-    if "websocket.http.response" in (scope.get("extensions") or {}):
-        err = _refusal(f"send 'Authorization: Bearer <key>' or the subprotocol '{KEY_SUBPROTOCOL_PREFIX}<key>'")
-        await ws.send_denial_response(err.response())
-    else:
-        await ws.close(CLOSE_POLICY_VIOLATION, "invalid API key")
+    err = _refusal(f"send 'Authorization: Bearer <key>' or the subprotocol '{KEY_SUBPROTOCOL_PREFIX}<key>'")
+    await refuse_websocket(scope, receive, send, err, "invalid API key")

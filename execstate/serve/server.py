@@ -36,6 +36,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from execstate.agent.backend import TaskLimits
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
@@ -124,6 +125,13 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_sessions=args.max_sessions,
         session_eviction=None if args.session_eviction == "none" else args.session_eviction,
         max_session_events=args.max_session_events,
+        offload_dram_bytes=args.offload_dram,
+        offload_disk_dir=args.offload_disk_dir,
+        offload_disk_bytes=args.offload_disk_bytes,
+        offload_redis_url=args.offload_redis_url,
+        offload_redis_bytes=args.offload_redis_bytes,
+        offload_policy=args.offload_policy,
+        offload_timeout_s=args.offload_timeout,
     )
 
 
@@ -194,6 +202,7 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
         app = build_app(
             async_engine, name, api_key=args.api_key, metrics=metrics, kv_transfer_config=kv_cfg, limits=limits,
             handoff_trust=trust, realtime_grace_s=args.realtime_grace_s, agent_back_engine=back_engine,
+            agent_task_limits=TaskLimits(args.agent_tool_timeout_s, args.agent_max_tasks),
             voice_engines=voice_engines_from_args(args),
         )
         if args.world is not None:  # the world endpoints on the same app (serve --world)

@@ -118,11 +118,37 @@ def pd_line(i: StartupInfo) -> str:
     return ", ".join(parts)
 
 
+def offload_line(i: StartupInfo) -> str:
+    """The offload tiers (a Redis URL without its credentials)."""
+    off = i.engine.offload
+    if off is None:
+        return "off"
+    gib = 1 << 30
+    parts = [f"{t.name} {t.capacity_bytes / gib:.1f} GiB" for t in off.snapshot()]
+    cfg = i.engine.config
+    if cfg.offload_disk_dir is not None:
+        parts.append(f"disk dir {cfg.offload_disk_dir}")
+    if cfg.offload_redis_url is not None:
+        url = cfg.offload_redis_url
+        parts.append(f"redis {url.split('://', 1)[0]}://{url.rsplit('@', 1)[-1].split('://', 1)[-1]}")
+    parts.append(f"policy {cfg.offload_policy}, timeout {cfg.offload_timeout_s:g} s")
+    return ", ".join(parts)
+
+
 def sessions_line(info: StartupInfo) -> str:
     cfg = info.engine.config
     return (f"at most {cfg.max_sessions} (eviction: {cfg.session_eviction or 'none'}), {cfg.max_session_events} "
             f"pending events each; /v1/realtime keeps a dropped connection's sessions "
             f"{info.args.realtime_grace_s:g} s")
+
+
+def world_line(info: StartupInfo) -> str:
+    """``serve MODEL --world``: the world endpoints on the same server (``serve/realtime/world/app.py``)."""
+    a = info.args
+    if getattr(a, "world", None) is None:
+        return "off"
+    return (f"/v1/realtime/video and /world: world model {a.world}, at most {a.world_max_sessions} sessions, "
+            f"default fps {a.world_fps:g}, at most {a.world_max_frames} frames a session")
 
 
 def agents_line(info: StartupInfo) -> str:
@@ -142,6 +168,7 @@ FIELDS: list[tuple[str, Callable[[StartupInfo], str]]] = [
     ("max_num_seqs", lambda i: str(i.engine.config.max_num_seqs)),
     ("max_num_batched_tokens", lambda i: str(i.engine.config.max_num_batched_tokens)),
     ("prefix caching", lambda i: "on" if i.engine.config.enable_prefix_caching else "off"),
+    ("offload tiers", offload_line),
     ("weights version", lambda i: i.engine.provenance.weights_version),
     ("waiting queue", waiting_line),
     ("request limits", limits_line),
@@ -152,6 +179,7 @@ FIELDS: list[tuple[str, Callable[[StartupInfo], str]]] = [
     ("API key", lambda i: "required" if i.args.api_key else "off"),
     ("sessions", lambda i: sessions_line(i)),
     ("agents", agents_line),
+    ("world", world_line),
     ("start-up", lambda i: f"{i.startup_seconds:.1f} s (engine {i.engine.startup_seconds:.1f} s)"),
 ]
 
@@ -160,10 +188,14 @@ def startup_lines(info: StartupInfo) -> list[tuple[str, str]]:
     return [(label, fn(info)) for label, fn in FIELDS]
 
 
-def format_startup(info: StartupInfo) -> str:
-    lines = startup_lines(info)
+def format_block(lines: list[tuple[str, str]], title: str = "execstate serve ready") -> str:
+    """``title``, then one ``label  value`` line each, the values aligned (``serve --world`` uses it too)."""
     width = max(len(label) for label, _ in lines)
-    return "execstate serve ready\n" + "\n".join(f"  {label:<{width}}  {value}" for label, value in lines)
+    return title + "\n" + "\n".join(f"  {label:<{width}}  {value}" for label, value in lines)
+
+
+def format_startup(info: StartupInfo) -> str:
+    return format_block(startup_lines(info))
 
 
 def log_startup(info: StartupInfo) -> None:

@@ -101,7 +101,7 @@ def test_48_token_case_routes_follow_their_kv(pd_pair, moe_dir):
     p_rows = exported["rows"]
     out = run(d, ids, kv=kv)
     r = out.outputs[0].routed_experts
-    assert out.prompt_token_sources == {"local_cache": 32, "transferred": 15, "computed": 1}
+    assert out.prompt_token_sources == {"local_cache": 32, "offloaded": 0, "transferred": 15, "computed": 1}
     np.testing.assert_array_equal(r[:32], d_rows)  # D's records, never P's
     assert not np.array_equal(r[:32], p_rows[:32])
     np.testing.assert_array_equal(r[32:47], p_rows[32:47, :, ::-1])  # P's (tampered) records
@@ -123,7 +123,7 @@ def test_pd_equals_single_instance(pd_pair, moe_dir):
     single = run(engine(moe_dir), ids)
     _, kv = handoff(p, ids)
     out = run(d, ids, kv=kv)
-    assert out.prompt_token_sources == {"local_cache": 0, "transferred": 64, "computed": 6}
+    assert out.prompt_token_sources == {"local_cache": 0, "offloaded": 0, "transferred": 64, "computed": 6}
     assert out.outputs[0].token_ids == single.outputs[0].token_ids
     np.testing.assert_array_equal(out.outputs[0].routed_experts, single.outputs[0].routed_experts)
     p.poll()

@@ -14,6 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from execstate.agent.backend import TaskLimits
 from execstate.serve.realtime.agent.endpoint import TaskKeeper
 from execstate.serve.realtime.agent.handlers import AgentHandlers
 from execstate.serve.realtime.agent.messages import AGENT_PROTOCOL
@@ -33,6 +34,7 @@ class FakeServer:
         for name, fn in (tools or {}).items():
             self.tools.register(name, fn)
         self.keeper = TaskKeeper()
+        self.task_limits = TaskLimits()
         self.agents: dict[str, Any] = {}
         self.model_name = "fake"
         self.fronts: list[FakeFront] = []

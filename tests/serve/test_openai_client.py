@@ -122,7 +122,12 @@ def test_prefix_cache_hit_reports_cached_tokens_and_same_routes(client, offline)
     first = client.completions.create(**kw)
     second = client.completions.create(**kw)
     assert second.usage.prompt_tokens_details.cached_tokens == 32
-    assert extra(second.usage, "prompt_token_sources") == {"local_cache": 32, "transferred": 0, "computed": 8}
+    assert extra(second.usage, "prompt_token_sources") == {
+        "local_cache": 32,
+        "offloaded": 0,
+        "transferred": 0,
+        "computed": 8,
+    }
     r1, r2 = npy(extra(first.choices[0], "routed_experts")), npy(extra(second.choices[0], "routed_experts"))
     assert r1.tobytes() == r2.tobytes()
     assert first.choices[0].text == second.choices[0].text

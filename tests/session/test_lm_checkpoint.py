@@ -164,3 +164,17 @@ def test_checkpoints_are_per_session_and_released_on_request(moe_dir):
     s.close()
     t.close()
     check_released(llm)
+
+
+def test_printing_a_checkpoint_is_one_short_line(moe_dir):
+    """Issue 19: ``print(cp)`` does not dump the route array or the KV holds."""
+    llm = make_llm(moe_dir)
+    s = llm.open_session(sampling_params=GREEDY)
+    s.step(A, max_tokens=8)
+    cp = s.checkpoint()
+    text = repr(cp)
+    assert text == (f"Checkpoint({cp.checkpoint_id!r}, session={s.session_id!r}, step=1, epoch={cp.event_epoch}, "
+                    f"branch={cp.branch_id!r}, 0 pending event(s), pinned)")
+    assert str(cp) == text and "\n" not in text and len(text) < 200
+    s.close()
+    assert repr(cp).endswith("released)")

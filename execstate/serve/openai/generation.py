@@ -151,7 +151,7 @@ def usage_of(
     final outputs (``FINAL_ONLY``) hold every token.
     """
     prompt_tokens = cached = completion = 0
-    sources: dict[str, int] = {"local_cache": 0, "transferred": 0, "computed": 0}
+    sources: dict[str, int] = {"local_cache": 0, "offloaded": 0, "transferred": 0, "computed": 0}
     by_prompt: dict[int, list[RequestOutput]] = {}
     for s in subs:
         out = finals.get(s.index)

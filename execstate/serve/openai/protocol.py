@@ -140,7 +140,8 @@ class Usage(BaseModel):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
-    # Where the prompt's KV came from: {"local_cache", "transferred", "computed"} (engine's counts).
+    # Where the prompt's KV came from: {"local_cache", "offloaded", "transferred", "computed"}
+    # (engine's counts).
     prompt_token_sources: dict[str, int]
 
 

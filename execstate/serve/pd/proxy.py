@@ -40,6 +40,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from execstate.serve.errors import OpenAIError, install_error_handlers
+from execstate.serve.health import health_response
+from execstate.serve.json_depth import depth_message, too_deep
 from execstate.serve.pd.proxy_metrics import ProxyMetrics, ProxyRecord
 from execstate.transfer.handoff import HandoffError, HandoffTrust, resolve_secret, wants_remote_prefill
 
@@ -197,10 +199,14 @@ class PDProxy:
                 bad.append(url)
         if bad:
             return JSONResponse({"status": "unhealthy", "instances": bad}, status_code=503)
-        return JSONResponse({"status": "ok"})
+        return health_response()
 
 
 async def _json_body(request: Request, rec: ProxyRecord) -> dict[str, Any] | Response:
+    depth = too_deep(await request.body())
+    if depth is not None:
+        rec.finish(400, "request")
+        return _error(400, f"request body: {depth_message(depth)}", "invalid_message")
     try:
         body = await request.json()
     except ValueError:

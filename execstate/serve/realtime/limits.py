@@ -5,6 +5,8 @@ the same way for all (``endpoint.py``):
 
 - a text frame over ``max_message_bytes`` is dropped unread and answered with an ``error``
   (``message_too_large``); the connection stays open;
+- a frame whose JSON nests deeper than ``max_json_depth`` is answered ``invalid_message`` before
+  any decoder sees it (``serve/json_depth.py``; ``messages.py``); the connection stays open;
 - more than ``max_unprocessed_messages`` received messages, or ``max_unprocessed_bytes`` of them
   (``None``: no byte bound), not yet taken by the processor: an ``error`` (``too_many_messages``),
   then close code 1008 (policy violation);
@@ -18,6 +20,8 @@ for the whole server) is refused by the WebSocket layer itself with close code 1
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from execstate.serve.json_depth import MAX_JSON_DEPTH
 
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_FRAME_BYTES = 16 << 20
@@ -34,9 +38,10 @@ class Limits:
     max_unprocessed_messages: int = MAX_UNPROCESSED_MESSAGES
     max_unprocessed_bytes: int | None = MAX_UNPROCESSED_BYTES
     max_unsent_events: int = MAX_UNSENT_EVENTS
+    max_json_depth: int = MAX_JSON_DEPTH
 
     def __post_init__(self) -> None:
-        sizes = (self.max_message_bytes, self.max_unprocessed_messages, self.max_unsent_events,
+        sizes = (self.max_message_bytes, self.max_unprocessed_messages, self.max_unsent_events, self.max_json_depth,
                  1 if self.max_unprocessed_bytes is None else self.max_unprocessed_bytes)
         if min(sizes) < 1:
             raise ValueError(f"every realtime limit must be >= 1, got {self}")

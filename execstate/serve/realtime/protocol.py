@@ -39,7 +39,7 @@ class RealtimeProtocol:
 
     def parse(self, frame: str | bytes) -> Message:
         """A typed client message, or ``ProtocolError`` (``messages.py``)."""
-        return self.messages.decode(frame, self.limits.max_message_bytes)
+        return self.messages.decode(frame, self.limits.max_message_bytes, self.limits.max_json_depth)
 
     def error_of(self, exc: Exception, event_id: EventId) -> ProtocolError | None:
         return error_of(exc, event_id, self.errors)

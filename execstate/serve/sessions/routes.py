@@ -8,7 +8,9 @@ client needs without it, and the migration (``migration.py``):
 - ``GET /v1/sessions/{id}`` -> its info plus ``token_ids`` (and ``routed_experts``, base64 of a
   ``.npy``, with ``?routes=true``);
 - ``POST /v1/sessions/{id}/events`` ``{"event_id", "kind", "data"}`` -> the acknowledgement;
-- ``POST /v1/sessions/{id}/step`` ``{"input"?: [ids] | "text", "max_tokens"?, "return_routes"?}``
+- ``POST /v1/sessions/{id}/step`` ``{"input"?: [ids] | "text", "messages"?: [{"role", "content"}, ...],
+  "max_tokens"?, "return_routes"?}`` (``messages``: a chat turn, the model's template applied one
+  turn at a time: ``session/lm/chat.py``)
   -> the ``StepResult`` (``routed_experts``: base64 ``.npy`` of the step's rows when asked);
 - ``DELETE /v1/sessions/{id}`` -> ``{"closed": true}``;
 - ``POST /v1/sessions/{id}/migrate`` and ``POST /v1/sessions/import``: see ``migration.py``.
@@ -35,6 +37,7 @@ from execstate.serve.route_rows import encode_routes
 from execstate.serve.sessions.errors import session_error
 from execstate.serve.sessions.migration import install_migration_routes
 from execstate.session.lm.async_sessions import AsyncSessions
+from execstate.session.lm.chat import ChatTurn
 from execstate.session.lm.events import SAMPLING_FIELDS
 from execstate.session.lm.step import StepResult
 from execstate.session.runtime.events import SessionEventError
@@ -51,6 +54,7 @@ class OpenBody(BaseModel):
 class StepBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     input: list[int] | str | None = None
+    messages: list[dict[str, Any]] | None = None  # a chat turn (session/lm/chat.py), instead of input
     max_tokens: int | None = None
     return_routes: bool = False
 
@@ -120,9 +124,13 @@ def install_session_routes(app: FastAPI, ctx: ServeContext, api_key: str | None 
 
     @app.post("/v1/sessions/{session_id}/step")
     async def step(session_id: str, body: StepBody) -> JSONResponse:
+        if body.messages is not None and body.input is not None:
+            raise OpenAIError(400, "give input or messages, not both", param="messages")
+        value = ChatTurn(body.messages) if body.messages is not None else body.input
+
         async def run() -> StepResult:
             last = None
-            async for item in sessions.step(session_id, body.input, body.max_tokens):
+            async for item in sessions.step(session_id, value, body.max_tokens):
                 last = item
             assert isinstance(last, StepResult)
             return last

@@ -42,6 +42,7 @@ from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
+from execstate.session.lm.chat import ChatTurn, turn_tokens
 from execstate.session.lm.events import INPUT, pretokenize
 from execstate.session.lm.sessions import LMSessions, SessionInfo
 from execstate.session.lm.step import StepDelta, StepHandle, StepResult
@@ -88,15 +89,24 @@ class AsyncSessions(AsyncKindSessions[LMSessions, SessionInfo]):
         data = await asyncio.to_thread(pretokenize, kind, data, self.engine.tokenizer)
         return await self.run(lambda s: s.submit_event(session_id, event_id, kind, data))
 
-    async def step(self, session_id: str, input: list[int] | str | None = None, max_tokens: int | None = None,
-                   reprefill: bool = False, on_start: Callable[[int, dict[str, list[int]]], None] | None = None,
+    async def step(self, session_id: str, input: list[int] | str | ChatTurn | None = None,
+                   max_tokens: int | None = None, reprefill: bool = False,
+                   on_start: Callable[[int, dict[str, list[int]]], None] | None = None,
                    ) -> AsyncIterator[StepDelta | StepResult]:
         """Submit ``input`` (if any) and run one step: yields ``StepDelta``s, then the ``StepResult``.
+        A ``ChatTurn`` is rendered with the model's chat template, one turn at a time (``chat.py``;
+        a bad turn: ``SessionEventError`` ``invalid``), in a worker thread.
 
         ``on_start(step_index, events)`` is called on the caller's event loop once the step has
         begun (its boundary drained the pending events), before its first delta; a step refused
         at its start raises before it is called."""
         loop = asyncio.get_running_loop()
+        if isinstance(input, ChatTurn):
+            last = await self.run(lambda s: s.last_token(session_id))
+            try:
+                input = await asyncio.to_thread(turn_tokens, self.engine.tokenizer, input.messages, last)
+            except ValueError as exc:
+                raise SessionEventError("invalid", f"messages: {exc}") from None
         if isinstance(input, str):
             first = await self.run(lambda s: s.first_input(session_id))
             data = await asyncio.to_thread(pretokenize, INPUT, {"text": input, "add_special_tokens": first},

@@ -2,6 +2,7 @@
 
     s = llm.open_session(sampling_params=SamplingParams(temperature=0.8, seed=1))
     r = s.step([1, 2, 3] or "text", max_tokens=16)    # -> StepResult
+    r = s.step(messages=[{"role": "user", "content": "Hello"}])   # a chat turn (session/lm/chat.py)
     s.token_ids, s.routed_experts                       # the whole context, its route rows
     s.submit_event(event_id=7, kind="input", data={"token_ids": [4, 5]})   # applied at the next step
     cp = s.checkpoint(); s.rollback(cp); f = s.fork(cp)  # fork(None): at the current step
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from execstate.engine.outputs import RequestOutput
+from execstate.session.lm.chat import turn_tokens
 from execstate.session.lm.sessions import LMSessions, SessionInfo
 from execstate.session.lm.step import StepResult
 from execstate.session.runtime.checkpoint import Checkpoint
@@ -57,9 +59,22 @@ class Session(SessionHandle):
 
     # -- operations --------------------------------------------------------------------------------
     def step(self, input: list[int] | str | None = None, max_tokens: int | None = None, reprefill: bool = False,
-             on_output: Callable[[RequestOutput], None] | None = None) -> StepResult:
+             on_output: Callable[[RequestOutput], None] | None = None,
+             messages: list[dict[str, Any]] | None = None) -> StepResult:
         """Append ``input`` (an ``input`` event with the next id) and the pending events, then
-        generate up to ``max_tokens`` tokens (None: the session's ``SamplingParams.max_tokens``)."""
+        generate up to ``max_tokens`` tokens (None: the session's ``SamplingParams.max_tokens``).
+        ``messages`` instead of ``input``: a chat turn, ``[{"role": "user", "content": "Hello"}]``,
+        rendered with the model's chat template one turn at a time (``session/lm/chat.py``: the
+        context stays what ``LLM.chat`` over the whole conversation would prompt with)."""
+        if messages is not None:
+            if input is not None:
+                raise SessionEventError("invalid", "give input or messages, not both")
+            try:
+                input = turn_tokens(
+                    self._sessions.engine.tokenizer, messages, self._sessions.last_token(self.session_id)
+                )
+            except ValueError as exc:
+                raise SessionEventError("invalid", f"messages: {exc}") from None
         handle = self._sessions.start_step(self.session_id, input, max_tokens, reprefill)
         engine = self._sessions.engine
         while not handle.done:

@@ -160,6 +160,13 @@ class LMSessions(KindSessions[SessionInfo]):
         assert isinstance(state, LMState)
         return not state.token_ids and not any(e.kind == INPUT for entry in rt.events.snapshot().pending for e in entry)
 
+    def last_token(self, session_id: str) -> int | None:
+        """The context's last token id, ``None`` while it is empty (where a chat turn starts:
+        ``chat.py``)."""
+        state = self.manager.get(session_id).state
+        assert isinstance(state, LMState)
+        return state.token_ids[-1] if state.token_ids else None
+
     # -- state ------------------------------------------------------------------------------------
     def token_ids(self, session_id: str) -> list[int]:
         state = self.manager.get(session_id).state

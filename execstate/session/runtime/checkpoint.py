@@ -54,6 +54,13 @@ class Checkpoint:
     saved: Saved
     released: bool = field(default=False, init=False)
 
+    def __repr__(self) -> str:
+        """One line: identity, position and state (never the saved state: a route array, KV holds)."""
+        state = "released" if self.released else "pinned"
+        return (f"Checkpoint({self.checkpoint_id!r}, session={self.session_id!r}, step={self.step_index}, "
+                f"epoch={self.event_epoch}, branch={self.branch_id!r}, {len(self.events.pending)} pending "
+                f"event(s), {state})")
+
     def release(self) -> None:
         """Give the pinned state back (idempotent)."""
         if not self.released:

@@ -5,7 +5,8 @@ declares its event kinds (:class:`EventKind`: a validator and a merge policy), t
 rest:
 
 - ``submit(event_id, kind, data)`` validates and queues an event, returning an :class:`EventAck`.
-  Ids are client-chosen non-negative ints, strictly increasing per session. A duplicate id (one
+  Ids are client-chosen ints in [0, ``MAX_EVENT_ID``] (2**63-1: every id fits the int64 fields of
+  a checkpoint or a migration offer), strictly increasing per session. A duplicate id (one
   already accepted and still remembered) returns the first acknowledgement again (``duplicate``
   set) and is applied once. A lower, unknown id is ``stale``; a full queue is ``backpressure``; a
   bad kind or payload is ``invalid``; a closed queue is ``closed``. Every refusal raises
@@ -34,6 +35,7 @@ from typing import Any, NewType
 EventId = NewType("EventId", int)
 """A client-chosen event id: a non-negative int, strictly increasing within one session."""
 
+MAX_EVENT_ID = 2**63 - 1
 COMPOSITE = "composite"
 MAX_COMPOSITE_PARTS = 64
 
@@ -138,8 +140,8 @@ class EventQueue:
         """Queue one event (see the module docstring); raises SessionEventError, changing nothing."""
         if self._closed:
             raise SessionEventError("closed", "the session is closed", _id_or_none(event_id))
-        if isinstance(event_id, bool) or not isinstance(event_id, int) or event_id < 0:
-            raise SessionEventError("invalid", f"event_id must be a non-negative integer, got {event_id!r}")
+        if isinstance(event_id, bool) or not isinstance(event_id, int) or not 0 <= event_id <= MAX_EVENT_ID:
+            raise SessionEventError("invalid", f"event_id must be an integer in [0, 2**63-1], got {event_id!r}")
         eid = EventId(event_id)
         if eid in self._acks:
             first = self._acks[eid]
@@ -224,4 +226,5 @@ class EventQueue:
 
 
 def _id_or_none(event_id: Any) -> int | None:
-    return event_id if isinstance(event_id, int) and not isinstance(event_id, bool) else None
+    ok = isinstance(event_id, int) and not isinstance(event_id, bool) and 0 <= event_id <= MAX_EVENT_ID
+    return event_id if ok else None

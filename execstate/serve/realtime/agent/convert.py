@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +31,7 @@ from execstate.agent.agent_events import (
     TurnEvent,
 )
 from execstate.agent.config import AgentConfig
-from execstate.agent.delegation import RegexPolicy, Rule
+from execstate.agent.delegation import Match, RegexPolicy, Rule, compile_pattern
 from execstate.agent.front import DEFAULT_FRONT_PARAMS
 from execstate.agent.turn_policy import TurnConfig
 from execstate.engine.sampling_params import SamplingParams
@@ -100,20 +99,19 @@ def delegation_policy(d: DelegationSettings, tools: set[str]) -> RegexPolicy:
         if not r.pattern or len(r.pattern) > MAX_PATTERN_CHARS:
             raise invalid(f"{where}.pattern must be 1-{MAX_PATTERN_CHARS} characters")
         try:
-            rx = re.compile(r.pattern, re.IGNORECASE)
-        except re.error as exc:
-            raise invalid(f"{where}.pattern is not a valid regex: {exc}") from None
+            compile_pattern(r.pattern)
+        except ValueError as exc:
+            raise invalid(f"{where}.pattern: {exc}") from None
         if len(r.ack or "") > MAX_TEXT_CHARS:
             raise invalid(f"{where}.ack is at most {MAX_TEXT_CHARS} characters")
-        del rx
         rules.append(Rule(r.pattern, r.tool, _arguments(dict(r.arguments)), r.ack))
     if len(d.ack or "") > MAX_TEXT_CHARS:
         raise invalid(f"session.delegation.ack is at most {MAX_TEXT_CHARS} characters")
     return RegexPolicy(rules) if d.ack is None else RegexPolicy(rules, ack=d.ack)
 
 
-def _arguments(fixed: dict[str, Any]) -> Callable[[re.Match[str]], dict[str, Any]]:
-    def arguments(m: re.Match[str]) -> dict[str, Any]:
+def _arguments(fixed: dict[str, Any]) -> Callable[[Match], dict[str, Any]]:
+    def arguments(m: Match) -> dict[str, Any]:
         return {**fixed, **{k: v for k, v in m.groupdict().items() if v is not None}}
 
     return arguments

@@ -7,7 +7,9 @@ batch priority), and any tools the client runs itself. ``/v1/realtime`` (LM sess
 
 The socket loop is the framework's (``serve/realtime/``), with ``/v1/realtime``'s limits (1 MiB
 messages, 256 unprocessed messages, 1024 unsent events: a client that does not read slows only its
-own agent, which stops with an ``overflow`` error past its event bound). Several agents run at
+own agent, which stops with an ``overflow`` error past its event bound). Each agent runs at most
+``task_limits.max_tasks`` back-end tasks at once, each for at most ``task_limits.timeout_s``
+(``--agent-max-tasks``, ``--agent-tool-timeout-s``). Several agents run at
 once, each in its own session; one connection's failure never reaches another's. The API key and
 subprotocol are as for ``/v1/realtime``.
 
@@ -25,9 +27,10 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from execstate.agent.backend import ModelTool
+from execstate.agent.backend import ModelTool, TaskLimits
 from execstate.agent.duplex import DuplexAgent
 from execstate.agent.front import FrontModel, SessionFront
+from execstate.agent.tool_threads import ToolThreads
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.sampling_params import SamplingParams
 from execstate.serve.context import ServeContext
@@ -42,11 +45,18 @@ BACK_MODEL_TOOL = "reason"
 BACK_MODEL_MAX_TOKENS = 32
 
 
+TOOL_WORKERS = 8
+
+
 class TaskKeeper:
-    """The server's back-end tool tasks: each runs to its end unless cancelled; ``running`` counts them."""
+    """The server's back-end tool tasks: each runs to its end unless cancelled; ``running`` counts them.
+    Sync tools run on ``workers``, the tools' own daemon threads (``TOOL_WORKERS`` at once;
+    ``agent/tool_threads.py``): a tool that hangs past its timeout keeps its slot, and only tools
+    wait for slots, never the sessions' tokenising or the world's encoding (asyncio's default pool)."""
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.workers = ToolThreads(TOOL_WORKERS)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -63,8 +73,9 @@ class AgentServer:
     """The agent endpoint of one app: the front's ``AsyncSessions``, the tools, the task keeper."""
 
     def __init__(self, ctx: ServeContext, back_engine: AsyncEngine | None = None,
-                 tools: AgentTools | None = None) -> None:
+                 tools: AgentTools | None = None, task_limits: TaskLimits | None = None) -> None:
         self.ctx = ctx
+        self.task_limits = task_limits or TaskLimits()
         self.engine = ctx.engine
         self.model_name = ctx.served_model_name
         self.sessions = ctx.sessions
@@ -97,10 +108,12 @@ class AgentServer:
         return self.endpoint.num_connections
 
 
-def install_agent(app: FastAPI, ctx: ServeContext, back_engine: AsyncEngine | None = None) -> AgentServer:
+def install_agent(app: FastAPI, ctx: ServeContext, back_engine: AsyncEngine | None = None,
+                  task_limits: TaskLimits | None = None) -> AgentServer:
     """Serve ``/v1/realtime/agent`` on ``app`` (``app.state.agent`` is the ``AgentServer``; register
-    tools on ``app.state.agent.tools``)."""
-    server = AgentServer(ctx, back_engine)
+    tools on ``app.state.agent.tools``). ``task_limits``: each agent's back-end bounds (a tool's
+    timeout, tasks at once; ``agent/backend.py``)."""
+    server = AgentServer(ctx, back_engine, task_limits=task_limits)
     app.state.agent = server
     mount(app, PATH, server.endpoint)
     return server

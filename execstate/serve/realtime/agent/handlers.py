@@ -10,7 +10,8 @@ their wire codes: ``messages.py``'s ``ERRORS``). Contract:
   delegations) are forwarded by a *pump* task as the agent produces them, each followed for a
   ``response.done`` by a ``usage`` event. Acknowledgements carry the client's ``event_id``;
   every refusal is an ``error`` with a code, the ``event_id`` and a message naming the problem.
-- Server tools run as tasks the server's ``TaskKeeper`` holds (``endpoint.py``): cancelling a
+- Server tools run as tasks the server's ``TaskKeeper`` holds (``endpoint.py``; sync ones on its
+  threads), each bounded by the server's ``TaskLimits`` (a timeout, tasks at once): cancelling a
   delegation cancels its task, unless the agent is being closed with its tasks kept
   (``keep_tasks_on_disconnect`` on a disconnect, ``session.close`` with ``cancel_tasks: false``):
   then the task runs on, detached, and its result goes nowhere. Client tools' delegations are
@@ -23,10 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from typing import Any
 
 import msgspec
@@ -73,7 +76,8 @@ logger = logging.getLogger(__name__)
 
 class AgentHandlers:
     def __init__(self, peer: Peer, server: Any) -> None:
-        """``server``: the ``AgentServer`` (``open_front``, ``tools``, ``keeper``, ``agents``, ``model_name``)."""
+        """``server``: the ``AgentServer`` (``open_front``, ``tools``, ``keeper``, ``task_limits``, ``agents``,
+        ``model_name``)."""
         self.peer = peer
         self.emit = peer.emit
         self.state = peer.state
@@ -115,7 +119,7 @@ class AgentHandlers:
         params = front_params(s.sampling)
         tools = {n: self._server_tool(server_tools[n]) if r == "server" else _client_tool for n, r in runners.items()}
         front, sid = await self.server.open_front(s.instructions or DEFAULT_INSTRUCTIONS, params)
-        agent = DuplexAgent(front, Backend(tools), policy, cfg)
+        agent = DuplexAgent(front, Backend(tools, self.server.task_limits), policy, cfg)
         await agent.start()
         self.agent, self.runners, self.keep_tasks = agent, runners, bool(s.keep_tasks_on_disconnect)
         self.rules = _rules_json(s)
@@ -244,7 +248,7 @@ class AgentHandlers:
         keeper = self.server.keeper
 
         async def run(**arguments: Any) -> Any:
-            task = keeper.spawn(_call(fn, arguments))
+            task = keeper.spawn(_call(fn, arguments, keeper.workers))
             try:
                 return await asyncio.shield(task)
             except asyncio.CancelledError:
@@ -266,10 +270,10 @@ class AgentHandlers:
                             self.keep_tasks)
 
 
-async def _call(fn: Callable[..., Any], arguments: dict[str, Any]) -> Any:
+async def _call(fn: Callable[..., Any], arguments: dict[str, Any], workers: Executor) -> Any:
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
         return await fn(**arguments)
-    return await asyncio.to_thread(fn, **arguments)
+    return await asyncio.get_running_loop().run_in_executor(workers, functools.partial(fn, **arguments))
 
 
 async def _client_tool(**arguments: Any) -> str:

@@ -4,7 +4,7 @@ Inbound (each bad value raises ``SessionEventError("invalid", ...)`` naming it, 
 engine work): ``session_params`` (``session.create``'s ``sampling`` and ``max_tokens`` ->
 ``SamplingParams``: vLLM field names; JSON's string keys of ``logit_bias`` become token ids),
 ``event_data`` (the same key conversion inside ``sampling`` events, also as composite parts),
-``step_input`` (``response.create``'s ``input``).
+``step_input`` (``response.create``'s ``input``: token ids, text or chat messages).
 
 Outbound: every server event is a plain dict (the framework's ``server_event``) whose ``event_id``
 is the id of the client message it answers (``None`` for ``response.delta``); ``session_json`` is
@@ -24,6 +24,7 @@ from execstate.engine.outputs import Logprob
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE
 from execstate.serve.realtime.lm.messages import SessionConfig
+from execstate.session.lm.chat import ChatTurn
 from execstate.session.lm.events import SAMPLING, SAMPLING_FIELDS
 from execstate.session.lm.sessions import SessionInfo
 from execstate.session.lm.step import StepResult
@@ -78,16 +79,19 @@ def event_data(kind: Any, data: Any) -> Any:
     return data
 
 
-def step_input(value: dict[str, Any] | None) -> list[int] | str | None:
-    """``response.create``'s ``input``: ``{"token_ids": [...]}`` or ``{"text": "..."}`` (or absent)."""
+def step_input(value: dict[str, Any] | None) -> list[int] | str | ChatTurn | None:
+    """``response.create``'s ``input``: ``{"token_ids": [...]}``, ``{"text": "..."}`` or
+    ``{"messages": [{"role", "content"}, ...]}`` (a chat turn: ``session/lm/chat.py``), or absent."""
     if value is None:
         return None
     if set(value) == {"token_ids"} and isinstance(value["token_ids"], list):
         return value["token_ids"]
     if set(value) == {"text"} and isinstance(value["text"], str):
         return value["text"]
-    raise invalid("response.create.input must be {\"token_ids\": [int, ...]} or {\"text\": \"...\"}; "
-                  "submit other inputs with event.submit")
+    if set(value) == {"messages"} and isinstance(value["messages"], list):
+        return ChatTurn(value["messages"])
+    raise invalid("response.create.input must be {\"token_ids\": [int, ...]}, {\"text\": \"...\"} or "
+                  "{\"messages\": [{\"role\": ..., \"content\": ...}, ...]}; submit other inputs with event.submit")
 
 
 def _json_sampling(data: Mapping[str, Any]) -> dict[str, Any]:

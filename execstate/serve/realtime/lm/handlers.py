@@ -70,6 +70,7 @@ from execstate.serve.realtime.lm.owners import SessionOwners
 from execstate.serve.realtime.messages import server_event
 from execstate.serve.route_rows import encode_routes
 from execstate.session.lm.async_sessions import AsyncSessions
+from execstate.session.lm.chat import ChatTurn
 from execstate.session.lm.step import StepDelta, StepResult
 from execstate.session.runtime.events import SessionEventError
 
@@ -183,7 +184,7 @@ class LMHandlers:
         finally:
             created.set()  # the task's events follow response.created
 
-    async def _run_response(self, msg: ResponseCreate, sid: str, rid: str, value: list[int] | str | None,
+    async def _run_response(self, msg: ResponseCreate, sid: str, rid: str, value: list[int] | str | ChatTurn | None,
                             want_routes: bool, started: asyncio.Future[tuple[int, dict[str, list[int]]]],
                             created: asyncio.Event) -> None:
         """The step's task: deltas as they come, then exactly one ``response.done``."""

@@ -12,6 +12,7 @@ from execstate.serve.realtime.world.encode import EncodedChunk
 from execstate.serve.realtime.world.messages import MAX_PROMPT_CHARS, SessionInteraction, SessionStart
 
 MAX_FPS = 240.0
+MIN_FPS = 1.0  # a positive rate below this would pace a chunk minutes apart (5e-324: forever)
 MAX_SEED = 2**63 - 1
 ACTION_SCHEMA = "keys.v1"
 
@@ -27,21 +28,31 @@ class StartConfig:
     window_chunks: int | None
 
 
-def start_config(msg: SessionStart, spec: WorldSpec, model_name: str, default_fps: float) -> StartConfig:
-    """``session.start``'s fields checked against the model (vLLM-Omni's fields must agree with it)."""
+def fps_problem(fps: float) -> str | None:
+    """Why ``fps`` is not a frame rate a session may ask for (0: as fast as possible, else
+    ``MIN_FPS`` to ``MAX_FPS``), or ``None``."""
+    if fps == 0 or MIN_FPS <= fps <= MAX_FPS:
+        return None
+    return f"fps must be 0 (as fast as possible) or in [{MIN_FPS:g}, {MAX_FPS:g}], got {fps}"
+
+
+def start_config(msg: SessionStart, spec: WorldSpec, model_name: str, default_fps: float,
+                 max_frames: int) -> StartConfig:
+    """``session.start``'s fields checked against the model (vLLM-Omni's fields must agree with it)
+    and the server's bounds (``fps``: :func:`fps_problem`; ``num_frames``: 1 to ``max_frames``)."""
     eid = msg.event_id
 
     def bad(text: str) -> ProtocolError:
         return ProtocolError("invalid_message", f"session.start: {text}", eid)
 
     fps = default_fps if msg.fps is None else msg.fps
-    if not 0 <= fps <= MAX_FPS:
-        raise bad(f"fps must be in [0, {MAX_FPS}] (0: as fast as possible), got {fps}")
+    if (problem := fps_problem(fps)) is not None:
+        raise bad(problem)
     if not 0 <= msg.seed <= MAX_SEED:
         raise bad(f"seed must be in [0, 2**63), got {msg.seed}")
     check_prompt(msg.prompt, eid, allow_empty=True)
-    if msg.num_frames is not None and msg.num_frames < 1:
-        raise bad(f"num_frames must be >= 1, got {msg.num_frames}")
+    if msg.num_frames is not None and not 1 <= msg.num_frames <= max_frames:
+        raise bad(f"num_frames must be in [1, {max_frames}] (--world-max-frames), got {msg.num_frames}")
     if msg.model is not None and msg.model != model_name:
         raise ProtocolError("model_not_found", f"this server serves the world model {model_name!r}, "
                                  f"not {msg.model!r}", eid)

@@ -83,7 +83,7 @@ class WorldHandlers:
     # -- session life -------------------------------------------------------------------------------
     async def _start(self, msg: SessionStart) -> None:
         spec = self.host.spec
-        cfg = start_config(msg, spec, self.host.model_name, self.host.default_fps)
+        cfg = start_config(msg, spec, self.host.model_name, self.host.default_fps, self.host.max_frames)
         t0 = time.perf_counter()
         try:
             info, frames = await self.host.open(cfg.prompt, cfg.seed, cfg.start, cfg.window_chunks)

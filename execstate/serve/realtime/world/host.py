@@ -5,7 +5,8 @@
 rolling K/V window) driven through ``AsyncWorld`` (``session/world_async.py``: steps on worker
 threads, never on the event loop). At most ``max_sessions`` sessions are resident (beyond:
 ``SessionEventError`` ``capacity``); each holds at most ``session_memory_bytes`` of K/V, rounded
-down to whole blocks (beyond, e.g. by pinning checkpoints: ``budget``). The runtime's refusals
+down to whole blocks (beyond, e.g. by pinning checkpoints: ``budget``), and runs at most
+``max_frames`` frames (``session.start``'s ``num_frames``; ``convert.py``). The runtime's refusals
 reach the client unchanged (code and message).
 
 A session starts from the procedural world's scene (``scene_seed`` = the session's seed: chunk 0
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from execstate.model.world.interface import WorldModel, WorldSpec
+from execstate.serve.realtime.world.convert import fps_problem
 from execstate.session.world.async_world import AsyncWorld
 from execstate.session.world.offline import World, scene_frames
 from execstate.session.world.sessions import WorldSessionInfo
@@ -29,6 +31,7 @@ from execstate.session.world.step import WorldStepResult
 
 DEFAULT_MAX_SESSIONS = 8
 DEFAULT_SESSION_MEMORY = 4 << 20
+DEFAULT_MAX_FRAMES = 100_000  # about 1 h 45 min at 16 fps
 
 
 def session_blocks_for(spec: WorldSpec, memory_bytes: int) -> int:
@@ -50,14 +53,17 @@ class WorldHost:
 
     def __init__(self, model: WorldModel, model_name: str = "world", max_sessions: int = DEFAULT_MAX_SESSIONS,
                  session_memory_bytes: int = DEFAULT_SESSION_MEMORY, default_fps: float = 16.0,
-                 step_workers: int = 1) -> None:
-        if max_sessions < 1 or default_fps < 0:
-            raise ValueError("max_sessions must be >= 1 and default_fps >= 0")
+                 step_workers: int = 1, max_frames: int = DEFAULT_MAX_FRAMES) -> None:
+        if max_sessions < 1 or max_frames < 1:
+            raise ValueError("max_sessions and max_frames must be >= 1")
+        if (problem := fps_problem(default_fps)) is not None:
+            raise ValueError(f"default {problem}")
         self.model = model
         self.spec = model.spec
         self.model_name = model_name
         self.max_sessions = max_sessions
         self.default_fps = default_fps
+        self.max_frames = max_frames
         self.session_blocks = session_blocks_for(model.spec, session_memory_bytes)
         block_bytes = model.spec.kv.bytes_per_chunk() // model.spec.kv.blocks_per_chunk(model.spec.kv.tokens_per_frame)
         self.session_memory_bytes = self.session_blocks * block_bytes

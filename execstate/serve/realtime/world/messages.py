@@ -64,7 +64,6 @@ from execstate.serve.realtime.protocol import RealtimeProtocol
 MAX_MESSAGE_BYTES = 64 << 10  # control messages are small; a prompt is at most MAX_PROMPT_CHARS
 MAX_UNSENT = 64
 MAX_PROMPT_CHARS = 2000
-MAX_EVENT_ID_CHARS = 128
 
 
 class SessionStart(Message, tag="session.start"):
@@ -125,7 +124,7 @@ class SessionStop(Message, tag="session.stop"):
 
 MESSAGES = MessageTable(
     SessionStart, SessionInteraction, KeyDown, KeyUp, SessionPause, SessionResume, SessionCheckpoint,
-    SessionRollback, CheckpointRelease, SessionPing, SessionStop, max_event_id_chars=MAX_EVENT_ID_CHARS,
+    SessionRollback, CheckpointRelease, SessionPing, SessionStop,
 )
 
 SESSION_EXISTS = Refusal("session_exists", "session {request_id} is running on this connection; send session.stop "
