@@ -160,6 +160,54 @@ def _add_session_options(s: argparse.ArgumentParser) -> None:
                         "0 closes it at once (default: %(default)s)")
 
 
+def _ttl(text: str) -> float | None:
+    value = _grace(text)
+    return None if value == 0 else value
+
+
+def _quota(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+_QUOTA_HELP = {
+    "sessions": "resident LM sessions (session API and /v1/realtime)",
+    "checkpoints": "live checkpoints over all its LM sessions",
+    "pinned_blocks": "KV blocks its sessions and checkpoints pin (a step that could pass it is refused)",
+    "agents": "live /v1/realtime/agent agents",
+    "world_sessions": "resident world sessions",
+}
+
+
+def _add_trust_options(s: argparse.ArgumentParser) -> None:
+    """``serve``: tenants, quotas, expiry and migration targets (docs/security.md)."""
+    g = s.add_argument_group("tenants, quotas and migration (docs/security.md)")
+    g.add_argument("--api-keys-file", default=None, metavar="FILE",
+                   help="API keys of several tenants: one 'KEY TENANT' per line ('#' comments); each tenant's "
+                        "sessions are invisible to the others (default: none)")
+    g.add_argument("--session-idle-ttl", type=_ttl, default=600.0, metavar="SECONDS",
+                   help="a detached session (opened over HTTP, or left by a dropped connection) unused this long "
+                        "expires and releases everything; later calls get 'expired'; 0: never "
+                        "(default: %(default)s)")
+    g.add_argument("--max-session-checkpoints", type=int, default=64,
+                   help="live checkpoints per session; one more is refused (code checkpoint_limit) "
+                        "(default: %(default)s)")
+    for kind, text in _QUOTA_HELP.items():
+        g.add_argument(f"--tenant-max-{kind.replace('_', '-')}", type=_quota, default=None, metavar="N",
+                       help=f"per tenant: {text} at most; beyond it, code quota (default: unlimited)")
+    g.add_argument("--migration-targets", action="append", default=None, metavar="TARGET",
+                   help="where POST /v1/sessions/{id}/migrate may send a session: 'http(s)://host:port' or "
+                        "'ENGINE_ID=http(s)://host:port', comma-separated or repeated (default: none: migration "
+                        "is off)")
+    g.add_argument("--migration-skew-s", type=_grace, default=30.0, metavar="SECONDS",
+                   help="the clock skew allowed between instances: a hand-over's nonce is remembered this long past "
+                        "its expiry, and a source whose target never confirmed an abort serves the session again "
+                        "only this long after the offer expired (default: %(default)s)")
 def _fps(text: str) -> float:
     try:
         value = float(text)
@@ -258,8 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "world model, every endpoint on; optional with --world)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     s.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
-    s.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1 (default: none: every client is served)")
+    s.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1; repeat for several keys (all of the tenant "
+                        "'default'); see --api-keys-file for keys of several tenants (default: none: the server is "
+                        "open to anyone who can reach it)")
     s.add_argument("--served-model-name", default=None, help="the name clients pass as 'model' (default: MODEL)")
     s.add_argument("--enable-return-routed-experts", action="store_true",
                    help="R3: return routed_experts (default: off)")
@@ -277,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "recorded in provenance numerics, so P and D of a PD pair must agree (default: %(default)s)")
     _add_capacity_and_limit_options(s)
     _add_session_options(s)
+    _add_trust_options(s)
     _add_offload_options(s)
     s.add_argument("--agent-back-model", default=None,
                    help="/v1/realtime/agent: the back-end model agents delegate to (the tool 'reason'): an "

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import statistics
 import time
 from pathlib import Path
@@ -117,15 +118,19 @@ def _migrate_once(src: LLM, dst: LLM, prompt: list[int], sid: str) -> dict[str, 
     s.rollback(cp)
     s.release_checkpoint(cp)
     t0 = time.perf_counter()
-    out = begin_export(src.sessions, sid, 60.0)
+    assert dst.engine.pd is not None
+    out = begin_export(src.sessions, sid, 60.0, target_engine_id=dst.engine.pd.instance_id,
+                       nonce=secrets.token_hex(16))
     t1 = time.perf_counter()
     ok = False
     try:
-        result = wait_import(dst.sessions, begin_import(dst.sessions, out.payload), out)
+        handle = begin_import(dst.sessions, out.payload)
+        result = wait_import(dst.sessions, handle, out)
         ok = True
     finally:
         t2 = time.perf_counter()
         finish_export(src.sessions, out, ok)
+    handle.commit()  # the two-phase hand-over: the target serves it once the source closed its copy
     t3 = time.perf_counter()
     moved = dst.session(sid)
     t4 = time.perf_counter()

@@ -43,10 +43,12 @@ class EngineConfig:
     # Sessions (session/): at most max_sessions resident; beyond it, opening one fails
     # ("capacity") or, with session_eviction="lru", evicts the idle session whose last step is
     # the oldest (also under KV pressure). max_session_events: pending events per session
-    # (beyond it an event is refused with "backpressure").
+    # (beyond it an event is refused with "backpressure"). max_session_checkpoints: live
+    # checkpoints per session (beyond it a checkpoint is refused with "checkpoint_limit").
     max_sessions: int = 64
     session_eviction: str | None = None
     max_session_events: int = 64
+    max_session_checkpoints: int = 64
     # Offload tiers under the KV pool (engine/offload.py, docs/offload.md; all off by default): a
     # block evicted from the pool is written back to DRAM (offload_dram_bytes), local disk
     # (offload_disk_dir, at most offload_disk_bytes) and a Redis server (offload_redis_url, at
@@ -77,6 +79,8 @@ class EngineConfig:
         if self.max_sessions < 1 or self.max_session_events < 1:
             raise ValueError(f"max_sessions and max_session_events must be >= 1, got {self.max_sessions}, "
                              f"{self.max_session_events}")
+        if self.max_session_checkpoints < 1:
+            raise ValueError(f"max_session_checkpoints must be >= 1, got {self.max_session_checkpoints}")
         if self.session_eviction not in (None, "lru"):
             raise ValueError(f"session_eviction must be None or 'lru', got {self.session_eviction!r}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -60,6 +60,7 @@ from execstate.transfer.handoff import Handoff, HandoffTrust, check_allow_list, 
 from execstate.transfer.importer import KVImporter
 from execstate.transfer.load_worker import LoadWorker
 from execstate.transfer.manifest import FORMAT_VERSION, Capabilities, R3Format
+from execstate.transfer.secrets import SecretRing
 
 ROLES = ("kv_producer", "kv_consumer", "kv_both")
 POLICIES = ("fail", "recompute")
@@ -68,7 +69,9 @@ POLICIES = ("fail", "recompute")
 @dataclass
 class PDConfig:
     """``secret``: the handoff HMAC key shared by P, D and the proxy (``None``: from
-    ``$EXECSTATE_KV_SECRET``, else unsigned handoffs). ``allowed_prefill``: producer engine id ->
+    ``$EXECSTATE_KV_SECRET``, else unsigned handoffs); ``previous_secrets``: still accepted during
+    a rotation (``None``: from ``$EXECSTATE_KV_SECRET_PREVIOUS``, comma-separated). ``allowed_prefill``: producer
+    engine id ->
     control address D may load from without a signature. ``ttl_s``: how long P keeps an export
     pinned when D never releases it (also the handoff's expiry). ``max_fenced_blocks``: ``None``
     = a quarter of the KV pool."""
@@ -84,6 +87,7 @@ class PDConfig:
     ttl_s: float = 60.0
     timeout_s: float = 10.0
     secret: str | None = None
+    previous_secrets: list[str] | None = None
     allowed_prefill: Mapping[str, str] | None = None
     max_fenced_blocks: int | None = None
 
@@ -120,9 +124,13 @@ class PDConnector:
         self._route_shape = route_shape
         self.instance_id = cfg.engine_id or f"execstate-{uuid.uuid4().hex[:12]}"
         self.stats = TransferStats()
-        self.secret = resolve_secret(cfg.secret)
+        # The shared secret of server-to-server messages: the current one signs, the previous ones
+        # (a rotation: transfer/secrets.py) verify too; None: handoffs unsigned, no migration.
+        resolve_secret(cfg.secret)  # the same checks and message as ever for a bad value
+        self.secrets = SecretRing.resolve(cfg.secret, cfg.previous_secrets)
+        self.secret = self.secrets.current if self.secrets is not None else None
         # Thread-safe and immutable: the HTTP layer checks handoffs with it before the engine sees them.
-        self.trust = HandoffTrust(self.secret, dict(cfg.allowed_prefill or {}), self.block_size)
+        self.trust = HandoffTrust(self.secrets, dict(cfg.allowed_prefill or {}), self.block_size)
         self.bulk = NixlBulk(kv_pool, self.instance_id, timeout_s=cfg.timeout_s)
         self.exporter: KVExporter | None = None
         self.server: ControlServer | None = None

@@ -19,13 +19,21 @@ most ``MAX_IGNORED_LISTED``) and the log.
 The app does not own the engine: whoever built the ``AsyncEngine`` shuts it down.
 ``app.state.ctx`` (``ServeContext``) holds the engine, the served name, the metrics
 (``ctx.metrics.record_transfer`` for the PD layer) and the parsed ``--kv-transfer-config``.
+
+Trust (DESIGN 11, docs/security.md): ``keys`` (a ``KeyRing``: ``--api-key`` repeated,
+``--api-keys-file``) map API keys to tenants, and every surface resolves session ids in the
+caller's tenant's namespace; without keys the server is open (one local tenant). ``policy``
+bounds long-lived state (idle expiry of detached sessions, checkpoints per session, per-tenant
+quotas: ``serve_policy``); ``migration_targets`` is the ``--migration-targets`` allow-list. While
+the app runs, a sweep expires idle sessions and uncommitted hand-overs every ``sweep_interval``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from urllib.parse import quote
 
 from fastapi import FastAPI, Request
@@ -52,17 +60,33 @@ from execstate.serve.openai.protocol import (
     SamplingRequest,
     ignored_fields,
 )
+from execstate.serve.principals import KeyRing
 from execstate.serve.realtime.agent.endpoint import install_agent
 from execstate.serve.realtime.lm.endpoint import DEFAULT_GRACE_S, install_realtime
 from execstate.serve.realtime.voice.handlers import install_voice
+from execstate.serve.sessions.handover import PEER_PATHS, IncomingHandovers
 from execstate.serve.sessions.routes import install_session_routes
+from execstate.serve.sessions.targets import MigrationTargets
+from execstate.serve.tenant_metrics import TenantMetrics
 from execstate.session.lm.async_sessions import AsyncSessions
+from execstate.session.runtime.manager import DEFAULT_MAX_CHECKPOINTS, SessionPolicy
+from execstate.state.quotas import Quotas
 from execstate.transfer.handoff import HandoffTrust
+from execstate.transfer.handover import DEFAULT_SKEW_S
 from execstate.voice.engines import VoiceEngines, default_engines
 
 STATS_TIMEOUT_S = 5.0
 MAX_IGNORED_LISTED = 32
 IGNORED_FIELDS_HEADER = "X-Ignored-Fields"
+DEFAULT_IDLE_TTL_S = 600.0
+MAX_SWEEP_INTERVAL_S = 10.0
+
+
+def serve_policy(idle_ttl_s: float | None = DEFAULT_IDLE_TTL_S, max_checkpoints: int = DEFAULT_MAX_CHECKPOINTS,
+                 quotas: Quotas | None = None) -> SessionPolicy:
+    """A server's bounds on sessions: detached ones expire after ``idle_ttl_s`` (``--session-idle-ttl``),
+    ``max_checkpoints`` per session (``--max-session-checkpoints``), per-tenant ``quotas``."""
+    return SessionPolicy(max_checkpoints=max_checkpoints, idle_ttl_s=idle_ttl_s, quotas=quotas or Quotas())
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +114,10 @@ def build_app(
     realtime_grace_s: float = DEFAULT_GRACE_S,
     agent_back_engine: AsyncEngine | None = None,
     sessions: AsyncSessions | None = None,
+    keys: KeyRing | None = None,
+    policy: SessionPolicy | None = None,
+    migration_targets: MigrationTargets | list[str] | None = None,
+    migration_skew_s: float = DEFAULT_SKEW_S,
     agent_task_limits: TaskLimits | None = None,
     voice_engines: Callable[[], VoiceEngines] | None = None,
 ) -> FastAPI:
@@ -100,20 +128,31 @@ def build_app(
     ``/v1/realtime`` connection is kept for ``session.resume`` (``realtime/lm/owners.py``);
     ``agent_back_engine`` serves the back-end model of ``/v1/realtime/agent`` agents (``realtime/agent/``;
     default: ``async_engine`` at batch priority); ``sessions``: the engine's ``AsyncSessions`` when
-    another app already serves sessions on ``async_engine`` (an engine has one), else a new one;
-    ``agent_task_limits``: each agent's back-end bounds (tool timeout, tasks at once);
-
-    ``voice_engines`` builds the audio engines of ``/v1/voice/realtime`` (``voice/engines.py``; default:
-    eSpeak NG, Silero VAD, PocketSphinx), on first use."""
+    another app already serves sessions on ``async_engine`` (an engine has one), else a new one.
+    ``keys`` (or ``api_key``: one key, tenant ``default``), ``policy`` (default ``serve_policy()``)
+    and ``migration_targets``: the module docstring's trust settings; ``migration_skew_s``: the clock
+    skew allowed between instances (a hand-over's nonce is remembered this long past its expiry,
+    and a source resumes an unconfirmed hand-over only this long after it); ``agent_task_limits``:
+    each agent's back-end bounds (tool timeout, tasks at once); ``voice_engines`` builds the audio
+    engines of ``/v1/voice/realtime`` (``voice/engines.py``; default: eSpeak NG, Silero VAD,
+    PocketSphinx), on first use."""
     limits = limits or ServingLimits()
+    keys = keys if keys is not None else KeyRing.build([api_key] if api_key else [])
+    policy = policy or serve_policy()
+    targets = migration_targets if isinstance(migration_targets, MigrationTargets) else \
+        MigrationTargets.parse(migration_targets)
     ctx = ServeContext(async_engine, served_model_name, metrics or ServingMetrics(), kv_transfer_config, limits,
-                       handoff_trust=handoff_trust, shared_sessions=sessions)
-    app = FastAPI(title="execstate", docs_url=None, redoc_url=None, openapi_url=None)
+                       handoff_trust=handoff_trust, shared_sessions=sessions, policy=policy)
+    tenant_metrics = TenantMetrics(ctx.metrics.registry, policy.quotas)
+    swept: list[IncomingHandovers] = []
+    app = FastAPI(title="execstate", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lambda app: _sweeping(ctx, swept, policy))
     app.state.ctx = ctx
+    app.state.keys = keys
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=limits.max_request_bytes)
-    if api_key:  # added last: runs first, so an unauthenticated body is never read
-        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    # added last: runs first, so an unauthenticated body is never read; it names every caller's tenant
+    app.add_middleware(APIKeyMiddleware, keys=keys, peer_paths=PEER_PATHS)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -127,7 +166,7 @@ def build_app(
     agent = install_agent(app, ctx, agent_back_engine, agent_task_limits)  # /v1/realtime/agent: full-duplex agents
     # /v1/voice/realtime + /agent: the same agents over audio (OpenAI Realtime's audio protocol),
     # with the agent endpoint's tools; the audio engines are built on first use
-    install_voice(app, ctx, lambda: agent.tools.tools, voice_engines or default_engines)
+    install_voice(app, ctx, lambda: agent.tools.tools, voice_engines or default_engines, agent.task_limits)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -149,7 +188,55 @@ def build_app(
             except (EngineDeadError, TimeoutError):
                 stats = None
         ctx.metrics.set_engine_stats(stats, async_engine.is_healthy)
+        await _tenant_usage(app, ctx, tenant_metrics)
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    install_session_routes(app, ctx, api_key)  # /v1/sessions...: minimal session API and migration
+    # /v1/sessions...: minimal session API, migration (sending) and hand-overs (receiving)
+    app.state.migrations, incoming = install_session_routes(app, ctx, targets, migration_skew_s)
+    swept.append(incoming)
     return app
+
+
+async def _tenant_usage(app: FastAPI, ctx: ServeContext, tenant_metrics: TenantMetrics) -> None:
+    """Per-tenant gauges from the LM sessions (engine thread) and the world sessions, if served."""
+    usage: dict[str, dict[str, int]] = {}
+    expired = None
+    if ctx.engine.is_healthy:
+        with contextlib.suppress(EngineDeadError, TimeoutError):
+            lm, expired = await asyncio.wait_for(ctx.sessions.usage(), STATS_TIMEOUT_S)
+            usage = {t: dict(c) for t, c in lm.items()}
+    world = getattr(app.state, "world", None)
+    if world is not None:
+        for tenant, n in world.host.usage().items():
+            usage.setdefault(tenant, {})["world_sessions"] = n
+    tenant_metrics.set(usage, expired)
+
+
+@contextlib.asynccontextmanager
+async def _sweeping(ctx: ServeContext, swept: list[IncomingHandovers], policy: SessionPolicy) -> AsyncIterator[None]:
+    """While the app runs: expire idle detached sessions and uncommitted hand-overs periodically."""
+    ttl = policy.idle_ttl_s
+    interval = MAX_SWEEP_INTERVAL_S if ttl is None else max(0.05, min(ttl / 4, MAX_SWEEP_INTERVAL_S))
+
+    async def sweep() -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if ctx.engine.is_healthy:
+                    gone = await ctx.sessions.expire_idle()
+                    if gone:
+                        logger.info("expired %d idle detached session(s) (--session-idle-ttl %g s)", len(gone), ttl)
+                for incoming in swept:
+                    await incoming.sweep()
+            except EngineDeadError:
+                return
+            except Exception:  # a sweep must never stop the server; the next one tries again
+                logger.exception("the periodic sweep of idle sessions failed")
+
+    task = asyncio.create_task(sweep(), name="execstate-sweep")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

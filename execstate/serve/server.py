@@ -43,6 +43,9 @@ from execstate.engine.llm_engine import LLMEngine
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import ServingMetrics
+from execstate.serve.principals import keys_from_args
+from execstate.session.runtime.manager import SessionPolicy
+from execstate.state.quotas import KINDS, Quotas
 from execstate.transfer.handoff import HandoffTrust
 from execstate.voice.engines import VoiceEngines, default_engines
 from execstate.voice.vocabulary import demo_phrases
@@ -69,8 +72,10 @@ def attach_kv_connector(
     (the control channel, default 127.0.0.1 and a free port), ``max_inflight_transfers``
     (default 64: exports pinned on P, loads in flight on D), ``max_transfer_bytes``,
     ``transfer_ttl_s`` (default 60: how long P keeps an export D never released),
-    ``transfer_timeout_s``, ``kv_secret`` (the handoff HMAC secret; default
-    ``$EXECSTATE_KV_SECRET``), ``allowed_prefill_engines`` (engine id -> ``tcp://host:port``),
+    ``transfer_timeout_s``, ``kv_secret`` (the handoff and migration HMAC secret; default
+    ``$EXECSTATE_KV_SECRET``), ``kv_secret_previous`` (a list: secrets still accepted during a
+    rotation; default ``$EXECSTATE_KV_SECRET_PREVIOUS``, comma-separated),
+    ``allowed_prefill_engines`` (engine id -> ``tcp://host:port``: PD KV handoffs only),
     ``max_fenced_blocks`` (default a quarter of the KV pool). Unknown extra keys are rejected.
     """
     from execstate.engine.pd_connector import PDConfig
@@ -84,6 +89,7 @@ def attach_kv_connector(
         "transfer_ttl_s": "ttl_s",
         "transfer_timeout_s": "timeout_s",
         "kv_secret": "secret",
+        "kv_secret_previous": "previous_secrets",
         "allowed_prefill_engines": "allowed_prefill",
         "max_fenced_blocks": "max_fenced_blocks",
     }
@@ -125,6 +131,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_sessions=args.max_sessions,
         session_eviction=None if args.session_eviction == "none" else args.session_eviction,
         max_session_events=args.max_session_events,
+        max_session_checkpoints=getattr(args, "max_session_checkpoints", 64),
         offload_dram_bytes=args.offload_dram,
         offload_disk_dir=args.offload_disk_dir,
         offload_disk_bytes=args.offload_disk_bytes,
@@ -133,6 +140,17 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         offload_policy=args.offload_policy,
         offload_timeout_s=args.offload_timeout,
     )
+
+
+def quotas_from_args(args: argparse.Namespace) -> Quotas:
+    return Quotas(**{kind: getattr(args, f"tenant_max_{kind}", None) for kind in KINDS})
+
+
+def policy_from_args(args: argparse.Namespace) -> SessionPolicy:
+    from execstate.serve.app import DEFAULT_IDLE_TTL_S, serve_policy
+
+    return serve_policy(getattr(args, "session_idle_ttl", DEFAULT_IDLE_TTL_S),
+                        getattr(args, "max_session_checkpoints", 64), quotas_from_args(args))
 
 
 def limits_from_args(args: argparse.Namespace) -> ServingLimits:
@@ -189,6 +207,10 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
     t0 = time.perf_counter()
     kv_cfg = KVTransferConfig.from_json(args.kv_transfer_config) if args.kv_transfer_config else None
     limits = limits_from_args(args)
+    keys, policy = keys_from_args(args), policy_from_args(args)  # bad keys or targets fail before the model loads
+    from execstate.serve.sessions.targets import MigrationTargets
+
+    targets = MigrationTargets.parse(getattr(args, "migration_targets", None))
     async_engine = AsyncEngine(LLMEngine(engine_config_from_args(args)), limits.max_waiting_requests)
     back_engine = None
     world_host = None
@@ -200,8 +222,18 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
         trust = attach_kv_connector(async_engine, kv_cfg, metrics, make_importer) if kv_cfg is not None else None
         name = args.served_model_name or str(args.model)
         app = build_app(
-            async_engine, name, api_key=args.api_key, metrics=metrics, kv_transfer_config=kv_cfg, limits=limits,
-            handoff_trust=trust, realtime_grace_s=args.realtime_grace_s, agent_back_engine=back_engine,
+            async_engine,
+            name,
+            metrics=metrics,
+            kv_transfer_config=kv_cfg,
+            limits=limits,
+            handoff_trust=trust,
+            realtime_grace_s=args.realtime_grace_s,
+            agent_back_engine=back_engine,
+            keys=keys,
+            policy=policy,
+            migration_targets=targets,
+            migration_skew_s=getattr(args, "migration_skew_s", 30.0),
             agent_task_limits=TaskLimits(args.agent_tool_timeout_s, args.agent_max_tasks),
             voice_engines=voice_engines_from_args(args),
         )
@@ -213,7 +245,8 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
             install_world(app, world_host)
         install_landing(app)  # after every surface: it lists them
         elapsed = time.perf_counter() - t0  # read on the engine thread, the engine's only user:
-        async_engine.call(lambda engine: log_startup(StartupInfo(engine, args, kv_cfg, elapsed, limits)))
+        async_engine.call(lambda engine: log_startup(StartupInfo(engine, args, kv_cfg, elapsed, limits, keys, policy,
+                                                                 targets.describe())))
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                                                ws_max_size=MAX_FRAME_BYTES))
         return serve_until_engine_dies(server, async_engine)

@@ -5,7 +5,8 @@
 Adding a line is one edit: append ``(label, fn)`` to ``FIELDS``, where ``fn(info)`` returns
 the value as text (``StartupInfo`` gives the engine, the parsed CLI arguments, the PD
 config and the start-up time). Values come from what was actually built (the engine's
-config, pool and model), not from the flags alone. The API key itself is never logged.
+config, pool and model), not from the flags alone. API keys are never logged (tenant names are);
+a server without any key is open to whoever can reach it, which is logged again as a WARNING.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from execstate.serve.limits import ServingLimits, option_name
 if TYPE_CHECKING:
     from execstate.engine.llm_engine import LLMEngine
     from execstate.serve.kv_transfer_config import KVTransferConfig
+    from execstate.serve.principals import KeyRing
+    from execstate.session.runtime.manager import SessionPolicy
 
 log = logging.getLogger("execstate.serve.startup")
 
@@ -35,6 +38,35 @@ class StartupInfo:
     kv_transfer_config: KVTransferConfig | None
     startup_seconds: float  # from run_server's start to the app being built
     limits: ServingLimits | None = None  # the request limits the app enforces
+    keys: KeyRing | None = None  # the API keys' tenants (None: not given)
+    policy: SessionPolicy | None = None  # idle expiry, checkpoints per session, quotas
+    migration_targets: tuple[str, ...] = ()  # where sessions may migrate (``MigrationTargets.describe()``)
+
+OPEN_WARNING = ("NO API KEY: this server is open. Anyone who can reach it can use, read and close every "
+                "session; give --api-key or --api-keys-file (docs/security.md)")
+
+
+def auth_line(i: StartupInfo) -> str:
+    if i.keys is None or i.keys.open:
+        return f"OFF - {OPEN_WARNING}"
+    return f"required; tenants: {', '.join(i.keys.tenants)}"
+
+
+def tenancy_line(i: StartupInfo) -> str:
+    p = i.policy
+    if p is None:
+        return "n/a"
+    ttl = "never expire" if p.idle_ttl_s is None else f"expire after {p.idle_ttl_s:g} s idle"
+    quotas = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in vars(p.quotas).items() if v is not None)
+    return (f"detached sessions {ttl}; {p.max_checkpoints} checkpoints per session; per-tenant "
+            f"quotas: {quotas or 'none'}")
+
+
+def migration_line(i: StartupInfo) -> str:
+    t = i.migration_targets
+    if not t:
+        return "off (no --migration-targets)"
+    return "to " + ", ".join(t)
 
 
 def _mib(n: int) -> str:
@@ -176,7 +208,9 @@ FIELDS: list[tuple[str, Callable[[StartupInfo], str]]] = [
     ("PD role", pd_line),
     ("served name", lambda i: i.args.served_model_name or str(i.args.model)),
     ("listening on", lambda i: f"http://{i.args.host}:{i.args.port}"),
-    ("API key", lambda i: "required" if i.args.api_key else "off"),
+    ("API keys", auth_line),
+    ("tenancy", tenancy_line),
+    ("migration", migration_line),
     ("sessions", lambda i: sessions_line(i)),
     ("agents", agents_line),
     ("world", world_line),
@@ -200,3 +234,5 @@ def format_startup(info: StartupInfo) -> str:
 
 def log_startup(info: StartupInfo) -> None:
     log.info("%s", format_startup(info))
+    if info.keys is not None and info.keys.open:
+        log.warning("%s", OPEN_WARNING)

@@ -34,7 +34,7 @@ from execstate.identity.keys import BlockKey
 from execstate.state.block_pool import BlockId, BlockPool
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class HeldBlocks:
     """The KV of a prefix of some owner's tokens.
 

@@ -24,7 +24,7 @@ from serve_helpers import free_port  # noqa: E402
 
 from execstate.serve.auth import APIKeyMiddleware  # noqa: E402
 
-KEY = "sekrit"
+KEY = "sekrit-key"
 
 
 def _serve(app: FastAPI):

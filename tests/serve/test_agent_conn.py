@@ -40,7 +40,7 @@ class FakeServer:
         self.fronts: list[FakeFront] = []
         self.token_delay = token_delay
 
-    async def open_front(self, instructions, params):
+    async def open_front(self, instructions, params, tenant):
         front = FakeFront(token_delay=self.token_delay, prelude=instructions)
         self.fronts.append(front)
         return front, f"sess-{len(self.fronts)}"

@@ -15,6 +15,9 @@ import pytest
 from agent_helpers import agent_client, check_stream, open_agent
 from realtime_helpers import slow_steps, wait_released
 
+from execstate.identity.tenant import LOCAL_TENANT
+from execstate.session.runtime.access import AGENTS, Access, Owner
+
 CALC_RULE = {"pattern": r"(?P<expression>\d+ times \d+)", "tool": "calculator"}
 TURN = {"end_of_turn_silence_s": 0.2, "resume_after_s": 0.2}
 _names = itertools.count()
@@ -24,8 +27,11 @@ def run(coro, timeout: float = 120):
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
+FRONTS = Access(Owner(LOCAL_TENANT, AGENTS), "agent")  # agents' fronts: their own realm, held by the agent socket
+
+
 def session_tokens(served, sid: str) -> list[int]:
-    return served.sessions.call(lambda s: s.token_ids(sid))
+    return served.sessions.call(lambda s: s.token_ids(sid, FRONTS))
 
 
 def test_barge_in_cancels_and_no_old_epoch_delta_follows(served):
@@ -279,7 +285,7 @@ def test_smollm2_over_the_socket_speaks_the_answer_and_never_a_stale_one():
                                      == created["delegation_id"], n)
             await c.wait_for(lambda e: e["type"] == "response.done" and e["epoch"] == 1
                              and e["response"]["status"] == "completed", n)
-            tokens = app.state.ctx.sessions.call(lambda lm: lm.token_ids(s["id"]))
+            tokens = app.state.ctx.sessions.call(lambda lm: lm.token_ids(s["id"], FRONTS))
             await c.ask({"type": "session.close"}, "session.closed")
             return said, stale, tokens, c.events
 

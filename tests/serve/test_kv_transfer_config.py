@@ -84,7 +84,7 @@ def test_serve_cli_arguments():
         "--kv-transfer-config", json.dumps(FULL), "--served-model-name", "moe", "--dtype", "bfloat16",
         "--max-model-len", "128", "--block-size", "8", "--seed", "3", "--kernels", "torch",
     ])
-    assert (args.cmd, args.model, args.port, args.host, args.api_key) == ("serve", "/m", 9001, "0.0.0.0", "k")
+    assert (args.cmd, args.model, args.port, args.host, args.api_key) == ("serve", "/m", 9001, "0.0.0.0", ["k"])
     assert (
         args.served_model_name == "moe" and KVTransferConfig.from_json(args.kv_transfer_config).engine_id == "decode-0"
     )
@@ -145,7 +145,7 @@ def test_connector_hook_attaches_pd_and_rejects_unknown_extra_keys(model_dir):
             }
         )
         trust = attach_kv_connector(ae, cfg)
-        assert trust is not None and trust.secret == b"unit-test-secret-0123456789"
+        assert trust is not None and trust.secret.current == b"unit-test-secret-0123456789"
         assert trust.allowed == {"p9": "tcp://10.1.2.3:5600"}
         pd = ae.call(lambda e: e.pd)
         assert pd.loads.max_fenced_blocks == 8 and pd.loads.max_inflight == 2

@@ -276,16 +276,16 @@ def test_a_disconnect_finishes_the_message_in_hand_then_closes_once(echo):
 
 
 def test_the_apps_api_key_guards_the_socket_and_the_subprotocol_is_chosen():
-    with serving(api_key="k1") as (url, _, _):
+    with serving(api_key="key-one-1") as (url, _, _):
         async def main():
             with pytest.raises(InvalidStatus) as info:
                 async with connect(url):
                     pass
             assert info.value.response.status_code == 401
-            async with connect(url, subprotocols=["realtime", "openai-insecure-api-key.k1"]) as ws:
+            async with connect(url, subprotocols=["realtime", "openai-insecure-api-key.key-one-1"]) as ws:
                 assert ws.subprotocol == "realtime"
                 assert (await ask(ws, {"type": "open", "name": "a"}))["type"] == "opened"
-            async with connect(url, additional_headers={"Authorization": "Bearer k1"}) as ws:
+            async with connect(url, additional_headers={"Authorization": "Bearer key-one-1"}) as ws:
                 assert ws.subprotocol is None
                 assert code(await ask(ws, {"type": "say", "text": "x"})) == ("not_open", None)
 

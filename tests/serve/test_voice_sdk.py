@@ -220,3 +220,42 @@ def test_refused_input(served):
     codes = [(e.error.event_id if hasattr(e.error, "event_id") else None, e.error.code) for e in out]
     assert [c for _, c in codes] == ["invalid", "invalid", "invalid", "invalid", "invalid", "invalid",
                                      "invalid_message", "invalid", "invalid", "not_found", "message_too_large"]
+
+
+def test_a_voice_agents_front_belongs_to_its_tenant_and_is_not_a_plain_session(served):
+    """Issue 19 finding 2 for voice: the front of a voice agent lives in its tenant's agents realm
+    (held by its connection): the session API and ``/v1/realtime`` answer ``not_found`` for its id,
+    and it counts against that tenant's ``agents`` quota."""
+    import httpx
+    from serve_helpers import running_server
+    from voice_serve_helpers import engines
+
+    from execstate.serve.app import build_app
+    from execstate.serve.principals import KeyRing
+
+    key = "voice-key-0001"
+    app = build_app(served.engine, MODEL_NAME, sessions=served.sessions, voice_engines=engines,
+                    keys=KeyRing.build([key]))
+
+    async def main():
+        with running_server(app) as (url, _server):
+            async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0,
+                                          websocket_base_url=url.replace("http", "ws") + "/v1/voice").realtime.connect(
+                    model=MODEL_NAME) as conn:
+                created = await conn.recv()
+                assert created.type == "session.created"
+                await conn.send({"type": "response.create", "event_id": "r"})  # opens the agent
+                for _ in range(200):
+                    if app.state.voice.agents:
+                        break
+                    await asyncio.sleep(0.05)
+                va = next(iter(app.state.voice.agents.values()))
+                front_id = va.agent.front.session_id
+                async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}) as h:
+                    r = await h.get(f"{url}/v1/sessions/{front_id}")
+                    d = await h.delete(f"{url}/v1/sessions/{front_id}")
+                alive = va.agent.front.session_id == front_id and not va.agent._closed
+                return (r.status_code, r.json()["error"]["code"]), d.status_code, alive
+
+    got, deleted, alive = run(main())
+    assert got == (404, "not_found") and deleted == 404 and alive

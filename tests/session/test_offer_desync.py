@@ -13,6 +13,7 @@ signature. The session kinds of hibernation (stale step, stale epoch) plug in wi
 from __future__ import annotations
 
 import itertools
+import secrets
 
 import msgspec
 import numpy as np
@@ -54,8 +55,9 @@ class OfferTarget:
         s.step(a)
         donor = self.src.open_session(sampling_params=GREEDY, session_id=f"donor-{n}")
         donor.step(tokens(700 + n, 40))
-        out = begin_export(self.src.sessions, sid, 30.0)
         target = self.other if kind == "other_weights" else self.dst
+        out = begin_export(self.src.sessions, sid, 30.0, target_engine_id=target.engine.pd.instance_id,
+                           nonce=secrets.token_hex(16))
         restore = None
         try:
             payload, restore = self._inject(kind, out, donor)

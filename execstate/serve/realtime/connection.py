@@ -16,7 +16,11 @@ Once the socket is gone (``disconnected``), later frames are ignored; ``close`` 
 
 A protocol's handlers are built by the framework, once per connection, from a :class:`Peer`: the
 connection's ``emit`` (a JSON event), ``emit_binary`` (an event, then a binary frame right after
-it, nothing in between) and ``state`` (its ``PhaseMachine``). Their ``routes`` map every message
+it, nothing in between), ``state`` (its ``PhaseMachine``) and ``tenant``: the principal of the
+connection (its API key's tenant, found once before the upgrade: ``serve/auth.py``). Every state a
+protocol creates or reaches over the connection is that tenant's: handlers build their sessions
+view from ``peer.tenant`` once (``AsyncKindSessions.scoped``), so ids resolve in the tenant's
+namespace for every message, and no handler checks ownership itself. Their ``routes`` map every message
 struct of the protocol to its handler (checked when the connection is built), and their
 ``close`` runs once, after the last message was handled.
 """
@@ -28,6 +32,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from execstate.identity.tenant import LOCAL_TENANT, TenantId
 from execstate.serve.realtime.errors import EventId, ProtocolError, internal_error
 from execstate.serve.realtime.messages import Message, type_of
 from execstate.serve.realtime.phases import GONE, PhaseMachine
@@ -54,6 +59,7 @@ class Peer:
     emit: Emit
     emit_binary: EmitBinary
     state: PhaseMachine
+    tenant: TenantId = LOCAL_TENANT
 
     async def emit_error(self, error: ProtocolError) -> None:
         """``error`` as an event in the protocol's shape."""
@@ -70,10 +76,10 @@ class Handlers(Protocol):
 
 class Connection:
     def __init__(self, protocol: RealtimeProtocol, open_handlers: Callable[[Peer], Handlers], emit: Emit,
-                 emit_binary: EmitBinary | None = None) -> None:
+                 emit_binary: EmitBinary | None = None, tenant: TenantId = LOCAL_TENANT) -> None:
         self.protocol = protocol
         self.state = PhaseMachine(protocol.phases)
-        self.peer = Peer(protocol, emit, emit_binary or _no_binary, self.state)
+        self.peer = Peer(protocol, emit, emit_binary or _no_binary, self.state, tenant)
         self.handlers = open_handlers(self.peer)
         routed, declared = set(self.handlers.routes), set(protocol.messages.messages)
         if routed != declared:

@@ -10,6 +10,7 @@ interleave.
 The subprotocol is the protocol's (``realtime``) when the client offers it. Authentication is the
 app's, before the upgrade (``serve/auth.py``'s ``APIKeyMiddleware``: a refused client gets an HTTP
 401, never an accepted socket; browsers offer ``openai-insecure-api-key.<key>`` as a subprotocol).
+The key's tenant is the connection's principal for its whole life (``Peer.tenant``).
 
 When the socket goes (closed by either side, or past a limit), the message being handled is
 finished, the rest is dropped, ``Connection.close`` releases what the connection holds (a failure
@@ -28,6 +29,7 @@ import msgspec
 from fastapi import FastAPI
 from starlette.websockets import WebSocket
 
+from execstate.serve.auth import scope_tenant
 from execstate.serve.realtime.connection import Connection, Handlers, Peer
 from execstate.serve.realtime.errors import ProtocolError
 from execstate.serve.realtime.limits import CLOSE_POLICY_VIOLATION, WRITER_DRAIN_S
@@ -80,7 +82,7 @@ class Endpoint:
         async def emit_binary(event: dict[str, Any], payload: bytes) -> None:
             await outbox.put(Outgoing(event, payload))
 
-        conn = Connection(p, self.open_handlers, emit, emit_binary)
+        conn = Connection(p, self.open_handlers, emit, emit_binary, scope_tenant(ws.scope))
         inbox: asyncio.Queue[_Frame | None] = asyncio.Queue()
         pending = _Pending()
         writer = asyncio.create_task(self._write(ws, outbox))

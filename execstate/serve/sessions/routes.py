@@ -13,10 +13,19 @@ client needs without it, and the migration (``migration.py``):
   turn at a time: ``session/lm/chat.py``)
   -> the ``StepResult`` (``routed_experts``: base64 ``.npy`` of the step's rows when asked);
 - ``DELETE /v1/sessions/{id}`` -> ``{"closed": true}``;
-- ``POST /v1/sessions/{id}/migrate`` and ``POST /v1/sessions/import``: see ``migration.py``.
+- ``POST /v1/sessions/{id}/migrate``: see ``migration.py``; ``POST /v1/sessions/import`` and
+  its ``/commit``, ``/abort``, ``/identify``: the receiving side, ``handover.py``.
 
 Errors are OpenAI-style bodies whose ``code`` is the session error's code (``errors.py``'s
-``STATUS`` gives the HTTP status of each). The API key applies (``/v1``).
+``STATUS`` gives the HTTP status of each). The API key applies (``/v1``), except on the signed
+server-to-server paths.
+
+Ownership (DESIGN 11): every request asks as its API key's tenant (``serve/auth.py``), through
+one scoped view of the sessions built per request (:func:`install_session_routes`' ``scoped``):
+ids resolve in the tenant's namespace of the session API's realm, so another tenant's session,
+an agent's front and a world session are ``not_found`` (404), and a session held by a live
+``/v1/realtime`` connection is ``session_in_use`` (409), reads included. Sessions opened here are
+detached: they expire after ``--session-idle-ttl`` without a call (``expired``, 410 after that).
 """
 
 from __future__ import annotations
@@ -24,23 +33,28 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from execstate.engine.async_engine import EngineDeadError
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
+from execstate.serve.auth import scope_tenant
 from execstate.serve.context import ServeContext, engine_dead
 from execstate.serve.errors import OpenAIError
 from execstate.serve.route_rows import encode_routes
 from execstate.serve.sessions.errors import session_error
-from execstate.serve.sessions.migration import install_migration_routes
+from execstate.serve.sessions.handover import IncomingHandovers, install_handover_routes
+from execstate.serve.sessions.migration import Migrations, install_migration_routes
+from execstate.serve.sessions.targets import MigrationTargets
 from execstate.session.lm.async_sessions import AsyncSessions
 from execstate.session.lm.chat import ChatTurn
 from execstate.session.lm.events import SAMPLING_FIELDS
 from execstate.session.lm.step import StepResult
+from execstate.session.runtime.access import SESSIONS, Access, Owner
 from execstate.session.runtime.events import SessionEventError
+from execstate.transfer.handover import DEFAULT_SKEW_S, HandoverLedger
 
 
 class OpenBody(BaseModel):
@@ -88,10 +102,19 @@ def step_json(r: StepResult, routes: bool) -> dict[str, Any]:
     return out
 
 
-def install_session_routes(app: FastAPI, ctx: ServeContext, api_key: str | None = None) -> AsyncSessions:
-    """Add the session endpoints (and the migration's) to ``app``; returns its ``AsyncSessions``."""
-    sessions = ctx.sessions
-    app.state.sessions = sessions
+def http_access(request: Request) -> Access:
+    """How an HTTP request asks: its tenant, the session API's realm, no live connection."""
+    return Access(Owner(scope_tenant(request.scope), SESSIONS))
+
+
+def install_session_routes(app: FastAPI, ctx: ServeContext, targets: MigrationTargets | None = None,
+                           skew_s: float = DEFAULT_SKEW_S) -> tuple[Migrations, IncomingHandovers]:
+    """Add the session endpoints, the migration's and the hand-over's to ``app``; returns the
+    sending side (``migration.py``) and the receiving side (``handover.py``)."""
+    app.state.sessions = ctx.sessions
+
+    def scoped(request: Request) -> AsyncSessions:
+        return ctx.sessions.scoped(http_access(request))
 
     async def call(coro: Any) -> Any:
         ctx.check_healthy()
@@ -103,13 +126,14 @@ def install_session_routes(app: FastAPI, ctx: ServeContext, api_key: str | None 
             raise engine_dead(e) from None
 
     @app.post("/v1/sessions")
-    async def open_session(body: OpenBody) -> JSONResponse:
+    async def open_session(body: OpenBody, request: Request) -> JSONResponse:
         params = sampling_from_json(body.sampling)
-        info = await call(sessions.open(body.session_id, params, body.priority, body.cache_salt))
+        info = await call(scoped(request).open(body.session_id, params, body.priority, body.cache_salt))
         return JSONResponse(asdict(info))
 
     @app.get("/v1/sessions/{session_id}")
-    async def get_session(session_id: str, routes: bool = False) -> JSONResponse:
+    async def get_session(session_id: str, request: Request, routes: bool = False) -> JSONResponse:
+        sessions = scoped(request)
         out = asdict(await call(sessions.info(session_id)))
         out["token_ids"] = await call(sessions.token_ids(session_id))
         if routes:
@@ -117,13 +141,14 @@ def install_session_routes(app: FastAPI, ctx: ServeContext, api_key: str | None 
         return JSONResponse(out)
 
     @app.post("/v1/sessions/{session_id}/events")
-    async def submit_event(session_id: str, body: EventBody) -> JSONResponse:
-        ack = await call(sessions.submit_event(session_id, body.event_id, body.kind, body.data))
+    async def submit_event(session_id: str, body: EventBody, request: Request) -> JSONResponse:
+        ack = await call(scoped(request).submit_event(session_id, body.event_id, body.kind, body.data))
         return JSONResponse({"event_id": ack.event_id, "kind": ack.kind, "status": ack.status,
                              "duplicate": ack.duplicate})
 
     @app.post("/v1/sessions/{session_id}/step")
-    async def step(session_id: str, body: StepBody) -> JSONResponse:
+    async def step(session_id: str, body: StepBody, request: Request) -> JSONResponse:
+        sessions = scoped(request)
         if body.messages is not None and body.input is not None:
             raise OpenAIError(400, "give input or messages, not both", param="messages")
         value = ChatTurn(body.messages) if body.messages is not None else body.input
@@ -138,9 +163,10 @@ def install_session_routes(app: FastAPI, ctx: ServeContext, api_key: str | None 
         return JSONResponse(step_json(await call(run()), body.return_routes))
 
     @app.delete("/v1/sessions/{session_id}")
-    async def close(session_id: str) -> JSONResponse:
-        await call(sessions.close(session_id))
+    async def close(session_id: str, request: Request) -> JSONResponse:
+        await call(scoped(request).close(session_id))
         return JSONResponse({"closed": True, "session_id": session_id})
 
-    install_migration_routes(app, ctx, call, api_key)
-    return sessions
+    incoming = IncomingHandovers(ctx.engine, HandoverLedger(remember_s=skew_s))
+    install_handover_routes(app, ctx, call, incoming)
+    return install_migration_routes(app, ctx, call, targets or MigrationTargets(), scoped, skew_s), incoming

@@ -10,10 +10,12 @@ Both engines need PD connectors (``LLMEngine.attach_pd``): the source one that e
 (``kv_producer`` or ``kv_both``), the target one that loads (``kv_consumer`` or ``kv_both``), with
 the same handoff secret. The protocol and its checks are the source's and the target's
 (``session/lm/migration_source.py``, ``session/lm/migration_target.py``); this driver runs both in the
-caller's thread as the runtime's two-phase hand-over (``session/runtime/migration.py``): export,
-import, poll the target until its load settled (or ``timeout_s`` passed), then close the source
-session (success) or serve it again (failure). The target is an ``execstate.LLM`` (its
-``sessions``) or an engine's ``LMSessions``.
+caller's thread as the runtime's two-phase hand-over (``session/runtime/migration.py``): export
+(an offer bound to the target engine and a fresh nonce), import (the target holds the session,
+not serving it), poll the target until its load settled (or ``timeout_s`` passed), then close the
+source session and commit the target's (success) or serve the source's again (failure: the
+target dropped its import). The target is an ``execstate.LLM`` (its ``sessions``) or an engine's
+``LMSessions``. Both engines need the same shared secret: every offer is signed.
 
 Errors are :class:`MigrationError` (a ``SessionEventError``) with a ``code``; on any error the
 source session is OPEN, unchanged and serving, and the target holds nothing of it.
@@ -21,6 +23,7 @@ source session is OPEN, unchanged and serving, and the target holds nothing of i
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import NamedTuple
 
@@ -55,13 +58,21 @@ def migrate_session(session: SessionHandle, target: object, timeout_s: float = 3
     assert isinstance(src, LMSessions)
     if dst.engine is src.engine:
         raise MigrationError("invalid", "the target is the session's own engine")
+    if dst.engine.pd is None:
+        raise MigrationError("unsupported", "the target cannot receive sessions: it has no PD connector")
+    imports: list[ImportHandle] = []
 
     def deliver(out: Outgoing) -> MigrationResult:
-        return wait_import(dst, begin_import(dst, out.payload), out)
+        imports.append(begin_import(dst, out.payload))
+        return wait_import(dst, imports[0], out)
 
-    out, result = hand_over(lambda: begin_export(src, session.session_id, timeout_s), deliver,
-                            lambda out, ok: finish_export(src, out, ok))
-    moved = type(session)(dst, dst.manager.get(out.session_id))
+    target_id = dst.engine.pd.instance_id
+    out, result = hand_over(lambda: begin_export(src, session.session_id, timeout_s, access=session.access,
+                                                 target_engine_id=target_id, nonce=secrets.token_hex(16)),
+                            deliver, lambda out, ok: finish_export(src, out, ok))
+    imports[0].commit()  # the source's copy is closed: the target serves it from now on
+    assert imports[0].runtime is not None
+    moved = type(session)(dst, imports[0].runtime)
     return Migrated(moved, result, time.monotonic() - out.started)
 
 

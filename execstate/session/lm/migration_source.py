@@ -2,8 +2,10 @@
 
 Call order (the runtime's hand-over, ``session/runtime/migration.py``): :func:`begin_export` ->
 the offer goes to the target (in-process, or over HTTP) -> :func:`finish_export` with ``ok`` =
-whether the target confirmed that it created the session. Both take the engine's ``LMSessions``
-(the session's owner; ``sessions.engine`` is the engine).
+whether the target acknowledged that it imported the session (not yet serving it: the caller
+commits it there next). Both take the engine's ``LMSessions`` (the session's owner;
+``sessions.engine`` is the engine). The offer is bound to one target (``target_engine_id``) and
+one ``nonce``, and signed with the shared secret: an engine without one cannot send sessions.
 
 - ``begin_export`` refuses a session that is not OPEN (``busy`` while it steps or migrates,
   ``failed``, ``closed``, ...) or whose state was computed under another provenance
@@ -11,7 +13,8 @@ whether the target confirmed that it created the session. Both take the engine's
   session becomes MIGRATING (every call but ``close`` is refused, so it cannot change while its
   state travels), its full KV blocks are exported through the PD connector's ``KVExporter``
   (pinned, checksummed, with keys and route records, until the target releases them or the TTL)
-  and its control state is encoded and signed (``session/lm/migration_wire.py``).
+  and its control state is encoded and signed (``session/lm/migration_wire.py``). The session is
+  the caller's (``access``: another tenant's is ``not_found``).
 - ``finish_export(ok=True)``: the target has the session; the source closes its own, releasing
   its blocks, its checkpoints and its origin (checkpoints are not migrated: they stay behind and
   end with the source session). ``ok=False``: the session is OPEN again, exactly as it was, and
@@ -29,6 +32,7 @@ from execstate.session.lm.migration_state import build_offer
 from execstate.session.lm.migration_wire import encode_offer
 from execstate.session.lm.sessions import LMSessions
 from execstate.session.lm.state import LMState
+from execstate.session.runtime.access import LOCAL, Access
 from execstate.session.runtime.events import SessionEventError
 from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
 from execstate.session.runtime.migration import MigrationError
@@ -40,6 +44,8 @@ class Outgoing:
     """A migration in progress at the source. ``payload``: the signed offer's bytes."""
 
     session_id: str
+    nonce: str
+    target_engine_id: str
     payload: bytes
     transfer_id: str | None
     num_blocks: int  # full blocks exported
@@ -60,9 +66,11 @@ def chain_keys_from(root: BlockKey, token_ids: list[int], num_blocks: int, block
     return keys
 
 
-def begin_export(sessions: LMSessions, session_id: str, window_s: float) -> Outgoing:
-    """Freeze the session, export its blocks and encode its offer (module docstring). Raises
-    ``MigrationError`` (with the session's own code when it refuses) with nothing changed."""
+def begin_export(sessions: LMSessions, session_id: str, window_s: float, *, target_engine_id: str, nonce: str,
+                 access: Access = LOCAL) -> Outgoing:
+    """Freeze the session, export its blocks and encode its offer for ``target_engine_id`` under
+    ``nonce`` (module docstring). Raises ``MigrationError`` (with the session's own code when it
+    refuses) with nothing changed."""
     if window_s <= 0 or not window_s < 3600:
         raise MigrationError("invalid", f"the migration window must be in (0, 3600) seconds, got {window_s!r}")
     engine = sessions.engine
@@ -70,8 +78,11 @@ def begin_export(sessions: LMSessions, session_id: str, window_s: float) -> Outg
     if pd is None or pd.exporter is None or pd.server is None:
         raise MigrationError("unsupported", "this instance cannot send sessions: it needs a PD connector with "
                              "role kv_producer or kv_both (--kv-transfer-config)")
+    if pd.secrets is None:
+        raise MigrationError("unsupported", "this instance cannot send sessions: offers are signed with the shared "
+                             "secret of the instances (kv_secret / EXECSTATE_KV_SECRET), and it has none")
     try:
-        rt = sessions.manager.get(session_id)
+        rt = sessions.manager.get(session_id, access)
         rt.require(SessionStatus.OPEN)
     except SessionEventError as e:  # not_found, busy, failed, closed, evicted: the session's own code
         raise MigrationError(e.code, e.message) from None
@@ -101,24 +112,26 @@ def begin_export(sessions: LMSessions, session_id: str, window_s: float) -> Outg
             params = handoff.to_params(pd.secret)
         commit_by = time.time() + window_s
         offer = build_offer(rt, source_instance_id=pd.instance_id, provenance_digest=engine.provenance.digest(),
-                            handoff=params, commit_by=commit_by)
-        payload = encode_offer(offer, pd.secret)
+                            handoff=params, commit_by=commit_by, nonce=nonce, target_engine_id=target_engine_id)
+        payload = encode_offer(offer, pd.secrets)
     except BaseException:
         if transfer_id is not None:
             pd.release_export(transfer_id)
         rt.end_migration()
         raise
-    return Outgoing(session_id, payload, transfer_id, n_full, len(state.token_ids), commit_by,
-                    len(rt.checkpoints), t0, rt)
+    return Outgoing(session_id, nonce, target_engine_id, payload, transfer_id, n_full, len(state.token_ids),
+                    commit_by, len(rt.checkpoints), t0, rt)
 
 
 def finish_export(sessions: LMSessions, out: Outgoing, ok: bool) -> None:
-    """The target confirmed (``ok``: close the source session) or not (serve it again)."""
+    """The target acknowledged the import (``ok``: close the source session) or the source may serve
+    it again (the caller made sure the target will never serve it: module docstring)."""
     engine = sessions.engine
     rt = out.runtime
     assert rt is not None
     rt.end_migration()
     if out.transfer_id is not None and engine.pd is not None:
         engine.pd.release_export(out.transfer_id)
-    if ok and sessions.manager.get(out.session_id) is rt:
-        sessions.close(out.session_id)
+    access = Access(rt.owner, rt.holder)
+    if ok and sessions.manager.get(out.session_id, access) is rt:
+        sessions.close(out.session_id, access)

@@ -6,9 +6,10 @@ against the receiving model before anything is allocated (sizes, token ids insid
 KV and route row counts consistent with the context, route rows in range without duplicate
 experts, the RNG state's size, the sampling parameters as the engine validates them, event ids),
 and :func:`event_queue`, :func:`sampling_params`, :func:`route_rows`, :func:`rng_state` turn the
-checked fields into the session's own objects. :func:`accept_offer` is the target's whole admission
-(who sent the offer, its handoff, provenance, ``check_offer``, deadline, id, capacity). Every refusal is
-``MigrationError("invalid")`` naming the field.
+checked fields into the session's own objects. :func:`accept_offer` is the target's whole
+admission (the offer's signature, that it is for this engine, its tenant, its handoff, provenance,
+``check_offer``, deadline, id in the tenant's namespace, capacity, the tenant's quota). A malformed
+field is ``MigrationError("invalid")`` naming it.
 
 Pending events travel as their clients submitted them (``input`` as ``{"token_ids": [...]}``,
 ``sampling`` as ``{field: value}``, a composite as ``{"events": [...]}``) and the target submits
@@ -27,11 +28,13 @@ import torch
 
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.validation import validate_logit_bias, validate_sampling
+from execstate.identity.tenant import tenant_id
 from execstate.session.lm.events import INPUT
 from execstate.session.lm.migration_wire import FORMAT_VERSION, SessionOffer, WireSampling, decode_offer
 from execstate.session.lm.sessions import LMSessions
 from execstate.session.lm.state import LMState
-from execstate.session.runtime.events import Event, EventKind, EventQueue
+from execstate.session.runtime.access import SESSIONS, Owner
+from execstate.session.runtime.events import Event, EventKind, EventQueue, SessionEventError
 from execstate.session.runtime.lifecycle import SessionRuntime
 from execstate.session.runtime.migration import MigrationError
 from execstate.session.runtime.migration_wire import events_to_wire, queue_from_wire
@@ -47,7 +50,7 @@ def _bad(field: str, why: str) -> MigrationError:
 
 # -- source side ---------------------------------------------------------------------------------
 def build_offer(rt: SessionRuntime, *, source_instance_id: str, provenance_digest: str,
-                handoff: dict[str, Any] | None, commit_by: float) -> SessionOffer:
+                handoff: dict[str, Any] | None, commit_by: float, nonce: str, target_engine_id: str) -> SessionOffer:
     state = rt.state
     assert isinstance(state, LMState)
     n = len(state.token_ids)
@@ -56,7 +59,8 @@ def build_offer(rt: SessionRuntime, *, source_instance_id: str, provenance_diges
         rows = np.ascontiguousarray(state.routes.rows(0, max(n - 1, 0)), dtype="<i2").tobytes()
     snap = rt.events.snapshot()
     return SessionOffer(
-        format_version=FORMAT_VERSION, session_id=rt.session_id, source_instance_id=source_instance_id,
+        format_version=FORMAT_VERSION, session_id=rt.session_id, tenant=rt.owner.tenant, nonce=nonce,
+        target_engine_id=target_engine_id, source_instance_id=source_instance_id,
         provenance_digest=provenance_digest, cache_salt=state.cache_salt, token_ids=list(state.token_ids),
         num_kv_tokens=state.num_kv_tokens, route_rows=rows, step_index=rt.step_index, event_epoch=rt.event_epoch,
         max_event_epoch=rt.max_event_epoch, branch_id=rt.branch_id, seed=state.seed,
@@ -100,20 +104,30 @@ def check_offer(offer: SessionOffer, *, vocab_size: int, max_model_len: int,
         raise _bad("events", f"event ids above the watermark {ev.last_event_id}")
 
 
+def offer_owner(offer: SessionOffer) -> Owner:
+    """The owner the target creates the session under: the offer's tenant, the session API's realm."""
+    try:
+        return Owner(tenant_id(offer.tenant), SESSIONS)
+    except ValueError as e:
+        raise _bad("tenant", str(e)) from None
+
+
 def accept_offer(sessions: LMSessions, data: bytes | tuple[SessionOffer, bool]) -> tuple[SessionOffer, Handoff | None]:
-    """Every check before anything is allocated (module docstring): the sender, the handoff, the
-    provenance, the offer against this model, the deadline, the session id and the capacity."""
+    """Every check before anything is allocated (module docstring): the signature, this engine as
+    the target, the tenant, the handoff, the provenance, the offer against this model, the
+    deadline, the session id, the capacity and the tenant's quota."""
     engine = sessions.engine
     pd = engine.pd
     if pd is None:
         raise MigrationError("unsupported", "this instance cannot receive sessions: it needs a PD connector "
                              "(--kv-transfer-config, role kv_consumer or kv_both)")
-    offer, signed = decode_offer(data, pd.secret) if isinstance(data, bytes) else data
+    offer, signed = decode_offer(data, pd.secrets) if isinstance(data, bytes) else data
+    if not signed:
+        raise MigrationError("unauthorized", "an unsigned session offer (every offer must be signed)")
+    if offer.target_engine_id != pd.instance_id:
+        raise MigrationError("wrong_target", f"the offer is for engine {offer.target_engine_id!r}, not this one")
+    owner = offer_owner(offer)
     params = offer.handoff
-    if not signed and (params is None or "signature" in params or params.get("remote_engine_id") not in
-                       (pd.cfg.allowed_prefill or {})):
-        raise MigrationError("unauthorized", "an unsigned session offer is accepted only with an unsigned handoff "
-                             "from an engine in allowed_prefill_engines")
     handoff = None
     if params is not None:
         if pd.loads is None:
@@ -134,7 +148,7 @@ def accept_offer(sessions: LMSessions, data: bytes | tuple[SessionOffer, bool]) 
     if offer.commit_by <= time.time():
         raise MigrationError("timeout", "the offer arrived after its commit deadline")
     manager = sessions.manager
-    if any(rt.session_id == offer.session_id for rt in manager.resident()):
+    if any(rt.session_id == offer.session_id for rt in manager.resident(owner)):
         raise MigrationError("conflict", f"session {offer.session_id!r} is already open on this instance")
     if manager.num_resident >= manager.max_sessions and manager.eviction is None:
         raise MigrationError("capacity", f"{manager.num_resident} sessions are resident "
@@ -142,6 +156,12 @@ def accept_offer(sessions: LMSessions, data: bytes | tuple[SessionOffer, bool]) 
     if handoff is not None and (handoff.num_blocks * engine.block_size > offer.num_kv_tokens):
         raise MigrationError("invalid", f"the handoff offers {handoff.num_blocks} blocks for "
                              f"{offer.num_kv_tokens} tokens with KV")
+    try:
+        manager.check_quota(owner.tenant, "sessions", lambda: len(manager.resident(owner)))
+        manager.check_quota(owner.tenant, "pinned_blocks", lambda: sessions.pinned_blocks(owner.tenant),
+                            handoff.num_blocks if handoff is not None else 0)
+    except SessionEventError as e:
+        raise MigrationError(e.code, e.message) from None
     return offer, handoff
 
 

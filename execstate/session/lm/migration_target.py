@@ -1,11 +1,12 @@
 """The target side of a session migration (docs/ARCHITECTURE.md 5, 6): engine thread only.
 
 :func:`begin_import` takes the target's ``LMSessions`` (the engine's session owner) and the
-source's signed offer (``session/lm/migration_wire.py``) and, before
-it allocates anything, checks (``migration_state.accept_offer``) who sent it (the offer's HMAC, or an allow-listed
-source), the handoff (``HandoffTrust``, as a PD decode instance does), the provenance digest (same model,
-weights, dtype, numerics, salt), the offer against this model (``migration_state.check_offer``),
-the deadline, the session id (``conflict`` if open here) and the capacity. Then, for the
+source's signed offer (``session/lm/migration_wire.py``) and, before it allocates anything, checks
+(``migration_state.accept_offer``) who sent it (the offer's HMAC: always required), that it is for
+this engine, the handoff (``HandoffTrust``, as a PD decode instance does), the provenance digest
+(same model, weights, dtype, numerics, salt), the offer against this model
+(``migration_state.check_offer``), the deadline, the session id (``conflict`` if the offer's
+tenant has it open here), the capacity and the tenant's quota. Then, for the
 exported full blocks, keys this instance computes itself from its own root and the offer's
 tokens: leading blocks its own prefix cache holds are used as they are (their route rows are this
 instance's records, as for PD); the rest are loaded from the source on the transfer thread
@@ -18,8 +19,11 @@ When the load finished (:meth:`RemoteLoads.poll`, on the engine thread) the impo
   prefix is kept and the rest is recomputed by the session's next step;
 - the verified blocks' route records (from the manifest, with the KV) must equal the control
   state's rows for them, else ``route_mismatch`` (a desync between the two channels);
-- then the session is created with the source's id, branch id, step index, epochs, RNG state,
-  sampling parameters, priority, pending events and acknowledgements; it holds the verified (and
+- then the session is created, under the offer's tenant, with the source's id, branch id, step
+  index, epochs, RNG state, sampling parameters, priority, pending events and acknowledgements,
+  **not serving**: it is MIGRATING (every call but ``close`` refused) until the source, having
+  closed its own copy, commits the hand-over (:meth:`ImportHandle.commit`: OPEN from then on); it
+  holds the verified (and
   locally cached) blocks; the partial tail and any unverified blocks have no KV here and are
   recomputed by its next step. The route rows of those tokens are the source's (the rows that
   produced the tokens it sampled; the next step keeps them, as a preempted request keeps the rows
@@ -28,8 +32,10 @@ When the load finished (:meth:`RemoteLoads.poll`, on the engine thread) the impo
 
 On any failure every block taken is freed (blocks a stuck NIXL read may still write stay fenced
 by ``RemoteLoads``) and the future gets a :class:`MigrationError`: the target holds nothing.
-:meth:`ImportHandle.abandon` (the source gave up, or the deadline passed) fails the import at
-once and, if the session was already created, closes it.
+:meth:`ImportHandle.abandon` (the source gave up or aborted, or the deadline passed) fails the
+import at once and, if the session was already created and not committed, closes it. So the
+target never serves a session the source did not give up (DESIGN 11: at most one server serves a
+session at any time; the HTTP hand-over's rules: ``serve/sessions/migration.py``).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from execstate.session.lm.migration_source import chain_keys_from
 from execstate.session.lm.migration_state import (
     accept_offer,
     event_queue,
+    offer_owner,
     rng_state,
     route_rows,
     sampling_params,
@@ -55,8 +62,9 @@ from execstate.session.lm.migration_state import (
 from execstate.session.lm.migration_wire import SessionOffer
 from execstate.session.lm.sessions import LMSessions
 from execstate.session.lm.state import LMState
+from execstate.session.runtime.access import Access
 from execstate.session.runtime.events import EventQueue, SessionEventError
-from execstate.session.runtime.lifecycle import SessionRuntime
+from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
 from execstate.session.runtime.migration import MigrationError
 from execstate.state.block_holds import HeldBlocks
 from execstate.state.block_pool import BlockId, NoFreeBlocks
@@ -99,17 +107,31 @@ class ImportHandle:
     job_id: int | None = None
     abandoned: bool = False
     created: bool = False
+    runtime: SessionRuntime | None = None  # the created session (MIGRATING until committed)
     future: concurrent.futures.Future[MigrationResult] = field(default_factory=concurrent.futures.Future)
 
     @property
     def engine(self) -> LLMEngine:
         return self.sessions.engine
 
+    def commit(self) -> None:
+        """Engine thread: the source closed its copy; serve the session from now on (idempotent).
+        ``MigrationError("aborted")`` when the import was abandoned or the session ended meanwhile."""
+        rt = self.runtime
+        if rt is None or self.abandoned or rt.status not in (SessionStatus.MIGRATING, SessionStatus.OPEN):
+            raise MigrationError("aborted", f"the import of session {self.offer.session_id!r} was abandoned")
+        rt.end_migration()
+
     def abandon(self, why: str = "the source gave up waiting") -> None:
-        """Engine thread: fail the import now (``timeout``); undo a session already created."""
+        """Engine thread: fail the import now (``timeout``); undo a session already created and not
+        committed."""
         if self.future.done():
-            if self.future.exception() is None:  # created, but the source will keep its own: undo
-                self.sessions.close(self.offer.session_id)
+            rt = self.runtime
+            if rt is not None and rt.status is SessionStatus.MIGRATING:  # created, never committed: undo
+                self.abandoned = True
+                access = Access(rt.owner, rt.holder)
+                if self.sessions.manager.get(rt.session_id, access) is rt:
+                    self.sessions.close(rt.session_id, access)
             return
         self.abandoned = True
         if self.job_id is not None and self.engine.pd is not None and self.engine.pd.loads is not None:
@@ -241,13 +263,16 @@ def _create(imp: ImportHandle, res: LoadResult | None, fenced: bool) -> None:
         state.blocks = engine.kv_holds.adopt(HeldBlocks(kept, len(kept) * bs, imp.keys[: len(kept)], len(imp.hits)))
         imp.hits, imp.dst = [], []  # the session owns them now
     sessions = imp.sessions
+    owner = offer_owner(offer)
     try:
-        sid = sessions.manager.admit(offer.session_id)
+        sid = sessions.manager.admit(offer.session_id, Access(owner))
     except SessionEventError as e:
         raise MigrationError("conflict" if e.code == "invalid" else e.code, e.message) from None
     rt = SessionRuntime(sid, state, imp.queue, offer.branch_id, offer.step_index, offer.event_epoch,
-                        offer.max_event_epoch)
+                        offer.max_event_epoch, owner=owner)
     sessions.manager.add(rt)
+    rt.begin_migration()  # imported, not served: the commit makes it OPEN
+    imp.runtime = rt
     imp.created = True
     n_exported = len(imp.keys)
     imp.future.set_result(MigrationResult(

@@ -12,12 +12,17 @@ verified by the target's ``KVImporter``), and everything else the session owns t
   (and the highest epoch the session had), branch id, seed and RNG state, sampling parameters,
   scheduling priority, pending events with the id watermark and remembered acknowledgements, the
   PD handoff of the exported blocks (``None`` when nothing was exported) and ``commit_by``: a
-  Unix time after which the target must not create the session (the source has given up).
+  Unix time after which the target must not create the session (the source has given up), which
+  is also the offer's expiry. Since format 2 (DESIGN 11): the owning ``tenant`` (the target
+  creates the session under it), a single-use ``nonce`` and the ``target_engine_id`` the offer
+  is for (the target refuses an offer for another engine, and a nonce it has seen:
+  ``serve/sessions/handover.py``).
 - **Signature**: ``HMAC-SHA256(secret, DOMAIN + payload)`` in hex over the exact payload bytes,
-  with the PD handoff secret (``transfer/handoff.py``) shared by both instances. A wrongly signed
-  offer is refused; an unsigned one is accepted only with an unsigned handoff naming a source
-  engine in the target's allow-list (``allowed_prefill_engines``, as for PD: the KV is then read
-  from the listed address), never with a signed handoff lifted from another offer.
+  with the shared secret of the instances (``transfer/secrets.py``: during a rotation the
+  previous secret verifies too). **Every offer must be signed**: an unsigned or wrongly signed
+  offer is refused (``unauthorized``) before its contents are read. An allow-list of prefill
+  engines (``allowed_prefill_engines``) never stands in for a signature: it is for PD KV
+  handoffs only, where the decode instance dials the listed address itself.
 - **Decoding** (:func:`decode_offer`) checks types and bounds (a malformed, oversized or
   unknown-field message is ``MigrationError("invalid")``); the semantic checks against the
   receiving model are in ``session/lm/migration_state.py``.
@@ -52,12 +57,13 @@ from execstate.session.runtime.migration_wire import (
     seal,
     sign_payload,
 )
+from execstate.transfer.secrets import SecretRing
 
 __all__ = ["DOMAIN", "FORMAT_VERSION", "MAX_EVENTS", "MAX_OFFER_BYTES", "MAX_RNG_BYTES", "MAX_TOKENS", "MigrationError",
            "SessionOffer", "SignedOffer", "WireAck", "WireEvents", "WirePending", "WireSampling", "decode_offer",
            "encode_offer", "sign"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 DOMAIN = b"execstate/v1/session-offer\x00"
 MAX_OFFER_BYTES = 64 << 20
 MAX_TOKENS = 1 << 20
@@ -66,6 +72,8 @@ MAX_RNG_BYTES = 1 << 16
 _Count = Annotated[int, Meta(ge=0, le=(1 << 63) - 1)]
 _Name = Annotated[str, Meta(min_length=1, max_length=256)]
 _SessionId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
+_Tenant = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+_Nonce = Annotated[str, Meta(pattern=r"^[0-9a-f]{32,128}$")]
 _Token = Annotated[int, Meta(ge=0, le=(1 << 31) - 1)]
 
 SignedOffer = SignedEnvelope
@@ -97,6 +105,9 @@ class SessionOffer(Struct, frozen=True, forbid_unknown_fields=True):
 
     format_version: int
     session_id: _SessionId
+    tenant: _Tenant
+    nonce: _Nonce
+    target_engine_id: _Name
     source_instance_id: _Name
     provenance_digest: _Name
     cache_salt: Annotated[str, Meta(max_length=4096)] | None
@@ -116,31 +127,36 @@ class SessionOffer(Struct, frozen=True, forbid_unknown_fields=True):
     commit_by: float
 
 
-def sign(secret: bytes, payload: bytes) -> str:
+def sign(secret: SecretRing | bytes, payload: bytes) -> str:
     return sign_payload(secret, DOMAIN, payload)
 
 
-def encode_offer(offer: SessionOffer, secret: bytes | None) -> bytes:
-    """The envelope's bytes (signed when ``secret`` is given)."""
+def encode_offer(offer: SessionOffer, secret: SecretRing | bytes | None) -> bytes:
+    """The envelope's bytes (signed when ``secret`` is given; a target refuses it unsigned)."""
     return seal(msgspec.msgpack.encode(offer), secret, DOMAIN)
 
 
-def decode_offer(data: bytes, secret: bytes | None) -> tuple[SessionOffer, bool]:
-    """The offer in ``data`` and whether its signature verified (module docstring).
+def decode_offer(data: bytes, secret: SecretRing | bytes | None) -> tuple[SessionOffer, bool]:
+    """The offer in ``data``, its signature verified (the ``bool`` is always True: kept for callers).
 
-    ``MigrationError``: ``invalid`` (malformed, oversized, unknown fields, violated bounds, another
-    format version) or ``unauthorized`` (a signature that does not verify, or one this side has no
-    secret to check). An unsigned offer decodes with ``False``; the caller decides whether its
-    handoff is trusted without one.
+    ``MigrationError``: ``unauthorized`` (unsigned, a signature that does not verify, or no secret
+    on this side to check one: checked before anything else is read), ``invalid`` (malformed,
+    oversized, unknown fields, violated bounds), ``incompatible`` (another format version).
     """
     payload, signed = open_envelope(data, secret, DOMAIN, what="session offer", max_bytes=MAX_OFFER_BYTES,
-                                    require_signature=False,
-                                    no_secret="this instance has no handoff secret (kv_secret / EXECSTATE_KV_SECRET)")
+                                    require_signature=True,
+                                    no_secret="this instance has no shared secret (kv_secret / EXECSTATE_KV_SECRET)")
     try:
+        version = msgspec.msgpack.decode(payload, type=_Version).format_version
+        if version != FORMAT_VERSION:
+            raise MigrationError(
+                "incompatible", f"session offer format {version}, this instance reads {FORMAT_VERSION}"
+            )
         offer = msgspec.msgpack.decode(payload, type=SessionOffer)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise MigrationError("invalid", f"malformed session offer: {e}") from None
-    if offer.format_version != FORMAT_VERSION:
-        raise MigrationError("incompatible", f"session offer format {offer.format_version}, "
-                             f"this instance reads {FORMAT_VERSION}")
     return offer, signed
+
+
+class _Version(Struct, frozen=True):
+    format_version: int

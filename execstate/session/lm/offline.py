@@ -47,15 +47,15 @@ class Session(SessionHandle):
     @property
     def token_ids(self) -> list[int]:
         """The whole context so far (inputs and outputs, in order)."""
-        return self._sessions.token_ids(self.session_id)
+        return self._sessions.token_ids(self.session_id, self.access)
 
     @property
     def routed_experts(self) -> np.ndarray | None:
         """int16 ``[len(token_ids) - 1, n_moe_layers, top_k]`` (vLLM layout); None without R3."""
-        return self._sessions.routed_experts(self.session_id)
+        return self._sessions.routed_experts(self.session_id, self.access)
 
     def info(self) -> SessionInfo:
-        return self._sessions.info(self.session_id)
+        return self._sessions.info(self.session_id, self.access)
 
     # -- operations --------------------------------------------------------------------------------
     def step(self, input: list[int] | str | None = None, max_tokens: int | None = None, reprefill: bool = False,
@@ -71,11 +71,11 @@ class Session(SessionHandle):
                 raise SessionEventError("invalid", "give input or messages, not both")
             try:
                 input = turn_tokens(
-                    self._sessions.engine.tokenizer, messages, self._sessions.last_token(self.session_id)
+                    self._sessions.engine.tokenizer, messages, self._sessions.last_token(self.session_id, self.access)
                 )
             except ValueError as exc:
                 raise SessionEventError("invalid", f"messages: {exc}") from None
-        handle = self._sessions.start_step(self.session_id, input, max_tokens, reprefill)
+        handle = self._sessions.start_step(self.session_id, input, max_tokens, reprefill, access=self.access)
         engine = self._sessions.engine
         while not handle.done:
             if not engine.has_unfinished_requests():

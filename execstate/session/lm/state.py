@@ -17,6 +17,13 @@
 partial tail block before writing into it), copies the token list and the RNG state and keeps a
 *view* of the route rows: a trace only appends past its known rows, and a restore or a fork
 builds its own trace from a copy, so the view never changes.
+
+Memory: ``LMSaved.nbytes`` is a checkpoint's host memory (token ids, block keys, route rows, RNG
+state), counted per tenant in ``/metrics`` (``session/lm/tenancy.py``; an upper bound: checkpoints
+of an unchanged state share one immutable copy of its tokens, keys and RNG state, so a run of
+checkpoints without a step in between costs a few small objects each). ``release`` (of a saved
+state, and of the state when its session ends) drops every reference it holds, so an ended
+session remembered for its status keeps no context, keys, routes or KV.
 """
 
 from __future__ import annotations
@@ -32,14 +39,16 @@ from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.identity.keys import BlockKey, block_key
 from execstate.state.block_holds import BlockHolds, HeldBlocks
 
+_NO_RNG = torch.empty(0, dtype=torch.uint8)
 
-@dataclass(eq=False)
+
+@dataclass(eq=False, slots=True)
 class LMSaved:
     """An LM session's saved state (inside a checkpoint); ``release`` unpins its blocks once."""
 
     holds: BlockHolds
-    token_ids: list[int]
-    keys: list[BlockKey]
+    token_ids: tuple[int, ...]
+    keys: tuple[BlockKey, ...]
     blocks: HeldBlocks | None
     routes: np.ndarray | None
     params: SamplingParams
@@ -48,12 +57,31 @@ class LMSaved:
     root: BlockKey
     released: bool = field(default=False, init=False)
 
+    def parts(self) -> list[tuple[object, int]]:
+        """The copies this saved state holds and their host bytes (tokens, keys, RNG state; the
+        route rows are a view of the session's trace, not a copy): shared with other checkpoints
+        of an unchanged state, so a caller counts each object once."""
+        if self.released:
+            return []
+        return [(self.token_ids, 8 * len(self.token_ids) + 40), (self.keys, 72 * len(self.keys) + 40),
+                (self.rng_state, self.rng_state.numel())]
+
+    @property
+    def nbytes(self) -> int:
+        """Host memory of :meth:`parts` (counting shared copies as this state's own)."""
+        return sum(n for _, n in self.parts())
+
+    def block_ids(self) -> set[int]:
+        return set(self.blocks.block_ids) if self.blocks is not None and not self.released else set()
+
     def release(self) -> None:
         if self.released:
             return
         self.released = True
         if self.blocks is not None:
             self.holds.release(self.blocks)
+            self.blocks = None
+        self.token_ids, self.keys, self.routes, self.rng_state = (), (), None, _NO_RNG
 
 
 class LMState:
@@ -69,18 +97,45 @@ class LMState:
         self.root = root
         self.cache_salt = cache_salt
         self.priority = priority  # the scheduling class of its steps
-        self.token_ids: list[int] = []
+        self.token_ids = []
         self.blocks: HeldBlocks | None = None
         self.routes: RouteTrace | None = RouteTrace(*route_shape) if route_shape is not None else None
         self.released = False
-        self._keys: list[BlockKey] = []  # chain keys of token_ids' full blocks computed so far
+        self._keys: list[BlockKey] = []  # chain keys of token_ids' full blocks computed so far (append-only)
+        self._saved_keys: tuple[BlockKey, ...] = ()  # the last save's copies, shared while unchanged
+        self._saved_rng: torch.Tensor | None = None
+        self._saved_rows: np.ndarray | None = None  # the last save's view of the route rows (views never change)
+        self._saved_rows_of: tuple[int, int] = (0, 0)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The context (replaced as a whole, never changed in place: the last save's copy is shared)."""
+        return self._token_ids
+
+    @token_ids.setter
+    def token_ids(self, ids: list[int]) -> None:
+        self._token_ids = ids
+        self._saved_tokens: tuple[int, ...] | None = None
 
     # -- KindState ------------------------------------------------------------------------------
     def save(self) -> LMSaved:
         blocks = self.holds.pin(self.blocks) if self.blocks is not None else None
-        rows = self.routes.rows(0, self.routes.rows_known) if self.routes is not None else None
-        return LMSaved(self.holds, list(self.token_ids), list(self._keys), blocks, rows, self.params, self.seed,
-                       self.generator.get_state(), self.root)
+        rows = None
+        if self.routes is not None:
+            rows = self._saved_rows
+            if rows is None or self._saved_rows_of != (id(self.routes), self.routes.rows_known):
+                rows = self._saved_rows = self.routes.rows(0, self.routes.rows_known)
+                self._saved_rows_of = (id(self.routes), self.routes.rows_known)
+        if self._saved_tokens is None:
+            self._saved_tokens = tuple(self._token_ids)
+        if len(self._saved_keys) != len(self._keys):
+            self._saved_keys = tuple(self._keys)
+        rng = self.generator.get_state()
+        if self._saved_rng is not None and torch.equal(rng, self._saved_rng):
+            rng = self._saved_rng  # unchanged since the last save: one copy for both
+        self._saved_rng = rng
+        return LMSaved(self.holds, self._saved_tokens, self._saved_keys, blocks, rows, self.params, self.seed, rng,
+                       self.root)
 
     def restore(self, saved: LMSaved) -> None:
         self._check_saved(saved)
@@ -100,8 +155,15 @@ class LMState:
                 src.release()  # the clone pinned its own references
 
     def release(self) -> None:
+        """Give the KV back and drop the context (the session ended: only its status is kept)."""
         self.released = True
         self.drop_kv()
+        self.token_ids, self._keys, self._saved_keys, self._saved_rng, self._saved_rows = [], [], (), None, None
+        if self.route_shape is not None:
+            self.routes = RouteTrace(*self.route_shape, capacity=1)
+
+    def block_ids(self) -> set[int]:
+        return set(self.blocks.block_ids) if self.blocks is not None else set()
 
     def chain(self) -> tuple[BlockKey, list[int]]:
         bs = self.block_size
@@ -128,14 +190,14 @@ class LMState:
         under the old provenance); the next step recomputes the whole context."""
         self.drop_kv()
         self.root = root
-        self._keys = []
+        self._keys, self._saved_keys, self._saved_rows = [], (), None
         if self.route_shape is not None:
             self.routes = RouteTrace(*self.route_shape)
 
     def _load(self, saved: LMSaved) -> None:
         self.blocks = self.holds.pin(saved.blocks) if saved.blocks is not None else None
         self.token_ids = list(saved.token_ids)
-        self._keys = list(saved.keys)
+        self._keys, self._saved_keys, self._saved_rows = list(saved.keys), (), None
         if self.route_shape is not None:
             assert saved.routes is not None
             trace = RouteTrace(*self.route_shape, capacity=max(len(saved.routes), 64))

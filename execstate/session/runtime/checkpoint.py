@@ -41,7 +41,7 @@ class KindState(Protocol):
     def chain(self) -> tuple[BlockKey, list[int]]: ...
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Checkpoint:
     """A session's state at a step boundary (module docstring)."""
 

@@ -121,6 +121,7 @@ class EventQueue:
         self._last_id: EventId | None = None
         self._acks: OrderedDict[EventId, EventAck] = OrderedDict()
         self._closed = False
+        self._snap: QueueSnapshot | None = None  # the last snapshot, shared until the queue changes
 
     # -- queries ------------------------------------------------------------------------------
     @property
@@ -155,6 +156,7 @@ class EventQueue:
                 "backpressure", f"{len(self._pending)} events already pending (max {self.max_pending}); "
                 "step the session or retry later", eid)
         self._pending.append(parts)
+        self._snap = None
         self._last_id = eid
         ack = EventAck(eid, kind)
         self._acks[eid] = ack
@@ -197,6 +199,7 @@ class EventQueue:
         """Take every pending event for this boundary, merged per kind (module docstring)."""
         events = [e for entry in self._pending for e in entry]
         self._pending = []
+        self._snap = None
         last: dict[str, int] = {}
         for i, e in enumerate(events):
             if self.kinds[e.kind].merge is Merge.REPLACE:
@@ -211,10 +214,15 @@ class EventQueue:
         """Refuse every later submission (``closed``) and drop what is pending."""
         self._closed = True
         self._pending = []
+        self._snap = None
 
     # -- checkpoints ----------------------------------------------------------------------------
     def snapshot(self) -> QueueSnapshot:
-        return QueueSnapshot(tuple(self._pending), self._last_id, tuple(self._acks.items()))
+        """The queue's state (immutable; the same object until the queue changes, so checkpoints of
+        an unchanged queue share it)."""
+        if self._snap is None:
+            self._snap = QueueSnapshot(tuple(self._pending), self._last_id, tuple(self._acks.items()))
+        return self._snap
 
     def restore(self, snap: QueueSnapshot) -> None:
         """Back to a snapshot's pending events, id watermark and acknowledgements."""
@@ -223,6 +231,7 @@ class EventQueue:
         self._pending = list(snap.pending)
         self._last_id = snap.last_id
         self._acks = OrderedDict(snap.acks)
+        self._snap = snap
 
 
 def _id_or_none(event_id: Any) -> int | None:

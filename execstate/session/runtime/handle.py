@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Self
 
+from execstate.session.runtime.access import Access
 from execstate.session.runtime.checkpoint import Checkpoint
 from execstate.session.runtime.events import EventAck
 from execstate.session.runtime.lifecycle import SessionRuntime
@@ -24,8 +25,14 @@ class SessionHandle:
         self._sessions = sessions
         self._rt = rt
         self.session_id = rt.session_id
+        self._access = Access(rt.owner, rt.holder)  # every call asks as the session's own owner
 
     # -- state ------------------------------------------------------------------------------------
+    @property
+    def access(self) -> Access:
+        """Who this handle asks as: the session's own owner (``session/runtime/access.py``)."""
+        return self._access
+
     @property
     def sessions(self) -> KindSessions[Any]:
         """The sessions object that owns this session."""
@@ -57,30 +64,30 @@ class SessionHandle:
 
     def info(self) -> Any:
         """The kind's info record (``SessionInfo`` / ``WorldSessionInfo``)."""
-        return self._sessions.info(self.session_id)
+        return self._sessions.info(self.session_id, self._access)
 
     # -- operations --------------------------------------------------------------------------------
     def submit_event(self, event_id: int, kind: str, data: Any = None) -> EventAck:
-        return self._sessions.submit_event(self.session_id, event_id, kind, data)
+        return self._sessions.submit_event(self.session_id, event_id, kind, data, self._access)
 
     def checkpoint(self) -> Checkpoint:
-        return self._sessions.checkpoint(self.session_id)
+        return self._sessions.checkpoint(self.session_id, self._access)
 
     def rollback(self, checkpoint: Checkpoint | str) -> None:
-        self._sessions.rollback(self.session_id, checkpoint)
+        self._sessions.rollback(self.session_id, checkpoint, self._access)
 
     def release_checkpoint(self, checkpoint: Checkpoint | str) -> None:
-        self._sessions.release_checkpoint(self.session_id, checkpoint)
+        self._sessions.release_checkpoint(self.session_id, checkpoint, self._access)
 
     def fork(self, checkpoint: Checkpoint | str | None = None, session_id: str | None = None) -> Self:
         """A new session of the same kind from ``checkpoint`` (None: the current state)."""
-        return type(self)(self._sessions, self._sessions.fork(self.session_id, checkpoint, session_id))
+        return type(self)(self._sessions, self._sessions.fork(self.session_id, checkpoint, session_id, self._access))
 
     def reset(self) -> None:
-        self._sessions.reset(self.session_id)
+        self._sessions.reset(self.session_id, self._access)
 
     def close(self) -> None:
-        self._sessions.close(self.session_id)
+        self._sessions.close(self.session_id, self._access)
 
     def __enter__(self) -> Self:
         return self

@@ -13,13 +13,14 @@ Status machine (every other call raises :class:`SessionEventError` with the stat
                          STEPPING --end_step(failed)--> FAILED  (never retried in place)
     OPEN | FAILED --reset--> OPEN      (to the newest live checkpoint, else the origin)
     OPEN | FAILED --evict--> EVICTED   (the manager's capacity policy; idle sessions only)
+    OPEN | FAILED --expire--> EXPIRED  (detached and idle past the manager's idle TTL)
     OPEN --begin_migration--> MIGRATING --end_migration--> OPEN   (moved elsewhere: then closed)
     any --close--> CLOSED              (idempotent)
 
 - Calls allowed per status: ``submit_event`` in OPEN and STEPPING (queued for the next
   boundary); ``begin_step``, ``checkpoint``, ``rollback``, ``fork`` in OPEN; ``reset`` in OPEN and
   FAILED; ``close`` always. Refusals: ``busy`` (STEPPING, MIGRATING), ``failed``, ``evicted``,
-  ``closed``. While MIGRATING (its state is being sent to another instance,
+  ``expired``, ``closed``. While MIGRATING (its state is being sent to another instance,
   ``session/lm/migration_source.py``) every call but ``close`` is refused, so the state sent is the
   state left behind.
 - ``step_index`` counts completed steps: the first step is step 1; a checkpoint taken after k
@@ -31,20 +32,28 @@ Status machine (every other call raises :class:`SessionEventError` with the stat
   resources, no copies of tensors) plus the control state: step index, epoch, branch id and the
   event queue's snapshot (pending events, id watermark, acknowledgements). It belongs to the
   session that made it; it is released by ``release_checkpoint`` / ``Checkpoint.release`` or when
-  the session closes or is evicted. A fork takes its own references, so it outlives them.
+  the session closes or is evicted. A fork takes its own references, so it outlives them. A
+  session keeps at most ``max_checkpoints`` live checkpoints (None: no bound; the manager sets it):
+  one more is refused with ``checkpoint_limit``, changing nothing.
+- Ownership (``access.py``): ``owner`` (tenant and realm) is fixed at creation; ``holder`` is the
+  kind of live connection that holds the session (None: detached). ``last_used`` is the
+  monotonic time of the last call that resolved the session (the manager's idle expiry).
 - The *origin* is the state the session started from (empty for a new session, the fork point
   for a fork): ``reset`` returns to it when no checkpoint is live. It is released at close.
-- ``close`` (and ``evict``) release the kind state, every checkpoint and the origin, exactly once.
+- ``close`` (and ``evict``, ``expire``) release the kind state, every checkpoint and the origin,
+  exactly once; an ended session keeps only its status (what later calls are refused with).
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from execstate.identity.session_keys import SessionKey, session_state_key
+from execstate.session.runtime.access import Owner
 from execstate.session.runtime.checkpoint import Checkpoint, KindState
 from execstate.session.runtime.events import Drained, EventAck, EventQueue, QueueSnapshot, SessionEventError
 
@@ -57,11 +66,13 @@ class SessionStatus(enum.Enum):
     FAILED = "failed"
     CLOSED = "closed"
     EVICTED = "evicted"
+    EXPIRED = "expired"
     MIGRATING = "migrating"
 
 
+ENDED = (SessionStatus.CLOSED, SessionStatus.EVICTED, SessionStatus.EXPIRED)
 _REFUSAL = {SessionStatus.STEPPING: "busy", SessionStatus.FAILED: "failed", SessionStatus.CLOSED: "closed",
-            SessionStatus.EVICTED: "evicted", SessionStatus.MIGRATING: "busy"}
+            SessionStatus.EVICTED: "evicted", SessionStatus.EXPIRED: "expired", SessionStatus.MIGRATING: "busy"}
 
 
 class SessionRuntime:
@@ -70,8 +81,13 @@ class SessionRuntime:
     the LM kind, a lock for the world kind)."""
 
     def __init__(self, session_id: str, state: KindState, events: EventQueue, branch_id: str,
-                 step_index: int = 0, event_epoch: int = 0, max_event_epoch: int | None = None) -> None:
+                 step_index: int = 0, event_epoch: int = 0, max_event_epoch: int | None = None,
+                 owner: Owner | None = None, holder: str | None = None) -> None:
         self.session_id = session_id
+        self.owner = owner if owner is not None else Owner()
+        self.holder = holder
+        self.max_checkpoints: int | None = None  # set by the manager (add)
+        self.last_used = time.monotonic()
         self.state = state
         self.events = events
         self.branch_id = branch_id
@@ -182,8 +198,17 @@ class SessionRuntime:
         return SessionEventError(code, message)
 
     # -- checkpoints ------------------------------------------------------------------------------
+    @property
+    def num_checkpoints(self) -> int:
+        return len(self.checkpoints)
+
     def checkpoint(self) -> Checkpoint:
         self.require(SessionStatus.OPEN)
+        for cid in [cid for cid, cp in self._checkpoints.items() if cp.released]:  # released via Checkpoint.release
+            del self._checkpoints[cid]
+        if self.max_checkpoints is not None and len(self._checkpoints) >= self.max_checkpoints:
+            raise SessionEventError("checkpoint_limit", f"session {self.session_id!r} holds {len(self._checkpoints)} "
+                                    f"checkpoints, its limit ({self.max_checkpoints}): release one first")
         cp = self._save(f"cp-{next(self._cp_ids)}")
         self._checkpoints[cp.checkpoint_id] = cp
         return cp
@@ -224,13 +249,19 @@ class SessionRuntime:
         self.require(SessionStatus.OPEN, SessionStatus.FAILED)
         return self._end(SessionStatus.EVICTED, reason)
 
+    def expire(self, reason: str) -> bool:
+        """Release everything and refuse later calls with ``expired``; only idle sessions."""
+        self.require(SessionStatus.OPEN, SessionStatus.FAILED)
+        return self._end(SessionStatus.EXPIRED, reason)
+
     def _end(self, status: SessionStatus, reason: str | None) -> bool:
-        if self.status in (SessionStatus.CLOSED, SessionStatus.EVICTED):
+        if self.status in ENDED:
             if status is SessionStatus.CLOSED:
                 self.status = status  # closing an evicted session: nothing left to release
             return False
         self.status = status
         self.error = reason
+        self.holder = None
         self.events.close()
         for cp in self._checkpoints.values():
             cp.release()

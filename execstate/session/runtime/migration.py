@@ -6,13 +6,17 @@ Moving a session to another instance is, for every kind, three calls in this ord
    every call but ``close`` is refused, so the state sent is the state left behind) and its state
    is encoded into an offer;
 2. ``deliver(out)``: the target checks the offer against its own model and creates the session
-   under the same id (or raises, holding nothing of it);
-3. ``finish(out, ok)`` at the source, always: ``ok`` (the target confirmed) closes the source's
-   session; otherwise it is OPEN again, unchanged, and serves the next call.
+   under the same id and owner, **not serving it** (or raises, holding nothing of it);
+3. ``finish(out, ok)`` at the source, always: ``ok`` (the target acknowledged) closes the
+   source's session, and only then does the caller commit the target's (which serves it from
+   then on); otherwise the target drops its import and the source's session is OPEN again,
+   unchanged, and serves the next call.
 
 So at most one instance serves a session at any time (DESIGN 11). :func:`hand_over` runs the three
-in one thread; a server runs them across two processes with the same order
-(``serve/session_migration_http.py``). The kinds' offers, checks and transports:
+in one thread (``session/lm/migration.py`` commits after it); a server runs them across two
+processes in the same order, with single-use signed offers and an abort that must be confirmed
+before the source serves again (``serve/sessions/migration.py``, ``serve/sessions/handover.py``). The kinds' offers,
+checks and transports:
 ``session/lm/migration*.py`` (KV through the PD connectors) and ``session/world/migration*.py``
 (K/V inside the message); their shared wire parts: ``session/runtime/migration_wire.py``.
 """

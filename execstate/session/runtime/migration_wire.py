@@ -11,15 +11,15 @@ signed envelope (typed ``msgspec`` messages encoded as msgpack, never pickle).
   ``HMAC-SHA256(secret, domain + payload)`` in hex (None when unsigned). Each kind has its own
   domain, so an offer of one kind never verifies as the other's. :func:`open_envelope` checks the
   size, the envelope's shape and the signature; whether an unsigned offer is acceptable is the
-  kind's decision (``require_signature``).
+  kind's decision (``require_signature``). Secrets are a ``SecretRing`` (``transfer/secrets.py``):
+  the current secret signs, the current and the previous ones verify (a rotation), or plain
+  bytes (one secret).
 
 Every refusal is a :class:`MigrationError` (``invalid`` or ``unauthorized``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
@@ -37,6 +37,9 @@ from execstate.session.runtime.events import (
     SessionEventError,
 )
 from execstate.session.runtime.migration import MigrationError
+from execstate.transfer.secrets import SecretRing
+
+Secret = SecretRing | bytes | None
 
 MAX_EVENTS = 4096
 
@@ -108,17 +111,26 @@ def queue_from_wire(ev: WireEvents, kinds: Mapping[str, EventKind], max_pending:
 
 
 # -- envelope -------------------------------------------------------------------------------------
-def sign_payload(secret: bytes, domain: bytes, payload: bytes) -> str:
-    return hmac.new(secret, domain + payload, hashlib.sha256).hexdigest()
+def as_ring(secret: Secret) -> SecretRing | None:
+    """``secret`` as a ring (bytes: a ring of that one secret)."""
+    if secret is None or isinstance(secret, SecretRing):
+        return secret
+    return SecretRing(bytes(secret))
 
 
-def seal(payload: bytes, secret: bytes | None, domain: bytes) -> bytes:
-    """The envelope's bytes (signed when ``secret`` is given)."""
+def sign_payload(secret: SecretRing | bytes, domain: bytes, payload: bytes) -> str:
+    ring = as_ring(secret)
+    assert ring is not None
+    return ring.sign(domain, payload)
+
+
+def seal(payload: bytes, secret: Secret, domain: bytes) -> bytes:
+    """The envelope's bytes (signed with the current secret when one is given)."""
     sig = None if secret is None else sign_payload(secret, domain, payload)
     return msgspec.msgpack.encode(SignedEnvelope(payload, sig))
 
 
-def open_envelope(data: bytes, secret: bytes | None, domain: bytes, *, what: str, max_bytes: int,
+def open_envelope(data: bytes, secret: Secret, domain: bytes, *, what: str, max_bytes: int,
                   require_signature: bool, no_secret: str) -> tuple[bytes, bool]:
     """The payload in ``data`` and whether its signature verified. ``invalid``: not bytes, over
     ``max_bytes``, a malformed envelope; ``unauthorized``: a signature that does not verify, a
@@ -135,8 +147,9 @@ def open_envelope(data: bytes, secret: bytes | None, domain: bytes, *, what: str
         if require_signature:
             raise MigrationError("unauthorized", f"an unsigned {what} (this side requires a signature)")
         return env.payload, False
-    if secret is None:
+    ring = as_ring(secret)
+    if ring is None:
         raise MigrationError("unauthorized", f"the {what} is signed but {no_secret}")
-    if not hmac.compare_digest(env.signature, sign_payload(secret, domain, env.payload)):
+    if not ring.verify(domain, env.payload, env.signature):
         raise MigrationError("unauthorized", f"the {what}'s signature does not match (tampered, or another secret)")
     return env.payload, True

@@ -19,6 +19,11 @@ kinds differ):
 - the world kind passes an ``RLock``: any thread may call, and a step's compute runs outside the
   lock on private inputs (``session/world/step.py``).
 
+Ownership: every call takes the caller's :class:`Access` (``session/runtime/access.py``; default
+:data:`LOCAL`, offline use) and resolves its session id through the manager within that caller's
+namespace, which refuses a session held by a live connection of another kind
+(``session_in_use``). A new session (``open``, ``fork``) belongs to the caller's owner.
+
 Refusals are :class:`SessionEventError` with the runtime's codes (``session/runtime/lifecycle.py``,
 ``session/runtime/manager.py``).
 """
@@ -31,9 +36,10 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Generic, TypeVar
 
+from execstate.session.runtime.access import LOCAL, Access
 from execstate.session.runtime.checkpoint import Checkpoint
 from execstate.session.runtime.events import EventAck, EventKind, EventQueue
-from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
+from execstate.session.runtime.lifecycle import ENDED, SessionRuntime, SessionStatus
 from execstate.session.runtime.manager import SessionManager
 
 InfoT = TypeVar("InfoT")
@@ -41,11 +47,12 @@ InfoT = TypeVar("InfoT")
 
 def runtime_fields(rt: SessionRuntime) -> dict[str, Any]:
     """The fields every kind's info record has (``SessionInfo``, ``WorldSessionInfo``)."""
-    live = rt.status not in (SessionStatus.CLOSED, SessionStatus.EVICTED)
+    live = rt.status not in ENDED
+    checkpoints = [cp.checkpoint_id for cp in rt.checkpoints]
     return {
         "session_id": rt.session_id, "status": rt.status.value, "step_index": rt.step_index,
         "event_epoch": rt.event_epoch, "branch_id": rt.branch_id,
-        "checkpoints": [cp.checkpoint_id for cp in rt.checkpoints], "last_event_id": rt.events.last_event_id,
+        "checkpoints": checkpoints, "num_checkpoints": len(checkpoints), "last_event_id": rt.events.last_event_id,
         "num_pending_events": rt.events.num_pending, "stepping": rt.status is SessionStatus.STEPPING,
         "error": rt.error, "state_key": rt.state_key().hex() if live else None,
     }
@@ -69,58 +76,76 @@ class KindSessions(ABC, Generic[InfoT]):
         """An empty event queue with this kind's event kinds and bound."""
         return EventQueue(self.kinds, self.max_pending_events)
 
-    # -- events -----------------------------------------------------------------------------------
-    def submit_event(self, session_id: str, event_id: int, kind: str, data: Any = None) -> EventAck:
+    # -- events ---------------------------------------------------------------------------------
+    def submit_event(self, session_id: str, event_id: int, kind: str, data: Any = None,
+                     access: Access = LOCAL) -> EventAck:
         with self.lock:
-            return self.manager.get(session_id).submit_event(event_id, kind, data)
+            return self.manager.get(session_id, access).submit_event(event_id, kind, data)
 
     # -- checkpoints ------------------------------------------------------------------------------
-    def checkpoint(self, session_id: str) -> Checkpoint:
+    def checkpoint(self, session_id: str, access: Access = LOCAL) -> Checkpoint:
+        """A checkpoint (``checkpoint_limit`` past the session's bound, ``quota`` past the tenant's)."""
         with self.lock:
-            return self.manager.get(session_id).checkpoint()
+            rt = self.manager.get(session_id, access)
+            rt.require(SessionStatus.OPEN)
+            self.manager.check_quota(rt.owner.tenant, "checkpoints",
+                                     lambda: self.manager.tenant_checkpoints(rt.owner.tenant))
+            return rt.checkpoint()
 
-    def rollback(self, session_id: str, checkpoint: Checkpoint | str) -> None:
+    def rollback(self, session_id: str, checkpoint: Checkpoint | str, access: Access = LOCAL) -> None:
         with self.lock:
-            rt = self.manager.get(session_id)
+            rt = self.manager.get(session_id, access)
             rt.rollback(rt.resolve_checkpoint(checkpoint))
 
-    def release_checkpoint(self, session_id: str, checkpoint: Checkpoint | str) -> None:
+    def release_checkpoint(self, session_id: str, checkpoint: Checkpoint | str, access: Access = LOCAL) -> None:
         with self.lock:
-            rt = self.manager.get(session_id)
+            rt = self.manager.get(session_id, access)
             rt.release_checkpoint(checkpoint.checkpoint_id if isinstance(checkpoint, Checkpoint) else checkpoint)
 
-    def reset(self, session_id: str) -> None:
+    def reset(self, session_id: str, access: Access = LOCAL) -> None:
         with self.lock:
-            self.manager.get(session_id).reset()
+            self.manager.get(session_id, access).reset()
 
     def fork(self, session_id: str, checkpoint: Checkpoint | str | None = None,
-             new_session_id: str | None = None) -> SessionRuntime:
+             new_session_id: str | None = None, access: Access = LOCAL) -> SessionRuntime:
         """A new session (new branch id) from ``checkpoint`` (None: the current state): it shares the
         parent's blocks and has its own generator in the same state, its own events and checkpoints."""
         with self.lock:
-            return self.manager.fork(session_id, checkpoint, new_session_id, self.new_queue)
+            return self.manager.fork(session_id, checkpoint, new_session_id, self.new_queue, access)
 
-    # -- end of life ------------------------------------------------------------------------------
-    def close(self, session_id: str) -> bool:
+    # -- holds and end of life ------------------------------------------------------------------------
+    def hold(self, session_id: str, access: Access) -> None:
+        """``access.holder`` (a live connection's kind) holds the session from now on."""
+        with self.lock:
+            self.manager.hold(session_id, access)
+
+    def close(self, session_id: str, access: Access = LOCAL) -> bool:
         """Close (idempotent); True if this call released the session's state."""
         with self.lock:
-            return self.manager.close(session_id)
+            return self.manager.close(session_id, access)
 
     def close_all(self) -> None:
         """Close every resident session (the owner shuts down)."""
         with self.lock:
             for rt in self.manager.resident():
-                self.close(rt.session_id)
+                self.close(rt.session_id, Access(rt.owner, rt.holder))
+
+    def expire_idle(self) -> list[str]:
+        """Expire the detached sessions idle past the policy's TTL (``manager.py``); their ids."""
+        with self.lock:
+            return [rt.session_id for rt in self.manager.expire_idle()]
 
     # -- queries ------------------------------------------------------------------------------------
-    def runtime(self, session_id: str) -> SessionRuntime:
+    def runtime(self, session_id: str, access: Access = LOCAL) -> SessionRuntime:
         with self.lock:
-            return self.manager.get(session_id)
+            return self.manager.get(session_id, access)
 
-    def info(self, session_id: str) -> InfoT:
+    def info(self, session_id: str, access: Access = LOCAL) -> InfoT:
         with self.lock:
-            return self.describe(self.manager.get(session_id))
+            return self.describe(self.manager.get(session_id, access))
 
-    def list(self) -> list[InfoT]:
+    def list(self, access: Access = LOCAL) -> list[InfoT]:
+        """The caller's owner's resident sessions (those the caller may use: no other holder's)."""
         with self.lock:
-            return [self.describe(rt) for rt in self.manager.resident()]
+            return [self.describe(rt) for rt in self.manager.resident(access.owner)
+                    if rt.holder is None or rt.holder == access.holder]

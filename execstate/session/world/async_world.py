@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from execstate.model.world.interface import WorldSpec
+from execstate.session.runtime.access import LOCAL, Access
 from execstate.session.runtime.async_sessions import AsyncKindSessions
 from execstate.session.runtime.events import EventAck, SessionEventError
 from execstate.session.runtime.lifecycle import SessionStatus
@@ -49,9 +50,17 @@ class AsyncWorld(AsyncKindSessions[WorldSessions, WorldSessionInfo]):
             raise ValueError(f"step_workers must be an int >= 1, got {step_workers!r}")
         self.world = world
         self.sessions = world.sessions
+        self.access: Access = LOCAL
         self._pool = ThreadPoolExecutor(step_workers, thread_name_prefix="world-step")
         self.received_at: OrderedDict[tuple[str, int], float] = OrderedDict()
-        self._in_flight: set[str] = set()
+        self._in_flight: set[tuple[object, str]] = set()
+
+    def scoped(self, access: Access) -> AsyncWorld:
+        """A view asking as ``access`` (``session/runtime/async_sessions.py``); it shares the workers."""
+        view = object.__new__(AsyncWorld)
+        view.__dict__.update(self.__dict__)
+        view.access = access
+        return view
 
     @property
     def spec(self) -> WorldSpec:
@@ -65,15 +74,17 @@ class AsyncWorld(AsyncKindSessions[WorldSessions, WorldSessionInfo]):
                 raise SessionEventError("invalid", "give start_frames or scene_seed, not both")
             start_frames = scene_frames(self.spec, scene_seed, prompt)
 
+        a = self.access
+
         def fn() -> WorldSessionInfo:
-            rt = self.sessions.open(session_id, prompt, seed, start_frames, window_chunks, sink_chunks)
-            return self.sessions.info(rt.session_id)
+            rt = self.sessions.open(session_id, prompt, seed, start_frames, window_chunks, sink_chunks, a)
+            return self.sessions.info(rt.session_id, a)
 
         return await self._in_worker(fn)  # committing the start frames runs the model once
 
     async def submit_event(self, session_id: str, event_id: int, kind: str, data: Any = None) -> EventAck:
         t = time.perf_counter()
-        ack = self.sessions.submit_event(session_id, event_id, kind, data)
+        ack = self.sessions.submit_event(session_id, event_id, kind, data, self.access)
         if not ack.duplicate:
             self.received_at[(session_id, ack.event_id)] = t
             while len(self.received_at) > _REMEMBER_ARRIVALS:
@@ -83,14 +94,16 @@ class AsyncWorld(AsyncKindSessions[WorldSessions, WorldSessionInfo]):
     async def step(self, session_id: str, action: str | list[str] | None = None) -> WorldStepResult:
         """One chunk. Its boundary (which events it applies) is taken when a worker starts it; a
         second step of a session whose step is queued or running is refused ``busy`` at once."""
-        self.sessions.runtime(session_id).require(SessionStatus.OPEN)
-        if session_id in self._in_flight:
+        a = self.access
+        self.sessions.runtime(session_id, a).require(SessionStatus.OPEN)
+        key = (a.owner, session_id)
+        if key in self._in_flight:
             raise SessionEventError("busy", f"session {session_id!r} has a step queued or running")
-        self._in_flight.add(session_id)
+        self._in_flight.add(key)
         try:
-            return await self._in_worker(lambda: self.sessions.step(session_id, action))
+            return await self._in_worker(lambda: self.sessions.step(session_id, action, a))
         finally:
-            self._in_flight.discard(session_id)
+            self._in_flight.discard(key)
 
     async def run(self, fn: Callable[[WorldSessions], T]) -> T:
         """``fn(sessions)`` now: it takes the sessions' lock for its bookkeeping only."""

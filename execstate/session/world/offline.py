@@ -24,6 +24,7 @@ from execstate.model.world.interface import WorldModel, WorldSpec
 from execstate.session.runtime.events import SessionEventError
 from execstate.session.runtime.handle import SessionHandle
 from execstate.session.runtime.lifecycle import Checkpoint
+from execstate.session.runtime.manager import SessionPolicy
 from execstate.session.world.sessions import WorldSessionInfo, WorldSessions
 from execstate.session.world.step import WorldStepResult
 
@@ -68,10 +69,12 @@ def scene_frames(spec: WorldSpec, scene_seed: int, prompt: str = "") -> np.ndarr
 class World:
     def __init__(self, model: WorldModel | str | Path | None = None, numerics: str = "eager", max_sessions: int = 8,
                  session_blocks: int | None = None, num_blocks: int | None = None, eviction: str | None = None,
-                 max_session_events: int = 64, block_size: int | None = None) -> None:
+                 max_session_events: int = 64, block_size: int | None = None,
+                 policy: SessionPolicy | None = None) -> None:
+        """``policy``: a server's bounds on its sessions (``session/runtime/manager.py``)."""
         self.model = load_world_model(model, numerics)
         self.sessions = WorldSessions(self.model, max_sessions, session_blocks, num_blocks, eviction,
-                                      max_session_events, block_size)
+                                      max_session_events, block_size, policy)
 
     @property
     def spec(self) -> WorldSpec:
@@ -113,13 +116,13 @@ class WorldSession(SessionHandle):
     _sessions: WorldSessions
 
     def info(self) -> WorldSessionInfo:
-        return self._sessions.info(self.session_id)
+        return self._sessions.info(self.session_id, self.access)
 
     def next_event_id(self) -> int:
         return self._rt.next_event_id()
 
     def step(self, action: str | list[str] | None = None) -> WorldStepResult:
-        return self._sessions.step(self.session_id, action)
+        return self._sessions.step(self.session_id, action, self.access)
 
     def migrate(self, target: World, secret: bytes | None = None) -> WorldSession:
         """Move this session to World ``target`` (``session/world/migration.py``) and return its

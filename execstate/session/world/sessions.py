@@ -31,9 +31,10 @@ import numpy as np
 
 from execstate.model.world.interface import KVWriter, WorldModel
 from execstate.model.world.window import RollingWindow
+from execstate.session.runtime.access import LOCAL, Access
 from execstate.session.runtime.events import SessionEventError
 from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
-from execstate.session.runtime.manager import SessionManager
+from execstate.session.runtime.manager import SessionManager, SessionPolicy
 from execstate.session.runtime.sessions import KindSessions, runtime_fields
 from execstate.session.world.events import ACTION, held_after, world_event_kinds
 from execstate.session.world.state import WorldState, WorldStore, start_history, step_history
@@ -59,6 +60,7 @@ class WorldSessionInfo:
     blocks_in_use: int  # distinct K/V blocks the session holds (checkpoints and origin included)
     budget_blocks: int
     checkpoints: list[str]
+    num_checkpoints: int
     last_event_id: int | None
     num_pending_events: int
     stepping: bool
@@ -73,7 +75,7 @@ class WorldSessions(KindSessions[WorldSessionInfo]):
 
     def __init__(self, model: WorldModel, max_sessions: int = 8, session_blocks: int | None = None,
                  num_blocks: int | None = None, eviction: str | None = None, max_session_events: int = 64,
-                 block_size: int | None = None) -> None:
+                 block_size: int | None = None, policy: SessionPolicy | None = None) -> None:
         spec = model.spec
         block_size = spec.kv.tokens_per_frame if block_size is None else block_size
         bpc = spec.kv.blocks_per_chunk(block_size)
@@ -83,7 +85,7 @@ class WorldSessions(KindSessions[WorldSessionInfo]):
         if isinstance(session_blocks, bool) or not isinstance(session_blocks, int) or session_blocks < least:
             raise ValueError(f"session_blocks must be an int >= {least} (the window and one chunk in flight), "
                              f"got {session_blocks!r}")
-        super().__init__(SessionManager(max_sessions, eviction),
+        super().__init__(SessionManager(max_sessions, eviction, policy),
                          world_event_kinds(spec.keys, spec.frames_per_chunk, spec.camera_dim), max_session_events,
                          threading.RLock())
         num_blocks = max_sessions * session_blocks if num_blocks is None else num_blocks
@@ -94,8 +96,9 @@ class WorldSessions(KindSessions[WorldSessionInfo]):
     # -- lifecycle --------------------------------------------------------------------------------
     def open(self, session_id: str | None = None, prompt: str = "", seed: int = 0,
              start_frames: np.ndarray | None = None, window_chunks: int | None = None,
-             sink_chunks: int | None = None) -> SessionRuntime:
-        """A new session. ``start_frames`` (uint8 ``[F, H, W, 3]``) are committed as its first
+             sink_chunks: int | None = None, access: Access = LOCAL) -> SessionRuntime:
+        """A new session of ``access``'s owner (``session/runtime/access.py``). ``start_frames`` (uint8 ``[F, H, W,
+        3]``) are committed as its first
         chunk now (its origin then holds them); else its first step generates from the prompt."""
         window = self.window_for(window_chunks, sink_chunks)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
@@ -109,14 +112,15 @@ class WorldSessions(KindSessions[WorldSessionInfo]):
         except ValueError as exc:
             raise SessionEventError("invalid", str(exc)) from None
         with self.lock:
-            sid = self.manager.admit(session_id)
+            sid = self.manager.admit(session_id, access)
             model = self.store.model
             history = start_history(self.store.root, seed, prompt, digest, window.sink_chunks, window.window_chunks)
             state = WorldState(self.store, window, seed, model.encode_prompt(prompt, 0), model.initial_carry(),
                                history)
             if start_frames is not None:
                 self._commit_start(state, latents)
-            return self.manager.add(SessionRuntime(sid, state, self.new_queue(), secrets.token_hex(8)))
+            return self.manager.add(SessionRuntime(sid, state, self.new_queue(), secrets.token_hex(8),
+                                                   owner=access.owner, holder=access.holder))
 
     def window_for(self, window_chunks: int | None, sink_chunks: int | None) -> RollingWindow:
         spec = self.spec
@@ -148,10 +152,10 @@ class WorldSessions(KindSessions[WorldSessionInfo]):
         state.append_chunk(chunk, carry, step_history(keys, None, state.prompt))
 
     # -- events and steps -------------------------------------------------------------------------
-    def step(self, session_id: str, action: str | list[str] | None = None) -> WorldStepResult:
+    def step(self, session_id: str, action: str | list[str] | None = None, access: Access = LOCAL) -> WorldStepResult:
         """One chunk. ``action`` (a key name, or F names): an ``action`` event with the next id first."""
         with self.lock:
-            rt = self.manager.get(session_id)
+            rt = self.manager.get(session_id, access)
             rt.require(SessionStatus.OPEN)
             if action is not None:
                 data = {"key": action} if isinstance(action, str) else {"keys": list(action)}

@@ -13,6 +13,11 @@ own agent, which stops with an ``overflow`` error past its event bound). Each ag
 once, each in its own session; one connection's failure never reaches another's. The API key and
 subprotocol are as for ``/v1/realtime``.
 
+Ownership: an agent's front is an LM session of the connection's tenant in the ``agents`` realm
+(``session/runtime/access.py``), held by the ``agent`` kind of connection: it counts against the
+tenant's ``agents`` quota, and neither the session API nor ``/v1/realtime`` can reach it (its id is
+``not_found`` there). The back-end model's tasks are short sessions in the ``tasks`` realm.
+
 When the socket goes, the message being handled is finished, the rest dropped, and the agent is
 closed: its front session released, its back-end tasks cancelled, or, if the client asked
 (``keep_tasks_on_disconnect``), left to finish in the server's ``TaskKeeper`` (their results go
@@ -33,16 +38,19 @@ from execstate.agent.front import FrontModel, SessionFront
 from execstate.agent.tool_threads import ToolThreads
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.sampling_params import SamplingParams
+from execstate.identity.tenant import LOCAL_TENANT, TenantId
 from execstate.serve.context import ServeContext
 from execstate.serve.realtime.agent.handlers import AgentHandlers
 from execstate.serve.realtime.agent.messages import AGENT_PROTOCOL
 from execstate.serve.realtime.agent.tools import AgentTools
 from execstate.serve.realtime.connection import Peer
 from execstate.serve.realtime.endpoint import Endpoint, mount
+from execstate.session.runtime.access import AGENTS, TASKS, Access, Owner
 
 PATH = "/v1/realtime/agent"
 BACK_MODEL_TOOL = "reason"
 BACK_MODEL_MAX_TOKENS = 32
+AGENT_HOLDER = "agent"
 
 
 TOOL_WORKERS = 8
@@ -82,21 +90,20 @@ class AgentServer:
         self.tools = tools or AgentTools()
         self.back_engine = back_engine or ctx.engine
         if self.back_engine.tokenizer is not None:
-            self.tools.register(
-                BACK_MODEL_TOOL,
-                ModelTool(
-                    self.back_engine,
-                    max_tokens=BACK_MODEL_MAX_TOKENS,
-                    sessions=ctx.sessions if self.back_engine is ctx.engine else None,
-                ),
-            )
+            tasks = Access(Owner(LOCAL_TENANT, TASKS))
+            self.tools.register(BACK_MODEL_TOOL, ModelTool(
+                self.back_engine, max_tokens=BACK_MODEL_MAX_TOKENS,
+                sessions=ctx.sessions.scoped(tasks) if self.back_engine is ctx.engine else None))
         self.keeper = TaskKeeper()
         self.agents: dict[str, DuplexAgent] = {}  # live agents by front session id
         self.endpoint = Endpoint(AGENT_PROTOCOL, self.handlers)
 
-    async def open_front(self, instructions: str, params: SamplingParams) -> tuple[FrontModel, str]:
-        """A front for a new agent: an LM session of the served model (interactive priority); (front, its id)."""
-        front = await SessionFront.open(self.engine, instructions, params, sessions=self.sessions)
+    async def open_front(self, instructions: str, params: SamplingParams,
+                         tenant: TenantId = LOCAL_TENANT) -> tuple[FrontModel, str]:
+        """A front for a new agent of ``tenant``: an LM session of the served model (interactive
+        priority) in the ``agents`` realm; (front, its id). ``quota`` past the tenant's agents."""
+        access = Access(Owner(tenant, AGENTS), AGENT_HOLDER)
+        front = await SessionFront.open(self.engine, instructions, params, sessions=self.sessions.scoped(access))
         return front, front.session_id
 
     def handlers(self, peer: Peer) -> AgentHandlers:

@@ -118,7 +118,7 @@ class AgentHandlers:
         policy = delegation_policy(s.delegation, set(runners)) if s.delegation is not None else None
         params = front_params(s.sampling)
         tools = {n: self._server_tool(server_tools[n]) if r == "server" else _client_tool for n, r in runners.items()}
-        front, sid = await self.server.open_front(s.instructions or DEFAULT_INSTRUCTIONS, params)
+        front, sid = await self.server.open_front(s.instructions or DEFAULT_INSTRUCTIONS, params, self.peer.tenant)
         agent = DuplexAgent(front, Backend(tools, self.server.task_limits), policy, cfg)
         await agent.start()
         self.agent, self.runners, self.keep_tasks = agent, runners, bool(s.keep_tasks_on_disconnect)

@@ -106,8 +106,14 @@ def _json_sampling(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # -- outbound -----------------------------------------------------------------------------------------
-def session_json(info: SessionInfo, return_routes: bool) -> dict[str, Any]:
+def session_json(info: SessionInfo, return_routes: bool, checkpoints: bool = False) -> dict[str, Any]:
+    """The ``session`` object; it lists the session's checkpoint ids only when ``checkpoints``
+    (``session.info``, ``session.created``, ``session.resumed``, ``session.forked``): the replies
+    to ``session.checkpoint``, ``session.rollback``, ``session.reset`` name what changed
+    (``checkpoint_id``) and the count (``num_checkpoints``), not every id again."""
     out = dataclasses.asdict(info)
+    if not checkpoints:
+        del out["checkpoints"]
     out["return_routes"] = return_routes
     return out
 

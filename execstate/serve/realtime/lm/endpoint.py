@@ -6,6 +6,12 @@ the app's connections share: one ``AsyncSessions`` over the engine, and ``Sessio
 knows which connection holds which session. When a socket goes, the response in progress is
 cancelled and the connection's sessions are closed, or kept detached for ``--realtime-grace-s``
 seconds (``owners.py``).
+
+Ownership: each connection asks as ``realtime_access(tenant)``: its tenant's namespace of the
+session API's realm, holder ``realtime``. A session it creates, forks or resumes is held by the
+realtime kind of connection until it closes: the HTTP session API answers ``session_in_use`` for
+it (reads included), another tenant ``not_found``, and an agent's front is not found at all (it
+lives in the ``agents`` realm).
 """
 
 from __future__ import annotations
@@ -15,9 +21,9 @@ from fastapi import FastAPI
 from execstate.serve.context import ServeContext
 from execstate.serve.realtime.connection import Peer
 from execstate.serve.realtime.endpoint import Endpoint, mount
-from execstate.serve.realtime.lm.handlers import LMHandlers
+from execstate.serve.realtime.lm.handlers import LMHandlers, realtime_access
 from execstate.serve.realtime.lm.messages import LM_PROTOCOL
-from execstate.serve.realtime.lm.owners import SessionOwners
+from execstate.serve.realtime.lm.owners import SessionKey, SessionOwners
 
 PATH = "/v1/realtime"
 DEFAULT_GRACE_S = 0.0
@@ -29,8 +35,12 @@ class RealtimeServer:
     def __init__(self, ctx: ServeContext, grace_s: float = DEFAULT_GRACE_S) -> None:
         self.ctx = ctx
         self.sessions = ctx.sessions
-        self.owners = SessionOwners(self.sessions.close, grace_s)
+        self.owners = SessionOwners(self._close, grace_s)
         self.endpoint = Endpoint(LM_PROTOCOL, self.handlers)
+
+    async def _close(self, key: SessionKey) -> bool:
+        """Close a session no live connection holds any more (``owners.py``), as its tenant."""
+        return await self.sessions.scoped(realtime_access(key[0])).close(key[1])
 
     def handlers(self, peer: Peer) -> LMHandlers:
         """The handlers of one new connection."""

@@ -24,6 +24,10 @@ time, and turns what a handler raises into an ``error`` event. Contract:
   connection is lost.
 - Nothing here blocks the event loop: session calls run on the engine thread, text is tokenised
   and route rows are encoded in worker threads.
+- Ownership: the handlers ask as the connection's tenant (``peer.tenant``), holder ``realtime``
+  (:func:`realtime_access`), through one scoped view of the sessions built here: every id
+  resolves in that tenant's namespace (another tenant's session, or an agent's front, is
+  ``not_found``), and what the connection creates, forks or resumes is held by it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from execstate.engine.async_engine import EngineDeadError
+from execstate.identity.tenant import TenantId
 from execstate.serve.realtime.connection import Handler, Peer
 from execstate.serve.realtime.lm.convert import (
     done_json,
@@ -72,16 +77,24 @@ from execstate.serve.route_rows import encode_routes
 from execstate.session.lm.async_sessions import AsyncSessions
 from execstate.session.lm.chat import ChatTurn
 from execstate.session.lm.step import StepDelta, StepResult
+from execstate.session.runtime.access import SESSIONS, Access, Owner
 from execstate.session.runtime.events import SessionEventError
 
 InWorker = Callable[..., Awaitable[Any]]
+REALTIME_HOLDER = "realtime"
+
+
+def realtime_access(tenant: TenantId) -> Access:
+    """How a ``/v1/realtime`` connection of ``tenant`` asks: the session API's realm, held by ``realtime``."""
+    return Access(Owner(tenant, SESSIONS), REALTIME_HOLDER)
 
 
 class LMHandlers:
     def __init__(self, peer: Peer, sessions: AsyncSessions, owners: SessionOwners, in_worker: InWorker) -> None:
         self.emit = peer.emit
         self.state = peer.state
-        self.sessions = sessions
+        self.tenant = peer.tenant
+        self.sessions = sessions.scoped(realtime_access(peer.tenant))
         self.owners = owners
         self.in_worker = in_worker
         self.conn = owners.new_connection()
@@ -112,27 +125,30 @@ class LMHandlers:
         priority, cache_salt = session_options(cfg)
         self._check_routes(cfg.return_routes)
         info = await self.sessions.open(cfg.id, params, priority, cache_salt)
-        self.owners.claim(self.conn, info.session_id, cfg.return_routes, attach=True)
+        self.owners.claim(self.conn, self._key(info.session_id), cfg.return_routes, attach=True)
         self._attach(info.session_id, cfg.return_routes)
-        await self.emit(server_event("session.created", msg.event_id, session=session_json(info, cfg.return_routes)))
+        await self.emit(server_event("session.created", msg.event_id,
+                                     session=session_json(info, cfg.return_routes, checkpoints=True)))
 
     async def _resume(self, msg: SessionResume) -> None:
         sid = msg.session_id
-        return_routes = self.owners.resume(self.conn, sid, msg.event_id)
+        return_routes = self.owners.resume(self.conn, self._key(sid), msg.event_id)
         try:
             info = await self.sessions.info(sid)
-            if info.status in ("closed", "evicted"):
+            if info.status in ("closed", "evicted", "expired"):
                 raise SessionEventError(info.status, f"session {sid!r} is {info.status}: {info.error or 'closed'}")
+            await self.sessions.hold(sid)  # from now on the HTTP API gets session_in_use for it
         except BaseException:
-            self.owners.forget(sid)
+            self.owners.forget(self._key(sid))
             raise
         self._attach(sid, return_routes)
-        await self.emit(server_event("session.resumed", msg.event_id, session=session_json(info, return_routes)))
+        await self.emit(server_event("session.resumed", msg.event_id,
+                                     session=session_json(info, return_routes, checkpoints=True)))
 
     async def _get(self, msg: SessionGet) -> None:
         sid = self._sid()
         info = await self.sessions.info(sid)
-        fields: dict[str, Any] = {"session": session_json(info, self.return_routes),
+        fields: dict[str, Any] = {"session": session_json(info, self.return_routes, checkpoints=True),
                                   "token_ids": await self.sessions.token_ids(sid)}
         if self.return_routes:
             fields["routed_experts"] = await self.in_worker(encode_routes, await self.sessions.routed_experts(sid))
@@ -148,7 +164,7 @@ class LMHandlers:
         if self._response is not None:
             await asyncio.wait({self._response})  # it ends with its response.done (cancelled)
             self._response = None
-        self.owners.forget(sid)
+        self.owners.forget(self._key(sid))
         self.state.move(DETACH)
         self.return_routes = False
         await self.emit(server_event("session.closed", msg.event_id, session_id=sid))
@@ -264,11 +280,14 @@ class LMHandlers:
     async def _fork(self, msg: SessionFork) -> None:
         sid = self._sid()
         info = await self.sessions.fork(sid, msg.checkpoint_id, msg.session_id)
-        self.owners.claim(self.conn, info.session_id, self.return_routes, attach=False)
+        self.owners.claim(self.conn, self._key(info.session_id), self.return_routes, attach=False)
         await self.emit(server_event("session.forked", msg.event_id, parent_session_id=sid,
-                                     session=session_json(info, self.return_routes)))
+                                     session=session_json(info, self.return_routes, checkpoints=True)))
 
     # -- helpers ----------------------------------------------------------------------------------
+    def _key(self, session_id: str) -> tuple[TenantId, str]:
+        return (self.tenant, session_id)
+
     def _attach(self, session_id: str, return_routes: bool) -> None:
         self.state.move(ATTACH, session_id=session_id)
         self.return_routes = return_routes

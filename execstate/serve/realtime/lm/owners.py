@@ -1,6 +1,11 @@
 """Which realtime connection holds which session, and the grace period of detached sessions.
 
 Event loop only (no locks, no engine calls of its own besides the ``close`` it is given).
+Sessions are named by their :data:`SessionKey` (tenant, id): ids live in their tenant's namespace
+(``session/runtime/access.py``), so two tenants' ``demo`` are two entries, and a connection only
+ever names its own tenant's sessions. The engine side knows every session a realtime connection
+created, forked or resumed as *held* by the realtime kind of connection (the HTTP session API
+gets ``session_in_use`` for them); which of the tenant's live connections drives it is decided here.
 
 - A session opened (``session.create``) or forked (``session.fork``) over a connection is *owned*
   by that connection; the connection *attaches* (drives) at most one of its sessions.
@@ -27,10 +32,13 @@ from dataclasses import dataclass
 from typing import NewType
 
 from execstate.engine.async_engine import EngineDeadError
+from execstate.identity.tenant import TenantId
 from execstate.serve.realtime.errors import EventId, ProtocolError
 from execstate.session.runtime.events import SessionEventError
 
 ConnId = NewType("ConnId", int)
+SessionKey = tuple[TenantId, str]
+"""A session as this registry names it: (its tenant, its id)."""
 
 logger = logging.getLogger(__name__)
 
@@ -43,29 +51,29 @@ class Entry:
 
 
 class SessionOwners:
-    def __init__(self, close: Callable[[str], Awaitable[object]], grace_s: float) -> None:
+    def __init__(self, close: Callable[[SessionKey], Awaitable[object]], grace_s: float) -> None:
         if not (math.isfinite(grace_s) and grace_s >= 0):
             raise ValueError(f"the realtime grace period must be a finite number of seconds >= 0, got {grace_s!r}")
         self._close = close
         self.grace_s = grace_s
-        self._entries: dict[str, Entry] = {}
-        self._attached: dict[ConnId, str] = {}
+        self._entries: dict[SessionKey, Entry] = {}
+        self._attached: dict[ConnId, SessionKey] = {}
         self._next_conn = 0
         self._closing: set[asyncio.Task[None]] = set()
-        self._closing_ids: set[str] = set()  # being closed for a gone connection: not resumable
+        self._closing_ids: set[SessionKey] = set()  # being closed for a gone connection: not resumable
 
     def new_connection(self) -> ConnId:
         self._next_conn += 1
         return ConnId(self._next_conn)
 
     # -- queries ------------------------------------------------------------------------------------
-    def owned(self, conn: ConnId) -> list[str]:
+    def owned(self, conn: ConnId) -> list[SessionKey]:
         return [sid for sid, e in self._entries.items() if e.owner == conn]
 
-    def detached(self) -> list[str]:
+    def detached(self) -> list[SessionKey]:
         return [sid for sid, e in self._entries.items() if e.owner is None]
 
-    def return_routes(self, sid: str) -> bool:
+    def return_routes(self, sid: SessionKey) -> bool:
         e = self._entries.get(sid)
         return e is not None and e.return_routes
 
@@ -74,20 +82,20 @@ class SessionOwners:
         return len(self._entries)
 
     # -- transitions --------------------------------------------------------------------------------
-    def claim(self, conn: ConnId, sid: str, return_routes: bool, attach: bool) -> None:
+    def claim(self, conn: ConnId, sid: SessionKey, return_routes: bool, attach: bool) -> None:
         """A session just opened or forked over ``conn``."""
         self._entries[sid] = Entry(conn, return_routes)
         if attach:
             self._attached[conn] = sid
 
-    def resume(self, conn: ConnId, sid: str, event_id: EventId = None) -> bool:
+    def resume(self, conn: ConnId, sid: SessionKey, event_id: EventId = None) -> bool:
         """Attach ``sid`` to ``conn``; its ``return_routes`` default. ``session_in_use`` if another
         live connection has it attached."""
         if sid in self._closing_ids:
-            raise ProtocolError("closed", f"session {sid!r} is being closed (its connection ended)", event_id)
+            raise ProtocolError("closed", f"session {sid[1]!r} is being closed (its connection ended)", event_id)
         e = self._entries.get(sid)
         if e is not None and e.owner is not None and e.owner != conn and self._attached.get(e.owner) == sid:
-            raise ProtocolError("session_in_use", f"session {sid!r} is attached to another live connection",
+            raise ProtocolError("session_in_use", f"session {sid[1]!r} is attached to another live connection",
                                 event_id)
         if e is None:
             e = self._entries[sid] = Entry(conn, False)
@@ -102,7 +110,7 @@ class SessionOwners:
         """``conn`` no longer drives its attached session (it stays owned)."""
         self._attached.pop(conn, None)
 
-    def forget(self, sid: str) -> None:
+    def forget(self, sid: SessionKey) -> None:
         e = self._entries.pop(sid, None)
         if e is not None and e.timer is not None:
             e.timer.cancel()
@@ -127,7 +135,7 @@ class SessionOwners:
             e.owner = None
             e.timer = loop.call_later(self.grace_s, self._expire, sid)
 
-    def _expire(self, sid: str) -> None:
+    def _expire(self, sid: SessionKey) -> None:
         e = self._entries.get(sid)
         if e is None or e.owner is not None:
             return
@@ -137,14 +145,14 @@ class SessionOwners:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
-    async def _close_quietly(self, sid: str) -> None:
+    async def _close_quietly(self, sid: SessionKey) -> None:
         """Close a session no client holds any more; it may already be gone (closed, evicted, engine down)."""
         try:
             await self._close(sid)
-            logger.debug("realtime session %s closed (no connection holds it)", sid)
+            logger.debug("realtime session %s closed (no connection holds it)", sid[1])
         except (SessionEventError, EngineDeadError) as exc:
-            logger.debug("realtime session %s: close: %s", sid, exc)
+            logger.debug("realtime session %s: close: %s", sid[1], exc)
         except Exception:
-            logger.exception("realtime session %s: close failed", sid)
+            logger.exception("realtime session %s: close failed", sid[1])
         finally:
             self._closing_ids.discard(sid)

@@ -34,11 +34,12 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, Response
 
 from execstate.agent.agent_events import ErrorEvent
-from execstate.agent.backend import Backend
+from execstate.agent.backend import Backend, TaskLimits
 from execstate.agent.config import AgentConfig
 from execstate.agent.delegation import RegexPolicy, Rule
 from execstate.agent.duplex import DuplexAgent
 from execstate.agent.front import DEFAULT_FRONT_PARAMS, SessionFront
+from execstate.identity.tenant import LOCAL_TENANT, TenantId
 from execstate.serve.context import ServeContext
 from execstate.serve.realtime.connection import Handler, Peer
 from execstate.serve.realtime.endpoint import Endpoint, mount
@@ -62,11 +63,13 @@ from execstate.serve.realtime.voice.messages import (
     ResponseCreate,
     SessionUpdate,
 )
+from execstate.session.runtime.access import AGENTS, Access, Owner
 from execstate.voice.agent import VoiceAgent, VoiceConfig
 from execstate.voice.engines import VoiceEngines
 
 PATH = "/v1/voice/realtime"  # the SDK's websocket_base_url: ws://HOST/v1/voice
 PAGE_PATH = "/agent"
+VOICE_HOLDER = "voice"  # the holder of a voice agent's front (no other connection can resume it)
 DEFAULT_INSTRUCTIONS = "A helpful voice assistant talks with a user."
 DEFAULT_RULES = (Rule(r"(?P<expression>\d+ (?:times|plus|minus|divided by) \d+)", "calculator"),
                  Rule(r"code of (?P<key>[a-z]+)", "lookup", ack="One moment."))
@@ -80,8 +83,9 @@ class VoiceServer:
 
     def __init__(self, ctx: ServeContext, tools: Callable[[], Mapping[str, Callable[..., Any]]],
                  engines: Callable[[], VoiceEngines], rules: tuple[Rule, ...] = DEFAULT_RULES,
-                 agent_config: AgentConfig | None = None) -> None:
+                 agent_config: AgentConfig | None = None, task_limits: TaskLimits | None = None) -> None:
         self.ctx, self.tools, self.rules = ctx, tools, rules
+        self.task_limits = task_limits or TaskLimits()
         self._make_engines = engines
         self._engines: VoiceEngines | None = None
         self.agent_config = agent_config or AgentConfig(max_response_tokens=48)
@@ -94,13 +98,19 @@ class VoiceServer:
             self._engines = self._make_engines()
         return self._engines
 
-    async def open_agent(self, instructions: str, cfg: VoiceConfig) -> tuple[VoiceAgent, str]:
+    async def open_agent(self, instructions: str, cfg: VoiceConfig,
+                         tenant: TenantId = LOCAL_TENANT) -> tuple[VoiceAgent, str]:
+        """A voice agent of ``tenant``: its front is an LM session in the tenant's ``agents`` realm
+        (never visible to the session API or ``/v1/realtime``; counted in the tenant's ``agents``
+        quota, which refuses it with ``quota``), its back end bounded by ``task_limits``."""
         engines = await asyncio.to_thread(self.engines)  # the first build loads models: off the loop
         ctx = self.ctx
-        front = await SessionFront.open(ctx.engine, instructions, self.front_params, sessions=ctx.sessions)
+        access = Access(Owner(tenant, AGENTS), VOICE_HOLDER)
+        front = await SessionFront.open(ctx.engine, instructions, self.front_params,
+                                        sessions=ctx.sessions.scoped(access))
         tools = dict(self.tools())
         policy = RegexPolicy([r for r in self.rules if r.tool in tools])
-        agent = DuplexAgent(front, Backend(tools), policy, self.agent_config)
+        agent = DuplexAgent(front, Backend(tools, self.task_limits), policy, self.agent_config)
         va = VoiceAgent(agent, engines.recognizer, engines.synthesizer, engines.detector(), cfg)
         await va.start()
         return va, front.session_id
@@ -193,7 +203,7 @@ class VoiceHandlers:
         await self._started
         async with self._lock:
             if self.va is None:
-                self.va, _front_id = await self.server.open_agent(self.instructions, self.cfg)
+                self.va, _front_id = await self.server.open_agent(self.instructions, self.cfg, self.peer.tenant)
                 self.server.agents[self.sid] = self.va
                 self._pump = asyncio.create_task(self._forward(self.va), name=f"voice-pump:{self.sid}")
             return self.va
@@ -216,10 +226,10 @@ class VoiceHandlers:
 
 
 def install_voice(app: FastAPI, ctx: ServeContext, tools: Callable[[], Mapping[str, Callable[..., Any]]],
-                  engines: Callable[[], VoiceEngines]) -> VoiceServer:
+                  engines: Callable[[], VoiceEngines], task_limits: TaskLimits | None = None) -> VoiceServer:
     """Serve ``/v1/voice/realtime`` and the ``/agent`` page (``app.state.voice``). ``tools``: the
     server tools by name (read when an agent opens); ``engines``: builds the engines (on first use)."""
-    server = VoiceServer(ctx, tools, engines)
+    server = VoiceServer(ctx, tools, engines, task_limits=task_limits)
     app.state.voice = server
     mount(app, PATH, server.endpoint)
     static = resources.files("execstate.serve").joinpath("static")

@@ -24,8 +24,11 @@ from fastapi.responses import JSONResponse
 from execstate.serve.auth import APIKeyMiddleware
 from execstate.serve.health import health_response
 from execstate.serve.landing import install_landing
+from execstate.serve.principals import KeyRing, keys_from_args
 from execstate.serve.realtime.world.endpoint import install_world
 from execstate.serve.realtime.world.host import WorldHost
+from execstate.session.runtime.manager import SessionPolicy
+from execstate.state.quotas import Quotas
 
 
 def world_model_from_option(name: str):  # noqa: ANN201 - ChunkedWorldModel (torch imported lazily)
@@ -51,16 +54,18 @@ def world_host_from_args(args: argparse.Namespace) -> WorldHost:
 
     if args.world_threads:
         torch.set_num_threads(args.world_threads)
+    policy = SessionPolicy(max_checkpoints=getattr(args, "max_session_checkpoints", 64),
+                           quotas=Quotas(world_sessions=getattr(args, "tenant_max_world_sessions", None)))
     return WorldHost(world_model_from_option(args.world), model_name=args.world, max_sessions=args.world_max_sessions,
                      session_memory_bytes=args.world_session_memory, default_fps=args.world_fps,
-                     max_frames=args.world_max_frames)
+                     max_frames=args.world_max_frames, policy=policy)
 
 
-def build_world_app(host: WorldHost, api_key: str | None = None) -> FastAPI:
-    """A world-only app: ``/v1/realtime/video``, ``/world``, ``/health``."""
+def build_world_app(host: WorldHost, api_key: str | None = None, keys: KeyRing | None = None) -> FastAPI:
+    """A world-only app: ``/v1/realtime/video``, ``/world``, ``/health``; ``keys`` (or one ``api_key``)
+    name each caller's tenant (``serve/auth.py``)."""
     app = FastAPI(title="execstate world", docs_url=None, redoc_url=None, openapi_url=None)
-    if api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    app.add_middleware(APIKeyMiddleware, api_key=api_key, keys=keys)
     install_world(app, host)
 
     @app.get("/health")
@@ -102,9 +107,10 @@ def run_world_server(args: argparse.Namespace) -> int:
     from execstate.serve.startup_log import format_block, log
 
     t0 = time.perf_counter()
+    keys = keys_from_args(args)
     host = world_host_from_args(args)
     try:
-        app = build_world_app(host, args.api_key)
+        app = build_world_app(host, keys=keys)
         log.info("%s", format_block(world_startup_lines(host, args, time.perf_counter() - t0),
                                     "execstate serve --world ready"))
         uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",

@@ -22,6 +22,8 @@ it as they arrive and it applies them at the next chunk boundary. Contract:
   checkpoint's held key with its pending events applied), not a copy kept here.
 - A failed step ends the session: ``error`` (``step_failed``) then ``session.done``.
 - ``close()`` (the socket is gone): the stepper stops after its step, the session is closed.
+- Ownership: the session is the connection's tenant's (``host.for_tenant``): it counts against the
+  tenant's ``world_sessions`` quota and nothing else can reach it.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ from execstate.session.runtime.events import SessionEventError
 
 class WorldHandlers:
     def __init__(self, peer: Peer, host: WorldHost) -> None:
-        self.host = host
+        self.host = host.for_tenant(peer.tenant)  # every session call asks as the connection's tenant
         self.emit = peer.emit
         self.emit_chunk = peer.emit_binary
         self.state = peer.state

@@ -13,6 +13,11 @@ A session starts from the procedural world's scene (``scene_seed`` = the session
 is that scene's first frames, committed as given) or, with ``start: "generate"``, from nothing
 (its first step generates from the prompt). Frames equal the offline ``World`` session's for the
 same model, seed, start and events at the same boundaries, bit for bit.
+
+Ownership: a world session belongs to the tenant of the connection that started it (``world``
+realm, held by the ``world`` kind of connection: no other surface reaches it) and counts against
+its ``world_sessions`` quota (``policy``). The handlers of a connection use
+``host.for_tenant(tenant)``, a view whose every call asks as that tenant.
 """
 
 from __future__ import annotations
@@ -22,8 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from execstate.identity.tenant import LOCAL_TENANT, TenantId
 from execstate.model.world.interface import WorldModel, WorldSpec
 from execstate.serve.realtime.world.convert import fps_problem
+from execstate.session.runtime.access import WORLD, Access, Owner
+from execstate.session.runtime.manager import SessionPolicy
 from execstate.session.world.async_world import AsyncWorld
 from execstate.session.world.offline import World, scene_frames
 from execstate.session.world.sessions import WorldSessionInfo
@@ -31,6 +39,11 @@ from execstate.session.world.step import WorldStepResult
 
 DEFAULT_MAX_SESSIONS = 8
 DEFAULT_SESSION_MEMORY = 4 << 20
+WORLD_HOLDER = "world"
+
+
+def world_access(tenant: TenantId) -> Access:
+    return Access(Owner(tenant, WORLD), WORLD_HOLDER)
 DEFAULT_MAX_FRAMES = 100_000  # about 1 h 45 min at 16 fps
 
 
@@ -51,9 +64,17 @@ def session_blocks_for(spec: WorldSpec, memory_bytes: int) -> int:
 class WorldHost:
     """The server's world model, its sessions (runtime) and their limits."""
 
-    def __init__(self, model: WorldModel, model_name: str = "world", max_sessions: int = DEFAULT_MAX_SESSIONS,
-                 session_memory_bytes: int = DEFAULT_SESSION_MEMORY, default_fps: float = 16.0,
-                 step_workers: int = 1, max_frames: int = DEFAULT_MAX_FRAMES) -> None:
+    def __init__(
+        self,
+        model: WorldModel,
+        model_name: str = "world",
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        session_memory_bytes: int = DEFAULT_SESSION_MEMORY,
+        default_fps: float = 16.0,
+        step_workers: int = 1,
+        max_frames: int = DEFAULT_MAX_FRAMES,
+        policy: SessionPolicy | None = None,
+    ) -> None:
         if max_sessions < 1 or max_frames < 1:
             raise ValueError("max_sessions and max_frames must be >= 1")
         if (problem := fps_problem(default_fps)) is not None:
@@ -68,12 +89,24 @@ class WorldHost:
         block_bytes = model.spec.kv.bytes_per_chunk() // model.spec.kv.blocks_per_chunk(model.spec.kv.tokens_per_frame)
         self.session_memory_bytes = self.session_blocks * block_bytes
         self.world = World(model, numerics=model.spec.numerics, max_sessions=max_sessions,
-                           session_blocks=self.session_blocks)
-        self.aw = AsyncWorld(self.world, step_workers)
+                           session_blocks=self.session_blocks, policy=policy)
+        self.aw = AsyncWorld(self.world, step_workers).scoped(world_access(LOCAL_TENANT))
+
+    def for_tenant(self, tenant: TenantId) -> WorldHost:
+        """A view of this host whose every call asks as ``tenant`` (module docstring)."""
+        view = object.__new__(WorldHost)
+        view.__dict__.update(self.__dict__)
+        view.aw = self.aw.scoped(world_access(tenant))
+        return view
+
+    def usage(self) -> dict[TenantId, int]:
+        """World sessions resident per tenant (``/metrics``)."""
+        with self.world.sessions.lock:
+            return {t: c["world_sessions"] for t, c in self.world.sessions.manager.usage().items()}
 
     @property
     def num_sessions(self) -> int:
-        return len(self.world.sessions.list())
+        return self.world.sessions.manager.num_resident
 
     async def open(self, prompt: str, seed: int, start: str, window_chunks: int | None) -> tuple[WorldSessionInfo,
                                                                                                   np.ndarray | None]:
