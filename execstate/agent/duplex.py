@@ -93,6 +93,7 @@ class DuplexAgent:
         self._parser: ToolCallStream | None = None
         self._generated = 0
         self._paused = False
+        self._user_floor = False  # set_floor: an audio front's user is speaking
         self._stepping = False
         self._closed = False  # no more input; the loop stops
         self._shut = False  # close() ran
@@ -142,11 +143,68 @@ class DuplexAgent:
             self._emit(TurnEvent(t, self.fence.epoch, d.value, " ".join(self._turn)))
         self._wake.set()
 
-    def cancel(self, cancel_tasks: bool = False) -> bool:
-        """Cancel the response in flight (False if none); ``cancel_tasks`` also cancels open back-end tasks."""
+    # -- turns decided outside (an audio front's speech turn policy, ``agent/speech_turns.py``) ------
+    def hold(self, t: float | None = None, text: str = "", pause: bool = True) -> None:
+        """Input while the agent speaks, not (yet) an interruption: ``input.turn`` ``hold`` (the agent
+        pauses) or, ``pause=False``, ``backchannel`` (it keeps talking)."""
+        self._require_open()
+        t = self._at(t)
+        self._paused = pause
+        self._emit(TurnEvent(t, self.fence.epoch, (Decision.HOLD if pause else Decision.BACKCHANNEL).value, text))
+        self._wake.set()
+
+    def resume(self, t: float | None = None, text: str = "") -> None:
+        """The held input was a false interruption: ``input.turn`` ``resume``, the reply continues."""
+        self._require_open()
+        t = self._at(t)
+        self._paused = False
+        self._emit(TurnEvent(t, self.fence.epoch, Decision.RESUME.value, text))
+        self._wake.set()
+
+    def barge_in(self, t: float | None = None, text: str = "") -> None:
+        """The user took the floor: the reply in flight is cancelled (its ``response.done``), then
+        ``input.turn`` ``barge_in`` in the new epoch. The epoch advances even when no reply is
+        generating (an audio front may still be playing one)."""
+        self._require_open()
+        t = self._at(t)
+        generating = self.fence.active
+        self._interrupt(t, "barge_in", self.config.cancel_tasks_on_barge_in)
+        if not generating:  # the fence advances the epoch only with a reply in flight
+            self.fence.interrupt(t, "barge_in")
+        self._emit(TurnEvent(t, self.fence.epoch, Decision.BARGE_IN.value, text))
+        self._wake.set()
+
+    def user_turn(self, text: str, t: float | None = None, respond: bool = True) -> None:
+        """A finished user turn (``input.turn`` ``end_of_turn``): into the context at the next
+        boundary, delegated by the policy, answered unless ``respond`` is False (then ``respond()``)."""
+        self._require_open()
+        if not isinstance(text, str) or len(text) > self.config.max_input_chars:
+            raise AgentError("invalid", f"a turn is a string of at most {self.config.max_input_chars} characters")
+        self._turn = [text]
+        self._end_of_turn(self._at(t), respond)
+        self._wake.set()
+
+    def respond(self, t: float | None = None) -> None:
+        """Answer now (OpenAI's ``response.create``): a response is planned from the context."""
+        self._require_open()
+        self._at(t)
+        self._plans.append(_Plan("turn", ""))
+        self._wake.set()
+
+    def set_floor(self, user_has_floor: bool) -> None:
+        """While the user holds the floor (speaking, or a transcript pending) no response starts."""
+        self._user_floor = user_has_floor
+        self._wake.set()
+
+    def cancel(self, cancel_tasks: bool = False, advance: bool = False) -> bool:
+        """Cancel the response in flight (False if none); ``cancel_tasks`` also cancels open back-end
+        tasks; ``advance``: the epoch advances even with nothing in flight (an audio front's reply
+        may still be playing: its results become stale)."""
         self._require_open()
         active = self.fence.active
         self._interrupt(self.now(), "cancel", cancel_tasks)
+        if advance and not active:
+            self.fence.interrupt(self.now(), "cancel")
         self._wake.set()
         return active
 
@@ -226,7 +284,7 @@ class DuplexAgent:
         if cancel_tasks:
             self.delegations.cancel_open()
 
-    def _end_of_turn(self, t: float) -> None:
+    def _end_of_turn(self, t: float, respond: bool = True) -> None:
         text = " ".join(self._turn)
         self._held_chars -= sum(map(len, self._turn))
         self._turn = []
@@ -236,7 +294,8 @@ class DuplexAgent:
         decided = self.policy.decide(text) if self.policy is not None else None
         if decided is not None and self.delegations.delegate(decided[0], "policy", t) is not None:
             forced = f" {decided[1]}"
-        self._plans.append(_Plan("turn", forced))
+        if respond:
+            self._plans.append(_Plan("turn", forced))
 
     # -- the loop -------------------------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -274,7 +333,7 @@ class DuplexAgent:
         await self.context.apply_truncations(lambda item_id: self._emit(ErrorEvent(
             self.now(), self.fence.epoch, "not_found", f"truncation of {item_id} not applied: its checkpoint was "
             "released")))
-        floor_free = not self.turns.user_turn_open and not self.turns.burst_open
+        floor_free = not self.turns.user_turn_open and not self.turns.burst_open and not self._user_floor
         if self.delegations.has_ready and floor_free:
             self._append_results()
         if not self.fence.active and self._plans and floor_free:

@@ -105,6 +105,16 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bd.add_argument("--seed", type=int, default=0)
     bd.add_argument("--png", default=None, help="write the timeline of the first conversation here")
     bd.add_argument("--json", action="store_true")
+    bv = bsub.add_parser("voice", help="the voice agent over /v1/voice/realtime on spoken conversations: response "
+                         "and interruption latency, pauses, backchannels, ASR word error rate (oracle and real ASR)")
+    bv.add_argument("--model", default="smollm2-135m", help="the front model: an embedded name or a path")
+    bv.add_argument("--conversations", type=int, default=2)
+    bv.add_argument("--turns", type=int, default=8, help="user turns per conversation")
+    bv.add_argument("--max-response-tokens", type=int, default=32)
+    bv.add_argument("--threads", type=int, default=1)
+    bv.add_argument("--seed", type=int, default=0)
+    bv.add_argument("--png", default=None, help="write the timeline of the first conversation (oracle) here")
+    bv.add_argument("--json", action="store_true")
     bw = bsub.add_parser("world", help="world-model sessions: step latency, first chunk, event-to-action, "
                          "checkpoint/rollback vs recompute, compiled vs eager, 500-step memory, quality")
     bw.add_argument("--model", default=None, help="a trained world model directory (default: the default model)")
@@ -235,6 +245,14 @@ def _bench(args: argparse.Namespace) -> int:
             policies=tuple(_policy(x) for x in args.policies.split(",")), step_tokens=args.step_tokens,
             load_tasks=args.load_tasks, threads=args.threads, seed=args.seed, png=args.png)
         print(json.dumps(report, indent=2) if args.json else format_duplex_table(report))
+        return 0
+    if args.bench_cmd == "voice":
+        from execstate.bench.voice import format_voice_table, run_voice_bench
+
+        report = run_voice_bench(model=args.model, conversations=args.conversations, turns=args.turns,
+                                 seed=args.seed, max_response_tokens=args.max_response_tokens, threads=args.threads,
+                                 png=args.png)
+        print(json.dumps(report, indent=2) if args.json else format_voice_table(report))
         return 0
     if args.bench_cmd == "world":
         from execstate.bench.world import run_world_bench

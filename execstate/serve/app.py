@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from urllib.parse import quote
 
 from fastapi import FastAPI, Request
@@ -64,6 +64,7 @@ from execstate.serve.openai.tokenize import install_tokenize_routes
 from execstate.serve.principals import KeyRing
 from execstate.serve.realtime.agent.endpoint import install_agent
 from execstate.serve.realtime.lm.endpoint import DEFAULT_GRACE_S, install_realtime
+from execstate.serve.realtime.voice.handlers import install_voice
 from execstate.serve.sessions.handover import PEER_PATHS, IncomingHandovers
 from execstate.serve.sessions.routes import install_session_routes
 from execstate.serve.sessions.targets import MigrationTargets
@@ -73,6 +74,7 @@ from execstate.session.runtime.manager import DEFAULT_MAX_CHECKPOINTS, SessionPo
 from execstate.state.quotas import Quotas
 from execstate.transfer.handoff import HandoffTrust
 from execstate.transfer.handover import DEFAULT_SKEW_S
+from execstate.voice.engines import VoiceEngines, default_engines
 
 STATS_TIMEOUT_S = 5.0
 MAX_IGNORED_LISTED = 32
@@ -118,6 +120,7 @@ def build_app(
     migration_targets: MigrationTargets | list[str] | None = None,
     migration_skew_s: float = DEFAULT_SKEW_S,
     agent_task_limits: TaskLimits | None = None,
+    voice_engines: Callable[[], VoiceEngines] | None = None,
 ) -> FastAPI:
     """An app serving ``async_engine`` under ``served_model_name`` (the only accepted
     ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry,
@@ -131,7 +134,9 @@ def build_app(
     and ``migration_targets``: the module docstring's trust settings; ``migration_skew_s``: the clock
     skew allowed between instances (a hand-over's nonce is remembered this long past its expiry,
     and a source resumes an unconfirmed hand-over only this long after it); ``agent_task_limits``:
-    each agent's back-end bounds (tool timeout, tasks at once)."""
+    each agent's back-end bounds (tool timeout, tasks at once); ``voice_engines`` builds the audio
+    engines of ``/v1/voice/realtime`` (``voice/engines.py``; default: eSpeak NG, Silero VAD,
+    PocketSphinx), on first use."""
     limits = limits or ServingLimits()
     keys = keys if keys is not None else KeyRing.build([api_key] if api_key else [])
     policy = policy or serve_policy()
@@ -160,7 +165,10 @@ def build_app(
 
     install_tokenize_routes(app, ctx)  # /tokenize, /detokenize, /version (vLLM's)
     install_realtime(app, ctx, realtime_grace_s)
-    install_agent(app, ctx, agent_back_engine, agent_task_limits)  # /v1/realtime/agent: full-duplex agents
+    agent = install_agent(app, ctx, agent_back_engine, agent_task_limits)  # /v1/realtime/agent: full-duplex agents
+    # /v1/voice/realtime + /agent: the same agents over audio (OpenAI Realtime's audio protocol),
+    # with the agent endpoint's tools; the audio engines are built on first use
+    install_voice(app, ctx, lambda: agent.tools.tools, voice_engines or default_engines, agent.task_limits)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

@@ -31,7 +31,9 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import fields
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from execstate.agent.backend import TaskLimits
@@ -45,6 +47,8 @@ from execstate.serve.principals import keys_from_args
 from execstate.session.runtime.manager import SessionPolicy
 from execstate.state.quotas import KINDS, Quotas
 from execstate.transfer.handoff import HandoffTrust
+from execstate.voice.engines import VoiceEngines, default_engines
+from execstate.voice.vocabulary import demo_phrases
 
 if TYPE_CHECKING:
     import uvicorn
@@ -171,6 +175,21 @@ def serve_until_engine_dies(server: uvicorn.Server, async_engine: AsyncEngine) -
     return 1 if died.is_set() or not async_engine.is_healthy else 0
 
 
+def voice_engines_from_args(args: argparse.Namespace) -> Callable[[], VoiceEngines]:
+    """The voice endpoint's engines (built on first use): ``--voice-asr-phrases`` picks the recognizer's model."""
+    spec = getattr(args, "voice_asr_phrases", None)
+
+    def build() -> VoiceEngines:
+        if spec is None:
+            return default_engines()
+        if spec == "demo":
+            return default_engines(demo_phrases())
+        lines = Path(spec).read_text(encoding="utf-8").splitlines()
+        return default_engines([ln for ln in lines if ln.strip()])
+
+    return build
+
+
 def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None = None) -> int:
     """``execstate serve`` (module docstring). ``make_importer``: the PD connector's importer
     (None: the real one; ``bench/faulty_serve.py`` passes a fault-injecting one)."""
@@ -216,6 +235,7 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
             migration_targets=targets,
             migration_skew_s=getattr(args, "migration_skew_s", 30.0),
             agent_task_limits=TaskLimits(args.agent_tool_timeout_s, args.agent_max_tasks),
+            voice_engines=voice_engines_from_args(args),
         )
         if args.world is not None:  # the world endpoints on the same app (serve --world)
             from execstate.serve.realtime.world.app import world_host_from_args

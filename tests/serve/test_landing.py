@@ -9,6 +9,7 @@ default with every endpoint (a parse-level test here; the whole server in a slow
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import subprocess
 import sys
@@ -68,7 +69,18 @@ def test_world_server_page_and_docs_site(tmp_path) -> None:
         host.shutdown()
 
 
-def test_serve_without_a_model_serves_the_default_with_every_endpoint(monkeypatch, capsys) -> None:
+@pytest.fixture
+def cli_logging_restored():
+    """``cli.main`` adds a handler bound to this test's stderr to the ``execstate`` logger; it goes
+    afterwards, so a later test's own CLI logging is not written to a closed capture."""
+    logger = logging.getLogger("execstate")
+    before = list(logger.handlers), logger.level
+    yield
+    logger.handlers[:], logger.level = before
+
+
+def test_serve_without_a_model_serves_the_default_with_every_endpoint(monkeypatch, capsys,
+                                                                      cli_logging_restored) -> None:
     seen: list[argparse.Namespace] = []
     monkeypatch.setattr("execstate.serve.server.run_server", lambda args: seen.append(args) or 0)
     assert cli.main(["serve", "--port", "8123"]) == 0

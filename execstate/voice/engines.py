@@ -1,0 +1,40 @@
+"""The engines a voice server hands each new ``VoiceAgent``, and the defaults.
+
+``VoiceEngines``: one ``recognizer`` (shared: each agent opens its own stream), one
+``synthesizer`` (shared: eSpeak serialises itself), ``detector()`` (a new, stateful speech
+detector per agent), the ``voices`` a client may pick and the ``voice`` used by default.
+``default_engines(phrases)`` builds eSpeak NG, Silero VAD and PocketSphinx (the general English
+model, or a constrained one built from ``phrases``); the imports happen here, so a server without
+the audio packages still starts (the voice endpoint then answers with an error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from execstate.voice.interfaces import Recognizer, SpeechDetector, Synthesizer
+
+VOICES = ("en-us", "en-us+f2", "en-us+f5", "en-us+m3", "en", "en+f3")
+DEFAULT_VOICE = "en-us+f2"
+DEFAULT_RATE = 150  # words per minute: the rate PocketSphinx recognises eSpeak best at (tests/voice)
+
+
+@dataclass(frozen=True)
+class VoiceEngines:
+    recognizer: Recognizer
+    synthesizer: Synthesizer
+    detector: Callable[[], SpeechDetector]
+    voices: frozenset[str] = field(default_factory=lambda: frozenset(VOICES))
+    voice: str = DEFAULT_VOICE
+
+
+def default_engines(phrases: Sequence[str] | None = None, voice: str = DEFAULT_VOICE,
+                    rate: int = DEFAULT_RATE) -> VoiceEngines:
+    from execstate.voice.espeak import Espeak
+    from execstate.voice.pocketsphinx_asr import PocketSphinx
+    from execstate.voice.silero import SileroVAD, model_path
+
+    model_path()  # fail now (a clear error) when silero-vad is missing
+    return VoiceEngines(PocketSphinx(phrases), Espeak(voice=voice, rate=rate), SileroVAD,
+                        frozenset({*VOICES, voice}), voice)

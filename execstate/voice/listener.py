@@ -1,0 +1,164 @@
+"""The listening side of a voice agent: what its input events mean for the turn (``VoiceAgent``'s collaborator).
+
+``Listener.on_input(ev)`` takes the input worker's events in order (``audio_input.py``: speech
+start, progress, partials, stop, final) and ``tick()`` the passage of time; it keeps the speech
+turn policy (``agent/speech_turns.py``) and acts on its decisions through public calls only:
+
+- a user turn's segments become input items (``speech_started``, transcription deltas,
+  ``speech_stopped``, ``committed``, ``transcription.completed``) and, at the policy's end of turn,
+  one ``DuplexAgent.user_turn`` with their transcripts (unless nothing was heard);
+- a burst over the agent: ``SpeechOut.pause`` + ``DuplexAgent.hold`` at once; a barge-in:
+  ``SpeechOut.interrupt`` (the playing reply's ``response.done`` first), ``DuplexAgent.barge_in``,
+  the runtime's context cut to the words played, then the interrupting ``speech_started`` (the
+  burst's earlier words start the turn); a false interruption: ``SpeechOut.resume`` +
+  ``DuplexAgent.resume``. The floor (``DuplexAgent.set_floor``) is the user's from speech until
+  the turn or burst is over.
+
+Pure bookkeeping on the event loop: no I/O, nothing blocking.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from execstate.agent.agent_events import AgentEvent
+from execstate.agent.duplex import DuplexAgent
+from execstate.agent.errors import AgentError
+from execstate.agent.speech_turns import Decision, SpeechTurnPolicy
+from execstate.voice.audio_input import Final, InputEvent, Partial, Progress, VadStart, VadStop
+from execstate.voice.events import (
+    InputCommitted,
+    InputTranscriptCompleted,
+    InputTranscriptDelta,
+    SpeechStarted,
+    SpeechStopped,
+)
+from execstate.voice.numbers import words_to_digits
+from execstate.voice.speech_out import SpeechOut
+
+
+@dataclass
+class _Segment:
+    audio_start: int
+    turn: bool
+    item_id: str | None = None
+    partial: str = ""
+    speech_s: float = 0.0
+
+
+def ends_sentence(text: str) -> bool:
+    return text.rstrip()[-1:] in (".", "?", "!")
+
+
+class Listener:
+    def __init__(self, agent: DuplexAgent, out: SpeechOut, turns: SpeechTurnPolicy,
+                 emit: Callable[[AgentEvent], None], create_response: Callable[[], bool]) -> None:
+        """``create_response()``: whether a finished turn is answered at once (the live setting)."""
+        self.agent, self.out, self.turns = agent, out, turns
+        self._emit, self._create_response = emit, create_response
+        self._items = itertools.count(1)
+        self._seg: _Segment | None = None
+        self._turn_text: list[str] = []
+        self._burst_texts: list[str] = []  # final transcripts of the open burst's segments
+        self._burst_start = 0  # where the open burst began (16 kHz samples)
+        self.last_item: str | None = None
+
+    def new_item(self) -> str:
+        return f"item_in_{next(self._items)}"
+
+    def clear(self) -> None:
+        """The segment in progress was dropped (``input_audio_buffer.clear``)."""
+        if self._seg is not None and self._seg.turn:
+            self.turns.on_speech_stop(self.agent.now(), 0.0)
+            self.turns.on_transcript(False)
+        self._seg = None
+
+    def on_input(self, ev: InputEvent) -> None:
+        t, e = self.agent.now(), self.agent.fence.epoch
+        seg = self._seg
+        if isinstance(ev, VadStart):
+            speaking = self.agent.fence.active or self.out.audible()
+            d = self.turns.on_speech_start(t, speaking)
+            self._seg = _Segment(ev.audio_start, self.turns.turn_segment)
+            self.agent.set_floor(True)
+            if self._seg.turn:
+                self._seg.item_id = self.new_item()
+                self._emit(SpeechStarted(t, e, self._seg.item_id, _ms(ev.audio_start)))
+            elif d in (Decision.HOLD, Decision.BACKCHANNEL):  # a new burst (NONE: its next segment)
+                self._burst_texts, self._burst_start = [], ev.audio_start
+                if d is Decision.HOLD:
+                    self.out.pause()
+                self.agent.hold(t, pause=d is Decision.HOLD)
+        elif seg is None:
+            return
+        elif isinstance(ev, Progress | Partial):
+            if isinstance(ev, Progress):
+                seg.speech_s = ev.speech_s
+            else:
+                self._on_partial(seg, ev.text, t, e)
+            if self.turns.on_speech(t, seg.speech_s, len(seg.partial.split())) is Decision.BARGE_IN:
+                self._barge_in(seg, t)
+        elif isinstance(ev, VadStop):
+            silence = (ev.audio_end - ev.speech_end) / 16000
+            self.turns.on_speech_stop(t, silence)
+            if seg.turn:
+                assert seg.item_id is not None
+                self._emit(SpeechStopped(t, e, seg.item_id, _ms(ev.audio_end)))
+                self._emit(InputCommitted(t, e, seg.item_id, self.last_item))
+                self.last_item = seg.item_id
+        elif isinstance(ev, Final):
+            text = words_to_digits(ev.text)
+            if seg.turn:
+                assert seg.item_id is not None
+                self._emit(InputTranscriptCompleted(t, e, seg.item_id, text))
+                self._turn_text.append(text)
+                self.turns.on_transcript(ends_sentence(" ".join(self._turn_text)))
+            else:
+                self._burst_texts.append(text)
+            self._seg = None
+
+    def _on_partial(self, seg: _Segment, text: str, t: float, e: int) -> None:
+        old, seg.partial = seg.partial, text
+        if seg.turn and seg.item_id is not None:
+            delta = text[len(old):] if text.startswith(old) else ""
+            self._emit(InputTranscriptDelta(t, e, seg.item_id, delta, text))
+
+    def _barge_in(self, seg: _Segment, t: float) -> None:
+        """The open burst took the floor: its earlier segments' words and this segment are the turn."""
+        cuts = self.out.interrupt(self.agent.fence.epoch + 1, "barge_in")  # the playing reply's done first
+        heard = " ".join(x for x in [*self._burst_texts, seg.partial] if x)
+        self.agent.barge_in(t, heard)
+        self.truncate_cuts(cuts)
+        self._turn_text, self._burst_texts = [x for x in self._burst_texts if x], []
+        seg.turn, seg.item_id = True, self.new_item()
+        self._emit(SpeechStarted(t, self.agent.fence.epoch, seg.item_id, _ms(self._burst_start)))
+        if heard:
+            self._emit(InputTranscriptDelta(t, self.agent.fence.epoch, seg.item_id, heard, heard))
+
+    def truncate_cuts(self, cuts: list[tuple[str, int, int]]) -> None:
+        for response_id, chars, _ms in cuts:
+            with contextlib.suppress(AgentError):  # forgotten or never created in the runtime: nothing to cut
+                self.agent.truncate(response_id, played_chars=chars)
+
+    def tick(self) -> None:
+        t = self.agent.now()
+        d = self.turns.on_tick(t)
+        if d is Decision.END_OF_TURN:
+            text = " ".join(x for x in self._turn_text if x.strip())
+            self._turn_text = []
+            self.agent.set_floor(self.turns.burst_open)
+            if text:
+                self.agent.user_turn(text, t, respond=self._create_response())
+        elif d is Decision.RESUME:
+            self.agent.set_floor(self.turns.user_turn_open)
+            self.out.resume()
+            self.agent.resume(t, " ".join(x for x in self._burst_texts if x))
+            self._burst_texts = []
+
+
+
+def _ms(samples16k: int) -> int:
+    return samples16k // 16

@@ -1,0 +1,112 @@
+"""The speech turn policy (pure): pauses, the sentence-end cue, bursts, barge-in, resume."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from execstate.agent.speech_turns import Decision, SpeechTurnConfig, SpeechTurnPolicy
+
+CFG = SpeechTurnConfig(end_of_turn_silence_s=0.8, backchannel_max_s=0.8, backchannel_max_words=2, resume_after_s=0.4)
+
+
+def segment(p: SpeechTurnPolicy, t0: float, t1: float, speaking: bool = False, words: int = 0,
+            silence: float = 0.2) -> list[Decision]:
+    out = [p.on_speech_start(t0, speaking)]
+    t = t0
+    while t < t1:
+        t = min(t + 0.032, t1)
+        out.append(p.on_speech(t, t - t0, words))
+    p.on_speech_stop(t1 + silence, silence)
+    return out
+
+
+def test_pause_does_not_take_the_turn_then_silence_does() -> None:
+    p = SpeechTurnPolicy(CFG)
+    segment(p, 0.0, 1.0)
+    p.on_transcript(False)  # "what is seventeen" (no sentence end)
+    assert p.on_tick(1.5) is Decision.NONE  # a 0.5 s pause
+    segment(p, 1.5, 2.5)
+    assert p.on_tick(2.8) is Decision.NONE  # the second segment's transcript is not in
+    p.on_transcript(False)
+    assert p.next_deadline() == pytest.approx(3.3)
+    assert p.on_tick(3.29) is Decision.NONE
+    assert p.on_tick(3.31) is Decision.END_OF_TURN
+    assert not p.user_turn_open
+
+
+def test_sentence_end_ends_the_turn_at_speech_stop() -> None:
+    p = SpeechTurnPolicy(CFG)
+    segment(p, 0.0, 1.0)
+    p.on_transcript(True)  # "what is seventeen times twenty three?"
+    assert p.on_tick(1.2) is Decision.END_OF_TURN
+
+
+def test_burst_holds_then_barges_in_by_length_or_words() -> None:
+    p = SpeechTurnPolicy(CFG)
+    d = segment(p, 0.0, 0.5, speaking=True)
+    assert d[0] is Decision.HOLD and Decision.BARGE_IN not in d and p.burst_open
+    assert p.on_tick(0.89) is Decision.NONE
+    assert p.on_tick(0.9) is Decision.RESUME  # 0.4 s after the burst's speech ended (0.5 s)
+    p2 = SpeechTurnPolicy(CFG)
+    d = segment(p2, 0.0, 1.0, speaking=True)
+    assert d.count(Decision.BARGE_IN) == 1 and p2.user_turn_open and p2.turn_segment
+    p3 = SpeechTurnPolicy(CFG)
+    assert p3.on_speech_start(0.0, True) is Decision.HOLD
+    assert p3.on_speech(0.3, 0.3, 3) is Decision.BARGE_IN  # three words
+
+
+def test_no_interrupt_and_no_pause() -> None:
+    p = SpeechTurnPolicy(SpeechTurnConfig(interrupt=False))
+    d = segment(p, 0.0, 3.0, speaking=True, words=9)
+    assert d[0] is Decision.BACKCHANNEL and Decision.BARGE_IN not in d
+    p = SpeechTurnPolicy(SpeechTurnConfig(pause_on_speech=False))
+    assert p.on_speech_start(0.0, True) is Decision.BACKCHANNEL
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.05, 2.0), st.floats(0.1, 3.0), st.booleans(), st.integers(0, 6)),
+                min_size=1, max_size=8))
+def test_every_burst_resolves_once(segs) -> None:
+    """Each burst ends exactly once: as a barge-in or a resume; pauses shorter than the
+    end-of-turn silence never end a turn whose text does not end a sentence."""
+    p = SpeechTurnPolicy(CFG)
+    t, bursts, resolved = 0.0, 0, 0
+    for gap, length, speaking, words in segs:
+        t += gap
+        was_burst = not p.user_turn_open and speaking
+        d = segment(p, t, t + length, speaking=speaking, words=words)
+        bursts += was_burst
+        resolved += d.count(Decision.BARGE_IN)
+        if p.turn_segment:
+            p.on_transcript(False)
+        t += length + 0.2
+        for k in range(1, 200):
+            d2 = p.on_tick(t + 0.01 * k)
+            if d2 is Decision.END_OF_TURN:
+                assert t + 0.01 * k - (p.last_speech_t or 0) >= CFG.end_of_turn_silence_s - 1e-9
+            resolved += d2 is Decision.RESUME
+        t += 2.0
+    assert resolved == bursts
+
+
+def test_config_bounds() -> None:
+    for bad in ({"end_of_turn_silence_s": 0}, {"backchannel_max_words": -1}, {"resume_after_s": 100},
+                {"backchannel_max_s": True}):
+        with pytest.raises(ValueError):
+            SpeechTurnConfig(**bad)
+
+
+def test_a_burst_adds_up_over_its_segments() -> None:
+    """Speech split by short silences into several segments is one burst: its speech and words add
+    up to a barge-in (no segment alone would), and only the first segment holds."""
+    p = SpeechTurnPolicy(CFG)
+    assert p.on_speech_start(0.0, True) is Decision.HOLD
+    assert p.on_speech(0.5, 0.5, 2) is Decision.NONE
+    p.on_speech_stop(0.7, 0.2)
+    assert p.on_tick(0.75) is Decision.NONE  # not yet resume_after_s (0.4 s) of quiet
+    assert p.on_speech_start(0.8, True) is Decision.NONE  # the same burst goes on
+    assert p.on_speech(1.0, 0.2, 0) is Decision.NONE
+    assert p.on_speech(1.2, 0.4, 1) is Decision.BARGE_IN  # 0.9 s > 0.8 s (and 3 words > 2)
+    assert p.user_turn_open and not p.burst_open

@@ -1,0 +1,85 @@
+"""``execstate bench voice``'s parts without a server: the oracle recognizer's transcripts and the
+metrics on a known recording."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from execstate.bench.voice_client import TICK, Recording
+from execstate.bench.voice_metrics import edit_distance, norm, summarize
+from execstate.bench.voice_oracle import OracleRecognizer
+
+
+class _Null:
+    sample_rate = 16000
+
+    def open(self):
+        return self
+
+    def start(self, at_sample):
+        self.fed = 0
+
+    def feed(self, samples):
+        self.fed += len(samples)
+        return None
+
+    def finish(self):
+        return "whatever the real one heard"
+
+    def close(self):
+        pass
+
+
+def test_oracle_words_at_the_recognizers_timing() -> None:
+    o = OracleRecognizer(_Null())
+    o.place(1000, ((0, 4000, "What"), (4000, 8000, "is"), (8000, 16000, "this?")))
+    s = o.open()
+    s.start(0)
+    assert s.feed(np.zeros(5000, np.int16)) == "What"  # the word's audio ended at 5000
+    assert s.feed(np.zeros(3000, np.int16)) is None  # "is" ends at 9000: not yet
+    assert s.feed(np.zeros(1000, np.int16)) == "What is"
+    assert s.finish() == "What is"  # "this?" was cut by the segment: the next segment's
+    s.start(9000)
+    s.feed(np.zeros(9000, np.int16))
+    assert s.finish() == "this?"
+    assert s.finish() == ""  # each word in one final only
+
+
+def _rec() -> Recording:
+    r = Recording(np.zeros(16000 * 20, np.int16))
+    r.sent_t = [k * TICK / 16000 for k in range(1000)]  # sent on time
+    ev = [(2.3, {"type": "response.created", "response": {"id": "r1"}}),
+          (2.5, {"type": "response.output_audio.delta", "response_id": "r1"}),
+          (5.0, {"type": "input_audio_buffer.speech_started", "item_id": "i2"}),
+          (5.03, {"type": "input.turn", "kind": "hold"}),
+          (6.5, {"type": "input.turn", "kind": "resume"}),
+          (9.0, {"type": "response.done", "response": {"id": "r1", "status": "completed"}}),
+          (1.0, {"type": "input_audio_buffer.speech_started", "item_id": "i1"}),
+          (2.2, {"type": "conversation.item.input_audio_transcription.completed", "item_id": "i1",
+                 "transcript": "tell me a story"})]
+    r.events = sorted(ev, key=lambda x: x[0])
+    r.stops = [(5.03, "hold")]
+    r.resumes = [6.5]
+    r.marks = [{"kind": "speech", "what": "turn", "s0": 16000, "s1": 32000, "text": "Tell me a long story."},
+               {"kind": "pause", "s0": 20000, "s1": 28000},
+               {"kind": "turn_end", "s": 32000, "turn": "backchannel", "answer": None},
+               {"kind": "turn_end", "s": 32000, "turn": "plain", "answer": None},
+               {"kind": "interruption", "what": "backchannel", "s": 80000, "s_end": 88000, "audible": True,
+                "response_id": "r1"}]
+    return r
+
+
+def test_metrics_on_a_known_recording() -> None:
+    m = summarize([_rec()])
+    assert m["response_latency_ms"] == {"p50": 500.0, "p99": 500.0, "n": 1}  # end at 2.0 s, audio at 2.5 s
+    assert m["interruption_latency_ms"]["p50"] == 30.0  # speech at 5.0 s, hold at 5.03 s
+    assert m["takeover_rate_on_pauses"] == {"rate": 0.0, "n": 1}
+    assert m["false_interruptions_on_backchannels"] == {"rate": 0.0, "n": 1}
+    assert m["resume_after_false_interruption_ms"]["p50"] == 1500.0
+    assert m["asr_wer"] == {"wer": 0.2, "words": 5}  # "long" was not heard: one deletion in five words
+
+
+def test_wer_parts() -> None:
+    assert norm("Quick question, what is seventeen times 23?") == ["quick", "question", "what", "is", "17", "times",
+                                                                  "23"]
+    assert edit_distance(["a", "b", "c", "d"], ["a", "x", "c"]) == 2
