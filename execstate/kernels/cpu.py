@@ -14,7 +14,7 @@ engine records ``KERNEL_SET`` in its provenance numerics when it uses them.
 """
 
 from execstate.kernels.ext import KERNEL_SET, available, max_threads, unavailable_reason
-from execstate.kernels.fused import qkv_rope, rms_norm, silu_mul, use_rows
+from execstate.kernels.fused import qkv_rope, rms_norm, sigmoid, silu_mul, use_rows
 from execstate.kernels.gemm import (
     MAX_LINEAR_ROWS,
     MAX_MOE_TOKENS,
@@ -39,7 +39,7 @@ from execstate.kernels.paged_decode import PagedDecode
 
 __all__ = [
     "KERNEL_SET", "MAX_LINEAR_ROWS", "MAX_MOE_TOKENS", "MIN_PACKED_ROWS", "PACKED", "PagedDecode", "available", "linear", "linear_if_small", "max_threads", "moe",
-    "qkv_rope", "rms_norm", "silu_mul", "unavailable_reason", "use_linear", "use_moe", "use_rows",
+    "qkv_rope", "rms_norm", "sigmoid", "silu_mul", "unavailable_reason", "use_linear", "use_moe", "use_rows",
     "KERNEL_SET_BF16", "MAX_LINEAR_ROWS_BF16", "linear_bf16", "linear_bf16_if_small", "moe_bf16",
     "use_linear_bf16", "use_moe_bf16",
 ]

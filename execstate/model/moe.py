@@ -108,7 +108,10 @@ class SparseMoE(nn.Module):
         ids, weights = self.route(x, ctx, logits)
         out = self.experts(x, ids, weights)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            g = self.shared_expert_gate(x)
+            # the kernel's sigmoid: each gate the same bits whatever the step's other tokens
+            gate = cpu_kernels.sigmoid(g) if self.use_kernels and cpu_kernels.use_rows(g) else torch.sigmoid(g)
+            out = out + gate * self.shared_expert(x)
         return out
 
 

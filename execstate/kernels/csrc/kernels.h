@@ -72,6 +72,7 @@ int es_prefill_attention_f32(const float *q, const float *kc, const float *vc, f
                              int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale);
 /* fused.c */
 void es_silu_mul(const float *g, const float *u, float *h, int64_t n);
+void es_sigmoid(const float *x, float *y, int64_t n);
 void es_rms_norm_f32(const float *x, const float *w, float *out, int64_t T, int64_t H, float eps);
 void es_qkv_rope_f32(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
                      float eps, float *q, float *k, float *v, int64_t T, int64_t nh, int64_t nkv, int64_t d);

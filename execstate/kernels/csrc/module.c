@@ -260,7 +260,20 @@ static PyObject *py_silu_mul(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_sigmoid(PyObject *self, PyObject *args) {
+    unsigned long long x, y;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "KKn", &x, &y, &n)) return NULL;
+    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
+    if (n < 0) return PyErr_Format(PyExc_ValueError, "sigmoid: negative size");
+    Py_BEGIN_ALLOW_THREADS
+    es_sigmoid((const float *)x, (float *)y, n);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"sigmoid", py_sigmoid, METH_VARARGS, "sigmoid(x, y, n): y = 1 / (1 + exp(-x)) elementwise (fp32 data pointers)."},
     {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, w, out, T, H, eps) (fp32 data pointers)."},
     {"qkv_rope", py_qkv_rope, METH_VARARGS,
      "qkv_rope(qkv, cos, sin, q_norm_w or 0, k_norm_w or 0, eps, q, k, v, T, nh, nkv, d) (fp32 data pointers)."},
