@@ -10,7 +10,7 @@ setup(
             "execstate.kernels._cpu",
             [f"execstate/kernels/csrc/{name}.c" for name in ("module", "gemm", "attention", "fused", "gemm_bf16",
                                                               "gemm_packed", "prefill_attention", "decode_layer", "scratch",
-                                                              "gemm_bf16_pairs")],
+                                                              "gemm_bf16_pairs", "gemm_bf16dot", "gemm_bf16dot_emu")],
             depends=["execstate/kernels/csrc/kernels.h", "execstate/kernels/csrc/simd.h",
                      "execstate/kernels/csrc/decode_layer.h"],
             # -ffp-contract=off: no implicit FMA contraction; the kernels' FMAs are explicit,

@@ -50,6 +50,7 @@ from execstate.engine.cache_salt import cache_salt_of
 from execstate.engine.config import EngineConfig
 from execstate.engine.engine_weights import EngineWeights
 from execstate.engine.kv_cache_manager import KVCacheManager
+from execstate.engine.model_numerics import activation_dtype, load_engine_model, numerics_id
 from execstate.engine.output_builder import build_output, on_new_token
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.penalties import PenaltyState
@@ -71,8 +72,6 @@ from execstate.engine.validation import (
 )
 from execstate.engine.weight_update import WeightUpdate
 from execstate.identity.provenance import Provenance
-from execstate.kernels import cpu as cpu_kernels
-from execstate.model.loader import load_model
 from execstate.model.registry import resolve_model
 from execstate.model.weights_digest import model_digest
 from execstate.state.block_holds import BlockHolds
@@ -96,12 +95,8 @@ class LLMEngine(EngineWeights):
         t0 = time.perf_counter()
         self.config = config
         self.model_path: Path = resolve_model(config.model)
-        bf16_weights = config.bf16_weights()
-        act_dtype = torch.float32 if bf16_weights else config.torch_dtype  # activations and KV cache
-        self.model = load_model(self.model_path, dtype=act_dtype, device=config.device)
-        if bf16_weights:
-            self.model.store_weights_bf16()
-        self.model.use_cpu_kernels(config.use_cpu_kernels())
+        act_dtype = activation_dtype(config)  # activations and KV cache
+        self.model = load_engine_model(self.model_path, config)  # in its numerics mode
         self.model_config = mc = self.model.config
         self.tokenizer = Tokenizer(self.model_path) if (self.model_path / "tokenizer.json").exists() else None
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
@@ -132,8 +127,7 @@ class LLMEngine(EngineWeights):
             model_id=str(config.model),
             weights_version=model_digest(self.model),
             dtype=config.dtype,
-            numerics=("eager" if not self.model.kernels
-                      else f"eager+{cpu_kernels.KERNEL_SET_BF16 if bf16_weights else cpu_kernels.KERNEL_SET}"),
+            numerics=numerics_id(config),
             route_mode="free",
             cache_salt=config.cache_salt,
         )

@@ -31,6 +31,7 @@ from execstate.kernels import decode_layer as kern
 from execstate.model.context import StepContext
 from execstate.model.layers import GatedMLP
 from execstate.model.moe import SparseMoE
+from execstate.model.weight_formats import decode_formats
 
 if TYPE_CHECKING:
     from execstate.model.transformer import CausalLM, DecoderLayer
@@ -87,6 +88,7 @@ def _layer_weights(layer: DecoderLayer) -> kern.LayerWeights:
         num_heads=a.num_heads, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim, eps=a.eps,
         w_router=None if dense else mlp.router.weight,
         w_gate_up=mlp.gate_up_proj.weight if dense else None, w_down=mlp.down_proj.weight if dense else None,
+        formats=decode_formats(layer),
     )
 
 

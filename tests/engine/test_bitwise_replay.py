@@ -33,6 +33,9 @@ MODES = {
     "qwen3_moe-bf16w": ("qwen3_moe", {"dtype": "bfloat16"}),
     "qwen2_moe-fp32-chunked": ("qwen2_moe", {"max_num_batched_tokens": 24}),
     "llama-bf16w": ("llama", {"dtype": "bfloat16"}),
+    "qwen2_moe-bf16": ("qwen2_moe", {"dtype": "bfloat16", "compute_dtype": "bfloat16"}),
+    "mixtral-bf16-chunked": ("mixtral", {"dtype": "bfloat16", "compute_dtype": "bfloat16",
+                                         "max_num_batched_tokens": 20}),
 }
 
 

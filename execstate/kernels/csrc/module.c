@@ -177,6 +177,48 @@ static PyObject *py_moe_bf16(PyObject *self, PyObject *args) {
     return kernel_result(bad, "moe_bf16", "moe_bf16", a.E);
 }
 
+/* bf16 arithmetic (gemm_bf16dot.c; _emu: gemm_bf16dot_emu.c, AVX2). The AVX512-BF16 entries
+ * raise RuntimeError where the CPU lacks it. */
+static PyObject *linear_u16(PyObject *args, const char *name, int need_bf16,
+                            int (*fn)(const float *, const uint16_t *, float *, int64_t, int64_t, int64_t)) {
+    struct linear_args a;
+    int status;
+    if (!parse_linear(args, name, 1, &a)) return NULL;
+    if (need_bf16 && !es_bf16dot_available()) return PyErr_Format(PyExc_RuntimeError, "%s needs AVX512-BF16", name);
+    Py_BEGIN_ALLOW_THREADS
+    status = fn((const float *)a.x, (const uint16_t *)a.w, (float *)a.y, a.M, a.K, a.N);
+    Py_END_ALLOW_THREADS
+    return kernel_result(status ? 2 : 0, name, name, 0);
+}
+
+static PyObject *moe_u16(PyObject *args, const char *name, int need_bf16,
+                         int (*fn)(const float *, const int64_t *, const float *, const uint16_t *, const uint16_t *,
+                                   float *, int64_t, int64_t, int64_t, int64_t, int64_t)) {
+    struct moe_args a;
+    int bad;
+    if (!parse_moe(args, name, 1, &a)) return NULL;
+    if (need_bf16 && !es_bf16dot_available()) return PyErr_Format(PyExc_RuntimeError, "%s needs AVX512-BF16", name);
+    Py_BEGIN_ALLOW_THREADS
+    bad = fn((const float *)a.x, (const int64_t *)a.ids, (const float *)a.wts, (const uint16_t *)a.wgu,
+             (const uint16_t *)a.wd, (float *)a.out, a.T, a.k, a.E, a.H, a.I);
+    Py_END_ALLOW_THREADS
+    return kernel_result(bad, name, name, a.E);
+}
+
+static PyObject *py_linear_bf16dot(PyObject *self, PyObject *args) {
+    return linear_u16(args, "linear_bf16dot", 1, es_linear_bf16dot);
+}
+static PyObject *py_linear_bf16dot_emu(PyObject *self, PyObject *args) {
+    return linear_u16(args, "linear_bf16dot_emu", 0, es_linear_bf16dot_emu);
+}
+static PyObject *py_moe_bf16dot(PyObject *self, PyObject *args) { return moe_u16(args, "moe_bf16dot", 1, es_moe_bf16dot); }
+static PyObject *py_moe_bf16dot_emu(PyObject *self, PyObject *args) {
+    return moe_u16(args, "moe_bf16dot_emu", 0, es_moe_bf16dot_emu);
+}
+static PyObject *py_bf16dot_available(PyObject *self, PyObject *args) {
+    return PyBool_FromLong(cpu_ok() && es_bf16dot_available());
+}
+
 /* decode_attention and prefill_attention take the same arguments (prefill: nh / nkv <= 16). */
 struct attention_args {
     unsigned long long q, kc, vc, out, tok, bt, cl;
@@ -296,6 +338,13 @@ static PyMethodDef methods[] = {
     {"moe_packed_bf16", py_moe_packed_bf16, METH_VARARGS, "moe_packed_bf16(...): moe_bf16 for many tokens, AVX-512."},
     {"linear_bf16", py_linear_bf16, METH_VARARGS, "linear_bf16(x, w, y, M, K, N): y = x @ float(w).T (w bf16)."},
     {"moe_bf16", py_moe_bf16, METH_VARARGS, "moe_bf16(...): moe with bf16 w_gate_up and w_down."},
+    {"linear_bf16dot", py_linear_bf16dot, METH_VARARGS,
+     "linear_bf16dot(x, w, y, M, K, N): y = bf16(x) @ w.T by vdpbf16ps, bf16 dot order (w bf16)."},
+    {"linear_bf16dot_emu", py_linear_bf16dot_emu, METH_VARARGS,
+     "linear_bf16dot_emu(...): linear_bf16dot's order with fp32 FMAs (AVX2), for CPUs without AVX512-BF16."},
+    {"moe_bf16dot", py_moe_bf16dot, METH_VARARGS, "moe_bf16dot(...): moe with bf16 arithmetic (AVX512-BF16)."},
+    {"moe_bf16dot_emu", py_moe_bf16dot_emu, METH_VARARGS, "moe_bf16dot_emu(...): moe_bf16dot on AVX2 + FMA."},
+    {"bf16dot_available", py_bf16dot_available, METH_NOARGS, "True when this CPU has AVX512-BF16 (linear_bf16dot)."},
     {"decode_layer", es_py_decode_layer, METH_VARARGS, "decode_layer(...): a whole decode-step layer (decode_layer.c)."},
     {NULL, NULL, 0, NULL},
 };
