@@ -127,7 +127,7 @@ class LLMEngine(EngineWeights):
             model_id=str(config.model),
             weights_version=model_digest(self.model),
             dtype=config.dtype,
-            numerics=numerics_id(config),
+            numerics=numerics_id(config, self.model),
             route_mode="free",
             cache_salt=config.cache_salt,
         )

@@ -10,6 +10,7 @@ an id, so their KV and routes never mix: ``identity/provenance.py``).
 | fp32 | fp32 | fp32 (``gemm.py``) | ``eager+cpu-avx2-v1`` |
 | ``dtype="bfloat16"`` | bf16 | fp32, weights widened (``gemm_bf16.py``) | ``eager+cpu-avx2-v2-bf16w`` |
 | + ``compute_dtype="bfloat16"`` | bf16 | bf16 (``gemm_bf16dot.py``) | ``eager+cpu-avx512bf16-v1`` (AVX512-BF16), ``eager+cpu-avx2-bf16emu-v1`` (elsewhere) |
+| ``quantization="gguf"`` | the GGUF file's blocks | fp32, blocks dequantised in registers (``gguf_blocks.py``) | ``eager+cpu-gguf-<formats>-v1``, e.g. ``q41-q80`` for Q4_1 matrices with a Q8_0 embedding |
 
 Activations, the KV cache, attention and norms are fp32 in every mode on the kernels.
 """
@@ -23,6 +24,8 @@ import torch
 from execstate.engine.config import EngineConfig
 from execstate.kernels import cpu as cpu_kernels
 from execstate.kernels import gemm_bf16dot
+from execstate.kernels.gguf_blocks import gguf_kernel_set
+from execstate.model.gguf_model import gguf_file, load_gguf_model, model_formats
 from execstate.model.loader import load_model
 from execstate.model.transformer import CausalLM
 from execstate.model.weight_formats import use_bf16_arithmetic
@@ -39,6 +42,14 @@ def load_engine_model(path: Path, config: EngineConfig) -> CausalLM:
     kernels = config.use_cpu_kernels()
     if config.compute_dtype == "bfloat16" and not kernels:
         raise ValueError(f"compute_dtype='bfloat16' needs the CPU kernels: {cpu_kernels.unavailable_reason()}")
+    if config.quantization == "gguf":
+        if not kernels:
+            raise ValueError(f"quantization='gguf' needs the CPU kernels: {cpu_kernels.unavailable_reason()}")
+        model = load_gguf_model(path, gguf_file(path), device=config.device)
+        model.use_cpu_kernels(True)
+        return model
+    if not any(path.glob("*.safetensors")) and any(path.glob("*.gguf")):
+        raise ValueError(f"{path} holds a GGUF file and no safetensors: serve it with quantization='gguf'")
     model = load_model(path, dtype=activation_dtype(config), device=config.device)
     if config.bf16_weights():
         model.store_weights_bf16()
@@ -48,10 +59,12 @@ def load_engine_model(path: Path, config: EngineConfig) -> CausalLM:
     return model
 
 
-def numerics_id(config: EngineConfig) -> str:
-    """The provenance numerics of ``config``'s mode (the table in the module docstring)."""
+def numerics_id(config: EngineConfig, model: CausalLM) -> str:
+    """The provenance numerics of ``config``'s mode for ``model`` (the table in the module docstring)."""
     if not config.use_cpu_kernels():
         return "eager"
+    if config.quantization == "gguf":
+        return f"eager+{gguf_kernel_set(model_formats(model))}"
     if config.compute_dtype == "bfloat16":
         return f"eager+{gemm_bf16dot.kernel_set()}"
     return f"eager+{cpu_kernels.KERNEL_SET_BF16 if config.bf16_weights() else cpu_kernels.KERNEL_SET}"

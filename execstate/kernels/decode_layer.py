@@ -22,8 +22,8 @@ from typing import NamedTuple
 import torch
 
 from execstate.kernels.ext import is_f32_cpu, lib, require, sync_threads
-from execstate.kernels.formats import WeightFormat
 from execstate.kernels.gemm import MAX_LINEAR_ROWS
+from execstate.kernels.weight_format import WeightFormat
 
 _MATRICES = ("w_qkv", "w_o", "w_router", "w_gate_up", "w_down")  # the order of LayerWeights.formats
 

@@ -1,52 +1,19 @@
-"""Weight formats with their own kernels, and the one call that dispatches on them.
+"""The kernels of the weight formats that have their own (``weight_format.py``), one dispatching call each.
 
 A module whose matrix has a ``WeightFormat`` (``Linear.weight_format``, ``SparseMoE.weight_format``,
 ``CausalLM.head_format``) multiplies through ``linear``/``moe`` here; a module without one keeps
-the dtype dispatch of the fp32 / bf16-weight kernels (``gemm.py``, ``gemm_bf16.py``). The codes
-are also the C side's (``decode_layer.c`` picks its row kernel by them).
-
-- ``F32``, ``BF16``: fp32 arithmetic on fp32 or bf16 (widened) weights (listed for the C side).
-- ``BF16_DOT``: bf16 arithmetic (``gemm_bf16dot.py``): bf16 weights, input rows rounded to bf16.
-- ``Q8_0``, ``Q4_0``, ``Q4_1``: GGUF blocks as stored in the file (``gguf_blocks.py``), weights
-  dequantised in registers, fp32 activations and sums.
+the dtype dispatch of the fp32 / bf16-weight kernels (``gemm.py``, ``gemm_bf16.py``).
 """
 
 from __future__ import annotations
 
-from enum import IntEnum
-
 import torch
 
 from execstate.kernels.gemm_bf16dot import linear_bf16dot, moe_bf16dot
+from execstate.kernels.gguf_blocks import linear_gguf, moe_gguf
+from execstate.kernels.weight_format import WeightFormat
 
-
-class WeightFormat(IntEnum):
-    F32 = 0
-    BF16 = 1
-    BF16_DOT = 2
-    Q8_0 = 3
-    Q4_0 = 4
-    Q4_1 = 5
-
-    @property
-    def quantized(self) -> bool:
-        return self >= WeightFormat.Q8_0
-
-    def storage(self, rows: int, cols: int) -> tuple[tuple[int, int], torch.dtype]:
-        """(shape, dtype) of a ``[rows, cols]`` matrix stored in this format (GGUF: ``cols`` a
-        multiple of 32, each row its blocks' bytes)."""
-        if self is WeightFormat.F32:
-            return (rows, cols), torch.float32
-        if self in (WeightFormat.BF16, WeightFormat.BF16_DOT):
-            return (rows, cols), torch.bfloat16
-        if cols % GGUF_BLOCK:
-            raise ValueError(f"{self.name}: {cols} columns is not a multiple of {GGUF_BLOCK}")
-        return (rows, cols // GGUF_BLOCK * GGUF_BLOCK_BYTES[self]), torch.uint8
-
-
-GGUF_BLOCK = 32  # values per GGUF block (Q8_0, Q4_0, Q4_1)
-# Bytes per block: an fp16 scale (and for Q4_1 an fp16 minimum) + 32 int8 or 32 4-bit values.
-GGUF_BLOCK_BYTES = {WeightFormat.Q8_0: 34, WeightFormat.Q4_0: 18, WeightFormat.Q4_1: 20}
+__all__ = ["WeightFormat", "linear", "moe"]
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, fmt: WeightFormat) -> torch.Tensor:
@@ -54,6 +21,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, fmt: WeightFormat) -> torch.Te
     (``ValueError`` for input the format's kernel does not take)."""
     if fmt is WeightFormat.BF16_DOT:
         return linear_bf16dot(x, weight)
+    if fmt.quantized:
+        return linear_gguf(x, weight, fmt)
     raise ValueError(f"formats.linear: {fmt.name} weights take the dtype-dispatched kernels")
 
 
@@ -62,4 +31,6 @@ def moe(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate_up: to
     """``gemm.moe``'s contract with both expert tensors stored in ``fmt``."""
     if fmt is WeightFormat.BF16_DOT:
         return moe_bf16dot(x, ids, weights, w_gate_up, w_down)
+    if fmt.quantized:
+        return moe_gguf(x, ids, weights, w_gate_up, w_down, fmt)
     raise ValueError(f"formats.moe: {fmt.name} weights take the dtype-dispatched kernels")

@@ -232,7 +232,9 @@ def load_hf_weights(model: CausalLM, state_dict: dict[str, torch.Tensor], *,
         module_name, _, attr = target.rpartition(".")
         # Always a fresh allocation, never a view into the file's buffer: CPU GEMMs round
         # differently depending on pointer alignment, and replay must be bitwise across loads.
-        value = torch.empty(tensor.shape, dtype=dtype, device=device).copy_(tensor)
+        # GGUF blocks (uint8, model/gguf_model.py) keep their bytes; floating tensors take dtype.
+        kind = dtype if tensor.is_floating_point() else tensor.dtype
+        value = torch.empty(tensor.shape, dtype=kind, device=device).copy_(tensor)
         setattr(modules[module_name], attr, nn.Parameter(value, requires_grad=False))
     model.drop_decode_weights()
 

@@ -30,7 +30,7 @@ from torch import nn
 
 from execstate.kernels import cpu as cpu_kernels
 from execstate.kernels import formats
-from execstate.kernels.formats import WeightFormat
+from execstate.kernels.weight_format import WeightFormat
 from execstate.model.config import MIXTRAL, ModelConfig
 from execstate.model.context import StepContext
 from execstate.model.layers import GatedMLP, Linear

@@ -16,7 +16,7 @@ from torch import nn
 
 from execstate.kernels import cpu as cpu_kernels
 from execstate.kernels import formats
-from execstate.kernels.formats import WeightFormat
+from execstate.kernels.weight_format import WeightFormat
 from execstate.model.bf16_weights import linear_mixed, store_weights_bf16
 from execstate.model.config import ModelConfig
 from execstate.model.context import StepContext

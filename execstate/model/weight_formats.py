@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 from torch import nn
 
-from execstate.kernels.formats import WeightFormat
+from execstate.kernels.weight_format import WeightFormat
 from execstate.model.layers import Linear
 from execstate.model.moe import SparseMoE
 
@@ -59,3 +60,23 @@ def decode_formats(layer: nn.Module) -> dict[str, WeightFormat]:
     else:
         modules["w_gate_up"], modules["w_down"] = mlp.gate_up_proj, mlp.down_proj
     return {name: f for name, m in modules.items() if (f := format_of(m)) is not None}
+
+
+def matrices_reason(layer: nn.Module) -> str | None:
+    """Why a decoder layer's matrices cannot take the whole-layer decode path, or None: those with
+    a ``weight_format`` must be stored as it says; the others all fp32 or all bf16."""
+    formatted = {id(m.weight): f for m in layer.modules() if (f := format_of(m)) is not None and hasattr(m, "weight")}
+    plain = set()
+    for name, p in layer.named_parameters():
+        if p.dim() < 2:
+            continue
+        f = formatted.get(id(p))
+        if f is None and isinstance(layer.mlp, SparseMoE) and name.startswith("mlp.w_"):
+            f = format_of(layer.mlp)  # the experts run in the MoE call, outside the layer's C call
+        if f is None:
+            plain.add(p.dtype)
+        elif p.dtype != f.storage(1, 32)[1]:
+            return f"{name} is {p.dtype}, not stored as {f.name}"
+    if len(plain) > 1 or not plain <= {torch.float32, torch.bfloat16}:
+        return "matrices not all fp32 or all bf16"
+    return None

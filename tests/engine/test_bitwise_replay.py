@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
 from execstate.kernels import cpu
+from execstate.kernels.weight_format import WeightFormat
+from execstate.model.gguf_quantize import quantize_checkpoint
 from execstate.model.random_models import make_random
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason=f"CPU kernels unavailable: {cpu.unavailable_reason()}")
@@ -36,13 +38,21 @@ MODES = {
     "qwen2_moe-bf16": ("qwen2_moe", {"dtype": "bfloat16", "compute_dtype": "bfloat16"}),
     "mixtral-bf16-chunked": ("mixtral", {"dtype": "bfloat16", "compute_dtype": "bfloat16",
                                          "max_num_batched_tokens": 20}),
+    "qwen3_moe-q4_1": ("qwen3_moe", {"quantization": "gguf"}),
+    "llama-q8_0-chunked": ("llama", {"quantization": "gguf", "max_num_batched_tokens": 24}),
 }
+# the GGUF block format of a mode's build (model/gguf_quantize.py), by mode name
+GGUF_FORMAT = {"qwen3_moe-q4_1": WeightFormat.Q4_1, "llama-q8_0-chunked": WeightFormat.Q8_0}
 
 
 @pytest.fixture(scope="module", params=sorted(MODES))
 def engine(request, tmp_path_factory) -> LLM:
     arch, kwargs = MODES[request.param]
     model_dir = make_random(arch, tmp_path_factory.mktemp(arch), seed=3)
+    if request.param in GGUF_FORMAT:
+        quantize_checkpoint(model_dir, model_dir.with_name(f"{model_dir.name}-gguf"), GGUF_FORMAT[request.param],
+                            WeightFormat.Q8_0)
+        model_dir = model_dir.with_name(f"{model_dir.name}-gguf")
     return LLM(str(model_dir), enable_return_routed_experts=True, seed=0, **kwargs)
 
 

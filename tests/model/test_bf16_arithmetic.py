@@ -18,7 +18,7 @@ import torch
 import transformers
 
 from execstate.kernels import cpu
-from execstate.kernels.formats import WeightFormat
+from execstate.kernels.weight_format import WeightFormat
 from execstate.model.context import RouteCapture, StepContext
 from execstate.model.layers import Linear
 from execstate.model.loader import load_model

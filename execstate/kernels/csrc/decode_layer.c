@@ -44,6 +44,11 @@ static KT inline void rows(const EsDecodeLayer *a, int which, const float *const
         else
             es_linear_rows_bf16dot_emu(xr, yr, a->T, w, K, lo, hi);
         break;
+    case ES_FMT_Q8_0:
+    case ES_FMT_Q4_0:
+    case ES_FMT_Q4_1:
+        es_gguf_rows(a->fmt[which], 0)(xr, yr, a->T, w, K, lo, hi);
+        break;
     default:
         es_linear_rows_f32(xr, yr, a->T, (const float *)w, K, lo, hi);
     }

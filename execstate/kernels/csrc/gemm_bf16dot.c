@@ -21,6 +21,7 @@
  * tile are one transposition (hsum16_x16, the same tree). */
 #include "kernels.h"
 #include "simd.h"
+#include "simd512.h"
 
 #define KB __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")))
 #define MB 128 /* x rows per L2 block */
@@ -33,31 +34,6 @@ int es_bf16dot_available(void) {
              __builtin_cpu_supports("avx512bf16");
     }
     return ok;
-}
-
-/* hsum16: the tree of step 3 on one accumulator. */
-static KB inline float hsum16(__m512 a) {
-    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1)));
-}
-
-/* hsum16 of 16 accumulators at once (lane r of the result = hsum16(a[r])): the same adds in the
- * same tree, the operands brought together by shuffles. */
-static KB inline __m512 hsum16_x16(const __m512 a[16]) {
-    __m512 t[8], u[4], w[2];
-    for (int i = 0; i < 8; i++) /* lanes i + i+8: acc 2i in the low 256 bits, 2i + 1 in the high */
-        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    for (int i = 0; i < 4; i++) /* i + i+4: quarter q holds acc 4i + q */
-        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    for (int i = 0; i < 2; i++) /* i + i+2: quarter q holds acc 8i + q (lanes 0-1), 8i + 4 + q (2-3) */
-        w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    /* 0 + 1: lane 4q + e holds acc q + 4e */
-    const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    return _mm512_permutexvar_ps(order, s);
 }
 
 /* Rows xr[m0 .. m0 + n) as bf16 into xb (row stride kp elements, zero padded past K). */
@@ -73,25 +49,6 @@ static KB void round_rows(const float *const *xr, uint16_t *xb, int64_t n, int64
             _mm512_storeu_si512(o + k, (__m512i)v);
         }
     }
-}
-
-/* hsum16 of 8 accumulators (lane r < 8 of the result = hsum16(a[r])): hsum16_x16's steps. */
-static KB inline __m256 hsum16_x8(const __m512 a[8]) {
-    __m512 t[4], u[2];
-    for (int i = 0; i < 4; i++)
-        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    for (int i = 0; i < 2; i++)
-        u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512 w = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
-    /* quarter q: lanes 0-1 acc q (from u[0]: accs 0-3), 2-3 acc q + 4 (u[1]) */
-    const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(w, w, _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_ps(w, w, _MM_SHUFFLE(3, 1, 3, 1)));
-    /* lane 4q holds acc q, lane 4q + 1 acc q + 4 */
-    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
-    return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, s));
 }
 
 #define P_MAX 4 /* x rows per tile */
@@ -200,5 +157,5 @@ KB int es_linear_bf16dot(const float *x, const uint16_t *w, float *y, int64_t M,
 
 KB int es_moe_bf16dot(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu, const uint16_t *w_d,
                       float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
-    return es_moe_with(es_linear_rows_bf16dot, sizeof(uint16_t), x, ids, wts, w_gu, w_d, out, T, k, E, H, I);
+    return es_moe_with(es_linear_rows_bf16dot, 32 * sizeof(uint16_t), x, ids, wts, w_gu, w_d, out, T, k, E, H, I);
 }

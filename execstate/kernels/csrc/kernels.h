@@ -34,7 +34,7 @@ enum { ES_FMT_F32, ES_FMT_BF16, ES_FMT_BF16_DOT, ES_FMT_Q8_0, ES_FMT_Q4_0, ES_FM
 typedef void (*es_rows_fn)(const float *const *xr, float *const *yr, int64_t M, const void *w, int64_t K, int64_t n0,
                            int64_t n1);
 int es_linear_with(es_rows_fn rows, const float *x, const void *w, float *y, int64_t M, int64_t K, int64_t N);
-int es_moe_with(es_rows_fn rows, size_t wsize, const float *x, const int64_t *ids, const float *wts, const void *w_gu,
+int es_moe_with(es_rows_fn rows, size_t bytes32, const float *x, const int64_t *ids, const float *wts, const void *w_gu,
                 const void *w_d, float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
 int es_linear_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N);
 int es_moe_f32(const float *x, const int64_t *ids, const float *wts, const float *w_gu, const float *w_d, float *out,
@@ -64,6 +64,15 @@ void es_linear_rows_bf16dot_emu(const float *const *xr, float *const *yr, int64_
 int es_linear_bf16dot_emu(const float *x, const uint16_t *w, float *y, int64_t M, int64_t K, int64_t N);
 int es_moe_bf16dot_emu(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu, const uint16_t *w_d,
                        float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
+/* gemm_gguf.c: GGUF Q8_0 / Q4_0 / Q4_1 blocks (fmt ES_FMT_Q*), dequantised in registers, fp32
+ * activations and sums in the "GGUF dot order"; K a multiple of 32. avx2: the 8-lane kernels
+ * (also what runs where the CPU lacks AVX-512; the same bits). */
+int es_gguf_available(void); /* AVX2, FMA and F16C */
+es_rows_fn es_gguf_rows(int fmt, int avx2);
+int es_gguf_block_bytes(int fmt);
+int es_linear_gguf(int fmt, int avx2, const float *x, const uint8_t *w, float *y, int64_t M, int64_t K, int64_t N);
+int es_moe_gguf(int fmt, int avx2, const float *x, const int64_t *ids, const float *wts, const uint8_t *w_gu,
+                const uint8_t *w_d, float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
 /* gemm_packed.c (AVX-512; returns 3 where the CPU lacks it) */
 int es_gemm_packed_available(void);
 /* x rows xr[0..M) packed in pairs, pairs [p0, p1): xp[p][k/8] = 8 floats of row 2p ++ 8 of row

@@ -219,6 +219,40 @@ static PyObject *py_bf16dot_available(PyObject *self, PyObject *args) {
     return PyBool_FromLong(cpu_ok() && es_bf16dot_available());
 }
 
+/* GGUF blocks (gemm_gguf.c): linear_gguf(x, w, y, M, K, N, fmt, avx2) and moe_gguf(moe's arguments,
+ * fmt, avx2); fmt an ES_FMT_Q* code, K (and H, I) multiples of 32. */
+static int gguf_fmt_ok(int fmt) { return fmt == ES_FMT_Q8_0 || fmt == ES_FMT_Q4_0 || fmt == ES_FMT_Q4_1; }
+#define GGUF_CPU_OK() (cpu_ok() && es_gguf_available())
+
+static PyObject *py_linear_gguf(PyObject *self, PyObject *args) {
+    struct linear_args a;
+    int fmt, avx2, status;
+    if (!PyArg_ParseTuple(args, "KKKnnnii", &a.x, &a.w, &a.y, &a.M, &a.K, &a.N, &fmt, &avx2)) return NULL;
+    if (!GGUF_CPU_OK()) return PyErr_Format(PyExc_RuntimeError, "linear_gguf needs AVX2, FMA and F16C");
+    if (a.M < 0 || a.K < 0 || a.N < 0 || a.K % 32 || !gguf_fmt_ok(fmt))
+        return PyErr_Format(PyExc_ValueError, "linear_gguf: bad sizes or format");
+    Py_BEGIN_ALLOW_THREADS
+    status = es_linear_gguf(fmt, avx2, (const float *)a.x, (const uint8_t *)a.w, (float *)a.y, a.M, a.K, a.N);
+    Py_END_ALLOW_THREADS
+    return kernel_result(status ? 2 : 0, "linear_gguf", "linear_gguf", 0);
+}
+
+static PyObject *py_moe_gguf(PyObject *self, PyObject *args) {
+    struct moe_args a;
+    int fmt, avx2, bad;
+    if (!PyArg_ParseTuple(args, "KKKKKKnnnnnii", &a.x, &a.ids, &a.wts, &a.wgu, &a.wd, &a.out, &a.T, &a.k, &a.E, &a.H,
+                          &a.I, &fmt, &avx2))
+        return NULL;
+    if (!GGUF_CPU_OK()) return PyErr_Format(PyExc_RuntimeError, "moe_gguf needs AVX2, FMA and F16C");
+    if (a.T < 0 || a.k < 1 || a.E < 1 || a.H < 1 || a.I < 1 || a.H % 32 || a.I % 32 || !gguf_fmt_ok(fmt))
+        return PyErr_Format(PyExc_ValueError, "moe_gguf: bad sizes or format");
+    Py_BEGIN_ALLOW_THREADS
+    bad = es_moe_gguf(fmt, avx2, (const float *)a.x, (const int64_t *)a.ids, (const float *)a.wts,
+                      (const uint8_t *)a.wgu, (const uint8_t *)a.wd, (float *)a.out, a.T, a.k, a.E, a.H, a.I);
+    Py_END_ALLOW_THREADS
+    return kernel_result(bad, "moe_gguf", "moe_gguf", a.E);
+}
+
 /* decode_attention and prefill_attention take the same arguments (prefill: nh / nkv <= 16). */
 struct attention_args {
     unsigned long long q, kc, vc, out, tok, bt, cl;
@@ -345,6 +379,9 @@ static PyMethodDef methods[] = {
     {"moe_bf16dot", py_moe_bf16dot, METH_VARARGS, "moe_bf16dot(...): moe with bf16 arithmetic (AVX512-BF16)."},
     {"moe_bf16dot_emu", py_moe_bf16dot_emu, METH_VARARGS, "moe_bf16dot_emu(...): moe_bf16dot on AVX2 + FMA."},
     {"bf16dot_available", py_bf16dot_available, METH_NOARGS, "True when this CPU has AVX512-BF16 (linear_bf16dot)."},
+    {"linear_gguf", py_linear_gguf, METH_VARARGS,
+     "linear_gguf(x, w, y, M, K, N, fmt, avx2): y = x @ dequant(w).T on GGUF blocks (fmt 3 Q8_0, 4 Q4_0, 5 Q4_1)."},
+    {"moe_gguf", py_moe_gguf, METH_VARARGS, "moe_gguf(x, ids, wts, w_gu, w_d, out, T, k, E, H, I, fmt, avx2)."},
     {"decode_layer", es_py_decode_layer, METH_VARARGS, "decode_layer(...): a whole decode-step layer (decode_layer.c)."},
     {NULL, NULL, 0, NULL},
 };
