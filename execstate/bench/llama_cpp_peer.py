@@ -111,10 +111,12 @@ class LlamaCppPeer(Peer):
     batch8 = False
 
     def __init__(self, gguf_path: Path, threads: int, n_ctx: int, batch8: bool = False, name: str = "llama_cpp",
-                 detail: str = "F32", batch_size: int = 8) -> None:
+                 detail: str = "F32", batch_size: int = 8, probe_prefill: bool = True) -> None:
+        # probe_prefill: each batched run first times a max_tokens=1 run (off where the caller probes)
         import llama_cpp
 
         self.gguf_path, self.threads, self.n_ctx, self.batch8, self.name = gguf_path, threads, n_ctx, batch8, name
+        self.probe_prefill = probe_prefill
         self.label = f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, {detail})"
         self.batch_size = batch_size
         self.llm: Any = None
@@ -139,10 +141,12 @@ class LlamaCppPeer(Peer):
         if batched:
             if self.batched is None:
                 raise RuntimeError("this llama.cpp peer runs batch 1 only")
-            fresh = [[(p[0] + 1) % self.batched.n_vocab, *p[1:]] for p in prompts]
-            t0 = time.perf_counter()
-            self.batched.generate(fresh, 1)
-            prefill_s = time.perf_counter() - t0
+            prefill_s = None
+            if self.probe_prefill:
+                fresh = [[(p[0] + 1) % self.batched.n_vocab, *p[1:]] for p in prompts]
+                t0 = time.perf_counter()
+                self.batched.generate(fresh, 1)
+                prefill_s = time.perf_counter() - t0
             t0 = time.perf_counter()
             tokens = self.batched.generate(prompts, max_new_tokens)
             return RunResult(tokens, time.perf_counter() - t0, prefill_s=prefill_s)

@@ -34,6 +34,8 @@ class Peer:
     batch8 = True
     # the peer whose greedy tokens this one's are compared with (the same numerics where there is one)
     parity_reference = "execstate_r3_on"
+    # how its weights are stored, for the sweep's roofline: "fp32", "bf16" or "gguf" (the file's blocks)
+    storage = "fp32"
 
     def load(self) -> None: ...
 
@@ -72,6 +74,7 @@ class EnginePeer(Peer):
         self.dtype = self.engine_kwargs.get("dtype", "float32")
         self.name = f"execstate{infix}_r3_{'on' if routes else 'off'}"
         self.label = f"execstate{words}{label_detail} (R3 {'on' if routes else 'off'})"
+        self.storage = {"bf16w": "bf16", "bf16": "bf16", "gguf": "gguf"}.get(self.mode, "fp32")
         self.llm: Any = None
         self.startup_seconds: list[float] = []
         self.cached_tokens = 0

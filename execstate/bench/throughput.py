@@ -161,7 +161,7 @@ def _peers(model: str | Path, path: Path, wl: Workload, threads: int, enabled: b
     gguf = ensure_f32_gguf(path)
     notes.append(f"llama.cpp runs {gguf} ({time.perf_counter() - t0:.1f} s to make/find)")
     peer_list.append(LlamaCppPeer(gguf, threads, n_ctx=max(512, wl.prompt_len + wl.max_new_tokens + 1),
-                                  batch8=True, batch_size=wl.num_prompts))
+                                  batch8=True, batch_size=wl.num_prompts, probe_prefill=probe_prefill))
     return peer_list, unavailable
 
 
@@ -189,8 +189,9 @@ def mode_peers(model: str | Path, path: Path, wl: Workload, threads: int, dtype:
             unavailable["llama_cpp_q4_1"] = reason
         else:
             lc = LlamaCppPeer(gfile, threads, n_ctx=max(512, wl.prompt_len + wl.max_new_tokens + 1), batch8=True,
-                              name="llama_cpp_q4_1", detail="the same Q4_1 file", batch_size=wl.num_prompts)
-            lc.parity_reference = "execstate_gguf_r3_off"
+                              name="llama_cpp_q4_1", detail="the same Q4_1 file", batch_size=wl.num_prompts,
+                              probe_prefill=probe_prefill)
+            lc.parity_reference, lc.storage = "execstate_gguf_r3_off", "gguf"
             out.append(lc)
     return out
 

@@ -152,7 +152,7 @@ class VllmPeer(Peer):
         self.max_model_len, self.max_num_seqs, self.dtype = max_model_len, max_num_seqs, dtype
         self.label = f"vLLM {version} (CPU build{', bf16' if dtype == 'bfloat16' else ''})"
         if dtype == "bfloat16":  # beside the engine's bf16 arithmetic, compared with it
-            self.name, self.parity_reference = "vllm_bf16", "execstate_bf16arith_r3_off"
+            self.name, self.parity_reference, self.storage = "vllm_bf16", "execstate_bf16arith_r3_off", "bf16"
         self.proc: DriverProcess | None = None
         self.startup_seconds: list[float] = []
         self.settings: dict[str, Any] | None = None

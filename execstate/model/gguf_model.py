@@ -28,6 +28,7 @@ from execstate.kernels.gguf_blocks import dequantize
 from execstate.kernels.weight_format import WeightFormat
 from execstate.model import gguf_import
 from execstate.model.config import ModelConfig
+from execstate.model.gguf_file import read_tensors
 from execstate.model.layers import Linear
 from execstate.model.loader import load_hf_weights, match_checkpoint
 from execstate.model.moe import SparseMoE
@@ -53,23 +54,22 @@ class GGUFEmbedding(nn.Module):
 
 def read_gguf(path: Path, config: ModelConfig) -> tuple[dict[str, torch.Tensor], dict[str, WeightFormat]]:
     """(HF name -> tensor, HF name -> block format) of every tensor in the GGUF file ``path``:
-    block tensors as uint8 rows, float ones as fp32."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
-    llama = gguf_import.metadata_field(reader, "general.architecture") == "llama"
+    block tensors as uint8 rows, float ones as fp32 (``gguf_file.read_tensors``: the metadata
+    values are skipped, not parsed)."""
+    meta, file_tensors = read_tensors(Path(path))
+    llama = meta.get("general.architecture") == "llama"
     tensors: dict[str, torch.Tensor] = {}
     formats: dict[str, WeightFormat] = {}
-    for t in reader.tensors:
-        kind = t.tensor_type.name
+    for t in file_tensors:
+        kind = t.kind
         if kind not in _BLOCK_TYPES and kind not in _FLOAT_TYPES:
-            raise ValueError(f"{path.name}: tensor {t.name} is {kind}; served as is: {sorted(_BLOCK_TYPES)} "
+            raise ValueError(f"{Path(path).name}: tensor {t.name} is {kind}; served as is: {sorted(_BLOCK_TYPES)} "
                              f"(and {', '.join(_FLOAT_TYPES)})")
-        data = np.array(t.data)  # a copy: the mapping is read-only
+        data = t.data
         if kind == "F16":
             data = data.astype(np.float32)
         elif kind == "BF16":
-            data = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+            data = (data.astype(np.uint32) << 16).view(np.float32)
         name = t.name
         if llama:
             if ".attn_q." in name:
@@ -77,7 +77,7 @@ def read_gguf(path: Path, config: ModelConfig) -> tuple[dict[str, torch.Tensor],
             elif ".attn_k." in name:
                 data = gguf_import.unpermute_qk(data, config.num_kv_heads)
             name = gguf_import.hf_tensor_name(name)
-        tensors[name] = torch.from_numpy(np.ascontiguousarray(data))
+        tensors[name] = torch.from_numpy(np.array(data))  # a copy: the mapping is read-only
         if kind in _BLOCK_TYPES:
             formats[name] = _BLOCK_TYPES[kind]
     return tensors, formats
