@@ -8,9 +8,10 @@ low-level API (``BatchedDecoder``: one context holding ``n`` sequences, as llama
 ``batched`` example does): all prompts prefilled in one ``llama_decode`` (split by ``n_batch``),
 then one ``llama_decode`` per step carrying every sequence's next token; greedy = argmax of
 each sequence's logits. Its prefill probe (time to first token) is a ``max_tokens=1`` run of the
-same prompts with the first token changed, as the engine's peer does. Threads: ``threads`` for
-both prompt and generation (on this 2-core VM 2 threads measured fastest for llama.cpp too,
-see docs/performance.md).
+same prompts with the first token changed, as the engine's peer does. Threads: llama.cpp's best
+setting, probed at each load (``best_threads``: a short greedy decode with 1 .. ``threads``
+threads, the fastest kept, for prompt and generation alike): on a shared 2-core VM a starved
+second thread can make llama.cpp's barriers several times slower, on a quiet one 2 are faster.
 """
 
 from __future__ import annotations
@@ -107,6 +108,30 @@ class BatchedDecoder:
         return out
 
 
+def best_threads(gguf_path: Path, threads: int, new_tokens: int = 24) -> int:
+    """llama.cpp's fastest thread count for ``gguf_path`` here and now: a greedy batch-1 decode of
+    ``new_tokens`` after a 32-token prompt with each count 1 .. ``threads``, best of two each."""
+    from llama_cpp import Llama
+
+    best: tuple[float, int] | None = None
+    for t in range(1, max(1, threads) + 1):
+        llm = Llama(model_path=str(gguf_path), n_ctx=128, n_threads=t, n_threads_batch=t, n_batch=64,
+                    logits_all=False, verbose=False)
+        try:
+            for _ in range(2):
+                llm.reset()
+                t0 = time.perf_counter()
+                for i, _tok in enumerate(llm.generate(list(range(10, 42)), temp=0.0, top_k=1, reset=True)):
+                    if i + 1 >= new_tokens:
+                        break
+                took = time.perf_counter() - t0
+                best = min(best, (took, t)) if best else (took, t)
+        finally:
+            llm.close()
+    assert best is not None
+    return best[1]
+
+
 class LlamaCppPeer(Peer):
     batch8 = False
 
@@ -125,10 +150,14 @@ class LlamaCppPeer(Peer):
     def load(self) -> None:
         from llama_cpp import Llama
 
-        self.llm = Llama(model_path=str(self.gguf_path), n_ctx=self.n_ctx, n_threads=self.threads,
-                         n_threads_batch=self.threads, n_batch=256, logits_all=False, verbose=False)
+        self.used_threads = best_threads(self.gguf_path, self.threads)
+        self.llm = Llama(model_path=str(self.gguf_path), n_ctx=self.n_ctx, n_threads=self.used_threads,
+                         n_threads_batch=self.used_threads, n_batch=256, logits_all=False, verbose=False)
         if self.batch8:
-            self.batched = BatchedDecoder(self.gguf_path, self.batch_size, self.n_ctx, self.threads)
+            self.batched = BatchedDecoder(self.gguf_path, self.batch_size, self.n_ctx, self.used_threads)
+
+    def report_extra(self) -> dict[str, Any]:
+        return {"threads_used": getattr(self, "used_threads", None)}
 
     def close(self) -> None:
         if self.llm is not None and hasattr(self.llm, "close"):
