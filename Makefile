@@ -1,12 +1,12 @@
 # Two commands do everything on a fresh machine:
-#   make demo   - set up, prepare the embedded smollm2-moe model, run an R3 rollout
-#   make test   - set up, run the test suite (what CI runs)
+#   make demo   - set up, build the embedded models once, tour the three workloads (R3, world, agent)
+#   make test   - set up, run the test suite (what CI runs, after `make lint`)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.execstate-installed
 
-.PHONY: setup demo test test-slow lint bench clean
+.PHONY: setup demo test test-slow lint bench clean docs docs-serve
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +29,17 @@ test: setup
 test-slow: setup
 	$(PY) -m pytest -q -m slow
 
+# ruff, then the layer rules and the absence of import cycles (import-linter contracts in pyproject.toml)
 lint: setup
 	$(VENV)/bin/ruff check execstate tests
+	$(VENV)/bin/lint-imports
+
+# The docs site (MkDocs): a broken link or a page missing from the navigation fails the build.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8001
 
 bench: setup
 	$(PY) -m execstate bench throughput --model standard

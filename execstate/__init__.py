@@ -3,7 +3,9 @@
 Public API (vLLM-compatible names)::
 
     from execstate import LLM, SamplingParams
-    from execstate import World     # world-model sessions (session/world_offline.py)
+    s = LLM("smollm2-moe").open_session()   # LM sessions (session/lm/llm.py: the engine's LLM + sessions)
+    from execstate import World     # world-model sessions (session/world/offline.py)
+    from execstate import AsyncSessions, AsyncWorld   # the same for an asyncio server
 
 Imported lazily, so the pure-Python layers (identity/, state/ bookkeeping) load
 without torch.
@@ -13,16 +15,22 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "ScoreOutput", "World"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "ScoreOutput", "World", "Session",
+           "WorldSession", "AsyncSessions", "AsyncWorld", "SessionEventError"]
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "LLM": "execstate.engine.llm",
+    "LLM": "execstate.session.lm.llm",
     "SamplingParams": "execstate.engine.sampling_params",
     "RequestOutput": "execstate.engine.outputs",
     "CompletionOutput": "execstate.engine.outputs",
     "ScoreOutput": "execstate.engine.outputs",
-    "World": "execstate.session.world_offline",
+    "World": "execstate.session.world.offline",
+    "Session": "execstate.session.lm.offline",
+    "WorldSession": "execstate.session.world.offline",
+    "AsyncSessions": "execstate.session.lm.async_sessions",
+    "AsyncWorld": "execstate.session.world.async_world",
+    "SessionEventError": "execstate.session.runtime.events",
 }
 
 

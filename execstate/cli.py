@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from pathlib import Path
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -30,7 +31,9 @@ def _models(args: argparse.Namespace) -> int:
         elif args.arch in ARCHITECTURES:
             print(make_random(args.arch, args.out, seed=args.seed))
         else:
-            print(f"unknown architecture {args.arch!r}; choose from {', '.join(ARCHITECTURES)}, standard", file=sys.stderr)
+            print(
+                f"unknown architecture {args.arch!r}; choose from {', '.join(ARCHITECTURES)}, standard", file=sys.stderr
+            )
             return 2
         return 0
     raise AssertionError(args.models_cmd)
@@ -39,21 +42,26 @@ def _models(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from execstate.demo import run_demo
 
-    return run_demo(model=args.model)
+    parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
+    return run_demo(model=args.model, parts=parts, out_dir=args.out)
 
 
 def _proxy(args: argparse.Namespace) -> int:
-    from execstate.serve.proxy import run_proxy
+    from execstate.serve.pd.proxy import run_proxy
 
     return run_proxy(args)
+
+
+DEFAULT_SERVE_MODEL = "smollm2-moe"  # `execstate serve` with no MODEL: this model, the world model, every endpoint
 
 
 def _serve(args: argparse.Namespace) -> int:
     from execstate.serve.server import run_server
 
-    if args.model is None and args.world is None:
-        raise SystemExit("execstate serve: give a MODEL, --world, or both")
-
+    if args.model is None and args.world is None:  # the embedded default with every endpoint on
+        args.model, args.world, args.enable_return_routed_experts = DEFAULT_SERVE_MODEL, "world", True
+        print(f"execstate serve: no MODEL given: serving the embedded {DEFAULT_SERVE_MODEL} (routes returned) and "
+              f"the world model, with every endpoint (open http://{args.host}:{args.port}/)", file=sys.stderr)
     return run_server(args)
 
 
@@ -69,6 +77,10 @@ def _size(text: str) -> int:
 # Defaults of the engine's capacity options (EngineConfig's; tests/serve/test_limits.py checks
 # they agree; engine.config imports torch, which --help should not wait for).
 _ENGINE_DEFAULTS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "kv_cache_memory": 1 << 30}
+
+# Defaults of the offload options (EngineConfig's; tests/engine/test_offload_options.py checks they agree).
+_OFFLOAD_DEFAULTS = {"offload_disk_bytes": 16 << 30, "offload_redis_bytes": 4 << 30, "offload_policy": "lru",
+                     "offload_timeout_s": 1.0}
 
 # Defaults of the session options (EngineConfig's; tests/session/test_session_options.py checks them).
 _SESSION_DEFAULTS = {"max_sessions": 64, "session_eviction": "none", "max_session_events": 64}
@@ -104,7 +116,7 @@ def _add_capacity_and_limit_options(s: argparse.ArgumentParser) -> None:
                    help="KV pool size in blocks; overrides --kv-cache-memory (default: from --kv-cache-memory)")
     g.add_argument("--prefault-kv", action="store_true",
                    help="map the whole KV pool's pages at start (a background thread; ~0.5 s CPU per GiB, the "
-                        "pool becomes resident) so prefills into fresh blocks pay no page faults")
+                        "pool becomes resident) so prefills into fresh blocks pay no page faults (default: off)")
     g = s.add_argument_group("request limits (beyond a bound: 400, 413 or 429, before any engine work)")
     defaults = ServingLimits()
     for name, text in _LIMIT_HELP.items():
@@ -120,6 +132,13 @@ def _grace(text: str) -> float:
         value = math.nan
     if not (math.isfinite(value) and value >= 0):
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = _grace(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
     return value
 
 
@@ -141,22 +160,115 @@ def _add_session_options(s: argparse.ArgumentParser) -> None:
                         "0 closes it at once (default: %(default)s)")
 
 
+def _ttl(text: str) -> float | None:
+    value = _grace(text)
+    return None if value == 0 else value
+
+
+def _quota(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+_QUOTA_HELP = {
+    "sessions": "resident LM sessions (session API and /v1/realtime)",
+    "checkpoints": "live checkpoints over all its LM sessions",
+    "pinned_blocks": "KV blocks its sessions and checkpoints pin (a step that could pass it is refused)",
+    "agents": "live /v1/realtime/agent agents",
+    "world_sessions": "resident world sessions",
+}
+
+
+def _add_trust_options(s: argparse.ArgumentParser) -> None:
+    """``serve``: tenants, quotas, expiry and migration targets (docs/security.md)."""
+    g = s.add_argument_group("tenants, quotas and migration (docs/security.md)")
+    g.add_argument("--api-keys-file", default=None, metavar="FILE",
+                   help="API keys of several tenants: one 'KEY TENANT' per line ('#' comments); each tenant's "
+                        "sessions are invisible to the others (default: none)")
+    g.add_argument("--session-idle-ttl", type=_ttl, default=600.0, metavar="SECONDS",
+                   help="a detached session (opened over HTTP, or left by a dropped connection) unused this long "
+                        "expires and releases everything; later calls get 'expired'; 0: never "
+                        "(default: %(default)s)")
+    g.add_argument("--max-session-checkpoints", type=int, default=64,
+                   help="live checkpoints per session; one more is refused (code checkpoint_limit) "
+                        "(default: %(default)s)")
+    for kind, text in _QUOTA_HELP.items():
+        g.add_argument(f"--tenant-max-{kind.replace('_', '-')}", type=_quota, default=None, metavar="N",
+                       help=f"per tenant: {text} at most; beyond it, code quota (default: unlimited)")
+    g.add_argument("--migration-targets", action="append", default=None, metavar="TARGET",
+                   help="where POST /v1/sessions/{id}/migrate may send a session: 'http(s)://host:port' or "
+                        "'ENGINE_ID=http(s)://host:port', comma-separated or repeated (default: none: migration "
+                        "is off)")
+    g.add_argument("--migration-skew-s", type=_grace, default=30.0, metavar="SECONDS",
+                   help="the clock skew allowed between instances: a hand-over's nonce is remembered this long past "
+                        "its expiry, and a source whose target never confirmed an abort serves the session again "
+                        "only this long after the offer expired (default: %(default)s)")
+def _fps(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value == 0 or 1 <= value <= 240):
+        raise argparse.ArgumentTypeError(f"must be 0 (as fast as possible) or 1 to 240 frames per second, got {text!r}")
+    return value
+
+
+def _timeout(text: str) -> float:
+    value = _grace(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _add_offload_options(s: argparse.ArgumentParser) -> None:
+    """``serve``: offload tiers under the KV pool (engine/offload.py, docs/offload.md)."""
+    d = _OFFLOAD_DEFAULTS
+    g = s.add_argument_group("offload tiers (a block evicted from the KV pool is written back to each tier; a "
+                             "prompt that misses the pool reloads its blocks from them, verified)")
+    g.add_argument("--offload-dram", type=_size, default=0, metavar="BYTES",
+                   help="host-memory tier: bytes or a size such as 4GiB (default: 0, no DRAM tier)")
+    g.add_argument("--offload-disk-dir", default=None, metavar="DIR",
+                   help="local-disk tier: one file per unit under DIR; kept across restarts (default: none)")
+    g.add_argument("--offload-disk-bytes", type=_size, default=d["offload_disk_bytes"], metavar="BYTES",
+                   help="most bytes of the disk tier; the oldest units are deleted beyond it (default: 16GiB)")
+    g.add_argument("--offload-redis-url", default=None, metavar="URL",
+                   help="shared tier on a Redis server, e.g. redis://127.0.0.1:6379/0 (default: none)")
+    g.add_argument("--offload-redis-bytes", type=_size, default=d["offload_redis_bytes"], metavar="BYTES",
+                   help="most bytes this server keeps in Redis; its oldest units are deleted beyond it (default: 4GiB)")
+    g.add_argument("--offload-policy", choices=["lru", "fifo"], default=d["offload_policy"],
+                   help="which units a full tier drops first: least recently used, or oldest written "
+                        "(default: %(default)s)")
+    g.add_argument("--offload-timeout", type=_timeout, default=d["offload_timeout_s"], metavar="SECONDS",
+                   help="longest a reload (and one Redis command) may take; beyond it the rest of the prompt is "
+                        "recomputed and a failing tier is skipped for a while (default: %(default)s)")
+
+
 def _add_world_options(s: argparse.ArgumentParser) -> None:
-    """``serve --world``: world sessions over /v1/realtime/video and the /world page (serve/world_server.py)."""
+    """``serve --world``: world sessions over /v1/realtime/video and the /world page (serve/realtime/world/app.py)."""
     g = s.add_argument_group("world sessions")
     g.add_argument("--world", nargs="?", const="world", default=None, metavar="WORLD_MODEL",
                    help="also serve world sessions (/v1/realtime/video, the /world page) with this world model: "
-                        "a trained directory or 'world' (the default; without MODEL: a world-only server)")
+                        "a trained directory or 'world' (the shipped model, what --world alone gives; without "
+                        "MODEL: a world-only server) (default: no world sessions)")
     g.add_argument("--world-max-sessions", type=int, default=8,
                    help="resident world sessions at most; beyond it session.start is refused (code capacity) "
                         "(default: %(default)s)")
     g.add_argument("--world-session-memory", type=_size, default=4 << 20,
                    help="K/V memory budget of one world session (bytes, or a size such as 16MiB); a session or "
                         "checkpoint beyond it is refused (code budget) (default: 4MiB)")
-    g.add_argument("--world-fps", type=float, default=16.0,
-                   help="a world session's target frame rate unless session.start sets fps; 0: as fast as "
-                        "possible (default: %(default)s)")
-    g.add_argument("--world-threads", type=int, default=0, help="torch threads for world steps (0: torch's default)")
+    g.add_argument("--world-fps", type=_fps, default=16.0,
+                   help="a world session's target frame rate unless session.start sets fps: 0 (as fast as "
+                        "possible) or 1 to 240 (default: %(default)s)")
+    g.add_argument("--world-max-frames", type=int, default=100_000,
+                   help="most frames one world session may ask for (session.start's num_frames); beyond it "
+                        "session.start is refused (invalid_message) (default: %(default)s)")
+    g.add_argument("--world-threads", type=int, default=0,
+                   help="torch threads for world steps, 0: torch's default (default: %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,33 +291,54 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
 
-    d = sub.add_parser("demo", help="R3 rollout with prefix reuse and a replay check")
-    d.add_argument("--model", default="smollm2-moe")
+    d = sub.add_parser("demo", help="a tour of the three workloads: R3 rollout, world session, duplex agent")
+    d.add_argument("--model", default="smollm2-moe", help="the MoE model of the R3 part (default: %(default)s)")
+    d.add_argument("--parts", default="r3,world,agent", help="which parts to run, comma-separated "
+                   "(default: %(default)s)")
+    d.add_argument("--out", type=Path, default=None,
+                   help="where the world part saves its PNG (default: $EXECSTATE_CACHE/demo)")
     d.set_defaults(func=_demo)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, /metrics)")
     s.add_argument("model", nargs="?", default=None,
-                   help="embedded model name or a Hugging Face directory (optional with --world)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
+                   help="embedded model name (execstate models list) or a Hugging Face directory (default: none: "
+                        f"without MODEL and --world, the embedded {DEFAULT_SERVE_MODEL} with routes returned and the "
+                        "world model, every endpoint on; optional with --world)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    s.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    s.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1; repeat for several keys (all of the tenant "
+                        "'default'); see --api-keys-file for keys of several tenants (default: none: the server is "
+                        "open to anyone who can reach it)")
     s.add_argument("--served-model-name", default=None, help="the name clients pass as 'model' (default: MODEL)")
-    s.add_argument("--enable-return-routed-experts", action="store_true", help="R3: return routed_experts")
-    s.add_argument("--kv-transfer-config", default=None, help="PD connector settings as JSON (vLLM key names)")
-    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "fp32", "bf16"])
-    s.add_argument("--device", default="cpu")
-    s.add_argument("--max-model-len", type=int, default=None)
-    s.add_argument("--block-size", type=int, default=16)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--enable-return-routed-experts", action="store_true",
+                   help="R3: return routed_experts (default: off)")
+    s.add_argument("--kv-transfer-config", default=None,
+                   help="PD connector settings as JSON (vLLM key names) (default: none, no PD)")
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "fp32", "bf16"],
+                   help="weights' dtype (default: %(default)s)")
+    s.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    s.add_argument("--max-model-len", type=int, default=None,
+                   help="longest context, prompt and output together (default: the model's)")
+    s.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: %(default)s)")
+    s.add_argument("--seed", type=int, default=0, help="the engine's sampling seed (default: %(default)s)")
     s.add_argument("--kernels", default="auto", choices=["auto", "torch", "execstate"],
                    help="execstate's CPU kernels (auto: when available, CPU, fp32) or torch ops only; "
-                        "recorded in provenance numerics, so P and D of a PD pair must agree")
+                        "recorded in provenance numerics, so P and D of a PD pair must agree (default: %(default)s)")
     _add_capacity_and_limit_options(s)
     _add_session_options(s)
+    _add_trust_options(s)
+    _add_offload_options(s)
     s.add_argument("--agent-back-model", default=None,
                    help="/v1/realtime/agent: the back-end model agents delegate to (the tool 'reason'): an "
                         "embedded name or a directory, loaded as a second engine (default: the served model, "
                         "at batch priority; the front is always the served model)")
+    s.add_argument("--agent-tool-timeout-s", type=_positive_seconds, default=60.0,
+                   help="/v1/realtime/agent: a back-end task (a tool) still running after this many seconds "
+                        "fails with error 'timeout' (default: %(default)s)")
+    s.add_argument("--agent-max-tasks", type=int, default=8,
+                   help="/v1/realtime/agent: back-end tasks one agent runs at once; beyond it a delegation is "
+                        "refused (error too_many_tasks) (default: %(default)s)")
     _add_world_options(s)
     s.set_defaults(func=_serve)
 
@@ -225,8 +358,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; a model name that names no model is one line on stderr and status 2."""
     args = build_parser().parse_args(argv)
     from execstate.logs import setup_cli_logging
+    from execstate.model.errors import UnknownModelError
 
     setup_cli_logging()
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UnknownModelError as exc:
+        print(f"execstate {args.cmd}: {exc}", file=sys.stderr)
+        return 2

@@ -14,10 +14,13 @@ thread count is restored at the end of the run.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 import torch
+
+from execstate.bench.redis_server import RedisServer, redis_server_available
 
 
 @pytest.fixture(scope="package")
@@ -26,3 +29,40 @@ def torch_single_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# -- a real Redis server for the offload tier's tests (Debian's redis-server; .ci/run installs it) --
+
+
+def need_redis_server() -> None:
+    """Skip without ``redis-server`` (fail in CI, where ``.ci/run`` installs it)."""
+    if not redis_server_available():
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is not installed (apt-get install redis-server)")
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+
+
+@pytest.fixture()
+def redis_server(tmp_path_factory) -> Iterator[RedisServer]:
+    """A fresh ``redis-server`` for one test on a free loopback port, killed afterwards."""
+    need_redis_server()
+    server = RedisServer(tmp_path_factory.mktemp("redis"), "--enable-debug-command", "local")
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture()
+def redis_factory(tmp_path_factory) -> Iterator:
+    """``make(*redis_server_args)``: more servers for one test (their own options), killed afterwards."""
+    need_redis_server()
+    made: list[RedisServer] = []
+
+    def make(*extra: str) -> RedisServer:
+        server = RedisServer(tmp_path_factory.mktemp("redis"), *extra)
+        made.append(server)
+        return server.start()
+
+    yield make
+    for server in made:
+        server.kill()

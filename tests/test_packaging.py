@@ -121,7 +121,9 @@ def test_every_import_is_a_declared_dependency_or_a_lazy_optional_peer() -> None
 def test_optional_peer_reports_why_it_is_unavailable() -> None:
     from execstate.bench.throughput import _llama_cpp_unavailable
 
-    assert _llama_cpp_unavailable("standard", True) == "only for the dense smollm2-135m (an F32 GGUF of the same weights)"
+    assert (
+        _llama_cpp_unavailable("standard", True) == "only for the dense smollm2-135m (an F32 GGUF of the same weights)"
+    )
     reason = _llama_cpp_unavailable("smollm2-135m", True)
     try:
         import llama_cpp  # noqa: F401
@@ -196,14 +198,18 @@ def venv() -> Iterator[Venv]:
 def test_installed_without_extras_imports_every_module(venv: Venv) -> None:
     script = """
 import importlib, importlib.resources, importlib.util, json, pkgutil, shutil, execstate
-names = sorted(m.name for m in pkgutil.walk_packages(execstate.__path__, "execstate.") if m.name != "execstate.__main__")
+names = sorted(
+    m.name for m in pkgutil.walk_packages(execstate.__path__, "execstate.") if m.name != "execstate.__main__"
+)
 for name in names:
     importlib.import_module(name)
 print(json.dumps({
     "file": execstate.__file__, "modules": names,
     "dev_extras": [m for m in ("pytest", "hypothesis", "openai", "ruff") if importlib.util.find_spec(m)],
     "kernels_built": importlib.util.find_spec("execstate.kernels._cpu") is not None,
-    "world_weights": sorted(p.name for p in importlib.import_module("execstate.model.world.default").SHIPPED_DIR.iterdir()),
+    "world_weights": sorted(
+        p.name for p in importlib.import_module("execstate.model.world.default").SHIPPED_DIR.iterdir()
+    ),
     "world_page": sorted(p.name for p in importlib.resources.files("execstate.serve").joinpath("static").iterdir()),
 }))
 """

@@ -17,7 +17,9 @@ class AgentConfig:
     ``cancel_tasks_on_barge_in``: interrupting the front also cancels open back-end tasks (off: they
     run on; their results come back stale). ``model_tool_calls``: parse tool calls in the front's
     output. ``chars_per_s``: the playback rate ``truncate(played_ms=...)`` converts with.
-    ``max_input_chars``: bound on one ``feed`` chunk; ``max_events``: bound on undelivered events."""
+    ``max_input_chars``: bound on one ``feed`` chunk; ``max_turn_chars``: bound on one user turn (the
+    chunks not yet taken); ``max_events``: bound on undelivered events. (The back end's bounds, a
+    task's time and the tasks running at once, are its own: ``backend.TaskLimits``.)"""
 
     turn: TurnConfig = field(default_factory=TurnConfig)
     step_tokens: int = 4
@@ -31,10 +33,11 @@ class AgentConfig:
     model_tool_calls: bool = True
     chars_per_s: float = 15.0
     max_input_chars: int = 4096
+    max_turn_chars: int = 16_384
     max_events: int = 10_000
 
     def __post_init__(self) -> None:
-        for name in ("step_tokens", "max_response_tokens", "max_input_chars", "max_events"):
+        for name in ("step_tokens", "max_response_tokens", "max_input_chars", "max_turn_chars", "max_events"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")

@@ -4,7 +4,12 @@ Two paths (use either or both):
 
 - **Policy** (:class:`RegexPolicy`): rules matched against the text of a finished user turn; the
   first match gives the tool and its arguments (the regex's named groups, or ``arguments(match)``).
-  Deterministic, so it is what makes delegation reliable with a small front model.
+  Deterministic, so it is what makes delegation reliable with a small front model. Patterns are
+  RE2 (``google-re2``; case-insensitive): matching takes time linear in the text whatever the
+  pattern, so a client's rule cannot stall the event loop it runs on (Python's ``re`` backtracks:
+  ``(a+)+$`` on 25 ``a`` and a ``!`` takes seconds, and doubles with each ``a``). RE2 has no
+  backreferences or lookaround; a pattern it cannot compile is a ``ValueError`` naming why
+  (:func:`compile_pattern`).
 - **Model** (:class:`ToolCallParser`): the front's output is scanned as it streams for
   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (the Hermes/Qwen/SmolLM2 format).
   Text outside calls is speech; text inside is held back, never emitted. A complete call is
@@ -15,14 +20,37 @@ Two paths (use either or both):
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+import re2
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
 MAX_CALL_CHARS = 4096
+MAX_PATTERN_MEMORY = 1 << 20  # bytes RE2 may use for one compiled pattern (its default is 8 MiB)
+
+
+class Match(Protocol):
+    """What a rule's ``arguments`` gets: a match (``re2``'s; the ``re.Match`` methods used here)."""
+
+    def group(self, *groups: int | str) -> Any: ...
+
+    def groupdict(self) -> dict[str, str | None]: ...
+
+
+def compile_pattern(pattern: str) -> Any:
+    """``pattern`` compiled by RE2, case-insensitive; ``ValueError`` saying why it cannot be."""
+    options = re2.Options()
+    options.case_sensitive = False
+    options.log_errors = False  # RE2 would print the parse error to stderr
+    options.max_mem = MAX_PATTERN_MEMORY
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        why = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise ValueError(f"not a valid regex (RE2 syntax: no backreferences or lookaround): {why}") from None
 
 
 @dataclass(frozen=True)
@@ -35,13 +63,14 @@ class ToolCall:
 class Rule:
     pattern: str
     tool: str
-    arguments: Callable[[re.Match[str]], dict[str, Any]] | None = None
+    arguments: Callable[[Match], dict[str, Any]] | None = None
     ack: str | None = None  # what the front says while the task runs (None: the policy's default)
 
 
 class RegexPolicy:
     def __init__(self, rules: Iterable[Rule], ack: str = "Let me check.") -> None:
-        self.rules = [(re.compile(r.pattern, re.IGNORECASE), r) for r in rules]
+        """``ValueError`` when a rule's pattern is not one RE2 compiles (:func:`compile_pattern`)."""
+        self.rules = [(compile_pattern(r.pattern), r) for r in rules]
         self.ack = ack
 
     def decide(self, text: str) -> tuple[ToolCall, str] | None:

@@ -23,7 +23,9 @@ in flight (``response.done`` ``failed``), emits ``error`` ``front_failed`` and s
 ``close`` still releases everything.
 
 Input: ``feed(text, t)``, a chunk of words with its time on the agent's clock (seconds since
-``start``; None: now). Backchannels and false interruptions never enter the context. User turns
+``start``; None: now), at most ``max_input_chars``; the input not yet taken (the open turn and any
+held burst) is at most ``max_turn_chars``, so the delegation policy's match is bounded too. Backchannels and false
+interruptions never enter the context. User turns
 enter it at the boundary of the response that answers them (``user_prefix`` + text). Events:
 ``agent/agent_events.py``; a consumer that stops reading lets at most ``max_events`` pile up,
 then the agent closes itself with an ``error`` event ``overflow``.
@@ -36,36 +38,45 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
-from execstate.agent.agent_events import (
-    AgentEvent,
-    DelegationId,
-    ErrorEvent,
-    ResponseId,
-    TurnEvent,
-)
+from execstate.agent.agent_events import AgentEvent, DelegationResult, ErrorEvent, ResponseId, TurnEvent
 from execstate.agent.backend import Backend
 from execstate.agent.config import AgentConfig
 from execstate.agent.delegation import RegexPolicy, ToolCallParser
-from execstate.agent.fence import ResponseFence
-from execstate.agent.front import FrontModel
-from execstate.agent.front_loop import _END, AgentError, AgentStats, FrontLoop, _Plan
+from execstate.agent.delegations import Delegations
+from execstate.agent.errors import AgentError, AgentStats, Interrupt
+from execstate.agent.fence import Response, ResponseFence
+from execstate.agent.front import FrontChunk, FrontModel
+from execstate.agent.front_context import FrontContext
 from execstate.agent.ledger import ToolLedger
 from execstate.agent.transcript import Transcript
 from execstate.agent.turn_policy import Decision, TurnPolicy
 
+__all__ = ["AgentConfig", "AgentError", "AgentStats", "DuplexAgent"]
 
-class DuplexAgent(FrontLoop):
+_END = object()
+
+
+@dataclass
+class _Plan:
+    """A response to start: why (``turn`` | ``result``) and what it says first ("": the model speaks)."""
+
+    cause: str
+    forced: str
+
+
+class DuplexAgent:
     def __init__(self, front: FrontModel, backend: Backend | None = None, policy: RegexPolicy | None = None,
                  config: AgentConfig | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.front = front
-        self.backend = backend or Backend()
         self.policy = policy
         self.config = config or AgentConfig()
         self.turns = TurnPolicy(self.config.turn)
         self.fence = ResponseFence(self._emit)
-        self.ledger = ToolLedger()
-        self.transcript = Transcript()
+        self.context = FrontContext(front)
+        self.delegations = Delegations(backend or Backend(), self._emit, self.now, lambda: self.fence.epoch,
+                                       self._wake_up, lambda: not self._closed)
         self.stats = AgentStats()
         self._clock = clock
         self._t0 = clock()
@@ -74,14 +85,9 @@ class DuplexAgent(FrontLoop):
         self._wake = asyncio.Event()
         self._turn: list[str] = []  # the open user turn
         self._burst: list[str] = []  # input while the agent speaks, not (yet) a turn
-        self._pending: list[tuple[str, list[int]]] = [("prefix", front.prelude())]
-        self._replay: list[int] = []  # recorded in the transcript, to send after a rewind
-        self._replay_from = 0  # segments the front holds while a replay is unsent
+        self._held_chars = 0  # characters in _turn and _burst (bounded by config.max_turn_chars)
         self._plans: deque[_Plan] = deque()
         self._first: _Plan | None = None  # the plan of the response whose first step is next
-        self._ready: deque[DelegationId] = deque()
-        self._truncs: list[tuple[str, int]] = []
-        self._kept: dict[str, int] = {}  # tokens each truncated response keeps
         self._parser: ToolCallParser | None = None
         self._generated = 0
         self._paused = False
@@ -90,6 +96,18 @@ class DuplexAgent(FrontLoop):
         self._shut = False  # close() ran
         self._task: asyncio.Task[None] | None = None
         self._bg: set[asyncio.Task[None]] = set()  # cancels sent to the front
+
+    @property
+    def backend(self) -> Backend:
+        return self.delegations.backend
+
+    @property
+    def ledger(self) -> ToolLedger:
+        return self.delegations.ledger
+
+    @property
+    def transcript(self) -> Transcript:
+        return self.context.transcript
 
     # -- public API ---------------------------------------------------------------------------------
     def now(self) -> float:
@@ -104,7 +122,11 @@ class DuplexAgent(FrontLoop):
         if not isinstance(text, str) or not text.strip() or len(text) > self.config.max_input_chars:
             raise AgentError("invalid", f"input must be a non-empty string of at most {self.config.max_input_chars} "
                              "characters")
+        if self._held_chars + len(text) > self.config.max_turn_chars:
+            raise AgentError("invalid", f"a user turn is at most {self.config.max_turn_chars} characters; this "
+                             f"chunk would make it {self._held_chars + len(text)} (let the turn end first)")
         t = self._at(t)
+        self._held_chars += len(text)
         d = self.turns.on_input(len(text.split()), t, self.fence.active, text.rstrip()[-1] in ".?!")
         if d is Decision.NONE:
             self._turn.append(text)
@@ -128,11 +150,7 @@ class DuplexAgent(FrontLoop):
 
     def cancel_delegation(self, delegation_id: str) -> bool:
         """Cancel one back-end task (ledger: cancelled; its result, if it still comes, is ``late``)."""
-        d = self.ledger.get(delegation_id)
-        if not self.ledger.cancel(d.delegation_id):
-            return False
-        self.backend.cancel(d.delegation_id)
-        return True
+        return self.delegations.cancel(delegation_id)
 
     def truncate(self, item_id: str, played_chars: int | None = None, played_ms: float | None = None) -> int:
         """Cut a finished response's item to what was played (applied at the next boundary);
@@ -153,18 +171,15 @@ class DuplexAgent(FrontLoop):
             raise AgentError("invalid", f"the playback position must be a number >= 0 (characters: an integer), "
                              f"got {pos!r}")
         chars = played_chars if played_chars is not None else int(pos * self.config.chars_per_s / 1000)
-        keep = min(r.tokens_within(chars), self._kept.get(r.response_id, len(r.token_ids)))  # only ever shortens
-        self._kept[r.response_id] = keep
-        for k in [k for k in self._kept if k not in self.fence.responses]:
-            del self._kept[k]
-        self._truncs.append((item_id, keep))
+        keep = min(r.tokens_within(chars), self.context.kept(r.response_id, len(r.token_ids)))  # only shortens
+        self.context.queue_truncation(r.response_id, keep, live=set(self.fence.responses))
         self._wake.set()
         return keep
 
     def deliver_result(self, delegation_id: str, result: str) -> None:
         """A result for a delegation (e.g. a tool the client runs); LedgerError on late/duplicate/unknown."""
         self._require_open()
-        self._settle(self.ledger.resolve(delegation_id, str(result), self.fence.epoch, self.now()))
+        self.delegations.deliver(delegation_id, result)
 
     async def events(self) -> AsyncIterator[AgentEvent]:
         """Every event, in order, until the agent is closed."""
@@ -191,6 +206,150 @@ class DuplexAgent(FrontLoop):
         await self.front.close()
         self._queue.put_nowait(_END)
 
+    # -- state changes --------------------------------------------------------------------------------
+    def _interrupt(self, t: float, reason: str, cancel_tasks: bool) -> None:
+        if self.fence.active:
+            r = self.fence.interrupt(t, reason)
+            assert r is not None
+            self.stats.interrupts.append(Interrupt(t, r.epoch))
+            if self.transcript.has_mark(r.response_id):
+                self.context.queue_truncation(r.response_id, len(r.token_ids))
+            if self._stepping:
+                task = asyncio.get_running_loop().create_task(self.front.cancel())
+                self._bg.add(task)
+                task.add_done_callback(self._bg.discard)
+            self._parser, self._first = None, None
+        self._paused = False
+        self._plans.clear()
+        if cancel_tasks:
+            self.delegations.cancel_open()
+
+    def _end_of_turn(self, t: float) -> None:
+        text = " ".join(self._turn)
+        self._held_chars -= sum(map(len, self._turn))
+        self._turn = []
+        self._emit(TurnEvent(t, self.fence.epoch, Decision.END_OF_TURN.value, text))
+        self.context.push("user", self.front.encode(f"{self.config.user_prefix} {text}"))
+        forced = ""
+        decided = self.policy.decide(text) if self.policy is not None else None
+        if decided is not None and self.delegations.delegate(decided[0], "policy", t) is not None:
+            forced = f" {decided[1]}"
+        self._plans.append(_Plan("turn", forced))
+
+    # -- the loop -------------------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        try:
+            while not self._closed:
+                self._tick()
+                await self._boundary()
+                r = self.fence.current
+                if r is not None and not self._paused:
+                    await self._step(r)
+                    continue
+                deadline = self.turns.next_deadline()
+                timeout = None if deadline is None else max(deadline - self.now(), 0.0) + 0.001
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                self._wake.clear()
+        except Exception as exc:  # the front failed (e.g. its context is full): the agent cannot speak any more
+            t = self.now()
+            if self.fence.current is not None:
+                self.fence.finish(self.fence.current.response_id, "failed", t, str(exc))
+            self._emit(ErrorEvent(t, self.fence.epoch, "front_failed", f"{type(exc).__name__}: {exc}"))
+            self._closed = True
+
+    def _tick(self) -> None:
+        t = self.now()
+        d = self.turns.on_tick(t)
+        if d is Decision.END_OF_TURN:
+            self._end_of_turn(t)
+        elif d is Decision.RESUME:
+            self._emit(TurnEvent(t, self.fence.epoch, d.value, " ".join(self._burst)))
+            self._held_chars -= sum(map(len, self._burst))
+            self._burst, self._paused = [], False
+
+    async def _boundary(self) -> None:
+        await self.context.apply_truncations(lambda item_id: self._emit(ErrorEvent(
+            self.now(), self.fence.epoch, "not_found", f"truncation of {item_id} not applied: its checkpoint was "
+            "released")))
+        floor_free = not self.turns.user_turn_open and not self.turns.burst_open
+        if self.delegations.has_ready and floor_free:
+            self._append_results()
+        if not self.fence.active and self._plans and floor_free:
+            self._first = self._plans.popleft()
+            self.fence.start(self.now(), self._first.cause)
+            self._generated = 0
+            self._parser = ToolCallParser(self.backend.names) if self.config.model_tool_calls else None
+
+    def _append_results(self) -> None:
+        t, cfg, speak = self.now(), self.config, []
+        for d in self.delegations.take_ready(self.fence.epoch, t):
+            self.context.push("result", self.front.encode(cfg.result_format.format(tool=d.tool, result=d.result)))
+            d.t_appended = t
+            self._emit(DelegationResult(t, d.epoch, d.delegation_id, "completed", d.result or "", appended=True))
+            speak.append(cfg.result_template.format(result=d.result) if cfg.speak_results == "template" else "")
+        if not speak:
+            return
+        if self.fence.current is not None:  # the acknowledgement yields to the answer
+            self._finish(self.fence.current, "result")
+        self._plans.appendleft(_Plan("result", "".join(speak)))
+
+    async def _step(self, r: Response) -> None:
+        epoch, cfg = self.fence.epoch, self.config
+        plan, self._first = self._first, None
+        first = plan is not None
+        forced = self.front.encode(plan.forced) if first and plan.forced else []
+        cue = self.front.encode(cfg.agent_prefix) if first else []
+        inp = await self.context.step_input(r.response_id, first, cue, forced)
+        if forced:
+            assert plan is not None
+            self.fence.delta(r.response_id, epoch, plan.forced, tuple(forced), self.now())
+        finish, t0 = None, time.perf_counter()
+        self._stepping = True
+        try:
+            async for c in self.front.step(
+                inp, max(1, min(cfg.step_tokens, cfg.max_response_tokens - self._generated))
+            ):
+                if isinstance(c, FrontChunk):
+                    self._on_chunk(r, epoch, c)
+                else:
+                    finish = c.finish_reason
+        finally:
+            self._stepping = False
+        t = self.now()
+        self.stats.step_s.append(time.perf_counter() - t0)
+        for it in self.stats.interrupts:
+            if it.old_epoch == epoch and it.t_step_end is None:
+                it.t_step_end = t
+        if self.fence.current is r and self.fence.epoch == epoch and (
+                finish == "stop" or self._generated >= cfg.max_response_tokens):
+            self._finish(r, finish or "length")
+
+    def _on_chunk(self, r: Response, epoch: int, c: FrontChunk) -> None:
+        self.context.record_generated(r.response_id, list(c.token_ids))
+        if self.fence.current is not r or self.fence.epoch != epoch:
+            self.fence.delta(r.response_id, epoch, c.text, c.token_ids, self.now())  # dropped, counted
+            return
+        self._generated += len(c.token_ids)
+        speech, calls, errors = self._parser.feed(c.text) if self._parser is not None else (c.text, [], [])
+        t = self.now()
+        self.fence.delta(r.response_id, epoch, speech, c.token_ids, t)
+        for call in calls:
+            self.delegations.delegate(call, "model", t)
+        for e in errors:
+            self._emit(ErrorEvent(t, epoch, "invalid_tool_call", e))
+
+    def _finish(self, r: Response, reason: str) -> None:
+        t = self.now()
+        if self._parser is not None:
+            rest, errors = self._parser.end()
+            if rest:
+                self.fence.delta(r.response_id, self.fence.epoch, rest, (), t)
+            for e in errors:
+                self._emit(ErrorEvent(t, self.fence.epoch, "invalid_tool_call", e))
+            self._parser = None
+        self.fence.finish(r.response_id, "done", t, reason)
+
     # -- helpers ------------------------------------------------------------------------------------------
     def _emit(self, ev: AgentEvent) -> None:
         if self._queue.qsize() >= self.config.max_events:
@@ -199,6 +358,9 @@ class DuplexAgent(FrontLoop):
                 self._queue.put_nowait(ErrorEvent(ev.t, ev.epoch, "overflow", "events were not consumed"))
             return
         self._queue.put_nowait(ev)
+
+    def _wake_up(self) -> None:
+        self._wake.set()
 
     def _at(self, t: float | None) -> float:
         if t is None:

@@ -14,7 +14,7 @@ implement the same calls over its own session kind). Contract:
   back to it (the mark stays valid); ``release(mark)`` drops it.
 
 :class:`SessionFront` implements it with an LM session on an ``AsyncEngine``
-(``session/async_sessions.py``): each step is a session step, so it runs in the session's
+(``session/lm/async_sessions.py``): each step is a session step, so it runs in the session's
 priority class (interactive by default: above batch and back-end requests in the same engine).
 """
 
@@ -27,8 +27,8 @@ from typing import Any, Protocol
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
-from execstate.session.async_sessions import AsyncSessions
-from execstate.session.lm_step import StepDelta
+from execstate.session.lm.async_sessions import AsyncSessions
+from execstate.session.lm.step import StepDelta
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,9 @@ class SessionFront:
     async def open(cls, engine: AsyncEngine, system_prompt: str = "A helpful voice assistant talks with a user.",
                    sampling_params: SamplingParams | None = None, priority: int = PRIORITY_INTERACTIVE,
                    session_id: str | None = None, sessions: AsyncSessions | None = None) -> SessionFront:
-        """Open the session and put ``system_prompt`` first in its context (appended at the first step)."""
+        """Open the session and put ``system_prompt`` first in its context (appended at the first step).
+        ``sessions``: the engine's ``AsyncSessions`` (an engine has one: pass it when anything else
+        opens sessions on ``engine``); None builds one for this front."""
         if engine.tokenizer is None:
             raise ValueError("the front model needs a tokenizer")
         sessions = sessions or AsyncSessions(engine)

@@ -121,6 +121,28 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bw.add_argument("--threads", type=int, default=2, help="torch threads")
     bw.add_argument("--png", default=None, help="also write generated frames above the renderer's to this PNG")
     bw.add_argument("--json", action="store_true")
+    bo = bsub.add_parser("offload", help="offload tiers: chat TTFT with no tier / DRAM / +disk / +Redis (working set "
+                         "4x the pool), reload vs recompute per tier at 1k/4k/16k tokens, desync detection table")
+    bo.add_argument("--model", default="standard", help="'standard', an embedded name or a path")
+    bo.add_argument("--parts", default="chat,reload,desync", help="comma-separated subset")
+    bo.add_argument("--redis-url", default=None,
+                    help="a Redis server for the shared tier (default: start redis-server on a free loopback port)")
+    bo.add_argument("--lengths", default="1024,4096,16384", help="reload part: prompt lengths")
+    bo.add_argument("--repeats", type=int, default=3, help="reload part: repeats per length (medians)")
+    bo.add_argument("--tenants", type=int, default=4, help="chat part: tenants")
+    bo.add_argument("--conversations", type=int, default=4, help="chat part: conversations per tenant")
+    bo.add_argument("--turns", type=int, default=6, help="chat part: turns per conversation")
+    bo.add_argument("--system-len", type=int, default=128, help="chat part: tokens of each tenant's system prompt")
+    bo.add_argument("--context-len", type=int, default=768,
+                    help="chat part: tokens of each conversation's own context (a document) after the system prompt")
+    bo.add_argument("--user-len", type=int, default=64, help="chat part: tokens of each user message")
+    bo.add_argument("--reply-len", type=int, default=8, help="chat part: tokens of each reply")
+    bo.add_argument("--desync-repeats", type=int, default=2, help="desync part: trials per kind and tier")
+    bo.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: on a shared machine a 2-thread forward waits for a descheduled "
+                         "thread, which swamps what the tiers change; 0: torch's default)")
+    bo.add_argument("--png", default=None, help="write the plot (TTFT per tier; reload time vs tokens) here")
+    bo.add_argument("--json", action="store_true")
     b.set_defaults(func=_bench)
 
 
@@ -228,6 +250,18 @@ def _bench(args: argparse.Namespace) -> int:
                                  episodes=args.episodes, threads=args.threads, png=args.png)
         print(json.dumps(report, indent=2) if args.json else format_world_table(report))
         return 0
+    if args.bench_cmd == "offload":
+        from execstate.bench.offload import format_offload_table, run_offload_bench
+
+        report = run_offload_bench(
+            model=args.model, parts=tuple(args.parts.split(",")), redis_url=args.redis_url,
+            lengths=tuple(int(n) for n in args.lengths.split(",")), repeats=args.repeats, tenants=args.tenants,
+            conversations=args.conversations, turns=args.turns, system_len=args.system_len,
+            context_len=args.context_len, user_len=args.user_len,
+            reply_len=args.reply_len, desync_repeats=args.desync_repeats,
+            threads=args.threads, png=args.png)
+        print(json.dumps(report, indent=2) if args.json else format_offload_table(report))
+        return 0 if report["ok"] else 1
     raise AssertionError(args.bench_cmd)
 
 

@@ -42,6 +42,7 @@ from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE
+from execstate.session.lm.async_sessions import AsyncSessions
 
 PARTS = ("conversations", "load")
 LOAD_MODES = ("no_load", "load_front_interactive", "load_front_batch")
@@ -60,8 +61,9 @@ def _engine(path: Path, max_num_seqs: int) -> AsyncEngine:
 
 async def _conversations(eng: AsyncEngine, convs: list[Conversation], config: AgentConfig) -> list[Played]:
     runs = []
+    sessions = AsyncSessions(eng)  # the engine's one sessions object, shared by every front
     for i, conv in enumerate(convs):
-        front = await SessionFront.open(eng, SYSTEM, sampling_params=BENCH_FRONT_PARAMS)
+        front = await SessionFront.open(eng, SYSTEM, sampling_params=BENCH_FRONT_PARAMS, sessions=sessions)
         runs.append(await play(front, conv, config, seed=i))
     return runs
 
@@ -70,7 +72,8 @@ async def _load_mode(eng: AsyncEngine, mode: str, config: AgentConfig, tasks: in
     rng = random.Random(seed)
     conv = Conversation(tuple(Turn("plain", _chunks(rng, rng.choice(PLAIN).format(s=rng.choice(SUBJECTS)), False))
                               for _ in range(4)))
-    tool = ModelTool(eng, max_tokens=64, priority=PRIORITY_BATCH)
+    sessions = AsyncSessions(eng)  # the engine's one sessions object: the tool's and the front's
+    tool = ModelTool(eng, max_tokens=64, priority=PRIORITY_BATCH, sessions=sessions)
     stop = asyncio.Event()
     done = [0]
 
@@ -82,7 +85,7 @@ async def _load_mode(eng: AsyncEngine, mode: str, config: AgentConfig, tasks: in
     workers = [asyncio.get_running_loop().create_task(worker(k)) for k in range(tasks if mode != "no_load" else 0)]
     await asyncio.sleep(2.0 if workers else 0.0)  # steady state: every slot busy, some waiting
     prio = PRIORITY_BATCH if mode == "load_front_batch" else PRIORITY_INTERACTIVE
-    front = await SessionFront.open(eng, SYSTEM, sampling_params=BENCH_FRONT_PARAMS, priority=prio)
+    front = await SessionFront.open(eng, SYSTEM, sampling_params=BENCH_FRONT_PARAMS, priority=prio, sessions=sessions)
     t0 = time.perf_counter()
     played = await play(front, conv, config, seed=seed)
     wall = time.perf_counter() - t0

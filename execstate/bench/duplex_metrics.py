@@ -57,7 +57,9 @@ def summarize(runs: list[Played]) -> dict[str, Any]:
                 spoken = [e for e in ev if e.type == "delegation.result" and e.appended and e.t > m["t"]]
                 res = next((e for e in ev if e.type == "delegation.result" and e.t > m["t"]), None)
                 dc = next((e for e in ev if e.type == "delegation.created" and e.t > m["t"]), None)
-                sr = next((c for c in created.values() if c.cause == "result" and res is not None and c.t >= res.t), None)
+                sr = next(
+                    (c for c in created.values() if c.cause == "result" and res is not None and c.t >= res.t), None
+                )
                 text = done[sr.response_id].text if sr is not None and sr.response_id in done else ""
                 correct.append(bool(spoken) and m["answer"] in text)
                 if dc is not None and res is not None and res.appended:

@@ -100,7 +100,9 @@ async def play(front: FrontModel, conv: Conversation, config: AgentConfig, seed:
                     if turn.kind == "backchannel":
                         await feed(turn.interruption, turn.kind)
                         if rid is not None:
-                            await until(lambda e, r=rid: e.type == "response.done" and e.response_id == r, turn_timeout_s)
+                            await until(
+                                lambda e, r=rid: e.type == "response.done" and e.response_id == r, turn_timeout_s
+                            )
                         await asyncio.sleep(0.3)
                         continue
                     await feed(turn.interruption, turn.kind)

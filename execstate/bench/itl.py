@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from execstate.engine import llm_engine
+from execstate.engine import finisher, step_results
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.output_builder import build_output, on_new_token
@@ -51,8 +51,9 @@ from execstate.model.random_tokenizer import VOCAB, write_tokenizer
 PROMPT = [5, 17, 42, 99, 250, 311, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
 NEVER = "\x00<stop that never matches>\x00"
 EARLY_TOKEN = 100
-# The functions step() calls to turn sampled tokens into outputs (timed as "output").
-OUTPUT_FUNCS = ("on_new_token", "build_output")
+# The functions step() calls to turn sampled tokens into outputs (timed as "output"): by module
+# (engine/step_results.py streams and stops, engine/finisher.py builds final outputs).
+OUTPUT_FUNCS = ((step_results, ("on_new_token", "build_output")), (finisher, ("build_output",)))
 
 
 def _median_ms(xs: list[float]) -> float:
@@ -140,7 +141,10 @@ def time_request(engine: LLMEngine, params: SamplingParams, request_id: str) -> 
     if engine.has_unfinished_requests():
         raise ValueError("time_request needs an idle engine (the request must run alone)")
     times = StepTimes([], [], [], [])
-    with _cpu_timing(engine.runner, ["execute"], times.forward), _cpu_timing(llm_engine, OUTPUT_FUNCS, times.output):
+    with contextlib.ExitStack() as timing:
+        timing.enter_context(_cpu_timing(engine.runner, ["execute"], times.forward))
+        for module, names in OUTPUT_FUNCS:
+            timing.enter_context(_cpu_timing(module, names, times.output))
         engine.add_request({"prompt_token_ids": PROMPT}, params, request_id=request_id)
         while engine.has_unfinished_requests():
             times.forward.append(0.0)

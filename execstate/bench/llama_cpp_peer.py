@@ -71,7 +71,9 @@ class BatchedDecoder:
 
     def _argmax(self, i: int) -> int:
         ptr = self.lc.llama_get_logits_ith(self.ctx, i)
-        return int(np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,)).argmax())
+        return int(
+            np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,)).argmax()
+        )
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         """Greedy ``max_new_tokens`` for each prompt (the last sampled token is not evaluated)."""

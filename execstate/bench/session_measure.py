@@ -25,10 +25,9 @@ from typing import Any
 import numpy as np
 
 from execstate.bench.machine import loadavg_1m
-from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE
-from execstate.session.lm_sessions import LMSessions
+from execstate.session.lm.llm import LLM
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +129,7 @@ class _BatchLoad:
 def _session_steps(llm: LLM, sid: str, priority: int, load: _BatchLoad | None, steps: int, input_len: int,
                    max_tokens: int) -> list[float]:
     eng = llm.engine
-    sessions = LMSessions.of(eng)
+    sessions = llm.sessions
     vocab = eng.model_config.vocab_size
     sessions.open(sid, replace(GREEDY, max_tokens=max_tokens), priority=priority)
     if load is not None:

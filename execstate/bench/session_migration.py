@@ -4,7 +4,7 @@ bench sessions`` (``measure_migration``) and standalone::
     python -m execstate.bench.session_migration --model standard --context 4000 --out result.json
 
 Two engines in one process, each with a PD connector (``kv_both``, one shared secret), the
-migration as ``execstate.session.migration.migrate_session`` runs it, split into its phases:
+migration as ``execstate.session.lm.migration.migrate_session`` runs it, split into its phases:
 
 - **migration**: a session whose context holds ``context_len`` tokens (KV for all but the last)
   moves from the source to the target: ``export_s`` (freeze, pin and checksum the full blocks,
@@ -28,25 +28,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import statistics
 import time
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 
-from execstate.engine import pd_connector
-from execstate.engine.llm import LLM
+from execstate.bench.faults import FaultInjection, importer_factory
 from execstate.engine.pd_connector import PDConfig
 from execstate.engine.sampling_params import SamplingParams
-from execstate.session.lm_sessions import LMSessions
-from execstate.session.migration import migrate_session, wait_import
-from execstate.session.migration_source import begin_export, finish_export
-from execstate.session.migration_target import begin_import
-from execstate.session.migration_wire import MigrationError
-from execstate.session.offline import Session
-from execstate.transfer.faults import FaultInjection, importer_factory
+from execstate.session.lm.llm import LLM
+from execstate.session.lm.migration import migrate_session, wait_import
+from execstate.session.lm.migration_source import begin_export, finish_export
+from execstate.session.lm.migration_target import begin_import
+from execstate.session.lm.migration_wire import MigrationError
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 SECRET = "bench-session-migration-secret-0123"
@@ -59,11 +56,8 @@ def _llm(model_dir: Path, num_kv_blocks: int, faults: dict | None = None, timeou
     llm = LLM(str(model_dir), enable_return_routed_experts=True, seed=0, num_kv_blocks=num_kv_blocks, **kw)
     if pd:
         cfg = PDConfig(role="kv_both", secret=SECRET, timeout_s=timeout_s)
-        if faults is None:
-            llm.engine.attach_pd(cfg)
-        else:
-            with mock.patch.object(pd_connector, "KVImporter", importer_factory(FaultInjection.from_dict(faults))):
-                llm.engine.attach_pd(cfg)
+        make_importer = None if faults is None else importer_factory(FaultInjection.from_dict(faults))
+        llm.engine.attach_pd(cfg, make_importer)
     return llm
 
 
@@ -124,17 +118,21 @@ def _migrate_once(src: LLM, dst: LLM, prompt: list[int], sid: str) -> dict[str, 
     s.rollback(cp)
     s.release_checkpoint(cp)
     t0 = time.perf_counter()
-    out = begin_export(src.engine, sid, 60.0)
+    assert dst.engine.pd is not None
+    out = begin_export(src.sessions, sid, 60.0, target_engine_id=dst.engine.pd.instance_id,
+                       nonce=secrets.token_hex(16))
     t1 = time.perf_counter()
     ok = False
     try:
-        result = wait_import(dst.engine, begin_import(dst.engine, out.payload), out)
+        handle = begin_import(dst.sessions, out.payload)
+        result = wait_import(dst.sessions, handle, out)
         ok = True
     finally:
         t2 = time.perf_counter()
-        finish_export(src.engine, out, ok)
+        finish_export(src.sessions, out, ok)
+    handle.commit()  # the two-phase hand-over: the target serves it once the source closed its copy
     t3 = time.perf_counter()
-    moved = Session(LMSessions.of(dst.engine), LMSessions.of(dst.engine).manager.get(sid))
+    moved = dst.session(sid)
     t4 = time.perf_counter()
     got = moved.step([5], max_tokens=1)
     t5 = time.perf_counter()

@@ -40,7 +40,7 @@ from execstate.bench.models import STANDARD, resolve_bench_model
 from execstate.bench.session_measure import checkpoint_vs_recompute, step_latency_under_load
 from execstate.bench.sessions_chat import PATHS, chat_vs_resend
 from execstate.bench.sessions_migration_part import migration_part
-from execstate.engine.llm import LLM
+from execstate.session.lm.llm import LLM
 
 log = logging.getLogger(__name__)
 

@@ -35,9 +35,8 @@ import numpy as np
 
 from execstate.bench.machine import loadavg_1m
 from execstate.bench.numbers import median
-from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
-from execstate.session.lm_sessions import LMSessions
+from execstate.session.lm.llm import LLM
 
 PATHS = ("session", "resend_cached", "resend_uncached")
 
@@ -65,7 +64,7 @@ class SessionChat:
 
     def __init__(self, llm: LLM, params: SamplingParams, session_id: str) -> None:
         self.engine = llm.engine
-        self.sessions = LMSessions.of(self.engine)
+        self.sessions = llm.sessions
         self.sid = self.sessions.open(session_id, params).session_id
 
     def turn(self, user: list[int], max_tokens: int) -> Turn:

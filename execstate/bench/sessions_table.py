@@ -17,10 +17,15 @@ def format_sessions_table(rep: dict[str, Any]) -> str:
              f"{m['cpu_count']} CPUs ({m['cpu'] or '?'})"]
     for part, load in rep["loadavg_1m_before_part"].items():
         lines += ["", f"[{part}] 1-min load avg before: {load:.2f}"]
-        lines += {"chat": _chat, "checkpoint": _checkpoint, "latency": _latency, "migration": _migration}[part](rep[part])
+        lines += {"chat": _chat, "checkpoint": _checkpoint, "latency": _latency, "migration": _migration}[part](
+            rep[part]
+        )
     if m.get("loadavg_after"):
-        lines += ["", f"machine: 1-min load avg before {m['loadavg_before'][0]:.2f}, after {m['loadavg_after'][0]:.2f}; "
-                      f"bench wall {rep['bench_seconds']:.0f} s; checks {'ok' if rep['ok'] else 'FAILED'}"]
+        lines += [
+            "",
+            f"machine: 1-min load avg before {m['loadavg_before'][0]:.2f}, after {m['loadavg_after'][0]:.2f}; "
+            f"bench wall {rep['bench_seconds']:.0f} s; checks {'ok' if rep['ok'] else 'FAILED'}",
+        ]
     return "\n".join(lines)
 
 
@@ -46,10 +51,12 @@ def _chat(c: dict[str, Any]) -> list[str]:
         lines.append(f"{k + 1:>4} {rows[0]['prompt_tokens']:>8} | {computed} | {ttft} | {wall}")
     for n in names:
         e = p[n]
-        lines.append(f"  {_LABELS[n]:<26} total {fmt(e['total_ms'], '.0f')} ms, prefill tokens "
-                     f"{fmt(median(e['total_computed']), '.0f')}, TTFT median over turns "
-                     f"{fmt(e['ttft_ms_median_over_turns'], '.1f')} ms, last turn {fmt(e['ttft_ms_last_turn'], '.1f')} ms "
-                     f"(engine-side, arrival -> first token: {fmt(e['turns'][-1]['engine_ttft_ms'], '.1f')} ms)")
+        lines.append(
+            f"  {_LABELS[n]:<26} total {fmt(e['total_ms'], '.0f')} ms, prefill tokens "
+            f"{fmt(median(e['total_computed']), '.0f')}, TTFT median over turns "
+            f"{fmt(e['ttft_ms_median_over_turns'], '.1f')} ms, last turn {fmt(e['ttft_ms_last_turn'], '.1f')} ms "
+            f"(engine-side, arrival -> first token: {fmt(e['turns'][-1]['engine_ttft_ms'], '.1f')} ms)"
+        )
     lines.append(f"tokens identical across paths: {c['tokens_identical']} ({len(c['mismatches'])} mismatches over "
                  f"{c['compared_turns']} compared turns); session prefill per turn == turn_len, then turn_len + 1: "
                  f"{c['session_prefill_ok']}")
@@ -57,13 +64,17 @@ def _chat(c: dict[str, Any]) -> list[str]:
 
 
 def _checkpoint(c: dict[str, Any]) -> list[str]:
-    lines = [f"checkpoint / rollback (median of {c['repeats']}) vs recomputing the state (median of "
-             f"{c['recompute_repeats']}, prefix caching off)",
-             f"{'context':>8} {'checkpoint ms':>14} {'rollback ms':>12} {'recompute ms':>13} {'speed-up':>10} {'load':>6}"]
+    lines = [
+        f"checkpoint / rollback (median of {c['repeats']}) vs recomputing the state (median of "
+        f"{c['recompute_repeats']}, prefix caching off)",
+        f"{'context':>8} {'checkpoint ms':>14} {'rollback ms':>12} {'recompute ms':>13} {'speed-up':>10} {'load':>6}",
+    ]
     for r in c["rows"]:
-        lines.append(f"{r['context_tokens']:>8} {fmt(r['checkpoint_ms'], '.3f'):>14} {fmt(r['rollback_ms'], '.3f'):>12} "
-                     f"{fmt(r['recompute_ms'], '.0f'):>13} {fmt(r['restore_speedup'], ',.0f') + 'x':>10} "
-                     f"{r['loadavg_1m_before']:>6.2f}")
+        lines.append(
+            f"{r['context_tokens']:>8} {fmt(r['checkpoint_ms'], '.3f'):>14} {fmt(r['rollback_ms'], '.3f'):>12} "
+            f"{fmt(r['recompute_ms'], '.0f'):>13} {fmt(r['restore_speedup'], ',.0f') + 'x':>10} "
+            f"{r['loadavg_1m_before']:>6.2f}"
+        )
     lines.append(f"targets: checkpoint < {c['checkpoint_target_ms']} ms at every length: "
                  f"{'ok' if c['checkpoint_ok'] else 'MISSED'}; restore >= {c['restore_speedup_target']:.0f}x "
                  f"recompute at the longest: {'ok' if c['restore_ok'] else 'MISSED'}")

@@ -90,13 +90,15 @@ def format_sweep_table(report: dict[str, Any]) -> str:
     batches = [str(b) for b in report["workload"]["batches"]]
     roof = report["roofline"]
     bw = report["bandwidth"]
-    lines = [f"execstate throughput sweep — model {report['model']} ({report['architecture']}), "
-             f"{report['dtype']}, {report['threads']} threads, median of {report['repeats']} repeat(s)",
-             f"decode tok/s = batch x (new tokens - 1) / (run wall s - prefill probe wall s); roofline: "
-             f"{_bandwidth_words(report)}"
-             + (f"; at the start of the sweep {bw['read_gb_s']:.1f} GB/s" if roof.get("bandwidth_gb_s_by_batch") else ""),
-             "",
-             f"{'batch size':<44}" + "".join(f"{b:>16}" for b in batches)]
+    lines = [
+        f"execstate throughput sweep — model {report['model']} ({report['architecture']}), "
+        f"{report['dtype']}, {report['threads']} threads, median of {report['repeats']} repeat(s)",
+        f"decode tok/s = batch x (new tokens - 1) / (run wall s - prefill probe wall s); roofline: "
+        f"{_bandwidth_words(report)}"
+        + (f"; at the start of the sweep {bw['read_gb_s']:.1f} GB/s" if roof.get("bandwidth_gb_s_by_batch") else ""),
+        "",
+        f"{'batch size':<44}" + "".join(f"{b:>16}" for b in batches),
+    ]
     if roof.get("bandwidth_gb_s_by_batch"):
         lines.append(f"{'bandwidth GB/s next to the runs':<44}"
                      + "".join(f"{roof['bandwidth_gb_s_by_batch'][b]:>16.1f}" for b in batches))
@@ -112,8 +114,13 @@ def format_sweep_table(report: dict[str, Any]) -> str:
         cells = []
         for b in batches:
             x = e["by_batch"].get(b)
-            cells.append("n/a" if x is None else f"{fmt(x['decode_tok_s'], '.1f')} ({fmt(x['fraction_of_roofline'] and 100 * x['fraction_of_roofline'], '.0f')}%)"
-                         + ("" if x["tokens_exact"] else "!"))
+            cells.append(
+                "n/a"
+                if x is None
+                else f"{fmt(x['decode_tok_s'], '.1f')} "
+                f"({fmt(x['fraction_of_roofline'] and 100 * x['fraction_of_roofline'], '.0f')}%)"
+                + ("" if x["tokens_exact"] else "!")
+            )
         lines.append(f"{e['label'][:43]:<44}" + "".join(f"{c:>16}" for c in cells))
     lines.append("")
     for name, e in _available(report).items():

@@ -183,9 +183,13 @@ def _ratios(report_peers: dict[str, Any]) -> dict[str, Any]:
 
 # (numerator, denominator) peers compared in each mode's own terms: the engine's bf16 arithmetic
 # beside vLLM bf16, its GGUF mode beside llama.cpp on the same file, each mode over fp32.
-MODE_PAIRS = (("execstate_bf16arith_r3_off", "vllm_bf16"), ("execstate_gguf_r3_off", "llama_cpp_q4_1"),
-              ("execstate_bf16arith_r3_off", "execstate_r3_off"), ("execstate_bf16arith_r3_off", "execstate_bf16_r3_off"),
-              ("execstate_gguf_r3_off", "execstate_r3_off"))
+MODE_PAIRS = (
+    ("execstate_bf16arith_r3_off", "vllm_bf16"),
+    ("execstate_gguf_r3_off", "llama_cpp_q4_1"),
+    ("execstate_bf16arith_r3_off", "execstate_r3_off"),
+    ("execstate_bf16arith_r3_off", "execstate_bf16_r3_off"),
+    ("execstate_gguf_r3_off", "execstate_r3_off"),
+)
 _MODE_FIGURES = (("batch8", "median_tok_s"), ("batch8", "prefill_tok_s"), ("batch1", "median_tok_s"),
                  ("batch1", "decode_tok_s"))
 

@@ -197,7 +197,9 @@ def _measure(peer_list: list[Peer], wl: SweepWorkload, vocab: int, repeats: int,
     return samples, parity, adjacent
 
 
-def _one(p: Peer, wl: SweepWorkload, vocab: int, b: int, r: int, threads: int) -> tuple[dict[str, Any], list[list[int]]]:
+def _one(
+    p: Peer, wl: SweepWorkload, vocab: int, b: int, r: int, threads: int
+) -> tuple[dict[str, Any], list[list[int]]]:
     """One prefill probe and one timed run of ``p`` at batch ``b``."""
     batched = b > 1
     settle()

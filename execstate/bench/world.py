@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from execstate.model.world.interface import WorldModel
-from execstate.session.world_async import AsyncWorld
-from execstate.session.world_offline import World, WorldSession
+from execstate.session.world.async_world import AsyncWorld
+from execstate.session.world.offline import World, WorldSession
 
 PARTS = ("latency", "events", "checkpoint", "compiled", "memory", "quality")
 MOVES = ("up", "down", "left", "right")
@@ -200,7 +200,7 @@ def bench_quality(model: WorldModel, episodes: int = 4, steps: int = 64) -> dict
 def run_world_bench(model: str | None = None, parts: tuple[str, ...] = PARTS, steps: int = 64,
                     memory_steps: int = 500, compiled_steps: int = 32, episodes: int = 4,
                     threads: int = 2, png: str | None = None) -> dict[str, Any]:
-    from execstate.session.world_offline import load_world_model
+    from execstate.session.world.offline import load_world_model
 
     unknown = set(parts) - set(PARTS)
     if unknown:

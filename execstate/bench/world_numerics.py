@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from execstate.model.world.interface import WorldModel
-from execstate.session.world_offline import World, WorldSession
+from execstate.session.world.offline import World, WorldSession
 
 MOVES = ("up", "down", "left", "right", "none")
 

@@ -44,5 +44,7 @@ def format_world_table(report: dict[str, Any]) -> str:
             lines.append(f"  {label:<52} {data.get(key)}")
         for key in data:
             if key.startswith("rss_mb_at_") and key != "rss_mb_at_50":
-                lines.append(f"  {'resident memory at step ' + key.removeprefix('rss_mb_at_') + ', MB':<52} {data[key]}")
+                lines.append(
+                    f"  {'resident memory at step ' + key.removeprefix('rss_mb_at_') + ', MB':<52} {data[key]}"
+                )
     return "\n".join(lines)

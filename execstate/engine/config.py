@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from execstate.engine.offload_config import validate_offload
+
 KERNEL_CHOICES = ("auto", "torch", "execstate")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
@@ -50,10 +52,28 @@ class EngineConfig:
     # Sessions (session/): at most max_sessions resident; beyond it, opening one fails
     # ("capacity") or, with session_eviction="lru", evicts the idle session whose last step is
     # the oldest (also under KV pressure). max_session_events: pending events per session
-    # (beyond it an event is refused with "backpressure").
+    # (beyond it an event is refused with "backpressure"). max_session_checkpoints: live
+    # checkpoints per session (beyond it a checkpoint is refused with "checkpoint_limit").
     max_sessions: int = 64
     session_eviction: str | None = None
     max_session_events: int = 64
+    max_session_checkpoints: int = 64
+    # Offload tiers under the KV pool (engine/offload.py, docs/offload.md; all off by default): a
+    # block evicted from the pool is written back to DRAM (offload_dram_bytes), local disk
+    # (offload_disk_dir, at most offload_disk_bytes) and a Redis server (offload_redis_url, at
+    # most offload_redis_bytes); a prompt whose blocks missed the pool but are in a tier reloads
+    # them, verified, while the engine steps the others. offload_policy: which units a full tier
+    # drops first ("lru" | "fifo"); offload_timeout_s: the longest a reload (and one Redis
+    # command) may take before the rest is recomputed; offload_secret: signs the units (None:
+    # $EXECSTATE_KV_SECRET, else unsigned).
+    offload_dram_bytes: int = 0
+    offload_disk_dir: str | None = None
+    offload_disk_bytes: int = 16 << 30
+    offload_redis_url: str | None = None
+    offload_redis_bytes: int = 4 << 30
+    offload_policy: str = "lru"
+    offload_timeout_s: float = 1.0
+    offload_secret: str | None = None
 
     def __post_init__(self) -> None:
         if self.kernels not in KERNEL_CHOICES:
@@ -79,10 +99,13 @@ class EngineConfig:
         if self.max_sessions < 1 or self.max_session_events < 1:
             raise ValueError(f"max_sessions and max_session_events must be >= 1, got {self.max_sessions}, "
                              f"{self.max_session_events}")
+        if self.max_session_checkpoints < 1:
+            raise ValueError(f"max_session_checkpoints must be >= 1, got {self.max_session_checkpoints}")
         if self.session_eviction not in (None, "lru"):
             raise ValueError(f"session_eviction must be None or 'lru', got {self.session_eviction!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        validate_offload(self)
 
     @property
     def torch_dtype(self) -> torch.dtype:

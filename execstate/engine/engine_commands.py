@@ -1,7 +1,7 @@
 """The commands other threads send to ``AsyncEngine``'s engine thread (a FIFO queue drained
-between steps), and where a request's outputs go (``_Sink``: an asyncio queue on the
+between steps), and where a request's outputs go (``OutputSink``: an asyncio queue on the
 consumer's loop, filled with ``call_soon_threadsafe``). Plain data; the engine thread's
-handling of each is ``AsyncEngine._handle``."""
+handling of each is in ``engine/engine_thread.py``."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class EngineDeadError(RuntimeError):
 
 
 @dataclass
-class _Sink:
+class OutputSink:
     """Where a request's outputs go: an asyncio queue on the consumer's loop."""
 
     loop: asyncio.AbstractEventLoop
@@ -38,50 +38,50 @@ class _Sink:
 
 
 @dataclass
-class _Add:
+class AddCommand:
     prompt: PromptType
     params: SamplingParams
     request_id: str
     kv_transfer_params: dict[str, Any] | Handoff | None
-    sink: _Sink
+    sink: OutputSink
     done: concurrent.futures.Future[None]
 
 
 @dataclass
-class _AddWith:
+class AddWithCommand:
     start: Callable[[LLMEngine], str]
-    sink: _Sink
+    sink: OutputSink
     done: concurrent.futures.Future[str]
 
 
 @dataclass
-class _Abort:
+class AbortCommand:
     request_id: str
 
 
 @dataclass
-class _Call:
+class CallCommand:
     fn: Callable[[LLMEngine], Any]
     done: concurrent.futures.Future[Any]
 
 
 @dataclass
-class _UpdateWeights:
+class UpdateWeightsCommand:
     state_dict: dict[str, torch.Tensor]
     weights_version: str | None
     policy: UpdatePolicy
     done: concurrent.futures.Future[WeightUpdateResult]
 
 
-class _Stop:
+class StopCommand:
     pass
 
 
-def _copy(err: EngineDeadError) -> EngineDeadError:
+def copy_dead_error(err: EngineDeadError) -> EngineDeadError:
     """A fresh instance per raise: one exception object must not travel through many tasks."""
     new = EngineDeadError(str(err))
     new.__cause__ = err.__cause__
     return new
 
 
-_Command = _Add | _AddWith | _Abort | _Call | _UpdateWeights | _Stop
+Command = AddCommand | AddWithCommand | AbortCommand | CallCommand | UpdateWeightsCommand | StopCommand

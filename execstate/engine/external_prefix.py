@@ -1,6 +1,7 @@
-"""KV units that another instance holds (PD): the protocol ``KVCacheManager`` loads a
-request's prefix through, and what a finished load reports. Used by the PD decode side
-(``engine/pd_loads.py``) and by session migration's target."""
+"""KV units that another instance (PD) or an offload tier holds: the protocol ``KVCacheManager``
+loads a request's prefix through, and what a finished load reports. Used by the PD decode side
+(``engine/pd_loads.py``), by session migration's target and by the offload tiers
+(``engine/offload_loads.py``)."""
 
 from __future__ import annotations
 
@@ -22,11 +23,14 @@ class ExternalLoadError(RuntimeError):
 class ExternalLoad:
     """The outcome of one load. ``error`` set: the request fails (policy ``fail``, or blocks that
     cannot be trusted whatever the policy); else the first ``num_verified_blocks`` blocks hold
-    verified KV and ``routes`` (int16 ``[>= their tokens, L, K]``, the source's records) their rows."""
+    verified KV and ``routes`` (int16 ``[>= their tokens, L, K]``, the source's records) their rows.
+    ``offloaded``: the blocks came from this engine's offload tiers (``prompt_token_sources``
+    ``offloaded``), not from another instance (``transferred``)."""
 
     num_verified_blocks: int
     routes: np.ndarray | None
     error: str | None = None
+    offloaded: bool = False
 
 
 class FinishedLoad(NamedTuple):

@@ -14,8 +14,12 @@ that creates, hits and releases units:
   route rows (first writer wins for a key computed twice).
 - ``release``: frees blocks (tail first, so tails are evicted first) and, when the
   request is finished, releases its route leases.
-- ``apply_external``: commits a finished PD load (``ExternalPrefix``) of a request that
-  ``admit`` left waiting for it.
+- ``apply_external``: commits a finished PD load or offload reload (``ExternalPrefix``) of a
+  request that ``admit`` left waiting for it.
+
+Offload tiers (``engine/offload.py``): when ``pool_units`` is set, ``commit`` notes what each
+block it caches was computed from (parent key, root, tokens), which the write-back of the block
+needs when the pool evicts it (requests that force routes are not noted: never offloaded).
 
 Session steps (``Request.keep_blocks``, ``state/block_holds.py``): a request that arrives
 holding blocks is admitted without a prefix lookup for the held part; only its new tokens get
@@ -48,6 +52,7 @@ from execstate.identity.provenance import Provenance
 from execstate.state.block_holds import BlockHolds, HeldBlocks
 from execstate.state.block_pool import BlockId, BlockPool, NoFreeBlocks
 from execstate.state.route_store import RouteStore
+from execstate.state.tiers.pool_units import PoolUnits
 
 # Distinct (route mode, salt) roots kept; beyond it the cache starts over (roots are cheap).
 MAX_CACHED_ROOTS = 1024
@@ -79,6 +84,7 @@ class KVCacheManager:
         self.set_provenance(provenance)
         self.num_lookup_tokens = 0
         self.num_hit_tokens = 0
+        self.pool_units: PoolUnits | None = None  # set by the offload connector
 
     def set_provenance(self, provenance: Provenance) -> None:
         """Re-root every key (weights update, numerics change). Old units stay in the
@@ -261,7 +267,10 @@ class KVCacheManager:
                 assert req.routes is not None and loaded.routes is not None
                 req.routes.fill(start, loaded.routes[: end - start])
             req.num_computed_tokens = end
-            req.num_transferred_tokens = end - start
+            if loaded.offloaded:
+                req.num_offloaded_tokens = end - start
+            else:
+                req.num_transferred_tokens = end - start
             self.commit(req)
 
     def allocate(self, req: Request, num_new_tokens: int) -> bool:
@@ -285,10 +294,13 @@ class KVCacheManager:
             return
         self.update_block_keys(req)
         bs = self.block_size
+        note = self.pool_units is not None and req.params.routed_experts is None
+        tokens = req.all_token_ids if note else []
         for i in range(req.num_committed_blocks, num_full):
             key = req.block_keys[i]
             if self.route_store is None:
-                self.pool.commit(req.block_ids[i], key)
+                if self.pool.commit(req.block_ids[i], key) and note:
+                    self._note_unit(req, i, tokens)
                 continue
             assert req.routes is not None
             # The KV block is cached only together with *its* route record. If the store
@@ -300,9 +312,19 @@ class KVCacheManager:
             self.r3_clock.add_since(t_r3)
             if not stored:
                 continue
-            if not self.pool.commit(req.block_ids[i], key) and self.route_store.lease_count(key) == 0:
+            if self.pool.commit(req.block_ids[i], key):
+                if note:
+                    self._note_unit(req, i, tokens)
+            elif self.route_store.lease_count(key) == 0:
                 self.route_store.drop(key)
         req.num_committed_blocks = num_full
+
+    def _note_unit(self, req: Request, i: int, tokens: list[int]) -> None:
+        assert self.pool_units is not None
+        bs = self.block_size
+        root = self.root_key("free", req.cache_salt)
+        parent = req.block_keys[i - 1] if i else root
+        self.pool_units.note(req.block_keys[i], parent, root, tokens[i * bs : (i + 1) * bs])
 
     def release(self, req: Request, finished: bool) -> None:
         """Free the request's blocks (tail first). Route leases are kept across a

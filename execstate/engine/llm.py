@@ -4,10 +4,9 @@
     outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
     outs[0].outputs[0].routed_experts  # int16[num_tokens - 1, n_moe_layers, top_k]
 
-Sessions (multi-turn contexts with events, checkpoints, rollback, fork)::
-
-    s = llm.open_session(sampling_params=SamplingParams(temperature=0.8, seed=1))
-    r = s.step([1, 2, 3], max_tokens=16)   # see execstate/session/offline.py
+Sessions (multi-turn contexts with events, checkpoints, rollback, fork) are the session layer's:
+``execstate.LLM`` (``session/lm/llm.py``) is this class plus ``open_session``; the engine layer
+never imports the session layer.
 
 ``model`` is an embedded model name (``execstate models list``) or a directory in
 Hugging Face format.
@@ -18,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,14 +28,10 @@ from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine, PromptType
 from execstate.engine.outputs import RequestOutput, ScoreOutput
 from execstate.engine.sampling_params import RequestOutputKind, SamplingParams
-from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.engine.scorer import score_tokens
 from execstate.engine.tokenizer import Tokenizer
 from execstate.engine.validation import validate_prompt, validate_sampling
 from execstate.engine.weight_update import UpdatePolicy
-
-if TYPE_CHECKING:
-    from execstate.session.offline import Session
 
 
 class LLM:
@@ -128,21 +123,6 @@ class LLM:
             text = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt)
             prompts.append({"prompt_token_ids": tok.encode(text, add_special_tokens=False), "prompt": text})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
-
-    def open_session(
-        self, sampling_params: SamplingParams | None = None, session_id: str | None = None,
-        priority: int = PRIORITY_INTERACTIVE, cache_salt: str | None = None,
-    ) -> Session:
-        """Open an LM session (``session/offline.py``): a long-lived context advanced step by step,
-        with events, checkpoints, rollback and fork. ``sampling_params`` apply to every step
-        (``seed`` seeds the session's own generator); ``priority``: the scheduling class of its
-        steps (interactive by default, above batch requests). Raises ``SessionEventError``
-        (``capacity`` beyond ``max_sessions``, ``invalid``)."""
-        from execstate.session.lm_sessions import LMSessions  # the offline facade reaches up to session/
-        from execstate.session.offline import Session
-
-        sessions = LMSessions.of(self.engine)
-        return Session(sessions, sessions.open(session_id, sampling_params, priority, cache_salt))
 
     def score(self, token_ids: list[int], routed_experts: np.ndarray | None = None) -> ScoreOutput:
         """Teacher-forced logprobs of ``token_ids``, optionally replaying routes."""

@@ -5,136 +5,92 @@ input) → ``step()`` repeatedly while ``has_unfinished_requests()`` → outputs
 request is finished exactly once (stop, length, abort), which releases its blocks and
 route leases.
 
-Weight updates (``update_weights``: ``engine/engine_weights.py``, rules in
-``engine/weight_update.py``): tensors are
-copied in place; the weights version (a digest of the loaded tensors, or a version the
-trainer supplies) is part of every block key, so units computed with old weights can
-never be hit by requests admitted afterwards; no cache reset is needed. Requests in
-flight at the update are never continued across it (that would mix KV and routes of two
-weight versions in one trace, which an RL trainer cannot replay): policy ``abort``
-finishes them with finish_reason ``"abort"``; policy ``drain`` lets them finish on the
-old weights, holding newer requests back until the switch.
+``LLMEngine`` builds its parts (``engine/engine_parts.py``) and wires them together as
+collaborators, each given the parts it works on and never the engine (none imports this module):
+``intake`` (prompts and session steps → validated requests), ``scheduler`` / ``kv_manager`` /
+``runner`` (what runs, its KV blocks, the forward pass), ``results`` (``engine/step_results.py``:
+sampling, stops, streaming), ``finisher`` (``engine/finisher.py``: the one place a request ends),
+``weights`` (``engine/engine_weights.py``: weight updates in place, policies ``abort`` and
+``drain``, rules in ``engine/weight_update.py``; the weights version is part of every block key,
+so no cache reset is needed), ``failure`` (``engine/step_failure.py``: a step that raises fails
+its own requests, finish_reason ``"abort"`` with ``error`` set, and the engine goes on; only when
+shared state fails its checks afterwards does ``step`` raise ``EngineCorruptedError``) and ``pd``
+(``engine/pd_connector.py``, ``attach_pd``).
 
-Failure isolation: a step that raises fails the requests of that step (finish_reason
-``"abort"``, ``error`` set) and the engine goes on serving; only when shared state fails
-its integrity checks afterwards does ``step`` raise (``EngineCorruptedError``). See
-``step_failure``.
+PD decode side: a request whose KV is loaded from a prefill instance waits in its own state
+while the others keep stepping. When every unfinished request is waiting for a load, ``step()``
+blocks until a load finishes, ``wake()`` is called (any thread: the ``AsyncEngine`` calls it for
+each command) or 50 ms pass.
 
 Session steps (``add_step_request``, used by ``session/``): a request that arrives holding the
-session's blocks (``HeldBlocks`` registered in ``kv_holds``) and hands them back at finish;
-``on_finished`` runs in ``_finalize``, on the engine thread, before the final output is
-returned. References held by sessions and checkpoints live in ``kv_holds`` and count in the
-failed-step reference check. When waiting requests cannot be admitted because holds fill the
-pool (nothing running), the engine asks the holds' owner to reclaim (evict an idle session);
-if it cannot, the first waiting request fails with an error saying why (never a hang).
-
-PD decode side: a request whose KV is loaded from a prefill instance waits in its own
-state while the others keep stepping (``engine/pd_connector.py``). When every unfinished
-request is waiting for a load, ``step()`` blocks until a load finishes, ``wake()`` is called
-(any thread: the ``AsyncEngine`` calls it for each command) or 50 ms pass.
+session's blocks (``HeldBlocks`` registered in ``kv_holds``) and hands them back at finish
+(``on_finished``, run by the finisher on the engine thread before the final output is returned).
+Holds count in the failed-step reference check. When waiting requests cannot be admitted because
+holds fill the pool (nothing running), the engine asks the holds' owner to reclaim (evict an idle
+session); if it cannot, the first waiting request fails with an error saying why (never a hang).
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from execstate.engine.cache_salt import cache_salt_of
 from execstate.engine.config import EngineConfig
+from execstate.engine.engine_parts import EngineParts
 from execstate.engine.engine_weights import EngineWeights
+from execstate.engine.finisher import RequestFinisher
+from execstate.engine.intake import PromptType, RequestIntake
 from execstate.engine.kv_cache_manager import KVCacheManager
-from execstate.engine.model_numerics import activation_dtype, load_engine_model, numerics_id
-from execstate.engine.output_builder import build_output, on_new_token
+from execstate.engine.offload import OffloadConnector, attach_offload
 from execstate.engine.outputs import RequestOutput
-from execstate.engine.penalties import PenaltyState
 from execstate.engine.r3_clock import R3Clock
 from execstate.engine.request import Request, RequestStatus
-from execstate.engine.route_trace import RouteTrace
 from execstate.engine.runner import ModelRunner
-from execstate.engine.sampler import sample
-from execstate.engine.sampling_params import RequestOutputKind, SamplingParams
+from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import Scheduler
-from execstate.engine.step_failure import EngineFatalError, StepState, fail_step
-from execstate.engine.step_request import StepRequest, build_step_request
-from execstate.engine.tokenizer import Tokenizer
-from execstate.engine.validation import (
-    validate_forced_routes,
-    validate_logit_bias,
-    validate_prompt,
-    validate_sampling,
-)
-from execstate.engine.weight_update import WeightUpdate
+from execstate.engine.step_failure import EngineFatalError, StepFailure, StepState, check_references
+from execstate.engine.step_request import StepRequest
+from execstate.engine.step_results import StepResults
+from execstate.engine.weight_update import UpdatePolicy, WeightUpdate
 from execstate.identity.provenance import Provenance
-from execstate.model.registry import resolve_model
-from execstate.model.weights_digest import model_digest
 from execstate.state.block_holds import BlockHolds
-from execstate.state.block_pool import BlockPool
-from execstate.state.kv_pool import KVPool
-from execstate.state.route_store import RouteStore
 from execstate.transfer.errors import TransferError
 from execstate.transfer.handoff import Handoff, wants_remote_prefill
 
 if TYPE_CHECKING:
-    from execstate.engine.pd_connector import PDConfig, PDConnector
+    from execstate.engine.pd_connector import ImporterFactory, PDConfig, PDConnector
 
-logger = logging.getLogger(__name__)
-PromptType = str | list[int] | dict[str, Any]
+__all__ = ["LLMEngine", "PromptType"]
+
 # Longest wait of an idle step (every unfinished request waiting for a KV load) without a wake-up.
 _IDLE_WAIT_S = 0.05
 
 
-class LLMEngine(EngineWeights):
+class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         t0 = time.perf_counter()
         self.config = config
-        self.model_path: Path = resolve_model(config.model)
-        act_dtype = activation_dtype(config)  # activations and KV cache
-        self.model = load_engine_model(self.model_path, config)  # in its numerics mode
-        self.model_config = mc = self.model.config
-        self.tokenizer = Tokenizer(self.model_path) if (self.model_path / "tokenizer.json").exists() else None
-        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        parts = EngineParts.build(config)
+        self.model_path: Path = parts.model_path
+        self.model = parts.model
+        self.model_config = mc = parts.model.config
+        self.tokenizer = parts.tokenizer
+        self.max_model_len = parts.max_model_len
         self.block_size = config.block_size
-        bpb = KVPool.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, act_dtype)
-        min_blocks = -(-self.max_model_len // config.block_size)
-        # Never allocate more than max_num_seqs full-length sequences could ever use.
-        num_blocks = config.num_kv_blocks or max(
-            1, min(config.kv_cache_memory_bytes // bpb, config.max_num_seqs * min_blocks)
-        )
-        if num_blocks < min_blocks:
-            raise ValueError(
-                f"KV pool of {num_blocks} blocks cannot hold one max_model_len={self.max_model_len} "
-                f"sequence ({min_blocks} blocks); raise kv_cache_memory_bytes/num_kv_blocks or lower max_model_len"
-            )
-        self.kv_pool = KVPool(
-            mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, act_dtype, config.device
-        )
-        # prefault_kv: the pool's pages mapped in the background (the thread, to wait for it)
-        self.kv_populate = self.kv_pool.populate_async() if config.prefault_kv else None
-        self.return_routes = config.enable_return_routed_experts and mc.is_moe
-        self.route_store = (
-            RouteStore(config.block_size, mc.num_moe_layers, mc.top_k, mc.num_experts) if self.return_routes else None
-        )
-        on_evict = self.route_store.on_block_evicted if self.route_store is not None else None
-        self.block_pool = BlockPool(num_blocks, on_evict=on_evict)
-        self.provenance = Provenance(
-            model_id=str(config.model),
-            weights_version=model_digest(self.model),
-            dtype=config.dtype,
-            numerics=numerics_id(config, self.model),
-            route_mode="free",
-            cache_salt=config.cache_salt,
-        )
+        self.kv_pool = parts.kv_pool
+        self.kv_populate = parts.kv_populate  # prefault_kv: the thread mapping the pool's pages
+        self.return_routes = parts.return_routes
+        self.route_store = parts.route_store
+        self.block_pool = parts.block_pool
         self.r3_clock = R3Clock()  # route-return bookkeeping time (the direct R3 overhead)
         self.kv_holds = BlockHolds(self.block_pool)  # references held by sessions and checkpoints
         self.kv_manager = KVCacheManager(
-            self.block_pool, config.block_size, self.provenance, config.enable_prefix_caching, self.route_store,
+            self.block_pool, config.block_size, parts.provenance, config.enable_prefix_caching, self.route_store,
             self.r3_clock, self.kv_holds,
         )
         self.scheduler = Scheduler(self.kv_manager, config.max_num_batched_tokens, config.max_num_seqs)
@@ -145,18 +101,40 @@ class LLMEngine(EngineWeights):
         self.eos_token_ids = set(mc.eos_token_ids)
         self.pd: PDConnector | None = None
         self._wakeup = threading.Event()
-        self.weight_update: WeightUpdate | None = None  # in progress (policy drain)
-        self._weights_versions = {self.provenance.weights_version}  # every version this engine has run
-        self._finished_between_steps: list[RequestOutput] = []  # final outputs the next step() returns
+        self.intake = RequestIntake(mc, self.max_model_len, self.tokenizer, self.return_routes, self.generator,
+                                    self.kv_holds)
+        self.finisher = RequestFinisher(self.requests, self.tokenizer, self.return_routes, self.r3_clock,
+                                        self.kv_holds)
+        self.weights = EngineWeights(self.model, self.requests, self.scheduler, self.kv_manager, self.finisher)
+        self.results = StepResults(self.scheduler, self.finisher, self.tokenizer, self.eos_token_ids,
+                                   self.return_routes, self.r3_clock, self._export)
+        self.failure = StepFailure(self.scheduler, self.requests, self.finisher, self.check_shared_state)
+        self.offload: OffloadConnector | None = attach_offload(self)  # offload tiers (engine/offload.py)
         self.startup_seconds = time.perf_counter() - t0
 
-    def attach_pd(self, cfg: PDConfig) -> PDConnector:
-        """Enable prefill/decode disaggregation in the given role (once)."""
+    @property
+    def provenance(self) -> Provenance:
+        """The provenance new blocks are keyed under (a weight update re-binds it)."""
+        return self.kv_manager.provenance
+
+    @property
+    def weight_update(self) -> WeightUpdate | None:
+        """The weight update in progress (policy drain), None when none is."""
+        return self.weights.in_progress
+
+    def attach_pd(self, cfg: PDConfig, make_importer: ImporterFactory | None = None) -> PDConnector:
+        """Enable prefill/decode disaggregation in the given role (once). ``make_importer``: how
+        the decode side's importer is built (``engine/pd_connector.py``; None: the real one)."""
         from execstate.engine.pd_connector import PDConnector  # NIXL loads only when PD is used
 
         if self.pd is not None:
             raise RuntimeError("a PD connector is already attached")
-        self.pd = PDConnector(self, cfg)
+        route_shape = (self.model_config.num_moe_layers, self.model_config.top_k) if self.return_routes else None
+        self.pd = PDConnector(cfg, kv_pool=self.kv_pool, block_pool=self.block_pool, kv_manager=self.kv_manager,
+                              route_shape=route_shape, wake=self.wake, make_importer=make_importer)
+        if self.pd.loads is not None:
+            self.scheduler.external = self.pd.loads
+        self.weights.on_switch(self.pd.on_weights_updated)
         return self.pd
 
     def wake(self) -> None:
@@ -165,19 +143,7 @@ class LLMEngine(EngineWeights):
 
     # -- requests -------------------------------------------------------------
     def tokenize_prompt(self, prompt: PromptType) -> tuple[list[int], str | None]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this model has no tokenizer.json: pass {'prompt_token_ids': [...]}")
-            return self.tokenizer.encode(prompt, max_model_len=self.max_model_len), prompt
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return list(prompt["prompt_token_ids"]), prompt.get("prompt")
-            if "prompt" in prompt:
-                return self.tokenize_prompt(prompt["prompt"])
-            raise ValueError("a prompt dict needs 'prompt_token_ids' or 'prompt'")
-        if isinstance(prompt, list | tuple):
-            return list(prompt), None
-        raise ValueError(f"unsupported prompt type {type(prompt).__name__}")
+        return self.intake.tokenize_prompt(prompt)
 
     def add_request(
         self,
@@ -193,33 +159,7 @@ class LLMEngine(EngineWeights):
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        if params.n != 1:
-            raise ValueError("the engine takes n=1 requests; LLM.generate expands n > 1")
-        validate_sampling(params, self.model_config.vocab_size)
-        token_ids, text = self.tokenize_prompt(prompt)
-        validate_prompt(token_ids, self.model_config.vocab_size, self.max_model_len)
-        validate_logit_bias(params.logit_bias, self.model_config.vocab_size)
-        cache_salt = cache_salt_of(prompt)
-        mc = self.model_config
-        if params.routed_experts is not None:
-            forced = validate_forced_routes(
-                params.routed_experts, mc.num_moe_layers if mc.is_moe else 0, mc.top_k or 0,
-                mc.num_experts or 0, self.max_model_len - 1,
-            )
-            params = replace(params, routed_experts=forced)
-        handoff = self._handoff(kv_transfer_params)
-        req = Request(request_id, [int(t) for t in token_ids], params, self.max_model_len, prompt=text)
-        if isinstance(kv_transfer_params, Handoff):
-            req.handoff = kv_transfer_params
-        else:
-            req.kv_transfer_params = kv_transfer_params
-            req.handoff = handoff
-        req.cache_salt = cache_salt
-        if self.return_routes or params.routed_experts is not None:
-            capacity = len(token_ids) + req.max_new_tokens
-            req.routes = RouteTrace(mc.num_moe_layers, mc.top_k, capacity) if self.return_routes else None
-        req.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else self.generator
-        req.penalty_state = PenaltyState.for_request(params, req.prompt_token_ids, req.output_token_ids, mc.vocab_size)
+        req = self.intake.build(prompt, params, request_id, kv_transfer_params, self._handoff)
         self.requests[request_id] = req
         self.scheduler.add(req)
         return request_id
@@ -228,7 +168,7 @@ class LLMEngine(EngineWeights):
         """Queue one session step (``engine/step_request.py``): validated first (ValueError,
         nothing changed); then its held blocks become the request's and come back at finish as
         ``Request.returned_blocks``. Returns the queued request."""
-        req = build_step_request(self, step)
+        req = self.intake.build_step(step, self.requests)
         if step.held is not None:
             held = self.kv_holds.hand_over(step.held)
             req.block_ids, req.block_keys = held.block_ids, held.block_keys
@@ -253,8 +193,8 @@ class LLMEngine(EngineWeights):
         req = self.scheduler.abort(request_id)
         if req is None:
             return None
-        out = self._finalize(req)
-        self._switch_weights_if_drained()
+        out = self.finisher.finalize(req)
+        self.weights.switch_if_drained()
         return out
 
     def abort_request_deferred(self, request_id: str) -> bool:
@@ -263,7 +203,7 @@ class LLMEngine(EngineWeights):
         out = self.abort_request(request_id)
         if out is None:
             return False
-        self._finished_between_steps.append(out)
+        self.finisher.defer(out)
         return True
 
     def poll(self) -> None:
@@ -271,14 +211,44 @@ class LLMEngine(EngineWeights):
         a drained weight update switches)."""
         if self.pd is not None:
             self.pd.poll()
-        self._switch_weights_if_drained()
+        self.weights.switch_if_drained()
 
     @property
     def needs_polling(self) -> bool:
-        return (self.pd is not None and self.pd.needs_polling) or self.weight_update is not None
+        return (self.pd is not None and self.pd.needs_polling) or self.weights.in_progress is not None
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished or bool(self._finished_between_steps)
+        return self.scheduler.has_unfinished or self.finisher.has_deferred
+
+    # -- weights ------------------------------------------------------------------
+    def update_weights(
+        self, source: str | Path | dict[str, torch.Tensor], weights_version: str | None = None,
+        policy: UpdatePolicy = "abort",
+    ) -> list[RequestOutput]:
+        """Load new weights in place (``source``: a state dict with HF tensor names, or a
+        checkpoint directory) and return the final outputs of the requests in flight:
+        aborted (``policy="abort"``) or completed on the old weights (``"drain"``, which
+        steps the engine until they finish). ``weights_version``: see ``begin_weight_update``.
+        """
+        update = self.begin_weight_update(source, weights_version, policy)
+        outputs = list(update.aborted)
+        while not update.done:
+            outputs += [o for o in self.step() if o.finished]
+            self.poll()
+        return outputs
+
+    def begin_weight_update(
+        self, source: str | Path | dict[str, torch.Tensor], weights_version: str | None = None,
+        policy: UpdatePolicy = "abort",
+    ) -> WeightUpdate:
+        """Start a weight update (rules: ``engine/weight_update.py``); complete when the
+        returned update is ``done``: at once for ``abort`` (outputs in ``update.aborted``),
+        for ``drain`` once the requests in flight finish (``step``/``poll`` switch; the
+        state dict's tensors are read then: leave them unchanged until ``done``). A
+        ``ValueError`` (policy, version, any tensor's name/dtype/shape) changes nothing."""
+        update = self.weights.begin(source, weights_version, policy)
+        self.weights.switch_if_drained()
+        return update
 
     # -- one step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -286,17 +256,17 @@ class LLMEngine(EngineWeights):
         try:
             return self._run_step(state)
         except Exception as exc:  # the step's requests fail; the engine goes on (step_failure)
-            return fail_step(self, state, exc)
+            return self.failure.fail(state, exc)
 
     def _run_step(self, state: StepState) -> list[RequestOutput]:
         self.poll()
         sched = state.sched = self.scheduler.schedule()
         if sched.block_copies:
             self.kv_pool.copy_blocks(sched.block_copies)
-        outputs = state.outputs = self._finished_between_steps + [self._finalize(r) for r in sched.failed]
-        self._finished_between_steps = []
+        failed = [self.finisher.finalize(r) for r in sched.failed]
+        outputs = state.outputs = self.finisher.take_deferred() + failed
         if sched.empty:
-            if self.scheduler.has_unfinished and not outputs and not self._blocks_held_elsewhere():
+            if self.scheduler.has_unfinished and not outputs and not self.blocks_held_elsewhere():
                 if not self.kv_holds.num_holders:
                     raise EngineFatalError("scheduler made no progress although requests are waiting")
                 outputs += self._relieve_holds()
@@ -308,39 +278,10 @@ class LLMEngine(EngineWeights):
                 self._wakeup.wait(_IDLE_WAIT_S)
                 self._wakeup.clear()
             return outputs
-        result = self.runner.execute(sched)
-        if result.routes is not None:
-            t_r3 = time.perf_counter()
-            for s, off in zip(sched.scheduled, result.token_offsets, strict=True):
-                if s.request.routes is not None:
-                    s.request.routes.fill(s.num_computed_before, result.routes[off : off + s.num_new_tokens])
-            self.r3_clock.add_since(t_r3)
-        for s in sched.scheduled:
-            self.scheduler.on_computed(s)
-        if not result.sample_rows:
-            return outputs
-        reqs = [sched.scheduled[i].request for i in result.sample_rows]
-        banned = [self._banned(r) for r in reqs]
-        sampled = sample(result.logits, [r.params for r in reqs], [r.generator for r in reqs], banned,
-                         [r.penalty_state for r in reqs])
-        now = time.monotonic()
-        for j, req in enumerate(reqs):
-            req.output_token_ids.append(sampled.token_ids[j])
-            req.output_logprobs.append(sampled.logprobs[j])
-            req.output_top_logprobs.append(sampled.top_logprobs[j])
-            if req.first_token_time is None:
-                req.first_token_time = now
-            status = on_new_token(req, self.eos_token_ids, self.tokenizer)
-            if status is not None and self.pd is not None and self.pd.wants_export(req):
-                status = self._export(req, status)
-            if status is not None:
-                self.scheduler.finish(req, status)
-                outputs.append(self._finalize(req))
-            elif req.params.output_kind is not RequestOutputKind.FINAL_ONLY:
-                outputs.append(build_output(req, self.tokenizer, self.return_routes))
+        self.results.apply(sched, self.runner.execute(sched), outputs)
         return outputs
 
-    def _blocks_held_elsewhere(self) -> bool:
+    def blocks_held_elsewhere(self) -> bool:
         """True while blocks are held outside running requests (PD exports awaiting pickup,
         loads in flight, blocks fenced after an uncancellable read)."""
         pd = self.pd
@@ -361,12 +302,13 @@ class LLMEngine(EngineWeights):
             "release checkpoints, or enable session eviction"
         )
         self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
-        return [self._finalize(req)]
+        return [self.finisher.finalize(req)]
 
     def _export(self, req: Request, status: RequestStatus) -> RequestStatus:
-        """Producer: hand the finished prefill's blocks to the decode side (before the
-        request frees them). Over the transfer limits this is a request-level error."""
-        assert self.pd is not None
+        """Producer: hand a finishing prefill's blocks to the decode side (before the request
+        frees them) when it asked for it. Over the transfer limits this is a request-level error."""
+        if self.pd is None or not self.pd.wants_export(req):
+            return status
         try:
             req.kv_transfer_out = self.pd.export(req)
         except TransferError as e:
@@ -374,37 +316,16 @@ class LLMEngine(EngineWeights):
             return RequestStatus.FINISHED_ABORTED
         return status
 
-    def _banned(self, req: Request) -> list[int]:
-        if len(req.output_token_ids) >= req.params.min_tokens:
-            return []
-        return sorted(self.eos_token_ids | set(req.params.stop_token_ids or []))
-
-    def _finalize(self, req: Request) -> RequestOutput:
-        req.finish_time = time.monotonic()
-        self.requests.pop(req.request_id, None)
-        t_r3 = time.perf_counter()
-        out = build_output(req, self.tokenizer, self.return_routes)
-        if out.outputs[0].routed_experts is not None:
-            self.r3_clock.add_since(t_r3)  # the output is built anyway; dominated by the routes array
-        self._run_finish_hook(req, out)
-        return out
-
-    def _run_finish_hook(self, req: Request, out: RequestOutput) -> None:
-        """``req.on_finished`` (a session taking its step's blocks back), once. If it raises, the
-        blocks it did not take are released so that nothing leaks; the error is logged."""
-        hook, req.on_finished = req.on_finished, None
-        if hook is None:
-            return
-        try:
-            hook(req, out)
-        except Exception:  # noqa: BLE001 - a hook must not take the engine down
-            logger.exception("the finish hook of request %s failed", req.request_id)
-            held = req.returned_blocks
-            if held is not None and self.kv_holds.holds(held):
-                self.kv_holds.release(held)
-
+    # -- checks -------------------------------------------------------------------
     def check_integrity(self) -> None:
         self.block_pool.check_integrity()
         self.kv_holds.check_integrity()
         if self.route_store is not None:
             self.route_store.check_integrity()
+        if self.offload is not None:
+            self.offload.check_integrity()
+
+    def check_shared_state(self) -> None:
+        """``check_integrity`` and every block reference accounted for (``step_failure.check_references``)."""
+        self.check_integrity()
+        check_references(self)

@@ -9,8 +9,12 @@ an id, so their KV and routes never mix: ``identity/provenance.py``).
 | torch ops (``kernels="torch"``) | ``dtype`` | torch's, in ``dtype`` | ``eager`` |
 | fp32 | fp32 | fp32 (``gemm.py``) | ``eager+cpu-avx2-v1`` |
 | ``dtype="bfloat16"`` | bf16 | fp32, weights widened (``gemm_bf16.py``) | ``eager+cpu-avx2-v2-bf16w`` |
-| + ``compute_dtype="bfloat16"`` | bf16 | bf16 (``gemm_bf16dot.py``) | ``eager+cpu-avx512bf16-v1`` (AVX512-BF16), ``eager+cpu-avx2-bf16emu-v1`` (elsewhere) |
-| ``quantization="gguf"`` | the GGUF file's blocks | fp32, blocks dequantised in registers (``gguf_blocks.py``) | ``eager+cpu-gguf-<formats>-v1``, e.g. ``q41-q80`` for Q4_1 matrices with a Q8_0 embedding |
+| + ``compute_dtype="bfloat16"`` | bf16 | bf16 (``gemm_bf16dot.py``) | see (1) |
+| ``quantization="gguf"`` | the GGUF file's blocks | fp32, blocks dequantised in registers | see (2) |
+
+(1) ``eager+cpu-avx512bf16-v1`` with AVX512-BF16, ``eager+cpu-avx2-bf16emu-v1`` elsewhere.
+(2) ``eager+cpu-gguf-<formats>-v1`` (``gguf_blocks.py``), e.g. ``q41-q80`` for Q4_1 matrices
+with a Q8_0 embedding.
 
 Activations, the KV cache, attention and norms are fp32 in every mode on the kernels.
 """

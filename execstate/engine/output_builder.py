@@ -115,8 +115,10 @@ def _entry(
 
 def _sources(req: Request) -> dict[str, int]:
     local = min(req.num_cached_tokens or 0, req.num_prompt_tokens)
-    moved = min(req.num_transferred_tokens, req.num_prompt_tokens - local)
-    return {"local_cache": local, "transferred": moved, "computed": req.num_prompt_tokens - local - moved}
+    offloaded = min(req.num_offloaded_tokens, req.num_prompt_tokens - local)
+    moved = min(req.num_transferred_tokens, req.num_prompt_tokens - local - offloaded)
+    return {"local_cache": local, "offloaded": offloaded, "transferred": moved,
+            "computed": req.num_prompt_tokens - local - offloaded - moved}
 
 
 def _decode_one(tokenizer: Tokenizer | None, token_id: int) -> str | None:

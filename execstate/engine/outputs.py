@@ -47,7 +47,8 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
-    # Where each prompt token's KV came from: {"local_cache": n, "transferred": n, "computed": n}.
+    # Where each prompt token's KV came from: {"local_cache": n, "offloaded": n, "transferred": n,
+    # "computed": n} (this engine's prefix cache, its offload tiers, another instance, computed).
     prompt_token_sources: dict[str, int] = field(default_factory=dict)
     # PD handoff parameters (vLLM's name): set on a prefill instance's output for the decode side.
     kv_transfer_params: dict[str, Any] | None = None

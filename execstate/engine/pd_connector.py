@@ -21,6 +21,16 @@ WAITING_FOR_REMOTE_KVS and is committed between steps (``engine/pd_loads.py``: f
 fenced blocks, limits). Loaded rows are the producer's records. The last prompt token is always
 recomputed here.
 
+Construction (``LLMEngine.attach_pd``): the connector is given the engine's parts it works on,
+never the engine: the KV pool and block pool (exports pin blocks, loads fill them), the KV cache
+manager (block keys of an export; the current provenance for the handshake), the route shape
+(``(n_moe_layers, top_k)`` when the engine returns routes), ``wake`` (the transfer thread ends an
+idle step's wait when a load finishes) and ``make_importer`` (how the transfer thread's
+importer is built: :class:`~execstate.transfer.importer.KVImporter` unless the caller passes
+another, e.g. a fault-injecting one in tests and ``execstate bench pd``). The engine installs
+``loads`` as its scheduler's external prefix source and calls ``on_weights_updated`` after a
+weight switch.
+
 Threads: the engine thread calls every method; the control server's thread reads the
 exporter's immutable snapshots; the transfer thread owns the importer and reads through NIXL.
 """
@@ -31,14 +41,16 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from execstate.engine.kv_cache_manager import KVCacheManager
 from execstate.engine.pd_loads import LoadStats, RemoteLoads
 from execstate.engine.request import Request
 from execstate.identity.keys import BlockKey
-from execstate.state.block_pool import BlockId
+from execstate.state.block_pool import BlockId, BlockPool
+from execstate.state.kv_pool import KVPool
 from execstate.transfer.bulk import NixlBulk
 from execstate.transfer.checks import kv_layout_of
 from execstate.transfer.control import ControlServer, Release
@@ -48,9 +60,7 @@ from execstate.transfer.handoff import Handoff, HandoffTrust, check_allow_list, 
 from execstate.transfer.importer import KVImporter
 from execstate.transfer.load_worker import LoadWorker
 from execstate.transfer.manifest import FORMAT_VERSION, Capabilities, R3Format
-
-if TYPE_CHECKING:
-    from execstate.engine.llm_engine import LLMEngine
+from execstate.transfer.secrets import SecretRing
 
 ROLES = ("kv_producer", "kv_consumer", "kv_both")
 POLICIES = ("fail", "recompute")
@@ -59,7 +69,9 @@ POLICIES = ("fail", "recompute")
 @dataclass
 class PDConfig:
     """``secret``: the handoff HMAC key shared by P, D and the proxy (``None``: from
-    ``$EXECSTATE_KV_SECRET``, else unsigned handoffs). ``allowed_prefill``: producer engine id ->
+    ``$EXECSTATE_KV_SECRET``, else unsigned handoffs); ``previous_secrets``: still accepted during
+    a rotation (``None``: from ``$EXECSTATE_KV_SECRET_PREVIOUS``, comma-separated). ``allowed_prefill``: producer
+    engine id ->
     control address D may load from without a signature. ``ttl_s``: how long P keeps an export
     pinned when D never releases it (also the handoff's expiry). ``max_fenced_blocks``: ``None``
     = a quarter of the KV pool."""
@@ -75,6 +87,7 @@ class PDConfig:
     ttl_s: float = 60.0
     timeout_s: float = 10.0
     secret: str | None = None
+    previous_secrets: list[str] | None = None
     allowed_prefill: Mapping[str, str] | None = None
     max_fenced_blocks: int | None = None
 
@@ -88,6 +101,10 @@ class PDConfig:
             raise ValueError(f"max_fenced_blocks must be >= 1, got {self.max_fenced_blocks}")
 
 
+# Builds the transfer thread's importer: (kv pool, capabilities, bulk channel, timeout_s) -> importer.
+ImporterFactory = Callable[[KVPool, Capabilities, NixlBulk, float], KVImporter]
+
+
 @dataclass
 class TransferStats(LoadStats):
     exports: int = 0
@@ -95,34 +112,42 @@ class TransferStats(LoadStats):
 
 
 class PDConnector:
-    def __init__(self, engine: LLMEngine, cfg: PDConfig) -> None:
-        self.engine = engine
+    """One engine's PD connector (module docstring: roles, construction, threads)."""
+
+    def __init__(self, cfg: PDConfig, *, kv_pool: KVPool, block_pool: BlockPool, kv_manager: KVCacheManager,
+                 route_shape: tuple[int, int] | None, wake: Callable[[], None],
+                 make_importer: ImporterFactory | None = None) -> None:
         self.cfg = cfg
+        self.kv_pool = kv_pool
+        self.block_size = kv_pool.block_size
+        self._kv_manager = kv_manager
+        self._route_shape = route_shape
         self.instance_id = cfg.engine_id or f"execstate-{uuid.uuid4().hex[:12]}"
         self.stats = TransferStats()
-        self.secret = resolve_secret(cfg.secret)
+        # The shared secret of server-to-server messages: the current one signs, the previous ones
+        # (a rotation: transfer/secrets.py) verify too; None: handoffs unsigned, no migration.
+        resolve_secret(cfg.secret)  # the same checks and message as ever for a bad value
+        self.secrets = SecretRing.resolve(cfg.secret, cfg.previous_secrets)
+        self.secret = self.secrets.current if self.secrets is not None else None
         # Thread-safe and immutable: the HTTP layer checks handoffs with it before the engine sees them.
-        self.trust = HandoffTrust(self.secret, dict(cfg.allowed_prefill or {}), engine.block_size)
-        self.bulk = NixlBulk(engine.kv_pool, self.instance_id, timeout_s=cfg.timeout_s)
+        self.trust = HandoffTrust(self.secrets, dict(cfg.allowed_prefill or {}), self.block_size)
+        self.bulk = NixlBulk(kv_pool, self.instance_id, timeout_s=cfg.timeout_s)
         self.exporter: KVExporter | None = None
         self.server: ControlServer | None = None
         self.loads: RemoteLoads | None = None
         caps = self.capabilities()
         if cfg.role in ("kv_producer", "kv_both"):
-            self.exporter = KVExporter(
-                engine.kv_pool, engine.block_pool, caps, self.bulk, cfg.max_inflight, cfg.max_bytes, cfg.ttl_s
-            )
+            self.exporter = KVExporter(kv_pool, block_pool, caps, self.bulk, cfg.max_inflight, cfg.max_bytes, cfg.ttl_s)
             self.server = ControlServer(cfg.host, cfg.port, self.exporter)
         if cfg.role in ("kv_consumer", "kv_both"):
             # map the pool's pages now, in the background, so loads do not pay page faults inside
             # the copy (transfer/bulk.py: 20-70x the copy) while the engine serves
-            self.engine.kv_pool.populate_async()
-            importer = KVImporter(engine.kv_pool, caps, self.bulk, cfg.timeout_s)
-            worker = LoadWorker(importer, self.bulk, on_result=engine.wake)
-            max_fenced = cfg.max_fenced_blocks or max(1, engine.block_pool.num_blocks // 4)
-            self.loads = RemoteLoads(worker, engine.block_pool, engine.block_size, engine.return_routes,
+            kv_pool.populate_async()
+            importer = (make_importer or KVImporter)(kv_pool, caps, self.bulk, cfg.timeout_s)
+            worker = LoadWorker(importer, self.bulk, on_result=wake)
+            max_fenced = cfg.max_fenced_blocks or max(1, block_pool.num_blocks // 4)
+            self.loads = RemoteLoads(worker, block_pool, self.block_size, route_shape is not None,
                                      cfg.failure_policy, cfg.max_inflight, max_fenced, self.stats)
-            engine.scheduler.external = self.loads
 
     @property
     def is_consumer(self) -> bool:
@@ -149,15 +174,15 @@ class PDConnector:
         return self.loads.fenced_blocks if self.loads is not None else []
 
     def capabilities(self) -> Capabilities:
-        e = self.engine
         r3 = None
-        if e.return_routes and self.cfg.routes_transfer:
-            r3 = R3Format(n_moe_layers=e.model_config.num_moe_layers, top_k=e.model_config.top_k)
+        if self._route_shape is not None and self.cfg.routes_transfer:
+            n_moe_layers, top_k = self._route_shape
+            r3 = R3Format(n_moe_layers=n_moe_layers, top_k=top_k)
         return Capabilities(
             format_version=FORMAT_VERSION,
             instance_id=self.instance_id,
-            provenance_digest=e.provenance.digest(),
-            kv_layout=kv_layout_of(e.kv_pool),
+            provenance_digest=self._kv_manager.provenance.digest(),
+            kv_layout=kv_layout_of(self.kv_pool),
             r3=r3,
         )
 
@@ -172,12 +197,11 @@ class PDConnector:
         Raises TransferError (e.g. over the in-flight limits): a request-level error.
         """
         assert self.exporter is not None and self.server is not None, "export() on a non-producer"
-        e = self.engine
-        bs = e.block_size
+        bs = self.block_size
         n_full = req.num_prompt_tokens // bs
         if n_full == 0:  # nothing to hand off: D computes the whole prompt
             return {"do_remote_prefill": False, "do_remote_decode": False, "remote_engine_id": self.instance_id}
-        e.kv_manager.update_block_keys(req)
+        self._kv_manager.update_block_keys(req)
         routes = None
         if req.routes is not None and self.cfg.routes_transfer:
             routes = req.routes.rows(0, n_full * bs)
@@ -192,7 +216,7 @@ class PDConnector:
         if not self.cfg.routes_transfer:
             routes = None
         transfer_id = f"{self.instance_id}/{uuid.uuid4().hex}"
-        bs = self.engine.block_size
+        bs = self.block_size
         try:
             self.exporter.export(transfer_id, self.exporter.epoch, block_ids, keys, routes, len(block_ids) * bs)
         except TransferError:
@@ -236,7 +260,9 @@ class PDConnector:
     def needs_polling(self) -> bool:
         """Housekeeping pending: pinned exports (TTL), loads in flight, fenced blocks."""
         loads = self.loads
-        return self.num_pinned_exports > 0 or (loads is not None and (loads.num_inflight > 0 or bool(loads.fenced_blocks)))
+        return self.num_pinned_exports > 0 or (
+            loads is not None and (loads.num_inflight > 0 or bool(loads.fenced_blocks))
+        )
 
     @property
     def has_finished_loads(self) -> bool:

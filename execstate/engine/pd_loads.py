@@ -18,7 +18,7 @@ or more blocks are fenced (so fenced blocks never exceed that bound plus the blo
 loads in flight when it was reached).
 
 Owned loads (:meth:`RemoteLoads.submit_owned`): a load that no request waits for (a session
-migrating in, ``session/migration_target.py``). Same worker, limits, stats and fencing; its
+migrating in, ``session/lm/migration_target.py``). Same worker, limits, stats and fencing; its
 outcome goes to the owner's callback on the engine thread, with no failure policy applied (the
 owner decides). A fenced load reports ``fenced=True``: its blocks are out of the pool until the
 read ends, whatever the owner frees.

@@ -73,6 +73,8 @@ class Request:
     num_cached_tokens: int | None = None
     # Prompt tokens whose KV was loaded from another instance (PD), not computed here.
     num_transferred_tokens: int = 0
+    # Prompt tokens whose KV was reloaded from this engine's offload tiers (engine/offload.py).
+    num_offloaded_tokens: int = 0
     # PD: handoff parameters received with the request / produced for the decode side.
     kv_transfer_params: dict[str, Any] | None = None
     kv_transfer_out: dict[str, Any] | None = None
@@ -86,7 +88,6 @@ class Request:
     routes: RouteTrace | None = None
     stop_reason: int | str | None = None
     first_token_time: float | None = None
-    finish_time: float | None = None
     abort_message: str | None = None
     # torch.Generator used for sampling (the request's own when it has a seed).
     generator: Any = None

@@ -25,6 +25,10 @@ failed one finishes the request with its error (reported in ``SchedulerOutput.fa
 A request aborted while loading is finished at once, but its blocks are released only when
 its load result arrived (the transfer can no longer write them).
 
+Offload tiers (``offload``, ``engine/offload_loads.py``): the same protocol and the same
+``loading`` state for a request whose prompt blocks missed the prefix cache but are in a tier;
+a request's source is ``external`` when it carries a PD handoff, else ``offload``.
+
 Contract with the engine: ``schedule()`` returns what to run; after the forward pass
 the engine calls ``on_computed`` for each scheduled request, then ``finish`` for
 those that stopped. ``abort`` may be called at any time between steps.
@@ -70,10 +74,6 @@ class SchedulerOutput:
     block_copies: list[tuple[BlockId, BlockId]] = field(default_factory=list)
 
     @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    @property
     def empty(self) -> bool:
         return not self.scheduled
 
@@ -97,6 +97,7 @@ class Scheduler:
         self.loading: dict[str, Request] = {}
         self.num_preemptions = 0
         self.external = external
+        self.offload: ExternalPrefix | None = None
         self.admit_only: set[Request] | None = None
 
     def add(self, req: Request) -> None:
@@ -182,7 +183,7 @@ class Scheduler:
                 return None
         while True:
             try:
-                hits = self.kv.admit(req, budget, self.external)
+                hits = self.kv.admit(req, budget, self._source(req))
             except ExternalLoadError as e:
                 self.waiting.popleft()
                 req.abort_message = str(e)
@@ -215,10 +216,17 @@ class Scheduler:
         out.preempted.append(victim)
         return True
 
+    def _source(self, req: Request) -> ExternalPrefix | None:
+        """Where ``req``'s prefix may be loaded from: PD with a handoff, else the offload tiers."""
+        if req.handoff is not None or self.offload is None:
+            return self.external
+        return self.offload
+
     def _apply_finished_loads(self, out: SchedulerOutput) -> None:
-        if self.external is None or not self.loading:
+        if not self.loading:
             return
-        for done in self.external.finished_loads():
+        sources = [src for src in (self.external, self.offload) if src is not None]
+        for done in [d for src in sources for d in src.finished_loads()]:
             req = self.loading.pop(done.request.request_id, None)
             if req is None or req is not done.request:
                 raise RuntimeError(f"a load finished for request {done.request.request_id!r}, which is not loading")
@@ -254,8 +262,9 @@ class Scheduler:
         if self.loading.get(req.request_id) is req:
             # The transfer may still write its blocks: keep them (and the entry) until it ends.
             req.status = status
-            assert self.external is not None
-            self.external.cancel_load(req)
+            source = self._source(req)
+            assert source is not None
+            source.cancel_load(req)
             return
         if req in self.running:
             self.running.remove(req)

@@ -6,7 +6,8 @@ holds; None: nothing held, the prefix cache is looked up as for any request), th
 trace (rows for at least the held tokens; present exactly when the engine returns routes) and
 its generator, the scheduling class and a hook for the end.
 
-``build_step_request`` validates everything first (``ValueError``, nothing changed) and builds the
+``build_step_request`` (called by ``RequestIntake.build_step`` with the engine's limits, live request
+ids and block holds) validates everything first (``ValueError``, nothing changed) and builds the
 engine ``Request`` with ``keep_blocks`` set; the engine then hands the held blocks over (they
 become the request's references) and queues it. The trace and the generator stay shared with the
 session: the request fills the trace and draws from the generator in place. The ids in
@@ -15,7 +16,7 @@ session: the request fills the trace and draws from the generator in place. The 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,10 +28,9 @@ from execstate.engine.route_trace import RouteTrace
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.engine.validation import check_prompt_length, validate_logit_bias, validate_sampling
-from execstate.state.block_holds import HeldBlocks
+from execstate.state.block_holds import BlockHolds, HeldBlocks
 
 if TYPE_CHECKING:
-    from execstate.engine.llm_engine import LLMEngine
     from execstate.engine.outputs import RequestOutput
 
 
@@ -47,33 +47,35 @@ class StepRequest:
     on_finished: Callable[[Request, RequestOutput], None] | None = None
 
 
-def build_step_request(engine: LLMEngine, step: StepRequest) -> Request:
-    """The engine ``Request`` for ``step`` (module docstring); ValueError on bad input."""
-    vocab = engine.model_config.vocab_size
-    if step.request_id in engine.requests:
+def build_step_request(step: StepRequest, *, vocab_size: int, max_model_len: int, in_use: Container[str],
+                       kv_holds: BlockHolds, return_routes: bool) -> Request:
+    """The engine ``Request`` for ``step`` (module docstring); ValueError on bad input. ``in_use``:
+    the ids of live requests; ``kv_holds``: where the step's held blocks must be registered;
+    ``return_routes``: whether the engine returns routes."""
+    if step.request_id in in_use:
         raise ValueError(f"request id {step.request_id!r} is already in use")
     if step.params.n != 1:
         raise ValueError("a session step takes n=1")
-    validate_sampling(step.params, vocab)
-    validate_logit_bias(step.params.logit_bias, vocab)
+    validate_sampling(step.params, vocab_size)
+    validate_logit_bias(step.params.logit_bias, vocab_size)
     if not step.token_ids:
         raise ValueError("a step needs at least one token of context")
-    check_prompt_length(len(step.token_ids), engine.max_model_len)
+    check_prompt_length(len(step.token_ids), max_model_len)
     held = step.held
     if held is not None:
-        if not engine.kv_holds.holds(held):
+        if not kv_holds.holds(held):
             raise ValueError("the step's blocks are not held (released, or handed over already)")
         if not 0 < held.num_tokens < len(step.token_ids):
             raise ValueError(f"held KV of {held.num_tokens} tokens for a step of {len(step.token_ids)} tokens")
         if step.routes is not None and step.routes.rows_known < held.num_tokens:
             raise ValueError(f"route rows for {step.routes.rows_known} of the {held.num_tokens} held tokens")
-    if (step.routes is not None) != engine.return_routes:
+    if (step.routes is not None) != return_routes:
         raise ValueError("a step carries a route trace exactly when the engine returns routes")
-    req = Request(step.request_id, step.token_ids, step.params, engine.max_model_len, priority=step.priority)
+    req = Request(step.request_id, step.token_ids, step.params, max_model_len, priority=step.priority)
     req.keep_blocks = True
     req.cache_salt = step.cache_salt
     req.routes = step.routes
     req.generator = step.generator
     req.on_finished = step.on_finished
-    req.penalty_state = PenaltyState.for_request(step.params, req.prompt_token_ids, req.output_token_ids, vocab)
+    req.penalty_state = PenaltyState.for_request(step.params, req.prompt_token_ids, req.output_token_ids, vocab_size)
     return req

@@ -1,6 +1,6 @@
 """The whole-layer decode path: a decode step's layers as one C call each.
 
-``decode_layers(model, x, cos, sin, ctx)`` runs every decoder layer of a step through
+``decode_layers(layers, weights, x, cos, sin, ctx)`` runs every decoder layer of a step through
 ``kernels/decode_layer.py`` when the step and the model qualify, and returns None otherwise
 (the caller runs the per-op path):
 
@@ -17,25 +17,25 @@ experts; so routes and replay behave exactly as on the per-op path. Results are 
 equal to the per-op kernel path (same kernels, same order).
 
 The layers' checked weight pointers are built once and kept on the model
-(``CausalLM.decode_weights``); ``CausalLM`` drops them whenever its weights may be replaced
-(``load_hf_weights``, ``use_cpu_kernels``, ``to``/``_apply``). Weight updates copy in place,
-which keeps the pointers valid.
+(``CausalLM.decode_weights``, passed here as ``weights``: called only when a step qualifies);
+``CausalLM`` drops them whenever its weights may be replaced (``loader.load_hf_weights``,
+``use_cpu_kernels``, ``to``/``_apply``). Weight updates copy in place, which keeps the pointers
+valid. This module knows the layers (``decoder_layer.py``), not the model: ``transformer.py``
+imports it, never the other way round.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import torch
 
 from execstate.kernels import decode_layer as kern
 from execstate.model.context import StepContext
+from execstate.model.decoder_layer import DecoderLayer
 from execstate.model.layers import GatedMLP
 from execstate.model.moe import SparseMoE
 from execstate.model.weight_formats import decode_formats, matrices_reason
-
-if TYPE_CHECKING:
-    from execstate.model.transformer import CausalLM, DecoderLayer
 
 
 class DecodeWeights:
@@ -45,9 +45,9 @@ class DecodeWeights:
         self.layers, self.reason = layers, reason
 
     @classmethod
-    def build(cls, model: CausalLM) -> DecodeWeights:
+    def build(cls, layers: Sequence[DecoderLayer]) -> DecodeWeights:
         out = []
-        for i, layer in enumerate(model.layers):
+        for i, layer in enumerate(layers):
             reason = _unsupported(layer)
             if reason is not None:
                 return cls(None, f"layer {i}: {reason}")
@@ -90,13 +90,13 @@ def _layer_weights(layer: DecoderLayer) -> kern.LayerWeights:
     )
 
 
-def decode_layers(model: CausalLM, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  ctx: StepContext) -> torch.Tensor | None:
+def decode_layers(layers: Sequence[DecoderLayer], weights_of: Callable[[], DecodeWeights], x: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor | None:
     """Every layer of a qualifying decode step (``x [T, H]`` updated in place and returned), or None."""
     tables_of = getattr(ctx.attention, "decode_tables", None)
     if tables_of is None or x.dtype != torch.float32:
         return None
-    weights = model.decode_weights()
+    weights = weights_of()
     if weights.layers is None:
         return None
     tables = tables_of()
@@ -107,7 +107,7 @@ def decode_layers(model: CausalLM, x: torch.Tensor, cos: torch.Tensor, sin: torc
     kern.check_step(x, cos2, sin2, tables)
     h = torch.empty_like(x)
     logits: torch.Tensor | None = None
-    for i, (layer, w) in enumerate(zip(model.layers, weights.layers, strict=True)):
+    for i, (layer, w) in enumerate(zip(layers, weights.layers, strict=True)):
         if not w.num_experts:
             kern.run_layer(i, w, x, cos2, sin2, tables)
             continue

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from execstate.kernels.weight_format import WeightFormat
-from execstate.model.loader import load_hf_state_dict
+from execstate.model.checkpoint_files import load_hf_state_dict
 
 RECIPE_VERSION = 1
 BUILD_STEPS = ("reading the float32 checkpoint", "quantising the matrices with the gguf package", "writing model.gguf")

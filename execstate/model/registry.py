@@ -39,6 +39,7 @@ from execstate import paths
 from execstate.kernels.weight_format import WeightFormat
 from execstate.model import gguf_import, gguf_quantize, upcycle
 from execstate.model.build_progress import BuildProgress
+from execstate.model.errors import UnknownModelError
 from execstate.model.world import recipe as world_recipe
 
 log = logging.getLogger(__name__)
@@ -276,16 +277,17 @@ def gguf_file(path: Path) -> Path | None:
 
 
 def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
-    """A directory with config.json is returned as is; an embedded name is prepared on demand."""
+    """A directory with config.json is returned as is; an embedded name is prepared on demand;
+    anything else is ``UnknownModelError``."""
     path = Path(name_or_path).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path
     name = str(name_or_path)
     if name in EMBEDDED_MODELS and EMBEDDED_MODELS[name].kind != "lm":
-        raise ValueError(f"{name!r} is a {EMBEDDED_MODELS[name].kind} model, not a language model")
+        raise UnknownModelError(f"{name!r} is a {EMBEDDED_MODELS[name].kind} model, not a language model")
     if name in EMBEDDED_MODELS:
         return prepare(name)
-    raise ValueError(
+    raise UnknownModelError(
         f"unknown model {name!r}: not a directory containing config.json and not an embedded model "
         f"(known embedded models: {', '.join(sorted(EMBEDDED_MODELS))})"
     )

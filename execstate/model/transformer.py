@@ -21,6 +21,7 @@ from execstate.model.bf16_weights import linear_mixed, store_weights_bf16
 from execstate.model.config import ModelConfig
 from execstate.model.context import StepContext
 from execstate.model.decode_path import DecodeWeights, decode_layers
+from execstate.model.decoder_layer import DecoderLayer
 from execstate.model.layers import Attention, GatedMLP, Linear, RMSNorm
 from execstate.model.moe import SparseMoE
 from execstate.model.rotary import RotaryEmbedding
@@ -29,32 +30,11 @@ from execstate.model.rotary import RotaryEmbedding
 _KERNEL_MODULES = (Linear, RMSNorm, Attention, GatedMLP, SparseMoE)
 
 
-class DecoderLayer(nn.Module):
-    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; ``mlp`` is dense or MoE."""
-
-    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
-        super().__init__()
-        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.attn = Attention(config, layer_idx)
-        self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp: GatedMLP | SparseMoE
-        if layer_idx in config.moe_layers:
-            self.mlp = SparseMoE(config, config.moe_layers.index(layer_idx))
-        else:
-            self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                ctx: StepContext) -> torch.Tensor:
-        x = x + self.attn(self.input_norm(x), cos, sin, ctx)
-        h = self.post_attn_norm(x)
-        return x + (self.mlp(h, ctx) if isinstance(self.mlp, SparseMoE) else self.mlp(h))
-
-
 class CausalLM(nn.Module):
     """A causal LM built from a ``ModelConfig``; weights are uninitialised until loaded.
 
-    Build on the ``meta`` device and load with ``loader.load_model`` (or call
-    ``load_hf_weights``) to avoid initialising tensors that are then overwritten. All
+    Build on the ``meta`` device and load with ``loader.load_model`` (or
+    ``loader.load_hf_weights``) to avoid initialising tensors that are then overwritten. All
     parameters have ``requires_grad=False``.
     """
 
@@ -113,8 +93,10 @@ class CausalLM(nn.Module):
         if x.dtype is not self.norm.weight.dtype:  # bf16 weights: activations in the norms' dtype (fp32)
             x = x.to(self.norm.weight.dtype)
         cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
-        if self.kernels and (fast := decode_layers(self, x, cos, sin, ctx)) is not None:
-            return self.norm(fast)
+        if self.kernels:
+            fast = decode_layers(self.layers, self.decode_weights, x, cos, sin, ctx)
+            if fast is not None:
+                return self.norm(fast)
         for layer in self.layers:
             x = layer(x, cos, sin, ctx)
         return self.norm(x)
@@ -122,7 +104,7 @@ class CausalLM(nn.Module):
     def decode_weights(self) -> DecodeWeights:
         """The whole-layer decode path's checked weights (``model/decode_path.py``), built once."""
         if self._decode_weights is None:
-            self._decode_weights = DecodeWeights.build(self)
+            self._decode_weights = DecodeWeights.build(self.layers)
         return self._decode_weights
 
     def drop_decode_weights(self) -> None:
@@ -146,9 +128,3 @@ class CausalLM(nn.Module):
             if logits is not None:
                 return logits
         return linear_mixed(hidden, weight) if bf16 else F.linear(hidden, weight).float()
-
-    def load_hf_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Assign weights from an HF-named state dict; see ``loader.load_hf_weights``."""
-        from execstate.model.loader import load_hf_weights
-
-        load_hf_weights(self, state_dict)

@@ -16,8 +16,6 @@ stream stay fp32.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
@@ -25,13 +23,11 @@ from execstate.kernels.weight_format import WeightFormat
 from execstate.model.layers import Linear
 from execstate.model.moe import SparseMoE
 
-if TYPE_CHECKING:
-    from execstate.model.transformer import CausalLM
 
-
-def use_bf16_arithmetic(model: CausalLM) -> None:
-    """Put every matmul but the routers and shared-expert gates in ``BF16_DOT`` (see the module
-    docstring). The matrices must already be bf16 (``CausalLM.store_weights_bf16``)."""
+def use_bf16_arithmetic(model: nn.Module) -> None:
+    """Put every matmul of ``model`` (a ``CausalLM``: this module sits below ``transformer.py``)
+    but the routers and shared-expert gates in ``BF16_DOT`` (see the module docstring).
+    The matrices must already be bf16 (``CausalLM.store_weights_bf16``)."""
     gates = set()
     for module in model.modules():
         if isinstance(module, SparseMoE):

@@ -1,16 +1,16 @@
 """The OpenAI-compatible HTTP app: ``build_app(async_engine, served_model_name, ...)``.
 
-Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (see those modules),
-``/v1/sessions...`` (``sessions_http.py``: a minimal session API and session migration),
-the ``/v1/realtime`` WebSocket (``realtime.py``), the ``/v1/realtime/agent`` WebSocket
-(``agent_ws.py``: full-duplex agents), ``GET /v1/models``, ``GET /health`` (200
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``openai/``),
+``/v1/sessions...`` (``sessions/``: a minimal session API and session migration),
+the ``/v1/realtime`` WebSocket (``realtime/lm/``: LM sessions), the ``/v1/realtime/agent`` WebSocket
+(``realtime/agent/``: full-duplex agents), ``GET /v1/models``, ``GET /health`` (``health.py``: 200
 ``{"status": "ok"}``, 503 with the reason once the engine thread is dead), ``GET /metrics``
 (Prometheus text, this app's registry).
 Every error is an OpenAI error body (``errors.py``).
 
 ``limits`` (``ServingLimits``) bounds every request: the body size is checked by
 ``BodySizeLimitMiddleware`` before parsing (413), the fields by
-``limit_checks.check_limits`` (400), the waiting queue by the engine's admission
+``openai/limit_checks.check_limits`` (400), the waiting queue by the engine's admission
 control (429; its size is the ``AsyncEngine``'s ``max_waiting_requests`` argument,
 which ``serve`` sets from the same limits). Unknown request fields are ignored and
 named in the ``X-Ignored-Fields`` response header (comma-separated, percent-encoded, at
@@ -19,30 +19,40 @@ most ``MAX_IGNORED_LISTED``) and the log.
 The app does not own the engine: whoever built the ``AsyncEngine`` shuts it down.
 ``app.state.ctx`` (``ServeContext``) holds the engine, the served name, the metrics
 (``ctx.metrics.record_transfer`` for the PD layer) and the parsed ``--kv-transfer-config``.
+
+Trust (DESIGN 11, docs/security.md): ``keys`` (a ``KeyRing``: ``--api-key`` repeated,
+``--api-keys-file``) map API keys to tenants, and every surface resolves session ids in the
+caller's tenant's namespace; without keys the server is open (one local tenant). ``policy``
+bounds long-lived state (idle expiry of detached sessions, checkpoints per session, per-tenant
+quotas: ``serve_policy``); ``migration_targets`` is the ``--migration-targets`` allow-list. While
+the app runs, a sweep expires idle sessions and uncommitted hand-overs every ``sweep_interval``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from execstate.agent.backend import TaskLimits
 from execstate.engine.async_engine import AsyncEngine, EngineDeadError
-from execstate.serve.agent_ws import install_agent
 from execstate.serve.auth import APIKeyMiddleware
 from execstate.serve.body_limit import BodySizeLimitMiddleware
-from execstate.serve.chat import create_chat_completion
-from execstate.serve.completions import create_completion
 from execstate.serve.context import ServeContext
 from execstate.serve.errors import install_error_handlers
+from execstate.serve.health import health_response
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import EngineStats, ServingMetrics, read_engine_stats
-from execstate.serve.protocol import (
+from execstate.serve.openai.chat import create_chat_completion
+from execstate.serve.openai.completions import create_completion
+from execstate.serve.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelCard,
@@ -50,13 +60,31 @@ from execstate.serve.protocol import (
     SamplingRequest,
     ignored_fields,
 )
-from execstate.serve.realtime import DEFAULT_GRACE_S, install_realtime
-from execstate.serve.sessions_http import install_session_routes
+from execstate.serve.principals import KeyRing
+from execstate.serve.realtime.agent.endpoint import install_agent
+from execstate.serve.realtime.lm.endpoint import DEFAULT_GRACE_S, install_realtime
+from execstate.serve.sessions.handover import PEER_PATHS, IncomingHandovers
+from execstate.serve.sessions.routes import install_session_routes
+from execstate.serve.sessions.targets import MigrationTargets
+from execstate.serve.tenant_metrics import TenantMetrics
+from execstate.session.lm.async_sessions import AsyncSessions
+from execstate.session.runtime.manager import DEFAULT_MAX_CHECKPOINTS, SessionPolicy
+from execstate.state.quotas import Quotas
 from execstate.transfer.handoff import HandoffTrust
+from execstate.transfer.handover import DEFAULT_SKEW_S
 
 STATS_TIMEOUT_S = 5.0
 MAX_IGNORED_LISTED = 32
 IGNORED_FIELDS_HEADER = "X-Ignored-Fields"
+DEFAULT_IDLE_TTL_S = 600.0
+MAX_SWEEP_INTERVAL_S = 10.0
+
+
+def serve_policy(idle_ttl_s: float | None = DEFAULT_IDLE_TTL_S, max_checkpoints: int = DEFAULT_MAX_CHECKPOINTS,
+                 quotas: Quotas | None = None) -> SessionPolicy:
+    """A server's bounds on sessions: detached ones expire after ``idle_ttl_s`` (``--session-idle-ttl``),
+    ``max_checkpoints`` per session (``--max-session-checkpoints``), per-tenant ``quotas``."""
+    return SessionPolicy(max_checkpoints=max_checkpoints, idle_ttl_s=idle_ttl_s, quotas=quotas or Quotas())
 
 logger = logging.getLogger(__name__)
 
@@ -83,23 +111,43 @@ def build_app(
     handoff_trust: HandoffTrust | None = None,
     realtime_grace_s: float = DEFAULT_GRACE_S,
     agent_back_engine: AsyncEngine | None = None,
+    sessions: AsyncSessions | None = None,
+    keys: KeyRing | None = None,
+    policy: SessionPolicy | None = None,
+    migration_targets: MigrationTargets | list[str] | None = None,
+    migration_skew_s: float = DEFAULT_SKEW_S,
+    agent_task_limits: TaskLimits | None = None,
 ) -> FastAPI:
     """An app serving ``async_engine`` under ``served_model_name`` (the only accepted
     ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry,
     ``limits`` to ``ServingLimits()``; ``handoff_trust`` (PD decode side) decides which
     handoff parameters are accepted; ``realtime_grace_s`` how long a session of a dropped
-    ``/v1/realtime`` connection is kept for ``session.resume`` (``realtime.py``);
-    ``agent_back_engine`` serves the back-end model of ``/v1/realtime/agent`` agents (``agent_ws.py``;
-    default: ``async_engine`` at batch priority)."""
+    ``/v1/realtime`` connection is kept for ``session.resume`` (``realtime/lm/owners.py``);
+    ``agent_back_engine`` serves the back-end model of ``/v1/realtime/agent`` agents (``realtime/agent/``;
+    default: ``async_engine`` at batch priority); ``sessions``: the engine's ``AsyncSessions`` when
+    another app already serves sessions on ``async_engine`` (an engine has one), else a new one.
+    ``keys`` (or ``api_key``: one key, tenant ``default``), ``policy`` (default ``serve_policy()``)
+    and ``migration_targets``: the module docstring's trust settings; ``migration_skew_s``: the clock
+    skew allowed between instances (a hand-over's nonce is remembered this long past its expiry,
+    and a source resumes an unconfirmed hand-over only this long after it); ``agent_task_limits``:
+    each agent's back-end bounds (tool timeout, tasks at once)."""
     limits = limits or ServingLimits()
+    keys = keys if keys is not None else KeyRing.build([api_key] if api_key else [])
+    policy = policy or serve_policy()
+    targets = migration_targets if isinstance(migration_targets, MigrationTargets) else \
+        MigrationTargets.parse(migration_targets)
     ctx = ServeContext(async_engine, served_model_name, metrics or ServingMetrics(), kv_transfer_config, limits,
-                       handoff_trust=handoff_trust)
-    app = FastAPI(title="execstate", docs_url=None, redoc_url=None, openapi_url=None)
+                       handoff_trust=handoff_trust, shared_sessions=sessions, policy=policy)
+    tenant_metrics = TenantMetrics(ctx.metrics.registry, policy.quotas)
+    swept: list[IncomingHandovers] = []
+    app = FastAPI(title="execstate", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lambda app: _sweeping(ctx, swept, policy))
     app.state.ctx = ctx
+    app.state.keys = keys
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=limits.max_request_bytes)
-    if api_key:  # added last: runs first, so an unauthenticated body is never read
-        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    # added last: runs first, so an unauthenticated body is never read; it names every caller's tenant
+    app.add_middleware(APIKeyMiddleware, keys=keys, peer_paths=PEER_PATHS)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -110,7 +158,7 @@ def build_app(
         return _mark_ignored(await create_chat_completion(ctx, body, request), body)
 
     install_realtime(app, ctx, realtime_grace_s)
-    install_agent(app, ctx, agent_back_engine)  # /v1/realtime/agent: full-duplex agents
+    install_agent(app, ctx, agent_back_engine, agent_task_limits)  # /v1/realtime/agent: full-duplex agents
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -121,9 +169,7 @@ def build_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if async_engine.is_healthy:
-            return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "unhealthy", "error": str(async_engine.error)}, status_code=503)
+        return health_response(None if async_engine.is_healthy else str(async_engine.error))
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -134,7 +180,55 @@ def build_app(
             except (EngineDeadError, TimeoutError):
                 stats = None
         ctx.metrics.set_engine_stats(stats, async_engine.is_healthy)
+        await _tenant_usage(app, ctx, tenant_metrics)
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    install_session_routes(app, ctx, api_key)  # /v1/sessions...: minimal session API and migration
+    # /v1/sessions...: minimal session API, migration (sending) and hand-overs (receiving)
+    app.state.migrations, incoming = install_session_routes(app, ctx, targets, migration_skew_s)
+    swept.append(incoming)
     return app
+
+
+async def _tenant_usage(app: FastAPI, ctx: ServeContext, tenant_metrics: TenantMetrics) -> None:
+    """Per-tenant gauges from the LM sessions (engine thread) and the world sessions, if served."""
+    usage: dict[str, dict[str, int]] = {}
+    expired = None
+    if ctx.engine.is_healthy:
+        with contextlib.suppress(EngineDeadError, TimeoutError):
+            lm, expired = await asyncio.wait_for(ctx.sessions.usage(), STATS_TIMEOUT_S)
+            usage = {t: dict(c) for t, c in lm.items()}
+    world = getattr(app.state, "world", None)
+    if world is not None:
+        for tenant, n in world.host.usage().items():
+            usage.setdefault(tenant, {})["world_sessions"] = n
+    tenant_metrics.set(usage, expired)
+
+
+@contextlib.asynccontextmanager
+async def _sweeping(ctx: ServeContext, swept: list[IncomingHandovers], policy: SessionPolicy) -> AsyncIterator[None]:
+    """While the app runs: expire idle detached sessions and uncommitted hand-overs periodically."""
+    ttl = policy.idle_ttl_s
+    interval = MAX_SWEEP_INTERVAL_S if ttl is None else max(0.05, min(ttl / 4, MAX_SWEEP_INTERVAL_S))
+
+    async def sweep() -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if ctx.engine.is_healthy:
+                    gone = await ctx.sessions.expire_idle()
+                    if gone:
+                        logger.info("expired %d idle detached session(s) (--session-idle-ttl %g s)", len(gone), ttl)
+                for incoming in swept:
+                    await incoming.sweep()
+            except EngineDeadError:
+                return
+            except Exception:  # a sweep must never stop the server; the next one tries again
+                logger.exception("the periodic sweep of idle sessions failed")
+
+    task = asyncio.create_task(sweep(), name="execstate-sweep")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

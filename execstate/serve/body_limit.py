@@ -1,10 +1,15 @@
-"""Request body size limit (``--max-request-bytes``): 413 before the body is parsed.
+"""Request body bounds: size (``--max-request-bytes``: 413) and JSON depth (400), before parsing.
 
 A pure ASGI middleware. A body announced larger than the limit (``Content-Length``) is
 refused before any of it is read; a body without a length (chunked) is read up to the
 limit and refused as soon as it goes beyond. An accepted body is handed to the app
 from memory, exactly as received; later ``receive`` calls (the disconnect the app
 may wait for) go to the server as before. Only methods that carry a body are read.
+
+A JSON body (``Content-Type`` ``application/json``, ``...+json``, or none: FastAPI reads those as
+JSON) nested deeper than ``max_json_depth`` levels is refused with 400 (``code``
+``invalid_message``) before any decoder recurses through it (``json_depth.py``); other bodies (the
+msgpack of a session import) are not JSON and are not measured.
 """
 
 from __future__ import annotations
@@ -13,14 +18,16 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from execstate.serve.errors import OpenAIError, bad_request
+from execstate.serve.json_depth import MAX_JSON_DEPTH, depth_message, too_deep
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 class BodySizeLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, max_json_depth: int = MAX_JSON_DEPTH) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_json_depth = max_json_depth
 
     def _too_large(self, size: int | None) -> OpenAIError:
         told = f" ({size} bytes)" if size is not None else ""
@@ -55,7 +62,19 @@ class BodySizeLimitMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        await self.app(scope, _replay(b"".join(chunks), receive), send)
+        body = b"".join(chunks)
+        depth = too_deep(body, self.max_json_depth) if _is_json(scope) else None
+        if depth is not None:
+            err = OpenAIError(400, f"malformed JSON body: {depth_message(depth, self.max_json_depth)}",
+                              code="invalid_message")
+            await err.response()(scope, receive, send)
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+
+def _is_json(scope: Scope) -> bool:
+    kind = Headers(scope=scope).get("content-type", "").split(";", 1)[0].strip().lower()
+    return not kind or kind == "application/json" or kind.endswith("+json")
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -12,7 +12,7 @@ import asyncio
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, TypeVar
 
 from execstate.engine.async_engine import Admission, AsyncEngine, EngineDeadError, EngineOverloadedError
@@ -22,6 +22,8 @@ from execstate.serve.errors import OpenAIError, bad_request, param_of
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import ServingMetrics
+from execstate.session.lm.async_sessions import AsyncSessions
+from execstate.session.runtime.manager import SessionPolicy
 from execstate.transfer.handoff import Handoff, HandoffError, HandoffTrust, wants_remote_prefill
 
 T = TypeVar("T")
@@ -43,6 +45,12 @@ class ServeContext:
     limits: ServingLimits = field(default_factory=ServingLimits)
     workers: ThreadPoolExecutor = field(default_factory=_prompt_workers)
     handoff_trust: HandoffTrust | None = None
+    sessions: AsyncSessions = field(init=False)  # the engine's LM sessions, shared by every surface
+    shared_sessions: InitVar[AsyncSessions | None] = None  # the engine's, when another app serves it too
+    policy: InitVar[SessionPolicy | None] = None  # bounds on the sessions (idle expiry, quotas, checkpoints)
+
+    def __post_init__(self, shared_sessions: AsyncSessions | None, policy: SessionPolicy | None) -> None:
+        object.__setattr__(self, "sessions", shared_sessions or AsyncSessions(self.engine, policy))
 
     def check_request(self, model: str) -> None:
         """404 unless ``model`` is the served name; 503 if the engine is dead."""

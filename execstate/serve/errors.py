@@ -15,11 +15,21 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from execstate.serve.protocol import ErrorInfo, ErrorResponse
-
 _TYPES = {s: "invalid_request_error" for s in (400, 401, 404, 413, 429)}
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
 
 
 class OpenAIError(Exception):

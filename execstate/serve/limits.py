@@ -6,7 +6,7 @@ one. Where each is enforced, before the request can cost the engine anything:
 
 - ``max_request_bytes``: ``BodySizeLimitMiddleware``, 413 before the body is parsed.
 - ``max_n``, ``max_logprobs``, ``max_prompts_per_request``, ``max_stop_strings``,
-  ``max_stop_string_length``, ``max_stop_token_ids``: ``limit_checks.check_limits``,
+  ``max_stop_string_length``, ``max_stop_token_ids``: ``openai/limit_checks.check_limits``,
   400 naming the parameter and the option, before tokenisation.
 - ``max_waiting_requests``: the ``AsyncEngine``'s admission control (``serve`` builds it
   with this value), 429 with ``Retry-After`` when the waiting queue is full; 400 for one

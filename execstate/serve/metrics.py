@@ -6,7 +6,8 @@ at scrape time. Request-level series are recorded by the serving layer as output
 arrive: ``RequestTimer`` measures TTFT (request arrival at the server -> first token)
 and ITL (gap between consecutive tokens; a gap that brought k tokens counts as k gaps
 of gap/k). The PD layer reports transfers with
-``record_transfer(num_bytes, ok, control_bytes, seconds)``.
+``record_transfer(num_bytes, ok, control_bytes, seconds)``. The offload tiers' series
+(``execstate_offload_*``, per tier) come from the same snapshot (``serve/tier_metrics.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.outputs import RequestOutput
+from execstate.serve.tier_metrics import OffloadCollector
+from execstate.state.tiers.stats import TierSnapshot
 
 PREFIX = "execstate"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -31,6 +34,7 @@ class EngineStats:
     kv_blocks_used: int
     kv_blocks_total: int
     prefix_cache_hit_rate: float
+    offload: tuple[TierSnapshot, ...] = ()
 
 
 def read_engine_stats(engine: LLMEngine) -> EngineStats:
@@ -41,14 +45,19 @@ def read_engine_stats(engine: LLMEngine) -> EngineStats:
         kv_blocks_used=engine.block_pool.num_used,
         kv_blocks_total=engine.block_pool.num_blocks,
         prefix_cache_hit_rate=engine.kv_manager.prefix_hit_rate,
+        offload=tuple(engine.offload.snapshot()) if engine.offload is not None else (),
     )
 
 
 class ServingMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.num_requests_running = Gauge(f"{PREFIX}_num_requests_running", "Requests running in the engine", registry=r)
-        self.num_requests_waiting = Gauge(f"{PREFIX}_num_requests_waiting", "Requests waiting to be scheduled", registry=r)
+        self.num_requests_running = Gauge(
+            f"{PREFIX}_num_requests_running", "Requests running in the engine", registry=r
+        )
+        self.num_requests_waiting = Gauge(
+            f"{PREFIX}_num_requests_waiting", "Requests waiting to be scheduled", registry=r
+        )
         self.kv_blocks_used = Gauge(f"{PREFIX}_kv_blocks_used", "KV blocks referenced by requests", registry=r)
         self.kv_blocks_total = Gauge(f"{PREFIX}_kv_blocks_total", "KV blocks in the pool", registry=r)
         self.prefix_cache_hit_rate = Gauge(
@@ -77,6 +86,8 @@ class ServingMetrics:
             f"{PREFIX}_inter_token_latency_seconds", "Gap between consecutive tokens", buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.offload = OffloadCollector()
+        r.register(self.offload)
 
     def record_transfer(self, num_bytes: int, ok: bool, control_bytes: int = 0, seconds: float = 0.0) -> None:
         """Called by the PD connector once per finished transfer (bytes actually moved)."""
@@ -97,6 +108,7 @@ class ServingMetrics:
         self.kv_blocks_used.set(stats.kv_blocks_used)
         self.kv_blocks_total.set(stats.kv_blocks_total)
         self.prefix_cache_hit_rate.set(stats.prefix_cache_hit_rate)
+        self.offload.update(stats.offload)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -15,7 +15,7 @@ Start-up order (``run_server``):
    limits, PD role, ...);
    ``serve_until_engine_dies``; on exit the engine thread is shut down.
    With ``--agent-back-model``, a second engine (same flags, that model) serves the agents'
-   back-end model (``/v1/realtime/agent``, ``agent_ws.py``); it is shut down with the first.
+   back-end model (``/v1/realtime/agent``, ``realtime/agent/``); it is shut down with the first.
 
 Exit status: 1 when the engine stopped serving (a crash, or a failed step that left
 shared state corrupt): ``/health`` has answered 503 with the reason meanwhile, the
@@ -34,25 +34,33 @@ import time
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
+from execstate.agent.backend import TaskLimits
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import ServingMetrics
+from execstate.serve.principals import keys_from_args
+from execstate.session.runtime.manager import SessionPolicy
+from execstate.state.quotas import KINDS, Quotas
 from execstate.transfer.handoff import HandoffTrust
 
 if TYPE_CHECKING:
     import uvicorn
 
+    from execstate.engine.pd_connector import ImporterFactory
+
 logger = logging.getLogger(__name__)
 
 
 def attach_kv_connector(
-    async_engine: AsyncEngine, kv_cfg: KVTransferConfig, metrics: ServingMetrics | None = None
+    async_engine: AsyncEngine, kv_cfg: KVTransferConfig, metrics: ServingMetrics | None = None,
+    make_importer: ImporterFactory | None = None,
 ) -> HandoffTrust | None:
     """Install the PD connector described by ``kv_cfg`` on the engine; returns the handoff
     trust policy the HTTP layer checks incoming handoffs with (``None`` unless a consumer).
+    ``make_importer``: the connector's importer (``LLMEngine.attach_pd``; None: the real one).
 
     Called once at start-up, after the engine thread started and before any request;
     the connector is built on the engine thread (``async_engine.call``). Keys read from
@@ -60,8 +68,10 @@ def attach_kv_connector(
     (the control channel, default 127.0.0.1 and a free port), ``max_inflight_transfers``
     (default 64: exports pinned on P, loads in flight on D), ``max_transfer_bytes``,
     ``transfer_ttl_s`` (default 60: how long P keeps an export D never released),
-    ``transfer_timeout_s``, ``kv_secret`` (the handoff HMAC secret; default
-    ``$EXECSTATE_KV_SECRET``), ``allowed_prefill_engines`` (engine id -> ``tcp://host:port``),
+    ``transfer_timeout_s``, ``kv_secret`` (the handoff and migration HMAC secret; default
+    ``$EXECSTATE_KV_SECRET``), ``kv_secret_previous`` (a list: secrets still accepted during a
+    rotation; default ``$EXECSTATE_KV_SECRET_PREVIOUS``, comma-separated),
+    ``allowed_prefill_engines`` (engine id -> ``tcp://host:port``: PD KV handoffs only),
     ``max_fenced_blocks`` (default a quarter of the KV pool). Unknown extra keys are rejected.
     """
     from execstate.engine.pd_connector import PDConfig
@@ -75,6 +85,7 @@ def attach_kv_connector(
         "transfer_ttl_s": "ttl_s",
         "transfer_timeout_s": "timeout_s",
         "kv_secret": "secret",
+        "kv_secret_previous": "previous_secrets",
         "allowed_prefill_engines": "allowed_prefill",
         "max_fenced_blocks": "max_fenced_blocks",
     }
@@ -90,7 +101,7 @@ def attach_kv_connector(
     )
 
     def attach(engine: LLMEngine) -> HandoffTrust | None:
-        connector = engine.attach_pd(cfg)
+        connector = engine.attach_pd(cfg, make_importer)
         if metrics is not None:
             connector.on_transfer = metrics.record_transfer
         return connector.trust if connector.is_consumer else None
@@ -116,7 +127,26 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_sessions=args.max_sessions,
         session_eviction=None if args.session_eviction == "none" else args.session_eviction,
         max_session_events=args.max_session_events,
+        max_session_checkpoints=getattr(args, "max_session_checkpoints", 64),
+        offload_dram_bytes=args.offload_dram,
+        offload_disk_dir=args.offload_disk_dir,
+        offload_disk_bytes=args.offload_disk_bytes,
+        offload_redis_url=args.offload_redis_url,
+        offload_redis_bytes=args.offload_redis_bytes,
+        offload_policy=args.offload_policy,
+        offload_timeout_s=args.offload_timeout,
     )
+
+
+def quotas_from_args(args: argparse.Namespace) -> Quotas:
+    return Quotas(**{kind: getattr(args, f"tenant_max_{kind}", None) for kind in KINDS})
+
+
+def policy_from_args(args: argparse.Namespace) -> SessionPolicy:
+    from execstate.serve.app import DEFAULT_IDLE_TTL_S, serve_policy
+
+    return serve_policy(getattr(args, "session_idle_ttl", DEFAULT_IDLE_TTL_S),
+                        getattr(args, "max_session_checkpoints", 64), quotas_from_args(args))
 
 
 def limits_from_args(args: argparse.Namespace) -> ServingLimits:
@@ -141,20 +171,27 @@ def serve_until_engine_dies(server: uvicorn.Server, async_engine: AsyncEngine) -
     return 1 if died.is_set() or not async_engine.is_healthy else 0
 
 
-def run_server(args: argparse.Namespace) -> int:
+def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None = None) -> int:
+    """``execstate serve`` (module docstring). ``make_importer``: the PD connector's importer
+    (None: the real one; ``bench/faulty_serve.py`` passes a fault-injecting one)."""
     import uvicorn
 
     from execstate.serve.app import build_app
-    from execstate.serve.realtime import MAX_FRAME_BYTES
+    from execstate.serve.landing import install_landing
+    from execstate.serve.realtime.limits import MAX_FRAME_BYTES
     from execstate.serve.startup_log import StartupInfo, log_startup
 
     if args.model is None:  # execstate serve --world: world sessions only
-        from execstate.serve.world_server import run_world_server
+        from execstate.serve.realtime.world.app import run_world_server
 
         return run_world_server(args)
     t0 = time.perf_counter()
     kv_cfg = KVTransferConfig.from_json(args.kv_transfer_config) if args.kv_transfer_config else None
     limits = limits_from_args(args)
+    keys, policy = keys_from_args(args), policy_from_args(args)  # bad keys or targets fail before the model loads
+    from execstate.serve.sessions.targets import MigrationTargets
+
+    targets = MigrationTargets.parse(getattr(args, "migration_targets", None))
     async_engine = AsyncEngine(LLMEngine(engine_config_from_args(args)), limits.max_waiting_requests)
     back_engine = None
     world_host = None
@@ -163,20 +200,33 @@ def run_server(args: argparse.Namespace) -> int:
             back_cfg = dataclasses.replace(engine_config_from_args(args), model=args.agent_back_model)
             back_engine = AsyncEngine(LLMEngine(back_cfg), limits.max_waiting_requests)
         metrics = ServingMetrics()
-        trust = attach_kv_connector(async_engine, kv_cfg, metrics) if kv_cfg is not None else None
+        trust = attach_kv_connector(async_engine, kv_cfg, metrics, make_importer) if kv_cfg is not None else None
         name = args.served_model_name or str(args.model)
         app = build_app(
-            async_engine, name, api_key=args.api_key, metrics=metrics, kv_transfer_config=kv_cfg, limits=limits,
-            handoff_trust=trust, realtime_grace_s=args.realtime_grace_s, agent_back_engine=back_engine,
+            async_engine,
+            name,
+            metrics=metrics,
+            kv_transfer_config=kv_cfg,
+            limits=limits,
+            handoff_trust=trust,
+            realtime_grace_s=args.realtime_grace_s,
+            agent_back_engine=back_engine,
+            keys=keys,
+            policy=policy,
+            migration_targets=targets,
+            migration_skew_s=getattr(args, "migration_skew_s", 30.0),
+            agent_task_limits=TaskLimits(args.agent_tool_timeout_s, args.agent_max_tasks),
         )
         if args.world is not None:  # the world endpoints on the same app (serve --world)
-            from execstate.serve.world_server import world_host_from_args
-            from execstate.serve.world_ws import install_world
+            from execstate.serve.realtime.world.app import world_host_from_args
+            from execstate.serve.realtime.world.endpoint import install_world
 
             world_host = world_host_from_args(args)
             install_world(app, world_host)
+        install_landing(app)  # after every surface: it lists them
         elapsed = time.perf_counter() - t0  # read on the engine thread, the engine's only user:
-        async_engine.call(lambda engine: log_startup(StartupInfo(engine, args, kv_cfg, elapsed, limits)))
+        async_engine.call(lambda engine: log_startup(StartupInfo(engine, args, kv_cfg, elapsed, limits, keys, policy,
+                                                                 targets.describe())))
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                                                ws_max_size=MAX_FRAME_BYTES))
         return serve_until_engine_dies(server, async_engine)

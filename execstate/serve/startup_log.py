@@ -5,7 +5,8 @@
 Adding a line is one edit: append ``(label, fn)`` to ``FIELDS``, where ``fn(info)`` returns
 the value as text (``StartupInfo`` gives the engine, the parsed CLI arguments, the PD
 config and the start-up time). Values come from what was actually built (the engine's
-config, pool and model), not from the flags alone. The API key itself is never logged.
+config, pool and model), not from the flags alone. API keys are never logged (tenant names are);
+a server without any key is open to whoever can reach it, which is logged again as a WARNING.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from execstate.serve.limits import ServingLimits, option_name
 if TYPE_CHECKING:
     from execstate.engine.llm_engine import LLMEngine
     from execstate.serve.kv_transfer_config import KVTransferConfig
+    from execstate.serve.principals import KeyRing
+    from execstate.session.runtime.manager import SessionPolicy
 
 log = logging.getLogger("execstate.serve.startup")
 
@@ -35,6 +38,35 @@ class StartupInfo:
     kv_transfer_config: KVTransferConfig | None
     startup_seconds: float  # from run_server's start to the app being built
     limits: ServingLimits | None = None  # the request limits the app enforces
+    keys: KeyRing | None = None  # the API keys' tenants (None: not given)
+    policy: SessionPolicy | None = None  # idle expiry, checkpoints per session, quotas
+    migration_targets: tuple[str, ...] = ()  # where sessions may migrate (``MigrationTargets.describe()``)
+
+OPEN_WARNING = ("NO API KEY: this server is open. Anyone who can reach it can use, read and close every "
+                "session; give --api-key or --api-keys-file (docs/security.md)")
+
+
+def auth_line(i: StartupInfo) -> str:
+    if i.keys is None or i.keys.open:
+        return f"OFF - {OPEN_WARNING}"
+    return f"required; tenants: {', '.join(i.keys.tenants)}"
+
+
+def tenancy_line(i: StartupInfo) -> str:
+    p = i.policy
+    if p is None:
+        return "n/a"
+    ttl = "never expire" if p.idle_ttl_s is None else f"expire after {p.idle_ttl_s:g} s idle"
+    quotas = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in vars(p.quotas).items() if v is not None)
+    return (f"detached sessions {ttl}; {p.max_checkpoints} checkpoints per session; per-tenant "
+            f"quotas: {quotas or 'none'}")
+
+
+def migration_line(i: StartupInfo) -> str:
+    t = i.migration_targets
+    if not t:
+        return "off (no --migration-targets)"
+    return "to " + ", ".join(t)
 
 
 def _mib(n: int) -> str:
@@ -118,11 +150,37 @@ def pd_line(i: StartupInfo) -> str:
     return ", ".join(parts)
 
 
+def offload_line(i: StartupInfo) -> str:
+    """The offload tiers (a Redis URL without its credentials)."""
+    off = i.engine.offload
+    if off is None:
+        return "off"
+    gib = 1 << 30
+    parts = [f"{t.name} {t.capacity_bytes / gib:.1f} GiB" for t in off.snapshot()]
+    cfg = i.engine.config
+    if cfg.offload_disk_dir is not None:
+        parts.append(f"disk dir {cfg.offload_disk_dir}")
+    if cfg.offload_redis_url is not None:
+        url = cfg.offload_redis_url
+        parts.append(f"redis {url.split('://', 1)[0]}://{url.rsplit('@', 1)[-1].split('://', 1)[-1]}")
+    parts.append(f"policy {cfg.offload_policy}, timeout {cfg.offload_timeout_s:g} s")
+    return ", ".join(parts)
+
+
 def sessions_line(info: StartupInfo) -> str:
     cfg = info.engine.config
     return (f"at most {cfg.max_sessions} (eviction: {cfg.session_eviction or 'none'}), {cfg.max_session_events} "
             f"pending events each; /v1/realtime keeps a dropped connection's sessions "
             f"{info.args.realtime_grace_s:g} s")
+
+
+def world_line(info: StartupInfo) -> str:
+    """``serve MODEL --world``: the world endpoints on the same server (``serve/realtime/world/app.py``)."""
+    a = info.args
+    if getattr(a, "world", None) is None:
+        return "off"
+    return (f"/v1/realtime/video and /world: world model {a.world}, at most {a.world_max_sessions} sessions, "
+            f"default fps {a.world_fps:g}, at most {a.world_max_frames} frames a session")
 
 
 def agents_line(info: StartupInfo) -> str:
@@ -142,6 +200,7 @@ FIELDS: list[tuple[str, Callable[[StartupInfo], str]]] = [
     ("max_num_seqs", lambda i: str(i.engine.config.max_num_seqs)),
     ("max_num_batched_tokens", lambda i: str(i.engine.config.max_num_batched_tokens)),
     ("prefix caching", lambda i: "on" if i.engine.config.enable_prefix_caching else "off"),
+    ("offload tiers", offload_line),
     ("weights version", lambda i: i.engine.provenance.weights_version),
     ("waiting queue", waiting_line),
     ("request limits", limits_line),
@@ -149,9 +208,12 @@ FIELDS: list[tuple[str, Callable[[StartupInfo], str]]] = [
     ("PD role", pd_line),
     ("served name", lambda i: i.args.served_model_name or str(i.args.model)),
     ("listening on", lambda i: f"http://{i.args.host}:{i.args.port}"),
-    ("API key", lambda i: "required" if i.args.api_key else "off"),
+    ("API keys", auth_line),
+    ("tenancy", tenancy_line),
+    ("migration", migration_line),
     ("sessions", lambda i: sessions_line(i)),
     ("agents", agents_line),
+    ("world", world_line),
     ("start-up", lambda i: f"{i.startup_seconds:.1f} s (engine {i.engine.startup_seconds:.1f} s)"),
 ]
 
@@ -160,11 +222,17 @@ def startup_lines(info: StartupInfo) -> list[tuple[str, str]]:
     return [(label, fn(info)) for label, fn in FIELDS]
 
 
-def format_startup(info: StartupInfo) -> str:
-    lines = startup_lines(info)
+def format_block(lines: list[tuple[str, str]], title: str = "execstate serve ready") -> str:
+    """``title``, then one ``label  value`` line each, the values aligned (``serve --world`` uses it too)."""
     width = max(len(label) for label, _ in lines)
-    return "execstate serve ready\n" + "\n".join(f"  {label:<{width}}  {value}" for label, value in lines)
+    return title + "\n" + "\n".join(f"  {label:<{width}}  {value}" for label, value in lines)
+
+
+def format_startup(info: StartupInfo) -> str:
+    return format_block(startup_lines(info))
 
 
 def log_startup(info: StartupInfo) -> None:
     log.info("%s", format_startup(info))
+    if info.keys is not None and info.keys.open:
+        log.warning("%s", OPEN_WARNING)

@@ -1,82 +1,13 @@
-"""The offline LM session API (``LLM.open_session``), one call per operation::
+"""Deprecated path: moved to ``execstate.session.lm.offline`` (issue 18); this shim goes in the next release."""
 
-    s = llm.open_session(sampling_params=SamplingParams(temperature=0.8, seed=1))
-    r = s.step([1, 2, 3] or "text", max_tokens=16)    # -> StepResult
-    s.token_ids, s.routed_experts                       # the whole context, its route rows
-    s.submit_event(event_id=7, kind="input", data={"token_ids": [4, 5]})   # applied at the next step
-    cp = s.checkpoint(); s.rollback(cp); f = s.fork(cp)  # fork(None): at the current step
-    s.reset(); s.close()
-    s2 = s.migrate(other_llm)                            # session/migration.py; s is closed then
+from execstate.session._moved import moved
+from execstate.session.lm.offline import (  # noqa: F401
+    Checkpoint,
+    Session,
+    SessionEventError,
+    StepResult,
+)
 
-``step`` drives ``engine.step()`` until the step's request finished; other requests in the engine
-progress in the same steps (their outputs go to ``on_output`` when given). A refused call raises
-:class:`SessionEventError` (``.code``: see ``session/lm_sessions.py``); a failed step raises it
-with code ``failed`` and leaves the session FAILED (only ``reset`` and ``close`` work then).
-Rules of the state machine, checkpoints and forks: ``session/runtime.py``; of events:
-``session/events.py`` and ``session/lm_events.py``.
+__all__ = ['Checkpoint', 'Session', 'SessionEventError', 'StepResult']
 
-A ``Session`` is also a context manager that closes it. Not thread-safe (like ``LLM``).
-"""
-
-from __future__ import annotations
-
-from collections.abc import Callable
-from typing import Any
-
-import numpy as np
-
-from execstate.engine.outputs import RequestOutput
-from execstate.session.events import SessionEventError
-from execstate.session.handle import SessionHandle
-from execstate.session.lm_sessions import LMSessions, SessionInfo
-from execstate.session.lm_step import StepResult
-from execstate.session.runtime import Checkpoint
-
-__all__ = ["Checkpoint", "Session", "SessionEventError", "StepResult"]
-
-
-class Session(SessionHandle):
-    """An LM session (``LLM.open_session``): the shared handle (``handle.py``) plus the context's
-    tokens and routes, ``step`` and ``migrate``."""
-
-    _sessions: LMSessions
-
-    # -- state ------------------------------------------------------------------------------------
-    @property
-    def token_ids(self) -> list[int]:
-        """The whole context so far (inputs and outputs, in order)."""
-        return self._sessions.token_ids(self.session_id)
-
-    @property
-    def routed_experts(self) -> np.ndarray | None:
-        """int16 ``[len(token_ids) - 1, n_moe_layers, top_k]`` (vLLM layout); None without R3."""
-        return self._sessions.routed_experts(self.session_id)
-
-    def info(self) -> SessionInfo:
-        return self._sessions.info(self.session_id)
-
-    # -- operations --------------------------------------------------------------------------------
-    def step(self, input: list[int] | str | None = None, max_tokens: int | None = None, reprefill: bool = False,
-             on_output: Callable[[RequestOutput], None] | None = None) -> StepResult:
-        """Append ``input`` (an ``input`` event with the next id) and the pending events, then
-        generate up to ``max_tokens`` tokens (None: the session's ``SamplingParams.max_tokens``)."""
-        handle = self._sessions.start_step(self.session_id, input, max_tokens, reprefill)
-        engine = self._sessions.engine
-        while not handle.done:
-            if not engine.has_unfinished_requests():
-                raise RuntimeError(f"the engine lost step {handle.step_index} of session {self.session_id!r}")
-            for out in engine.step():
-                if out.request_id != handle.request_id and on_output is not None:
-                    on_output(out)
-        if handle.error is not None:
-            raise handle.error
-        assert handle.result is not None
-        return handle.result
-
-    def migrate(self, target: Any, timeout_s: float = 30.0) -> Session:
-        """Move this session to ``target`` (an ``LLM`` or ``LLMEngine`` in this process; both need
-        PD connectors: ``session/migration.py``) and return its handle there (same id); this one
-        is closed. ``MigrationError`` leaves this session as it was, serving."""
-        from execstate.session.migration import migrate_session
-
-        return migrate_session(self, target, timeout_s).session
+moved("execstate.session.offline", "execstate.session.lm.offline")

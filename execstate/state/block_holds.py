@@ -34,7 +34,7 @@ from execstate.identity.keys import BlockKey
 from execstate.state.block_pool import BlockId, BlockPool
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class HeldBlocks:
     """The KV of a prefix of some owner's tokens.
 
@@ -112,6 +112,11 @@ class BlockHolds:
     def set_reclaimer(self, fn: Callable[[], bool] | None) -> None:
         """``fn()`` releases some holds (e.g. evicts an idle session) and says whether it did."""
         self._reclaimer = fn
+
+    @property
+    def has_reclaimer(self) -> bool:
+        """Whether an owner installed its reclaimer (the holds have one owner)."""
+        return self._reclaimer is not None
 
     def reclaim(self) -> bool:
         """Ask the owner of the holds to give some back; True if it released anything."""

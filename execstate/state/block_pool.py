@@ -54,6 +54,10 @@ class BlockPool:
     pool's state is fully updated (so the callback may inspect the pool), in eviction order; an
     exception from it propagates (the pool is already consistent). The route store's
     ``on_block_evicted`` is the intended subscriber.
+
+    A write-back (:meth:`set_write_back`, the offload tiers) is called the same way, with the
+    block id too, *before* ``on_evict`` (the route record is still there) and before
+    :meth:`allocate` returns (the slot still holds the evicted unit's KV: nobody has written it).
     """
 
     def __init__(self, num_blocks: int, on_evict: Callable[[BlockKey], None] | None = None) -> None:
@@ -63,6 +67,7 @@ class BlockPool:
         self._free: OrderedDict[BlockId, None] = OrderedDict.fromkeys(BlockId(i) for i in range(num_blocks))
         self._cached: dict[BlockKey, BlockId] = {}
         self._on_evict = on_evict
+        self._write_back: Callable[[BlockId, BlockKey], None] | None = None
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -106,6 +111,11 @@ class BlockPool:
 
     # -- mutations -------------------------------------------------------------------------------
 
+    def set_write_back(self, fn: Callable[[BlockId, BlockKey], None] | None) -> None:
+        """Call ``fn(block_id, key)`` for each cached block :meth:`allocate` reuses (see the class
+        docstring); ``None`` removes it. ``on_evict`` still runs if ``fn`` raises."""
+        self._write_back = fn
+
     def allocate(self, n: int) -> list[BlockId]:
         """Take ``n`` blocks from the front of the free queue (least recently freed first).
 
@@ -118,19 +128,24 @@ class BlockPool:
         if n > len(self._free):
             raise NoFreeBlocks(n, len(self._free))
         taken: list[BlockId] = []
-        evicted: list[BlockKey] = []
+        evicted: list[tuple[BlockId, BlockKey]] = []
         for _ in range(n):
             block_id, _ = self._free.popitem(last=False)
             block = self._blocks[block_id]
             if block.key is not None:
                 del self._cached[block.key]
-                evicted.append(block.key)
+                evicted.append((block_id, block.key))
                 block.key = None
             block.ref_count = 1
             taken.append(block_id)
-        if self._on_evict is not None:
-            for key in evicted:
-                self._on_evict(key)
+        try:
+            if self._write_back is not None:
+                for block_id, key in evicted:
+                    self._write_back(block_id, key)
+        finally:
+            if self._on_evict is not None:
+                for _, key in evicted:
+                    self._on_evict(key)
         return taken
 
     def acquire(self, block_ids: Iterable[BlockId]) -> None:

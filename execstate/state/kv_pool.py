@@ -74,6 +74,42 @@ class KVPool:
     def block_slots(self, block_id: int) -> slice:
         return slice(block_id * self.block_size, (block_id + 1) * self.block_size)
 
+    def unit_nbytes(self) -> int:
+        """Bytes of one block's K and V in every layer (an offload unit's KV, ``export_block``)."""
+        return 2 * self.num_layers * self.block_size * self.k[0, 0].numel() * self.k.element_size()
+
+    def export_block(self, block_id: int, out: np.ndarray) -> None:
+        """Copy block ``block_id``'s K/V into ``out`` (``uint8[unit_nbytes()]``) in the checksum
+        order of ``transfer.checks.block_checksums``: K then V of layer 0, K then V of layer 1, ..."""
+        kb, vb = self._byte_views()
+        s = self.block_slots(self._check_block(block_id))
+        dst = out.reshape(self.num_layers, 2, self.block_size, kb.shape[-1])
+        dst[:, 0] = kb[:, s]
+        dst[:, 1] = vb[:, s]
+
+    def import_block(self, block_id: int, src: np.ndarray | memoryview | bytes) -> None:
+        """Copy a unit's KV bytes (the layout of ``export_block``) into block ``block_id``, in place."""
+        kb, vb = self._byte_views()
+        s = self.block_slots(self._check_block(block_id))
+        arr = np.frombuffer(src, dtype=np.uint8)
+        if arr.size != self.unit_nbytes():
+            raise ValueError(f"a unit of {arr.size} bytes for blocks of {self.unit_nbytes()}")
+        src4 = arr.reshape(self.num_layers, 2, self.block_size, kb.shape[-1])
+        kb[:, s] = src4[:, 0]
+        vb[:, s] = src4[:, 1]
+
+    def _check_block(self, block_id: int) -> int:
+        if isinstance(block_id, bool) or not isinstance(block_id, int) or not 0 <= block_id < self.num_blocks:
+            raise ValueError(f"invalid block id {block_id!r} for a pool of {self.num_blocks}")
+        return block_id
+
+    def _byte_views(self) -> tuple[np.ndarray, np.ndarray]:
+        """``uint8 [num_layers, num_blocks * block_size, row bytes]`` views of K and V (zero-copy)."""
+        if self.k.device.type != "cpu":
+            raise ValueError("block export/import needs a CPU KV pool")
+        shape = (self.num_layers, self.k.shape[1], -1)
+        return self.k.view(torch.uint8).numpy().reshape(shape), self.v.view(torch.uint8).numpy().reshape(shape)
+
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: block ``src``'s K/V in every layer into block ``dst``, for each pair, in
         place (one block-sized slice per layer and tensor; the source is only read)."""

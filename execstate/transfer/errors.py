@@ -32,6 +32,7 @@ class ErrorCode(Enum):
     CHECKSUM_MISMATCH = "checksum_mismatch"  # received bytes differ from the source's checksum
     BULK = "bulk"  # the bulk channel (NIXL) reported an error
     LIMIT = "limit"  # source in-flight count / snapshot bytes limit reached
+    BAD_SIGNATURE = "bad_signature"  # an offload unit not signed with this engine's secret
 
 
 class TransferError(RuntimeError):

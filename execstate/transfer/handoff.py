@@ -19,8 +19,10 @@ address a client invented, so it accepts a handoff only when
 
 Anything else raises :class:`HandoffError` (a ``ValueError``: a 400 over HTTP, decided before the
 request reaches the engine). The secret comes from a config value or the environment variable
-``EXECSTATE_KV_SECRET`` (:func:`resolve_secret`); it must be at least 16 bytes. Key rotation is
-out of scope: change the secret on P, D and the proxy together.
+``EXECSTATE_KV_SECRET`` (:func:`resolve_secret`); it must be at least 16 bytes. Rotation
+(``transfer/secrets.py``): a :class:`HandoffTrust` holds a ``SecretRing``, so during a rotation a
+handoff signed with the previous secret (``EXECSTATE_KV_SECRET_PREVIOUS``) is still accepted;
+P signs with the current one.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from execstate.transfer.secrets import SecretRing
 
 SECRET_ENV = "EXECSTATE_KV_SECRET"
 MIN_SECRET_BYTES = 16
@@ -141,10 +145,15 @@ class HandoffTrust:
     ``block_size``: when set, a handoff for another block size is refused (D's own).
     """
 
-    secret: bytes | None = field(default=None, repr=False)
+    secret: SecretRing | bytes | None = field(default=None, repr=False)
     allowed: Mapping[str, str] = field(default_factory=dict)
     block_size: int | None = None
     clock: Callable[[], float] = time.time
+
+    def _verifies(self, h: Handoff, signature: object) -> bool:
+        ring = self.secret if isinstance(self.secret, SecretRing) or self.secret is None else SecretRing(self.secret)
+        assert ring is not None
+        return ring.verify(b"", h.canonical(), signature)  # canonical() starts with the domain tag
 
     def accept(self, params: Mapping[str, Any]) -> Handoff:
         """The trusted :class:`Handoff` of ``params`` (``do_remote_prefill`` true), or :class:`HandoffError`."""
@@ -157,7 +166,7 @@ class HandoffTrust:
             if self.secret is None:
                 raise HandoffError("signed kv_transfer_params but this instance has no handoff secret "
                                    f"(set {SECRET_ENV} or kv_secret)")
-            if not isinstance(signature, str) or not hmac.compare_digest(signature, h.sign(self.secret)):
+            if not self._verifies(h, signature):
                 raise HandoffError("kv_transfer_params signature does not match (tampered, or another secret)")
         elif listed is None:
             raise HandoffError(

@@ -14,7 +14,7 @@ every later block is garbage and must be recomputed (policy ``recompute``) or th
 (policy ``fail``). ``routes`` covers exactly the verified tokens and came with that KV.
 
 :meth:`KVImporter.release` sends only the ``Release`` (the receiver had every block already). Test
-doubles (``transfer/faults.py``) override :meth:`KVImporter._fetch_manifest` and
+doubles (``bench/faults.py``) override :meth:`KVImporter._fetch_manifest` and
 :meth:`KVImporter._received`; the product importer injects nothing.
 """
 
@@ -188,7 +188,8 @@ class KVImporter:
                 if got != manifest.blocks[req.start + j].checksum:
                     raise TransferError(
                         ErrorCode.CHECKSUM_MISMATCH,
-                        f"block {req.start + j} (local {int(req.dst[j])}): received bytes differ from the source's checksum",
+                        f"block {req.start + j} (local {int(req.dst[j])}): received bytes differ from the "
+                        "source's checksum",
                     )
                 verified += 1
         except TransferError as e:

@@ -30,7 +30,7 @@ async def settle(agent, front, s=0.3):
     """Wait until nothing runs, then check the front holds exactly the transcript."""
     await asyncio.sleep(s)
     if not agent.fence.active:
-        assert front.text == "".join(map(chr, agent.transcript.token_ids)) or agent._replay
+        assert front.text == "".join(map(chr, agent.transcript.token_ids)) or agent.context.replaying
 
 
 def run(coro):
@@ -59,7 +59,11 @@ def test_barge_in_cancels_truncates_to_emitted_and_the_new_turn_follows():
         text = front.text
         # the context holds what was emitted of the cancelled reply, then the new turn and reply
         assert f"\nAgent:{r1.text}\nUser: no wait stop\nAgent:{r2.text}" in text
-        assert LONG.startswith(r1.text) and r1.text.startswith(" w0 w1 w2 w3") and agent.stats.interrupts[0].t_step_end is not None
+        assert (
+            LONG.startswith(r1.text)
+            and r1.text.startswith(" w0 w1 w2 w3")
+            and agent.stats.interrupts[0].t_step_end is not None
+        )
         assert all(e.epoch == 1 for e in col.events if e.type == "response.output_text.delta"
                    and e.response_id == r2.response_id)
 
@@ -220,8 +224,11 @@ def test_tool_call_in_the_front_output_is_parsed_validated_and_not_spoken():
         check_invariants(col.events)
         first = col.of("response.done")[0]
         # the reply yields to the result at the next boundary after it arrived
-        assert " Sure.  Done.".startswith(first.text) and first.text.startswith(" Sure. ") and "tool_call" not in "".join(
-            e.text for e in col.of("response.output_text.delta"))
+        assert (
+            " Sure.  Done.".startswith(first.text)
+            and first.text.startswith(" Sure. ")
+            and "tool_call" not in "".join(e.text for e in col.of("response.output_text.delta"))
+        )
         c = col.of("delegation.created")[0]
         assert (c.tool, c.arguments, c.source) == ("calc", {"a": 2, "b": 2}, "model")
 

@@ -60,7 +60,7 @@ def test_random_interleavings_keep_every_invariant(script, seed):
         await col.wait_for(lambda e: e.type == "response.done" and e.status == "done"
                            and len(col.of("response.done")) > n_done)
         await asyncio.sleep(0.05)
-        if not agent.fence.active and not agent._replay:  # the front holds exactly the transcript
+        if not agent.fence.active and not agent.context.replaying:  # the front holds exactly the transcript
             assert front.text == "".join(map(chr, agent.transcript.token_ids))
         await agent.close(cancel_tasks=False)
         await col.task

@@ -51,7 +51,7 @@ def test_report_structure(report):
         assert e["prefix_hit_tokens"] == 0  # fresh prompt per request: nothing hits a prefix cache
     assert report["ratios"]["ttft_pd_over_single"] > 0 and report["ratios"]["ttft_target"] == 1.3
     for r in report["paths"]["pd"]["runs"]:
-        assert r["sources"] == {"local_cache": 0, "transferred": PROMPT_LEN - 1, "computed": 1}
+        assert r["sources"] == {"local_cache": 0, "offloaded": 0, "transferred": PROMPT_LEN - 1, "computed": 1}
         assert r["server_ttft_s"]["prefill"] > 0 and r["server_ttft_s"]["decode"] > 0 and r["transfer_s"] > 0
     assert set(report["idle_profile"]) == {"single", "prefill", "decode"}
 
@@ -82,7 +82,7 @@ def test_failure_detected_and_recovery_measured(report):
     r = rc["recompute"]
     assert r["ok"] and r["tokens_equal_single"] and r["ttft_s"] > 0
     src = r["prompt_token_sources"]  # the middle of 4 blocks is corrupted: 2 verified, the rest recomputed
-    assert src == {"local_cache": 0, "transferred": 32, "computed": PROMPT_LEN - 32}
+    assert src == {"local_cache": 0, "offloaded": 0, "transferred": 32, "computed": PROMPT_LEN - 32}
     assert r["decode_transfer_failures"] == 1
 
 

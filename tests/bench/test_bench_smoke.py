@@ -42,7 +42,9 @@ def test_report_structure(report):
     assert report["peers"]["execstate_r3_on"]["routed_experts_shape_ok"] is True
     for name in ("execstate_r3_on", "execstate_r3_off"):  # prefill of the batch-8 runs (engine TTFT)
         b8 = report["peers"][name]["batch8"]
-        assert len(b8["prefill_s"]) == REPEATS and all(0 < s < t for s, t in zip(b8["prefill_s"], b8["seconds"], strict=True))
+        # Two separately timed runs: on a loaded machine the max_tokens=1 probe can take longer than
+        # the whole timed run, so only their presence and sign are asserted (speed is the bench's).
+        assert len(b8["prefill_s"]) == REPEATS and all(s > 0 for s in b8["prefill_s"])
         assert b8["prefill_tokens"] == NUM_PROMPTS * PROMPT_LEN
         assert b8["prefill_tok_s"] == pytest.approx(NUM_PROMPTS * PROMPT_LEN / b8["median_prefill_s"])
     assert "prefill_tok_s" not in report["peers"]["transformers"]["batch8"]  # no TTFT from generate()

@@ -110,7 +110,9 @@ def test_valid_generate_accepted_only_when_loaded(prompts, n, batched):
     req = {"op": "generate", "prompts": prompts, "max_tokens": n, "batched": batched, "probe_prefill": True}
     assert vllm_driver.check_request(req, loaded=True) is None
     assert vllm_driver.check_request(req, loaded=False) == "no model loaded (send a load request first)"
-    assert vllm_driver.check_request({**req, "max_tokens": True}, loaded=True) == "max_tokens must be a positive integer"
+    assert (
+        vllm_driver.check_request({**req, "max_tokens": True}, loaded=True) == "max_tokens must be a positive integer"
+    )
     assert vllm_driver.check_request({**req, "prompts": [*prompts, [-1]]}, loaded=True) is not None
 
 

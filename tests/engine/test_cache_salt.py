@@ -57,7 +57,7 @@ def test_tenants_never_share_and_same_tenant_hits(shared):
     for other in ("tenant-b", None, "tenant-a ", "Tenant-a"):
         out = gen(shared, ids, other)
         assert out.num_cached_tokens == 0, other  # another tenant's prefix is invisible
-        assert out.prompt_token_sources == {"local_cache": 0, "transferred": 0, "computed": 40}
+        assert out.prompt_token_sources == {"local_cache": 0, "offloaded": 0, "transferred": 0, "computed": 40}
     assert gen(shared, ids).num_cached_tokens == full  # unsalted requests share among themselves
     # Routes of a salted hit are the cold run's (and every tenant computes the same ones).
     np.testing.assert_array_equal(hit.outputs[0].routed_experts, cold.outputs[0].routed_experts)

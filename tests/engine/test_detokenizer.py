@@ -207,7 +207,9 @@ def test_stop_strings_count_from_min_tokens_on(tiny):
 @given(data=st.data())
 def test_delta_outputs_concatenate_to_the_cumulative_final(tiny, data):
     ids = data.draw(ids_for(tiny))
-    kw = dict(logprobs=1, stop=data.draw(st.one_of(st.none(), st.lists(st.text("ab c", min_size=1, max_size=3), max_size=2))))
+    kw = dict(
+        logprobs=1, stop=data.draw(st.one_of(st.none(), st.lists(st.text("ab c", min_size=1, max_size=3), max_size=2)))
+    )
     _, cum = drive(tiny, ids, CUMULATIVE, **kw)
     _, deltas = drive(tiny, ids, DELTA, **kw)
     _, only = drive(tiny, ids, FINAL_ONLY, **kw)

@@ -194,7 +194,9 @@ def test_stop_conditions(moe_dir):
     assert out.token_ids == base.token_ids[: first + 1]
     assert out.finish_reason == "stop" and out.stop_reason == stop_tok
     assert base.finish_reason == "length"
-    n = engine.generate({"prompt_token_ids": ids}, SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=4), use_tqdm=False)[0]
+    n = engine.generate(
+        {"prompt_token_ids": ids}, SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=4), use_tqdm=False
+    )[0]
     assert [c.index for c in n.outputs] == [0, 1, 2]
 
 

@@ -56,7 +56,7 @@ def test_engine_keeps_stepping_while_a_load_is_in_flight(pair, monkeypatch):
     done = None
     while done is None:
         done = next((o for o in d.step() if o.request_id == rid and o.finished), None)
-    assert done.prompt_token_sources == {"local_cache": 0, "transferred": 48, "computed": 2}
+    assert done.prompt_token_sources == {"local_cache": 0, "offloaded": 0, "transferred": 48, "computed": 2}
     single = run(engine(p.model_path), ids)
     assert done.outputs[0].token_ids == single.outputs[0].token_ids
     while d.has_unfinished_requests():
@@ -113,7 +113,7 @@ def test_local_hit_releases_the_export_without_the_ttl(pair):
     _, kv = handoff(p, ids)
     assert p.pd.num_pinned_exports == 1
     out = run(d, ids, kv=kv)
-    assert out.prompt_token_sources == {"local_cache": 32, "transferred": 0, "computed": 8}
+    assert out.prompt_token_sources == {"local_cache": 32, "offloaded": 0, "transferred": 0, "computed": 8}
     assert d.pd.stats.loads == 0 and d.pd.stats.released_without_load == 1
     deadline = time.monotonic() + 10  # the Release travels on the transfer thread; the TTL is 60 s
     while p.pd.num_pinned_exports and time.monotonic() < deadline:

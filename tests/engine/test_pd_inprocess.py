@@ -9,17 +9,15 @@ range's source is visible in the returned array.
 from __future__ import annotations
 
 import time
-from unittest import mock
 
 import numpy as np
 import pytest
 
-from execstate.engine import pd_connector
+from execstate.bench.faults import FaultInjection, importer_factory
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.pd_connector import PDConfig
 from execstate.engine.sampling_params import SamplingParams
-from execstate.transfer.faults import FaultInjection, importer_factory
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 SECRET = "in-process-test-secret-0123456789"
@@ -28,17 +26,14 @@ SECRET = "in-process-test-secret-0123456789"
 def engine(model_dir, role: str | None = None, kernels: str = "auto", faults: dict | None = None,
            **pd_kw) -> LLMEngine:
     """An engine; with ``role`` a PD connector sharing SECRET; ``faults``: the decode side loads
-    through a FaultyImporter (the test-only hook: the connector's importer class is swapped)."""
+    through a FaultyImporter (passed to the connector as its ``make_importer``)."""
     e = LLMEngine(EngineConfig(model=str(model_dir), enable_return_routed_experts=True, block_size=16,
                                kernels=kernels))
     if role is not None:
         pd_kw.setdefault("secret", SECRET)
         cfg = PDConfig(role=role, timeout_s=5.0, **pd_kw)
-        if faults is None:
-            e.attach_pd(cfg)
-        else:
-            with mock.patch.object(pd_connector, "KVImporter", importer_factory(FaultInjection.from_dict(faults))):
-                e.attach_pd(cfg)
+        make_importer = None if faults is None else importer_factory(FaultInjection.from_dict(faults))
+        e.attach_pd(cfg, make_importer)
     return e
 
 
@@ -106,7 +101,7 @@ def test_48_token_case_routes_follow_their_kv(pd_pair, moe_dir):
     p_rows = exported["rows"]
     out = run(d, ids, kv=kv)
     r = out.outputs[0].routed_experts
-    assert out.prompt_token_sources == {"local_cache": 32, "transferred": 15, "computed": 1}
+    assert out.prompt_token_sources == {"local_cache": 32, "offloaded": 0, "transferred": 15, "computed": 1}
     np.testing.assert_array_equal(r[:32], d_rows)  # D's records, never P's
     assert not np.array_equal(r[:32], p_rows[:32])
     np.testing.assert_array_equal(r[32:47], p_rows[32:47, :, ::-1])  # P's (tampered) records
@@ -128,7 +123,7 @@ def test_pd_equals_single_instance(pd_pair, moe_dir):
     single = run(engine(moe_dir), ids)
     _, kv = handoff(p, ids)
     out = run(d, ids, kv=kv)
-    assert out.prompt_token_sources == {"local_cache": 0, "transferred": 64, "computed": 6}
+    assert out.prompt_token_sources == {"local_cache": 0, "offloaded": 0, "transferred": 64, "computed": 6}
     assert out.outputs[0].token_ids == single.outputs[0].token_ids
     np.testing.assert_array_equal(out.outputs[0].routed_experts, single.outputs[0].routed_experts)
     p.poll()

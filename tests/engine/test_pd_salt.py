@@ -51,7 +51,7 @@ def test_same_salt_loads_from_p(pd_pair, moe_dir):
     ids = np.random.default_rng(1).integers(3, 500, 70).tolist()
     single = run(engine(moe_dir), ids, "tenant-a")
     out = run(d, ids, "tenant-a", kv=handoff(p, ids, "tenant-a"))
-    assert out.prompt_token_sources == {"local_cache": 0, "transferred": 64, "computed": 6}
+    assert out.prompt_token_sources == {"local_cache": 0, "offloaded": 0, "transferred": 64, "computed": 6}
     assert out.outputs[0].token_ids == single.outputs[0].token_ids
     np.testing.assert_array_equal(out.outputs[0].routed_experts, single.outputs[0].routed_experts)
     # D now holds tenant-a's units: another tenant on D gets none of them.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from execstate import SamplingParams
-from execstate.engine import llm_engine as llm_engine_module
+from execstate.engine import step_results as step_results_module
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.scheduler import SchedulerOutput
@@ -65,7 +65,7 @@ def test_failing_step_fails_its_requests_and_the_rest_continue(moe_dir, referenc
     if where == "runner":  # the forward pass raises: nothing of this step was computed
         monkeypatch.setattr(eng.runner, "execute", FailOnce(eng.runner.execute))
     else:  # sampling raises after the forward pass committed the step's blocks
-        monkeypatch.setattr(llm_engine_module, "sample", FailOnce(llm_engine_module.sample))
+        monkeypatch.setattr(step_results_module, "sample", FailOnce(step_results_module.sample))
     failed = eng.step()
     assert [o.request_id for o in failed] == ["a"]
     out = failed[0]

@@ -243,7 +243,9 @@ def test_moe_same_bits_with_one_or_two_threads() -> None:
     for active in (8, 7, 5):  # 7 and 5 active experts: the 2-thread split falls inside one
         ids, weights = _route(16, k, active, seed=11)
         for n in (1, 2):
-            outs[active, n] = with_threads(n, lambda ids=ids, weights=weights: cpu.moe(x, ids, weights, w_gate_up, w_down))
+            outs[active, n] = with_threads(
+                n, lambda ids=ids, weights=weights: cpu.moe(x, ids, weights, w_gate_up, w_down)
+            )
     for active in (8, 7, 5):
         assert torch.equal(outs[active, 1], outs[active, 2]), f"{active} active experts"
 

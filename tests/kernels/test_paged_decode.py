@@ -20,7 +20,9 @@ from execstate.kernels import cpu
 from execstate.model.paged_attention import PagedAttention, SeqSpan
 from execstate.state.kv_pool import KVPool
 
-PARALLEL_MIN_MACS = 65536  # csrc/simd.h, attention.c: decode attention goes parallel at B * nh * max(ctx_len) * d >= this
+PARALLEL_MIN_MACS = (
+    65536  # csrc/simd.h, attention.c: decode attention goes parallel at B * nh * max(ctx_len) * d >= this
+)
 
 
 def _tables(ctx_lens: list[int], bs: int, num_blocks: int, seed: int, spare: int = 0) -> list[list[int]]:

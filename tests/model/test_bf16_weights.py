@@ -2,8 +2,8 @@
 
 Oracles: an fp32 model whose weights were rounded to bf16 beforehand (every step must equal
 it bit for bit where the CPU has AVX-512, decode-sized steps everywhere: the bf16 kernels equal
-the fp32 ones on widened weights); transformers' bf16 model (``model.to(torch.bfloat16)``) within a stated tolerance; the fp32 model.
-Run with ``-s`` to see the measured numbers.
+the fp32 ones on widened weights); transformers' bf16 model (``model.to(torch.bfloat16)``) within a stated tolerance;
+the fp32 model. Run with ``-s`` to see the measured numbers.
 """
 
 from __future__ import annotations
@@ -108,7 +108,9 @@ def test_steps_equal_fp32_on_rounded_weights_bitwise(arch: str, checkpoints: dic
     assert 0 < rel < 0.03
 
 
-def _hf_run(hf: transformers.PreTrainedModel, ids: torch.Tensor, top_k: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _hf_run(
+    hf: transformers.PreTrainedModel, ids: torch.Tensor, top_k: int | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HF's fp32 logits and its own routes (top-k of softmax of its router logits) or None."""
     with torch.no_grad():
         out = hf(ids[None], output_router_logits=top_k is not None)

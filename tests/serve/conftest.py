@@ -19,6 +19,7 @@ from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.llm_engine import LLMEngine
 from execstate.model.random_models import make_random
 from execstate.serve.app import build_app
+from execstate.session.lm.async_sessions import AsyncSessions
 
 
 @dataclass
@@ -26,6 +27,11 @@ class Served:
     engine: AsyncEngine
     url: str  # http://127.0.0.1:PORT
     app: object
+
+    @property
+    def sessions(self) -> AsyncSessions:
+        """The app's LM sessions (the engine's one ``AsyncSessions``)."""
+        return self.app.state.ctx.sessions  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.step_failure import check_references
+from execstate.session.lm.async_sessions import AsyncSessions
 
 RECV_TIMEOUT_S = 60.0  # a loaded 2-core machine; an answer normally comes in milliseconds
 
@@ -79,14 +80,15 @@ def decode_routes(b64: str) -> np.ndarray:
     return np.load(io.BytesIO(base64.b64decode(b64)), allow_pickle=False)
 
 
-def wait_released(engine: AsyncEngine, sessions: int = 0, timeout: float = 30.0) -> tuple[int, int, int, int]:
-    """Poll until no request runs or waits, nothing is held and ``sessions`` are resident; then check
-    the pools. Returns (running, waiting, blocks used, holders) as last seen."""
-    from execstate.session.lm_sessions import LMSessions
+def wait_released(owner: AsyncSessions, sessions: int = 0, timeout: float = 30.0) -> tuple[int, int, int, int]:
+    """Poll until no request runs or waits, nothing is held and ``sessions`` are resident in
+    ``owner`` (the app's ``AsyncSessions``); then check the pools. Returns (running, waiting, blocks
+    used, holders) as last seen."""
+    engine = owner.engine
 
     def state(e: LLMEngine) -> tuple[int, int, int, int, int]:
         return (len(e.scheduler.running), len(e.scheduler.waiting), e.block_pool.num_used, e.kv_holds.num_holders,
-                LMSessions.of(e).manager.num_resident)
+                owner.lm_sessions(e).manager.num_resident)
 
     deadline = time.monotonic() + timeout
     while True:

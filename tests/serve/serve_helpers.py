@@ -46,9 +46,10 @@ def wait_idle(engine: AsyncEngine, timeout: float = 10.0) -> tuple[int, int, int
 
 
 @contextmanager
-def running_server(app) -> Iterator[tuple[str, uvicorn.Server]]:
-    """Serve ``app`` with a real uvicorn on 127.0.0.1 in a thread; yields (base url, server)."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+def running_server(app, port: int | None = None) -> Iterator[tuple[str, uvicorn.Server]]:
+    """Serve ``app`` with a real uvicorn on 127.0.0.1 (``port``, else a free one) in a thread;
+    yields (base url, server)."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port or free_port(), log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -1,7 +1,7 @@
-"""AgentConnection without a server or a model: a fake front (tests/agent/agent_fakes.py), real
-agent, tools and task keeper. Every message is answered (its ack or an error with its event_id),
-malformed and out-of-order streams never break the connection, a close releases the front and
-cancels or keeps the back-end tasks."""
+"""An agent connection (the framework's ``Connection`` with ``AgentHandlers``) without a server or a
+model: a fake front (tests/agent/agent_fakes.py), real agent, tools and task keeper. Every message
+is answered (its ack or an error with its event_id), malformed and out-of-order streams never break
+the connection, a close releases the front and cancels or keeps the back-end tasks."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from execstate.serve.agent_conn import AgentConnection
-from execstate.serve.agent_tools import AgentTools
-from execstate.serve.agent_ws import TaskKeeper
+from execstate.agent.backend import TaskLimits
+from execstate.serve.realtime.agent.endpoint import TaskKeeper
+from execstate.serve.realtime.agent.handlers import AgentHandlers
+from execstate.serve.realtime.agent.messages import AGENT_PROTOCOL
+from execstate.serve.realtime.agent.tools import AgentTools
+from execstate.serve.realtime.connection import Connection
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))
 from agent_fakes import FakeFront  # noqa: E402
@@ -31,12 +34,13 @@ class FakeServer:
         for name, fn in (tools or {}).items():
             self.tools.register(name, fn)
         self.keeper = TaskKeeper()
+        self.task_limits = TaskLimits()
         self.agents: dict[str, Any] = {}
         self.model_name = "fake"
         self.fronts: list[FakeFront] = []
         self.token_delay = token_delay
 
-    async def open_front(self, instructions, params):
+    async def open_front(self, instructions, params, tenant):
         front = FakeFront(token_delay=self.token_delay, prelude=instructions)
         self.fronts.append(front)
         return front, f"sess-{len(self.fronts)}"
@@ -47,7 +51,7 @@ class Wire:
 
     def __init__(self, server: FakeServer) -> None:
         self.events: list[dict[str, Any]] = []
-        self.conn = AgentConnection(server, self._emit)
+        self.conn = Connection(AGENT_PROTOCOL, lambda peer: AgentHandlers(peer, server), self._emit)
 
     async def _emit(self, event: dict[str, Any]) -> None:
         self.events.append(event)

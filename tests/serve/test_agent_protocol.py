@@ -1,4 +1,5 @@
-"""The agent socket's messages, state machine, conversions and built-in tools (no model, no server)."""
+"""The agent socket's messages, conversions and built-in tools (no model, no server; its phases:
+test_realtime_phases.py)."""
 
 from __future__ import annotations
 
@@ -20,15 +21,15 @@ from execstate.agent.agent_events import (
     TurnEvent,
 )
 from execstate.agent.config import AgentConfig
-from execstate.serve.agent_convert import (
+from execstate.serve.realtime.agent.convert import (
     MAX_RESPONSE_TOKENS,
     agent_config,
     delegation_policy,
     event_json,
     front_params,
 )
-from execstate.serve.agent_protocol import (
-    CLIENT_TYPES,
+from execstate.serve.realtime.agent.messages import (
+    AGENT_PROTOCOL,
     AgentSessionConfig,
     DelegationSettings,
     InputAppend,
@@ -37,12 +38,13 @@ from execstate.serve.agent_protocol import (
     RuleSettings,
     SessionCreate,
     TurnSettings,
-    parse_client_message,
 )
-from execstate.serve.agent_state import AgentConnState, Phase
-from execstate.serve.agent_tools import DEMO_TABLE, AgentTools, calculator, make_lookup
-from execstate.serve.realtime_protocol import ProtocolError
-from execstate.session.events import SessionEventError
+from execstate.serve.realtime.agent.tools import DEMO_TABLE, AgentTools, calculator, make_lookup
+from execstate.serve.realtime.errors import ProtocolError
+from execstate.session.runtime.events import SessionEventError
+
+CLIENT_TYPES = AGENT_PROTOCOL.messages.types
+parse_client_message = AGENT_PROTOCOL.parse
 
 
 def test_client_types_are_the_documented_set():
@@ -93,33 +95,6 @@ def test_parse_never_raises_anything_but_protocol_error(frame):
         parse_client_message(frame)
     except ProtocolError as e:
         assert e.code in ("invalid_message", "unknown_type")
-
-
-def test_state_machine():
-    s = AgentConnState()
-    for kind in ("input_text.append", "session.close", "response.cancel"):
-        with pytest.raises(ProtocolError) as e:
-            s.check(kind, "x")
-        assert (e.value.code, e.value.event_id) == ("no_session", "x")
-    s.check("session.create")
-    s.open("sess-1")
-    with pytest.raises(ProtocolError) as e:
-        s.check("session.create", 1)
-    assert e.value.code == "session_exists" and "sess-1" in e.value.message
-    s.check("input_text.append")
-    s.ended()
-    with pytest.raises(ProtocolError) as e:
-        s.check("input_text.append")
-    assert e.value.code == "session_ended"
-    s.check("session.close")
-    s.closed()
-    assert s.phase is Phase.NO_SESSION and s.session_id is None
-    s.gone()
-    with pytest.raises(ProtocolError) as e:
-        s.check("session.create")
-    assert e.value.code == "connection_closed"
-    with pytest.raises(RuntimeError):
-        s.open("again")
 
 
 def test_agent_config_overlays_and_bounds():

@@ -1,4 +1,4 @@
-"""The README's agent transcript is true: its client messages, replayed against a fresh server on
+"""The agent transcript in docs/agent-protocol.md is true: its client messages, replayed against a fresh server on
 the test model, produce server events of the same shapes, segment by segment (the events between
 two client messages, compared as a multiset: the agent's clock decides their interleaving).
 Masked: times, the session id, the model's text and what follows from it (token counts, a reply's
@@ -27,7 +27,7 @@ from execstate.engine.llm_engine import LLMEngine
 from execstate.model.random_models import make_random
 from execstate.serve.app import build_app
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "agent-protocol.md"  # the transcript's page
 MARK = "<!-- agent transcript: tests/serve/test_agent_readme.py -->"
 MASKED = {"t", "output_text", "delta", "output_tokens", "context_tokens", "kept_tokens", "model", "reason",
           "session_id"}
@@ -113,7 +113,7 @@ def shapes(events: list[dict[str, Any]]) -> Counter[str]:
 
 def readme_lines() -> list[str]:
     block = re.search(re.escape(MARK) + r"\n```text\n(.*?)\n```", README.read_text(), flags=re.S)
-    assert block, f"README.md lacks the transcript block after {MARK!r}"
+    assert block, f"docs/agent-protocol.md lacks the transcript block after {MARK!r}"
     return block.group(1).split("\n")
 
 
@@ -125,9 +125,10 @@ def test_readme_agent_transcript_is_what_the_server_says(tmp_path):
     write_tokenizer(model_dir)
     engine = AsyncEngine(LLMEngine(engine_config(model_dir)))
     try:
-        with running_server(build_app(engine, MODEL_NAME)) as (url, _), slow_steps(engine, 0.02):
+        app = build_app(engine, MODEL_NAME)
+        with running_server(app) as (url, _), slow_steps(engine, 0.02):
             mine = segments(asyncio.run(asyncio.wait_for(capture(url), 240)))
-        wait_released(engine)
+        wait_released(app.state.ctx.sessions)
     finally:
         engine.shutdown()
     assert len(mine) == len(theirs)

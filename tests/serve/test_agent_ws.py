@@ -15,7 +15,8 @@ import pytest
 from agent_helpers import agent_client, check_stream, open_agent
 from realtime_helpers import slow_steps, wait_released
 
-from execstate.session.lm_sessions import LMSessions
+from execstate.identity.tenant import LOCAL_TENANT
+from execstate.session.runtime.access import AGENTS, Access, Owner
 
 CALC_RULE = {"pattern": r"(?P<expression>\d+ times \d+)", "tool": "calculator"}
 TURN = {"end_of_turn_silence_s": 0.2, "resume_after_s": 0.2}
@@ -26,8 +27,11 @@ def run(coro, timeout: float = 120):
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
+FRONTS = Access(Owner(LOCAL_TENANT, AGENTS), "agent")  # agents' fronts: their own realm, held by the agent socket
+
+
 def session_tokens(served, sid: str) -> list[int]:
-    return served.engine.call(lambda e: LMSessions.of(e).token_ids(sid))
+    return served.sessions.call(lambda s: s.token_ids(sid, FRONTS))
 
 
 def test_barge_in_cancels_and_no_old_epoch_delta_follows(served):
@@ -57,7 +61,7 @@ def test_barge_in_cancels_and_no_old_epoch_delta_follows(served):
 
     with slow_steps(served.engine, 0.01):
         run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
 
 
 def test_delegated_result_is_spoken(served):
@@ -82,7 +86,7 @@ def test_delegated_result_is_spoken(served):
         check_stream(events)
 
     run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
 
 
 def test_stale_result_is_never_spoken_after_a_barge_in(served):
@@ -113,7 +117,7 @@ def test_stale_result_is_never_spoken_after_a_barge_in(served):
 
     with slow_steps(served.engine, 0.01):
         run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
 
 
 def test_truncate_cuts_the_stored_context_to_what_was_played(served):
@@ -147,7 +151,7 @@ def test_truncate_cuts_the_stored_context_to_what_was_played(served):
         assert bad["error"]["code"] == "not_found" and bad["event_id"] == "t2"
 
     run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
 
 
 def _slow_tool(log: list[str], gate: threading.Event):
@@ -181,7 +185,7 @@ def test_disconnect_releases_the_front_and_cancels_or_keeps_tasks(served, keep):
         return s["id"]
 
     sid = run(main())
-    wait_released(served.engine)  # the front session is closed, its KV released
+    wait_released(served.sessions)  # the front session is closed, its KV released
     assert sid not in server.agents
     time.sleep(0.2)
     assert server.keeper.running == (1 if keep else 0)
@@ -216,7 +220,7 @@ def test_several_agents_at_once_each_hear_their_own_answer(served):
         others = [x * y for x, y in questions if x * y != a * b]
         assert not any(f"The answer is {o}." in spoken for o in others)
         check_stream(events)
-    wait_released(served.engine)
+    wait_released(served.sessions)
 
 
 def test_bad_frames_get_errors_and_the_agent_goes_on(served):
@@ -243,7 +247,7 @@ def test_bad_frames_get_errors_and_the_agent_goes_on(served):
             check_stream(c.events)
 
     run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
 
 
 @pytest.mark.slow
@@ -281,14 +285,14 @@ def test_smollm2_over_the_socket_speaks_the_answer_and_never_a_stale_one():
                                      == created["delegation_id"], n)
             await c.wait_for(lambda e: e["type"] == "response.done" and e["epoch"] == 1
                              and e["response"]["status"] == "completed", n)
-            tokens = engine.call(lambda e: LMSessions.of(e).token_ids(s["id"]))
+            tokens = app.state.ctx.sessions.call(lambda lm: lm.token_ids(s["id"], FRONTS))
             await c.ask({"type": "session.close"}, "session.closed")
             return said, stale, tokens, c.events
 
     try:
         with running_server(app) as (url, _):
             said, stale, tokens, events = run(main(url), 300)
-        wait_released(engine)
+        wait_released(app.state.ctx.sessions)
     finally:
         engine.shutdown()
     first_391 = next(e for e in events if e["type"] == "response.output_text.delta" and "391" in e["delta"])

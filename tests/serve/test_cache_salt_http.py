@@ -17,7 +17,7 @@ from execstate.serve.app import build_app
 
 @pytest.fixture(scope="module")
 def http(served) -> TestClient:
-    return TestClient(build_app(served.engine, MODEL_NAME))
+    return TestClient(build_app(served.engine, MODEL_NAME, sessions=served.sessions))
 
 
 def cached(r) -> int:

@@ -19,7 +19,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 @pytest.fixture(scope="module")
 def http(served) -> TestClient:
     """The shared engine behind an app that requires an API key."""
-    return TestClient(build_app(served.engine, MODEL_NAME, api_key=KEY))
+    return TestClient(build_app(served.engine, MODEL_NAME, api_key=KEY, sessions=served.sessions))
 
 
 def assert_error(r, status: int, param: str | None = None, contains: str = "", code: str | None = None) -> None:
@@ -111,7 +111,9 @@ def test_chat_bad_parameters_are_400(http, body, param, contains):
 def test_unknown_model_is_404(http):
     r = http.post("/v1/completions", json={"model": "gpt-4", "prompt": "hi"}, headers=AUTH)
     assert_error(r, 404, param="model", contains="gpt-4", code="model_not_found")
-    r = http.post("/v1/chat/completions", json={"model": "x", "messages": [{"role": "user", "content": "a"}]}, headers=AUTH)
+    r = http.post(
+        "/v1/chat/completions", json={"model": "x", "messages": [{"role": "user", "content": "a"}]}, headers=AUTH
+    )
     assert_error(r, 404, code="model_not_found")
     assert_error(http.get("/v1/nothing-here", headers=AUTH), 404)
 

@@ -84,13 +84,20 @@ def test_serve_cli_arguments():
         "--kv-transfer-config", json.dumps(FULL), "--served-model-name", "moe", "--dtype", "bfloat16",
         "--max-model-len", "128", "--block-size", "8", "--seed", "3", "--kernels", "torch",
     ])
-    assert (args.cmd, args.model, args.port, args.host, args.api_key) == ("serve", "/m", 9001, "0.0.0.0", "k")
-    assert args.served_model_name == "moe" and KVTransferConfig.from_json(args.kv_transfer_config).engine_id == "decode-0"
+    assert (args.cmd, args.model, args.port, args.host, args.api_key) == ("serve", "/m", 9001, "0.0.0.0", ["k"])
+    assert (
+        args.served_model_name == "moe" and KVTransferConfig.from_json(args.kv_transfer_config).engine_id == "decode-0"
+    )
     cfg = engine_config_from_args(args)
     assert (cfg.dtype, cfg.max_model_len, cfg.block_size, cfg.seed, cfg.kernels) == ("bfloat16", 128, 8, 3, "torch")
     assert cfg.enable_return_routed_experts is True
     defaults = build_parser().parse_args(["serve", "/m"])
-    assert (defaults.port, defaults.host, defaults.api_key, defaults.kv_transfer_config) == (8000, "127.0.0.1", None, None)
+    assert (defaults.port, defaults.host, defaults.api_key, defaults.kv_transfer_config) == (
+        8000,
+        "127.0.0.1",
+        None,
+        None,
+    )
     assert engine_config_from_args(defaults).kernels == "auto"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "/m", "--kernels", "fast"])
@@ -138,7 +145,7 @@ def test_connector_hook_attaches_pd_and_rejects_unknown_extra_keys(model_dir):
             }
         )
         trust = attach_kv_connector(ae, cfg)
-        assert trust is not None and trust.secret == b"unit-test-secret-0123456789"
+        assert trust is not None and trust.secret.current == b"unit-test-secret-0123456789"
         assert trust.allowed == {"p9": "tcp://10.1.2.3:5600"}
         pd = ae.call(lambda e: e.pd)
         assert pd.loads.max_fenced_blocks == 8 and pd.loads.max_inflight == 2

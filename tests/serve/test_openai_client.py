@@ -56,7 +56,11 @@ def test_completion_text_prompt_equals_offline(client, offline):
     assert routes.dtype == np.int16 and np.array_equal(routes, rc.routed_experts)
     assert routes.shape[0] == len(ref.prompt_token_ids) + 12 - 1
     u = r.usage
-    assert (u.prompt_tokens, u.completion_tokens, u.total_tokens) == (len(ref.prompt_token_ids), 12, len(ref.prompt_token_ids) + 12)
+    assert (u.prompt_tokens, u.completion_tokens, u.total_tokens) == (
+        len(ref.prompt_token_ids),
+        12,
+        len(ref.prompt_token_ids) + 12,
+    )
     assert u.prompt_tokens_details.cached_tokens == extra(u, "prompt_token_sources")["local_cache"]
     assert sum(extra(u, "prompt_token_sources").values()) == u.prompt_tokens
 
@@ -118,7 +122,12 @@ def test_prefix_cache_hit_reports_cached_tokens_and_same_routes(client, offline)
     first = client.completions.create(**kw)
     second = client.completions.create(**kw)
     assert second.usage.prompt_tokens_details.cached_tokens == 32
-    assert extra(second.usage, "prompt_token_sources") == {"local_cache": 32, "transferred": 0, "computed": 8}
+    assert extra(second.usage, "prompt_token_sources") == {
+        "local_cache": 32,
+        "offloaded": 0,
+        "transferred": 0,
+        "computed": 8,
+    }
     r1, r2 = npy(extra(first.choices[0], "routed_experts")), npy(extra(second.choices[0], "routed_experts"))
     assert r1.tobytes() == r2.tobytes()
     assert first.choices[0].text == second.choices[0].text
@@ -161,7 +170,9 @@ def test_stop_string_is_cut_and_reported(client, offline):
     r = client.completions.create(**kw)
     streamed = "".join(ch.choices[0].text for ch in client.completions.create(stream=True, **kw) if ch.choices)
     cut = ref.text[: ref.text.find(stop)]
-    assert r.choices[0].text == cut and r.choices[0].finish_reason == "stop" and extra(r.choices[0], "stop_reason") == stop
+    assert (
+        r.choices[0].text == cut and r.choices[0].finish_reason == "stop" and extra(r.choices[0], "stop_reason") == stop
+    )
     assert streamed == cut
 
 

@@ -108,7 +108,7 @@ def test_pd_through_proxy_equals_single_instance(cluster, model_dir):
     choice = got["choices"][0]
     assert choice["token_ids"] == single.token_ids
     np.testing.assert_array_equal(routes(choice["routed_experts"]), single.routed_experts)
-    assert got["usage"]["prompt_token_sources"] == {"local_cache": 0, "transferred": 64, "computed": 6}
+    assert got["usage"]["prompt_token_sources"] == {"local_cache": 0, "offloaded": 0, "transferred": 64, "computed": 6}
     # streaming through the proxy gives the same tokens
     with httpx.stream("POST", cluster["x"] + "/v1/completions", json=dict(body, stream=True), timeout=60) as s:
         events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]

@@ -122,7 +122,12 @@ def test_pd_across_two_network_namespaces(hosts, model_dir):
         assert choice["token_ids"] == single.token_ids
         got = np.load(io.BytesIO(base64.b64decode(choice["routed_experts"])))
         np.testing.assert_array_equal(got, single.routed_experts)
-        assert res["body"]["usage"]["prompt_token_sources"] == {"local_cache": 0, "transferred": 48, "computed": 2}
+        assert res["body"]["usage"]["prompt_token_sources"] == {
+            "local_cache": 0,
+            "offloaded": 0,
+            "transferred": 48,
+            "computed": 2,
+        }
     finally:
         for p in procs:
             p.kill()

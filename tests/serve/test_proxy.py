@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client.parser import text_string_to_metric_families
 from serve_helpers import free_port
 
-from execstate.serve.proxy import build_proxy_app
+from execstate.serve.pd.proxy import build_proxy_app
 from execstate.transfer.handoff import Handoff
 
 SECRET = b"proxy-test-secret-0123456789abcdef"
@@ -149,7 +149,9 @@ def test_streaming_is_relayed_and_timed(setup):
         lines = [line for line in s.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]" and len(lines) == 4
     after = metrics(setup["x"])
-    assert after[("execstate_proxy_decode_seconds_count", ())] == before[("execstate_proxy_decode_seconds_count", ())] + 1
+    assert (
+        after[("execstate_proxy_decode_seconds_count", ())] == before[("execstate_proxy_decode_seconds_count", ())] + 1
+    )
 
 
 def test_error_shapes_and_failure_stages(setup):

@@ -12,8 +12,7 @@ import pytest
 from realtime_helpers import client, open_session, slow_steps, wait_released
 from websockets.exceptions import ConnectionClosed
 
-from execstate.serve.realtime import MAX_UNPROCESSED_MESSAGES
-from execstate.serve.realtime_protocol import MAX_MESSAGE_BYTES
+from execstate.serve.realtime.limits import MAX_MESSAGE_BYTES, MAX_UNPROCESSED_MESSAGES
 
 NO_SESSION = [
     ({"type": "response.create", "event_id": "a"}, "a", "no_session"),
@@ -93,7 +92,7 @@ def test_every_bad_message_gets_its_error_and_the_connection_goes_on(served):
             assert err["error"]["code"] == "no_session"
 
     asyncio.run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
 
 
 def test_backpressure_from_the_session_event_queue(served):
@@ -110,7 +109,7 @@ def test_backpressure_from_the_session_event_queue(served):
             assert (err["event_id"], err["error"]["code"]) == (limit, "backpressure")
 
     asyncio.run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
 
 
 def test_too_large_message_is_refused_and_the_connection_stays(served):
@@ -127,7 +126,7 @@ def test_too_large_message_is_refused_and_the_connection_stays(served):
             await open_session(c)
 
     asyncio.run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
 
 
 def test_too_many_unprocessed_messages_closes_with_1008(served):
@@ -151,5 +150,5 @@ def test_too_many_unprocessed_messages_closes_with_1008(served):
 
     with slow_steps(served.engine, 0.2):
         asyncio.run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
     assert httpx.get(served.url + "/health").status_code == 200

@@ -134,7 +134,7 @@ def check(sent, events) -> None:
 def run_plan(served, plan) -> None:
     sent, events = asyncio.run(exchange(served.url, plan))
     check(sent, events)
-    wait_released(served.engine)
+    wait_released(served.sessions)
     assert served.app.state.realtime.owners.num_sessions == 0
     assert httpx.get(served.url + "/health").status_code == 200
 

@@ -34,7 +34,7 @@ async def until(predicate, timeout: float = 30.0) -> None:
 
 @pytest.fixture(scope="module")
 def graced(served):
-    app = build_app(served.engine, MODEL_NAME, realtime_grace_s=GRACE_S)
+    app = build_app(served.engine, MODEL_NAME, realtime_grace_s=GRACE_S, sessions=served.sessions)
     with running_server(app) as (url, _):
         yield url, app
 
@@ -54,7 +54,7 @@ def test_resume_within_the_grace_period_continues_the_session(served, graced, of
             await c.ask({"type": "session.checkpoint"})
             assert (await c.ask({"type": "session.fork", "session_id": "keep-1-fork"}))["type"] == "session.forked"
         # the server notices the close a moment later (a network failure: at the ping timeout)
-        await until(lambda: sorted(app.state.realtime.owners.detached()) == ["keep-1", "keep-1-fork"])
+        await until(lambda: sorted(sid for _, sid in app.state.realtime.owners.detached()) == ["keep-1", "keep-1-fork"])
         async with client(url) as c:
             ack = await c.ask({"type": "session.resume", "event_id": "back", "session_id": "keep-1"})
             assert (ack["type"], ack["event_id"]) == ("session.resumed", "back")
@@ -66,11 +66,11 @@ def test_resume_within_the_grace_period_continues_the_session(served, graced, of
                 assert (err["event_id"], err["error"]["code"]) == (1, "session_in_use")
             assert (await c.ask({"type": "session.close"}))["type"] == "session.closed"
         # the fork was not resumed: its grace period ends, it is closed and releases its blocks
-        await until(lambda: app.state.realtime.owners.detached() == ["keep-1-fork"])
+        await until(lambda: app.state.realtime.owners.detached() == [("local", "keep-1-fork")])
 
     asyncio.run(main())
     t0 = time.monotonic()
-    wait_released(served.engine, timeout=GRACE_S + 30)
+    wait_released(served.sessions, timeout=GRACE_S + 30)
     assert time.monotonic() - t0 < GRACE_S + 30
     assert app.state.realtime.owners.num_sessions == 0
 
@@ -84,19 +84,19 @@ def test_expired_session_cannot_be_resumed(served, graced):
             await c.respond(input={"token_ids": A})
         assert served.engine.call(lambda e: e.block_pool.num_used) > 0  # kept for the grace period
         await asyncio.sleep(GRACE_S)
-        await asyncio.to_thread(wait_released, served.engine, 0, 30)
+        await asyncio.to_thread(wait_released, served.sessions, 0, 30)
         async with client(url) as c:
             err = await c.ask({"type": "session.resume", "event_id": "late", "session_id": "gone-1"})
             assert (err["event_id"], err["error"]["code"]) == ("late", "closed")
             await open_session(c, id="gone-1")  # the id is free again
 
     asyncio.run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
 
 
 @pytest.fixture(scope="module")
 def keyed(served):
-    app = build_app(served.engine, MODEL_NAME, api_key="sekret")
+    app = build_app(served.engine, MODEL_NAME, api_key="sekret-key", sessions=served.sessions)
     with running_server(app) as (url, _):
         yield url
 
@@ -104,7 +104,7 @@ def keyed(served):
 @pytest.mark.parametrize(("headers", "subprotocols"), [
     ({}, None),
     ({"Authorization": "Bearer wrong"}, None),
-    ({"Authorization": "sekret"}, None),
+    ({"Authorization": "sekret-key"}, None),
     ({}, ["realtime", "openai-insecure-api-key.wrong"]),
     ({}, ["realtime"]),
 ])
@@ -122,9 +122,9 @@ def test_api_key_refused_before_the_upgrade(keyed, headers, subprotocols):
 
 
 @pytest.mark.parametrize(("headers", "subprotocols", "selected"), [
-    ({"Authorization": "Bearer sekret"}, None, None),
-    ({}, ["realtime", "openai-insecure-api-key.sekret"], "realtime"),
-    ({}, ["openai-insecure-api-key.sekret", "realtime", "openai-beta.realtime-v1"], "realtime"),
+    ({"Authorization": "Bearer sekret-key"}, None, None),
+    ({}, ["realtime", "openai-insecure-api-key.sekret-key"], "realtime"),
+    ({}, ["openai-insecure-api-key.sekret-key", "realtime", "openai-beta.realtime-v1"], "realtime"),
 ])
 def test_api_key_accepted_by_header_or_subprotocol(served, keyed, headers, subprotocols, selected):
     async def main():
@@ -133,7 +133,7 @@ def test_api_key_accepted_by_header_or_subprotocol(served, keyed, headers, subpr
             await open_session(c)
 
     asyncio.run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
 
 
 def test_without_route_return_and_after_the_engine_died(model_dir):
@@ -183,5 +183,5 @@ def test_a_session_opened_over_http_can_be_resumed(served):
             assert done["response"]["step_index"] == 2
 
     asyncio.run(main())
-    wait_released(served.engine)
+    wait_released(served.sessions)
     assert httpx.get(served.url + "/v1/sessions/via-http").json()["status"] == "closed"

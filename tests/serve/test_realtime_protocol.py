@@ -9,19 +9,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execstate.serve.realtime_protocol import (
-    CLIENT_TYPES,
-    MAX_MESSAGE_BYTES,
+from execstate.serve.realtime.errors import ProtocolError, error_event
+from execstate.serve.realtime.limits import MAX_MESSAGE_BYTES
+from execstate.serve.realtime.lm.messages import (
+    LM_PROTOCOL,
     CheckpointRelease,
     EventSubmit,
-    ProtocolError,
     ResponseCreate,
     SessionCreate,
     SessionRollback,
-    error_event,
-    parse_client_message,
-    type_of,
 )
+from execstate.serve.realtime.messages import type_of
+
+CLIENT_TYPES = LM_PROTOCOL.messages.types
+parse_client_message = LM_PROTOCOL.parse
 
 
 def test_every_client_type_parses():
@@ -31,7 +32,12 @@ def test_every_client_type_parses():
     m = parse_client_message('{"type": "session.create", "event_id": "c1", "session": {"id": "s", '
                              '"sampling": {"temperature": 0.5}, "max_tokens": 4, "return_routes": true}}')
     assert isinstance(m, SessionCreate) and m.event_id == "c1"
-    assert (m.session.id, m.session.sampling, m.session.max_tokens, m.session.return_routes) == ("s", {"temperature": 0.5}, 4, True)
+    assert (m.session.id, m.session.sampling, m.session.max_tokens, m.session.return_routes) == (
+        "s",
+        {"temperature": 0.5},
+        4,
+        True,
+    )
     m = parse_client_message(b'{"type": "event.submit", "event_id": 7, "kind": "input", "data": {"token_ids": [1, 2]}}')
     assert m == EventSubmit(event_id=7, kind="input", data={"token_ids": [1, 2]})
     m = parse_client_message('{"type": "response.create", "input": {"text": "hi"}, "max_tokens": 3}')

@@ -1,4 +1,4 @@
-"""The README's realtime transcript is true: its client messages, replayed against a fresh server
+"""The realtime transcript in docs/realtime.md is true: its client messages, replayed against a fresh server
 on the test model, produce exactly its server events (ids that are random by design masked).
 
 To regenerate it: ``python tests/serve/test_realtime_readme.py MODEL_DIR`` prints the block
@@ -20,7 +20,7 @@ from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.llm_engine import LLMEngine
 from execstate.serve.app import build_app
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "realtime.md"  # the transcript's page
 MARK = "<!-- realtime transcript: tests/serve/test_realtime_readme.py -->"
 RANDOM_KEYS = {"id", "response_id", "branch_id", "state_key"}  # fresh random values every run
 
@@ -62,7 +62,7 @@ async def capture(url: str) -> list[str]:
 def readme_lines() -> list[str]:
     text = README.read_text()
     block = re.search(re.escape(MARK) + r"\n```text\n(.*?)\n```", text, flags=re.S)
-    assert block, f"README.md lacks the transcript block after {MARK!r}"
+    assert block, f"docs/realtime.md lacks the transcript block after {MARK!r}"
     return block.group(1).split("\n")
 
 

@@ -86,7 +86,7 @@ def test_tiny_temperature_never_takes_the_server_down(served):
 
 @pytest.fixture(scope="module")
 def small_body_server(served):
-    app = build_app(served.engine, MODEL_NAME, limits=ServingLimits(max_request_bytes=1000))
+    app = build_app(served.engine, MODEL_NAME, limits=ServingLimits(max_request_bytes=1000), sessions=served.sessions)
     with running_server(app) as (url, _):
         yield url
 
@@ -176,6 +176,6 @@ def test_parse_size_and_limit_validation():
 
 
 def test_testclient_app_without_limits_uses_defaults(served):
-    client = TestClient(build_app(served.engine, MODEL_NAME))
+    client = TestClient(build_app(served.engine, MODEL_NAME, sessions=served.sessions))
     r = client.post("/v1/completions", json={**PROBE, "n": 129})
     assert r.status_code == 400 and "--max-n" in r.json()["error"]["message"]

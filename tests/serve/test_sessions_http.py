@@ -1,7 +1,8 @@
 """The minimal session API and session migration over HTTP, two apps in one process (each its own
 engine thread, uvicorn, PD connector: real HTTP, ZeroMQ and NIXL): the migrate endpoint moves a
-session to the target, which then steps exactly as the session would have in place; refusals and
-unreachable targets leave the session served at the source; the import endpoint checks who sends."""
+session to a listed target, which then steps exactly as the session would have in place; refusals
+and unreachable targets leave the session served at the source; targets outside the allow-list
+are refused before anything is sent; the import endpoint takes no API key but a signature."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.pd_connector import PDConfig
 from execstate.serve.app import build_app
-from execstate.session.migration_wire import SignedOffer
+from execstate.session.lm.migration_wire import SignedOffer
 
 KEY = "session-http-api-key"
 SECRET = "session-http-test-secret-0123456789"
@@ -36,16 +37,21 @@ def ids(seed: int, n: int) -> list[int]:
 A, B, C = ids(60, 37), ids(61, 6), ids(62, 9)
 
 
+DEAD = f"http://127.0.0.1:{free_port()}"  # listed, nothing listens there
+
+
 @pytest.fixture(scope="module")
 def pair(model_dir) -> Iterator[tuple[str, str, list[AsyncEngine]]]:
+    ports = [free_port(), free_port()]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
     with ExitStack() as stack:
-        urls, engines = [], []
-        for _ in range(2):
+        engines = []
+        for i in range(2):
             eng = AsyncEngine(LLMEngine(engine_config(model_dir)))
             eng.call(lambda e: e.attach_pd(PDConfig(role="kv_both", secret=SECRET, timeout_s=3.0)))
             engines.append(eng)
-            url, _ = stack.enter_context(running_server(build_app(eng, "m", api_key=KEY)))
-            urls.append(url)
+            app = build_app(eng, "m", api_key=KEY, migration_targets=[urls[1 - i], DEAD])
+            stack.enter_context(running_server(app, ports[i]))
         yield urls[0], urls[1], engines
         for eng in engines:
             eng.call(lambda e: e.pd.close())
@@ -87,8 +93,8 @@ def test_migrate_over_http_then_step_on_the_target(pair, reference):
     r = post(f"{src}/v1/sessions/http-1/migrate", {"target": dst})
     assert r.status_code == 200, r.text
     m = r.json()
-    assert (m["status"], m["target"], m["session_id"], m["num_tokens"], m["blocks_transferred"],
-            m["tokens_recomputed"], m["checkpoints_dropped"]) == ("migrated", dst, "http-1", 55, 3, 6, 0)
+    assert (m["status"], m["committed"], m["target"], m["session_id"], m["num_tokens"], m["blocks_transferred"],
+            m["tokens_recomputed"], m["checkpoints_dropped"]) == ("migrated", True, dst, "http-1", 55, 3, 6, 0)
     assert m["seconds"] >= m["target_seconds"] > 0
     assert httpx.get(f"{src}/v1/sessions/http-1", headers=AUTH).json()["status"] == "closed"
     c = step(dst, "http-1", C)  # the client reconnects to the target with the same id
@@ -107,13 +113,14 @@ def test_refused_or_unreachable_target_leaves_the_session_served(pair):
     r = post(f"{src}/v1/sessions/http-2/migrate", {"target": dst})
     assert r.status_code == 502 and r.json()["error"]["code"] == "conflict", r.text
     assert "still served here" in r.json()["error"]["message"]
-    r = post(f"{src}/v1/sessions/http-2/migrate", {"target": f"http://127.0.0.1:{free_port()}"})
+    r = post(f"{src}/v1/sessions/http-2/migrate", {"target": DEAD})  # listed, down: identify fails first
     assert r.status_code == 502 and r.json()["error"]["code"] == "unreachable"
     r = post(f"{src}/v1/sessions/http-2/migrate", {"target": dst, "target_api_key": "wrong"})
-    assert r.status_code == 502 and r.json()["error"]["code"] == "invalid_api_key"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "target_api_key"  # no credential is forwarded
     assert len(step(src, "http-2", B)["token_ids"]) == 6  # served at the source
-    for bad in ("ftp://x:1", "http://h:1/path", "nonsense"):
-        assert post(f"{src}/v1/sessions/http-2/migrate", {"target": bad}).status_code == 400
+    for bad in ("ftp://x:1", "http://h:1/path", "nonsense", f"http://127.0.0.1:{free_port()}"):
+        r = post(f"{src}/v1/sessions/http-2/migrate", {"target": bad})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "target_not_allowed"
     assert post(f"{src}/v1/sessions/nope/migrate", {"target": dst}).json()["error"]["code"] == "not_found"
     for url in (src, dst):
         httpx.delete(f"{url}/v1/sessions/http-2", headers=AUTH)
@@ -124,9 +131,12 @@ def test_refused_or_unreachable_target_leaves_the_session_served(pair):
 def test_the_import_endpoint_checks_who_sends(pair):
     _, dst, _ = pair
     url = f"{dst}/v1/sessions/import"
-    assert httpx.post(url, content=b"x").status_code == 401  # the API key applies
-    r = httpx.post(url, content=b"not msgpack", headers=AUTH)
+    r = httpx.post(url, content=b"not msgpack")  # no API key: a signature is what counts here
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid"
-    forged = msgspec.msgpack.encode(SignedOffer(b"\x80", "0" * 64))
-    r = httpx.post(url, content=forged, headers=AUTH)
-    assert r.status_code == 403 and r.json()["error"]["code"] == "unauthorized"
+    for body in (SignedOffer(b"\x80", "0" * 64), SignedOffer(b"\x80", None)):  # forged, unsigned
+        r = httpx.post(url, content=msgspec.msgpack.encode(body), headers=AUTH)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "unauthorized"
+    for path in ("commit", "abort", "identify"):
+        r = httpx.post(f"{url}/{path}", content=msgspec.msgpack.encode(SignedOffer(b"\x80", "0" * 64)))
+        assert r.status_code == 403 and r.json()["error"]["code"] == "unauthorized"
+    assert httpx.get(f"{url}/commit").status_code == 401  # any other /v1 call still needs the key

@@ -20,7 +20,9 @@ from execstate.model.weights_digest import model_digest
 from execstate.serve import server
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
-from execstate.serve.startup_log import FIELDS, StartupInfo, format_startup, startup_lines
+from execstate.serve.principals import keys_from_args
+from execstate.serve.sessions.targets import MigrationTargets
+from execstate.serve.startup_log import FIELDS, OPEN_WARNING, StartupInfo, format_startup, startup_lines
 
 SECRET = "sk-do-not-log-7f3a"
 
@@ -32,7 +34,9 @@ def serve_args(model: Path, *extra: str):
 def lines_of(model: Path, *extra: str, kv: KVTransferConfig | None = None) -> dict[str, str]:
     args = serve_args(model, *extra)
     engine = LLMEngine(server.engine_config_from_args(args))
-    return dict(startup_lines(StartupInfo(engine, args, kv, 1.25, server.limits_from_args(args))))
+    return dict(startup_lines(StartupInfo(engine, args, kv, 1.25, server.limits_from_args(args),
+                                          keys_from_args(args), server.policy_from_args(args),
+                                          MigrationTargets.parse(args.migration_targets).describe())))
 
 
 def test_every_line_of_a_moe_server(model_dir: Path) -> None:
@@ -68,7 +72,9 @@ def test_every_line_of_a_moe_server(model_dir: Path) -> None:
     assert lines["max_num_seqs"] == "64"
     assert lines["max_num_batched_tokens"] == "2048"
     assert lines["prefix caching"] == "on"
-    assert lines["weights version"] == model_digest(LLMEngine(server.engine_config_from_args(serve_args(model_dir))).model)
+    assert lines["weights version"] == model_digest(
+        LLMEngine(server.engine_config_from_args(serve_args(model_dir))).model
+    )
     assert lines["waiting queue"] == "33 requests (429 with Retry-After beyond)"
     limits = ServingLimits(max_n=7, max_waiting_requests=33)
     assert lines["request limits"] == (
@@ -80,7 +86,15 @@ def test_every_line_of_a_moe_server(model_dir: Path) -> None:
     assert lines["PD role"] == "none"
     assert lines["served name"] == "tiny"
     assert lines["listening on"] == "http://127.0.0.1:8123"
-    assert lines["API key"] == "required"
+    assert lines["API keys"] == "required; tenants: default"
+    assert lines["tenancy"] == ("detached sessions expire after 600 s idle; 64 checkpoints per session; per-tenant "
+                                "quotas: none")
+    assert lines["migration"] == "off (no --migration-targets)"
+    trust = lines_of(model_dir, "--session-idle-ttl", "0", "--max-session-checkpoints", "8", "--tenant-max-sessions",
+                     "2", "--tenant-max-pinned-blocks", "100", "--migration-targets", "e1=http://h:1,http://h:2")
+    assert trust["tenancy"] == ("detached sessions never expire; 8 checkpoints per session; per-tenant "
+                                "quotas: sessions 2, pinned blocks 100")
+    assert trust["migration"] == "to e1=http://h:1, http://h:2"
     assert lines["sessions"] == ("at most 64 (eviction: none), 64 pending events each; /v1/realtime keeps a dropped "
                                  "connection's sessions 0 s")
     assert lines_of(model_dir, "--max-sessions", "3", "--session-eviction", "lru", "--realtime-grace-s", "2.5")[
@@ -95,7 +109,7 @@ def test_torch_kernels_no_key_and_a_dense_model_without_routes(tmp_path: Path) -
     lines = lines_of(dense, "--kernels", "torch", "--enable-return-routed-experts")
     assert lines["kernels"] == "torch (--kernels torch)"
     assert lines["R3"] == "off (requested, but the model has no MoE layers)"
-    assert lines["API key"] == "off"
+    assert lines["API keys"] == f"OFF - {OPEN_WARNING}"
     assert lines["served name"] == str(dense)
     assert lines["architecture"] == f"LlamaForCausalLM, {count_parameters(dense):,} parameters, 2 layers"
     bf16 = lines_of(dense, "--dtype", "bf16")
@@ -139,7 +153,7 @@ def test_run_server_logs_the_block_once_before_serving(model_dir: Path, monkeypa
     text = records[0].getMessage()
     assert text.startswith("execstate serve ready\n")
     assert re.search(r"\n  listening on +http://127\.0\.0\.1:8124\n", text)
-    assert re.search(r"\n  API key +required\n", text)
+    assert re.search(r"\n  API keys +required; tenants: default\n", text)
     assert SECRET not in text
     assert [(c.host, c.port) for c in served] == [("127.0.0.1", 8124)]
 
@@ -170,5 +184,9 @@ def test_pd_role_line_of_an_attached_producer(model_dir: Path) -> None:
         line = dict(startup_lines(StartupInfo(engine, args, kv, 0.1)))["PD role"]
     finally:
         pd.close()
-    assert line == f"kv_producer, NixlConnector, failure policy fail, route records off, instance p-1, control channel {pd.server.addr}"
+    assert (
+        line
+        == "kv_producer, NixlConnector, failure policy fail, route records off, instance p-1, "
+        f"control channel {pd.server.addr}"
+    )
     assert re.fullmatch(r"tcp://127\.0\.0\.1:\d+", pd.server.addr)

@@ -46,7 +46,10 @@ def test_completion_stream_concatenates_to_the_non_streamed_response(client, wit
     assert sum((lp.tokens for lp in lps), []) == whole.logprobs.tokens
     assert sum((lp.token_logprobs for lp in lps), []) == whole.logprobs.token_logprobs
     assert sum((lp.text_offset for lp in lps), []) == whole.logprobs.text_offset
-    assert (body[-1].finish_reason, extra(body[-1], "stop_reason")) == (whole.finish_reason, extra(whole, "stop_reason"))
+    assert (body[-1].finish_reason, extra(body[-1], "stop_reason")) == (
+        whole.finish_reason,
+        extra(whole, "stop_reason"),
+    )
     assert whole.finish_reason == ("stop" if with_stop else "length")
     if with_stop:
         assert kw["stop"][0] not in whole.text

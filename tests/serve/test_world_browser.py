@@ -23,9 +23,9 @@ from PIL import Image
 from world_serve_helpers import tiny_world_model, world_server
 
 from execstate.model.world import renderer
-from execstate.serve.world_driver import WorldHost
-from execstate.serve.world_encode import frame_sha256
-from execstate.session.world_offline import World, scene_frames
+from execstate.serve.realtime.world.encode import frame_sha256
+from execstate.serve.realtime.world.host import WorldHost
+from execstate.session.world.offline import World, scene_frames
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

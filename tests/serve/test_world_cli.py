@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -28,6 +29,10 @@ def test_serve_options():
     assert (a.model, a.world, a.world_session_memory, a.world_fps) == ("some-lm", "/m", 2 << 20, 0.0)
     a = p.parse_args(["serve", "some-lm"])
     assert (a.model, a.world) == ("some-lm", None)  # the LM server as before
+    assert p.parse_args(["serve", "--world", "--world-max-frames", "7"]).world_max_frames == 7
+    for fps in ("0.5", "241", "5e-324", "nan", "-1"):  # 0, or 1 to 240
+        with pytest.raises(SystemExit):
+            p.parse_args(["serve", "--world", "--world-fps", fps])
     with pytest.raises(SystemExit, match="MODEL, --world, or both"):
         a = p.parse_args(["serve"])
         a.func(a)
@@ -53,6 +58,7 @@ def test_world_only_server_subprocess(tmp_path):
                 pass
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.2)
+        assert httpx.get(f"{url}/health").json() == {"status": "ok"}  # the LM server's shape
         page = httpx.get(f"{url}/world")
         assert page.status_code == 200 and '<canvas id="screen"' in page.text and "/world.js" in page.text
         script = httpx.get(f"{url}/world.js")
@@ -71,6 +77,12 @@ def test_world_only_server_subprocess(tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+    with proc.stdout:
+        out = proc.stdout.read().decode()
+    block = out[out.index("execstate serve --world ready"):]  # the start-up block, like the LM server's
+    for label, value in (("world model", f"{model_dir}"), ("world sessions", "at most 2,"), ("default fps", "16"),
+                         ("listening on", f"http://127.0.0.1:{port}"), ("API key", "off"), ("start-up", "")):
+        assert re.search(rf"^  {label} +{re.escape(value)}", block, re.M), (label, block)
 
 
 def test_lm_app_with_world_endpoints(served):
@@ -79,10 +91,10 @@ def test_lm_app_with_world_endpoints(served):
     from serve_helpers import MODEL_NAME
 
     from execstate.serve.app import build_app
-    from execstate.serve.world_driver import WorldHost
-    from execstate.serve.world_ws import install_world
+    from execstate.serve.realtime.world.endpoint import install_world
+    from execstate.serve.realtime.world.host import WorldHost
 
-    app = build_app(served.engine, MODEL_NAME)
+    app = build_app(served.engine, MODEL_NAME, sessions=served.sessions)
     host = WorldHost(tiny_world_model(), max_sessions=1)
     install_world(app, host)
     try:

@@ -13,8 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from world_serve_helpers import offline_hashes, tiny_world_model
 
-from execstate.serve.world_conn import WorldConnection
-from execstate.serve.world_driver import WorldHost
+from execstate.serve.realtime.connection import Connection
+from execstate.serve.realtime.world.handlers import WorldHandlers
+from execstate.serve.realtime.world.host import WorldHost
+from execstate.serve.realtime.world.messages import WORLD_PROTOCOL
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=5),
                     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
@@ -75,7 +77,7 @@ async def good_run(host: WorldHost, seed: int = 9) -> list[dict]:
         events.append(meta)
         got_chunk.set()
 
-    conn = WorldConnection(host, emit, emit_chunk)
+    conn = Connection(WORLD_PROTOCOL, lambda peer: WorldHandlers(peer, host), emit, emit_chunk)
     await conn.handle(json.dumps({"type": "session.start", "seed": seed, "fps": 0, "num_frames": 8}))
     await got_chunk.wait()
     await conn.handle(json.dumps({"type": "key.down", "key": "right", "event_id": "r"}))
@@ -98,7 +100,7 @@ def test_noise_never_crashes_and_others_are_unaffected(host, frames):
         async def emit_chunk(meta, payload):
             out.append(meta)
 
-        noisy = WorldConnection(host, emit, emit_chunk)
+        noisy = Connection(WORLD_PROTOCOL, lambda peer: WorldHandlers(peer, host), emit, emit_chunk)
         good = asyncio.create_task(good_run(host))
         for f in frames:
             n = len(out)

@@ -10,7 +10,7 @@ import pytest
 from websockets.asyncio.client import connect
 from world_serve_helpers import WorldClient, tiny_world_model, world_server, ws_url
 
-from execstate.serve.world_driver import WorldHost
+from execstate.serve.realtime.world.host import WorldHost
 
 
 class SlowModel:

@@ -10,8 +10,8 @@ import pytest
 from websockets.asyncio.client import connect
 from world_serve_helpers import WorldClient, offline_hashes, tiny_world_model, world_server, ws_url
 
-from execstate.serve.world_driver import WorldHost
-from execstate.serve.world_encode import decode_chunk, frame_sha256
+from execstate.serve.realtime.world.encode import decode_chunk, frame_sha256
+from execstate.serve.realtime.world.host import WorldHost
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,10 @@ from websockets.asyncio.client import ClientConnection
 from execstate.model.world.config import WorldModelConfig
 from execstate.model.world.model import ChunkedWorldModel
 from execstate.model.world.transformer import WorldTransformer
-from execstate.serve.world_driver import WorldHost
-from execstate.serve.world_encode import frame_sha256
-from execstate.serve.world_server import build_world_app
-from execstate.session.world_offline import World, scene_frames
+from execstate.serve.realtime.world.app import build_world_app
+from execstate.serve.realtime.world.encode import frame_sha256
+from execstate.serve.realtime.world.host import WorldHost
+from execstate.session.world.offline import World, scene_frames
 
 TINY = WorldModelConfig(d_model=32, n_layers=2, n_heads=2, frames_per_chunk=2, text_dim=16, text_buckets=64,
                         window_chunks=2)

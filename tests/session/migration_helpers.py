@@ -5,16 +5,13 @@ left the source serving and the target holding nothing."""
 from __future__ import annotations
 
 from pathlib import Path
-from unittest import mock
 
 from session_helpers import check_accounting, make_llm
 
 from execstate import LLM, SamplingParams
-from execstate.engine import pd_connector
+from execstate.bench.faults import FaultInjection, importer_factory
 from execstate.engine.pd_connector import PDConfig
-from execstate.session.lm_sessions import LMSessions
-from execstate.session.lm_step import StepResult
-from execstate.transfer.faults import FaultInjection, importer_factory
+from execstate.session.lm.step import StepResult
 
 SECRET = "session-migration-test-secret-0123"
 
@@ -32,11 +29,8 @@ class Engines:
         pd_kw.setdefault("secret", SECRET)
         pd_kw.setdefault("timeout_s", 5.0)
         cfg = PDConfig(role=role, **pd_kw)
-        if faults is None:
-            llm.engine.attach_pd(cfg)
-        else:
-            with mock.patch.object(pd_connector, "KVImporter", importer_factory(FaultInjection.from_dict(faults))):
-                llm.engine.attach_pd(cfg)
+        make_importer = None if faults is None else importer_factory(FaultInjection.from_dict(faults))
+        llm.engine.attach_pd(cfg, make_importer)
         self.built.append(llm)
         return llm
 
@@ -64,7 +58,7 @@ def assert_holds_nothing(llm: LLM, session_id: str) -> None:
     """The target after a failed migration: no such session, no holds, no block in use."""
     eng = llm.engine
     eng.poll()
-    assert all(rt.session_id != session_id for rt in LMSessions.of(eng).manager.resident())
+    assert all(rt.session_id != session_id for rt in llm.sessions.manager.resident())
     assert eng.kv_holds.num_holders == 0
     assert eng.block_pool.num_used == 0
     assert eng.pd is None or eng.pd.num_loads_inflight == 0

@@ -13,9 +13,9 @@ from execstate.engine.async_engine import AsyncEngine, EngineDeadError
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.step_failure import check_references
-from execstate.session.async_sessions import AsyncSessions
-from execstate.session.events import SessionEventError
-from execstate.session.lm_step import StepDelta, StepResult
+from execstate.session.lm.async_sessions import AsyncSessions
+from execstate.session.lm.step import StepDelta, StepResult
+from execstate.session.runtime.events import SessionEventError
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execstate.session.events import (
+from execstate.session.runtime.events import (
     EventKind,
     EventQueue,
     Merge,

@@ -8,8 +8,7 @@ import pytest
 from session_helpers import GREEDY, SAMPLED, check_accounting, check_released, generate, make_llm, tokens
 
 from execstate.engine.scheduler import PRIORITY_BATCH
-from execstate.session.events import SessionEventError
-from execstate.session.lm_sessions import LMSessions
+from execstate.session.runtime.events import SessionEventError
 
 
 def code(fn) -> str:
@@ -62,7 +61,9 @@ def test_kv_pressure_evicts_idle_sessions_or_fails_the_request_clearly(moe_dir):
             s.step(tokens(42 + i, 60), max_tokens=4)  # 4 blocks each: 12 of 16 held
         out = llm.generate({"prompt_token_ids": tokens(50, 90)}, GREEDY, use_tqdm=False)[0]  # needs 6
         if eviction == "lru":
-            assert out.error is None and out.outputs[0].token_ids == generate(make_llm(moe_dir), tokens(50, 90)).token_ids
+            assert (
+                out.error is None and out.outputs[0].token_ids == generate(make_llm(moe_dir), tokens(50, 90)).token_ids
+            )
             assert [s.status for s in sessions] == ["evicted", "open", "open"]  # the oldest step went
         else:
             assert out.outputs[0].finish_reason == "abort" and "sessions and checkpoints hold" in out.error
@@ -83,7 +84,7 @@ def test_interleaved_sessions_equal_each_alone(moe_dir, params):
         s = solo.open_session(sampling_params=params)
         alone[name] = [s.step(t).token_ids for t in turns], s.routed_experts
     llm = make_llm(moe_dir)
-    sessions = LMSessions.of(llm.engine)
+    sessions = llm.sessions
     sessions.open("a", params)
     sessions.open("b", params)
     got = {"a": [], "b": []}
@@ -124,7 +125,7 @@ def run_until_admitted(llm, handle_request_id: str) -> list[str]:
 def test_a_session_step_is_scheduled_ahead_of_queued_batch_requests(moe_dir, priority):
     llm = make_llm(moe_dir, max_num_seqs=2)
     eng = llm.engine
-    sessions = LMSessions.of(eng)
+    sessions = llm.sessions
     sessions.open("s", GREEDY, priority=PRIORITY_BATCH if priority == "batch" else 1)
     for i in range(4):
         eng.add_request(tokens(70 + i, 12), GREEDY, f"batch-{i}")
@@ -153,7 +154,7 @@ def test_a_preempted_session_step_recomputes_to_the_same_tokens_routes_and_rng(m
     alone = solo.step(prompt, max_tokens=20), solo.step([7, 8], max_tokens=4), solo.routed_experts
     llm = make_llm(moe_dir, num_kv_blocks=6, max_model_len=64)  # the step and the batch request do not fit together
     eng = llm.engine
-    sessions = LMSessions.of(eng)
+    sessions = llm.sessions
     sessions.open("s", params, priority=PRIORITY_BATCH)  # same class as the batch request: the newer one yields
     eng.add_request(tokens(101, 30), replace(GREEDY, max_tokens=30), "batch")
     eng.step()

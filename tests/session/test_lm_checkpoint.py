@@ -11,7 +11,7 @@ import pytest
 import torch
 from session_helpers import GREEDY, SAMPLED, check_accounting, check_released, generate, make_llm, tokens
 
-from execstate.session.events import SessionEventError
+from execstate.session.runtime.events import SessionEventError
 
 A, B, C, D, E = tokens(20, 37), tokens(21, 6), tokens(22, 9), tokens(23, 4), tokens(24, 5)
 UNSEEDED = replace(SAMPLED, seed=None)
@@ -164,3 +164,17 @@ def test_checkpoints_are_per_session_and_released_on_request(moe_dir):
     s.close()
     t.close()
     check_released(llm)
+
+
+def test_printing_a_checkpoint_is_one_short_line(moe_dir):
+    """Issue 19: ``print(cp)`` does not dump the route array or the KV holds."""
+    llm = make_llm(moe_dir)
+    s = llm.open_session(sampling_params=GREEDY)
+    s.step(A, max_tokens=8)
+    cp = s.checkpoint()
+    text = repr(cp)
+    assert text == (f"Checkpoint({cp.checkpoint_id!r}, session={s.session_id!r}, step=1, epoch={cp.event_epoch}, "
+                    f"branch={cp.branch_id!r}, 0 pending event(s), pinned)")
+    assert str(cp) == text and "\n" not in text and len(text) < 200
+    s.close()
+    assert repr(cp).endswith("released)")

@@ -9,7 +9,7 @@ import pytest
 from session_helpers import GREEDY, check_released, generate, make_llm, tokens
 
 from execstate import SamplingParams
-from execstate.session.events import SessionEventError
+from execstate.session.runtime.events import SessionEventError
 
 
 def code(fn) -> str:

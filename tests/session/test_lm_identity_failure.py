@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from session_helpers import GREEDY, check_accounting, check_released, generate, make_llm, tokens
 
-from execstate.session.events import SessionEventError
+from execstate.session.runtime.events import SessionEventError
 
 A, B, C = tokens(30, 21), tokens(31, 6), tokens(32, 5)
 

@@ -81,6 +81,7 @@ def test_logprobs_when_the_session_asks_for_them(moe_dir):
     ref = cold.generate({"prompt_token_ids": s.token_ids[:-4]}, params, use_tqdm=False)[0].outputs[0]
     assert [list(e) for e in r.logprobs] == [list(e) for e in ref.logprobs]
     assert [e[t].logprob for e, t in zip(r.logprobs, r.token_ids, strict=True)] == pytest.approx(
-        [e[t].logprob for e, t in zip(ref.logprobs, ref.token_ids, strict=True)], abs=1e-5)  # prefill chunking: float noise
+        [e[t].logprob for e, t in zip(ref.logprobs, ref.token_ids, strict=True)], abs=1e-5
+    )  # prefill chunking: float noise
     assert r.cumulative_logprob == pytest.approx(ref.cumulative_logprob, abs=1e-4)
     assert GREEDY.logprobs is None and llm.open_session(sampling_params=GREEDY).step([5]).logprobs is None

@@ -17,9 +17,9 @@ from migration_helpers import (
 )
 from session_helpers import GREEDY, SAMPLED, check_accounting, make_llm, tokens
 
-from execstate.session.events import SessionEventError
-from execstate.session.migration import migrate_session
-from execstate.session.migration_wire import MigrationError
+from execstate.session.lm.migration import migrate_session
+from execstate.session.lm.migration_wire import MigrationError
+from execstate.session.runtime.events import SessionEventError
 from execstate.transfer.checks import kv_layout_of
 
 A, B, C, D = tokens(30, 37), tokens(31, 6), tokens(32, 9), tokens(33, 4)
@@ -212,6 +212,4 @@ def test_a_refusing_target_leaves_the_source_serving(engines, moe_dir, moe_dir_o
 
 
 def _resident(llm):
-    from execstate.session.lm_sessions import LMSessions
-
-    return LMSessions.of(llm.engine).manager.resident()
+    return llm.sessions.manager.resident()

@@ -1,8 +1,9 @@
 """Session migration: the edges. A migrating session refuses everything but close; sessions
 without KV migrate; a desync between the route records sent with the KV and the control state is
-detected; a replayed offer cannot complete; unsigned offers only from allow-listed sources; an
-engine without a connector refuses clearly; and, over random histories, a migrated session (also
-migrated back) steps exactly as it would have in place."""
+detected; a replayed offer cannot complete (another target refuses it as not its own; its own
+target as a conflict); an imported session serves nothing until committed; unsigned offers are
+refused, allow-list or not; an engine without a connector refuses clearly; and, over random
+histories, a migrated session (also migrated back) steps exactly as it would have in place."""
 
 from __future__ import annotations
 
@@ -13,11 +14,17 @@ from hypothesis import strategies as st
 from migration_helpers import Engines, assert_holds_nothing, assert_same_steps
 from session_helpers import GREEDY, SAMPLED, check_accounting, make_llm, tokens
 
-from execstate.session.events import SessionEventError
-from execstate.session.migration import migrate_session, wait_import
-from execstate.session.migration_source import begin_export, finish_export
-from execstate.session.migration_target import begin_import
-from execstate.session.migration_wire import MigrationError
+from execstate.session.lm.migration import migrate_session, wait_import
+from execstate.session.lm.migration_source import begin_export, finish_export
+from execstate.session.lm.migration_target import begin_import
+from execstate.session.lm.migration_wire import MigrationError
+from execstate.session.runtime.events import SessionEventError
+
+
+def export(llm, session_id: str, target, window_s: float = 30.0):
+    """``begin_export`` of ``session_id`` for ``target``'s engine, with a fresh nonce."""
+    return begin_export(llm.sessions, session_id, window_s, target_engine_id=target.engine.pd.instance_id,
+                        nonce=f"{np.random.default_rng().integers(1 << 62):032x}")
 
 A, B, C = tokens(40, 37), tokens(41, 6), tokens(42, 9)
 
@@ -33,19 +40,20 @@ def test_a_migrating_session_refuses_everything_but_close(engines):
     a = engines()
     s = a.open_session(sampling_params=GREEDY)
     s.step(A)
-    out = begin_export(a.engine, s.session_id, 30.0)
+    b = engines()
+    out = export(a, s.session_id, b)
     assert s.status == "migrating" and a.engine.pd.num_pinned_exports == 1
     for call in (lambda: s.step(B), lambda: s.submit_event(5, "input", {"token_ids": B}), s.checkpoint,
-                 lambda: s.fork(None), s.reset, lambda: s.migrate(engines())):
+                 lambda: s.fork(None), s.reset, lambda: s.migrate(b)):
         with pytest.raises(SessionEventError) as e:
             call()
         assert e.value.code == "busy"
-    finish_export(a.engine, out, ok=False)
+    finish_export(a.sessions, out, ok=False)
     assert s.status == "open" and a.engine.pd.num_pinned_exports == 0
     s.step(B)
-    out = begin_export(a.engine, s.session_id, 30.0)
+    out = export(a, s.session_id, b)
     s.close()  # allowed while migrating; finishing later changes nothing
-    finish_export(a.engine, out, ok=True)
+    finish_export(a.sessions, out, ok=True)
     a.engine.poll()
     assert a.engine.kv_holds.num_holders == 0 and a.engine.block_pool.num_used == 0
     check_accounting(a)
@@ -91,32 +99,54 @@ def test_a_replayed_offer_cannot_complete(engines):
     a, b, c = engines(), engines(), engines()
     s = a.open_session(sampling_params=GREEDY, session_id="replay")
     s.step(A)
-    out = begin_export(a.engine, s.session_id, 30.0)
-    result = wait_import(b.engine, begin_import(b.engine, out.payload), out)
-    finish_export(a.engine, out, ok=True)
+    out = export(a, s.session_id, b)
+    handle = begin_import(b.sessions, out.payload)
+    result = wait_import(b.sessions, handle, out)
     assert result.blocks_transferred == 2
-    with pytest.raises(MigrationError) as e:  # the same offer, again, elsewhere: its transfer is released
-        wait_import(c.engine, begin_import(c.engine, out.payload), out)
-    assert e.value.code == "released"
+    moved = b.session("replay")
+    with pytest.raises(SessionEventError) as e:  # imported, not served before the commit
+        moved.step(B)
+    assert e.value.code == "busy" and moved.status == "migrating"
+    finish_export(a.sessions, out, ok=True)
+    handle.commit()
+    assert moved.status == "open"
+    with pytest.raises(MigrationError) as e:  # the same offer, again, elsewhere: not that engine's offer
+        begin_import(c.sessions, out.payload)
+    assert e.value.code == "wrong_target"
     assert_holds_nothing(c, "replay")
     with pytest.raises(MigrationError) as e:  # and where it already lives
-        begin_import(b.engine, out.payload)
+        begin_import(b.sessions, out.payload)
     assert e.value.code == "conflict"
 
 
-def test_unsigned_offers_only_from_allow_listed_sources(engines, monkeypatch):
+def test_an_abandoned_import_is_never_served(engines):
+    a, b = engines(), engines()
+    s = a.open_session(sampling_params=GREEDY, session_id="abandoned")
+    s.step(A)
+    out = export(a, s.session_id, b)
+    handle = begin_import(b.sessions, out.payload)
+    wait_import(b.sessions, handle, out)
+    handle.abandon("the source asked to abort")  # the acknowledgement never reached the source
+    with pytest.raises(MigrationError) as e:
+        handle.commit()
+    assert e.value.code == "aborted"
+    finish_export(a.sessions, out, ok=False)
+    assert s.status == "open" and len(s.step(B).token_ids) == 8
+    assert_holds_nothing(b, "abandoned")
+
+
+def test_unsigned_offers_are_refused_allow_listed_or_not(engines, monkeypatch):
     monkeypatch.delenv("EXECSTATE_KV_SECRET", raising=False)
     a = engines(secret=None)
     listed = engines(secret=None, allowed_prefill={a.engine.pd.instance_id: a.engine.pd.server.addr})
-    unlisted, signed_only = engines(secret=None), engines()
     s = a.open_session(sampling_params=GREEDY)
     s.step(A)
-    for target, code in ((unlisted, "unauthorized"), (signed_only, "unauthorized")):
+    for target in (listed, engines(secret=None), engines()):
         with pytest.raises(MigrationError) as e:
             migrate_session(s, target)
-        assert e.value.code == code
-    s2 = s.migrate(listed)
-    assert len(s2.step(B).token_ids) == 8
+        assert e.value.code == "unsupported"  # the source has no secret to sign with: nothing is sent
+        assert s.status == "open"
+    assert len(s.step(B).token_ids) == 8
 
 
 def test_engines_without_a_connector_refuse(engines, moe_dir):

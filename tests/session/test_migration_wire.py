@@ -11,10 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execstate.session.events import EventQueue
-from execstate.session.lm_events import lm_event_kinds
-from execstate.session.migration_state import check_offer, event_queue, route_rows, sampling_params
-from execstate.session.migration_wire import (
+from execstate.session.lm.events import lm_event_kinds
+from execstate.session.lm.migration_state import check_offer, event_queue, route_rows, sampling_params
+from execstate.session.lm.migration_wire import (
     FORMAT_VERSION,
     MigrationError,
     SessionOffer,
@@ -26,6 +25,7 @@ from execstate.session.migration_wire import (
     decode_offer,
     encode_offer,
 )
+from execstate.session.runtime.events import EventQueue
 
 SECRET = b"wire-test-secret-0123456789"
 VOCAB, MAX_LEN, SHAPE, EXPERTS = 512, 256, (2, 2), 8
@@ -36,7 +36,8 @@ def offer(**over) -> SessionOffer:
     n = 20
     rows = np.tile(np.array([[0, 1], [2, 3]], dtype="<i2"), (n - 1, 1, 1))
     fields = dict(
-        format_version=FORMAT_VERSION, session_id="s-1", source_instance_id="src", provenance_digest="p" * 64,
+        format_version=FORMAT_VERSION, session_id="s-1", tenant="team-a", nonce="ab" * 16, target_engine_id="dst",
+        source_instance_id="src", provenance_digest="p" * 64,
         cache_salt=None, token_ids=list(range(3, 3 + n)), num_kv_tokens=n - 1, route_rows=rows.tobytes(),
         step_index=2, event_epoch=1, max_event_epoch=3, branch_id="b0",
         seed=7, rng_state=bytes(torch.Generator().manual_seed(7).get_state().numpy()),
@@ -79,7 +80,9 @@ def test_signatures():
     with pytest.raises(MigrationError) as e:
         decode_offer(data, None)  # signed, but nothing to check it with
     assert e.value.code == "unauthorized"
-    assert decode_offer(encode_offer(offer(), None), SECRET)[1] is False  # unsigned: the caller decides
+    with pytest.raises(MigrationError) as e:  # unsigned: refused whatever it carries (finding 4 of issue 19)
+        decode_offer(encode_offer(offer(), None), SECRET)
+    assert e.value.code == "unauthorized"
     env = msgspec.msgpack.decode(data, type=SignedOffer)
     forged = msgspec.msgpack.encode(offer(token_ids=list(range(4, 24))))
     with pytest.raises(MigrationError) as e:  # a new payload under the old signature
@@ -111,15 +114,32 @@ def test_unknown_fields_and_other_versions():
     raw = msgspec.msgpack.decode(msgspec.msgpack.encode(offer()))
     raw["extra"] = 1
     with pytest.raises(MigrationError) as e:
-        decode_offer(encode_raw(raw), None)
+        decode_offer(encode_raw(raw), SECRET)
     assert e.value.code == "invalid"
     with pytest.raises(MigrationError) as e:
-        decode_offer(encode_offer(offer(format_version=FORMAT_VERSION + 1), None), None)
+        decode_offer(encode_offer(offer(format_version=FORMAT_VERSION + 1), SECRET), SECRET)
     assert e.value.code == "incompatible"
+    with pytest.raises(MigrationError) as e:
+        decode_offer(encode_offer(offer(tenant="not a tenant"), SECRET), SECRET)
+    assert e.value.code == "invalid"
+
+
+def test_a_rotation_accepts_the_previous_secret():
+    from execstate.transfer.secrets import SecretRing
+
+    old, new = b"the-old-shared-secret-0123", b"the-new-shared-secret-0123"
+    data = encode_offer(offer(), old)  # a source not yet given the new secret
+    assert decode_offer(data, SecretRing(new, (old,)))[0] == offer()
+    with pytest.raises(MigrationError) as e:  # once the rotation is over, the old secret is refused
+        decode_offer(data, SecretRing(new))
+    assert e.value.code == "unauthorized"
 
 
 def encode_raw(raw: dict) -> bytes:
-    return msgspec.msgpack.encode(SignedOffer(msgspec.msgpack.encode(raw), None))
+    from execstate.session.lm.migration_wire import sign
+
+    payload = msgspec.msgpack.encode(raw)
+    return msgspec.msgpack.encode(SignedOffer(payload, sign(SECRET, payload)))
 
 
 BAD = {

@@ -13,9 +13,9 @@ import pytest
 
 from execstate.identity.keys import root_key
 from execstate.identity.provenance import Provenance
-from execstate.session.events import EventKind, EventQueue, Merge, SessionEventError
-from execstate.session.manager import SessionManager, check_session_id
-from execstate.session.runtime import SessionRuntime, SessionStatus
+from execstate.session.runtime.events import EventKind, EventQueue, Merge, SessionEventError
+from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
+from execstate.session.runtime.manager import SessionManager, check_session_id
 
 ROOT = root_key(Provenance(model_id="m", weights_version="w", dtype="float32", numerics="eager", route_mode="free"))
 KINDS = {"add": EventKind("add", Merge.APPEND, int), "set": EventKind("set", Merge.REPLACE, int)}

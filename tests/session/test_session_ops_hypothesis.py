@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from session_helpers import GREEDY, check_accounting, check_released, generate, make_llm
 
-from execstate.session.events import SessionEventError
+from execstate.session.runtime.events import SessionEventError
 
 CODES = {"invalid", "stale", "backpressure", "busy", "failed", "not_found", "closed", "capacity"}
 

@@ -9,9 +9,9 @@ import threading
 import pytest
 from world_helpers import run, start_frames, tiny_world_model
 
-from execstate.session.events import SessionEventError
-from execstate.session.world_async import AsyncWorld
-from execstate.session.world_offline import World
+from execstate.session.runtime.events import SessionEventError
+from execstate.session.world.async_world import AsyncWorld
+from execstate.session.world.offline import World
 
 KEYS = ["up", "left", "none", "right", "down", "down"]
 

@@ -10,7 +10,7 @@ from execstate import World
 from execstate.model.world import renderer
 from execstate.model.world.default import SHIPPED_DIR, load_default_world_model
 from execstate.model.world.weights import WEIGHTS_FILE, file_sha256
-from execstate.session.world_offline import scene_frames
+from execstate.session.world.offline import scene_frames
 
 
 def test_default_world_runs_the_shipped_model() -> None:

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from world_helpers import run, start_frames, tiny_world_model
 
-from execstate.session.events import SessionEventError
-from execstate.session.world_offline import World
+from execstate.session.runtime.events import SessionEventError
+from execstate.session.world.offline import World
 
 NAMES = ["up", "down", "left", "right"]
 event = st.one_of(

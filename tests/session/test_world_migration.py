@@ -8,10 +8,10 @@ import msgspec
 import pytest
 from world_helpers import run, start_frames, table_kv, tiny_world_model
 
-from execstate.session.migration_wire import MigrationError, WirePending
-from execstate.session.world_migration import export_world_session, finish_export, import_world_session
-from execstate.session.world_migration_wire import SignedWorldOffer, WorldOffer
-from execstate.session.world_offline import World
+from execstate.session.lm.migration_wire import MigrationError, WirePending
+from execstate.session.world.migration import export_world_session, finish_export, import_world_session
+from execstate.session.world.migration_wire import SignedWorldOffer, WorldOffer
+from execstate.session.world.offline import World
 
 PLAN = [[("key", {"key": "left", "down": True})], [("prompt", {"text": "snow"})], [], [("action", {"key": "up"})]]
 PENDING = ("composite", {"events": [{"kind": "action", "data": {"key": "right"}},

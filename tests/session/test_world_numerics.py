@@ -7,7 +7,7 @@ import pytest
 from world_helpers import start_frames, tiny_world_model
 
 from execstate.bench.world_numerics import compare_numerics
-from execstate.session.world_offline import World
+from execstate.session.world.offline import World
 
 
 def _largest_allocation(world: World, steps: int = 4) -> int:

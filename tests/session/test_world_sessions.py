@@ -9,8 +9,8 @@ import pytest
 import torch
 from world_helpers import TINY, run, start_frames, table_kv, tiny_world_model
 
-from execstate.session.events import SessionEventError
-from execstate.session.world_offline import World
+from execstate.session.runtime.events import SessionEventError
+from execstate.session.world.offline import World
 
 
 @pytest.fixture(scope="module")

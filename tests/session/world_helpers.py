@@ -8,7 +8,7 @@ import torch
 from execstate.model.world.config import WorldModelConfig
 from execstate.model.world.model import ChunkedWorldModel
 from execstate.model.world.transformer import WorldTransformer
-from execstate.session.world_offline import World, WorldSession
+from execstate.session.world.offline import World, WorldSession
 
 TINY = WorldModelConfig(frame_size=24, patch_size=12, d_model=32, n_layers=2, n_heads=2, frames_per_chunk=2,
                         text_dim=16, text_buckets=64, window_chunks=2)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from transfer_harness import BLOCK_SIZE, keys_for
 
+from execstate.bench.faults import FaultInjection, FaultyImporter
 from execstate.transfer.errors import ErrorCode
-from execstate.transfer.faults import FaultInjection, FaultyImporter
 from execstate.transfer.importer import KVImporter, LoadResult
 
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from transfer_harness import BLOCK_SIZE, R3, fill_pool, keys_for, make_caps, make_pool, routes_for
 
+from execstate.bench.faults import FaultInjection, FaultMode, TruncateTarget, truncate_manifest
 from execstate.transfer.checks import block_checksum, block_checksums, check_compatible, verify_manifest
 from execstate.transfer.errors import ErrorCode, TransferError
-from execstate.transfer.faults import FaultInjection, FaultMode, TruncateTarget, truncate_manifest
 from execstate.transfer.manifest import (
     FORMAT_VERSION,
     BlockEntry,

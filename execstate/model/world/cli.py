@@ -44,7 +44,12 @@ def add_world_parser(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--context-noise", type=float, default=t["context_noise"],
                     help="max std of the noise added to context chunks and carries in training")
     ev = wsub.add_parser("eval", help="action following, PSNR and drift against the renderer; a comparison PNG")
-    ev.add_argument("model", nargs="?", default="world", help="a trained model directory, or 'world' (the prepared model, else the shipped weights)")
+    ev.add_argument(
+        "model",
+        nargs="?",
+        default="world",
+        help="a trained model directory, or 'world' (the prepared model, else the shipped weights)",
+    )
     ev.add_argument("--episodes", type=int, default=8)
     ev.add_argument("--steps", type=int, default=64, help="steps (chunks) per episode")
     ev.add_argument("--drift-steps", type=int, default=500, help="steps of the rolling-window rollout (0: skip)")

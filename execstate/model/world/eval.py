@@ -12,8 +12,8 @@ random held keys (``renderer.random_actions``), and the renderer plays the same 
 - **PSNR** of each generated frame against the renderer's, per step (chunk) index (99 dB for an
   exact frame, so a mean over steps mostly counts exact frames).
 - **drift** over a long rollout with the rolling window: per segment of steps, PSNR, action
-  accuracy, the share of frames where an agent is found at all, and *palette fidelity* (share of pixels within 48 RGB units of a colour that can
-  occur in the scene: floor, wall, agent, movers) -- a model that drifts blurs or invents
+  accuracy, the share of frames where an agent is found at all, and *palette fidelity* (share of pixels within 48 RGB
+  units of a colour that can occur in the scene: floor, wall, agent, movers) -- a model that drifts blurs or invents
   colours even where it still follows the keys; plus KV blocks in use and the process's peak
   resident memory (bounded memory: blocks stay constant).
 """
@@ -31,6 +31,7 @@ import numpy as np
 from execstate.model.world import renderer
 from execstate.model.world.interface import WorldModel
 from execstate.model.world.rollout import WorldRollout
+from execstate.model.world.strip import StripRow, strip_png
 
 
 @dataclass
@@ -150,36 +151,22 @@ def drift(model: WorldModel, seed: int = 0, steps: int = 500, segment: int = 50,
 
 def comparison_png(model: WorldModel, path: Path, seeds: tuple[int, ...] = (1, 2), steps: int = 8,
                    late_steps: int = 500, scale: int = 4) -> Path:
-    """PNG: row pairs of generated frames (top) above the renderer's (bottom) for the same keys,
-    ``steps * F`` frames per row, each frame's key under it: the first ``steps`` steps of the episodes
-    ``seeds`` (chunk 0, the given start, left out), then (``late_steps > 0``) the last ``steps`` steps
-    of a ``late_steps``-step rollout with the rolling window (seed 0)."""
-    from PIL import Image, ImageDraw
-
+    """PNG (``strip.strip_png``): row pairs of generated frames (top) above the renderer's (bottom)
+    for the same keys, ``steps * F`` frames per row, each frame's key under it: the first ``steps``
+    steps of the episodes ``seeds`` (chunk 0, the given start, left out), then (``late_steps > 0``)
+    the last ``steps`` steps of a ``late_steps``-step rollout with the rolling window (seed 0)."""
     f = model.spec.frames_per_chunk
-    rows: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] = []  # title, generated, truth, keys
+
+    def names(keys: np.ndarray) -> list[str]:
+        return [renderer.ACTIONS[int(k)] for k in keys]
+
+    rows: list[StripRow] = []
     for seed in seeds:
         ep = run_episode(model, seed, steps)
-        rows.append((f"seed {seed}: steps 1-{steps}", ep.generated, ep.truth[f:], ep.keys[f:]))
+        rows.append(StripRow(f"seed {seed}: steps 1-{steps}", ep.generated, ep.truth[f:], names(ep.keys[f:])))
     if late_steps:
         ep = run_episode(model, 0, late_steps)
         lo = (late_steps - steps) * f
-        rows.append((f"seed 0: steps {late_steps - steps + 1}-{late_steps} of a {late_steps}-step rollout "
-                     f"(rolling window)", ep.generated[lo:], ep.truth[f + lo :], ep.keys[f + lo :]))
-    per_row, size, label, title = steps * f, model.spec.frame_shape[0] * scale, 12, 14
-    row_h = title + 2 * size + label + 10
-    img = Image.new("RGB", (per_row * (size + 2), len(rows) * row_h), (255, 255, 255))
-    draw = ImageDraw.Draw(img)
-    names = dict(enumerate(renderer.ACTIONS))
-    for r, (name, gen, truth, keys) in enumerate(rows):
-        y = r * row_h
-        draw.text((2, y + 1), f"{name} -- top: generated, bottom: renderer", fill=(0, 0, 0))
-        for i in range(per_row):
-            x = i * (size + 2)
-            for j, frame in enumerate((gen[i], truth[i])):
-                tile = Image.fromarray(frame).resize((size, size), Image.NEAREST)
-                img.paste(tile, (x, y + title + j * (size + 1)))
-            draw.text((x + 2, y + title + 2 * size + 2), names[int(keys[i])], fill=(0, 0, 0))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    img.save(path)
-    return path
+        rows.append(StripRow(f"seed 0: steps {late_steps - steps + 1}-{late_steps} of a {late_steps}-step rollout "
+                             f"(rolling window)", ep.generated[lo:], ep.truth[f + lo :], names(ep.keys[f + lo :])))
+    return strip_png(rows, path, scale)

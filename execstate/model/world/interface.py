@@ -16,16 +16,16 @@ Call order of one step (``sampler.generate_chunk`` is the reference implementati
     carry = model.commit(x1, actions, prompt, ctx, carry, writer)  # writes the new chunk's slots
     frames = model.decode(x1)                               # uint8 [F, H, W, 3]
 
+then the runtime appends the new chunk's block ids to the session's block table and, with a
+rolling window, releases the oldest middle chunks (``window.RollingWindow``): a block-table
+operation, no tensor copy. A session that starts from frames (image-to-world) commits
+``model.encode_frames(first_chunk)`` as its first chunk, without denoising.
+
 The *carry* is the session's small recurrent state besides the K/V: what the next step needs
 from this one that is not K/V (this model: the last two frames' latents, 54 KiB; a streaming VAE
 decoder's feature cache would be carry too). A session starts with ``model.initial_carry()``;
 the runtime keeps the carry with its control state and saves it in checkpoints (it is
 immutable: a new one per step).
-
-then the runtime appends the new chunk's block ids to the session's block table and, with a
-rolling window, releases the oldest middle chunks (``window.RollingWindow``): a block-table
-operation, no tensor copy. A session that starts from frames (image-to-world) commits
-``model.encode_frames(first_chunk)`` as its first chunk, without denoising.
 
 Contracts (each tested in tests/model/world/):
 

@@ -5,7 +5,8 @@ a :class:`BlockPool` (block ids, reference counts) and a :class:`KVPool` (the te
 session's block table (one tuple of block ids per chunk, sink first), a :class:`RollingWindow`,
 the prompt's cross-attention cache (:class:`PromptKV`, re-encoded only when the prompt changes),
 the carry and the noise generator (``torch.Generator``, the session's RNG state). Evaluation, benchmarks
-and tests use it; the runtime task's world sessions are meant to follow the same steps.
+and tests use it; the session runtime's world sessions (``session/``, the world kind) run the same
+steps (``WorldModel``'s call order, ``model/world/interface.py``) on their own block tables.
 
 - :meth:`start` commits the given first frames as chunk 0 (the sink), or generates it from the
   prompt when no frames are given.

@@ -8,8 +8,8 @@ Self-Forcing teacher forcing). Chunk-level attention (then expanded to tokens):
   sees (the cached clean K/V of earlier chunks, plus the chunk being denoised).
 
 Clean and noisy copies of a chunk share its time positions (``i * F + frame``, see
-:mod:`rope`), its actions, its prompt and its carry (the frame before it). Clean chunks run at flow time 1 (clean), noisy ones at
-their sampled ``t``; the loss is on the noisy chunks' predictions of the clean latents.
+:mod:`rope`), its actions, its prompt and its carry (the frame before it). Clean chunks run at flow time 1 (clean),
+noisy ones at their sampled ``t``; the loss is on the noisy chunks' predictions of the clean latents.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def chunk_mask(n: int, tokens_per_chunk: int) -> torch.Tensor:
 def predict(model: WorldTransformer, batch: Batch, t: torch.Tensor, noise: torch.Tensor,
             clean_noise: torch.Tensor | None = None, carry_noise: torch.Tensor | None = None,
             context: torch.Tensor | None = None, local_only: bool = False) -> torch.Tensor:
-    """Predicted clean latents of the noisy chunks, ``[B, N, tpc, latent_dim]`` (the network's raw output: patches, or palette logits).
+    """Predicted clean latents of the noisy chunks, ``[B, N, tpc, latent_dim]`` (the network's raw output: patches,
+    or palette logits).
 
     ``t [B, N]`` flow times of the noisy chunks, ``noise`` like ``batch.latents``;
     ``clean_noise`` (like ``batch.latents``) and ``carry_noise`` (like ``batch.carry``), optional,
@@ -86,7 +87,9 @@ def own_history(model: WorldTransformer, batch: Batch, mask: torch.Tensor) -> tu
     cfg: WorldModelConfig = model.cfg
     b, n, tpc, dim = batch.latents.shape
     f, nc, p = cfg.frames_per_chunk, cfg.carry_frames, cfg.tokens_per_frame
-    pred = LatentCodec(cfg).snap(predict(model, batch, torch.zeros((b, n)), torch.zeros_like(batch.latents)).to(torch.float32))
+    pred = LatentCodec(cfg).snap(
+        predict(model, batch, torch.zeros((b, n)), torch.zeros_like(batch.latents)).to(torch.float32)
+    )
     context = batch.latents.clone()
     context[:, 1:] = torch.where(mask[:, None, None, None], pred[:, 1:], batch.latents[:, 1:])
     carry = batch.carry.clone()

@@ -14,7 +14,8 @@ cross-entropy on predicted palette cells), weighted ``1 + motion_weight`` on
 latent units (pixels or cells) that differ from the previous frame (the agent and movers: most of a frame is static
 floor and walls), and by ``sink_loss_weight`` on the sink chunk: generated from nothing (no
 carry, no context), its loss is mostly the unpredictable random maze, which at weight 1 was most
-of the loss and drowned the learnable part (the next frames given the previous ones). AdamW, linear warm-up, cosine decay to ``lr * 0.1``, gradient clipping at 1.
+of the loss and drowned the learnable part (the next frames given the previous ones). AdamW, linear warm-up, cosine
+decay to ``lr * 0.1``, gradient clipping at 1.
 """
 
 from __future__ import annotations
@@ -133,9 +134,15 @@ def _train(model_cfg: WorldModelConfig, cfg: TrainConfig, log: Callable[[str], N
             if on_log:
                 on_log(step + 1, model)
     model.eval()
-    stats = {"losses": losses.means, "local_losses": local_losses, "log_every": log_every, "wall_s": round(time.perf_counter() - start_wall, 1),
-             "cpu_s": round(time.process_time() - start_cpu, 1), "threads": cfg.threads,
-             "torch": torch.__version__}
+    stats = {
+        "losses": losses.means,
+        "local_losses": local_losses,
+        "log_every": log_every,
+        "wall_s": round(time.perf_counter() - start_wall, 1),
+        "cpu_s": round(time.process_time() - start_cpu, 1),
+        "threads": cfg.threads,
+        "torch": torch.__version__,
+    }
     return model, stats
 
 
@@ -212,7 +219,10 @@ def _train_local(model: WorldTransformer, model_cfg: WorldModelConfig, cfg: Trai
             pred = teacher.predict(model, batch, t, noise, local_only=True)
         loss = lc.loss(pred, batch.latents, _loss_weights(cfg, batch))
         if losses.add(step, _optimizer_step(opt, params, loss)) and log:
-            log(f"local step {step + 1}/{cfg.local_steps} loss {losses.means[-1]:.5f} {time.perf_counter() - start:.0f}s")
+            log(
+                f"local step {step + 1}/{cfg.local_steps} loss {losses.means[-1]:.5f} "
+                f"{time.perf_counter() - start:.0f}s"
+            )
     return losses.means
 
 

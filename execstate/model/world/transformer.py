@@ -19,8 +19,8 @@ static pixel is kept exactly by a saturated gate, which needs no precision, wher
 residual ``carry + delta`` had to produce an exact zero from the last hidden state: its errors
 were coloured noise over the whole frame that compounded over a rollout. The noisy chunk enters scaled by its flow time
 (``c_in(t) = t``, EDM-style input preconditioning): at ``t = 0`` it is pure noise and carries
-no information, so the first sampler step is exactly a function of the context. Each token's embedding also gets a learned spatial
-embedding (its patch's place), a learned frame-in-chunk embedding and the chunk's actions *up to
+no information, so the first sampler step is exactly a function of the context. Each token's embedding also gets a
+learned spatial embedding (its patch's place), a learned frame-in-chunk embedding and the chunk's actions *up to
 its frame* (``sum_{j <= f} E_j[key_j]``, one table per frame slot: the cumulative move, as
 Matrix-Game's action module feeds each frame a window of recent actions), plus the camera
 deltas' projection, cumulated the same way, when ``camera_dim > 0``. The flow time ``t`` of its chunk and its frame's

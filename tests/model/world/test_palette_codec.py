@@ -79,7 +79,7 @@ def test_shift_moves_palette_cells_like_the_renderer_moves_the_agent() -> None:
         if states[1].agent[1] == states[0].agent[1] + 1 and states[2].agent[0] == states[1].agent[0] + 1:
             break
     lat = palette_codec.encode(frames[:1], 12, 4)[None]
-    out = shift.shifted_carry(lat, torch.tensor([keys[1:]]), 2, 3, 1, palette_codec.K)
+    out = shift.shifted_carry(lat, torch.tensor(np.asarray(keys[1:])[None]), 2, 3, 1, palette_codec.K)
     for f in range(2):
         frame = palette_codec.decode(out[0, 0, f], 12, 4)
         assert renderer.locate_agent(frame) == renderer.agent_center(states[f + 1])

@@ -24,7 +24,7 @@ def test_shift_matches_the_numpy_oracle(keys: list[int], seed: int) -> None:
     rng = np.random.default_rng(seed)
     frames = rng.integers(0, 256, size=(2, 48, 48, 3), dtype=np.uint8)  # two groups
     last = codec.encode(frames, 12)[None]  # [1, G=2, P, patch_dim]
-    out = shift.shifted_carry(last, torch.tensor([keys]), 2, 12, 4)
+    out = shift.shifted_carry(last, torch.tensor(np.asarray(keys)[None]), 2, 12, 4)
     assert out.shape == (1, 2, 2, 16, 432)
     for g in range(2):
         dy = dx = 0
@@ -40,6 +40,6 @@ def test_a_free_move_puts_the_agent_where_the_renderer_does() -> None:
         states, frames = renderer.trajectory(renderer.initial_state(seed), keys)
         if states[1].agent[1] == states[0].agent[1] + 1 and states[2].agent[0] == states[1].agent[0] + 1:
             break
-    out = shift.shifted_carry(codec.encode(frames[:1], 12)[None], torch.tensor([keys[1:]]), 2, 12, 4)
+    out = shift.shifted_carry(codec.encode(frames[:1], 12)[None], torch.tensor(np.asarray(keys[1:])[None]), 2, 12, 4)
     for f in range(2):
         assert renderer.locate_agent(codec.decode(out[0, 0, f], 12)) == renderer.agent_center(states[f + 1])

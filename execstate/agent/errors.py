@@ -1,0 +1,27 @@
+"""Errors the agent raises to its caller, and the agent's step statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class AgentError(Exception):
+    """A refused call: ``code`` ``invalid`` (bad input), ``not_found`` (unknown item), ``closed``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Interrupt:
+    t_accept: float
+    old_epoch: int
+    t_step_end: float | None = None  # when the front's cancelled step ended (None: no step was running)
+
+
+@dataclass
+class AgentStats:
+    step_s: list[float] = field(default_factory=list)
+    interrupts: list[Interrupt] = field(default_factory=list)

@@ -1,0 +1,187 @@
+"""``execstate bench offload``: the offload tiers' benchmark (docs/offload.md "Numbers").
+
+Parts (``--parts``, comma-separated):
+
+- ``chat`` (``bench/offload_chat.py``): a multi-tenant chat workload whose working set is 4x the
+  pool; TTFT p50 / p99 and prefill tokens computed with no tier / DRAM / DRAM+disk / +Redis.
+  Goal: TTFT p50 at least 3x lower than with no tier.
+- ``reload`` (``bench/offload_reload.py``): reload from DRAM, disk and Redis vs recompute at
+  1k / 4k / 16k tokens. Goals at 4k: DRAM >= 20x, disk >= 5x, Redis on loopback >= 5x faster.
+- ``desync`` (``bench/desync.py``, ``bench/offload_desync.py``): the desync injection table over
+  the three tiers (a small random MoE model: detection does not depend on size). Must be 100%.
+
+Redis: without ``--redis-url`` the benchmark starts its own ``redis-server`` (loopback, free port,
+no persistence, ``--maxmemory 2gb``) and stops it at the end; with one, it uses that server and
+deletes only its own keys (prefix ``execstate:unit:v1:``) between configurations. Without a Redis
+server at all the Redis rows are left out (and say so).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from execstate.bench.models import resolve_bench_model
+from execstate.bench.redis_server import RedisServer, redis_server_available
+from execstate.state.tiers.redis_store import DEFAULT_PREFIX
+
+PARTS = ("chat", "reload", "desync")
+
+
+def run_offload_bench(model: str = "standard", parts: tuple[str, ...] = PARTS, redis_url: str | None = None,
+                      lengths: tuple[int, ...] = (1024, 4096, 16384), repeats: int = 3, tenants: int = 4,
+                      conversations: int = 4, turns: int = 6, system_len: int = 128, context_len: int = 768,
+                      user_len: int = 64, reply_len: int = 8, desync_repeats: int = 2, threads: int | None = 1,
+                      png: str | None = None) -> dict:
+    import torch
+
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"unknown parts {sorted(unknown)}; choose from {PARTS}")
+    before = torch.get_num_threads()
+    if threads:  # 0 or None: torch's default
+        torch.set_num_threads(threads)
+    try:
+        return _run(model, parts, redis_url, lengths, repeats, tenants, conversations, turns, system_len,
+                    context_len, user_len, reply_len, desync_repeats, png)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run(model: str, parts: tuple[str, ...], redis_url: str | None, lengths: tuple[int, ...], repeats: int,
+         tenants: int, conversations: int, turns: int, system_len: int, context_len: int, user_len: int,
+         reply_len: int, desync_repeats: int, png: str | None) -> dict:
+    import torch
+
+    report: dict = {"model": model, "parts": list(parts), "torch_threads": torch.get_num_threads()}
+    server = None
+    with tempfile.TemporaryDirectory(prefix="execstate-offload-bench-") as tmp:
+        work = Path(tmp)
+        if redis_url is None and redis_server_available():
+            server = RedisServer(work / "redis", "--maxmemory", "2gb", "--maxmemory-policy", "allkeys-lru").start()
+            redis_url = server.url
+        report["redis"] = redis_url or "none (redis-server not installed and no --redis-url: Redis rows left out)"
+        try:
+            model_dir = resolve_bench_model(model) if {"chat", "reload"} & set(parts) else None
+            if "chat" in parts:
+                from execstate.bench.offload_chat import run_chat
+
+                _clear_redis(redis_url)
+                t0 = time.perf_counter()
+                report["chat"] = run_chat(model_dir, work / "chat", redis_url, tenants=tenants,
+                                          conversations=conversations, turns=turns, system_len=system_len,
+                                          context_len=context_len, user_len=user_len, reply_len=reply_len)
+                report["chat"]["seconds"] = time.perf_counter() - t0
+            if "reload" in parts:
+                from execstate.bench.offload_reload import run_reload
+
+                _clear_redis(redis_url)
+                report["reload"] = run_reload(model_dir, work / "reload", redis_url, lengths=lengths, repeats=repeats)
+            if "desync" in parts:
+                _clear_redis(redis_url)
+                report["desync"] = _desync(work / "desync", redis_url, desync_repeats)
+        finally:
+            if server is not None:
+                server.kill()
+    report["ok"] = _ok(report)
+    if png:
+        from execstate.bench.offload_plot import plot_offload
+
+        plot_offload(report, png)
+        report["png"] = png
+    return report
+
+
+def _desync(work: Path, redis_url: str | None, repeats: int) -> dict:
+    from execstate.bench.desync import detection_table, run_trials
+    from execstate.bench.offload_desync import TierDesyncTarget
+    from execstate.engine.llm import LLM
+    from execstate.model.random_models import make_random
+
+    m0, m1 = make_random("qwen3_moe", work / "w0", seed=0), make_random("qwen3_moe", work / "w1", seed=1)
+    oracle = LLM(str(m0), enable_return_routed_experts=True, num_kv_blocks=64, block_size=16, seed=0)
+    targets = [TierDesyncTarget(t, m0, m1, oracle, work / t, redis_url=redis_url, seed=i)
+               for i, t in enumerate(("dram", "disk", "redis")) if t != "redis" or redis_url is not None]
+    try:
+        results = run_trials(targets, repeats=repeats)
+    finally:
+        for t in targets:
+            t.close()
+    rows = detection_table(results)
+    return {"rows": [{"kind": r.kind, "targets": list(r.targets), "injected": r.injected, "detected": r.detected,
+                      "rate": r.rate, "recompute": r.recompute, "error": r.error, "wrong": r.wrong} for r in rows],
+            "trials": [{"target": r.target, "kind": r.kind, "detected": r.detected, "answered": r.answered,
+                        "wrong": r.wrong, "caught_by": r.detail.split(":")[0]} for r in results]}
+
+
+def _clear_redis(url: str | None) -> None:
+    """Delete this benchmark's units from the server (only keys under the units' prefix)."""
+    if url is None:
+        return
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=10)
+    try:
+        batch = []
+        for name in client.scan_iter(match=DEFAULT_PREFIX + "*", count=1000):
+            batch.append(name)
+            if len(batch) >= 1000:
+                client.delete(*batch)
+                batch = []
+        if batch:
+            client.delete(*batch)
+    finally:
+        client.close()
+
+
+def _ok(report: dict) -> bool:
+    ok = True
+    if "chat" in report:
+        ok &= report["chat"]["reply_mismatches"] == 0
+    if "reload" in report:
+        ok &= report["reload"]["first_token_mismatches"] == 0
+    if "desync" in report:
+        ok &= all(r["rate"] == 1.0 and r["wrong"] == 0 for r in report["desync"]["rows"])
+    return bool(ok)
+
+
+def format_offload_table(report: dict) -> str:
+    out = [f"model {report['model']}, torch threads {report['torch_threads']}, redis {report['redis']}"]
+    chat = report.get("chat")
+    if chat:
+        w = chat["workload"]
+        out.append(f"\nchat: {w['requests']} requests, {w['tenants']} tenants x {w['conversations_per_tenant']} "
+                   f"conversations x {w['turns']} turns (system {w['system_len']}, context "
+                   f"{w.get('context_len', 0)}, user {w['user_len']}, reply {w['reply_len']} tokens); working set "
+                   f"{w['working_set_tokens']} tokens = {w['working_set_over_pool']:.1f}x the pool ({w['pool_tokens']} "
+                   "tokens); interleaved")
+        out.append(f"{'config':<18} {'TTFT p50':>9} {'p99':>9} {'p50 vs none':>11} {'computed':>9} {'from tiers':>10} "
+                   f"{'prefix':>8} {'reload p50':>10}")
+        for name, r in chat["configs"].items():
+            reload = f"{r['reload_p50_s'] * 1e3:>8.1f}ms" if r.get("reload_p50_s") is not None else f"{'-':>10}"
+            out.append(f"{name:<18} {r['ttft_p50_s'] * 1e3:>7.1f}ms {r['ttft_p99_s'] * 1e3:>7.1f}ms "
+                       f"{r['p50_speedup_vs_none']:>10.2f}x {r['prefill_tokens_computed']:>9} "
+                       f"{r['tokens_from_tiers']:>10} {r['tokens_from_prefix_cache']:>8} {reload}")
+        out.append(f"reply mismatches vs no tier (tokens or routes): {chat['reply_mismatches']}")
+    rel = report.get("reload")
+    if rel:
+        out.append(f"\nreload vs recompute (median of {rel['repeats']}; TTFT = arrival -> first token)")
+        out.append(f"{'tokens':>7} {'tier':<10} {'TTFT':>9} {'x faster':>9} {'reload job':>10} {'GB/s':>6}")
+        for n, row in rel["rows"].items():
+            out.append(f"{n:>7} {'recompute':<10} {row['recompute_ttft_s'] * 1e3:>7.1f}ms")
+            for tier, r in row.items():
+                if isinstance(r, dict):
+                    out.append(f"{n:>7} {tier:<10} {r['ttft_s'] * 1e3:>7.1f}ms {r['speedup_vs_recompute']:>8.1f}x "
+                               f"{r['reload_job_s'] * 1e3:>8.1f}ms {r['reload_gb_s']:>6.2f}")
+        out.append(f"first-token mismatches vs recompute: {rel['first_token_mismatches']}")
+    des = report.get("desync")
+    if des:
+        from execstate.bench.desync import KindRow, format_detection_table
+
+        rows = [KindRow(r["kind"], tuple(r["targets"]), r["injected"], r["detected"], r["recompute"], r["error"],
+                        r["wrong"]) for r in des["rows"]]
+        out.append("\ndesync injection (one unit corrupted per trial; detected = caught before use)")
+        out.append(format_detection_table(rows))
+    out.append(f"\nok: {report['ok']}" + (f"; plot {report['png']}" if report.get("png") else ""))
+    return "\n".join(out)

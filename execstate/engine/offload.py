@@ -1,0 +1,174 @@
+"""Offload tiers wired into one engine (docs/offload.md; docs/ARCHITECTURE.md 3).
+
+:func:`attach_offload` (called once by ``LLMEngine.__init__``) builds, from the ``offload_*``
+options, the DRAM tier (``HostCache``; a small staging slab when DRAM is not a tier), the lower
+tiers (``DiskStore``, ``RedisStore``), the write-back and reload threads, and installs three
+hooks:
+
+- ``BlockPool.set_write_back(connector.write_back)``: a cached block the pool evicts is copied
+  into a DRAM slot (engine thread, before its slot is reused) and handed to the write-back thread
+  with its origin and route record (``transfer/offload_writer.py``);
+- ``KVCacheManager.pool_units``: where ``commit`` notes what each cached block was computed from
+  (``state/tiers/pool_units.py``), which the write-back needs for the unit's record;
+- ``Scheduler.offload``: :class:`~execstate.engine.offload_loads.OffloadLoads`, the source that
+  reloads a prompt's blocks from the tiers (``transfer/offload_loader.py``).
+
+A unit is written back only with everything that makes it one: its origin (blocks committed by
+``commit``) and, when the engine returns routes, its route record (fail closed: a unit without
+its routes is never written). Requests that force routes are neither written nor served.
+
+Threads: the engine thread calls :meth:`OffloadConnector.write_back` and the loads; the tiers are
+shared with the two worker threads under their own locks. :meth:`close` finishes the queued
+write-backs, stops the threads and closes the stores; it runs by itself when the engine is
+garbage-collected or the interpreter exits (nothing here holds the engine: the reload thread
+wakes it through a weak reference).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from execstate.engine.offload_config import offload_enabled
+from execstate.engine.offload_loads import OffloadLoads
+from execstate.identity.keys import BlockKey
+from execstate.state.block_pool import BlockId
+from execstate.state.tiers.disk_store import DiskStore
+from execstate.state.tiers.host_cache import HostCache
+from execstate.state.tiers.pool_units import PoolUnits
+from execstate.state.tiers.stats import TierSnapshot
+from execstate.state.tiers.store import UnitStore
+from execstate.state.tiers.unit import UnitLayout
+from execstate.transfer.handoff import resolve_secret
+from execstate.transfer.offload_loader import ReloadWorker
+from execstate.transfer.offload_writer import WriteBackWorker, WriteJob
+
+if TYPE_CHECKING:
+    from execstate.engine.config import EngineConfig
+    from execstate.engine.kv_cache_manager import KVCacheManager
+    from execstate.engine.scheduler import Scheduler
+    from execstate.model.config import ModelConfig
+    from execstate.state.block_pool import BlockPool
+    from execstate.state.kv_pool import KVPool
+    from execstate.state.route_store import RouteStore
+
+
+class OffloadHost(Protocol):
+    """What the connector needs of the engine that owns it (``LLMEngine`` is one): its config, pools,
+    route store, KV cache manager, scheduler and ``wake`` (called from the reload thread when a load
+    finished). The connector installs itself into the block pool (write-back hook), the KV cache
+    manager (``pool_units``) and the scheduler (``offload``)."""
+
+    config: EngineConfig
+    kv_pool: KVPool
+    block_pool: BlockPool
+    route_store: RouteStore | None
+    model_config: ModelConfig
+    return_routes: bool
+    kv_manager: KVCacheManager
+    scheduler: Scheduler
+
+    def wake(self) -> None: ...
+
+logger = logging.getLogger("execstate.offload")
+STAGING_SLOTS = 64  # write-backs in flight to the lower tiers when DRAM is not a tier
+
+
+def attach_offload(engine: OffloadHost) -> OffloadConnector | None:
+    """The engine's offload connector, or None when no tier is configured."""
+    return OffloadConnector(engine) if offload_enabled(engine.config) else None
+
+
+class OffloadConnector:
+    def __init__(self, engine: OffloadHost) -> None:
+        cfg = engine.config
+        pool = engine.kv_pool
+        mc = engine.model_config
+        self.kv_pool = pool
+        self.route_store = engine.route_store
+        routes = engine.return_routes
+        _, _, heads, head_dim = pool.k.shape
+        self.layout = UnitLayout(
+            num_layers=pool.num_layers, block_size=pool.block_size, num_kv_heads=int(heads), head_dim=int(head_dim),
+            dtype=str(pool.k.dtype).removeprefix("torch."),
+            route_layers=mc.num_moe_layers if routes else None, route_top_k=mc.top_k if routes else None,
+        )
+        unit = pool.unit_nbytes()
+        dram_slots = cfg.offload_dram_bytes // unit
+        self.host = HostCache(dram_slots or STAGING_SLOTS, unit, cfg.offload_policy, visible=dram_slots > 0)
+        self.stores: list[UnitStore] = []
+        if cfg.offload_disk_dir is not None:
+            self.stores.append(DiskStore(Path(cfg.offload_disk_dir), cfg.offload_disk_bytes, cfg.offload_policy))
+        if cfg.offload_redis_url is not None:
+            from execstate.state.tiers.redis_store import RedisStore  # the client loads only when used
+
+            self.stores.append(RedisStore(cfg.offload_redis_url, cfg.offload_redis_bytes, cfg.offload_policy,
+                                          timeout_s=cfg.offload_timeout_s))
+        secret = resolve_secret(cfg.offload_secret)
+        self.units = PoolUnits()
+        self.writer = WriteBackWorker(self.host, self.stores, self.layout, secret)
+        wake = weakref.WeakMethod(engine.wake)
+        self.loader = ReloadWorker(pool, self.host, self.stores, self.layout, mc.num_experts if routes else None,
+                                   secret, on_result=lambda: _call(wake))
+        self.loads = OffloadLoads(engine.kv_manager, self.tiers, self.loader, routes, cfg.offload_timeout_s)
+        engine.block_pool.set_write_back(self.write_back)
+        engine.kv_manager.pool_units = self.units
+        engine.scheduler.offload = self.loads
+        self._closer = weakref.finalize(engine, _close, self.writer, self.loader, list(self.stores))
+
+    def tiers(self) -> list[HostCache | UnitStore]:
+        """The tiers a lookup consults, in order (DRAM only when it is a tier)."""
+        return ([self.host] if self.host.visible else []) + self.stores
+
+    def write_back(self, block_id: BlockId, key: BlockKey) -> None:
+        """``BlockPool`` write-back hook (engine thread): copy the evicted unit out and queue it.
+        Never raises: a unit that cannot be written back is recomputed when needed."""
+        try:
+            origin = self.units.pop(key)
+            if origin is None:
+                return
+            routes = None
+            if self.route_store is not None:
+                record = self.route_store.get(key)
+                if record is None:
+                    return
+                routes = record.tobytes()
+            if self.host.visible and self.host.contains(key):
+                return
+            slot = self.host.reserve(key)
+            if slot is None:
+                return
+            self.kv_pool.export_block(int(block_id), self.host.view(slot))
+            self.writer.submit(WriteJob(key, origin, slot, routes))
+        except Exception:  # noqa: BLE001 - an eviction must never fail because of a tier
+            logger.exception("offload write-back of block %d failed", block_id)
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait until every write-back submitted so far is in its tiers (tests, benchmarks)."""
+        return self.writer.flush(timeout)
+
+    def snapshot(self) -> list[TierSnapshot]:
+        """Every tier's counters (``/metrics``; any thread)."""
+        return [t.stats.snapshot() for t in self.tiers()]
+
+    def check_integrity(self) -> None:
+        self.host.check_integrity()
+
+    def close(self) -> None:
+        """Finish queued write-backs, stop the threads, close the stores (once; idempotent)."""
+        self._closer()
+
+
+def _call(ref: weakref.WeakMethod) -> None:
+    fn = ref()
+    if fn is not None:
+        fn()
+
+
+def _close(writer: WriteBackWorker, loader: ReloadWorker, stores: list[UnitStore]) -> None:
+    writer.close()
+    loader.close()
+    for store in stores:
+        store.close()

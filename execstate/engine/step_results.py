@@ -1,0 +1,88 @@
+"""What a forward pass's result becomes: routes recorded, progress committed, tokens sampled,
+requests finished or streamed. The second half of ``LLMEngine.step``.
+
+Contract of ``StepResults.apply(sched, result, out)`` (``result``: ``ModelRunner.execute(sched)``):
+
+1. the captured routes go into each request's route trace at the positions computed
+   (keep-first: ``RouteTrace.fill``), timed on the R3 clock;
+2. every scheduled span is committed (``Scheduler.on_computed``: computed tokens, full blocks
+   into the prefix cache with their route records);
+3. the rows that sample draw one token each (``engine/sampler.py``; EOS and stop ids banned
+   below ``min_tokens``), appended with its logprobs to the request;
+4. ``on_new_token`` decides whether it stops; a stopping request goes through ``export``
+   (the engine's PD producer hook: the status it finishes with, ``"abort"`` when the export
+   failed) and is finished by the scheduler and the finisher; otherwise, unless it asked for
+   its final output only, an output is built now (streaming).
+
+The outputs are appended to ``out`` in sampling order as they are made, so a step that raises
+midway still delivers what it produced (``engine/step_failure.py``). Threads: the engine thread
+only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from execstate.engine.finisher import RequestFinisher
+from execstate.engine.output_builder import build_output, on_new_token
+from execstate.engine.outputs import RequestOutput
+from execstate.engine.r3_clock import R3Clock
+from execstate.engine.request import Request, RequestStatus
+from execstate.engine.runner import StepResult
+from execstate.engine.sampler import sample
+from execstate.engine.sampling_params import RequestOutputKind
+from execstate.engine.scheduler import Scheduler, SchedulerOutput
+from execstate.engine.tokenizer import Tokenizer
+
+# (request, the status it stops with) -> the status it finishes with
+ExportHook = Callable[[Request, RequestStatus], RequestStatus]
+
+
+class StepResults:
+    """Applies a step's forward-pass result (module docstring)."""
+
+    def __init__(self, scheduler: Scheduler, finisher: RequestFinisher, tokenizer: Tokenizer | None,
+                 eos_token_ids: set[int], return_routes: bool, r3_clock: R3Clock, export: ExportHook) -> None:
+        self._scheduler = scheduler
+        self._finisher = finisher
+        self._tokenizer = tokenizer
+        self._eos_token_ids = eos_token_ids
+        self._return_routes = return_routes
+        self._r3_clock = r3_clock
+        self._export = export
+
+    def apply(self, sched: SchedulerOutput, result: StepResult, out: list[RequestOutput]) -> None:
+        if result.routes is not None:
+            t_r3 = time.perf_counter()
+            for s, off in zip(sched.scheduled, result.token_offsets, strict=True):
+                if s.request.routes is not None:
+                    s.request.routes.fill(s.num_computed_before, result.routes[off : off + s.num_new_tokens])
+            self._r3_clock.add_since(t_r3)
+        for s in sched.scheduled:
+            self._scheduler.on_computed(s)
+        if not result.sample_rows:
+            return
+        reqs = [sched.scheduled[i].request for i in result.sample_rows]
+        banned = [self._banned(r) for r in reqs]
+        sampled = sample(result.logits, [r.params for r in reqs], [r.generator for r in reqs], banned,
+                         [r.penalty_state for r in reqs])
+        now = time.monotonic()
+        for j, req in enumerate(reqs):
+            req.output_token_ids.append(sampled.token_ids[j])
+            req.output_logprobs.append(sampled.logprobs[j])
+            req.output_top_logprobs.append(sampled.top_logprobs[j])
+            if req.first_token_time is None:
+                req.first_token_time = now
+            status = on_new_token(req, self._eos_token_ids, self._tokenizer)
+            if status is not None:
+                status = self._export(req, status)
+                self._scheduler.finish(req, status)
+                out.append(self._finisher.finalize(req))
+            elif req.params.output_kind is not RequestOutputKind.FINAL_ONLY:
+                out.append(build_output(req, self._tokenizer, self._return_routes))
+
+    def _banned(self, req: Request) -> list[int]:
+        if len(req.output_token_ids) >= req.params.min_tokens:
+            return []
+        return sorted(self._eos_token_ids | set(req.params.stop_token_ids or []))

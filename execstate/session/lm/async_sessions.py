@@ -1,0 +1,179 @@
+"""LM sessions over an ``AsyncEngine``: the API a realtime front (WebSocket) calls.
+
+Every operation is a command executed on the engine thread between steps (``LMSessions``,
+``session/lm/sessions.py``), so nothing blocks the event loop and sessions never race with the
+engine. The shared operations are ``AsyncKindSessions``' (``session/runtime/async_sessions.py``).
+Text is tokenised in a worker thread, never on the engine thread::
+
+    sessions = AsyncSessions(async_engine)
+    info = await sessions.open(session_id=None, sampling_params=SamplingParams(...))  # SessionInfo
+    ack = await sessions.submit_event(sid, event_id=7, kind="input", data={"text": "..."})
+    async for item in sessions.step(sid, input=[...] or "text", max_tokens=16):
+        ...  # StepDelta (new tokens and text) as they come, then the StepResult, last
+    await sessions.cancel(sid)               # the step in flight ends with finish_reason "abort"
+    cp = await sessions.checkpoint(sid)      # a checkpoint id (str)
+    await sessions.rollback(sid, cp); await sessions.release_checkpoint(sid, cp)
+    fork = await sessions.fork(sid, cp or None, new_session_id=None)   # SessionInfo
+    await sessions.reset(sid); await sessions.close(sid)
+    await sessions.info(sid); await sessions.list()
+    await sessions.token_ids(sid); await sessions.routed_experts(sid)
+
+Errors are ``SessionEventError`` with a ``code`` (``session/lm/sessions.py``); a failed step
+raises it (code ``failed``) from the ``step`` iterator after the deltas it produced. Closing the
+``step`` iterator early cancels the step (the session keeps what was generated). Session ids are
+strings (``session/runtime/manager.py``), checkpoints are referred to by their ids. When the
+``AsyncEngine`` shuts down, every session is closed and its state released.
+
+Ownership: an ``AsyncSessions`` owns the engine's ``LMSessions`` (built on the engine thread by its
+first call); an engine has at most one, so build one ``AsyncSessions`` per engine and pass it to
+every part that opens sessions on it (the server's surfaces share the app's: ``ServeContext.sessions``).
+``run(fn)`` / ``call(fn)`` run ``fn(lm_sessions)`` on the engine thread (e.g. a migration's phases).
+``scoped(access)`` is a view asking as another caller (``session/runtime/async_sessions.py``): a
+server's surfaces use one per caller, so ids resolve in the caller's namespace; ``policy`` (the
+server's ``SessionPolicy``: idle expiry, quotas, checkpoints per session) applies to the engine's
+``LMSessions`` when the first call builds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from execstate.engine.async_engine import AsyncEngine
+from execstate.engine.llm_engine import LLMEngine
+from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.scheduler import PRIORITY_INTERACTIVE
+from execstate.session.lm.chat import ChatTurn, turn_tokens
+from execstate.session.lm.events import INPUT, pretokenize
+from execstate.session.lm.sessions import LMSessions, SessionInfo
+from execstate.session.lm.step import StepDelta, StepHandle, StepResult
+from execstate.session.runtime.access import LOCAL, Access
+from execstate.session.runtime.async_sessions import AsyncKindSessions
+from execstate.session.runtime.events import EventAck, SessionEventError
+from execstate.session.runtime.manager import SessionPolicy
+
+T = TypeVar("T")
+
+
+class _Home:
+    """The engine's ``LMSessions`` (built on the engine thread by the first call), shared by every view."""
+
+    def __init__(self, policy: SessionPolicy | None) -> None:
+        self.policy = policy
+        self.lm: LMSessions | None = None
+
+
+class AsyncSessions(AsyncKindSessions[LMSessions, SessionInfo]):
+    def __init__(self, engine: AsyncEngine, policy: SessionPolicy | None = None) -> None:
+        self.engine = engine
+        self.access: Access = LOCAL
+        self._home = _Home(policy)
+        engine.add_shutdown_hook(self._shutdown)
+
+    def scoped(self, access: Access) -> AsyncSessions:
+        view = object.__new__(AsyncSessions)
+        view.engine, view.access, view._home = self.engine, access, self._home
+        return view
+
+    def lm_sessions(self, eng: LLMEngine) -> LMSessions:
+        """Engine thread only: the engine's ``LMSessions``, owned here (built by the first call)."""
+        home = self._home
+        if home.lm is None:
+            home.lm = LMSessions(eng, home.policy)
+        return home.lm
+
+    async def run(self, fn: Callable[[LMSessions], T]) -> T:
+        """``fn(lm_sessions)`` on the engine thread, between two engine steps."""
+        return await self.engine.run_on_engine(lambda eng: fn(self.lm_sessions(eng)))
+
+    def call(self, fn: Callable[[LMSessions], T], timeout: float | None = None) -> T:
+        """Blocking :meth:`run` for plain threads (start-up, tests); never on the event loop."""
+        return self.engine.call(lambda eng: fn(self.lm_sessions(eng)), timeout)
+
+    def _shutdown(self, eng: LLMEngine) -> None:
+        if self._home.lm is not None:
+            self._home.lm.close_all()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def open(self, session_id: str | None = None, sampling_params: SamplingParams | None = None,
+                   priority: int = PRIORITY_INTERACTIVE, cache_salt: str | None = None) -> SessionInfo:
+        a = self.access
+
+        def fn(s: LMSessions) -> SessionInfo:
+            return s.info(s.open(session_id, sampling_params, priority, cache_salt, a).session_id, a)
+
+        return await self.run(fn)
+
+    # -- events and steps -------------------------------------------------------------------------
+    async def submit_event(self, session_id: str, event_id: int, kind: str, data: Any = None) -> EventAck:
+        data = await asyncio.to_thread(pretokenize, kind, data, self.engine.tokenizer)
+        a = self.access
+        return await self.run(lambda s: s.submit_event(session_id, event_id, kind, data, a))
+
+    async def step(self, session_id: str, input: list[int] | str | ChatTurn | None = None,
+                   max_tokens: int | None = None, reprefill: bool = False,
+                   on_start: Callable[[int, dict[str, list[int]]], None] | None = None,
+                   ) -> AsyncIterator[StepDelta | StepResult]:
+        """Submit ``input`` (if any) and run one step: yields ``StepDelta``s, then the ``StepResult``.
+        A ``ChatTurn`` is rendered with the model's chat template, one turn at a time (``chat.py``;
+        a bad turn: ``SessionEventError`` ``invalid``), in a worker thread.
+
+        ``on_start(step_index, events)`` is called on the caller's event loop once the step has
+        begun (its boundary drained the pending events), before its first delta; a step refused
+        at its start raises before it is called."""
+        loop = asyncio.get_running_loop()
+        a = self.access
+        if isinstance(input, ChatTurn):
+            last = await self.run(lambda s: s.last_token(session_id, a))
+            try:
+                input = await asyncio.to_thread(turn_tokens, self.engine.tokenizer, input.messages, last)
+            except ValueError as exc:
+                raise SessionEventError("invalid", f"messages: {exc}") from None
+        if isinstance(input, str):
+            first = await self.run(lambda s: s.first_input(session_id, a))
+            data = await asyncio.to_thread(pretokenize, INPUT, {"text": input, "add_special_tokens": first},
+                                           self.engine.tokenizer)
+            input = data["token_ids"] if isinstance(data, dict) and "token_ids" in data else input
+        handles: list[StepHandle] = []
+
+        def start(eng: LLMEngine) -> str:
+            handle = self.lm_sessions(eng).start_step(session_id, input, max_tokens, reprefill, stream=True, access=a)
+            handles.append(handle)
+            if on_start is not None:  # scheduled before any output of the request can be delivered
+                loop.call_soon_threadsafe(on_start, handle.step_index, handle.events)
+            return handle.request_id
+
+        async for out in self.engine.stream(start):
+            c = out.outputs[0]
+            if c.token_ids or c.text:
+                yield StepDelta(session_id, handles[0].step_index, list(c.token_ids), c.text)
+        handle = handles[0]
+        if not handle.done:  # the engine finished the request, so its hook ran: never expected
+            raise SessionEventError("failed", f"step {handle.step_index} of session {session_id!r} ended unsettled")
+        if handle.error is not None:
+            raise handle.error
+        assert handle.result is not None
+        yield handle.result
+
+    async def cancel(self, session_id: str) -> bool:
+        """Cancel the step in flight; False if there is none."""
+        a = self.access
+        return await self.run(lambda s: s.cancel(session_id, a))
+
+    # -- queries ------------------------------------------------------------------------------------
+    async def token_ids(self, session_id: str) -> list[int]:
+        a = self.access
+        return await self.run(lambda s: s.token_ids(session_id, a))
+
+    async def routed_experts(self, session_id: str) -> np.ndarray | None:
+        a = self.access
+        return await self.run(lambda s: s.routed_experts(session_id, a))
+
+    async def usage(self) -> tuple[dict[Any, dict[str, Any]], int]:
+        """Per tenant, what the engine's sessions hold (``LMSessions.usage``; every owner's), and
+        how many sessions expired since start."""
+        return await self.run(lambda s: (s.usage(), s.manager.num_expired))
+

@@ -1,0 +1,42 @@
+"""What each cached block of the pool was computed from, for its write-back (docs/offload.md).
+
+The block pool knows a cached block's key only; a unit's record also names its parent key, its
+provenance root and its tokens, which only the request that computed the block had. The KV cache
+manager notes them here when it commits a block to the prefix cache (``note``); the write-back
+takes them when the pool evicts the block (``pop``). Engine thread only; pure Python.
+
+Holds one entry per cached block at most (an entry leaves with its block), so it is bounded by
+the pool's size.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from execstate.identity.keys import BlockKey
+
+
+class UnitOrigin(NamedTuple):
+    parent: BlockKey
+    root: BlockKey
+    token_ids: tuple[int, ...]
+
+
+class PoolUnits:
+    def __init__(self) -> None:
+        self._origins: dict[BlockKey, UnitOrigin] = {}
+
+    def __len__(self) -> int:
+        return len(self._origins)
+
+    def note(self, key: BlockKey, parent: BlockKey, root: BlockKey, token_ids: list[int]) -> None:
+        """``key`` was committed to the prefix cache, computed from ``parent`` and ``token_ids``
+        under ``root``."""
+        self._origins[key] = UnitOrigin(parent, root, tuple(token_ids))
+
+    def get(self, key: BlockKey) -> UnitOrigin | None:
+        return self._origins.get(key)
+
+    def pop(self, key: BlockKey) -> UnitOrigin | None:
+        """The origin of an evicted block (None when it was never noted); forgotten here."""
+        return self._origins.pop(key, None)

@@ -1,0 +1,79 @@
+"""``docs/cli.md`` is the command line's own ``--help`` text, for every command and subcommand.
+
+The page is generated from the parser (``execstate.cli.build_parser``), never written by hand, so
+it cannot drift: this test regenerates it and compares. After changing a flag, regenerate it with
+``python tests/test_cli_reference.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "cli.md"
+WIDTH = "100"  # argparse wraps to $COLUMNS
+
+HEADER = """# Command line reference
+
+Every command of `execstate`, with its options and their defaults, as `--help` prints them. This
+page is generated from the parser (`python tests/test_cli_reference.py`) and checked by the test
+suite, so it is always the installed version's.
+"""
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:  # argparse has no public accessor for its subcommands
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _walk(name: str, parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
+    out = [(name, parser)]
+    for sub, p in _subparsers(parser).items():
+        out += _walk(f"{name} {sub}", p)
+    return out
+
+
+def render() -> str:
+    from execstate.cli import build_parser
+
+    old = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = WIDTH
+    try:
+        parts = [HEADER]
+        for name, parser in _walk("execstate", build_parser()):
+            parser.prog = name
+            parts.append(f"\n## `{name}`\n\n```text\n{parser.format_help().rstrip()}\n```\n")
+        return "".join(parts)
+    finally:
+        if old is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = old
+
+
+def test_cli_page_is_the_parsers_help() -> None:
+    want = render()
+    assert PAGE.read_text() == want, "docs/cli.md is stale: run `python tests/test_cli_reference.py`"
+    assert "## `execstate serve`" in want and "--max-sessions" in want
+
+
+def test_every_serve_flag_says_what_it_does_and_its_default():
+    """Issue 19: every ``serve`` option has help text naming its default."""
+    from execstate.cli import build_parser
+
+    serve = _subparsers(build_parser())["serve"]
+    missing = [a.option_strings or [a.dest] for a in serve._actions
+               if not isinstance(a, argparse._HelpAction) and "(default" not in (a.help or "")]
+    assert missing == []
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    PAGE.write_text(render())
+    print(f"wrote {PAGE.relative_to(REPO)}")
+
