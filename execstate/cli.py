@@ -342,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--voice-asr-phrases", default=None,
                    help="/v1/voice/realtime and /agent: recognise speech with a language model built from these "
                         "phrases ('demo': the demo's arithmetic and conversation phrases; else a file, one phrase "
-                        "a line) instead of PocketSphinx's general English model")
+                        "a line) instead of PocketSphinx's general English model (default: none: the general "
+                        "model)")
     _add_world_options(s)
     s.set_defaults(func=_serve)
 
