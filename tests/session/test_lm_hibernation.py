@@ -180,3 +180,34 @@ def test_stale_manifest_is_detected(moe_dir):
         assert s.info().status == "open"
     finally:
         close(llm)
+
+
+def test_idle_sessions_hibernate_before_they_expire(moe_dir):
+    """policy.hibernate_after_s: detached idle sessions hibernate (the sweep), then expire at the TTL."""
+    from execstate.session.lm.hibernation import hibernate_idle
+    from execstate.session.runtime.manager import SessionPolicy
+
+    with pytest.raises(ValueError, match="below idle_ttl_s"):
+        SessionPolicy(idle_ttl_s=5.0, hibernate_after_s=5.0)
+    llm = make(moe_dir, offload_dram_bytes=16 << 20)
+    try:
+        now = [100.0]
+        manager = llm.sessions.manager
+        manager.policy = SessionPolicy(idle_ttl_s=60.0, hibernate_after_s=10.0)
+        manager.clock = lambda: now[0]
+        idle = llm.open_session(sampling_params=SAMPLED)
+        idle.step(prompt(1, 40))
+        busy = llm.open_session(sampling_params=SAMPLED)
+        now[0] += 9.0
+        busy.step([5])  # used within the window: stays awake
+        now[0] += 2.0
+        assert [r.session_id for r in hibernate_idle(llm.sessions)] == [idle.session_id]
+        assert idle.info().status == "hibernated" and busy.info().status == "open"
+        assert hibernate_idle(llm.sessions) == []  # a hibernated one is not hibernated again
+        now[0] += 60.0
+        assert sorted(llm.sessions.expire_idle()) == sorted([idle.session_id, busy.session_id])
+        with pytest.raises(SessionEventError) as e:
+            idle.step([1])
+        assert e.value.code == "expired"
+    finally:
+        close(llm)
