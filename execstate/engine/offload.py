@@ -179,7 +179,9 @@ class OffloadConnector:
 
     def store_units(self, units: Sequence[BlockUnit]) -> int:
         """Write pool blocks as units now (engine thread; a hibernating session's, which it still
-        holds), each unless a tier has it already; how many are in a tier or on their way. A unit
+        holds), each unless a tier has it already; how many are in a tier or on their way. Without
+        a DRAM tier the staging slots may all be in flight: it waits for them to drain (bounded
+        by ``offload_timeout_s``) rather than drop the session's units. A unit
         without route rows when the engine returns routes is not written (fail closed). Never
         raises: what is not written is recomputed when needed."""
         stored = 0
@@ -192,6 +194,9 @@ class OffloadConnector:
                     stored += 1
                     continue
                 slot = self.host.reserve(u.key)
+                if slot is None and not self.host.visible and self.writer.num_pending:
+                    self.writer.flush(self.loads.timeout_s)  # the staging slots are all in flight: let them drain
+                    slot = self.host.reserve(u.key)
                 if slot is None:
                     stored += self.host.contains(u.key)
                     continue
