@@ -194,6 +194,10 @@ def _add_trust_options(s: argparse.ArgumentParser) -> None:
                    help="a detached session (opened over HTTP, or left by a dropped connection) unused this long "
                         "expires and releases everything; later calls get 'expired'; 0: never "
                         "(default: %(default)s)")
+    g.add_argument("--session-hibernate-after", type=_ttl, default=None, metavar="SECONDS",
+                   help="a detached session unused this long hibernates: its KV goes to the offload tiers, its "
+                        "pool blocks are released, and the next call wakes it (docs/offload.md); below "
+                        "--session-idle-ttl; 0 or unset: never (default: %(default)s)")
     g.add_argument("--max-session-checkpoints", type=int, default=64,
                    help="live checkpoints per session; one more is refused (code checkpoint_limit) "
                         "(default: %(default)s)")

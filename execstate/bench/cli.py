@@ -132,9 +132,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bw.add_argument("--png", default=None, help="also write generated frames above the renderer's to this PNG")
     bw.add_argument("--json", action="store_true")
     bo = bsub.add_parser("offload", help="offload tiers: chat TTFT with no tier / DRAM / +disk / +Redis (working set "
-                         "4x the pool), reload vs recompute per tier at 1k/4k/16k tokens, desync detection table")
+                         "4x the pool), reload vs recompute per tier at 1k/4k/16k tokens, desync detection table, "
+                         "session hibernation (part 'hibernate')")
     bo.add_argument("--model", default="standard", help="'standard', an embedded name or a path")
-    bo.add_argument("--parts", default="chat,reload,desync", help="comma-separated subset")
+    bo.add_argument("--parts", default="chat,reload,desync",
+                    help="comma-separated subset of chat,reload,desync,hibernate")
     bo.add_argument("--redis-url", default=None,
                     help="a Redis server for the shared tier (default: start redis-server on a free loopback port)")
     bo.add_argument("--lengths", default="1024,4096,16384", help="reload part: prompt lengths")
@@ -147,6 +149,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                     help="chat part: tokens of each conversation's own context (a document) after the system prompt")
     bo.add_argument("--user-len", type=int, default=64, help="chat part: tokens of each user message")
     bo.add_argument("--reply-len", type=int, default=8, help="chat part: tokens of each reply")
+    bo.add_argument("--hibernate-sessions", type=int, default=1000,
+                    help="hibernate part: idle sessions hibernated and woken (smaller for a smoke run)")
+    bo.add_argument("--hibernate-tokens", type=int, default=2048, help="hibernate part: tokens per session")
     bo.add_argument("--desync-repeats", type=int, default=2, help="desync part: trials per kind and tier")
     bo.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1: on a shared machine a 2-thread forward waits for a descheduled "
@@ -277,7 +282,8 @@ def _bench(args: argparse.Namespace) -> int:
             conversations=args.conversations, turns=args.turns, system_len=args.system_len,
             context_len=args.context_len, user_len=args.user_len,
             reply_len=args.reply_len, desync_repeats=args.desync_repeats,
-            threads=args.threads, png=args.png)
+            threads=args.threads, png=args.png, hibernate_sessions=args.hibernate_sessions,
+            hibernate_tokens=args.hibernate_tokens)
         print(json.dumps(report, indent=2) if args.json else format_offload_table(report))
         return 0 if report["ok"] else 1
     raise AssertionError(args.bench_cmd)

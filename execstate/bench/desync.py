@@ -3,7 +3,7 @@ injection is detected before use (docs/ARCHITECTURE.md 9, "desync detection": mu
 
 A *target* is something that keeps or moves state with its control record: an offload tier
 (``bench/offload_desync.py``), a migration offer (``tests/session/test_offer_desync.py``), a
-hibernated session (phase 2 of the offload work). It implements :class:`DesyncTarget`: for each
+hibernated session (``bench/hibernation_desync.py``). It implements :class:`DesyncTarget`: for each
 kind of desync it supports, one *trial* injects it, asks for the state again and compares what is
 served with an oracle (the same request served cold). The harness (:func:`run_trials`) runs every
 kind on every target and :func:`detection_table` summarises them per kind.
@@ -19,7 +19,8 @@ A trial counts as
 Kinds (``KINDS``; a target names those it can inject): KV bytes of another block, route rows of
 another block, a record naming other tokens, another weights version, a truncated unit, a unit
 from another tenant's salt, a consistent forgery (bytes and checksums of another block, which only
-a signature detects); the session kinds ``stale_step`` and ``stale_epoch`` plug in the same way.
+a signature detects); the hibernated-session kinds (``stale_step``, ``stale_epoch``,
+``truncated_manifest``: ``bench/hibernation_desync.py``) plug in the same way.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ KINDS: dict[str, str] = {
     "other_tenant": "a unit from another tenant's salt",
     "forged_unit": "another block's bytes with matching checksums, signed with another secret",
     "stale_step": "a hibernated session's state of an older step",
-    "stale_epoch": "a hibernated session's state of an older event epoch",
+    "stale_epoch": "a hibernated session's state of another event epoch",
+    "truncated_manifest": "a truncated hibernated session manifest",
 }
 
 

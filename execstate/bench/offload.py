@@ -9,6 +9,10 @@ Parts (``--parts``, comma-separated):
   1k / 4k / 16k tokens. Goals at 4k: DRAM >= 20x, disk >= 5x, Redis on loopback >= 5x faster.
 - ``desync`` (``bench/desync.py``, ``bench/offload_desync.py``): the desync injection table over
   the three tiers (a small random MoE model: detection does not depend on size). Must be 100%.
+- ``hibernate`` (``bench/offload_hibernate.py``; not in the default parts): ``hibernate_sessions``
+  idle sessions of ``hibernate_tokens`` tokens hibernated with the pool back to empty, woken from
+  DRAM and from Redis: wake and wake-to-first-token p50 / p99 (goals: p50 < 50 ms from DRAM,
+  < 200 ms from Redis); woken sessions equal never-slept ones.
 
 Redis: without ``--redis-url`` the benchmark starts its own ``redis-server`` (loopback, free port,
 no persistence, ``--maxmemory 2gb``) and stops it at the end; with one, it uses that server and
@@ -26,14 +30,15 @@ from execstate.bench.models import resolve_bench_model
 from execstate.bench.redis_server import RedisServer, redis_server_available
 from execstate.state.tiers.redis_store import DEFAULT_PREFIX
 
-PARTS = ("chat", "reload", "desync")
+PARTS = ("chat", "reload", "desync", "hibernate")
+DEFAULT_PARTS = ("chat", "reload", "desync")
 
 
-def run_offload_bench(model: str = "standard", parts: tuple[str, ...] = PARTS, redis_url: str | None = None,
+def run_offload_bench(model: str = "standard", parts: tuple[str, ...] = DEFAULT_PARTS, redis_url: str | None = None,
                       lengths: tuple[int, ...] = (1024, 4096, 16384), repeats: int = 3, tenants: int = 4,
                       conversations: int = 4, turns: int = 6, system_len: int = 128, context_len: int = 768,
                       user_len: int = 64, reply_len: int = 8, desync_repeats: int = 2, threads: int | None = 1,
-                      png: str | None = None) -> dict:
+                      png: str | None = None, hibernate_sessions: int = 1000, hibernate_tokens: int = 2048) -> dict:
     import torch
 
     unknown = set(parts) - set(PARTS)
@@ -44,14 +49,14 @@ def run_offload_bench(model: str = "standard", parts: tuple[str, ...] = PARTS, r
         torch.set_num_threads(threads)
     try:
         return _run(model, parts, redis_url, lengths, repeats, tenants, conversations, turns, system_len,
-                    context_len, user_len, reply_len, desync_repeats, png)
+                    context_len, user_len, reply_len, desync_repeats, png, (hibernate_sessions, hibernate_tokens))
     finally:
         torch.set_num_threads(before)
 
 
 def _run(model: str, parts: tuple[str, ...], redis_url: str | None, lengths: tuple[int, ...], repeats: int,
          tenants: int, conversations: int, turns: int, system_len: int, context_len: int, user_len: int,
-         reply_len: int, desync_repeats: int, png: str | None) -> dict:
+         reply_len: int, desync_repeats: int, png: str | None, hibernation: tuple[int, int] = (1000, 2048)) -> dict:
     import torch
 
     report: dict = {"model": model, "parts": list(parts), "torch_threads": torch.get_num_threads()}
@@ -63,7 +68,7 @@ def _run(model: str, parts: tuple[str, ...], redis_url: str | None, lengths: tup
             redis_url = server.url
         report["redis"] = redis_url or "none (redis-server not installed and no --redis-url: Redis rows left out)"
         try:
-            model_dir = resolve_bench_model(model) if {"chat", "reload"} & set(parts) else None
+            model_dir = resolve_bench_model(model) if {"chat", "reload", "hibernate"} & set(parts) else None
             if "chat" in parts:
                 from execstate.bench.offload_chat import run_chat
 
@@ -78,6 +83,12 @@ def _run(model: str, parts: tuple[str, ...], redis_url: str | None, lengths: tup
 
                 _clear_redis(redis_url)
                 report["reload"] = run_reload(model_dir, work / "reload", redis_url, lengths=lengths, repeats=repeats)
+            if "hibernate" in parts:
+                from execstate.bench.offload_hibernate import run_hibernate
+
+                _clear_redis(redis_url)
+                report["hibernate"] = run_hibernate(model_dir, work / "hibernate", redis_url, sessions=hibernation[0],
+                                                    tokens=hibernation[1])
             if "desync" in parts:
                 _clear_redis(redis_url)
                 report["desync"] = _desync(work / "desync", redis_url, desync_repeats)
@@ -98,11 +109,16 @@ def _desync(work: Path, redis_url: str | None, repeats: int) -> dict:
     from execstate.bench.offload_desync import TierDesyncTarget
     from execstate.engine.llm import LLM
     from execstate.model.random_models import make_random
+    from execstate.session.lm.llm import LLM as SessionLLM
 
     m0, m1 = make_random("qwen3_moe", work / "w0", seed=0), make_random("qwen3_moe", work / "w1", seed=1)
     oracle = LLM(str(m0), enable_return_routed_experts=True, num_kv_blocks=64, block_size=16, seed=0)
+    from execstate.bench.hibernation_desync import HibernationDesyncTarget
+
     targets = [TierDesyncTarget(t, m0, m1, oracle, work / t, redis_url=redis_url, seed=i)
                for i, t in enumerate(("dram", "disk", "redis")) if t != "redis" or redis_url is not None]
+    session_oracle = SessionLLM(str(m0), enable_return_routed_experts=True, num_kv_blocks=64, block_size=16, seed=0)
+    targets.append(HibernationDesyncTarget(m0, session_oracle))
     try:
         results = run_trials(targets, repeats=repeats)
     finally:
@@ -141,6 +157,8 @@ def _ok(report: dict) -> bool:
         ok &= report["chat"]["reply_mismatches"] == 0
     if "reload" in report:
         ok &= report["reload"]["first_token_mismatches"] == 0
+    if "hibernate" in report:
+        ok &= report["hibernate"]["mismatches"] == 0
     if "desync" in report:
         ok &= all(r["rate"] == 1.0 and r["wrong"] == 0 for r in report["desync"]["rows"])
     return bool(ok)
@@ -175,6 +193,19 @@ def format_offload_table(report: dict) -> str:
                     out.append(f"{n:>7} {tier:<10} {r['ttft_s'] * 1e3:>7.1f}ms {r['speedup_vs_recompute']:>8.1f}x "
                                f"{r['reload_job_s'] * 1e3:>8.1f}ms {r['reload_gb_s']:>6.2f}")
         out.append(f"first-token mismatches vs recompute: {rel['first_token_mismatches']}")
+    hib = report.get("hibernate")
+    if hib:
+        w = hib["workload"]
+        out.append(f"\nhibernation: {w['sessions']} idle sessions of {w['tokens_per_session']} tokens hibernated, pool "
+                   "back to empty, each woken and stepped one token (p50 / p99)")
+        out.append(f"{'tier':<7} {'wake':>15} {'wake->1st token':>17} {'recompute':>10} {'x faster':>8} {'units':>7}")
+        for tier, r in hib["tiers"].items():
+            out.append(f"{tier:<7} {r['wake_p50_s'] * 1e3:>6.1f}/{r['wake_p99_s'] * 1e3:>6.1f}ms "
+                       f"{r['wake_to_first_token_p50_s'] * 1e3:>7.1f}/{r['wake_to_first_token_p99_s'] * 1e3:>6.1f}ms "
+                       f"{r['recompute_p50_s'] * 1e3:>8.1f}ms {r['speedup_vs_recompute']:>7.1f}x "
+                       f"{r['units_reloaded']:>7}")
+        out.append(f"woken vs never-slept mismatches (first {w['checked']} sessions, tokens and routes): "
+                   f"{hib['mismatches']}")
     des = report.get("desync")
     if des:
         from execstate.bench.desync import KindRow, format_detection_table

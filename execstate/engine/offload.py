@@ -13,6 +13,12 @@ hooks:
 - ``Scheduler.offload``: :class:`~execstate.engine.offload_loads.OffloadLoads`, the source that
   reloads a prompt's blocks from the tiers (``transfer/offload_loader.py``).
 
+A hibernating session (``session/lm/hibernation.py``) writes its blocks now, while it still holds
+them (:meth:`OffloadConnector.store_units`, the same path as an eviction's write-back), and keeps
+its manifest in :attr:`OffloadConnector.manifests` (the Redis server of the shared tier, when one
+is configured: ``state/tiers/manifest_store.py``); a session woken here from another replica's
+manifest makes its units known to the Redis tier's index (:meth:`OffloadConnector.adopt_shared`).
+
 A unit is written back only with everything that makes it one: its origin (blocks committed by
 ``commit``) and, when the engine returns routes, its route record (fail closed: a unit without
 its routes is never written). Requests that force routes are neither written nor served.
@@ -27,9 +33,11 @@ wakes it through a weak reference).
 from __future__ import annotations
 
 import logging
+import uuid
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from execstate.engine.offload_config import offload_enabled
 from execstate.engine.offload_loads import OffloadLoads
@@ -37,7 +45,7 @@ from execstate.identity.keys import BlockKey
 from execstate.state.block_pool import BlockId
 from execstate.state.tiers.disk_store import DiskStore
 from execstate.state.tiers.host_cache import HostCache
-from execstate.state.tiers.pool_units import PoolUnits
+from execstate.state.tiers.pool_units import PoolUnits, UnitOrigin
 from execstate.state.tiers.stats import TierSnapshot
 from execstate.state.tiers.store import UnitStore
 from execstate.state.tiers.unit import UnitLayout
@@ -53,6 +61,7 @@ if TYPE_CHECKING:
     from execstate.state.block_pool import BlockPool
     from execstate.state.kv_pool import KVPool
     from execstate.state.route_store import RouteStore
+    from execstate.state.tiers.manifest_store import ManifestStore
 
 
 class OffloadHost(Protocol):
@@ -74,6 +83,16 @@ class OffloadHost(Protocol):
 
 logger = logging.getLogger("execstate.offload")
 STAGING_SLOTS = 64  # write-backs in flight to the lower tiers when DRAM is not a tier
+
+
+class BlockUnit(NamedTuple):
+    """A pool block to write as a unit: its key, what it was computed from, its route rows
+    (``int16`` bytes; None when the engine returns no routes)."""
+
+    block_id: BlockId
+    key: BlockKey
+    origin: UnitOrigin
+    routes: bytes | None
 
 
 def attach_offload(engine: OffloadHost) -> OffloadConnector | None:
@@ -98,15 +117,22 @@ class OffloadConnector:
         unit = pool.unit_nbytes()
         dram_slots = cfg.offload_dram_bytes // unit
         self.host = HostCache(dram_slots or STAGING_SLOTS, unit, cfg.offload_policy, visible=dram_slots > 0)
+        self.instance_id = f"execstate-{uuid.uuid4().hex[:12]}"  # names this engine's manifests
         self.stores: list[UnitStore] = []
+        self.redis: UnitStore | None = None
+        self.manifests: ManifestStore | None = None
         if cfg.offload_disk_dir is not None:
             self.stores.append(DiskStore(Path(cfg.offload_disk_dir), cfg.offload_disk_bytes, cfg.offload_policy))
         if cfg.offload_redis_url is not None:
-            from execstate.state.tiers.redis_store import RedisStore  # the client loads only when used
+            from execstate.state.tiers.manifest_store import ManifestStore  # the client loads only when used
+            from execstate.state.tiers.redis_store import RedisStore
 
-            self.stores.append(RedisStore(cfg.offload_redis_url, cfg.offload_redis_bytes, cfg.offload_policy,
-                                          timeout_s=cfg.offload_timeout_s))
-        secret = resolve_secret(cfg.offload_secret)
+            self.redis = RedisStore(cfg.offload_redis_url, cfg.offload_redis_bytes, cfg.offload_policy,
+                                    timeout_s=cfg.offload_timeout_s)
+            self.stores.append(self.redis)
+            self.manifests = ManifestStore(cfg.offload_redis_url, cfg.offload_timeout_s)
+        self.secret = resolve_secret(cfg.offload_secret)
+        secret = self.secret
         self.units = PoolUnits()
         self.writer = WriteBackWorker(self.host, self.stores, self.layout, secret)
         wake = weakref.WeakMethod(engine.wake)
@@ -116,7 +142,8 @@ class OffloadConnector:
         engine.block_pool.set_write_back(self.write_back)
         engine.kv_manager.pool_units = self.units
         engine.scheduler.offload = self.loads
-        self._closer = weakref.finalize(engine, _close, self.writer, self.loader, list(self.stores))
+        closing: list[UnitStore | ManifestStore] = [*self.stores, *([self.manifests] if self.manifests else [])]
+        self._closer = weakref.finalize(engine, _close, self.writer, self.loader, closing)
 
     def tiers(self) -> list[HostCache | UnitStore]:
         """The tiers a lookup consults, in order (DRAM only when it is a tier)."""
@@ -145,6 +172,47 @@ class OffloadConnector:
         except Exception:  # noqa: BLE001 - an eviction must never fail because of a tier
             logger.exception("offload write-back of block %d failed", block_id)
 
+    @property
+    def unit_nbytes(self) -> int:
+        """The KV bytes of one unit (one block in every layer)."""
+        return self.kv_pool.unit_nbytes()
+
+    def store_units(self, units: Sequence[BlockUnit]) -> int:
+        """Write pool blocks as units now (engine thread; a hibernating session's, which it still
+        holds), each unless a tier has it already; how many are in a tier or on their way. Without
+        a DRAM tier the staging slots may all be in flight: it waits for them to drain (bounded
+        by ``offload_timeout_s``) rather than drop the session's units. A unit
+        without route rows when the engine returns routes is not written (fail closed). Never
+        raises: what is not written is recomputed when needed."""
+        stored = 0
+        for u in units:
+            try:
+                if self.route_store is not None and u.routes is None:
+                    continue
+                if (self.host.visible and self.host.contains(u.key)) or (
+                        not self.host.visible and self.stores and all(st.contains(u.key) for st in self.stores)):
+                    stored += 1
+                    continue
+                slot = self.host.reserve(u.key)
+                if slot is None and not self.host.visible and self.writer.num_pending:
+                    self.writer.flush(self.loads.timeout_s)  # the staging slots are all in flight: let them drain
+                    slot = self.host.reserve(u.key)
+                if slot is None:
+                    stored += self.host.contains(u.key)
+                    continue
+                self.kv_pool.export_block(int(u.block_id), self.host.view(slot))
+                self.writer.submit(WriteJob(u.key, u.origin, slot, u.routes))
+                stored += 1
+            except Exception:  # noqa: BLE001 - a hibernation must never fail because of a tier
+                logger.exception("offload write of block %d failed", u.block_id)
+        return stored
+
+    def adopt_shared(self, keys: Sequence[BlockKey]) -> int:
+        """Units among ``keys`` the Redis tier holds, now in its index (0 without one)."""
+        from execstate.state.tiers.redis_store import RedisStore
+
+        return self.redis.adopt(keys) if isinstance(self.redis, RedisStore) else 0
+
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until every write-back submitted so far is in its tiers (tests, benchmarks)."""
         return self.writer.flush(timeout)
@@ -167,7 +235,7 @@ def _call(ref: weakref.WeakMethod) -> None:
         fn()
 
 
-def _close(writer: WriteBackWorker, loader: ReloadWorker, stores: list[UnitStore]) -> None:
+def _close(writer: WriteBackWorker, loader: ReloadWorker, stores: list[UnitStore | ManifestStore]) -> None:
     writer.close()
     loader.close()
     for store in stores:

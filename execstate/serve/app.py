@@ -84,10 +84,12 @@ MAX_SWEEP_INTERVAL_S = 10.0
 
 
 def serve_policy(idle_ttl_s: float | None = DEFAULT_IDLE_TTL_S, max_checkpoints: int = DEFAULT_MAX_CHECKPOINTS,
-                 quotas: Quotas | None = None) -> SessionPolicy:
+                 quotas: Quotas | None = None, hibernate_after_s: float | None = None) -> SessionPolicy:
     """A server's bounds on sessions: detached ones expire after ``idle_ttl_s`` (``--session-idle-ttl``),
-    ``max_checkpoints`` per session (``--max-session-checkpoints``), per-tenant ``quotas``."""
-    return SessionPolicy(max_checkpoints=max_checkpoints, idle_ttl_s=idle_ttl_s, quotas=quotas or Quotas())
+    ``max_checkpoints`` per session (``--max-session-checkpoints``), per-tenant ``quotas``; detached
+    ones hibernate after ``hibernate_after_s`` (``--session-hibernate-after``)."""
+    return SessionPolicy(max_checkpoints=max_checkpoints, idle_ttl_s=idle_ttl_s, quotas=quotas or Quotas(),
+                         hibernate_after_s=hibernate_after_s)
 
 logger = logging.getLogger(__name__)
 
@@ -218,12 +220,18 @@ async def _tenant_usage(app: FastAPI, ctx: ServeContext, tenant_metrics: TenantM
 async def _sweeping(ctx: ServeContext, swept: list[IncomingHandovers], policy: SessionPolicy) -> AsyncIterator[None]:
     """While the app runs: expire idle detached sessions and uncommitted hand-overs periodically."""
     ttl = policy.idle_ttl_s
-    interval = MAX_SWEEP_INTERVAL_S if ttl is None else max(0.05, min(ttl / 4, MAX_SWEEP_INTERVAL_S))
+    shortest = min((t for t in (ttl, policy.hibernate_after_s) if t is not None), default=None)
+    interval = MAX_SWEEP_INTERVAL_S if shortest is None else max(0.05, min(shortest / 4, MAX_SWEEP_INTERVAL_S))
 
     async def sweep() -> None:
         while True:
             await asyncio.sleep(interval)
             try:
+                if ctx.engine.is_healthy and policy.hibernate_after_s is not None:
+                    slept = await ctx.sessions.hibernate_idle()
+                    if slept:
+                        logger.info("hibernated %d idle detached session(s) (--session-hibernate-after %g s)", slept,
+                                    policy.hibernate_after_s)
                 if ctx.engine.is_healthy:
                     gone = await ctx.sessions.expire_idle()
                     if gone:

@@ -150,7 +150,8 @@ def policy_from_args(args: argparse.Namespace) -> SessionPolicy:
     from execstate.serve.app import DEFAULT_IDLE_TTL_S, serve_policy
 
     return serve_policy(getattr(args, "session_idle_ttl", DEFAULT_IDLE_TTL_S),
-                        getattr(args, "max_session_checkpoints", 64), quotas_from_args(args))
+                        getattr(args, "max_session_checkpoints", 64), quotas_from_args(args),
+                        getattr(args, "session_hibernate_after", None))
 
 
 def limits_from_args(args: argparse.Namespace) -> ServingLimits:

@@ -12,6 +12,9 @@ under their lock): a tenant that holds nothing has no series.
 ``execstate_tenant_pinned_kv_blocks{tenant}``          KV blocks its sessions and checkpoints pin
 ``execstate_tenant_checkpoint_bytes{tenant}``          host memory of those checkpoints (tokens,
                                                        keys, route rows, RNG states)
+``execstate_tenant_hibernated_sessions{tenant}``      its hibernated LM sessions (also counted in
+                                                       ``tenant_sessions``; they pin no KV block)
+``execstate_tenant_hibernated_bytes{tenant}``          their manifests and units in the tiers
 ``execstate_tenant_quota{kind}``                       each tenant's limit per kind (absent: none)
 ``execstate_sessions_expired``                         LM sessions expired since start (idle TTL)
 =====================================================  ============================================
@@ -33,6 +36,8 @@ _SERIES = {
     "checkpoints": ("tenant_checkpoints", "Live checkpoints of the tenant's LM sessions"),
     "pinned_blocks": ("tenant_pinned_kv_blocks", "KV blocks pinned by the tenant's sessions and checkpoints"),
     "checkpoint_bytes": ("tenant_checkpoint_bytes", "Host memory of the tenant's checkpoints"),
+    "hibernated": ("tenant_hibernated_sessions", "Hibernated LM sessions of the tenant (counted in its sessions)"),
+    "hibernated_bytes": ("tenant_hibernated_bytes", "Bytes of the tenant's hibernated sessions in the tiers"),
 }
 
 

@@ -7,7 +7,8 @@ of a session that never tried to migrate.
 
 Desyncs written by the source itself (its control state and its KV out of step) are re-signed with
 the shared secret, so the check that catches them is the one about their content, not the
-signature. The session kinds of hibernation (stale step, stale epoch) plug in with phase 2.
+signature. The kinds of hibernation (stale step, stale epoch, truncated manifest) are
+bench/hibernation_desync.py's (tests/session/test_hibernation_desync.py).
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ def test_quotas_per_tenant_and_realm():
     open_(m, "front", A_AGENT)  # another realm: its own quota
     assert code(lambda: open_(m, "front-2", A_AGENT)) == "quota"
     usage = m.usage()
-    assert usage[TenantId("a")] == {"sessions": 1, "agents": 1, "world_sessions": 0, "checkpoints": 0}
+    assert usage[TenantId("a")] == {"sessions": 1, "agents": 1, "world_sessions": 0, "checkpoints": 0, "hibernated": 0}
     assert usage[TenantId("b")]["sessions"] == 1
     m.close("a1", A)
     open_(m, "a2", A)

@@ -11,7 +11,7 @@ STATUS = {
     "busy": 409, "conflict": 409, "failed": 409, "session_in_use": 409, "replay": 409, "aborted": 409,
     "stale_state": 409, "incompatible": 409, "stale": 409, "closed": 410, "evicted": 410, "expired": 410,
     "capacity": 429, "quota": 429, "checkpoint_limit": 429, "backpressure": 429, "unsupported": 501,
-    "timeout": 504, "internal": 500,
+    "timeout": 504, "internal": 500, "desync": 409, "hibernated": 409, "unavailable": 503,
 }
 """HTTP status of each session / migration error code; any other code (a transfer error, a
 ``route_mismatch``, ``unreachable``, ``refused``) is 502: the other instance or the path to it failed."""

@@ -18,6 +18,10 @@
 - An import never committed by its offer's expiry is dropped (the periodic :meth:`sweep`, and
   every call): the source, without a commit confirmed, resumes only after a confirmed abort or
   after that expiry plus the skew margin, by which time this copy is gone.
+- ``POST /v1/sessions/import`` with a JSON body ``{"reference": base64}``: wake a session another
+  engine hibernated into the shared tier (``session/lm/hibernation_import.py``: a signed
+  reference for this engine, its nonce admitted to the same ledger; the atomic claim in the shared
+  tier is the hand-over, so no commit follows). 200: the session's info.
 - ``POST /v1/sessions/import/identify`` (signed): this engine's id, for a source that lists this
   server by URL only (``targets.py``).
 
@@ -32,8 +36,11 @@ None of these paths takes a bearer key (``serve/auth.py``'s peer paths): their b
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -43,6 +50,7 @@ from execstate.serve.context import ServeContext
 from execstate.serve.errors import OpenAIError
 from execstate.serve.sessions.errors import http_status
 from execstate.serve.sessions.handover_wire import IMPORTED, answer_signature, open_request
+from execstate.session.lm.hibernation_import import wake_from_reference
 from execstate.session.lm.migration_target import ImportHandle, MigrationResult, begin_import
 from execstate.session.lm.migration_wire import SessionOffer, decode_offer
 from execstate.session.runtime.migration import MigrationError
@@ -130,6 +138,8 @@ def install_handover_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Awa
 
     @app.post(IMPORT_PATH)
     async def import_session(request: Request) -> JSONResponse:
+        if request.headers.get("content-type", "").startswith("application/json"):
+            return await import_reference(request)
         ring, engine_id = await peer()
         data = await request.body()
         try:  # decoded and its signature checked in a worker, off the engine thread and the event loop
@@ -164,6 +174,20 @@ def install_handover_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Awa
         out.update(state=IMPORTED, nonce=offer.nonce,
                    signature=answer_signature(ring, "offer", offer.nonce, f"{IMPORTED}:{offer.session_id}"))
         return JSONResponse(out)
+
+    async def import_reference(request: Request) -> JSONResponse:
+        try:
+            body = await request.json()
+            ref = base64.b64decode(body["reference"], validate=True)
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            raise OpenAIError(400, "the body is {\"reference\": base64 of a hibernation reference}",
+                              code="invalid") from None
+        try:
+            rt = await call(sessions.run(lambda s: wake_from_reference(s, ref, incoming.ledger)))
+        except MigrationError as e:
+            raise _refused(e) from None
+        info = await call(sessions.run(lambda s: s.describe(rt)))
+        return JSONResponse(dict(asdict(info), woken=True))
 
     @app.post(COMMIT_PATH)
     async def commit(request: Request) -> JSONResponse:

@@ -13,6 +13,7 @@ client needs without it, and the migration (``migration.py``):
   turn at a time: ``session/lm/chat.py``)
   -> the ``StepResult`` (``routed_experts``: base64 ``.npy`` of the step's rows when asked);
 - ``DELETE /v1/sessions/{id}`` -> ``{"closed": true}``;
+- ``POST /v1/sessions/{id}/hibernate``, ``.../wake``, ``GET /v1/hibernation``: ``hibernation.py``;
 - ``POST /v1/sessions/{id}/migrate``: see ``migration.py``; ``POST /v1/sessions/import`` and
   its ``/commit``, ``/abort``, ``/identify``: the receiving side, ``handover.py``.
 
@@ -46,6 +47,7 @@ from execstate.serve.errors import OpenAIError
 from execstate.serve.route_rows import encode_routes
 from execstate.serve.sessions.errors import session_error
 from execstate.serve.sessions.handover import IncomingHandovers, install_handover_routes
+from execstate.serve.sessions.hibernation import install_hibernation_routes
 from execstate.serve.sessions.migration import Migrations, install_migration_routes
 from execstate.serve.sessions.targets import MigrationTargets
 from execstate.session.lm.async_sessions import AsyncSessions
@@ -167,6 +169,7 @@ def install_session_routes(app: FastAPI, ctx: ServeContext, targets: MigrationTa
         await call(scoped(request).close(session_id))
         return JSONResponse({"closed": True, "session_id": session_id})
 
+    install_hibernation_routes(app, ctx, call, scoped)
     incoming = IncomingHandovers(ctx.engine, HandoverLedger(remember_s=skew_s))
     install_handover_routes(app, ctx, call, incoming)
     return install_migration_routes(app, ctx, call, targets or MigrationTargets(), scoped, skew_s), incoming

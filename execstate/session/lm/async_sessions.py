@@ -17,6 +17,7 @@ Text is tokenised in a worker thread, never on the engine thread::
     await sessions.reset(sid); await sessions.close(sid)
     await sessions.info(sid); await sessions.list()
     await sessions.token_ids(sid); await sessions.routed_experts(sid)
+    await sessions.hibernate(sid); await sessions.wake(sid)   # session/lm/hibernation.py
 
 Errors are ``SessionEventError`` with a ``code`` (``session/lm/sessions.py``); a failed step
 raises it (code ``failed``) from the ``step`` iterator after the deltas it produced. Closing the
@@ -48,6 +49,14 @@ from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.session.lm.chat import ChatTurn, turn_tokens
 from execstate.session.lm.events import INPUT, pretokenize
+from execstate.session.lm.hibernation import (
+    REFERENCE_TTL_S,
+    Hibernated,
+    hibernate,
+    hibernate_idle,
+    reference,
+    wake,
+)
 from execstate.session.lm.sessions import LMSessions, SessionInfo
 from execstate.session.lm.step import StepDelta, StepHandle, StepResult
 from execstate.session.runtime.access import LOCAL, Access
@@ -171,6 +180,39 @@ class AsyncSessions(AsyncKindSessions[LMSessions, SessionInfo]):
     async def routed_experts(self, session_id: str) -> np.ndarray | None:
         a = self.access
         return await self.run(lambda s: s.routed_experts(session_id, a))
+
+    # -- hibernation (session/lm/hibernation.py) -----------------------------------------------------
+    async def hibernate(self, session_id: str) -> SessionInfo:
+        """Put the session to sleep (its blocks in the tiers, its pool blocks released), then
+        publish its manifest to the shared tier, if any, in a worker thread; its info."""
+        a = self.access
+
+        def fn(s: LMSessions) -> tuple[Hibernated, Any, SessionInfo]:
+            rec = hibernate(s, session_id, a)
+            conn = s.engine.offload
+            return rec, (conn.flush if conn is not None else None), s.info(session_id, a)
+
+        record, flush, info = await self.run(fn)
+        if not record.published:
+            await asyncio.to_thread(record.publish, flush)
+        return info
+
+    async def hibernate_idle(self) -> int:
+        """Hibernate the sessions idle past the policy's ``hibernate_after_s``; how many."""
+        records = await self.run(lambda s: (hibernate_idle(s), s.engine.offload))
+        flush = records[1].flush if records[1] is not None else None
+        for rec in records[0]:
+            await asyncio.to_thread(rec.publish, flush)
+        return len(records[0])
+
+    async def wake(self, session_id: str) -> SessionInfo:
+        a = self.access
+        return await self.run(lambda s: s.describe(wake(s, session_id, a)))
+
+    async def reference(self, session_id: str, target_engine_id: str, ttl_s: float = REFERENCE_TTL_S) -> bytes:
+        """A signed reference for ``target_engine_id`` to wake the hibernated session there."""
+        a = self.access
+        return await self.run(lambda s: reference(s, session_id, a, target_engine_id, ttl_s))
 
     async def usage(self) -> tuple[dict[Any, dict[str, Any]], int]:
         """Per tenant, what the engine's sessions hold (``LMSessions.usage``; every owner's), and

@@ -8,6 +8,8 @@
     cp = s.checkpoint(); s.rollback(cp); f = s.fork(cp)  # fork(None): at the current step
     s.reset(); s.close()
     s2 = s.migrate(other_llm)                            # session/lm/migration.py; s is closed then
+    s.hibernate(); s.wake()     # session/lm/hibernation.py: KV to the tiers, pool blocks released;
+                                # any later call (step, event, checkpoint...) wakes it too
 
 ``step`` drives ``engine.step()`` until the step's request finished; other requests in the engine
 progress in the same steps (their outputs go to ``on_output`` when given). A refused call raises
@@ -28,6 +30,7 @@ import numpy as np
 
 from execstate.engine.outputs import RequestOutput
 from execstate.session.lm.chat import turn_tokens
+from execstate.session.lm.hibernation import hibernate, wake
 from execstate.session.lm.sessions import LMSessions, SessionInfo
 from execstate.session.lm.step import StepResult
 from execstate.session.runtime.checkpoint import Checkpoint
@@ -87,6 +90,21 @@ class Session(SessionHandle):
             raise handle.error
         assert handle.result is not None
         return handle.result
+
+    def hibernate(self) -> SessionInfo:
+        """Sleep: the session's blocks go to the offload tiers as units, its control state to a
+        manifest (published to the shared tier, if any, once its units are written), and it
+        releases every pool block (``session/lm/hibernation.py``). The next call wakes it."""
+        record = hibernate(self._sessions, self.session_id, self.access)
+        conn = self._sessions.engine.offload
+        if not record.published:
+            record.publish(conn.flush if conn is not None else None)
+        return self.info()
+
+    def wake(self) -> SessionInfo:
+        """Wake now (any other call would too); its next step reloads or recomputes the KV."""
+        wake(self._sessions, self.session_id, self.access)
+        return self.info()
 
     def migrate(self, target: Any, timeout_s: float = 30.0) -> Session:
         """Move this session to ``target`` (an ``execstate.LLM`` or the ``LMSessions`` of an engine

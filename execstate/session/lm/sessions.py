@@ -211,13 +211,14 @@ class LMSessions(KindSessions[SessionInfo]):
 
     # -- state ------------------------------------------------------------------------------------
     def token_ids(self, session_id: str, access: Access = LOCAL) -> list[int]:
-        state = self.manager.get(session_id, access).state
+        """The context (a read: a hibernated session keeps its tokens and stays asleep)."""
+        state = self.manager.get(session_id, access, wake=False).state
         assert isinstance(state, LMState)
         return list(state.token_ids)
 
     def routed_experts(self, session_id: str, access: Access = LOCAL) -> np.ndarray | None:
-        """int16 ``[len(token_ids) - 1, n_moe_layers, top_k]`` (None without route return)."""
-        state = self.manager.get(session_id, access).state
+        """int16 ``[len(token_ids) - 1, n_moe_layers, top_k]`` (None without route return; a read)."""
+        state = self.manager.get(session_id, access, wake=False).state
         assert isinstance(state, LMState)
         if state.routes is None:
             return None

@@ -84,6 +84,13 @@ class LMSaved:
     def block_ids(self) -> set[int]:
         return set(self.blocks.block_ids) if self.blocks is not None and not self.released else set()
 
+    def drop_kv(self) -> None:
+        """Unpin the blocks and keep the rest (a hibernating session's checkpoint): restoring it
+        recomputes the KV, or reloads it from a tier."""
+        if self.blocks is not None and not self.released:
+            self.holds.release(self.blocks)
+            self.blocks = None
+
     def release(self) -> None:
         if self.released:
             return

@@ -10,7 +10,8 @@ Engine thread only (the LM sessions' owner thread), pure bookkeeping over the re
   tenant's ``pinned_blocks`` quota before the step starts;
 - :func:`checkpoint_bytes`: the host memory of a session's checkpoints (tokens, keys, route rows,
   RNG state: ``LMSaved.nbytes``), released when they are;
-- :func:`usage`: per tenant, what ``/metrics`` shows (tenant names, never keys).
+- :func:`usage`: per tenant, what ``/metrics`` shows (tenant names, never keys), hibernated
+  sessions and their bytes included.
 """
 
 from __future__ import annotations
@@ -74,11 +75,13 @@ def step_new_blocks(rt: SessionRuntime, input: list[int] | str | None, max_token
 
 
 def usage(manager: SessionManager) -> dict[TenantId, dict[str, Any]]:
-    """Per tenant: the manager's counts plus ``pinned_blocks`` and ``checkpoint_bytes``."""
-    out: dict[TenantId, dict[str, Any]] = {t: dict(c, pinned_blocks=0, checkpoint_bytes=0)
+    """Per tenant: the manager's counts plus ``pinned_blocks``, ``checkpoint_bytes`` and
+    ``hibernated_bytes`` (the manifests and units of its hibernated sessions)."""
+    out: dict[TenantId, dict[str, Any]] = {t: dict(c, pinned_blocks=0, checkpoint_bytes=0, hibernated_bytes=0)
                                            for t, c in manager.usage().items()}
     for rt in manager.resident():
         counts = out[rt.owner.tenant]
+        counts["hibernated_bytes"] += getattr(rt.hibernation, "nbytes", 0)
         counts["pinned_blocks"] += len(session_blocks(rt))
         counts["checkpoint_bytes"] += checkpoint_bytes(rt)
     return out

@@ -15,6 +15,8 @@ Status machine (every other call raises :class:`SessionEventError` with the stat
     OPEN | FAILED --evict--> EVICTED   (the manager's capacity policy; idle sessions only)
     OPEN | FAILED --expire--> EXPIRED  (detached and idle past the manager's idle TTL)
     OPEN --begin_migration--> MIGRATING --end_migration--> OPEN   (moved elsewhere: then closed)
+    OPEN --begin_hibernation--> HIBERNATED --end_hibernation--> OPEN   (woken)
+    HIBERNATED --evict | expire--> EVICTED | EXPIRED
     any --close--> CLOSED              (idempotent)
 
 - Calls allowed per status: ``submit_event`` in OPEN and STEPPING (queued for the next
@@ -68,11 +70,13 @@ class SessionStatus(enum.Enum):
     EVICTED = "evicted"
     EXPIRED = "expired"
     MIGRATING = "migrating"
+    HIBERNATED = "hibernated"
 
 
 ENDED = (SessionStatus.CLOSED, SessionStatus.EVICTED, SessionStatus.EXPIRED)
 _REFUSAL = {SessionStatus.STEPPING: "busy", SessionStatus.FAILED: "failed", SessionStatus.CLOSED: "closed",
-            SessionStatus.EVICTED: "evicted", SessionStatus.EXPIRED: "expired", SessionStatus.MIGRATING: "busy"}
+            SessionStatus.EVICTED: "evicted", SessionStatus.EXPIRED: "expired", SessionStatus.MIGRATING: "busy",
+            SessionStatus.HIBERNATED: "hibernated"}
 
 
 class SessionRuntime:
@@ -98,6 +102,7 @@ class SessionRuntime:
         self._max_epoch = event_epoch if max_event_epoch is None else max(event_epoch, max_event_epoch)
         self.last_active = 0  # the manager's clock at the last step (LRU eviction)
         self.error: str | None = None  # why the session failed or was evicted
+        self.hibernation: Any = None  # the kind's record while HIBERNATED (has release())
         self._checkpoints: dict[str, Checkpoint] = {}
         self._cp_ids = itertools.count(1)
         self.origin = self._save("origin")
@@ -190,6 +195,19 @@ class SessionRuntime:
         if self.status is SessionStatus.MIGRATING:
             self.status = SessionStatus.OPEN
 
+    def begin_hibernation(self, record: Any) -> None:
+        """OPEN -> HIBERNATED, keeping the kind's ``record`` (its state in a tier) until woken."""
+        self.require(SessionStatus.OPEN)
+        self.status = SessionStatus.HIBERNATED
+        self.hibernation = record
+
+    def end_hibernation(self) -> Any:
+        """HIBERNATED -> OPEN (woken); returns the kind's record, no longer the runtime's."""
+        self.require(SessionStatus.HIBERNATED)
+        record, self.hibernation = self.hibernation, None
+        self.status = SessionStatus.OPEN
+        return record
+
     def fail(self, code: str, message: str) -> SessionEventError:
         """Move an OPEN session to FAILED (e.g. its state became stale) and return the error to raise."""
         self.require(SessionStatus.OPEN)
@@ -246,12 +264,12 @@ class SessionRuntime:
 
     def evict(self, reason: str) -> bool:
         """Release everything and refuse later calls with ``evicted``; only idle sessions."""
-        self.require(SessionStatus.OPEN, SessionStatus.FAILED)
+        self.require(SessionStatus.OPEN, SessionStatus.FAILED, SessionStatus.HIBERNATED)
         return self._end(SessionStatus.EVICTED, reason)
 
     def expire(self, reason: str) -> bool:
         """Release everything and refuse later calls with ``expired``; only idle sessions."""
-        self.require(SessionStatus.OPEN, SessionStatus.FAILED)
+        self.require(SessionStatus.OPEN, SessionStatus.FAILED, SessionStatus.HIBERNATED)
         return self._end(SessionStatus.EXPIRED, reason)
 
     def _end(self, status: SessionStatus, reason: str | None) -> bool:
@@ -267,6 +285,9 @@ class SessionRuntime:
             cp.release()
         self._checkpoints.clear()
         self.origin.release()
+        if self.hibernation is not None:
+            record, self.hibernation = self.hibernation, None
+            record.release()
         self.state.release()  # a step in flight gives its resources back to a released state: freed then
         return True
 

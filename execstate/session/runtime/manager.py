@@ -23,6 +23,13 @@ and idle expiry (docs/ARCHITECTURE.md 6, 8; DESIGN 11). Pure Python, independent
   idle (OPEN or FAILED) and that no call resolved for ``idle_ttl_s`` seconds expires: it releases
   everything and later calls get ``expired``. :meth:`expire_idle` runs on every admission and when
   the owner calls it (a server's periodic sweep).
+- **Hibernation** (``policy.hibernate_after_s``; None: never; before ``idle_ttl_s``): a detached,
+  OPEN session no call resolved for that long is a candidate (:meth:`to_hibernate`) that the
+  kind hibernates (``session/lm/hibernation.py``; a server's sweep). A HIBERNATED session stays
+  resident (it counts in its tenant's ``sessions`` quota and in ``max_sessions``) but holds no
+  pool blocks; it may be evicted or expire like an idle one. :meth:`get` wakes it through the
+  kind's waker (:meth:`set_waker`, installed by the kind's first hibernation) unless the call
+  says ``wake=False`` (``info``, ``close``).
 - **Checkpoints per session**: at most ``policy.max_checkpoints`` (``checkpoint_limit``).
 - **KV pressure**: ``reclaim`` (installed as the engine's block-holds reclaimer by the kind's
   front) evicts the least recently used idle session under the same policy; without a policy it
@@ -55,7 +62,7 @@ SESSION_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 DEFAULT_MAX_CHECKPOINTS = 64
 _REMEMBER_ENDED = 1024
 _QUOTA_OF_REALM = {SESSIONS: "sessions", AGENTS: "agents", WORLD: "world_sessions"}
-_IDLE = (SessionStatus.OPEN, SessionStatus.FAILED)
+_IDLE = (SessionStatus.OPEN, SessionStatus.FAILED, SessionStatus.HIBERNATED)
 
 Key = tuple[Owner, str]
 
@@ -68,6 +75,7 @@ class SessionPolicy:
     max_checkpoints: int | None = DEFAULT_MAX_CHECKPOINTS
     idle_ttl_s: float | None = None
     quotas: Quotas = field(default_factory=Quotas)
+    hibernate_after_s: float | None = None
 
     def __post_init__(self) -> None:
         m = self.max_checkpoints
@@ -76,6 +84,12 @@ class SessionPolicy:
         t = self.idle_ttl_s
         if t is not None and not (isinstance(t, int | float) and math.isfinite(t) and t > 0):
             raise ValueError(f"idle_ttl_s must be a finite number of seconds > 0 or None, got {t!r}")
+        h = self.hibernate_after_s
+        if h is not None and not (isinstance(h, int | float) and math.isfinite(h) and h > 0):
+            raise ValueError(f"hibernate_after_s must be a finite number of seconds > 0 or None, got {h!r}")
+        if h is not None and t is not None and h >= t:
+            raise ValueError(f"hibernate_after_s ({h:g}) must be below idle_ttl_s ({t:g}): a session hibernates "
+                             "before it expires")
 
 
 def check_session_id(session_id: object) -> str:
@@ -110,6 +124,7 @@ class SessionManager:
         self._lru = itertools.count(1)
         self.num_evicted = 0
         self.num_expired = 0
+        self._waker: Callable[[SessionRuntime], None] | None = None
 
     # -- queries ---------------------------------------------------------------------------------
     @property
@@ -120,9 +135,10 @@ class SessionManager:
         """Resident sessions (of ``owner`` only, when given)."""
         return [rt for rt in self._resident.values() if owner is None or rt.owner == owner]
 
-    def get(self, session_id: str, access: Access = LOCAL) -> SessionRuntime:
+    def get(self, session_id: str, access: Access = LOCAL, wake: bool = True) -> SessionRuntime:
         """The caller's session (resident or recently ended): ``not_found`` outside its owner's
-        namespace, ``session_in_use`` when a live connection of another kind holds it."""
+        namespace, ``session_in_use`` when a live connection of another kind holds it. A
+        HIBERNATED session is woken first (the kind's waker) unless ``wake`` is False."""
         rt = self._resident.get((access.owner, session_id)) or self._ended.get((access.owner, session_id))
         if rt is None:
             raise SessionEventError("not_found", f"no session {session_id!r}")
@@ -130,7 +146,22 @@ class SessionManager:
             raise SessionEventError("session_in_use", f"session {session_id!r} is held by a live {rt.holder} "
                                     "connection: operate it through that connection")
         rt.last_used = self.clock()
+        if wake and rt.status is SessionStatus.HIBERNATED and self._waker is not None:
+            self._waker(rt)
         return rt
+
+    def set_waker(self, fn: Callable[[SessionRuntime], None]) -> None:
+        """How the kind wakes a HIBERNATED session (engine thread; raises its refusal)."""
+        self._waker = fn
+
+    def to_hibernate(self) -> list[SessionRuntime]:
+        """Detached OPEN sessions unused for the policy's ``hibernate_after_s`` (none without one)."""
+        after = self.policy.hibernate_after_s
+        if after is None:
+            return []
+        now = self.clock()
+        return [rt for rt in self._resident.values()
+                if rt.holder is None and rt.status is SessionStatus.OPEN and now - rt.last_used >= after]
 
     def hold(self, session_id: str, access: Access) -> SessionRuntime:
         """Make ``access.holder`` (a connection kind) the holder of the caller's live session."""
@@ -144,12 +175,13 @@ class SessionManager:
         return next(self._lru)
 
     def usage(self) -> dict[TenantId, dict[str, int]]:
-        """Per tenant: resident ``sessions``, ``agents`` and ``world_sessions`` (by realm) and live
-        ``checkpoints`` (every realm)."""
+        """Per tenant: resident ``sessions``, ``agents`` and ``world_sessions`` (by realm), live
+        ``checkpoints`` (every realm) and ``hibernated`` sessions (counted in the others too)."""
         out: dict[TenantId, dict[str, int]] = {}
         for rt in self._resident.values():
             counts = out.setdefault(rt.owner.tenant, {"sessions": 0, "agents": 0, "world_sessions": 0,
-                                                      "checkpoints": 0})
+                                                      "checkpoints": 0, "hibernated": 0})
+            counts["hibernated"] += rt.status is SessionStatus.HIBERNATED
             kind = _QUOTA_OF_REALM.get(rt.owner.realm)
             if kind is not None:
                 counts[kind] += 1
@@ -222,18 +254,20 @@ class SessionManager:
 
     # -- end of life -------------------------------------------------------------------------------
     def close(self, session_id: str, access: Access = LOCAL) -> bool:
-        """Close a session (idempotent; closing an unknown id raises ``not_found``)."""
-        rt = self.get(session_id, access)
+        """Close a session (idempotent; closing an unknown id raises ``not_found``); a hibernated
+        one is not woken."""
+        rt = self.get(session_id, access, wake=False)
         released = rt.close()
         self._forget(rt)
         return released
 
-    def evict_lru(self, reason: str, tenant: TenantId | None = None) -> bool:
-        """Evict the least recently used idle session under the policy (``tenant``'s own first);
-        False if none may go."""
+    def evict_lru(self, reason: str, tenant: TenantId | None = None, holding_kv: bool = False) -> bool:
+        """Evict the least recently used idle session under the policy (``tenant``'s own first;
+        ``holding_kv``: not a hibernated one, which holds no pool blocks); False if none may go."""
         if self.eviction != "lru":
             return False
-        idle = [rt for rt in self._resident.values() if rt.status in _IDLE]
+        idle = [rt for rt in self._resident.values() if rt.status in _IDLE
+                and not (holding_kv and rt.status is SessionStatus.HIBERNATED)]
         own = [rt for rt in idle if rt.owner.tenant == tenant]
         if not (own or idle):
             return False
@@ -245,7 +279,7 @@ class SessionManager:
 
     def reclaim(self) -> bool:
         """KV pressure (the engine's block holds): evict one idle session under the policy."""
-        return self.evict_lru("evicted (least recently used) under KV cache pressure")
+        return self.evict_lru("evicted (least recently used) under KV cache pressure", holding_kv=True)
 
     def expire_idle(self) -> list[SessionRuntime]:
         """Expire every detached, idle session unused for the policy's ``idle_ttl_s``; returns them."""

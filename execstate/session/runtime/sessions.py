@@ -142,7 +142,7 @@ class KindSessions(ABC, Generic[InfoT]):
 
     def info(self, session_id: str, access: Access = LOCAL) -> InfoT:
         with self.lock:
-            return self.describe(self.manager.get(session_id, access))
+            return self.describe(self.manager.get(session_id, access, wake=False))
 
     def list(self, access: Access = LOCAL) -> list[InfoT]:
         """The caller's owner's resident sessions (those the caller may use: no other holder's)."""

@@ -101,6 +101,29 @@ class RedisStore(UnitStore):
         self._update_size()
         return data
 
+    def adopt(self, keys: Sequence[BlockKey]) -> int:
+        """Index the units among ``keys`` that the server holds (written by another replica: a
+        session woken here from the shared tier names its units); how many it holds. One
+        round trip; nothing on error (the units are then recomputed)."""
+        if not keys or not self.health.available():
+            return 0
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.strlen(self.redis_key(key))
+            sizes = pipe.execute()
+        except redis.RedisError as e:
+            self.health.failed(f"{type(e).__name__}: {e}")
+            return 0
+        found = 0
+        for key, size in zip(keys, sizes, strict=True):
+            if size and self.index.fits(int(size)):
+                if key not in self.index:
+                    self._delete(self.index.add(key, int(size)))
+                found += 1
+        self._update_size()
+        return found
+
     def discard(self, key: BlockKey) -> None:
         self.index.remove(key)
         self._delete([key], count=False)
