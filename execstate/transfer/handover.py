@@ -18,7 +18,9 @@ clock skew), so an offer can be used once, and never after its expiry::
   aborted (``aborted``) or after the entry's expiry (``expired``: the receiver then aborted it).
 - ``abort(nonce)``: the sender never got the acknowledgement and asks the receiver to drop what it
   imported; refused once committed (``committed``: the receiver serves it, so the sender must not).
-  An abort of an unknown nonce records it as ABORTED, so a late offer with that nonce is refused.
+  An abort of an unknown nonce records it as ABORTED, so a late offer with that nonce is refused
+  (unless the offer's expiry plus ``remember_s`` has passed: then nothing is recorded, since a
+  committed entry forgotten by then must not read as aborted, and admit refuses the offer anyway).
 - ``expire()`` (called on every operation): IMPORTING/PENDING entries past their expiry become
   ABORTED (their imported state is to be dropped: returned to the caller); entries past expiry
   plus ``remember_s`` are forgotten.
@@ -118,8 +120,11 @@ class HandoverLedger:
         self.expire()
         e = self._entries.get(nonce)
         if e is None:
-            if len(self._entries) < self.max_entries:  # remember it, so the offer cannot come late
-                until = expires_at if expires_at is not None else self._clock()
+            until = expires_at if expires_at is not None else self._clock()
+            # Remember it, so the offer cannot come late; but only within the window an entry is
+            # remembered at all: past it, the nonce may be one this ledger committed and forgot,
+            # which must never read as aborted (and a late offer is refused as expired anyway).
+            if len(self._entries) < self.max_entries and until + self.remember_s > self._clock():
                 self._entries[nonce] = _Entry(HandoverState.ABORTED, float(until))
             return False
         if e.state is HandoverState.COMMITTED:

@@ -119,3 +119,19 @@ def test_an_offer_is_used_once_and_a_commit_is_never_undone(ops: list[tuple[str,
         for m in committed:
             assert h.state(m) in (HandoverState.COMMITTED, None)
     assert all(v == 1 for v in admitted.values())
+
+
+def test_a_late_abort_of_a_forgotten_commit_records_nothing() -> None:
+    """Hypothesis found it: committed, forgotten after expiry + remember_s, then an abort of the same
+    nonce was recorded as ABORTED, so a commit read as undone."""
+    c = Clock()
+    h = HandoverLedger(clock=c, remember_s=5)
+    n = "n" * 16
+    h.admit(n, c.t + 20)
+    h.imported(n)
+    h.commit(n)
+    c.t += 28  # past expiry (20) + remember_s (5): forgotten
+    assert h.abort(n, expires_at=20) is False
+    assert h.state(n) is None and len(h) == 0
+    with pytest.raises(HandoverError, match="expired"):
+        h.admit(n, 20)  # the late offer is still refused
