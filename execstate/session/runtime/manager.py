@@ -261,6 +261,13 @@ class SessionManager:
         self._forget(rt)
         return released
 
+    def lose(self, rt: SessionRuntime, reason: str) -> None:
+        """The session's state is lost (a hibernated session whose stored state failed its checks
+        and cannot be rebuilt): it is evicted with ``reason``, releasing what it held."""
+        rt.evict(reason)
+        self.num_evicted += 1
+        self._forget(rt)
+
     def evict_lru(self, reason: str, tenant: TenantId | None = None, holding_kv: bool = False) -> bool:
         """Evict the least recently used idle session under the policy (``tenant``'s own first;
         ``holding_kv``: not a hibernated one, which holds no pool blocks); False if none may go."""

@@ -7,6 +7,7 @@
     cp = await aw.checkpoint(sid); await aw.rollback(sid, cp); await aw.release_checkpoint(sid, cp)
     fork = await aw.fork(sid, cp or None, new_session_id=None)           # WorldSessionInfo
     await aw.reset(sid); await aw.close(sid); await aw.info(sid); await aw.list()
+    await aw.hibernate(sid); await aw.wake(sid)  # session/world/hibernation.py; any later call wakes it too
     await aw.shutdown()                          # closes every session, stops the worker threads
 
 Steps run on worker threads (``step_workers``, default 1: on a small CPU one chunk at a time is
@@ -36,6 +37,7 @@ from execstate.session.runtime.access import LOCAL, Access
 from execstate.session.runtime.async_sessions import AsyncKindSessions
 from execstate.session.runtime.events import EventAck, SessionEventError
 from execstate.session.runtime.lifecycle import SessionStatus
+from execstate.session.world.hibernation import hibernate, wake
 from execstate.session.world.offline import World, scene_frames
 from execstate.session.world.sessions import WorldSessionInfo, WorldSessions
 from execstate.session.world.step import WorldStepResult
@@ -104,6 +106,17 @@ class AsyncWorld(AsyncKindSessions[WorldSessions, WorldSessionInfo]):
             return await self._in_worker(lambda: self.sessions.step(session_id, action, a))
         finally:
             self._in_flight.discard(key)
+
+    async def hibernate(self, session_id: str) -> WorldSessionInfo:
+        """Sleep (``session/world/hibernation.py``): encoding and writing the unit runs on a worker."""
+        a = self.access
+        return await self._in_worker(lambda: (hibernate(self.sessions, session_id, a),
+                                              self.sessions.info(session_id, a))[1])
+
+    async def wake(self, session_id: str) -> WorldSessionInfo:
+        """Wake now (any other call would too; reading and checking the unit runs on a worker)."""
+        a = self.access
+        return await self._in_worker(lambda: (wake(self.sessions, session_id, a), self.sessions.info(session_id, a))[1])
 
     async def run(self, fn: Callable[[WorldSessions], T]) -> T:
         """``fn(sessions)`` now: it takes the sessions' lock for its bookkeeping only."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from execstate.model.world.window import RollingWindow
 from execstate.session.runtime.events import Event, EventQueue, SessionEventError
 from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
 from execstate.session.runtime.migration import MigrationError, hand_over
@@ -65,7 +66,7 @@ def export_world_session(sessions: WorldSessions, session_id: str, secret: bytes
         rt = sessions.manager.get(session_id)
         rt.begin_migration()
         try:
-            return encode_world_offer(_offer(sessions, rt), secret)
+            return encode_world_offer(world_offer(sessions, rt), secret)
         except BaseException:
             rt.end_migration()
             raise
@@ -80,16 +81,21 @@ def finish_export(sessions: WorldSessions, session_id: str, ok: bool) -> None:
             sessions.manager.close(session_id)
 
 
-def _offer(sessions: WorldSessions, rt: SessionRuntime) -> WorldOffer:
+def wire_chunk(sessions: WorldSessions, rec: HeldBlocks) -> WireChunk:
+    """One chunk's K/V as it travels (module docstring)."""
+    store = sessions.store
+    slots = _slots(store.block_size, rec.block_ids)
+    k = store.kv.k[:, slots].contiguous().numpy().astype("<f4", copy=False).tobytes()
+    v = store.kv.v[:, slots].contiguous().numpy().astype("<f4", copy=False).tobytes()
+    return WireChunk(k, v, chunk_digest(k, v))
+
+
+def world_offer(sessions: WorldSessions, rt: SessionRuntime, with_chunks: bool = True) -> WorldOffer:
+    """The session's offer (its chunks' K/V included unless ``with_chunks`` is False)."""
     state = rt.state
     assert isinstance(state, WorldState)
     store, spec = sessions.store, sessions.spec
-    chunks = []
-    for rec in state.table:
-        slots = _slots(store.block_size, rec.block_ids)
-        k = store.kv.k[:, slots].contiguous().numpy().astype("<f4", copy=False).tobytes()
-        v = store.kv.v[:, slots].contiguous().numpy().astype("<f4", copy=False).tobytes()
-        chunks.append(WireChunk(k, v, chunk_digest(k, v)))
+    chunks = [wire_chunk(sessions, rec) for rec in state.table] if with_chunks else []
     events = events_to_wire(rt.events.snapshot(), _wire_data)
     kv = spec.kv
     carry = state.carry.detach().to(torch.float32).contiguous()
@@ -113,6 +119,24 @@ def _bad(field: str, why: str) -> MigrationError:
 def import_world_session(sessions: WorldSessions, blob: bytes, secret: bytes | None = None) -> SessionRuntime:
     """Check the offer against this side's model and create the session (module docstring)."""
     o = decode_world_offer(blob, secret)
+    window, carry = check_world_offer(sessions, o)
+    queue = offer_queue(sessions, o.events)
+    with sessions.lock:
+        if o.session_id in {rt.session_id for rt in sessions.manager.resident()}:
+            raise MigrationError("conflict", f"session {o.session_id!r} is open here")
+        try:
+            sid = sessions.manager.admit(o.session_id)
+        except SessionEventError as e:
+            raise MigrationError(e.code, e.message) from None
+        table = write_chunks(sessions, o.chunks)
+        state = state_from_offer(sessions, o, window, carry, table)
+        rt = SessionRuntime(sid, state, queue, o.branch_id, o.step_index, o.event_epoch, o.max_event_epoch)
+        return sessions.manager.add(rt)
+
+
+def check_world_offer(sessions: WorldSessions, o: WorldOffer) -> tuple[RollingWindow, torch.Tensor]:
+    """The offer's window and carry, once it is checked against this side's model (module
+    docstring; ``MigrationError``). Its pending events are checked by :func:`offer_queue`."""
     store, spec = sessions.store, sessions.spec
     kv = spec.kv
     if o.provenance_digest != store.provenance.digest():
@@ -127,12 +151,7 @@ def import_world_session(sessions: WorldSessions, blob: bytes, secret: bytes | N
         raise _bad("window", e.message) from None
     if len(o.chunks) > window.max_chunks or o.n_chunks < len(o.chunks) or (o.n_chunks and not o.chunks):
         raise _bad("chunks", f"{len(o.chunks)} chunks for {o.n_chunks} committed and a window of {window.max_chunks}")
-    half = kv.bytes_per_chunk() // 2
-    for i, c in enumerate(o.chunks):
-        if len(c.k) != half or len(c.v) != half:
-            raise _bad(f"chunks[{i}]", f"K and V must be {half} bytes each")
-        if chunk_digest(c.k, c.v) != c.sha256:
-            raise MigrationError("checksum_mismatch", f"world session offer chunks[{i}]: sha256 does not match")
+    check_chunks(sessions, o.chunks, "world session offer")
     carry_shape = tuple(sessions.store.model.initial_carry().shape)
     if tuple(o.carry_shape) != carry_shape or len(o.carry) != 4 * int(np.prod(carry_shape)):
         raise _bad("carry", f"must be float32 {list(carry_shape)}")
@@ -145,28 +164,43 @@ def import_world_session(sessions: WorldSessions, blob: bytes, secret: bytes | N
         raise _bad("held", f"unknown key {o.held.key!r}")
     if o.event_epoch > o.max_event_epoch or o.seed >= 2**63:
         raise _bad("event_epoch", "above max_event_epoch (or seed out of range)")
-    queue = _queue(sessions, o.events)
-    with sessions.lock:
-        if o.session_id in {rt.session_id for rt in sessions.manager.resident()}:
-            raise MigrationError("conflict", f"session {o.session_id!r} is open here")
-        try:
-            sid = sessions.manager.admit(o.session_id)
-        except SessionEventError as e:
-            raise MigrationError(e.code, e.message) from None
-        model = store.model
-        state = WorldState(store, window, o.seed, model.encode_prompt(o.prompt, o.prompt_version), carry,
-                           bytes(o.history))  # type: ignore[arg-type]
-        try:
-            for c in o.chunks:
-                state.table.append(_write_chunk(sessions, c))
-        except NoFreeBlocks:
-            state.release()
-            raise MigrationError("capacity", "the K/V pool has no room for the session's chunks") from None
-        state.n_chunks = o.n_chunks
-        state.held = None if o.held is None else HeldKey(o.held.key, o.held.event_id)
-        state.generator.set_state(torch.frombuffer(bytearray(o.rng_state), dtype=torch.uint8))
-        rt = SessionRuntime(sid, state, queue, o.branch_id, o.step_index, o.event_epoch, o.max_event_epoch)
-        return sessions.manager.add(rt)
+    return window, carry
+
+
+def check_chunks(sessions: WorldSessions, chunks: list[WireChunk], what: str) -> None:
+    """Every chunk's size and sha256 (``invalid``, ``checksum_mismatch``)."""
+    half = sessions.spec.kv.bytes_per_chunk() // 2
+    for i, c in enumerate(chunks):
+        if len(c.k) != half or len(c.v) != half:
+            raise MigrationError("invalid", f"{what} chunks[{i}]: K and V must be {half} bytes each")
+        if chunk_digest(c.k, c.v) != c.sha256:
+            raise MigrationError("checksum_mismatch", f"{what} chunks[{i}]: sha256 does not match")
+
+
+def state_from_offer(sessions: WorldSessions, o: WorldOffer, window: RollingWindow, carry: torch.Tensor,
+                     table: list[HeldBlocks]) -> WorldState:
+    """The session's state from a checked offer, its block table ``table`` (already written)."""
+    state = WorldState(sessions.store, window, o.seed, sessions.store.model.encode_prompt(o.prompt, o.prompt_version),
+                       carry, bytes(o.history))  # type: ignore[arg-type]
+    state.table = table
+    state.n_chunks = o.n_chunks
+    state.held = None if o.held is None else HeldKey(o.held.key, o.held.event_id)
+    state.generator.set_state(torch.frombuffer(bytearray(o.rng_state), dtype=torch.uint8))
+    return state
+
+
+def write_chunks(sessions: WorldSessions, chunks: list[WireChunk]) -> list[HeldBlocks]:
+    """Each chunk's K/V written into freshly allocated blocks (held once each); ``capacity``
+    (``MigrationError``) when the pool has no room, nothing held then."""
+    out: list[HeldBlocks] = []
+    try:
+        for c in chunks:
+            out.append(_write_chunk(sessions, c))
+    except NoFreeBlocks:
+        for rec in reversed(out):
+            sessions.store.holds.release(rec)
+        raise MigrationError("capacity", "the K/V pool has no room for the session's chunks") from None
+    return out
 
 
 def _write_chunk(sessions: WorldSessions, c: WireChunk) -> HeldBlocks:
@@ -181,7 +215,7 @@ def _write_chunk(sessions: WorldSessions, c: WireChunk) -> HeldBlocks:
     return rec
 
 
-def _queue(sessions: WorldSessions, ev: WireEvents) -> EventQueue:
+def offer_queue(sessions: WorldSessions, ev: WireEvents) -> EventQueue:
     """The event queue of the offer, its pending events validated by this side's kinds."""
     queue = queue_from_wire(ev, sessions.kinds, sessions.max_pending_events, _bad)
     last = ev.last_event_id

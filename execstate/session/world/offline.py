@@ -6,6 +6,7 @@
     s.submit_event(1, "key", {"key": "left", "down": True})   # held from the next chunk on
     r = s.step(action="up")                            # this chunk only
     cp = s.checkpoint(); s.rollback(cp); f = s.fork(cp)
+    s.hibernate(); s.wake()                            # state to a tier, K/V blocks released; any call wakes it
     s.reset(); s.close(); world.close()
 
 Steps run on the caller's thread. Rules of the status machine, checkpoints and forks:
@@ -25,8 +26,10 @@ from execstate.session.runtime.events import SessionEventError
 from execstate.session.runtime.handle import SessionHandle
 from execstate.session.runtime.lifecycle import Checkpoint
 from execstate.session.runtime.manager import SessionPolicy
+from execstate.session.world.hibernation import hibernate, wake
 from execstate.session.world.sessions import WorldSessionInfo, WorldSessions
 from execstate.session.world.step import WorldStepResult
+from execstate.state.tiers.store import UnitStore
 
 __all__ = ["Checkpoint", "SessionEventError", "World", "WorldSession", "WorldStepResult", "scene_frames"]
 
@@ -70,11 +73,14 @@ class World:
     def __init__(self, model: WorldModel | str | Path | None = None, numerics: str = "eager", max_sessions: int = 8,
                  session_blocks: int | None = None, num_blocks: int | None = None, eviction: str | None = None,
                  max_session_events: int = 64, block_size: int | None = None,
-                 policy: SessionPolicy | None = None) -> None:
-        """``policy``: a server's bounds on its sessions (``session/runtime/manager.py``)."""
+                 policy: SessionPolicy | None = None, hibernate_to: UnitStore | None = None,
+                 hibernate_secret: bytes | None = None) -> None:
+        """``policy``: a server's bounds on its sessions (``session/runtime/manager.py``);
+        ``hibernate_to`` / ``hibernate_secret``: where hibernated sessions sleep and what signs them
+        (``session/world/sessions.py``)."""
         self.model = load_world_model(model, numerics)
         self.sessions = WorldSessions(self.model, max_sessions, session_blocks, num_blocks, eviction,
-                                      max_session_events, block_size, policy)
+                                      max_session_events, block_size, policy, hibernate_to, hibernate_secret)
 
     @property
     def spec(self) -> WorldSpec:
@@ -123,6 +129,17 @@ class WorldSession(SessionHandle):
 
     def step(self, action: str | list[str] | None = None) -> WorldStepResult:
         return self._sessions.step(self.session_id, action, self.access)
+
+    def hibernate(self) -> WorldSessionInfo:
+        """Sleep: the session's state goes to the World's hibernation tier as one signed unit and
+        its K/V blocks go back to the pool (``session/world/hibernation.py``). The next call wakes it."""
+        hibernate(self._sessions, self.session_id, self.access)
+        return self.info()
+
+    def wake(self) -> WorldSessionInfo:
+        """Wake now (any other call would too); raises the check that failed, if one did."""
+        wake(self._sessions, self.session_id, self.access)
+        return self.info()
 
     def migrate(self, target: World, secret: bytes | None = None) -> WorldSession:
         """Move this session to World ``target`` (``session/world/migration.py``) and return its

@@ -102,6 +102,18 @@ class WorldSaved:
     def block_ids(self) -> set[int]:
         return {b for rec in self.table for b in rec.block_ids}
 
+    def drop_table(self) -> None:
+        """Unpin the chunks while the session sleeps (``session/world/hibernation.py``); the
+        checkpoint stays live and gets its table back by :meth:`adopt_table` at wake."""
+        for rec in reversed(self.table):
+            self.holds.release(rec)
+        self.table = []
+
+    def adopt_table(self, table: list[HeldBlocks]) -> None:
+        """The checkpoint's chunks again (held records, already pinned for it), once woken."""
+        assert not self.table, "adopt_table over a table still held"
+        self.table = table
+
 
 class WorldState:
     def __init__(self, store: WorldStore, window: RollingWindow, seed: int, prompt: PromptKV, carry: Carry,
@@ -161,6 +173,10 @@ class WorldState:
 
     def block_ids(self) -> set[int]:
         return {b for rec in self.table for b in rec.block_ids}
+
+    def drop_kv(self) -> None:
+        """Unpin the block table (the session sleeps: its chunks are in a tier); the control state stays."""
+        self._drop_table()
 
     def append_chunk(self, rec: HeldBlocks, carry: Carry, history_step: tuple[list[int], bytes]) -> None:
         """Commit a chunk: append it, roll the window (release the middle chunks), advance."""
