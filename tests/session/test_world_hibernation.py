@@ -6,6 +6,7 @@ or signed by another secret is refused before use and the session ends, holding 
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import msgspec
@@ -235,3 +236,25 @@ def test_world_hibernation_desync_kinds_are_detected(model, tmp_path) -> None:
     assert codes == {("truncated", "checksum_mismatch"), ("other_tenant", "desync"), ("stale_step", "desync")}
     for t in targets:
         assert t.world.sessions.store.pool.num_used == 0
+
+
+def test_async_world_hibernates_and_wakes_on_the_next_call(model) -> None:
+    from execstate.session.world.async_world import AsyncWorld
+
+    w, ref = World(model=model), World(model=model)
+    t = ref.open_session(seed=3, start_frames=start_frames())
+
+    async def main() -> list[str]:
+        aw = AsyncWorld(w).scoped(A)
+        info = await aw.open(seed=3, start_frames=start_frames())
+        sid = info.session_id
+        out = [(await aw.step(sid, "left")).frames_sha256]
+        assert (await aw.hibernate(sid)).status == "hibernated" and w.sessions.store.pool.num_used == 0
+        assert (await aw.wake(sid)).status == "open"
+        await aw.hibernate(sid)
+        out.append((await aw.step(sid, "up")).frames_sha256)  # a step wakes it
+        await aw.shutdown()
+        return out
+
+    assert asyncio.run(main()) == [t.step("left").frames_sha256, t.step("up").frames_sha256]
+    ref.close()
