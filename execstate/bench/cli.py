@@ -21,7 +21,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bt.add_argument("--quantization", default=None, choices=["gguf"],
                     help="gguf: also measure the engine on GGUF blocks (smollm2-135m: the wheel's Q4_1 file; "
                          "smollm2-moe: its Q4_1 build) and llama.cpp on the same file, in the same run")
-    bt.add_argument("--json", action="store_true")
+    bt.add_argument("--json", action="store_true", help="print the report as JSON only (no table)")
+    bt.add_argument("--time-budget", type=float, default=600.0, metavar="S",
+                    help="stop repeating when one more repeat would end past S seconds from the start")
     bt.add_argument("--vllm-python", default=None,
                     help="python of a venv with vLLM's CPU build: adds the vLLM peer (else $EXECSTATE_VLLM_PYTHON)")
     bt.add_argument("--sweep", default=None, metavar="B1,B2,..",
@@ -173,7 +175,7 @@ def _bench(args: argparse.Namespace) -> int:
             model=args.model, repeats=args.repeats, peers=not args.no_peers, num_threads=args.threads,
             dtype=args.dtype,
             vllm_python=args.vllm_python,
-            quantization=args.quantization,
+            quantization=args.quantization, print_table=not args.json, time_budget_s=args.time_budget,
         )
         if args.json:
             print(json.dumps(report, indent=2))

@@ -202,9 +202,18 @@ def _mode_ratios(report_peers: dict[str, Any]) -> dict[str, dict[str, float | No
         ea, eb = report_peers.get(a, {}), report_peers.get(b, {})
         if not (ea.get("available") and eb.get("available")):
             continue
-        out[f"{a}/{b}"] = {f"{shape}.{stat}": _ratio((ea.get(shape) or {}).get(stat), (eb.get(shape) or {}).get(stat))
+        out[f"{a}/{b}"] = {f"{shape}.{stat}": _ratio(_figure(ea, shape, stat), _figure(eb, shape, stat))
                            for shape, stat in _MODE_FIGURES}
     return out
+
+
+def _figure(entry: dict[str, Any], shape: str, stat: str) -> float | None:
+    """A peer's figure; vLLM's batched prefill is kept beside its shapes (``prefill_batched_tok_s``: its
+    probe is a ``max_tokens=1`` run of the batch-8 prompts, as the engine's ``prefill_tok_s``)."""
+    value = (entry.get(shape) or {}).get(stat)
+    if value is None and (shape, stat) == ("batch8", "prefill_tok_s"):
+        value = entry.get("prefill_batched_tok_s")
+    return value
 
 
 def _machine() -> dict[str, Any]:

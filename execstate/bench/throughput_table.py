@@ -87,9 +87,11 @@ def format_table(report: dict[str, Any]) -> str:
             lines.append(f"WARNING {p}: {e['prefix_cache_hit_tokens']} prefix-cache hit tokens in timed runs")
         if e.get("routed_experts_shape_ok") is False:
             lines.append(f"WARNING {p}: routed_experts shape mismatch")
-    vl = report["peers"].get("vllm", {})
-    if vl.get("available"):
-        lines.append(f"vLLM: engine start {fmt(median(vl['startup_seconds']), '.1f')} s, batched prefill "
+    for vname in ("vllm", "vllm_bf16"):
+        vl = report["peers"].get(vname, {})
+        if not vl.get("available"):
+            continue
+        lines.append(f"{vname}: engine start {fmt(median(vl['startup_seconds']), '.1f')} s, batched prefill "
                      f"{fmt(vl.get('prefill_batched_tok_s'), '.0f')} tok/s (max_tokens=1 runs of the batch-8 "
                      f"prompts), settings {vl.get('settings')}")
     hf = report["peers"].get("transformers", {})

@@ -60,3 +60,18 @@ def test_mode_ratios_pair_each_mode_with_its_peer() -> None:
     r = ratios["execstate_gguf_r3_off/llama_cpp_q4_1"]
     assert r["batch8.median_tok_s"] == 3.0 and r["batch1.median_tok_s"] == 1.5 and r["batch8.prefill_tok_s"] is None
     assert ratios["execstate_gguf_r3_off/execstate_r3_off"]["batch8.prefill_tok_s"] == 2.0
+
+
+def test_bf16_over_vllm_prefill_uses_vllms_batched_prefill() -> None:
+    """vLLM's prefill probe is kept beside its shapes (``prefill_batched_tok_s``); the bf16 mode's prefill
+    ratio over vLLM bf16 is taken from it (it was ``None``)."""
+    from execstate.bench.throughput_report import _mode_ratios
+
+    ours = {"available": True, "batch8": {"median_tok_s": 500.0, "prefill_tok_s": 6000.0},
+            "batch1": {"median_tok_s": 200.0, "decode_tok_s": 220.0}}
+    vllm = {"available": True, "batch8": {"median_tok_s": 400.0}, "batch1": {"median_tok_s": 100.0,
+                                                                            "decode_tok_s": 110.0},
+            "prefill_batched_tok_s": 4000.0}
+    r = _mode_ratios({"execstate_bf16arith_r3_off": ours, "vllm_bf16": vllm})["execstate_bf16arith_r3_off/vllm_bf16"]
+    assert r == {"batch8.median_tok_s": 1.25, "batch8.prefill_tok_s": 1.5, "batch1.median_tok_s": 2.0,
+                 "batch1.decode_tok_s": 2.0}
