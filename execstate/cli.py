@@ -315,6 +315,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="R3: return routed_experts (default: off)")
     s.add_argument("--kv-transfer-config", default=None,
                    help="PD connector settings as JSON (vLLM key names) (default: none, no PD)")
+    s.add_argument("--kv-events-config", default=None,
+                   help="publish KV cache events (BlockStored/BlockRemoved/AllBlocksCleared, vLLM's shape, keyed by "
+                        "execution-state block keys) on ZeroMQ: JSON with vLLM's KVEventsConfig fields, e.g. "
+                        "'{\"enable_kv_cache_events\": true, \"endpoint\": \"tcp://*:5557\", "
+                        "\"replay_endpoint\": \"tcp://*:5558\"}' (default: none, no events; docs/fleet.md)")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "fp32", "bf16"],
                    help="weights' dtype (default: %(default)s)")
     s.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
