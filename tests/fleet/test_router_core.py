@@ -213,3 +213,11 @@ def test_subscriber_follows_a_live_engine_and_catches_up(model_dir):
     finally:
         sub.close()
         llm.engine.kv_events.close()
+
+
+def test_excluded_replicas_are_never_chosen_unless_alone(replicas):
+    router = FleetRouter(rng=random.Random(0))
+    d = router.rank(RouteRequest(SYSTEM_A + [1, 2], exclude=("a",)), views(replicas))
+    assert sum(d.ranks, []) == ["b"]
+    d = router.rank(RouteRequest(SYSTEM_A + [1, 2], exclude=("a", "b")), views(replicas))
+    assert d.ranks[0] == ["a"]

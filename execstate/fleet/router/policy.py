@@ -4,6 +4,7 @@
 list of lists, the shape Ray Serve's ``RequestRouter.choose_replicas`` returns: the caller tries
 rank 0's replicas, then rank 1's, ...):
 
+0. Replicas in ``RouteRequest.exclude`` (draining) are left out, unless no other is left.
 1. **Session affinity**: a request of a live session (``RouteRequest.session_replica``) goes to
    the replica that holds the session, and only there (one rank of one replica). When that
    replica is not a candidate (gone, draining), the request is ranked like any other and the
@@ -80,11 +81,14 @@ class ReplicaView:
 @dataclass(frozen=True)
 class RouteRequest:
     """The routing-relevant part of a request: its prompt's token ids (None: not a prompt, e.g. a
-    session call), its cache salt, and the replica holding its live session (None: none)."""
+    session call), its cache salt, the replica holding its live session (None: none; the fleet
+    also uses it to address one replica), and replicas taken out of service (``exclude``: draining;
+    never chosen unless every candidate is excluded)."""
 
     token_ids: Sequence[int] | None = None
     cache_salt: str | None = None
     session_replica: str | None = None
+    exclude: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,8 @@ class FleetRouter:
         self.rng = rng or random.Random()
 
     def rank(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
+        if request.exclude:
+            replicas = [r for r in replicas if r.replica_id not in request.exclude] or list(replicas)
         if not replicas:
             return Decision([], "none", {})
         by_id = {r.replica_id: r for r in replicas}
