@@ -221,3 +221,5 @@ def test_excluded_replicas_are_never_chosen_unless_alone(replicas):
     assert sum(d.ranks, []) == ["b"]
     d = router.rank(RouteRequest(SYSTEM_A + [1, 2], exclude=("a", "b")), views(replicas))
     assert d.ranks[0] == ["a"]
+    d = router.rank(RouteRequest(session_replica="a", exclude=("a",)), views(replicas))
+    assert d.ranks == [["a"]]  # a draining replica still serves its sessions until they moved

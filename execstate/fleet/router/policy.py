@@ -4,11 +4,13 @@
 list of lists, the shape Ray Serve's ``RequestRouter.choose_replicas`` returns: the caller tries
 rank 0's replicas, then rank 1's, ...):
 
-0. Replicas in ``RouteRequest.exclude`` (draining) are left out, unless no other is left.
 1. **Session affinity**: a request of a live session (``RouteRequest.session_replica``) goes to
-   the replica that holds the session, and only there (one rank of one replica). When that
+   the replica that holds the session, and only there (one rank of one replica), draining or not
+   (a draining replica serves its sessions until they moved). When that
    replica is not a candidate (gone, draining), the request is ranked like any other and the
    replica that gets it answers that it does not hold the session (the ingress says so).
+   Other requests never go to a replica in ``RouteRequest.exclude`` (draining), unless no other
+   is left.
 2. **Execution-compatible prefix**: per replica, ``hit`` = the longest run of the request's
    block keys (``prompt_keys.request_keys`` under *that replica's* provenance and the request's
    salt) found in its index, each block weighted by the best medium that holds it
@@ -104,13 +106,12 @@ class FleetRouter:
         self.rng = rng or random.Random()
 
     def rank(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
+        if request.session_replica is not None and any(r.replica_id == request.session_replica for r in replicas):
+            return Decision([[request.session_replica]], "session", {})
         if request.exclude:
             replicas = [r for r in replicas if r.replica_id not in request.exclude] or list(replicas)
         if not replicas:
             return Decision([], "none", {})
-        by_id = {r.replica_id: r for r in replicas}
-        if request.session_replica is not None and request.session_replica in by_id:
-            return Decision([[request.session_replica]], "session", {})
         hits = self.hits(request, replicas)
         scores = {r.replica_id: hits[r.replica_id] - self.knobs.queue_weight * r.queue_len
                   - self.knobs.kv_weight * r.kv_usage for r in replicas}
