@@ -355,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--voice-asr-phrases", default=None,
                    help="/v1/voice/realtime and /agent: recognise speech with a language model built from these "
                         "phrases ('demo': the demo's arithmetic and conversation phrases; else a file, one phrase "
-                        "a line) instead of PocketSphinx's general English model")
+                        "a line) instead of PocketSphinx's general English model (default: none: the general "
+                        "model)")
     _add_world_options(s)
     g = s.add_argument_group("fleet (Ray Serve; the 'fleet' extra: pip install 'execstate[fleet]'; docs/fleet.md)")
     g.add_argument("--ray", action="store_true",

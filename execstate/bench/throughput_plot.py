@@ -1,5 +1,6 @@
 """The batch-size sweep of ``execstate bench throughput --sweep``, as a PNG (decode tok/s against
-batch size: one line per peer, the memory-bandwidth roofline dashed, 70% of it dotted;
+batch size: one line per peer, the memory-bandwidth roofline of each weight storage dashed, 70%
+of it dotted;
 matplotlib, imported when a plot is made) and as a text table. Each peer's legend entry has its
 median CPU share (CPU s / (wall s x threads)): a plot made on a busy machine says so."""
 
@@ -12,7 +13,13 @@ from execstate.bench.numbers import fmt, median
 
 TARGET_FRACTION = 0.7  # issue 11: batch-8 decode at >= 70% of the roofline
 STYLES = {"execstate_r3_off": ("tab:blue", "o"), "transformers": ("tab:orange", "s"),
-          "llama_cpp": ("tab:green", "^"), "vllm": ("tab:red", "D")}
+          "llama_cpp": ("tab:green", "^"), "vllm": ("tab:red", "D"),
+          "execstate_bf16_r3_off": ("tab:cyan", "o"), "execstate_bf16arith_r3_off": ("tab:purple", "o"),
+          "vllm_bf16": ("tab:pink", "D"), "execstate_gguf_r3_off": ("tab:brown", "o"),
+          "llama_cpp_q4_1": ("tab:olive", "^")}
+# the roofline of each weight storage: line colour and words
+ROOF_STYLES = {"fp32": ("k", "fp32 weights"), "bf16": ("tab:purple", "bf16 weights"),
+               "gguf": ("tab:brown", "GGUF blocks")}
 
 
 def _available(report: dict[str, Any]) -> dict[str, Any]:
@@ -27,13 +34,16 @@ def plot_sweep(report: dict[str, Any], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     batches = [int(b) for b in report["workload"]["batches"]]
-    roof = report["roofline"]
-    ceiling = [roof["by_batch"][str(b)]["ceiling_tok_s"] for b in batches]
     fig, ax = plt.subplots(figsize=(12, 6))
-    ax.plot(batches, ceiling, "k--", lw=1.5, label=f"roofline: batch x {_bandwidth_words(report)}\n"
-                                                  f"/ weight bytes read per decode step")
-    ax.plot(batches, [TARGET_FRACTION * c for c in ceiling], "k:", lw=1.0,
-            label=f"{TARGET_FRACTION:.0%} of the roofline (issue 11 target)")
+    roofs = {"fp32": report["roofline"], **report.get("roofline_by_storage", {})}
+    for storage, roof in roofs.items():
+        color, words = ROOF_STYLES.get(storage, ("grey", storage))
+        ceiling = [roof["by_batch"][str(b)]["ceiling_tok_s"] for b in batches]
+        head = f"roofline, {words}" + (f": batch x {_bandwidth_words(report)}\n/ weight bytes read per decode step"
+                                       if storage == "fp32" else "")
+        ax.plot(batches, ceiling, "--", color=color, lw=1.5, label=head)
+        ax.plot(batches, [TARGET_FRACTION * c for c in ceiling], ":", color=color, lw=1.0,
+                label=f"{TARGET_FRACTION:.0%} of it (target)")
     for name, e in _available(report).items():
         color, marker = STYLES.get(name, (None, "x"))
         pts = sorted((int(b), x["decode_tok_s"]) for b, x in e["by_batch"].items() if x["decode_tok_s"])
@@ -94,6 +104,9 @@ def format_sweep_table(report: dict[str, Any]) -> str:
                      + "".join(f"{roof['bandwidth_gb_s_by_batch'][b]:>16.1f}" for b in batches))
     lines.append(f"{'roofline ceiling tok/s':<44}"
                  + "".join(f"{roof['by_batch'][b]['ceiling_tok_s']:>16.1f}" for b in batches))
+    for storage, r in report.get("roofline_by_storage", {}).items():
+        lines.append(f"{'roofline ceiling tok/s, ' + storage:<44}"
+                     + "".join(f"{r['by_batch'][b]['ceiling_tok_s']:>16.1f}" for b in batches))
     for name, e in report["peers"].items():
         if not (e.get("available") and e.get("by_batch")):
             lines.append(f"{name:<44}{e.get('note', 'not measured')}")
@@ -115,6 +128,7 @@ def format_sweep_table(report: dict[str, Any]) -> str:
         lines.append(f"prefill tok/s (probe), {name}: {pre}")
     for name, per in report["parity_vs_engine"].items():
         parts = [f"b{b} {c['identical']}/{c['tokens']}" for b, c in per.items()]
-        lines.append(f"greedy parity vs execstate, {name}: " + ", ".join(parts))
+        ref = report["peers"].get(name, {}).get("parity_reference", "execstate")
+        lines.append(f"greedy parity vs {ref}, {name}: " + ", ".join(parts))
     lines += [f"note: {n}" for n in report["notes"]]
     return "\n".join(lines)

@@ -6,7 +6,8 @@ the *clean* median over the runs that got at least ``CLEAN_SHARE`` of their thre
 (CPU s / wall s / threads): on a shared machine, runs starved by other processes are several
 times slower, and a plain median of few runs can be one of them. Token counts are checked to
 be exact. Batch 1 also gives the median TTFT and, from it, the decode rate. Ratios: R3
-overhead (engine R3 on / off, also paired per repeat) and the engine over each peer.
+overhead (engine R3 on / off, also paired per repeat), the engine over each peer, and each
+other numerics mode over its own peer and over fp32 (``MODE_PAIRS``).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def build_report(*, model: str | Path, path: Path, cfg: dict[str, Any], n_params
 
 
 def _peer_entry(p: Peer, res: dict[str, list[Any]], wl: Workload) -> dict[str, Any]:
-    entry: dict[str, Any] = {"label": p.label, "available": True}
+    entry: dict[str, Any] = {"label": p.label, "available": True, "parity_reference": p.parity_reference}
     for key, shape, batched in _SHAPES:
         entry[shape] = _shape_stats(res, key, wl.num_prompts_of(batched), wl.new_tokens(p, batched))
     if entry["batch8"] is not None and res.get("b8_prefill_s"):
@@ -176,7 +177,34 @@ def _ratios(report_peers: dict[str, Any]) -> dict[str, Any]:
             ratios.setdefault("bf16_over_fp32", {})[key] = {
                 "r3_off": bf16, "clean_r3_off": _ratio(med("execstate_bf16_r3_off", key, "clean_median_tok_s"),
                                                        med(off, key, "clean_median_tok_s"))}
+    ratios["modes"] = _mode_ratios(report_peers)
     return ratios
+
+
+# (numerator, denominator) peers compared in each mode's own terms: the engine's bf16 arithmetic
+# beside vLLM bf16, its GGUF mode beside llama.cpp on the same file, each mode over fp32.
+MODE_PAIRS = (
+    ("execstate_bf16arith_r3_off", "vllm_bf16"),
+    ("execstate_gguf_r3_off", "llama_cpp_q4_1"),
+    ("execstate_bf16arith_r3_off", "execstate_r3_off"),
+    ("execstate_bf16arith_r3_off", "execstate_bf16_r3_off"),
+    ("execstate_gguf_r3_off", "execstate_r3_off"),
+)
+_MODE_FIGURES = (("batch8", "median_tok_s"), ("batch8", "prefill_tok_s"), ("batch1", "median_tok_s"),
+                 ("batch1", "decode_tok_s"))
+
+
+def _mode_ratios(report_peers: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """``"a/b"`` -> ratio per figure (batch-8 tok/s, batch-8 prefill tok/s, batch-1 tok/s, batch-1
+    decode tok/s) for each pair of ``MODE_PAIRS`` that was measured."""
+    out: dict[str, dict[str, float | None]] = {}
+    for a, b in MODE_PAIRS:
+        ea, eb = report_peers.get(a, {}), report_peers.get(b, {})
+        if not (ea.get("available") and eb.get("available")):
+            continue
+        out[f"{a}/{b}"] = {f"{shape}.{stat}": _ratio((ea.get(shape) or {}).get(stat), (eb.get(shape) or {}).get(stat))
+                           for shape, stat in _MODE_FIGURES}
+    return out
 
 
 def _machine() -> dict[str, Any]:

@@ -4,7 +4,8 @@ when every decode step has to read its weights from memory once.
     ceiling(B) = B x bandwidth / bytes read per step(B)
 
 Bytes per step (``step_bytes``), from the safetensors headers (shapes only) and
-``bytes_per_weight`` (4 for fp32): every weight once, except
+``bytes_per_weight`` (4 for fp32, 2 for bf16), or from a GGUF file's tensors as stored
+(``gguf_weight_bytes``): every weight once, except
 
 - the input embedding: ``B`` rows (a lookup), unless tied to the LM head (then read once, whole,
   by the head);
@@ -79,6 +80,34 @@ def weight_bytes(model_dir: Path, bytes_per_weight: int = 4) -> WeightBytes:
     return WeightBytes(dense, emb, row, experts, int(e) if e else None, int(k) if k else None)
 
 
+def gguf_weight_bytes(gguf_path: Path, model_dir: Path) -> WeightBytes:
+    """``weight_bytes`` of a model served from the GGUF file ``gguf_path`` (its tensors' bytes as
+    stored: blocks, and fp32 for float tensors, which the engine widens to fp32); ``model_dir``'s
+    config.json gives the tying and routing."""
+    import json
+
+    from execstate.model.gguf_file import read_tensors
+    from execstate.model.gguf_import import hf_tensor_name
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    meta, tensors = read_tensors(gguf_path)
+    llama = meta.get("general.architecture") == "llama"
+    dense = emb = row = experts = 0
+    for t in tensors:
+        name = hf_tensor_name(t.name) if llama else t.name
+        n = t.data.nbytes * (2 if t.kind in ("F16", "BF16") else 1)  # float tensors become fp32
+        if ".experts." in name:
+            experts += n
+        elif name.endswith("embed_tokens.weight") and not tied:
+            emb, row = n, n // int(t.shape[0])
+        else:
+            dense += n
+    e = cfg.get("num_experts") or cfg.get("num_local_experts")
+    k = cfg.get("num_experts_per_tok")
+    return WeightBytes(dense, emb, row, experts, int(e) if e else None, int(k) if k else None)
+
+
 def step_bytes(w: WeightBytes, batch: int) -> float:
     """Expected weight bytes one decode step of ``batch`` sequences reads."""
     total = float(w.dense + min(batch * w.embedding_row, w.embedding))
@@ -103,12 +132,14 @@ def kv_bytes_per_token(cfg: dict[str, Any], bytes_per_value: int = 4) -> int:
 
 
 def roofline(model_dir: Path, batches: list[int], bandwidth_bytes_s: float | dict[int, float],
-             bytes_per_weight: int = 4) -> dict[str, Any]:
+             bytes_per_weight: int = 4, weights: WeightBytes | None = None) -> dict[str, Any]:
     """The roofline of ``model_dir`` at each batch size (JSON-ready). ``bandwidth_bytes_s``: one
     figure for every batch size, or one per batch size (the bandwidth measured next to that batch
     size's runs: this shared machine's bandwidth moves by tens of percent within minutes);
-    ``bandwidth_gb_s`` is then their median and ``bandwidth_gb_s_by_batch`` each one."""
-    w = weight_bytes(model_dir, bytes_per_weight)
+    ``bandwidth_gb_s`` is then their median and ``bandwidth_gb_s_by_batch`` each one. ``weights``:
+    the bytes of another storage format (e.g. ``gguf_weight_bytes``) instead of
+    ``bytes_per_weight`` times the safetensors' weights."""
+    w = weights or weight_bytes(model_dir, bytes_per_weight)
     per = bandwidth_bytes_s if isinstance(bandwidth_bytes_s, dict) else {b: bandwidth_bytes_s for b in batches}
     missing = [b for b in batches if b not in per]
     if missing:

@@ -80,13 +80,17 @@ def parse_batches(text: str) -> tuple[int, ...]:
 def run_throughput_sweep(model: str | Path = "standard", workload: SweepWorkload | None = None,
                          repeats: int = 1, num_threads: int | None = None, peers: bool = True,
                          llama_cpp: bool = True, vllm_python: str | None = None,
-                         bandwidth_gb_s: float | None = None, print_table: bool = True) -> dict[str, Any]:
+                         bandwidth_gb_s: float | None = None, print_table: bool = True, dtype: str = "float32",
+                         quantization: str | None = None) -> dict[str, Any]:
     """Run the sweep and return its report. ``bandwidth_gb_s``: use this memory bandwidth for the
-    roofline instead of measuring it (e.g. one measured on a quiet machine)."""
+    roofline instead of measuring it (e.g. one measured on a quiet machine). ``dtype``,
+    ``quantization``: the other numerics modes and their peers, as in ``run_throughput_bench``;
+    each peer's share of the roofline is then of its own storage's roofline (bf16: 2 bytes a
+    weight; GGUF: the file's bytes)."""
     import torch
 
     from execstate.bench.models import count_parameters, resolve_bench_model
-    from execstate.bench.throughput import _peers
+    from execstate.bench.throughput import _peers, mode_peers
     from execstate.bench.throughput_report import _machine
     from execstate.bench.throughput_workload import Workload
     from execstate.bench.vllm_peer import add_vllm_peer
@@ -109,10 +113,18 @@ def run_throughput_sweep(model: str | Path = "standard", workload: SweepWorkload
     big = Workload(wl.prompt_len, wl.max_new_tokens, max(wl.batches), 1, None, wl.seed)
     peer_list, unavailable = _peers(model, path, big, threads, peers, llama_cpp, notes, probe_prefill=False)
     peer_list = [p for p in peer_list if p.name != "execstate_r3_on"]
+    peer_list[1:1] = mode_peers(model, path, big, threads, dtype, quantization, peers and llama_cpp, unavailable,
+                                probe_prefill=False)
     if peers:
         add_vllm_peer(peer_list, unavailable, vllm_python, path, big, threads, probe_prefill=False)
+        if dtype == "bfloat16":
+            add_vllm_peer(peer_list, unavailable, vllm_python, path, big, threads, probe_prefill=False,
+                          dtype="bfloat16")
     else:
         unavailable["vllm"] = "peers disabled (--no-peers)"
+    for p in peer_list:  # the parity of this sweep is against the fp32 engine or the peer's own mode
+        if p.parity_reference == "execstate_r3_on":
+            p.parity_reference = REFERENCE
     t0 = time.perf_counter()
     samples, parity, adjacent = _measure(peer_list, wl, int(cfg["vocab_size"]), repeats, threads,
                                          probe_bandwidth=bandwidth_gb_s is None)
@@ -127,6 +139,7 @@ def run_throughput_sweep(model: str | Path = "standard", workload: SweepWorkload
         "param_count": count_parameters(path), "dtype": "float32", "threads": threads,
         "workload": asdict(wl), "repeats": repeats, "bandwidth": bandwidth,
         "roofline": roofline(path, list(wl.batches), per_batch),
+        "roofline_by_storage": _storage_rooflines(model, path, peer_list, list(wl.batches), per_batch),
         "peers": {p.name: _peer_entry(p, samples[p.name], wl) for p in peer_list},
         "parity_vs_engine": {name: {b: summarise(c) for b, c in per.items()} for name, per in parity.items()},
         "sweep_seconds": time.perf_counter() - t0, "machine": _machine(), "notes": notes,
@@ -173,8 +186,9 @@ def _measure(peer_list: list[Peer], wl: SweepWorkload, vocab: int, repeats: int,
                     print(f"sweep: repeat {r + 1}/{repeats}, batch {b}, {p.name}: decode "
                           f"{fmt(s['decode_tok_s'], '.1f')} tok/s, prefill {s['prefill_s']:.2f} s, "
                           f"run {s['total_s']:.2f} s", file=sys.stderr, flush=True)
-                ref = tokens.get(REFERENCE)
+                ref_of = {p.name: p.parity_reference for p in runnable}
                 for name, ids in tokens.items():
+                    ref = tokens.get(ref_of.get(name, REFERENCE))
                     if ref is not None and name != REFERENCE:
                         add_counts(parity.setdefault(name, {}).setdefault(str(b), {}), compare(ref, ids))
     finally:
@@ -218,7 +232,8 @@ def _peer_entry(p: Peer, runs: dict[str, list[dict[str, Any]]], wl: SweepWorkloa
             "cpu_share": [x["cpu_share"] for x in rs], "loadavg_1m_before": [x["loadavg_1m_before"] for x in rs],
             "tokens_exact": all(x["tokens_exact"] for x in rs),
         }
-    entry: dict[str, Any] = {"label": p.label, "available": True, "by_batch": by_batch}
+    entry: dict[str, Any] = {"label": p.label, "available": True, "by_batch": by_batch, "storage": p.storage,
+                             "parity_reference": p.parity_reference}
     if isinstance(p, EnginePeer):
         entry["startup_seconds"] = p.startup_seconds
     entry.update({k: v for k, v in p.report_extra().items() if k in ("startup_seconds", "settings")})
@@ -240,10 +255,29 @@ def _note_starved(report: dict[str, Any]) -> None:
             + "; these runs waited for CPU and their tok/s are not what the code does on a quiet machine")
 
 
+def _storage_rooflines(model: str | Path, path: Path, peer_list: list[Peer], batches: list[int],
+                       per_batch: float | dict[int, float]) -> dict[str, Any]:
+    """The roofline of each storage other than fp32 that a peer uses (bf16: 2 bytes a weight;
+    gguf: the bytes of the GGUF file the engine's GGUF peer serves)."""
+    from execstate.bench.throughput import GGUF_BUILDS
+    from execstate.bench.throughput_roofline import gguf_weight_bytes
+    from execstate.model.gguf_model import gguf_file
+    from execstate.model.registry import resolve_model
+
+    out: dict[str, Any] = {}
+    for storage in sorted({p.storage for p in peer_list} - {"fp32"}):
+        if storage == "bf16":
+            out[storage] = roofline(path, batches, per_batch, bytes_per_weight=2)
+        else:
+            gpath = resolve_model(GGUF_BUILDS[str(model)])
+            out[storage] = roofline(path, batches, per_batch, weights=gguf_weight_bytes(gguf_file(gpath), gpath))
+    return out
+
+
 def _add_fractions(report: dict[str, Any]) -> None:
-    """Each available peer's decode tok/s over the roofline ceiling at each batch size."""
-    roof = report["roofline"]["by_batch"]
+    """Each available peer's decode tok/s over its storage's roofline ceiling at each batch size."""
     for e in report["peers"].values():
+        roof = report.get("roofline_by_storage", {}).get(e.get("storage"), report["roofline"])["by_batch"]
         for b, x in e.get("by_batch", {}).items():
             c = roof[b]["ceiling_tok_s"]
             x["fraction_of_roofline"] = x["decode_tok_s"] / c if x["decode_tok_s"] and c else None
@@ -254,7 +288,9 @@ def sweep_main(args: Any) -> int:
     wl = SweepWorkload(parse_batches(args.sweep), args.sweep_prompt_len, args.sweep_max_tokens)
     report = run_throughput_sweep(model=args.model, workload=wl, repeats=args.repeats, num_threads=args.threads,
                                   peers=not args.no_peers, vllm_python=args.vllm_python,
-                                  bandwidth_gb_s=args.bandwidth_gbs, print_table=not args.json)
+                                  bandwidth_gb_s=args.bandwidth_gbs, print_table=not args.json,
+                                  dtype=getattr(args, "dtype", "float32"),
+                                  quantization=getattr(args, "quantization", None))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")

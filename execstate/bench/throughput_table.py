@@ -29,19 +29,19 @@ def format_table(report: dict[str, Any]) -> str:
         f"{wl['num_prompts']} x {wl['prompt_len']} prompt tokens / the wall time of a max_tokens=1 run of the "
         f"batch's prompts (nothing cached; vLLM's peer probes the same way)",
         "",
-        f"{'peer':<44}{'batch 8 tok/s':>14}{'batch 1 tok/s':>15}{'b8 clean (n)':>14}{'b1 clean (n)':>14}"
+        f"{'peer':<52}{'batch 8 tok/s':>14}{'batch 1 tok/s':>15}{'b8 clean (n)':>14}{'b1 clean (n)':>14}"
         f"{'b1 TTFT s':>11}{'b1 decode tok/s':>17}{'b8 prefill tok/s':>18}  runs (b8 | b1)",
     ]
     for name, e in report["peers"].items():
         if not e.get("available"):
-            lines.append(f"{name:<44}{e['note']}")
+            lines.append(f"{name:<52}{e['note']}")
             continue
         b8, b1 = e.get("batch8"), e.get("batch1")
         runs8 = " ".join(fmt(x, ".1f") for x in b8["tok_s"]) if b8 else "n/a"
         runs1 = " ".join(fmt(x, ".1f") for x in b1["tok_s"]) if b1 else "n/a"
         exact = all(b is None or b["tokens_exact"] for b in (b8, b1))
         lines.append(
-            f"{e['label']:<44}{fmt(b8['median_tok_s'], '.1f') if b8 else 'n/a':>14}"
+            f"{e['label']:<52}{fmt(b8['median_tok_s'], '.1f') if b8 else 'n/a':>14}"
             f"{fmt(b1['median_tok_s'], '.1f') if b1 else 'n/a':>15}"
             f"{_clean(b8):>14}{_clean(b1):>14}"
             f"{fmt(b1.get('median_ttft_s') if b1 else None, '.3f'):>11}"
@@ -69,15 +69,19 @@ def format_table(report: dict[str, Any]) -> str:
     if bf16:
         lines.append("engine bf16 weights / fp32: " + ", ".join(
             f"{k} {fmt(v['r3_off'], '.2f')}x (clean runs {fmt(v['clean_r3_off'], '.2f')}x)" for k, v in bf16.items()))
+    for pair, figs in report["ratios"].get("modes", {}).items():
+        lines.append(f"{pair}: " + ", ".join(f"{k} {fmt(v, '.2f')}x" for k, v in figs.items()))
     st = report["engine_startup_seconds"]
     lines.append("engine start: " + ", ".join(f"{k} {v:.2f} s" for k, v in st.items())
                  + f" (target < {report['engine_startup_target_seconds']:.0f} s: "
                  + ("ok" if report["engine_startup_ok"] else "MISSED") + ")")
     for name, per in report["parity"].items():
         parts = [f"{k} {c['identical']}/{c['tokens']} tokens ({100 * (c['identical_fraction'] or 0):.1f}%), "
-                 f"{c['sequences_identical']}/{c['sequences']} sequences identical" for k, c in per.items()]
-        lines.append(f"greedy parity vs execstate (R3 on), {name}: " + "; ".join(parts))
-    for p in ("execstate_r3_on", "execstate_r3_off"):
+                 f"{c['sequences_identical']}/{c['sequences']} sequences identical, first divergence at "
+                 f"{c.get('first_divergence')}" for k, c in per.items()]
+        ref = report["peers"].get(name, {}).get("parity_reference", "execstate_r3_on")
+        lines.append(f"greedy parity vs {ref}, {name}: " + "; ".join(parts))
+    for p in [n for n in report["peers"] if n.startswith("execstate")]:
         e = report["peers"][p]
         if e.get("prefix_cache_hit_tokens"):
             lines.append(f"WARNING {p}: {e['prefix_cache_hit_tokens']} prefix-cache hit tokens in timed runs")

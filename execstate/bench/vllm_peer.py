@@ -6,7 +6,8 @@ Which python: ``--vllm-python PATH`` or the ``EXECSTATE_VLLM_PYTHON`` environmen
 python's driver whether vLLM imports (and which version) before the peer is used.
 
 ``VllmPeer.load`` starts the driver and loads the weights directory with
-``LLM(model=DIR, dtype=float32)`` in vLLM's default (compiled) mode; its CPU settings:
+``LLM(model=DIR, dtype=float32)`` (``dtype=bfloat16`` for the ``vllm_bf16`` peer) in vLLM's
+default (compiled) mode; its CPU settings:
 ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache, default ``KVCACHE_GIB`` unless set) and
 ``VLLM_CPU_OMP_THREADS_BIND`` (default: the first ``threads`` CPUs, ``0-{threads-1}``, unless
 set) and ``LD_PRELOAD`` of the venv's Intel OpenMP (``cpu_env``). ``run`` sends the same
@@ -146,10 +147,12 @@ class VllmPeer(Peer):
     name = "vllm"
 
     def __init__(self, python: str, version: str, path: Path, threads: int, max_model_len: int,
-                 max_num_seqs: int = 64, probe_prefill: bool = True) -> None:
+                 max_num_seqs: int = 64, probe_prefill: bool = True, dtype: str = "float32") -> None:
         self.python, self.path, self.threads, self.probe_prefill = python, path, threads, probe_prefill
-        self.max_model_len, self.max_num_seqs = max_model_len, max_num_seqs
-        self.label = f"vLLM {version} (CPU build)"
+        self.max_model_len, self.max_num_seqs, self.dtype = max_model_len, max_num_seqs, dtype
+        self.label = f"vLLM {version} (CPU build{', bf16' if dtype == 'bfloat16' else ''})"
+        if dtype == "bfloat16":  # beside the engine's bf16 arithmetic, compared with it
+            self.name, self.parity_reference, self.storage = "vllm_bf16", "execstate_bf16arith_r3_off", "bf16"
         self.proc: DriverProcess | None = None
         self.startup_seconds: list[float] = []
         self.settings: dict[str, Any] | None = None
@@ -160,7 +163,7 @@ class VllmPeer(Peer):
     def load(self) -> None:
         self.proc = DriverProcess(self.python, cpu_env(self.threads, self.python))
         try:
-            reply = self.proc.request({"op": "load", "model": str(self.path), "dtype": "float32",
+            reply = self.proc.request({"op": "load", "model": str(self.path), "dtype": self.dtype,
                                        "max_model_len": self.max_model_len, "max_num_seqs": self.max_num_seqs,
                                        "seed": 0})
         except Exception:
@@ -198,15 +201,16 @@ class VllmPeer(Peer):
 
 
 def add_vllm_peer(peer_list: list[Peer], unavailable: dict[str, str], python: str | None, path: Path,
-                  workload: Any, threads: int, probe_prefill: bool = True) -> None:
+                  workload: Any, threads: int, probe_prefill: bool = True, dtype: str = "float32") -> None:
     """Append a ``VllmPeer`` for ``python`` (or ``$EXECSTATE_VLLM_PYTHON``) to ``peer_list`` when its
-    driver imports vLLM; else record in ``unavailable["vllm"]`` why not. ``workload``: anything
-    with ``prompt_len`` and ``max_new_tokens`` (the model length vLLM is started with)."""
+    driver imports vLLM; else record in ``unavailable`` why not. ``workload``: anything with
+    ``prompt_len`` and ``max_new_tokens`` (the model length vLLM is started with); ``dtype``
+    ``"bfloat16"``: the peer ``vllm_bf16`` (vLLM's ``dtype=bfloat16``)."""
     py = vllm_python(python)
     version, why = probe_vllm(py)
     if version is None or py is None:
-        unavailable["vllm"] = why or "unavailable"
+        unavailable["vllm_bf16" if dtype == "bfloat16" else "vllm"] = why or "unavailable"
         return
     peer_list.append(VllmPeer(py, version, path, threads,
                               max_model_len=workload.prompt_len + workload.max_new_tokens,
-                              probe_prefill=probe_prefill))
+                              probe_prefill=probe_prefill, dtype=dtype))

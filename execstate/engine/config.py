@@ -35,6 +35,15 @@ class EngineConfig:
     # two round differently). dtype "bfloat16" with the kernels: bf16 weights, fp32
     # activations and KV cache (model/bf16_weights.py); with torch ops: everything in bf16.
     kernels: str = "auto"
+    # Arithmetic of the matmuls. "float32": fp32 activations and sums (with dtype "bfloat16" the
+    # weights are bf16, widened). "bfloat16" (needs dtype "bfloat16" and the CPU kernels): bf16
+    # arithmetic: each matmul's input rows rounded to bf16, products by vdpbf16ps (AVX512-BF16, an
+    # FMA emulation elsewhere), fp32 sums in one fixed order; attention, norms, the router, the KV
+    # cache and the residual stream stay fp32 (engine/model_numerics.py).
+    compute_dtype: str = "float32"
+    # "gguf": the model's GGUF file served as it is (Q8_0 / Q4_0 / Q4_1 blocks multiplied in place,
+    # fp32 activations; model/gguf_model.py); None: the safetensors weights.
+    quantization: str | None = None
     # Map the KV pool's pages at start, on a background thread (KVPool.populate_async), so
     # prefills into never-used blocks do not pay page faults (~4 % of an 8 x 256-token prefill
     # on the standard model); costs about 0.5 s of CPU per GiB of pool, once, and makes the
@@ -76,6 +85,17 @@ class EngineConfig:
         if self.dtype not in _DTYPES:
             raise ValueError(f"unsupported dtype {self.dtype!r}; use one of {sorted(_DTYPES)}")
         self.dtype = "float32" if _DTYPES[self.dtype] is torch.float32 else "bfloat16"
+        if self.compute_dtype not in _DTYPES:
+            raise ValueError(f"unsupported compute_dtype {self.compute_dtype!r}; use one of {sorted(_DTYPES)}")
+        self.compute_dtype = "float32" if _DTYPES[self.compute_dtype] is torch.float32 else "bfloat16"
+        if self.compute_dtype == "bfloat16" and (self.dtype != "bfloat16" or self.kernels == "torch"):
+            raise ValueError("compute_dtype='bfloat16' (bf16 arithmetic) needs dtype='bfloat16' and the CPU kernels "
+                             f"(got dtype={self.dtype!r}, kernels={self.kernels!r})")
+        if self.quantization not in (None, "gguf"):
+            raise ValueError(f"quantization must be None or 'gguf', got {self.quantization!r}")
+        if self.quantization is not None and (self.dtype != "float32" or self.kernels == "torch"):
+            raise ValueError("quantization='gguf' runs its own kernels on fp32 activations: use dtype='float32' and "
+                             f"the CPU kernels (got dtype={self.dtype!r}, kernels={self.kernels!r})")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
@@ -97,7 +117,8 @@ class EngineConfig:
 
     def bf16_weights(self) -> bool:
         """Whether the engine keeps bf16 weights with fp32 activations (dtype bfloat16 on the
-        kernels); else the weights, activations and KV cache are all in ``torch_dtype``."""
+        kernels; the matmuls in ``compute_dtype``); else the weights, activations and KV cache are
+        all in ``torch_dtype``."""
         return self.dtype == "bfloat16" and self.use_cpu_kernels()
 
     def use_cpu_kernels(self) -> bool:

@@ -1,14 +1,15 @@
 """What an engine is built from, made from its ``EngineConfig``: the loaded model and tokenizer,
 the KV pool, the block pool and route store, and the provenance its blocks are keyed under.
 
-``EngineParts.build(config)`` does, in this order: resolve and load the model (fp32 activations
-and KV cache when weights are stored in bf16; the CPU kernels on or off), bound
+``EngineParts.build(config)`` does, in this order: resolve and load the model in its numerics
+mode (``engine/model_numerics.py``: fp32, bf16 weights, bf16 arithmetic or GGUF blocks; fp32
+activations and KV cache when weights are stored in bf16; the CPU kernels on or off), bound
 ``max_model_len`` by the model's, size the KV pool (``num_kv_blocks``, else as many blocks as
 ``kv_cache_memory_bytes`` holds but never more than ``max_num_seqs`` full-length sequences use;
 ``ValueError`` when one ``max_model_len`` sequence does not fit), start mapping its pages
 (``prefault_kv``), build the route store (MoE models with route return only) and the block pool
 (which tells the route store about evictions), and the provenance (weights digest, dtype,
-numerics of the kernels in use, the engine-wide cache salt). ``LLMEngine`` wires the rest.
+the numerics id of the mode and kernels in use, the engine-wide cache salt). ``LLMEngine`` wires the rest.
 """
 
 from __future__ import annotations
@@ -17,13 +18,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from execstate.engine.config import EngineConfig
+from execstate.engine.model_numerics import activation_dtype, load_engine_model, numerics_id
 from execstate.engine.tokenizer import Tokenizer
 from execstate.identity.provenance import Provenance
-from execstate.kernels import cpu as cpu_kernels
-from execstate.model.loader import load_model
 from execstate.model.registry import resolve_model
 from execstate.model.transformer import CausalLM
 from execstate.model.weights_digest import model_digest
@@ -48,12 +46,8 @@ class EngineParts:
     @classmethod
     def build(cls, config: EngineConfig) -> EngineParts:
         model_path = resolve_model(config.model)
-        bf16_weights = config.bf16_weights()
-        act_dtype = torch.float32 if bf16_weights else config.torch_dtype  # activations and KV cache
-        model = load_model(model_path, dtype=act_dtype, device=config.device)
-        if bf16_weights:
-            model.store_weights_bf16()
-        model.use_cpu_kernels(config.use_cpu_kernels())
+        act_dtype = activation_dtype(config)  # activations and KV cache
+        model = load_engine_model(model_path, config)  # in its numerics mode (engine/model_numerics.py)
         mc = model.config
         tokenizer = Tokenizer(model_path) if (model_path / "tokenizer.json").exists() else None
         max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
@@ -82,8 +76,7 @@ class EngineParts:
             model_id=str(config.model),
             weights_version=model_digest(model),
             dtype=config.dtype,
-            numerics=("eager" if not model.kernels
-                      else f"eager+{cpu_kernels.KERNEL_SET_BF16 if bf16_weights else cpu_kernels.KERNEL_SET}"),
+            numerics=numerics_id(config, model),
             route_mode="free",
             cache_salt=config.cache_salt,
         )

@@ -2,9 +2,17 @@
 
 One dense causal forward pass over the whole sequence (no KV cache, no scheduler).
 With ``routed_experts`` given, row i forces the experts of the forward pass over
-token i; combine weights still come from the live router. Scoring a finished rollout
-(prompt + generated tokens) with its own routes reproduces the rollout's logprobs up
-to the floating-point differences between one prefill and step-by-step decode.
+token i; combine weights still come from the live router.
+
+Bitwise replay: on execstate's CPU kernels (every numerics mode but the torch-only
+``eager``), scoring a finished rollout (prompt + generated tokens) with its own routes
+reproduces the rollout's logprobs exactly (compare with ``==``). Every kernel computes a
+token's row with the same operations whatever the step, batch or chunk it is in, and the
+attention here is the engine's paged kernel over the sequence's own K/V
+(``model/replay_attention.py``), so the one-pass prefill gives each row the bits the
+token-by-token decode gave it (tests/engine/test_bitwise_replay.py). On torch's ops
+(``kernels="torch"``) the two differ by fp32 rounding (~1e-6): torch's GEMMs and SDPA round
+differently with the number of rows.
 
 ``prompt_logprobs`` runs the same forward pass and log-softmax, so the logprob it gives each
 token is exactly ``score_tokens``' (vLLM's ``prompt_logprobs`` and the OpenAI API's ``echo``
@@ -23,6 +31,7 @@ from execstate.engine.outputs import Logprob, ScoreOutput
 from execstate.engine.validation import validate_forced_routes, validate_prompt
 from execstate.model.context import RouteCapture, StepContext
 from execstate.model.dense_attention import DenseCausalAttention
+from execstate.model.replay_attention import KernelCausalAttention
 
 if TYPE_CHECKING:
     from execstate.engine.llm_engine import LLMEngine
@@ -85,7 +94,9 @@ def _log_softmax(engine: LLMEngine, token_ids: list[int],
     routes = RouteCapture(n, mc.num_moe_layers, mc.top_k, forced_ids, forced_mask, device=dev) if mc.is_moe else None
     ids = torch.tensor(token_ids, dtype=torch.long, device=dev)
     positions = torch.arange(n, device=dev)
-    with StepContext(positions, DenseCausalAttention(), routes) as ctx:
+    kernels = engine.model.kernels and engine.kv_pool.k.dtype == torch.float32
+    attention = KernelCausalAttention(n) if kernels else DenseCausalAttention()
+    with StepContext(positions, attention, routes) as ctx:
         hidden = engine.model(ids, ctx)
     logits = engine.model.compute_logits(hidden[:-1]).float()
     rows = routes.ids[: n - 1].cpu().numpy().copy() if routes is not None else None

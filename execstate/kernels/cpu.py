@@ -14,7 +14,7 @@ engine records ``KERNEL_SET`` in its provenance numerics when it uses them.
 """
 
 from execstate.kernels.ext import KERNEL_SET, available, max_threads, unavailable_reason
-from execstate.kernels.fused import qkv_rope, rms_norm, silu_mul, use_rows
+from execstate.kernels.fused import qkv_rope, rms_norm, sigmoid, silu_mul, use_rows
 from execstate.kernels.gemm import (
     MAX_LINEAR_ROWS,
     MAX_MOE_TOKENS,
@@ -51,6 +51,7 @@ __all__ = [
     "moe",
     "qkv_rope",
     "rms_norm",
+    "sigmoid",
     "silu_mul",
     "unavailable_reason",
     "use_linear",

@@ -9,9 +9,10 @@ allocation, no further checks.
 
 Numerics: the C entry runs the same kernels in the same order as the per-op kernel path
 (``model/layers.py`` with ``use_kernels``), so its results are bitwise equal to it: per row,
-deterministic and batch-invariant (tested in ``tests/kernels/test_decode_layer.py``). A layer's
-matrices are all fp32 or all bf16 (``model/bf16_weights.py``: the bf16 kernels' dot products,
-``gemm_bf16.py``); norms, biases and activations are fp32 either way.
+deterministic and batch-invariant (tested in ``tests/kernels/test_decode_layer.py``). Each
+matrix is multiplied by the row kernel of its format (``kernels/formats.py``: fp32, bf16 widened,
+bf16 arithmetic, GGUF blocks), the same dot products as that format's per-op kernel; norms,
+biases and activations are fp32 whatever the format.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import torch
 
 from execstate.kernels.ext import is_f32_cpu, lib, require, sync_threads
 from execstate.kernels.gemm import MAX_LINEAR_ROWS
+from execstate.kernels.weight_format import WeightFormat
+
+_MATRICES = ("w_qkv", "w_o", "w_router", "w_gate_up", "w_down")  # the order of LayerWeights.formats
 
 
 class LayerWeights(NamedTuple):
@@ -37,7 +41,8 @@ class LayerWeights(NamedTuple):
     num_experts: int  # router rows (MoE layer), else 0
     intermediate: int  # dense MLP width, else 0
     eps: float
-    bf16: bool  # the matrices are bf16
+    bf16: bool  # the matrices are stored in bf16
+    formats: tuple[WeightFormat, ...] = ()  # kernel format of w_qkv, w_o, w_router, w_gate_up, w_down
 
 
 def _check(t: torch.Tensor | None, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> int:
@@ -49,18 +54,31 @@ def _check(t: torch.Tensor | None, name: str, shape: tuple[int, ...], dtype: tor
     return int(t.data_ptr())
 
 
+def _check_matrix(t: torch.Tensor | None, name: str, rows: int, cols: int, fmt: WeightFormat) -> int:
+    """A matrix ``[rows, cols]`` as stored in ``fmt`` (``ValueError`` naming it otherwise)."""
+    if t is None:
+        return 0
+    shape, dtype = fmt.storage(rows, cols)
+    return _check(t, name, shape, dtype)
+
+
 def layer_weights(in_norm: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
                   q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, w_o: torch.Tensor,
                   b_o: torch.Tensor | None, post_norm: torch.Tensor, *, num_heads: int, num_kv_heads: int,
                   head_dim: int, eps: float, w_router: torch.Tensor | None = None,
-                  w_gate_up: torch.Tensor | None = None, w_down: torch.Tensor | None = None) -> LayerWeights:
+                  w_gate_up: torch.Tensor | None = None, w_down: torch.Tensor | None = None,
+                  formats: dict[str, WeightFormat] | None = None) -> LayerWeights:
     """Checked weights of one layer (``ValueError`` naming the first bad one). ``q_norm``/``k_norm``:
     per-head norm weights ``[head_dim]``, both or neither. Then either ``w_router [E, H]`` (the
     call returns router logits) or ``w_gate_up [2I, H]`` + ``w_down [H, I]`` (dense SwiGLU MLP,
-    added to the residual) or none of them. The matrices (``w_*``) are all fp32 or all bf16, as
-    ``w_qkv`` is; the norm weights and biases are fp32."""
+    added to the residual) or none of them. Without ``formats`` the matrices (``w_*``) are all
+    fp32 or all bf16 (widened: fp32 arithmetic), as ``w_qkv`` is; ``formats`` names the kernel
+    format of any of them (``kernels/formats.py``: bf16 arithmetic, GGUF blocks) and each is
+    checked against its format's storage. The norm weights and biases are fp32."""
     lib()
     wt = torch.bfloat16 if getattr(w_qkv, "dtype", None) is torch.bfloat16 else torch.float32
+    default = WeightFormat.BF16 if wt is torch.bfloat16 else WeightFormat.F32
+    fmt = tuple((formats or {}).get(name, default) for name in _MATRICES)
     h = in_norm.shape[0] if in_norm.dim() == 1 else -1
     qkv_n = (num_heads + 2 * num_kv_heads) * head_dim
     if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads or head_dim < 2 or head_dim % 2:
@@ -74,15 +92,15 @@ def layer_weights(in_norm: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tenso
     e = w_router.shape[0] if w_router is not None else 0
     i = w_gate_up.shape[0] // 2 if w_gate_up is not None else 0
     ptrs = (
-        _check(in_norm, "in_norm", (h,)), _check(w_qkv, "w_qkv", (qkv_n, h), wt), _check(b_qkv, "b_qkv", (qkv_n,)),
-        _check(q_norm, "q_norm", (head_dim,)), _check(k_norm, "k_norm", (head_dim,)),
-        _check(w_o, "w_o", (h, num_heads * head_dim), wt), _check(b_o, "b_o", (h,)),
-        _check(post_norm, "post_norm", (h,)), _check(w_router, "w_router", (e, h), wt),
-        _check(w_gate_up, "w_gate_up", (2 * i, h), wt), _check(w_down, "w_down", (h, i), wt),
+        _check(in_norm, "in_norm", (h,)), _check_matrix(w_qkv, "w_qkv", qkv_n, h, fmt[0]),
+        _check(b_qkv, "b_qkv", (qkv_n,)), _check(q_norm, "q_norm", (head_dim,)), _check(k_norm, "k_norm", (head_dim,)),
+        _check_matrix(w_o, "w_o", h, num_heads * head_dim, fmt[1]), _check(b_o, "b_o", (h,)),
+        _check(post_norm, "post_norm", (h,)), _check_matrix(w_router, "w_router", e, h, fmt[2]),
+        _check_matrix(w_gate_up, "w_gate_up", 2 * i, h, fmt[3]), _check_matrix(w_down, "w_down", h, i, fmt[4]),
     )
     kept = tuple(t for t in (in_norm, w_qkv, b_qkv, q_norm, k_norm, w_o, b_o, post_norm, w_router, w_gate_up, w_down)
                  if t is not None)
-    return LayerWeights(ptrs, kept, h, num_heads, num_kv_heads, head_dim, e, i, float(eps), wt is torch.bfloat16)
+    return LayerWeights(ptrs, kept, h, num_heads, num_kv_heads, head_dim, e, i, float(eps), wt is torch.bfloat16, fmt)
 
 
 class DecodeTables:
@@ -166,7 +184,8 @@ def run_layer(layer: int, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, s
     lib().decode_layer(x.data_ptr(), p[0], p[1], p[2], p[3], p[4], cos.data_ptr(), sin.data_ptr(),
                        tables.k_base + off, tables.v_base + off, slots, tok, bt, cl, p[5], p[6], p[7], h_ptr, p[8],
                        logits_ptr, p[9], p[10], t, w.hidden, w.num_heads, w.num_kv_heads, hd, tables.width,
-                       tables.block_size, w.num_experts, w.intermediate, w.eps, hd**-0.5, int(w.bf16))
+                       tables.block_size, w.num_experts, w.intermediate, w.eps, hd**-0.5,
+                       sum(int(f) << (4 * j) for j, f in enumerate(w.formats)))
 
 
 __all__ = ["DecodeTables", "LayerWeights", "check_step", "layer_weights", "run_layer"]

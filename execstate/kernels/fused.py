@@ -1,4 +1,4 @@
-"""Fused per-layer elementwise kernels: RMSNorm, q/k/v split + QK-norm + RoPE, SwiGLU gate.
+"""Fused per-layer elementwise kernels: RMSNorm, q/k/v split + QK-norm + RoPE, SwiGLU gate, sigmoid.
 
 At decode a layer's weights stream in a few hundred microseconds, so the dozens of small
 torch ops around them (each a few microseconds of dispatch) become a large share of a
@@ -7,7 +7,9 @@ step. These wrappers replace such chains with one C call each.
 Numerics: ``qkv_rope``'s rotation and copies are the same fp32 operations as the torch
 path (bitwise equal); RMSNorm sums squares in 8 fp32 lanes and ``silu_mul`` uses the
 kernels' vectorised exp, so those round slightly differently from torch (within 1e-6
-relative). All are deterministic and per-row (batch-invariant).
+relative). All are deterministic and per-row (batch-invariant). ``sigmoid`` computes every
+element with the same operations whatever its position in the tensor (torch's vectorised
+loop and its scalar tail round differently, so its result depends on the tensor's length).
 """
 
 from __future__ import annotations
@@ -77,4 +79,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((t, two_i // 2), dtype=torch.float32)
     if t and two_i:
         lib().silu_mul(gate_up.data_ptr(), out.data_ptr(), t, two_i // 2)
+    return out
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """``1 / (1 + exp(-x))`` elementwise for a contiguous fp32 CPU ``x`` of any shape (new tensor)."""
+    require(x, "x", x.dim() if isinstance(x, torch.Tensor) else 1)
+    out = torch.empty_like(x)
+    if x.numel():
+        lib().sigmoid(x.data_ptr(), out.data_ptr(), x.numel())
     return out

@@ -7,7 +7,8 @@
 - the step: the model is on the CPU kernels and ``ctx.attention`` gives ``decode_tables()``
   (every span a decode, at most ``MAX_LINEAR_ROWS`` of them, fp32 pool);
 - the model: every layer on the CPU with fp32 vectors and fp32 or bf16 matrices (bf16 weights,
-  ``model/bf16_weights.py``), a dense SwiGLU MLP or a ``SparseMoE``, no ``clip_qkv``, and
+  ``model/bf16_weights.py``) or matrices in a kernel format of their own (bf16 arithmetic, GGUF
+  blocks: ``model/weight_formats.py``), a dense SwiGLU MLP or a ``SparseMoE``, no ``clip_qkv``, and
   QK-norm absent or per head (``DecodeWeights.build`` says which layer does not qualify).
 
 A dense layer is one C call. A MoE layer is one C call up to the router logits, then the
@@ -34,6 +35,7 @@ from execstate.model.context import StepContext
 from execstate.model.decoder_layer import DecoderLayer
 from execstate.model.layers import GatedMLP
 from execstate.model.moe import SparseMoE
+from execstate.model.weight_formats import decode_formats, matrices_reason
 
 
 class DecodeWeights:
@@ -71,10 +73,7 @@ def _unsupported(layer: DecoderLayer) -> str | None:
         return "not on the CPU"
     if any(p.dtype != torch.float32 for p in params if p.dim() < 2):
         return "norm weights or biases not fp32"
-    matrices = {p.dtype for p in params if p.dim() >= 2}
-    if len(matrices) != 1 or not matrices <= {torch.float32, torch.bfloat16}:
-        return "matrices not all fp32 or all bf16"
-    return None
+    return matrices_reason(layer)  # each in its kernel format (model/weight_formats.py)
 
 
 def _layer_weights(layer: DecoderLayer) -> kern.LayerWeights:
@@ -87,6 +86,7 @@ def _layer_weights(layer: DecoderLayer) -> kern.LayerWeights:
         num_heads=a.num_heads, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim, eps=a.eps,
         w_router=None if dense else mlp.router.weight,
         w_gate_up=mlp.gate_up_proj.weight if dense else None, w_down=mlp.down_proj.weight if dense else None,
+        formats=decode_formats(layer),
     )
 
 

@@ -76,7 +76,7 @@ def find_packaged_gguf(package: str = GGUF_PACKAGE, filename: str = GGUF_FILENAM
     raise FileNotFoundError(f"{filename} not found in package {package!r}")
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
+def metadata_field(reader: Any, key: str, default: Any = None) -> Any:
     field = reader.fields.get(key)
     if field is None:
         return default
@@ -90,22 +90,22 @@ def _f32(value: float) -> float:
 
 def read_config(reader: Any) -> dict[str, Any]:
     """HF ``LlamaForCausalLM`` config dict from GGUF metadata."""
-    arch = _field(reader, "general.architecture")
+    arch = metadata_field(reader, "general.architecture")
     if arch != "llama":
         raise ValueError(f"only the 'llama' GGUF architecture is supported, got {arch!r}")
 
     def need(key: str) -> Any:
-        value = _field(reader, f"llama.{key}")
+        value = metadata_field(reader, f"llama.{key}")
         if value is None:
             raise ValueError(f"GGUF metadata lacks llama.{key}")
         return value
 
     hidden, n_heads = int(need("embedding_length")), int(need("attention.head_count"))
-    head_dim = int(_field(reader, "llama.rope.dimension_count", hidden // n_heads))
+    head_dim = int(metadata_field(reader, "llama.rope.dimension_count", hidden // n_heads))
     names = {t.name for t in reader.tensors}
-    vocab = _field(reader, "llama.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
-    theta = _f32(_field(reader, "llama.rope.freq_base", 10000.0))
-    if "rope_freqs.weight" in names or _field(reader, "llama.rope.scaling.type") not in (None, "none"):
+    vocab = metadata_field(reader, "llama.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    theta = _f32(metadata_field(reader, "llama.rope.freq_base", 10000.0))
+    if "rope_freqs.weight" in names or metadata_field(reader, "llama.rope.scaling.type") not in (None, "none"):
         raise ValueError("GGUF uses rope scaling; not supported by this importer")
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -114,7 +114,7 @@ def read_config(reader: Any) -> dict[str, Any]:
         "intermediate_size": int(need("feed_forward_length")),
         "num_hidden_layers": int(need("block_count")),
         "num_attention_heads": n_heads,
-        "num_key_value_heads": int(_field(reader, "llama.attention.head_count_kv", n_heads)),
+        "num_key_value_heads": int(metadata_field(reader, "llama.attention.head_count_kv", n_heads)),
         "head_dim": head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": int(need("context_length")),
@@ -129,9 +129,9 @@ def read_config(reader: Any) -> dict[str, Any]:
         "initializer_range": 0.02,
         "pretraining_tp": 1,
         "use_cache": True,
-        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
-        "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
+        "bos_token_id": metadata_field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": metadata_field(reader, "tokenizer.ggml.eos_token_id"),
+        "pad_token_id": metadata_field(reader, "tokenizer.ggml.padding_token_id"),
         "dtype": "float32",
     }
 
@@ -218,7 +218,7 @@ def import_gguf(gguf_path: Path, out_dir: Path, on_step: Callable[[str], None] |
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
-    chat_template = _field(reader, "tokenizer.chat_template")
+    chat_template = metadata_field(reader, "tokenizer.chat_template")
     step(BUILD_STEPS[2])
-    convert_tokenizer(gguf_path, out_dir, chat_template, _field(reader, "tokenizer.ggml.pre"))
+    convert_tokenizer(gguf_path, out_dir, chat_template, metadata_field(reader, "tokenizer.ggml.pre"))
     return config

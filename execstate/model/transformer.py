@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from execstate.kernels import cpu as cpu_kernels
+from execstate.kernels import formats
+from execstate.kernels.weight_format import WeightFormat
 from execstate.model.bf16_weights import linear_mixed, store_weights_bf16
 from execstate.model.config import ModelConfig
 from execstate.model.context import StepContext
@@ -47,6 +49,7 @@ class CausalLM(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config)
         self.kernels = False
+        self.head_format: WeightFormat | None = None  # the LM head's kernel format (model/weight_formats.py)
         self._decode_weights: DecodeWeights | None = None  # decode_path's checked weights, built on first use
         self.requires_grad_(False)
 
@@ -113,8 +116,11 @@ class CausalLM(nn.Module):
         return super()._apply(fn, recurse)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits ``[n, vocab]`` for hidden states ``[n, H]`` (matmul in the model dtype)."""
+        """float32 logits ``[n, vocab]`` for hidden states ``[n, H]`` (matmul in the model dtype, or
+        in ``head_format``: ``model/weight_formats.py``)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if self.head_format is not None:
+            return formats.linear(hidden, weight, self.head_format)
         bf16 = weight.dtype is not hidden.dtype  # bf16 weights, fp32 activations (model/bf16_weights.py)
         if self.kernels:
             logits = cpu_kernels.linear_bf16_if_small(hidden, weight) if bf16 else cpu_kernels.linear_if_small(

@@ -69,6 +69,9 @@ def plan_weight_copy(model: CausalLM, state_dict: dict[str, torch.Tensor]) -> We
     """
     if not isinstance(state_dict, dict):
         raise ValueError(f"a state dict must be a dict of tensors, got {type(state_dict).__name__}")
+    if any(p.dtype == torch.uint8 for p in model.parameters()):
+        raise ValueError("a model served from GGUF blocks (quantization='gguf') takes no weight updates: "
+                         "its matrices are the file's quantised bytes; start an engine on the new file")
     bad_value = _bad_values(state_dict)
     matches, missing, unexpected = match_checkpoint(model, state_dict)
     params = dict(model.named_parameters(remove_duplicate=False))

@@ -55,15 +55,21 @@ def _endpoints(app: FastAPI) -> list[tuple[str, str, str]]:
     out: list[tuple[str, str, str]] = []
     if getattr(app.state, "world", None) is not None:
         out.append(("/world", "the world page: steer the world model with the arrow keys", "/world"))
+    if getattr(app.state, "voice", None) is not None:
+        out.append(("/agent", "the voice agent page: talk to a duplex agent from the microphone", "/agent"))
     if getattr(app.state, "ctx", None) is not None:
-        out += [("POST /v1/completions, /v1/chat/completions", "the OpenAI-compatible API (SSE streaming)", ""),
-                ("GET /v1/models", "the served model", "/v1/models")]
+        out += [("POST /v1/completions, /v1/chat/completions",
+                 "the OpenAI-compatible API (SSE streaming, tools, structured outputs, echo and prompt logprobs)", ""),
+                ("GET /v1/models", "the served model", "/v1/models"),
+                ("POST /tokenize, /detokenize; GET /version", "the tokenizer and the server version, as vLLM's", "")]
     if getattr(app.state, "sessions", None) is not None:
         out.append(("/v1/sessions", "the HTTP session API and session migration", ""))
     if getattr(app.state, "realtime", None) is not None:
         out.append(("WS /v1/realtime", "sessions over a WebSocket (OpenAI Realtime-style events)", ""))
     if getattr(app.state, "agent", None) is not None:
         out.append(("WS /v1/realtime/agent", "full-duplex agents: delegation, barge-in, truncation", ""))
+    if getattr(app.state, "voice", None) is not None:
+        out.append(("WS /v1/voice/realtime", "voice agents over the OpenAI Realtime audio protocol", ""))
     if getattr(app.state, "world", None) is not None:
         out.append(("WS /v1/realtime/video", "world sessions: chunks of frames, key events, checkpoints", ""))
     out += [("GET /metrics", "Prometheus metrics", "/metrics"), ("GET /health", "liveness", "/health")]

@@ -1,4 +1,5 @@
-"""``execstate bench throughput --dtype bfloat16``: the bf16-weight engine peer joins the same run."""
+"""``execstate bench throughput --dtype bfloat16`` / ``--quantization gguf``: the engine's other numerics
+modes join the same run, with their ratios (each mode over fp32; beside its own peer where one runs)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,44 @@ def test_bf16_peer_and_ratio(tmp_path) -> None:
     report = run_throughput_bench(model=str(path), repeats=1, peers=False, num_threads=1, prompt_len=16,
                                   max_new_tokens=4, num_prompts=2, batch1_prompts=1, print_table=False,
                                   dtype="bfloat16")
-    peer = report["peers"]["execstate_bf16_r3_off"]
-    assert peer["batch8"]["tokens"] == [2 * 4] and peer["batch1"]["tokens"] == [4]
+    for name in ("execstate_bf16_r3_off", "execstate_bf16arith_r3_off"):
+        peer = report["peers"][name]
+        assert peer["batch8"]["tokens"] == [2 * 4] and peer["batch1"]["tokens"] == [4]
     for key in ("batch8", "batch1"):
         assert report["ratios"]["bf16_over_fp32"][key]["r3_off"] > 0
+    arith = report["ratios"]["modes"]["execstate_bf16arith_r3_off/execstate_r3_off"]
+    assert arith["batch8.median_tok_s"] > 0 and arith["batch1.decode_tok_s"] > 0
     table = format_table(report)
     assert "execstate bf16 weights (R3 off)" in table and "engine bf16 weights / fp32: batch8" in table
+    assert "execstate bf16 (R3 off)" in table and "execstate_bf16arith_r3_off/execstate_r3_off: batch8" in table
     with pytest.raises(ValueError, match="dtype must be 'float32' or 'bfloat16'"):
         run_throughput_bench(model=str(path), repeats=1, peers=False, dtype="float16")
+
+
+def test_gguf_mode_peers_are_built_for_the_gguf_models_only(tmp_path) -> None:
+    from execstate.bench.throughput import GGUF_BUILDS, mode_peers
+    from execstate.bench.throughput_workload import Workload
+
+    wl = Workload(16, 4, 2, 1, None, 0)
+    with pytest.raises(ValueError, match="quantization='gguf' benches"):
+        mode_peers("standard", tmp_path, wl, 1, "float32", "gguf", False, {})
+    assert set(GGUF_BUILDS) == {"smollm2-135m", "smollm2-moe"}
+    peers = mode_peers("standard", tmp_path, wl, 1, "bfloat16", None, False, {})
+    assert [(p.name, p.storage, p.engine_kwargs) for p in peers] == [
+        ("execstate_bf16_r3_off", "bf16", {"dtype": "bfloat16"}),
+        ("execstate_bf16arith_r3_off", "bf16", {"dtype": "bfloat16", "compute_dtype": "bfloat16"})]
+
+
+def test_mode_ratios_pair_each_mode_with_its_peer() -> None:
+    from execstate.bench.throughput_report import _mode_ratios
+
+    def peer(b8: float, b1: float, prefill: float | None = None) -> dict:
+        return {"available": True, "batch8": {"median_tok_s": b8, "prefill_tok_s": prefill},
+                "batch1": {"median_tok_s": b1, "decode_tok_s": b1 * 1.1}}
+
+    ratios = _mode_ratios({"execstate_gguf_r3_off": peer(600.0, 150.0, 1000.0), "llama_cpp_q4_1": peer(200.0, 100.0),
+                           "execstate_r3_off": peer(300.0, 50.0, 500.0), "vllm_bf16": {"available": False}})
+    assert set(ratios) == {"execstate_gguf_r3_off/llama_cpp_q4_1", "execstate_gguf_r3_off/execstate_r3_off"}
+    r = ratios["execstate_gguf_r3_off/llama_cpp_q4_1"]
+    assert r["batch8.median_tok_s"] == 3.0 and r["batch1.median_tok_s"] == 1.5 and r["batch8.prefill_tok_s"] is None
+    assert ratios["execstate_gguf_r3_off/execstate_r3_off"]["batch8.prefill_tok_s"] == 2.0

@@ -163,13 +163,16 @@ def test_a_world_model_is_not_a_language_model():
 
 def test_real_registry_entries():
     models = registry.EMBEDDED_MODELS
-    assert set(models) == {"smollm2-135m", "smollm2-moe", "world"}
+    names = ["smollm2-135m", "smollm2-moe", "smollm2-moe-q8_0", "smollm2-moe-q4_1", "world"]
+    assert list(models) == names
     assert models["smollm2-moe"].depends == ("smollm2-135m",)
-    assert [m.kind for m in models.values()] == ["lm", "lm", "world"]
+    assert models["smollm2-moe-q4_1"].depends == models["smollm2-moe-q8_0"].depends == ("smollm2-moe",)
+    assert models["smollm2-moe-q4_1"].params == {"fmt": "Q4_1", "embedding": "Q8_0"}
+    assert [m.kind for m in models.values()] == ["lm", "lm", "lm", "lm", "world"]
     for m in models.values():
         assert m.description and m.recipe_version >= 1
     listed = registry.list_models()
-    assert [m["name"] for m in listed] == ["smollm2-135m", "smollm2-moe", "world"]
+    assert [m["name"] for m in listed] == names
     assert set(listed[0]) == {"name", "description", "prepared", "path"}
 
 
@@ -223,4 +226,7 @@ def test_real_entries_declare_their_build_steps():
     assert models["smollm2-135m"].steps == gguf_import.BUILD_STEPS and len(gguf_import.BUILD_STEPS) == 3
     assert models["smollm2-moe"].steps == upcycle.BUILD_STEPS and len(upcycle.BUILD_STEPS) == 4
     assert models["world"].steps == world_recipe.BUILD_STEPS and len(world_recipe.BUILD_STEPS) == 2
+    from execstate.model import gguf_quantize
+
+    assert models["smollm2-moe-q4_1"].steps == gguf_quantize.BUILD_STEPS and len(gguf_quantize.BUILD_STEPS) == 3
     assert all(m.estimate for m in models.values())

@@ -18,10 +18,14 @@ from kernel_helpers import with_threads
 import execstate.model.transformer as transformer
 from execstate import LLM, SamplingParams
 from execstate.kernels import decode_layer as kern
+from execstate.kernels.weight_format import WeightFormat
 from execstate.model.context import RouteCapture, StepContext
+from execstate.model.gguf_model import load_gguf_model
+from execstate.model.gguf_quantize import quantize_checkpoint
 from execstate.model.loader import load_model
 from execstate.model.paged_attention import PagedAttention, SeqSpan
 from execstate.model.random_models import make_random
+from execstate.model.weight_formats import use_bf16_arithmetic
 from execstate.state.kv_pool import KVPool
 
 BS = 4  # block size of the model-level tests (several blocks per sequence)
@@ -37,7 +41,16 @@ def model_dirs(tmp_path_factory) -> dict[str, object]:
     # Dense MLP, q/k/v and o biases, tied embeddings (llama's tiny config), forking.
     dirs["llama_wide"] = make_random("llama", tmp_path_factory.mktemp("llama_wide"), seed=4, hidden_size=256,
                                      intermediate_size=512)
+    for name, fmt in (("qwen3_moe", WeightFormat.Q4_1), ("llama", WeightFormat.Q8_0), ("qwen2_moe", WeightFormat.Q4_0),
+                      ("qwen3_moe_wide", WeightFormat.Q4_1)):  # GGUF builds (mode "gguf")
+        dirs[f"{name}_gguf"] = out = tmp_path_factory.mktemp(f"{name}_gguf")
+        quantize_checkpoint(dirs[name], out, fmt, WeightFormat.Q8_0)
     return dirs
+
+
+def _dir(model_dirs, arch: str, mode: str):
+    """The checkpoint of ``arch`` a ``mode`` engine loads (mode "gguf": its GGUF build)."""
+    return model_dirs[f"{arch}_gguf" if mode == "gguf" else arch]
 
 
 def _count_layers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -52,9 +65,14 @@ def _count_layers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def _generate(path, prompts, off: bool, monkeypatch: pytest.MonkeyPatch, dtype: str = "float32", **sp):
+# numerics modes of the engine tests: engine kwargs
+MODES = {"fp32": {}, "bf16w": {"dtype": "bfloat16"}, "bf16": {"dtype": "bfloat16", "compute_dtype": "bfloat16"},
+         "gguf": {"quantization": "gguf"}}
+
+
+def _generate(path, prompts, off: bool, monkeypatch: pytest.MonkeyPatch, mode: str = "fp32", **sp):
     llm = LLM(str(path), kernels="execstate", enable_return_routed_experts=True, enable_prefix_caching=False,
-              block_size=BS, seed=0, dtype=dtype)
+              block_size=BS, seed=0, **MODES[mode])
     with monkeypatch.context() as m:
         if off:
             m.setattr(transformer, "decode_layers", lambda *a, **k: None)
@@ -62,18 +80,20 @@ def _generate(path, prompts, off: bool, monkeypatch: pytest.MonkeyPatch, dtype: 
                             SamplingParams(max_tokens=10, ignore_eos=True, logprobs=2, **sp), use_tqdm=False)
 
 
-@pytest.mark.parametrize(("arch", "dtype"), [*((a, "float32") for a in PATH_ARCHES), ("qwen3_moe", "bfloat16"),
-                                             ("llama", "bfloat16")])
-def test_engine_equals_per_op_path(arch, dtype, model_dirs, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("arch", "mode"), [*((a, "fp32") for a in PATH_ARCHES), ("qwen3_moe", "bf16w"),
+                                            ("llama", "bf16w"), ("qwen3_moe", "bf16"), ("llama", "bf16"),
+                                            ("qwen2_moe", "bf16"), ("qwen3_moe", "gguf"), ("llama", "gguf"),
+                                            ("qwen2_moe", "gguf")])
+def test_engine_equals_per_op_path(arch, mode, model_dirs, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tokens, sampled-token logprobs, top logprobs and routes are bitwise those of the per-op
     path, greedy and seeded sampling, 3 sequences of different lengths in one batch; fp32 and
-    bf16 weights."""
+    bf16 weights, bf16 arithmetic."""
     rng = np.random.default_rng(11)
     prompts = [rng.integers(3, 500, n).tolist() for n in (5, 13, 9)]
     calls = _count_layers(monkeypatch)
     for sp in (dict(temperature=0.0), dict(temperature=1.0, seed=5)):
-        fast = _generate(model_dirs[arch], prompts, False, monkeypatch, dtype, **sp)
-        slow = _generate(model_dirs[arch], prompts, True, monkeypatch, dtype, **sp)
+        fast = _generate(_dir(model_dirs, arch, mode), prompts, False, monkeypatch, mode, **sp)
+        slow = _generate(_dir(model_dirs, arch, mode), prompts, True, monkeypatch, mode, **sp)
         for a, b in zip(fast, slow, strict=True):
             oa, ob = a.outputs[0], b.outputs[0]
             assert oa.token_ids == ob.token_ids
@@ -91,12 +111,14 @@ def test_olmoe_whole_row_qk_norm_falls_back(model_dirs) -> None:
     assert reason is not None and reason.startswith("layer 0: clip_qkv")
 
 
-def _prefilled(path, lens: list[int], seed: int, bf16: bool = False):
-    """A kernel model (bf16 weights if ``bf16``) and a pool holding each sequence's prompt
+def _prefilled(path, lens: list[int], seed: int, mode: str = "fp32"):
+    """A kernel model in ``mode`` (``MODES``) and a pool holding each sequence's prompt
     (prefilled one at a time)."""
-    model = load_model(path)
-    if bf16:
+    model = load_gguf_model(path, path / "model.gguf") if mode == "gguf" else load_model(path)
+    if mode in ("bf16w", "bf16"):
         model.store_weights_bf16()
+    if mode == "bf16":
+        use_bf16_arithmetic(model)
     model.use_cpu_kernels(True)
     cfg = model.config
     pool = KVPool(cfg.num_layers, 64, BS, cfg.num_kv_heads, cfg.head_dim, torch.float32)
@@ -133,11 +155,11 @@ def _decode(model, pool, tables, tokens, lens, rows: list[int]) -> tuple[torch.T
 
 @settings(max_examples=6, deadline=None)
 @given(lens=st.lists(st.integers(1, 30), min_size=2, max_size=5), seed=st.integers(0, 1000),
-       arch=st.sampled_from(["qwen3_moe", "llama"]), bf16=st.booleans())
-def test_batch_invariance(model_dirs, lens, seed, arch, bf16) -> None:
+       arch=st.sampled_from(["qwen3_moe", "llama"]), mode=st.sampled_from(sorted(MODES)))
+def test_batch_invariance(model_dirs, lens, seed, arch, mode) -> None:
     """A sequence decoded alone equals the same sequence in a batch (any order), bit for bit,
-    hidden state and routes, and both equal the per-op path; fp32 or bf16 weights."""
-    model, pool, tables, tokens = _prefilled(model_dirs[arch], lens, seed, bf16)
+    hidden state and routes, and both equal the per-op path; every numerics mode."""
+    model, pool, tables, tokens = _prefilled(_dir(model_dirs, arch, mode), lens, seed, mode)
     assert model.decode_weights().reason is None
     order = list(range(len(lens)))[::-1] if seed % 2 else list(range(len(lens)))
     batch_h, batch_r = _decode(model, pool, tables, tokens, lens, order)
@@ -157,12 +179,14 @@ def test_batch_invariance(model_dirs, lens, seed, arch, bf16) -> None:
         assert torch.equal(slow_r, batch_r)
 
 
-@pytest.mark.parametrize(("arch", "bf16"), [("qwen3_moe_wide", False), ("llama_wide", False), ("qwen3_moe_wide", True)])
+@pytest.mark.parametrize(("arch", "mode"), [("qwen3_moe_wide", "fp32"), ("llama_wide", "fp32"),
+                                            ("qwen3_moe_wide", "bf16w"), ("qwen3_moe_wide", "bf16"),
+                                            ("llama_wide", "bf16"), ("qwen3_moe_wide", "gguf")])
 @pytest.mark.parametrize("lens", [[7], [3, 17, 9, 30, 1]])
-def test_one_fork_per_layer_is_thread_count_invariant(model_dirs, lens, arch, bf16) -> None:
+def test_one_fork_per_layer_is_thread_count_invariant(model_dirs, lens, arch, mode) -> None:
     """On a model wide enough to fork, a step on 2 threads equals the step on 1 thread and the
     per-op path on 2 threads, bit for bit (each phase's split over the team changes nothing)."""
-    model, pool, tables, tokens = _prefilled(model_dirs[arch], lens, seed=2, bf16=bf16)
+    model, pool, tables, tokens = _prefilled(_dir(model_dirs, arch, mode), lens, seed=2, mode=mode)
     rows = list(range(len(lens)))
     two = with_threads(2, lambda: _decode(model, pool, tables, tokens, lens, rows))
     one = with_threads(1, lambda: _decode(model, pool, tables, tokens, lens, rows))

@@ -434,3 +434,26 @@ def test_gated_mlp_kernel_vs_torch(monkeypatch: pytest.MonkeyPatch) -> None:
         assert calls == [5]
         mlp.use_kernels = False
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------- sigmoid
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 33, 1000])
+def test_sigmoid_matches_float64_and_each_element_alone(n: int) -> None:
+    x = randn(n, seed=n) * 6.0
+    x[0] = -100.0  # exp overflow side: 1 / (1 + inf) = 0
+    y = cpu.sigmoid(x)
+    torch.testing.assert_close(y.double(), torch.sigmoid(x.double()), rtol=2e-6, atol=1e-7)
+    # the same bits whatever the element's position (vector body or scalar tail) and length
+    alone = torch.cat([cpu.sigmoid(x[i : i + 1].contiguous()) for i in range(n)])
+    assert torch.equal(y, alone)
+    assert torch.equal(cpu.sigmoid(x.view(n, 1)).view(n), y)
+
+
+def test_sigmoid_bad_input() -> None:
+    with pytest.raises(ValueError, match="float32"):
+        cpu.sigmoid(torch.zeros(4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="contiguous"):
+        cpu.sigmoid(torch.zeros(4, 4).t())
+    assert cpu.sigmoid(torch.zeros(0)).shape == (0,)

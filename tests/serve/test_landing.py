@@ -42,7 +42,8 @@ def test_lm_server_page_lists_its_model_and_surfaces(served, tmp_path) -> None:
     app.state.__dict__.update(served.app.state.__dict__)  # the served app's surfaces, on a fresh app
     page = _landing(app)
     assert MODEL_NAME in page and "Qwen3MoeForCausalLM" in page
-    for path in ("/v1/chat/completions", "WS /v1/realtime", "WS /v1/realtime/agent", "/v1/sessions",
+    for path in ("/v1/chat/completions", "WS /v1/realtime", "WS /v1/realtime/agent", "/v1/sessions", "/tokenize",
+                 "WS /v1/voice/realtime", '<a href="/agent">',
                  '<a href="/metrics">'):
         assert path in page, path
     assert "routes returned (R3)</th><td>yes" in page

@@ -128,6 +128,8 @@ def test_page_interrupted_reply_stops_and_is_cut(served, tmp_path):
     assert st["shown"] == t["text"] and st["div"] == (st["shown"].strip() or "…")
     # the server cut the reply at the same words (its estimate) and the page's report only shortens it
     assert server_cut.startswith(st["truncated"][0][2]) and st["truncated"][0][0] == t["item_id"]
-    assert st["users"][0] == "tell me a long story about the sea"
+    # the recognizer's words depend on where the VAD cut the browser's audio (timing under load: a CI
+    # run heard "tell 11 story about the sea"); the turn itself is what this test is about
+    assert "story about the sea" in st["users"][0], st["users"]
     assert "wait stop tell me about the moon instead" in " ".join(st["users"][1:])
 

@@ -16,8 +16,9 @@
  *   experts), or x += down(silu(gate) * up) with w_gu [2I, H], w_d [H, I] (dense layer),
  *   or nothing.
  *
- * With bf16 weights the linears are gemm_bf16.c's (es_linear_bf16's dot products), so the
- * layer equals the per-op path of a bf16-weight model bit for bit too.
+ * Each matrix is multiplied by its format's row kernel (bf16 widened: gemm_bf16.c; bf16
+ * arithmetic: gemm_bf16dot.c; GGUF blocks: gemm_gguf.c), the dot products of that format's
+ * per-op kernel, so the layer equals the per-op path in every format bit for bit too.
  *
  * Callers validate every pointer and size (execstate/kernels/decode_layer.py). */
 #include "decode_layer.h" /* Python.h first */
@@ -27,13 +28,30 @@
 #include "kernels.h"
 #include "simd.h"
 
-/* Weight rows [lo, hi) of the layer's matrix w (K columns) for its T rows xr, in the layer's format. */
-static KT inline void rows(const EsDecodeLayer *a, const float *const *xr, float *const *yr, const void *w, int64_t K,
-                           int64_t lo, int64_t hi) {
-    if (a->bf16)
+enum { W_QKV, W_O, W_ROUTER, W_GU, W_D };
+
+/* Weight rows [lo, hi) of the layer's matrix `which` (w, K columns) for its T rows xr, by the
+ * row kernel of the matrix's format. */
+static KT inline void rows(const EsDecodeLayer *a, int which, const float *const *xr, float *const *yr, const void *w,
+                           int64_t K, int64_t lo, int64_t hi) {
+    switch (a->fmt[which]) {
+    case ES_FMT_BF16:
         es_linear_rows_bf16(xr, yr, a->T, w, K, lo, hi);
-    else
-        es_linear_rows_f32(xr, yr, a->T, w, K, lo, hi);
+        break;
+    case ES_FMT_BF16_DOT:
+        if (es_bf16dot_available())
+            es_linear_rows_bf16dot(xr, yr, a->T, w, K, lo, hi);
+        else
+            es_linear_rows_bf16dot_emu(xr, yr, a->T, w, K, lo, hi);
+        break;
+    case ES_FMT_Q8_0:
+    case ES_FMT_Q4_0:
+    case ES_FMT_Q4_1:
+        es_gguf_rows(a->fmt[which], 0)(xr, yr, a->T, w, K, lo, hi);
+        break;
+    default:
+        es_linear_rows_f32(xr, yr, a->T, (const float *)w, K, lo, hi);
+    }
 }
 
 /* One fork per layer and 4 barriers (5 with a dense MLP). The row-wise steps that feed a
@@ -84,7 +102,7 @@ KT int es_decode_layer(const EsDecodeLayer *a) {
         int64_t lo, hi;
         es_rms_norm_f32(a->x, a->in_norm, hn, T, H, a->eps);
         share(qkv_n, &lo, &hi);
-        rows(a, hn_r, yr, a->w_qkv, H, lo, hi);
+        rows(a, W_QKV, hn_r, yr, a->w_qkv, H, lo, hi);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) {
@@ -101,7 +119,7 @@ KT int es_decode_layer(const EsDecodeLayer *a) {
             es_decode_attention_items_f32(q, a->k_cache, a->v_cache, att, a->tok, a->block_table, a->ctx_len,
                                           a->max_blocks, nh, nkv, d, a->block_size, a->scale, item, item + 1, sc);
         share(H, &lo, &hi);
-        rows(a, att_r, yr + T, a->w_o, nh * d, lo, hi);
+        rows(a, W_O, att_r, yr + T, a->w_o, nh * d, lo, hi);
         for (int64_t t = 0; t < T; t++) {
             float *xt = a->x + t * H, *ot = o + t * H;
             for (int64_t n = lo; n < hi; n++) {
@@ -113,14 +131,14 @@ KT int es_decode_layer(const EsDecodeLayer *a) {
         es_rms_norm_f32(a->x, a->post_norm, h, T, H, a->eps);
         if (a->w_router) {
             share(E, &lo, &hi);
-            rows(a, h_r, yr + 2 * T, a->w_router, H, lo, hi);
+            rows(a, W_ROUTER, h_r, yr + 2 * T, a->w_router, H, lo, hi);
         } else if (a->w_gu) {
             share(2 * I, &lo, &hi);
-            rows(a, h_r, yr + 2 * T, a->w_gu, H, lo, hi);
+            rows(a, W_GU, h_r, yr + 2 * T, a->w_gu, H, lo, hi);
 #pragma omp barrier
             for (int64_t t = 0; t < T; t++) es_silu_mul(gu + t * 2 * I, gu + t * 2 * I + I, act + t * I, I);
             share(H, &lo, &hi);
-            rows(a, act_r, yr + 3 * T, a->w_d, I, lo, hi);
+            rows(a, W_D, act_r, yr + 3 * T, a->w_d, I, lo, hi);
             for (int64_t t = 0; t < T; t++)
                 for (int64_t n = lo; n < hi; n++) a->x[t * H + n] = a->x[t * H + n] + y[t * H + n];
         }
@@ -130,17 +148,21 @@ KT int es_decode_layer(const EsDecodeLayer *a) {
 
 /* decode_layer(x, in_norm, w_qkv, b_qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, slots, tok,
  *              block_table, ctx_len, w_o, b_o, post_norm, h_out, w_router, logits_out, w_gu, w_d,
- *              T, H, nh, nkv, d, max_blocks, block_size, E, I, eps, scale, bf16): data pointers (0 = absent);
- * bf16: the matrices are bf16. */
+ *              T, H, nh, nkv, d, max_blocks, block_size, E, I, eps, scale, formats): data pointers (0 = absent);
+ * formats: the ES_FMT_* of w_qkv, w_o, w_router, w_gu, w_d in 4 bits each, w_qkv lowest. */
 PyObject *es_py_decode_layer(PyObject *self, PyObject *args) {
     unsigned long long p[22];
     EsDecodeLayer a;
-    int st;
+    int st, formats;
     if (!PyArg_ParseTuple(args, "KKKKKKKKKKKKKKKKKKKKKKnnnnnnnnnffi", &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6],
                           &p[7], &p[8], &p[9], &p[10], &p[11], &p[12], &p[13], &p[14], &p[15], &p[16], &p[17], &p[18],
                           &p[19], &p[20], &p[21], &a.T, &a.H, &a.nh, &a.nkv, &a.d, &a.max_blocks, &a.block_size, &a.E,
-                          &a.I, &a.eps, &a.scale, &a.bf16))
+                          &a.I, &a.eps, &a.scale, &formats))
         return NULL;
+    for (int j = 0; j < 5; j++) {
+        a.fmt[j] = (formats >> (4 * j)) & 15;
+        if (a.fmt[j] >= ES_FMT_COUNT) return PyErr_Format(PyExc_ValueError, "decode_layer: bad weight format");
+    }
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
         return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
     if (a.T < 0 || a.H < 1 || a.nh < 1 || a.nkv < 1 || a.nh % a.nkv || a.d < 2 || a.d % 2 || a.max_blocks < 1 ||

@@ -7,8 +7,8 @@
 #include <stdint.h>
 
 /* Optional pointers are NULL when absent. x [T, H] is updated in place (the residual stream).
- * The matrices (w_qkv, w_o, w_router, w_gu, w_d) are fp32, or bf16 bit patterns (uint16) when
- * bf16 is set; everything else is fp32. */
+ * Each matrix (w_qkv, w_o, w_router, w_gu, w_d) is stored and multiplied in its fmt (kernels.h
+ * ES_FMT_*: fp32, bf16 widened, bf16 arithmetic, GGUF blocks); everything else is fp32. */
 typedef struct {
     float *x;
     const float *in_norm, *b_qkv, *q_norm, *k_norm, *cos, *sin;         /* cos/sin [T, d] */
@@ -22,7 +22,7 @@ typedef struct {
     float *logits_out;                                                  /* [T, E] */
     const void *w_gu, *w_d;                                             /* [2I, H], [H, I] (dense layer) */
     int64_t T, H, nh, nkv, d, max_blocks, block_size, E, I;
-    int bf16;
+    int fmt[5]; /* ES_FMT_* of w_qkv, w_o, w_router, w_gu, w_d */
     float eps, scale;
 } EsDecodeLayer;
 

@@ -14,6 +14,17 @@ KT void es_silu_mul(const float *g, const float *u, float *h, int64_t n) {
     for (; i < n; i++) h[i] = g[i] / (1.0f + exp1(-g[i])) * u[i];
 }
 
+/* y[i] = 1 / (1 + exp(-x[i])) for i < n: each element the same operations whatever its
+ * position (exp1 is exp8's lane), so a row's gates do not depend on the rows around it. */
+KT void es_sigmoid(const float *x, float *y, int64_t n) {
+    int64_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(),
+                                                                                          _mm256_loadu_ps(x + i))))));
+    for (; i < n; i++) y[i] = 1.0f / (1.0f + exp1(-x[i]));
+}
+
 /* out[i] = w[i] * (x[i] * (1 / sqrt(mean(x^2) + eps))) over one row of n; the mean is an
  * 8-lane sum of squares (fixed order) divided by n. */
 static KT void rms_row(const float *x, const float *w, float *out, int64_t n, float eps) {

@@ -147,22 +147,25 @@ KT int es_linear_f32(const float *x, const float *w, float *y, int64_t M, int64_
 }
 
 /* Rows [lo, hi) of the concatenation over active experts of `rows` rows each, as `fn` calls on
- * each expert's weight (stride `estride` elements of `wsize` bytes) and its slot rows. */
-static KT void expert_rows(es_rows_fn fn, size_t wsize, int64_t lo, int64_t hi, int64_t rows, const int64_t *active,
+ * each expert's weight (stride `estride` elements, `bytes32` bytes per 32 of them) and its slot
+ * rows. */
+static KT void expert_rows(es_rows_fn fn, size_t bytes32, int64_t lo, int64_t hi, int64_t rows, const int64_t *active,
                            int64_t n_active, const int64_t *offset, const int64_t *count, const float *const *in,
                            float *const *out, const void *w, int64_t estride, int64_t K) {
     for (int64_t a = lo / rows; a < n_active && a * rows < hi; a++) {
         int64_t r0 = a * rows > lo ? 0 : lo - a * rows;
         int64_t r1 = (a + 1) * rows < hi ? rows : hi - a * rows;
         int64_t e = active[a];
-        fn(in + offset[e], out + offset[e], count[e], (const char *)w + e * estride * (int64_t)wsize, K, r0, r1);
+        fn(in + offset[e], out + offset[e], count[e], (const char *)w + e * estride * (int64_t)bytes32 / 32, K, r0, r1);
     }
 }
 
-/* The fused MoE block with `rows` as the dot products of weights of `wsize` bytes per element.
+/* The fused MoE block with `rows` as the dot products of weights stored in `bytes32` bytes per 32
+ * elements (fp32 128, bf16 64, GGUF blocks their block size; an expert's matrix holds a multiple
+ * of 32 elements).
  * Temporaries: this thread's ES_SCRATCH_MOE buffer (scratch.c).
  * Returns 0, 1 if an id is out of range or 2 when out of memory (nothing computed then). */
-KT int es_moe_with(es_rows_fn rows, size_t wsize, const float *x, const int64_t *ids, const float *wts,
+KT int es_moe_with(es_rows_fn rows, size_t bytes32, const float *x, const int64_t *ids, const float *wts,
                    const void *w_gu, const void *w_d, float *out, int64_t T, int64_t k, int64_t E, int64_t H,
                    int64_t I) {
     const int64_t S = T * k;
@@ -199,12 +202,12 @@ KT int es_moe_with(es_rows_fn rows, size_t wsize, const float *x, const int64_t 
     {
         int64_t lo, hi;
         share(n_active * 2 * I, &lo, &hi);
-        expert_rows(rows, wsize, lo, hi, 2 * I, active, n_active, offset, count, xin, guo, w_gu, 2 * I * H, H);
+        expert_rows(rows, bytes32, lo, hi, 2 * I, active, n_active, offset, count, xin, guo, w_gu, 2 * I * H, H);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < S; p++) es_silu_mul(gu + p * 2 * I, gu + p * 2 * I + I, h + p * I, I);
         share(n_active * H, &lo, &hi);
-        expert_rows(rows, wsize, lo, hi, H, active, n_active, offset, count, hin, yo, w_d, H * I, I);
+        expert_rows(rows, bytes32, lo, hi, H, active, n_active, offset, count, hin, yo, w_d, H * I, I);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) {
@@ -221,7 +224,7 @@ KT int es_moe_with(es_rows_fn rows, size_t wsize, const float *x, const int64_t 
 
 KT int es_moe_f32(const float *x, const int64_t *ids, const float *wts, const float *w_gu, const float *w_d,
                   float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
-    return es_moe_with(rows_f32, sizeof(float), x, ids, wts, w_gu, w_d, out, T, k, E, H, I);
+    return es_moe_with(rows_f32, 32 * sizeof(float), x, ids, wts, w_gu, w_d, out, T, k, E, H, I);
 }
 
 /* Weight rows [n0, n1) of y = x @ w^T on the calling thread (xr/yr: row pointers), for

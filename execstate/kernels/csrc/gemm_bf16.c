@@ -130,5 +130,5 @@ KT int es_linear_bf16(const float *x, const uint16_t *w, float *y, int64_t M, in
 
 KT int es_moe_bf16(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu, const uint16_t *w_d,
                    float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
-    return es_moe_with(es_linear_rows_bf16, sizeof(uint16_t), x, ids, wts, w_gu, w_d, out, T, k, E, H, I);
+    return es_moe_with(es_linear_rows_bf16, 32 * sizeof(uint16_t), x, ids, wts, w_gu, w_d, out, T, k, E, H, I);
 }

@@ -25,12 +25,16 @@ void *es_scratch(int slot, size_t bytes);
  * pieces do not overlap). Returns 0, or 2 when out of memory. */
 int es_scratch_parts(int slot, int n, const size_t *bytes, void **parts);
 
+/* Weight formats (execstate/kernels/formats.py WeightFormat): how a matrix is stored and which
+ * row kernel multiplies it. */
+enum { ES_FMT_F32, ES_FMT_BF16, ES_FMT_BF16_DOT, ES_FMT_Q8_0, ES_FMT_Q4_0, ES_FMT_Q4_1, ES_FMT_COUNT };
+
 /* gemm.c; one weight format's dot products (weight rows [n0, n1) for every x row) plug into
  * the shared linear and MoE drivers es_linear_with / es_moe_with */
 typedef void (*es_rows_fn)(const float *const *xr, float *const *yr, int64_t M, const void *w, int64_t K, int64_t n0,
                            int64_t n1);
 int es_linear_with(es_rows_fn rows, const float *x, const void *w, float *y, int64_t M, int64_t K, int64_t N);
-int es_moe_with(es_rows_fn rows, size_t wsize, const float *x, const int64_t *ids, const float *wts, const void *w_gu,
+int es_moe_with(es_rows_fn rows, size_t bytes32, const float *x, const int64_t *ids, const float *wts, const void *w_gu,
                 const void *w_d, float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
 int es_linear_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N);
 int es_moe_f32(const float *x, const int64_t *ids, const float *wts, const float *w_gu, const float *w_d, float *out,
@@ -47,6 +51,28 @@ void es_linear_rows_bf16(const float *const *xr, float *const *yr, int64_t M, co
 int es_bf16_pairs_available(void);
 int es_linear_rows_bf16_pairs(const float *const *xr, float *const *yr, int64_t M, const uint16_t *w, int64_t K,
                               int64_t n0, int64_t n1);
+/* gemm_bf16dot.c (AVX512-BF16): bf16 arithmetic, x rounded to bf16, vdpbf16ps, the "bf16 dot
+ * order"; gemm_bf16dot_emu.c: the same order with fp32 FMAs (AVX2), equal bits but subnormals */
+int es_bf16dot_available(void);
+void es_linear_rows_bf16dot(const float *const *xr, float *const *yr, int64_t M, const void *w, int64_t K, int64_t n0,
+                            int64_t n1);
+int es_linear_bf16dot(const float *x, const uint16_t *w, float *y, int64_t M, int64_t K, int64_t N);
+int es_moe_bf16dot(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu, const uint16_t *w_d,
+                   float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
+void es_linear_rows_bf16dot_emu(const float *const *xr, float *const *yr, int64_t M, const void *w, int64_t K,
+                                int64_t n0, int64_t n1);
+int es_linear_bf16dot_emu(const float *x, const uint16_t *w, float *y, int64_t M, int64_t K, int64_t N);
+int es_moe_bf16dot_emu(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu, const uint16_t *w_d,
+                       float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
+/* gemm_gguf.c: GGUF Q8_0 / Q4_0 / Q4_1 blocks (fmt ES_FMT_Q*), dequantised in registers, fp32
+ * activations and sums in the "GGUF dot order"; K a multiple of 32. avx2: the 8-lane kernels
+ * (also what runs where the CPU lacks AVX-512; the same bits). */
+int es_gguf_available(void); /* AVX2, FMA and F16C */
+es_rows_fn es_gguf_rows(int fmt, int avx2);
+int es_gguf_block_bytes(int fmt);
+int es_linear_gguf(int fmt, int avx2, const float *x, const uint8_t *w, float *y, int64_t M, int64_t K, int64_t N);
+int es_moe_gguf(int fmt, int avx2, const float *x, const int64_t *ids, const float *wts, const uint8_t *w_gu,
+                const uint8_t *w_d, float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
 /* gemm_packed.c (AVX-512; returns 3 where the CPU lacks it) */
 int es_gemm_packed_available(void);
 /* x rows xr[0..M) packed in pairs, pairs [p0, p1): xp[p][k/8] = 8 floats of row 2p ++ 8 of row
@@ -72,6 +98,7 @@ int es_prefill_attention_f32(const float *q, const float *kc, const float *vc, f
                              int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale);
 /* fused.c */
 void es_silu_mul(const float *g, const float *u, float *h, int64_t n);
+void es_sigmoid(const float *x, float *y, int64_t n);
 void es_rms_norm_f32(const float *x, const float *w, float *out, int64_t T, int64_t H, float eps);
 void es_qkv_rope_f32(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
                      float eps, float *q, float *k, float *v, int64_t T, int64_t nh, int64_t nkv, int64_t d);

@@ -177,6 +177,82 @@ static PyObject *py_moe_bf16(PyObject *self, PyObject *args) {
     return kernel_result(bad, "moe_bf16", "moe_bf16", a.E);
 }
 
+/* bf16 arithmetic (gemm_bf16dot.c; _emu: gemm_bf16dot_emu.c, AVX2). The AVX512-BF16 entries
+ * raise RuntimeError where the CPU lacks it. */
+static PyObject *linear_u16(PyObject *args, const char *name, int need_bf16,
+                            int (*fn)(const float *, const uint16_t *, float *, int64_t, int64_t, int64_t)) {
+    struct linear_args a;
+    int status;
+    if (!parse_linear(args, name, 1, &a)) return NULL;
+    if (need_bf16 && !es_bf16dot_available()) return PyErr_Format(PyExc_RuntimeError, "%s needs AVX512-BF16", name);
+    Py_BEGIN_ALLOW_THREADS
+    status = fn((const float *)a.x, (const uint16_t *)a.w, (float *)a.y, a.M, a.K, a.N);
+    Py_END_ALLOW_THREADS
+    return kernel_result(status ? 2 : 0, name, name, 0);
+}
+
+static PyObject *moe_u16(PyObject *args, const char *name, int need_bf16,
+                         int (*fn)(const float *, const int64_t *, const float *, const uint16_t *, const uint16_t *,
+                                   float *, int64_t, int64_t, int64_t, int64_t, int64_t)) {
+    struct moe_args a;
+    int bad;
+    if (!parse_moe(args, name, 1, &a)) return NULL;
+    if (need_bf16 && !es_bf16dot_available()) return PyErr_Format(PyExc_RuntimeError, "%s needs AVX512-BF16", name);
+    Py_BEGIN_ALLOW_THREADS
+    bad = fn((const float *)a.x, (const int64_t *)a.ids, (const float *)a.wts, (const uint16_t *)a.wgu,
+             (const uint16_t *)a.wd, (float *)a.out, a.T, a.k, a.E, a.H, a.I);
+    Py_END_ALLOW_THREADS
+    return kernel_result(bad, name, name, a.E);
+}
+
+static PyObject *py_linear_bf16dot(PyObject *self, PyObject *args) {
+    return linear_u16(args, "linear_bf16dot", 1, es_linear_bf16dot);
+}
+static PyObject *py_linear_bf16dot_emu(PyObject *self, PyObject *args) {
+    return linear_u16(args, "linear_bf16dot_emu", 0, es_linear_bf16dot_emu);
+}
+static PyObject *py_moe_bf16dot(PyObject *self, PyObject *args) { return moe_u16(args, "moe_bf16dot", 1, es_moe_bf16dot); }
+static PyObject *py_moe_bf16dot_emu(PyObject *self, PyObject *args) {
+    return moe_u16(args, "moe_bf16dot_emu", 0, es_moe_bf16dot_emu);
+}
+static PyObject *py_bf16dot_available(PyObject *self, PyObject *args) {
+    return PyBool_FromLong(cpu_ok() && es_bf16dot_available());
+}
+
+/* GGUF blocks (gemm_gguf.c): linear_gguf(x, w, y, M, K, N, fmt, avx2) and moe_gguf(moe's arguments,
+ * fmt, avx2); fmt an ES_FMT_Q* code, K (and H, I) multiples of 32. */
+static int gguf_fmt_ok(int fmt) { return fmt == ES_FMT_Q8_0 || fmt == ES_FMT_Q4_0 || fmt == ES_FMT_Q4_1; }
+#define GGUF_CPU_OK() (cpu_ok() && es_gguf_available())
+
+static PyObject *py_linear_gguf(PyObject *self, PyObject *args) {
+    struct linear_args a;
+    int fmt, avx2, status;
+    if (!PyArg_ParseTuple(args, "KKKnnnii", &a.x, &a.w, &a.y, &a.M, &a.K, &a.N, &fmt, &avx2)) return NULL;
+    if (!GGUF_CPU_OK()) return PyErr_Format(PyExc_RuntimeError, "linear_gguf needs AVX2, FMA and F16C");
+    if (a.M < 0 || a.K < 0 || a.N < 0 || a.K % 32 || !gguf_fmt_ok(fmt))
+        return PyErr_Format(PyExc_ValueError, "linear_gguf: bad sizes or format");
+    Py_BEGIN_ALLOW_THREADS
+    status = es_linear_gguf(fmt, avx2, (const float *)a.x, (const uint8_t *)a.w, (float *)a.y, a.M, a.K, a.N);
+    Py_END_ALLOW_THREADS
+    return kernel_result(status ? 2 : 0, "linear_gguf", "linear_gguf", 0);
+}
+
+static PyObject *py_moe_gguf(PyObject *self, PyObject *args) {
+    struct moe_args a;
+    int fmt, avx2, bad;
+    if (!PyArg_ParseTuple(args, "KKKKKKnnnnnii", &a.x, &a.ids, &a.wts, &a.wgu, &a.wd, &a.out, &a.T, &a.k, &a.E, &a.H,
+                          &a.I, &fmt, &avx2))
+        return NULL;
+    if (!GGUF_CPU_OK()) return PyErr_Format(PyExc_RuntimeError, "moe_gguf needs AVX2, FMA and F16C");
+    if (a.T < 0 || a.k < 1 || a.E < 1 || a.H < 1 || a.I < 1 || a.H % 32 || a.I % 32 || !gguf_fmt_ok(fmt))
+        return PyErr_Format(PyExc_ValueError, "moe_gguf: bad sizes or format");
+    Py_BEGIN_ALLOW_THREADS
+    bad = es_moe_gguf(fmt, avx2, (const float *)a.x, (const int64_t *)a.ids, (const float *)a.wts,
+                      (const uint8_t *)a.wgu, (const uint8_t *)a.wd, (float *)a.out, a.T, a.k, a.E, a.H, a.I);
+    Py_END_ALLOW_THREADS
+    return kernel_result(bad, "moe_gguf", "moe_gguf", a.E);
+}
+
 /* decode_attention and prefill_attention take the same arguments (prefill: nh / nkv <= 16). */
 struct attention_args {
     unsigned long long q, kc, vc, out, tok, bt, cl;
@@ -260,7 +336,20 @@ static PyObject *py_silu_mul(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_sigmoid(PyObject *self, PyObject *args) {
+    unsigned long long x, y;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "KKn", &x, &y, &n)) return NULL;
+    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
+    if (n < 0) return PyErr_Format(PyExc_ValueError, "sigmoid: negative size");
+    Py_BEGIN_ALLOW_THREADS
+    es_sigmoid((const float *)x, (float *)y, n);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"sigmoid", py_sigmoid, METH_VARARGS, "sigmoid(x, y, n): y = 1 / (1 + exp(-x)) elementwise (fp32 data pointers)."},
     {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, w, out, T, H, eps) (fp32 data pointers)."},
     {"qkv_rope", py_qkv_rope, METH_VARARGS,
      "qkv_rope(qkv, cos, sin, q_norm_w or 0, k_norm_w or 0, eps, q, k, v, T, nh, nkv, d) (fp32 data pointers)."},
@@ -283,6 +372,16 @@ static PyMethodDef methods[] = {
     {"moe_packed_bf16", py_moe_packed_bf16, METH_VARARGS, "moe_packed_bf16(...): moe_bf16 for many tokens, AVX-512."},
     {"linear_bf16", py_linear_bf16, METH_VARARGS, "linear_bf16(x, w, y, M, K, N): y = x @ float(w).T (w bf16)."},
     {"moe_bf16", py_moe_bf16, METH_VARARGS, "moe_bf16(...): moe with bf16 w_gate_up and w_down."},
+    {"linear_bf16dot", py_linear_bf16dot, METH_VARARGS,
+     "linear_bf16dot(x, w, y, M, K, N): y = bf16(x) @ w.T by vdpbf16ps, bf16 dot order (w bf16)."},
+    {"linear_bf16dot_emu", py_linear_bf16dot_emu, METH_VARARGS,
+     "linear_bf16dot_emu(...): linear_bf16dot's order with fp32 FMAs (AVX2), for CPUs without AVX512-BF16."},
+    {"moe_bf16dot", py_moe_bf16dot, METH_VARARGS, "moe_bf16dot(...): moe with bf16 arithmetic (AVX512-BF16)."},
+    {"moe_bf16dot_emu", py_moe_bf16dot_emu, METH_VARARGS, "moe_bf16dot_emu(...): moe_bf16dot on AVX2 + FMA."},
+    {"bf16dot_available", py_bf16dot_available, METH_NOARGS, "True when this CPU has AVX512-BF16 (linear_bf16dot)."},
+    {"linear_gguf", py_linear_gguf, METH_VARARGS,
+     "linear_gguf(x, w, y, M, K, N, fmt, avx2): y = x @ dequant(w).T on GGUF blocks (fmt 3 Q8_0, 4 Q4_0, 5 Q4_1)."},
+    {"moe_gguf", py_moe_gguf, METH_VARARGS, "moe_gguf(x, ids, wts, w_gu, w_d, out, T, k, E, H, I, fmt, avx2)."},
     {"decode_layer", es_py_decode_layer, METH_VARARGS, "decode_layer(...): a whole decode-step layer (decode_layer.c)."},
     {NULL, NULL, 0, NULL},
 };

@@ -1,0 +1,161 @@
+/* bf16 arithmetic (AVX512-BF16): y = bf16(x) @ w^T with bf16 weights, products by vdpbf16ps,
+ * fp32 sums, one fixed order for every row count (the numerics of the bf16 mode; contracts in
+ * module.c, the order below).
+ *
+ * The dot product of one x row and one weight row (K columns), "bf16 dot order":
+ *   1. x is rounded to bf16, round-to-nearest-even per element (vcvtne2ps2bf16: subnormals to
+ *      zero); K is padded with zeros to a multiple of 32;
+ *   2. 16 fp32 lanes, zero at first; chunk c (columns 32c .. 32c + 31) in order:
+ *      acc = vdpbf16ps(acc, x chunk, w chunk), i.e. lane j adds x[2j+1] w[2j+1], then x[2j] w[2j]
+ *      (each product exact, each add rounded to nearest even; subnormal results flushed);
+ *   3. the lanes summed by the tree (i + i+8), (i + i+4), (i + i+2), (0 + 1): hsum16.
+ * Every kernel below (few rows, many rows, any tile) computes exactly this per output, so a
+ * row's result does not depend on M, the other rows, the thread count or the path (decode,
+ * prefill, MoE): batch invariance. gemm_bf16dot_emu.c computes the same order with fp32 FMAs
+ * for CPUs without AVX512-BF16 (equal bits but for subnormals: its own numerics id).
+ *
+ * Blocking: a thread owns weight rows [n0, n1); x rows are converted once per call into this
+ * thread's scratch (ES_SCRATCH_ROWS), MB rows at a time kept in L2 while every owned weight
+ * row passes over them in tiles of P rows x J weight rows (P * J accumulators), so weights
+ * stream from memory once per MB rows (decode: once). The horizontal sums of a full 4 x 4
+ * tile are one transposition (hsum16_x16, the same tree). */
+#include "kernels.h"
+#include "simd.h"
+#include "simd512.h"
+
+#define KB __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")))
+#define MB 128 /* x rows per L2 block */
+
+int es_bf16dot_available(void) {
+    static int ok = -1;
+    if (ok < 0) {
+        __builtin_cpu_init();
+        ok = es_gemm_packed_available() && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512bf16");
+    }
+    return ok;
+}
+
+/* Rows xr[m0 .. m0 + n) as bf16 into xb (row stride kp elements, zero padded past K). */
+static KB void round_rows(const float *const *xr, uint16_t *xb, int64_t n, int64_t K, int64_t kp) {
+    for (int64_t m = 0; m < n; m++) {
+        const float *x = xr[m];
+        uint16_t *o = xb + m * kp;
+        for (int64_t k = 0; k < kp; k += 32) {
+            const int64_t left = K - k;
+            const __mmask16 lo = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            const __mmask16 hi = left >= 32 ? 0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+            const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, x + k + 16), _mm512_maskz_loadu_ps(lo, x + k));
+            _mm512_storeu_si512(o + k, (__m512i)v);
+        }
+    }
+}
+
+#define P_MAX 4 /* x rows per tile */
+#define J_MAX 6 /* weight rows per tile: 24 accumulators */
+
+/* One P x J tile: x rows xb[0 .. P) (stride kp), weight rows w0 .. w0 + (J - 1) K; nfull full
+ * chunks then, when tail_mask, one masked chunk. */
+static KB inline __attribute__((always_inline)) void tile(const uint16_t *xb, int64_t kp, int P, const uint16_t *w0,
+                                                         int64_t K, int J, int64_t nfull, __mmask32 tail_mask,
+                                                         int prefetch, __m512 acc[P_MAX][J_MAX]) {
+    for (int p = 0; p < P_MAX; p++)
+        for (int j = 0; j < J_MAX; j++) acc[p][j] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < nfull; c++) {
+        const int64_t k = 32 * c;
+        __m512i xv[P_MAX];
+        for (int p = 0; p < P_MAX; p++)
+            if (p < P) xv[p] = _mm512_loadu_si512(xb + p * kp + k);
+        for (int j = 0; j < J_MAX; j++)
+            if (j < J) {
+                if (prefetch) PF(w0 + (PF_ROWS + j) * K + k);
+                const __m512i wv = _mm512_loadu_si512(w0 + j * K + k);
+                for (int p = 0; p < P_MAX; p++)
+                    if (p < P) acc[p][j] = _mm512_dpbf16_ps(acc[p][j], (__m512bh)xv[p], (__m512bh)wv);
+            }
+    }
+    if (tail_mask) {
+        const int64_t k = 32 * nfull;
+        __m512i xv[P_MAX];
+        for (int p = 0; p < P_MAX; p++)
+            if (p < P) xv[p] = _mm512_loadu_si512(xb + p * kp + k);
+        for (int j = 0; j < J_MAX; j++)
+            if (j < J) {
+                const __m512i wv = _mm512_maskz_loadu_epi16(tail_mask, w0 + j * K + k);
+                for (int p = 0; p < P_MAX; p++)
+                    if (p < P) acc[p][j] = _mm512_dpbf16_ps(acc[p][j], (__m512bh)xv[p], (__m512bh)wv);
+            }
+    }
+}
+
+/* yr[m0 + p][n + j] for the tile's P x J outputs: the sums 16 and 8 at a time, then singly. */
+static KB inline __attribute__((always_inline)) void store(__m512 acc[P_MAX][J_MAX], int P, int J, float *const *yr,
+                                                          int64_t m0, int64_t n) {
+    __m512 a[P_MAX * J_MAX];
+    float s[P_MAX * J_MAX];
+    const int count = P * J;
+    for (int p = 0; p < P; p++)
+        for (int j = 0; j < J; j++) a[p * J + j] = acc[p][j];
+    int i = 0;
+    for (; i + 16 <= count; i += 16) _mm512_storeu_ps(s + i, hsum16_x16(a + i));
+    for (; i + 8 <= count; i += 8) _mm256_storeu_ps(s + i, hsum16_x8(a + i));
+    for (; i < count; i++) s[i] = hsum16(a[i]);
+    for (int p = 0; p < P; p++)
+        for (int j = 0; j < J; j++) yr[m0 + p][n + j] = s[p * J + j];
+}
+
+#define TILE(PP, JJ)                                                                            \
+    do {                                                                                        \
+        __m512 acc[P_MAX][J_MAX];                                                               \
+        tile(xb + (m - m0) * kp, kp, PP, w + n * K, K, JJ, nfull, tail, prefetch, acc);         \
+        store(acc, PP, JJ, yr, m, n);                                                           \
+    } while (0)
+
+/* Weight rows [n0, n1) against the bf16 rows xb (rows m0 .. m1 of the call). */
+static KB void block_rows(const uint16_t *xb, int64_t kp, float *const *yr, int64_t m0, int64_t m1, const uint16_t *w,
+                          int64_t K, int64_t n0, int64_t n1, int prefetch) {
+    const int64_t nfull = K / 32;
+    const __mmask32 tail = K % 32 ? (__mmask32)((1ull << (K % 32)) - 1) : 0;
+    int64_t n = n0;
+    for (; n + J_MAX <= n1; n += J_MAX) {
+        int64_t m = m0;
+        for (; m + 4 <= m1; m += 4) TILE(4, J_MAX);
+        if (m1 - m == 3) TILE(3, J_MAX);
+        else if (m1 - m == 2) TILE(2, J_MAX);
+        else if (m1 - m == 1) TILE(1, J_MAX);
+    }
+    for (; n < n1; n++) {
+        int64_t m = m0;
+        for (; m + 4 <= m1; m += 4) TILE(4, 1);
+        for (; m < m1; m++) TILE(1, 1);
+    }
+}
+
+/* The rows kernel (es_rows_fn): yr[m][n] = dot(bf16(xr[m]), w[n]) in bf16 dot order, m < M,
+ * n in [n0, n1). If this thread's conversion buffer cannot be had, rows are converted one
+ * block of 4 at a time into a buffer on the stack where K allows, else... see below. */
+KB void es_linear_rows_bf16dot(const float *const *xr, float *const *yr, int64_t M, const void *wv, int64_t K,
+                               int64_t n0, int64_t n1) {
+    const uint16_t *w = (const uint16_t *)wv;
+    const int64_t kp = (K + 31) & ~(int64_t)31;
+    if (M <= 0 || n1 <= n0) return;
+    const int64_t mb = M < MB ? M : MB;
+    uint16_t *xb = es_scratch(ES_SCRATCH_ROWS, sizeof(uint16_t) * (size_t)(mb * kp));
+    const int64_t step = xb ? mb : 1;
+    uint16_t one[xb ? 1 : kp]; /* no scratch: one row at a time on the stack (same bits) */
+    if (!xb) xb = one;
+    for (int64_t m0 = 0; m0 < M; m0 += step) {
+        const int64_t m1 = m0 + step < M ? m0 + step : M;
+        round_rows(xr + m0, xb, m1 - m0, K, kp);
+        block_rows(xb, kp, yr, m0, m1, w, K, n0, n1, m0 == 0);
+    }
+}
+
+KB int es_linear_bf16dot(const float *x, const uint16_t *w, float *y, int64_t M, int64_t K, int64_t N) {
+    return es_linear_with(es_linear_rows_bf16dot, x, w, y, M, K, N);
+}
+
+KB int es_moe_bf16dot(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu, const uint16_t *w_d,
+                      float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
+    return es_moe_with(es_linear_rows_bf16dot, 32 * sizeof(uint16_t), x, ids, wts, w_gu, w_d, out, T, k, E, H, I);
+}
