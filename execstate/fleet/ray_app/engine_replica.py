@@ -5,7 +5,9 @@ OpenAI-compatible app ``execstate serve`` runs (``serve/app.py``: completions, c
 migration, realtime, metrics) and serves it with uvicorn on a free port of its node, on its own
 thread. Requests reach it through :meth:`EngineReplica.forward`, which the ingress calls through
 a Ray Serve handle (so the fleet's ``RequestRouter`` chose this replica) and which relays the HTTP
-request to that local server and streams the answer back, chunk by chunk (SSE included). The
+request to that local server and streams the answer back, chunk by chunk (SSE included), its head
+naming the replica and the weights version that served it (read once the first chunk arrived: a
+request admitted runs entirely on one version, ``engine/engine_weights.py``). The
 same port is where other replicas deliver migrated sessions (two-phase hand-over, signed with the
 fleet's shared secret ``EXECSTATE_KV_SECRET``).
 
@@ -24,6 +26,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import socket
 import threading
 import time
@@ -47,6 +50,7 @@ from execstate.transfer.kv_events_config import KVEventsConfig
 
 logger = logging.getLogger("execstate.fleet")
 REPLICA_HEADER = "x-execstate-replica"
+VERSION_HEADER = "x-execstate-weights-version"  # the weights version that served the request
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
 KV_BOTH = '{"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}'
 
@@ -97,7 +101,7 @@ class EngineReplica:
     def _register(self, deployment: str, app_name: str) -> None:
         """Announce this replica to the ingress (retried while the ingress starts)."""
         info = {"replica_id": self.replica_id, "url": self.url, "kv_events": self.kv_endpoint,
-                "kv_replay": self.kv_replay_endpoint}
+                "kv_replay": self.kv_replay_endpoint, "pid": os.getpid()}
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -110,13 +114,15 @@ class EngineReplica:
     # -- routing ----------------------------------------------------------------------------------
 
     def _stats(self, e: LLMEngine) -> dict[str, Any]:
+        kv = e.kv_manager
         return {"queue_len": len(e.scheduler.running) + len(e.scheduler.waiting),
-                "kv_usage": e.block_pool.usage, "provenance": dataclasses.asdict(e.provenance)}
+                "kv_usage": e.block_pool.usage, "provenance": dataclasses.asdict(e.provenance),
+                "prefix_hit_tokens": kv.num_hit_tokens, "prefix_lookup_tokens": kv.num_lookup_tokens}
 
     async def record_routing_stats(self) -> dict[str, Any]:
         stats = await self.engine.run_on_engine(self._stats)
         return {**stats, "kv_events": self.kv_endpoint, "kv_replay": self.kv_replay_endpoint,
-                "block_size": self.block_size, "url": self.url}
+                "block_size": self.block_size, "url": self.url, "pid": os.getpid()}
 
     async def describe(self, _route: RouteRequest | None = None) -> dict[str, Any]:
         """This replica's id, URL and routing stats (the ingress's directory, drain, tests)."""
@@ -133,9 +139,15 @@ class EngineReplica:
                                             content=body)
         response = await self.client.send(request, stream=True)
         try:
+            chunks = response.aiter_raw()
+            first = await anext(chunks, b"")  # a stream's first tokens: the request runs on one version now
+            version = await self.engine.run_on_engine(lambda e: e.provenance.weights_version)
             head = [(k, v) for k, v in response.headers.items() if k.lower() not in _HOP_HEADERS]
+            head.append((VERSION_HEADER, version))
             yield {"status": response.status_code, "headers": head, "replica": self.replica_id}
-            async for chunk in response.aiter_raw():
+            if first:
+                yield first
+            async for chunk in chunks:
                 yield chunk
         finally:
             await response.aclose()

@@ -1,7 +1,8 @@
 """The fleet's operations, served by the ingress under ``/v1/fleet/`` (docs/fleet.md).
 
 - ``GET /v1/fleet/replicas``: the engine replicas that registered (id, URL, KV events
-  endpoints), which are draining, and how many requests each answered through this ingress.
+  endpoints, PID), which are draining, how many requests each answered through this ingress, and
+  how many requests were retried on another replica (``retried``).
 - ``POST /v1/fleet/drain`` ``{"replica": id, "timeout_s"?}``: take the replica out of service
   and lose nothing: (1) the router stops sending it new requests (it is excluded from every
   route); (2) its migration allow-list is set to the other replicas' URLs; (3) each live session
@@ -12,7 +13,8 @@
   or failed (a failed one is still served by the source, which stays excluded from new routes),
   and the seconds it took.
 - ``POST /v1/fleet/update_weights`` ``{"source", "weights_version"}``: a rolling update, replica by
-  replica (each drains its requests in flight first: policy ``drain``); the router never counts a
+  replica (each is excluded from new routes, drains its requests in flight on the old weights:
+  policy ``drain``, switches, and takes requests again; its sessions keep going to it); the router never counts a
   block of another version as a hit (the keys differ), so while versions are mixed each request
   is served entirely by one version. The answer lists the version of each replica.
 
@@ -44,6 +46,7 @@ class Ingress(Protocol):
     replicas: dict[str, dict[str, Any]]
     draining: set[str]
     served: Counter[str]
+    retried: int
 
     async def send(self, route: RouteRequest, method: str, path: str, query: str, headers: list[tuple[str, str]],
                    body: bytes) -> tuple[dict[str, Any], AsyncIterator[bytes]]: ...
@@ -62,7 +65,8 @@ class FleetOps:
         if (method, path) == ("GET", "/v1/fleet/replicas"):
             ing = self.ingress
             return JSONResponse({"replicas": [{**info, "draining": rid in ing.draining, "served": ing.served[rid]}
-                                              for rid, info in sorted(ing.replicas.items())]})
+                                              for rid, info in sorted(ing.replicas.items())],
+                                 "retried": ing.retried})
         if (method, path) == ("POST", "/v1/fleet/drain"):
             rid = body.get("replica")
             if rid not in self.ingress.replicas:
@@ -116,7 +120,14 @@ class FleetOps:
         ing = self.ingress
         versions: dict[str, str] = {}
         for rid in sorted(ing.replicas):
-            versions[rid] = await ing.engines.update_weights.remote(RouteRequest(session_replica=rid), source, version)
+            held = rid in ing.draining
+            ing.draining.add(rid)  # new requests go to the others while this one drains and switches
+            try:
+                versions[rid] = await ing.engines.update_weights.remote(RouteRequest(session_replica=rid), source,
+                                                                        version)
+            finally:
+                if not held:
+                    ing.draining.discard(rid)
         return {"versions": versions}
 
 

@@ -53,6 +53,7 @@ class FleetIngress:
         self.replicas: dict[str, dict[str, Any]] = {}  # replica id -> what it registered
         self.draining: set[str] = set()
         self.served: Counter[str] = Counter()  # replica id -> requests answered (bench, tests)
+        self.retried = 0  # requests tried again elsewhere after a replica failed before answering
         self.ops = FleetOps(self)
 
     async def register(self, info: dict[str, Any]) -> None:
@@ -84,7 +85,8 @@ class FleetIngress:
             return Response(data, head["status"], out_headers)
         if request.method == "DELETE" and sid is not None and head["status"] == 200:
             self.owners.drop(caller, sid)
-        return StreamingResponse(stream, head["status"], out_headers)
+        sse = out_headers.get("content-type", "").startswith("text/event-stream")
+        return StreamingResponse(_relay(stream, replica, sse), head["status"], out_headers)
 
     async def send(self, route: RouteRequest, method: str, path: str, query: str, headers: list[tuple[str, str]],
                    body: bytes) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
@@ -100,6 +102,7 @@ class FleetIngress:
             except Exception as e:  # noqa: BLE001 - a replica gone before answering: try another
                 logger.warning("a replica failed before answering %s %s (%s); retrying elsewhere", method, path, e)
                 last = e
+                self.retried += 1
                 if route.session_replica is not None:
                     break  # a session lives on one replica: no other can answer for it
                 excluded.update(self._dead())
@@ -114,3 +117,20 @@ class FleetIngress:
 async def _chunks(gen: Any) -> AsyncIterator[bytes]:
     async for chunk in gen:
         yield chunk
+
+
+async def _relay(chunks: AsyncIterator[bytes], replica: str, sse: bool) -> AsyncIterator[bytes]:
+    """The answer's chunks; if the replica fails once the answer started (killed mid-stream), an
+    SSE stream ends with an ``error`` event naming the replica (no ``[DONE]``), any other answer is
+    cut (the client sees an incomplete body). Never retried: part of the answer was sent."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except Exception as e:  # noqa: BLE001 - the replica died or its stream broke mid-answer
+        logger.warning("replica %s failed mid-answer: %s", replica, e)
+        if not sse:
+            raise
+        err = {"error": {"message": f"the replica serving this stream failed mid-answer ({replica}: "
+                                    f"{type(e).__name__}); the answer is incomplete", "type": "replica_failed",
+                         "code": 503}}
+        yield f"data: {json.dumps(err)}\n\n".encode()
