@@ -11,7 +11,11 @@ router at the largest replica count SIGKILLs one replica (its PID from its routi
 through and measures what failed, what was retried and how long until a replacement served.
 Reported per run: TTFT p50/p99 of the streamed completions, throughput (generated tokens/s,
 requests/s), the engines' own prefix hit rate (hit tokens / looked-up tokens, summed over
-replicas), and each replica's requests and hit rate. ``cluster_report.py`` formats and plots.
+replicas) and the prompt tokens they computed (looked up - hit: the work the routing caused,
+which load on a shared machine does not change), and each replica's requests and hit rate.
+``kv_blocks`` (each replica's KV pool) is sized so one replica cannot hold every system prompt
+while the fleet can: what a prefix-aware router gains is the fleet's aggregate cache.
+``cluster_report.py`` formats and plots.
 """
 
 from __future__ import annotations
@@ -55,13 +59,14 @@ def bench_model(model: str, workdir: Path) -> Path:
 
 def run_cluster_bench(model: str = "tiny", replicas: tuple[int, ...] = (1, 2, 3), routers: tuple[str, ...] = ROUTERS,
                       workload: ClusterWorkload | None = None, kill: bool = False, kill_after: float = 0.3,
-                      block_size: int = 16, replica_cpus: float = 0.5) -> dict[str, Any]:
+                      block_size: int = 16, kv_blocks: int | None = 384, replica_cpus: float = 0.5) -> dict[str, Any]:
     import ray
     from ray import serve
 
     w = workload or ClusterWorkload()
     report: dict[str, Any] = {"cpu": cpu_name(), "cpus": os.cpu_count(), "load_before": loadavg(), "model": model,
-                              "workload": asdict(w), "block_size": block_size, "runs": []}
+                              "workload": asdict(w), "block_size": block_size, "kv_blocks_per_replica": kv_blocks,
+                              "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         path = bench_model(model, Path(tmp))
         ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
@@ -69,7 +74,7 @@ def run_cluster_bench(model: str = "tiny", replicas: tuple[int, ...] = (1, 2, 3)
             port = _free_port()
             serve.start(http_options={"host": "127.0.0.1", "port": port})
             url = f"http://127.0.0.1:{port}"
-            kwargs = {"seed": 0, "block_size": block_size}
+            kwargs = {"seed": 0, "block_size": block_size, "num_kv_blocks": kv_blocks}
             for n in replicas:
                 for router in (("any",) if n == 1 else routers):
                     report["runs"].append(_one_run(url, path, n, router, w, kwargs, replica_cpus, None))
@@ -198,6 +203,7 @@ def summarize(turns: list[Turn], wall: float, before: dict[str, dict[str, Any]],
     looked = sum(p["lookup_tokens"] for p in per.values())
     tokens = sum(t.tokens for t in turns if t.error is None)
     return {"requests": len(turns), "errors": sum(1 for t in turns if t.error is not None), "wall_s": wall,
+            "prompt_tokens_computed": looked - hit,
             "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99), "session_step_p50_ms": _pct(steps, 50),
             "tokens_per_s": tokens / wall, "requests_per_s": len(turns) / wall,
             "prefix_hit_rate": hit / looked if looked else 0.0, "per_replica": per}

@@ -18,12 +18,15 @@ def add_cluster_parser(bsub: argparse._SubParsersAction) -> None:
     bc.add_argument("--routers", default=ROUTERS, help="routers (fleet policies), comma-separated")
     bc.add_argument("--users", type=int, default=32)
     bc.add_argument("--session-users", type=int, default=2, help="of the users, how many chat through sessions")
-    bc.add_argument("--systems", type=int, default=3, help="distinct system prompts")
+    bc.add_argument("--systems", type=int, default=8, help="distinct system prompts")
     bc.add_argument("--system-len", type=int, default=1024, help="tokens per system prompt")
-    bc.add_argument("--turns", type=int, default=3)
-    bc.add_argument("--user-len", type=int, default=32, help="tokens per user turn")
+    bc.add_argument("--turns", type=int, default=4)
+    bc.add_argument("--user-len", type=int, default=64, help="tokens per user turn")
     bc.add_argument("--reply-len", type=int, default=16, help="tokens per reply")
     bc.add_argument("--concurrency", type=int, default=6, help="users in flight at once")
+    bc.add_argument("--kv-blocks", type=int, default=384,
+                    help="KV blocks per replica (16 tokens each): fewer than every system prompt needs, so the "
+                         "fleet's aggregate cache matters; 0: the engine's default")
     bc.add_argument("--kill", action="store_true",
                     help="also: a run of execstate's router at the largest replica count that SIGKILLs a replica")
     bc.add_argument("--kill-after", type=float, default=0.3,
@@ -43,7 +46,8 @@ def run_cluster_cli(args: argparse.Namespace) -> int:
                         concurrency=args.concurrency)
     report = run_cluster_bench(model=args.model, replicas=tuple(int(n) for n in args.replicas.split(",")),
                                routers=tuple(args.routers.split(",")), workload=w, kill=args.kill,
-                               kill_after=args.kill_after)
+                               kill_after=args.kill_after,
+                               kv_blocks=args.kv_blocks or None)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)

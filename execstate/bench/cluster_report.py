@@ -19,14 +19,16 @@ def format_cluster_table(report: dict[str, Any]) -> str:
     out = [f"model {report['model']}; {w['users']} users ({w['session_users']} as sessions) x {w['turns']} turns, "
            f"{w['systems']} system prompts of {w['system_len']} tokens, turns of {w['user_len']}, replies of "
            f"{w['reply_len']}, {w['concurrency']} concurrent users; load {report['load_before']} -> "
-           f"{report.get('load_after')}",
+           f"{report.get('load_after')}; {report['kv_blocks_per_replica']} KV blocks of {report['block_size']} tokens "
+           "per replica",
            f"{'replicas':>8} {'router':<13} {'TTFT p50':>9} {'p99':>7} {'tok/s':>7} {'req/s':>6} {'hit rate':>8} "
-           f"{'errors':>6}  requests per replica"]
+           f"{'computed':>9} {'errors':>6}  requests per replica"]
     for r in report["runs"] + ([report["kill"]] if report.get("kill") else []):
         load = " ".join(str(p["requests"]) for p in r["per_replica"].values())
         out.append(f"{r['replicas']:>8} {r['router']:<13} {_ms(r['ttft_p50_ms']):>9} {_ms(r['ttft_p99_ms']):>7} "
                    f"{r['tokens_per_s']:>7.1f} {r['requests_per_s']:>6.2f} {r['prefix_hit_rate']:>8.1%} "
-                   f"{r['errors']:>6}  {load}" + ("  (a replica SIGKILLed)" if "kill" in r else ""))
+                   f"{r['prompt_tokens_computed']:>9} {r['errors']:>6}  {load}"
+                   + ("  (a replica SIGKILLed)" if "kill" in r else ""))
     k = report.get("kill", {}).get("kill")
     if k:
         out.append(f"kill: replica SIGKILLed at {k['at_s']:.1f} s; {k['failed']} requests failed "

@@ -23,10 +23,10 @@ LOW_ID, HIGH_ID = 3, 500  # the tiny models' vocabulary, specials excluded
 @dataclass(frozen=True)
 class ClusterWorkload:
     users: int = 32
-    systems: int = 3
+    systems: int = 8
     system_len: int = 1024
-    turns: int = 3
-    user_len: int = 32
+    turns: int = 4
+    user_len: int = 64
     reply_len: int = 16
     session_users: int = 2
     concurrency: int = 6
