@@ -39,13 +39,15 @@ def format_cluster_table(report: dict[str, Any]) -> str:
 
 
 def plot_cluster(report: dict[str, Any], path: str) -> None:
+    """Left: TTFT p50 (solid) and p99 (dashed) vs replicas per router, labelled with the prefix hit
+    rate; right: the prompt tokens the engines computed (the work the routing caused)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     one = [r for r in report["runs"] if r["replicas"] == 1]
-    fig, ax = plt.subplots(figsize=(7, 4.4))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
     for router, color in _COLORS.items():
         runs = sorted(one + [r for r in report["runs"] if r["router"] == router], key=lambda r: r["replicas"])
         if len(runs) <= len(one):
@@ -56,14 +58,25 @@ def plot_cluster(report: dict[str, Any], path: str) -> None:
         for r in runs[len(one):]:
             ax.annotate(f"{r['prefix_hit_rate']:.0%}", (r["replicas"], r["ttft_p50_ms"]), fontsize=7, color=color,
                         textcoords="offset points", xytext=(6, -3))
+        ax2.plot(xs, [r["prompt_tokens_computed"] / 1000 for r in runs], "o-", color=color, label=router)
+    replicas = sorted({r["replicas"] for r in report["runs"]})
     ax.set_yscale("log")
-    ax.set_xticks(sorted({r["replicas"] for r in report["runs"]}))
+    ax.set_xticks(replicas)
     ax.set_xlabel("engine replicas")
     ax.set_ylabel("TTFT (ms, log scale)")
     w = report["workload"]
-    ax.set_title(f"execstate fleet on Ray Serve: TTFT vs replicas per router\n({report['model']}, "
-                 f"{w['users'] * w['turns']} requests, labels: prefix hit rate)", fontsize=10)
+    ax.set_title(f"TTFT vs replicas per router (labels: prefix hit rate)\n{w['users'] * w['turns']} requests, "
+                 f"load {report['load_before'][0]:.0f}-{(report.get('load_after') or [0])[0]:.0f} on "
+                 f"{report['cpus']} shared cores", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
+    ax2.set_xticks(replicas)
+    ax2.set_xlabel("engine replicas")
+    ax2.set_ylabel("prompt tokens computed (thousands)")
+    ax2.set_ylim(bottom=0)
+    ax2.set_title("prefill work the routing caused (looked up - cache hits)", fontsize=9)
+    ax2.legend(fontsize=7)
+    fig.suptitle(f"execstate fleet on Ray Serve ({report['model']} model, {report['kv_blocks_per_replica']} KV "
+                 f"blocks per replica)", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
