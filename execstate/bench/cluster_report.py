@@ -68,7 +68,7 @@ def plot_cluster(report: dict[str, Any], path: str) -> None:
     ax.set_title(f"TTFT vs replicas per router (labels: prefix hit rate)\n{w['users'] * w['turns']} requests, "
                  f"load {report['load_before'][0]:.0f}-{(report.get('load_after') or [0])[0]:.0f} on "
                  f"{report['cpus']} shared cores", fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.14))
     ax2.set_xticks(replicas)
     ax2.set_xlabel("engine replicas")
     ax2.set_ylabel("prompt tokens computed (thousands)")

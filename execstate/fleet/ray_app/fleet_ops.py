@@ -18,6 +18,9 @@
   block of another version as a hit (the keys differ), so while versions are mixed each request
   is served entirely by one version. The answer lists the version of each replica.
 
+Every operation first forgets the registered replicas whose actor is gone (:meth:`FleetOps.prune`:
+a killed replica), so none addresses a dead one (an id Ray no longer has would route elsewhere).
+
 The fleet's own secret (``EXECSTATE_KV_SECRET``, the same on every replica) signs the hand-overs.
 """
 
@@ -62,6 +65,8 @@ class FleetOps:
             body: Any = json.loads(await request.body() or b"{}") if method == "POST" else {}
         except ValueError:
             return _error(400, "the body is not JSON")
+        if method in ("GET", "POST"):
+            await self.prune()
         if (method, path) == ("GET", "/v1/fleet/replicas"):
             ing = self.ingress
             return JSONResponse({"replicas": [{**info, "draining": rid in ing.draining, "served": ing.served[rid]}
@@ -78,6 +83,16 @@ class FleetOps:
                 return _error(400, "source (a checkpoint directory) and weights_version are required")
             return JSONResponse(await self.update_weights(source, version))
         return _error(404, f"no fleet operation {method} {path}")
+
+    async def prune(self) -> list[str]:
+        """Forget registered replicas whose actor is gone (a killed replica: Ray no longer finds its
+        actor by name, the replica's full id). The ids forgotten."""
+        ing = self.ingress
+        gone = [rid for rid in sorted(ing.replicas) if not await asyncio.to_thread(_actor_alive, rid)]
+        for rid in gone:
+            ing.replicas.pop(rid, None)
+            ing.draining.discard(rid)
+        return gone
 
     async def drain(self, replica_id: str, timeout_s: float = 60.0) -> dict[str, Any]:
         ing = self.ingress
@@ -129,6 +144,16 @@ class FleetOps:
                 if not held:
                     ing.draining.discard(rid)
         return {"versions": versions}
+
+
+def _actor_alive(replica_id: str) -> bool:
+    import ray
+
+    try:
+        ray.get_actor(replica_id, namespace="serve")
+    except ValueError:
+        return False
+    return True
 
 
 def _error(status: int, message: str) -> JSONResponse:
