@@ -6,8 +6,8 @@ migration, realtime, metrics) and serves it with uvicorn on a free port of its n
 thread. Requests reach it through :meth:`EngineReplica.forward`, which the ingress calls through
 a Ray Serve handle (so the fleet's ``RequestRouter`` chose this replica) and which relays the HTTP
 request to that local server and streams the answer back, chunk by chunk (SSE included), its head
-naming the replica and the weights version that served it (read once the first chunk arrived: a
-request admitted runs entirely on one version, ``engine/engine_weights.py``). The
+naming the replica and the weights version that served it (``version_gate.py``: a request holds
+a reading pass to its last chunk, a weight update the writing pass, so none straddles a switch). The
 same port is where other replicas deliver migrated sessions (two-phase hand-over, signed with the
 fleet's shared secret ``EXECSTATE_KV_SECRET``).
 
@@ -40,6 +40,7 @@ from ray import serve
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
+from execstate.fleet.ray_app.version_gate import VersionGate
 from execstate.fleet.router.policy import RouteRequest
 from execstate.serve.app import build_app
 from execstate.serve.kv_transfer_config import KVTransferConfig
@@ -92,6 +93,7 @@ class EngineReplica:
                 raise RuntimeError(f"the replica's HTTP server did not start on {self.url}")
             time.sleep(0.02)
         self.client = httpx.AsyncClient(base_url=self.url, timeout=None)
+        self.gate = VersionGate()
         kv = self.engine.call(lambda e: e.kv_events)
         self.kv_endpoint, self.kv_replay_endpoint = kv.endpoint, kv.replay_endpoint
         if ingress is not None:
@@ -137,20 +139,17 @@ class EngineReplica:
         send_headers = [(k, v) for k, v in headers if k.lower() not in _HOP_HEADERS]
         request = self.client.build_request(method, path + (f"?{query}" if query else ""), headers=send_headers,
                                             content=body)
-        response = await self.client.send(request, stream=True)
-        try:
-            chunks = response.aiter_raw()
-            first = await anext(chunks, b"")  # a stream's first tokens: the request runs on one version now
+        async with self.gate.reading():  # no weights switch until this request's last chunk
             version = await self.engine.run_on_engine(lambda e: e.provenance.weights_version)
-            head = [(k, v) for k, v in response.headers.items() if k.lower() not in _HOP_HEADERS]
-            head.append((VERSION_HEADER, version))
-            yield {"status": response.status_code, "headers": head, "replica": self.replica_id}
-            if first:
-                yield first
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            await response.aclose()
+            response = await self.client.send(request, stream=True)
+            try:
+                head = [(k, v) for k, v in response.headers.items() if k.lower() not in _HOP_HEADERS]
+                head.append((VERSION_HEADER, version))
+                yield {"status": response.status_code, "headers": head, "replica": self.replica_id}
+                async for chunk in response.aiter_raw():
+                    yield chunk
+            finally:
+                await response.aclose()
 
     # -- fleet operations -------------------------------------------------------------------------
 
@@ -163,7 +162,8 @@ class EngineReplica:
 
     async def update_weights(self, _route: RouteRequest, source: str, weights_version: str) -> str:
         """Load new weights (a checkpoint directory) under ``weights_version``; the new version."""
-        result = await self.engine.update_weights(source, weights_version, "drain")
+        async with self.gate.writing():  # the requests in flight finish first; new ones wait for the switch
+            result = await self.engine.update_weights(source, weights_version, "drain")
         del result
         return await self.engine.run_on_engine(lambda e: e.provenance.weights_version)
 
