@@ -60,8 +60,11 @@ def bench_model(model: str, workdir: Path) -> Path:
 def run_cluster_bench(model: str = "tiny", replicas: tuple[int, ...] = (1, 2, 3), routers: tuple[str, ...] = ROUTERS,
                       workload: ClusterWorkload | None = None, kill: bool = False, kill_after: float = 0.3,
                       block_size: int = 16, kv_blocks: int | None = 384, replica_cpus: float = 0.5) -> dict[str, Any]:
-    import ray
-    from ray import serve
+    try:
+        import ray
+        from ray import serve
+    except ImportError as e:
+        raise ImportError(f"bench cluster needs Ray Serve: pip install 'execstate[fleet]' ({e})") from e
 
     w = workload or ClusterWorkload()
     report: dict[str, Any] = {"cpu": cpu_name(), "cpus": os.cpu_count(), "load_before": loadavg(), "model": model,
