@@ -58,6 +58,14 @@ DEFAULT_SERVE_MODEL = "smollm2-moe"  # `execstate serve` with no MODEL: this mod
 def _serve(args: argparse.Namespace) -> int:
     from execstate.serve.server import run_server
 
+    if args.ray:
+        if args.model is None:
+            print("execstate serve --ray: give the MODEL the replicas serve", file=sys.stderr)
+            return 2
+        from execstate.fleet.ray_app.app import run_fleet
+
+        return run_fleet(args)
+
     if args.model is None and args.world is None:  # the embedded default with every endpoint on
         args.model, args.world, args.enable_return_routed_experts = DEFAULT_SERVE_MODEL, "world", True
         print(f"execstate serve: no MODEL given: serving the embedded {DEFAULT_SERVE_MODEL} (routes returned) and "
@@ -319,6 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="R3: return routed_experts (default: off)")
     s.add_argument("--kv-transfer-config", default=None,
                    help="PD connector settings as JSON (vLLM key names) (default: none, no PD)")
+    s.add_argument("--kv-events-config", default=None,
+                   help="publish KV cache events (BlockStored/BlockRemoved/AllBlocksCleared, vLLM's shape, keyed by "
+                        "execution-state block keys) on ZeroMQ: JSON with vLLM's KVEventsConfig fields, e.g. "
+                        "'{\"enable_kv_cache_events\": true, \"endpoint\": \"tcp://*:5557\", "
+                        "\"replay_endpoint\": \"tcp://*:5558\"}' (default: none, no events; docs/fleet.md)")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "fp32", "bf16"],
                    help="weights' dtype (default: %(default)s)")
     s.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
@@ -349,6 +362,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "a line) instead of PocketSphinx's general English model (default: none: the general "
                         "model)")
     _add_world_options(s)
+    g = s.add_argument_group("fleet (Ray Serve; the 'fleet' extra: pip install 'execstate[fleet]'; docs/fleet.md)")
+    g.add_argument("--ray", action="store_true",
+                   help="serve MODEL as a fleet of --replicas engine replicas on a local Ray cluster, behind one "
+                        "OpenAI-compatible ingress on --host/--port and execstate's router (execution-compatible "
+                        "prefix, load, session affinity) (default: one engine, no Ray)")
+    g.add_argument("--replicas", type=int, default=2,
+                   help="engine replicas of the fleet (--ray) (default: %(default)s)")
     s.set_defaults(func=_serve)
 
     px = sub.add_parser("proxy", help="prefill/decode disaggregation proxy")

@@ -56,6 +56,13 @@ OPTIONAL_IMPORTS = {"llama_cpp": "llama-cpp-python (bench throughput's llama.cpp
                     "vllm": "vLLM's CPU build", "psutil": "psutil (a dependency of vLLM)",
                     # bench/harness.py: lm-evaluation-harness, the `eval` extra (a bench-only install)
                     "lm_eval": "lm-eval (pip install -e '.[eval]')"}
+# Subpackages that belong to an extra: their modules may import that extra's distributions at module
+# level; without the extra, importing the subpackage raises ImportError naming the extra.
+EXTRA_PACKAGES = {"execstate.fleet.ray_app": "fleet"}
+# An extra's distributions may also be imported lazily (inside a function) elsewhere, by a command
+# that needs the extra (bench cluster deploys the fleet: it imports the subpackage first, which
+# raises the ImportError naming the extra).
+LAZY_EXTRA_IMPORTS = {"ray": "fleet"}
 # What never travels into the clean copy that gets installed.
 _NOT_COPIED = (".git", ".venv", "build", "dist", "*.egg-info", "*.so", "__pycache__", ".pytest_cache",
                ".ruff_cache", ".hypothesis", ".cache")
@@ -66,9 +73,16 @@ def _normalise(dist: str) -> str:
     return re.sub(r"[-_.]+", "-", dist).lower()
 
 
-def declared_dependencies() -> set[str]:
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+def declared_dependencies(extra: str | None = None) -> set[str]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    deps = project["dependencies"] if extra is None else project["optional-dependencies"][extra]
     return {_normalise(re.match(r"[A-Za-z0-9_.\-]+", d).group(0)) for d in deps}
+
+
+def extra_of(path: Path) -> str | None:
+    """The extra whose subpackage holds ``path`` (relative to the repository), None for the base."""
+    dotted = ".".join(path.with_suffix("").parts)
+    return next((e for pkg, e in EXTRA_PACKAGES.items() if dotted == pkg or dotted.startswith(pkg + ".")), None)
 
 
 @dataclass(frozen=True)
@@ -101,6 +115,15 @@ def third_party_imports() -> list[Import]:
     return found
 
 
+def _of_an_extra(imp: Import, dists: set[str], declared: set[str]) -> bool:
+    """Imported by the extra's subpackage, or lazily from an extra's distribution elsewhere."""
+    extra = extra_of(imp.path)
+    if extra is not None and dists & (declared | declared_dependencies(extra)):
+        return True
+    lazy_extra = LAZY_EXTRA_IMPORTS.get(imp.module)
+    return imp.lazy and lazy_extra is not None and bool(dists & declared_dependencies(lazy_extra))
+
+
 def test_every_import_is_a_declared_dependency_or_a_lazy_optional_peer() -> None:
     declared = declared_dependencies()
     owners = importlib.metadata.packages_distributions()
@@ -115,6 +138,8 @@ def test_every_import_is_a_declared_dependency_or_a_lazy_optional_peer() -> None
         dists = {_normalise(d) for d in owners.get(imp.module, [])}
         if not dists:
             problems.append(f"{imp.path}: {imp.module} is not installed here and not a dependency")
+        elif _of_an_extra(imp, dists, declared):
+            continue
         elif not dists & declared:
             problems.append(f"{imp.path}: {imp.module} (from {sorted(dists)}) is not in [project].dependencies")
     assert problems == []
@@ -200,13 +225,23 @@ def venv() -> Iterator[Venv]:
 def test_installed_without_extras_imports_every_module(venv: Venv) -> None:
     script = """
 import importlib, importlib.resources, importlib.util, json, pkgutil, shutil, execstate
+extras = EXTRAS
 names = sorted(
-    m.name for m in pkgutil.walk_packages(execstate.__path__, "execstate.") if m.name != "execstate.__main__"
+    m.name for m in pkgutil.walk_packages(execstate.__path__, "execstate.", onerror=lambda name: None)
+    if m.name != "execstate.__main__"
 )
+refused = {}
 for name in names:
+    if any(name == p or name.startswith(p + ".") for p in extras):
+        continue
     importlib.import_module(name)
+for pkg in extras:
+    try:
+        importlib.import_module(pkg)
+    except ImportError as e:
+        refused[pkg] = str(e)
 print(json.dumps({
-    "file": execstate.__file__, "modules": names,
+    "file": execstate.__file__, "modules": names, "refused": refused,
     "dev_extras": [m for m in ("pytest", "hypothesis", "openai", "ruff") if importlib.util.find_spec(m)],
     "kernels_built": importlib.util.find_spec("execstate.kernels._cpu") is not None,
     "world_weights": sorted(
@@ -215,7 +250,11 @@ print(json.dumps({
     "world_page": sorted(p.name for p in importlib.resources.files("execstate.serve").joinpath("static").iterdir()),
 }))
 """
+    script = script.replace("EXTRAS", repr(sorted(EXTRA_PACKAGES)))
     report = json.loads(_run([venv.python, "-c", script], venv.work, 300).stdout.splitlines()[-1])
+    # an extra's subpackage, without the extra: a clear ImportError naming it
+    assert {pkg: f"execstate[{extra}]" in report["refused"].get(pkg, "") for pkg, extra in EXTRA_PACKAGES.items()} \
+        == dict.fromkeys(EXTRA_PACKAGES, True)
     assert Path(report["file"]).is_relative_to(venv.root)  # the installed copy, not the repository
     assert report["dev_extras"] == []
     assert {"model.safetensors", "config.json", "train.json"} <= set(report["world_weights"])  # package data
@@ -224,7 +263,8 @@ print(json.dumps({
         "execstate." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts)
         for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" and p.parent.name != "csrc"
     }
-    assert expected - {"execstate.__main__"} <= set(report["modules"])
+    outside_extras = {m for m in expected if not any(m.startswith(p + ".") for p in EXTRA_PACKAGES)}
+    assert outside_extras - {"execstate.__main__"} <= set(report["modules"])
     if shutil.which("cc"):  # optional extension: built whenever there is a compiler
         assert report["kernels_built"]
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from execstate.bench.cluster_cli import add_cluster_parser, run_cluster_cli
+
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="benchmarks")
@@ -160,6 +162,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                          "thread, which swamps what the tiers change; 0: torch's default)")
     bo.add_argument("--png", default=None, help="write the plot (TTFT per tier; reload time vs tokens) here")
     bo.add_argument("--json", action="store_true")
+    add_cluster_parser(bsub)
     b.set_defaults(func=_bench)
 
 
@@ -288,6 +291,8 @@ def _bench(args: argparse.Namespace) -> int:
             hibernate_tokens=args.hibernate_tokens)
         print(json.dumps(report, indent=2) if args.json else format_offload_table(report))
         return 0 if report["ok"] else 1
+    if args.bench_cmd == "cluster":
+        return run_cluster_cli(args)
     raise AssertionError(args.bench_cmd)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from execstate.engine.offload_config import validate_offload
+from execstate.transfer.kv_events_config import KVEventsConfig
 
 KERNEL_CHOICES = ("auto", "torch", "execstate")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -74,6 +75,9 @@ class EngineConfig:
     offload_policy: str = "lru"
     offload_timeout_s: float = 1.0
     offload_secret: str | None = None
+    # KV cache events (engine/kv_events.py, docs/fleet.md): None or enable_kv_cache_events False
+    # publishes nothing (the default); else BlockStored/BlockRemoved batches on a ZeroMQ socket.
+    kv_events: KVEventsConfig | None = None
 
     def __post_init__(self) -> None:
         if self.kernels not in KERNEL_CHOICES:

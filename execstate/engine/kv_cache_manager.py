@@ -30,6 +30,10 @@ block dropped); full blocks are never written again, so they stay shared as they
 (``release(finished=True)``) such a request's blocks covering its computed tokens are handed back
 as ``req.returned_blocks`` (registered in the block holds) instead of being freed.
 
+KV events (``engine/kv_events.py``): when ``events`` is set, ``commit`` reports each run of
+blocks it registered in the pool (one ``stored`` call per run: keys, parent key, token ids, the
+weights version); the pool reports its evictions itself.
+
 Keys chain from the provenance root, so a weights update (new weights version) makes
 every old unit unreachable for new requests without any reset. The root depends on the
 request's route mode and its cache salt (``engine/cache_salt.py``: the request's own,
@@ -40,7 +44,9 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Protocol
 
 import numpy as np
 
@@ -56,6 +62,13 @@ from execstate.state.tiers.pool_units import PoolUnits
 
 # Distinct (route mode, salt) roots kept; beyond it the cache starts over (roots are cheap).
 MAX_CACHED_ROOTS = 1024
+
+
+class BlockEventSink(Protocol):
+    """Where ``commit`` reports the blocks it registered (``engine/kv_events.py``'s ``KVEvents``)."""
+
+    def stored(self, keys: Sequence[BlockKey], parent: BlockKey | None, token_ids: Sequence[int],
+               weights_version: str) -> None: ...
 
 
 def cdiv(a: int, b: int) -> int:
@@ -85,6 +98,7 @@ class KVCacheManager:
         self.num_lookup_tokens = 0
         self.num_hit_tokens = 0
         self.pool_units: PoolUnits | None = None  # set by the offload connector
+        self.events: BlockEventSink | None = None  # set by the KV events (engine/kv_events.py)
 
     def set_provenance(self, provenance: Provenance) -> None:
         """Re-root every key (weights update, numerics change). Old units stay in the
@@ -295,12 +309,15 @@ class KVCacheManager:
         self.update_block_keys(req)
         bs = self.block_size
         note = self.pool_units is not None and req.params.routed_experts is None
-        tokens = req.all_token_ids if note else []
+        tokens = req.all_token_ids if note or self.events is not None else []
+        registered: list[int] = []
         for i in range(req.num_committed_blocks, num_full):
             key = req.block_keys[i]
             if self.route_store is None:
-                if self.pool.commit(req.block_ids[i], key) and note:
-                    self._note_unit(req, i, tokens)
+                if self.pool.commit(req.block_ids[i], key):
+                    registered.append(i)
+                    if note:
+                        self._note_unit(req, i, tokens)
                 continue
             assert req.routes is not None
             # The KV block is cached only together with *its* route record. If the store
@@ -313,11 +330,29 @@ class KVCacheManager:
             if not stored:
                 continue
             if self.pool.commit(req.block_ids[i], key):
+                registered.append(i)
                 if note:
                     self._note_unit(req, i, tokens)
             elif self.route_store.lease_count(key) == 0:
                 self.route_store.drop(key)
+        if self.events is not None and registered:
+            self._report_stored(req, registered, tokens)
         req.num_committed_blocks = num_full
+
+    def _report_stored(self, req: Request, registered: list[int], tokens: list[int]) -> None:
+        """One ``stored`` event per run of consecutive registered blocks."""
+        assert self.events is not None
+        bs = self.block_size
+        start = 0
+        for j in range(1, len(registered) + 1):
+            if j < len(registered) and registered[j] == registered[j - 1] + 1:
+                continue
+            first, last = registered[start], registered[j - 1]
+            parent = req.block_keys[first - 1] if first else self.root_key(
+                "free" if req.params.routed_experts is None else "replayed", req.cache_salt)
+            self.events.stored(req.block_keys[first:last + 1], parent, tokens[first * bs:(last + 1) * bs],
+                               self.provenance.weights_version)
+            start = j
 
     def _note_unit(self, req: Request, i: int, tokens: list[int]) -> None:
         assert self.pool_units is not None

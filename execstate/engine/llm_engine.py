@@ -48,6 +48,7 @@ from execstate.engine.grammar.compiler import GrammarCompiler
 from execstate.engine.grammar_masks import GrammarMasks
 from execstate.engine.intake import PromptType, RequestIntake
 from execstate.engine.kv_cache_manager import KVCacheManager
+from execstate.engine.kv_events import KVEvents, attach_kv_events
 from execstate.engine.offload import OffloadConnector, attach_offload
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.r3_clock import R3Clock
@@ -116,6 +117,7 @@ class LLMEngine:
                                    self.return_routes, self.r3_clock, self._export)
         self.failure = StepFailure(self.scheduler, self.requests, self.finisher, self.check_shared_state)
         self.offload: OffloadConnector | None = attach_offload(self)  # offload tiers (engine/offload.py)
+        self.kv_events: KVEvents | None = attach_kv_events(self)  # KV cache events (engine/kv_events.py)
         self.startup_seconds = time.perf_counter() - t0
 
     @property
@@ -263,6 +265,9 @@ class LLMEngine:
             return self._run_step(state)
         except Exception as exc:  # the step's requests fail; the engine goes on (step_failure)
             return self.failure.fail(state, exc)
+        finally:
+            if self.kv_events is not None:
+                self.kv_events.flush()  # this step's cache changes, one batch
 
     def _run_step(self, state: StepState) -> list[RequestOutput]:
         self.poll()

@@ -47,6 +47,7 @@ from execstate.serve.principals import keys_from_args
 from execstate.session.runtime.manager import SessionPolicy
 from execstate.state.quotas import KINDS, Quotas
 from execstate.transfer.handoff import HandoffTrust
+from execstate.transfer.kv_events_config import KVEventsConfig
 from execstate.voice.engines import VoiceEngines, default_engines
 from execstate.voice.vocabulary import demo_phrases
 
@@ -114,6 +115,7 @@ def attach_kv_connector(
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    events = getattr(args, "kv_events_config", None)
     return EngineConfig(
         model=args.model,
         dtype=args.dtype,
@@ -139,6 +141,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         offload_redis_bytes=args.offload_redis_bytes,
         offload_policy=args.offload_policy,
         offload_timeout_s=args.offload_timeout,
+        kv_events=KVEventsConfig.from_json(events) if events else None,
     )
 
 

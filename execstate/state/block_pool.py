@@ -58,6 +58,9 @@ class BlockPool:
     A write-back (:meth:`set_write_back`, the offload tiers) is called the same way, with the
     block id too, *before* ``on_evict`` (the route record is still there) and before
     :meth:`allocate` returns (the slot still holds the evicted unit's KV: nobody has written it).
+
+    An eviction observer (:meth:`set_evict_observer`, the KV events) is called last, once per
+    :meth:`allocate` that evicted anything, with the evicted keys in eviction order.
     """
 
     def __init__(self, num_blocks: int, on_evict: Callable[[BlockKey], None] | None = None) -> None:
@@ -68,6 +71,7 @@ class BlockPool:
         self._cached: dict[BlockKey, BlockId] = {}
         self._on_evict = on_evict
         self._write_back: Callable[[BlockId, BlockKey], None] | None = None
+        self._evict_observer: Callable[[list[BlockKey]], None] | None = None
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -116,6 +120,11 @@ class BlockPool:
         docstring); ``None`` removes it. ``on_evict`` still runs if ``fn`` raises."""
         self._write_back = fn
 
+    def set_evict_observer(self, fn: Callable[[list[BlockKey]], None] | None) -> None:
+        """Call ``fn(keys)`` after each :meth:`allocate` that evicted cached blocks (their keys, in
+        eviction order), after the write-back and ``on_evict``; ``None`` removes it."""
+        self._evict_observer = fn
+
     def allocate(self, n: int) -> list[BlockId]:
         """Take ``n`` blocks from the front of the free queue (least recently freed first).
 
@@ -143,9 +152,13 @@ class BlockPool:
                 for block_id, key in evicted:
                     self._write_back(block_id, key)
         finally:
-            if self._on_evict is not None:
-                for _, key in evicted:
-                    self._on_evict(key)
+            try:
+                if self._on_evict is not None:
+                    for _, key in evicted:
+                        self._on_evict(key)
+            finally:
+                if self._evict_observer is not None and evicted:
+                    self._evict_observer([key for _, key in evicted])
         return taken
 
     def acquire(self, block_ids: Iterable[BlockId]) -> None:

@@ -1,0 +1,181 @@
+"""One engine replica of the fleet: an execstate server inside a Ray Serve replica (docs/fleet.md).
+
+Each replica builds an ``LLMEngine`` (KV events on, on ephemeral ports of its node), the same
+OpenAI-compatible app ``execstate serve`` runs (``serve/app.py``: completions, chat, sessions,
+migration, realtime, metrics) and serves it with uvicorn on a free port of its node, on its own
+thread. Requests reach it through :meth:`EngineReplica.forward`, which the ingress calls through
+a Ray Serve handle (so the fleet's ``RequestRouter`` chose this replica) and which relays the HTTP
+request to that local server and streams the answer back, chunk by chunk (SSE included), its head
+naming the replica and the weights version that served it (``version_gate.py``: a request holds
+a reading pass to its last chunk, a weight update the writing pass, so none straddles a switch). The
+same port is where other replicas deliver migrated sessions (two-phase hand-over, signed with the
+fleet's shared secret ``EXECSTATE_KV_SECRET``).
+
+Call order: ``__init__`` (engine, app, server; registers with the ingress) → ``forward`` /
+``describe`` / ``set_migration_peers`` / ``update_weights`` any number of times →
+``__del__`` (Ray Serve stops the replica: server and engine shut down).
+
+``record_routing_stats`` (Ray Serve calls it every ``request_routing_stats_period_s``) tells the
+router where this replica's KV events are, its provenance (the router computes the request's keys
+under it), its block size and load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import uvicorn
+from ray import serve
+
+from execstate.engine.async_engine import AsyncEngine
+from execstate.engine.config import EngineConfig
+from execstate.engine.llm_engine import LLMEngine
+from execstate.fleet.ray_app.version_gate import VersionGate
+from execstate.fleet.router.policy import RouteRequest
+from execstate.serve.app import build_app
+from execstate.serve.kv_transfer_config import KVTransferConfig
+from execstate.serve.metrics import ServingMetrics
+from execstate.serve.server import attach_kv_connector
+from execstate.serve.sessions.targets import MigrationTargets
+from execstate.transfer.kv_events_config import KVEventsConfig
+
+logger = logging.getLogger("execstate.fleet")
+REPLICA_HEADER = "x-execstate-replica"
+VERSION_HEADER = "x-execstate-weights-version"  # the weights version that served the request
+_HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
+KV_BOTH = '{"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}'
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def replica_id() -> str:
+    """This Ray Serve replica's full id (what the router's ``RunningReplica`` calls it)."""
+    return serve.get_replica_context().replica_id.to_full_id_str()
+
+
+class EngineReplica:
+    def __init__(self, model: str, served_model_name: str, engine_kwargs: dict[str, Any] | None = None,
+                 host: str = "127.0.0.1", ingress: tuple[str, str] | None = None) -> None:
+        events = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://{host}:0",
+                                replay_endpoint=f"tcp://{host}:0")
+        config = EngineConfig(model=model, kv_events=events, **(engine_kwargs or {}))
+        self.engine = AsyncEngine(LLMEngine(config))
+        self.replica_id = replica_id()
+        self.block_size = config.block_size
+        metrics = ServingMetrics()
+        # the PD connector (kv_both) moves a migrated session's KV; hand-overs are signed with the
+        # fleet's secret (EXECSTATE_KV_SECRET, set on every replica by fleet/ray_app/app.py)
+        trust = attach_kv_connector(self.engine, KVTransferConfig.from_json(KV_BOTH), metrics)
+        self.app = build_app(self.engine, served_model_name, metrics=metrics, handoff_trust=trust,
+                             migration_targets=MigrationTargets())
+        port = _free_port(host)
+        self.url = f"http://{host}:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning"))
+        self._thread = threading.Thread(target=self.server.run, name="execstate-replica-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"the replica's HTTP server did not start on {self.url}")
+            time.sleep(0.02)
+        self.client = httpx.AsyncClient(base_url=self.url, timeout=None)
+        self.gate = VersionGate()
+        kv = self.engine.call(lambda e: e.kv_events)
+        self.kv_endpoint, self.kv_replay_endpoint = kv.endpoint, kv.replay_endpoint
+        if ingress is not None:
+            threading.Thread(target=self._register, args=ingress, name="execstate-replica-register",
+                             daemon=True).start()
+
+    def _register(self, deployment: str, app_name: str) -> None:
+        """Announce this replica to the ingress (retried while the ingress starts)."""
+        info = {"replica_id": self.replica_id, "url": self.url, "kv_events": self.kv_endpoint,
+                "kv_replay": self.kv_replay_endpoint, "pid": os.getpid()}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                serve.get_deployment_handle(deployment, app_name).register.remote(info).result(timeout_s=10)
+                return
+            except Exception:  # noqa: BLE001 - the ingress is not up yet
+                time.sleep(0.5)
+        logger.error("replica %s could not register with the ingress %s", self.replica_id, deployment)
+
+    # -- routing ----------------------------------------------------------------------------------
+
+    def _stats(self, e: LLMEngine) -> dict[str, Any]:
+        kv = e.kv_manager
+        return {"queue_len": len(e.scheduler.running) + len(e.scheduler.waiting),
+                "kv_usage": e.block_pool.usage, "provenance": dataclasses.asdict(e.provenance),
+                "prefix_hit_tokens": kv.num_hit_tokens, "prefix_lookup_tokens": kv.num_lookup_tokens}
+
+    async def record_routing_stats(self) -> dict[str, Any]:
+        stats = await self.engine.run_on_engine(self._stats)
+        return {**stats, "kv_events": self.kv_endpoint, "kv_replay": self.kv_replay_endpoint,
+                "block_size": self.block_size, "url": self.url, "pid": os.getpid()}
+
+    async def describe(self, _route: RouteRequest | None = None) -> dict[str, Any]:
+        """This replica's id, URL and routing stats (the ingress's directory, drain, tests)."""
+        return {"replica_id": self.replica_id, **await self.record_routing_stats()}
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    async def forward(self, _route: RouteRequest, method: str, path: str, query: str, headers: list[tuple[str, str]],
+                      body: bytes) -> AsyncIterator[dict[str, Any] | bytes]:
+        """Relay one HTTP request to this replica's server: yields the head (``status``,
+        ``headers``, ``replica``) first, then the body's chunks as they come (a stream stays one)."""
+        send_headers = [(k, v) for k, v in headers if k.lower() not in _HOP_HEADERS]
+        request = self.client.build_request(method, path + (f"?{query}" if query else ""), headers=send_headers,
+                                            content=body)
+        async with self.gate.reading():  # no weights switch until this request's last chunk
+            version = await self.engine.run_on_engine(lambda e: e.provenance.weights_version)
+            response = await self.client.send(request, stream=True)
+            try:
+                head = [(k, v) for k, v in response.headers.items() if k.lower() not in _HOP_HEADERS]
+                head.append((VERSION_HEADER, version))
+                yield {"status": response.status_code, "headers": head, "replica": self.replica_id}
+                async for chunk in response.aiter_raw():
+                    yield chunk
+            finally:
+                await response.aclose()
+
+    # -- fleet operations -------------------------------------------------------------------------
+
+    async def set_migration_peers(self, _route: RouteRequest, urls: list[str]) -> list[str]:
+        """The migration allow-list of this replica: the fleet's other replicas (the fleet sets it
+        before a drain; clients cannot). Returns it."""
+        targets = MigrationTargets.parse([u for u in urls if u != self.url])
+        self.app.state.migrations.targets = targets
+        return [t.base for t in targets.targets]
+
+    async def update_weights(self, _route: RouteRequest, source: str, weights_version: str) -> str:
+        """Load new weights (a checkpoint directory) under ``weights_version``; the new version."""
+        async with self.gate.writing():  # the requests in flight finish first; new ones wait for the switch
+            result = await self.engine.update_weights(source, weights_version, "drain")
+        del result
+        return await self.engine.run_on_engine(lambda e: e.provenance.weights_version)
+
+    async def healthy(self, _route: RouteRequest | None = None) -> bool:
+        return self.engine.is_healthy
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.server.should_exit = True
+            self._thread.join(5)
+        with contextlib.suppress(Exception):
+            self.engine.call(lambda e: e.kv_events.close() if e.kv_events is not None else None, timeout=5)
+            self.engine.shutdown()
+        with contextlib.suppress(Exception):
+            asyncio.get_event_loop().run_until_complete(self.client.aclose())

@@ -1,0 +1,160 @@
+"""The fleet's operations, served by the ingress under ``/v1/fleet/`` (docs/fleet.md).
+
+- ``GET /v1/fleet/replicas``: the engine replicas that registered (id, URL, KV events
+  endpoints, PID), which are draining, how many requests each answered through this ingress, and
+  how many requests were retried on another replica (``retried``).
+- ``POST /v1/fleet/drain`` ``{"replica": id, "timeout_s"?}``: take the replica out of service
+  and lose nothing: (1) the router stops sending it new requests (it is excluded from every
+  route); (2) its migration allow-list is set to the other replicas' URLs; (3) each live session
+  it holds is migrated to another replica with the two-phase hand-over (issue 19: the session is
+  served by the source until the target committed, never by both), the target chosen round-robin
+  among the others, and the ingress then routes the session there; (4) the replica's requests in
+  flight finish (it is polled until idle or ``timeout_s``). The answer lists every session moved
+  or failed (a failed one is still served by the source, which stays excluded from new routes),
+  and the seconds it took.
+- ``POST /v1/fleet/update_weights`` ``{"source", "weights_version"}``: a rolling update, replica by
+  replica (each is excluded from new routes, drains its requests in flight on the old weights:
+  policy ``drain``, switches, and takes requests again; its sessions keep going to it); the router never counts a
+  block of another version as a hit (the keys differ), so while versions are mixed each request
+  is served entirely by one version. The answer lists the version of each replica.
+
+Every operation first forgets the registered replicas whose actor is gone (:meth:`FleetOps.prune`:
+a killed replica), so none addresses a dead one (an id Ray no longer has would route elsewhere).
+
+The fleet's own secret (``EXECSTATE_KV_SECRET``, the same on every replica) signs the hand-overs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from ray.serve.handle import DeploymentHandle
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from execstate.fleet.ray_app.prompt_route import SessionOwners
+from execstate.fleet.router.policy import RouteRequest
+
+
+class Ingress(Protocol):
+    """What the operations use of the ingress (``ingress.py``'s ``FleetIngress``)."""
+
+    engines: DeploymentHandle
+    owners: SessionOwners
+    replicas: dict[str, dict[str, Any]]
+    draining: set[str]
+    served: Counter[str]
+    retried: int
+
+    async def send(self, route: RouteRequest, method: str, path: str, query: str, headers: list[tuple[str, str]],
+                   body: bytes) -> tuple[dict[str, Any], AsyncIterator[bytes]]: ...
+
+
+class FleetOps:
+    def __init__(self, ingress: Ingress) -> None:
+        self.ingress = ingress
+
+    async def handle(self, request: Request) -> Response:
+        path, method = request.url.path, request.method
+        try:
+            body: Any = json.loads(await request.body() or b"{}") if method == "POST" else {}
+        except ValueError:
+            return _error(400, "the body is not JSON")
+        if method in ("GET", "POST"):
+            await self.prune()
+        if (method, path) == ("GET", "/v1/fleet/replicas"):
+            ing = self.ingress
+            return JSONResponse({"replicas": [{**info, "draining": rid in ing.draining, "served": ing.served[rid]}
+                                              for rid, info in sorted(ing.replicas.items())],
+                                 "retried": ing.retried})
+        if (method, path) == ("POST", "/v1/fleet/drain"):
+            rid = body.get("replica")
+            if rid not in self.ingress.replicas:
+                return _error(404, f"no replica {rid!r} registered")
+            return JSONResponse(await self.drain(rid, float(body.get("timeout_s", 60.0))))
+        if (method, path) == ("POST", "/v1/fleet/update_weights"):
+            source, version = body.get("source"), body.get("weights_version")
+            if not isinstance(source, str) or not isinstance(version, str) or not version:
+                return _error(400, "source (a checkpoint directory) and weights_version are required")
+            return JSONResponse(await self.update_weights(source, version))
+        return _error(404, f"no fleet operation {method} {path}")
+
+    async def prune(self) -> list[str]:
+        """Forget registered replicas whose actor is gone (a killed replica: Ray no longer finds its
+        actor by name, the replica's full id). The ids forgotten."""
+        ing = self.ingress
+        gone = [rid for rid in sorted(ing.replicas) if not await asyncio.to_thread(_actor_alive, rid)]
+        for rid in gone:
+            ing.replicas.pop(rid, None)
+            ing.draining.discard(rid)
+        return gone
+
+    async def drain(self, replica_id: str, timeout_s: float = 60.0) -> dict[str, Any]:
+        ing = self.ingress
+        t0 = time.monotonic()
+        ing.draining.add(replica_id)
+        here = RouteRequest(session_replica=replica_id)
+        others = [info for rid, info in sorted(ing.replicas.items()) if rid not in ing.draining]
+        moved: list[dict[str, Any]] = []
+        failed: list[dict[str, Any]] = []
+        if others:
+            await ing.engines.set_migration_peers.remote(here, [o["url"] for o in others])
+        for i, (caller, sid, auth) in enumerate(ing.owners.held_by(replica_id)):
+            if not others:
+                failed.append({"session_id": sid, "error": "no other replica to migrate to"})
+                continue
+            target = others[i % len(others)]
+            headers = [("content-type", "application/json")] + ([("authorization", auth)] if auth else [])
+            payload = json.dumps({"target": target["url"]}).encode()
+            head, chunks = await ing.send(here, "POST", f"/v1/sessions/{sid}/migrate", "", headers, payload)
+            answer = b"".join([c async for c in chunks])
+            if head["status"] == 200:
+                ing.owners.set(caller, sid, target["replica_id"])
+                moved.append({"session_id": sid, "target": target["replica_id"]})
+            else:
+                failed.append({"session_id": sid, "status": head["status"], "error": answer.decode(errors="replace")})
+        idle = await self._wait_idle(here, t0 + timeout_s)
+        return {"replica": replica_id, "moved": moved, "failed": failed, "idle": idle,
+                "seconds": time.monotonic() - t0}
+
+    async def _wait_idle(self, here: RouteRequest, deadline: float) -> bool:
+        while True:
+            info = await self.ingress.engines.describe.remote(here)
+            if info["queue_len"] == 0:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.1)
+
+    async def update_weights(self, source: str, version: str) -> dict[str, Any]:
+        ing = self.ingress
+        versions: dict[str, str] = {}
+        for rid in sorted(ing.replicas):
+            held = rid in ing.draining
+            ing.draining.add(rid)  # new requests go to the others while this one drains and switches
+            try:
+                versions[rid] = await ing.engines.update_weights.remote(RouteRequest(session_replica=rid), source,
+                                                                        version)
+            finally:
+                if not held:
+                    ing.draining.discard(rid)
+        return {"versions": versions}
+
+
+def _actor_alive(replica_id: str) -> bool:
+    import ray
+
+    try:
+        ray.get_actor(replica_id, namespace="serve")
+    except ValueError:
+        return False
+    return True
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": None}}, status)

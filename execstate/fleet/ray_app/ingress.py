@@ -1,0 +1,136 @@
+"""The fleet's HTTP ingress (a Ray Serve deployment): every request to one engine replica.
+
+``FleetIngress.__call__`` takes each HTTP request from Ray Serve's proxy and:
+
+- ``/v1/fleet/...`` (the fleet's own operations, ``fleet_ops.py``): ``GET /v1/fleet/replicas``,
+  ``POST /v1/fleet/drain`` ``{"replica"}``, ``POST /v1/fleet/update_weights``
+  ``{"source", "weights_version"}``;
+- anything else (``/v1/completions``, ``/v1/chat/completions``, ``/v1/sessions...``, ``/v1/models``,
+  ``/metrics`` ...): builds its :class:`RouteRequest` (``prompt_route.py``: the prompt's tokens
+  and salt, or the replica holding the session) and calls ``EngineReplica.forward`` through the
+  engine deployment's handle, so the fleet's ``RequestRouter`` picks the replica; the answer is
+  streamed back as it comes (SSE stays SSE) with the header ``x-execstate-replica`` naming the
+  replica that served it. ``POST /v1/sessions`` records which replica opened the session;
+  ``DELETE /v1/sessions/{id}`` forgets it. A replica that fails before answering (gone, dead) is
+  excluded and the request retried elsewhere, at most ``MAX_ATTEMPTS`` times; once an answer has
+  started, a failure ends the stream.
+
+One ingress replica keeps the session owners (``SessionOwners``): deploy the ingress with one
+replica (the default), or sessions opened through one ingress replica are unknown to the others.
+Engine replicas register themselves (:meth:`register`) when they start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ray.serve.handle import DeploymentHandle
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from execstate.engine.tokenizer import Tokenizer
+from execstate.fleet.ray_app.engine_replica import REPLICA_HEADER
+from execstate.fleet.ray_app.fleet_ops import FleetOps
+from execstate.fleet.ray_app.prompt_route import SessionOwners, caller_of, prompt_route, session_of
+from execstate.fleet.router.policy import RouteRequest
+from execstate.model.registry import resolve_model
+
+logger = logging.getLogger("execstate.fleet")
+MAX_ATTEMPTS = 3
+
+
+class FleetIngress:
+    def __init__(self, engines: DeploymentHandle, model: str) -> None:
+        self.engines = engines
+        path = resolve_model(model)
+        self.tokenizer = Tokenizer(path) if (path / "tokenizer.json").exists() else None
+        self.owners = SessionOwners()
+        self.replicas: dict[str, dict[str, Any]] = {}  # replica id -> what it registered
+        self.draining: set[str] = set()
+        self.served: Counter[str] = Counter()  # replica id -> requests answered (bench, tests)
+        self.retried = 0  # requests tried again elsewhere after a replica failed before answering
+        self.ops = FleetOps(self)
+
+    async def register(self, info: dict[str, Any]) -> None:
+        """An engine replica announces itself (id, URL, KV events endpoints) when it starts."""
+        self.replicas[info["replica_id"]] = info
+
+    async def __call__(self, request: Request) -> Response:
+        path = request.url.path
+        if path.startswith("/v1/fleet/"):
+            return await self.ops.handle(request)
+        body = await request.body()
+        caller = caller_of(request.headers.get("authorization"))
+        sid = session_of(path)
+        if sid is not None:
+            route = RouteRequest(session_replica=self.owners.get(caller, sid))
+        else:
+            route = await asyncio.to_thread(prompt_route, request.method, path, body, self.tokenizer)
+        headers = [(k, v) for k, v in request.headers.items()]
+        head, stream = await self.send(route, request.method, path, request.url.query, headers, body)
+        replica = head["replica"]
+        self.served[replica] += 1
+        out_headers = dict(head["headers"])
+        out_headers[REPLICA_HEADER] = replica
+        if request.method == "POST" and path == "/v1/sessions" and head["status"] == 200:
+            data = b"".join([c async for c in stream])
+            opened = json.loads(data).get("session_id")
+            if isinstance(opened, str):
+                self.owners.set(caller, opened, replica, request.headers.get("authorization"))
+            return Response(data, head["status"], out_headers)
+        if request.method == "DELETE" and sid is not None and head["status"] == 200:
+            self.owners.drop(caller, sid)
+        sse = out_headers.get("content-type", "").startswith("text/event-stream")
+        return StreamingResponse(_relay(stream, replica, sse), head["status"], out_headers)
+
+    async def send(self, route: RouteRequest, method: str, path: str, query: str, headers: list[tuple[str, str]],
+                   body: bytes) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
+        """Forward through the router; the head and the rest of the body's chunks. Retries on
+        another replica when one fails before its head arrived."""
+        excluded = set(self.draining)
+        last: Exception | None = None
+        for _ in range(MAX_ATTEMPTS):
+            r = RouteRequest(route.token_ids, route.cache_salt, route.session_replica, tuple(sorted(excluded)))
+            gen = self.engines.options(stream=True).forward.remote(r, method, path, query, headers, body)
+            try:
+                head = await gen.__anext__()
+            except Exception as e:  # noqa: BLE001 - a replica gone before answering: try another
+                logger.warning("a replica failed before answering %s %s (%s); retrying elsewhere", method, path, e)
+                last = e
+                self.retried += 1
+                if route.session_replica is not None:
+                    break  # a session lives on one replica: no other can answer for it
+                excluded.update(self._dead())
+                continue
+            return head, _chunks(gen)
+        raise RuntimeError(f"no replica could answer {method} {path}: {last}")
+
+    def _dead(self) -> set[str]:
+        return set()  # Ray removes dead replicas from the candidates; draining ones are excluded already
+
+
+async def _chunks(gen: Any) -> AsyncIterator[bytes]:
+    async for chunk in gen:
+        yield chunk
+
+
+async def _relay(chunks: AsyncIterator[bytes], replica: str, sse: bool) -> AsyncIterator[bytes]:
+    """The answer's chunks; if the replica fails once the answer started (killed mid-stream), an
+    SSE stream ends with an ``error`` event naming the replica (no ``[DONE]``), any other answer is
+    cut (the client sees an incomplete body). Never retried: part of the answer was sent."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except Exception as e:  # noqa: BLE001 - the replica died or its stream broke mid-answer
+        logger.warning("replica %s failed mid-answer: %s", replica, e)
+        if not sse:
+            raise
+        err = {"error": {"message": f"the replica serving this stream failed mid-answer ({replica}: "
+                                    f"{type(e).__name__}); the answer is incomplete", "type": "replica_failed",
+                         "code": 503}}
+        yield f"data: {json.dumps(err)}\n\n".encode()
