@@ -17,8 +17,10 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 def setup_cli_logging(level: int = logging.INFO) -> None:
     logger = logging.getLogger("execstate")
-    if any(getattr(h, "execstate_cli", False) for h in logger.handlers):
-        return  # already set up (main() called twice in one process)
+    for h in [h for h in logger.handlers if getattr(h, "execstate_cli", False)]:
+        if getattr(h, "stream", None) is sys.stderr:
+            return  # already set up (main() called twice in one process)
+        logger.removeHandler(h)  # bound to a stderr that has since been replaced (and maybe closed)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(FORMAT, datefmt="%H:%M:%S"))
     handler.execstate_cli = True  # type: ignore[attr-defined]

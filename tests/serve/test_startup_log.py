@@ -190,3 +190,26 @@ def test_pd_role_line_of_an_attached_producer(model_dir: Path) -> None:
         f"control channel {pd.server.addr}"
     )
     assert re.fullmatch(r"tcp://127\.0\.0\.1:\d+", pd.server.addr)
+
+
+def test_cli_logging_rebinds_a_handler_left_on_an_old_stderr(capsys, monkeypatch) -> None:
+    """A handler set up while another stderr was in place (an earlier main() in the same process,
+    e.g. under another test's capture) is replaced, not kept writing to the old stream."""
+    import io
+
+    from execstate.logs import setup_cli_logging
+
+    logger = logging.getLogger("execstate")
+    before = list(logger.handlers), logger.level
+    try:
+        old = io.StringIO()
+        monkeypatch.setattr("sys.stderr", old)
+        setup_cli_logging()
+        monkeypatch.undo()
+        setup_cli_logging()
+        assert sum(getattr(h, "execstate_cli", False) for h in logger.handlers) == 1
+        logging.getLogger("execstate.serve.startup").info("after %s", "rebinding")
+        assert capsys.readouterr().err.rstrip().endswith("INFO execstate.serve.startup: after rebinding")
+        assert "after rebinding" not in old.getvalue()
+    finally:
+        logger.handlers[:], logger.level = before[0], before[1]
