@@ -10,6 +10,7 @@ import msgspec
 import numpy as np
 import pytest
 import zmq
+from kv_events_client import replay_all
 
 from execstate import LLM
 from execstate.engine.sampling_params import SamplingParams
@@ -55,23 +56,6 @@ class Index:
                 self.keys.setdefault(ev.medium, set()).difference_update(ev.block_hashes)
 
 
-def replay(endpoint: str, start: int) -> list[tuple[int, bytes]]:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 5000)
-    sock.connect(endpoint)
-    try:
-        sock.send_multipart([b"", start.to_bytes(8, "big", signed=True)])
-        out = []
-        while True:
-            _, seq, payload = sock.recv_multipart()
-            seq_i = int.from_bytes(seq, "big", signed=True)
-            if seq_i == -1:
-                return out
-            out.append((seq_i, payload))
-    finally:
-        sock.close(0)
-
 
 @pytest.fixture()
 def small_llm(moe_dir):
@@ -106,7 +90,7 @@ def test_subscriber_rebuilds_the_pool_index_exactly(small_llm):
     sub.close(0)
     assert received, "no live batch"
     first = received[0][0]
-    for seq, payload in replay(events.replay_endpoint, 0) if first > 0 else []:  # the gap before subscribing
+    for seq, payload in replay_all(events.replay_endpoint, 0) if first > 0 else []:  # the gap before subscribing
         if seq < first:
             index.apply(seq, payload)
     for seq, payload in received:
@@ -130,14 +114,14 @@ def test_replay_from_zero_rebuilds_the_same_index_and_marks_the_end(small_llm):
         llm.generate({"prompt_token_ids": prompt(20 + i, 30)}, GREEDY, use_tqdm=False)
     llm.engine.kv_events.flush()
     time.sleep(0.2)
-    batches = replay(llm.engine.kv_events.replay_endpoint, 0)
+    batches = replay_all(llm.engine.kv_events.replay_endpoint, 0)
     assert [s for s, _ in batches] == list(range(len(batches)))
     assert isinstance(decode_batch(batches[0][1]).events[0], AllBlocksCleared)
     index = Index()
     for seq, payload in batches:
         index.apply(seq, payload)
     assert index.keys["pool"] == pool_keys(llm)
-    later = replay(llm.engine.kv_events.replay_endpoint, 2)
+    later = replay_all(llm.engine.kv_events.replay_endpoint, 2)
     assert [s for s, _ in later] == list(range(2, len(batches)))
 
 
@@ -151,7 +135,7 @@ def test_events_carry_the_weights_version(small_llm, moe_dir_other_weights):
     llm.engine.kv_events.flush()
     time.sleep(0.2)
     index = Index()
-    for seq, payload in replay(llm.engine.kv_events.replay_endpoint, 0):
+    for seq, payload in replay_all(llm.engine.kv_events.replay_endpoint, 0):
         index.apply(seq, payload)
     versions = [ev.weights_version for ev in index.stored]
     assert versions[0] == old and versions[-1] == "user:v2" and old != "user:v2"

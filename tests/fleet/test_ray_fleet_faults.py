@@ -32,8 +32,8 @@ pytest.importorskip("ray")
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "serve"))
 
+from kv_events_client import replay_all  # noqa: E402
 from serve_helpers import write_tokenizer  # noqa: E402
-from tests_fleet_helpers import replay_all  # noqa: E402
 
 from execstate import LLM  # noqa: E402
 from execstate.engine.sampling_params import SamplingParams  # noqa: E402

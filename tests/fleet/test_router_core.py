@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests_fleet_helpers import replay_all
+from kv_events_client import replay_all
 
 from execstate import LLM
 from execstate.engine.sampling_params import SamplingParams

@@ -1,4 +1,4 @@
-"""Helpers of the fleet tests: a plain ZeroMQ replay client."""
+"""A plain ZeroMQ replay client of the KV events (the engine and fleet tests)."""
 
 from __future__ import annotations
 
