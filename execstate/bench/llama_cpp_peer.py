@@ -161,6 +161,9 @@ class LlamaCppPeer(Peer):
     def report_extra(self) -> dict[str, Any]:
         return {"threads_used": getattr(self, "used_threads", None)}
 
+    def threads_in_use(self, offered: int) -> int:
+        return getattr(self, "used_threads", None) or offered
+
     def close(self) -> None:
         if self.llm is not None and hasattr(self.llm, "close"):
             self.llm.close()

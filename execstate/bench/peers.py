@@ -51,6 +51,11 @@ class Peer:
         """Peer-specific figures added to the peer's report entry."""
         return {}
 
+    def threads_in_use(self, offered: int) -> int:
+        """The threads this peer computes on, of the ``offered`` ones: the denominator of its CPU
+        share (a peer that chose fewer threads is not starved when it keeps them busy)."""
+        return offered
+
 
 # The engine's numerics modes as bench peers: (name infix, label words, engine kwargs).
 ENGINE_MODES: dict[str, tuple[str, str, dict[str, Any]]] = {

@@ -132,9 +132,9 @@ class PeerLoop:
         load = loadavg_1m()
         cpu0 = time.process_time()
         res = p.run(prompts, self.wl.new_tokens(p, batched), batched)
-        # share of the machine this process got: CPU seconds / (wall seconds x threads)
+        # share of the machine this process got: CPU seconds / (wall seconds x the threads it runs)
         cpu = res.cpu_seconds if res.cpu_seconds is not None else time.process_time() - cpu0
-        s[f"{key}_cpu_share"].append(cpu / (res.seconds * self.threads))
+        s[f"{key}_cpu_share"].append(cpu / (res.seconds * p.threads_in_use(self.threads)))
         s[f"{key}_load"].append(load)
         s[f"{key}_s"].append(res.seconds)
         s[f"{key}_tok"].append([len(t) for t in res.token_ids])

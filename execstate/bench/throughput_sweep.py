@@ -215,7 +215,7 @@ def _one(
         "decode_tok_s": b * (wl.max_new_tokens - 1) / decode_s if decode_s > 0 else None,
         "tokens_exact": [len(t) for t in full.token_ids] == [wl.max_new_tokens] * b
         and [len(t) for t in pre.token_ids] == [1] * b,
-        "cpu_share": cpu / (full.seconds * threads), "loadavg_1m_before": load,
+        "cpu_share": cpu / (full.seconds * p.threads_in_use(threads)), "loadavg_1m_before": load,
     }, full.token_ids
 
 
