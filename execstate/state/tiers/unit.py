@@ -106,8 +106,12 @@ def unit_digest(data) -> bytes:
 
 
 def _tag(record: UnitRecord, secret: bytes) -> bytes:
-    body = _ENCODER.encode(msgspec.structs.replace(record, tag=None))
-    return hmac.new(secret, DOMAIN + body, hashlib.sha256).digest()
+    body = msgspec.structs.replace(record, tag=None)
+    if body.weights_version is None:  # the bytes a record had before the field existed: their tags stay valid
+        fields = msgspec.structs.asdict(body)
+        del fields["weights_version"]
+        return hmac.new(secret, DOMAIN + _ENCODER.encode(fields), hashlib.sha256).digest()
+    return hmac.new(secret, DOMAIN + _ENCODER.encode(body), hashlib.sha256).digest()
 
 
 def sign(record: UnitRecord, secret: bytes | None) -> UnitRecord:
