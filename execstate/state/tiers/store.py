@@ -21,6 +21,9 @@ Contract (the tests in ``tests/state/test_tier_stores.py`` check it for every ba
   found at start (disk); units the backend lost meanwhile make a later ``get`` return None.
 - Threads: ``contains`` runs on the engine thread, ``put`` on the write-back thread, ``get`` and
   ``discard`` on the reload thread; every method is thread-safe.
+- Events: a store built with a ``UnitEvents`` (``unit_events.py``) reports every change of its
+  index as it happens (:class:`UnitIndex` does it under its lock), naming a stored unit by the
+  record at the head of its blob (``unit.read_record``: the only part of a blob a store reads).
 """
 
 from __future__ import annotations
