@@ -55,6 +55,7 @@ from execstate.state.tiers.pool_units import PoolUnits, UnitOrigin
 from execstate.state.tiers.stats import TierSnapshot
 from execstate.state.tiers.store import UnitStore
 from execstate.state.tiers.unit import UnitLayout
+from execstate.state.tiers.unit_events import UnitEvents
 from execstate.transfer.handoff import resolve_secret
 from execstate.transfer.offload_loader import ReloadWorker
 from execstate.transfer.offload_writer import WriteBackWorker, WriteJob
@@ -62,7 +63,6 @@ from execstate.transfer.offload_writer import WriteBackWorker, WriteJob
 if TYPE_CHECKING:
     from execstate.engine.config import EngineConfig
     from execstate.engine.kv_cache_manager import KVCacheManager
-    from execstate.engine.kv_events import KVEvents
     from execstate.engine.scheduler import Scheduler
     from execstate.model.config import ModelConfig
     from execstate.state.block_pool import BlockPool
@@ -85,9 +85,16 @@ class OffloadHost(Protocol):
     return_routes: bool
     kv_manager: KVCacheManager
     scheduler: Scheduler
-    kv_events: KVEvents | None
+    kv_events: TierEvents | None
 
     def wake(self) -> None: ...
+
+
+class TierEvents(UnitEvents, Protocol):
+    """Where the tiers report their units (``engine/kv_events.py``'s ``KVEvents``), and ``flush``:
+    publish what was reported (any thread; never blocks)."""
+
+    def flush(self) -> int: ...
 
 logger = logging.getLogger("execstate.offload")
 STAGING_SLOTS = 64  # write-backs in flight to the lower tiers when DRAM is not a tier
