@@ -215,12 +215,13 @@ DRIVER = textwrap.dedent(
 )
 
 
+@pytest.mark.timeout(900)
 def test_fleet_on_two_ray_nodes_in_two_network_namespaces(hosts, cluster, model_dir):
     ns_h, ns_w = hosts
     cfg = {"gcs": cluster["gcs"], "node_ip": WORKER_IP, "http_host": HEAD_IP, "http_port": cluster["http_port"],
            "model": str(model_dir), "name": NAME, "bs": BS}
     driver = subprocess.run(["ip", "netns", "exec", ns_w, sys.executable, "-c", DRIVER, json.dumps(cfg)], cwd=ROOT,
-                            env=cluster["env"], capture_output=True, text=True, timeout=900)
+                            env=cluster["env"], capture_output=True, text=True, timeout=600)
     lines = [ln for ln in driver.stdout.splitlines() if ln.startswith("RESULT ")]
     assert driver.returncode == 0 and lines, (driver.stdout[-3000:], driver.stderr[-5000:])
     res = json.loads(lines[-1][len("RESULT "):])
