@@ -123,10 +123,10 @@ def cluster(hosts):
                EXECSTATE_KV_SECRET="netns-fleet-secret-0123456789abcdef")
     temp = [tempfile.mkdtemp(prefix="esr"), tempfile.mkdtemp(prefix="esr")]  # short: Ray's socket paths
     gcs_port = free_port(ns_h, HEAD_IP)
-    common = ["--num-cpus", "1", "--resources", json.dumps({"execstate_engine": 1}), "--include-dashboard", "false",
+    common = ["--num-cpus", "1", "--resources", json.dumps({"execstate_engine": 1}),
               "--object-store-memory", str(80 << 20), "--disable-usage-stats"]
     head = sh("ip", "netns", "exec", ns_h, RAY, "start", "--head", "--node-ip-address", HEAD_IP, "--port",
-              str(gcs_port), "--temp-dir", temp[0], *common, timeout=180, env=env)
+              str(gcs_port), "--temp-dir", temp[0], "--include-dashboard", "false", *common, timeout=180, env=env)
     assert head.returncode == 0, head.stderr[-3000:]
     worker = sh("ip", "netns", "exec", ns_w, RAY, "start", "--address", f"{HEAD_IP}:{gcs_port}",
                 "--node-ip-address", WORKER_IP, "--temp-dir", temp[1], *common, timeout=180, env=env)
@@ -255,3 +255,5 @@ def test_fleet_on_two_ray_nodes_in_two_network_namespaces(hosts, cluster, model_
         assert s["second_replica"] != victim  # every session now lives on the other node
         assert s["second"] == ref.step(ids(80 + s["i"], 6)).token_ids  # as if never moved
     assert victim not in res["after_drain"]  # new requests avoid the drained replica
+    print(f"two-node fleet: {len(res['completions'])} completions on 2 nodes, {len(sessions)} sessions, drain of "
+          f"{len(drain['moved'])} across the link in {res['drain_s']:.2f} s")
