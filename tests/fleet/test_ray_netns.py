@@ -122,16 +122,16 @@ def cluster(hosts):
                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                EXECSTATE_KV_SECRET="netns-fleet-secret-0123456789abcdef")
     temp = [tempfile.mkdtemp(prefix="esr"), tempfile.mkdtemp(prefix="esr")]  # short: Ray's socket paths
-    gcs_port = free_port(ns_h, HEAD_IP)
-    common = ["--num-cpus", "1", "--resources", json.dumps({"execstate_engine": 1}),
-              "--object-store-memory", str(80 << 20), "--disable-usage-stats"]
-    head = sh("ip", "netns", "exec", ns_h, RAY, "start", "--head", "--node-ip-address", HEAD_IP, "--port",
-              str(gcs_port), "--temp-dir", temp[0], "--include-dashboard", "false", *common, timeout=180, env=env)
-    assert head.returncode == 0, head.stderr[-3000:]
-    worker = sh("ip", "netns", "exec", ns_w, RAY, "start", "--address", f"{HEAD_IP}:{gcs_port}",
-                "--node-ip-address", WORKER_IP, "--temp-dir", temp[1], *common, timeout=180, env=env)
-    assert worker.returncode == 0, worker.stderr[-3000:]
     try:
+        gcs_port = free_port(ns_h, HEAD_IP)
+        common = ["--num-cpus", "1", "--resources", json.dumps({"execstate_engine": 1}),
+                  "--object-store-memory", str(80 << 20), "--disable-usage-stats"]
+        head = sh("ip", "netns", "exec", ns_h, RAY, "start", "--head", "--node-ip-address", HEAD_IP, "--port",
+                  str(gcs_port), "--temp-dir", temp[0], "--include-dashboard", "false", *common, timeout=180, env=env)
+        assert head.returncode == 0, head.stderr[-3000:]
+        worker = sh("ip", "netns", "exec", ns_w, RAY, "start", "--address", f"{HEAD_IP}:{gcs_port}",
+                    "--node-ip-address", WORKER_IP, "--temp-dir", temp[1], *common, timeout=180, env=env)
+        assert worker.returncode == 0, worker.stderr[-3000:]
         yield {"gcs": f"{HEAD_IP}:{gcs_port}", "env": env, "http_port": free_port(ns_h, HEAD_IP)}
     finally:
         for ns in hosts:
