@@ -359,7 +359,8 @@ class KVCacheManager:
         bs = self.block_size
         root = self.root_key("free", req.cache_salt)
         parent = req.block_keys[i - 1] if i else root
-        self.pool_units.note(req.block_keys[i], parent, root, tokens[i * bs : (i + 1) * bs])
+        self.pool_units.note(req.block_keys[i], parent, root, tokens[i * bs : (i + 1) * bs],
+                             self.provenance.weights_version)
 
     def release(self, req: Request, finished: bool) -> None:
         """Free the request's blocks (tail first). Route leases are kept across a

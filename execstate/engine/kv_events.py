@@ -13,9 +13,17 @@ two where the pool's prefix-cache map changes:
 So the set of keys a subscriber holds for medium ``pool`` equals the pool's cache map after each
 step (the fleet tests rebuild it and compare). Events are collected on the engine thread and
 handed to the publisher (``transfer/kv_events_publisher.py``) as one batch at the end of each
-``LLMEngine.step`` (:meth:`KVEvents.flush`), nothing when nothing changed. The tiers below the
-pool (``dram``, ``disk``, ``shared``) report through :meth:`KVEvents.tier_stored` /
-:meth:`KVEvents.tier_removed` from their own threads (thread-safe).
+``LLMEngine.step`` (:meth:`KVEvents.flush`), nothing when nothing changed.
+
+The tiers below the pool (``dram``, ``disk``, ``shared``: ``engine/offload.py`` builds them with
+this object as their ``UnitEvents``, ``state/tiers/unit_events.py``) report every unit they
+start or stop holding through :meth:`KVEvents.unit_stored` / :meth:`KVEvents.units_removed`,
+from whatever thread changed them (engine, write-back, reload), under their own lock: so the
+events of one medium are recorded in the order of its changes. A stored event names the unit's
+parent key, tokens and weights version from its record. Besides the end of each step, the
+write-back thread flushes when its queue empties (write-backs finish after the step that
+evicted the blocks, possibly while the engine is idle). :meth:`flush` publishes under the lock,
+so batches leave in the order their events were recorded, whichever thread flushes.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from execstate.identity.keys import BlockKey
 from execstate.state.kv_events import POOL, BlockRemoved, BlockStored, KVCacheEvent, KVEventBatch
+from execstate.state.tiers.unit import UnitRecord
 from execstate.transfer.kv_events_publisher import ZmqEventPublisher
 
 if TYPE_CHECKING:
@@ -86,13 +95,21 @@ class KVEvents:
 
     def pool_removed(self, keys: list[BlockKey]) -> None:
         """``BlockPool`` eviction observer."""
-        self.tier_removed(keys, POOL)
+        self.units_removed(POOL, keys)
 
-    def tier_stored(self, keys: Sequence[BlockKey], parent: BlockKey | None, token_ids: Sequence[int],
-                    weights_version: str, medium: str) -> None:
-        self.stored(keys, parent, token_ids, weights_version, medium)
+    def unit_stored(self, medium: str, key: BlockKey, record: UnitRecord | None) -> None:
+        """A tier holds ``key`` now (``UnitEvents``; any thread). ``record`` None (a tier could
+        not read it): the event names the key alone (no parent, no tokens, no version)."""
+        if record is None:
+            event = BlockStored([bytes(key)], None, [], self.block_size, None, medium, None)
+        else:
+            event = BlockStored([bytes(key)], bytes(record.parent), list(record.token_ids), self.block_size,
+                                None, medium, record.weights_version)
+        with self._lock:
+            self._pending.append(event)
 
-    def tier_removed(self, keys: Sequence[BlockKey], medium: str) -> None:
+    def units_removed(self, medium: str, keys: Sequence[BlockKey]) -> None:
+        """``keys`` left ``medium`` (``UnitEvents``, the pool's evictions; any thread)."""
         if not keys:
             return
         event = BlockRemoved([bytes(k) for k in keys], medium)
@@ -100,11 +117,12 @@ class KVEvents:
             self._pending.append(event)
 
     def flush(self) -> int:
-        """Publish what was recorded since the last flush as one batch; the number of events."""
+        """Publish what was recorded since the last flush as one batch; the number of events.
+        Any thread; the publisher's queue takes it without blocking."""
         with self._lock:
             events, self._pending = self._pending, []
-        if events:
-            self.publisher.publish(KVEventBatch(time.time(), events))
+            if events:
+                self.publisher.publish(KVEventBatch(time.time(), events))
         return len(events)
 
     def close(self) -> None:

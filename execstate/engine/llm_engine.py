@@ -116,8 +116,8 @@ class LLMEngine:
         self.results = StepResults(self.scheduler, self.finisher, self.tokenizer, self.eos_token_ids,
                                    self.return_routes, self.r3_clock, self._export)
         self.failure = StepFailure(self.scheduler, self.requests, self.finisher, self.check_shared_state)
-        self.offload: OffloadConnector | None = attach_offload(self)  # offload tiers (engine/offload.py)
         self.kv_events: KVEvents | None = attach_kv_events(self)  # KV cache events (engine/kv_events.py)
+        self.offload: OffloadConnector | None = attach_offload(self)  # offload tiers: they report to kv_events
         self.startup_seconds = time.perf_counter() - t0
 
     @property

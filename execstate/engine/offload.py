@@ -19,6 +19,12 @@ its manifest in :attr:`OffloadConnector.manifests` (the Redis server of the shar
 is configured: ``state/tiers/manifest_store.py``); a session woken here from another replica's
 manifest makes its units known to the Redis tier's index (:meth:`OffloadConnector.adopt_shared`).
 
+KV events: when the engine publishes them (``engine/kv_events.py``, attached first), the DRAM,
+disk and Redis tiers are built with the engine's ``KVEvents`` as their ``UnitEvents``: each
+reports every unit it starts or stops holding (medium ``dram``, ``disk``, ``shared``), named by
+its record (parent, tokens, weights version); the write-back thread flushes them when its queue
+empties, and :meth:`OffloadConnector.adopt_shared` after an adoption.
+
 A unit is written back only with everything that makes it one: its origin (blocks committed by
 ``commit``) and, when the engine returns routes, its route record (fail closed: a unit without
 its routes is never written). Requests that force routes are neither written nor served.
@@ -49,6 +55,7 @@ from execstate.state.tiers.pool_units import PoolUnits, UnitOrigin
 from execstate.state.tiers.stats import TierSnapshot
 from execstate.state.tiers.store import UnitStore
 from execstate.state.tiers.unit import UnitLayout
+from execstate.state.tiers.unit_events import UnitEvents
 from execstate.transfer.handoff import resolve_secret
 from execstate.transfer.offload_loader import ReloadWorker
 from execstate.transfer.offload_writer import WriteBackWorker, WriteJob
@@ -78,8 +85,16 @@ class OffloadHost(Protocol):
     return_routes: bool
     kv_manager: KVCacheManager
     scheduler: Scheduler
+    kv_events: TierEvents | None
 
     def wake(self) -> None: ...
+
+
+class TierEvents(UnitEvents, Protocol):
+    """Where the tiers report their units (``engine/kv_events.py``'s ``KVEvents``), and ``flush``:
+    publish what was reported (any thread; never blocks)."""
+
+    def flush(self) -> int: ...
 
 logger = logging.getLogger("execstate.offload")
 STAGING_SLOTS = 64  # write-backs in flight to the lower tiers when DRAM is not a tier
@@ -116,25 +131,29 @@ class OffloadConnector:
         )
         unit = pool.unit_nbytes()
         dram_slots = cfg.offload_dram_bytes // unit
-        self.host = HostCache(dram_slots or STAGING_SLOTS, unit, cfg.offload_policy, visible=dram_slots > 0)
+        events = self.events = engine.kv_events
+        self.host = HostCache(dram_slots or STAGING_SLOTS, unit, cfg.offload_policy, visible=dram_slots > 0,
+                              events=events)
         self.instance_id = f"execstate-{uuid.uuid4().hex[:12]}"  # names this engine's manifests
         self.stores: list[UnitStore] = []
         self.redis: UnitStore | None = None
         self.manifests: ManifestStore | None = None
         if cfg.offload_disk_dir is not None:
-            self.stores.append(DiskStore(Path(cfg.offload_disk_dir), cfg.offload_disk_bytes, cfg.offload_policy))
+            self.stores.append(DiskStore(Path(cfg.offload_disk_dir), cfg.offload_disk_bytes, cfg.offload_policy,
+                                         events=events))
         if cfg.offload_redis_url is not None:
             from execstate.state.tiers.manifest_store import ManifestStore  # the client loads only when used
             from execstate.state.tiers.redis_store import RedisStore
 
             self.redis = RedisStore(cfg.offload_redis_url, cfg.offload_redis_bytes, cfg.offload_policy,
-                                    timeout_s=cfg.offload_timeout_s)
+                                    timeout_s=cfg.offload_timeout_s, events=events)
             self.stores.append(self.redis)
             self.manifests = ManifestStore(cfg.offload_redis_url, cfg.offload_timeout_s)
         self.secret = resolve_secret(cfg.offload_secret)
         secret = self.secret
         self.units = PoolUnits()
-        self.writer = WriteBackWorker(self.host, self.stores, self.layout, secret)
+        self.writer = WriteBackWorker(self.host, self.stores, self.layout, secret,
+                                      on_drained=None if events is None else events.flush)
         wake = weakref.WeakMethod(engine.wake)
         self.loader = ReloadWorker(pool, self.host, self.stores, self.layout, mc.num_experts if routes else None,
                                    secret, on_result=lambda: _call(wake))
@@ -144,6 +163,8 @@ class OffloadConnector:
         engine.scheduler.offload = self.loads
         closing: list[UnitStore | ManifestStore] = [*self.stores, *([self.manifests] if self.manifests else [])]
         self._closer = weakref.finalize(engine, _close, self.writer, self.loader, closing)
+        if events is not None:
+            events.flush()  # the units the disk tier found at start
 
     def tiers(self) -> list[HostCache | UnitStore]:
         """The tiers a lookup consults, in order (DRAM only when it is a tier)."""
@@ -211,7 +232,10 @@ class OffloadConnector:
         """Units among ``keys`` the Redis tier holds, now in its index (0 without one)."""
         from execstate.state.tiers.redis_store import RedisStore
 
-        return self.redis.adopt(keys) if isinstance(self.redis, RedisStore) else 0
+        found = self.redis.adopt(keys) if isinstance(self.redis, RedisStore) else 0
+        if found and self.events is not None:
+            self.events.flush()
+        return found
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until every write-back submitted so far is in its tiers (tests, benchmarks)."""

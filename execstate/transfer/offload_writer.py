@@ -10,7 +10,10 @@ thread ``execstate-offload-write``, per job in submission order:
 2. ``HostCache.seal``: the unit is visible in DRAM (when DRAM is a tier);
 3. the blob is ``put`` into each lower tier (disk, Redis) that does not hold the key yet
    (write-through: every tier gets every unit; each drops its own oldest when full);
-4. ``HostCache.unpin``: the slot may be reused (a staging-only slab frees it now).
+4. ``HostCache.unpin``: the slot may be reused (a staging-only slab frees it now);
+5. when no job is left, ``on_drained`` (the engine's ``KVEvents.flush``: the tiers reported
+   each unit they stored or dropped as it happened; a burst of write-backs is published as one
+   batch, also while the engine is idle). It must not block.
 
 A job never blocks the engine: the queue is bounded by the slab's slots (a reservation fails
 when every slot is pinned: the write-back is dropped). A tier that fails is skipped (counted,
@@ -27,7 +30,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from execstate.identity.keys import BlockKey
@@ -53,8 +56,9 @@ class _Stop:
 
 class WriteBackWorker:
     def __init__(self, host: HostCache, stores: Sequence[UnitStore], layout: UnitLayout,
-                 secret: bytes | None) -> None:
+                 secret: bytes | None, on_drained: Callable[[], object] | None = None) -> None:
         self.host = host
+        self.on_drained = on_drained
         self.stores = list(stores)
         self.layout = layout
         self.secret = secret
@@ -106,6 +110,7 @@ class WriteBackWorker:
             format_version=FORMAT_VERSION, key=job.key, parent=o.parent, root=o.root, token_ids=list(o.token_ids),
             layout=self.layout, kv_checksum=unit_digest(kv.data),
             routes_checksum=None if job.routes is None else unit_digest(job.routes),
+            weights_version=o.weights_version,
         ), self.secret)
         self.host.seal(job.key, record, job.routes)
         parts = None
@@ -120,6 +125,13 @@ class WriteBackWorker:
         try:
             self.host.unpin(job.key)
         finally:
+            with self._idle:
+                last = self._pending == 1
+            if last and self.on_drained is not None:  # before the count drops: flush() waits for it
+                try:
+                    self.on_drained()
+                except Exception:  # noqa: BLE001 - the events must never stop the write-backs
+                    logger.exception("offload write-back: on_drained failed")
             with self._idle:
                 self._pending -= 1
                 if self._pending == 0:

@@ -13,8 +13,12 @@ existing cluster::
     ray.init(address="auto")
     serve.run(fleet_app("smollm2-moe", replicas=3), name="execstate", route_prefix="/")
 
-``execstate serve MODEL --ray --replicas N`` does the same on a local cluster it starts
-(:func:`run_fleet`). Every replica gets the fleet's shared secret (``EXECSTATE_KV_SECRET``: the
+On several hosts (``ray start --head --node-ip-address H --resources '{"execstate_engine": 1}'``
+on one, ``ray start --address H:PORT --node-ip-address W --resources ...`` on the others), pass
+``replica_host=NODE_IP`` (each replica binds and advertises its node's address, so the others
+reach it) and ``replica_resources={"execstate_engine": 1}`` (one engine replica per node that
+offers the resource). ``execstate serve MODEL --ray --replicas N`` does the same on a local
+cluster it starts (:func:`run_fleet`). Every replica gets the fleet's shared secret (``EXECSTATE_KV_SECRET``: the
 caller's, else a fresh random one) so sessions can move between them.
 """
 
@@ -30,11 +34,12 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.deployment import Application
 
-from execstate.fleet.ray_app.engine_replica import EngineReplica
+from execstate.fleet.ray_app.engine_replica import NODE_IP, EngineReplica
 from execstate.fleet.ray_app.ingress import FleetIngress
 from execstate.fleet.ray_app.request_router import ExecstateRequestRouter
 from execstate.transfer.secrets import SECRET_ENV
 
+__all__ = ["NODE_IP", "fleet_app", "run_fleet"]
 INGRESS = "FleetIngress"
 ENGINES = "EngineReplica"
 APP_NAME = "execstate"
@@ -43,20 +48,28 @@ STATS_PERIOD_S = 0.5  # how often the router gets each replica's routing stats (
 
 def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = None,
               engine_kwargs: dict[str, Any] | None = None, router: dict[str, Any] | None = None,
-              app_name: str = APP_NAME, replica_cpus: float = 1.0, secret: str | None = None) -> Application:
+              app_name: str = APP_NAME, replica_cpus: float = 1.0, secret: str | None = None,
+              replica_host: str = "127.0.0.1", replica_resources: dict[str, float] | None = None) -> Application:
     """The application (module docstring). ``engine_kwargs``: ``EngineConfig`` fields of every
     replica; ``router``: ``request_router_kwargs`` (``policy`` and ``RouterKnobs`` fields);
-    ``replica_cpus``: Ray CPUs reserved per engine replica."""
+    ``replica_cpus``: Ray CPUs reserved per engine replica; ``replica_host``: the address each
+    replica binds and advertises (``NODE_IP``: its Ray node's); ``replica_resources``: custom Ray
+    resources each engine replica reserves (placement: only nodes started with them take one)."""
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
+    if not replica_host:
+        raise ValueError("replica_host must be an address or NODE_IP")
     env = {SECRET_ENV: secret or os.environ.get(SECRET_ENV) or secrets.token_hex(32)}
+    actor: dict[str, Any] = {"num_cpus": replica_cpus, "runtime_env": {"env_vars": env}}
+    if replica_resources:
+        actor["resources"] = dict(replica_resources)
     engines = serve.deployment(
         EngineReplica, name=ENGINES, num_replicas=replicas, max_ongoing_requests=64,
-        ray_actor_options={"num_cpus": replica_cpus, "runtime_env": {"env_vars": env}},
+        ray_actor_options=actor,
         request_router_config=RequestRouterConfig(
             request_router_class=ExecstateRequestRouter, request_router_kwargs=dict(router or {}),
             request_routing_stats_period_s=STATS_PERIOD_S, request_routing_stats_timeout_s=5.0),
-    ).bind(model, served_model_name or model, engine_kwargs or {}, "127.0.0.1", (INGRESS, app_name))
+    ).bind(model, served_model_name or model, engine_kwargs or {}, replica_host, (INGRESS, app_name))
     ingress = serve.deployment(FleetIngress, name=INGRESS, num_replicas=1, max_ongoing_requests=1000,
                                ray_actor_options={"num_cpus": 0})
     return ingress.bind(engines, model)

@@ -18,6 +18,13 @@ Call order: ``__init__`` (engine, app, server; registers with the ingress) → `
 ``record_routing_stats`` (Ray Serve calls it every ``request_routing_stats_period_s``) tells the
 router where this replica's KV events are, its provenance (the router computes the request's keys
 under it), its block size and load.
+
+Addresses: the replica binds its HTTP server, its KV events sockets and its KV connector's side
+channel (what a migration target pulls a session's KV through) on ``host`` and advertises the
+same address to the ingress, the router and the other replicas. ``127.0.0.1`` (the default) keeps
+a single-host fleet off the network; :data:`NODE_IP` (``"node"``) takes the address of the Ray
+node the replica runs on (``ray start --node-ip-address``), so replicas on several hosts reach
+each other's ports (docs/fleet.md "Several hosts").
 """
 
 from __future__ import annotations
@@ -53,7 +60,17 @@ logger = logging.getLogger("execstate.fleet")
 REPLICA_HEADER = "x-execstate-replica"
 VERSION_HEADER = "x-execstate-weights-version"  # the weights version that served the request
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
-KV_BOTH = '{"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}'
+KV_BOTH = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}
+NODE_IP = "node"  # a replica host meaning: the IP address of the Ray node the replica runs on
+
+
+def resolve_host(host: str) -> str:
+    """The address a replica binds and advertises: ``host``, or its Ray node's IP for :data:`NODE_IP`."""
+    if host == NODE_IP:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    return host
 
 
 def _free_port(host: str) -> int:
@@ -70,6 +87,7 @@ def replica_id() -> str:
 class EngineReplica:
     def __init__(self, model: str, served_model_name: str, engine_kwargs: dict[str, Any] | None = None,
                  host: str = "127.0.0.1", ingress: tuple[str, str] | None = None) -> None:
+        host = self.host = resolve_host(host)
         events = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://{host}:0",
                                 replay_endpoint=f"tcp://{host}:0")
         config = EngineConfig(model=model, kv_events=events, **(engine_kwargs or {}))
@@ -79,7 +97,8 @@ class EngineReplica:
         metrics = ServingMetrics()
         # the PD connector (kv_both) moves a migrated session's KV; hand-overs are signed with the
         # fleet's secret (EXECSTATE_KV_SECRET, set on every replica by fleet/ray_app/app.py)
-        trust = attach_kv_connector(self.engine, KVTransferConfig.from_json(KV_BOTH), metrics)
+        kv_both = KVTransferConfig(**KV_BOTH, kv_connector_extra_config={"side_channel_host": host})
+        trust = attach_kv_connector(self.engine, kv_both, metrics)
         self.app = build_app(self.engine, served_model_name, metrics=metrics, handoff_trust=trust,
                              migration_targets=MigrationTargets())
         port = _free_port(host)

@@ -142,9 +142,15 @@ def hibernate(sessions: LMSessions, session_id: str, access: Access = LOCAL) -> 
                                 "provenance; reset and step with reprefill=True first")
     bs = engine.block_size
     rows = state.routes.rows(0, state.routes.rows_known) if state.routes is not None else None
-    own = block_units(state.token_ids, state.root, state.blocks, rows, bs)
+    current = engine.kv_manager.root_key("free", state.cache_salt)
+
+    def version(root: BlockKey) -> str | None:  # named in the units' records (their KV events)
+        return engine.provenance.weights_version if root == current else None
+
+    own = block_units(state.token_ids, state.root, state.blocks, rows, bs, version(state.root))
     saved = [cp.saved for cp in [*rt.checkpoints, rt.origin] if isinstance(cp.saved, LMSaved) and not cp.released]
-    units = {u[1]: BlockUnit(*u) for s in saved for u in block_units(s.token_ids, s.root, s.blocks, s.routes, bs)}
+    units = {u[1]: BlockUnit(*u) for s in saved
+             for u in block_units(s.token_ids, s.root, s.blocks, s.routes, bs, version(s.root))}
     units.update({u[1]: BlockUnit(*u) for u in own})
     conn = engine.offload
     stored = conn.store_units(list(units.values())) if conn is not None else 0

@@ -39,8 +39,10 @@ from execstate.state.tiers.pool_units import UnitOrigin
 
 
 def block_units(token_ids: list[int] | tuple[int, ...], root: BlockKey, held: HeldBlocks | None,
-                rows: np.ndarray | None, block_size: int) -> list[tuple[int, BlockKey, UnitOrigin, bytes | None]]:
-    """``(block id, key, origin, route bytes)`` of each full block ``held`` has KV for."""
+                rows: np.ndarray | None, block_size: int,
+                weights_version: str | None = None) -> list[tuple[int, BlockKey, UnitOrigin, bytes | None]]:
+    """``(block id, key, origin, route bytes)`` of each full block ``held`` has KV for
+    (``weights_version``: the root's, named in the units' records; None when unknown)."""
     if held is None:
         return []
     n_full = min(held.num_tokens, len(token_ids)) // block_size
@@ -51,7 +53,8 @@ def block_units(token_ids: list[int] | tuple[int, ...], root: BlockKey, held: He
         r = None
         if rows is not None and len(rows) >= hi:
             r = np.ascontiguousarray(rows[lo:hi], dtype="<i2").tobytes()
-        out.append((held.block_ids[i], key, UnitOrigin(keys[i - 1] if i else root, root, tuple(token_ids[lo:hi])), r))
+        origin = UnitOrigin(keys[i - 1] if i else root, root, tuple(token_ids[lo:hi]), weights_version)
+        out.append((held.block_ids[i], key, origin, r))
     return out
 
 

@@ -12,7 +12,9 @@ provenance root, token ids, checksums), stored under the block's execution-state
   files, a Redis server;
 - :mod:`~execstate.state.tiers.pool_units`: what the pool's cached blocks were computed from
   (parent key, root, tokens), so an evicted block can be written back with its record;
-- :mod:`~execstate.state.tiers.stats`: per-tier counters for ``/metrics``.
+- :mod:`~execstate.state.tiers.stats`: per-tier counters for ``/metrics``;
+- :mod:`~execstate.state.tiers.unit_events`: where each tier reports the units it starts or
+  stops holding (the engine's KV events, medium ``dram`` / ``disk`` / ``shared``).
 
 The movers (write-back on eviction, verified asynchronous reload) are in ``transfer/``
 (``offload_writer.py``, ``offload_loader.py``, ``unit_checks.py``); the engine wires them in

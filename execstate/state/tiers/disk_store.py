@@ -12,6 +12,9 @@ Layout: ``<dir>/<first two hex digits>/<key hex>.unit``, each file one blob (``u
 - Files are not fsync'ed: the tier is a cache (a unit lost in a crash is recomputed).
 - Several engines may share a directory; each counts only the units it indexed against its own
   capacity and may delete units another one indexed (that one then recomputes them).
+- KV events (``events``, medium ``disk``): every change of the index is reported
+  (``unit_events.py``); the record a stored event names is read from the blob's head (the part
+  ``put`` writes first; at start, the file's first bytes).
 """
 
 from __future__ import annotations
@@ -24,19 +27,23 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from execstate.identity.keys import BlockKey
+from execstate.state.kv_events import DISK
 from execstate.state.tiers.stats import TierStats
 from execstate.state.tiers.store import Health, UnitIndex, UnitStore
+from execstate.state.tiers.unit import MAGIC, MAX_RECORD_BYTES, UnitRecord, read_record
+from execstate.state.tiers.unit_events import UnitEvents
 
 SUFFIX = ".unit"
+_HEAD_BYTES = 4096  # read at start to name a found unit in its event (a record is a few hundred bytes)
 
 
 class DiskStore(UnitStore):
     def __init__(self, directory: str | Path, capacity_bytes: int, policy: str = "lru", backoff_s: float = 5.0,
-                 name: str = "disk") -> None:
+                 name: str = "disk", events: UnitEvents | None = None) -> None:
         self.name = name
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.index = UnitIndex(capacity_bytes, policy)
+        self.index = UnitIndex(capacity_bytes, policy, events, DISK)
         self.stats = TierStats(name, capacity_bytes)
         self.health = Health(name, self.stats, backoff_s)
         self._tmp_tag = f".tmp-{os.getpid()}-"
@@ -75,7 +82,8 @@ class DiskStore(UnitStore):
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         self.health.succeeded()
-        self._drop(self.index.add(key, nbytes))
+        record = read_record(parts[0]) if self.index.events is not None and parts else None
+        self._drop(self.index.add(key, nbytes, record))
         self.stats.written()
         self._update_size()
         return True
@@ -114,6 +122,20 @@ class DiskStore(UnitStore):
     def _update_size(self) -> None:
         self.stats.set_size(len(self.index), self.index.nbytes)
 
+    def _read_record(self, key: BlockKey) -> UnitRecord | None:
+        """The record at the head of ``key``'s file (for its event; None without events)."""
+        if self.index.events is None:
+            return None
+        try:
+            with open(self.path_of(key), "rb") as f:
+                head = f.read(_HEAD_BYTES)
+                n = int.from_bytes(head[len(MAGIC) : len(MAGIC) + 4], "little") if len(head) >= len(MAGIC) + 4 else 0
+                if len(head) < len(MAGIC) + 4 + n <= len(MAGIC) + 4 + MAX_RECORD_BYTES:
+                    head += f.read(len(MAGIC) + 4 + n - len(head))
+        except OSError:
+            return None
+        return read_record(head)
+
     def _scan(self) -> None:
         found: list[tuple[float, BlockKey, int]] = []
         for sub in self.dir.iterdir():
@@ -135,5 +157,5 @@ class DiskStore(UnitStore):
                     found.append((st.st_mtime, key, st.st_size))
         for _, key, size in sorted(found):
             if self.index.fits(size):
-                self._drop(self.index.add(key, size))
+                self._drop(self.index.add(key, size, self._read_record(key)))
         self._update_size()

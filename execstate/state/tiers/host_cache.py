@@ -22,6 +22,10 @@ Life of an entry (every method holds the cache's lock; a slot is never handed ou
 
 Invariants (:meth:`check_integrity`): every slot is free or owned by exactly one entry; pins >= 0;
 the stats' unit count is the number of visible entries.
+
+KV events (``events``, medium ``dram``; a cache with ``visible=False`` has none to report): a
+``seal`` reports the unit stored (its record), a visible entry dropped (``full``) or discarded
+reports it removed, under the cache's lock (``unit_events.py``).
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from execstate.identity.keys import BlockKey
+from execstate.state.kv_events import DRAM
 from execstate.state.tiers.stats import TierStats
 from execstate.state.tiers.store import POLICIES
 from execstate.state.tiers.unit import UnitRecord
+from execstate.state.tiers.unit_events import UnitEvents
 
 
 @dataclass(slots=True)
@@ -49,7 +55,7 @@ class _Entry:
 
 class HostCache:
     def __init__(self, num_slots: int, unit_nbytes: int, policy: str = "lru", visible: bool = True,
-                 name: str = "dram") -> None:
+                 name: str = "dram", events: UnitEvents | None = None) -> None:
         if policy not in POLICIES:
             raise ValueError(f"offload policy must be one of {POLICIES}, got {policy!r}")
         if num_slots < 1 or unit_nbytes < 1:
@@ -57,6 +63,7 @@ class HostCache:
         self.name = name
         self.policy = policy
         self.visible = visible
+        self.events = events if visible else None
         self.unit_nbytes = unit_nbytes
         self.slab = np.empty((num_slots, unit_nbytes), dtype=np.uint8)
         self.stats = TierStats(name, num_slots * unit_nbytes if visible else 0)
@@ -74,6 +81,11 @@ class HostCache:
         """Entries pinned by a writer or a reader now (0 once every write-back and reload is done)."""
         with self._lock:
             return sum(1 for e in self._entries.values() if e.pins)
+
+    def list_keys(self) -> list[BlockKey]:
+        """The keys a lookup finds now (sealed, not discarded; none when not ``visible``)."""
+        with self._lock:
+            return [k for k, e in self._entries.items() if self.visible and e.record is not None and not e.dead]
 
     def view(self, slot: int) -> np.ndarray:
         return self.slab[slot]
@@ -106,6 +118,8 @@ class HostCache:
                 self._num_sealed += 1
                 self.stats.written()
                 self._update_size()
+                if self.events is not None:
+                    self.events.unit_stored(DRAM, key, record)
 
     def acquire(self, key: BlockKey) -> tuple[UnitRecord, bytes | None, np.ndarray] | None:
         """Pin a visible entry for reading: ``(record, route bytes, slot view)``; None if absent."""
@@ -135,6 +149,8 @@ class HostCache:
             if e.record is not None and self.visible:
                 self._num_sealed -= 1
                 self._update_size()
+                if self.events is not None:
+                    self.events.units_removed(DRAM, [key])
             e.dead = True
             if e.pins == 0:
                 self._free_entry(key, e)
@@ -161,6 +177,8 @@ class HostCache:
                 self._free_entry(key, e)
                 self.stats.dropped("full")
                 self._update_size()
+                if self.events is not None:
+                    self.events.units_removed(DRAM, [key])
                 return True
         return False
 

@@ -1,7 +1,8 @@
 """What each cached block of the pool was computed from, for its write-back (docs/offload.md).
 
 The block pool knows a cached block's key only; a unit's record also names its parent key, its
-provenance root and its tokens, which only the request that computed the block had. The KV cache
+provenance root, its tokens and its weights version, which only the request that computed the
+block had. The KV cache
 manager notes them here when it commits a block to the prefix cache (``note``); the write-back
 takes them when the pool evicts the block (``pop``). Engine thread only; pure Python.
 
@@ -20,6 +21,7 @@ class UnitOrigin(NamedTuple):
     parent: BlockKey
     root: BlockKey
     token_ids: tuple[int, ...]
+    weights_version: str | None = None  # the root's weights version, spelled out for the KV events
 
 
 class PoolUnits:
@@ -29,10 +31,11 @@ class PoolUnits:
     def __len__(self) -> int:
         return len(self._origins)
 
-    def note(self, key: BlockKey, parent: BlockKey, root: BlockKey, token_ids: list[int]) -> None:
+    def note(self, key: BlockKey, parent: BlockKey, root: BlockKey, token_ids: list[int],
+             weights_version: str | None = None) -> None:
         """``key`` was committed to the prefix cache, computed from ``parent`` and ``token_ids``
-        under ``root``."""
-        self._origins[key] = UnitOrigin(parent, root, tuple(token_ids))
+        under ``root`` (of ``weights_version``)."""
+        self._origins[key] = UnitOrigin(parent, root, tuple(token_ids), weights_version)
 
     def get(self, key: BlockKey) -> UnitOrigin | None:
         return self._origins.get(key)

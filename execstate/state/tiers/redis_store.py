@@ -14,6 +14,10 @@ One Redis string per unit: key ``<prefix><key hex>``, value the unit's blob (``u
   timeout per ``backoff_s``.
 - The index of what is stored is local (units this process wrote or read); a unit another
   replica wrote is found once it is in that index (docs/offload.md: what is left).
+- KV events (``events``, medium ``shared``): every change of that local index is reported
+  (``unit_events.py``), the record read from the blob's head (``adopt`` reads the first
+  ``HEAD_BYTES`` of each value). Units the server itself evicts (``maxmemory``) are reported when
+  this process finds them missing.
 """
 
 from __future__ import annotations
@@ -23,21 +27,26 @@ from collections.abc import Sequence
 import redis
 
 from execstate.identity.keys import BlockKey
+from execstate.state.kv_events import SHARED
 from execstate.state.tiers.stats import TierStats
 from execstate.state.tiers.store import Health, UnitIndex, UnitStore
+from execstate.state.tiers.unit import UnitRecord, read_record
+from execstate.state.tiers.unit_events import UnitEvents
 
 DEFAULT_PREFIX = "execstate:unit:v1:"
 _OOM_DROP = 8  # oldest units dropped before retrying a write the server refused for memory
+HEAD_BYTES = 4096  # what adopt reads of each value to name it in its event (a record is a few hundred bytes)
 
 
 class RedisStore(UnitStore):
     def __init__(self, url: str, capacity_bytes: int, policy: str = "lru", timeout_s: float = 1.0,
-                 backoff_s: float = 5.0, prefix: str = DEFAULT_PREFIX, name: str = "redis") -> None:
+                 backoff_s: float = 5.0, prefix: str = DEFAULT_PREFIX, name: str = "redis",
+                 events: UnitEvents | None = None) -> None:
         self.name = name
         self.url = url
         self.prefix = prefix
         self.client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-        self.index = UnitIndex(capacity_bytes, policy)
+        self.index = UnitIndex(capacity_bytes, policy, events, SHARED)
         self.stats = TierStats(name, capacity_bytes)
         self.health = Health(name, self.stats, backoff_s)
 
@@ -64,7 +73,7 @@ class RedisStore(UnitStore):
             except redis.exceptions.OutOfMemoryError:
                 self._delete(self._evict_oldest(_OOM_DROP))
                 wrote = self.client.set(self.redis_key(key), blob, nx=True)
-            self._delete(self.index.add(key, len(blob)))
+            self._delete(self.index.add(key, len(blob), self._record(parts[0])))
         except redis.exceptions.OutOfMemoryError:
             self.stats.dropped("full")
             return False
@@ -95,7 +104,7 @@ class RedisStore(UnitStore):
             self._update_size()
             return None
         if key not in self.index:
-            self._delete(self.index.add(key, len(data)))
+            self._delete(self.index.add(key, len(data), self._record(data)))
         else:
             self.index.touch(key)
         self._update_size()
@@ -107,19 +116,23 @@ class RedisStore(UnitStore):
         round trip; nothing on error (the units are then recomputed)."""
         if not keys or not self.health.available():
             return 0
+        heads = self.index.events is not None
         try:
             pipe = self.client.pipeline(transaction=False)
             for key in keys:
                 pipe.strlen(self.redis_key(key))
-            sizes = pipe.execute()
+                if heads:
+                    pipe.getrange(self.redis_key(key), 0, HEAD_BYTES - 1)
+            answers = pipe.execute()
         except redis.RedisError as e:
             self.health.failed(f"{type(e).__name__}: {e}")
             return 0
+        sizes = answers[:: 2 if heads else 1]
         found = 0
-        for key, size in zip(keys, sizes, strict=True):
+        for i, (key, size) in enumerate(zip(keys, sizes, strict=True)):
             if size and self.index.fits(int(size)):
                 if key not in self.index:
-                    self._delete(self.index.add(key, int(size)))
+                    self._delete(self.index.add(key, int(size), self._record(answers[2 * i + 1]) if heads else None))
                 found += 1
         self._update_size()
         return found
@@ -133,6 +146,10 @@ class RedisStore(UnitStore):
         self.client.close()
 
     # -- internals --------------------------------------------------------------------------------
+
+    def _record(self, head: bytes | memoryview) -> UnitRecord | None:
+        """The record at the head of a blob, for its event (None without events)."""
+        return read_record(head) if self.index.events is not None else None
 
     def _evict_oldest(self, n: int) -> list[BlockKey]:
         keys = self.index.oldest(n)

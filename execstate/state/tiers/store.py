@@ -21,6 +21,9 @@ Contract (the tests in ``tests/state/test_tier_stores.py`` check it for every ba
   found at start (disk); units the backend lost meanwhile make a later ``get`` return None.
 - Threads: ``contains`` runs on the engine thread, ``put`` on the write-back thread, ``get`` and
   ``discard`` on the reload thread; every method is thread-safe.
+- Events: a store built with a ``UnitEvents`` (``unit_events.py``) reports every change of its
+  index as it happens (:class:`UnitIndex` does it under its lock), naming a stored unit by the
+  record at the head of its blob (``unit.read_record``: the only part of a blob a store reads).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from collections.abc import Sequence
 
 from execstate.identity.keys import BlockKey
 from execstate.state.tiers.stats import TierStats
+from execstate.state.tiers.unit import UnitRecord
+from execstate.state.tiers.unit_events import UnitEvents
 
 POLICIES = ("lru", "fifo")
 logger = logging.getLogger("execstate.offload")
@@ -43,15 +48,21 @@ class UnitIndex:
     """Keys a store holds with their sizes, oldest first (thread-safe).
 
     ``add`` returns the keys to drop to make room (already removed from the index; the caller
-    deletes their data); ``touch`` marks a use (``lru`` only)."""
+    deletes their data); ``touch`` marks a use (``lru`` only). With ``events``, every change of
+    the set of keys is reported as it happens, under the index's lock (``unit_events.py``):
+    a key entering as stored in ``medium`` (with the record ``add`` was given), keys leaving
+    (dropped for room, removed) as removed."""
 
-    def __init__(self, capacity_bytes: int, policy: str = "lru") -> None:
+    def __init__(self, capacity_bytes: int, policy: str = "lru", events: UnitEvents | None = None,
+                 medium: str = "") -> None:
         if policy not in POLICIES:
             raise ValueError(f"offload policy must be one of {POLICIES}, got {policy!r}")
         if capacity_bytes < 0:
             raise ValueError(f"capacity must be >= 0 bytes, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
         self.policy = policy
+        self.events = events
+        self.medium = medium
         self._lock = threading.Lock()
         self._sizes: OrderedDict[BlockKey, int] = OrderedDict()
         self._nbytes = 0
@@ -70,9 +81,10 @@ class UnitIndex:
     def fits(self, nbytes: int) -> bool:
         return nbytes <= self.capacity_bytes
 
-    def add(self, key: BlockKey, nbytes: int) -> list[BlockKey]:
-        """Index ``key`` (``nbytes``); returns the oldest keys dropped to make room. ``ValueError``
-        when the unit alone exceeds the capacity (nothing changed)."""
+    def add(self, key: BlockKey, nbytes: int, record: UnitRecord | None = None) -> list[BlockKey]:
+        """Index ``key`` (``nbytes``; ``record``: what its events name); returns the oldest keys
+        dropped to make room. ``ValueError`` when the unit alone exceeds the capacity (nothing
+        changed)."""
         if not self.fits(nbytes):
             raise ValueError(f"a unit of {nbytes} bytes exceeds the tier's {self.capacity_bytes}")
         victims: list[BlockKey] = []
@@ -86,7 +98,17 @@ class UnitIndex:
                 victims.append(victim)
             self._sizes[key] = nbytes
             self._nbytes += nbytes
+            if self.events is not None:
+                if victims:
+                    self.events.units_removed(self.medium, victims)
+                if old is None:
+                    self.events.unit_stored(self.medium, key, record)
         return victims
+
+    def list_keys(self) -> list[BlockKey]:
+        """The indexed keys, oldest first (a snapshot)."""
+        with self._lock:
+            return list(self._sizes)
 
     def touch(self, key: BlockKey) -> None:
         if self.policy != "lru":
@@ -101,6 +123,8 @@ class UnitIndex:
             if size is None:
                 return False
             self._nbytes -= size
+            if self.events is not None:
+                self.events.units_removed(self.medium, [key])
             return True
 
     def oldest(self, n: int) -> list[BlockKey]:

@@ -17,7 +17,10 @@ absent for a dense model or without route return) and a :class:`UnitRecord`:
   sha256: as strong, and about 3.7x faster here (4.9 vs 1.3 GB/s on one core of the 2-core VM),
   which is most of what a reload from DRAM costs;
 - ``tag``: ``HMAC-SHA256(secret, DOMAIN + record encoded with tag=None)`` when the writer has a
-  secret (a shared tier's units then prove who wrote them), else ``None``.
+  secret (a shared tier's units then prove who wrote them), else ``None``;
+- ``weights_version``: the provenance's weights version, spelled out (the root already binds
+  it; the KV events a tier publishes name it: ``engine/kv_events.py``); ``None`` when the writer
+  did not know it. Signed with the rest.
 
 Blob (what disk files and Redis values hold)::
 
@@ -90,6 +93,7 @@ class UnitRecord(Struct, frozen=True, forbid_unknown_fields=True):
     kv_checksum: _Key
     routes_checksum: _Key | None
     tag: bytes | None = None
+    weights_version: str | None = None
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -102,8 +106,12 @@ def unit_digest(data) -> bytes:
 
 
 def _tag(record: UnitRecord, secret: bytes) -> bytes:
-    body = _ENCODER.encode(msgspec.structs.replace(record, tag=None))
-    return hmac.new(secret, DOMAIN + body, hashlib.sha256).digest()
+    body = msgspec.structs.replace(record, tag=None)
+    if body.weights_version is None:  # the bytes a record had before the field existed: their tags stay valid
+        fields = msgspec.structs.asdict(body)
+        del fields["weights_version"]
+        return hmac.new(secret, DOMAIN + _ENCODER.encode(fields), hashlib.sha256).digest()
+    return hmac.new(secret, DOMAIN + _ENCODER.encode(body), hashlib.sha256).digest()
 
 
 def sign(record: UnitRecord, secret: bytes | None) -> UnitRecord:
@@ -137,6 +145,23 @@ def pack_unit(
 
 def blob_nbytes(parts: Sequence[bytes | memoryview]) -> int:
     return sum(memoryview(p).nbytes for p in parts)
+
+
+def read_record(head: bytes | bytearray | memoryview) -> UnitRecord | None:
+    """The record at the start of a blob (``head``: its first part, or at least its first
+    ``12 + len(record)`` bytes), or None when it is not one; the rest of the blob is not looked
+    at (a tier names the unit in its KV events with it; the reader still checks everything)."""
+    view = memoryview(head).cast("B")
+    start = len(MAGIC) + 4
+    if len(view) < start or bytes(view[: len(MAGIC)]) != MAGIC:
+        return None
+    n = int.from_bytes(view[len(MAGIC) : start], "little")
+    if n > MAX_RECORD_BYTES or start + n > len(view):
+        return None
+    try:
+        return _DECODER.decode(view[start : start + n])
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
 
 
 def unpack_unit(blob: bytes | bytearray | memoryview) -> tuple[UnitRecord, memoryview | None, memoryview]:
