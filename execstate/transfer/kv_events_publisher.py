@@ -68,6 +68,9 @@ class ZmqEventPublisher:
             self._replay.bind(config.replay_endpoint)
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self.num_dropped = 0  # batches dropped because the queue was full
+        self._count_lock = threading.Lock()
+        self._accepted = 0  # batches publish() queued
+        self._handled = 0  # of those, sent or dropped by the publisher thread
         self._overflow = threading.Event()
         self._stop = threading.Event()
         self._closed = False
@@ -85,9 +88,23 @@ class ZmqEventPublisher:
         if self._closed:
             return
         try:
-            self._queue.put_nowait(batch)
+            with self._count_lock:
+                self._queue.put_nowait(batch)
+                self._accepted += 1
         except queue.Full:
             self._overflow.set()
+
+    def wait_sent(self, timeout: float = 5.0) -> bool:
+        """Wait until every batch queued before this call was sent (in the replay buffer, on the
+        PUB socket) or dropped; False if ``timeout`` passed first or the publisher is closed."""
+        with self._count_lock:
+            target = self._accepted
+        deadline = time.monotonic() + timeout
+        while self._handled < target:
+            if self._closed or time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
 
     def close(self, timeout: float = 5.0) -> None:
         """Send what is queued, stop the thread, close the sockets (idempotent)."""
@@ -128,6 +145,7 @@ class ZmqEventPublisher:
                 try:
                     self._queue.get_nowait()
                     dropped += 1
+                    self._handled += 1
                 except queue.Empty:
                     break
             self.num_dropped += dropped + 1
@@ -140,6 +158,7 @@ class ZmqEventPublisher:
                 return
             if batch is not None:
                 self._send(batch)
+            self._handled += 1
 
     def _send(self, batch: KVEventBatch) -> None:
         payload = encode_batch(batch)

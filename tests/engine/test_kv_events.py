@@ -113,7 +113,7 @@ def test_replay_from_zero_rebuilds_the_same_index_and_marks_the_end(small_llm):
     for i in range(4):
         llm.generate({"prompt_token_ids": prompt(20 + i, 30)}, GREEDY, use_tqdm=False)
     llm.engine.kv_events.flush()
-    time.sleep(0.2)
+    assert llm.engine.kv_events.publisher.wait_sent()
     batches = replay_all(llm.engine.kv_events.replay_endpoint, 0)
     assert [s for s, _ in batches] == list(range(len(batches)))
     assert isinstance(decode_batch(batches[0][1]).events[0], AllBlocksCleared)
@@ -133,7 +133,7 @@ def test_events_carry_the_weights_version(small_llm, moe_dir_other_weights):
     llm.engine.update_weights(load_hf_state_dict(moe_dir_other_weights), weights_version="v2")
     llm.generate({"prompt_token_ids": ids}, GREEDY, use_tqdm=False)
     llm.engine.kv_events.flush()
-    time.sleep(0.2)
+    assert llm.engine.kv_events.publisher.wait_sent()
     index = Index()
     for seq, payload in replay_all(llm.engine.kv_events.replay_endpoint, 0):
         index.apply(seq, payload)

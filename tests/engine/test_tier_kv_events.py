@@ -54,7 +54,8 @@ def settle(llm) -> None:
     """Let the write-backs finish and the publisher send what they reported. No ``flush`` of the
     events by the test: the write-back thread publishes its tiers' events itself."""
     assert llm.engine.offload.flush()
-    time.sleep(0.15)  # the publisher thread sends its queue every 20 ms
+    time.sleep(0.15)  # the write-back thread reports its tiers' events once its queue is empty
+    assert llm.engine.kv_events.publisher.wait_sent()
 
 
 def follow(index: MediaIndex, llm) -> None:

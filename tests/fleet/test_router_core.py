@@ -44,7 +44,7 @@ def model_dir(tmp_path_factory):
 def record(llm: LLM) -> list[tuple[int, KVEventBatch]]:
     """The engine's whole stream so far, from its replay socket (what a late subscriber gets)."""
     llm.engine.kv_events.flush()
-    time.sleep(0.1)
+    assert llm.engine.kv_events.publisher.wait_sent()
     return [(s, decode_batch(p)) for s, p in replay_all(llm.engine.kv_events.replay_endpoint)]
 
 
