@@ -40,13 +40,17 @@ from ray import serve
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
+from execstate.fleet.ray_app.session_copies import CopyLoop
+from execstate.fleet.ray_app.session_settings import SessionSettings
 from execstate.fleet.ray_app.version_gate import VersionGate
 from execstate.fleet.router.policy import RouteRequest
-from execstate.serve.app import build_app
+from execstate.serve.app import build_app, serve_policy
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.metrics import ServingMetrics
 from execstate.serve.server import attach_kv_connector
 from execstate.serve.sessions.targets import MigrationTargets
+from execstate.session.lm.async_sessions import AsyncSessions
+from execstate.session.lm.hibernation import engine_id
 from execstate.transfer.kv_events_config import KVEventsConfig
 
 logger = logging.getLogger("execstate.fleet")
@@ -69,7 +73,8 @@ def replica_id() -> str:
 
 class EngineReplica:
     def __init__(self, model: str, served_model_name: str, engine_kwargs: dict[str, Any] | None = None,
-                 host: str = "127.0.0.1", ingress: tuple[str, str] | None = None) -> None:
+                 host: str = "127.0.0.1", ingress: tuple[str, str] | None = None,
+                 sessions: SessionSettings | None = None) -> None:
         events = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://{host}:0",
                                 replay_endpoint=f"tcp://{host}:0")
         config = EngineConfig(model=model, kv_events=events, **(engine_kwargs or {}))
@@ -80,8 +85,16 @@ class EngineReplica:
         # the PD connector (kv_both) moves a migrated session's KV; hand-overs are signed with the
         # fleet's secret (EXECSTATE_KV_SECRET, set on every replica by fleet/ray_app/app.py)
         trust = attach_kv_connector(self.engine, KVTransferConfig.from_json(KV_BOTH), metrics)
+        rs = sessions or SessionSettings()
+        policy = serve_policy(hibernate_after_s=rs.hibernate_after_s)
+        self.sessions = AsyncSessions(self.engine, policy)
         self.app = build_app(self.engine, served_model_name, metrics=metrics, handoff_trust=trust,
-                             migration_targets=MigrationTargets())
+                             migration_targets=MigrationTargets(), sessions=self.sessions, policy=policy,
+                             keys=rs.keys())
+        self.engine_id, shared = self.engine.call(lambda e: (engine_id(e), e.offload is not None
+                                                             and e.offload.manifests is not None))
+        self.copies = CopyLoop(self.engine, self.sessions, rs.copy_every_s).start() \
+            if shared and rs.copy_every_s is not None else None
         port = _free_port(host)
         self.url = f"http://{host}:{port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning"))
@@ -103,7 +116,8 @@ class EngineReplica:
     def _register(self, deployment: str, app_name: str) -> None:
         """Announce this replica to the ingress (retried while the ingress starts)."""
         info = {"replica_id": self.replica_id, "url": self.url, "kv_events": self.kv_endpoint,
-                "kv_replay": self.kv_replay_endpoint, "pid": os.getpid()}
+                "kv_replay": self.kv_replay_endpoint, "pid": os.getpid(), "engine_id": self.engine_id,
+                "shared_copies": self.copies is not None}
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -170,7 +184,14 @@ class EngineReplica:
     async def healthy(self, _route: RouteRequest | None = None) -> bool:
         return self.engine.is_healthy
 
+    async def copies_made(self, _route: RouteRequest | None = None) -> dict[str, int]:
+        """Session id -> the step index of its last copy in the shared tier (tests, bench)."""
+        return dict(self.copies.copies.last) if self.copies is not None else {}
+
     def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.copies is not None:
+                self.copies.stop()
         with contextlib.suppress(Exception):
             self.server.should_exit = True
             self._thread.join(5)

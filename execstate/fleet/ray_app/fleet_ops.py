@@ -37,6 +37,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from execstate.fleet.ray_app.liveness import actor_alive
 from execstate.fleet.ray_app.prompt_route import SessionOwners
 from execstate.fleet.router.policy import RouteRequest
 
@@ -88,7 +89,7 @@ class FleetOps:
         """Forget registered replicas whose actor is gone (a killed replica: Ray no longer finds its
         actor by name, the replica's full id). The ids forgotten."""
         ing = self.ingress
-        gone = [rid for rid in sorted(ing.replicas) if not await asyncio.to_thread(_actor_alive, rid)]
+        gone = [rid for rid in sorted(ing.replicas) if not await asyncio.to_thread(actor_alive, rid)]
         for rid in gone:
             ing.replicas.pop(rid, None)
             ing.draining.discard(rid)
@@ -114,7 +115,7 @@ class FleetOps:
             head, chunks = await ing.send(here, "POST", f"/v1/sessions/{sid}/migrate", "", headers, payload)
             answer = b"".join([c async for c in chunks])
             if head["status"] == 200:
-                ing.owners.set(caller, sid, target["replica_id"])
+                ing.owners.set(caller, sid, target["replica_id"], engine_id=target.get("engine_id"))
                 moved.append({"session_id": sid, "target": target["replica_id"]})
             else:
                 failed.append({"session_id": sid, "status": head["status"], "error": answer.decode(errors="replace")})
@@ -144,16 +145,6 @@ class FleetOps:
                 if not held:
                     ing.draining.discard(rid)
         return {"versions": versions}
-
-
-def _actor_alive(replica_id: str) -> bool:
-    import ray
-
-    try:
-        ray.get_actor(replica_id, namespace="serve")
-    except ValueError:
-        return False
-    return True
 
 
 def _error(status: int, message: str) -> JSONResponse:

@@ -1,0 +1,173 @@
+"""The ingress's session requests, and the resume of a lost replica's sessions (docs/fleet.md
+"A replica lost").
+
+:meth:`SessionRouting.send` forwards a ``/v1/sessions/{id}...`` request to the replica holding
+the session (``SessionOwners``). When that replica is **lost** — the forward failed before an
+answer and Ray reports the replica's actor dead (or the error is Ray's ``ActorDiedError``), or
+Ray already dropped it and another replica answered instead, or a fleet operation already forgot
+it — the session is resumed on another replica from its copy in the shared tier
+(``session/lm/shared_copy.py``: the replicas copy their live sessions every ``copy_every_s``;
+a hibernated session's manifest is its copy), then the request is sent there:
+
+1. one resume per session at a time (an ``asyncio.Lock`` per session): a request that waited
+   finds the session already moved and follows it;
+2. the target: a live, non-draining replica with a shared tier, the one holding the fewest
+   sessions;
+3. a signed reference (``hibernation_import.make_reference``, the fleet's secret) to the
+   manifest key ``<lost replica's engine id>:<tenant>:<session id>``, bound to the target's
+   engine id, a nonce, the tenant, 60 s; ``POST /v1/sessions/import {"reference"}`` on the target
+   verifies it and **claims** the manifest (an atomic delete in Redis: of any number of replicas
+   or ingresses trying, one wins; at most one replica serves the session);
+4. the owner map then names the target: the session's next steps continue from its copy's step
+   (the steps after the copy are lost, with the replica).
+
+Ownership: the owner map is keyed by the caller's credential digest, the tenant in the
+reference is the one recorded when the session was opened (the fleet's ``KeyRing``), and the
+target creates the session under the manifest's tenant, checked equal to the reference's: a
+request of another tenant never finds, resumes or gets the session.
+
+A session that cannot be resumed (no copy: never copied, closed, or the shared tier unreachable)
+is answered ``404`` with ``type: session_lost`` and forgotten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from ray.exceptions import RayActorError
+from ray.serve.handle import DeploymentHandle
+
+from execstate.fleet.ray_app.liveness import actor_alive
+from execstate.fleet.ray_app.prompt_route import Held, SessionOwners
+from execstate.fleet.router.policy import RouteRequest
+from execstate.session.lm.hibernation_import import make_reference
+from execstate.state.tiers.manifest_store import manifest_key
+
+logger = logging.getLogger("execstate.fleet")
+REFERENCE_TTL_S = 60.0
+Headers = list[tuple[str, str]]
+
+
+class Ingress(Protocol):
+    """What the session routing uses of the ingress (``ingress.py``'s ``FleetIngress``)."""
+
+    engines: DeploymentHandle
+    owners: SessionOwners
+    replicas: dict[str, dict[str, Any]]
+    draining: set[str]
+
+    async def send(self, route: RouteRequest, method: str, path: str, query: str, headers: Headers,
+                   body: bytes) -> tuple[dict[str, Any], AsyncIterator[bytes]]: ...
+
+
+class SessionLost(Exception):
+    """The session's replica is lost and the session could not be resumed elsewhere."""
+
+    def __init__(self, session_id: str, why: str) -> None:
+        super().__init__(f"the replica holding session {session_id!r} was lost and the session could not be "
+                         f"resumed from the shared tier: {why}")
+
+
+class SessionRouting:
+    def __init__(self, ingress: Ingress, secret: bytes | None) -> None:
+        self.ingress = ingress
+        self.secret = secret
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self.resumed: list[dict[str, Any]] = []  # one entry per session resumed (GET /v1/fleet/replicas, bench)
+
+    async def send(self, caller: str, session_id: str, method: str, path: str, query: str, headers: Headers,
+                   body: bytes) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
+        """Forward a session's request to its replica, resuming the session first if the replica
+        is lost (module docstring); ``SessionLost`` when it cannot be resumed."""
+        ing = self.ingress
+        held = ing.owners.held(caller, session_id)
+        if held is None:  # not opened here: any replica answers (not_found, or a path that needs none)
+            return await ing.send(RouteRequest(), method, path, query, headers, body)
+        if held.replica_id not in ing.replicas:
+            held = await self.resume(caller, session_id, held)
+        try:
+            head, chunks = await ing.send(RouteRequest(session_replica=held.replica_id), method, path, query,
+                                          headers, body)
+        except RuntimeError as e:  # failed before answering
+            if not await self._lost(held.replica_id, e.__cause__):
+                raise
+        else:
+            if head["replica"] == held.replica_id or not await self._lost(held.replica_id, None):
+                return head, chunks
+            await _discard(chunks)  # Ray had dropped the lost replica: another one answered instead
+        held = await self.resume(caller, session_id, held)
+        return await ing.send(RouteRequest(session_replica=held.replica_id), method, path, query, headers, body)
+
+    async def resume(self, caller: str, session_id: str, lost: Held) -> Held:
+        """Resume the session held by the lost ``lost.replica_id`` on another replica (module
+        docstring); where it is now."""
+        ing = self.ingress
+        lock = self._locks.setdefault((caller, session_id), asyncio.Lock())
+        async with lock:
+            held = ing.owners.held(caller, session_id)
+            if held is None:
+                raise SessionLost(session_id, "it was forgotten meanwhile")
+            if held.replica_id != lost.replica_id:
+                return held  # a request that held the lock before resumed it
+            try:
+                return await self._resume(caller, session_id, held)
+            except SessionLost:
+                ing.owners.drop(caller, session_id)
+                raise
+            finally:
+                self._locks.pop((caller, session_id), None)
+
+    async def _resume(self, caller: str, session_id: str, held: Held) -> Held:
+        ing = self.ingress
+        if self.secret is None or held.engine_id is None or held.tenant is None:
+            raise SessionLost(session_id, "the fleet has no shared secret, or the session's engine or tenant is "
+                              "unknown")
+        ing.replicas.pop(held.replica_id, None)
+        ing.draining.discard(held.replica_id)
+        load = {rid: len(ing.owners.held_by(rid)) for rid in ing.replicas}
+        targets = sorted((rid for rid, info in ing.replicas.items() if rid not in ing.draining
+                          and info.get("shared_copies") and info.get("engine_id")), key=lambda r: (load[r], r))
+        key = manifest_key(held.engine_id, held.tenant, session_id)
+        why = "no live replica with a shared tier to resume it on"
+        t0 = time.monotonic()
+        for rid in targets[:2]:
+            target = ing.replicas[rid]
+            ref = make_reference(self.secret, key, session_id, held.tenant, target["engine_id"], REFERENCE_TTL_S)
+            payload = json.dumps({"reference": base64.b64encode(ref).decode()}).encode()
+            try:
+                head, chunks = await ing.send(RouteRequest(session_replica=rid), "POST", "/v1/sessions/import", "",
+                                              [("content-type", "application/json")], payload)
+            except RuntimeError as e:
+                why = f"replica {rid} failed: {e}"
+                continue
+            answer = b"".join([c async for c in chunks])
+            if head["status"] == 200 and head["replica"] == rid:
+                info = json.loads(answer)
+                ing.owners.set(caller, session_id, rid, engine_id=target["engine_id"])
+                self.resumed.append({"session_id": session_id, "from": held.replica_id, "to": rid,
+                                     "step_index": info.get("step_index"), "seconds": time.monotonic() - t0,
+                                     "at": time.time()})
+                logger.info("session %s of lost replica %s resumed on %s at step %s", session_id,
+                            held.replica_id, rid, info.get("step_index"))
+                return ing.owners.held(caller, session_id) or Held(rid)
+            why = f"replica {rid} answered {head['status']}: {answer.decode(errors='replace')[:300]}"
+            if head["status"] in (404, 409):
+                break  # no copy (never copied, closed, expired) or claimed by another: no other target helps
+        raise SessionLost(session_id, why)
+
+    async def _lost(self, replica_id: str, error: BaseException | None) -> bool:
+        """Whether ``replica_id`` is gone: Ray said its actor died, or no longer finds it."""
+        if isinstance(error, RayActorError):
+            return True
+        return not await asyncio.to_thread(actor_alive, replica_id)
+
+
+async def _discard(chunks: AsyncIterator[bytes]) -> None:
+    async for _ in chunks:
+        pass
