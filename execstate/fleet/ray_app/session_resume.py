@@ -9,8 +9,9 @@ it — the session is resumed on another replica from its copy in the shared tie
 (``session/lm/shared_copy.py``: the replicas copy their live sessions every ``copy_every_s``;
 a hibernated session's manifest is its copy), then the request is sent there:
 
-1. one resume per session at a time (an ``asyncio.Lock`` per session): a request that waited
-   finds the session already moved and follows it;
+1. one resume per session at a time (an ``asyncio.Lock`` per session, which a drain also holds
+   while it moves the session: :meth:`SessionRouting.holding`): a request that waited finds the
+   session already moved and follows it;
 2. the target: a live, non-draining replica with a shared tier, the one holding the fewest
    sessions;
 3. a signed reference (``hibernation_import.make_reference``, the fleet's secret) to the
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import time
@@ -86,6 +88,10 @@ class SessionRouting:
         """Forward a session's request to its replica, resuming the session first if the replica
         is lost (module docstring); ``SessionLost`` when it cannot be resumed."""
         ing = self.ingress
+        lock = self._locks.get((caller, session_id))
+        if lock is not None and lock.locked():  # moving (a drain) or being resumed: wait, then follow it
+            async with lock:
+                pass
         held = ing.owners.held(caller, session_id)
         if held is None:  # not opened here: any replica answers (not_found, or a path that needs none)
             return await ing.send(RouteRequest(), method, path, query, headers, body)
@@ -104,6 +110,17 @@ class SessionRouting:
         held = await self.resume(caller, session_id, held)
         return await ing.send(RouteRequest(session_replica=held.replica_id), method, path, query, headers, body)
 
+    @contextlib.asynccontextmanager
+    async def holding(self, caller: str, session_id: str) -> AsyncIterator[None]:
+        """Hold the session's requests in the ingress while the caller moves it (a drain)."""
+        lock = self._locks.setdefault((caller, session_id), asyncio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and self._locks.get((caller, session_id)) is lock:
+                self._locks.pop((caller, session_id), None)
+
     async def resume(self, caller: str, session_id: str, lost: Held) -> Held:
         """Resume the session held by the lost ``lost.replica_id`` on another replica (module
         docstring); where it is now."""
@@ -120,8 +137,8 @@ class SessionRouting:
             except SessionLost:
                 ing.owners.drop(caller, session_id)
                 raise
-            finally:
-                self._locks.pop((caller, session_id), None)
+        if not lock.locked() and self._locks.get((caller, session_id)) is lock:
+            self._locks.pop((caller, session_id), None)
 
     async def _resume(self, caller: str, session_id: str, held: Held) -> Held:
         ing = self.ingress
