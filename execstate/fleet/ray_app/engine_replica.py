@@ -9,7 +9,11 @@ request to that local server and streams the answer back, chunk by chunk (SSE in
 naming the replica and the weights version that served it (``version_gate.py``: a request holds
 a reading pass to its last chunk, a weight update the writing pass, so none straddles a switch). The
 same port is where other replicas deliver migrated sessions (two-phase hand-over, signed with the
-fleet's shared secret ``EXECSTATE_KV_SECRET``).
+fleet's shared secret ``EXECSTATE_KV_SECRET``) and where the ingress wakes a lost replica's session
+from its copy in the shared tier (``POST /v1/sessions/import {"reference"}``). With a Redis tier
+(``offload_redis_url``), a :class:`~execstate.fleet.ray_app.session_copies.CopyLoop` copies the
+replica's live sessions there every ``SessionSettings.copy_every_s``; idle sessions hibernate after
+``hibernate_after_s``; ``api_keys_file`` names the tenants (``session_settings.py``).
 
 Call order: ``__init__`` (engine, app, server; registers with the ingress) → ``forward`` /
 ``describe`` / ``set_migration_peers`` / ``update_weights`` any number of times →
@@ -183,10 +187,6 @@ class EngineReplica:
 
     async def healthy(self, _route: RouteRequest | None = None) -> bool:
         return self.engine.is_healthy
-
-    async def copies_made(self, _route: RouteRequest | None = None) -> dict[str, int]:
-        """Session id -> the step index of its last copy in the shared tier (tests, bench)."""
-        return dict(self.copies.copies.last) if self.copies is not None else {}
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

@@ -80,7 +80,8 @@ class FleetIngress:
                 head, stream = await self.sessions.send(caller, sid, request.method, path, request.url.query,
                                                         headers, body)
             except SessionLost as e:
-                return JSONResponse({"error": {"message": str(e), "type": "session_lost", "code": 404}}, 404)
+                status = 503 if e.retry else 404
+                return JSONResponse({"error": {"message": str(e), "type": "session_lost", "code": status}}, status)
         else:
             route = await asyncio.to_thread(prompt_route, request.method, path, body, self.tokenizer)
             head, stream = await self.send(route, request.method, path, request.url.query, headers, body)

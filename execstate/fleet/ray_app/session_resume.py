@@ -27,8 +27,10 @@ reference is the one recorded when the session was opened (the fleet's ``KeyRing
 target creates the session under the manifest's tenant, checked equal to the reference's: a
 request of another tenant never finds, resumes or gets the session.
 
-A session that cannot be resumed (no copy: never copied, closed, or the shared tier unreachable)
-is answered ``404`` with ``type: session_lost`` and forgotten.
+A session that cannot be resumed is answered with ``type: session_lost``: ``404`` and forgotten
+when it has no copy (never copied, closed, expired, claimed elsewhere); ``503`` and kept when
+it may resume later (no live replica with a shared tier yet — Ray's replacement is starting — or
+the shared tier unreachable): its next request tries again.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorDiedError
 from ray.serve.handle import DeploymentHandle
 
 from execstate.fleet.ray_app.liveness import actor_alive
@@ -69,11 +71,15 @@ class Ingress(Protocol):
 
 
 class SessionLost(Exception):
-    """The session's replica is lost and the session could not be resumed elsewhere."""
+    """The session's replica is lost and the session could not be resumed elsewhere: for good
+    (``retry`` False: no copy of it; the ingress forgets it, 404) or for now (``retry``: no replica
+    to resume it on, the shared tier unreachable; 503, the next request tries again)."""
 
-    def __init__(self, session_id: str, why: str) -> None:
+    def __init__(self, session_id: str, why: str, retry: bool = False) -> None:
+        self.retry = retry
+        later = "; try again later" if retry else ""
         super().__init__(f"the replica holding session {session_id!r} was lost and the session could not be "
-                         f"resumed from the shared tier: {why}")
+                         f"resumed from the shared tier: {why}{later}")
 
 
 class SessionRouting:
@@ -95,7 +101,7 @@ class SessionRouting:
         held = ing.owners.held(caller, session_id)
         if held is None:  # not opened here: any replica answers (not_found, or a path that needs none)
             return await ing.send(RouteRequest(), method, path, query, headers, body)
-        if held.replica_id not in ing.replicas:
+        if held.replica_id not in ing.replicas and await self._lost(held.replica_id, None):
             held = await self.resume(caller, session_id, held)
         try:
             head, chunks = await ing.send(RouteRequest(session_replica=held.replica_id), method, path, query,
@@ -134,8 +140,9 @@ class SessionRouting:
                 return held  # a request that held the lock before resumed it
             try:
                 return await self._resume(caller, session_id, held)
-            except SessionLost:
-                ing.owners.drop(caller, session_id)
+            except SessionLost as e:
+                if not e.retry:
+                    ing.owners.drop(caller, session_id)
                 raise
         if not lock.locked() and self._locks.get((caller, session_id)) is lock:
             self._locks.pop((caller, session_id), None)
@@ -145,13 +152,13 @@ class SessionRouting:
         if self.secret is None or held.engine_id is None or held.tenant is None:
             raise SessionLost(session_id, "the fleet has no shared secret, or the session's engine or tenant is "
                               "unknown")
-        ing.replicas.pop(held.replica_id, None)
+        ing.replicas.pop(held.replica_id, None)  # Ray reported it dead (``send``)
         ing.draining.discard(held.replica_id)
         load = {rid: len(ing.owners.held_by(rid)) for rid in ing.replicas}
         targets = sorted((rid for rid, info in ing.replicas.items() if rid not in ing.draining
                           and info.get("shared_copies") and info.get("engine_id")), key=lambda r: (load[r], r))
         key = manifest_key(held.engine_id, held.tenant, session_id)
-        why = "no live replica with a shared tier to resume it on"
+        why, retry = "no live replica with a shared tier to resume it on", True
         t0 = time.monotonic()
         for rid in targets[:2]:
             target = ing.replicas[rid]
@@ -161,7 +168,7 @@ class SessionRouting:
                 head, chunks = await ing.send(RouteRequest(session_replica=rid), "POST", "/v1/sessions/import", "",
                                               [("content-type", "application/json")], payload)
             except RuntimeError as e:
-                why = f"replica {rid} failed: {e}"
+                why, retry = f"replica {rid} failed: {e}", True
                 continue
             answer = b"".join([c async for c in chunks])
             if head["status"] == 200 and head["replica"] == rid:
@@ -174,13 +181,14 @@ class SessionRouting:
                             held.replica_id, rid, info.get("step_index"))
                 return ing.owners.held(caller, session_id) or Held(rid)
             why = f"replica {rid} answered {head['status']}: {answer.decode(errors='replace')[:300]}"
+            retry = head["status"] >= 500  # the shared tier unreachable: the copy may still be there
             if head["status"] in (404, 409):
                 break  # no copy (never copied, closed, expired) or claimed by another: no other target helps
-        raise SessionLost(session_id, why)
+        raise SessionLost(session_id, why, retry)
 
     async def _lost(self, replica_id: str, error: BaseException | None) -> bool:
         """Whether ``replica_id`` is gone: Ray said its actor died, or no longer finds it."""
-        if isinstance(error, RayActorError):
+        if isinstance(error, ActorDiedError):
             return True
         return not await asyncio.to_thread(actor_alive, replica_id)
 
