@@ -118,7 +118,8 @@ class SessionRouting:
 
     @contextlib.asynccontextmanager
     async def holding(self, caller: str, session_id: str) -> AsyncIterator[None]:
-        """Hold the session's requests in the ingress while the caller moves it (a drain)."""
+        """Hold the session's requests in the ingress while the caller moves it (a drain, a
+        resume); one holder at a time."""
         lock = self._locks.setdefault((caller, session_id), asyncio.Lock())
         try:
             async with lock:
@@ -131,8 +132,7 @@ class SessionRouting:
         """Resume the session held by the lost ``lost.replica_id`` on another replica (module
         docstring); where it is now."""
         ing = self.ingress
-        lock = self._locks.setdefault((caller, session_id), asyncio.Lock())
-        async with lock:
+        async with self.holding(caller, session_id):
             held = ing.owners.held(caller, session_id)
             if held is None:
                 raise SessionLost(session_id, "it was forgotten meanwhile")
@@ -144,8 +144,6 @@ class SessionRouting:
                 if not e.retry:
                     ing.owners.drop(caller, session_id)
                 raise
-        if not lock.locked() and self._locks.get((caller, session_id)) is lock:
-            self._locks.pop((caller, session_id), None)
 
     async def _resume(self, caller: str, session_id: str, held: Held) -> Held:
         ing = self.ingress
