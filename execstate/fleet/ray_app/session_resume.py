@@ -42,6 +42,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ray.exceptions import ActorDiedError
@@ -82,11 +83,17 @@ class SessionLost(Exception):
                          f"resumed from the shared tier: {why}{later}")
 
 
+@dataclass
+class _Hold:
+    lock: asyncio.Lock
+    users: int = 0  # holders inside or waiting
+
+
 class SessionRouting:
     def __init__(self, ingress: Ingress, secret: bytes | None) -> None:
         self.ingress = ingress
         self.secret = secret
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._locks: dict[tuple[str, str], _Hold] = {}
         self.resumed: list[dict[str, Any]] = []  # one entry per session resumed (GET /v1/fleet/replicas, bench)
 
     async def send(self, caller: str, session_id: str, method: str, path: str, query: str, headers: Headers,
@@ -94,9 +101,9 @@ class SessionRouting:
         """Forward a session's request to its replica, resuming the session first if the replica
         is lost (module docstring); ``SessionLost`` when it cannot be resumed."""
         ing = self.ingress
-        lock = self._locks.get((caller, session_id))
-        if lock is not None and lock.locked():  # moving (a drain) or being resumed: wait, then follow it
-            async with lock:
+        hold = self._locks.get((caller, session_id))
+        if hold is not None and hold.lock.locked():  # moving (a drain) or being resumed: wait, then follow it
+            async with hold.lock:
                 pass
         held = ing.owners.held(caller, session_id)
         if held is None:  # not opened here: any replica answers (not_found, or a path that needs none)
@@ -119,14 +126,19 @@ class SessionRouting:
     @contextlib.asynccontextmanager
     async def holding(self, caller: str, session_id: str) -> AsyncIterator[None]:
         """Hold the session's requests in the ingress while the caller moves it (a drain, a
-        resume); one holder at a time."""
-        lock = self._locks.setdefault((caller, session_id), asyncio.Lock())
+        resume); one holder at a time (the lock is forgotten once no holder waits for it)."""
+        key = (caller, session_id)
+        hold = self._locks.get(key)
+        if hold is None:
+            hold = self._locks[key] = _Hold(asyncio.Lock())
+        hold.users += 1
         try:
-            async with lock:
+            async with hold.lock:
                 yield
         finally:
-            if not lock.locked() and self._locks.get((caller, session_id)) is lock:
-                self._locks.pop((caller, session_id), None)
+            hold.users -= 1
+            if hold.users == 0:
+                self._locks.pop(key, None)
 
     async def resume(self, caller: str, session_id: str, lost: Held) -> Held:
         """Resume the session held by the lost ``lost.replica_id`` on another replica (module
