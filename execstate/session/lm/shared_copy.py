@@ -17,7 +17,8 @@ loop, every ``copy_every_s``):
    found gone (a hibernation's wake claims the manifest key), submitting its new units to the
    tiers' write-back; lists the copies of sessions no longer here (closed, expired, migrated
    away) to delete. A HIBERNATED session's manifest is its copy (nothing built); a STEPPING or
-   MIGRATING one is copied at a later sweep.
+   MIGRATING one is copied at a later sweep; one held by a live connection (a realtime socket:
+   it ends with its connection) is not copied.
 2. :meth:`SharedCopies.publish` on **any other thread**: waits for the units' writes (``flush``),
    puts each new manifest, deletes the stale ones, and checks (one pipelined ``EXISTS``) that the
    unchanged copies are still there; a missing one is rebuilt at the next sweep.
@@ -122,8 +123,8 @@ class SharedCopies:
             if rt.status is SessionStatus.HIBERNATED:
                 self._copied.pop(sid, None)  # its manifest is the copy; copied again once it wakes
                 continue
-            if rt.status is not SessionStatus.OPEN or not isinstance(rt.state, LMState):
-                continue
+            if rt.status is not SessionStatus.OPEN or rt.holder is not None or not isinstance(rt.state, LMState):
+                continue  # busy, ended, or operated through a live connection (which ends with it)
             known = self._copied.get(sid)
             if known is not None and bytes(known[0]) == bytes(rt.state_key()):
                 check.append((sid, known[1]))
