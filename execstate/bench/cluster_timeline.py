@@ -2,7 +2,8 @@
 PNG, two panels sharing the time axis, the drain (shaded) and the kill (a line) marked on both:
 
 - top: the live sessions each replica holds over time (a session belongs to the replica that
-  served its latest successful step);
+  served its latest successful step; after the kill, the killed replica's sessions not resumed yet
+  are drawn dotted grey);
 - bottom: steps served per second by each replica, and the steps that failed (red crosses, at the
   time they were sent), with the moments the ingress resumed a lost replica's sessions (ticks).
 
@@ -46,9 +47,16 @@ def plot_timeline(report: dict[str, Any], path: str, bin_s: float = 1.0) -> None
         for rid in names:
             held[rid].append(sum(1 for h in home.values() if h == rid))
     bins = np.arange(0.0, end + bin_s, bin_s)
+    victim, t_kill = marks["victim"], marks["kill"]
     for k, rid in enumerate(names):
         color = _COLORS[k % len(_COLORS)]
-        top.step(grid, held[rid], where="post", color=color, label=f"{names[rid]}")
+        counts_held = np.array(held[rid], dtype=float)
+        if rid == victim:  # after the kill: the dead replica's sessions not resumed yet, drawn apart
+            waiting = np.where(grid >= t_kill, counts_held, np.nan)
+            top.step(grid, waiting, where="post", color="grey", linestyle=":",
+                     label=f"{names[rid]}'s sessions after the kill, not yet resumed")
+            counts_held = np.where(grid >= t_kill, np.nan, counts_held)
+        top.step(grid, counts_held, where="post", color=color, label=f"{names[rid]}")
         done = [s["end"] for s in steps if s["status"] == 200 and s["replica"] == rid]
         counts, _ = np.histogram(done, bins=bins)
         bottom.step(bins[:-1], counts / bin_s, where="post", color=color, label=f"{names[rid]} steps/s")
@@ -61,7 +69,7 @@ def plot_timeline(report: dict[str, Any], path: str, bin_s: float = 1.0) -> None
     drain, kill = report["drain"], report["kill"]
     for ax in (top, bottom):
         ax.axvspan(marks["drain_start"], marks["drain_end"], color="gold", alpha=0.35)
-        ax.axvline(marks["kill"], color="red", linestyle="--")
+        ax.axvline(t_kill, color="red", linestyle="--")
     ymax = top.get_ylim()[1]
     top.text(marks["drain_start"], ymax * 0.95, f" drain {names[drain['replica']]}: {drain['moved']} moved,\n"
              f" {drain['lost']} lost, {drain['seconds']:.2f} s", fontsize=8, va="top")
