@@ -79,7 +79,7 @@ class FleetOps:
             ing = self.ingress
             return JSONResponse({"replicas": [{**info, "draining": rid in ing.draining, "served": ing.served[rid]}
                                               for rid, info in sorted(ing.replicas.items())],
-                                 "retried": ing.retried, "resumed": ing.sessions.resumed})
+                                 "retried": ing.retried, "resumed": list(ing.sessions.resumed)})
         if (method, path) == ("POST", "/v1/fleet/drain"):
             rid = body.get("replica")
             if rid not in self.ingress.replicas:

@@ -39,7 +39,7 @@ from execstate.engine.tokenizer import Tokenizer
 from execstate.fleet.ray_app.engine_replica import REPLICA_HEADER
 from execstate.fleet.ray_app.fleet_ops import FleetOps
 from execstate.fleet.ray_app.prompt_route import SessionOwners, caller_of, prompt_route, session_of
-from execstate.fleet.ray_app.session_resume import SessionLost, SessionRouting
+from execstate.fleet.ray_app.session_resume import SessionLost, SessionResumed, SessionRouting
 from execstate.fleet.ray_app.session_settings import SessionSettings
 from execstate.fleet.router.policy import RouteRequest
 from execstate.model.registry import resolve_model
@@ -82,6 +82,9 @@ class FleetIngress:
             except SessionLost as e:
                 status = 503 if e.retry else 404
                 return JSONResponse({"error": {"message": str(e), "type": "session_lost", "code": status}}, status)
+            except SessionResumed as e:
+                return JSONResponse({"error": {"message": str(e), "type": "session_resumed", "code": 503},
+                                     "step_index": e.step_index}, 503)
         else:
             route = await asyncio.to_thread(prompt_route, request.method, path, body, self.tokenizer)
             head, stream = await self.send(route, request.method, path, request.url.query, headers, body)

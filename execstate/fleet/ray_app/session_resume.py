@@ -22,6 +22,13 @@ a hibernated session's manifest is its copy), then the request is sent there:
 4. the owner map then names the target: the session's next steps continue from its copy's step
    (the steps after the copy are lost, with the replica).
 
+The request that found the replica lost is then sent to the target if nothing of it can have
+been applied (the replica was known lost before it was sent, or another replica answered
+instead) or if it only reads (``GET``); a request that was on the lost replica when it died may
+have been applied, and even copied, before the death, so it is not sent again: it is answered
+``503`` with ``type: session_resumed`` and the ``step_index`` the session resumed at
+(:class:`SessionResumed`), and the client resends it if that step does not include it.
+
 Ownership: the owner map is keyed by the caller's credential digest, the tenant in the
 reference is the one recorded when the session was opened (the fleet's ``KeyRing``), and the
 target creates the session under the manifest's tenant, checked equal to the reference's: a
@@ -41,6 +48,7 @@ import contextlib
 import json
 import logging
 import time
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -56,6 +64,8 @@ from execstate.state.tiers.manifest_store import manifest_key
 
 logger = logging.getLogger("execstate.fleet")
 REFERENCE_TTL_S = 60.0
+MAX_LOG = 10_000  # resumes remembered
+SAFE_METHODS = ("GET", "HEAD")  # sent again after a resume; any other request is answered SessionResumed
 Headers = list[tuple[str, str]]
 
 
@@ -69,6 +79,19 @@ class Ingress(Protocol):
 
     async def send(self, route: RouteRequest, method: str, path: str, query: str, headers: Headers,
                    body: bytes) -> tuple[dict[str, Any], AsyncIterator[bytes]]: ...
+
+
+class SessionResumed(Exception):
+    """The request was sent to the session's replica, which was lost before answering; the
+    session is resumed elsewhere at ``step_index``, but the request is not sent again: it may have
+    been applied (and copied) before the replica died, and a step applied twice is not the same
+    session. The client checks ``step_index`` and resends what is missing."""
+
+    def __init__(self, session_id: str, step_index: int | None) -> None:
+        self.step_index = step_index
+        super().__init__(f"the replica holding session {session_id!r} was lost while this request was on it; the "
+                         f"session was resumed on another replica at step {step_index} from its copy in the shared "
+                         "tier: send the request again if that step does not include it")
 
 
 class SessionLost(Exception):
@@ -94,7 +117,8 @@ class SessionRouting:
         self.ingress = ingress
         self.secret = secret
         self._locks: dict[tuple[str, str], _Hold] = {}
-        self.resumed: list[dict[str, Any]] = []  # one entry per session resumed (GET /v1/fleet/replicas, bench)
+        self.resumed: deque[dict[str, Any]] = deque(maxlen=MAX_LOG)  # each resume (GET /v1/fleet/replicas, bench)
+        self._steps: OrderedDict[tuple[str, str], int | None] = OrderedDict()  # the step each resumed at
 
     async def send(self, caller: str, session_id: str, method: str, path: str, query: str, headers: Headers,
                    body: bytes) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
@@ -116,12 +140,19 @@ class SessionRouting:
         except RuntimeError as e:  # failed before answering
             if not await self._lost(held.replica_id, e.__cause__):
                 raise
+            held = await self.resume(caller, session_id, held)
+            if method not in SAFE_METHODS:  # it may have been applied (and even copied) before the replica died
+                raise SessionResumed(session_id, self.step_of(caller, session_id)) from None
         else:
             if head["replica"] == held.replica_id or not await self._lost(held.replica_id, None):
                 return head, chunks
-            await _discard(chunks)  # Ray had dropped the lost replica: another one answered instead
-        held = await self.resume(caller, session_id, held)
+            await _discard(chunks)  # Ray had dropped the lost replica: another one answered (not_found) instead
+            held = await self.resume(caller, session_id, held)
         return await ing.send(RouteRequest(session_replica=held.replica_id), method, path, query, headers, body)
+
+    def step_of(self, caller: str, session_id: str) -> int | None:
+        """The step index the session was last resumed at."""
+        return self._steps.get((caller, session_id))
 
     @contextlib.asynccontextmanager
     async def holding(self, caller: str, session_id: str) -> AsyncIterator[None]:
@@ -184,6 +215,9 @@ class SessionRouting:
             if head["status"] == 200 and head["replica"] == rid:
                 info = json.loads(answer)
                 ing.owners.set(caller, session_id, rid, engine_id=target["engine_id"])
+                self._steps[(caller, session_id)] = info.get("step_index")
+                while len(self._steps) > MAX_LOG:
+                    self._steps.popitem(last=False)
                 self.resumed.append({"session_id": session_id, "from": held.replica_id, "to": rid,
                                      "step_index": info.get("step_index"), "seconds": time.monotonic() - t0,
                                      "at": time.time()})
