@@ -74,8 +74,8 @@ def _run_sessions(args: argparse.Namespace) -> int:
                           live_sessions=args.live_sessions)
     report = run_sessions_bench(args.model, sc)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
+        with open(args.out, "w") as f:  # compact: every step of the run is in its timeline
+            json.dump(report, f, separators=(",", ":"))
     if args.png:
         plot_timeline(report, args.png)
     print(json.dumps(report, indent=2) if args.json else format_sessions_table(report))

@@ -113,8 +113,8 @@ def run_sessions_bench(model: str = "tiny", scenario: SessionsScenario | None = 
             redis.kill()
     report["load_after"] = loadavg()
     report.update(summarize_sessions(timeline, report["replicas"].get("resumed", [])))
-    report["timeline"] = {"steps": [asdict(s) for s in timeline.steps], "homes": timeline.homes,
-                          "marks": timeline.marks}
+    steps = [{k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(s).items()} for s in timeline.steps]
+    report["timeline"] = {"steps": steps, "homes": timeline.homes, "marks": timeline.marks}
     return report
 
 
