@@ -16,6 +16,7 @@ from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.llm_engine import LLMEngine
 from execstate.session.lm.async_sessions import AsyncSessions
 from execstate.session.lm.shared_copy import CopySweep, SharedCopies
+from execstate.state.tiers.manifest_store import ManifestStore
 
 logger = logging.getLogger("execstate.fleet")
 
@@ -39,13 +40,13 @@ class CopyLoop:
 
     def turn(self) -> int:
         """One sweep (build on the engine thread, publish here); the copies put."""
-        def due(e: LLMEngine) -> tuple[CopySweep, object]:
+        def due(e: LLMEngine) -> tuple[CopySweep, ManifestStore | None]:
             return self.copies.due(self.sessions.lm_sessions(e)), e.offload.manifests if e.offload else None
 
         sweep, manifests = self.engine.call(due, timeout=30)
         if manifests is None:
             return 0
-        return self.copies.publish(sweep, manifests)  # type: ignore[arg-type]
+        return self.copies.publish(sweep, manifests)
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
