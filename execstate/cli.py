@@ -369,6 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "prefix, load, session affinity) (default: one engine, no Ray)")
     g.add_argument("--replicas", type=int, default=2,
                    help="engine replicas of the fleet (--ray) (default: %(default)s)")
+    g.add_argument("--session-copy-every", type=float, default=1.0, metavar="SECONDS",
+                   help="with --ray and --offload-redis-url: each replica copies its live sessions that changed "
+                        "to the shared tier this often, so a lost replica's sessions resume on another one (the "
+                        "steps after the last copy are lost); 0: never (default: %(default)s)")
     s.set_defaults(func=_serve)
 
     px = sub.add_parser("proxy", help="prefill/decode disaggregation proxy")

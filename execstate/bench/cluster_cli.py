@@ -31,12 +31,21 @@ def add_cluster_parser(bsub: argparse._SubParsersAction) -> None:
                     help="also: a run of execstate's router at the largest replica count that SIGKILLs a replica")
     bc.add_argument("--kill-after", type=float, default=0.3,
                     help="with --kill: the fraction of the requests finished when the replica is killed")
-    bc.add_argument("--png", default=None, help="write the plot (TTFT vs replicas per router) here")
+    bc.add_argument("--scenario", choices=("routers", "sessions"), default="routers",
+                    help="'routers': the workload for each replica count and router; 'sessions': live sessions "
+                         "through a drain and a SIGKILL on one timeline (a redis-server as the shared tier; "
+                         "--replicas' largest count, --live-sessions) (default: %(default)s)")
+    bc.add_argument("--live-sessions", type=int, default=10,
+                    help="--scenario sessions: the sessions the drained replica holds (default: %(default)s)")
+    bc.add_argument("--png", default=None, help="write the plot (TTFT vs replicas per router; --scenario sessions: "
+                                                "the timeline of the drain and the kill) here")
     bc.add_argument("--out", default=None, help="write the report (JSON) here")
     bc.add_argument("--json", action="store_true")
 
 
 def run_cluster_cli(args: argparse.Namespace) -> int:
+    if args.scenario == "sessions":
+        return _run_sessions(args)
     from execstate.bench.cluster import run_cluster_bench
     from execstate.bench.cluster_report import format_cluster_table, plot_cluster
     from execstate.bench.cluster_workload import ClusterWorkload
@@ -55,3 +64,19 @@ def run_cluster_cli(args: argparse.Namespace) -> int:
         plot_cluster(report, args.png)
     print(json.dumps(report, indent=2) if args.json else format_cluster_table(report))
     return 0 if all(r["errors"] == 0 for r in report["runs"]) else 1
+
+
+def _run_sessions(args: argparse.Namespace) -> int:
+    from execstate.bench.cluster_sessions import SessionsScenario, run_sessions_bench
+    from execstate.bench.cluster_timeline import format_sessions_table, plot_timeline
+
+    sc = SessionsScenario(replicas=max(3, max(int(n) for n in args.replicas.split(","))),
+                          live_sessions=args.live_sessions)
+    report = run_sessions_bench(args.model, sc)
+    if args.out:
+        with open(args.out, "w") as f:  # compact: every step of the run is in its timeline
+            json.dump(report, f, separators=(",", ":"))
+    if args.png:
+        plot_timeline(report, args.png)
+    print(json.dumps(report, indent=2) if args.json else format_sessions_table(report))
+    return 0 if report["drain"]["lost"] == 0 and report["kill"]["lost"] == 0 else 1

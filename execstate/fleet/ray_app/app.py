@@ -18,8 +18,10 @@ on one, ``ray start --address H:PORT --node-ip-address W --resources ...`` on th
 ``replica_host=NODE_IP`` (each replica binds and advertises its node's address, so the others
 reach it) and ``replica_resources={"execstate_engine": 1}`` (one engine replica per node that
 offers the resource). ``execstate serve MODEL --ray --replicas N`` does the same on a local
-cluster it starts (:func:`run_fleet`). Every replica gets the fleet's shared secret (``EXECSTATE_KV_SECRET``: the
-caller's, else a fresh random one) so sessions can move between them.
+cluster it starts (:func:`run_fleet`). Every replica gets the fleet's shared secret
+(``EXECSTATE_KV_SECRET``: the caller's, else a fresh random one) so sessions can move between
+them; the ingress gets it too (it signs the references that resume a lost replica's sessions from
+the shared tier, ``shared_tier``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ray.serve.deployment import Application
 from execstate.fleet.ray_app.engine_replica import NODE_IP, EngineReplica
 from execstate.fleet.ray_app.ingress import FleetIngress
 from execstate.fleet.ray_app.request_router import ExecstateRequestRouter
+from execstate.fleet.ray_app.session_settings import SessionSettings
 from execstate.transfer.secrets import SECRET_ENV
 
 __all__ = ["NODE_IP", "fleet_app", "run_fleet"]
@@ -49,16 +52,24 @@ STATS_PERIOD_S = 0.5  # how often the router gets each replica's routing stats (
 def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = None,
               engine_kwargs: dict[str, Any] | None = None, router: dict[str, Any] | None = None,
               app_name: str = APP_NAME, replica_cpus: float = 1.0, secret: str | None = None,
-              replica_host: str = "127.0.0.1", replica_resources: dict[str, float] | None = None) -> Application:
+              replica_host: str = "127.0.0.1", replica_resources: dict[str, float] | None = None,
+              shared_tier: str | None = None, sessions: SessionSettings | None = None) -> Application:
     """The application (module docstring). ``engine_kwargs``: ``EngineConfig`` fields of every
     replica; ``router``: ``request_router_kwargs`` (``policy`` and ``RouterKnobs`` fields);
     ``replica_cpus``: Ray CPUs reserved per engine replica; ``replica_host``: the address each
     replica binds and advertises (``NODE_IP``: its Ray node's); ``replica_resources``: custom Ray
-    resources each engine replica reserves (placement: only nodes started with them take one)."""
+    resources each engine replica reserves (placement: only nodes started with them take one);
+    ``shared_tier``: a Redis URL, every replica's shared tier (``offload_redis_url``), where
+    replicas keep copies of their live sessions so a lost replica's sessions resume elsewhere;
+    ``sessions``: hibernation, copy period, API keys (``session_settings.py``)."""
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     if not replica_host:
         raise ValueError("replica_host must be an address or NODE_IP")
+    engine_kwargs = dict(engine_kwargs or {})
+    if shared_tier is not None:
+        engine_kwargs["offload_redis_url"] = shared_tier
+    settings = sessions or SessionSettings()
     env = {SECRET_ENV: secret or os.environ.get(SECRET_ENV) or secrets.token_hex(32)}
     actor: dict[str, Any] = {"num_cpus": replica_cpus, "runtime_env": {"env_vars": env}}
     if replica_resources:
@@ -69,10 +80,10 @@ def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = Non
         request_router_config=RequestRouterConfig(
             request_router_class=ExecstateRequestRouter, request_router_kwargs=dict(router or {}),
             request_routing_stats_period_s=STATS_PERIOD_S, request_routing_stats_timeout_s=5.0),
-    ).bind(model, served_model_name or model, engine_kwargs or {}, replica_host, (INGRESS, app_name))
+    ).bind(model, served_model_name or model, engine_kwargs, replica_host, (INGRESS, app_name), settings)
     ingress = serve.deployment(FleetIngress, name=INGRESS, num_replicas=1, max_ongoing_requests=1000,
-                               ray_actor_options={"num_cpus": 0})
-    return ingress.bind(engines, model)
+                               ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": env}})
+    return ingress.bind(engines, model, settings)
 
 
 def run_fleet(args: argparse.Namespace) -> int:
@@ -85,8 +96,9 @@ def run_fleet(args: argparse.Namespace) -> int:
     kwargs = {"block_size": args.block_size, "seed": args.seed, "enable_return_routed_experts":
               args.enable_return_routed_experts, "max_model_len": args.max_model_len, "dtype": args.dtype,
               "kernels": args.kernels}
-    serve.run(fleet_app(str(args.model), args.replicas, args.served_model_name, kwargs), name=APP_NAME,
-              route_prefix="/")
+    settings = SessionSettings(args.session_hibernate_after, args.session_copy_every or None, args.api_keys_file)
+    serve.run(fleet_app(str(args.model), args.replicas, args.served_model_name, kwargs,
+                        shared_tier=args.offload_redis_url, sessions=settings), name=APP_NAME, route_prefix="/")
     print(f"execstate fleet: {args.replicas} replicas of {args.model} on http://{args.host}:{args.port} "
           "(Ray Serve; /v1/fleet/replicas lists them)", flush=True)
     try:

@@ -9,7 +9,11 @@ request to that local server and streams the answer back, chunk by chunk (SSE in
 naming the replica and the weights version that served it (``version_gate.py``: a request holds
 a reading pass to its last chunk, a weight update the writing pass, so none straddles a switch). The
 same port is where other replicas deliver migrated sessions (two-phase hand-over, signed with the
-fleet's shared secret ``EXECSTATE_KV_SECRET``).
+fleet's shared secret ``EXECSTATE_KV_SECRET``) and where the ingress wakes a lost replica's session
+from its copy in the shared tier (``POST /v1/sessions/import {"reference"}``). With a Redis tier
+(``offload_redis_url``), a :class:`~execstate.fleet.ray_app.session_copies.CopyLoop` copies the
+replica's live sessions there every ``SessionSettings.copy_every_s``; idle sessions hibernate after
+``hibernate_after_s``; ``api_keys_file`` names the tenants (``session_settings.py``).
 
 Call order: ``__init__`` (engine, app, server; registers with the ingress) → ``forward`` /
 ``describe`` / ``set_migration_peers`` / ``update_weights`` any number of times →
@@ -47,13 +51,17 @@ from ray import serve
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
+from execstate.fleet.ray_app.session_copies import CopyLoop
+from execstate.fleet.ray_app.session_settings import SessionSettings
 from execstate.fleet.ray_app.version_gate import VersionGate
 from execstate.fleet.router.policy import RouteRequest
-from execstate.serve.app import build_app
+from execstate.serve.app import build_app, serve_policy
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.metrics import ServingMetrics
 from execstate.serve.server import attach_kv_connector
 from execstate.serve.sessions.targets import MigrationTargets
+from execstate.session.lm.async_sessions import AsyncSessions
+from execstate.session.lm.hibernation import engine_id
 from execstate.transfer.kv_events_config import KVEventsConfig
 
 logger = logging.getLogger("execstate.fleet")
@@ -86,7 +94,8 @@ def replica_id() -> str:
 
 class EngineReplica:
     def __init__(self, model: str, served_model_name: str, engine_kwargs: dict[str, Any] | None = None,
-                 host: str = "127.0.0.1", ingress: tuple[str, str] | None = None) -> None:
+                 host: str = "127.0.0.1", ingress: tuple[str, str] | None = None,
+                 sessions: SessionSettings | None = None) -> None:
         host = self.host = resolve_host(host)
         events = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://{host}:0",
                                 replay_endpoint=f"tcp://{host}:0")
@@ -99,8 +108,16 @@ class EngineReplica:
         # fleet's secret (EXECSTATE_KV_SECRET, set on every replica by fleet/ray_app/app.py)
         kv_both = KVTransferConfig(**KV_BOTH, kv_connector_extra_config={"side_channel_host": host})
         trust = attach_kv_connector(self.engine, kv_both, metrics)
+        rs = sessions or SessionSettings()
+        policy = serve_policy(hibernate_after_s=rs.hibernate_after_s)
+        self.sessions = AsyncSessions(self.engine, policy)
         self.app = build_app(self.engine, served_model_name, metrics=metrics, handoff_trust=trust,
-                             migration_targets=MigrationTargets())
+                             migration_targets=MigrationTargets(), sessions=self.sessions, policy=policy,
+                             keys=rs.keys())
+        self.engine_id, shared = self.engine.call(lambda e: (engine_id(e), e.offload is not None
+                                                             and e.offload.manifests is not None))
+        self.copies = CopyLoop(self.engine, self.sessions, rs.copy_every_s).start() \
+            if shared and rs.copy_every_s is not None else None
         port = _free_port(host)
         self.url = f"http://{host}:{port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning"))
@@ -122,7 +139,8 @@ class EngineReplica:
     def _register(self, deployment: str, app_name: str) -> None:
         """Announce this replica to the ingress (retried while the ingress starts)."""
         info = {"replica_id": self.replica_id, "url": self.url, "kv_events": self.kv_endpoint,
-                "kv_replay": self.kv_replay_endpoint, "pid": os.getpid()}
+                "kv_replay": self.kv_replay_endpoint, "pid": os.getpid(), "engine_id": self.engine_id,
+                "shared_copies": self.copies is not None}
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -190,6 +208,9 @@ class EngineReplica:
         return self.engine.is_healthy
 
     def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.copies is not None:
+                self.copies.stop()
         with contextlib.suppress(Exception):
             self.server.should_exit = True
             self._thread.join(5)

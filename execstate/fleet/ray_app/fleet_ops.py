@@ -1,14 +1,17 @@
 """The fleet's operations, served by the ingress under ``/v1/fleet/`` (docs/fleet.md).
 
 - ``GET /v1/fleet/replicas``: the engine replicas that registered (id, URL, KV events
-  endpoints, PID), which are draining, how many requests each answered through this ingress, and
-  how many requests were retried on another replica (``retried``).
+  endpoints, PID, engine id), which are draining, how many requests each answered through this
+  ingress, how many requests were retried on another replica (``retried``), and the sessions of
+  lost replicas resumed on another one (``resumed``: session, from, to, step index, seconds).
 - ``POST /v1/fleet/drain`` ``{"replica": id, "timeout_s"?}``: take the replica out of service
   and lose nothing: (1) the router stops sending it new requests (it is excluded from every
   route); (2) its migration allow-list is set to the other replicas' URLs; (3) each live session
   it holds is migrated to another replica with the two-phase hand-over (issue 19: the session is
   served by the source until the target committed, never by both), the target chosen round-robin
-  among the others, and the ingress then routes the session there; (4) the replica's requests in
+  among the others, and the ingress then routes the session there (while a session moves, its new
+  requests wait in the ingress; a step already running ends first: the migration, refused
+  ``busy`` meanwhile, is retried); (4) the replica's requests in
   flight finish (it is polled until idle or ``timeout_s``). The answer lists every session moved
   or failed (a failed one is still served by the source, which stays excluded from new routes),
   and the seconds it took.
@@ -37,8 +40,12 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from execstate.fleet.ray_app.liveness import actor_alive
 from execstate.fleet.ray_app.prompt_route import SessionOwners
+from execstate.fleet.ray_app.session_resume import SessionRouting
 from execstate.fleet.router.policy import RouteRequest
+
+BUSY_RETRY_S = 0.05  # a drain retries a session refused ``busy`` (a step in flight) this often
 
 
 class Ingress(Protocol):
@@ -50,6 +57,7 @@ class Ingress(Protocol):
     draining: set[str]
     served: Counter[str]
     retried: int
+    sessions: SessionRouting
 
     async def send(self, route: RouteRequest, method: str, path: str, query: str, headers: list[tuple[str, str]],
                    body: bytes) -> tuple[dict[str, Any], AsyncIterator[bytes]]: ...
@@ -71,7 +79,7 @@ class FleetOps:
             ing = self.ingress
             return JSONResponse({"replicas": [{**info, "draining": rid in ing.draining, "served": ing.served[rid]}
                                               for rid, info in sorted(ing.replicas.items())],
-                                 "retried": ing.retried})
+                                 "retried": ing.retried, "resumed": list(ing.sessions.resumed)})
         if (method, path) == ("POST", "/v1/fleet/drain"):
             rid = body.get("replica")
             if rid not in self.ingress.replicas:
@@ -88,7 +96,7 @@ class FleetOps:
         """Forget registered replicas whose actor is gone (a killed replica: Ray no longer finds its
         actor by name, the replica's full id). The ids forgotten."""
         ing = self.ingress
-        gone = [rid for rid in sorted(ing.replicas) if not await asyncio.to_thread(_actor_alive, rid)]
+        gone = [rid for rid in sorted(ing.replicas) if not await asyncio.to_thread(actor_alive, rid)]
         for rid in gone:
             ing.replicas.pop(rid, None)
             ing.draining.discard(rid)
@@ -111,11 +119,18 @@ class FleetOps:
             target = others[i % len(others)]
             headers = [("content-type", "application/json")] + ([("authorization", auth)] if auth else [])
             payload = json.dumps({"target": target["url"]}).encode()
-            head, chunks = await ing.send(here, "POST", f"/v1/sessions/{sid}/migrate", "", headers, payload)
-            answer = b"".join([c async for c in chunks])
+            t1 = time.monotonic()
+            async with ing.sessions.holding(caller, sid):  # the session's new requests wait for the move
+                while True:
+                    head, chunks = await ing.send(here, "POST", f"/v1/sessions/{sid}/migrate", "", headers, payload)
+                    answer = b"".join([c async for c in chunks])
+                    if head["status"] != 409 or b'"busy"' not in answer or time.monotonic() > t0 + timeout_s:
+                        break
+                    await asyncio.sleep(BUSY_RETRY_S)  # a step in flight: it ends, then the session moves
+                if head["status"] == 200:
+                    ing.owners.set(caller, sid, target["replica_id"], engine_id=target.get("engine_id"))
             if head["status"] == 200:
-                ing.owners.set(caller, sid, target["replica_id"])
-                moved.append({"session_id": sid, "target": target["replica_id"]})
+                moved.append({"session_id": sid, "target": target["replica_id"], "seconds": time.monotonic() - t1})
             else:
                 failed.append({"session_id": sid, "status": head["status"], "error": answer.decode(errors="replace")})
         idle = await self._wait_idle(here, t0 + timeout_s)
@@ -144,16 +159,6 @@ class FleetOps:
                 if not held:
                     ing.draining.discard(rid)
         return {"versions": versions}
-
-
-def _actor_alive(replica_id: str) -> bool:
-    import ray
-
-    try:
-        ray.get_actor(replica_id, namespace="serve")
-    except ValueError:
-        return False
-    return True
 
 
 def _error(status: int, message: str) -> JSONResponse:

@@ -10,7 +10,9 @@
   and salt, or the replica holding the session) and calls ``EngineReplica.forward`` through the
   engine deployment's handle, so the fleet's ``RequestRouter`` picks the replica; the answer is
   streamed back as it comes (SSE stays SSE) with the header ``x-execstate-replica`` naming the
-  replica that served it. ``POST /v1/sessions`` records which replica opened the session;
+  replica that served it. ``POST /v1/sessions`` records which replica opened the session (and
+  its engine id and tenant); a session request goes there (``session_resume.py``: resumed on
+  another replica from the shared tier when that replica is lost);
   ``DELETE /v1/sessions/{id}`` forgets it. A replica that fails before answering (gone, dead) is
   excluded and the request retried elsewhere, at most ``MAX_ATTEMPTS`` times; once an answer has
   started, a failure ends the stream.
@@ -31,22 +33,27 @@ from typing import Any
 
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from execstate.engine.tokenizer import Tokenizer
 from execstate.fleet.ray_app.engine_replica import REPLICA_HEADER
 from execstate.fleet.ray_app.fleet_ops import FleetOps
 from execstate.fleet.ray_app.prompt_route import SessionOwners, caller_of, prompt_route, session_of
+from execstate.fleet.ray_app.session_resume import SessionLost, SessionResumed, SessionRouting
+from execstate.fleet.ray_app.session_settings import SessionSettings
 from execstate.fleet.router.policy import RouteRequest
 from execstate.model.registry import resolve_model
+from execstate.transfer.handoff import resolve_secret
 
 logger = logging.getLogger("execstate.fleet")
 MAX_ATTEMPTS = 3
 
 
 class FleetIngress:
-    def __init__(self, engines: DeploymentHandle, model: str) -> None:
+    def __init__(self, engines: DeploymentHandle, model: str, sessions: SessionSettings | None = None) -> None:
         self.engines = engines
+        self.keys = (sessions or SessionSettings()).keys()  # the tenant a session is resumed for
+        self.sessions = SessionRouting(self, resolve_secret(None))
         path = resolve_model(model)
         self.tokenizer = Tokenizer(path) if (path / "tokenizer.json").exists() else None
         self.owners = SessionOwners()
@@ -67,12 +74,20 @@ class FleetIngress:
         body = await request.body()
         caller = caller_of(request.headers.get("authorization"))
         sid = session_of(path)
+        headers = [(k, v) for k, v in request.headers.items()]
         if sid is not None:
-            route = RouteRequest(session_replica=self.owners.get(caller, sid))
+            try:
+                head, stream = await self.sessions.send(caller, sid, request.method, path, request.url.query,
+                                                        headers, body)
+            except SessionLost as e:
+                status = 503 if e.retry else 404
+                return JSONResponse({"error": {"message": str(e), "type": "session_lost", "code": status}}, status)
+            except SessionResumed as e:
+                return JSONResponse({"error": {"message": str(e), "type": "session_resumed", "code": 503},
+                                     "step_index": e.step_index}, 503)
         else:
             route = await asyncio.to_thread(prompt_route, request.method, path, body, self.tokenizer)
-        headers = [(k, v) for k, v in request.headers.items()]
-        head, stream = await self.send(route, request.method, path, request.url.query, headers, body)
+            head, stream = await self.send(route, request.method, path, request.url.query, headers, body)
         replica = head["replica"]
         self.served[replica] += 1
         out_headers = dict(head["headers"])
@@ -81,7 +96,10 @@ class FleetIngress:
             data = b"".join([c async for c in stream])
             opened = json.loads(data).get("session_id")
             if isinstance(opened, str):
-                self.owners.set(caller, opened, replica, request.headers.get("authorization"))
+                auth = request.headers.get("authorization")
+                engine = self.replicas.get(replica, {}).get("engine_id")
+                tenant = self.keys.tenant_of(_bearer(auth))
+                self.owners.set(caller, opened, replica, auth, engine_id=engine, tenant=tenant)
             return Response(data, head["status"], out_headers)
         if request.method == "DELETE" and sid is not None and head["status"] == 200:
             self.owners.drop(caller, sid)
@@ -108,10 +126,16 @@ class FleetIngress:
                 excluded.update(self._dead())
                 continue
             return head, _chunks(gen)
-        raise RuntimeError(f"no replica could answer {method} {path}: {last}")
+        raise RuntimeError(f"no replica could answer {method} {path}: {last}") from last
 
     def _dead(self) -> set[str]:
         return set()  # Ray removes dead replicas from the candidates; draining ones are excluded already
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if authorization is None or not authorization.lower().startswith("bearer "):
+        return None
+    return authorization[7:].strip()
 
 
 async def _chunks(gen: Any) -> AsyncIterator[bytes]:

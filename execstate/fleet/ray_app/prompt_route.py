@@ -17,7 +17,7 @@ import hashlib
 import json
 import re
 from collections import OrderedDict
-from typing import Any
+from typing import Any, NamedTuple
 
 from execstate.engine.tokenizer import Tokenizer
 from execstate.fleet.router.policy import RouteRequest
@@ -36,28 +36,45 @@ def caller_of(authorization: str | None) -> str:
     return hashlib.sha256((authorization or "").encode()).hexdigest()[:16]
 
 
+class Held(NamedTuple):
+    """Where a session lives: its replica, the ``Authorization`` header it was opened with (a drain
+    or a resume presents it to a replica: it never leaves the fleet), the engine id of that
+    replica (its manifest key in the shared tier: ``engine id:tenant:session id``) and the tenant
+    (None: unknown)."""
+
+    replica_id: str
+    authorization: str | None = None
+    engine_id: str | None = None
+    tenant: str | None = None
+
+
 class SessionOwners:
-    """Session -> the replica that holds it (and the ``Authorization`` header it was opened with,
-    which a drain presents to that same replica to migrate it: it never leaves the fleet), for
-    sessions opened or moved through this ingress (bounded: the least recently used entries are
-    forgotten beyond ``MAX_SESSIONS``)."""
+    """Session -> where it is held (:class:`Held`), for sessions opened or moved through this
+    ingress (bounded: the least recently used entries are forgotten beyond ``MAX_SESSIONS``)."""
 
     def __init__(self, capacity: int = MAX_SESSIONS) -> None:
         self.capacity = capacity
-        self._owners: OrderedDict[tuple[str, str], tuple[str, str | None]] = OrderedDict()
+        self._owners: OrderedDict[tuple[str, str], Held] = OrderedDict()
 
     def get(self, caller: str, session_id: str) -> str | None:
+        held = self.held(caller, session_id)
+        return held.replica_id if held is not None else None
+
+    def held(self, caller: str, session_id: str) -> Held | None:
         key = (caller, session_id)
         owner = self._owners.get(key)
-        if owner is None:
-            return None
-        self._owners.move_to_end(key)
-        return owner[0]
+        if owner is not None:
+            self._owners.move_to_end(key)
+        return owner
 
-    def set(self, caller: str, session_id: str, replica_id: str, authorization: str | None = None) -> None:
+    def set(self, caller: str, session_id: str, replica_id: str, authorization: str | None = None, *,
+            engine_id: str | None = None, tenant: str | None = None) -> None:
+        """Record (or move) the session to ``replica_id`` (whose engine is ``engine_id``); the
+        authorization and tenant already known are kept when not given."""
         old = self._owners.get((caller, session_id))
-        auth = authorization if authorization is not None or old is None else old[1]
-        self._owners[(caller, session_id)] = (replica_id, auth)
+        auth = authorization if authorization is not None or old is None else old.authorization
+        ten = tenant if tenant is not None or old is None else old.tenant
+        self._owners[(caller, session_id)] = Held(replica_id, auth, engine_id, ten)
         self._owners.move_to_end((caller, session_id))
         while len(self._owners) > self.capacity:
             self._owners.popitem(last=False)
@@ -67,7 +84,7 @@ class SessionOwners:
 
     def held_by(self, replica_id: str) -> list[tuple[str, str, str | None]]:
         """(caller, session id, authorization) of every session ``replica_id`` holds."""
-        return [(c, sid, auth) for (c, sid), (owner, auth) in self._owners.items() if owner == replica_id]
+        return [(c, sid, h.authorization) for (c, sid), h in self._owners.items() if h.replica_id == replica_id]
 
 
 def session_of(path: str) -> str | None:

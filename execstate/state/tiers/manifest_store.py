@@ -26,6 +26,12 @@ import redis
 DEFAULT_PREFIX = "execstate:session:v1:"
 
 
+def manifest_key(engine_id: str, tenant: str, session_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """Where the manifest of ``session_id`` (of ``tenant``), hibernated or copied by the engine
+    ``engine_id``, is stored (a fleet resuming a lost engine's sessions computes it too)."""
+    return f"{prefix}{engine_id}:{tenant}:{session_id}"
+
+
 class ManifestUnavailable(Exception):
     """The Redis server could not be reached or answered with an error."""
 
@@ -36,7 +42,7 @@ class ManifestStore:
         self.client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
 
     def manifest_key(self, engine_id: str, tenant: str, session_id: str) -> str:
-        return f"{self.prefix}{engine_id}:{tenant}:{session_id}"
+        return manifest_key(engine_id, tenant, session_id, self.prefix)
 
     def put(self, key: str, blob: bytes, ttl_s: float) -> None:
         """Store (replace) the manifest under ``key`` for ``ttl_s`` seconds."""
@@ -45,6 +51,19 @@ class ManifestStore:
     def get(self, key: str) -> bytes | None:
         data = self._do(lambda: self.client.get(key))
         return None if data is None else bytes(data)
+
+    def exists(self, keys: list[str]) -> list[bool]:
+        """Whether each of ``keys`` is stored (one pipelined round trip)."""
+        if not keys:
+            return []
+
+        def run() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for k in keys:
+                pipe.exists(k)
+            return pipe.execute()
+
+        return [bool(n) for n in self._do(run)]
 
     def claim(self, key: str) -> bool:
         """Delete ``key``; True for the one caller whose delete removed it (module docstring)."""
