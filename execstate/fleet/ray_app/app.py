@@ -57,7 +57,7 @@ def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = Non
             request_router_class=ExecstateRequestRouter, request_router_kwargs=dict(router or {}),
             request_routing_stats_period_s=STATS_PERIOD_S, request_routing_stats_timeout_s=5.0),
     ).bind(model, served_model_name or model, engine_kwargs or {}, "127.0.0.1", (INGRESS, app_name))
-    ingress = serve.deployment(FleetIngress, name=INGRESS, num_replicas=1, max_ongoing_requests=1000,
+    ingress = serve.deployment(serve.ingress()(FleetIngress), name=INGRESS, num_replicas=1, max_ongoing_requests=1000,
                                ray_actor_options={"num_cpus": 0})
     return ingress.bind(engines, model)
 
