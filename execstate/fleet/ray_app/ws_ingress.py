@@ -98,7 +98,7 @@ class FleetSockets:
         try:
             replica, upstream = await self._connect(route, path + (f"?{query}" if query else ""), headers, offered)
         except InvalidStatus as e:
-            await _refuse(ws, accepted, e.response.status_code, e.response.body or b"", e.response.headers)
+            await _refuse(ws, accepted, e.response.status_code, bytes(e.response.body or b""), e.response.headers)
             return
         except NoReplica as e:
             logger.warning("websocket %s: %s", path, e)
