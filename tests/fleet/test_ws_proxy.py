@@ -34,8 +34,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "serve"))
+sys.path.insert(0, str(Path(__file__).parent))
 
 from serve_helpers import MODEL_NAME, engine_config, free_port, running_server, write_tokenizer  # noqa: E402
+from ws_helpers import TIMEOUT, lm_ws, normalized, play, recv_json  # noqa: E402
 
 from execstate.engine.async_engine import AsyncEngine  # noqa: E402
 from execstate.engine.llm_engine import LLMEngine  # noqa: E402
@@ -48,7 +50,6 @@ from execstate.serve.app import build_app  # noqa: E402
 
 KEY = "sk-fleet-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-TIMEOUT = 60.0
 UPSTREAM = Path(__file__).parent / "ws_upstream_app.py"
 
 
@@ -78,10 +79,6 @@ def proxy_app(sockets: FleetSockets) -> Starlette:
 
 def run(coro: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coro, 120))
-
-
-async def recv_json(ws) -> dict[str, Any]:
-    return json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))
 
 
 # -- relay mechanics against a small server in a process ---------------------------------------------
@@ -239,49 +236,6 @@ def servers(tmp_path_factory) -> Iterator[dict[str, tuple[str, Any]]]:
         for ctx, engine in stack:
             ctx.__exit__(None, None, None)
             engine.shutdown()
-
-
-def lm_ws(url: str) -> str:
-    return url.replace("http://", "ws://") + "/v1/realtime"
-
-
-SCRIPT = [
-    {"type": "session.create", "event_id": "c", "session": {"sampling": {"temperature": 0, "ignore_eos": True},
-                                                             "max_tokens": 5, "cache_salt": None}},
-    {"type": "response.create", "event_id": "r1", "input": {"token_ids": [5, 17, 42, 99, 250, 311, 7, 8, 9]}},
-    {"type": "event.submit", "event_id": 1, "kind": "input", "data": {"text": "hello there"}},
-    {"type": "response.create", "event_id": "r2", "max_tokens": 3},
-    {"type": "session.get", "event_id": "g"},
-    {"type": "bogus"},
-    {"type": "session.close", "event_id": "z"},
-]
-VARIABLE = ("session_id", "id", "response_id", "cache_salt", "branch_id", "state_key")  # differ by salt
-
-
-def normalized(event: Any) -> Any:
-    """An event without what differs between two runs of one script (ids, the salt)."""
-    if isinstance(event, dict):
-        return {k: normalized(v) for k, v in event.items() if k not in VARIABLE}
-    if isinstance(event, list):
-        return [normalized(v) for v in event]
-    return event
-
-
-async def play(ws_url: str, salt: str, **kw: Any) -> list[dict[str, Any]]:
-    """Run ``SCRIPT`` (each message's answers read up to the next quiet point); every event received."""
-    events: list[dict[str, Any]] = []
-    async with connect(ws_url, max_size=None, **kw) as ws:
-        for msg in SCRIPT:
-            if msg["type"] == "session.create":
-                msg = {**msg, "session": {**msg["session"], "cache_salt": salt}}
-            await ws.send(json.dumps(msg))
-            ends = {"response.create": "response.done", "session.close": "session.closed"}.get(msg["type"])
-            while True:
-                event = await recv_json(ws)
-                events.append(event)
-                if ends is None or event["type"] == ends:
-                    break
-    return events
 
 
 def test_lm_frames_through_the_proxy_equal_a_direct_connection(servers):
