@@ -78,7 +78,8 @@ def fleet(model_dir):
         port = s.getsockname()[1]
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     kwargs = {"enable_return_routed_experts": True, "seed": 0, "block_size": BS}
-    serve.run(fleet_app(str(model_dir), 2, NAME, kwargs, replica_cpus=0.5), name="execstate", route_prefix="/")
+    serve.run(fleet_app(str(model_dir), 2, NAME, kwargs, replica_cpus=0.5, realtime_grace_s=60.0), name="execstate",
+              route_prefix="/")
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while len(httpx.get(url + "/v1/fleet/replicas").json()["replicas"]) < 2:
@@ -158,6 +159,41 @@ def test_a_websocket_session_is_recorded_for_its_http_calls(fleet):
 
     answers = run(main())
     assert [status for status, _ in answers] == [409] * 6, answers  # unrecorded: 1 in 64 by chance
+
+
+def test_a_reconnect_resumes_on_the_sessions_replica(fleet, offline):
+    step = {"type": "response.create", "input": {"token_ids": [31, 32, 33, 34]}, "max_tokens": 3}
+
+    async def respond(ws) -> list[int]:
+        await ws.send(json.dumps(step))
+        while (event := await recv_json(ws))["type"] != "response.done":
+            pass
+        return event["response"]["token_ids"]
+
+    async def main() -> list[list[int]]:
+        tokens = []
+        for i in range(4):
+            async with connect(lm_ws(fleet), max_size=None) as ws:
+                await ws.send(json.dumps({"type": "session.create", "session": {"id": f"ws-re-{i}",
+                                                                                 "sampling": GREEDY}}))
+                assert (await recv_json(ws))["type"] == "session.created"
+                tokens.append(await respond(ws))
+            # dropped without session.close: the replica keeps it (grace 60 s); a new socket resumes it
+            async with connect(lm_ws(fleet), max_size=None) as ws:
+                await ws.send(json.dumps({"type": "session.resume", "session_id": f"ws-re-{i}"}))
+                resumed = await recv_json(ws)
+                assert resumed["type"] == "session.resumed", resumed  # another replica: not_found
+                assert resumed["session"]["step_index"] == 1
+                tokens.append(await respond(ws))
+                await ws.send(json.dumps({"type": "session.close"}))
+                assert (await recv_json(ws))["type"] == "session.closed"
+        return tokens
+
+    got = run(main())
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    with offline.open_session(sampling_params=params) as s:
+        want = [s.step([31, 32, 33, 34]).token_ids, s.step([31, 32, 33, 34]).token_ids]
+    assert got == want * 4
 
 
 def test_the_agent_and_voice_sockets_open_through_the_ingress(fleet):

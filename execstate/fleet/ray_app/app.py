@@ -43,10 +43,13 @@ STATS_PERIOD_S = 0.5  # how often the router gets each replica's routing stats (
 
 def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = None,
               engine_kwargs: dict[str, Any] | None = None, router: dict[str, Any] | None = None,
-              app_name: str = APP_NAME, replica_cpus: float = 1.0, secret: str | None = None) -> Application:
+              app_name: str = APP_NAME, replica_cpus: float = 1.0, secret: str | None = None,
+              realtime_grace_s: float = 0.0) -> Application:
     """The application (module docstring). ``engine_kwargs``: ``EngineConfig`` fields of every
     replica; ``router``: ``request_router_kwargs`` (``policy`` and ``RouterKnobs`` fields);
-    ``replica_cpus``: Ray CPUs reserved per engine replica."""
+    ``replica_cpus``: Ray CPUs reserved per engine replica; ``realtime_grace_s``: how long a
+    replica keeps the sessions of a dropped ``/v1/realtime`` socket for a reconnect's
+    ``session.resume`` (``execstate serve --realtime-grace-s``)."""
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     env = {SECRET_ENV: secret or os.environ.get(SECRET_ENV) or secrets.token_hex(32)}
@@ -56,7 +59,7 @@ def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = Non
         request_router_config=RequestRouterConfig(
             request_router_class=ExecstateRequestRouter, request_router_kwargs=dict(router or {}),
             request_routing_stats_period_s=STATS_PERIOD_S, request_routing_stats_timeout_s=5.0),
-    ).bind(model, served_model_name or model, engine_kwargs or {}, "127.0.0.1", (INGRESS, app_name))
+    ).bind(model, served_model_name or model, engine_kwargs or {}, "127.0.0.1", (INGRESS, app_name), realtime_grace_s)
     ingress = serve.deployment(serve.ingress()(FleetIngress), name=INGRESS, num_replicas=1, max_ongoing_requests=1000,
                                ray_actor_options={"num_cpus": 0})
     return ingress.bind(engines, model)
@@ -72,8 +75,8 @@ def run_fleet(args: argparse.Namespace) -> int:
     kwargs = {"block_size": args.block_size, "seed": args.seed, "enable_return_routed_experts":
               args.enable_return_routed_experts, "max_model_len": args.max_model_len, "dtype": args.dtype,
               "kernels": args.kernels}
-    serve.run(fleet_app(str(args.model), args.replicas, args.served_model_name, kwargs), name=APP_NAME,
-              route_prefix="/")
+    serve.run(fleet_app(str(args.model), args.replicas, args.served_model_name, kwargs,
+                        realtime_grace_s=args.realtime_grace_s), name=APP_NAME, route_prefix="/")
     print(f"execstate fleet: {args.replicas} replicas of {args.model} on http://{args.host}:{args.port} "
           "(Ray Serve; /v1/fleet/replicas lists them)", flush=True)
     try:

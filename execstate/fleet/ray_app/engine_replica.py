@@ -45,6 +45,7 @@ from execstate.fleet.router.policy import RouteRequest
 from execstate.serve.app import build_app
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.metrics import ServingMetrics
+from execstate.serve.realtime.lm.endpoint import DEFAULT_GRACE_S
 from execstate.serve.server import attach_kv_connector
 from execstate.serve.sessions.targets import MigrationTargets
 from execstate.transfer.kv_events_config import KVEventsConfig
@@ -69,7 +70,8 @@ def replica_id() -> str:
 
 class EngineReplica:
     def __init__(self, model: str, served_model_name: str, engine_kwargs: dict[str, Any] | None = None,
-                 host: str = "127.0.0.1", ingress: tuple[str, str] | None = None) -> None:
+                 host: str = "127.0.0.1", ingress: tuple[str, str] | None = None,
+                 realtime_grace_s: float = DEFAULT_GRACE_S) -> None:
         events = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://{host}:0",
                                 replay_endpoint=f"tcp://{host}:0")
         config = EngineConfig(model=model, kv_events=events, **(engine_kwargs or {}))
@@ -81,7 +83,7 @@ class EngineReplica:
         # fleet's secret (EXECSTATE_KV_SECRET, set on every replica by fleet/ray_app/app.py)
         trust = attach_kv_connector(self.engine, KVTransferConfig.from_json(KV_BOTH), metrics)
         self.app = build_app(self.engine, served_model_name, metrics=metrics, handoff_trust=trust,
-                             migration_targets=MigrationTargets())
+                             migration_targets=MigrationTargets(), realtime_grace_s=realtime_grace_s)
         port = _free_port(host)
         self.url = f"http://{host}:{port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="warning"))
