@@ -153,8 +153,9 @@ def test_a_websocket_session_is_recorded_for_its_http_calls(fleet):
                 answers.append((r.status_code, r.headers[HEADER]))
                 await ws.send(json.dumps({"type": "session.close"}))
                 assert (await recv_json(ws))["type"] == "session.closed"
+            # closed over the socket (and forgotten by the ingress): its replica's record says closed, another's 404
             gone = await asyncio.to_thread(httpx.get, f"{fleet}/v1/sessions/ws-rec-{i}", timeout=60)
-            assert gone.status_code == 404
+            assert gone.status_code == 404 or gone.json()["status"] == "closed", gone.text
         return answers
 
     answers = run(main())
