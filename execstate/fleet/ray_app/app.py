@@ -53,7 +53,8 @@ def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = Non
               engine_kwargs: dict[str, Any] | None = None, router: dict[str, Any] | None = None,
               app_name: str = APP_NAME, replica_cpus: float = 1.0, secret: str | None = None,
               replica_host: str = "127.0.0.1", replica_resources: dict[str, float] | None = None,
-              shared_tier: str | None = None, sessions: SessionSettings | None = None) -> Application:
+              shared_tier: str | None = None, sessions: SessionSettings | None = None,
+              realtime_grace_s: float = 0.0) -> Application:
     """The application (module docstring). ``engine_kwargs``: ``EngineConfig`` fields of every
     replica; ``router``: ``request_router_kwargs`` (``policy`` and ``RouterKnobs`` fields);
     ``replica_cpus``: Ray CPUs reserved per engine replica; ``replica_host``: the address each
@@ -61,7 +62,9 @@ def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = Non
     resources each engine replica reserves (placement: only nodes started with them take one);
     ``shared_tier``: a Redis URL, every replica's shared tier (``offload_redis_url``), where
     replicas keep copies of their live sessions so a lost replica's sessions resume elsewhere;
-    ``sessions``: hibernation, copy period, API keys (``session_settings.py``)."""
+    ``sessions``: hibernation, copy period, API keys (``session_settings.py``);
+    ``realtime_grace_s``: how long a replica keeps the sessions of a dropped ``/v1/realtime``
+    socket for a reconnect's ``session.resume`` (``execstate serve --realtime-grace-s``)."""
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     if not replica_host:
@@ -80,8 +83,10 @@ def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = Non
         request_router_config=RequestRouterConfig(
             request_router_class=ExecstateRequestRouter, request_router_kwargs=dict(router or {}),
             request_routing_stats_period_s=STATS_PERIOD_S, request_routing_stats_timeout_s=5.0),
-    ).bind(model, served_model_name or model, engine_kwargs, replica_host, (INGRESS, app_name), settings)
-    ingress = serve.deployment(FleetIngress, name=INGRESS, num_replicas=1, max_ongoing_requests=1000,
+    ).bind(model, served_model_name or model, engine_kwargs, replica_host, (INGRESS, app_name), settings,
+           realtime_grace_s)
+    ingress = serve.deployment(serve.ingress()(FleetIngress), name=INGRESS, num_replicas=1,
+                               max_ongoing_requests=1000,
                                ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": env}})
     return ingress.bind(engines, model, settings)
 
@@ -98,7 +103,8 @@ def run_fleet(args: argparse.Namespace) -> int:
               "kernels": args.kernels}
     settings = SessionSettings(args.session_hibernate_after, args.session_copy_every or None, args.api_keys_file)
     serve.run(fleet_app(str(args.model), args.replicas, args.served_model_name, kwargs,
-                        shared_tier=args.offload_redis_url, sessions=settings), name=APP_NAME, route_prefix="/")
+                        shared_tier=args.offload_redis_url, sessions=settings,
+                        realtime_grace_s=args.realtime_grace_s), name=APP_NAME, route_prefix="/")
     print(f"execstate fleet: {args.replicas} replicas of {args.model} on http://{args.host}:{args.port} "
           "(Ray Serve; /v1/fleet/replicas lists them)", flush=True)
     try:

@@ -58,6 +58,7 @@ from execstate.fleet.router.policy import RouteRequest
 from execstate.serve.app import build_app, serve_policy
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.metrics import ServingMetrics
+from execstate.serve.realtime.lm.endpoint import DEFAULT_GRACE_S
 from execstate.serve.server import attach_kv_connector
 from execstate.serve.sessions.targets import MigrationTargets
 from execstate.session.lm.async_sessions import AsyncSessions
@@ -95,7 +96,7 @@ def replica_id() -> str:
 class EngineReplica:
     def __init__(self, model: str, served_model_name: str, engine_kwargs: dict[str, Any] | None = None,
                  host: str = "127.0.0.1", ingress: tuple[str, str] | None = None,
-                 sessions: SessionSettings | None = None) -> None:
+                 sessions: SessionSettings | None = None, realtime_grace_s: float = DEFAULT_GRACE_S) -> None:
         host = self.host = resolve_host(host)
         events = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://{host}:0",
                                 replay_endpoint=f"tcp://{host}:0")
@@ -113,7 +114,7 @@ class EngineReplica:
         self.sessions = AsyncSessions(self.engine, policy)
         self.app = build_app(self.engine, served_model_name, metrics=metrics, handoff_trust=trust,
                              migration_targets=MigrationTargets(), sessions=self.sessions, policy=policy,
-                             keys=rs.keys())
+                             keys=rs.keys(), realtime_grace_s=realtime_grace_s)
         self.engine_id, shared = self.engine.call(lambda e: (engine_id(e), e.offload is not None
                                                              and e.offload.manifests is not None))
         self.copies = CopyLoop(self.engine, self.sessions, rs.copy_every_s).start() \

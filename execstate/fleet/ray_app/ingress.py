@@ -1,6 +1,10 @@
-"""The fleet's HTTP ingress (a Ray Serve deployment): every request to one engine replica.
+"""The fleet's ingress (a Ray Serve deployment): every request and realtime socket to one engine replica.
 
-``FleetIngress.__call__`` takes each HTTP request from Ray Serve's proxy and:
+The deployment is an ASGI ingress (``serve.ingress()`` on this class, ``app.py``): its app
+(:meth:`FleetIngress.__serve_build_asgi_app__`, built when the replica starts) routes the realtime
+WebSockets (``ws_route.WS_PATHS``) to :class:`~execstate.fleet.ray_app.ws_ingress.FleetSockets`
+(each connection proxied to one replica: docs/fleet.md, "WebSockets") and every HTTP request to
+``FleetIngress.handle_http``, which:
 
 - ``/v1/fleet/...`` (the fleet's own operations, ``fleet_ops.py``): ``GET /v1/fleet/replicas``,
   ``POST /v1/fleet/drain`` ``{"replica"}``, ``POST /v1/fleet/update_weights``
@@ -32,8 +36,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ray.serve.handle import DeploymentHandle
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route, WebSocketRoute
 
 from execstate.engine.tokenizer import Tokenizer
 from execstate.fleet.ray_app.engine_replica import REPLICA_HEADER
@@ -41,12 +47,15 @@ from execstate.fleet.ray_app.fleet_ops import FleetOps
 from execstate.fleet.ray_app.prompt_route import SessionOwners, caller_of, prompt_route, session_of
 from execstate.fleet.ray_app.session_resume import SessionLost, SessionResumed, SessionRouting
 from execstate.fleet.ray_app.session_settings import SessionSettings
+from execstate.fleet.ray_app.ws_ingress import FleetSockets
+from execstate.fleet.ray_app.ws_route import WS_PATHS
 from execstate.fleet.router.policy import RouteRequest
 from execstate.model.registry import resolve_model
 from execstate.transfer.handoff import resolve_secret
 
 logger = logging.getLogger("execstate.fleet")
 MAX_ATTEMPTS = 3
+HTTP_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 class FleetIngress:
@@ -62,12 +71,32 @@ class FleetIngress:
         self.served: Counter[str] = Counter()  # replica id -> requests answered (bench, tests)
         self.retried = 0  # requests tried again elsewhere after a replica failed before answering
         self.ops = FleetOps(self)
+        self.sockets = FleetSockets(self.place, self.owners, self.draining, self.record_session)
+
+    def __serve_build_asgi_app__(self) -> Starlette:
+        """The ingress's ASGI app (Ray Serve calls it once the replica is built): the realtime
+        WebSockets, then every HTTP path."""
+        routes: list[Route | WebSocketRoute] = [WebSocketRoute(p, self.sockets.serve) for p in WS_PATHS]
+        routes.append(Route("/{path:path}", self.handle_http, methods=HTTP_METHODS))
+        return Starlette(routes=routes)
+
+    async def place(self, route: RouteRequest) -> tuple[str, str]:
+        """The replica the fleet's router chooses for ``route`` (a realtime socket): its id and URL."""
+        info = await self.engines.describe.remote(route)
+        return info["replica_id"], info["url"]
+
+    def record_session(self, caller: str, session_id: str, replica: str, authorization: str | None) -> None:
+        """``session_id`` (opened over HTTP or a socket) is held by ``replica``: with the replica's
+        engine id and the caller's tenant, what resuming it after the replica's loss needs."""
+        engine = self.replicas.get(replica, {}).get("engine_id")
+        tenant = self.keys.tenant_of(_bearer(authorization))
+        self.owners.set(caller, session_id, replica, authorization, engine_id=engine, tenant=tenant)
 
     async def register(self, info: dict[str, Any]) -> None:
         """An engine replica announces itself (id, URL, KV events endpoints) when it starts."""
         self.replicas[info["replica_id"]] = info
 
-    async def __call__(self, request: Request) -> Response:
+    async def handle_http(self, request: Request) -> Response:
         path = request.url.path
         if path.startswith("/v1/fleet/"):
             return await self.ops.handle(request)
@@ -96,10 +125,7 @@ class FleetIngress:
             data = b"".join([c async for c in stream])
             opened = json.loads(data).get("session_id")
             if isinstance(opened, str):
-                auth = request.headers.get("authorization")
-                engine = self.replicas.get(replica, {}).get("engine_id")
-                tenant = self.keys.tenant_of(_bearer(auth))
-                self.owners.set(caller, opened, replica, auth, engine_id=engine, tenant=tenant)
+                self.record_session(caller, opened, replica, request.headers.get("authorization"))
             return Response(data, head["status"], out_headers)
         if request.method == "DELETE" and sid is not None and head["status"] == 200:
             self.owners.drop(caller, sid)
