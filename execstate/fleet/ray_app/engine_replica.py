@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import socket
@@ -54,6 +55,8 @@ REPLICA_HEADER = "x-execstate-replica"
 VERSION_HEADER = "x-execstate-weights-version"  # the weights version that served the request
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
 KV_BOTH = '{"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}'
+ENGINE_ROLE = "engine"  # a plain fleet's replica; a PD fleet's are "prefill" and "decode" (pd_pairing.py)
+VERSION_MISMATCH = "weights_version_mismatch"  # the code of a refusal: asked for a version it does not run
 
 
 def _free_port(host: str) -> int:
@@ -69,17 +72,19 @@ def replica_id() -> str:
 
 class EngineReplica:
     def __init__(self, model: str, served_model_name: str, engine_kwargs: dict[str, Any] | None = None,
-                 host: str = "127.0.0.1", ingress: tuple[str, str] | None = None) -> None:
+                 host: str = "127.0.0.1", ingress: tuple[str, str] | None = None, role: str = ENGINE_ROLE,
+                 kv_transfer: str = KV_BOTH) -> None:
         events = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://{host}:0",
                                 replay_endpoint=f"tcp://{host}:0")
         config = EngineConfig(model=model, kv_events=events, **(engine_kwargs or {}))
         self.engine = AsyncEngine(LLMEngine(config))
         self.replica_id = replica_id()
+        self.role = role
         self.block_size = config.block_size
         metrics = ServingMetrics()
         # the PD connector (kv_both) moves a migrated session's KV; hand-overs are signed with the
         # fleet's secret (EXECSTATE_KV_SECRET, set on every replica by fleet/ray_app/app.py)
-        trust = attach_kv_connector(self.engine, KVTransferConfig.from_json(KV_BOTH), metrics)
+        trust = attach_kv_connector(self.engine, KVTransferConfig.from_json(kv_transfer), metrics)
         self.app = build_app(self.engine, served_model_name, metrics=metrics, handoff_trust=trust,
                              migration_targets=MigrationTargets())
         port = _free_port(host)
@@ -102,8 +107,10 @@ class EngineReplica:
 
     def _register(self, deployment: str, app_name: str) -> None:
         """Announce this replica to the ingress (retried while the ingress starts)."""
+        version = self.engine.call(lambda e: e.provenance.weights_version)
         info = {"replica_id": self.replica_id, "url": self.url, "kv_events": self.kv_endpoint,
-                "kv_replay": self.kv_replay_endpoint, "pid": os.getpid()}
+                "kv_replay": self.kv_replay_endpoint, "pid": os.getpid(), "role": self.role,
+                "weights_version": version}
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -124,7 +131,7 @@ class EngineReplica:
     async def record_routing_stats(self) -> dict[str, Any]:
         stats = await self.engine.run_on_engine(self._stats)
         return {**stats, "kv_events": self.kv_endpoint, "kv_replay": self.kv_replay_endpoint,
-                "block_size": self.block_size, "url": self.url, "pid": os.getpid()}
+                "block_size": self.block_size, "url": self.url, "pid": os.getpid(), "role": self.role}
 
     async def describe(self, _route: RouteRequest | None = None) -> dict[str, Any]:
         """This replica's id, URL and routing stats (the ingress's directory, drain, tests)."""
@@ -132,15 +139,23 @@ class EngineReplica:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    async def forward(self, _route: RouteRequest, method: str, path: str, query: str, headers: list[tuple[str, str]],
+    async def forward(self, route: RouteRequest, method: str, path: str, query: str, headers: list[tuple[str, str]],
                       body: bytes) -> AsyncIterator[dict[str, Any] | bytes]:
         """Relay one HTTP request to this replica's server: yields the head (``status``,
-        ``headers``, ``replica``) first, then the body's chunks as they come (a stream stays one)."""
+        ``headers``, ``replica``) first, then the body's chunks as they come (a stream stays one).
+        A request bound to weights versions this replica does not run (``route.weights_versions``:
+        the decode half of a PD pair) is refused with a 409 ``weights_version_mismatch`` naming
+        its version, before the engine sees it."""
         send_headers = [(k, v) for k, v in headers if k.lower() not in _HOP_HEADERS]
         request = self.client.build_request(method, path + (f"?{query}" if query else ""), headers=send_headers,
                                             content=body)
         async with self.gate.reading():  # no weights switch until this request's last chunk
             version = await self.engine.run_on_engine(lambda e: e.provenance.weights_version)
+            if route.weights_versions is not None and version not in route.weights_versions:
+                yield {"status": 409, "headers": [("content-type", "application/json"), (VERSION_HEADER, version)],
+                       "replica": self.replica_id}
+                yield _mismatch(version, route.weights_versions)
+                return
             response = await self.client.send(request, stream=True)
             try:
                 head = [(k, v) for k, v in response.headers.items() if k.lower() not in _HOP_HEADERS]
@@ -179,3 +194,9 @@ class EngineReplica:
             self.engine.shutdown()
         with contextlib.suppress(Exception):
             asyncio.get_event_loop().run_until_complete(self.client.aclose())
+
+
+def _mismatch(version: str, wanted: tuple[str, ...]) -> bytes:
+    message = f"this replica runs weights version {version}, the request needs {', '.join(wanted)}"
+    return json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                 "code": VERSION_MISMATCH}}).encode()

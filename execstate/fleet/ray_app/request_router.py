@@ -27,7 +27,7 @@ from typing import Any
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from execstate.fleet.baselines import RoundRobin, TextPrefixAffinity
-from execstate.fleet.router.policy import FleetRouter, ReplicaView, RouteRequest, RouterKnobs
+from execstate.fleet.router.policy import FleetRouter, ReplicaView, RouteRequest, RouterKnobs, eligible
 from execstate.fleet.router.subscriber import EventSubscriber
 from execstate.identity.provenance import Provenance
 
@@ -75,7 +75,7 @@ class ExecstateRequestRouter(RequestRouter):
         return [[by_id[rid] for rid in rank if rid in by_id] for rank in ranks]
 
     def _baseline(self, route: RouteRequest, views: list[ReplicaView]) -> list[list[str]]:
-        views = [v for v in views if v.replica_id not in route.exclude] or views
+        views = eligible(route, views)
         if self.policy == "round_robin":
             return self.round_robin.rank(views)
         if self.policy == "text_prefix":
