@@ -11,6 +11,10 @@ a reading pass to its last chunk, a weight update the writing pass, so none stra
 same port is where other replicas deliver migrated sessions (two-phase hand-over, signed with the
 fleet's shared secret ``EXECSTATE_KV_SECRET``).
 
+``role``: ``"engine"`` in a plain fleet; ``"prefill"`` or ``"decode"`` in a PD fleet (``app.py``),
+whose ``kv_transfer`` (the ``--kv-transfer-config`` JSON) makes it a KV producer or a consumer; the
+role is in its registration and routing stats, with its weights version.
+
 Call order: ``__init__`` (engine, app, server; registers with the ingress) → ``forward`` /
 ``describe`` / ``set_migration_peers`` / ``update_weights`` any number of times →
 ``__del__`` (Ray Serve stops the replica: server and engine shut down).
@@ -102,12 +106,13 @@ class EngineReplica:
         kv = self.engine.call(lambda e: e.kv_events)
         self.kv_endpoint, self.kv_replay_endpoint = kv.endpoint, kv.replay_endpoint
         if ingress is not None:
-            threading.Thread(target=self._register, args=ingress, name="execstate-replica-register",
+            version = self.engine.call(lambda e: e.provenance.weights_version)
+            threading.Thread(target=self._register, args=(*ingress, version), name="execstate-replica-register",
                              daemon=True).start()
 
-    def _register(self, deployment: str, app_name: str) -> None:
-        """Announce this replica to the ingress (retried while the ingress starts)."""
-        version = self.engine.call(lambda e: e.provenance.weights_version)
+    def _register(self, deployment: str, app_name: str, version: str) -> None:
+        """Announce this replica (its role and weights version at start) to the ingress (retried
+        while the ingress starts)."""
         info = {"replica_id": self.replica_id, "url": self.url, "kv_events": self.kv_endpoint,
                 "kv_replay": self.kv_replay_endpoint, "pid": os.getpid(), "role": self.role,
                 "weights_version": version}
