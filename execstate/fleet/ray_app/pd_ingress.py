@@ -25,8 +25,10 @@ that served both (``x-execstate-weights-version``) and the prefill's prompt toke
 (``x-execstate-prefill-sources``, JSON: what the prefill replica's cache held). A replica that
 fails before answering is excluded and the stage retried elsewhere (``MAX_ATTEMPTS``), as in the
 plain ingress; a replica refusing the version (409 ``weights_version_mismatch``) likewise. No
-version run on both sides (a rolling update between a pair's halves): the ingress re-reads the
-replicas' versions and waits, up to ``pair_wait_s``, then answers 503 ``no_version_pair``. A
+version run on both sides (a rolling update between a pair's halves): the ingress waits (backing
+off to 1 s), forgets the versions it knew and tries the pair again, up to ``pair_wait_s``, then
+answers 503 ``no_version_pair`` (each try during such a window may cost a prefill: the replicas'
+refusals, not extra calls, tell the ingress their versions). A
 prefill whose decode never comes leaves its export pinned on the prefill replica until its TTL.
 """
 
@@ -80,18 +82,6 @@ class PDFleetIngress(FleetIngress):
     def handle_of(self, replica_id: str) -> DeploymentHandle:
         return self.prefill if self.directory.role_of(replica_id) == PREFILL else self.engines
 
-    async def refresh_versions(self) -> None:
-        """Ask every registered replica its version (a rolling update may have moved them)."""
-        async def ask(rid: str) -> None:
-            try:
-                info = await self.handle_of(rid).describe.remote(RouteRequest(session_replica=rid))
-            except Exception:  # noqa: BLE001 - a replica gone: the fleet operations prune it
-                return
-            version = (info.get("provenance") or {}).get("weights_version")
-            self.directory.record(info["replica_id"], info.get("role", DECODE), version)
-
-        await asyncio.gather(*(ask(rid) for rid in list(self.replicas)))
-
     async def __call__(self, request: Request) -> Response:
         if request.method != "POST" or request.url.path not in PD_PATHS:
             return await super().__call__(request)
@@ -115,7 +105,7 @@ class PDFleetIngress(FleetIngress):
                     return _error(503, f"{e}; retry later", "no_version_pair")
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
-                await self.refresh_versions()
+                self.directory.forget_versions()  # learn them again from the next answers and refusals
 
     async def _pair(self, route: RouteRequest, path: str, query: str, headers: list[tuple[str, str]],
                     body: dict[str, Any]) -> Response:

@@ -56,6 +56,13 @@ class ExecstateRequestRouter(RequestRouter):
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if pending_request is not None:
+            # Ray retries a choice it could not fulfil (the replica's queue is full, or its queue
+            # length probe is still in flight) at once, without yielding the loop, unless the
+            # router asks for its backoff (its own routers do, in their locality helpers): without
+            # it a choice of one replica (a session's, a version's) spins the router's loop, and the
+            # probe's answer, which that loop would receive, never arrives.
+            pending_request.routing_context.should_backoff = True
         if not candidate_replicas:
             return []
         route = route_of(pending_request)

@@ -11,7 +11,8 @@ version: KV computed by one version is never decoded by another. The pairing rul
    the router picks by execution-compatible prefix and load. No version known on one side: no
    constraint (the replicas decide, step 3). Known on both sides but no version in common (a
    rolling update between its prefill and decode halves): no pair now (:class:`NoPair`); the
-   ingress refreshes the directory and waits.
+   ingress waits, forgets the versions it knew (:meth:`VersionDirectory.forget_versions`) and
+   tries again, unconstrained: the replicas' answers and refusals teach the versions anew.
 2. **Decode**: bound to the version the prefill replica answered with (:func:`decode_route`); the
    router ranks the decode replicas of that version by their own cached prefix (blocks loaded by
    earlier requests are cached there: a replica holding the prefix needs less transfer) and load.
@@ -60,6 +61,11 @@ class VersionDirectory:
 
     def forget(self, replica_id: str) -> None:
         self._replicas.pop(replica_id, None)
+
+    def forget_versions(self) -> None:
+        """Every version unknown again (roles kept): the next pair is unconstrained and the
+        replicas' answers and refusals teach the versions anew (after a :class:`NoPair`)."""
+        self._replicas = {rid: (role, None) for rid, (role, _) in self._replicas.items()}
 
     def role_of(self, replica_id: str) -> str | None:
         entry = self._replicas.get(replica_id)
