@@ -4,7 +4,7 @@ rolling update switches every replica, and a decode replica keeps its handshakes
 
 from __future__ import annotations
 
-from test_pd_inprocess import GREEDY, engine, handoff, prompt, run
+from test_pd_inprocess import engine, handoff, prompt, run
 
 
 def test_first_load_after_both_sides_switched_weights_transfers(moe_dir, moe_dir_other_weights):
@@ -23,7 +23,6 @@ def test_first_load_after_both_sides_switched_weights_transfers(moe_dir, moe_dir
         assert out.prompt_token_sources == {"local_cache": 0, "offloaded": 0, "transferred": 64, "computed": 6}
         single = run(engine(moe_dir_other_weights), ids)
         assert out.outputs[0].token_ids == single.outputs[0].token_ids and len(single.outputs[0].token_ids) == 8
-        assert GREEDY.max_tokens == 8
     finally:
         p.pd.close()
         d.pd.close()
