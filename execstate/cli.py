@@ -58,6 +58,10 @@ DEFAULT_SERVE_MODEL = "smollm2-moe"  # `execstate serve` with no MODEL: this mod
 def _serve(args: argparse.Namespace) -> int:
     from execstate.serve.server import run_server
 
+    if args.pd is not None and not args.ray:
+        print("execstate serve --pd: a PD fleet runs on Ray: add --ray (single-machine PD: --kv-transfer-config and "
+              "execstate proxy, docs/pd.md)", file=sys.stderr)
+        return 2
     if args.ray:
         if args.model is None:
             print("execstate serve --ray: give the MODEL the replicas serve", file=sys.stderr)
@@ -71,6 +75,18 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"execstate serve: no MODEL given: serving the embedded {DEFAULT_SERVE_MODEL} (routes returned) and "
               f"the world model, with every endpoint (open http://{args.host}:{args.port}/)", file=sys.stderr)
     return run_server(args)
+
+
+def _pd_shape(text: str) -> tuple[int, int]:
+    """``--pd P,D``: the prefill and decode replica counts of a PD fleet."""
+    parts = text.split(",")
+    try:
+        shape = (int(parts[0]), int(parts[1])) if len(parts) == 2 else None
+    except ValueError:
+        shape = None
+    if shape is None or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"--pd takes P,D (two counts >= 1), got {text!r}")
+    return shape
 
 
 def _size(text: str) -> int:
@@ -373,6 +389,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --ray and --offload-redis-url: each replica copies its live sessions that changed "
                         "to the shared tier this often, so a lost replica's sessions resume on another one (the "
                         "steps after the last copy are lost); 0: never (default: %(default)s)")
+    g.add_argument("--pd", type=_pd_shape, default=None, metavar="P,D",
+                   help="with --ray: a PD fleet of P prefill and D decode replicas instead of --replicas engine "
+                        "replicas; the ingress runs each prompt's prefill on a prefill replica and its decode on a "
+                        "decode replica of the same weights version, both chosen by execstate's router, the KV moving "
+                        "between them over NIXL with a signed handoff (default: no PD)")
     s.set_defaults(func=_serve)
 
     px = sub.add_parser("proxy", help="prefill/decode disaggregation proxy")

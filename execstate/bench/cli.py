@@ -7,6 +7,7 @@ import argparse
 import json
 
 from execstate.bench.cluster_cli import add_cluster_parser, run_cluster_cli
+from execstate.bench.cluster_pd_cli import add_cluster_pd_parser, run_cluster_pd_cli
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -163,6 +164,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bo.add_argument("--png", default=None, help="write the plot (TTFT per tier; reload time vs tokens) here")
     bo.add_argument("--json", action="store_true")
     add_cluster_parser(bsub)
+    add_cluster_pd_parser(bsub)
     b.set_defaults(func=_bench)
 
 
@@ -293,6 +295,8 @@ def _bench(args: argparse.Namespace) -> int:
         return 0 if report["ok"] else 1
     if args.bench_cmd == "cluster":
         return run_cluster_cli(args)
+    if args.bench_cmd == "cluster-pd":
+        return run_cluster_pd_cli(args)
     raise AssertionError(args.bench_cmd)
 
 

@@ -3,8 +3,8 @@
 :meth:`KVImporter.load` runs the whole protocol for one transfer, on the thread that owns the
 importer (the decode instance's transfer thread, see ``transfer/load_worker.py``), into blocks the
 caller already allocated and does not touch until the load returns: handshake (cached per source address, redone after a
-failure) -> ``GetManifest`` -> :func:`verify_manifest` -> NIXL read -> per-block checksum of the
-received bytes -> ``Release`` (sent once a manifest for this transfer id arrived, verified or
+failure or when the cached one no longer matches) -> ``GetManifest`` -> :func:`verify_manifest` -> NIXL read ->
+per-block checksum of the received bytes -> ``Release`` (sent once a manifest for this transfer id arrived, verified or
 not; after a timeout the source's TTL frees the pins). Transfer faults never raise: they return
 ``ok=False`` with the reason; only programming errors (bad arguments) raise.
 
@@ -219,10 +219,19 @@ class KVImporter:
         return client
 
     def _handshake(self, addr: str, client: ControlClient, need_routes: bool) -> Capabilities:
+        """The source's capabilities, checked against ours. A cached handshake that no longer
+        matches is asked again before it is refused: either side may have switched weights since
+        (a fleet's rolling update switches both), and only the source's current answer counts."""
         remote = self._remote_caps.get(addr)
-        if remote is None:
-            remote = client.hello(self.caps)
-            self._remote_caps[addr] = remote
+        if remote is not None:
+            try:
+                check_compatible(self.caps, remote, need_routes)
+                return remote
+            except TransferError as e:
+                if e.code is not ErrorCode.INCOMPATIBLE:
+                    raise
+        remote = client.hello(self.caps)
+        self._remote_caps[addr] = remote
         check_compatible(self.caps, remote, need_routes)
         return remote
 

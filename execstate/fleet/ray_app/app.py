@@ -22,6 +22,13 @@ cluster it starts (:func:`run_fleet`). Every replica gets the fleet's shared sec
 (``EXECSTATE_KV_SECRET``: the caller's, else a fresh random one) so sessions can move between
 them; the ingress gets it too (it signs the references that resume a lost replica's sessions from
 the shared tier, ``shared_tier``).
+
+``fleet_app(..., pd=(P, D))`` (``execstate serve MODEL --ray --pd P,D``) builds a PD fleet instead:
+a prefill deployment of ``P`` replicas (``kv_role`` ``kv_producer``) and a decode deployment of
+``D`` replicas (``kv_both``), each routed by its own ``ExecstateRequestRouter``, behind
+:class:`~execstate.fleet.ray_app.pd_ingress.PDFleetIngress` (which checks the prefill replicas'
+signed handoffs). Route records travel with the KV when the engines return them
+(``enable_return_routed_experts``).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from ray.serve.deployment import Application
 
 from execstate.fleet.ray_app.engine_replica import NODE_IP, EngineReplica
 from execstate.fleet.ray_app.ingress import FleetIngress
+from execstate.fleet.ray_app.pd_ingress import PDFleetIngress
 from execstate.fleet.ray_app.request_router import ExecstateRequestRouter
 from execstate.fleet.ray_app.session_settings import SessionSettings
 from execstate.transfer.secrets import SECRET_ENV
@@ -45,6 +53,7 @@ from execstate.transfer.secrets import SECRET_ENV
 __all__ = ["NODE_IP", "fleet_app", "run_fleet"]
 INGRESS = "FleetIngress"
 ENGINES = "EngineReplica"
+PREFILL_ENGINES, DECODE_ENGINES = "PrefillReplica", "DecodeReplica"  # the deployments of a PD fleet
 APP_NAME = "execstate"
 STATS_PERIOD_S = 0.5  # how often the router gets each replica's routing stats (load, KV events endpoints)
 
@@ -54,7 +63,7 @@ def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = Non
               app_name: str = APP_NAME, replica_cpus: float = 1.0, secret: str | None = None,
               replica_host: str = "127.0.0.1", replica_resources: dict[str, float] | None = None,
               shared_tier: str | None = None, sessions: SessionSettings | None = None,
-              realtime_grace_s: float = 0.0) -> Application:
+              realtime_grace_s: float = 0.0, pd: tuple[int, int] | None = None) -> Application:
     """The application (module docstring). ``engine_kwargs``: ``EngineConfig`` fields of every
     replica; ``router``: ``request_router_kwargs`` (``policy`` and ``RouterKnobs`` fields);
     ``replica_cpus``: Ray CPUs reserved per engine replica; ``replica_host``: the address each
@@ -64,31 +73,47 @@ def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = Non
     replicas keep copies of their live sessions so a lost replica's sessions resume elsewhere;
     ``sessions``: hibernation, copy period, API keys (``session_settings.py``);
     ``realtime_grace_s``: how long a replica keeps the sessions of a dropped ``/v1/realtime``
-    socket for a reconnect's ``session.resume`` (``execstate serve --realtime-grace-s``)."""
-    if replicas < 1:
-        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    socket for a reconnect's ``session.resume`` (``execstate serve --realtime-grace-s``); ``pd``:
+    (prefill replicas, decode replicas) for a PD fleet (``replicas`` is then unused)."""
     if not replica_host:
         raise ValueError("replica_host must be an address or NODE_IP")
-    engine_kwargs = dict(engine_kwargs or {})
+    kwargs = dict(engine_kwargs or {})
     if shared_tier is not None:
-        engine_kwargs["offload_redis_url"] = shared_tier
+        kwargs["offload_redis_url"] = shared_tier
     settings = sessions or SessionSettings()
     env = {SECRET_ENV: secret or os.environ.get(SECRET_ENV) or secrets.token_hex(32)}
     actor: dict[str, Any] = {"num_cpus": replica_cpus, "runtime_env": {"env_vars": env}}
     if replica_resources:
         actor["resources"] = dict(replica_resources)
-    engines = serve.deployment(
-        EngineReplica, name=ENGINES, num_replicas=replicas, max_ongoing_requests=64,
-        ray_actor_options=actor,
-        request_router_config=RequestRouterConfig(
-            request_router_class=ExecstateRequestRouter, request_router_kwargs=dict(router or {}),
-            request_routing_stats_period_s=STATS_PERIOD_S, request_routing_stats_timeout_s=5.0),
-    ).bind(model, served_model_name or model, engine_kwargs, replica_host, (INGRESS, app_name), settings,
-           realtime_grace_s)
-    ingress = serve.deployment(serve.ingress()(FleetIngress), name=INGRESS, num_replicas=1,
-                               max_ongoing_requests=1000,
-                               ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": env}})
-    return ingress.bind(engines, model, settings)
+    name = served_model_name or model
+
+    def engines(deployment: str, n: int, *role_args: Any) -> Application:
+        return serve.deployment(
+            EngineReplica, name=deployment, num_replicas=n, max_ongoing_requests=64,
+            ray_actor_options=actor,
+            request_router_config=RequestRouterConfig(
+                request_router_class=ExecstateRequestRouter, request_router_kwargs=dict(router or {}),
+                request_routing_stats_period_s=STATS_PERIOD_S, request_routing_stats_timeout_s=5.0),
+        ).bind(model, name, kwargs, replica_host, (INGRESS, app_name), settings, realtime_grace_s, *role_args)
+
+    ingress_actor = {"num_cpus": 0, "runtime_env": {"env_vars": env}}
+    if pd is None:
+        if replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {replicas}")
+        ingress = serve.deployment(serve.ingress()(FleetIngress), name=INGRESS, num_replicas=1,
+                                   max_ongoing_requests=1000, ray_actor_options=ingress_actor)
+        return ingress.bind(engines(ENGINES, replicas), model, settings)
+    n_prefill, n_decode = pd
+    if n_prefill < 1 or n_decode < 1:
+        raise ValueError(f"a PD fleet needs at least one prefill and one decode replica, got {pd}")
+    routes = bool(kwargs.get("enable_return_routed_experts"))
+    producer = {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "enable_routed_experts_transfer": routes}
+    both = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+            "enable_routed_experts_transfer": routes}
+    ingress = serve.deployment(serve.ingress()(PDFleetIngress), name=INGRESS, num_replicas=1,
+                               max_ongoing_requests=1000, ray_actor_options=ingress_actor)
+    return ingress.bind(engines(PREFILL_ENGINES, n_prefill, "prefill", producer),
+                        engines(DECODE_ENGINES, n_decode, "decode", both), model, settings)
 
 
 def run_fleet(args: argparse.Namespace) -> int:
@@ -102,10 +127,12 @@ def run_fleet(args: argparse.Namespace) -> int:
               args.enable_return_routed_experts, "max_model_len": args.max_model_len, "dtype": args.dtype,
               "kernels": args.kernels}
     settings = SessionSettings(args.session_hibernate_after, args.session_copy_every or None, args.api_keys_file)
+    pd = getattr(args, "pd", None)
     serve.run(fleet_app(str(args.model), args.replicas, args.served_model_name, kwargs,
                         shared_tier=args.offload_redis_url, sessions=settings,
-                        realtime_grace_s=args.realtime_grace_s), name=APP_NAME, route_prefix="/")
-    print(f"execstate fleet: {args.replicas} replicas of {args.model} on http://{args.host}:{args.port} "
+                        realtime_grace_s=args.realtime_grace_s, pd=pd), name=APP_NAME, route_prefix="/")
+    shape = f"{args.replicas} replicas" if pd is None else f"{pd[0]} prefill + {pd[1]} decode replicas"
+    print(f"execstate fleet: {shape} of {args.model} on http://{args.host}:{args.port} "
           "(Ray Serve; /v1/fleet/replicas lists them)", flush=True)
     try:
         while True:

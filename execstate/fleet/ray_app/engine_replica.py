@@ -15,6 +15,10 @@ from its copy in the shared tier (``POST /v1/sessions/import {"reference"}``). W
 replica's live sessions there every ``SessionSettings.copy_every_s``; idle sessions hibernate after
 ``hibernate_after_s``; ``api_keys_file`` names the tenants (``session_settings.py``).
 
+``role``: ``"engine"`` in a plain fleet; ``"prefill"`` or ``"decode"`` in a PD fleet (``app.py``),
+whose ``kv_transfer`` (the ``--kv-transfer-config`` JSON) makes it a KV producer or a consumer; the
+role is in its registration and routing stats, with its weights version.
+
 Call order: ``__init__`` (engine, app, server; registers with the ingress) → ``forward`` /
 ``describe`` / ``set_migration_peers`` / ``update_weights`` any number of times →
 ``__del__`` (Ray Serve stops the replica: server and engine shut down).
@@ -36,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import socket
@@ -71,6 +76,8 @@ VERSION_HEADER = "x-execstate-weights-version"  # the weights version that serve
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
 KV_BOTH = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}
 NODE_IP = "node"  # a replica host meaning: the IP address of the Ray node the replica runs on
+ENGINE_ROLE = "engine"  # a plain fleet's replica; a PD fleet's are "prefill" and "decode" (pd_pairing.py)
+VERSION_MISMATCH = "weights_version_mismatch"  # the code of a refusal: asked for a version it does not run
 
 
 def resolve_host(host: str) -> str:
@@ -96,19 +103,21 @@ def replica_id() -> str:
 class EngineReplica:
     def __init__(self, model: str, served_model_name: str, engine_kwargs: dict[str, Any] | None = None,
                  host: str = "127.0.0.1", ingress: tuple[str, str] | None = None,
-                 sessions: SessionSettings | None = None, realtime_grace_s: float = DEFAULT_GRACE_S) -> None:
+                 sessions: SessionSettings | None = None, realtime_grace_s: float = DEFAULT_GRACE_S,
+                 role: str = ENGINE_ROLE, kv_transfer: dict[str, Any] | None = None) -> None:
         host = self.host = resolve_host(host)
         events = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://{host}:0",
                                 replay_endpoint=f"tcp://{host}:0")
         config = EngineConfig(model=model, kv_events=events, **(engine_kwargs or {}))
         self.engine = AsyncEngine(LLMEngine(config))
         self.replica_id = replica_id()
+        self.role = role
         self.block_size = config.block_size
         metrics = ServingMetrics()
         # the PD connector (kv_both) moves a migrated session's KV; hand-overs are signed with the
         # fleet's secret (EXECSTATE_KV_SECRET, set on every replica by fleet/ray_app/app.py)
-        kv_both = KVTransferConfig(**KV_BOTH, kv_connector_extra_config={"side_channel_host": host})
-        trust = attach_kv_connector(self.engine, kv_both, metrics)
+        kv = KVTransferConfig(**(kv_transfer or KV_BOTH), kv_connector_extra_config={"side_channel_host": host})
+        trust = attach_kv_connector(self.engine, kv, metrics)
         rs = sessions or SessionSettings()
         policy = serve_policy(hibernate_after_s=rs.hibernate_after_s)
         self.sessions = AsyncSessions(self.engine, policy)
@@ -134,14 +143,16 @@ class EngineReplica:
         kv = self.engine.call(lambda e: e.kv_events)
         self.kv_endpoint, self.kv_replay_endpoint = kv.endpoint, kv.replay_endpoint
         if ingress is not None:
-            threading.Thread(target=self._register, args=ingress, name="execstate-replica-register",
+            version = self.engine.call(lambda e: e.provenance.weights_version)
+            threading.Thread(target=self._register, args=(*ingress, version), name="execstate-replica-register",
                              daemon=True).start()
 
-    def _register(self, deployment: str, app_name: str) -> None:
-        """Announce this replica to the ingress (retried while the ingress starts)."""
+    def _register(self, deployment: str, app_name: str, version: str) -> None:
+        """Announce this replica (its role and weights version at start) to the ingress (retried
+        while the ingress starts)."""
         info = {"replica_id": self.replica_id, "url": self.url, "kv_events": self.kv_endpoint,
                 "kv_replay": self.kv_replay_endpoint, "pid": os.getpid(), "engine_id": self.engine_id,
-                "shared_copies": self.copies is not None}
+                "shared_copies": self.copies is not None, "role": self.role, "weights_version": version}
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -162,7 +173,7 @@ class EngineReplica:
     async def record_routing_stats(self) -> dict[str, Any]:
         stats = await self.engine.run_on_engine(self._stats)
         return {**stats, "kv_events": self.kv_endpoint, "kv_replay": self.kv_replay_endpoint,
-                "block_size": self.block_size, "url": self.url, "pid": os.getpid()}
+                "block_size": self.block_size, "url": self.url, "pid": os.getpid(), "role": self.role}
 
     async def describe(self, _route: RouteRequest | None = None) -> dict[str, Any]:
         """This replica's id, URL and routing stats (the ingress's directory, drain, tests)."""
@@ -170,15 +181,23 @@ class EngineReplica:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    async def forward(self, _route: RouteRequest, method: str, path: str, query: str, headers: list[tuple[str, str]],
+    async def forward(self, route: RouteRequest, method: str, path: str, query: str, headers: list[tuple[str, str]],
                       body: bytes) -> AsyncIterator[dict[str, Any] | bytes]:
         """Relay one HTTP request to this replica's server: yields the head (``status``,
-        ``headers``, ``replica``) first, then the body's chunks as they come (a stream stays one)."""
+        ``headers``, ``replica``) first, then the body's chunks as they come (a stream stays one).
+        A request bound to weights versions this replica does not run (``route.weights_versions``:
+        the decode half of a PD pair) is refused with a 409 ``weights_version_mismatch`` naming
+        its version, before the engine sees it."""
         send_headers = [(k, v) for k, v in headers if k.lower() not in _HOP_HEADERS]
         request = self.client.build_request(method, path + (f"?{query}" if query else ""), headers=send_headers,
                                             content=body)
         async with self.gate.reading():  # no weights switch until this request's last chunk
             version = await self.engine.run_on_engine(lambda e: e.provenance.weights_version)
+            if route.weights_versions is not None and version not in route.weights_versions:
+                yield {"status": 409, "headers": [("content-type", "application/json"), (VERSION_HEADER, version)],
+                       "replica": self.replica_id}
+                yield _mismatch(version, route.weights_versions)
+                return
             response = await self.client.send(request, stream=True)
             try:
                 head = [(k, v) for k, v in response.headers.items() if k.lower() not in _HOP_HEADERS]
@@ -220,3 +239,9 @@ class EngineReplica:
             self.engine.shutdown()
         with contextlib.suppress(Exception):
             asyncio.get_event_loop().run_until_complete(self.client.aclose())
+
+
+def _mismatch(version: str, wanted: tuple[str, ...]) -> bytes:
+    message = f"this replica runs weights version {version}, the request needs {', '.join(wanted)}"
+    return json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                 "code": VERSION_MISMATCH}}).encode()

@@ -62,6 +62,8 @@ class Ingress(Protocol):
     async def send(self, route: RouteRequest, method: str, path: str, query: str, headers: list[tuple[str, str]],
                    body: bytes) -> tuple[dict[str, Any], AsyncIterator[bytes]]: ...
 
+    def handle_of(self, replica_id: str) -> DeploymentHandle: ...
+
 
 class FleetOps:
     def __init__(self, ingress: Ingress) -> None:
@@ -107,11 +109,13 @@ class FleetOps:
         t0 = time.monotonic()
         ing.draining.add(replica_id)
         here = RouteRequest(session_replica=replica_id)
-        others = [info for rid, info in sorted(ing.replicas.items()) if rid not in ing.draining]
+        role = ing.replicas[replica_id].get("role")
+        others = [info for rid, info in sorted(ing.replicas.items()) if rid not in ing.draining
+                  and info.get("role") == role]  # a PD fleet: decode replicas' sessions go to decode replicas
         moved: list[dict[str, Any]] = []
         failed: list[dict[str, Any]] = []
         if others:
-            await ing.engines.set_migration_peers.remote(here, [o["url"] for o in others])
+            await ing.handle_of(replica_id).set_migration_peers.remote(here, [o["url"] for o in others])
         for i, (caller, sid, auth) in enumerate(ing.owners.held_by(replica_id)):
             if not others:
                 failed.append({"session_id": sid, "error": "no other replica to migrate to"})
@@ -139,22 +143,26 @@ class FleetOps:
 
     async def _wait_idle(self, here: RouteRequest, deadline: float) -> bool:
         while True:
-            info = await self.ingress.engines.describe.remote(here)
+            info = await self.ingress.handle_of(here.session_replica or "").describe.remote(here)
             if info["queue_len"] == 0:
                 return True
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(0.1)
 
+    def rolling_order(self) -> list[str]:
+        """The order a rolling update takes the replicas in."""
+        return sorted(self.ingress.replicas)
+
     async def update_weights(self, source: str, version: str) -> dict[str, Any]:
         ing = self.ingress
         versions: dict[str, str] = {}
-        for rid in sorted(ing.replicas):
+        for rid in self.rolling_order():
             held = rid in ing.draining
             ing.draining.add(rid)  # new requests go to the others while this one drains and switches
             try:
-                versions[rid] = await ing.engines.update_weights.remote(RouteRequest(session_replica=rid), source,
-                                                                        version)
+                versions[rid] = await ing.handle_of(rid).update_weights.remote(RouteRequest(session_replica=rid),
+                                                                               source, version)
             finally:
                 if not held:
                     ing.draining.discard(rid)

@@ -96,6 +96,10 @@ class FleetIngress:
         """An engine replica announces itself (id, URL, KV events endpoints) when it starts."""
         self.replicas[info["replica_id"]] = info
 
+    def handle_of(self, replica_id: str) -> DeploymentHandle:
+        """The handle of the deployment ``replica_id`` belongs to (the fleet operations address it)."""
+        return self.engines
+
     async def handle_http(self, request: Request) -> Response:
         path = request.url.path
         if path.startswith("/v1/fleet/"):

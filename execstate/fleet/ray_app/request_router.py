@@ -27,7 +27,7 @@ from typing import Any
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from execstate.fleet.baselines import RoundRobin, TextPrefixAffinity
-from execstate.fleet.router.policy import FleetRouter, ReplicaView, RouteRequest, RouterKnobs
+from execstate.fleet.router.policy import FleetRouter, ReplicaView, RouteRequest, RouterKnobs, eligible
 from execstate.fleet.router.subscriber import EventSubscriber
 from execstate.identity.provenance import Provenance
 
@@ -56,6 +56,13 @@ class ExecstateRequestRouter(RequestRouter):
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if pending_request is not None:
+            # Ray retries a choice it could not fulfil (the replica's queue is full, or its queue
+            # length probe is still in flight) at once, without yielding the loop, unless the
+            # router asks for its backoff (its own routers do, in their locality helpers): without
+            # it a choice of one replica (a session's, a version's) spins the router's loop, and the
+            # probe's answer, which that loop would receive, never arrives.
+            pending_request.routing_context.should_backoff = True
         if not candidate_replicas:
             return []
         route = route_of(pending_request)
@@ -75,7 +82,7 @@ class ExecstateRequestRouter(RequestRouter):
         return [[by_id[rid] for rid in rank if rid in by_id] for rank in ranks]
 
     def _baseline(self, route: RouteRequest, views: list[ReplicaView]) -> list[list[str]]:
-        views = [v for v in views if v.replica_id not in route.exclude] or views
+        views = eligible(route, views)
         if self.policy == "round_robin":
             return self.round_robin.rank(views)
         if self.policy == "text_prefix":

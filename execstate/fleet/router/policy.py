@@ -10,7 +10,10 @@ rank 0's replicas, then rank 1's, ...):
    replica is not a candidate (gone, draining), the request is ranked like any other and the
    replica that gets it answers that it does not hold the session (the ingress says so).
    Other requests never go to a replica in ``RouteRequest.exclude`` (draining), unless no other
-   is left.
+   is left. A request bound to weights versions (``RouteRequest.weights_versions``: the decode
+   half of a PD pair runs the version its prefill ran, ``pd_pairing.py``) goes only to replicas
+   whose provenance names one of them; when none does, every candidate is ranked and the replica
+   refuses the version it does not run (the fleet never serves a pair of two versions).
 2. **Execution-compatible prefix**: per replica, ``hit`` = the longest run of the request's
    block keys (``prompt_keys.request_keys`` under *that replica's* provenance and the request's
    salt) found in its index, each block weighted by the best medium that holds it
@@ -84,13 +87,15 @@ class ReplicaView:
 class RouteRequest:
     """The routing-relevant part of a request: its prompt's token ids (None: not a prompt, e.g. a
     session call), its cache salt, the replica holding its live session (None: none; the fleet
-    also uses it to address one replica), and replicas taken out of service (``exclude``: draining;
-    never chosen unless every candidate is excluded)."""
+    also uses it to address one replica), replicas taken out of service (``exclude``: draining;
+    never chosen unless every candidate is excluded), and the weights versions that may serve it
+    (``weights_versions``; None: any)."""
 
     token_ids: Sequence[int] | None = None
     cache_salt: str | None = None
     session_replica: str | None = None
     exclude: tuple[str, ...] = ()
+    weights_versions: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,18 @@ class Decision:
     ranks: list[list[str]]
     reason: str  # "session" | "prefix" | "power_of_two" | "none"
     hits: dict[str, float]  # weighted hit (blocks) per replica scored
+
+
+def eligible(request: RouteRequest, replicas: Sequence[ReplicaView]) -> list[ReplicaView]:
+    """The candidates a request may go to: not excluded (unless all are), and of one of its weights
+    versions (unless none is: the replica then refuses the request itself)."""
+    out = list(replicas)
+    if request.exclude:
+        out = [r for r in out if r.replica_id not in request.exclude] or out
+    if request.weights_versions is not None:
+        out = [r for r in out if r.provenance is not None
+               and r.provenance.weights_version in request.weights_versions] or out
+    return out
 
 
 class FleetRouter:
@@ -108,8 +125,7 @@ class FleetRouter:
     def rank(self, request: RouteRequest, replicas: Sequence[ReplicaView]) -> Decision:
         if request.session_replica is not None and any(r.replica_id == request.session_replica for r in replicas):
             return Decision([[request.session_replica]], "session", {})
-        if request.exclude:
-            replicas = [r for r in replicas if r.replica_id not in request.exclude] or list(replicas)
+        replicas = eligible(request, replicas)
         if not replicas:
             return Decision([], "none", {})
         hits = self.hits(request, replicas)
