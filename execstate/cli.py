@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -58,6 +59,12 @@ DEFAULT_SERVE_MODEL = "smollm2-moe"  # `execstate serve` with no MODEL: this mod
 def _serve(args: argparse.Namespace) -> int:
     from execstate.serve.server import run_server
 
+    fleet_only = [flag for flag, given in (("--ray-address", args.ray_address is not None),
+                                           ("--replica-host", args.replica_host != "127.0.0.1"),
+                                           ("--replica-resources", args.replica_resources is not None)) if given]
+    if fleet_only and not args.ray:
+        print(f"execstate serve {fleet_only[0]}: a fleet option: add --ray (docs/fleet.md)", file=sys.stderr)
+        return 2
     if args.pd is not None and not args.ray:
         print("execstate serve --pd: a PD fleet runs on Ray: add --ray (single-machine PD: --kv-transfer-config and "
               "execstate proxy, docs/pd.md)", file=sys.stderr)
@@ -87,6 +94,19 @@ def _pd_shape(text: str) -> tuple[int, int]:
     if shape is None or min(shape) < 1:
         raise argparse.ArgumentTypeError(f"--pd takes P,D (two counts >= 1), got {text!r}")
     return shape
+
+
+def _json_object(text: str) -> dict[str, float]:
+    """``--replica-resources JSON``: an object of resource names to amounts (numbers >= 0)."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+            for k, v in value.items()):
+        raise argparse.ArgumentTypeError(f"expected a JSON object of resource names to amounts >= 0, got {text!r}")
+    return {k: float(v) for k, v in value.items()}
 
 
 def _size(text: str) -> int:
@@ -394,6 +414,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "replicas; the ingress runs each prompt's prefill on a prefill replica and its decode on a "
                         "decode replica of the same weights version, both chosen by execstate's router, the KV moving "
                         "between them over NIXL with a signed handoff (default: no PD)")
+    g.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                   help="with --ray: join an existing Ray cluster ('auto', or HEAD:PORT of `ray start --head`) "
+                        "instead of starting a local one (default: a local cluster)")
+    g.add_argument("--replica-host", default="127.0.0.1", metavar="HOST",
+                   help="with --ray: the address each engine replica binds and advertises (its HTTP server, KV "
+                        "events, KV connector); 'node': its Ray node's IP, for replicas on several hosts "
+                        "(default: %(default)s)")
+    g.add_argument("--replica-resources", type=_json_object, default=None, metavar="JSON",
+                   help="with --ray: custom Ray resources each engine replica reserves, e.g. "
+                        "'{\"execstate_engine\": 1}' with `ray start --resources` on the hosts that take one "
+                        "(default: none)")
     s.set_defaults(func=_serve)
 
     px = sub.add_parser("proxy", help="prefill/decode disaggregation proxy")

@@ -117,11 +117,15 @@ def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = Non
 
 
 def run_fleet(args: argparse.Namespace) -> int:
-    """``execstate serve MODEL --ray --replicas N``: a local Ray cluster, the fleet on
-    ``--host``/``--port`` (Ray Serve's HTTP proxy), until interrupted."""
+    """``execstate serve MODEL --ray --replicas N``: a local Ray cluster (or the one at
+    ``--ray-address``), the fleet on ``--host``/``--port`` (Ray Serve's HTTP proxy), until
+    interrupted."""
     import ray
 
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, ignore_reinit_error=True)
+    if args.ray_address is not None:
+        ray.init(address=args.ray_address, include_dashboard=False, ignore_reinit_error=True)
+    else:
+        ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, ignore_reinit_error=True)
     serve.start(http_options={"host": args.host, "port": args.port})
     kwargs = {"block_size": args.block_size, "seed": args.seed, "enable_return_routed_experts":
               args.enable_return_routed_experts, "max_model_len": args.max_model_len, "dtype": args.dtype,
@@ -130,7 +134,8 @@ def run_fleet(args: argparse.Namespace) -> int:
     pd = getattr(args, "pd", None)
     serve.run(fleet_app(str(args.model), args.replicas, args.served_model_name, kwargs,
                         shared_tier=args.offload_redis_url, sessions=settings,
-                        realtime_grace_s=args.realtime_grace_s, pd=pd), name=APP_NAME, route_prefix="/")
+                        realtime_grace_s=args.realtime_grace_s, pd=pd, replica_host=args.replica_host,
+                        replica_resources=args.replica_resources), name=APP_NAME, route_prefix="/")
     shape = f"{args.replicas} replicas" if pd is None else f"{pd[0]} prefill + {pd[1]} decode replicas"
     print(f"execstate fleet: {shape} of {args.model} on http://{args.host}:{args.port} "
           "(Ray Serve; /v1/fleet/replicas lists them)", flush=True)

@@ -1,0 +1,32 @@
+"""``execstate serve --ray``'s cluster options: --ray-address, --replica-host, --replica-resources
+(parsing, refusals, and that they are fleet options)."""
+
+from __future__ import annotations
+
+import pytest
+
+from execstate.cli import build_parser, main
+
+
+def test_the_cluster_options_parse():
+    args = build_parser().parse_args(["serve", "m", "--ray", "--ray-address", "10.0.0.1:6379", "--replica-host",
+                                      "node", "--replica-resources", '{"execstate_engine": 1, "mem": 0.5}'])
+    assert args.ray_address == "10.0.0.1:6379" and args.replica_host == "node"
+    assert args.replica_resources == {"execstate_engine": 1.0, "mem": 0.5}
+    plain = build_parser().parse_args(["serve", "m", "--ray"])
+    assert (plain.ray_address, plain.replica_host, plain.replica_resources) == (None, "127.0.0.1", None)
+
+
+@pytest.mark.parametrize("bad", ["{", "[1]", '{"a": -1}', '{"a": "1"}', '{"a": true}', "3"])
+def test_replica_resources_must_be_an_object_of_amounts(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["serve", "m", "--ray", "--replica-resources", bad])
+    assert e.value.code == 2 and "--replica-resources" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [["--ray-address", "auto"], ["--replica-host", "node"],
+                                   ["--replica-resources", '{"x": 1}']])
+def test_the_cluster_options_need_ray(extra, capsys):
+    assert main(["serve", "m", *extra]) == 2
+    err = capsys.readouterr().err
+    assert extra[0] in err and "add --ray" in err
