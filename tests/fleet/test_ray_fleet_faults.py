@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ pytest.importorskip("ray")
 sys.path.insert(0, str(Path(__file__).parent.parent / "serve"))
 
 from kv_events_client import replay_all  # noqa: E402
+from ray_fleet_helpers import local_fleet, registered  # noqa: E402
 from serve_helpers import write_tokenizer  # noqa: E402
 
 from execstate import LLM  # noqa: E402
@@ -64,31 +64,11 @@ def models(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def fleet(models):
-    import ray
-    from ray import serve
-
     from execstate.fleet.ray_app.app import fleet_app
 
-    ray.init(num_cpus=2, include_dashboard=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     kwargs = {"seed": 0, "block_size": BS}
-    serve.run(fleet_app(str(models[0]), 2, NAME, kwargs, replica_cpus=0.5), name="execstate", route_prefix="/")
-    url = f"http://127.0.0.1:{port}"
-    replicas(url, 2)
-    yield url
-    serve.shutdown()
-    ray.shutdown()
-
-
-def replicas(url: str, n: int, timeout_s: float = 90) -> list[dict]:
-    deadline = time.monotonic() + timeout_s
-    while len(got := httpx.get(url + "/v1/fleet/replicas").json()["replicas"]) < n:
-        assert time.monotonic() < deadline, f"{n} replicas did not register: {got}"
-        time.sleep(0.2)
-    return got
+    with local_fleet(lambda: fleet_app(str(models[0]), 2, NAME, kwargs, replica_cpus=0.5), 2) as url:
+        yield url
 
 
 def complete(url: str, prompt: list[int], max_tokens: int = 4) -> httpx.Response:
@@ -112,7 +92,7 @@ def test_rolling_update_never_mixes_versions_and_never_hits_the_old_version(flee
     kept = kept_prefix + ids(3, 3)
     assert complete(fleet, kept).status_code == 200  # cached under v0 on one replica
     assert complete(fleet, prompts[0]).headers[VERSION] != NEW
-    old_provenance = {r["replica_id"]: _provenance(r["replica_id"]) for r in replicas(fleet, 2)}
+    old_provenance = {r["replica_id"]: _provenance(r["replica_id"]) for r in registered(fleet, 2)}
     answers: list[tuple[int, httpx.Response]] = []
     stop = threading.Event()
 
@@ -174,7 +154,7 @@ def _provenance(replica_id: str) -> dict:
 
 
 def test_a_replica_killed_mid_load(fleet):
-    info = replicas(fleet, 2)
+    info = registered(fleet, 2)
     body = {"model": NAME, "prompt": ids(7, 12), "max_tokens": 120, "temperature": 0, "ignore_eos": True,
             "stream": True}
     results: list[tuple[str, str, bool]] = []  # (replica, error message or "", finished with [DONE])
@@ -215,10 +195,10 @@ def test_a_replica_killed_mid_load(fleet):
         assert not done and "failed mid-answer" in err and "replica_failed" in err
     assert all(done and not err for _, err, done in elsewhere)
     deadline = time.monotonic() + 120
-    while not [r for r in replicas(fleet, 1) if r["replica_id"] not in by_id]:
+    while not [r for r in registered(fleet, 1) if r["replica_id"] not in by_id]:
         assert time.monotonic() < deadline, "Ray did not replace the killed replica"
         time.sleep(0.5)
-    listed = {r["replica_id"] for r in replicas(fleet, 2)}
+    listed = {r["replica_id"] for r in registered(fleet, 2)}
     assert victim not in listed and len(listed) == 2  # the dead replica is forgotten, its replacement listed
     recovery_s = time.monotonic() - t_kill
     for i in range(6):  # the fleet serves on, the replacement included

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +38,7 @@ pytest.importorskip("ray")
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "serve"))
 
+from ray_fleet_helpers import local_fleet  # noqa: E402
 from serve_helpers import write_tokenizer  # noqa: E402
 
 from execstate.engine.sampling_params import SamplingParams  # noqa: E402
@@ -88,30 +88,15 @@ def redis_url(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fleet(model, redis_url, tmp_path_factory):
-    import ray
-    from ray import serve
-
     from execstate.fleet.ray_app.app import fleet_app
     from execstate.fleet.ray_app.session_settings import SessionSettings
 
     keys = tmp_path_factory.mktemp("resume_keys") / "keys.txt"
     keys.write_text(f"{KEY_A} tenant-a\n{KEY_B} tenant-b\n")
-    ray.init(num_cpus=2, include_dashboard=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     settings = SessionSettings(hibernate_after_s=None, copy_every_s=COPY_EVERY_S, api_keys_file=str(keys))
-    serve.run(fleet_app(str(model), 2, NAME, {"seed": 0, "block_size": BS}, replica_cpus=0.5, secret=SECRET,
-                        shared_tier=redis_url, sessions=settings), name="execstate", route_prefix="/")
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while len(httpx.get(url + "/v1/fleet/replicas").json()["replicas"]) < 2:
-        assert time.monotonic() < deadline, "2 replicas did not register"
-        time.sleep(0.2)
-    yield url
-    serve.shutdown()
-    ray.shutdown()
+    with local_fleet(lambda: fleet_app(str(model), 2, NAME, {"seed": 0, "block_size": BS}, replica_cpus=0.5,
+                                       secret=SECRET, shared_tier=redis_url, sessions=settings), 2, 120) as url:
+        yield url
 
 
 def step(url: str, sid: str, inp: list[int], key: str = KEY_A) -> httpx.Response:

@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ pytest.importorskip("ray")
 sys.path.insert(0, str(Path(__file__).parent.parent / "serve"))
 sys.path.insert(0, str(Path(__file__).parent))
 
+from ray_fleet_helpers import local_fleet  # noqa: E402
 from serve_helpers import write_tokenizer  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
@@ -67,27 +67,12 @@ def offline(model_dir) -> LLM:
 
 @pytest.fixture(scope="module")
 def fleet(model_dir):
-    import ray
-    from ray import serve
-
     from execstate.fleet.ray_app.app import fleet_app
 
-    ray.init(num_cpus=2, include_dashboard=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     kwargs = {"enable_return_routed_experts": True, "seed": 0, "block_size": BS}
-    serve.run(fleet_app(str(model_dir), 2, NAME, kwargs, replica_cpus=0.5, realtime_grace_s=60.0), name="execstate",
-              route_prefix="/")
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while len(httpx.get(url + "/v1/fleet/replicas").json()["replicas"]) < 2:
-        assert time.monotonic() < deadline, "the replicas did not register"
-        time.sleep(0.2)
-    yield url
-    serve.shutdown()
-    ray.shutdown()
+    with local_fleet(lambda: fleet_app(str(model_dir), 2, NAME, kwargs, replica_cpus=0.5, realtime_grace_s=60.0),
+                     2, 90) as url:
+        yield url
 
 
 def replicas(url: str) -> dict[str, dict[str, Any]]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import socket
 import sys
 import threading
 import time
@@ -26,6 +25,7 @@ pytest.importorskip("ray")
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "serve"))
 
+from ray_fleet_helpers import local_fleet  # noqa: E402
 from serve_helpers import write_tokenizer  # noqa: E402
 
 from execstate import LLM  # noqa: E402
@@ -60,27 +60,12 @@ def offline(models) -> LLM:
 
 @pytest.fixture(scope="module")
 def fleet(models):
-    import ray
-    from ray import serve
-
     from execstate.fleet.ray_app.app import fleet_app
 
-    ray.init(num_cpus=2, include_dashboard=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     kwargs = {"enable_return_routed_experts": True, "seed": 0, "block_size": BS}
-    serve.run(fleet_app(str(models[0]), served_model_name=NAME, engine_kwargs=kwargs, replica_cpus=0.5, pd=(1, 2)),
-              name="execstate", route_prefix="/")
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while len(httpx.get(url + "/v1/fleet/replicas").json()["replicas"]) < 3:
-        assert time.monotonic() < deadline, "the replicas did not register"
-        time.sleep(0.2)
-    yield url
-    serve.shutdown()
-    ray.shutdown()
+    with local_fleet(lambda: fleet_app(str(models[0]), served_model_name=NAME, engine_kwargs=kwargs,
+                                       replica_cpus=0.5, pd=(1, 2)), 3, 120) as url:
+        yield url
 
 
 def complete(url: str, prompt: list[int], max_tokens: int = 5, **kw) -> httpx.Response:
