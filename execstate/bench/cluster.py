@@ -26,6 +26,8 @@ import signal
 import socket
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -61,8 +63,7 @@ def run_cluster_bench(model: str = "tiny", replicas: tuple[int, ...] = (1, 2, 3)
                       workload: ClusterWorkload | None = None, kill: bool = False, kill_after: float = 0.3,
                       block_size: int = 16, kv_blocks: int | None = 384, replica_cpus: float = 0.5) -> dict[str, Any]:
     try:
-        import ray
-        from ray import serve
+        import ray.serve  # noqa: F401 - checked before the model is built; the cluster is local_cluster()'s
     except ImportError as e:
         raise ImportError(f"bench cluster needs Ray Serve: pip install 'execstate[fleet]' ({e})") from e
 
@@ -72,20 +73,13 @@ def run_cluster_bench(model: str = "tiny", replicas: tuple[int, ...] = (1, 2, 3)
                               "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         path = bench_model(model, Path(tmp))
-        ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
-        try:
-            port = _free_port()
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            url = f"http://127.0.0.1:{port}"
+        with local_cluster() as url:
             kwargs = {"seed": 0, "block_size": block_size, "num_kv_blocks": kv_blocks}
             for n in replicas:
                 for router in (("any",) if n == 1 else routers):
                     report["runs"].append(_one_run(url, path, n, router, w, kwargs, replica_cpus, None))
             if kill and max(replicas) > 1:
                 report["kill"] = _one_run(url, path, max(replicas), "execstate", w, kwargs, replica_cpus, kill_after)
-        finally:
-            serve.shutdown()
-            ray.shutdown()
     report["load_after"] = loadavg()
     return report
 
@@ -214,6 +208,23 @@ def summarize(turns: list[Turn], wall: float, before: dict[str, dict[str, Any]],
 
 def _pct(xs: np.ndarray, q: float) -> float | None:
     return float(np.percentile(xs, q) * 1000) if len(xs) else None
+
+
+@contextmanager
+def local_cluster() -> Iterator[str]:
+    """A local Ray cluster on every CPU with Serve's HTTP proxy on a free port (the cluster
+    benches'): its URL; Serve and Ray shut down after."""
+    import ray
+    from ray import serve
+
+    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
+    try:
+        port = _free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
 
 
 def _free_port() -> int:

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from execstate.bench.cluster import APP, NAME, _free_port, _wait_replicas, bench_model, summarize
+from execstate.bench.cluster import APP, NAME, _wait_replicas, bench_model, local_cluster, summarize
 from execstate.bench.cluster_client import run_workload
 from execstate.bench.cluster_workload import ClusterWorkload
 from execstate.bench.machine import cpu_name, loadavg
@@ -38,8 +38,7 @@ def run_cluster_pd_bench(model: str = "tiny", pd: tuple[int, int] = (1, 1), work
                          rounds: int = 1, block_size: int = 16, kv_blocks: int | None = 384,
                          replica_cpus: float = 0.5) -> dict[str, Any]:
     try:
-        import ray
-        from ray import serve
+        import ray.serve  # noqa: F401 - checked before the model is built; the cluster is local_cluster()'s
     except ImportError as e:
         raise ImportError(f"bench cluster-pd needs Ray Serve: pip install 'execstate[fleet]' ({e})") from e
 
@@ -49,20 +48,13 @@ def run_cluster_pd_bench(model: str = "tiny", pd: tuple[int, int] = (1, 1), work
                               "kv_blocks_per_replica": kv_blocks, "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         path = bench_model(model, Path(tmp))
-        ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
-        try:
-            port = _free_port()
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            url = f"http://127.0.0.1:{port}"
+        with local_cluster() as url:
             kwargs = {"seed": 0, "block_size": block_size, "num_kv_blocks": kv_blocks}
             for r in range(rounds):
                 for shape in ("plain", "pd"):
                     run = _one_run(url, path, shape, pd, w, kwargs, replica_cpus)
                     run["round"] = r
                     report["runs"].append(run)
-        finally:
-            serve.shutdown()
-            ray.shutdown()
     report["load_after"] = loadavg()
     return report
 

@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from execstate.bench.cluster import APP, NAME, _free_port, _wait_replicas, bench_model
+from execstate.bench.cluster import APP, NAME, _wait_replicas, bench_model, local_cluster
 from execstate.bench.machine import cpu_name, loadavg
 
 REPLICA_HEADER = "x-execstate-replica"
@@ -80,7 +80,6 @@ class Timeline:
 
 def run_sessions_bench(model: str = "tiny", scenario: SessionsScenario | None = None, block_size: int = 16,
                        replica_cpus: float = 0.5) -> dict[str, Any]:
-    import ray
     from ray import serve
 
     from execstate.bench.redis_server import RedisServer
@@ -93,23 +92,18 @@ def run_sessions_bench(model: str = "tiny", scenario: SessionsScenario | None = 
     with tempfile.TemporaryDirectory() as tmp:
         path = bench_model(model, Path(tmp))
         redis = RedisServer(Path(tmp) / "redis").start()
-        ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
         try:
-            port = _free_port()
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            url = f"http://127.0.0.1:{port}"
-            t_deploy = time.perf_counter()
-            serve.run(fleet_app(str(path), sc.replicas, NAME, {"seed": 0, "block_size": block_size},
-                                router={"policy": "execstate", "seed": 0}, replica_cpus=replica_cpus,
-                                shared_tier=redis.url, sessions=SessionSettings(copy_every_s=sc.copy_every_s)),
-                      name=APP, route_prefix="/")
-            _wait_replicas(url, sc.replicas)
-            report["deploy_s"] = time.perf_counter() - t_deploy
-            timeline = asyncio.run(_scenario(url, sc))
-            report["replicas"] = httpx.get(url + "/v1/fleet/replicas", timeout=30).json()
+            with local_cluster() as url:
+                t_deploy = time.perf_counter()
+                serve.run(fleet_app(str(path), sc.replicas, NAME, {"seed": 0, "block_size": block_size},
+                                    router={"policy": "execstate", "seed": 0}, replica_cpus=replica_cpus,
+                                    shared_tier=redis.url, sessions=SessionSettings(copy_every_s=sc.copy_every_s)),
+                          name=APP, route_prefix="/")
+                _wait_replicas(url, sc.replicas)
+                report["deploy_s"] = time.perf_counter() - t_deploy
+                timeline = asyncio.run(_scenario(url, sc))
+                report["replicas"] = httpx.get(url + "/v1/fleet/replicas", timeout=30).json()
         finally:
-            serve.shutdown()
-            ray.shutdown()
             redis.kill()
     report["load_after"] = loadavg()
     report.update(summarize_sessions(timeline, report["replicas"].get("resumed", [])))
