@@ -28,7 +28,6 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
-    cache_salt: str | None = None
     # "execstate": few-row fp32 linears and the MoE block run on execstate's C kernels
     # (execstate.kernels.cpu; error if unavailable); "torch": torch ops only; "auto": the
     # kernels when available and the device is CPU. Recorded in the provenance numerics (the

@@ -2,11 +2,12 @@
 
 ``load_engine_model(path, config)`` loads the checkpoint and puts it in the mode ``config``
 asks for; ``numerics_id(config)`` is the provenance numerics of that mode (two modes never share
-an id, so their KV and routes never mix: ``identity/provenance.py``).
+an id, so their KV and routes never mix: ``identity/provenance.py``). Every id names the device and
+the kernel family: ``<mode>+<family>``; the same torch ops on another device round differently.
 
 | mode (config) | weights | arithmetic | numerics id |
 |---|---|---|---|
-| torch ops (``kernels="torch"``) | ``dtype`` | torch's, in ``dtype`` | ``eager`` |
+| torch ops (``kernels="torch"``) | ``dtype`` | torch's, in ``dtype`` | ``eager+torch-<device>`` (3) |
 | fp32 | fp32 | fp32 (``gemm.py``) | ``eager+cpu-avx2-v1`` |
 | ``dtype="bfloat16"`` | bf16 | fp32, weights widened (``gemm_bf16.py``) | ``eager+cpu-avx2-v2-bf16w`` |
 | + ``compute_dtype="bfloat16"`` | bf16 | bf16 (``gemm_bf16dot.py``) | see (1) |
@@ -15,6 +16,8 @@ an id, so their KV and routes never mix: ``identity/provenance.py``).
 (1) ``eager+cpu-avx512bf16-v1`` with AVX512-BF16, ``eager+cpu-avx2-bf16emu-v1`` elsewhere.
 (2) ``eager+cpu-gguf-<formats>-v1`` (``gguf_blocks.py``), e.g. ``q41-q80`` for Q4_1 matrices
 with a Q8_0 embedding.
+(3) ``model/kernel_family.py``: ``torch-cpu``, ``torch-cuda-sm90`` (the CUDA device's compute
+capability), ``torch-mps``.
 
 Activations, the KV cache, attention and norms are fp32 in every mode on the kernels.
 """
@@ -30,6 +33,7 @@ from execstate.kernels import cpu as cpu_kernels
 from execstate.kernels import gemm_bf16dot
 from execstate.kernels.gguf_blocks import gguf_kernel_set
 from execstate.model.gguf_model import gguf_file, load_gguf_model, model_formats
+from execstate.model.kernel_family import torch_kernel_family
 from execstate.model.loader import load_model
 from execstate.model.transformer import CausalLM
 from execstate.model.weight_formats import use_bf16_arithmetic
@@ -66,7 +70,7 @@ def load_engine_model(path: Path, config: EngineConfig) -> CausalLM:
 def numerics_id(config: EngineConfig, model: CausalLM) -> str:
     """The provenance numerics of ``config``'s mode for ``model`` (the table in the module docstring)."""
     if not config.use_cpu_kernels():
-        return "eager"
+        return f"eager+{torch_kernel_family(config.device)}"
     if config.quantization == "gguf":
         return f"eager+{gguf_kernel_set(model_formats(model))}"
     if config.compute_dtype == "bfloat16":

@@ -7,11 +7,11 @@ import itertools
 
 import numpy as np
 import pytest
+from execstate.engine.cache_salt import MAX_CACHE_SALT_CHARS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from execstate import LLM
-from execstate.engine.cache_salt import MAX_CACHE_SALT_CHARS
 from execstate.engine.request import Request
 from execstate.engine.sampling_params import SamplingParams
 from execstate.identity.keys import chain_keys

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.serve.auth import APIKeyMiddleware, scope_tenant
 from execstate.serve.principals import KeyRing
 from execstate.serve.sessions.handover_wire import (
@@ -27,7 +28,6 @@ from execstate.serve.sessions.handover_wire import (
 from execstate.serve.sessions.targets import MigrationTargets
 from execstate.session.runtime.migration import MigrationError
 from execstate.transfer.handoff import Handoff, HandoffError, HandoffTrust
-from execstate.transfer.secrets import SecretRing
 
 OLD, NEW = b"the-old-shared-secret-012345", b"the-new-shared-secret-012345"
 

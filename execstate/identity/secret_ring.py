@@ -1,7 +1,7 @@
-"""The shared secret of server-to-server messages, with rotation (DESIGN 11). Pure Python.
+"""The one secret ring of the project: every signature is made and checked here. Pure Python.
 
-KV handoffs, migration offers, the hand-over calls and hibernated state are signed with
-HMAC-SHA256 under a secret the servers share. A :class:`SecretRing` holds the *current* secret,
+KV handoffs, migration offers, the hand-over calls, hibernated state and offload-tier units are
+signed with HMAC-SHA256 under a secret the servers share. A :class:`SecretRing` holds the *current* secret,
 which signs, and the *previous* ones still accepted during a rotation. Rotate in three rolling
 steps, one server at a time in each, so that every server always accepts what every other signs:
 
@@ -10,6 +10,10 @@ steps, one server at a time in each, so that every server always accepts what ev
 2. ``EXECSTATE_KV_SECRET=new``, ``EXECSTATE_KV_SECRET_PREVIOUS=old``: every server signs with the
    new secret (the old one is still accepted from servers not yet restarted);
 3. ``EXECSTATE_KV_SECRET=new`` alone.
+
+A process without a configured secret still signs what it keeps for itself (a DRAM or disk
+tier's units) under :meth:`SecretRing.ephemeral`: a random key that lives and dies with the
+process, so such a unit is readable by the process that wrote it and by no other writer.
 
 Every signature covers a domain tag (``execstate/v1/...`` + NUL) so a signature made for one kind
 of message is never valid for another. Verification compares in constant time
@@ -21,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import secrets
 from dataclasses import dataclass, field
 
 SECRET_ENV = "EXECSTATE_KV_SECRET"
@@ -42,6 +47,7 @@ class SecretRing:
 
     current: bytes = field(repr=False)
     previous: tuple[bytes, ...] = field(default=(), repr=False)
+    shared: bool = True  # False: a per-process key (:meth:`ephemeral`), no other process knows it
 
     def __post_init__(self) -> None:
         _raw(self.current, "the current secret")
@@ -64,6 +70,11 @@ class SecretRing:
         elif isinstance(previous, str | bytes):
             previous = [previous]
         return cls(_raw(current, "the secret"), tuple(_raw(p, "a previous secret") for p in previous))
+
+    @classmethod
+    def ephemeral(cls) -> SecretRing:
+        """A ring with a random 32-byte key known to this process only (``shared`` False)."""
+        return cls(secrets.token_bytes(32), (), shared=False)
 
     def sign(self, domain: bytes, payload: bytes) -> str:
         """Hex HMAC-SHA256 of ``domain + payload`` under the current secret."""
