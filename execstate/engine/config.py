@@ -64,8 +64,9 @@ class EngineConfig:
     # most offload_redis_bytes); a prompt whose blocks missed the pool but are in a tier reloads
     # them, verified, while the engine steps the others. offload_policy: which units a full tier
     # drops first ("lru" | "fifo"); offload_timeout_s: the longest a reload (and one Redis
-    # command) may take before the rest is recomputed; offload_secret: signs the units (None:
-    # $EXECSTATE_KV_SECRET, else unsigned).
+    # command) may take before the rest is recomputed; offload_secret: the instances' shared secret
+    # that signs the units (None: $EXECSTATE_KV_SECRET; without either, a per-process key signs
+    # them and a Redis tier is refused).
     offload_dram_bytes: int = 0
     offload_disk_dir: str | None = None
     offload_disk_bytes: int = 16 << 30

@@ -241,7 +241,7 @@ class ReloadWorker:
                 continue
             f.seconds = time.monotonic() - t0
             if hashed:
-                err = kv_mismatch(f.record(f.kv))
+                err = kv_mismatch(f.record, checksum(f.kv))
                 if err is not None:
                     self._release(f)
                     self._failed(tier, want, err, failures)

@@ -5,7 +5,7 @@ the offload connector reserves a DRAM slot (``HostCache.reserve``), copies the b
 (``KVPool.export_block``) and :meth:`WriteBackWorker.submit` s a :class:`WriteJob`. Then, on the
 thread ``execstate-offload-write``, per job in submission order:
 
-1. the KV checksum (checksum of the slot) and the route checksum are computed and the record built
+1. the KV checksum of the slot and the route checksum are computed and the record built
    and signed (``unit.sign``);
 2. ``HostCache.seal``: the unit is visible in DRAM (when DRAM is a tier);
 3. the blob is ``put`` into each lower tier (disk, Redis) that does not hold the key yet

@@ -29,7 +29,7 @@ PROMPT = list(range(10, 50))  # 40 tokens: 9 blocks that can hit
 
 
 def prov(version: str) -> Provenance:
-    return Provenance("tiny", version, "float32", "eager", "free")
+    return Provenance("tiny", version, "float32", "eager+torch-cpu")
 
 
 def cached(version: str, tokens: list[int]) -> ReplicaIndex:

@@ -110,10 +110,10 @@ def test_any_bytes_are_a_request_or_a_clear_refusal(data):
 
 def test_pd_handoffs_verify_under_the_previous_secret_during_a_rotation():
     h = Handoff("p-1", "tcp://127.0.0.1:5000", "tr-1", 0, 2, 16, int(time.time()) + 60)
-    signed_old = h.to_params(OLD)
+    signed_old = h.to_params(SecretRing(OLD))
     rotating = HandoffTrust(SecretRing(NEW, (OLD,)))
     assert rotating.accept(signed_old) == h
-    assert rotating.accept(h.to_params(NEW)) == h
+    assert rotating.accept(h.to_params(SecretRing(NEW))) == h
     with pytest.raises(HandoffError):  # the rotation is over: the old secret is refused
         HandoffTrust(SecretRing(NEW)).accept(signed_old)
-    assert HandoffTrust(OLD).accept(signed_old) == h  # plain bytes still work (one secret)
+    assert HandoffTrust(SecretRing(OLD)).accept(signed_old) == h
