@@ -97,7 +97,9 @@ class LLMEngine:
             self.r3_clock, self.kv_holds,
         )
         self.scheduler = Scheduler(self.kv_manager, config.max_num_batched_tokens, config.max_num_seqs)
-        self.runner = ModelRunner(self.model, self.kv_pool, config.device, self.return_routes, self.r3_clock)
+        self.runner = ModelRunner(self.model, self.kv_pool, config.device, self.return_routes, self.r3_clock,
+                                  config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len,
+                                  config.use_triton())
         self.generator = torch.Generator().manual_seed(config.seed)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()

@@ -30,6 +30,7 @@ from execstate.kernels import cpu as cpu_kernels
 from execstate.kernels import gemm_bf16dot
 from execstate.kernels.gguf_blocks import gguf_kernel_set
 from execstate.model.gguf_model import gguf_file, load_gguf_model, model_formats
+from execstate.model.gpu_path import use_gpu_kernels
 from execstate.model.loader import load_model
 from execstate.model.transformer import CausalLM
 from execstate.model.weight_formats import use_bf16_arithmetic
@@ -60,6 +61,8 @@ def load_engine_model(path: Path, config: EngineConfig) -> CausalLM:
         if config.compute_dtype == "bfloat16":
             use_bf16_arithmetic(model)
     model.use_cpu_kernels(kernels)
+    if not kernels:  # the torch path: Triton kernels and the deterministic mode (model/gpu_path.py)
+        use_gpu_kernels(model, config.use_triton(), config.deterministic)
     return model
 
 

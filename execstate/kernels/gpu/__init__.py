@@ -9,7 +9,7 @@
 Every kernel computes an output row with the same operations whatever the other rows of its
 launch are (fixed tile shapes, no split-K, no atomics): results are batch-invariant, and a
 query row of the attention kernel gets the same bits in a prefill and in a decode. That is what
-the deterministic mode (``model/device/deterministic.py``) relies on.
+the deterministic mode (``model/gpu_path.py``) relies on.
 
 Triton is optional (the ``gpu`` extra; ``make setup`` installs it with ``--no-deps``): without
 it the torch path runs torch ops only. On a machine without a GPU the kernels run under

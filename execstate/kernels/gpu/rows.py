@@ -3,7 +3,7 @@
 Each row is reduced by one program in ``BLOCK`` chunks in increasing order, whatever the number
 of rows: the result of a row does not depend on the others (batch invariance), unlike a
 library reduction that splits a row across programs when there are few rows. Used by the
-deterministic mode (``model/device/deterministic.py``). RMSNorm follows the HF reference:
+deterministic mode (``model/gpu_path.py``). RMSNorm follows the HF reference:
 ``weight * (x / rms(x))`` in fp32, cast to the input dtype before the weight multiplies it.
 """
 
