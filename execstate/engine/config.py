@@ -157,8 +157,8 @@ class EngineConfig:
             return False
         runs = triton_runs_on(self.device)
         if self.gpu_kernels == "triton" and not runs:
-            why = "triton is not installed" if not triton_available() else f"device {self.device} (CUDA only, or the CPU " \
-                "under TRITON_INTERPRET=1)"
+            why = ("triton is not installed" if not triton_available()
+                   else f"device {self.device} (CUDA only, or the CPU under TRITON_INTERPRET=1)")
             raise ValueError(f"gpu_kernels='triton' cannot run: {why}")
         use = self.gpu_kernels == "triton" or (self.gpu_kernels == "auto" and runs
                                                and torch.device(self.device).type == "cuda")

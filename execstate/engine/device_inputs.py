@@ -99,7 +99,8 @@ class DeviceInputs:
             spans.append(Span(t, n, end))
             n_prompt = len(req.prompt_token_ids)
             if n == 1:
-                h["ids"][t] = req.prompt_token_ids[start] if start < n_prompt else req.output_token_ids[start - n_prompt]
+                h["ids"][t] = (req.prompt_token_ids[start] if start < n_prompt
+                               else req.output_token_ids[start - n_prompt])
                 h["positions"][t] = start
                 h["slots"][t] = blocks[start // bs] * bs + start % bs
             else:

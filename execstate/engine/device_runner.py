@@ -21,6 +21,7 @@ The host round-trips of a step are counted by ``bench/host_syncs.py`` (tests/gpu
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -33,6 +34,14 @@ from execstate.model.context import RouteCapture, StepContext
 from execstate.model.device.attention import DevicePagedAttention
 from execstate.model.device.upload import upload
 from execstate.state.kv_pool import KVPool
+
+
+class GraphReplay(Protocol):
+    """What the runner asks of its CUDA graphs (``engine/cuda_graphs.DecodeGraphs``)."""
+
+    def accepts(self, sched: SchedulerOutput) -> bool: ...
+
+    def run(self, sched: SchedulerOutput) -> StepResult: ...
 
 
 class DeviceRunner:
@@ -54,12 +63,12 @@ class DeviceRunner:
         self.inputs = DeviceInputs(device, bs, max_tokens, max_seqs, -(-max_model_len // bs))
         self._route_host: torch.Tensor | None = None
         self._route_np: np.ndarray | None = None
-        self.graphs = None  # engine/cuda_graphs.DecodeGraphs, attached by the engine on a CUDA device
+        self.graphs: GraphReplay | None = None  # engine/cuda_graphs.DecodeGraphs (CUDA only), set by the engine
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
         graphs = self.graphs
-        if graphs is not None and not self.capture_routes and graphs.accepts(sched):
+        if graphs is not None and graphs.accepts(sched):
             return graphs.run(sched)
         inp = self.inputs.load(sched)
         t_r3 = time.perf_counter()

@@ -1,10 +1,11 @@
 """GPU kernels of the torch path, written in Triton, each with a torch reference.
 
-| module | kernel | reference (CPU test) |
-|---|---|---|
-| ``paged_attention.py`` | attention of every query row straight on the paged KV cache (decode, prefill after a cached prefix, chunked prefill): one program per (token, KV head), no gathered copy of a context | float64 attention over the gathered context |
-| ``grouped_mm.py`` | grouped GEMM over expert-sorted rows (the MoE experts) and, with one group, the batch-invariant dense linear | ``torch.matmul`` per group |
-| ``rows.py`` | row-wise RMSNorm, softmax and log-softmax, one program per row | the torch ops |
+- ``paged_attention.py``: attention of every query row straight on the paged KV cache (decode,
+  prefill after a cached prefix, chunked prefill), one program per (token, KV head), no gathered
+  copy of a context. Reference: float64 attention over the gathered context.
+- ``grouped_mm.py``: grouped GEMM over expert-sorted rows (the MoE experts) and, with one group,
+  the batch-invariant dense linear. Reference: ``torch.matmul`` per group.
+- ``rows.py``: row-wise RMSNorm, softmax and log-softmax, one program per row. Reference: torch.
 
 Every kernel computes an output row with the same operations whatever the other rows of its
 launch are (fixed tile shapes, no split-K, no atomics): results are batch-invariant, and a

@@ -7,7 +7,7 @@ returns a lowercase ``[a-z0-9.-]`` name, stable across processes and machines of
 | device, mode | family |
 |---|---|
 | CUDA, Triton kernels (attention, MoE), cuBLAS for dense matmuls | ``cuda-sm<major><minor>-triton-v1`` |
-| CUDA, deterministic (batch-invariant Triton kernels for every matmul, norm and softmax) | ``cuda-sm<major><minor>-triton-bi-v1`` |
+| CUDA, deterministic (batch-invariant Triton matmuls, norms, softmax) | ``cuda-sm<major><minor>-triton-bi-v1`` |
 | CUDA without Triton (torch ops only) | ``cuda-sm<major><minor>-torch-v1`` |
 | any other device, torch ops | ``<device type>-torch-v1`` (e.g. ``cpu-torch-v1``, ``mps-torch-v1``) |
 | the CPU under Triton's interpreter (tests) | ``cpu-triton-v1``, ``cpu-triton-bi-v1`` |

@@ -62,7 +62,7 @@ def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, seq_ptr, pos_ptr, tabl
                      mask=key_ok[None, :] & d_ok[:, None], other=0.0)
         if UPCAST:
             kt = kt.to(tl.float32)
-        if IEEE:
+        if IEEE:  # noqa: SIM108 - Triton branches on constexprs as statements
             s = tl.dot(q, kt, input_precision="ieee")
         else:
             s = tl.dot(q, kt)
@@ -75,7 +75,7 @@ def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, seq_ptr, pos_ptr, tabl
                     mask=key_ok[:, None] & d_ok[None, :], other=0.0)
         if UPCAST:
             v = v.to(tl.float32)
-        if IEEE:
+        if IEEE:  # noqa: SIM108
             pv = tl.dot(p, v, input_precision="ieee")
         else:
             pv = tl.dot(p.to(v.dtype), v)

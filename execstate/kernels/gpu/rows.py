@@ -52,7 +52,7 @@ def _softmax_kernel(x_ptr, out_ptr, n, stride_x, stride_o, LOG: tl.constexpr, BL
         cols = c + tl.arange(0, BLOCK)
         ok = cols < n
         x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=float("-inf")).to(tl.float32)
-        if LOG:
+        if LOG:  # noqa: SIM108 - Triton branches on constexprs as statements
             y = x - row_max - tl.log(total)
         else:
             y = tl.exp(x - row_max) / total
