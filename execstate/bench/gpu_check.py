@@ -80,12 +80,9 @@ def summary(r: dict[str, Any]) -> str:
     lines += [f"- deterministic replay: {r['replay']}", f"- host round-trips per decode step: {r['host_syncs']}",
               "", "## speed", ""]
     speed = r["speed"]
-    if isinstance(speed, dict):
-        for dtype, rows in speed.items():
-            lines.append(f"### {dtype}")
-            lines += [f"- {k}: {v}" for k, v in rows.items()]
-    else:
-        lines.append(str(speed))
+    for dtype, rows in speed.items():  # a part that was skipped or failed is {"skipped"|"error": why}
+        lines += [f"### {dtype}"] + ([f"- {k}: {v}" for k, v in rows.items()] if isinstance(rows, dict)
+                                     else [f"- {rows}"])
     lines += ["", "## time per part (s)", ""] + [f"- {k}: {v:.1f}" for k, v in r["timings_s"].items()]
     return "\n".join(lines) + "\n"
 
