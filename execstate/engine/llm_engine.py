@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from execstate.engine.config import EngineConfig
+from execstate.engine.cuda_graphs import DecodeGraphs
 from execstate.engine.engine_parts import EngineParts
 from execstate.engine.engine_weights import EngineWeights
 from execstate.engine.finisher import RequestFinisher
@@ -98,7 +99,12 @@ class LLMEngine:
             self.r3_clock, self.kv_holds,
         )
         self.scheduler = Scheduler(self.kv_manager, config.max_num_batched_tokens, config.max_num_seqs)
-        self.runner = ModelRunner(self.model, self.kv_pool, config.device, self.return_routes, self.r3_clock)
+        self.runner = ModelRunner(self.model, self.kv_pool, config.device, self.return_routes, self.r3_clock,
+                                  config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len,
+                                  config.use_triton())
+        if torch.device(config.device).type == "cuda" and not config.enforce_eager and not self.model.kernels:
+            runner = self.runner.device_runner
+            runner.graphs = DecodeGraphs.capture(runner, config.max_num_seqs)  # GPU-only (engine/cuda_graphs.py)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()

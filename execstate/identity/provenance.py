@@ -3,8 +3,8 @@
 A :class:`Provenance` names everything about the engine that determines the bytes of a KV block
 and its route record besides the tokens: the model, the exact weights, the dtype and the
 numerics, which names the device and the kernel family (``eager+cpu-avx2-v1``,
-``eager+torch-cpu``, ``eager+torch-cuda-sm90``): the same arithmetic on another device or with
-other kernels rounds differently, so its state is another execution's. The request-level half
+``eager+cpu-torch-v1``, ``eager+cuda-sm90-triton-v1``): the same arithmetic on another device or
+with other kernels rounds differently, so its state is another execution's. The request-level half
 (route mode, tenant scope, salt) joins it in :class:`execstate.identity.execution.ExecutionIdentity`,
 the one value every key is derived from.
 
@@ -34,7 +34,7 @@ MAX_FIELD_CHARS = 512
 
 def numerics_id(mode: str, kernel_family: str) -> str:
     """The numerics field for ``mode`` (``eager`` | ``compiled``) on ``kernel_family``
-    (e.g. ``cpu-avx2-v1``, ``torch-cuda-sm90``); validated like a :class:`Provenance` field."""
+    (e.g. ``cpu-avx2-v1``, ``cuda-sm90-triton-v1``); validated like a :class:`Provenance` field."""
     value = f"{mode}+{kernel_family}"
     _check_numerics(value)
     return value
@@ -44,7 +44,7 @@ def _check_numerics(value: str) -> None:
     mode, plus, family = value.partition("+")
     if mode not in NUMERICS_MODES or not plus or not family or not set(family) <= _KERNEL_SET_CHARS:
         raise ValueError(f"Provenance.numerics must be '<mode>+<kernel family>' with mode one of {NUMERICS_MODES} "
-                         f"and the family in [a-z0-9.-] (e.g. 'eager+torch-cpu'), got {value!r}")
+                         f"and the family in [a-z0-9.-] (e.g. 'eager+cpu-torch-v1'), got {value!r}")
 
 
 def _check_utf8(name: str, value: str) -> None:

@@ -50,7 +50,7 @@ def test_torch_vs_execstate_kernels(moe_dir, monkeypatch: pytest.MonkeyPatch) ->
     assert calls["moe"] >= 7 * n_moe and calls["linear_if_small"] > 7
 
     p_plain, p_fast = plain.engine.provenance, fast.engine.provenance
-    assert p_plain.numerics == "eager+torch-cpu"
+    assert p_plain.numerics == "eager+cpu-torch-v1"
     assert p_fast.numerics == f"eager+{cpu.KERNEL_SET}" == "eager+cpu-avx2-v1"
     assert (p_plain.model_id, p_plain.weights_version, p_plain.dtype) == (
         p_fast.model_id, p_fast.weights_version, p_fast.dtype)
@@ -90,9 +90,9 @@ def test_auto_kernels_follow_dtype_and_availability(moe_dir) -> None:
     bf16 = _llm(moe_dir, kernels="auto", dtype="bfloat16").engine
     assert bf16.provenance.numerics == ("eager+cpu-avx2-v2-bf16w" if cpu.available() else "eager")
     assert bf16.provenance.dtype == "bfloat16"
-    assert _llm(moe_dir, kernels="torch", dtype="bfloat16").engine.provenance.numerics == "eager+torch-cpu"
+    assert _llm(moe_dir, kernels="torch", dtype="bfloat16").engine.provenance.numerics == "eager+cpu-torch-v1"
     auto = _llm(moe_dir, kernels="auto")
     assert auto.engine.provenance.numerics == ("eager+cpu-avx2-v1" if cpu.available() else "eager")
     assert auto.engine.model.kernels == cpu.available()
     assert EngineConfig(model=str(moe_dir)).kernels == "auto"
-    assert _llm(moe_dir, kernels="torch").engine.provenance.numerics == "eager+torch-cpu"
+    assert _llm(moe_dir, kernels="torch").engine.provenance.numerics == "eager+cpu-torch-v1"

@@ -124,7 +124,7 @@ def test_torch_ops_and_c_kernels_never_reload_each_others_units(moe_dir, tmp_pat
                    num_kv_blocks=8, kernels=kernels, offload_disk_dir=str(tmp_path / "disk"), offload_secret=SECRET)
 
     torch_path, kernels = make("torch"), make("execstate")
-    assert torch_path.engine.provenance.numerics == "eager+torch-cpu"
+    assert torch_path.engine.provenance.numerics == "eager+cpu-torch-v1"
     assert kernels.engine.provenance.numerics == f"eager+{cpu_kernels.KERNEL_SET}"
     ids = PROMPTS[2]
     run(torch_path, ids, CacheScope.build("alpha"))
@@ -133,5 +133,5 @@ def test_torch_ops_and_c_kernels_never_reload_each_others_units(moe_dir, tmp_pat
     assert torch_path.engine.offload.flush()
     assert run(kernels, ids, CacheScope.build("alpha")).prompt_token_sources["offloaded"] == 0
     fresh = make("torch")
-    assert fresh.engine.provenance.numerics == "eager+torch-cpu"
+    assert fresh.engine.provenance.numerics == "eager+cpu-torch-v1"
     assert run(fresh, ids, CacheScope.build("alpha")).prompt_token_sources["offloaded"] == 48  # same device: shared

@@ -32,7 +32,7 @@ import torch
 from execstate.identity.execution import ExecutionIdentity
 from execstate.identity.keys import BlockKey, block_key
 from execstate.identity.provenance import Provenance, numerics_id
-from execstate.model.kernel_family import torch_kernel_family
+from execstate.kernels.gpu.family import kernel_family
 from execstate.model.world.interface import Carry, PromptKV, WorldModel
 from execstate.model.world.window import RollingWindow
 from execstate.session.world.events import HeldKey
@@ -54,7 +54,7 @@ class WorldStore:
         self.kv = KVPool(kv.num_layers, num_blocks, block_size, kv.num_kv_heads, kv.head_dim, kv.dtype)
         self.holds = BlockHolds(self.pool)
         dtype = str(kv.dtype).removeprefix("torch.")
-        numerics = numerics_id(spec.numerics, torch_kernel_family("cpu"))  # the world's pool lives on the CPU
+        numerics = numerics_id(spec.numerics, kernel_family("cpu", triton=False))  # the world's pool lives on the CPU
         self.provenance = Provenance(spec.model_id, spec.weights_version, dtype, numerics)
         self.root = ExecutionIdentity(self.provenance).root
 
