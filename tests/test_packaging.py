@@ -59,7 +59,7 @@ OPTIONAL_IMPORTS = {"llama_cpp": "llama-cpp-python (bench throughput's llama.cpp
 # Subpackages that belong to an extra: their modules may import that extra's distributions at module
 # level; without the extra, importing the subpackage raises ImportError naming the extra.
 EXTRA_PACKAGES = {"execstate.fleet.ray_app": "fleet",
-                  # the Triton kernels; the engine imports them only where they run (kernels/gpu/family.py)
+                  # the Triton kernels; the engine imports them only where they run (kernels/family.py says where)
                   "execstate.kernels.gpu": "gpu"}
 # An extra's distributions may also be imported lazily (inside a function) elsewhere, by a command
 # that needs the extra (bench cluster deploys the fleet: it imports the subpackage first, which

@@ -17,7 +17,7 @@ from execstate.engine.config import EngineConfig
 from execstate.engine.llm import LLM
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.sampling_params import SamplingParams
-from execstate.kernels.gpu.family import kernel_family, triton_available, triton_runs_on
+from execstate.kernels.family import kernel_family, triton_available, triton_runs_on
 from execstate.model.random_models import make_random
 
 FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-WORKLOAD = {"systems": 4, "system_len": 512, "users": 16, "turns": 3, "user_len": 32}
+WORKLOAD = {"systems": 4, "system_len": 256, "users": 8, "turns": 3, "user_len": 32}
 
 
 def _prompts(w: dict[str, int]) -> list[tuple[int, list[int]]]:

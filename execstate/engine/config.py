@@ -148,7 +148,7 @@ class EngineConfig:
     def use_triton(self) -> bool:
         """Whether the torch path runs the Triton kernels (see ``gpu_kernels``); ``ValueError`` when
         asked for where they cannot run, or for ``deterministic`` without them."""
-        from execstate.kernels.gpu.family import triton_available, triton_runs_on
+        from execstate.kernels.family import triton_available, triton_runs_on
 
         if self.use_cpu_kernels():
             if self.deterministic:

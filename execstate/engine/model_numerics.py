@@ -16,7 +16,7 @@ the kernel family: ``<mode>+<family>``; the same torch ops on another device rou
 (1) ``eager+cpu-avx512bf16-v1`` with AVX512-BF16, ``eager+cpu-avx2-bf16emu-v1`` elsewhere.
 (2) ``eager+cpu-gguf-<formats>-v1`` (``gguf_blocks.py``), e.g. ``q41-q80`` for Q4_1 matrices
 with a Q8_0 embedding.
-(3) ``kernels/gpu/family.py``'s ``kernel_family``: ``cpu-torch-v1``, ``cuda-sm90-torch-v1``,
+(3) ``kernels/family.py``'s ``kernel_family``: ``cpu-torch-v1``, ``cuda-sm90-torch-v1``,
 ``cuda-sm90-triton-v1`` (the Triton kernels), ``cuda-sm90-triton-bi-v1`` (the deterministic mode).
 
 Activations, the KV cache, attention and norms are fp32 in every mode on the kernels.
@@ -31,8 +31,8 @@ import torch
 from execstate.engine.config import EngineConfig
 from execstate.kernels import cpu as cpu_kernels
 from execstate.kernels import gemm_bf16dot
+from execstate.kernels.family import kernel_family
 from execstate.kernels.gguf_blocks import gguf_kernel_set
-from execstate.kernels.gpu.family import kernel_family
 from execstate.model.gguf_model import gguf_file, load_gguf_model, model_formats
 from execstate.model.gpu_path import use_gpu_kernels
 from execstate.model.loader import load_model

@@ -15,7 +15,7 @@ So in the deterministic mode a token's logits, routes and logprob are the same b
 batch, its chunk, a prefix hit or prefill vs decode, and scoring a rollout with its own routes
 (``LLM.score``) reproduces its logprobs bit for bit on a GPU, as the C kernels do on the CPU.
 It costs the speed of cuBLAS's shape-tuned GEMMs (``docs/performance.md``). The kernel family
-(``kernels/gpu/family.kernel_family``) names the mode, so its KV never mixes with another's.
+(``kernels/family.kernel_family``) names the mode, so its KV never mixes with another's.
 """
 
 from __future__ import annotations

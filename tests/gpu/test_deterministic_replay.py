@@ -16,7 +16,7 @@ import pytest
 
 from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
-from execstate.kernels.gpu.family import triton_available
+from execstate.kernels.family import triton_available
 from execstate.model.random_models import make_random
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed (the gpu extra)")

@@ -16,14 +16,18 @@ Triton is optional (the ``gpu`` extra; ``make setup`` installs it with ``--no-de
 it the torch path runs torch ops only. On a machine without a GPU the kernels run under
 Triton's interpreter (``TRITON_INTERPRET=1``, set before this package's kernel modules are
 imported), which is how CI tests them; compiled Triton code runs only on a GPU
-(``scripts/gpu_check.sh``). ``kernel_family`` names the kernel set for the provenance numerics.
+(``scripts/gpu_check.sh``). ``kernels/family.py`` (importable without Triton) names each kernel
+set for the provenance numerics and says where Triton runs. Without Triton, importing this package
+raises ``ImportError`` naming the extra.
 """
 
-from execstate.kernels.gpu.family import interpreted, kernel_family, triton_available, triton_runs_on
+from execstate.kernels.family import interpreted, triton_available
 
-if interpreted() and triton_available():
+if not triton_available():
+    raise ImportError("execstate.kernels.gpu needs Triton: pip install 'execstate[gpu]' "
+                      "(with --no-deps, so the CPU torch stays)")
+
+if interpreted():
     from execstate.kernels.gpu import interpreter_fix
 
     interpreter_fix.apply()
-
-__all__ = ["interpreted", "kernel_family", "triton_available", "triton_runs_on"]

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from execstate.kernels.gpu.family import interpreted
+from execstate.kernels.family import interpreted
 
 BLOCK_M, BLOCK_N, BLOCK_K = 32, 64, 32
 

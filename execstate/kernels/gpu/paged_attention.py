@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from execstate.kernels.gpu.family import interpreted
+from execstate.kernels.family import interpreted
 
 BLOCK_N = 32  # key positions per tile
 

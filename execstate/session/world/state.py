@@ -32,7 +32,7 @@ import torch
 from execstate.identity.execution import ExecutionIdentity
 from execstate.identity.keys import BlockKey, block_key
 from execstate.identity.provenance import Provenance, numerics_id
-from execstate.kernels.gpu.family import kernel_family
+from execstate.kernels.family import kernel_family
 from execstate.model.world.interface import Carry, PromptKV, WorldModel
 from execstate.model.world.window import RollingWindow
 from execstate.session.world.events import HeldKey

@@ -1,4 +1,4 @@
-"""Names of the GPU path's kernel families, for the provenance numerics id.
+"""Names of the torch path's kernel families, for the provenance numerics id, and where Triton runs.
 
 Two executions whose kernels round differently must never share KV or routes, so the numerics
 id names the device and the kernel family that computed them. ``kernel_family(device, ...)``
