@@ -36,10 +36,12 @@ test: setup
 test-slow: setup
 	$(PY) -m pytest -q -m slow --timeout 3600
 
-# ruff, then the layer rules and the absence of import cycles (import-linter contracts in pyproject.toml)
+# ruff, then the layer rules and the absence of import cycles (import-linter contracts in pyproject.toml),
+# then the type checker (mypy; [tool.mypy] in pyproject.toml, its cache in .mypy_cache/)
 lint: setup
 	$(VENV)/bin/ruff check execstate tests
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 # The docs site (MkDocs): a broken link or a page missing from the navigation fails the build.
 docs: setup

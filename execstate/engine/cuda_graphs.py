@@ -119,7 +119,7 @@ def _forward(runner: DeviceRunner, b: int) -> tuple[torch.Tensor, torch.Tensor |
 
 
 @torch.inference_mode()
-def _capture_one(runner: DeviceRunner, b: int, pool: tuple[int, int]) -> _Graph:
+def _capture_one(runner: DeviceRunner, b: int, pool: torch.cuda._POOL_HANDLE) -> _Graph:
     dev = runner.inputs.dev
     for name in ("ids", "positions", "token_seq", "slots", "kv_rows"):  # a pad-only batch: slot 0 of block 0
         dev[name][:b].zero_()

@@ -19,14 +19,19 @@ the sampler can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from execstate.engine.sampling_params import SamplingParams
 
 _M32 = 0xFFFFFFFF
 _KEY_HIGH = 1 << 62
 
 
-def race_keys(params: list, generators: list[torch.Generator | None]) -> np.ndarray:
+def race_keys(params: list[SamplingParams], generators: list[torch.Generator | None]) -> np.ndarray:
     """int64 ``[rows]``: one key per row from its generator (seeded rows: their own, one draw
     each; the others one batched draw per shared generator, in row order)."""
     keys = np.empty(len(params), dtype=np.int64)

@@ -33,6 +33,7 @@ from execstate.engine.scheduler import SchedulerOutput
 from execstate.model.context import RouteCapture, StepContext
 from execstate.model.device.attention import DevicePagedAttention
 from execstate.model.device.upload import upload
+from execstate.model.transformer import CausalLM
 from execstate.state.kv_pool import KVPool
 
 
@@ -48,7 +49,7 @@ class DeviceRunner:
     """Runs steps of a torch-ops model (module docstring). ``triton``: the Triton kernels run
     (attention, MoE); ``graphs``: the CUDA graph pool for decode steps, or None (eager)."""
 
-    def __init__(self, model: torch.nn.Module, kv_pool: KVPool, device: torch.device, capture_routes: bool,
+    def __init__(self, model: CausalLM, kv_pool: KVPool, device: torch.device, capture_routes: bool,
                  r3_clock: R3Clock, max_tokens: int, max_seqs: int, max_model_len: int, triton: bool) -> None:
         self.model = model
         self.kv_pool = kv_pool

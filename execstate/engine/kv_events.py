@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Protocol
 from execstate.identity.keys import BlockKey
 from execstate.identity.scope import CacheScope
 from execstate.identity.secret_ring import SecretRing
-from execstate.state.kv_events import POOL, BlockRemoved, BlockStored, KVCacheEvent, KVEventBatch
+from execstate.state.kv_events import POOL, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from execstate.state.tiers.unit import UnitRecord
 from execstate.transfer.kv_events_publisher import ZmqEventPublisher
 
@@ -83,7 +83,7 @@ class KVEvents:
         self.include_token_ids = include_token_ids
         self.exclude_tenants = frozenset(exclude_tenants)
         self._hidden: dict[str, set[bytes]] = {}  # medium -> keys held back while it holds them
-        self._pending: list[KVCacheEvent] = []
+        self._pending: list[BlockStored | BlockRemoved | AllBlocksCleared] = []  # KVEventBatch.events
         self._lock = threading.Lock()
 
     def _hides(self, tenant: str | None) -> bool:

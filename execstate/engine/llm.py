@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -61,7 +61,7 @@ class LLM:
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]
-        prompts = list(prompts)
+        prompts = list(cast(Sequence[PromptType], prompts))  # a single prompt was wrapped above
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompts)
         else:
@@ -82,13 +82,13 @@ class LLM:
         added: list[str] = []
         try:
             for i, (prompt, params) in enumerate(zip(prompts, params_list, strict=True)):
-                ids = []
+                rids = []
                 for j in range(params.n):
                     sub = _sub_params(params, j)
                     rid = eng.add_request(prompt, sub, request_id=f"gen-{id(self)}-{len(added)}-{i}-{j}")
-                    ids.append(rid)
+                    rids.append(rid)
                     added.append(rid)
-                groups.append(ids)
+                groups.append(rids)
         except ValueError:
             for rid in added:
                 eng.abort_request(rid)
@@ -119,7 +119,7 @@ class LLM:
         tok = self.engine.tokenizer
         if tok is None:
             raise ValueError("this model has no tokenizer; chat needs one")
-        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        convs = cast(list[list[dict[str, Any]]], [messages] if messages and isinstance(messages[0], dict) else messages)
         prompts: list[PromptType] = []
         for conv in convs:
             text = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -85,7 +85,9 @@ class OffloadHost(Protocol):
     return_routes: bool
     kv_manager: KVCacheManager
     scheduler: Scheduler
-    kv_events: TierEvents | None
+
+    @property
+    def kv_events(self) -> TierEvents | None: ...  # read-only here: LLMEngine's is a KVEvents
 
     def wake(self) -> None: ...
 
@@ -259,7 +261,7 @@ class OffloadConnector:
         self._closer()
 
 
-def _call(ref: weakref.WeakMethod) -> None:
+def _call(ref: weakref.WeakMethod[Callable[[], None]]) -> None:
     fn = ref()
     if fn is not None:
         fn()

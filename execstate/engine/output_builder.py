@@ -69,7 +69,7 @@ def build_output(req: Request, tokenizer: Tokenizer | None, return_routes: bool)
         entries = entries if wants_logprobs else None
         text = req.detok.text(finished)
     routes = None
-    served = finished and req.status is not RequestStatus.FINISHED_ABORTED and req.output_token_ids
+    served: bool | list[int] = finished and req.status is not RequestStatus.FINISHED_ABORTED and req.output_token_ids
     # A PD prefill's routes travel with its KV to the decode side, never through the proxy.
     served = served and not (req.kv_transfer_params or {}).get("do_remote_decode")
     if return_routes and req.routes is not None and served:

@@ -19,6 +19,7 @@ from execstate.engine.runner_result import StepResult
 from execstate.engine.scheduler import SchedulerOutput
 from execstate.model.context import RouteCapture, StepContext
 from execstate.model.paged_attention import PagedAttention, SeqSpan
+from execstate.model.transformer import CausalLM
 from execstate.state.kv_pool import KVPool
 
 __all__ = ["ModelRunner", "StepResult"]
@@ -31,7 +32,7 @@ class ModelRunner:
     ``max_tokens``/``max_seqs``/``max_model_len`` size the device runner's buffers; ``triton``: it
     runs the Triton kernels."""
 
-    def __init__(self, model: torch.nn.Module, kv_pool: KVPool, device: torch.device | str, capture_routes: bool,
+    def __init__(self, model: CausalLM, kv_pool: KVPool, device: torch.device | str, capture_routes: bool,
                  r3_clock: R3Clock | None = None, max_tokens: int = 2048, max_seqs: int = 64,
                  max_model_len: int = 2048, triton: bool = False):
         self.model = model

@@ -134,13 +134,13 @@ def check_references(owners: BlockOwners) -> None:
     by_requests = Counter(b for req in owners.requests.values() for b in req.block_ids)
     by_holds = owners.kv_holds.counts()
     pool = owners.block_pool
-    wrong = [b for b in range(pool.num_blocks)
-             if pool.ref_count(BlockId(b)) != by_requests.get(b, 0) + by_holds.get(b, 0)]
+    wrong = [b for b in map(BlockId, range(pool.num_blocks))
+             if pool.ref_count(b) != by_requests.get(b, 0) + by_holds.get(b, 0)]
     if wrong:
         b = wrong[0]
         raise AssertionError(
             f"{len(wrong)} block(s) with references no request or hold accounts for, e.g. block {b}: "
-            f"ref_count {pool.ref_count(BlockId(b))}, held by {by_requests.get(b, 0)} request(s) and "
+            f"ref_count {pool.ref_count(b)}, held by {by_requests.get(b, 0)} request(s) and "
             f"{by_holds.get(b, 0)} session/checkpoint hold(s)"
         )
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -42,8 +42,9 @@ def _environment() -> ImmutableSandboxedEnvironment:
 
 def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
-        return value.get("content")
-    return value
+        content: str | None = value.get("content")
+        return content
+    return cast(str | None, value)
 
 
 class Tokenizer:

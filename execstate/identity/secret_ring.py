@@ -26,6 +26,7 @@ import hashlib
 import hmac
 import os
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 SECRET_ENV = "EXECSTATE_KV_SECRET"
@@ -57,7 +58,7 @@ class SecretRing:
             _raw(p, "a previous secret")
 
     @classmethod
-    def resolve(cls, current: str | bytes | None = None, previous: str | bytes | list[str] | None = None,
+    def resolve(cls, current: str | bytes | None = None, previous: str | bytes | Sequence[str | bytes] | None = None,
                 ) -> SecretRing | None:
         """From values, else ``$EXECSTATE_KV_SECRET`` / ``$EXECSTATE_KV_SECRET_PREVIOUS`` (comma-
         separated); ``None`` when no current secret is set."""

@@ -20,6 +20,7 @@ each query row computed the same way whichever span, step or batch it is in.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +37,7 @@ class SeqSpan:
     token_start: int  # index of the span's first token in the flat batch
     num_query: int
     context_len: int  # tokens in context after this step (cached + new)
-    block_ids: list[int]
+    block_ids: Sequence[int]
 
 
 class PagedAttention:

@@ -112,7 +112,7 @@ class CausalLM(nn.Module):
         """Forget the decode path's weight pointers; call after replacing (not copying into) parameters."""
         self._decode_weights = None
 
-    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+    def _apply(self, fn, recurse=True):
         self.drop_decode_weights()  # .to() / .float() may replace every parameter
         return super()._apply(fn, recurse)
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+from collections.abc import Callable
 
 TRIM_AFTER_BYTES = 4 << 20
 
 
 @functools.cache
-def _malloc_trim():  # noqa: ANN202 - a ctypes function or None
+def _malloc_trim() -> Callable[..., object] | None:  # a ctypes function or None
     name = ctypes.util.find_library("c")
     try:
         fn = ctypes.CDLL(name).malloc_trim if name else None

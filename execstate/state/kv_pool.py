@@ -12,6 +12,7 @@ import contextlib
 import mmap
 import os
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -110,7 +111,7 @@ class KVPool:
         shape = (self.num_layers, self.k.shape[1], -1)
         return self.k.view(torch.uint8).numpy().reshape(shape), self.v.view(torch.uint8).numpy().reshape(shape)
 
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
         """Copy-on-write: block ``src``'s K/V in every layer into block ``dst``, for each pair, in
         place (one block-sized slice per layer and tensor; the source is only read)."""
         for src, dst in pairs:

@@ -54,7 +54,8 @@ class Quotas:
     def limit(self, kind: str) -> int | None:
         if kind not in KINDS:
             raise ValueError(f"unknown quota kind {kind!r}; kinds: {', '.join(KINDS)}")
-        return getattr(self, kind)
+        limit: int | None = getattr(self, kind)
+        return limit
 
 
 class QuotaExceeded(Exception):

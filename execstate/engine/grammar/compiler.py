@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING
 
 import llguidance as llg
 from llguidance.gbnf_to_lark import any_to_lark
@@ -29,9 +29,12 @@ from execstate.engine.grammar.bounds import GrammarBounds, check_bounds
 from execstate.engine.grammar.matcher import GrammarMatcher, GrammarSnapshot
 from execstate.engine.grammar.spec import StructuredOutputsParams
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 # JSON output as a person writes it, and nothing a small model can loop on (flexible whitespace
 # lets it emit newlines forever): ", " between items, ": " after keys, no other whitespace.
-_JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class CompiledGrammar:

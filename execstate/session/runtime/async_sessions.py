@@ -25,6 +25,7 @@ connection's tenant and kind) and every call of that view resolves ids in the ca
 
 from __future__ import annotations
 
+import builtins
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -96,6 +97,6 @@ class AsyncKindSessions(ABC, Generic[S, I]):
         a = self.access
         return await self.run(lambda s: s.list(a))
 
-    async def expire_idle(self) -> list[str]:
+    async def expire_idle(self) -> builtins.list[str]:  # `list` here is the method above
         """Expire the detached sessions idle past the policy's TTL (every owner's); their ids."""
         return await self.run(lambda s: s.expire_idle())

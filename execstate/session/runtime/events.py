@@ -204,7 +204,8 @@ class EventQueue:
         for i, e in enumerate(events):
             if self.kinds[e.kind].merge is Merge.REPLACE:
                 last[e.kind] = i
-        applied, overwritten = [], []
+        applied: list[Event] = []
+        overwritten: list[Event] = []
         for i, e in enumerate(events):
             keep = self.kinds[e.kind].merge is Merge.APPEND or last[e.kind] == i
             (applied if keep else overwritten).append(e)

@@ -53,8 +53,9 @@ from dataclasses import dataclass, field
 
 from execstate.identity.tenant import TenantId
 from execstate.session.runtime.access import AGENTS, LOCAL, SESSIONS, WORLD, Access, Owner
+from execstate.session.runtime.checkpoint import Checkpoint
 from execstate.session.runtime.events import EventQueue, SessionEventError
-from execstate.session.runtime.lifecycle import Checkpoint, SessionRuntime, SessionStatus
+from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
 from execstate.state.quotas import QuotaExceeded, QuotaLedger, Quotas
 
 EVICTION_POLICIES = (None, "lru")

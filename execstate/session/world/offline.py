@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from execstate.model.world.interface import WorldModel, WorldSpec
+from execstate.session.runtime.checkpoint import Checkpoint
 from execstate.session.runtime.events import SessionEventError
 from execstate.session.runtime.handle import SessionHandle
-from execstate.session.runtime.lifecycle import Checkpoint
 from execstate.session.runtime.manager import SessionPolicy
 from execstate.session.world.hibernation import hibernate, wake
 from execstate.session.world.sessions import WorldSessionInfo, WorldSessions

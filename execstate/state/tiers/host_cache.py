@@ -88,7 +88,8 @@ class HostCache:
             return [k for k, e in self._entries.items() if self.visible and e.record is not None and not e.dead]
 
     def view(self, slot: int) -> np.ndarray:
-        return self.slab[slot]
+        row: np.ndarray = self.slab[slot]
+        return row
 
     def contains(self, key: BlockKey) -> bool:
         with self._lock:

@@ -23,6 +23,7 @@ One Redis string per unit: key ``<prefix><key hex>``, value the unit's blob (``u
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import redis
 
@@ -94,7 +95,7 @@ class RedisStore(UnitStore):
         if not self.health.available():
             return None
         try:
-            data = self.client.get(self.redis_key(key))
+            data = cast(bytes | None, self.client.get(self.redis_key(key)))  # no decode_responses
         except redis.RedisError as e:
             self.health.failed(f"{type(e).__name__}: {e}")
             return None
