@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -130,7 +130,7 @@ class AsyncEngine:
         kv_transfer_params: dict[str, Any] | Handoff | None = None,
         admission: Admission | None = None,
         scope: CacheScope | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Add one request (``params.n`` must be 1) and yield its outputs until finished.
         ``scope``: the caller's tenant and salt (``LLMEngine.add_request``).
 
@@ -170,7 +170,7 @@ class AsyncEngine:
             if not finished:  # consumer gone early (or cancelled while adding): free the request
                 self._worker.submit_nowait(AbortCommand(request_id))
 
-    async def stream(self, start: Callable[[LLMEngine], str]) -> AsyncIterator[RequestOutput]:
+    async def stream(self, start: Callable[[LLMEngine], str]) -> AsyncGenerator[RequestOutput, None]:
         """Run ``start(engine)`` on the engine thread (it adds one request and returns its id) and
         yield that request's outputs until finished, as ``generate`` does. An exception from
         ``start`` is raised here before anything is yielded (nothing was added). Closing or

@@ -19,6 +19,7 @@ CHECKSUM_BYTES = 32
 
 def checksum(data: bytes | memoryview | object) -> bytes:
     """BLAKE3-256 of one buffer (bytes, memoryview, a contiguous numpy array)."""
+    # numpy arrays are buffers, but numpy declares __buffer__ only for Python 3.12+
     return blake3.blake3(data).digest()  # type: ignore[arg-type]
 
 
@@ -26,5 +27,5 @@ def checksum_parts(parts: Iterable[bytes | memoryview | object]) -> bytes:
     """BLAKE3-256 of the concatenation of ``parts`` (no concatenated copy is made)."""
     h = blake3.blake3()
     for part in parts:
-        h.update(part)  # type: ignore[arg-type]
+        h.update(part)  # type: ignore[arg-type]  # as in checksum()
     return h.digest()

@@ -3,6 +3,8 @@ plan from ``PagedDecode.for_spans`` runs ``prefill_attention``, the same results
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from execstate.kernels.ext import lib, require, sync_threads
@@ -20,7 +22,7 @@ class PagedDecode:
     ``len(block_tables[b]) * block_size``; block ids below ``num_slots // block_size``).
     """
 
-    def __init__(self, tokens: list[int], block_tables: list[list[int]], ctx_lens: list[int], block_size: int,
+    def __init__(self, tokens: list[int], block_tables: Sequence[Sequence[int]], ctx_lens: list[int], block_size: int,
                  num_slots: int) -> None:
         lib()  # RuntimeError when the kernels are unavailable
         if block_size < 1:
@@ -73,7 +75,7 @@ class PagedDecode:
                nkv, d, self.block_size, float(scale))
 
     @classmethod
-    def for_spans(cls, token_starts: list[int], num_queries: list[int], block_tables: list[list[int]],
+    def for_spans(cls, token_starts: list[int], num_queries: list[int], block_tables: Sequence[Sequence[int]],
                   ctx_lens: list[int], block_size: int, num_slots: int) -> PagedDecode:
         """Every query of a step's spans, prefill spans included: span ``s`` holds rows
         ``token_starts[s] ..`` (``num_queries[s]`` of them) whose last one sees ``ctx_lens[s]``

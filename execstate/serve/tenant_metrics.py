@@ -60,8 +60,8 @@ class TenantMetrics:
             gauge.clear()
         for tenant, counts in usage.items():
             for kind, value in counts.items():
-                gauge = self.gauges.get(kind)
-                if gauge is not None:
-                    gauge.labels(tenant).set(value)
+                series = self.gauges.get(kind)
+                if series is not None:
+                    series.labels(tenant).set(value)
         if expired is not None:
             self.expired.set(expired)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Executor
+from typing import cast
 
 import numpy as np
 import torch
@@ -24,7 +25,7 @@ from execstate.identity.checksum import checksum_parts
 from execstate.identity.keys import BlockKey
 from execstate.state.kv_pool import KVPool
 from execstate.transfer.errors import ErrorCode, TransferError
-from execstate.transfer.manifest import FORMAT_VERSION, ITEMSIZE, Capabilities, KVLayout, Manifest
+from execstate.transfer.manifest import FORMAT_VERSION, ITEMSIZE, Capabilities, KVDType, KVLayout, Manifest
 
 _PARALLEL_CHUNK = 16  # blocks per task when hashing on an executor
 
@@ -40,7 +41,7 @@ def kv_layout_of(pool: KVPool) -> KVLayout:
         block_size=pool.block_size,
         num_kv_heads=int(num_kv_heads),
         head_dim=int(head_dim),
-        dtype=dtype,  # type: ignore[arg-type]
+        dtype=cast(KVDType, dtype),  # one of ITEMSIZE's, checked above
     )
 
 
@@ -67,7 +68,7 @@ def block_checksums(pool: KVPool, block_ids: Sequence[int], executor: Executor |
     def run(ids: Sequence[int]) -> list[bytes]:
         out: list[bytes] = []
         for b in ids:
-            parts = []
+            parts: list[np.ndarray] = []
             for layer in range(pool.num_layers):
                 parts += (k[layer, b * bs : (b + 1) * bs], v[layer, b * bs : (b + 1) * bs])
             out.append(checksum_parts(parts))

@@ -125,7 +125,7 @@ class ControlServer:
         self._thread.join()
 
     def _run(self, port: int) -> None:
-        sock = zmq.Context.instance().socket(zmq.ROUTER)
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
@@ -248,7 +248,7 @@ class ControlClient:
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
-            sock = zmq.Context.instance().socket(zmq.DEALER)
+            sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
             sock.setsockopt(zmq.SNDTIMEO, max(1, int(self.timeout_s * 1000)))

@@ -79,7 +79,7 @@ def verify_record(record: UnitRecord, want: ExpectedUnit, layout: UnitLayout, ne
                              f"unit key {record.key.hex()[:16]} stored under {want.key.hex()[:16]}")
     if record.parent != want.parent or tuple(record.token_ids) != want.token_ids:
         raise UnitCheckError("record", ErrorCode.KEY_MISMATCH, "the record names another parent or other tokens")
-    if block_key(record.parent, record.token_ids) != record.key:
+    if block_key(BlockKey(record.parent), record.token_ids) != record.key:
         raise UnitCheckError("record", ErrorCode.KEY_MISMATCH, "the record's parent and tokens do not hash to its key")
     if need_routes and (record.routes_checksum is None or record.layout.routes_nbytes == 0):
         raise UnitCheckError("routes", ErrorCode.TRUNCATED, "routes are needed but the unit carries none")
@@ -93,7 +93,8 @@ def verify_routes(record: UnitRecord, routes: bytes | memoryview | None, n_exper
     against ``routes_checksum`` and the R3 contract (ids in ``[0, n_experts)``, none twice in a
     row); :class:`UnitCheckError` (``routes``) otherwise."""
     lay = record.layout
-    if routes is None or record.routes_checksum is None or len(routes) != lay.routes_nbytes:
+    if (routes is None or record.routes_checksum is None or lay.route_layers is None or lay.route_top_k is None
+            or len(routes) != lay.routes_nbytes):
         raise UnitCheckError("routes", ErrorCode.TRUNCATED, "route rows missing or truncated")
     if checksum(routes) != record.routes_checksum:
         raise UnitCheckError("routes", ErrorCode.CHECKSUM_MISMATCH, "route rows differ from the record's checksum")

@@ -15,6 +15,7 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -84,7 +85,7 @@ class Espeak:
 
     def synthesize(self, text: str, voice: str | None, sink: Callable[[SynthChunk], bool]) -> None:
         data = text.encode("utf-8")
-        state = {"samples": 0, "stopped": False, "error": None, "end": 0}
+        state: dict[str, Any] = {"samples": 0, "stopped": False, "error": None, "end": 0}
 
         def callback(wav, n, events):  # called by espeak_Synth, on this thread
             try:
@@ -123,7 +124,12 @@ class Espeak:
     def speak(self, text: str, voice: str | None = None) -> tuple[np.ndarray, list[WordMark]]:
         """The whole utterance at once: (samples, word marks)."""
         chunks: list[SynthChunk] = []
-        self.synthesize(text, voice, lambda c: chunks.append(c) is None)
+
+        def collect(c: SynthChunk) -> bool:
+            chunks.append(c)
+            return True  # go on
+
+        self.synthesize(text, voice, collect)
         samples = np.concatenate([c.samples for c in chunks]) if chunks else np.zeros(0, np.int16)
         return samples, [m for c in chunks for m in c.marks]
 

@@ -203,7 +203,12 @@ class SpeechOut:
 
     def _synthesize(self, text: str) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
         chunks: list[SynthChunk] = []
-        self.synth.synthesize(text, self.voice, lambda c: chunks.append(c) is None)
+
+        def collect(c: SynthChunk) -> bool:
+            chunks.append(c)
+            return True  # go on
+
+        self.synth.synthesize(text, self.voice, collect)
         audio = np.concatenate([c.samples for c in chunks]) if chunks else np.zeros(0, np.int16)
         marks = [m for c in chunks for m in c.marks]
         rate = self.synth.sample_rate

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -63,6 +65,19 @@ def test_prompt_logprobs_vllm_layout(http, client, offline):
                                             stream=True))
     first = chunks[0].choices[0]
     assert first.logprobs.token_logprobs[1:len(PROMPT)] == ref
+
+
+def test_chat_stream_prompt_logprobs(http, offline):
+    """Streamed, the first chunk carries the prompt's logprobs (as the whole response does)."""
+    body = {"model": MODEL_NAME, "max_tokens": 2, "prompt_logprobs": 0, "return_token_ids": True,
+            "messages": [{"role": "user", "content": "hello"}]}
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    ids = chunks[0]["prompt_token_ids"]
+    plp = chunks[0]["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == len(ids)
+    assert [e[str(t)]["logprob"] for t, e in zip(ids[1:], plp[1:], strict=True)] == offline.score(ids).logprobs
+    assert all("prompt_logprobs" not in c for c in chunks[1:])
 
 
 def test_max_tokens_zero_needs_echo_or_prompt_logprobs(http):

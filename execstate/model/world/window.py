@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 Chunk = tuple[int, ...]
+T = TypeVar("T")  # a chunk, or whatever a caller keeps per chunk (a session: its held blocks)
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class RollingWindow:
         """Chunks a table holds at most after :meth:`roll`."""
         return self.sink_chunks + self.window_chunks
 
-    def context(self, table: Sequence[Chunk]) -> list[Chunk]:
+    def context(self, table: Sequence[T]) -> list[T]:
         """The chunks a step attends to: the sink, then the newest ``window_chunks``."""
         if len(table) <= self.max_chunks:
             return list(table)

@@ -14,7 +14,7 @@ handler, which releases what is left when it is done).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -78,7 +78,7 @@ def expand(
 async def merged_outputs(
     engine: AsyncEngine, subs: list[SubRequest], metrics: ServingMetrics, arrival: float,
     admission: Admission | None = None,
-) -> AsyncIterator[tuple[SubRequest, RequestOutput]]:
+) -> AsyncGenerator[tuple[SubRequest, RequestOutput], None]:
     """Yield every output of every sub-request; raises the first error of any of them."""
     results: asyncio.Queue[tuple[SubRequest, RequestOutput | BaseException | None]] = asyncio.Queue()
 

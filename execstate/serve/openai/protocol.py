@@ -275,7 +275,8 @@ class ChatCompletionResponse(_Response):
 
 
 class ChatCompletionChunk(_Response):
-    omit_if_none: ClassVar[frozenset[str]] = frozenset({"usage", "prompt_token_ids", "kv_transfer_params"})
+    omit_if_none: ClassVar[frozenset[str]] = frozenset(
+        {"usage", "prompt_token_ids", "kv_transfer_params", "prompt_logprobs"})
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -284,6 +285,7 @@ class ChatCompletionChunk(_Response):
     usage: Usage | None = None
     prompt_token_ids: list[int] | None = None
     kv_transfer_params: dict[str, Any] | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # the first chunk of each choice
 
 
 class CompletionChunk(_Response):

@@ -90,7 +90,7 @@ def tool_request(req: ChatCompletionRequest, parser_name: str = "hermes") -> Too
         raise bad_request("tools: function names must be unique", param="tools")
     if named is not None and named not in names:
         raise bad_request(f"tool_choice names {named!r}, which is not in tools", param="tool_choice")
-    mode = named if named is not None else (choice or "auto")
+    mode = named if named is not None else str(choice or "auto")  # a str here: a dict choice names one
     parallel = req.parallel_tool_calls is not False
     return ToolRequest(tool_parser(parser_name), functions, mode, parallel)
 
@@ -171,8 +171,8 @@ class ToolOutput:
             calls = calls[:1]
         self.num_calls = len(calls)
         forced = self.tools.choice not in ("auto", "none")
-        content = None if forced or not content.strip() else content
-        return content, [ToolCallOut(id=i, function=f) for i, f in map(_out, calls)]
+        shown = None if forced or not content.strip() else content
+        return shown, [ToolCallOut(id=i, function=f) for i, f in map(_out, calls)]
 
     def feed(self, text: str) -> tuple[str, list[DeltaToolCall]]:
         """A streamed delta: the content to send now and the calls completed by it."""

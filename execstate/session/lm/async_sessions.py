@@ -38,7 +38,7 @@ server's ``SessionPolicy``: idle expiry, quotas, checkpoints per session) applie
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -128,7 +128,7 @@ class AsyncSessions(AsyncKindSessions[LMSessions, SessionInfo]):
     async def step(self, session_id: str, input: list[int] | str | ChatTurn | None = None,
                    max_tokens: int | None = None, reprefill: bool = False,
                    on_start: Callable[[int, dict[str, list[int]]], None] | None = None,
-                   ) -> AsyncIterator[StepDelta | StepResult]:
+                   ) -> AsyncGenerator[StepDelta | StepResult, None]:
         """Submit ``input`` (if any) and run one step: yields ``StepDelta``s, then the ``StepResult``.
         A ``ChatTurn`` is rendered with the model's chat template, one turn at a time (``chat.py``;
         a bad turn: ``SessionEventError`` ``invalid``), in a worker thread.

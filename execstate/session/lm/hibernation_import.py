@@ -33,6 +33,7 @@ from __future__ import annotations
 import secrets
 import time
 
+from execstate.identity.keys import BlockKey
 from execstate.identity.secret_ring import SecretRing
 from execstate.identity.tenant import TenantId
 from execstate.session.lm.hibernation import engine_id
@@ -114,7 +115,7 @@ def wake_from_reference(sessions: LMSessions, data: bytes, ledger: HandoverLedge
         raise MigrationError("unavailable", f"the shared tier cannot be reached: {e}") from None
     if not mine:
         raise MigrationError("conflict", f"session {offer.session_id!r} was woken by another engine meanwhile")
-    conn.adopt_shared(list(m.unit_keys))
+    conn.adopt_shared([BlockKey(k) for k in m.unit_keys])  # checked against the session's keys
     rt = SessionRuntime(sid, state, queue, offer.branch_id, offer.step_index, offer.event_epoch,
                         offer.max_event_epoch, owner=owner)
     return manager.add(rt)

@@ -37,12 +37,13 @@ from execstate.session.lm.state import LMState
 from execstate.session.runtime.events import EventKind, EventQueue
 from execstate.session.runtime.migration import MigrationError
 from execstate.state.block_holds import HeldBlocks
+from execstate.state.block_pool import BlockId
 from execstate.state.tiers.pool_units import UnitOrigin
 
 
 def block_units(token_ids: list[int] | tuple[int, ...], identity: ExecutionIdentity, held: HeldBlocks | None,
                 rows: np.ndarray | None, block_size: int,
-                weights_version: str | None = None) -> list[tuple[int, BlockKey, UnitOrigin, bytes | None]]:
+                weights_version: str | None = None) -> list[tuple[BlockId, BlockKey, UnitOrigin, bytes | None]]:
     """``(block id, key, origin, route bytes)`` of each full block ``held`` has KV for
     (``weights_version``: the identity's, named in the units' records; None when unknown)."""
     if held is None:

@@ -257,7 +257,7 @@ def _create(imp: ImportHandle, res: LoadResult | None, fenced: bool) -> None:
         rows = imp.rows.copy()
         if imp.hits and engine.route_store is not None:  # our own records for our own blocks
             rows[: len(imp.hits) * bs] = np.concatenate([engine.route_store.get(k) for k in imp.keys[: len(imp.hits)]])
-        trace = RouteTrace(*rows.shape[1:], capacity=max(len(rows), 64))
+        trace = RouteTrace(rows.shape[1], rows.shape[2], capacity=max(len(rows), 64))
         if len(rows):
             trace.fill(0, rows)
         state.routes = trace

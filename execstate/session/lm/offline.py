@@ -24,7 +24,7 @@ A ``Session`` is also a context manager that closes it. Not thread-safe (like ``
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -113,4 +113,4 @@ class Session(SessionHandle):
         was, serving."""
         from execstate.session.lm.migration import migrate_session
 
-        return migrate_session(self, target, timeout_s).session
+        return cast(Session, migrate_session(self, target, timeout_s).session)  # type(self) on the target

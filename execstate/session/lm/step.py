@@ -94,7 +94,7 @@ class StepHandle:
     done: bool = False
     result: StepResult | None = None
     error: SessionEventError | None = None
-    on_done: list[Callable[[StepHandle], None]] = field(default_factory=list)
+    on_done: list[Callable[[StepHandle], object]] = field(default_factory=list)  # results unused
 
 
 def start_lm_step(
@@ -123,9 +123,10 @@ def start_lm_step(
                           max_tokens=max_tokens if max_tokens is not None else params.max_tokens,
                           routed_experts_prompt_start=max(len(state.token_ids) - 1, 0))
     grammar = _step_grammar(engine, state.grammar, params)
-    started = sorted({e.event_id for e in drained.applied})
+    started: list[int] = sorted({e.event_id for e in drained.applied})
+    completed: list[int] = list(drained.event_ids)  # a fresh list either way
     handle = StepHandle(rt.session_id, rt.step_index + 1, f"session:{rt.session_id}:{next(_request_ids)}",
-                        {"started": started, "active": [], "completed": drained.event_ids})
+                        {"started": started, "active": [], "completed": completed})
 
     def hook(req: Request, out: RequestOutput) -> None:
         finish_lm_step(engine, rt, handle, req, out, clock)

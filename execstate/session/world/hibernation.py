@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import cast
 
 import msgspec
 
@@ -63,6 +64,7 @@ from execstate.session.world.migration import (
     world_offer,
     write_chunks,
 )
+from execstate.session.world.migration_wire import WireChunk
 from execstate.session.world.sessions import WorldSessions
 from execstate.session.world.state import WorldSaved, WorldState
 from execstate.state.block_holds import HeldBlocks
@@ -100,8 +102,9 @@ def hibernate(sessions: WorldSessions, session_id: str, access: Access = LOCAL) 
         rt.require(SessionStatus.OPEN)
         state = rt.state
         assert isinstance(state, WorldState)
-        saved = [cp.saved for cp in [*rt.checkpoints, rt.origin] if not cp.released]
-        chunks, index = [], {}
+        saved = [cast(WorldSaved, cp.saved) for cp in [*rt.checkpoints, rt.origin] if not cp.released]
+        chunks: list[WireChunk] = []
+        index: dict[tuple[int, ...], int] = {}
 
         def table_of(recs: list[HeldBlocks]) -> list[int]:
             out = []
@@ -114,7 +117,7 @@ def hibernate(sessions: WorldSessions, session_id: str, access: Access = LOCAL) 
             return out
 
         live = table_of(state.table)
-        tables = [table_of(s.table) for s in saved]  # type: ignore[attr-defined]
+        tables = [table_of(s.table) for s in saved]
         key = bytes(rt.state_key())
         tenant = str(rt.owner.tenant)
         h = WorldHibernation(FORMAT_VERSION, tenant, key, world_offer(sessions, rt, with_chunks=False), chunks, live,
@@ -128,8 +131,8 @@ def hibernate(sessions: WorldSessions, session_id: str, access: Access = LOCAL) 
                                     f"{store.name!r} refused its unit of {len(blob)} bytes (full or down)")
         state.drop_kv()
         for s in saved:
-            s.drop_table()  # type: ignore[attr-defined]
-        record = WorldHibernated(rt.session_id, store, ukey, d, key, len(blob), saved)  # type: ignore[arg-type]
+            s.drop_table()
+        record = WorldHibernated(rt.session_id, store, ukey, d, key, len(blob), saved)
         rt.begin_hibernation(record)
         sessions.manager.set_waker(lambda r: wake_runtime(sessions, r))
         return record

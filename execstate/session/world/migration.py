@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from execstate.identity.keys import BlockKey
 from execstate.model.world.window import RollingWindow
 from execstate.session.runtime.events import Event, EventQueue, SessionEventError
 from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
@@ -181,7 +182,7 @@ def state_from_offer(sessions: WorldSessions, o: WorldOffer, window: RollingWind
                      table: list[HeldBlocks]) -> WorldState:
     """The session's state from a checked offer, its block table ``table`` (already written)."""
     state = WorldState(sessions.store, window, o.seed, sessions.store.model.encode_prompt(o.prompt, o.prompt_version),
-                       carry, bytes(o.history))  # type: ignore[arg-type]
+                       carry, BlockKey(bytes(o.history)))
     state.table = table
     state.n_chunks = o.n_chunks
     state.held = None if o.held is None else HeldKey(o.held.key, o.held.event_id)

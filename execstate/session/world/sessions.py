@@ -25,7 +25,7 @@ import hashlib
 import secrets
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
 from execstate.session.runtime.manager import SessionManager, SessionPolicy
 from execstate.session.runtime.sessions import KindSessions, runtime_fields
 from execstate.session.world.events import ACTION, held_after, world_event_kinds
-from execstate.session.world.state import WorldState, WorldStore, start_history, step_history
+from execstate.session.world.state import WorldSaved, WorldState, WorldStore, start_history, step_history
 from execstate.session.world.step import (
     WorldStepResult,
     compute_world_step,
@@ -204,7 +204,7 @@ class WorldSessions(KindSessions[WorldSessionInfo]):
         ids = state.block_ids()
         for cp in [*rt.checkpoints, rt.origin]:
             if not cp.released:
-                ids |= cp.saved.block_ids()  # type: ignore[attr-defined]
+                ids |= cast(WorldSaved, cp.saved).block_ids()
         return len(ids)
 
     def describe(self, rt: SessionRuntime) -> WorldSessionInfo:

@@ -21,7 +21,7 @@ import ast
 import operator
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 DEMO_TABLE = {"zebra": "ZX-4417", "otter": "OT-2290", "falcon": "FA-7731", "heron": "HE-0526"}
 MAX_EXPRESSION_CHARS = 200
@@ -55,7 +55,7 @@ def calculator(expression: str) -> str:
 
 def _eval(node: ast.AST) -> int | float:
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
+        return cast(int | float, node.value)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:

@@ -184,12 +184,14 @@ class LMHandlers:
         started: asyncio.Future[tuple[int, dict[str, list[int]]]] = asyncio.get_running_loop().create_future()
         created = asyncio.Event()
         task = asyncio.create_task(self._run_response(msg, sid, rid, value, want_routes, started, created))
-        await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)
+        waiting: set[asyncio.Future[Any]] = {started, task}
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if not started.done():
             task.result()  # ended without starting: re-raise what stopped it
             raise invalid("the step ended before it started")
-        if started.exception() is not None:  # refused at the start: nothing ran
-            raise started.exception()  # type: ignore[misc]
+        refused = started.exception()
+        if refused is not None:  # refused at the start: nothing ran
+            raise refused
         self._response = task
         step_index, events = started.result()
         try:
