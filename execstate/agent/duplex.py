@@ -360,7 +360,7 @@ class DuplexAgent:
         epoch, cfg = self.fence.epoch, self.config
         plan, self._first = self._first, None
         first = plan is not None
-        forced = self.front.encode(plan.forced) if first and plan.forced else []
+        forced = self.front.encode(plan.forced) if plan is not None and plan.forced else []
         cue = self.front.encode(cfg.agent_prefix) if first else []
         inp = await self.context.step_input(r.response_id, first, cue, forced)
         if forced:

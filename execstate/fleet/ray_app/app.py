@@ -37,11 +37,11 @@ import argparse
 import os
 import secrets
 import time
-from typing import Any
+from typing import Any, cast
 
 from ray import serve
 from ray.serve.config import RequestRouterConfig
-from ray.serve.deployment import Application
+from ray.serve.deployment import Application, Deployment
 
 from execstate.fleet.ray_app.engine_replica import NODE_IP, EngineReplica
 from execstate.fleet.ray_app.ingress import FleetIngress
@@ -88,20 +88,24 @@ def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = Non
     name = served_model_name or model
 
     def engines(deployment: str, n: int, *role_args: Any) -> Application:
-        return serve.deployment(
+        # Ray types serve.deployment(cls, **options) as its decorator form, and its pydantic-v1
+        # RequestRouterConfig's fields as dicts: the casts and ignores below say what Ray returns and takes.
+        return cast(Deployment, serve.deployment(
             EngineReplica, name=deployment, num_replicas=n, max_ongoing_requests=64,
             ray_actor_options=actor,
             request_router_config=RequestRouterConfig(
-                request_router_class=ExecstateRequestRouter, request_router_kwargs=dict(router or {}),
-                request_routing_stats_period_s=STATS_PERIOD_S, request_routing_stats_timeout_s=5.0),
-        ).bind(model, name, kwargs, replica_host, (INGRESS, app_name), settings, realtime_grace_s, *role_args)
+                request_router_class=ExecstateRequestRouter,  # type: ignore[arg-type]
+                request_router_kwargs=dict(router or {}),
+                request_routing_stats_period_s=STATS_PERIOD_S,  # type: ignore[arg-type]
+                request_routing_stats_timeout_s=5.0),  # type: ignore[arg-type]
+        )).bind(model, name, kwargs, replica_host, (INGRESS, app_name), settings, realtime_grace_s, *role_args)
 
     ingress_actor = {"num_cpus": 0, "runtime_env": {"env_vars": env}}
     if pd is None:
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
-        ingress = serve.deployment(serve.ingress()(FleetIngress), name=INGRESS, num_replicas=1,
-                                   max_ongoing_requests=1000, ray_actor_options=ingress_actor)
+        ingress = cast(Deployment, serve.deployment(serve.ingress()(FleetIngress), name=INGRESS, num_replicas=1,
+                                                    max_ongoing_requests=1000, ray_actor_options=ingress_actor))
         return ingress.bind(engines(ENGINES, replicas), model, settings)
     n_prefill, n_decode = pd
     if n_prefill < 1 or n_decode < 1:
@@ -110,8 +114,8 @@ def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = Non
     producer = {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "enable_routed_experts_transfer": routes}
     both = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
             "enable_routed_experts_transfer": routes}
-    ingress = serve.deployment(serve.ingress()(PDFleetIngress), name=INGRESS, num_replicas=1,
-                               max_ongoing_requests=1000, ray_actor_options=ingress_actor)
+    ingress = cast(Deployment, serve.deployment(serve.ingress()(PDFleetIngress), name=INGRESS, num_replicas=1,
+                                                max_ongoing_requests=1000, ray_actor_options=ingress_actor))
     return ingress.bind(engines(PREFILL_ENGINES, n_prefill, "prefill", producer),
                         engines(DECODE_ENGINES, n_decode, "decode", both), model, settings)
 

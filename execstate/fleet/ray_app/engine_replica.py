@@ -141,8 +141,9 @@ class EngineReplica:
             time.sleep(0.02)
         self.client = httpx.AsyncClient(base_url=self.url, timeout=None)
         self.gate = VersionGate()
-        kv = self.engine.call(lambda e: e.kv_events)
-        self.kv_endpoint, self.kv_replay_endpoint = kv.endpoint, kv.replay_endpoint
+        published = self.engine.call(lambda e: e.kv_events)
+        assert published is not None  # the engine was configured with kv_events above
+        self.kv_endpoint, self.kv_replay_endpoint = published.endpoint, published.replay_endpoint
         if ingress is not None:
             version = self.engine.call(lambda e: e.provenance.weights_version)
             threading.Thread(target=self._register, args=(*ingress, version), name="execstate-replica-register",

@@ -33,9 +33,9 @@ import json
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
-from ray.serve.handle import DeploymentHandle
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -153,7 +153,8 @@ class FleetIngress:
         last: Exception | None = None
         for _ in range(MAX_ATTEMPTS):
             r = RouteRequest(route.token_ids, route.scope, route.session_replica, tuple(sorted(excluded)))
-            gen = self.engines.options(stream=True).forward.remote(r, method, path, query, headers, body)
+            gen = cast(DeploymentResponseGenerator,  # stream=True
+                       self.engines.options(stream=True).forward.remote(r, method, path, query, headers, body))
             try:
                 head = await gen.__anext__()
             except Exception as e:  # noqa: BLE001 - a replica gone before answering: try another

@@ -38,9 +38,9 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
-from ray.serve.handle import DeploymentHandle
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -161,7 +161,8 @@ class PDFleetIngress(FleetIngress):
         last: Exception | None = None
         for _ in range(MAX_ATTEMPTS):
             route = route_for(exclude)
-            gen = handle.options(stream=True).forward.remote(route, "POST", path, query, headers, payload)
+            gen = cast(DeploymentResponseGenerator,  # stream=True
+                       handle.options(stream=True).forward.remote(route, "POST", path, query, headers, payload))
             try:
                 head = await gen.__anext__()
             except Exception as e:  # noqa: BLE001 - a replica gone before answering: try another

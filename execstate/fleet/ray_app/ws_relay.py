@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from starlette.websockets import WebSocket
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
+from websockets.typing import Subprotocol
 
 from execstate.fleet.ray_app.ws_route import CLOSE_REPLICA_LOST, clip_reason, lost_reason, sendable_close_code
 
@@ -59,7 +60,8 @@ async def open_upstream(url: str, headers: list[tuple[str, str]], subprotocols: 
     presenting the client's headers (its ``Authorization``) and offered subprotocols (a browser's
     key among them). Raises ``websockets.exceptions.InvalidStatus`` when the replica refuses the
     handshake (401 ...), ``OSError`` / ``TimeoutError`` / ``InvalidHandshake`` when it cannot be reached."""
-    return await connect(url, additional_headers=headers, subprotocols=subprotocols or None, compression=None,
+    offered = [Subprotocol(p) for p in subprotocols]
+    return await connect(url, additional_headers=headers, subprotocols=offered or None, compression=None,
                          proxy=None, max_size=None, open_timeout=OPEN_TIMEOUT_S, ping_interval=PING_INTERVAL_S,
                          ping_timeout=PING_TIMEOUT_S, close_timeout=CLOSE_TIMEOUT_S)
 
@@ -71,8 +73,9 @@ async def relay(client: WebSocket, upstream: ClientConnection, replica_id: str,
     down = asyncio.create_task(_replica_to_client(upstream, client, replica_id, watch), name="ws-replica-to-client")
     try:
         done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
-        if up in done and up.result() is not None:  # the client closed (or went)
-            code, reason = up.result()  # type: ignore[misc]
+        closed = up.result() if up in done else None
+        if closed is not None:  # the client closed (or went)
+            code, reason = closed
             with contextlib.suppress(Exception):
                 await upstream.close(sendable_close_code(code), clip_reason(reason))
             return Ended("client", code, reason)

@@ -45,7 +45,7 @@ class _Watched:
 class EventSubscriber:
     def __init__(self, ring: SecretRing | None = None) -> None:
         self.ring = ring if ring is not None else SecretRing.resolve()
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._lock = threading.RLock()
         self._watched: dict[str, _Watched] = {}
         self._changes: list[tuple[str, _Watched | None]] = []
@@ -115,9 +115,9 @@ class EventSubscriber:
         with self._lock:
             for w in self._watched.values():
                 w.socket.close(0)
-            for _, w in self._changes:
-                if w is not None:
-                    w.socket.close(0)
+            for _, gone in self._changes:
+                if gone is not None:
+                    gone.socket.close(0)
             self._watched.clear()
             self._changes.clear()
 
@@ -129,7 +129,7 @@ class EventSubscriber:
         while not self._stop.is_set():
             with self._lock:
                 for rid, w in self._changes:
-                    if rid:
+                    if rid and w is not None:  # an addition ("", w: a removal)
                         poller.register(w.socket, zmq.POLLIN)
                         owners[w.socket] = rid
                     elif w is not None and w.socket in owners:
@@ -142,12 +142,12 @@ class EventSubscriber:
                 continue
             for sock, _ in poller.poll(_POLL_MS):
                 with self._lock:
-                    rid = owners.get(sock)
-                    w = self._watched.get(rid) if rid is not None else None
-                    if w is None or w.socket is not sock:
+                    owner = owners.get(sock)
+                    w = self._watched.get(owner) if owner is not None else None
+                    if owner is None or w is None or w.socket is not sock:
                         sock.recv_multipart()  # a replica forgotten meanwhile
                         continue
-                    self._receive(rid, w)
+                    self._receive(owner, w)
 
     def _receive(self, replica_id: str, w: _Watched) -> None:
         _, seq_b, payload = w.socket.recv_multipart()

@@ -68,7 +68,7 @@ def sampling_params(req: SamplingRequest, max_tokens: int | None, logprobs: int 
             seed=req.seed,
             max_tokens=max_tokens,
             min_tokens=req.min_tokens,
-            stop=req.stop,
+            stop=[req.stop] if isinstance(req.stop, str) else req.stop,
             stop_token_ids=req.stop_token_ids,
             ignore_eos=req.ignore_eos,
             logprobs=logprobs,

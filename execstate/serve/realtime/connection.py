@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from execstate.identity.tenant import LOCAL_TENANT, TenantId
 from execstate.serve.realtime.errors import EventId, ProtocolError, internal_error
-from execstate.serve.realtime.messages import Message, type_of
+from execstate.serve.realtime.messages import type_of
 from execstate.serve.realtime.phases import GONE, PhaseMachine
 from execstate.serve.realtime.protocol import RealtimeProtocol
 
@@ -69,7 +69,8 @@ class Peer:
 class Handlers(Protocol):
     """A protocol's handlers of one connection (module docstring)."""
 
-    routes: Mapping[type[Message], Handler]
+    @property
+    def routes(self) -> Mapping[type, Handler]: ...  # message struct -> its handler
 
     async def close(self) -> None: ...
 
@@ -95,6 +96,7 @@ class Connection:
             if binary:
                 raise ProtocolError("invalid_message", BINARY_REFUSED)
             msg = self.protocol.parse(frame)
+            # every message struct declares its own event_id (messages.py); the base has none
             event_id = msg.event_id  # type: ignore[attr-defined]
             self.state.check(type_of(msg), event_id)
             await self.handlers.routes[type(msg)](msg)

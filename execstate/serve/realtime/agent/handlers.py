@@ -29,6 +29,7 @@ import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from collections.abc import Set as AbstractSet
 from concurrent.futures import Executor
 from typing import Any
 
@@ -218,7 +219,7 @@ class AgentHandlers:
         else:
             await self.emit(server_event("delegation.result.accepted", msg.event_id, delegation_id=did))
 
-    async def _emit_cancelled(self, ids: set[str], event_id: Any) -> None:
+    async def _emit_cancelled(self, ids: AbstractSet[str], event_id: Any) -> None:
         agent = self._agent()
         for did in sorted(ids):
             if agent.ledger.get(did).state is DelegationState.CANCELLED:

@@ -66,9 +66,10 @@ def _vad(td: TurnDetection, base: VoiceConfig) -> tuple[VadConfig, SpeechTurnCon
     if td.threshold is not None and not (math.isfinite(td.threshold) and 0 < td.threshold < 1):
         raise invalid(f"session.audio.input.turn_detection.threshold must be in (0, 1), got {td.threshold}")
     vad = base.vad or VadConfig()
-    vad = dataclasses.replace(vad, **{k: v for k, v in (
+    given: dict[str, Any] = {k: v for k, v in (
         ("threshold", td.threshold), ("prefix_padding_ms", _ms(td.prefix_padding_ms, "prefix_padding_ms", 0, 5000)),
-        ("silence_duration_ms", _ms(td.silence_duration_ms, "silence_duration_ms", 0, 10_000))) if v is not None})
+        ("silence_duration_ms", _ms(td.silence_duration_ms, "silence_duration_ms", 0, 10_000))) if v is not None}
+    vad = dataclasses.replace(vad, **given)
     if td.sentence_end_silence_ms is not None:
         v = _ms(td.sentence_end_silence_ms, "sentence_end_silence_ms", -1, 10_000)
         vad = dataclasses.replace(vad, sentence_end_silence_ms=None if v == -1 else v)
