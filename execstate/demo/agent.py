@@ -13,7 +13,7 @@ import asyncio
 import re
 import time
 
-from execstate.agent.agent_events import AgentEvent
+from execstate.agent.agent_events import AgentEvent, OutputDelta, ResponseCreated, ResponseDone, TurnEvent
 
 SCRIPT_CODES = {"zebra": "ZX-4417"}
 TURN_TIMEOUT_S = 30.0
@@ -112,22 +112,23 @@ async def _until(events: list[AgentEvent], pred, timeout: float = TURN_TIMEOUT_S
     raise TimeoutError("the agent did not answer in time")
 
 
-def _cause(events: list[AgentEvent], done: AgentEvent) -> str | None:
-    return next((e.cause for e in events if e.type == "response.created" and e.response_id == done.response_id), None)
+def _cause(events: list[AgentEvent], done: ResponseDone) -> str | None:
+    return next((e.cause for e in events if isinstance(e, ResponseCreated) and e.response_id == done.response_id),
+                None)
 
 
 def _turn_text(events: list[AgentEvent], delta: AgentEvent) -> str:
-    turns = [e.text for e in events if e.type == "input.turn" and e.t <= delta.t]
+    turns = [e.text for e in events if isinstance(e, TurnEvent) and e.t <= delta.t]
     return turns[-1] if turns else ""
 
 
 def _report(events: list[AgentEvent], seconds: float) -> bool:
     """The checks: the delegated answer is spoken, the barge-in cancelled the reply in flight and
     nothing of it came after its terminal event."""
-    done = {e.response_id: e for e in events if e.type == "response.done"}
+    done = {e.response_id: e for e in events if isinstance(e, ResponseDone)}
     spoken = " ".join(e.text or "" for e in done.values() if e.status == "done")
     barged = [e for e in done.values() if e.status == "cancelled" and e.reason == "barge_in"]
-    late = [e for e in events if e.type == "response.output_text.delta" and e.response_id in done
+    late = [e for e in events if isinstance(e, OutputDelta) and e.response_id in done
             and e.t > done[e.response_id].t]
     ok = "391" in spoken and "ZX-4417" in spoken and len(barged) == 1 and not late
     print(f"checks: answer 391 spoken {'391' in spoken}; lookup spoken {'ZX-4417' in spoken}; replies cut by the "

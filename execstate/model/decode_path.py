@@ -78,14 +78,14 @@ def _unsupported(layer: DecoderLayer) -> str | None:
 
 def _layer_weights(layer: DecoderLayer) -> kern.LayerWeights:
     a, mlp = layer.attn, layer.mlp
-    dense = isinstance(mlp, GatedMLP)
     return kern.layer_weights(
         layer.input_norm.weight, a.qkv_proj.weight, a.qkv_proj.bias,
         None if a.q_norm is None else a.q_norm.weight, None if a.k_norm is None else a.k_norm.weight,
         a.o_proj.weight, a.o_proj.bias, layer.post_attn_norm.weight,
         num_heads=a.num_heads, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim, eps=a.eps,
-        w_router=None if dense else mlp.router.weight,
-        w_gate_up=mlp.gate_up_proj.weight if dense else None, w_down=mlp.down_proj.weight if dense else None,
+        w_router=mlp.router.weight if isinstance(mlp, SparseMoE) else None,
+        w_gate_up=mlp.gate_up_proj.weight if isinstance(mlp, GatedMLP) else None,
+        w_down=mlp.down_proj.weight if isinstance(mlp, GatedMLP) else None,
         formats=decode_formats(layer),
     )
 

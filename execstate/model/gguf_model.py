@@ -131,7 +131,8 @@ def _store_as(model: CausalLM, target: str, fmt: WeightFormat) -> None:
 
 def model_formats(model: CausalLM) -> set[WeightFormat]:
     """The block formats a model's matrices are stored in (empty for an unquantised model)."""
-    found = {m.weight_format for m in model.modules() if isinstance(getattr(m, "weight_format", None), WeightFormat)}
+    found: set[WeightFormat] = {
+        f for m in model.modules() if isinstance(f := getattr(m, "weight_format", None), WeightFormat)}
     if model.head_format is not None:
         found.add(model.head_format)
     return {f for f in found if f.quantized}

@@ -74,7 +74,7 @@ def plan_formats(state: dict[str, np.ndarray], fmt: WeightFormat, embedding_fmt:
         ggml = _ggml(target)
         blocks[name] = quantize(w, ggml)
         back = dequantize(blocks[name], ggml)
-        errors[name] = float(np.linalg.norm(back - w) / max(np.linalg.norm(w), 1e-30))
+        errors[name] = float(np.linalg.norm(back - w) / max(float(np.linalg.norm(w)), 1e-30))
         want[name] = target if errors[name] <= QUALITY_LIMIT[target] else None
     groups: dict[str, list[str]] = {}
     for name in want:
@@ -106,11 +106,11 @@ def quantize_checkpoint(src_dir: Path, out_dir: Path, fmt: WeightFormat, embeddi
     writer = gguf.GGUFWriter(str(out_dir / "model.gguf"), arch="execstate")
     writer.add_string("execstate.float32_tensors", ",".join(sorted(n for n, f in plan.items() if f is None)))
     for name in sorted(state):
-        f = plan[name]
-        if f is None:
+        planned = plan[name]
+        if planned is None:
             writer.add_tensor(name, np.ascontiguousarray(state[name], dtype=np.float32))
         else:
-            writer.add_tensor(name, blocks[name], raw_dtype=_ggml(f))
+            writer.add_tensor(name, blocks[name], raw_dtype=_ggml(planned))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -46,9 +46,9 @@ class Linear(nn.Linear):
             return y if self.bias is None else y.add_(self.bias)
         if self.use_kernels:
             w = self.weight
-            y = cpu_kernels.linear_if_small(x, w) if w.dtype is not BF16 else cpu_kernels.linear_bf16_if_small(x, w)
-            if y is not None:
-                return y if self.bias is None else y.add_(self.bias)
+            fast = cpu_kernels.linear_if_small(x, w) if w.dtype is not BF16 else cpu_kernels.linear_bf16_if_small(x, w)
+            if fast is not None:
+                return fast if self.bias is None else fast.add_(self.bias)
         if self.weight.dtype is not x.dtype:  # bf16 weights, fp32 activations (model/bf16_weights.py)
             return linear_mixed(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)

@@ -113,6 +113,7 @@ def _recipes(config: ModelConfig) -> dict[str, list[Source]]:
 
 def _moe_recipes(config: ModelConfig, hf: str, our: str) -> dict[str, list[Source]]:
     experts = range(config.num_experts)
+    prefixes: tuple[str, ...]
     if config.architecture == MIXTRAL:
         prefixes, (g, u, d) = (hf + "block_sparse_moe.", hf + "mlp."), ("w1", "w3", "w2")
     else:
@@ -140,8 +141,8 @@ def _ignored(name: str, config: ModelConfig) -> bool:
 def _check_tied_head(state_dict: dict[str, torch.Tensor], config: ModelConfig) -> None:
     """A tied model's file may repeat the head; if it differs, transformers unties silently. We refuse."""
     head, embed = state_dict.get("lm_head.weight"), state_dict.get("model.embed_tokens.weight")
-    tensors = isinstance(head, torch.Tensor) and isinstance(embed, torch.Tensor)
-    if config.tie_word_embeddings and tensors and not torch.equal(head, embed):
+    if (config.tie_word_embeddings and isinstance(head, torch.Tensor) and isinstance(embed, torch.Tensor)
+            and not torch.equal(head, embed)):
         raise ValueError("tie_word_embeddings=True but lm_head.weight differs from "
                          "model.embed_tokens.weight; set tie_word_embeddings=False in config.json "
                          "to use a separate head")
@@ -216,10 +217,10 @@ def load_hf_weights(model: CausalLM, state_dict: dict[str, torch.Tensor], *,
                              f"got {tuple(tensor.shape)}, expected {want}")
             continue
         built[target] = tensor
-    err = checkpoint_error(model.config, [("missing tensors", missing), ("unexpected tensors", unexpected),
-                                          ("wrongly-shaped tensors", bad_shape)])
-    if err is not None:
-        raise err
+    error = checkpoint_error(model.config, [("missing tensors", missing), ("unexpected tensors", unexpected),
+                                            ("wrongly-shaped tensors", bad_shape)])
+    if error is not None:
+        raise error
 
     modules = dict(model.named_modules())
     for target, tensor in built.items():

@@ -58,7 +58,7 @@ def _is_router(name: str) -> bool:
 
 
 @torch.no_grad()
-def _fill(model: torch.nn.Module, seed: int, std: float | None) -> None:
+def _fill(model: transformers.PreTrainedModel, seed: int, std: float | None) -> None:
     """Deterministic init. ``std=None``: fan-in scaling (each sublayer contributes O(1), so
     a wrong route or weight shows in the logits); else plain ``N(0, std)``."""
     gen = torch.Generator().manual_seed(seed)

@@ -175,7 +175,10 @@ def _expected(name: str) -> dict[str, Any] | None:
     for dep in spec.depends:
         if not is_prepared(dep):
             return None
-        deps[dep] = _read_marker(paths.model_dir(dep))["fingerprint"]
+        marker = _read_marker(paths.model_dir(dep))
+        if marker is None:  # removed since is_prepared looked
+            return None
+        deps[dep] = marker["fingerprint"]
     sha = _source_sha(spec)
     if sha is None and spec.source is not None:
         marker = _read_marker(paths.model_dir(name))  # source not installed: trust a built copy
@@ -252,6 +255,8 @@ def prepare(name: str, force: bool = False, needed_by: str | None = None) -> Pat
             log.debug("building embedded model %s in %s", name, tmp)
             spec.build(tmp, dep_dirs, on_step=progress.step, **spec.params)
             marker = _expected(name)
+            if marker is None:
+                raise RuntimeError(f"{name}: a dependency ({', '.join(spec.depends)}) was removed during its build")
             marker.update(format=MARKER_FORMAT, build_seconds=round(progress.elapsed, 1),
                           built_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
             (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")

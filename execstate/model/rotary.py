@@ -93,6 +93,8 @@ class RotaryEmbedding(nn.Module):
     when the module is built on the meta device; move the model with ``.to(device)``).
     """
 
+    inv_freq: torch.Tensor  # a buffer (register_buffer)
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         inv_freq, scaling = rope_inv_freq(config)
@@ -107,8 +109,9 @@ class RotaryEmbedding(nn.Module):
         sin = emb.sin() * self.attention_scaling
         return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
 
+    # Shadows nn.Module.apply(fn), which nothing calls on a model; the model's layers call this one.
     @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin

@@ -10,6 +10,9 @@ mapping from HF checkpoint names).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -95,7 +98,7 @@ class CausalLM(nn.Module):
             x = x.to(self.norm.weight.dtype)
         cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
         if self.kernels:
-            fast = decode_layers(self.layers, self.decode_weights, x, cos, sin, ctx)
+            fast = decode_layers(cast("Sequence[DecoderLayer]", self.layers), self.decode_weights, x, cos, sin, ctx)
             if fast is not None:
                 return self.norm(fast)
         for layer in self.layers:
@@ -105,7 +108,7 @@ class CausalLM(nn.Module):
     def decode_weights(self) -> DecodeWeights:
         """The whole-layer decode path's checked weights (``model/decode_path.py``), built once."""
         if self._decode_weights is None:
-            self._decode_weights = DecodeWeights.build(self.layers)
+            self._decode_weights = DecodeWeights.build(cast("Sequence[DecoderLayer]", self.layers))  # the ModuleList
         return self._decode_weights
 
     def drop_decode_weights(self) -> None:

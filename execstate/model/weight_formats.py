@@ -16,15 +16,29 @@ stream stay fp32.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Protocol
+
 import torch
 from torch import nn
 
 from execstate.kernels.weight_format import WeightFormat
+from execstate.model.decoder_layer import DecoderLayer
 from execstate.model.layers import Linear
 from execstate.model.moe import SparseMoE
 
 
-def use_bf16_arithmetic(model: nn.Module) -> None:
+class LanguageModel(Protocol):
+    """What this module sets on a ``CausalLM`` (which imports it)."""
+
+    head_format: WeightFormat | None
+
+    def modules(self) -> Iterator[nn.Module]: ...
+
+    def drop_decode_weights(self) -> None: ...
+
+
+def use_bf16_arithmetic(model: LanguageModel) -> None:
     """Put every matmul of ``model`` (a ``CausalLM``: this module sits below ``transformer.py``)
     but the routers and shared-expert gates in ``BF16_DOT`` (see the module docstring).
     The matrices must already be bf16 (``CausalLM.store_weights_bf16``)."""
@@ -46,7 +60,7 @@ def format_of(module: nn.Module) -> WeightFormat | None:
     return getattr(module, "weight_format", None)
 
 
-def decode_formats(layer: nn.Module) -> dict[str, WeightFormat]:
+def decode_formats(layer: DecoderLayer) -> dict[str, WeightFormat]:
     """The kernel formats of a decoder layer's matrices that have one, by ``kernels.decode_layer``
     name (``w_qkv``, ``w_o``, ``w_router``, ``w_gate_up``, ``w_down``)."""
     attn, mlp = layer.attn, layer.mlp

@@ -20,7 +20,7 @@ def weights_digest(named_tensors: dict[str, torch.Tensor]) -> str:
         header = f"{name}|{t.dtype}|{tuple(t.shape)}".encode()
         h.update(len(header).to_bytes(4, "little"))
         h.update(header)
-        h.update(t.contiguous().cpu().view(torch.uint8).reshape(-1).numpy())
+        h.update(t.contiguous().cpu().view(torch.uint8).reshape(-1).numpy().data)
     return h.hexdigest()
 
 

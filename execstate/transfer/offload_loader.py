@@ -91,7 +91,7 @@ class _Fetched:
     key: BlockKey  # the key it was asked for (a DRAM entry's key, whatever its record says)
     record: UnitRecord
     rows: np.ndarray | None
-    kv: object  # a buffer: the DRAM slot (pinned) or the blob's KV view
+    kv: np.ndarray | memoryview | None  # the DRAM slot (pinned) or the blob's KV view; None once released
     seconds: float
 
 
@@ -204,6 +204,7 @@ class ReloadWorker:
                             break
                         f = retry
                     t1 = time.monotonic()
+                    assert f.kv is not None  # released only after its copy
                     self.pool.import_block(int(job.dst[i]), f.kv)  # 3. copy the verified unit
                     spent[f.tier.name] = spent.get(f.tier.name, 0.0) + f.seconds + time.monotonic() - t1
                     sources.append(f.tier)
@@ -253,6 +254,8 @@ class ReloadWorker:
                    failures: list[UnitFailure]) -> _Fetched | None:
         if not tier.contains(want.key):
             return None
+        routes: bytes | memoryview | None
+        kv: np.ndarray | memoryview
         if isinstance(tier, HostCache):
             held = tier.acquire(want.key)
             if held is None:
@@ -272,7 +275,7 @@ class ReloadWorker:
             verify_record(record, want, self.layout, need_routes, self.ring)
             if need_routes:
                 f.rows = verify_routes(record, routes, self.n_experts)
-            if memoryview(kv).nbytes != self.pool.unit_nbytes():
+            if kv.nbytes != self.pool.unit_nbytes():
                 raise UnitCheckError("format", ErrorCode.TRUNCATED, "KV bytes of another size than the pool's blocks")
         except UnitCheckError as e:
             self._release(f)

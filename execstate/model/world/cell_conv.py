@@ -69,6 +69,7 @@ class CellConvHead(nn.Module):
         self.grid, self.hidden = grid, hidden
         self.conv = nn.Conv2d(hidden, channels, 3, padding=1)
         nn.init.zeros_(self.conv.weight)
+        assert self.conv.bias is not None  # Conv2d's bias=True
         nn.init.zeros_(self.conv.bias)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 
 def add_world_parser(sub: argparse._SubParsersAction) -> None:
@@ -125,7 +126,7 @@ def run_world(args: argparse.Namespace) -> int:
         from execstate.model.world import eval as world_eval
 
         model = _load(args.model)
-        report = {"quality": world_eval.evaluate(model, seeds=range(args.episodes), steps=args.steps)}
+        report: dict[str, Any] = {"quality": world_eval.evaluate(model, seeds=range(args.episodes), steps=args.steps)}
         if args.drift_steps:
             report["drift"] = world_eval.drift(model, steps=args.drift_steps)
         if args.png:

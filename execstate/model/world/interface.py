@@ -178,7 +178,8 @@ class WorldModel(Protocol):
     def encode_prompt(self, prompt: str, version: int) -> PromptKV:
         """The prompt's cross-attention K/V, computed once per version (cache it by version)."""
 
-    def make_actions(self, keys: Sequence[int], camera: Sequence[Sequence[float]] | None = None) -> ChunkActions:
+    def make_actions(self, keys: Sequence[int] | np.ndarray,
+                     camera: Sequence[Sequence[float]] | None = None) -> ChunkActions:
         """Validate one chunk's actions (``F`` keys, ``F x camera_dim`` deltas) -> ChunkActions."""
 
     def gather_context(self, pool: KVPool, chunks: Sequence[Sequence[int]]) -> ContextKV:

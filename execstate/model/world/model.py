@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -86,7 +87,8 @@ class ChunkedWorldModel:
         k, v = self.net.prompt_kv(ids)
         return PromptKV(version, prompt, k, v)
 
-    def make_actions(self, keys: Sequence[int], camera: Sequence[Sequence[float]] | None = None) -> ChunkActions:
+    def make_actions(self, keys: Sequence[int] | np.ndarray,
+                     camera: Sequence[Sequence[float]] | None = None) -> ChunkActions:
         f = self.cfg.frames_per_chunk
         k = torch.as_tensor(np.asarray(keys, dtype=np.int64))
         if k.shape != (f,) or bool(((k < 0) | (k >= self.cfg.n_actions)).any()):
@@ -151,16 +153,18 @@ class ChunkedWorldModel:
         ck = self._no_ctx if ctx.k is None else ctx.k
         cv = self._no_ctx if ctx.v is None else ctx.v
         with torch.no_grad():
-            return self._forward(x.reshape(1, cfg.tokens_per_chunk, cfg.latent_dim).to(torch.float32),
-                                 carry[None, None].to(torch.float32), tt,
-                                 actions.keys[None], cam, cos, sin, ck, cv, None, prompt.k, prompt.v, None,
-                                 want_output)
+            out = self._forward(x.reshape(1, cfg.tokens_per_chunk, cfg.latent_dim).to(torch.float32),
+                                carry[None, None].to(torch.float32), tt,
+                                actions.keys[None], cam, cos, sin, ck, cv, None, prompt.k, prompt.v, None,
+                                want_output)
+            return cast("tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]", out)  # K/V: not local_only
 
     def denoise_step(self, noisy: torch.Tensor, t: float, actions: ChunkActions, prompt: PromptKV,
                      ctx: ContextKV, carry: Carry) -> torch.Tensor:
         if not 0.0 <= t < 1.0:
             raise ValueError(f"flow time must be in [0, 1), got {t}")
         out, _, _ = self._run(noisy, t, actions, prompt, ctx, carry, want_output=True)
+        assert out is not None  # want_output
         return self.codec.snap(out.reshape(self.spec.chunk_latent_shape))
 
     def commit(self, clean: torch.Tensor, actions: ChunkActions, prompt: PromptKV, ctx: ContextKV,

@@ -72,7 +72,7 @@ class WorldRollout:
         if prompt != self.prompt.prompt:
             self.prompt = self.model.encode_prompt(prompt, self.prompt.version + 1)
 
-    def _commit_chunk(self, keys: Sequence[int], frames: np.ndarray | None) -> np.ndarray:
+    def _commit_chunk(self, keys: Sequence[int] | np.ndarray, frames: np.ndarray | None) -> np.ndarray:
         model = self.model
         actions = model.make_actions(keys)
         ctx = model.gather_context(self.pool, self.window.context(self.table))
@@ -96,14 +96,14 @@ class WorldRollout:
         self.steps += 1
         return model.decode(latents)
 
-    def start(self, frames: np.ndarray | None = None, keys: Sequence[int] | None = None) -> np.ndarray:
+    def start(self, frames: np.ndarray | None = None, keys: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
         """The first chunk: ``frames`` (uint8 [F, H, W, 3]) committed as given, or generated."""
         if self.table:
             raise ValueError("the rollout has already started")
         keys = [0] * self.model.spec.frames_per_chunk if keys is None else keys
         return self._commit_chunk(keys, frames)
 
-    def step(self, keys: Sequence[int]) -> np.ndarray:
+    def step(self, keys: Sequence[int] | np.ndarray) -> np.ndarray:
         """Generate the next chunk for ``keys`` (one per frame); returns uint8 [F, H, W, 3]."""
         if not self.table:
             raise ValueError("call start() first")

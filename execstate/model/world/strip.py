@@ -42,7 +42,7 @@ def strip_png(rows: Sequence[StripRow], path: Path, scale: int = 4) -> Path:
         for i in range(len(r.generated)):
             x = i * (size + 2)
             for j, frame in enumerate((r.generated[i], r.truth[i])):
-                tile = Image.fromarray(frame).resize((size, size), Image.NEAREST)
+                tile = Image.fromarray(frame).resize((size, size), Image.Resampling.NEAREST)
                 img.paste(tile, (x, y + title + j * (size + 1)))
             draw.text((x + 2, y + title + 2 * size + 2), r.keys[i], fill=(0, 0, 0))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -211,7 +211,7 @@ def _train_local(model: WorldTransformer, model_cfg: WorldModelConfig, cfg: Trai
     losses = _LossLog(log_every, cfg.local_steps)
     for step in range(cfg.local_steps):
         batch = data.sample_batch(rng, model_cfg, cfg.local_batch_size, cfg.max_start, 0.0)
-        t = _flow_times(cfg, sched, tuple(batch.latents.shape[:2]), gen)
+        t = _flow_times(cfg, sched, (batch.latents.shape[0], batch.latents.shape[1]), gen)
         noise = torch.randn(batch.latents.shape, generator=gen)
         for group in opt.param_groups:
             group["lr"] = _lr(cfg, step, cfg.local_steps)

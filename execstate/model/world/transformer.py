@@ -37,6 +37,7 @@ the chunk's un-rotated keys and values (what a commit stores).
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from torch import nn
@@ -93,7 +94,7 @@ class WorldTransformer(nn.Module):
                            if self.palette and cfg.action_shift_px else None)
         # zero-init: an untrained transformer adds nothing to the conv path's logits (with the
         # convolutions, a first training stage may train that path alone: train.py local_steps)
-        for lin in (self.mod[1], self.final_mod[1], self.patch_out):
+        for lin in cast("tuple[nn.Linear, ...]", (self.mod[1], self.final_mod[1], self.patch_out)):
             nn.init.zeros_(lin.weight)
             nn.init.zeros_(lin.bias)
         if not self.palette:
@@ -103,7 +104,7 @@ class WorldTransformer(nn.Module):
     def prompt_kv(self, word_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``word_ids int64[N, Tt]`` -> cross-attention k, v ``[n_layers, N, Tt, H, Dh]``."""
         w = self.words(word_ids)
-        kv = [blk.prompt_kv(w) for blk in self.blocks]
+        kv = [blk.prompt_kv(w) for blk in cast("list[Block]", self.blocks)]
         return torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv])
 
     def forward(
@@ -170,6 +171,7 @@ class WorldTransformer(nn.Module):
         cond = self.t_embed(_t_features(t))[:, :, None, :] + cond_act
         mod = self.mod(cond).view(b, g * f, 1, 6, d)
         ks, vs = [], []
+        assert prompt_k is not None and prompt_v is not None  # None only with local_only (returned above)
         for i, blk in enumerate(self.blocks):
             h, k, v = blk(h, mod, cos, sin, None if ctx_k is None else ctx_k[i], None if ctx_v is None else ctx_v[i],
                           attn_mask, prompt_k[i], prompt_v[i], prompt_mask)
