@@ -245,12 +245,13 @@ def _bench(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2) if args.json else format_load_report(report))
         return 0 if report["ok"] else 1
     if args.bench_cmd == "itl":
-        from execstate.bench.itl import format_itl_table, run_itl_bench
+        from execstate.bench.itl import format_itl_table as format_itl
+        from execstate.bench.itl import run_itl_bench
 
         report = run_itl_bench(max_tokens=args.max_tokens, kinds=args.kinds.split(","), logprobs=args.logprobs,
                                window=args.window, threads=args.threads, model=not args.no_model,
                                repeats=args.repeats)
-        print(json.dumps(report, indent=2) if args.json else format_itl_table(report))
+        print(json.dumps(report, indent=2) if args.json else format_itl(report))
         return 0
     if args.bench_cmd == "sessions":
         from execstate.bench.sessions import run_sessions_bench

@@ -208,7 +208,7 @@ def summarize_sessions(tl: Timeline, resumed: list[dict[str, Any]]) -> dict[str,
     lost_drain = []
     for sid in on_drained:
         ok = [s for s in by.get(sid, []) if s.status == 200 and s.end < m["kill"]]
-        seq = [s.step_index for s in ok]
+        seq = [s.step_index for s in ok if s.step_index is not None]  # a 200 names its step
         gone = any(s.status == 404 for s in by.get(sid, []) if m["drain_start"] <= s.start < m["kill"])
         continuous = bool(seq) and seq == list(range(seq[0], seq[0] + len(seq)))
         if gone or not continuous:

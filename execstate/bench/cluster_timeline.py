@@ -37,7 +37,7 @@ def plot_timeline(report: dict[str, Any], path: str, bin_s: float = 1.0) -> None
     grid = np.arange(0.0, end + bin_s, 0.1)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6.4), sharex=True)
     home = dict(tl["homes"])
-    held = {rid: [] for rid in names}
+    held: dict[str, list[int]] = {rid: [] for rid in names}
     i = 0
     for t in grid:
         while i < len(steps) and steps[i]["end"] <= t:

@@ -50,7 +50,7 @@ LOAD_MODES = ("no_load", "load_front_interactive", "load_front_batch")
 # barge-ins and backchannels find the agent speaking: a 135M model's replies are a few words
 BENCH_FRONT_PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 SYSTEM = "<|im_start|>system\nYou are a friendly voice assistant. Answer in two or three sentences.<|im_end|>"
-CHATML = {"user_prefix": "\n<|im_start|>user\n", "agent_prefix": "<|im_end|>\n<|im_start|>assistant\n",
+CHATML: dict[str, Any] = {"user_prefix": "\n<|im_start|>user\n", "agent_prefix": "<|im_end|>\n<|im_start|>assistant\n",
           "result_format": "\n<|im_start|>user\n[{tool} result: {result}]"}
 
 

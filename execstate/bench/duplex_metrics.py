@@ -21,6 +21,14 @@ from typing import Any
 
 import numpy as np
 
+from execstate.agent.agent_events import (
+    DelegationCreated,
+    DelegationResult,
+    OutputDelta,
+    ResponseCreated,
+    ResponseDone,
+    TurnEvent,
+)
 from execstate.bench.duplex_run import Played
 
 
@@ -32,31 +40,31 @@ def summarize(runs: list[Played]) -> dict[str, Any]:
     resp, intr, stop, d_app, d_first, correct, tor, bc, resume, steps = [], [], [], [], [], [], [], [], [], []
     for p in runs:
         ev = p.events
-        deltas = [e for e in ev if e.type == "response.output_text.delta"]
-        created = {e.response_id: e for e in ev if e.type == "response.created"}
-        done = {e.response_id: e for e in ev if e.type == "response.done"}
+        deltas = [e for e in ev if isinstance(e, OutputDelta)]
+        created = {e.response_id: e for e in ev if isinstance(e, ResponseCreated)}
+        done = {e.response_id: e for e in ev if isinstance(e, ResponseDone)}
         steps += p.step_s
         for m in p.marks:
             if m["kind"] == "turn_end":
-                nxt = next((e for e in ev if e.type == "response.created" and e.t >= m["t"] - 1e-9), None)
+                nxt = next((e for e in ev if isinstance(e, ResponseCreated) and e.t >= m["t"] - 1e-9), None)
                 first = next((d for d in deltas if nxt is not None and d.response_id == nxt.response_id), None)
                 if first is not None and m["during"] != "backchannel":
                     resp.append(first.t - m["t"])
             elif m["kind"] == "pause":
-                tor.append(any(e.type == "response.created" and e.cause == "turn" and m["t0"] < e.t <= m["t1"]
+                tor.append(any(isinstance(e, ResponseCreated) and e.cause == "turn" and m["t0"] < e.t <= m["t1"]
                                for e in ev))
             elif m["kind"] == "backchannel" and m["active"]:
                 r = done.get(m["response_id"])
                 bc.append(r is not None and r.status == "cancelled")
-                res = next((e for e in ev if e.type == "input.turn" and e.kind == "resume" and e.t > m["t"]), None)
-                nxt = next((d for d in deltas if res is not None and d.response_id == m["response_id"]
-                            and d.t >= res.t), None)
-                if nxt is not None:
-                    resume.append(nxt.t - m["t"])
+                turn = next((e for e in ev if isinstance(e, TurnEvent) and e.kind == "resume" and e.t > m["t"]), None)
+                again = next((d for d in deltas if turn is not None and d.response_id == m["response_id"]
+                              and d.t >= turn.t), None)
+                if again is not None:
+                    resume.append(again.t - m["t"])
             elif m["kind"] == "question":
-                spoken = [e for e in ev if e.type == "delegation.result" and e.appended and e.t > m["t"]]
-                res = next((e for e in ev if e.type == "delegation.result" and e.t > m["t"]), None)
-                dc = next((e for e in ev if e.type == "delegation.created" and e.t > m["t"]), None)
+                spoken = [e for e in ev if isinstance(e, DelegationResult) and e.appended and e.t > m["t"]]
+                res = next((e for e in ev if isinstance(e, DelegationResult) and e.t > m["t"]), None)
+                dc = next((e for e in ev if isinstance(e, DelegationCreated) and e.t > m["t"]), None)
                 sr = next(
                     (c for c in created.values() if c.cause == "result" and res is not None and c.t >= res.t), None
                 )

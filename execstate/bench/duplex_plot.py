@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from execstate.agent.agent_events import DelegationCreated, DelegationResult, OutputDelta, ResponseDone, TurnEvent
 from execstate.bench.duplex_run import Played
 
 LANES = {"user": 3.0, "agent": 2.0, "delegation": 1.0}
@@ -26,9 +27,9 @@ def _draw(ax: Any, p: Played, cmap: Any, t_max: float) -> None:
     spans: dict[str, list[float]] = {}
     texts: dict[str, str] = {}
     for e in ev:
-        if e.type == "response.output_text.delta":
+        if isinstance(e, OutputDelta):
             spans.setdefault(e.response_id, [e.t, e.t, e.epoch])[1] = e.t
-        elif e.type == "response.done":
+        elif isinstance(e, ResponseDone):
             texts[e.response_id] = f"{e.status}: " + " ".join(e.text.split())[:38]
     for rid, (t0, t1, epoch) in spans.items():
         ax.plot([t0, max(t1, t0 + 0.06)], [LANES["agent"]] * 2, lw=9, color=cmap(int(epoch) % 10),
@@ -36,13 +37,13 @@ def _draw(ax: Any, p: Played, cmap: Any, t_max: float) -> None:
         ax.text(t0, LANES["agent"] - 0.25, f"{rid} (epoch {int(epoch)}) {texts.get(rid, '')}", fontsize=7,
                 va="top", clip_on=True)
     for e in ev:
-        if e.type == "input.turn":
+        if isinstance(e, TurnEvent):
             marker, color = TURN_MARKERS[e.kind]
             ax.plot(e.t, LANES["user"] - 0.4, marker, color=color, ms=8)
             if e.kind == "barge_in":
                 ax.axvline(e.t, color="red", ls="--", lw=1.2)
-        elif e.type == "delegation.created":
-            res = next((r for r in ev if r.type == "delegation.result" and r.delegation_id == e.delegation_id), None)
+        elif isinstance(e, DelegationCreated):
+            res = next((r for r in ev if isinstance(r, DelegationResult) and r.delegation_id == e.delegation_id), None)
             ax.plot([e.t, res.t if res is not None else t_max], [LANES["delegation"]] * 2, lw=7, color="purple",
                     alpha=0.6, solid_capstyle="butt")
             label = f"{e.tool}({', '.join(map(str, e.arguments.values()))})"

@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from execstate.agent.agent_events import AgentEvent
+from execstate.agent.agent_events import AgentEvent, ResponseCreated
 from execstate.agent.backend import Backend
 from execstate.agent.config import AgentConfig
 from execstate.agent.delegation import RegexPolicy, Rule
@@ -120,8 +120,8 @@ async def play(front: FrontModel, conv: Conversation, config: AgentConfig, seed:
 
 
 def _result_responses(events: list[AgentEvent], after: float) -> set[str]:
-    return {e.response_id for e in events if e.type == "response.created" and e.cause == "result" and e.t > after}
+    return {e.response_id for e in events if isinstance(e, ResponseCreated) and e.cause == "result" and e.t > after}
 
 
 def _created_after(events: list[AgentEvent], after: float) -> set[str]:
-    return {e.response_id for e in events if e.type == "response.created" and e.t >= after}
+    return {e.response_id for e in events if isinstance(e, ResponseCreated) and e.t >= after}

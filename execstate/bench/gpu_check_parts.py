@@ -117,8 +117,10 @@ def correctness(arch: str, work: Path, device: str) -> dict[str, Any]:
     hit_prompt = prompts[0] + gpu[0].token_ids + [7, 8, 9]
     hit = gpu_llm.generate({"prompt_token_ids": hit_prompt}, greedy, use_tqdm=False)[0]
     shared = len(prompts[0]) + len(gpu[0].token_ids) - 1
+    hit_routes, cold_routes = hit.outputs[0].routed_experts, gpu[0].routed_experts
+    assert hit_routes is not None and cold_routes is not None  # the engine returns routes
     res["prefix_hit"] = {"cached_tokens": hit.num_cached_tokens, "routes_equal_cold": bool(np.array_equal(
-        hit.outputs[0].routed_experts[:shared], gpu[0].routed_experts[:shared]))}
+        hit_routes[:shared], cold_routes[:shared]))}
     return res
 
 
@@ -135,7 +137,8 @@ def _compare(a: Any, b: Any) -> str:
 def _vs_transformers(path: Path, prompts: list[list[int]], outs: list[Any], device: str) -> list[str]:
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    # transformers types PreTrainedModel.to through a decorator that mypy reads as unbound
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()  # type: ignore[arg-type]
     res = []
     with torch.no_grad():
         for p, o in zip(prompts, outs, strict=True):
@@ -157,6 +160,7 @@ def replay(work: Path, device: str) -> dict[str, Any]:
     for p, o in zip(prompts, llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False),
                     strict=True):
         out = o.outputs[0]
+        assert out.logprobs is not None  # asked for
         scored = llm.score(p + out.token_ids, routed_experts=out.routed_experts)
         want = np.array([lp[t].logprob for lp, t in zip(out.logprobs, out.token_ids, strict=True)])
         bitwise.append(bool(np.array(scored.logprobs[len(p) - 1:]).tobytes() == want.tobytes()))

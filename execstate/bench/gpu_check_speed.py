@@ -77,7 +77,7 @@ def _decode(engine: LLMEngine, b: int, device: str, util: _Utilisation | None) -
         steps += 1
     sync(device)
     dt = time.perf_counter() - t0
-    res = {"tok_s": round(b * steps / dt, 1), "step_ms": round(1e3 * dt / steps, 3)}
+    res: dict[str, Any] = {"tok_s": round(b * steps / dt, 1), "step_ms": round(1e3 * dt / steps, 3)}
     if util:
         res["gpu_util_pct"] = util.stop()
     return res
@@ -129,7 +129,8 @@ def _roofline(engine: LLMEngine, rows: dict[str, Any], batches: tuple[int, ...],
 def _transformers(path: Path, dtype: str, batches: tuple[int, ...], device: str, clock: Clock) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+    # transformers types PreTrainedModel.to through a decorator that mypy reads as unbound
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()  # type: ignore[arg-type]
     res: dict[str, Any] = {}
 
     def run(b: int) -> float:
@@ -158,7 +159,8 @@ class _Utilisation:
     """Samples ``torch.cuda.utilization()`` every 100 ms between ``start`` and ``stop`` (mean %)."""
 
     def __init__(self, device: str) -> None:
-        self.device, self.samples, self._stop = device, [], threading.Event()
+        self.device, self._stop = device, threading.Event()
+        self.samples: list[float] = []
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def start(self) -> None:

@@ -23,13 +23,18 @@ from pathlib import Path
 import msgspec
 
 from execstate.bench.desync import TrialResult
+from execstate.engine.offload import OffloadConnector
 from execstate.engine.sampling_params import SamplingParams
 from execstate.identity.scope import CacheScope
 from execstate.session.lm import hibernation as hib
 from execstate.session.lm.hibernation_state import block_units
 from execstate.session.lm.hibernation_wire import decode_manifest, digest, encode_manifest
 from execstate.session.lm.llm import LLM
+from execstate.session.lm.offline import Session
+from execstate.session.lm.step import StepResult
 from execstate.session.runtime.events import SessionEventError
+from execstate.state.block_holds import HeldBlocks
+from execstate.state.block_pool import BlockId
 
 PARAMS = SamplingParams(temperature=0.8, seed=5, max_tokens=4, ignore_eos=True)
 
@@ -42,6 +47,11 @@ class HibernationDesyncTarget:
                        offload_dram_bytes=32 << 20, offload_secret="hibernation-desync-secret-0123")
         self.oracle = oracle
         self.n = seed * 1000
+
+    def _offload(self) -> OffloadConnector:
+        off = self.llm.engine.offload
+        assert off is not None  # offload_dram_bytes above
+        return off
 
     def kinds(self) -> list[str]:
         return ["stale_step", "stale_epoch", "truncated_manifest", "other_tenant", "kv_other_block"]
@@ -58,7 +68,7 @@ class HibernationDesyncTarget:
         try:
             s.step(prompt), t.step(prompt)
             record = hib.hibernate(self.llm.sessions, s.session_id)
-            record.publish(self.llm.engine.offload.flush)
+            record.publish(self._offload().flush)
             if kind == "kv_other_block":
                 return self._kv_other_block(kind, s, t)
             self._corrupt_manifest(kind, record, s)
@@ -69,10 +79,11 @@ class HibernationDesyncTarget:
             want = t.step([9, 10])
             return TrialResult(self.name, kind, False, "used", _differs(got, want), "nothing noticed")
         finally:
-            s.close(), t.close()
+            s.close()
+            t.close()
 
-    def _corrupt_manifest(self, kind: str, record: hib.Hibernated, s: object) -> None:
-        secret = self.llm.engine.offload.ring
+    def _corrupt_manifest(self, kind: str, record: hib.Hibernated, s: Session) -> None:
+        secret = self._offload().ring
         m = decode_manifest(record.manifest, secret, require_signature=True)
         o = m.offer
         if kind == "truncated_manifest":
@@ -85,40 +96,34 @@ class HibernationDesyncTarget:
             elif kind == "other_tenant":
                 eng = self.llm.engine
                 other = eng.kv_manager.identity(CacheScope.build("another-tenant"))
-                keys = [u[1] for u in block_units(o.token_ids, other, _Held(len(o.token_ids)), None, eng.block_size)]
+                held = HeldBlocks([BlockId(i) for i in range(len(o.token_ids) // 16 + 1)], len(o.token_ids))
+                keys = [u[1] for u in block_units(o.token_ids, other, held, None, eng.block_size)]
                 m = msgspec.structs.replace(m, unit_keys=[bytes(k) for k in keys])
             m = msgspec.structs.replace(m, offer=o)
             data = encode_manifest(m, secret)
         record.manifest, record.digest = data, digest(data)  # a consistent record: only the checks can tell
 
-    def _kv_other_block(self, kind: str, s: object, t: object) -> TrialResult:
+    def _kv_other_block(self, kind: str, s: Session, t: Session) -> TrialResult:
         eng = self.llm.engine
         keys = list(s.sessions.manager.get(s.session_id, s.access, wake=False).hibernation.unit_keys)
         pool = eng.block_pool
         pool.free(pool.allocate(pool.num_free))  # the pool forgets them: the next step reloads
-        assert eng.offload.flush()  # every unit sealed in DRAM
-        host = eng.offload.host
+        assert self._offload().flush()  # every unit sealed in DRAM
+        host = self._offload().host
         a, b = host.acquire(keys[1]), host.acquire(keys[2])
         if a is None or b is None:
             raise RuntimeError("the session's units are not in the DRAM tier")
         a[2][:] = b[2]
-        host.unpin(keys[1]), host.unpin(keys[2])
+        host.unpin(keys[1])
+        host.unpin(keys[2])
         got, want = s.step([9, 10]), t.step([9, 10])
-        done = eng.offload.loads.last_done
+        done = self._offload().loads.last_done
         caught = done is not None and any(f.kind == "checksum" for f in done.failures)
         return TrialResult(self.name, kind, caught, "recompute" if caught else "used", _differs(got, want),
                            "checksum: the reload refused the unit" if caught else "nothing noticed")
 
 
-class _Held:
-    """Stands for held blocks covering ``n`` tokens (only the keys are wanted)."""
-
-    def __init__(self, n: int) -> None:
-        self.num_tokens = n
-        self.block_ids = list(range(n // 16 + 1))
-
-
-def _differs(got: object, want: object) -> bool:
+def _differs(got: StepResult, want: StepResult) -> bool:
     g = None if got.routed_experts is None else got.routed_experts.tobytes()
     w = None if want.routed_experts is None else want.routed_experts.tobytes()
     return got.token_ids != want.token_ids or g != w

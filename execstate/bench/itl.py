@@ -200,10 +200,10 @@ def run_itl_bench(
         early, late = min(p[0] for p in pairs), min(p[1] for p in pairs)
         report["output_path"][name] = {"early_ms": early, "late_ms": late, "ratio": late / early}
     cols = ("itl", "forward", "host", "output")
-    for name, pairs in runs.items():
-        if pairs:
-            e = {**pairs[0][0], **{f"{c}_ms": min(p[0][f"{c}_ms"] for p in pairs) for c in cols}}
-            la = {**pairs[0][1], **{f"{c}_ms": min(p[1][f"{c}_ms"] for p in pairs) for c in cols}}
+    for name, measured in runs.items():
+        if measured:
+            e = {**measured[0][0], **{f"{c}_ms": min(p[0][f"{c}_ms"] for p in measured) for c in cols}}
+            la = {**measured[0][1], **{f"{c}_ms": min(p[1][f"{c}_ms"] for p in measured) for c in cols}}
             report["end_to_end"][name] = {"early": e, "late": la,
                                           **{f"{c}_ratio": la[f"{c}_ms"] / e[f"{c}_ms"] for c in cols}}
     return report

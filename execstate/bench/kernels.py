@@ -75,8 +75,10 @@ def run_kernel_bench(repeats: int = 5, threads: int | None = None) -> dict[str, 
         ws = _weights((n_out, n_in), gen)
         for m in (1, 2, 4, 8, 16, 32, 64):
             x = torch.randn(m, n_in, generator=gen)
-            rows.append(_pair(f"linear {label} M={m}", lambda i, x=x, ws=ws: F.linear(x, ws[i]),
-                              lambda i, x=x, ws=ws: cpu.linear(x, ws[i]), len(ws), 4 * n_out * n_in, repeats))
+            # (mypy cannot type a lambda with default arguments: the ignores below)
+            rows.append(_pair(f"linear {label} M={m}", lambda i, x=x, ws=ws: F.linear(x, ws[i]),  # type: ignore[misc]
+                              lambda i, x=x, ws=ws: cpu.linear(x, ws[i]),  # type: ignore[misc]
+                              len(ws), 4 * n_out * n_in, repeats))
     e, h, inter, k = 8, 512, 768, 2
     gus, downs = _weights((e, 2 * inter, h), gen), _weights((e, h, inter), gen)
     for t in (1, 2, 8, 16, 32, 64):
@@ -85,8 +87,8 @@ def run_kernel_bench(repeats: int = 5, threads: int | None = None) -> dict[str, 
         wts = torch.rand(t, k, generator=gen)
         active = len(set(ids.flatten().tolist()))
         rows.append(_pair(f"moe {t} tokens ({active} experts)",
-                          lambda i, x=x, ids=ids, wts=wts: experts_torch(x, ids, wts, gus[i], downs[i]),
-                          lambda i, x=x, ids=ids, wts=wts: cpu.moe(x, ids, wts, gus[i], downs[i]),
+                          lambda i, x=x, ids=ids, wts=wts: experts_torch(x, ids, wts, gus[i], downs[i]),  # type: ignore[misc]
+                          lambda i, x=x, ids=ids, wts=wts: cpu.moe(x, ids, wts, gus[i], downs[i]),  # type: ignore[misc]
                           len(gus), active * 3 * inter * h * 4, repeats))
     rows += _attention_cases(gen, repeats)
     return {"threads": torch.get_num_threads(), "repeats": repeats, "rows": rows,

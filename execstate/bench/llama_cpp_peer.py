@@ -182,8 +182,8 @@ class LlamaCppPeer(Peer):
                 self.batched.generate(fresh, 1)
                 prefill_s = time.perf_counter() - t0
             t0 = time.perf_counter()
-            tokens = self.batched.generate(prompts, max_new_tokens)
-            return RunResult(tokens, time.perf_counter() - t0, prefill_s=prefill_s)
+            batch_tokens = self.batched.generate(prompts, max_new_tokens)
+            return RunResult(batch_tokens, time.perf_counter() - t0, prefill_s=prefill_s)
         tokens: list[list[int]] = []
         ttft: list[float] = []
         t0 = time.perf_counter()

@@ -74,6 +74,7 @@ def _run(model: str, parts: tuple[str, ...], redis_url: str | None, lengths: tup
 
                 _clear_redis(redis_url)
                 t0 = time.perf_counter()
+                assert model_dir is not None  # resolved above for this part
                 report["chat"] = run_chat(model_dir, work / "chat", redis_url, tenants=tenants,
                                           conversations=conversations, turns=turns, system_len=system_len,
                                           context_len=context_len, user_len=user_len, reply_len=reply_len)
@@ -82,11 +83,13 @@ def _run(model: str, parts: tuple[str, ...], redis_url: str | None, lengths: tup
                 from execstate.bench.offload_reload import run_reload
 
                 _clear_redis(redis_url)
+                assert model_dir is not None  # resolved above for this part
                 report["reload"] = run_reload(model_dir, work / "reload", redis_url, lengths=lengths, repeats=repeats)
             if "hibernate" in parts:
                 from execstate.bench.offload_hibernate import run_hibernate
 
                 _clear_redis(redis_url)
+                assert model_dir is not None  # resolved above for this part
                 report["hibernate"] = run_hibernate(model_dir, work / "hibernate", redis_url, sessions=hibernation[0],
                                                     tokens=hibernation[1])
             if "desync" in parts:
@@ -115,8 +118,9 @@ def _desync(work: Path, redis_url: str | None, repeats: int) -> dict:
     oracle = LLM(str(m0), enable_return_routed_experts=True, num_kv_blocks=64, block_size=16, seed=0)
     from execstate.bench.hibernation_desync import HibernationDesyncTarget
 
-    targets = [TierDesyncTarget(t, m0, m1, oracle, work / t, redis_url=redis_url, seed=i)
-               for i, t in enumerate(("dram", "disk", "redis")) if t != "redis" or redis_url is not None]
+    targets: list[TierDesyncTarget | HibernationDesyncTarget] = [
+        TierDesyncTarget(t, m0, m1, oracle, work / t, redis_url=redis_url, seed=i)
+        for i, t in enumerate(("dram", "disk", "redis")) if t != "redis" or redis_url is not None]
     session_oracle = SessionLLM(str(m0), enable_return_routed_experts=True, num_kv_blocks=64, block_size=16, seed=0)
     targets.append(HibernationDesyncTarget(m0, session_oracle))
     try:

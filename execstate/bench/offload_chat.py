@@ -31,6 +31,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -71,8 +72,9 @@ def run_chat(model_dir: Path, workdir: Path, redis_url: str | None, tenants: int
     for c in configs[1:]:
         engines[c] = LLM(str(model_dir), **base, **_tier_options(c, pool_blocks * unit, workdir / c, redis_url))
     params = SamplingParams(temperature=0.0, max_tokens=reply_len, ignore_eos=True)
-    histories = [[] for _ in users]
-    stats = {c: {"ttft": [], "reload": [], "computed": 0, "local_cache": 0, "offloaded": 0} for c in configs}
+    histories: list[list[int]] = [[] for _ in users]
+    stats: dict[str, dict[str, Any]] = {
+        c: {"ttft": [], "reload": [], "computed": 0, "local_cache": 0, "offloaded": 0} for c in configs}
     mismatches = 0
     order_rng = np.random.default_rng(1)
     t0 = time.perf_counter()
@@ -95,8 +97,9 @@ def run_chat(model_dir: Path, workdir: Path, redis_url: str | None, tenants: int
                     outs[c] = out
                     s = stats[c]
                     s["ttft"].append(out.metrics["ttft_s"])
-                    if off is not None and off.loads.last_done is not last:
-                        s["reload"].append(off.loads.last_done.seconds)
+                    done = off.loads.last_done if off is not None else None
+                    if done is not None and done is not last:
+                        s["reload"].append(done.seconds)
                     for k in ("computed", "local_cache", "offloaded"):
                         s[k] += out.prompt_token_sources[k]
                 ref = outs[configs[0]].outputs[0]

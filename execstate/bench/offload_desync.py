@@ -138,6 +138,7 @@ class TierDesyncTarget:
         before = tier.stats.snapshot().checksum_failures
         out = _run(llm, a)
         caught = tier.stats.snapshot().checksum_failures - before
+        assert llm.engine.offload is not None  # the target's engine has tiers
         done = llm.engine.offload.loads.last_done
         used = out.prompt_token_sources["offloaded"] > BLOCK * llm.engine.block_size
         detected = caught >= 1 and not used

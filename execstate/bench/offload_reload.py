@@ -36,6 +36,7 @@ from execstate.bench.redis_server import SHARED_SECRET
 from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
 from execstate.identity.keys import BlockKey
+from execstate.state.tiers.disk_store import DiskStore
 
 TIERS = ("dram", "disk", "disk-cold", "redis")
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ def run_reload(model_dir: Path, workdir: Path, redis_url: str | None, lengths: t
                     _drop_above(llm, keys, tier)
                     out = llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)[0]
                     done = off.loads.last_done
+                    assert done is not None  # the generate above reloaded
                     full = (n - 1) // block_size * block_size
                     if out.prompt_token_sources["offloaded"] < full or set(done.sources) != {tier.split("-")[0]}:
                         raise RuntimeError(f"{n} tokens from {tier}: served {out.prompt_token_sources}, "
@@ -160,7 +162,7 @@ def _drop_above(llm: LLM, keys: list[BlockKey], tier: str) -> None:
         return
     for k in keys:
         off.host.discard(k)
-    disk = next(s for s in off.stores if s.name == "disk")
+    disk = next(s for s in off.stores if s.name == "disk" and isinstance(s, DiskStore))
     if tier == "disk-cold":
         for k in keys:
             with contextlib.suppress(OSError):

@@ -47,5 +47,6 @@ def add_counts(acc: dict[str, int | None], c: dict[str, int | None]) -> None:
 def summarise(c: dict[str, int | None]) -> dict[str, Any]:
     """Accumulated counts plus ``identical_fraction`` (``None`` when no token was compared)."""
     out: dict[str, Any] = dict(c)
-    out["identical_fraction"] = c["identical"] / c["tokens"] if c["tokens"] else None
+    identical, tokens = c["identical"], c["tokens"]
+    out["identical_fraction"] = identical / tokens if tokens and identical is not None else None
     return out

@@ -45,7 +45,7 @@ def sha256_bytes_per_s(nbytes: int = 32 << 20) -> float:
 
     buf = np.ones(nbytes, dtype=np.uint8)
     t0 = time.perf_counter()
-    hashlib.sha256(memoryview(buf)).digest()
+    hashlib.sha256(buf.data).digest()
     return nbytes / (time.perf_counter() - t0)
 
 

@@ -71,7 +71,7 @@ def build_report(model: Any, path: Path, mc: Any, threads: int, startup_s: float
         "single_server_ttft_s": median([x["server_ttft_s"]["single"] for x in runs["single"]]),
         "single_http_s": median([x["ttft_s"] - x["server_ttft_s"]["single"] for x in runs["single"]]),
         "sha256_bytes_per_s": sha,
-        "checksum_s_per_side_estimate": per(kv_b) / sha if n_pd and kv_b else None,
+        "checksum_s_per_side_estimate": kv_b / n_pd / sha if n_pd and kv_b else None,  # per(kv_b) / sha
     }
     return {
         "model": str(model), "model_path": str(path), "architecture": mc.architecture,

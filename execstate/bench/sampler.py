@@ -17,6 +17,7 @@ only as the baseline.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -72,7 +73,8 @@ def _best_ms(fns: list[Callable[[], Any]], repeats: int) -> list[float]:
 def _params(kind: str, batch: int) -> list[SamplingParams]:
     if kind == "greedy":
         return [SamplingParams(temperature=0.0)] * batch
-    pen = dict(repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5) if kind == "penalties" else {}
+    pen: dict[str, Any] = (dict(repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5)
+                           if kind == "penalties" else {})
     return [
         SamplingParams(temperature=0.8, top_k=50, top_p=0.95, seed=i if i % 2 else None, **pen) for i in range(batch)
     ]
@@ -82,15 +84,15 @@ def run_sampler_bench(repeats: int = 20, threads: int | None = None) -> dict[str
     if threads is not None:
         torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for batch in BATCHES:
         logits = torch.randn(batch, VOCAB, generator=gen) * 3
         for kind in ("greedy", "top_k+top_p"):
             params = _params(kind, batch)
             gens = [torch.Generator().manual_seed(i) for i in range(batch)]
             old, new = _best_ms([
-                lambda params=params, gens=gens, logits=logits: per_row_loop(logits, params, gens),
-                lambda params=params, gens=gens, logits=logits: sample(logits, params, gens),
+                functools.partial(per_row_loop, logits, params, gens),
+                functools.partial(sample, logits, params, list[torch.Generator | None](gens)),
             ], repeats)
             rows.append({"workload": kind, "batch": batch, "per_row_loop_ms": old, "vectorised_ms": new,
                          "speedup": old / new})

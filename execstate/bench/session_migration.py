@@ -91,7 +91,8 @@ def measure_migration(model_dir: str | Path, context_len: int = 4000, repeats: i
                                  for k in ("detect_s", "next_step_s", "recovery_s")}}
     finally:
         for llm in (src, dst, *faulty.values()):
-            llm.engine.pd.close()
+            if llm.engine.pd is not None:
+                llm.engine.pd.close()
     med = {k: statistics.median(run[k] for run in runs) for k in
            ("export_s", "import_s", "finish_s", "migrate_s", "first_step_s", "in_place_step_s")}
     first = runs[0]
@@ -141,8 +142,8 @@ def _migrate_once(src: LLM, dst: LLM, prompt: list[int], sid: str) -> dict[str, 
             "first_step_s": t5 - t4, "in_place_step_s": in_place_s, "kv_bytes": result.kv_bytes,
             "control_bytes": result.control_bytes, "offer_bytes": len(out.payload),
             "blocks_transferred": result.blocks_transferred, "tokens_recomputed": result.tokens_recomputed,
-            "tokens_equal": got.token_ids == want.token_ids
-            and got.routed_experts.tobytes() == want.routed_experts.tobytes()}
+            "tokens_equal": got.token_ids == want.token_ids and got.routed_experts is not None
+            and want.routed_experts is not None and got.routed_experts.tobytes() == want.routed_experts.tobytes()}
 
 
 def _recompute(llm: LLM, prompt: list[int], repeats: int) -> float:

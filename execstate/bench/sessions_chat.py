@@ -166,7 +166,7 @@ def _report(runs: list[dict[str, list[Turn]]], loads: list[float], turns: int, t
     prefill_ok = all([t.computed for t in got["session"]] == expected for got in runs)
     paths: dict[str, Any] = {}
     for p in PATHS:
-        per_turn = []
+        per_turn: list[dict[str, Any]] = []
         for k in range(turns):
             ts = [got[p][k] for got in runs]
             per_turn.append({"turn": k + 1, "prompt_tokens": ts[0].prompt_tokens,

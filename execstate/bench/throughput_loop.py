@@ -51,7 +51,7 @@ class Measured:
     """
 
     samples: dict[str, dict[str, list[Any]]]
-    parity: dict[str, dict[str, dict[str, int]]]
+    parity: dict[str, dict[str, dict[str, int | None]]]
     repeats_done: int
     bench_seconds: float  # loading and warm-up of resident peers included
 
@@ -63,7 +63,7 @@ class PeerLoop:
                  resident: bool) -> None:
         self.peers, self.wl, self.vocab, self.threads, self.resident = peers, workload, vocab_size, threads, resident
         self.samples: dict[str, dict[str, list[Any]]] = {p.name: {k: [] for k in _SAMPLE_KEYS} for p in peers}
-        self.parity: dict[str, dict[str, dict[str, int]]] = {}
+        self.parity: dict[str, dict[str, dict[str, int | None]]] = {}
         self._warm_ids = itertools.count()
 
     def run(self, repeats: int, t_start: float, time_budget_s: float | None, notes: list[str]) -> Measured:

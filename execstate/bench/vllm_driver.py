@@ -156,7 +156,7 @@ class Driver:
         prefill: list[float] | None = [] if req.get("probe_prefill", False) else None
         tokens: list[list[int]] = []
         seconds = 0.0
-        cpu = 0.0
+        cpu: float | None = 0.0
         for g in groups:
             if prefill is not None:
                 t0 = time.perf_counter()

@@ -87,8 +87,10 @@ def _serve(app: Any) -> Iterator[str]:
 
 async def _conversation(url: str, turns: list, switch: _Switch) -> Recording:
     import websockets
+    from websockets.typing import Subprotocol
 
-    async with websockets.connect(url + "/v1/voice/realtime", subprotocols=["realtime"], max_size=None) as ws:
+    async with websockets.connect(url + "/v1/voice/realtime", subprotocols=[Subprotocol("realtime")],
+                                  max_size=None) as ws:
         assert json.loads(await ws.recv())["type"] == "session.created"
         await ws.send(json.dumps({"type": "session.update", "session": {"instructions": SYSTEM, "audio": {
             "input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": VAD},

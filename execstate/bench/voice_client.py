@@ -86,8 +86,8 @@ class VoiceClient:
         return self.rec
 
     # -- the script ---------------------------------------------------------------------------------
-    def _place(self, parts: tuple[tuple[float, Utterance, bool], ...], kind: str) -> tuple[float, float]:
-        """Put a turn's utterances on the timeline right after what was sent; (start, end) seconds."""
+    def _place(self, parts: tuple[tuple[float, Utterance, bool], ...], kind: str) -> tuple[int, int]:
+        """Put a turn's utterances on the timeline right after what was sent; (start, end) samples."""
         pos = max(self.sent + 2 * TICK, self.placed)
         start = None
         for gap, utt, pause in parts:

@@ -58,9 +58,9 @@ def plot_timeline(rec: Recording, out: Path, title: str, row_s: float = 20.0) ->
                 ax.axvspan(rec.wall(m["s0"]), rec.wall(m["s1"]), color="#fff3b0", zorder=0)
         sel = (ut >= lo) & (ut < hi)
         ax.fill_between(ut[sel], 0.05, 0.05 + ue[sel] * 0.9, color="#1565c0", lw=0)
-        for t, e in segs:
-            sel = (t >= lo) & (t < hi)
-            ax.fill_between(t[sel], -0.05, -0.05 - e[sel] * 0.9, color="#2e7d32", lw=0)
+        for seg_t, seg_e in segs:
+            sel = (seg_t >= lo) & (seg_t < hi)
+            ax.fill_between(seg_t[sel], -0.05, -0.05 - seg_e[sel] * 0.9, color="#2e7d32", lw=0)
         for t, e in rec.events:
             if not lo <= t < hi:
                 continue

@@ -95,7 +95,7 @@ def bench_events(model: WorldModel, steps: int = 64, seed: int = 0) -> dict[str,
         sid = info.session_id
         pending: dict[int, int] = {}  # event id -> step index when submitted
         done = asyncio.Event()
-        step_ms = []
+        step_ms: list[float] = []
 
         async def stepper() -> None:
             while len(step_ms) < steps:

@@ -48,7 +48,8 @@ class WorldHibernationDesyncTarget:
         return ["truncated", "other_tenant", "stale_step"]
 
     def close(self) -> None:
-        self.world.close(), self.oracle.close()
+        self.world.close()
+        self.oracle.close()
 
     def trial(self, kind: str) -> TrialResult:
         n = next(self._ids)
@@ -61,7 +62,9 @@ class WorldHibernationDesyncTarget:
             t.submit_event(1, "key", {"key": "left", "down": True})
             sessions.step(sid, None, OWNER), t.step()
             record = hibernate(sessions, sid, OWNER)
-            data = bytes(record.store.get(record.key))
+            blob = record.store.get(record.key)
+            assert blob is not None  # just written
+            data = bytes(blob)
             secret = sessions.hibernation_secret
             if kind == "truncated":
                 forged, consistent = data[: len(data) // 2], False
@@ -93,4 +96,6 @@ class WorldHibernationDesyncTarget:
         sessions.open(sid, seed=n, access=OTHER)
         sessions.step(sid, "left", OTHER)
         rec = hibernate(sessions, sid, OTHER)
-        return bytes(rec.store.get(rec.key))
+        blob = rec.store.get(rec.key)
+        assert blob is not None  # just written
+        return bytes(blob)

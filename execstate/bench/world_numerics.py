@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from execstate.model.world.interface import WorldModel
 from execstate.session.world.offline import World, WorldSession
+from execstate.session.world.state import WorldState
 
 MOVES = ("up", "down", "left", "right", "none")
 
@@ -24,7 +25,7 @@ MOVES = ("up", "down", "left", "right", "none")
 def last_chunk_kv(world: World, s: WorldSession) -> tuple[torch.Tensor, torch.Tensor]:
     """The K/V of the session's newest chunk: ``[n_layers, tokens_per_chunk, H, Dh]`` each."""
     store = world.sessions.store
-    rec = world.sessions.runtime(s.session_id).state.table[-1]
+    rec = cast(WorldState, world.sessions.runtime(s.session_id).state).table[-1]
     slots = torch.cat([torch.arange(store.block_size) + b * store.block_size for b in rec.block_ids])
     return store.kv.k[:, slots].clone(), store.kv.v[:, slots].clone()
 
@@ -43,7 +44,8 @@ def compare_numerics(eager: WorldModel, compiled: WorldModel, steps: int = 32, s
         kw = {"scene_seed": seed} if scene else {"start_frames": start}
         sessions = [wd.open_session(prompt="a meadow maze", seed=seed, **kw) for wd in worlds]
         keys = [s.state_key() for s in sessions]
-        diffs, frame_diff, times = [], 0, ([], [])
+        diffs, frame_diff = [], 0
+        times: tuple[list[float], list[float]] = ([], [])
         for i in range(steps + 1):
             frames = []
             for j, s in enumerate(sessions):
