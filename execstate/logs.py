@@ -23,6 +23,6 @@ def setup_cli_logging(level: int = logging.INFO) -> None:
         logger.removeHandler(h)  # bound to a stderr that has since been replaced (and maybe closed)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(FORMAT, datefmt="%H:%M:%S"))
-    handler.execstate_cli = True  # type: ignore[attr-defined]
+    handler.execstate_cli = True  # type: ignore[attr-defined]  # marks our handler (found again above)
     logger.addHandler(handler)
     logger.setLevel(level)

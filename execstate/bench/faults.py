@@ -79,7 +79,7 @@ class FaultInjection:
             raise ValueError(f"delay_s must be >= 0, got {self.delay_s}")
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, object] | None) -> FaultInjection:
+    def from_dict(cls, config: Mapping[str, Any] | None) -> FaultInjection:  # JSON values
         """Parse ``{"mode": ..., "delay_s": ..., "every_n": ..., ...}``; ``None`` or ``{}`` is off.
 
         Unknown keys or values raise ``ValueError``.
@@ -92,11 +92,11 @@ class FaultInjection:
         mode = config.get("mode")
         return cls(
             mode=None if mode is None else FaultMode(mode),
-            delay_s=float(config.get("delay_s", 0.5)),  # type: ignore[arg-type]
-            every_n=int(config.get("every_n", 1)),  # type: ignore[call-overload]
+            delay_s=float(config.get("delay_s", 0.5)),
+            every_n=int(config.get("every_n", 1)),
             truncate=TruncateTarget(config.get("truncate", "blocks")),
             stale_id=None if config.get("stale_id") is None else str(config["stale_id"]),
-            corrupt_block=None if config.get("corrupt_block") is None else int(config["corrupt_block"]),  # type: ignore[call-overload]
+            corrupt_block=None if config.get("corrupt_block") is None else int(config["corrupt_block"]),
         )
 
     def active(self, load_number: int) -> FaultMode | None:

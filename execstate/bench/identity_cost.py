@@ -60,10 +60,11 @@ def run_variant(model: str, tenants: int = 1, shared: bool = False, w: dict[str,
     scopes = None
     if tenants > 1:
         from execstate.identity.scope import PrefixSharing
+        from execstate.identity.tenant import TenantId
 
         names = [f"tenant-{t}" for t in range(tenants)]
         sharing = PrefixSharing.parse(["all=" + ",".join(names)] if shared else [])
-        scopes = [sharing.scope(n) for n in names]  # type: ignore[arg-type]
+        scopes = [sharing.scope(TenantId(n)) for n in names]
     for u, ids in _prompts(w):
         t0 = time.perf_counter()
         if scopes is None:

@@ -25,7 +25,7 @@ waits for has finished → ``finish`` once switched (``done``), exactly once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.request import Request
@@ -63,7 +63,7 @@ def supplied_version(weights_version: object, seen: set[str]) -> str | None:
 def check_policy(policy: object) -> UpdatePolicy:
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-    return policy  # type: ignore[return-value]
+    return cast(UpdatePolicy, policy)  # one of POLICIES
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ def cache_salt(value: object) -> CacheSalt | None:
 def share_group(name: object) -> ShareGroup:
     """``name`` as a :data:`ShareGroup` (the tenant-name rules); ``ValueError`` naming it."""
     try:
-        return ShareGroup(tenant_id(name))  # type: ignore[arg-type]
+        return ShareGroup(tenant_id(name))
     except ValueError:
         raise ValueError(f"a shared prefix group name is 1-64 letters, digits, '.', '_' or '-', got {name!r}") from None
 
@@ -80,7 +80,7 @@ class CacheScope:
     @classmethod
     def build(cls, tenant: object = LOCAL_TENANT, salt: object = None, group: object = None) -> CacheScope:
         """A scope from untrusted values: each field checked, ``ValueError`` naming the field."""
-        return cls(tenant_id(tenant), cache_salt(salt), None if group is None else share_group(group))  # type: ignore[arg-type]
+        return cls(tenant_id(tenant), cache_salt(salt), None if group is None else share_group(group))
 
     @property
     def partition(self) -> str:

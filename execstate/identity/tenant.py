@@ -21,7 +21,7 @@ LOCAL_TENANT = TenantId("local")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-def tenant_id(name: str) -> TenantId:
+def tenant_id(name: object) -> TenantId:
     """``name`` as a :data:`TenantId`; ``ValueError`` naming the problem when it is not one."""
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(f"a tenant name is 1-64 letters, digits, '.', '_' or '-' (starting with a letter or "

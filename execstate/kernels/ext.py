@@ -13,7 +13,7 @@ from typing import Any
 import torch  # imported before _cpu so the extension binds to torch's OpenMP runtime
 
 try:
-    from execstate.kernels import _cpu  # type: ignore[attr-defined]
+    from execstate.kernels import _cpu  # type: ignore[attr-defined]  # the C extension: no stub, held as Any
 
     _UNAVAILABLE: str | None = None if _cpu.available() else "this CPU lacks AVX2/FMA"
 except ImportError as exc:  # built without a C compiler

@@ -18,7 +18,7 @@ the next step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 
@@ -91,7 +91,8 @@ class RouteCapture:
         if self._ids is None:
             rec = self._recorded
             if all(t is not None for t in rec) and rec:
-                self._ids = torch.stack(rec, dim=1).to(device=self.device, dtype=torch.int16)  # type: ignore[arg-type]
+                self._ids = torch.stack(cast("list[torch.Tensor]", rec), dim=1).to(  # none is None: checked
+                    device=self.device, dtype=torch.int16)
             else:
                 shape = (self.num_tokens, self.num_moe_layers, self.top_k)
                 self._ids = torch.empty(shape, dtype=torch.int16, device=self.device)

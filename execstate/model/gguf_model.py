@@ -111,6 +111,7 @@ def _store_as(model: CausalLM, target: str, fmt: WeightFormat) -> None:
     module = modules[module_name]
     old = getattr(module, attr)
     if target == "embed_tokens.weight":
+        # its block-format twin (same forward, a block tensor for weight), not an nn.Embedding
         model.embed_tokens = GGUFEmbedding(old.shape[0], old.shape[1], fmt)  # type: ignore[assignment]
         if model.config.tie_word_embeddings:
             model.head_format = fmt

@@ -33,6 +33,7 @@ import itertools
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from nixl_cu12 import _api as nixl_api
@@ -61,8 +62,8 @@ def _paced_progress_thread() -> Iterator[None]:
     bind = nixl_api.nixlBind
     original = bind.nixlAgent
 
-    def make(name: str, cfg: object) -> object:
-        cfg.pthrDelay = PROGRESS_DELAY_US  # type: ignore[attr-defined]
+    def make(name: str, cfg: Any) -> object:  # cfg: the binding's nixlAgentConfig (untyped)
+        cfg.pthrDelay = PROGRESS_DELAY_US
         return original(name, cfg)
 
     with _agent_lock:

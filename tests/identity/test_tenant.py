@@ -10,4 +10,4 @@ def test_tenant_names() -> None:
     assert LOCAL_TENANT == "local"
     for bad in ("", "-a", "a b", "a/b", "x" * 65, "é", 7, None, "key=secret"):
         with pytest.raises(ValueError, match="tenant name"):
-            tenant_id(bad)  # type: ignore[arg-type]
+            tenant_id(bad)

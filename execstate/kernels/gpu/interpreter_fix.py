@@ -23,5 +23,5 @@ def apply() -> None:
         patch(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
-    fixed.execstate_fixed = True  # type: ignore[attr-defined]
+    fixed.execstate_fixed = True  # type: ignore[attr-defined]  # a marker on the function: patched once
     interp._patch_lang_tensor = fixed

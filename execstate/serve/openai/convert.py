@@ -14,7 +14,7 @@ the HTTP handlers call ``completion_prompts`` and ``chat_prompt`` in a worker th
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 import jinja2
 
@@ -106,7 +106,7 @@ def completion_prompts(
     ``max_model_len``, a text prompt that cannot fit is refused as soon as it is tokenised."""
     p = req.prompt
     single = isinstance(p, str) or (isinstance(p, list) and all(isinstance(t, int) for t in p))
-    items: list[str | list[int]] = [p] if single else list(p)  # type: ignore[list-item,arg-type]
+    items = cast("list[str | list[int]]", [p] if single else list(p))  # single: one prompt, else a list of them
     if not items:
         raise bad_request("prompt is empty: at least one prompt is required", param="prompt")
     out = []

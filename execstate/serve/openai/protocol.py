@@ -20,7 +20,7 @@ extensions that were not asked for are omitted rather than sent as ``null``.
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer
 
@@ -96,7 +96,8 @@ class SamplingRequest(BaseModel):
     @classmethod
     def _null_is_default(cls, v: Any, info: ValidationInfo) -> Any:
         """Some clients send ``null`` for "not given"."""
-        return cls.model_fields[info.field_name].default if v is None else v  # type: ignore[index]
+        name = cast(str, info.field_name)  # a field validator's info names its field
+        return cls.model_fields[name].default if v is None else v
 
 
 class CompletionRequest(SamplingRequest):
