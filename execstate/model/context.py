@@ -91,7 +91,7 @@ class RouteCapture:
         if self._ids is None:
             rec = self._recorded
             if all(t is not None for t in rec) and rec:
-                self._ids = torch.stack(cast("list[torch.Tensor]", rec), dim=1).to(  # none is None: checked
+                self._ids = torch.stack(cast("list[torch.Tensor]", rec), dim=1).to(  # every entry a tensor: checked
                     device=self.device, dtype=torch.int16)
             else:
                 shape = (self.num_tokens, self.num_moe_layers, self.top_k)
