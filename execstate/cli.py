@@ -323,8 +323,13 @@ def _add_world_options(s: argparse.ArgumentParser) -> None:
                    help="torch threads for world steps, 0: torch's default (default: %(default)s)")
 
 
+DESCRIPTION = ("execstate: an LLM inference runtime whose cache holds execution state. `execstate serve` with no "
+               "model serves everything at once (the OpenAI-compatible API, sessions, the world model, agents); "
+               "`execstate demo` tours the three workloads; `execstate COMMAND --help` shows a command's options.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="execstate", description=__doc__)
+    p = argparse.ArgumentParser(prog="execstate", description=DESCRIPTION)
     sub = p.add_subparsers(dest="cmd", required=True)
 
     m = sub.add_parser("models", help="embedded and random models")
