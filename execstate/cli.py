@@ -65,6 +65,10 @@ def _serve(args: argparse.Namespace) -> int:
     if fleet_only and not args.ray:
         print(f"execstate serve {fleet_only[0]}: a fleet option: add --ray (docs/fleet.md)", file=sys.stderr)
         return 2
+    if args.ray and args.routed_experts_on_request:
+        print("execstate serve --routed-experts-on-request: a single-server option; a fleet returns routes with "
+              "--enable-return-routed-experts", file=sys.stderr)
+        return 2
     if args.pd is not None and not args.ray:
         print("execstate serve --pd: a PD fleet runs on Ray: add --ray (single-machine PD: --kv-transfer-config and "
               "execstate proxy, docs/pd.md)", file=sys.stderr)
@@ -78,9 +82,12 @@ def _serve(args: argparse.Namespace) -> int:
         return run_fleet(args)
 
     if args.model is None and args.world is None:  # the embedded default with every endpoint on
-        args.model, args.world, args.enable_return_routed_experts = DEFAULT_SERVE_MODEL, "world", True
-        print(f"execstate serve: no MODEL given: serving the embedded {DEFAULT_SERVE_MODEL} (routes returned) and "
-              f"the world model, with every endpoint (open http://{args.host}:{args.port}/)", file=sys.stderr)
+        args.model, args.world = DEFAULT_SERVE_MODEL, "world"
+        if not args.enable_return_routed_experts:  # routes recorded, returned to the requests that ask
+            args.routed_experts_on_request = True
+        print(f"execstate serve: no MODEL given: serving the embedded {DEFAULT_SERVE_MODEL} (routes returned to "
+              f"requests with \"return_routed_experts\": true) and the world model, with every endpoint (open "
+              f"http://{args.host}:{args.port}/)", file=sys.stderr)
     return run_server(args)
 
 
@@ -369,7 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "open to anyone who can reach it)")
     s.add_argument("--served-model-name", default=None, help="the name clients pass as 'model' (default: MODEL)")
     s.add_argument("--enable-return-routed-experts", action="store_true",
-                   help="R3: return routed_experts (default: off)")
+                   help="R3, as vLLM: record each token's MoE routes and return routed_experts with every "
+                        "completion (a request's \"return_routed_experts\": false leaves them out) (default: off)")
+    s.add_argument("--routed-experts-on-request", action="store_true",
+                   help="R3, as SGLang: record the routes but return routed_experts only to a request that asks "
+                        "(\"return_routed_experts\": true); what `execstate serve` with no MODEL does "
+                        "(default: off)")
     s.add_argument("--kv-transfer-config", default=None,
                    help="PD connector settings as JSON (vLLM key names) (default: none, no PD)")
     s.add_argument("--kv-events-config", default=None,

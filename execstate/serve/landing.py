@@ -17,6 +17,8 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
+from execstate.serve.context import ServeContext
+
 DOCS_PATH = "/docs"
 
 
@@ -36,8 +38,14 @@ def _lm_rows(app: FastAPI) -> list[tuple[str, str]]:
         arch += f", {mc.num_moe_layers} MoE layers of {mc.num_experts} experts (top-{mc.top_k})"
     return [("language model", f"{ctx.served_model_name} ({engine.model_path})"), ("architecture", arch),
             ("context length", str(engine.max_model_len)),
-            ("routes returned (R3)", "yes" if engine.return_routes else
-             "no (start with --enable-return-routed-experts)")]
+            ("routes returned (R3)", _routes(ctx))]
+
+
+def _routes(ctx: ServeContext) -> str:
+    if not ctx.engine.return_routes:
+        return "no (start with --enable-return-routed-experts)"
+    return "with every completion" if ctx.routes_by_default else 'to requests with "return_routed_experts": true'
+
 
 
 def _world_rows(app: FastAPI) -> list[tuple[str, str]]:

@@ -117,12 +117,13 @@ def attach_kv_connector(
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     events = getattr(args, "kv_events_config", None)
+    routes = args.enable_return_routed_experts or getattr(args, "routed_experts_on_request", False)  # R3 recording
     return EngineConfig(
         model=args.model,
         dtype=args.dtype,
         device=args.device,
         block_size=args.block_size,
-        enable_return_routed_experts=args.enable_return_routed_experts,
+        enable_return_routed_experts=routes,
         seed=args.seed,
         max_model_len=args.max_model_len,
         kernels=args.kernels,
@@ -243,6 +244,7 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
             migration_skew_s=getattr(args, "migration_skew_s", 30.0),
             agent_task_limits=TaskLimits(args.agent_tool_timeout_s, args.agent_max_tasks),
             voice_engines=voice_engines_from_args(args),
+            routes_on_request=getattr(args, "routed_experts_on_request", False),
         )
         if args.world is not None:  # the world endpoints on the same app (serve --world)
             from execstate.serve.realtime.world.app import world_host_from_args

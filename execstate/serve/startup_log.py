@@ -131,6 +131,8 @@ def waiting_line(i: StartupInfo) -> str:
 
 def r3_line(i: StartupInfo) -> str:
     e = i.engine
+    if e.return_routes and getattr(i.args, "routed_experts_on_request", False):
+        return 'on (routed_experts returned to requests with "return_routed_experts": true)'
     if e.return_routes:
         return "on (routed_experts returned)"
     if e.config.enable_return_routed_experts:
