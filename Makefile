@@ -35,8 +35,12 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+# The venv is not on PATH after `make`: the last lines say how to get the `execstate` command.
 demo: setup
 	$(PY) -m execstate demo
+	@echo
+	@echo "The execstate command is in $(VENV): run \`. $(VENV)/bin/activate\` to get it on your PATH (or call"
+	@echo "$(VENV)/bin/execstate), then \`execstate serve\` serves everything at once on http://127.0.0.1:8000/."
 
 test: setup
 	$(PY) -m pytest -q

@@ -48,3 +48,20 @@ def test_every_section_reference_exists() -> None:
                 refs += 1
                 assert int(n) in known, f"{f.relative_to(REPO)}: ARCHITECTURE.md {n} does not exist"
     assert refs >= 20
+
+
+def _two_commands() -> str:
+    readme = (REPO / "README.md").read_text()
+    return readme.split("## Two commands", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_says_how_to_get_the_command_and_make_demo_ends_saying_it() -> None:
+    """The venv is not on PATH after ``make``: the README's two commands and ``make demo``'s last lines say
+    how to get ``execstate``."""
+    import subprocess
+
+    assert ". .venv/bin/activate" in _two_commands()
+    dry = subprocess.run(["make", "-n", "demo"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    tail = dry[dry.index("-m execstate demo"):]  # what runs after the tour
+    assert ". .venv/bin/activate" in tail and "execstate serve" in tail
+
