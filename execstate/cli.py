@@ -14,9 +14,12 @@ def _models(args: argparse.Namespace) -> int:
         from execstate.model.random_models import ARCHITECTURES
         from execstate.model.registry import list_models
 
-        for m in list_models():
-            state = "prepared" if m["prepared"] else "not prepared"
-            print(f"{m['name']:<16} {state:<13} {m['description']}")
+        models = list_models()
+        for m in models:
+            print(f"{m['name']:<16} {m['state']:<13} {m['description']}")
+        if any(m["state"] == "shipped" for m in models):
+            print("shipped: its weights come with the package and are used as they are (`execstate models "
+                  "prepare NAME` builds them here instead)")
         print(f"random tiny architectures (make-random): {', '.join(ARCHITECTURES)}, standard")
         return 0
     if args.models_cmd == "prepare":

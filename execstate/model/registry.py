@@ -86,6 +86,9 @@ class EmbeddedModel:
     kind: str = "lm"  # "lm" (an HF causal LM directory) or "world" (model/world/)
     # the GGUF file quantization="gguf" serves, given the prepared directory (None: its *.gguf)
     gguf: Callable[[Path], Path] | None = field(default=None, repr=False)
+    # weights the package ships (a directory with model.safetensors), used when no build is
+    # prepared: the model is ready without `execstate models prepare` (None: none ship)
+    shipped: Path | None = None
 
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
@@ -127,6 +130,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
             steps=world_recipe.BUILD_STEPS,
             estimate=world_recipe.ESTIMATE,
             kind="world",
+            shipped=Path(world_recipe.__file__).parent / "shipped",  # model/world/default.py loads it
         ),
     )
 }
@@ -195,13 +199,25 @@ def is_prepared(name: str) -> bool:
     return expected is not None and marker.get("fingerprint") == expected["fingerprint"]
 
 
+def shipped_dir(name: str) -> Path | None:
+    """The weights of ``name`` that ship in the package, when they are there (else None)."""
+    shipped = _spec(name).shipped
+    return shipped if shipped is not None and (shipped / "model.safetensors").is_file() else None
+
+
 def list_models() -> list[dict[str, Any]]:
-    """One dict per embedded model: name, description, prepared, path."""
-    return [
-        {"name": m.name, "description": m.description, "prepared": is_prepared(m.name),
-         "path": str(paths.model_dir(m.name))}
-        for m in EMBEDDED_MODELS.values()
-    ]
+    """One dict per embedded model: name, description, prepared (a valid build in the cache), state
+    (``"prepared"``; ``"shipped"``: not built, but the package's weights are used as they are;
+    ``"not prepared"``: built on first use) and path (where it loads from: the build, else the shipped
+    weights, else where the build will go)."""
+    out = []
+    for m in EMBEDDED_MODELS.values():
+        prepared, shipped = is_prepared(m.name), shipped_dir(m.name)
+        state = "prepared" if prepared else "shipped" if shipped is not None else "not prepared"
+        path = shipped if state == "shipped" else paths.model_dir(m.name)
+        out.append({"name": m.name, "description": m.description, "prepared": prepared, "state": state,
+                    "path": str(path)})
+    return out
 
 
 @contextlib.contextmanager
