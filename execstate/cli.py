@@ -119,6 +119,16 @@ def _json_object(text: str) -> dict[str, float]:
     return {k: float(v) for k, v in value.items()}
 
 
+def _chat_template(text: str) -> str:
+    """``--chat-template``: a template file or the template's text, read and compiled once (vLLM's option)."""
+    from execstate.engine.chat_template import load_chat_template
+
+    try:
+        return load_chat_template(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _size(text: str) -> int:
     from execstate.serve.limits import parse_size
 
@@ -378,6 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "'default'); see --api-keys-file for keys of several tenants (default: none: the server is "
                         "open to anyone who can reach it)")
     s.add_argument("--served-model-name", default=None, help="the name clients pass as 'model' (default: MODEL)")
+    s.add_argument("--chat-template", type=_chat_template, default=None, metavar="TEMPLATE",
+                   help="the Jinja chat template every chat prompt is rendered with (chat completions, /tokenize, "
+                        "sessions' chat turns), as vLLM takes it: a template file's path, or the template's text "
+                        "(default: the model's own)")
     s.add_argument("--enable-return-routed-experts", action="store_true",
                    help="R3, as vLLM: record each token's MoE routes and return routed_experts with every "
                         "completion (a request's \"return_routed_experts\": false leaves them out) (default: off)")

@@ -87,6 +87,9 @@ class EngineConfig:
     gpu_kernels: str = "auto"
     deterministic: bool = False
     enforce_eager: bool = False
+    # The chat template's text (vLLM's chat_template; engine/chat_template.py reads a file or text
+    # given on the command line): every chat prompt is rendered with it. None: the model's own.
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if self.kernels not in KERNEL_CHOICES:

@@ -144,6 +144,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         offload_policy=args.offload_policy,
         offload_timeout_s=args.offload_timeout,
         kv_events=KVEventsConfig.from_json(events) if events else None,
+        chat_template=getattr(args, "chat_template", None),
     )
 
 
@@ -223,7 +224,8 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
     world_host = None
     try:
         if getattr(args, "agent_back_model", None):  # the agents' back-end model: a second engine
-            back_cfg = dataclasses.replace(engine_config_from_args(args), model=args.agent_back_model)
+            back_cfg = dataclasses.replace(engine_config_from_args(args), model=args.agent_back_model,
+                                           chat_template=None)  # --chat-template is the served model's
             back_engine = AsyncEngine(LLMEngine(back_cfg), limits.max_waiting_requests)
         metrics = ServingMetrics()
         trust = attach_kv_connector(async_engine, kv_cfg, metrics, make_importer) if kv_cfg is not None else None

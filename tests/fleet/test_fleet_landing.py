@@ -82,3 +82,19 @@ def test_the_fleet_shape_counts_roles() -> None:
     pd = {"p1": {"role": "prefill"}, "d1": {"role": "decode"}, "d2": {"role": "decode"}}
     assert fleet_shape(pd) == "1 prefill and 2 decode replicas, on Ray Serve"
     assert fleet_shape({"e": {"role": "engine"}}) == "1 engine replica, on Ray Serve"
+
+
+def test_the_ingress_routes_a_chat_by_the_replicas_chat_template(model_dir) -> None:
+    """With ``--chat-template`` the ingress keys a chat prompt by the tokens the replicas compute."""
+    import json
+
+    from execstate.engine.tokenizer import Tokenizer
+    from execstate.fleet.ray_app.prompt_route import prompt_route
+
+    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello there"}]}).encode()
+    ingress = FleetIngress(NoReplicaAsked(), str(model_dir), chat_template=template)
+    route = prompt_route("POST", "/v1/chat/completions", body, ingress.tokenizer)
+    assert list(route.token_ids) == Tokenizer(model_dir).encode("[user] hello there\n", add_special_tokens=False)
+    own = prompt_route("POST", "/v1/chat/completions", body, FleetIngress(NoReplicaAsked(), str(model_dir)).tokenizer)
+    assert own.token_ids != route.token_ids

@@ -65,7 +65,10 @@ HTTP_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 class FleetIngress:
-    def __init__(self, engines: DeploymentHandle, model: str, sessions: SessionSettings | None = None) -> None:
+    def __init__(self, engines: DeploymentHandle, model: str, sessions: SessionSettings | None = None,
+                 chat_template: str | None = None) -> None:
+        """``chat_template``: the replicas' (``EngineConfig.chat_template``), so a chat prompt is routed by
+        the tokens the replica will compute."""
         self.engines = engines
         settings = sessions or SessionSettings()
         self.keys = settings.keys()  # the tenant a session is resumed for, and a prompt is keyed for
@@ -73,7 +76,7 @@ class FleetIngress:
         self.sessions = SessionRouting(self, SecretRing.resolve())
         self.model = model
         path = resolve_model(model)
-        self.tokenizer = Tokenizer(path) if (path / "tokenizer.json").exists() else None
+        self.tokenizer = Tokenizer(path, chat_template) if (path / "tokenizer.json").exists() else None
         self.owners = SessionOwners()
         self.replicas: dict[str, dict[str, Any]] = {}  # replica id -> what it registered
         self.draining: set[str] = set()
