@@ -378,9 +378,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, /metrics)")
     s.add_argument("model", nargs="?", default=None,
-                   help="embedded model name (execstate models list) or a Hugging Face directory (default: none: "
-                        f"without MODEL and --world, the embedded {DEFAULT_SERVE_MODEL} with routes returned and the "
-                        "world model, every endpoint on; optional with --world)")
+                   help="embedded model name (execstate models list), a Hugging Face directory, or a Hugging Face "
+                        "repo id (namespace/name) the local Hugging Face cache holds, read offline: never a "
+                        "download (default: none: without MODEL and --world, the embedded "
+                        f"{DEFAULT_SERVE_MODEL} with routes returned on request and the world model, every endpoint "
+                        "on; optional with --world)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     s.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
     s.add_argument("--api-key", action="append", default=None, metavar="KEY",

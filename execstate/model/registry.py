@@ -37,7 +37,7 @@ from typing import Any
 
 from execstate import paths
 from execstate.kernels.weight_format import WeightFormat
-from execstate.model import gguf_import, gguf_quantize, upcycle
+from execstate.model import gguf_import, gguf_quantize, hf_cache, upcycle
 from execstate.model.build_progress import BuildProgress
 from execstate.model.errors import UnknownModelError
 from execstate.model.world import recipe as world_recipe
@@ -293,8 +293,9 @@ def gguf_file(path: Path) -> Path | None:
 
 
 def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
-    """A directory with config.json is returned as is; an embedded name is prepared on demand;
-    anything else is ``UnknownModelError``."""
+    """A directory with config.json is returned as is; an embedded name is prepared on demand; a
+    Hugging Face repo id (``namespace/name``) is its snapshot in the local Hugging Face cache, read
+    offline (``hf_cache.py``: never a download); anything else is ``UnknownModelError``."""
     path = Path(name_or_path).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path
@@ -303,7 +304,10 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
         raise UnknownModelError(f"{name!r} is a {EMBEDDED_MODELS[name].kind} model, not a language model")
     if name in EMBEDDED_MODELS:
         return prepare(name)
+    if hf_cache.looks_like_repo_id(name) and not path.exists():
+        return hf_cache.cached_snapshot(name)
     raise UnknownModelError(
-        f"unknown model {name!r}: not a directory containing config.json and not an embedded model "
-        f"(known embedded models: {', '.join(sorted(EMBEDDED_MODELS))})"
+        f"unknown model {name!r}: not a directory containing config.json, not an embedded model "
+        f"(known embedded models: {', '.join(sorted(EMBEDDED_MODELS))}) and not a Hugging Face repo id "
+        "(namespace/name) in the local Hugging Face cache"
     )
