@@ -27,7 +27,7 @@ TAIL_LINES = 40
 def progress(log_text: str) -> str:
     """What pip has done so far, from its output (empty when it says nothing countable)."""
     lines = log_text.splitlines()
-    collected = sum(line.startswith("Collecting ") for line in lines)
+    collected = sum(line.startswith(("Collecting ", "Processing ")) for line in lines)  # index / local wheel
     downloaded = sum(line.lstrip().startswith("Downloading ") for line in lines)
     parts = []
     if collected:

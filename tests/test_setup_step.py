@@ -27,10 +27,11 @@ import sys, time
 for name in ("alpha", "beta", "gamma"):
     print(f"Collecting {name}>=1")
     print(f"  Downloading {name}-1.0-py3-none-any.whl (10 kB)", flush=True)
+print("Processing /opt/wheels/delta-1.0-py3-none-any.whl (from alpha)", flush=True)
 time.sleep(0.6)
-print("Installing collected packages: alpha, beta, gamma", flush=True)
+print("Installing collected packages: delta, alpha, beta, gamma", flush=True)
 time.sleep(0.3)
-print("Successfully installed alpha-1.0 beta-1.0 gamma-1.0")
+print("Successfully installed alpha-1.0 beta-1.0 delta-1.0 gamma-1.0")
 sys.exit(int(sys.argv[1]))
 """
 
@@ -44,8 +45,8 @@ def test_a_step_prints_its_progress_not_pips_output(tmp_path: Path, capsys: pyte
     assert out[0] == "setup [2/5 the packages] ..."
     ticks = [line for line in out[1:-1] if line.startswith("  ... ")]
     assert len(ticks) >= 3 and len(ticks) == len(out) - 2
-    assert any(t.endswith(": 3 packages collected, 3 downloaded") for t in ticks)
-    assert re.fullmatch(r"  done in \d+ s \(3 packages collected, 3 downloaded, installing 3\)", out[-1])
+    assert any(t.endswith(": 4 packages collected, 3 downloaded") for t in ticks)
+    assert re.fullmatch(r"  done in \d+ s \(4 packages collected, 3 downloaded, installing 4\)", out[-1])
     assert not any("Collecting" in line for line in out)  # pip's lines are in the log only
     text = log.read_text()
     assert "Collecting gamma>=1" in text and "Successfully installed" in text and text.count("$ ") == 1
