@@ -14,6 +14,9 @@ replaces its text input and text output:
 - **Out**: the runtime's text responses become audio responses (``speech_out.py``): synthesised
   as the text streams, paced to the client's playback, created when they start playing and done
   after their last audio.
+- **Memory**: ``close`` closes the recognizer stream (the recognizer keeps or frees its model)
+  and returns the freed heap pages to the OS (``state/host_memory.py``), so connections that
+  come and go leave the server's RSS where it was.
 - **Interruptions**: a barge-in (or ``cancel``, or a client ``truncate`` of the playing item) stops
   all audio first (the playing response's ``response.done`` ``cancelled``), advances the epoch,
   and truncates each cut response in the runtime's context to the words that were played; only
@@ -39,6 +42,7 @@ from execstate.agent.agent_events import AgentEvent, ErrorEvent, OutputDelta, Re
 from execstate.agent.duplex import DuplexAgent
 from execstate.agent.errors import AgentError
 from execstate.agent.speech_turns import SpeechTurnConfig, SpeechTurnPolicy
+from execstate.state import host_memory
 from execstate.voice.audio_input import AudioInput
 from execstate.voice.events import (
     InputCleared,
@@ -127,10 +131,18 @@ class VoiceAgent:
                 await task
         if self.input is not None:
             with contextlib.suppress(Exception):
-                await asyncio.get_running_loop().run_in_executor(self._in_exec, self.input.close)
+                await asyncio.get_running_loop().run_in_executor(self._in_exec, self._release_input, self.input)
         self._in_exec.shutdown(wait=False)
         self._out_exec.shutdown(wait=False)
         self._queue.put_nowait(_END)
+
+    @staticmethod
+    def _release_input(inp: AudioInput) -> None:
+        """Close the recognizer stream (its model goes back to the recognizer or is freed), then
+        give the freed heap pages back to the OS: this worker thread's allocator arena would keep
+        them, and a server's RSS would grow with every voice connection."""
+        inp.close()
+        host_memory.trim()
 
     async def events(self) -> AsyncIterator[AgentEvent]:
         while True:
