@@ -12,23 +12,31 @@ implement the same calls over its own session kind). Contract:
   tokens); the agent appends it at its first step and keeps it in its transcript.
 - ``mark()`` checkpoints the context at a boundary (no step in flight); ``rewind(mark)`` rolls
   back to it (the mark stays valid); ``release(mark)`` drops it.
+- ``speculate(input_ids, end_token)`` is a step of one token used for its distribution only:
+  it appends ``input_ids`` (their KV is computed) and returns :class:`Speculation`: the
+  probability that ``end_token`` comes next and how many tokens the step computed and found
+  cached. The context then holds ``input_ids`` and the sampled token: the caller rewinds.
+  ``FrontStepEnd.computed`` (when known) is what a step ran through the model.
 
 :class:`SessionFront` implements it with an LM session on an ``AsyncEngine``
 (``session/lm/async_sessions.py``): each step is a session step, so it runs in the session's
 priority class (interactive by default: above batch and back-end requests in the same engine).
+Its session asks for the top ``SCORE_LOGPROBS`` logprobs of each token (``speculate`` reads the
+end token's among them; absent: probability 0).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.session.lm.async_sessions import AsyncSessions
-from execstate.session.lm.step import StepDelta
+from execstate.session.lm.step import StepDelta, StepResult
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,14 @@ class FrontChunk:
 @dataclass(frozen=True)
 class FrontStepEnd:
     finish_reason: str | None  # "stop" (end of the reply), "length" (step budget), "abort" (cancelled)
+    computed: int | None = None  # context tokens the step ran through the model (None: unknown)
+
+
+@dataclass(frozen=True)
+class Speculation:
+    p_end: float  # probability of the end-of-turn token right after the input
+    computed: int  # context tokens the step ran through the model
+    cached: int  # context tokens whose KV it found (held, or hit in the prefix cache)
 
 
 class FrontModel(Protocol):
@@ -48,6 +64,8 @@ class FrontModel(Protocol):
     def prelude(self) -> list[int]: ...
 
     def step(self, input_ids: list[int], max_tokens: int) -> AsyncIterator[FrontChunk | FrontStepEnd]: ...
+
+    async def speculate(self, input_ids: list[int], end_token: int) -> Speculation: ...
 
     async def cancel(self) -> None: ...
 
@@ -61,6 +79,7 @@ class FrontModel(Protocol):
 
 
 DEFAULT_FRONT_PARAMS = SamplingParams(temperature=0.0, stop=["\n"], max_tokens=4)
+SCORE_LOGPROBS = 20
 
 
 class SessionFront:
@@ -82,7 +101,9 @@ class SessionFront:
         if engine.tokenizer is None:
             raise ValueError("the front model needs a tokenizer")
         sessions = sessions or AsyncSessions(engine)
-        info = await sessions.open(session_id, sampling_params or DEFAULT_FRONT_PARAMS, priority=priority)
+        params = sampling_params or DEFAULT_FRONT_PARAMS
+        params = replace(params, logprobs=max(params.logprobs or 0, SCORE_LOGPROBS))
+        info = await sessions.open(session_id, params, priority=priority)
         prelude = engine.tokenizer.encode(system_prompt, add_special_tokens=True) if system_prompt else []
         return cls(sessions, info.session_id, prelude)
 
@@ -94,13 +115,23 @@ class SessionFront:
         return self._tok.encode(text, add_special_tokens=False)
 
     async def step(self, input_ids: list[int], max_tokens: int) -> AsyncIterator[FrontChunk | FrontStepEnd]:
-        finish = None
+        end = FrontStepEnd(None)
         async for item in self.sessions.step(self.session_id, input=list(input_ids) or None, max_tokens=max_tokens):
             if isinstance(item, StepDelta):
                 yield FrontChunk(tuple(item.token_ids), item.text)
             else:
-                finish = item.finish_reason
-        yield FrontStepEnd(finish)
+                end = FrontStepEnd(item.finish_reason, item.num_computed_tokens)
+        yield end
+
+    async def speculate(self, input_ids: list[int], end_token: int) -> Speculation:
+        result = None
+        async for item in self.sessions.step(self.session_id, input=list(input_ids) or None, max_tokens=1):
+            if isinstance(item, StepResult):
+                result = item
+        assert result is not None
+        top = result.logprobs[0] if result.logprobs else {}
+        p = math.exp(top[end_token].logprob) if end_token in top else 0.0
+        return Speculation(p, result.num_computed_tokens, result.num_cached_tokens)
 
     async def cancel(self) -> None:
         await self.sessions.cancel(self.session_id)

@@ -41,6 +41,15 @@ class FrontContext:
         """A rollback's replay is not sent yet (the front holds less than the transcript)."""
         return bool(self._replay)
 
+    def peek(self) -> list[int]:
+        """What the next step would send before its own input (the replay, then the pending
+        segments), left in place: a speculative step sends it and is rolled back."""
+        return [*self._replay, *(t for _, toks in self._pending for t in toks)]
+
+    @property
+    def truncations_queued(self) -> bool:
+        return bool(self._truncs)
+
     def push(self, role: str, token_ids: list[int]) -> None:
         """A segment for the next step's input (``user``, ``result``, ...)."""
         self._pending.append((role, token_ids))
