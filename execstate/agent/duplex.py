@@ -82,8 +82,9 @@ class DuplexAgent:
         self.turns = TurnPolicy(self.config.turn)
         self.fence = ResponseFence(self._emit)
         self.context = FrontContext(front)
-        end = front.encode(self.config.agent_prefix)[:1] if self.config.speculative_prefill else []
-        self.prefill = SpeculativePrefill(front, end[0] if end else None)
+        ends = [front.encode(x)[:1] for x in (self.config.agent_prefix, ".", "?", "!")]
+        self.prefill = SpeculativePrefill(front, frozenset(t for e in ends for t in e)
+                                          if self.config.speculative_prefill else frozenset())
         self.delegations = Delegations(backend or Backend(), self._emit, self.now, lambda: self.fence.epoch,
                                        self._wake_up, lambda: not self._closed)
         self.stats = AgentStats()

@@ -12,17 +12,17 @@ implement the same calls over its own session kind). Contract:
   tokens); the agent appends it at its first step and keeps it in its transcript.
 - ``mark()`` checkpoints the context at a boundary (no step in flight); ``rewind(mark)`` rolls
   back to it (the mark stays valid); ``release(mark)`` drops it.
-- ``speculate(input_ids, end_token)`` is a step of one token used for its distribution only:
+- ``speculate(input_ids, end_tokens)`` is a step of one token used for its distribution only:
   it appends ``input_ids`` (their KV is computed) and returns :class:`Speculation`: the
-  probability that ``end_token`` comes next and how many tokens the step computed and found
-  cached. The context then holds ``input_ids`` and the sampled token: the caller rewinds.
+  probability that one of ``end_tokens`` comes next and how many tokens the step computed and
+  found cached. The context then holds ``input_ids`` and the sampled token: the caller rewinds.
   ``FrontStepEnd.computed`` (when known) is what a step ran through the model.
 
 :class:`SessionFront` implements it with an LM session on an ``AsyncEngine``
 (``session/lm/async_sessions.py``): each step is a session step, so it runs in the session's
 priority class (interactive by default: above batch and back-end requests in the same engine).
 Its session asks for the top ``SCORE_LOGPROBS`` logprobs of each token (``speculate`` reads the
-end token's among them; absent: probability 0).
+end tokens' among them; absent: probability 0).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class FrontStepEnd:
 
 @dataclass(frozen=True)
 class Speculation:
-    p_end: float  # probability of the end-of-turn token right after the input
+    p_end: float  # probability that one of the end tokens comes right after the input
     computed: int  # context tokens the step ran through the model
     cached: int  # context tokens whose KV it found (held, or hit in the prefix cache)
 
@@ -65,7 +65,7 @@ class FrontModel(Protocol):
 
     def step(self, input_ids: list[int], max_tokens: int) -> AsyncIterator[FrontChunk | FrontStepEnd]: ...
 
-    async def speculate(self, input_ids: list[int], end_token: int) -> Speculation: ...
+    async def speculate(self, input_ids: list[int], end_tokens: frozenset[int]) -> Speculation: ...
 
     async def cancel(self) -> None: ...
 
@@ -123,14 +123,14 @@ class SessionFront:
                 end = FrontStepEnd(item.finish_reason, item.num_computed_tokens)
         yield end
 
-    async def speculate(self, input_ids: list[int], end_token: int) -> Speculation:
+    async def speculate(self, input_ids: list[int], end_tokens: frozenset[int]) -> Speculation:
         result = None
         async for item in self.sessions.step(self.session_id, input=list(input_ids) or None, max_tokens=1):
             if isinstance(item, StepResult):
                 result = item
         assert result is not None
         top = result.logprobs[0] if result.logprobs else {}
-        p = math.exp(top[end_token].logprob) if end_token in top else 0.0
+        p = sum(math.exp(top[t].logprob) for t in end_tokens if t in top)
         return Speculation(p, result.num_computed_tokens, result.num_cached_tokens)
 
     async def cancel(self) -> None:

@@ -7,10 +7,12 @@ every speculation is one front step (``FrontModel.speculate``) of::
     what the next step would send anyway (``FrontContext.peek``: replay, pending segments)
     + the user turn as it would enter the context (``user_prefix`` + the partial)
 
-that computes their KV and reads the probability of the end-of-turn token next (the first token
-of ``agent_prefix``: the token the model writes where a user turn ends; LiveKit's turn detector
-reads the same probability from a small fine-tuned LM, here it is the front model itself, which
-already holds the conversation). Before the next speculation, and before anything else touches the
+that computes their KV and reads the probability that the turn ends there: the mass of the
+*end tokens* next: the end-of-turn token (the first token of ``agent_prefix``: what the model
+writes where a user turn ends) and the sentence-final marks ``.?!`` (a recognizer that does not
+punctuate leaves them out, and a small model puts one before its end-of-turn token). LiveKit's
+turn detector reads the same probability from a small fine-tuned LM; here it is the front model
+itself, which already holds the conversation. Before the next speculation, and before anything else touches the
 front (a reply's first step, a truncation, a result), the front is rolled back to *base*
 (``settle``). A rollback keeps nothing appended, but the full KV blocks those steps computed
 stay in the engine's prefix cache: the next step over the same tokens finds every full block of
@@ -54,10 +56,11 @@ class PrefillStats:
 
 
 class SpeculativePrefill:
-    def __init__(self, front: FrontModel, end_token: int | None) -> None:
-        """``end_token``: the end-of-turn token (None: no scoring; nothing is speculated)."""
+    def __init__(self, front: FrontModel, end_tokens: frozenset[int]) -> None:
+        """``end_tokens``: the end-of-turn token and the sentence-final ones (empty: nothing is
+        speculated)."""
         self.front = front
-        self.end_token = end_token
+        self.end_tokens = end_tokens
         self.partial: str | None = None  # the user's turn so far (the latest partial)
         self.score: tuple[str, float] | None = None
         self.on_score: list[Callable[[str, float], None]] = []
@@ -70,7 +73,7 @@ class SpeculativePrefill:
     @property
     def wanted(self) -> bool:
         """A partial is waiting to be speculated."""
-        return self.end_token is not None and self.partial is not None and (
+        return bool(self.end_tokens) and self.partial is not None and (
             self.score is None or self.score[0] != self.partial)
 
     def clear(self) -> None:
@@ -79,14 +82,14 @@ class SpeculativePrefill:
 
     async def speculate(self, head: list[int], turn_ids: list[int]) -> float:
         """One speculative step of ``head + turn_ids`` (module docstring); returns the end probability."""
-        assert self.end_token is not None and self.partial is not None
+        assert self.end_tokens and self.partial is not None
         text = self.partial
         if self._base is None:
             self._base = await self.front.mark()
         elif self._appended:
             await self.front.rewind(self._base)
         self._appended = True
-        s = await self.front.speculate(head + turn_ids, self.end_token)
+        s = await self.front.speculate(head + turn_ids, self.end_tokens)
         self.stats.speculations += 1
         self.stats.computed += s.computed
         self._last, self._spent = head + turn_ids, self._spent + s.computed

@@ -95,14 +95,15 @@ class VoiceAgent:
         self.config = config or VoiceConfig()
         self.recognizer, self.detector = recognizer, detector
         self.turns = SpeechTurnPolicy(self.config.turns)
+        self._tick_wake = asyncio.Event()
         self._in_exec = ThreadPoolExecutor(1, thread_name_prefix="voice-in")
         self._out_exec = ThreadPoolExecutor(1, thread_name_prefix="voice-out")
         self.out = SpeechOut(synthesizer, self._emit, agent.now, self._out_exec, self.config.out_rate,
                              self.config.voice, self.config.lead_ms, self.config.chunk_ms)
-        self.listener = Listener(agent, self.out, self.turns, self._emit, lambda: self.config.create_response)
+        self.listener = Listener(agent, self.out, self.turns, self._emit, lambda: self.config.create_response,
+                                 self._tick_wake.set)
         self.input: AudioInput | None = None
         self._queue: asyncio.Queue[object] = asyncio.Queue()
-        self._tick_wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False

@@ -75,7 +75,7 @@ def test_no_speculation_while_a_reply_is_in_flight_or_when_off():
         await off.start()
         off.user_partial("hello")
         await asyncio.sleep(0.02)
-        assert off.prefill.end_token is None and off.front.speculations == []
+        assert off.prefill.end_tokens == frozenset() and off.front.speculations == []
         await off.close()
 
     asyncio.run(asyncio.wait_for(main(), 30))
