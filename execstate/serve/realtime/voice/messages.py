@@ -52,9 +52,15 @@ class AudioFormat(_Obj):
 
 
 class TurnDetection(_Obj):
-    """OpenAI's ``server_vad`` knobs, plus what this server's speech turn policy adds."""
+    """OpenAI's ``server_vad`` and ``semantic_vad`` knobs, plus what this server's speech turn
+    policy adds. ``semantic_vad``: the front model scores the end of the user's turn
+    (``eagerness`` low / medium / high / auto sets the score threshold and the silences:
+    ``convert.EAGERNESS``; ``end_of_turn_threshold``, ``silence_duration_ms`` (the short silence)
+    and ``end_of_turn_silence_ms`` (the long one) override them)."""
 
     type: str = "server_vad"
+    eagerness: str | None = None  # semantic_vad
+    end_of_turn_threshold: float | None = None  # execstate, semantic_vad
     threshold: float | None = None
     prefix_padding_ms: int | None = None
     silence_duration_ms: int | None = None
