@@ -124,6 +124,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bv.add_argument("--seed", type=int, default=0)
     bv.add_argument("--png", default=None, help="write the timeline of the first conversation (oracle) here")
     bv.add_argument("--json", action="store_true")
+    ba = bsub.add_parser("asr", help="word error rate of the speech recognizers on a held-out spoken set "
+                         "(12 sentences x 4 eSpeak voices x 2 speeds)")
+    ba.add_argument("--recognizers", default="pocketsphinx,pocketsphinx-demo,moonshine",
+                    help="comma-separated: pocketsphinx, pocketsphinx-demo, moonshine")
+    ba.add_argument("--json", action="store_true")
     bw = bsub.add_parser("world", help="world-model sessions: step latency, first chunk, event-to-action, "
                          "checkpoint/rollback vs recompute, compiled vs eager, 500-step memory, quality")
     bw.add_argument("--model", default=None, help="a trained world model directory (default: the default model)")
@@ -270,6 +275,12 @@ def _bench(args: argparse.Namespace) -> int:
                                  seed=args.seed, max_response_tokens=args.max_response_tokens, threads=args.threads,
                                  png=args.png)
         print(json.dumps(report, indent=2) if args.json else format_voice_table(report))
+        return 0
+    if args.bench_cmd == "asr":
+        from execstate.bench.asr import format_asr_table, run_asr_bench
+
+        report = run_asr_bench(tuple(args.recognizers.split(",")))
+        print(json.dumps(report, indent=2) if args.json else format_asr_table(report))
         return 0
     if args.bench_cmd == "world":
         from execstate.bench.world import run_world_bench

@@ -48,6 +48,7 @@ from execstate.voice.events import (
     InputCleared,
     InputCommitted,
     InputTranscriptCompleted,
+    ItemAdded,
     ItemTruncated,
 )
 from execstate.voice.interfaces import Recognizer, SpeechDetector, Synthesizer
@@ -181,6 +182,17 @@ class VoiceAgent:
         self.listener.last_item = item
         if text.strip():
             self.agent.user_turn(text, respond=self.config.create_response)
+        return item
+
+    def add_text(self, text: str, item_id: str | None = None) -> str:
+        """A typed user message: an input item (``conversation.item.added``) and a user turn,
+        answered at ``create_response`` (OpenAI's ``conversation.item.create``)."""
+        self._require_open()
+        t, e = self.agent.now(), self.agent.fence.epoch
+        item = item_id or self.listener.new_item()
+        self._emit(ItemAdded(t, e, item, self.listener.last_item, text))
+        self.listener.last_item = item
+        self.agent.user_turn(text, respond=False)
         return item
 
     async def clear(self) -> None:

@@ -110,3 +110,13 @@ class ItemTruncated(AgentEvent):
     item_id: str
     audio_end_ms: int
     kept_text: str
+
+
+@dataclass(frozen=True)
+class ItemAdded(AgentEvent):
+    """A typed user message entered the conversation (``conversation.item.create``)."""
+
+    type = "conversation.item.added"
+    item_id: str
+    previous_item_id: str | None
+    text: str

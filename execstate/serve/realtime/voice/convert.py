@@ -240,6 +240,11 @@ def events_json(ev: AgentEvent, eid: EventIds, transcripts: dict[str, str]) -> I
         yield {"type": "conversation.item.added", "event_id": eid(), "previous_item_id": ev.previous_item_id,
                "item": {"id": ev.item_id, "object": "realtime.item", "type": "message", "role": "user",
                         "status": "completed", "content": [{"type": "input_audio", "transcript": None}]}}
+    elif isinstance(ev, ve.ItemAdded):
+        item = {"id": ev.item_id, "object": "realtime.item", "type": "message", "role": "user", "status": "completed",
+                "content": [{"type": "input_text", "text": ev.text}]}
+        for kind in ("conversation.item.added", "conversation.item.done"):
+            yield {"type": kind, "event_id": eid(), "previous_item_id": ev.previous_item_id, "item": item, **common}
     elif isinstance(ev, ve.InputCleared):
         yield {"type": ev.type, "event_id": eid(), **common}
     elif isinstance(ev, ve.InputTranscriptDelta):

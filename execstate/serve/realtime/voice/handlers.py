@@ -62,10 +62,12 @@ from execstate.serve.realtime.voice.convert import (
 from execstate.serve.realtime.voice.messages import (
     END,
     MAX_NAME_CHARS,
+    MAX_TEXT_CHARS,
     VOICE_PROTOCOL,
     AudioAppend,
     AudioClear,
     AudioCommit,
+    ItemCreate,
     ItemTruncate,
     ResponseCancel,
     ResponseCreate,
@@ -157,7 +159,8 @@ class VoiceHandlers:
         self._started = asyncio.get_running_loop().create_task(self._start())
         self.routes: dict[type, Handler] = {
             SessionUpdate: self._update, AudioAppend: self._append, AudioCommit: self._commit, AudioClear: self._clear,
-            ResponseCreate: self._create, ResponseCancel: self._cancel, ItemTruncate: self._truncate}
+            ResponseCreate: self._create, ResponseCancel: self._cancel, ItemTruncate: self._truncate,
+            ItemCreate: self._item}
 
     async def _start(self) -> None:
         self.state.values["session_id"] = self.sid
@@ -223,6 +226,16 @@ class VoiceHandlers:
         va = await self._agent()
         if not va.cancel():
             raise ProtocolError("response_cancel_not_active", "no response is generating or playing", msg.event_id)
+
+    async def _item(self, msg: ItemCreate) -> None:
+        it = msg.item
+        if it.type != "message" or it.role != "user" or not it.content or any(
+                p.type != "input_text" or not p.text for p in it.content):
+            raise invalid("conversation.item.create: only a user message of input_text parts with text")
+        text = " ".join(p.text for p in it.content if p.text)
+        if len(text) > MAX_TEXT_CHARS or (it.id is not None and len(it.id) > MAX_NAME_CHARS):
+            raise invalid(f"conversation.item.create: the text is at most {MAX_TEXT_CHARS} characters")
+        (await self._agent()).add_text(text, it.id)
 
     async def _truncate(self, msg: ItemTruncate) -> None:
         if msg.content_index != 0:
