@@ -50,6 +50,11 @@ class PrefillStats:
     def wasted(self) -> int:
         return max(self.computed - self.saved, 0)
 
+    def add(self, other: PrefillStats) -> None:
+        self.speculations += other.speculations
+        self.computed += other.computed
+        self.saved += other.saved
+
     def as_dict(self) -> dict[str, int]:
         return {"speculations": self.speculations, "computed": self.computed, "saved": self.saved,
                 "wasted": self.wasted}

@@ -122,7 +122,12 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bv.add_argument("--max-response-tokens", type=int, default=32)
     bv.add_argument("--threads", type=int, default=1)
     bv.add_argument("--seed", type=int, default=0)
-    bv.add_argument("--png", default=None, help="write the timeline of the first conversation (oracle) here")
+    bv.add_argument("--png", default=None, help="write the timeline of the first conversation (real ASR) here")
+    bv.add_argument("--turn-detection", default="semantic", choices=("semantic", "server"),
+                    help="semantic_vad (the front model scores the end of turn) or server_vad")
+    bv.add_argument("--modes", default="oracle,real", help="runs of each conversation: oracle, real")
+    bv.add_argument("--asr", default="pocketsphinx-demo", choices=("pocketsphinx-demo", "pocketsphinx", "moonshine"),
+                    help="the real recognizer")
     bv.add_argument("--json", action="store_true")
     ba = bsub.add_parser("asr", help="word error rate of the speech recognizers on a held-out spoken set "
                          "(12 sentences x 4 eSpeak voices x 2 speeds)")
@@ -273,7 +278,8 @@ def _bench(args: argparse.Namespace) -> int:
 
         report = run_voice_bench(model=args.model, conversations=args.conversations, turns=args.turns,
                                  seed=args.seed, max_response_tokens=args.max_response_tokens, threads=args.threads,
-                                 png=args.png)
+                                 png=args.png, turn_detection=args.turn_detection, modes=tuple(args.modes.split(",")),
+                                 asr=args.asr)
         print(json.dumps(report, indent=2) if args.json else format_voice_table(report))
         return 0
     if args.bench_cmd == "asr":

@@ -120,3 +120,15 @@ class ItemAdded(AgentEvent):
     item_id: str
     previous_item_id: str | None
     text: str
+
+
+@dataclass(frozen=True)
+class EndScore(AgentEvent):
+    """The front model scored the user's turn so far (``agent/prefill.py``): ``p_end``, the
+    probability that it ends there; ``prefilled``: tokens the speculative steps computed so far."""
+
+    type = "input.end_score"
+    item_id: str | None
+    text: str
+    p_end: float
+    prefilled: int

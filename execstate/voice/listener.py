@@ -34,6 +34,7 @@ from execstate.agent.errors import AgentError
 from execstate.agent.speech_turns import Decision, SpeechTurnPolicy
 from execstate.voice.audio_input import Final, InputEvent, Partial, Progress, VadStart, VadStop
 from execstate.voice.events import (
+    EndScore,
     InputCommitted,
     InputTranscriptCompleted,
     InputTranscriptDelta,
@@ -153,6 +154,9 @@ class Listener:
     def _on_score(self, text: str, p: float) -> None:
         if text == self._said and self.turns.user_turn_open:
             self.turns.on_end_score(p)
+            item = self._seg.item_id if self._seg is not None else self.last_item
+            self._emit(EndScore(self.agent.now(), self.agent.fence.epoch, item, text, round(p, 4),
+                                self.agent.prefill.stats.computed))
             self._wake()
 
     def _barge_in(self, seg: _Segment, t: float) -> None:

@@ -245,6 +245,9 @@ def events_json(ev: AgentEvent, eid: EventIds, transcripts: dict[str, str]) -> I
                 "content": [{"type": "input_text", "text": ev.text}]}
         for kind in ("conversation.item.added", "conversation.item.done"):
             yield {"type": kind, "event_id": eid(), "previous_item_id": ev.previous_item_id, "item": item, **common}
+    elif isinstance(ev, ve.EndScore):
+        yield {"type": ev.type, "event_id": eid(), "item_id": ev.item_id, "text": ev.text, "p_end": ev.p_end,
+               "prefilled_tokens": ev.prefilled, **common}
     elif isinstance(ev, ve.InputCleared):
         yield {"type": ev.type, "event_id": eid(), **common}
     elif isinstance(ev, ve.InputTranscriptDelta):

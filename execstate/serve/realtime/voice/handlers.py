@@ -45,6 +45,7 @@ from execstate.agent.config import AgentConfig
 from execstate.agent.delegation import RegexPolicy, Rule
 from execstate.agent.duplex import DuplexAgent
 from execstate.agent.front import DEFAULT_FRONT_PARAMS, SessionFront
+from execstate.agent.prefill import PrefillStats
 from execstate.identity.tenant import LOCAL_TENANT, TenantId
 from execstate.serve.context import ServeContext
 from execstate.serve.realtime.connection import Handler, Peer
@@ -101,6 +102,7 @@ class VoiceServer:
         self.agent_config = agent_config or AgentConfig(max_response_tokens=48)
         self.front_params = DEFAULT_FRONT_PARAMS  # the front's sampling (an embedding app may change it)
         self.agents: dict[str, VoiceAgent] = {}
+        self.prefill = PrefillStats()  # the speculative prefill of the agents closed so far
         self.endpoint = Endpoint(VOICE_PROTOCOL, lambda peer: VoiceHandlers(peer, self))
 
     def check_model(self, model: str | None) -> str | None:
@@ -181,6 +183,7 @@ class VoiceHandlers:
         if self.va is not None:
             self.server.agents.pop(self.sid, None)
             await self.va.close()
+            self.server.prefill.add(self.va.agent.prefill.stats)
             if self._pump is not None:
                 with contextlib.suppress(Exception):
                     await self._pump
