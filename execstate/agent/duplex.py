@@ -329,7 +329,8 @@ class DuplexAgent:
                 if r is None and not self._plans and self.prefill.wanted:
                     assert self.prefill.partial is not None
                     turn = self.front.encode(f"{self.config.user_prefix} {self.prefill.partial}")
-                    await self.prefill.speculate(self.context.peek(), turn)
+                    cue0 = self.front.encode(self.config.agent_prefix)[0]
+                    await self.prefill.speculate(self.context.peek(), turn, cue0)
                     continue
                 deadline = self.turns.next_deadline()
                 timeout = None if deadline is None else max(deadline - self.now(), 0.0) + 0.001
@@ -360,8 +361,6 @@ class DuplexAgent:
             self.now(), self.fence.epoch, "not_found", f"truncation of {item_id} not applied: its checkpoint was "
             "released")))
         floor_free = not self.turns.user_turn_open and not self.turns.burst_open and not self._user_floor
-        if floor_free and (self.delegations.has_ready or (self._plans and not self.fence.active)):
-            await self.prefill.settle()  # the front as the context knows it, before it changes
         if self.delegations.has_ready and floor_free:
             self._append_results()
         if not self.fence.active and self._plans and floor_free:
@@ -390,7 +389,11 @@ class DuplexAgent:
         first = plan is not None
         forced = self.front.encode(plan.forced) if first and plan.forced else []
         cue = self.front.encode(cfg.agent_prefix) if first else []
-        inp = await self.context.step_input(r.response_id, first, cue, forced)
+        kept = self.prefill.keep(self.context.peek() + cue + forced) if first else None
+        if first and kept is None:
+            await self.prefill.settle()  # the front as the context knows it
+        inp = await self.context.step_input(r.response_id, first, cue, forced, kept[0] if kept else None)
+        sent = inp[kept[1]:] if kept else inp
         if forced:
             assert plan is not None
             self.fence.delta(r.response_id, epoch, plan.forced, tuple(forced), self.now())
@@ -398,7 +401,7 @@ class DuplexAgent:
         self._stepping = True
         try:
             async for c in self.front.step(
-                inp, max(1, min(cfg.step_tokens, cfg.max_response_tokens - self._generated))
+                sent, max(1, min(cfg.step_tokens, cfg.max_response_tokens - self._generated))
             ):
                 if isinstance(c, FrontChunk):
                     self._on_chunk(r, epoch, c)
@@ -406,7 +409,7 @@ class DuplexAgent:
                     finish, computed = c.finish_reason, c.computed
         finally:
             self._stepping = False
-        if first:
+        if first and kept is None:
             self.prefill.first_step(inp, computed)
         t = self.now()
         self.stats.step_s.append(time.perf_counter() - t0)

@@ -17,15 +17,23 @@ front (a reply's first step, a truncation, a result), the front is rolled back t
 (``settle``). A rollback keeps nothing appended, but the full KV blocks those steps computed
 stay in the engine's prefix cache: the next step over the same tokens finds every full block of
 the longest common prefix and computes only what follows it (the partial's changed words, at most
-one block's worth of its common tail). So when the turn ends, its reply's first step finds the
-user's words already computed and runs little more than the reply cue.
+one block's worth of its common tail).
+
+The token a speculation appends after the turn is the first token of the reply cue (the front
+samples it whatever its distribution: ``FrontModel.speculate``'s ``then``). So when the turn ends
+with the words last speculated, the front already holds what the reply's first step would send
+up to that token: the reply keeps it (``keep``: the base checkpoint becomes the reply's own mark,
+taken at the same boundary) and sends only the rest of the cue; its first token comes from one
+decode step. Otherwise (the final words differ, a result came in between) the front is rolled
+back and the reply finds the common full blocks in the prefix cache.
 
 Accounting (:class:`PrefillStats`): ``speculations``; ``computed``: tokens the speculative steps
-ran through the model; ``saved``: at each reply's first step after speculations, the tokens
-of its input it did not compute (input + 1 - computed), counted only within the prefix it shares
-with the last speculation and within what the speculations computed (hits the speculations did
-not cause are not theirs); ``wasted``: ``computed - saved`` (work on revised partials, on
-partial tail blocks recomputed, on turns that did not end). Scores: ``score`` is (text, probability) of the
+ran through the model; ``saved``: at each reply's first step after speculations, the tokens of
+its input it did not send (kept) or did not compute (rolled back: input + 1 - computed, counted
+only within the prefix it shares with the last speculation and within what the speculations
+computed, so hits they did not cause are not theirs); ``wasted``: ``computed - saved`` (work on
+revised partials, on partial tail blocks recomputed, on turns that did not end); ``kept``: the
+replies that kept the speculation. Scores: ``score`` is (text, probability) of the
 latest speculation; ``on_score`` callbacks run after each.
 
 Pure bookkeeping over the front's calls; the agent's loop is the only caller (one step at a time).
@@ -45,6 +53,7 @@ class PrefillStats:
     speculations: int = 0
     computed: int = 0
     saved: int = 0
+    kept: int = 0
 
     @property
     def wasted(self) -> int:
@@ -54,10 +63,11 @@ class PrefillStats:
         self.speculations += other.speculations
         self.computed += other.computed
         self.saved += other.saved
+        self.kept += other.kept
 
     def as_dict(self) -> dict[str, int]:
         return {"speculations": self.speculations, "computed": self.computed, "saved": self.saved,
-                "wasted": self.wasted}
+                "wasted": self.wasted, "kept": self.kept}
 
 
 class SpeculativePrefill:
@@ -74,6 +84,7 @@ class SpeculativePrefill:
         self._appended = False  # the front holds speculative tokens past the base
         self._last: list[int] = []  # the last speculation's input
         self._spent = 0  # tokens computed by the speculations since the last reply's first step
+        self._then: int | None = None  # the token the last speculation appended after its input
 
     @property
     def wanted(self) -> bool:
@@ -85,7 +96,7 @@ class SpeculativePrefill:
         """The turn is over or dropped: nothing more to speculate (``settle`` still rolls back)."""
         self.partial = None
 
-    async def speculate(self, head: list[int], turn_ids: list[int]) -> float:
+    async def speculate(self, head: list[int], turn_ids: list[int], then: int) -> float:
         """One speculative step of ``head + turn_ids`` (module docstring); returns the end probability."""
         assert self.end_tokens and self.partial is not None
         text = self.partial
@@ -94,7 +105,8 @@ class SpeculativePrefill:
         elif self._appended:
             await self.front.rewind(self._base)
         self._appended = True
-        s = await self.front.speculate(head + turn_ids, self.end_tokens)
+        s = await self.front.speculate(head + turn_ids, self.end_tokens, then)
+        self._then = then
         self.stats.speculations += 1
         self.stats.computed += s.computed
         self._last, self._spent = head + turn_ids, self._spent + s.computed
@@ -102,6 +114,20 @@ class SpeculativePrefill:
         for fn in self.on_score:
             fn(text, s.p_end)
         return s.p_end
+
+    def keep(self, inp: list[int]) -> tuple[Any, int] | None:
+        """A reply's first step would send ``inp``: when the front holds its first tokens (the last
+        speculation's input and the token after it), hand over the base checkpoint (the reply's
+        mark now) and how many of ``inp`` are held; else None (the caller settles)."""
+        n = len(self._last)
+        if self._base is None or not self._appended or len(inp) <= n or inp[:n] != self._last \
+                or inp[n] != self._then:
+            return None
+        mark, self._base, self._appended = self._base, None, False
+        self.stats.kept += 1
+        self.stats.saved += n
+        self._last, self._spent, self.score = [], 0, None
+        return mark, n + 1
 
     async def settle(self) -> None:
         """Roll the front back to the base and drop it (the front is as before the speculations)."""

@@ -26,7 +26,7 @@ async def settled(agent: DuplexAgent, text: str) -> None:
         await asyncio.sleep(0.002)
 
 
-def test_partials_are_speculated_scored_and_rolled_back_before_the_reply():
+def test_partials_are_speculated_scored_and_the_last_one_kept_by_the_reply():
     async def main():
         front = FakeFront(reply=" fine.", token_delay=0.001)
         agent = DuplexAgent(front)
@@ -42,19 +42,45 @@ def test_partials_are_speculated_scored_and_rolled_back_before_the_reply():
         assert scores == [("what is the", 0.05), ("what is the time?", 0.9)]
         # each speculation: the pending prelude, then the turn as it enters the context
         assert front.speculations == ["SYS\nUser: what is the", "SYS\nUser: what is the time?"]
-        assert front.text == "SYS\nUser: what is the time?\n"  # the second on the rolled-back front
+        # the second on the rolled-back front, then the cue's first token
+        assert front.text == "SYS\nUser: what is the time?\n"
         agent.set_floor(False)
+        steps = front.steps
         agent.user_turn("what is the time?")
         done = await col.wait_for(lambda e: e.type == "response.done")
         assert done.status == "done"
         assert front.text == "SYS\nUser: what is the time?\nAgent: fine.\n"
-        assert list(front.marks) == [m for m in front.marks if m > 1]  # the base checkpoint was released
-        assert agent.prefill.stats.speculations == 2 and agent.prefill.score is None
+        assert list(front.marks) == [1]  # the base checkpoint is the reply's mark
+        assert agent.transcript.token_ids == front.context
+        st = agent.prefill.stats
+        assert (st.speculations, st.kept, st.saved) == (2, 1, len("SYS\nUser: what is the time?"))
+        assert front.steps - steps >= 1 and agent.prefill.score is None
         agent.user_partial("and")  # a new turn: speculated after the reply
         await settled(agent, "and")
         await agent.close()
         await col.task
         check_invariants(col.events)
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_turn_that_ends_with_other_words_rolls_the_speculation_back():
+    async def main():
+        front = FakeFront(reply=" ok.", token_delay=0.001)
+        agent = DuplexAgent(front)
+        await agent.start()
+        col = Collector(agent)
+        agent.set_floor(True)
+        agent.user_partial("book a table")
+        await settled(agent, "book a table")
+        agent.set_floor(False)
+        agent.user_turn("look at the table")
+        await col.wait_for(lambda e: e.type == "response.done")
+        assert front.text == "SYS\nUser: look at the table\nAgent: ok.\n"
+        assert agent.transcript.token_ids == front.context
+        assert 1 not in front.marks and agent.prefill.stats.kept == 0  # rolled back, base released
+        await agent.close()
+        await col.task
 
     asyncio.run(asyncio.wait_for(main(), 30))
 
@@ -112,7 +138,7 @@ def test_speculation_changes_nothing_but_the_work_on_a_real_engine(tiny_engine):
         plain = await converse(False, sessions)
         assert spec[0] == plain[0] and spec[1] == plain[1]  # same reply, same context
         stats = spec[2]
-        assert stats.speculations == 4
+        assert stats.speculations == 4 and stats.kept == 1  # the last partial was the turn: the reply kept it
         turn_len = len(tiny_engine.tokenizer.encode("\nUser: " + turn, add_special_tokens=False))
         assert stats.saved >= turn_len - 16  # the turn's full blocks were found computed
         assert stats.wasted == stats.computed - stats.saved >= 0 and stats.computed >= turn_len

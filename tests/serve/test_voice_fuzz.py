@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 from voice_serve_helpers import engines, speech
 
 from execstate.agent.duplex import DuplexAgent
+from execstate.agent.prefill import PrefillStats
 from execstate.serve.realtime.connection import Connection
-from execstate.serve.realtime.voice.handlers import VoiceHandlers
+from execstate.serve.realtime.voice.handlers import VoiceHandlers, VoiceServer
 from execstate.serve.realtime.voice.messages import VOICE_PROTOCOL
 from execstate.voice.agent import VoiceAgent
 
@@ -45,8 +46,11 @@ class FakeVoiceServer:
     def __init__(self) -> None:
         self.ctx = SimpleNamespace(served_model_name="fake")
         self.agents: dict[str, VoiceAgent] = {}
+        self.prefill = PrefillStats()
         self.opened: list[VoiceAgent] = []
         self.fronts: list[FakeFront] = []
+
+    check_model = VoiceServer.check_model  # the real check, on this server's model name
 
     def engines(self):
         return engines()
@@ -75,11 +79,17 @@ UPDATE = st.builds(lambda td, rate, voice, instr: {"type": "session.update", "se
     "audio": {"input": {"format": {"type": "audio/pcm", "rate": rate}, "turn_detection": td},
               "output": {"voice": voice}}}},
     TD, st.sampled_from([16000, 24000, 8000]), st.sampled_from(["en-us", "nope"]), st.sampled_from(["", "Be brief."]))
+UPDATE = st.one_of(UPDATE, st.sampled_from([{"type": "session.update", "session": {"model": "fake"}},
+                                            {"type": "session.update", "session": {"model": "gpt-realtime"}}]))
 MESSAGES = st.one_of(
     UPDATE,
     AUDIO.map(lambda a: {"type": "input_audio_buffer.append", "audio": a}),
     AUDIO.map(lambda a: {"type": "input_audio_buffer.append", "audio": a}),
     st.just({"type": "input_audio_buffer.commit"}),
+    st.sampled_from([{"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "what is 12 times 11"}]}},
+        {"type": "conversation.item.create", "item": {"type": "message", "role": "assistant", "content": []}},
+        {"type": "conversation.item.create", "item": {"type": "function_call"}}]),
     st.just({"type": "input_audio_buffer.clear"}),
     st.sampled_from([{"type": "response.create"}, {"type": "response.create", "response": {"x": 1}}]),
     st.just({"type": "response.cancel"}),
@@ -135,7 +145,8 @@ def test_random_voice_message_streams_never_break_the_connection(script):
                     msg["audio"] = _audio(msg["audio"], rate)
                 n = len(events)
                 await conn.handle(json.dumps(msg))
-                if msg["type"] == "session.update" and any(e["type"] == "session.updated" for e in events[n:]):
+                if msg["type"] == "session.update" and "audio" in msg["session"] and any(
+                        e["type"] == "session.updated" for e in events[n:]):
                     rate = msg["session"]["audio"]["input"]["format"]["rate"]
             else:
                 await conn.handle(msg)
