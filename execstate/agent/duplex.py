@@ -23,8 +23,9 @@ in flight (``response.done`` ``failed``), emits ``error`` ``front_failed`` and s
 ``close`` still releases everything.
 
 While the user speaks (an audio front's partial transcripts, ``user_partial``), the idle loop
-prefills their turn speculatively and scores its end (``agent/prefill.py``); the front is rolled
-back before anything else touches it, and the reply finds the turn's KV in the prefix cache.
+prefills their turn speculatively and scores its end (``agent/prefill.py``); a reply's first step
+keeps the speculation when the turn ended with its words, else the front is rolled back first (as
+before anything else touches it) and the reply finds the common full blocks in the prefix cache.
 
 Input: ``feed(text, t)``, a chunk of words with its time on the agent's clock (seconds since
 ``start``; None: now), at most ``max_input_chars``; the input not yet taken (the open turn and any
