@@ -20,6 +20,8 @@ Rules (:class:`SpeechTurnConfig`):
   pause does not end it. With ``end_threshold`` set (semantic turn detection), a turn whose words
   the front model scores at or above it ends once ``semantic_silence_s`` passed since the last
   speech: a finished sentence ends after a short silence, an unfinished one waits the long one.
+  Then the score decides alone: a recognizer's final ``.?!`` is in the words the model scored
+  (a recognizer that punctuates a cut-off sentence does not end the turn by itself).
 - The agent speaking (generating or its audio still playing): speech opens a *burst*: ``HOLD``
   (the agent pauses) or, with ``pause_on_speech`` off, ``BACKCHANNEL`` (it keeps talking). The burst
   becomes a ``BARGE_IN`` (its segments become the user's turn) once it holds more than
@@ -133,11 +135,11 @@ class SpeechTurnPolicy:
         """Silence that ends the open turn now: short when its words end it (punctuation: none more;
         the model's score: ``semantic_silence_s``), else ``end_of_turn_silence_s``."""
         c = self.config
-        if self.ends_sentence:
-            return 0.0
-        if c.end_threshold is not None and self.end_score is not None and self.end_score >= c.end_threshold:
-            return min(c.semantic_silence_s, c.end_of_turn_silence_s)
-        return c.end_of_turn_silence_s
+        if c.end_threshold is not None:  # semantic: the score decides (the model read the punctuation too)
+            if self.end_score is not None and self.end_score >= c.end_threshold:
+                return min(c.semantic_silence_s, c.end_of_turn_silence_s)
+            return c.end_of_turn_silence_s
+        return 0.0 if self.ends_sentence else c.end_of_turn_silence_s
 
     def on_tick(self, t: float) -> Decision:
         self._advance(t)

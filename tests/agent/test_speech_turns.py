@@ -152,3 +152,12 @@ def test_without_a_threshold_scores_change_nothing() -> None:
 def test_a_bad_end_threshold_is_refused(bad) -> None:
     with pytest.raises(ValueError, match="end_threshold"):
         SpeechTurnConfig(end_threshold=bad)
+
+
+def test_under_semantic_rules_a_final_mark_alone_does_not_end_the_turn() -> None:
+    p = SpeechTurnPolicy(SEMANTIC)
+    segment(p, 0.0, 1.0)
+    p.on_transcript(True)  # "Could you tell me something nice." (a punctuating recognizer, cut off)
+    assert p.on_tick(1.3) is Decision.NONE  # no score yet: the long silence
+    p.on_end_score(0.1)
+    assert p.on_tick(1.9) is Decision.NONE and p.on_tick(2.01) is Decision.END_OF_TURN
