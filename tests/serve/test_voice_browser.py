@@ -95,8 +95,10 @@ def test_page_asks_17_times_23_and_plays_391(served, tmp_path):
 def test_page_interrupted_reply_stops_and_is_cut(served, tmp_path):
     sync_playwright = _need_browser()
     wav = tmp_path / "interrupt.wav"
+    # the interruption comes 3 s after the question's end: its turn ends after semantic_vad's long
+    # silence (1 s: a random front scores no end), and the reply must be playing by then, even under load
     mic_file(wav, [(0.8, "tell me a long story about the sea"),
-                   (5.6, "wait stop tell me about the moon instead")], 14.0)
+                   (6.4, "wait stop tell me about the moon instead")], 15.0)
     with voice_server(served) as url, sync_playwright() as pw:
         browser, page, errors = open_page(pw, url, wav)
         try:
