@@ -125,7 +125,7 @@ class SpeculativePrefill:
             return None
         mark, self._base, self._appended = self._base, None, False
         self.stats.kept += 1
-        self.stats.saved += n
+        self.stats.saved += min(n, self._spent)  # what the speculations computed of it, not earlier hits
         self._last, self._spent, self.score = [], 0, None
         return mark, n + 1
 
