@@ -434,6 +434,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--agent-max-tasks", type=int, default=8,
                    help="/v1/realtime/agent: back-end tasks one agent runs at once; beyond it a delegation is "
                         "refused (error too_many_tasks) (default: %(default)s)")
+    s.add_argument("--voice-asr", default="pocketsphinx", choices=("pocketsphinx", "moonshine"),
+                   help="/v1/voice/realtime and /agent: the speech recognizer: pocketsphinx (streaming, fast, "
+                        "error-prone) or moonshine (Moonshine base: a fraction of the word errors, about 0.2 s of "
+                        "CPU per second of speech, transcribed in the background) (default: %(default)s)")
     s.add_argument("--voice-asr-phrases", default=None,
                    help="/v1/voice/realtime and /agent: recognise speech with a language model built from these "
                         "phrases ('demo': the demo's arithmetic and conversation phrases; else a file, one phrase "

@@ -183,16 +183,18 @@ def serve_until_engine_dies(server: uvicorn.Server, async_engine: AsyncEngine) -
 
 
 def voice_engines_from_args(args: argparse.Namespace) -> Callable[[], VoiceEngines]:
-    """The voice endpoint's engines (built on first use): ``--voice-asr-phrases`` picks the recognizer's model."""
+    """The voice endpoint's engines (built on first use): ``--voice-asr`` picks the recognizer,
+    ``--voice-asr-phrases`` PocketSphinx's model."""
     spec = getattr(args, "voice_asr_phrases", None)
+    asr = getattr(args, "voice_asr", "pocketsphinx") or "pocketsphinx"
 
     def build() -> VoiceEngines:
         if spec is None:
-            return default_engines()
+            return default_engines(asr=asr)
         if spec == "demo":
-            return default_engines(demo_phrases())
+            return default_engines(demo_phrases(), asr=asr)
         lines = Path(spec).read_text(encoding="utf-8").splitlines()
-        return default_engines([ln for ln in lines if ln.strip()])
+        return default_engines([ln for ln in lines if ln.strip()], asr=asr)
 
     return build
 
