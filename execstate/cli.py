@@ -14,9 +14,12 @@ def _models(args: argparse.Namespace) -> int:
         from execstate.model.random_models import ARCHITECTURES
         from execstate.model.registry import list_models
 
-        for m in list_models():
-            state = "prepared" if m["prepared"] else "not prepared"
-            print(f"{m['name']:<16} {state:<13} {m['description']}")
+        models = list_models()
+        for m in models:
+            print(f"{m['name']:<16} {m['state']:<13} {m['description']}")
+        if any(m["state"] == "shipped" for m in models):
+            print("shipped: its weights come with the package and are used as they are (`execstate models "
+                  "prepare NAME` builds them here instead)")
         print(f"random tiny architectures (make-random): {', '.join(ARCHITECTURES)}, standard")
         return 0
     if args.models_cmd == "prepare":
@@ -65,6 +68,10 @@ def _serve(args: argparse.Namespace) -> int:
     if fleet_only and not args.ray:
         print(f"execstate serve {fleet_only[0]}: a fleet option: add --ray (docs/fleet.md)", file=sys.stderr)
         return 2
+    if args.ray and args.routed_experts_on_request:
+        print("execstate serve --routed-experts-on-request: a single-server option; a fleet returns routes with "
+              "--enable-return-routed-experts", file=sys.stderr)
+        return 2
     if args.pd is not None and not args.ray:
         print("execstate serve --pd: a PD fleet runs on Ray: add --ray (single-machine PD: --kv-transfer-config and "
               "execstate proxy, docs/pd.md)", file=sys.stderr)
@@ -78,9 +85,12 @@ def _serve(args: argparse.Namespace) -> int:
         return run_fleet(args)
 
     if args.model is None and args.world is None:  # the embedded default with every endpoint on
-        args.model, args.world, args.enable_return_routed_experts = DEFAULT_SERVE_MODEL, "world", True
-        print(f"execstate serve: no MODEL given: serving the embedded {DEFAULT_SERVE_MODEL} (routes returned) and "
-              f"the world model, with every endpoint (open http://{args.host}:{args.port}/)", file=sys.stderr)
+        args.model, args.world = DEFAULT_SERVE_MODEL, "world"
+        if not args.enable_return_routed_experts:  # routes recorded, returned to the requests that ask
+            args.routed_experts_on_request = True
+        print(f"execstate serve: no MODEL given: serving the embedded {DEFAULT_SERVE_MODEL} (routes returned to "
+              f"requests with \"return_routed_experts\": true) and the world model, with every endpoint (open "
+              f"http://{args.host}:{args.port}/)", file=sys.stderr)
     return run_server(args)
 
 
@@ -107,6 +117,16 @@ def _json_object(text: str) -> dict[str, float]:
             for k, v in value.items()):
         raise argparse.ArgumentTypeError(f"expected a JSON object of resource names to amounts >= 0, got {text!r}")
     return {k: float(v) for k, v in value.items()}
+
+
+def _chat_template(text: str) -> str:
+    """``--chat-template``: a template file or the template's text, read and compiled once (vLLM's option)."""
+    from execstate.engine.chat_template import load_chat_template
+
+    try:
+        return load_chat_template(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _size(text: str) -> int:
@@ -323,8 +343,13 @@ def _add_world_options(s: argparse.ArgumentParser) -> None:
                    help="torch threads for world steps, 0: torch's default (default: %(default)s)")
 
 
+DESCRIPTION = ("execstate: an LLM inference runtime whose cache holds execution state. `execstate serve` with no "
+               "model serves everything at once (the OpenAI-compatible API, sessions, the world model, agents); "
+               "`execstate demo` tours the three workloads; `execstate COMMAND --help` shows a command's options.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="execstate", description=__doc__)
+    p = argparse.ArgumentParser(prog="execstate", description=DESCRIPTION)
     sub = p.add_subparsers(dest="cmd", required=True)
 
     m = sub.add_parser("models", help="embedded and random models")
@@ -353,9 +378,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, /metrics)")
     s.add_argument("model", nargs="?", default=None,
-                   help="embedded model name (execstate models list) or a Hugging Face directory (default: none: "
-                        f"without MODEL and --world, the embedded {DEFAULT_SERVE_MODEL} with routes returned and the "
-                        "world model, every endpoint on; optional with --world)")
+                   help="embedded model name (execstate models list), a Hugging Face directory, or a Hugging Face "
+                        "repo id (namespace/name) the local Hugging Face cache holds, read offline: never a "
+                        "download (default: none: without MODEL and --world, the embedded "
+                        f"{DEFAULT_SERVE_MODEL} with routes returned on request and the world model, every endpoint "
+                        "on; optional with --world)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     s.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
     s.add_argument("--api-key", action="append", default=None, metavar="KEY",
@@ -363,8 +390,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "'default'); see --api-keys-file for keys of several tenants (default: none: the server is "
                         "open to anyone who can reach it)")
     s.add_argument("--served-model-name", default=None, help="the name clients pass as 'model' (default: MODEL)")
+    s.add_argument("--chat-template", type=_chat_template, default=None, metavar="TEMPLATE",
+                   help="the Jinja chat template every chat prompt is rendered with (chat completions, /tokenize, "
+                        "sessions' chat turns), as vLLM takes it: a template file's path, or the template's text "
+                        "(default: the model's own)")
     s.add_argument("--enable-return-routed-experts", action="store_true",
-                   help="R3: return routed_experts (default: off)")
+                   help="R3, as vLLM: record each token's MoE routes and return routed_experts with every "
+                        "completion (a request's \"return_routed_experts\": false leaves them out) (default: off)")
+    s.add_argument("--routed-experts-on-request", action="store_true",
+                   help="R3, as SGLang: record the routes but return routed_experts only to a request that asks "
+                        "(\"return_routed_experts\": true); what `execstate serve` with no MODEL does "
+                        "(default: off)")
     s.add_argument("--kv-transfer-config", default=None,
                    help="PD connector settings as JSON (vLLM key names) (default: none, no PD)")
     s.add_argument("--kv-events-config", default=None,
@@ -398,6 +434,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--agent-max-tasks", type=int, default=8,
                    help="/v1/realtime/agent: back-end tasks one agent runs at once; beyond it a delegation is "
                         "refused (error too_many_tasks) (default: %(default)s)")
+    s.add_argument("--voice-asr", default="pocketsphinx", choices=("pocketsphinx", "moonshine"),
+                   help="/v1/voice/realtime and /agent: the speech recognizer: pocketsphinx (streaming, fast, "
+                        "error-prone) or moonshine (Moonshine base: a fraction of the word errors, about 0.2 s of "
+                        "CPU per second of speech, transcribed in the background) (default: %(default)s)")
     s.add_argument("--voice-asr-phrases", default=None,
                    help="/v1/voice/realtime and /agent: recognise speech with a language model built from these "
                         "phrases ('demo': the demo's arithmetic and conversation phrases; else a file, one phrase "

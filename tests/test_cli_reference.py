@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "cli.md"
@@ -70,6 +73,43 @@ def test_every_serve_flag_says_what_it_does_and_its_default():
     missing = [a.option_strings or [a.dest] for a in serve._actions
                if not isinstance(a, argparse._HelpAction) and "(default" not in (a.help or "")]
     assert missing == []
+
+
+RST_MARKUP = re.compile(r"``|:[a-z]+:`")  # reST literals and roles (:class:`...`), as docstrings write them
+
+
+def test_help_is_plain_text_without_docstring_markup() -> None:
+    """Every ``--help`` (the page renders each one) reads as plain text on a terminal."""
+    found = [(m.group(), line) for line in render().splitlines() for m in RST_MARKUP.finditer(line)
+             if not line.startswith("```")]
+    assert found == []
+
+
+@pytest.mark.parametrize(("doc", "want"), [
+    ("Command line: ``execstate models|serve ...`` (fast)", "Command line: execstate models|serve ... (fast)"),
+    ("equal to ``LLM.score`` and :class:`~execstate.engine.llm.LLM`, :func:`run`", "equal to LLM.score and LLM, run"),
+    ("for ``execstate\nbench sessions`` and standalone::\n\n    python -m x", "for execstate\nbench sessions and "
+     "standalone:\n\n    python -m x"),
+    (":meth:`AsyncEngine.call` keeps `single quotes`", "AsyncEngine.call keeps `single quotes`"),
+])
+def test_plain_removes_rst_inline_markup(doc: str, want: str) -> None:
+    from execstate.help_text import plain
+
+    assert plain(doc) == want
+    assert RST_MARKUP.search(plain(doc)) is None
+
+
+@pytest.mark.parametrize("name", ["harness", "session_migration", "gpu_check", "structured"])
+def test_the_python_m_benchmarks_help_is_plain_text(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The benchmarks run as ``python -m`` take their description from their docstring's start."""
+    import importlib
+
+    module = importlib.import_module(f"execstate.bench.{name}")
+    with pytest.raises(SystemExit):
+        module.main(["--help"])
+    text = capsys.readouterr().out
+    assert text.startswith("usage:")
+    assert RST_MARKUP.search(text) is None, text
 
 
 if __name__ == "__main__":

@@ -48,3 +48,31 @@ def test_every_section_reference_exists() -> None:
                 refs += 1
                 assert int(n) in known, f"{f.relative_to(REPO)}: ARCHITECTURE.md {n} does not exist"
     assert refs >= 20
+
+
+def _two_commands() -> str:
+    readme = (REPO / "README.md").read_text()
+    return readme.split("## Two commands", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_says_how_to_get_the_command_and_make_demo_ends_saying_it() -> None:
+    """The venv is not on PATH after ``make``: the README's two commands and ``make demo``'s last lines say
+    how to get ``execstate``."""
+    import subprocess
+
+    assert ". .venv/bin/activate" in _two_commands()
+    dry = subprocess.run(["make", "-n", "demo"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    tail = dry[dry.index("-m execstate demo"):]  # what runs after the tour
+    assert ". .venv/bin/activate" in tail and "execstate serve" in tail
+
+
+def test_readme_names_what_make_test_needs_beyond_pypi() -> None:
+    """Each Debian package ``.ci/run`` installs is named in the README's two commands, with the install line."""
+    ci = (REPO / ".ci" / "run").read_text()
+    packages = re.findall(r'command -v (\S+) >/dev/null 2>&1 \|\| MISSING="\$MISSING \1"', ci)
+    assert packages == ["chromium", "redis-server"]
+    section = _two_commands()
+    assert "only Python 3.11 and PyPI" not in section
+    for name in packages:
+        assert f"`{name}`" in section, name
+    assert f"apt-get install {' '.join(packages)}" in section and "`CI=1`" in section

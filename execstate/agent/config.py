@@ -19,9 +19,11 @@ class AgentConfig:
     run on; their results come back stale). ``model_tool_calls``: parse tool calls in the front's
     output, in the format of ``tool_call_parser`` (``execstate/tool_calls/parsers.py``, the parser
     the OpenAI API uses too). ``chars_per_s``: the playback rate ``truncate(played_ms=...)`` converts with.
-    ``max_input_chars``: bound on one ``feed`` chunk; ``max_turn_chars``: bound on one user turn (the
-    chunks not yet taken); ``max_events``: bound on undelivered events. (The back end's bounds, a
-    task's time and the tasks running at once, are its own: ``backend.TaskLimits``.)"""
+    ``speculative_prefill``: prefill the user's partial turns and score their end with the front
+    (``agent/prefill.py``). ``max_input_chars``: bound on one ``feed`` chunk; ``max_turn_chars``:
+    bound on one user turn (the chunks not yet taken); ``max_events``: bound on undelivered events.
+    (The back end's bounds, a task's time and the tasks running at once, are its own:
+    ``backend.TaskLimits``.)"""
 
     turn: TurnConfig = field(default_factory=TurnConfig)
     step_tokens: int = 4
@@ -35,6 +37,7 @@ class AgentConfig:
     model_tool_calls: bool = True
     tool_call_parser: str = "hermes"
     chars_per_s: float = 15.0
+    speculative_prefill: bool = True
     max_input_chars: int = 4096
     max_turn_chars: int = 16_384
     max_events: int = 10_000

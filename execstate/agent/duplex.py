@@ -22,6 +22,11 @@ A front that fails (a step raises, e.g. its context reached ``max_model_len``) f
 in flight (``response.done`` ``failed``), emits ``error`` ``front_failed`` and stops the agent;
 ``close`` still releases everything.
 
+While the user speaks (an audio front's partial transcripts, ``user_partial``), the idle loop
+prefills their turn speculatively and scores its end (``agent/prefill.py``); a reply's first step
+keeps the speculation when the turn ended with its words, else the front is rolled back first (as
+before anything else touches it) and the reply finds the common full blocks in the prefix cache.
+
 Input: ``feed(text, t)``, a chunk of words with its time on the agent's clock (seconds since
 ``start``; None: now), at most ``max_input_chars``; the input not yet taken (the open turn and any
 held burst) is at most ``max_turn_chars``, so the delegation policy's match is bounded too. Backchannels and false
@@ -50,6 +55,7 @@ from execstate.agent.fence import Response, ResponseFence
 from execstate.agent.front import FrontChunk, FrontModel
 from execstate.agent.front_context import FrontContext
 from execstate.agent.ledger import ToolLedger
+from execstate.agent.prefill import SpeculativePrefill
 from execstate.agent.transcript import Transcript
 from execstate.agent.turn_policy import Decision, TurnPolicy
 from execstate.tool_calls.parser import ToolCallStream
@@ -77,6 +83,9 @@ class DuplexAgent:
         self.turns = TurnPolicy(self.config.turn)
         self.fence = ResponseFence(self._emit)
         self.context = FrontContext(front)
+        ends = [front.encode(x)[:1] for x in (self.config.agent_prefix, ".", "?", "!")]
+        self.prefill = SpeculativePrefill(front, frozenset(t for e in ends for t in e)
+                                          if self.config.speculative_prefill else frozenset())
         self.delegations = Delegations(backend or Backend(), self._emit, self.now, lambda: self.fence.epoch,
                                        self._wake_up, lambda: not self._closed)
         self.stats = AgentStats()
@@ -184,6 +193,16 @@ class DuplexAgent:
         self._end_of_turn(self._at(t), respond)
         self._wake.set()
 
+    def user_partial(self, text: str) -> None:
+        """The user's turn so far, still being spoken (an audio front's partial transcript): the
+        idle loop prefills and scores it (``prefill.score``); AgentError ``invalid``/``closed``."""
+        self._require_open()
+        if not isinstance(text, str) or len(text) > self.config.max_input_chars:
+            raise AgentError("invalid", f"a partial turn is a string of at most {self.config.max_input_chars} "
+                             "characters")
+        self.prefill.partial = text if text.strip() else None
+        self._wake.set()
+
     def respond(self, t: float | None = None) -> None:
         """Answer now (OpenAI's ``response.create``): a response is planned from the context."""
         self._require_open()
@@ -288,6 +307,7 @@ class DuplexAgent:
         text = " ".join(self._turn)
         self._held_chars -= sum(map(len, self._turn))
         self._turn = []
+        self.prefill.clear()
         self._emit(TurnEvent(t, self.fence.epoch, Decision.END_OF_TURN.value, text))
         self.context.push("user", self.front.encode(f"{self.config.user_prefix} {text}"))
         forced = ""
@@ -306,6 +326,12 @@ class DuplexAgent:
                 r = self.fence.current
                 if r is not None and not self._paused:
                     await self._step(r)
+                    continue
+                if r is None and not self._plans and self.prefill.wanted:
+                    assert self.prefill.partial is not None
+                    turn = self.front.encode(f"{self.config.user_prefix} {self.prefill.partial}")
+                    cue0 = self.front.encode(self.config.agent_prefix)[0]
+                    await self.prefill.speculate(self.context.peek(), turn, cue0)
                     continue
                 deadline = self.turns.next_deadline()
                 timeout = None if deadline is None else max(deadline - self.now(), 0.0) + 0.001
@@ -330,6 +356,8 @@ class DuplexAgent:
             self._burst, self._paused = [], False
 
     async def _boundary(self) -> None:
+        if self.context.truncations_queued:
+            await self.prefill.settle()  # a truncation rewinds the front to a reply's mark
         await self.context.apply_truncations(lambda item_id: self._emit(ErrorEvent(
             self.now(), self.fence.epoch, "not_found", f"truncation of {item_id} not applied: its checkpoint was "
             "released")))
@@ -362,22 +390,28 @@ class DuplexAgent:
         first = plan is not None
         forced = self.front.encode(plan.forced) if plan is not None and plan.forced else []
         cue = self.front.encode(cfg.agent_prefix) if first else []
-        inp = await self.context.step_input(r.response_id, first, cue, forced)
+        kept = self.prefill.keep(self.context.peek() + cue + forced) if first else None
+        if first and kept is None:
+            await self.prefill.settle()  # the front as the context knows it
+        inp = await self.context.step_input(r.response_id, first, cue, forced, kept[0] if kept else None)
+        sent = inp[kept[1]:] if kept else inp
         if forced:
             assert plan is not None
             self.fence.delta(r.response_id, epoch, plan.forced, tuple(forced), self.now())
-        finish, t0 = None, time.perf_counter()
+        finish, computed, t0 = None, None, time.perf_counter()
         self._stepping = True
         try:
             async for c in self.front.step(
-                inp, max(1, min(cfg.step_tokens, cfg.max_response_tokens - self._generated))
+                sent, max(1, min(cfg.step_tokens, cfg.max_response_tokens - self._generated))
             ):
                 if isinstance(c, FrontChunk):
                     self._on_chunk(r, epoch, c)
                 else:
-                    finish = c.finish_reason
+                    finish, computed = c.finish_reason, c.computed
         finally:
             self._stepping = False
+        if first and kept is None:
+            self.prefill.first_step(inp, computed)
         t = self.now()
         self.stats.step_s.append(time.perf_counter() - t0)
         for it in self.stats.interrupts:

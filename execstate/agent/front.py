@@ -12,23 +12,36 @@ implement the same calls over its own session kind). Contract:
   tokens); the agent appends it at its first step and keeps it in its transcript.
 - ``mark()`` checkpoints the context at a boundary (no step in flight); ``rewind(mark)`` rolls
   back to it (the mark stays valid); ``release(mark)`` drops it.
+- ``speculate(input_ids, end_tokens, then)`` is a step of one token used for its distribution:
+  it appends ``input_ids`` (their KV is computed) and returns :class:`Speculation`: the
+  probability that one of ``end_tokens`` comes next (the model's own distribution) and how many
+  tokens the step computed and found cached. The token it appends is ``then`` (whatever the
+  distribution), so the context is ``input_ids + [then]``: the caller rewinds, or keeps it when
+  its next input would have started that way.
+  ``FrontStepEnd.computed`` (when known) is what a step ran through the model.
 
 :class:`SessionFront` implements it with an LM session on an ``AsyncEngine``
 (``session/lm/async_sessions.py``): each step is a session step, so it runs in the session's
 priority class (interactive by default: above batch and back-end requests in the same engine).
+Its session asks for the top ``SCORE_LOGPROBS`` logprobs of each token (``speculate`` reads the
+end tokens' among them; absent: probability 0; logprobs are the raw distribution's). A
+speculation makes ``then`` the sampled token with a ``logit_bias`` (a ``sampling`` event of its
+step); the next ``step`` puts the session's own bias back first, unless a ``rewind`` (which
+restores the session's sampling parameters) came in between.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.session.lm.async_sessions import AsyncSessions
-from execstate.session.lm.step import StepDelta
+from execstate.session.lm.step import StepDelta, StepResult
 
 
 @dataclass(frozen=True)
@@ -40,6 +53,14 @@ class FrontChunk:
 @dataclass(frozen=True)
 class FrontStepEnd:
     finish_reason: str | None  # "stop" (end of the reply), "length" (step budget), "abort" (cancelled)
+    computed: int | None = None  # context tokens the step ran through the model (None: unknown)
+
+
+@dataclass(frozen=True)
+class Speculation:
+    p_end: float  # probability that one of the end tokens comes right after the input
+    computed: int  # context tokens the step ran through the model
+    cached: int  # context tokens whose KV it found (held, or hit in the prefix cache)
 
 
 class FrontModel(Protocol):
@@ -48,6 +69,8 @@ class FrontModel(Protocol):
     def prelude(self) -> list[int]: ...
 
     def step(self, input_ids: list[int], max_tokens: int) -> AsyncIterator[FrontChunk | FrontStepEnd]: ...
+
+    async def speculate(self, input_ids: list[int], end_tokens: frozenset[int], then: int) -> Speculation: ...
 
     async def cancel(self) -> None: ...
 
@@ -61,16 +84,21 @@ class FrontModel(Protocol):
 
 
 DEFAULT_FRONT_PARAMS = SamplingParams(temperature=0.0, stop=["\n"], max_tokens=4)
+SCORE_LOGPROBS = 20
 
 
 class SessionFront:
     """A :class:`FrontModel` over one LM session of ``engine`` (module docstring)."""
 
-    def __init__(self, sessions: AsyncSessions, session_id: str, prelude: list[int] | None = None) -> None:
+    def __init__(self, sessions: AsyncSessions, session_id: str, prelude: list[int] | None = None,
+                 logit_bias: dict[int, float] | None = None) -> None:
+        """``logit_bias``: the session's own (what its sampling parameters were opened with)."""
         self.sessions = sessions
         self.session_id = session_id
         self._tok = sessions.engine.tokenizer
         self._prelude = list(prelude or [])
+        self._bias = logit_bias
+        self._biased = False
 
     @classmethod
     async def open(cls, engine: AsyncEngine, system_prompt: str = "A helpful voice assistant talks with a user.",
@@ -82,9 +110,11 @@ class SessionFront:
         if engine.tokenizer is None:
             raise ValueError("the front model needs a tokenizer")
         sessions = sessions or AsyncSessions(engine)
-        info = await sessions.open(session_id, sampling_params or DEFAULT_FRONT_PARAMS, priority=priority)
+        params = sampling_params or DEFAULT_FRONT_PARAMS
+        params = replace(params, logprobs=max(params.logprobs or 0, SCORE_LOGPROBS))
+        info = await sessions.open(session_id, params, priority=priority)
         prelude = engine.tokenizer.encode(system_prompt, add_special_tokens=True) if system_prompt else []
-        return cls(sessions, info.session_id, prelude)
+        return cls(sessions, info.session_id, prelude, params.logit_bias)
 
     def prelude(self) -> list[int]:
         return list(self._prelude)
@@ -94,13 +124,28 @@ class SessionFront:
         return self._tok.encode(text, add_special_tokens=False)
 
     async def step(self, input_ids: list[int], max_tokens: int) -> AsyncIterator[FrontChunk | FrontStepEnd]:
-        finish = None
+        if self._biased:  # a kept speculation: the session's own sampling again, from this step
+            await self._sampling({"logit_bias": self._bias})
+            self._biased = False
+        end = FrontStepEnd(None)
         async for item in self.sessions.step(self.session_id, input=list(input_ids) or None, max_tokens=max_tokens):
             if isinstance(item, StepDelta):
                 yield FrontChunk(tuple(item.token_ids), item.text)
             else:
-                finish = item.finish_reason
-        yield FrontStepEnd(finish)
+                end = FrontStepEnd(item.finish_reason, item.num_computed_tokens)
+        yield end
+
+    async def speculate(self, input_ids: list[int], end_tokens: frozenset[int], then: int) -> Speculation:
+        await self._sampling({"logit_bias": {then: 100.0}})
+        self._biased = True
+        result = None
+        async for item in self.sessions.step(self.session_id, input=list(input_ids) or None, max_tokens=1):
+            if isinstance(item, StepResult):
+                result = item
+        assert result is not None
+        top = result.logprobs[0] if result.logprobs else {}
+        p = sum(math.exp(top[t].logprob) for t in end_tokens if t in top)
+        return Speculation(p, result.num_computed_tokens, result.num_cached_tokens)
 
     async def cancel(self) -> None:
         await self.sessions.cancel(self.session_id)
@@ -110,6 +155,11 @@ class SessionFront:
 
     async def rewind(self, mark: str) -> None:
         await self.sessions.rollback(self.session_id, mark)
+        self._biased = False  # the rollback restored the session's sampling parameters
+
+    async def _sampling(self, data: dict[str, Any]) -> None:
+        info = await self.sessions.info(self.session_id)
+        await self.sessions.submit_event(self.session_id, (info.last_event_id or 0) + 1, "sampling", data)
 
     async def release(self, mark: str) -> None:
         await self.sessions.release_checkpoint(self.session_id, mark)

@@ -41,6 +41,15 @@ class FrontContext:
         """A rollback's replay is not sent yet (the front holds less than the transcript)."""
         return bool(self._replay)
 
+    def peek(self) -> list[int]:
+        """What the next step would send before its own input (the replay, then the pending
+        segments), left in place: a speculative step sends it and is rolled back."""
+        return [*self._replay, *(t for _, toks in self._pending for t in toks)]
+
+    @property
+    def truncations_queued(self) -> bool:
+        return bool(self._truncs)
+
     def push(self, role: str, token_ids: list[int]) -> None:
         """A segment for the next step's input (``user``, ``result``, ...)."""
         self._pending.append((role, token_ids))
@@ -76,14 +85,15 @@ class FrontContext:
 
     # -- step input -----------------------------------------------------------------------------------
     async def step_input(self, response_id: str, first: bool, cue: list[int],
-                         forced: list[int]) -> list[int]:
+                         forced: list[int], mark: Any = None) -> list[int]:
         """The next step's input: the replay, then the pending segments; for a response's ``first``
-        step a mark is taken before anything is sent, and the agent's ``cue`` and ``forced`` text
+        step a mark is taken before anything is sent (or ``mark`` is used: a checkpoint the front
+        took at this same boundary, handed over), and the agent's ``cue`` and ``forced`` text
         (recorded as the response's) follow."""
         held = self._replay_from if self._replay else None  # what the front holds now, in segments
         inp, self._replay = self._replay, []
         if first:
-            await self._mark(response_id, held)
+            await self._mark(response_id, held, mark)
         for role, toks in self._pending:
             self.transcript.append(role, toks)
             inp += toks
@@ -99,8 +109,9 @@ class FrontContext:
     def record_generated(self, response_id: str, token_ids: list[int]) -> None:
         self.transcript.append("agent", token_ids, response_id)
 
-    async def _mark(self, response_id: str, held: int | None) -> None:
-        mark: Any = await self.front.mark()
+    async def _mark(self, response_id: str, held: int | None, mark: Any = None) -> None:
+        if mark is None:
+            mark = await self.front.mark()
         for m in self.transcript.add_mark(response_id, mark, held):
             await self.front.release(m)
 

@@ -7,7 +7,9 @@ the agent clock and never go back. Call order per speech segment::
     on_speech_start(t, agent_speaking) -> on_speech(t, speech_s, words)* -> on_speech_stop(t, silence_s)
     -> on_transcript(ends_sentence)      (for segments of a user turn; ``turn_segment`` says which)
 
-and ``on_tick(t)`` whenever time passes (``next_deadline`` says when it may decide).
+and ``on_tick(t)`` whenever time passes (``next_deadline`` says when it may decide);
+``on_end_score(p)`` whenever the front model scored the turn's words so far (the probability that
+the turn ends there, ``agent/prefill.py``; None: the words changed since).
 
 Rules (:class:`SpeechTurnConfig`):
 
@@ -15,7 +17,11 @@ Rules (:class:`SpeechTurnConfig`):
   no speech is in progress, every segment's transcript is in, and either the transcript ends a
   sentence (the recognizer's final ``.?!``: a semantic end-of-turn cue; the VAD already waited
   its ``silence_duration_ms``) or ``end_of_turn_silence_s`` passed since the last speech. A shorter
-  pause does not end it.
+  pause does not end it. With ``end_threshold`` set (semantic turn detection), a turn whose words
+  the front model scores at or above it ends once ``semantic_silence_s`` passed since the last
+  speech: a finished sentence ends after a short silence, an unfinished one waits the long one.
+  Then the score decides alone: a recognizer's final ``.?!`` is in the words the model scored
+  (a recognizer that punctuates a cut-off sentence does not end the turn by itself).
 - The agent speaking (generating or its audio still playing): speech opens a *burst*: ``HOLD``
   (the agent pauses) or, with ``pause_on_speech`` off, ``BACKCHANNEL`` (it keeps talking). The burst
   becomes a ``BARGE_IN`` (its segments become the user's turn) once it holds more than
@@ -42,9 +48,14 @@ class SpeechTurnConfig:
     resume_after_s: float = 0.4
     pause_on_speech: bool = True
     interrupt: bool = True
+    end_threshold: float | None = None  # semantic turn detection: the end score that ends a turn early
+    semantic_silence_s: float = 0.2
 
     def __post_init__(self) -> None:
-        for name in ("end_of_turn_silence_s", "backchannel_max_s", "resume_after_s"):
+        t = self.end_threshold
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= 1):
+            raise ValueError(f"end_threshold must be None or a number in (0, 1], got {t!r}")
+        for name in ("end_of_turn_silence_s", "backchannel_max_s", "resume_after_s", "semantic_silence_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 60:
                 raise ValueError(f"{name} must be a number in (0, 60], got {v!r}")
@@ -62,6 +73,7 @@ class SpeechTurnPolicy:
         self.turn_segment = False  # the segment in progress belongs to the user's turn
         self.pending = 0  # turn segments whose final transcript is not in yet
         self.ends_sentence = False
+        self.end_score: float | None = None  # the front model's end score of the turn's words so far
         self.last_speech_t: float | None = None
         self._burst_base = (0.0, 0)  # speech seconds and words of the burst's earlier segments
         self._seg = (0.0, 0)  # the segment in progress so far
@@ -79,7 +91,7 @@ class SpeechTurnPolicy:
         if self.user_turn_open or not agent_speaking:
             self.user_turn_open, self.turn_segment = True, True
             self.pending += 1
-            self.ends_sentence = False
+            self.ends_sentence, self.end_score = False, None
             return Decision.NONE
         self.burst_open, self.turn_segment = True, False
         self._burst_base = (0.0, 0)
@@ -99,7 +111,7 @@ class SpeechTurnPolicy:
             self.burst_open = False
             self.user_turn_open, self.turn_segment = True, True
             self.pending += 1
-            self.ends_sentence = False
+            self.ends_sentence, self.end_score = False, None
             return Decision.BARGE_IN
         return Decision.NONE
 
@@ -116,6 +128,19 @@ class SpeechTurnPolicy:
             self.pending -= 1
         self.ends_sentence = ends_sentence
 
+    def on_end_score(self, p: float | None) -> None:
+        self.end_score = p
+
+    def _quiet_needed(self) -> float:
+        """Silence that ends the open turn now: short when its words end it (punctuation: none more;
+        the model's score: ``semantic_silence_s``), else ``end_of_turn_silence_s``."""
+        c = self.config
+        if c.end_threshold is not None:  # semantic: the score decides (the model read the punctuation too)
+            if self.end_score is not None and self.end_score >= c.end_threshold:
+                return min(c.semantic_silence_s, c.end_of_turn_silence_s)
+            return c.end_of_turn_silence_s
+        return 0.0 if self.ends_sentence else c.end_of_turn_silence_s
+
     def on_tick(self, t: float) -> Decision:
         self._advance(t)
         if self.in_speech or self.last_speech_t is None:
@@ -124,9 +149,9 @@ class SpeechTurnPolicy:
         if self.burst_open and quiet >= self.config.resume_after_s:
             self.burst_open = False
             return Decision.RESUME
-        if self.user_turn_open and self.pending == 0 and (
-                self.ends_sentence or quiet >= self.config.end_of_turn_silence_s):
+        if self.user_turn_open and self.pending == 0 and quiet >= self._quiet_needed():
             self.user_turn_open = False
+            self.end_score = None
             return Decision.END_OF_TURN
         return Decision.NONE
 
@@ -136,7 +161,7 @@ class SpeechTurnPolicy:
         if self.burst_open:
             return self.last_speech_t + self.config.resume_after_s
         if self.user_turn_open and self.pending == 0:
-            return self.last_speech_t + (0.0 if self.ends_sentence else self.config.end_of_turn_silence_s)
+            return self.last_speech_t + self._quiet_needed()
         return None
 
     def _advance(self, t: float) -> None:

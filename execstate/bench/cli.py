@@ -123,8 +123,18 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bv.add_argument("--max-response-tokens", type=int, default=32)
     bv.add_argument("--threads", type=int, default=1)
     bv.add_argument("--seed", type=int, default=0)
-    bv.add_argument("--png", default=None, help="write the timeline of the first conversation (oracle) here")
+    bv.add_argument("--png", default=None, help="write the timeline of the first conversation (real ASR) here")
+    bv.add_argument("--turn-detection", default="semantic", choices=("semantic", "server"),
+                    help="semantic_vad (the front model scores the end of turn) or server_vad")
+    bv.add_argument("--modes", default="oracle,real", help="runs of each conversation: oracle, real")
+    bv.add_argument("--asr", default="pocketsphinx-demo", choices=("pocketsphinx-demo", "pocketsphinx", "moonshine"),
+                    help="the real recognizer")
     bv.add_argument("--json", action="store_true")
+    ba = bsub.add_parser("asr", help="word error rate of the speech recognizers on a held-out spoken set "
+                         "(12 sentences x 4 eSpeak voices x 2 speeds)")
+    ba.add_argument("--recognizers", default="pocketsphinx,pocketsphinx-demo,moonshine",
+                    help="comma-separated: pocketsphinx, pocketsphinx-demo, moonshine")
+    ba.add_argument("--json", action="store_true")
     bw = bsub.add_parser("world", help="world-model sessions: step latency, first chunk, event-to-action, "
                          "checkpoint/rollback vs recompute, compiled vs eager, 500-step memory, quality")
     bw.add_argument("--model", default=None, help="a trained world model directory (default: the default model)")
@@ -279,8 +289,15 @@ def _bench(args: argparse.Namespace) -> int:
 
         report = run_voice_bench(model=args.model, conversations=args.conversations, turns=args.turns,
                                  seed=args.seed, max_response_tokens=args.max_response_tokens, threads=args.threads,
-                                 png=args.png)
+                                 png=args.png, turn_detection=args.turn_detection, modes=tuple(args.modes.split(",")),
+                                 asr=args.asr)
         print(json.dumps(report, indent=2) if args.json else format_voice_table(report))
+        return 0
+    if args.bench_cmd == "asr":
+        from execstate.bench.asr import format_asr_table, run_asr_bench
+
+        report = run_asr_bench(tuple(args.recognizers.split(",")))
+        print(json.dumps(report, indent=2) if args.json else format_asr_table(report))
         return 0
     if args.bench_cmd == "world":
         from execstate.bench.world import run_world_bench

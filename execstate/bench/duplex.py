@@ -11,7 +11,10 @@ Parts, each on a fresh ``AsyncEngine`` of the front model (``smollm2-135m`` by d
    Metrics: ``duplex_metrics``.
 2. ``load``: front step latency with no load, under a saturating back-end load (``load_tasks``
    back-end model tasks, ``ModelTool`` sessions in the batch class, on the front's engine) with
-   the front in the interactive class, and with the front in the batch class (no priority).
+   the front in the interactive class (with the engine's batch budget under interactive steps,
+   ``EngineConfig.interactive_batch_budget``, and without one), and with the front in the batch
+   class (no priority). The back end's completed tasks per second show the batch throughput
+   the budget gives up.
 
 A PNG timeline of the first conversation (``duplex_plot``) is written to ``png`` when given.
 """
@@ -45,7 +48,7 @@ from execstate.engine.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE
 from execstate.session.lm.async_sessions import AsyncSessions
 
 PARTS = ("conversations", "load")
-LOAD_MODES = ("no_load", "load_front_interactive", "load_front_batch")
+LOAD_MODES = ("no_load", "load_front_interactive", "load_front_interactive_no_budget", "load_front_batch")
 # every reply is max_response_tokens long (the model's end of turn ignored), so the scripted
 # barge-ins and backchannels find the agent speaking: a 135M model's replies are a few words
 BENCH_FRONT_PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
@@ -54,9 +57,11 @@ CHATML: dict[str, Any] = {"user_prefix": "\n<|im_start|>user\n", "agent_prefix":
           "result_format": "\n<|im_start|>user\n[{tool} result: {result}]"}
 
 
-def _engine(path: Path, max_num_seqs: int) -> AsyncEngine:
+def _engine(path: Path, max_num_seqs: int, batch_budget: int | None = EngineConfig.interactive_batch_budget,
+            ) -> AsyncEngine:
     return AsyncEngine(LLMEngine(EngineConfig(model=str(path), seed=0, max_num_seqs=max_num_seqs,
-                                              kv_cache_memory_bytes=256 << 20, max_model_len=2048)))
+                                              kv_cache_memory_bytes=256 << 20, max_model_len=2048,
+                                              interactive_batch_budget=batch_budget)))
 
 
 async def _conversations(eng: AsyncEngine, convs: list[Conversation], config: AgentConfig) -> list[Played]:
@@ -97,7 +102,8 @@ async def _load_mode(eng: AsyncEngine, mode: str, config: AgentConfig, tasks: in
             await w
     s = played.step_s
     return {"front_step_ms": {"p50": pct(s, 50), "p99": pct(s, 99), "max": pct(s, 100), "n": len(s)},
-            "back_end_tasks_done": done[0], "wall_s": round(wall, 1), "loadavg_1m": loadavg_1m()}
+            "back_end_tasks_done": done[0], "back_end_tasks_per_s": round(done[0] / wall, 3), "wall_s": round(wall, 1),
+            "loadavg_1m": loadavg_1m()}
 
 
 def run_duplex_bench(model: str | Path = "smollm2-135m", *, parts: tuple[str, ...] = PARTS, conversations: int = 4,
@@ -135,7 +141,8 @@ def run_duplex_bench(model: str | Path = "smollm2-135m", *, parts: tuple[str, ..
     if "load" in parts:
         report["load"] = {"tasks": load_tasks, "max_num_seqs": max_num_seqs}
         for i, mode in enumerate(LOAD_MODES):
-            eng = _engine(path, max_num_seqs)
+            eng = _engine(path, max_num_seqs, None if mode == "load_front_interactive_no_budget"
+                          else EngineConfig.interactive_batch_budget)
             try:
                 report["load"][mode] = asyncio.run(_load_mode(eng, mode, base, load_tasks, seed + i))
             finally:

@@ -38,7 +38,9 @@ BUDGET_S = 450.0  # of the 8 minutes: the rest is start-up, model builds and wri
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from execstate.help_text import plain
+
+    ap = argparse.ArgumentParser(description=plain(__doc__.splitlines()[0]))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--cpu", action="store_true", help="run on the CPU with tiny sizes (checks the check)")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for all parts")

@@ -89,9 +89,10 @@ def main(argv: list[str] | None = None) -> None:
     from execstate.engine.async_engine import AsyncEngine
     from execstate.engine.llm import LLM
     from execstate.engine.scorer import score_tokens
+    from execstate.help_text import plain
     from execstate.serve.app import build_app
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=plain(__doc__.splitlines()[0]))
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--port", type=int, default=8011)
     ap.add_argument("--limit", type=int, default=None)

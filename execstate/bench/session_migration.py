@@ -175,7 +175,9 @@ def _failure_once(src: LLM, target: LLM, mode: str, prompt: list[int]) -> dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from execstate.help_text import plain
+
+    ap = argparse.ArgumentParser(description=plain(__doc__.split("\n\n")[0]))
     ap.add_argument("--model", default="standard", help="'standard', an embedded model or a directory")
     ap.add_argument("--context", type=int, default=4000)
     ap.add_argument("--repeats", type=int, default=3)

@@ -106,7 +106,9 @@ def summary(run: dict[str, Any], max_tokens: int) -> dict[str, dict[str, float]]
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from execstate.help_text import plain
+
+    ap = argparse.ArgumentParser(description=plain(__doc__.splitlines()[0]))
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--max-tokens", type=int, default=64)

@@ -8,6 +8,11 @@
   backchannels alike (both start as speech over the agent);
 - takeover rate on pauses: share of mid-utterance pauses in which a reply started (a
   ``response.created`` from the pause's start to 100 ms after its end);
+- false end of turn on pauses: share of mid-utterance pauses in which the server ended the
+  user's turn (an ``input.turn`` ``end_of_turn`` in the same window);
+- end scores: the front model's scores (``input.end_score``) of the turn's words at each turn end
+  (the last score before the turn's ``end_of_turn``) and inside pauses (the last one before the
+  pause ended), their p50;
 - false interruptions on backchannels: share of backchannels said over the agent's audio after
   which the playing reply was cancelled;
 - resume after a false interruption: backchannel start -> the reply's audio plays again (the
@@ -45,11 +50,12 @@ def edit_distance(a: list[str], b: list[str]) -> int:
 
 
 def summarize(recs: list[Recording]) -> dict[str, Any]:
-    resp, intr, tor, false_int, resume = [], [], [], [], []
+    resp, intr, tor, false_int, resume, false_eot = [], [], [], [], [], []
     errors = words = 0
     for r in recs:
         ev = r.events
         created = [(t, e) for t, e in ev if e["type"] == "response.created"]
+        eots = [t for t, e in ev if e["type"] == "input.turn" and e["kind"] == "end_of_turn"]
         first_audio: dict[str, float] = {}
         for t, e in ev:
             if e["type"] == "response.output_audio.delta":
@@ -67,6 +73,7 @@ def summarize(recs: list[Recording]) -> dict[str, Any]:
             elif m["kind"] == "pause":
                 t0, t1 = r.wall(m["s0"]), r.wall(m["s1"])
                 tor.append(any(t0 < t <= t1 + 0.1 for t, _ in created))
+                false_eot.append(any(t0 < t <= t1 + 0.1 for t in eots))
             elif m["kind"] == "interruption" and m["audible"]:
                 t_start = r.wall(m["s"])
                 stop = next((t for t, _why in r.stops if t >= t_start - 0.05), None)
@@ -89,6 +96,8 @@ def summarize(recs: list[Recording]) -> dict[str, Any]:
         "response_latency_ms": {"p50": pct(resp, 50), "p99": pct(resp, 99), "n": len(resp)},
         "interruption_latency_ms": {"p50": pct(intr, 50), "p99": pct(intr, 99), "n": len(intr)},
         "takeover_rate_on_pauses": {"rate": round(float(np.mean(tor)), 3) if tor else None, "n": len(tor)},
+        "false_end_of_turn_on_pauses": {"rate": round(float(np.mean(false_eot)), 3) if false_eot else None,
+                                        "n": len(false_eot)},
         "false_interruptions_on_backchannels": {"rate": round(float(np.mean(false_int)), 3) if false_int else None,
                                                 "n": len(false_int)},
         "resume_after_false_interruption_ms": {"p50": pct(resume, 50), "max": pct(resume, 100), "n": len(resume)},

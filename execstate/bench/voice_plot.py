@@ -3,7 +3,9 @@
 Rows of ``row_s`` seconds; in each, the user's audio as sent (blue, top) and the agent's audio as
 the client played it (green, bottom), with mid-utterance pauses shaded, the user's speech as the
 server VAD found it (``speech_started`` |), replies (``response.created`` ^, cancelled ``x``),
-holds (o) and resumes (>), delegations (D: created, R: result).
+holds (o) and resumes (>), delegations (D: created, R: result), the front model's end scores of
+the speculatively prefilled turn (squares above the user's row, red 0 -> green 1, with the score)
+and the end-of-turn decisions (purple dashed lines).
 """
 
 from __future__ import annotations
@@ -65,24 +67,30 @@ def plot_timeline(rec: Recording, out: Path, title: str, row_s: float = 20.0) ->
             if not lo <= t < hi:
                 continue
             k = e["type"]
-            if k == "input_audio_buffer.speech_started":
+            if k == "input.end_score":
+                p = float(e["p_end"])
+                ax.plot(t, 1.02, "s", color=plt.cm.RdYlGn(p), ms=5, mec="#555", mew=0.4)
+                ax.text(t, 1.2, f"{p:.2f}", fontsize=6, ha="center", color="#333")
+            elif k == "input.turn" and e["kind"] == "end_of_turn":
+                ax.axvline(t, color="#6a1b9a", ls="--", lw=1)
+            elif k == "input_audio_buffer.speech_started":
                 ax.plot([t, t], [0.0, 1.0], color="#0d47a1", lw=1)
             elif k == "response.created":
                 ax.plot(t, -1.05, "^", color="#2e7d32", ms=6)
             elif k == "response.done" and e["response"]["status"] == "cancelled":
                 ax.plot(t, -1.05, "x", color="#c62828", ms=8, mew=2)
             elif k == "input.turn" and e["kind"] == "hold":
-                ax.plot(t, 1.2, "o", color="#ef6c00", ms=5)
+                ax.plot(t, -0.85, "o", color="#ef6c00", ms=5)
             elif k == "input.turn" and e["kind"] == "resume":
-                ax.plot(t, 1.2, ">", color="#ef6c00", ms=6)
+                ax.plot(t, -0.85, ">", color="#ef6c00", ms=6)
             elif k == "delegation.created":
                 ax.text(t, 1.12, "D", color="#6a1b9a", fontsize=8, ha="center")
             elif k == "delegation.result":
                 ax.text(t, 1.12, "R", color="#6a1b9a", fontsize=8, ha="center")
         ax.axhline(0, color="#999", lw=0.5)
         ax.grid(axis="x", alpha=0.3)
-    axes[0, 0].set_title(title + "   |: user speech (VAD)  ^: reply  x: cancelled  o: hold  >: resume  "
-                         "D/R: delegation  yellow: pause", fontsize=9)
+    axes[0, 0].set_title(title + "\n|: user speech (VAD)  squares: end score of the prefilled turn  dashed: end of "
+                         "turn  ^: reply  x: cancelled  o: hold  >: resume  D/R: delegation  yellow: pause", fontsize=9)
     axes[-1, 0].set_xlabel("seconds")
     fig.tight_layout()
     fig.savefig(out, dpi=90)

@@ -29,6 +29,9 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
+    # While an interactive request (a session step, e.g. an agent's front) runs or waits, requests
+    # of lower classes share at most this many tokens of each step (engine/scheduler.py); None: no cap.
+    interactive_batch_budget: int | None = 16
     # "execstate": few-row fp32 linears and the MoE block run on execstate's C kernels
     # (execstate.kernels.cpu; error if unavailable); "torch": torch ops only; "auto": the
     # kernels when available and the device is CPU. Recorded in the provenance numerics (the
@@ -87,6 +90,9 @@ class EngineConfig:
     gpu_kernels: str = "auto"
     deterministic: bool = False
     enforce_eager: bool = False
+    # The chat template's text (vLLM's chat_template; engine/chat_template.py reads a file or text
+    # given on the command line): every chat prompt is rendered with it. None: the model's own.
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if self.kernels not in KERNEL_CHOICES:

@@ -49,7 +49,9 @@ class EngineParts:
         act_dtype = activation_dtype(config)  # activations and KV cache
         model = load_engine_model(model_path, config)  # in its numerics mode (engine/model_numerics.py)
         mc = model.config
-        tokenizer = Tokenizer(model_path) if (model_path / "tokenizer.json").exists() else None
+        tokenizer = Tokenizer(model_path, config.chat_template) if (model_path / "tokenizer.json").exists() else None
+        if tokenizer is None and config.chat_template is not None:
+            raise ValueError(f"chat_template: the model at {model_path} has no tokenizer.json to render chats with")
         max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         bpb = KVPool.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, act_dtype)
         min_blocks = -(-max_model_len // config.block_size)

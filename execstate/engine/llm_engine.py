@@ -98,7 +98,8 @@ class LLMEngine:
             self.block_pool, config.block_size, parts.provenance, config.enable_prefix_caching, self.route_store,
             self.r3_clock, self.kv_holds,
         )
-        self.scheduler = Scheduler(self.kv_manager, config.max_num_batched_tokens, config.max_num_seqs)
+        self.scheduler = Scheduler(self.kv_manager, config.max_num_batched_tokens, config.max_num_seqs,
+                                   batch_budget=config.interactive_batch_budget)
         self.runner = ModelRunner(self.model, self.kv_pool, config.device, self.return_routes, self.r3_clock,
                                   config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len,
                                   config.use_triton())

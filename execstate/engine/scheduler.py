@@ -16,6 +16,15 @@ Preemption victims are the newest running requests of the lowest class; a waitin
 that finds no sequence slot or no blocks may preempt running requests of *lower* classes
 (never of its own). Without priorities (every request in one class) nothing changes.
 
+Batch budget under interactive work (``batch_budget``, None: off): while an interactive request
+(class >= ``PRIORITY_INTERACTIVE``) is running or waiting, the requests of lower classes share at
+most ``batch_budget`` tokens of each step: chunked prefills are cut to what is left of it, and
+once it is spent the remaining lower-class requests are not served this step (running ones keep
+their blocks and are served, oldest first, when budget is left again). So a front step's forward
+pass stays small whatever the batch load; the batch throughput given up is measured by
+``execstate bench duplex``. Steps with no interactive request give the batch classes the whole
+``max_num_batched_tokens``.
+
 PD decode side (``external``): admission may start an asynchronous KV load instead of
 scheduling the request; it then waits in ``loading`` (status WAITING_FOR_REMOTE_KVS, its
 blocks allocated, counted against ``max_num_seqs``) while the others keep running. Each
@@ -85,9 +94,14 @@ class Scheduler:
         max_num_batched_tokens: int = 2048,
         max_num_seqs: int = 64,
         external: ExternalPrefix | None = None,
+        batch_budget: int | None = None,
     ) -> None:
         if max_num_batched_tokens < 1 or max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        if batch_budget is not None and (isinstance(batch_budget, bool) or not isinstance(batch_budget, int)
+                                         or batch_budget < 0):
+            raise ValueError(f"batch_budget must be None or an integer >= 0, got {batch_budget!r}")
+        self.batch_budget = batch_budget
         self.kv = kv
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
@@ -136,6 +150,7 @@ class Scheduler:
         out = SchedulerOutput()
         self._apply_finished_loads(out)
         budget = self.max_num_batched_tokens
+        low_left = self._low_class_budget()  # tokens left for the classes below interactive (None: no cap)
         admitting = True
         i = 0  # next running request to serve: running[:i] are scheduled (or preempted)
         while budget > 0:
@@ -143,9 +158,14 @@ class Scheduler:
             wait_cls = self.waiting[0].priority if admitting and self.waiting else None
             if run_cls is None and wait_cls is None:
                 break
+            top = max(c for c in (run_cls, wait_cls) if c is not None)
+            cap = low_left if top < PRIORITY_INTERACTIVE else None
+            if cap == 0:
+                break  # every request left is of a lower class: its share of this step is spent
+            room = budget if cap is None else min(budget, cap)
             if run_cls is not None and (wait_cls is None or run_cls >= wait_cls):
                 req = self.running[i]
-                n = min(req.remaining_tokens, budget)
+                n = min(req.remaining_tokens, room)
                 before = req.num_computed_tokens
                 while not self.kv.allocate(req, n):
                     victim = self.running.pop()  # the newest of the lowest class
@@ -158,17 +178,29 @@ class Scheduler:
                     break
                 out.scheduled.append(ScheduledRequest(req, n, before))
                 budget -= n
+                if cap is not None:
+                    low_left = cap - n
                 i += 1
                 continue
-            admitted = self._admit_head(out, budget, i)
+            admitted = self._admit_head(out, room, i)
             if admitted is None:
                 admitting = False
                 continue
             if admitted:
                 budget -= out.scheduled[-1].num_new_tokens
+                if cap is not None:
+                    low_left = cap - out.scheduled[-1].num_new_tokens
                 i += 1
         out.block_copies = self.kv.take_block_copies()
         return out
+
+    def _low_class_budget(self) -> int | None:
+        """``batch_budget`` when an interactive request runs or waits (both lists are ordered by
+        class, highest first, so their heads tell), else None."""
+        if self.batch_budget is None:
+            return None
+        heads = [q[0].priority for q in (self.running, self.waiting) if q]
+        return self.batch_budget if heads and max(heads) >= PRIORITY_INTERACTIVE else None
 
     def _admit_head(self, out: SchedulerOutput, budget: int, served: int) -> bool | None:
         """Admit ``waiting[0]``: True if it was scheduled (inserted at ``running[served]``), False

@@ -4,8 +4,10 @@ Uses the ``tokenizers`` library on ``tokenizer.json`` (fast, no ``transformers``
 import) and renders the chat template with jinja2 the way ``transformers`` does
 (``messages``, ``add_generation_prompt``, ``bos_token``/``eos_token``,
 ``raise_exception``). The template comes from ``chat_template.jinja`` or the
-``chat_template`` field of ``tokenizer_config.json``; it is compiled once, when the
-tokenizer loads, and rendered per request.
+``chat_template`` field of ``tokenizer_config.json``, unless the operator gave one
+(``chat_template``: ``execstate serve --chat-template``, ``engine/chat_template.py``); it is
+compiled once, when the tokenizer loads (an operator's template that does not compile is a
+``ValueError`` then), and rendered per request.
 
 Thread safety: a loaded ``Tokenizer`` is immutable and may be used from any thread.
 ``encode`` runs with the GIL released (``tokenizers``' ``encode`` holds it for the
@@ -40,6 +42,12 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+def compile_template(template: str) -> jinja2.Template:
+    """``template`` compiled as ``transformers`` compiles chat templates (``jinja2.TemplateError`` if it
+    does not)."""
+    return _environment().from_string(template)
+
+
 def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         content: str | None = value.get("content")
@@ -48,7 +56,7 @@ def _token_text(value: Any) -> str | None:
 
 
 class Tokenizer:
-    def __init__(self, model_dir: str | Path) -> None:
+    def __init__(self, model_dir: str | Path, chat_template: str | None = None) -> None:
         model_dir = Path(model_dir)
         path = model_dir / "tokenizer.json"
         if not path.exists():
@@ -64,14 +72,18 @@ class Tokenizer:
             template = jinja_path.read_text()
         if isinstance(template, list):  # named templates: take "default"
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        if chat_template is not None:  # the operator's, in place of the model's
+            template = chat_template
         self.chat_template: str | None = template
         self._template: jinja2.Template | None = None
         self._template_error: str | None = None
         if template:
             try:
-                self._template = _environment().from_string(template)
-            except jinja2.TemplateError as exc:  # reported when a chat request needs it
+                self._template = compile_template(template)
+            except jinja2.TemplateError as exc:  # the model's: reported when a chat request needs it
                 self._template_error = f"the chat template does not compile: {exc}"
+                if chat_template is not None:
+                    raise ValueError(f"--chat-template: {self._template_error}") from None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True, max_model_len: int | None = None) -> list[int]:

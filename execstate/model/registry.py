@@ -37,7 +37,7 @@ from typing import Any
 
 from execstate import paths
 from execstate.kernels.weight_format import WeightFormat
-from execstate.model import gguf_import, gguf_quantize, upcycle
+from execstate.model import gguf_import, gguf_quantize, hf_cache, upcycle
 from execstate.model.build_progress import BuildProgress
 from execstate.model.errors import UnknownModelError
 from execstate.model.world import recipe as world_recipe
@@ -86,6 +86,9 @@ class EmbeddedModel:
     kind: str = "lm"  # "lm" (an HF causal LM directory) or "world" (model/world/)
     # the GGUF file quantization="gguf" serves, given the prepared directory (None: its *.gguf)
     gguf: Callable[[Path], Path] | None = field(default=None, repr=False)
+    # weights the package ships (a directory with model.safetensors), used when no build is
+    # prepared: the model is ready without `execstate models prepare` (None: none ship)
+    shipped: Path | None = None
 
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
@@ -127,6 +130,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
             steps=world_recipe.BUILD_STEPS,
             estimate=world_recipe.ESTIMATE,
             kind="world",
+            shipped=Path(world_recipe.__file__).parent / "shipped",  # model/world/default.py loads it
         ),
     )
 }
@@ -198,13 +202,25 @@ def is_prepared(name: str) -> bool:
     return expected is not None and marker.get("fingerprint") == expected["fingerprint"]
 
 
+def shipped_dir(name: str) -> Path | None:
+    """The weights of ``name`` that ship in the package, when they are there (else None)."""
+    shipped = _spec(name).shipped
+    return shipped if shipped is not None and (shipped / "model.safetensors").is_file() else None
+
+
 def list_models() -> list[dict[str, Any]]:
-    """One dict per embedded model: name, description, prepared, path."""
-    return [
-        {"name": m.name, "description": m.description, "prepared": is_prepared(m.name),
-         "path": str(paths.model_dir(m.name))}
-        for m in EMBEDDED_MODELS.values()
-    ]
+    """One dict per embedded model: name, description, prepared (a valid build in the cache), state
+    (``"prepared"``; ``"shipped"``: not built, but the package's weights are used as they are;
+    ``"not prepared"``: built on first use) and path (where it loads from: the build, else the shipped
+    weights, else where the build will go)."""
+    out = []
+    for m in EMBEDDED_MODELS.values():
+        prepared, shipped = is_prepared(m.name), shipped_dir(m.name)
+        state = "prepared" if prepared else "shipped" if shipped is not None else "not prepared"
+        path = shipped if state == "shipped" else paths.model_dir(m.name)
+        out.append({"name": m.name, "description": m.description, "prepared": prepared, "state": state,
+                    "path": str(path)})
+    return out
 
 
 @contextlib.contextmanager
@@ -282,8 +298,9 @@ def gguf_file(path: Path) -> Path | None:
 
 
 def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
-    """A directory with config.json is returned as is; an embedded name is prepared on demand;
-    anything else is ``UnknownModelError``."""
+    """A directory with config.json is returned as is; an embedded name is prepared on demand; a
+    Hugging Face repo id (``namespace/name``) is its snapshot in the local Hugging Face cache, read
+    offline (``hf_cache.py``: never a download); anything else is ``UnknownModelError``."""
     path = Path(name_or_path).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path
@@ -292,7 +309,10 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
         raise UnknownModelError(f"{name!r} is a {EMBEDDED_MODELS[name].kind} model, not a language model")
     if name in EMBEDDED_MODELS:
         return prepare(name)
+    if hf_cache.looks_like_repo_id(name) and not path.exists():
+        return hf_cache.cached_snapshot(name)
     raise UnknownModelError(
-        f"unknown model {name!r}: not a directory containing config.json and not an embedded model "
-        f"(known embedded models: {', '.join(sorted(EMBEDDED_MODELS))})"
+        f"unknown model {name!r}: not a directory containing config.json, not an embedded model "
+        f"(known embedded models: {', '.join(sorted(EMBEDDED_MODELS))}) and not a Hugging Face repo id "
+        "(namespace/name) in the local Hugging Face cache"
     )

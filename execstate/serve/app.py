@@ -125,6 +125,7 @@ def build_app(
     migration_skew_s: float = DEFAULT_SKEW_S,
     agent_task_limits: TaskLimits | None = None,
     voice_engines: Callable[[], VoiceEngines] | None = None,
+    routes_on_request: bool = False,
 ) -> FastAPI:
     """An app serving ``async_engine`` under ``served_model_name`` (the only accepted
     ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry,
@@ -142,7 +143,8 @@ def build_app(
     and a source resumes an unconfirmed hand-over only this long after it); ``agent_task_limits``:
     each agent's back-end bounds (tool timeout, tasks at once); ``voice_engines`` builds the audio
     engines of ``/v1/voice/realtime`` (``voice/engines.py``; default: eSpeak NG, Silero VAD,
-    PocketSphinx), on first use."""
+    PocketSphinx), on first use. ``routes_on_request``: a completion returns its routes only when it asks
+    (``return_routed_experts: true``), not by default (``ServeContext.wants_routes``)."""
     limits = limits or ServingLimits()
     keys = keys if keys is not None else KeyRing.build([api_key] if api_key else [])
     policy = policy or serve_policy()
@@ -150,7 +152,7 @@ def build_app(
         MigrationTargets.parse(migration_targets)
     ctx = ServeContext(async_engine, served_model_name, metrics or ServingMetrics(), kv_transfer_config, limits,
                        handoff_trust=handoff_trust, shared_sessions=sessions, policy=policy,
-                       sharing=sharing or PrefixSharing())
+                       sharing=sharing or PrefixSharing(), routes_by_default=not routes_on_request)
     tenant_metrics = TenantMetrics(ctx.metrics.registry, policy.quotas)
     swept: list[IncomingHandovers] = []
     app = FastAPI(title="execstate", docs_url=None, redoc_url=None, openapi_url=None,

@@ -59,6 +59,7 @@ class ServeContext:
     shared_sessions: InitVar[AsyncSessions | None] = None  # the engine's, when another app serves it too
     policy: InitVar[SessionPolicy | None] = None  # bounds on the sessions (idle expiry, quotas, checkpoints)
     sharing: PrefixSharing = field(default_factory=PrefixSharing)  # the operator's shared prefix groups
+    routes_by_default: bool = True  # a completion returns its routes unless it asks not to (see wants_routes)
 
     def __post_init__(self, shared_sessions: AsyncSessions | None, policy: SessionPolicy | None) -> None:
         object.__setattr__(self, "sessions", shared_sessions or AsyncSessions(self.engine, policy, self.sharing))
@@ -67,6 +68,18 @@ class ServeContext:
         """The cache scope of a request: the caller's tenant (from its API key) under the operator's
         sharing groups, narrowed by the body's ``cache_salt`` (``ValueError`` naming a bad one)."""
         return self.sharing.scope(scope_tenant(raw.scope), cache_salt)
+
+    def wants_routes(self, asked: bool | None) -> bool:
+        """Whether a completion's choices carry ``routed_experts``: the request's
+        ``return_routed_experts`` when given, else ``routes_by_default`` (vLLM's behaviour, every
+        answer with routes, under ``--enable-return-routed-experts``; only the answers that ask, under
+        ``--routed-experts-on-request``). Never when the engine records no routes; asking such a
+        server is a 400."""
+        if asked and not self.engine.return_routes:
+            raise bad_request("this server returns no routes: it serves a MoE model started with "
+                              "--enable-return-routed-experts or --routed-experts-on-request only",
+                              param="return_routed_experts")
+        return self.engine.return_routes and (self.routes_by_default if asked is None else asked)
 
     def check_request(self, model: str) -> None:
         """404 unless ``model`` is the served name; 503 if the engine is dead."""

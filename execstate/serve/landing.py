@@ -17,6 +17,8 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
+from execstate.serve.context import ServeContext
+
 DOCS_PATH = "/docs"
 
 
@@ -36,8 +38,14 @@ def _lm_rows(app: FastAPI) -> list[tuple[str, str]]:
         arch += f", {mc.num_moe_layers} MoE layers of {mc.num_experts} experts (top-{mc.top_k})"
     return [("language model", f"{ctx.served_model_name} ({engine.model_path})"), ("architecture", arch),
             ("context length", str(engine.max_model_len)),
-            ("routes returned (R3)", "yes" if engine.return_routes else
-             "no (start with --enable-return-routed-experts)")]
+            ("routes returned (R3)", _routes(ctx))]
+
+
+def _routes(ctx: ServeContext) -> str:
+    if not ctx.engine.return_routes:
+        return "no (start with --enable-return-routed-experts)"
+    return "with every completion" if ctx.routes_by_default else 'to requests with "return_routed_experts": true'
+
 
 
 def _world_rows(app: FastAPI) -> list[tuple[str, str]]:
@@ -77,13 +85,24 @@ def _endpoints(app: FastAPI) -> list[tuple[str, str, str]]:
 
 
 def render(app: FastAPI, docs: bool) -> str:
+    return page_html(_lm_rows(app) + _world_rows(app), _endpoints(app), docs)
+
+
+# The "loaded" row of a public page on a server that asks for a key, in place of the model's rows.
+KEYED_MODELS_ROW = ("models", "this server asks for an API key: GET /v1/models with 'Authorization: Bearer <key>' "
+                    "lists them")
+
+
+def page_html(loaded: list[tuple[str, str]], endpoints: list[tuple[str, str, str]], docs: bool) -> str:
+    """The page: ``loaded`` (name, value) rows, ``endpoints`` (path, what, link or ''), the docs
+    paragraph (``docs``: a site is served at ``/docs/``)."""
     e = html.escape
-    rows = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _lm_rows(app) + _world_rows(app))
+    rows = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in loaded)
     def cell(path: str, link: str) -> str:
         return f'<a href="{e(link)}">{e(path)}</a>' if link else e(path)
 
     eps = "".join(f"<tr><td><code>{cell(path, link)}</code></td><td>{e(what)}</td></tr>"
-                  for path, what, link in _endpoints(app))
+                  for path, what, link in endpoints)
     docs_html = (f'<p><a href="{DOCS_PATH}/">The documentation</a> (getting started, serving, sessions, world '
                  "models, agents, PD, performance, architecture, the command line).</p>" if docs else
                  "<p>The documentation is a MkDocs site in the repository's <code>docs/</code>: build it with "

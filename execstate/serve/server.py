@@ -117,12 +117,13 @@ def attach_kv_connector(
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     events = getattr(args, "kv_events_config", None)
+    routes = args.enable_return_routed_experts or getattr(args, "routed_experts_on_request", False)  # R3 recording
     return EngineConfig(
         model=args.model,
         dtype=args.dtype,
         device=args.device,
         block_size=args.block_size,
-        enable_return_routed_experts=args.enable_return_routed_experts,
+        enable_return_routed_experts=routes,
         seed=args.seed,
         max_model_len=args.max_model_len,
         kernels=args.kernels,
@@ -143,6 +144,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         offload_policy=args.offload_policy,
         offload_timeout_s=args.offload_timeout,
         kv_events=KVEventsConfig.from_json(events) if events else None,
+        chat_template=getattr(args, "chat_template", None),
     )
 
 
@@ -181,16 +183,18 @@ def serve_until_engine_dies(server: uvicorn.Server, async_engine: AsyncEngine) -
 
 
 def voice_engines_from_args(args: argparse.Namespace) -> Callable[[], VoiceEngines]:
-    """The voice endpoint's engines (built on first use): ``--voice-asr-phrases`` picks the recognizer's model."""
+    """The voice endpoint's engines (built on first use): ``--voice-asr`` picks the recognizer,
+    ``--voice-asr-phrases`` PocketSphinx's model."""
     spec = getattr(args, "voice_asr_phrases", None)
+    asr = getattr(args, "voice_asr", "pocketsphinx") or "pocketsphinx"
 
     def build() -> VoiceEngines:
         if spec is None:
-            return default_engines()
+            return default_engines(asr=asr)
         if spec == "demo":
-            return default_engines(demo_phrases())
+            return default_engines(demo_phrases(), asr=asr)
         lines = Path(spec).read_text(encoding="utf-8").splitlines()
-        return default_engines([ln for ln in lines if ln.strip()])
+        return default_engines([ln for ln in lines if ln.strip()], asr=asr)
 
     return build
 
@@ -222,7 +226,8 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
     world_host = None
     try:
         if getattr(args, "agent_back_model", None):  # the agents' back-end model: a second engine
-            back_cfg = dataclasses.replace(engine_config_from_args(args), model=args.agent_back_model)
+            back_cfg = dataclasses.replace(engine_config_from_args(args), model=args.agent_back_model,
+                                           chat_template=None)  # --chat-template is the served model's
             back_engine = AsyncEngine(LLMEngine(back_cfg), limits.max_waiting_requests)
         metrics = ServingMetrics()
         trust = attach_kv_connector(async_engine, kv_cfg, metrics, make_importer) if kv_cfg is not None else None
@@ -243,6 +248,7 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
             migration_skew_s=getattr(args, "migration_skew_s", 30.0),
             agent_task_limits=TaskLimits(args.agent_tool_timeout_s, args.agent_max_tasks),
             voice_engines=voice_engines_from_args(args),
+            routes_on_request=getattr(args, "routed_experts_on_request", False),
         )
         if args.world is not None:  # the world endpoints on the same app (serve --world)
             from execstate.serve.realtime.world.app import world_host_from_args

@@ -131,6 +131,8 @@ def waiting_line(i: StartupInfo) -> str:
 
 def r3_line(i: StartupInfo) -> str:
     e = i.engine
+    if e.return_routes and getattr(i.args, "routed_experts_on_request", False):
+        return 'on (routed_experts returned to requests with "return_routed_experts": true)'
     if e.return_routes:
         return "on (routed_experts returned)"
     if e.config.enable_return_routed_experts:
@@ -218,6 +220,19 @@ def agents_line(info: StartupInfo) -> str:
             f"{back or 'the served model, batch priority'}; server tools calculator, lookup")
 
 
+def voice_line(info: StartupInfo) -> str:
+    a = info.args
+    asr = getattr(a, "voice_asr", "pocketsphinx") or "pocketsphinx"
+    phrases = getattr(a, "voice_asr_phrases", None)
+    if asr == "pocketsphinx":
+        asr += f" ({'phrases: ' + phrases if phrases else 'general English model'})"
+    budget = info.engine.config.interactive_batch_budget
+    return (f"/v1/voice/realtime and /agent: ASR {asr} (--voice-asr), Silero VAD, eSpeak NG TTS; turn detection "
+            f"server_vad by default, semantic_vad (the front scores the end of turn; eagerness low/medium/high) on "
+            f"request and on /agent; batch budget under interactive steps {budget if budget is not None else 'off'} "
+            "tokens")
+
+
 FIELDS: list[tuple[str, Callable[[StartupInfo], str]]] = [
     ("model", model_line),
     ("architecture", architecture_line),
@@ -244,6 +259,7 @@ FIELDS: list[tuple[str, Callable[[StartupInfo], str]]] = [
     ("migration", migration_line),
     ("sessions", lambda i: sessions_line(i)),
     ("agents", agents_line),
+    ("voice", voice_line),
     ("world", world_line),
     ("start-up", lambda i: f"{i.startup_seconds:.1f} s (engine {i.engine.startup_seconds:.1f} s)"),
 ]

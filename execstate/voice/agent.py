@@ -14,6 +14,9 @@ replaces its text input and text output:
 - **Out**: the runtime's text responses become audio responses (``speech_out.py``): synthesised
   as the text streams, paced to the client's playback, created when they start playing and done
   after their last audio.
+- **Memory**: ``close`` closes the recognizer stream (the recognizer keeps or frees its model)
+  and returns the freed heap pages to the OS (``state/host_memory.py``), so connections that
+  come and go leave the server's RSS where it was.
 - **Interruptions**: a barge-in (or ``cancel``, or a client ``truncate`` of the playing item) stops
   all audio first (the playing response's ``response.done`` ``cancelled``), advances the epoch,
   and truncates each cut response in the runtime's context to the words that were played; only
@@ -39,11 +42,13 @@ from execstate.agent.agent_events import AgentEvent, ErrorEvent, OutputDelta, Re
 from execstate.agent.duplex import DuplexAgent
 from execstate.agent.errors import AgentError
 from execstate.agent.speech_turns import SpeechTurnConfig, SpeechTurnPolicy
+from execstate.state import host_memory
 from execstate.voice.audio_input import AudioInput
 from execstate.voice.events import (
     InputCleared,
     InputCommitted,
     InputTranscriptCompleted,
+    ItemAdded,
     ItemTruncated,
 )
 from execstate.voice.interfaces import Recognizer, SpeechDetector, Synthesizer
@@ -91,14 +96,15 @@ class VoiceAgent:
         self.config = config or VoiceConfig()
         self.recognizer, self.detector = recognizer, detector
         self.turns = SpeechTurnPolicy(self.config.turns)
+        self._tick_wake = asyncio.Event()
         self._in_exec = ThreadPoolExecutor(1, thread_name_prefix="voice-in")
         self._out_exec = ThreadPoolExecutor(1, thread_name_prefix="voice-out")
         self.out = SpeechOut(synthesizer, self._emit, agent.now, self._out_exec, self.config.out_rate,
                              self.config.voice, self.config.lead_ms, self.config.chunk_ms)
-        self.listener = Listener(agent, self.out, self.turns, self._emit, lambda: self.config.create_response)
+        self.listener = Listener(agent, self.out, self.turns, self._emit, lambda: self.config.create_response,
+                                 self._tick_wake.set)
         self.input: AudioInput | None = None
         self._queue: asyncio.Queue[object] = asyncio.Queue()
-        self._tick_wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
@@ -127,10 +133,18 @@ class VoiceAgent:
                 await task
         if self.input is not None:
             with contextlib.suppress(Exception):
-                await asyncio.get_running_loop().run_in_executor(self._in_exec, self.input.close)
+                await asyncio.get_running_loop().run_in_executor(self._in_exec, self._release_input, self.input)
         self._in_exec.shutdown(wait=False)
         self._out_exec.shutdown(wait=False)
         self._queue.put_nowait(_END)
+
+    @staticmethod
+    def _release_input(inp: AudioInput) -> None:
+        """Close the recognizer stream (its model goes back to the recognizer or is freed), then
+        give the freed heap pages back to the OS: this worker thread's allocator arena would keep
+        them, and a server's RSS would grow with every voice connection."""
+        inp.close()
+        host_memory.trim()
 
     async def events(self) -> AsyncIterator[AgentEvent]:
         while True:
@@ -168,6 +182,17 @@ class VoiceAgent:
         self.listener.last_item = item
         if text.strip():
             self.agent.user_turn(text, respond=self.config.create_response)
+        return item
+
+    def add_text(self, text: str, item_id: str | None = None) -> str:
+        """A typed user message: an input item (``conversation.item.added``) and a user turn,
+        answered at ``create_response`` (OpenAI's ``conversation.item.create``)."""
+        self._require_open()
+        t, e = self.agent.now(), self.agent.fence.epoch
+        item = item_id or self.listener.new_item()
+        self._emit(ItemAdded(t, e, item, self.listener.last_item, text))
+        self.listener.last_item = item
+        self.agent.user_turn(text, respond=False)
         return item
 
     async def clear(self) -> None:

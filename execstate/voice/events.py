@@ -110,3 +110,25 @@ class ItemTruncated(AgentEvent):
     item_id: str
     audio_end_ms: int
     kept_text: str
+
+
+@dataclass(frozen=True)
+class ItemAdded(AgentEvent):
+    """A typed user message entered the conversation (``conversation.item.create``)."""
+
+    type = "conversation.item.added"
+    item_id: str
+    previous_item_id: str | None
+    text: str
+
+
+@dataclass(frozen=True)
+class EndScore(AgentEvent):
+    """The front model scored the user's turn so far (``agent/prefill.py``): ``p_end``, the
+    probability that it ends there; ``prefilled``: tokens the speculative steps computed so far."""
+
+    type = "input.end_score"
+    item_id: str | None
+    text: str
+    p_end: float
+    prefilled: int

@@ -13,6 +13,10 @@ turn policy (``agent/speech_turns.py``) and acts on its decisions through public
   burst's earlier words start the turn); a false interruption: ``SpeechOut.resume`` +
   ``DuplexAgent.resume``. The floor (``DuplexAgent.set_floor``) is the user's from speech until
   the turn or burst is over.
+- the user's turn so far (its final transcripts, then the open segment's partial) goes to
+  ``DuplexAgent.user_partial`` as it changes: the agent prefills it and the front model scores
+  its end (``agent/prefill.py``); a score of the turn's current words reaches the turn policy
+  (``on_end_score``), whose semantic rule may then end the turn after a short silence.
 
 Pure bookkeeping on the event loop: no I/O, nothing blocking.
 """
@@ -30,6 +34,7 @@ from execstate.agent.errors import AgentError
 from execstate.agent.speech_turns import Decision, SpeechTurnPolicy
 from execstate.voice.audio_input import Final, InputEvent, Partial, Progress, VadStart, VadStop
 from execstate.voice.events import (
+    EndScore,
     InputCommitted,
     InputTranscriptCompleted,
     InputTranscriptDelta,
@@ -55,10 +60,14 @@ def ends_sentence(text: str) -> bool:
 
 class Listener:
     def __init__(self, agent: DuplexAgent, out: SpeechOut, turns: SpeechTurnPolicy,
-                 emit: Callable[[AgentEvent], None], create_response: Callable[[], bool]) -> None:
-        """``create_response()``: whether a finished turn is answered at once (the live setting)."""
+                 emit: Callable[[AgentEvent], None], create_response: Callable[[], bool],
+                 wake: Callable[[], None] = lambda: None) -> None:
+        """``create_response()``: whether a finished turn is answered at once (the live setting);
+        ``wake()``: the turn policy has news (a score came)."""
         self.agent, self.out, self.turns = agent, out, turns
-        self._emit, self._create_response = emit, create_response
+        self._emit, self._create_response, self._wake = emit, create_response, wake
+        self._said = ""  # the turn's words last handed to user_partial
+        agent.prefill.on_score.append(self._on_score)
         self._items = itertools.count(1)
         self._seg: _Segment | None = None
         self._turn_text: list[str] = []
@@ -75,6 +84,7 @@ class Listener:
             self.turns.on_speech_stop(self.agent.now(), 0.0)
             self.turns.on_transcript(False)
         self._seg = None
+        self._say(self._joined(self._turn_text))
 
     def on_input(self, ev: InputEvent) -> None:
         t, e = self.agent.now(), self.agent.fence.epoch
@@ -116,6 +126,7 @@ class Listener:
                 self._emit(InputTranscriptCompleted(t, e, seg.item_id, text))
                 self._turn_text.append(text)
                 self.turns.on_transcript(ends_sentence(" ".join(self._turn_text)))
+                self._say(self._joined(self._turn_text))
             else:
                 self._burst_texts.append(text)
             self._seg = None
@@ -125,6 +136,28 @@ class Listener:
         if seg.turn and seg.item_id is not None:
             delta = text[len(old):] if text.startswith(old) else ""
             self._emit(InputTranscriptDelta(t, e, seg.item_id, delta, text))
+            self._say(self._joined([*self._turn_text, words_to_digits(text)]))
+
+    @staticmethod
+    def _joined(texts: list[str]) -> str:
+        return " ".join(x for x in texts if x.strip())
+
+    def _say(self, text: str) -> None:
+        """The turn's words so far, to the agent (prefill and end score) when they changed."""
+        if text != self._said:
+            self._said = text
+            self.turns.on_end_score(None)
+            self.agent.user_partial(text)
+        elif (score := self.agent.prefill.score) is not None and score[0] == text:
+            self.turns.on_end_score(score[1])  # the same words, scored already (a segment with no new words)
+
+    def _on_score(self, text: str, p: float) -> None:
+        if text == self._said and self.turns.user_turn_open:
+            self.turns.on_end_score(p)
+            item = self._seg.item_id if self._seg is not None else self.last_item
+            self._emit(EndScore(self.agent.now(), self.agent.fence.epoch, item, text, round(p, 4),
+                                self.agent.prefill.stats.computed))
+            self._wake()
 
     def _barge_in(self, seg: _Segment, t: float) -> None:
         """The open burst took the floor: its earlier segments' words and this segment are the turn."""
@@ -147,8 +180,8 @@ class Listener:
         t = self.agent.now()
         d = self.turns.on_tick(t)
         if d is Decision.END_OF_TURN:
-            text = " ".join(x for x in self._turn_text if x.strip())
-            self._turn_text = []
+            text = self._joined(self._turn_text)
+            self._turn_text, self._said = [], ""
             self.agent.set_floor(self.turns.burst_open)
             if text:
                 self.agent.user_turn(text, t, respond=self._create_response())

@@ -5,6 +5,11 @@ The ``silero-vad`` wheel ships the model file; it is located without importing t
 a plain install would pull a CUDA torch). 512 samples (32 ms) at 16 kHz per call, with the 64
 samples before them as context, and the recurrent state carried across calls
 (``SpeechDetector`` contract in ``interfaces.py``). About 0.15 ms per frame on one thread.
+
+The model is stateless (the recurrent state is an input and an output of each call), so one
+:class:`SileroModel` (the onnxruntime session: a few MB and its arena) serves every detector of a
+server; each :class:`SileroVAD` keeps only its own state. ``SileroVAD()`` without a model builds
+a private one.
 """
 
 from __future__ import annotations
@@ -28,10 +33,8 @@ def model_path() -> Path:
     return path
 
 
-class SileroVAD:
-    sample_rate = 16000
-    frame_samples = 512
-    context_samples = 64
+class SileroModel:
+    """The ONNX session, shared by detectors (onnxruntime runs concurrent calls of one session)."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         import onnxruntime
@@ -39,8 +42,17 @@ class SileroVAD:
         opts = onnxruntime.SessionOptions()
         opts.inter_op_num_threads = 1
         opts.intra_op_num_threads = 1
-        self._session = onnxruntime.InferenceSession(str(path or model_path()), sess_options=opts,
-                                                     providers=["CPUExecutionProvider"])
+        self.session = onnxruntime.InferenceSession(str(path or model_path()), sess_options=opts,
+                                                    providers=["CPUExecutionProvider"])
+
+
+class SileroVAD:
+    sample_rate = 16000
+    frame_samples = 512
+    context_samples = 64
+
+    def __init__(self, model: SileroModel | None = None) -> None:
+        self._session = (model or SileroModel()).session
         self._sr = np.array(self.sample_rate, dtype=np.int64)
         self.reset()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from execstate.agent.front import FrontChunk, FrontStepEnd
+from execstate.agent.front import FrontChunk, FrontStepEnd, Speculation
 
 AGENT_PREFIX = "\nAgent:"
 
@@ -26,6 +26,7 @@ class FakeFront:
         self.cancels = 0
         self.closed = False
         self.stepping = False
+        self.speculations: list[str] = []
 
     @property
     def text(self) -> str:
@@ -44,7 +45,7 @@ class FakeFront:
         self._cancel = False
         try:
             self.context += input_ids
-            if AGENT_PREFIX in "".join(map(chr, input_ids)):
+            if AGENT_PREFIX.strip() in "".join(map(chr, input_ids)):  # the cue (kept speculations send its rest)
                 self._pos = 0
             for _ in range(max_tokens):
                 await asyncio.sleep(self.token_delay)
@@ -63,6 +64,16 @@ class FakeFront:
             yield FrontStepEnd("length")
         finally:
             self.stepping = False
+
+    async def speculate(self, input_ids: list[int], end_tokens: frozenset[int], then: int) -> Speculation:
+        """A speculative step: the input appended, then ``then``; the end probability is high after
+        a sentence-final mark. Every token counts as computed."""
+        assert not self.stepping, "one step at a time"
+        self.speculations.append("".join(map(chr, input_ids)))
+        await asyncio.sleep(self.token_delay)
+        self.context += [*input_ids, then]
+        done = "".join(map(chr, input_ids)).rstrip()[-1:] in (".", "?", "!")
+        return Speculation(0.9 if done else 0.05, len(input_ids), 0)
 
     async def cancel(self) -> None:
         self.cancels += 1

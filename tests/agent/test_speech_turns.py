@@ -110,3 +110,54 @@ def test_a_burst_adds_up_over_its_segments() -> None:
     assert p.on_speech(1.0, 0.2, 0) is Decision.NONE
     assert p.on_speech(1.2, 0.4, 1) is Decision.BARGE_IN  # 0.9 s > 0.8 s (and 3 words > 2)
     assert p.user_turn_open and not p.burst_open
+
+
+SEMANTIC = SpeechTurnConfig(end_of_turn_silence_s=1.0, end_threshold=0.35, semantic_silence_s=0.2)
+
+
+def test_a_high_end_score_ends_the_turn_after_the_short_silence() -> None:
+    p = SpeechTurnPolicy(SEMANTIC)
+    segment(p, 0.0, 1.0, silence=0.15)  # last speech at 1.0, stopped at 1.15
+    p.on_transcript(False)
+    p.on_end_score(0.6)  # "describe the sea for me"
+    assert p.next_deadline() == pytest.approx(1.2)
+    assert p.on_tick(1.19) is Decision.NONE
+    assert p.on_tick(1.21) is Decision.END_OF_TURN
+    assert p.end_score is None
+
+
+def test_a_low_end_score_waits_the_long_silence_and_new_speech_drops_the_score() -> None:
+    p = SpeechTurnPolicy(SEMANTIC)
+    segment(p, 0.0, 1.0)
+    p.on_transcript(False)
+    p.on_end_score(0.05)  # "tell me a long"
+    assert p.next_deadline() == pytest.approx(2.0)
+    assert p.on_tick(1.6) is Decision.NONE  # a 0.6 s mid-sentence pause
+    segment(p, 1.6, 2.2)
+    assert p.end_score is None  # the words changed: the old score is not theirs
+    p.on_transcript(False)
+    p.on_end_score(0.5)
+    assert p.on_tick(2.45) is Decision.END_OF_TURN
+
+
+def test_without_a_threshold_scores_change_nothing() -> None:
+    p = SpeechTurnPolicy(CFG)
+    segment(p, 0.0, 1.0)
+    p.on_transcript(False)
+    p.on_end_score(0.99)
+    assert p.on_tick(1.5) is Decision.NONE and p.on_tick(1.81) is Decision.END_OF_TURN
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, -0.1, True, "0.5"])
+def test_a_bad_end_threshold_is_refused(bad) -> None:
+    with pytest.raises(ValueError, match="end_threshold"):
+        SpeechTurnConfig(end_threshold=bad)
+
+
+def test_under_semantic_rules_a_final_mark_alone_does_not_end_the_turn() -> None:
+    p = SpeechTurnPolicy(SEMANTIC)
+    segment(p, 0.0, 1.0)
+    p.on_transcript(True)  # "Could you tell me something nice." (a punctuating recognizer, cut off)
+    assert p.on_tick(1.3) is Decision.NONE  # no score yet: the long silence
+    p.on_end_score(0.1)
+    assert p.on_tick(1.9) is Decision.NONE and p.on_tick(2.01) is Decision.END_OF_TURN

@@ -83,3 +83,10 @@ def test_wer_parts() -> None:
     assert norm("Quick question, what is seventeen times 23?") == ["quick", "question", "what", "is", "17", "times",
                                                                   "23"]
     assert edit_distance(["a", "b", "c", "d"], ["a", "x", "c"]) == 2
+
+
+def test_an_end_of_turn_inside_a_pause_is_a_false_end_of_turn() -> None:
+    r = _rec()
+    assert summarize([r])["false_end_of_turn_on_pauses"] == {"rate": 0.0, "n": 1}
+    r.events = sorted([*r.events, (1.5, {"type": "input.turn", "kind": "end_of_turn"})], key=lambda x: x[0])
+    assert summarize([r])["false_end_of_turn_on_pauses"] == {"rate": 1.0, "n": 1}  # the pause is 1.25-1.75 s

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -173,7 +174,40 @@ def test_real_registry_entries():
         assert m.description and m.recipe_version >= 1
     listed = registry.list_models()
     assert [m["name"] for m in listed] == names
-    assert set(listed[0]) == {"name", "description", "prepared", "path"}
+    assert set(listed[0]) == {"name", "description", "prepared", "state", "path"}
+
+
+def test_the_shipped_world_model_is_listed_as_shipped(tmp_path, monkeypatch, capsys):
+    """On a fresh cache the world model is ready (its weights ship), not "not prepared"."""
+    from execstate import cli
+    from execstate.model.world.default import SHIPPED_DIR, default_world_model_dir
+
+    monkeypatch.setenv("EXECSTATE_CACHE", str(tmp_path / "empty-cache"))
+    world = {m["name"]: m for m in registry.list_models()}["world"]
+    assert world["state"] == "shipped" and world["prepared"] is False
+    assert Path(world["path"]) == SHIPPED_DIR == default_world_model_dir()  # where it really loads from
+    assert registry.shipped_dir("world") == SHIPPED_DIR and registry.shipped_dir("smollm2-moe") is None
+    monkeypatch.setattr("execstate.logs.setup_cli_logging", lambda: None)  # no handler on this test's stderr
+    assert cli.main(["models", "list"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert re.match(r"world +shipped +realtime world model", rows["world"])
+    assert re.match(r"smollm2-moe +not prepared +Qwen3-MoE", rows["smollm2-moe"])
+    assert rows["shipped:"].startswith("shipped: its weights come with the package")
+
+
+def test_shipped_weights_then_a_build(fake, tmp_path, monkeypatch):
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    models = dict(registry.EMBEDDED_MODELS)
+    models["fake-a"] = EmbeddedModel("fake-a", "A", 1, fake.build("fake-a"), lambda: fake.source, shipped=shipped)
+    monkeypatch.setattr(registry, "EMBEDDED_MODELS", models)
+    assert registry.list_models()[0]["state"] == "not prepared"  # an empty directory ships nothing
+    (shipped / "model.safetensors").write_bytes(b"weights")
+    assert registry.list_models()[0] | {"description": ""} == {
+        "name": "fake-a", "description": "", "prepared": False, "state": "shipped", "path": str(shipped)}
+    registry.prepare("fake-a")
+    assert registry.list_models()[0]["state"] == "prepared"
+    assert registry.list_models()[0]["path"] == str(paths.model_dir("fake-a"))
 
 
 def test_build_prints_progress_once_and_a_prepared_model_is_silent(fake, monkeypatch, capsys):

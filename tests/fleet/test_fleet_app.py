@@ -32,3 +32,15 @@ def test_replica_host_and_resources_reach_every_engine_replica():
 def test_a_literal_replica_host_is_used_as_given():
     assert resolve_host("127.0.0.1") == "127.0.0.1"
     assert resolve_host("10.0.0.7") == "10.0.0.7"
+
+
+def test_a_chat_template_reaches_the_replicas_and_the_ingress():
+    """``--chat-template``: every replica renders chats with it, and the ingress routes a chat by the
+    tokens it gives (the same template)."""
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    for pd in (None, (1, 1)):
+        app = fleet_app("m", 2, engine_kwargs={"chat_template": template}, secret="s" * 64, pd=pd)
+        assert app._bound_deployment.init_kwargs["chat_template"] == template
+        for engines in app._bound_deployment.init_args[:2 if pd else 1]:
+            assert engines._bound_deployment.init_args[2]["chat_template"] == template
+    assert fleet_app("m", 2, secret="s" * 64)._bound_deployment.init_kwargs["chat_template"] is None

@@ -76,6 +76,15 @@ def test_tokens_equal_a_single_instance(fleet, offline):
         assert r.headers[HEADER].startswith("SERVE_REPLICA::execstate#EngineReplica#")
 
 
+def test_the_fleet_answers_its_landing_page(fleet):
+    """``GET /`` is the ingress's own page (it was a 404 from a replica): the replicas that registered."""
+    r = httpx.get(fleet + "/", timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert "2 engine replicas, on Ray Serve" in r.text and HEADER not in r.headers
+    for replica in httpx.get(fleet + "/v1/fleet/replicas").json()["replicas"]:
+        assert f"replica {replica['replica_id']}" in r.text
+
+
 def test_a_shared_prefix_goes_to_the_replica_holding_it(fleet):
     replicas = [r["replica_id"] for r in httpx.get(fleet + "/v1/fleet/replicas").json()["replicas"]]
     assert len(replicas) == 2

@@ -46,7 +46,7 @@ def test_lm_server_page_lists_its_model_and_surfaces(served, tmp_path) -> None:
                  "WS /v1/voice/realtime", '<a href="/agent">',
                  '<a href="/metrics">'):
         assert path in page, path
-    assert "routes returned (R3)</th><td>yes" in page
+    assert "routes returned (R3)</th><td>with every completion" in page
     assert '<a href="/world">' not in page and "/v1/realtime/video" not in page  # no world model here
     assert "make docs" in page  # no docs site given: how to build it
 
@@ -86,11 +86,19 @@ def test_serve_without_a_model_serves_the_default_with_every_endpoint(monkeypatc
     monkeypatch.setattr("execstate.serve.server.run_server", lambda args: seen.append(args) or 0)
     assert cli.main(["serve", "--port", "8123"]) == 0
     assert seen[0].model == cli.DEFAULT_SERVE_MODEL == "smollm2-moe" and seen[0].world == "world"
-    assert seen[0].enable_return_routed_experts is True
+    # routes recorded, returned to the requests that ask (not a blob on every chat answer)
+    assert seen[0].routed_experts_on_request is True and seen[0].enable_return_routed_experts is False
     assert "every endpoint" in capsys.readouterr().err
+    seen.clear()
+    assert cli.main(["serve", "--enable-return-routed-experts"]) == 0  # vLLM's flag: routes with every answer
+    assert seen[0].enable_return_routed_experts is True and seen[0].routed_experts_on_request is False
     seen.clear()
     assert cli.main(["serve", "some-model"]) == 0  # a MODEL alone: as before, no world
     assert seen[0].model == "some-model" and seen[0].world is None and not seen[0].enable_return_routed_experts
+    assert not seen[0].routed_experts_on_request
+    capsys.readouterr()
+    assert cli.main(["serve", "some-model", "--ray", "--routed-experts-on-request"]) == 2  # a single-server option
+    assert "--routed-experts-on-request: a single-server option" in capsys.readouterr().err and len(seen) == 1
 
 
 @pytest.mark.slow
@@ -112,11 +120,14 @@ def test_serve_default_end_to_end(tmp_path) -> None:
                 time.sleep(0.5)
         page = httpx.get(url + "/", timeout=10).text
         assert "smollm2-moe" in page and '<a href="/world">' in page and "WS /v1/realtime/agent" in page
-        assert "routes returned (R3)</th><td>yes" in page
+        assert 'routes returned (R3)</th><td>to requests with &quot;return_routed_experts&quot;: true' in page
         assert httpx.get(url + "/world", timeout=10).status_code == 200
-        r = httpx.post(url + "/v1/completions", json={"model": "smollm2-moe", "prompt": "The capital of France is",
-                                                       "max_tokens": 4, "temperature": 0}, timeout=60)
+        body = {"model": "smollm2-moe", "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=60)
         assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["text"]
+        assert "routed_experts" not in r.json()["choices"][0]
+        r = httpx.post(url + "/v1/completions", json={**body, "return_routed_experts": True}, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["routed_experts"]
     finally:
         proc.terminate()
         proc.wait(30)

@@ -95,8 +95,10 @@ def test_page_asks_17_times_23_and_plays_391(served, tmp_path):
 def test_page_interrupted_reply_stops_and_is_cut(served, tmp_path):
     sync_playwright = _need_browser()
     wav = tmp_path / "interrupt.wav"
+    # the interruption comes 3 s after the question's end: its turn ends after semantic_vad's long
+    # silence (1 s: a random front scores no end), and the reply must be playing by then, even under load
     mic_file(wav, [(0.8, "tell me a long story about the sea"),
-                   (5.6, "wait stop tell me about the moon instead")], 14.0)
+                   (6.4, "wait stop tell me about the moon instead")], 15.0)
     with voice_server(served) as url, sync_playwright() as pw:
         browser, page, errors = open_page(pw, url, wav)
         try:
@@ -133,3 +135,51 @@ def test_page_interrupted_reply_stops_and_is_cut(served, tmp_path):
     assert "story about the sea" in st["users"][0], st["users"]
     assert "wait stop tell me about the moon instead" in " ".join(st["users"][1:])
 
+
+
+def test_page_has_heading_text_input_svg_icon_partials_and_shows_errors(served, tmp_path):
+    """What a person sees: a heading and an instruction line; the microphone's icon is inline SVG
+    (drawn without any emoji font) beside a text input; a typed question is answered and its
+    delegation listed; spoken words appear as partials, then final; a refused message is shown."""
+    sync_playwright = _need_browser()
+    wav = tmp_path / "hello.wav"
+    mic_file(wav, [(0.8, "tell me a long story about the sea")], 12.0)
+    with voice_server(served) as url, sync_playwright() as pw:
+        browser, page, errors = open_page(pw, url, wav)
+        try:
+            page.wait_for_function("""window.agentState.events.some(
+                e => e.type === 'conversation.item.input_audio_transcription.completed')""", timeout=60_000)
+            page.wait_for_function("window.agentState.events.some(e => e.type === 'response.done')", timeout=60_000)
+            page.fill("#text", "what is 12 times 11")
+            page.press("#text", "Enter")
+            page.wait_for_function("""Object.values(window.agentState.delegations).some(
+                d => d.status === 'completed' && d.result === '132')""", timeout=60_000)
+            page.evaluate("""() => { const t = document.getElementById('text'); t.value = 'x'.repeat(3000);
+                document.getElementById('send').click(); }""")
+            page.wait_for_function("window.agentState.errors.length > 0", timeout=30_000)
+            icon = page.evaluate("""() => { const svg = document.querySelector('#mic svg');
+                const r = svg.getBoundingClientRect(); return {w: r.width, h: r.height,
+                paths: svg.querySelectorAll('path').length,
+                label: document.getElementById('mic').textContent.trim()}; }""")
+            st = page.evaluate("""() => { const s = window.agentState; return {
+                h1: document.querySelector('h1').textContent, help: document.getElementById('help').textContent,
+                input: document.getElementById('text').placeholder,
+                partials: s.events.filter(e => e.type === 'conversation.item.input_audio_transcription.delta').length,
+                typed: s.events.filter(e => e.type === 'conversation.item.added'
+                                        && e.item.content[0].type === 'input_text').map(e => e.item.content[0].text),
+                lines: [...document.querySelectorAll('.line.user')].map(d => d.textContent),
+                dlg: document.getElementById('delegations').textContent,
+                errors: document.getElementById('errors').textContent,
+                td: s.events.filter(e => e.type === 'session.updated').map(
+                    e => e.session.audio.input.turn_detection.type)}; }""")
+        finally:
+            browser.close()
+    assert not errors, errors
+    assert st["h1"] == "Talk to the execstate voice agent" and "Talk" in st["help"] and "type" in st["input"]
+    assert icon["w"] >= 16 and icon["h"] >= 16 and icon["paths"] == 1 and icon["label"] == "Stop"  # the mic is on
+    assert all(ord(c) < 0x2000 for c in icon["label"])  # no pictograph that needs an emoji font
+    assert st["td"] == ["semantic_vad"]
+    assert st["partials"] >= 1 and "story about the sea" in " ".join(st["lines"])
+    assert st["typed"] == ["what is 12 times 11"] and "what is 12 times 11" in st["lines"]
+    assert "calculator(12 times 11) → 132 (completed)" in st["dlg"]
+    assert "invalid" in st["errors"] and "2048" in st["errors"]

@@ -198,7 +198,7 @@ def test_refused_input(served):
                     {"type": "input_audio_buffer.append", "audio": "not base64!!", "event_id": "a"},
                     {"type": "input_audio_buffer.append", "audio": "AA==", "event_id": "b"},  # one byte: not PCM16
                     {"type": "session.update", "event_id": "c", "session": {"audio": {"input": {
-                        "turn_detection": {"type": "semantic_vad"}}}}},
+                        "turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}}}},
                     {"type": "session.update", "event_id": "d", "session": {"audio": {"input": {
                         "format": {"type": "audio/pcm", "rate": 8000}}}}},
                     {"type": "session.update", "event_id": "e", "session": {"instructions": "x" * 5000}},

@@ -31,10 +31,18 @@ def engines() -> VoiceEngines:
 
 
 @contextlib.contextmanager
-def voice_server(served) -> Iterator[str]:
-    """A second app on the served engine (its sessions), with the demo engines; yields its http URL."""
+def voice_app(served) -> Iterator[tuple[str, object]]:
+    """A second app on the served engine (its sessions), with the demo engines; yields its http
+    URL and the app."""
     app = build_app(served.engine, MODEL_NAME, sessions=served.sessions, voice_engines=engines)
     with running_server(app) as (url, _server):
+        yield url, app
+
+
+@contextlib.contextmanager
+def voice_server(served) -> Iterator[str]:
+    """``voice_app``'s URL."""
+    with voice_app(served) as (url, _app):
         yield url
 
 

@@ -111,7 +111,7 @@ class Recorded:
     def types(self) -> list[str]:
         return [e.type if e.type != "input.turn" else f"input.turn:{e.kind}" for _, e in self.events
                 if e.type not in ("response.output_audio.delta", "response.output_audio_transcript.delta",
-                                  "conversation.item.input_audio_transcription.delta")]
+                                  "conversation.item.input_audio_transcription.delta", "input.end_score")]
 
     def audio(self, response_id: str) -> np.ndarray:
         parts = [e.samples for e in self.of("response.output_audio.delta") if e.response_id == response_id]

@@ -106,7 +106,7 @@ def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = Non
             raise ValueError(f"replicas must be >= 1, got {replicas}")
         ingress = cast(Deployment, serve.deployment(serve.ingress()(FleetIngress), name=INGRESS, num_replicas=1,
                                                     max_ongoing_requests=1000, ray_actor_options=ingress_actor))
-        return ingress.bind(engines(ENGINES, replicas), model, settings)
+        return ingress.bind(engines(ENGINES, replicas), model, settings, chat_template=kwargs.get("chat_template"))
     n_prefill, n_decode = pd
     if n_prefill < 1 or n_decode < 1:
         raise ValueError(f"a PD fleet needs at least one prefill and one decode replica, got {pd}")
@@ -117,7 +117,8 @@ def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = Non
     ingress = cast(Deployment, serve.deployment(serve.ingress()(PDFleetIngress), name=INGRESS, num_replicas=1,
                                                 max_ongoing_requests=1000, ray_actor_options=ingress_actor))
     return ingress.bind(engines(PREFILL_ENGINES, n_prefill, "prefill", producer),
-                        engines(DECODE_ENGINES, n_decode, "decode", both), model, settings)
+                        engines(DECODE_ENGINES, n_decode, "decode", both), model, settings,
+                        chat_template=kwargs.get("chat_template"))
 
 
 def run_fleet(args: argparse.Namespace) -> int:
@@ -133,7 +134,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     serve.start(http_options={"host": args.host, "port": args.port})
     kwargs = {"block_size": args.block_size, "seed": args.seed, "enable_return_routed_experts":
               args.enable_return_routed_experts, "max_model_len": args.max_model_len, "dtype": args.dtype,
-              "kernels": args.kernels}
+              "kernels": args.kernels, "chat_template": getattr(args, "chat_template", None)}
     settings = SessionSettings(args.session_hibernate_after, args.session_copy_every or None, args.api_keys_file,
                                tuple(getattr(args, "shared_prefix_group", None) or ()))
     pd = getattr(args, "pd", None)

@@ -3,7 +3,8 @@
 The deployment is an ASGI ingress (``serve.ingress()`` on this class, ``app.py``): its app
 (:meth:`FleetIngress.__serve_build_asgi_app__`, built when the replica starts) routes the realtime
 WebSockets (``ws_route.WS_PATHS``) to :class:`~execstate.fleet.ray_app.ws_ingress.FleetSockets`
-(each connection proxied to one replica: docs/fleet.md, "WebSockets") and every HTTP request to
+(each connection proxied to one replica: docs/fleet.md, "WebSockets"), answers ``GET /`` itself
+(the fleet's landing page, ``landing.py``) and sends every other HTTP request to
 ``FleetIngress.handle_http``, which:
 
 - ``/v1/fleet/...`` (the fleet's own operations, ``fleet_ops.py``): ``GET /v1/fleet/replicas``,
@@ -38,12 +39,14 @@ from typing import Any, cast
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route, WebSocketRoute
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
 
 from execstate.engine.tokenizer import Tokenizer
 from execstate.fleet.ray_app.engine_replica import REPLICA_HEADER
 from execstate.fleet.ray_app.fleet_ops import FleetOps
+from execstate.fleet.ray_app.landing import render_fleet_page
 from execstate.fleet.ray_app.prompt_route import SessionOwners, caller_of, prompt_route, session_of
 from execstate.fleet.ray_app.session_resume import SessionLost, SessionResumed, SessionRouting
 from execstate.fleet.ray_app.session_settings import SessionSettings
@@ -53,6 +56,7 @@ from execstate.fleet.router.policy import RouteRequest
 from execstate.identity.secret_ring import SecretRing
 from execstate.identity.tenant import TenantId
 from execstate.model.registry import resolve_model
+from execstate.serve.landing import DOCS_PATH, docs_site_dir
 from execstate.serve.principals import bearer_key
 
 logger = logging.getLogger("execstate.fleet")
@@ -61,14 +65,18 @@ HTTP_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 class FleetIngress:
-    def __init__(self, engines: DeploymentHandle, model: str, sessions: SessionSettings | None = None) -> None:
+    def __init__(self, engines: DeploymentHandle, model: str, sessions: SessionSettings | None = None,
+                 chat_template: str | None = None) -> None:
+        """``chat_template``: the replicas' (``EngineConfig.chat_template``), so a chat prompt is routed by
+        the tokens the replica will compute."""
         self.engines = engines
         settings = sessions or SessionSettings()
         self.keys = settings.keys()  # the tenant a session is resumed for, and a prompt is keyed for
         self.sharing = settings.sharing()
         self.sessions = SessionRouting(self, SecretRing.resolve())
+        self.model = model
         path = resolve_model(model)
-        self.tokenizer = Tokenizer(path) if (path / "tokenizer.json").exists() else None
+        self.tokenizer = Tokenizer(path, chat_template) if (path / "tokenizer.json").exists() else None
         self.owners = SessionOwners()
         self.replicas: dict[str, dict[str, Any]] = {}  # replica id -> what it registered
         self.draining: set[str] = set()
@@ -83,10 +91,20 @@ class FleetIngress:
 
     def __serve_build_asgi_app__(self) -> Starlette:
         """The ingress's ASGI app (Ray Serve calls it once the replica is built): the realtime
-        WebSockets, then every HTTP path."""
-        routes: list[Route | WebSocketRoute] = [WebSocketRoute(p, self.sockets.serve) for p in WS_PATHS]
+        WebSockets, the landing page at ``/`` (and the docs site at ``/docs/`` when one was built),
+        then every HTTP path."""
+        routes: list[Route | WebSocketRoute | Mount] = [WebSocketRoute(p, self.sockets.serve) for p in WS_PATHS]
+        routes.append(Route("/", self.landing, methods=["GET", "HEAD"]))
+        docs = docs_site_dir()
+        if docs is not None:
+            routes.append(Mount(DOCS_PATH, StaticFiles(directory=docs, html=True)))
         routes.append(Route("/{path:path}", self.handle_http, methods=HTTP_METHODS))
         return Starlette(routes=routes)
+
+    async def landing(self, request: Request) -> HTMLResponse:
+        """The fleet's landing page (``landing.py``): what it serves now; names no model on a keyed fleet."""
+        return HTMLResponse(render_fleet_page(self.model, self.replicas, self.draining, not self.keys.open,
+                                              docs_site_dir() is not None))
 
     async def place(self, route: RouteRequest) -> tuple[str, str]:
         """The replica the fleet's router chooses for ``route`` (a realtime socket): its id and URL."""

@@ -68,8 +68,9 @@ class _Refused(Exception):  # noqa: N818 - every replica tried refused the stage
 
 class PDFleetIngress(FleetIngress):
     def __init__(self, prefill: DeploymentHandle, decode: DeploymentHandle, model: str,
-                 sessions: SessionSettings | None = None, pair_wait_s: float = PAIR_WAIT_S) -> None:
-        super().__init__(decode, model, sessions)
+                 sessions: SessionSettings | None = None, pair_wait_s: float = PAIR_WAIT_S,
+                 chat_template: str | None = None) -> None:
+        super().__init__(decode, model, sessions, chat_template)
         self.prefill = prefill
         self.directory = VersionDirectory()
         ring = SecretRing.resolve()  # the fleet's secret (fleet/ray_app/app.py sets it on every deployment)

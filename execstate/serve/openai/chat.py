@@ -71,6 +71,7 @@ async def create_chat_completion(ctx: ServeContext, req: ChatCompletionRequest, 
         raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
     if req.top_logprobs is not None and req.top_logprobs < 0:
         raise bad_request(f"top_logprobs must be >= 0, got {req.top_logprobs}", param="top_logprobs")
+    routes = ctx.wants_routes(req.return_routed_experts)  # 400 before any work when none can be returned
     eng = ctx.engine
     tools = tool_request(req)
     spec = constraint_of(req, tools.constraint if tools is not None else None)
@@ -107,7 +108,7 @@ async def create_chat_completion(ctx: ServeContext, req: ChatCompletionRequest, 
                 logprobs=_logprobs(req, out),
                 finish_reason=finish,
                 stop_reason=c.stop_reason,
-                routed_experts=encode_routes(c.routed_experts) if eng.return_routes else None,
+                routed_experts=encode_routes(c.routed_experts) if routes else None,
                 token_ids=c.token_ids if req.return_token_ids else None,
             )
         )
@@ -142,6 +143,7 @@ async def _stream(
     request_id: str, admission: Admission, *, arrival: float,
 ) -> AsyncIterator[str]:
     model = ctx.served_model_name
+    routes = ctx.wants_routes(req.return_routed_experts)
     num_tokens = {s.index: 0 for s in subs}
     finals: dict[int, RequestOutput] = {}
     prompt_ids = subs[0].prompt.token_ids if req.return_token_ids else None
@@ -173,7 +175,7 @@ async def _stream(
                     logprobs=_logprobs(req, out),
                     finish_reason=finish if done else None,
                     stop_reason=c.stop_reason if done else None,
-                    routed_experts=encode_routes(c.routed_experts) if done and ctx.engine.return_routes else None,
+                    routed_experts=encode_routes(c.routed_experts) if done and routes else None,
                     token_ids=c.token_ids if req.return_token_ids else None,
                 )
                 kv = out.kv_transfer_params if done and len(subs) == 1 else None

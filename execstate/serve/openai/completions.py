@@ -69,6 +69,7 @@ async def create_completion(ctx: ServeContext, req: CompletionRequest, raw: Requ
     ctx.check_request(req.model)
     check_unsupported(req)
     check_limits(req, ctx.limits)
+    ctx.wants_routes(req.return_routed_experts)  # 400 before any work when none can be returned
     eng = ctx.engine
     generate = req.max_tokens != 0
     if not generate and not (req.echo or req.prompt_logprobs is not None):
@@ -154,6 +155,7 @@ def _choice(
     ``with_prompt`` (the whole choice, or a stream's first chunk) the echoed prompt first."""
     c = out.outputs[0]
     ids = c.token_ids
+    routes = ctx.wants_routes(req.return_routed_experts)
     echo = req.echo and with_prompt
     prompt = sub.prompt
     text = _prompt_text(prompt) + c.text if echo else c.text
@@ -176,7 +178,7 @@ def _choice(
         logprobs=logprobs,
         finish_reason=c.finish_reason if done else None,
         stop_reason=c.stop_reason if done else None,
-        routed_experts=encode_routes(c.routed_experts) if done and ctx.engine.return_routes else None,
+        routed_experts=encode_routes(c.routed_experts) if done and routes else None,
         token_ids=ids if req.return_token_ids else None,
         prompt_token_ids=out.prompt_token_ids if req.return_token_ids and with_prompt else None,
         prompt_logprobs=vllm_prompt_logprobs(prompt.scores) if plp and prompt.scores else None,

@@ -12,8 +12,9 @@ does not implement are accepted at their neutral values only (see
 Extensions, as in vLLM: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``,
 ``stop_token_ids``,
 ``return_token_ids``, ``kv_transfer_params`` (PD handoff, passed to the engine and
-returned top-level), ``cache_salt`` (per-tenant prefix cache), and R3's ``routed_experts_prompt_start`` (request) /
-``routed_experts`` (each choice: base64 of ``numpy.save`` bytes, docs/ARCHITECTURE.md 4). Response
+returned top-level), ``cache_salt`` (per-tenant prefix cache), and R3's ``return_routed_experts`` and
+``routed_experts_prompt_start`` (request) / ``routed_experts`` (each choice: base64 of ``numpy.save`` bytes,
+docs/ARCHITECTURE.md 4; returned as ``ServeContext.wants_routes`` says). Response
 extensions that were not asked for are omitted rather than sent as ``null``.
 """
 
@@ -72,7 +73,9 @@ class SamplingRequest(BaseModel):
     stop_token_ids: list[int] | None = None
     min_tokens: int = 0
     return_token_ids: bool = False
-    # R3 and PD.
+    # R3 and PD. return_routed_experts (SGLang's request field): true asks for each choice's routes,
+    # false leaves them out; absent, the server's default (context.ServeContext.wants_routes).
+    return_routed_experts: bool | None = None
     routed_experts_prompt_start: int = 0
     kv_transfer_params: dict[str, Any] | None = None
     # vLLM's name: narrows the caller's cache partition (identity/scope.py); never crosses tenants.

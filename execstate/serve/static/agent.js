@@ -3,13 +3,15 @@
 // Playback: each audio delta is scheduled on a 24 kHz AudioContext as it arrives; the words of a
 // reply appear when playback reaches them; a hold suspends playback, a resume continues it, an
 // interruption stops it and reports the played position (conversation.item.truncate), and the
-// reply's text is cut there. Delegations are listed as they run and settle. window.agentState
+// reply's text is cut there. Delegations are listed as they run and settle. A typed message is a
+// user item (conversation.item.create) answered at once (response.create). Turns end by the front
+// model's end-of-turn score (semantic_vad). Errors are listed under the bar. window.agentState
 // exposes what the page did (for tests).
 (() => {
   const $ = (id) => document.getElementById(id);
   const state = window.agentState = {
     events: [], sessionId: null, micOn: false, echoCancellation: null, playing: false,
-    responses: {}, truncations: [], delegations: {}, userItems: {}, sentSamples: 0,
+    responses: {}, truncations: [], delegations: {}, userItems: {}, sentSamples: 0, errors: [],
   };
   const proto = location.protocol === "https:" ? "wss:" : "ws:";
   const ws = new WebSocket(`${proto}//${location.host}/v1/voice/realtime`, ["realtime"]);
@@ -20,6 +22,12 @@
 
   const send = (msg) => ws.readyState === 1 && ws.send(JSON.stringify(msg));
   const status = (t) => { $("status").textContent = t; };
+  function showError(text) {
+    state.errors.push(text);
+    const div = document.createElement("div");
+    div.textContent = text;
+    $("errors").appendChild(div);
+  }
 
   function b64ToInt16(b64) {
     const bin = atob(b64), out = new Int16Array(bin.length / 2);
@@ -109,7 +117,7 @@
       state.sessionId = ev.session.id;
       status("connected");
       send({ type: "session.update", session: { type: "realtime", audio: {
-        input: { format: { type: "audio/pcm", rate: 16000 } },
+        input: { format: { type: "audio/pcm", rate: 16000 }, turn_detection: { type: "semantic_vad", eagerness: "auto" } },
         output: { format: { type: "audio/pcm", rate: OUT_RATE } } } } });
     },
     "input_audio_buffer.speech_started": (ev) => {
@@ -160,14 +168,32 @@
       d.div.className = `dlg ${ev.status}`;
       d.div.textContent = `${d.tool}(${Object.values(d.arguments).join(", ")}) → ${ev.result || ev.error} (${ev.status})`;
     },
-    "error": (ev) => { status(`error: ${ev.error.code}`); },
+    "conversation.item.added": (ev) => {
+      const part = (ev.item.content || [])[0];
+      if (part && part.type === "input_text" && !state.userItems[ev.item.id]) state.userItems[ev.item.id] = line("user", part.text);
+    },
+    "error": (ev) => { status(`error: ${ev.error.code}`); showError(`${ev.error.code}: ${ev.error.message}`); },
   };
   ws.onmessage = (m) => {
     const ev = JSON.parse(m.data);
     state.events.push(ev.type === "response.output_audio.delta" ? { type: ev.type, response_id: ev.response_id } : ev);
     (handlers[ev.type] || (() => {}))(ev);
   };
-  ws.onclose = () => status("disconnected");
+  ws.onclose = (e) => { status("disconnected"); if (e.code !== 1000) showError(`connection closed (${e.code}) ${e.reason || ""}`); };
+  ws.onerror = () => showError("the connection to the server failed");
+
+  // -- typed messages ----------------------------------------------------------------------------
+  $("text-form").onsubmit = (e) => {
+    e.preventDefault();
+    const text = $("text").value.trim();
+    if (!text) return;
+    ensurePlayer();
+    if (current && !current.stopped && state.playing) stopPlayback("typed");
+    send({ type: "conversation.item.create", item: { type: "message", role: "user",
+      content: [{ type: "input_text", text }] } });
+    send({ type: "response.create" });
+    $("text").value = "";
+  };
 
   // -- microphone --------------------------------------------------------------------------------
   let mic = null;
@@ -176,11 +202,17 @@
     if (mic) {
       mic.stream.getTracks().forEach((t) => t.stop());
       await mic.ctx.close();
-      mic = null; state.micOn = false; $("mic").classList.remove("on"); $("mic").textContent = "🎤 Talk";
+      mic = null; state.micOn = false; $("mic").classList.remove("on"); $("mic-label").textContent = "Talk";
       return;
     }
-    const stream = await navigator.mediaDevices.getUserMedia({ audio: {
-      echoCancellation: true, noiseSuppression: true, autoGainControl: false, channelCount: 1 } });
+    let stream;
+    try {
+      stream = await navigator.mediaDevices.getUserMedia({ audio: {
+        echoCancellation: true, noiseSuppression: true, autoGainControl: false, channelCount: 1 } });
+    } catch (err) {
+      showError(`microphone unavailable: ${err.message || err.name} (you can type instead)`);
+      return;
+    }
     state.echoCancellation = stream.getAudioTracks()[0].getSettings().echoCancellation;
     const ctx = new AudioContext();
     await ctx.audioWorklet.addModule("/agent-worklet.js");
@@ -192,6 +224,6 @@
     ctx.createMediaStreamSource(stream).connect(node);
     mic = { stream, ctx, node };
     state.micOn = true; state.inputRate = ctx.sampleRate;
-    $("mic").classList.add("on"); $("mic").textContent = "⏹ Stop";
+    $("mic").classList.add("on"); $("mic-label").textContent = "Stop";
   };
 })();

@@ -38,6 +38,10 @@ from execstate.voice.agent import RATES, VoiceConfig
 from execstate.voice.vad import VadConfig
 
 REASONS = {"barge_in": "turn_detected", "cancel": "client_cancelled", "truncated": "client_cancelled"}
+# semantic_vad's eagerness: (end score threshold, short silence ms, long silence ms). The thresholds
+# were chosen on smollm2-135m's scores of finished turns and of mid-sentence pauses (docs/voice.md).
+EAGERNESS = {"low": (0.5, 300, 1500), "medium": (0.35, 200, 1000), "high": (0.2, 150, 700)}
+EAGERNESS["auto"] = EAGERNESS["medium"]
 
 
 def invalid(message: str) -> SessionEventError:
@@ -59,13 +63,31 @@ def _ms(v: int | None, where: str, lo: int, hi: int) -> int | None:
 
 
 def _vad(td: TurnDetection, base: VoiceConfig) -> tuple[VadConfig, SpeechTurnConfig, bool]:
-    if td.type != "server_vad":
-        raise invalid(f"session.audio.input.turn_detection.type: only server_vad (or null), got {td.type!r}")
+    if td.type not in ("server_vad", "semantic_vad"):
+        raise invalid("session.audio.input.turn_detection.type: server_vad, semantic_vad (or null), "
+                      f"got {td.type[:MAX_NAME_CHARS]!r}")
+    semantic = td.type == "semantic_vad"
+    if not semantic and (td.eagerness is not None or td.end_of_turn_threshold is not None):
+        raise invalid("session.audio.input.turn_detection: eagerness and end_of_turn_threshold are semantic_vad's")
+    if semantic and td.eagerness not in (None, *EAGERNESS):
+        raise invalid(f"session.audio.input.turn_detection.eagerness: one of {sorted(EAGERNESS)}, "
+                      f"got {str(td.eagerness)[:MAX_NAME_CHARS]!r}")
+    thr = td.end_of_turn_threshold
+    if thr is not None and not (math.isfinite(thr) and 0 < thr <= 1):
+        raise invalid(f"session.audio.input.turn_detection.end_of_turn_threshold must be in (0, 1], got {thr}")
     if td.idle_timeout_ms is not None:
         raise invalid("session.audio.input.turn_detection.idle_timeout_ms is not supported (null only)")
     if td.threshold is not None and not (math.isfinite(td.threshold) and 0 < td.threshold < 1):
         raise invalid(f"session.audio.input.turn_detection.threshold must be in (0, 1), got {td.threshold}")
     vad = base.vad or VadConfig()
+    changes: dict[str, Any] = {}
+    if semantic:
+        p, short_ms, long_ms = EAGERNESS[td.eagerness or "auto"]
+        vad = dataclasses.replace(vad, silence_duration_ms=short_ms, sentence_end_silence_ms=None)
+        changes = {"end_threshold": thr if thr is not None else p, "semantic_silence_s": short_ms / 1000,
+                   "end_of_turn_silence_s": long_ms / 1000}
+    elif base.turns.end_threshold is not None:  # back to server_vad: no end score
+        changes = {"end_threshold": None}
     given: dict[str, Any] = {k: v for k, v in (
         ("threshold", td.threshold), ("prefix_padding_ms", _ms(td.prefix_padding_ms, "prefix_padding_ms", 0, 5000)),
         ("silence_duration_ms", _ms(td.silence_duration_ms, "silence_duration_ms", 0, 10_000))) if v is not None}
@@ -74,7 +96,8 @@ def _vad(td: TurnDetection, base: VoiceConfig) -> tuple[VadConfig, SpeechTurnCon
         v = _ms(td.sentence_end_silence_ms, "sentence_end_silence_ms", -1, 10_000)
         vad = dataclasses.replace(vad, sentence_end_silence_ms=None if v == -1 else v)
     t = base.turns
-    changes: dict[str, Any] = {}
+    if semantic and td.silence_duration_ms is not None:
+        changes["semantic_silence_s"] = td.silence_duration_ms / 1000
     for name, field, lo, hi in (("end_of_turn_silence_ms", "end_of_turn_silence_s", 50, 10_000),
                                 ("backchannel_max_ms", "backchannel_max_s", 50, 10_000),
                                 ("resume_after_ms", "resume_after_s", 50, 10_000)):
@@ -86,7 +109,10 @@ def _vad(td: TurnDetection, base: VoiceConfig) -> tuple[VadConfig, SpeechTurnCon
     if td.interrupt_response is not None:
         changes["interrupt"] = td.interrupt_response
     create = base.create_response if td.create_response is None else td.create_response
-    return vad, dataclasses.replace(t, **changes), create
+    try:
+        return vad, dataclasses.replace(t, **changes), create
+    except ValueError as exc:
+        raise invalid(f"session.audio.input.turn_detection: {exc}") from None
 
 
 def voice_config(s: VoiceSession, base: VoiceConfig, voices: set[str]) -> VoiceConfig:
@@ -142,7 +168,8 @@ def session_json(sid: str, model: str, instructions: str, cfg: VoiceConfig) -> d
     td: dict[str, Any] | None = None
     if cfg.vad is not None:
         t = cfg.turns
-        td = {"type": "server_vad", "threshold": cfg.vad.threshold, "prefix_padding_ms": cfg.vad.prefix_padding_ms,
+        td = {"type": "server_vad" if t.end_threshold is None else "semantic_vad",
+              "threshold": cfg.vad.threshold, "prefix_padding_ms": cfg.vad.prefix_padding_ms,
               "silence_duration_ms": cfg.vad.silence_duration_ms, "create_response": cfg.create_response,
               "sentence_end_silence_ms": -1 if cfg.vad.sentence_end_silence_ms is None
               else cfg.vad.sentence_end_silence_ms,
@@ -150,6 +177,9 @@ def session_json(sid: str, model: str, instructions: str, cfg: VoiceConfig) -> d
               "end_of_turn_silence_ms": round(t.end_of_turn_silence_s * 1000),
               "backchannel_max_ms": round(t.backchannel_max_s * 1000), "backchannel_max_words": t.backchannel_max_words,
               "resume_after_ms": round(t.resume_after_s * 1000)}
+        if t.end_threshold is not None:
+            td |= {"eagerness": next((k for k, v in EAGERNESS.items() if v[0] == t.end_threshold), "custom"),
+                   "end_of_turn_threshold": t.end_threshold}
     return {
         "type": "realtime", "object": "realtime.session", "id": sid, "model": model, "instructions": instructions,
         "output_modalities": ["audio"], "tools": [], "tool_choice": "auto", "max_output_tokens": "inf",
@@ -211,6 +241,14 @@ def events_json(ev: AgentEvent, eid: EventIds, transcripts: dict[str, str]) -> I
         yield {"type": "conversation.item.added", "event_id": eid(), "previous_item_id": ev.previous_item_id,
                "item": {"id": ev.item_id, "object": "realtime.item", "type": "message", "role": "user",
                         "status": "completed", "content": [{"type": "input_audio", "transcript": None}]}}
+    elif isinstance(ev, ve.ItemAdded):
+        item = {"id": ev.item_id, "object": "realtime.item", "type": "message", "role": "user", "status": "completed",
+                "content": [{"type": "input_text", "text": ev.text}]}
+        for kind in ("conversation.item.added", "conversation.item.done"):
+            yield {"type": kind, "event_id": eid(), "previous_item_id": ev.previous_item_id, "item": item, **common}
+    elif isinstance(ev, ve.EndScore):
+        yield {"type": ev.type, "event_id": eid(), "item_id": ev.item_id, "text": ev.text, "p_end": ev.p_end,
+               "prefilled_tokens": ev.prefilled, **common}
     elif isinstance(ev, ve.InputCleared):
         yield {"type": ev.type, "event_id": eid(), **common}
     elif isinstance(ev, ve.InputTranscriptDelta):

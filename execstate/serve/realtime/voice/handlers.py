@@ -17,12 +17,17 @@ the handler here, one message at a time in arrival order, and turns what a handl
 - Blocking work never runs here: audio decoding from base64 is bounded (1 MiB a message); VAD,
   recognition, synthesis and resampling run on the agent's worker threads (``voice/agent.py``).
 - ``close()`` (the socket gone) closes the agent: front released, tasks cancelled.
+- The model: a client names it in the URL (``?model=``, what the SDK's ``realtime.connect(model=...)``
+  sends) and may in ``session.model``; it must be the served model (the front), else the socket
+  gets one ``error`` ``model_not_found`` naming the served model and is closed (1008), or the
+  ``session.update`` is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import uuid
 from collections.abc import Callable, Mapping
@@ -32,6 +37,7 @@ from typing import Any
 import numpy as np
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, Response
+from starlette.websockets import WebSocket
 
 from execstate.agent.agent_events import ErrorEvent
 from execstate.agent.backend import Backend, TaskLimits
@@ -39,11 +45,13 @@ from execstate.agent.config import AgentConfig
 from execstate.agent.delegation import RegexPolicy, Rule
 from execstate.agent.duplex import DuplexAgent
 from execstate.agent.front import DEFAULT_FRONT_PARAMS, SessionFront
+from execstate.agent.prefill import PrefillStats
 from execstate.identity.tenant import LOCAL_TENANT, TenantId
 from execstate.serve.context import ServeContext
 from execstate.serve.realtime.connection import Handler, Peer
-from execstate.serve.realtime.endpoint import Endpoint, mount
-from execstate.serve.realtime.errors import SERVER_ERROR, ProtocolError
+from execstate.serve.realtime.endpoint import Endpoint
+from execstate.serve.realtime.errors import SERVER_ERROR, ProtocolError, error_event
+from execstate.serve.realtime.limits import CLOSE_POLICY_VIOLATION
 from execstate.serve.realtime.voice.convert import (
     EventIds,
     decode_audio,
@@ -54,10 +62,13 @@ from execstate.serve.realtime.voice.convert import (
 )
 from execstate.serve.realtime.voice.messages import (
     END,
+    MAX_NAME_CHARS,
+    MAX_TEXT_CHARS,
     VOICE_PROTOCOL,
     AudioAppend,
     AudioClear,
     AudioCommit,
+    ItemCreate,
     ItemTruncate,
     ResponseCancel,
     ResponseCreate,
@@ -91,7 +102,28 @@ class VoiceServer:
         self.agent_config = agent_config or AgentConfig(max_response_tokens=48)
         self.front_params = DEFAULT_FRONT_PARAMS  # the front's sampling (an embedding app may change it)
         self.agents: dict[str, VoiceAgent] = {}
+        self.prefill = PrefillStats()  # the speculative prefill of the agents closed so far
         self.endpoint = Endpoint(VOICE_PROTOCOL, lambda peer: VoiceHandlers(peer, self))
+
+    def check_model(self, model: str | None) -> str | None:
+        """None if ``model`` (absent or the served name) selects the front, else why not."""
+        name = self.ctx.served_model_name
+        if model is None or model == name:
+            return None
+        return (f"the model {model[:MAX_NAME_CHARS]!r} is not served here; the voice front is {name!r} "
+                f"(connect with model={name!r})")
+
+    async def serve(self, ws: WebSocket) -> None:
+        """The route: the URL's model checked, then the protocol's socket loop."""
+        refusal = self.check_model(ws.query_params.get("model"))
+        if refusal is None:
+            await self.endpoint.serve(ws)
+            return
+        offered = ws.scope.get("subprotocols") or []
+        sub = VOICE_PROTOCOL.subprotocol
+        await ws.accept(subprotocol=sub if sub in offered else None)
+        await ws.send_text(json.dumps(error_event("model_not_found", refusal, None)))
+        await ws.close(CLOSE_POLICY_VIOLATION, "model_not_found")
 
     def engines(self) -> VoiceEngines:
         if self._engines is None:
@@ -129,7 +161,8 @@ class VoiceHandlers:
         self._started = asyncio.get_running_loop().create_task(self._start())
         self.routes: dict[type, Handler] = {
             SessionUpdate: self._update, AudioAppend: self._append, AudioCommit: self._commit, AudioClear: self._clear,
-            ResponseCreate: self._create, ResponseCancel: self._cancel, ItemTruncate: self._truncate}
+            ResponseCreate: self._create, ResponseCancel: self._cancel, ItemTruncate: self._truncate,
+            ItemCreate: self._item}
 
     async def _start(self) -> None:
         self.state.values["session_id"] = self.sid
@@ -150,6 +183,7 @@ class VoiceHandlers:
         if self.va is not None:
             self.server.agents.pop(self.sid, None)
             await self.va.close()
+            self.server.prefill.add(self.va.agent.prefill.stats)
             if self._pump is not None:
                 with contextlib.suppress(Exception):
                     await self._pump
@@ -159,6 +193,9 @@ class VoiceHandlers:
         await self._started
         s = msg.session
         cfg = voice_config(s, self.cfg, set(self.server.engines().voices))
+        refusal = self.server.check_model(s.model)
+        if refusal is not None:
+            raise ProtocolError("model_not_found", f"session.model: {refusal}", msg.event_id)
         if s.instructions is not None and s.instructions != self.instructions:
             if self.va is not None:
                 raise invalid("session.instructions are fixed once the agent started (after the first audio)")
@@ -192,6 +229,16 @@ class VoiceHandlers:
         va = await self._agent()
         if not va.cancel():
             raise ProtocolError("response_cancel_not_active", "no response is generating or playing", msg.event_id)
+
+    async def _item(self, msg: ItemCreate) -> None:
+        it = msg.item
+        if it.type != "message" or it.role != "user" or not it.content or any(
+                p.type != "input_text" or not p.text for p in it.content):
+            raise invalid("conversation.item.create: only a user message of input_text parts with text")
+        text = " ".join(p.text for p in it.content if p.text)
+        if len(text) > MAX_TEXT_CHARS or (it.id is not None and len(it.id) > MAX_NAME_CHARS):
+            raise invalid(f"conversation.item.create: the text is at most {MAX_TEXT_CHARS} characters")
+        (await self._agent()).add_text(text, it.id)
 
     async def _truncate(self, msg: ItemTruncate) -> None:
         if msg.content_index != 0:
@@ -231,7 +278,7 @@ def install_voice(app: FastAPI, ctx: ServeContext, tools: Callable[[], Mapping[s
     server tools by name (read when an agent opens); ``engines``: builds the engines (on first use)."""
     server = VoiceServer(ctx, tools, engines, task_limits=task_limits)
     app.state.voice = server
-    mount(app, PATH, server.endpoint)
+    app.add_api_websocket_route(PATH, server.serve)
     static = resources.files("execstate.serve").joinpath("static")
     files = {"": ("agent.html", "text/html"), ".js": ("agent.js", "text/javascript"),
              "-worklet.js": ("agent-worklet.js", "text/javascript")}

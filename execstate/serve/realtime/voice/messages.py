@@ -14,6 +14,8 @@ on (``session.created`` is the first event). Client -> server:
 ``response.create``                answer now (with ``create_response: false`` or manual turns)
 ``response.cancel``                stop the reply in flight (generating or playing)
 ``conversation.item.truncate``     ``item_id``, ``audio_end_ms``: the client played this much
+``conversation.item.create``       ``item``: a user message of ``input_text`` parts (typed, not
+                                   spoken): a user turn, answered at ``response.create``
 =================================  ==============================================================
 
 Fields OpenAI defines that this server does not act on are accepted and ignored when they keep
@@ -52,9 +54,15 @@ class AudioFormat(_Obj):
 
 
 class TurnDetection(_Obj):
-    """OpenAI's ``server_vad`` knobs, plus what this server's speech turn policy adds."""
+    """OpenAI's ``server_vad`` and ``semantic_vad`` knobs, plus what this server's speech turn
+    policy adds. ``semantic_vad``: the front model scores the end of the user's turn
+    (``eagerness`` low / medium / high / auto sets the score threshold and the silences:
+    ``convert.EAGERNESS``; ``end_of_turn_threshold``, ``silence_duration_ms`` (the short silence)
+    and ``end_of_turn_silence_ms`` (the long one) override them)."""
 
     type: str = "server_vad"
+    eagerness: str | None = None  # semantic_vad
+    end_of_turn_threshold: float | None = None  # execstate, semantic_vad
     threshold: float | None = None
     prefix_padding_ms: int | None = None
     silence_duration_ms: int | None = None
@@ -144,8 +152,26 @@ class ItemTruncate(Message, tag="conversation.item.truncate"):
     event_id: EventId = None
 
 
+class ContentPart(_Obj):
+    type: str
+    text: str | None = None
+
+
+class NewItem(_Obj):
+    type: str = "message"
+    role: str = "user"
+    content: list[ContentPart] = msgspec.field(default_factory=list)
+    id: str | None = None
+
+
+class ItemCreate(Message, tag="conversation.item.create"):
+    item: NewItem
+    previous_item_id: str | None = None
+    event_id: EventId = None
+
+
 MESSAGES = MessageTable(SessionUpdate, AudioAppend, AudioCommit, AudioClear, ResponseCreate, ResponseCancel,
-                        ItemTruncate, max_event_id_chars=MAX_NAME_CHARS)
+                        ItemTruncate, ItemCreate, max_event_id_chars=MAX_NAME_CHARS)
 
 ACTIVE = Phase("active")
 ENDED = Phase("ended", allow=frozenset(), otherwise=Refusal(

@@ -1,0 +1,148 @@
+"""The user's turn prefilled and scored while they speak (``agent/prefill.py``).
+
+With the scripted front: partials are speculated in turn (each after rolling back the one
+before), scored, and rolled back before the reply, whose context is exactly what it would be
+without them. On a real engine (tiny random model): the reply's tokens and the session's context
+equal those of the same conversation without speculation, the reply's first step finds the turn's
+full blocks computed (``saved``), and the accounting adds up."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agent_fakes import Collector, FakeFront, check_invariants
+from test_duplex_engine import tiny_engine  # noqa: F401 - the module-scoped engine fixture
+
+from execstate.agent.config import AgentConfig
+from execstate.agent.duplex import DuplexAgent
+from execstate.agent.front import SessionFront
+from execstate.agent.turn_policy import TurnConfig
+from execstate.engine.sampling_params import SamplingParams
+from execstate.session.lm.async_sessions import AsyncSessions
+
+
+async def settled(agent: DuplexAgent, text: str) -> None:
+    while agent.prefill.score is None or agent.prefill.score[0] != text:
+        await asyncio.sleep(0.002)
+
+
+def test_partials_are_speculated_scored_and_the_last_one_kept_by_the_reply():
+    async def main():
+        front = FakeFront(reply=" fine.", token_delay=0.001)
+        agent = DuplexAgent(front)
+        scores: list[tuple[str, float]] = []
+        agent.prefill.on_score.append(lambda text, p: scores.append((text, p)))
+        await agent.start()
+        col = Collector(agent)
+        agent.set_floor(True)
+        agent.user_partial("what is the")
+        await settled(agent, "what is the")
+        agent.user_partial("what is the time?")
+        await settled(agent, "what is the time?")
+        assert scores == [("what is the", 0.05), ("what is the time?", 0.9)]
+        # each speculation: the pending prelude, then the turn as it enters the context
+        assert front.speculations == ["SYS\nUser: what is the", "SYS\nUser: what is the time?"]
+        # the second on the rolled-back front, then the cue's first token
+        assert front.text == "SYS\nUser: what is the time?\n"
+        agent.set_floor(False)
+        steps = front.steps
+        agent.user_turn("what is the time?")
+        done = await col.wait_for(lambda e: e.type == "response.done")
+        assert done.status == "done"
+        assert front.text == "SYS\nUser: what is the time?\nAgent: fine.\n"
+        assert list(front.marks) == [1]  # the base checkpoint is the reply's mark
+        assert agent.transcript.token_ids == front.context
+        st = agent.prefill.stats
+        assert (st.speculations, st.kept, st.saved) == (2, 1, len("SYS\nUser: what is the time?"))
+        assert front.steps - steps >= 1 and agent.prefill.score is None
+        agent.user_partial("and")  # a new turn: speculated after the reply
+        await settled(agent, "and")
+        await agent.close()
+        await col.task
+        check_invariants(col.events)
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_turn_that_ends_with_other_words_rolls_the_speculation_back():
+    async def main():
+        front = FakeFront(reply=" ok.", token_delay=0.001)
+        agent = DuplexAgent(front)
+        await agent.start()
+        col = Collector(agent)
+        agent.set_floor(True)
+        agent.user_partial("book a table")
+        await settled(agent, "book a table")
+        agent.set_floor(False)
+        agent.user_turn("look at the table")
+        await col.wait_for(lambda e: e.type == "response.done")
+        assert front.text == "SYS\nUser: look at the table\nAgent: ok.\n"
+        assert agent.transcript.token_ids == front.context
+        assert 1 not in front.marks and agent.prefill.stats.kept == 0  # rolled back, base released
+        await agent.close()
+        await col.task
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_no_speculation_while_a_reply_is_in_flight_or_when_off():
+    async def main():
+        front = FakeFront(reply=" " + "word " * 30, token_delay=0.005)
+        agent = DuplexAgent(front, config=AgentConfig(max_response_tokens=100))
+        await agent.start()
+        col = Collector(agent)
+        agent.user_turn("hello")
+        await col.wait_for(lambda e: e.type == "response.output_text.delta")
+        agent.user_partial("wait")
+        await asyncio.sleep(0.05)
+        assert front.speculations == []
+        await agent.close()
+        off = DuplexAgent(FakeFront(), config=AgentConfig(speculative_prefill=False))
+        await off.start()
+        off.user_partial("hello")
+        await asyncio.sleep(0.02)
+        assert off.prefill.end_tokens == frozenset() and off.front.speculations == []
+        await off.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_speculation_changes_nothing_but_the_work_on_a_real_engine(tiny_engine):  # noqa: F811
+    turn = "please tell me a long story about the quiet sea and the boats that sail on it every morning"
+
+    async def converse(speculate: bool, sessions: AsyncSessions):
+        front = await SessionFront.open(tiny_engine, "You are a voice assistant.",
+                                        SamplingParams(temperature=0.0, max_tokens=4), sessions=sessions)
+        agent = DuplexAgent(front, config=AgentConfig(turn=TurnConfig(end_of_turn_silence_s=30),
+                                                      max_response_tokens=8, speculative_prefill=speculate))
+        await agent.start()
+        col = Collector(agent)
+        if speculate:
+            words = turn.split()
+            for k in (4, 9, 14, len(words)):  # growing partials, one revised
+                partial = " ".join(words[:k]) if k != 9 else " ".join(words[:8] + ["but"])
+                agent.user_partial(partial)
+                await settled(agent, partial)
+        agent.user_turn(turn)
+        done = await col.wait_for(lambda e: e.type == "response.done", 60)
+        ids = await front.sessions.token_ids(front.session_id)
+        info = await front.sessions.info(front.session_id)
+        stats = agent.prefill.stats
+        await agent.close()
+        await col.task
+        return done.text, ids, stats, info
+
+    async def main():
+        sessions = AsyncSessions(tiny_engine)  # the engine's one sessions object (the module's other tests')
+        spec = await converse(True, sessions)  # first: the turn's blocks are not in the prefix cache yet
+        plain = await converse(False, sessions)
+        assert spec[0] == plain[0] and spec[1] == plain[1]  # same reply, same context
+        stats = spec[2]
+        assert stats.speculations == 4 and stats.kept == 1  # the last partial was the turn: the reply kept it
+        turn_len = len(tiny_engine.tokenizer.encode("\nUser: " + turn, add_special_tokens=False))
+        assert stats.saved >= turn_len - 16  # the turn's full blocks were found computed
+        assert stats.wasted == stats.computed - stats.saved >= 0 and stats.computed >= turn_len
+        assert plain[2].speculations == plain[2].computed == 0
+        assert len(spec[3].checkpoints) == len(plain[3].checkpoints)  # the base checkpoint was released
+
+    asyncio.run(asyncio.wait_for(main(), 120))
