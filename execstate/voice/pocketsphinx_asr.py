@@ -28,6 +28,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -120,7 +121,7 @@ class PocketSphinx:
         self.vocabulary: set[str] | None = None
         self.max_idle = max_idle
         self.decoders_built = 0
-        self._idle: list[tuple[object, str]] = []  # (decoder, its initial cepstral mean)
+        self._idle: list[tuple[Any, str]] = []  # (a pocketsphinx Decoder: untyped, its initial cepstral mean)
         self._lock = threading.Lock()  # streams open and close on their agents' worker threads
         if phrases is not None:
             self._build(list(phrases))
