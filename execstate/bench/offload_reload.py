@@ -33,9 +33,9 @@ import numpy as np
 
 from execstate.bench.offload_chat import vocab_of
 from execstate.bench.redis_server import SHARED_SECRET
-from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
 from execstate.identity.keys import BlockKey
+from execstate.session.lm.llm import LLM
 
 TIERS = ("dram", "disk", "disk-cold", "redis")
 log = logging.getLogger(__name__)

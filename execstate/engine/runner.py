@@ -15,13 +15,13 @@ import torch
 
 from execstate.engine.device_runner import DeviceRunner
 from execstate.engine.r3_clock import R3Clock
-from execstate.engine.runner_result import StepResult
+from execstate.engine.runner_output import RunnerOutput
 from execstate.engine.scheduler import SchedulerOutput
 from execstate.model.context import RouteCapture, StepContext
 from execstate.model.paged_attention import PagedAttention, SeqSpan
 from execstate.state.kv_pool import KVPool
 
-__all__ = ["ModelRunner", "StepResult"]
+__all__ = ["ModelRunner", "RunnerOutput"]
 
 
 class ModelRunner:
@@ -45,13 +45,13 @@ class ModelRunner:
         self.device_runner = DeviceRunner(model, kv_pool, self.device, self.capture_routes, self.r3_clock,
                                           max_tokens, max_seqs, max_model_len, triton)
 
-    def execute(self, sched: SchedulerOutput) -> StepResult:
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         if not self.model.kernels:
             return self.device_runner.execute(sched)
         return self._execute_kernels(sched)
 
     @torch.inference_mode()
-    def _execute_kernels(self, sched: SchedulerOutput) -> StepResult:
+    def _execute_kernels(self, sched: SchedulerOutput) -> RunnerOutput:
         input_ids: list[int] = []
         positions: list[int] = []
         spans: list[SeqSpan] = []
@@ -94,7 +94,7 @@ class ModelRunner:
             t_r3 = time.perf_counter()
             route_np = routes.ids.cpu().numpy()
             self.r3_clock.add_since(t_r3)
-        return StepResult(logits.float().cpu(), sample_rows, route_np, offsets)
+        return RunnerOutput(logits.float().cpu(), sample_rows, route_np, offsets)
 
     def _forced(
         self, num_tokens: int, forced_rows: list[tuple[int, np.ndarray]]
