@@ -13,7 +13,8 @@ setup(
                                                               "gemm_bf16_pairs", "gemm_bf16dot", "gemm_bf16dot_emu",
                                                               "gemm_gguf")],
             depends=["execstate/kernels/csrc/kernels.h", "execstate/kernels/csrc/simd.h",
-                     "execstate/kernels/csrc/decode_layer.h", "execstate/kernels/csrc/simd512.h"],
+                     "execstate/kernels/csrc/decode_layer.h", "execstate/kernels/csrc/simd512.h",
+                     "execstate/kernels/csrc/step_clock.h"],
             # -ffp-contract=off: no implicit FMA contraction; the kernels' FMAs are explicit,
             # so every code path rounds the same way (see the numerics note in csrc/module.c).
             extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off", "-std=c11"],

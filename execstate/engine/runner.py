@@ -9,6 +9,7 @@ only for the rows that sample, and returns the captured routes as numpy.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,8 +17,10 @@ import torch
 
 from execstate.engine.r3_clock import R3Clock
 from execstate.engine.scheduler import SchedulerOutput
+from execstate.kernels.team import TeamGovernor
 from execstate.model.context import RouteCapture, StepContext
 from execstate.model.paged_attention import PagedAttention, SeqSpan
+from execstate.model.step_timers import StepTimers
 from execstate.state.kv_pool import KVPool
 
 
@@ -31,8 +34,11 @@ class StepResult:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_pool: KVPool, device: torch.device | str, capture_routes: bool,
-                 r3_clock: R3Clock | None = None):
+                 r3_clock: R3Clock | None = None, timers: StepTimers | None = None,
+                 team: TeamGovernor | None = None):
         self.model = model
+        self.timers = timers  # per-step time breakdown (EngineConfig.step_timers), or None
+        self.team = team  # the kernels' team size, step by step (EngineConfig.kernel_team), or None
         self.r3_clock = r3_clock or R3Clock()
         self.kv_pool = kv_pool
         self.device = torch.device(device)
@@ -43,6 +49,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
+        timers = self.timers
+        t0 = timers.now() if timers is not None else 0.0
         input_ids: list[int] = []
         positions: list[int] = []
         spans: list[SeqSpan] = []
@@ -72,14 +80,20 @@ class ModelRunner:
         if self.capture_routes:
             self.r3_clock.add_since(t_r3)
         attention = PagedAttention(self.kv_pool, spans, self.device, use_kernels=self.model.kernels)
-        with StepContext(pos_t, attention, routes) as ctx:
-            hidden = self.model(ids_t, ctx)
-        sample_rows = [i for i, s in enumerate(sched.scheduled) if s.samples]
-        last = [offsets[i] + sched.scheduled[i].num_new_tokens - 1 for i in sample_rows]
-        if last:
-            logits = self.model.compute_logits(hidden[torch.tensor(last, device=self.device)])
-        else:
-            logits = torch.empty((0, 0))
+        if timers is not None:
+            timers.add("inputs", t0)
+        with self.team.step() if self.team is not None else nullcontext():  # its mode holds for the LM head too
+            with StepContext(pos_t, attention, routes, timers, self.team) as ctx:
+                hidden = self.model(ids_t, ctx)
+            t0 = timers.now() if timers is not None else 0.0
+            sample_rows = [i for i, s in enumerate(sched.scheduled) if s.samples]
+            last = [offsets[i] + sched.scheduled[i].num_new_tokens - 1 for i in sample_rows]
+            if last:
+                logits = self.model.compute_logits(hidden[torch.tensor(last, device=self.device)])
+            else:
+                logits = torch.empty((0, 0))
+            if timers is not None:
+                timers.add("lm_head", t0)
         route_np = None
         if routes is not None and self.capture_routes:
             t_r3 = time.perf_counter()

@@ -157,11 +157,14 @@ def check_step(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tables: De
 
 
 def run_layer(layer: int, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              tables: DecodeTables, h_out: torch.Tensor | None = None, logits_out: torch.Tensor | None = None) -> None:
+              tables: DecodeTables, h_out: torch.Tensor | None = None, logits_out: torch.Tensor | None = None,
+              timers: tuple[int, int, int] = (0, 0, 0)) -> None:
     """Layer ``layer`` of the step in place on ``x`` (checked by ``check_step`` for this step):
     attention block, residual, post-norm, then the dense MLP and its residual (``w`` has one)
     or the router logits into ``logits_out [T, E]`` (``w`` has a router; the post-norm
-    output goes to ``h_out [T, H]``, which the caller's experts read)."""
+    output goes to ``h_out [T, H]``, which the caller's experts read). ``timers``: (pointer,
+    threads, clock) of ``StepTimers.kernel_args()``, the accumulators each thread adds its phase
+    times to and its clock (1: CPU time, 0: wall; ``model/step_timers.py``); ``(0, 0, 0)``: no timing."""
     t, hd = tables.num_tokens, w.head_dim
     if tuple(x.shape) != (t, w.hidden) or tuple(cos.shape) != (t, hd) or not 0 <= layer < tables.num_layers \
             or tables.kv_shape != (w.num_kv_heads, hd):
@@ -185,7 +188,7 @@ def run_layer(layer: int, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, s
                        tables.k_base + off, tables.v_base + off, slots, tok, bt, cl, p[5], p[6], p[7], h_ptr, p[8],
                        logits_ptr, p[9], p[10], t, w.hidden, w.num_heads, w.num_kv_heads, hd, tables.width,
                        tables.block_size, w.num_experts, w.intermediate, w.eps, hd**-0.5,
-                       sum(int(f) << (4 * j) for j, f in enumerate(w.formats)))
+                       sum(int(f) << (4 * j) for j, f in enumerate(w.formats)), *timers)
 
 
 __all__ = ["DecodeTables", "LayerWeights", "check_step", "layer_weights", "run_layer"]

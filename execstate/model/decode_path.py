@@ -26,6 +26,7 @@ imports it, never the other way round.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -107,12 +108,29 @@ def decode_layers(layers: Sequence[DecoderLayer], weights_of: Callable[[], Decod
     kern.check_step(x, cos2, sin2, tables)
     h = torch.empty_like(x)
     logits: torch.Tensor | None = None
+    timers = ctx.timers  # the layer calls' wall time and the kernels' phases (model/step_timers.py)
+    clock = timers.kernel_args() if timers is not None else (0, 0, 0)
+    team = ctx.team  # team or one thread, per call (kernels/team.py)
+    t0 = timers.now() if timers is not None else 0.0
     for i, (layer, w) in enumerate(zip(layers, weights.layers, strict=True)):
-        if not w.num_experts:
-            kern.run_layer(i, w, x, cos2, sin2, tables)
-            continue
-        if logits is None or logits.shape[1] != w.num_experts:
+        if w.num_experts and (logits is None or logits.shape[1] != w.num_experts):
             logits = torch.empty((n, w.num_experts), dtype=torch.float32)
-        kern.run_layer(i, w, x, cos2, sin2, tables, h, logits)
-        x.add_(layer.mlp(h, ctx, logits=logits))
+        if team is not None:
+            team.before_call((i, n))
+            t_call = time.perf_counter()
+        if w.num_experts:
+            kern.run_layer(i, w, x, cos2, sin2, tables, h, logits, timers=clock)
+        else:
+            kern.run_layer(i, w, x, cos2, sin2, tables, timers=clock)
+        if team is not None:
+            team.after_call((i, n), time.perf_counter() - t_call)
+        if not w.num_experts:
+            continue
+        if timers is not None:
+            timers.add("layers", t0)
+        x.add_(layer.mlp(h, ctx, logits=logits))  # charges "routing" and "experts" itself
+        if timers is not None:
+            t0 = timers.now()
+    if timers is not None:
+        timers.add("layers", t0)
     return x

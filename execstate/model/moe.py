@@ -112,13 +112,19 @@ class SparseMoE(nn.Module):
         return experts_torch(x, ids, weights, self.w_gate_up, self.w_down)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, logits: torch.Tensor | None = None) -> torch.Tensor:
+        timers = ctx.timers  # charged "routing" and "experts" (model/step_timers.py) when set
+        t0 = timers.now() if timers is not None else 0.0
         ids, weights = self.route(x, ctx, logits)
+        if timers is not None:
+            t0 = timers.add("routing", t0)
         out = self.experts(x, ids, weights)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             g = self.shared_expert_gate(x)
             # the kernel's sigmoid: each gate the same bits whatever the step's other tokens
             gate = cpu_kernels.sigmoid(g) if self.use_kernels and cpu_kernels.use_rows(g) else torch.sigmoid(g)
             out = out + gate * self.shared_expert(x)
+        if timers is not None:
+            timers.add("experts", t0)
         return out
 
 

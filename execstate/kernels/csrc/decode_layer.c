@@ -27,6 +27,7 @@
 
 #include "kernels.h"
 #include "simd.h"
+#include "step_clock.h"
 
 enum { W_QKV, W_O, W_ROUTER, W_GU, W_D };
 
@@ -90,9 +91,16 @@ KT int es_decode_layer(const EsDecodeLayer *a) {
         yr[3 * T + t] = y + t * H;
     }
     const int64_t macs = T * H * (qkv_n + nh * d + (a->w_gu ? 3 * I : E)) + T * nh * lmax * d;
+    const int cpu = a->timer_cpu;
+    const double t_entry = a->timers ? es_now_ns(cpu) : 0.0;
+    double t_end0 = 0.0;
 #pragma omp parallel if (macs >= PARALLEL_MIN_MACS)
     {
         const int tid = omp_get_thread_num();
+        double *row = a->timers && tid < a->timer_threads ? a->timers + tid * ES_T_COUNT : NULL;
+        /* the fork as the calling thread sees it; on the CPU clock another thread's starts at 0 */
+        EsClock c = es_clock(row, tid == 0 || !cpu ? t_entry : (row ? es_now_ns(cpu) : 0.0), cpu);
+        es_lap(&c, ES_T_FORK);
         float *hn = priv + tid * per_thread, *h = hn + T * H, *act = h + T * H, *sc = act + T * I;
         if (tid == 0 && a->h_out) h = a->h_out; /* thread 0's post-norm rows are the caller's */
         const float **hn_r = xr + 3 * T * tid, **h_r = hn_r + T, **act_r = h_r + T;
@@ -101,10 +109,13 @@ KT int es_decode_layer(const EsDecodeLayer *a) {
         }
         int64_t lo, hi;
         es_rms_norm_f32(a->x, a->in_norm, hn, T, H, a->eps);
+        es_lap(&c, ES_T_NORM);
         share(qkv_n, &lo, &hi);
         rows(a, W_QKV, hn_r, yr, a->w_qkv, H, lo, hi);
+        es_lap(&c, ES_T_QKV);
 #pragma omp barrier
-#pragma omp for schedule(static)
+        es_lap(&c, ES_T_BARRIER);
+#pragma omp for schedule(static) nowait
         for (int64_t t = 0; t < T; t++) {
             float *row = qkv + t * qkv_n;
             if (a->b_qkv)
@@ -114,10 +125,16 @@ KT int es_decode_layer(const EsDecodeLayer *a) {
             memcpy(a->k_cache + a->slots[t] * nkv * d, k + t * nkv * d, sizeof(float) * nkv * d);
             memcpy(a->v_cache + a->slots[t] * nkv * d, v + t * nkv * d, sizeof(float) * nkv * d);
         }
-#pragma omp for schedule(static)
+        es_lap(&c, ES_T_ROPE);
+#pragma omp barrier
+        es_lap(&c, ES_T_BARRIER);
+#pragma omp for schedule(static) nowait
         for (int64_t item = 0; item < T * nh; item++)
             es_decode_attention_items_f32(q, a->k_cache, a->v_cache, att, a->tok, a->block_table, a->ctx_len,
                                           a->max_blocks, nh, nkv, d, a->block_size, a->scale, item, item + 1, sc);
+        es_lap(&c, ES_T_ATTN);
+#pragma omp barrier
+        es_lap(&c, ES_T_BARRIER);
         share(H, &lo, &hi);
         rows(a, W_O, att_r, yr + T, a->w_o, nh * d, lo, hi);
         for (int64_t t = 0; t < T; t++) {
@@ -127,38 +144,55 @@ KT int es_decode_layer(const EsDecodeLayer *a) {
                 xt[n] = xt[n] + ot[n];
             }
         }
+        es_lap(&c, ES_T_O);
 #pragma omp barrier
+        es_lap(&c, ES_T_BARRIER);
         es_rms_norm_f32(a->x, a->post_norm, h, T, H, a->eps);
+        es_lap(&c, ES_T_NORM);
         if (a->w_router) {
             share(E, &lo, &hi);
             rows(a, W_ROUTER, h_r, yr + 2 * T, a->w_router, H, lo, hi);
+            es_lap(&c, ES_T_ROUTER);
         } else if (a->w_gu) {
             share(2 * I, &lo, &hi);
             rows(a, W_GU, h_r, yr + 2 * T, a->w_gu, H, lo, hi);
+            es_lap(&c, ES_T_MLP);
 #pragma omp barrier
+            es_lap(&c, ES_T_BARRIER);
             for (int64_t t = 0; t < T; t++) es_silu_mul(gu + t * 2 * I, gu + t * 2 * I + I, act + t * I, I);
             share(H, &lo, &hi);
             rows(a, W_D, act_r, yr + 3 * T, a->w_d, I, lo, hi);
             for (int64_t t = 0; t < T; t++)
                 for (int64_t n = lo; n < hi; n++) a->x[t * H + n] = a->x[t * H + n] + y[t * H + n];
+            es_lap(&c, ES_T_MLP);
         }
+        if (tid == 0) t_end0 = c.t;
     }
+    if (a->timers && t_end0 > 0.0) a->timers[ES_T_JOIN] += es_now_ns(cpu) - t_end0;
     return 0;
 }
 
 /* decode_layer(x, in_norm, w_qkv, b_qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, slots, tok,
  *              block_table, ctx_len, w_o, b_o, post_norm, h_out, w_router, logits_out, w_gu, w_d,
- *              T, H, nh, nkv, d, max_blocks, block_size, E, I, eps, scale, formats): data pointers (0 = absent);
- * formats: the ES_FMT_* of w_qkv, w_o, w_router, w_gu, w_d in 4 bits each, w_qkv lowest. */
+ *              T, H, nh, nkv, d, max_blocks, block_size, E, I, eps, scale, formats[, timers, timer_threads,
+ *              timer_cpu]):
+ * data pointers (0 = absent); formats: the ES_FMT_* of w_qkv, w_o, w_router, w_gu, w_d in 4 bits
+ * each, w_qkv lowest; timers: float64 [timer_threads, ES_T_COUNT] the phase times are added to
+ * (0: timers off), timer_cpu: 1 each thread's CPU time, 0 wall time (step_clock.h). */
 PyObject *es_py_decode_layer(PyObject *self, PyObject *args) {
-    unsigned long long p[22];
+    unsigned long long p[22], timers = 0;
     EsDecodeLayer a;
     int st, formats;
-    if (!PyArg_ParseTuple(args, "KKKKKKKKKKKKKKKKKKKKKKnnnnnnnnnffi", &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6],
+    a.timer_threads = 0;
+    a.timer_cpu = 0;
+    if (!PyArg_ParseTuple(args, "KKKKKKKKKKKKKKKKKKKKKKnnnnnnnnnffi|Kni", &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6],
                           &p[7], &p[8], &p[9], &p[10], &p[11], &p[12], &p[13], &p[14], &p[15], &p[16], &p[17], &p[18],
                           &p[19], &p[20], &p[21], &a.T, &a.H, &a.nh, &a.nkv, &a.d, &a.max_blocks, &a.block_size, &a.E,
-                          &a.I, &a.eps, &a.scale, &formats))
+                          &a.I, &a.eps, &a.scale, &formats, &timers, &a.timer_threads, &a.timer_cpu))
         return NULL;
+    a.timers = (double *)timers;
+    if (a.timer_threads < 0 || (timers && a.timer_threads < 1))
+        return PyErr_Format(PyExc_ValueError, "decode_layer: timers need timer_threads >= 1");
     for (int j = 0; j < 5; j++) {
         a.fmt[j] = (formats >> (4 * j)) & 15;
         if (a.fmt[j] >= ES_FMT_COUNT) return PyErr_Format(PyExc_ValueError, "decode_layer: bad weight format");

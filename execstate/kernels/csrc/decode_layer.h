@@ -23,6 +23,9 @@ typedef struct {
     const void *w_gu, *w_d;                                             /* [2I, H], [H, I] (dense layer) */
     int64_t T, H, nh, nkv, d, max_blocks, block_size, E, I;
     int fmt[5]; /* ES_FMT_* of w_qkv, w_o, w_router, w_gu, w_d */
+    double *timers;        /* [timer_threads, ES_T_COUNT] phase times added (ns, step_clock.h), or NULL */
+    int64_t timer_threads;
+    int timer_cpu; /* 1: the timers read each thread's CPU time, 0: wall time */
     float eps, scale;
 } EsDecodeLayer;
 

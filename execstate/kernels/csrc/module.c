@@ -51,6 +51,15 @@ static PyObject *py_available(PyObject *self, PyObject *args) { return PyBool_Fr
 
 static PyObject *py_max_threads(PyObject *self, PyObject *args) { return PyLong_FromLong(omp_get_max_threads()); }
 
+/* The calling thread's OpenMP team size for its next parallel regions (kernels/team.py). */
+static PyObject *py_set_threads(PyObject *self, PyObject *args) {
+    int n;
+    if (!PyArg_ParseTuple(args, "i", &n)) return NULL;
+    if (n < 1) return PyErr_Format(PyExc_ValueError, "set_threads: n must be >= 1, got %d", n);
+    omp_set_num_threads(n);
+    Py_RETURN_NONE;
+}
+
 /* The bindings of one kernel family share their argument parsing, size checks and return-code
  * handling; each calls its own kernel with the GIL released. */
 struct linear_args {
@@ -360,6 +369,7 @@ static PyMethodDef methods[] = {
      "prefill_attention(...): decode_attention's arguments and results, rows of a span tiled together."},
     {"available", py_available, METH_NOARGS, "True when this CPU has AVX2 and FMA."},
     {"max_threads", py_max_threads, METH_NOARGS, "omp_get_max_threads() of the OpenMP runtime in use."},
+    {"set_threads", py_set_threads, METH_VARARGS, "set_threads(n): omp_set_num_threads(n) on the calling thread."},
     {"linear", py_linear, METH_VARARGS, "linear(x, w, y, M, K, N): y = x @ w.T (fp32 data pointers)."},
     {"linear_packed", py_linear_packed, METH_VARARGS,
      "linear_packed(x, w, y, M, K, N): y = x @ w.T, AVX-512 register-blocked, dot_rows numerics."},
