@@ -37,8 +37,9 @@ def categories(r: StepRecord) -> dict[str, float]:
     k, s = r.kernel, r.segments
     return {
         "attention": k["attention"], "norms": k["norm"], "rope_kv": k["rope_kv"],
-        "layer_matmuls": k["qkv"] + k["o_proj"] + k["router"] + k["mlp"], "experts": s["experts"],
-        "routing": s["routing"], "barriers": k["barrier"] + k["fork"] + k["join"], "lm_head": s["lm_head"],
+        "layer_matmuls": k["qkv"] + k["o_proj"] + k["router"] + k["mlp"], "experts": s["experts"] + k["experts"],
+        "routing": s["routing"] + k["routing"], "barriers": k["barrier"] + k["fork"] + k["join"],
+        "lm_head": s["lm_head"],
         "sampler": s["sample"], "setup": s["schedule"] + s["inputs"] + s["embed"] + s["final_norm"],
         "python": r.python + r.call_overhead,
     }

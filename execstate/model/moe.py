@@ -2,6 +2,10 @@
 
 Routing (per token, per MoE layer), as in the HF reference of each architecture:
 
+On the CPU kernels (``use_kernels``, fp32 logits) steps 1-4 are ``kernels/routing.py``'s one fixed
+order (the whole-layer decode call routes the same way, so prefill and decode agree bit for bit);
+elsewhere torch's ops:
+
 1. ``logits = router(x)`` in the model dtype; ``probs = softmax(logits)`` in fp32.
 2. ``weights, ids = topk(probs, k)``: sorted, ids ordered by descending probability.
 3. Replay: if ``ctx.routes.forced(m)`` gives ``(mask, forced_ids)``, tokens whose mask is
@@ -29,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from execstate.kernels import cpu as cpu_kernels
-from execstate.kernels import formats
+from execstate.kernels import formats, routing
 from execstate.kernels.weight_format import WeightFormat
 from execstate.model.config import MIXTRAL, ModelConfig
 from execstate.model.context import StepContext
@@ -71,9 +75,15 @@ class SparseMoE(nn.Module):
         ``logits``: ``self.router(x)`` when the caller has it already (the whole-layer decode path)."""
         if logits is None:
             logits = self.router(x)
+        routes = ctx.routes
+        if self.use_kernels and routing.use_route(logits):  # the kernels' order (kernels/routing.py)
+            forced = routes.forced(self.moe_index) if routes is not None else None
+            ids, weights = routing.route(logits, self.top_k, self.norm_topk_prob, forced)
+            if routes is not None:
+                routes.record(self.moe_index, ids)
+            return ids, weights
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        routes = ctx.routes
         if routes is not None:
             forced = routes.forced(self.moe_index)
             if forced is not None:

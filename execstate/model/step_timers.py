@@ -4,7 +4,8 @@ Two kinds of reading, both added up per step and kept as one ``StepRecord`` per 
 
 - **kernel phases**: inside the whole-layer decode call every OpenMP thread charges its own time
   to ``KERNEL_PHASES`` (``kernels/csrc/step_clock.h``: norms, the q/k/v matmul, QK-norm + RoPE +
-  the K/V write, attention, the output projection, the router or dense-MLP matmuls, waits at the
+  the K/V write, attention, the output projection, the router matmul, routing and the MoE experts
+  (a MoE layer that runs its experts in the call), the dense-MLP matmuls, waits at the
   barriers inside the call, the fork before and the join after it). ``StepRecord.kernel`` is
   thread 0's, the calling thread's, so its phases lie on the step's critical path;
   ``StepRecord.kernel_threads`` has every thread's.
@@ -33,7 +34,8 @@ from typing import NamedTuple
 import torch
 
 CLOCKS = ("wall", "cpu")
-KERNEL_PHASES = ("norm", "qkv", "rope_kv", "attention", "o_proj", "router", "mlp", "barrier", "fork", "join")
+KERNEL_PHASES = ("norm", "qkv", "rope_kv", "attention", "o_proj", "router", "routing", "experts", "mlp", "barrier",
+                 "fork", "join")
 SEGMENTS = ("schedule", "inputs", "embed", "layers", "routing", "experts", "final_norm", "lm_head", "sample", "step")
 
 

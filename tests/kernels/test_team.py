@@ -183,11 +183,12 @@ def test_step_timers_name_every_phase_and_change_nothing(wide_moe, clock) -> Non
     for j, r in enumerate(decode):
         assert r.batch == 2 and r.context_lens == (10 + j, 31 + j)
         assert set(r.segments) == set(SEGMENTS) and set(r.kernel) == set(KERNEL_PHASES)
-        for phase in ("norm", "qkv", "rope_kv", "attention", "o_proj", "router"):
-            assert r.kernel[phase] > 0, phase
-        assert (r.kernel["mlp"] > 0) == dense  # MoE layers' experts are a segment of their own
-        for seg in ("layers", "routing", "experts", "lm_head", "sample", "step"):
+        for phase in ("norm", "qkv", "rope_kv", "attention", "o_proj", "router", "routing", "experts"):
+            assert r.kernel[phase] > 0, phase  # a MoE layer routes and runs its experts in the call
+        assert (r.kernel["mlp"] > 0) == dense
+        for seg in ("layers", "lm_head", "sample", "step"):
             assert r.segments[seg] > 0, seg
+        assert r.segments["routing"] == r.segments["experts"] == 0
         assert sum(r.kernel.values()) <= r.segments["layers"]
         assert 0 <= r.segments["step"] - sum(v for k, v in r.segments.items() if k != "step") == pytest.approx(
             r.python)

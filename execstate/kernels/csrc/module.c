@@ -392,7 +392,12 @@ static PyMethodDef methods[] = {
     {"linear_gguf", py_linear_gguf, METH_VARARGS,
      "linear_gguf(x, w, y, M, K, N, fmt, avx2): y = x @ dequant(w).T on GGUF blocks (fmt 3 Q8_0, 4 Q4_0, 5 Q4_1)."},
     {"moe_gguf", py_moe_gguf, METH_VARARGS, "moe_gguf(x, ids, wts, w_gu, w_d, out, T, k, E, H, I, fmt, avx2)."},
-    {"decode_layer", es_py_decode_layer, METH_VARARGS, "decode_layer(...): a whole decode-step layer (decode_layer.c)."},
+    {"layer_spec", es_py_layer_spec, METH_VARARGS, "layer_spec(...): a layer's weights for decode_layer (decode_spec.c)."},
+    {"step_spec", es_py_step_spec, METH_VARARGS, "step_spec(...): a decode step's inputs for decode_layer."},
+    {"decode_layer", es_py_decode_layer, METH_VARARGS,
+     "decode_layer(layer_spec, step_spec, layer, h_out, logits_out, ids_out, wts_out, forced, mask): a whole "
+     "decode-step layer (decode_layer.c)."},
+    {"route", es_py_route, METH_VARARGS, "route(logits, T, E, k, forced, mask, norm_topk, ids, wts) (decode_moe.c)."},
     {NULL, NULL, 0, NULL},
 };
 

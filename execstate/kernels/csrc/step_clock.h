@@ -20,6 +20,8 @@ enum {
     ES_T_ATTN,
     ES_T_O,
     ES_T_ROUTER,
+    ES_T_ROUTE,
+    ES_T_EXPERTS,
     ES_T_MLP,
     ES_T_BARRIER,
     ES_T_FORK,
