@@ -43,6 +43,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                          "the context length; --plot writes the PNG")
     bt.add_argument("--breakdown-contexts", default="64,256,512,1024,2048", metavar="C1,C2,..",
                     help="with --breakdown: context lengths")
+    bt.add_argument("--r3-paired", action="store_true",
+                    help="instead: R3 on vs off paired in one process, each step's CPU time by segment (where R3 "
+                         "costs), --repeats alternated repeats at batch 1 and 8")
     bt.add_argument("--contention", default=None, metavar="N1,N2,..",
                     help="instead: decode tok/s with N busy processes added, the kernels' full team vs the "
                          "adaptive team (EngineConfig.kernel_team), alternated (e.g. 0,4,8,16)")
@@ -178,6 +181,13 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.bench_cmd == "throughput" and args.r3_paired:
+        from execstate.bench.r3_paired import format_r3_table, run_r3_paired
+
+        report = run_r3_paired(model=args.model, repeats=args.repeats)
+        _write_report(report, args.out)
+        print(json.dumps(report, indent=2) if args.json else format_r3_table(report))
+        return 0
     if args.bench_cmd == "throughput" and args.breakdown:
         from execstate.bench.breakdown_plot import plot_breakdown
         from execstate.bench.step_breakdown import format_breakdown_table, run_breakdown

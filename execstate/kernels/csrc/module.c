@@ -36,6 +36,8 @@
 #include <omp.h>
 
 #include "decode_layer.h"
+
+PyObject *es_py_mask_logits(PyObject *self, PyObject *args); /* token_mask.c */
 #include "kernels.h"
 
 static int cpu_ok(void) {
@@ -397,6 +399,8 @@ static PyMethodDef methods[] = {
     {"decode_layer", es_py_decode_layer, METH_VARARGS,
      "decode_layer(layer_spec, step_spec, layer, h_out, logits_out, ids_out, wts_out, forced, mask): a whole "
      "decode-step layer (decode_layer.c)."},
+    {"mask_logits", es_py_mask_logits, METH_VARARGS,
+     "mask_logits(x, fallback, rows, k, bits, words, V): disallowed tokens of rows -> -inf (token_mask.c)."},
     {"route", es_py_route, METH_VARARGS, "route(logits, T, E, k, forced, mask, norm_topk, ids, wts) (decode_moe.c)."},
     {NULL, NULL, 0, NULL},
 };
