@@ -304,7 +304,7 @@ class LLMEngine:
             timers.add("schedule", t0)
         pending = self.grammar_masks.start(sched)  # computed while the forward pass runs
         try:
-            result = self.runner.execute(sched)
+            result = self.runner.execute(sched, pending.busy if pending is not None else None)
         finally:  # never leave a matcher in use by the worker (also when the forward pass failed)
             mask = pending.wait() if pending is not None else None
         t0 = timers.now() if timers is not None else 0.0

@@ -9,6 +9,7 @@ only for the rows that sample, and returns the captured routes as numpy.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -48,7 +49,9 @@ class ModelRunner:
         self.top_k = cfg.top_k if cfg.is_moe else 0
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> StepResult:
+    def execute(self, sched: SchedulerOutput, busy: Callable[[], bool] | None = None) -> StepResult:
+        """The step's forward pass and logits. ``busy``: while true, other work of the step runs on
+        another thread (the team lends it one: ``TeamGovernor.step``)."""
         timers = self.timers
         t0 = timers.now() if timers is not None else 0.0
         input_ids: list[int] = []
@@ -82,7 +85,7 @@ class ModelRunner:
         attention = PagedAttention(self.kv_pool, spans, self.device, use_kernels=self.model.kernels)
         if timers is not None:
             timers.add("inputs", t0)
-        with self.team.step() if self.team is not None else nullcontext():  # its mode holds for the LM head too
+        with self.team.step(busy) if self.team is not None else nullcontext():  # its mode holds for the LM head too
             with StepContext(pos_t, attention, routes, timers, self.team) as ctx:
                 hidden = self.model(ids_t, ctx)
             t0 = timers.now() if timers is not None else 0.0

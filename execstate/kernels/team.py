@@ -20,7 +20,10 @@ the same layer at the same token count in each mode (``team``: every thread; ``s
 
 The mode holds for the whole step (``step()``): every kernel and torch op on the engine thread,
 the MoE experts and the LM head included, runs with its team size; ``step()`` restores the
-configured size afterwards. Results never depend on the choice: every kernel computes each
+configured size afterwards. ``step(busy)``: while ``busy()`` is true (work of the step's own on
+another thread, e.g. a grammar's token masks computed beside the forward pass) the layer calls
+leave it a thread (the team less one; not measured), instead of a team thread being descheduled
+for it at every barrier. Results never depend on the choice: every kernel computes each
 output the same way whatever the thread count (bit for bit, tested in tests/kernels).
 
 Call order (engine thread): ``with governor.step():`` then, around each whole-layer call,
@@ -62,6 +65,8 @@ class TeamGovernor:
         self._applied = 0
         self._call_solo = False
         self._in_step = False
+        self._busy: Callable[[], bool] | None = None
+        self._lent = False
 
     @property
     def threads(self) -> int:
@@ -69,11 +74,13 @@ class TeamGovernor:
         return 1 if self.solo else self._full
 
     @contextmanager
-    def step(self) -> Iterator[None]:
-        """One engine step in the held mode; the configured team size is restored on exit."""
+    def step(self, busy: Callable[[], bool] | None = None) -> Iterator[None]:
+        """One engine step in the held mode; the configured team size is restored on exit.
+        ``busy``: while it returns True the layer calls run on one thread fewer (module docstring)."""
         if self._in_step:
             raise RuntimeError("TeamGovernor.step is not reentrant")
         self._full = self._get()
+        self._busy = busy
         self._in_step = True
         self._applied = self._full
         self._apply(self.threads)
@@ -81,12 +88,18 @@ class TeamGovernor:
             yield
         finally:
             self._in_step = False
+            self._busy = None
             self._apply(self._full)
 
     def before_call(self, key: Hashable) -> int:
         """The team size of the next layer call (``key``: the layer and its token count)."""
         if self._full == 1:
             return 1
+        self._lent = self._busy is not None and self._busy()
+        if self._lent:  # a thread lent to the step's other work: not a measurement
+            n = max(1, self.threads - 1)
+            self._apply(n)
+            return n
         if not self._probe_left and self._until_probe <= 0:
             self._probe_left, self._ratios = self.probe_calls, []
             self.probes += 1
@@ -97,7 +110,8 @@ class TeamGovernor:
 
     def after_call(self, key: Hashable, seconds: float) -> None:
         """Record the call's wall time; may switch the held mode."""
-        if self._full == 1:
+        if self._full == 1 or self._lent:
+            self._apply(self.threads)
             return
         mode = self._call_solo
         held = self._est.get((self.solo, key))

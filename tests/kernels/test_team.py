@@ -87,6 +87,20 @@ def test_losing_probe_stops_at_its_first_slow_call() -> None:
     assert gov.solo
 
 
+def test_busy_step_work_gets_a_thread_and_is_not_measured() -> None:
+    gov, th = _gov(min_interval=100)
+    busy = [True, True, False, False]
+    used = []
+    with gov.step(lambda: busy[0] if busy else False):
+        for i in range(4):
+            used.append(gov.before_call((i, 1)))
+            gov.after_call((i, 1), 50.0 if busy[0] else 1.0)  # slow while lent: not an estimate
+            busy.pop(0)
+    assert used == [1, 1, 2, 2]
+    assert not gov.solo and gov.switches == 0 and th.now == 2
+    assert _calls(gov, th, team_s=1.0, solo_s=1.8, n=4) == [2, 2, 2, 2]
+
+
 def test_one_thread_configured_is_left_alone() -> None:
     gov, th = _gov(full=1, min_interval=1)
     assert _calls(gov, th, team_s=1.0, solo_s=5.0, n=10) == [1] * 10
