@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -303,12 +304,14 @@ class LLMEngine:
         if timers is not None:
             timers.add("schedule", t0)
         pending = self.grammar_masks.start(sched)  # computed while the forward pass runs
-        try:
-            result = self.runner.execute(sched, pending.busy if pending is not None else None)
-        finally:  # never leave a matcher in use by the worker (also when the forward pass failed)
-            mask = pending.wait() if pending is not None else None
-        t0 = timers.now() if timers is not None else 0.0
-        self.results.apply(sched, result, outputs, mask)
+        team = self.runner.team  # its mode holds for every kernel and torch op of the step, sampler included
+        with team.step(pending.busy if pending is not None else None) if team is not None else nullcontext():
+            try:
+                result = self.runner.execute(sched)
+            finally:  # never leave a matcher in use by the worker (also when the forward pass failed)
+                mask = pending.wait() if pending is not None else None
+            t0 = timers.now() if timers is not None else 0.0
+            self.results.apply(sched, result, outputs, mask)
         if timers is not None:
             timers.add("sample", t0)
             timers.end_step(len(sched.scheduled),

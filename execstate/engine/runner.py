@@ -9,8 +9,6 @@ only for the rows that sample, and returns the captured routes as numpy.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +37,9 @@ class ModelRunner:
                  team: TeamGovernor | None = None):
         self.model = model
         self.timers = timers  # per-step time breakdown (EngineConfig.step_timers), or None
-        self.team = team  # the kernels' team size, step by step (EngineConfig.kernel_team), or None
+        # the kernels' team size, layer call by layer call (EngineConfig.kernel_team), or None; the
+        # engine holds its step() around the whole step
+        self.team = team
         self.r3_clock = r3_clock or R3Clock()
         self.kv_pool = kv_pool
         self.device = torch.device(device)
@@ -49,9 +49,8 @@ class ModelRunner:
         self.top_k = cfg.top_k if cfg.is_moe else 0
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput, busy: Callable[[], bool] | None = None) -> StepResult:
-        """The step's forward pass and logits. ``busy``: while true, other work of the step runs on
-        another thread (the team lends it one: ``TeamGovernor.step``)."""
+    def execute(self, sched: SchedulerOutput) -> StepResult:
+        """The step's forward pass and logits (inside the engine's ``TeamGovernor.step`` when it has one)."""
         timers = self.timers
         t0 = timers.now() if timers is not None else 0.0
         input_ids: list[int] = []
@@ -85,18 +84,17 @@ class ModelRunner:
         attention = PagedAttention(self.kv_pool, spans, self.device, use_kernels=self.model.kernels)
         if timers is not None:
             timers.add("inputs", t0)
-        with self.team.step(busy) if self.team is not None else nullcontext():  # its mode holds for the LM head too
-            with StepContext(pos_t, attention, routes, timers, self.team) as ctx:
-                hidden = self.model(ids_t, ctx)
-            t0 = timers.now() if timers is not None else 0.0
-            sample_rows = [i for i, s in enumerate(sched.scheduled) if s.samples]
-            last = [offsets[i] + sched.scheduled[i].num_new_tokens - 1 for i in sample_rows]
-            if last:
-                logits = self.model.compute_logits(hidden[torch.tensor(last, device=self.device)])
-            else:
-                logits = torch.empty((0, 0))
-            if timers is not None:
-                timers.add("lm_head", t0)
+        with StepContext(pos_t, attention, routes, timers, self.team) as ctx:
+            hidden = self.model(ids_t, ctx)
+        t0 = timers.now() if timers is not None else 0.0
+        sample_rows = [i for i, s in enumerate(sched.scheduled) if s.samples]
+        last = [offsets[i] + sched.scheduled[i].num_new_tokens - 1 for i in sample_rows]
+        if last:
+            logits = self.model.compute_logits(hidden[torch.tensor(last, device=self.device)])
+        else:
+            logits = torch.empty((0, 0))
+        if timers is not None:
+            timers.add("lm_head", t0)
         route_np = None
         if routes is not None and self.capture_routes:
             t_r3 = time.perf_counter()
