@@ -14,6 +14,16 @@ static const char LAYER[] = "execstate.decode_layer.layer", STEP[] = "execstate.
 static void free_layer(PyObject *cap) { free(PyCapsule_GetPointer(cap, LAYER)); }
 static void free_step(PyObject *cap) { free(PyCapsule_GetPointer(cap, STEP)); }
 
+/* A capsule owning a heap copy of the n bytes at src. */
+static PyObject *capsule_of(const void *src, size_t n, const char *name, PyCapsule_Destructor release) {
+    void *copy = malloc(n);
+    if (!copy) return PyErr_NoMemory();
+    memcpy(copy, src, n);
+    PyObject *cap = PyCapsule_New(copy, name, release);
+    if (!cap) free(copy);
+    return cap;
+}
+
 /* layer_spec(in_norm, w_qkv, b_qkv, q_norm, k_norm, w_o, b_o, post_norm, w_router, w_gu, w_d,
  *            H, nh, nkv, d, E, I, top_k, eps, scale, formats, norm_topk): data pointers (0 = absent);
  * formats: the ES_FMT_* of w_qkv, w_o, w_router, w_gu, w_d in 4 bits each, w_qkv lowest. */
@@ -42,12 +52,7 @@ PyObject *es_py_layer_spec(PyObject *self, PyObject *args) {
     L.q_norm = (const float *)p[3]; L.k_norm = (const float *)p[4]; L.w_o = (const void *)p[5];
     L.b_o = (const float *)p[6]; L.post_norm = (const float *)p[7]; L.w_router = (const void *)p[8];
     L.w_gu = (const void *)p[9]; L.w_d = (const void *)p[10];
-    EsLayer *out = malloc(sizeof L);
-    if (!out) return PyErr_NoMemory();
-    memcpy(out, &L, sizeof L);
-    PyObject *cap = PyCapsule_New(out, LAYER, free_layer);
-    if (!cap) free(out);
-    return cap;
+    return capsule_of(&L, sizeof L, LAYER, free_layer);
 }
 
 /* step_spec(x, cos, sin, k_base, v_base, slots, tok, block_table, ctx_len, layer_bytes, T, max_blocks,
@@ -66,12 +71,7 @@ PyObject *es_py_step_spec(PyObject *self, PyObject *args) {
     S.k_base = (char *)p[3]; S.v_base = (char *)p[4]; S.slots = (const int64_t *)p[5];
     S.tok = (const int64_t *)p[6]; S.block_table = (const int64_t *)p[7]; S.ctx_len = (const int64_t *)p[8];
     S.timers = (double *)timers;
-    EsStep *out = malloc(sizeof S);
-    if (!out) return PyErr_NoMemory();
-    memcpy(out, &S, sizeof S);
-    PyObject *cap = PyCapsule_New(out, STEP, free_step);
-    if (!cap) free(out);
-    return cap;
+    return capsule_of(&S, sizeof S, STEP, free_step);
 }
 
 /* decode_layer(layer_spec, step_spec, layer, h_out, logits_out, ids_out, wts_out, forced, mask) */
