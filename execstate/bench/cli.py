@@ -203,7 +203,7 @@ def _bench(args: argparse.Namespace) -> int:
         from execstate.bench.contention import format_contention_table, run_contention_bench
 
         report = run_contention_bench(model=args.model, loads=tuple(int(n) for n in args.contention.split(",")),
-                                      repeats=args.repeats, quantization=args.quantization)
+                                      repeats=args.repeats, quantization=args.quantization, out=args.out)
         _write_report(report, args.out)
         print(json.dumps(report, indent=2) if args.json else format_contention_table(report))
         return 0

@@ -16,12 +16,14 @@ Both engines produce the same tokens (checked: the kernels are thread-count inva
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -61,8 +63,9 @@ def _decode_rate(llm: Any, prompts: list[list[int]], max_tokens: int) -> tuple[f
 
 def run_contention_bench(model: str = "smollm2-135m", loads: tuple[int, ...] = (0, 4, 8, 16), repeats: int = 3,
                          batches: tuple[int, ...] = (1, 8), prompt_len: int = 64, max_tokens: int = 32,
-                         quantization: str | None = None, seed: int = 0) -> dict[str, Any]:
-    """The report (module docstring); engines built once and reused across load levels."""
+                         quantization: str | None = None, seed: int = 0, out: str | None = None) -> dict[str, Any]:
+    """The report (module docstring); engines built once and reused across load levels. ``out``:
+    the report so far is written there after every level (a long run cut short keeps its levels)."""
     from execstate.bench.models import resolve_bench_model
     from execstate.engine.llm import LLM
 
@@ -101,6 +104,8 @@ def run_contention_bench(model: str = "smollm2-135m", loads: tuple[int, ...] = (
         if gov is not None:
             level["governor"] = {"solo": gov.solo, "probes": gov.probes, "switches": gov.switches}
         levels.append(level)
+        if out:
+            Path(out).write_text(json.dumps({"model": str(model), "levels": levels, "partial": True}, indent=1))
     return {"model": str(model), "quantization": quantization, "prompt_len": prompt_len, "max_tokens": max_tokens,
             "repeats": repeats, "threads": torch.get_num_threads(), "levels": levels}
 
