@@ -51,6 +51,7 @@ from execstate.agent.config import AgentConfig
 from execstate.agent.delegation import RegexPolicy
 from execstate.agent.delegations import Delegations
 from execstate.agent.errors import AgentError, AgentStats, Interrupt
+from execstate.agent.event_stream import EventStream
 from execstate.agent.fence import Response, ResponseFence
 from execstate.agent.front import FrontChunk, FrontModel
 from execstate.agent.front_context import FrontContext
@@ -63,7 +64,6 @@ from execstate.tool_calls.parsers import tool_parser
 
 __all__ = ["AgentConfig", "AgentError", "AgentStats", "DuplexAgent"]
 
-_END = object()
 
 
 @dataclass
@@ -92,7 +92,7 @@ class DuplexAgent:
         self._clock = clock
         self._t0 = clock()
         self._last_t = 0.0
-        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._stream = EventStream(self.config.max_events, lambda: self._closed, self._set_closed)
         self._wake = asyncio.Event()
         self._turn: list[str] = []  # the open user turn
         self._burst: list[str] = []  # input while the agent speaks, not (yet) a turn
@@ -262,12 +262,8 @@ class DuplexAgent:
 
     async def events(self) -> AsyncIterator[AgentEvent]:
         """Every event, in order, until the agent is closed."""
-        while True:
-            item = await self._queue.get()
-            if item is _END:
-                return
-            assert isinstance(item, AgentEvent)
-            yield item
+        async for ev in self._stream.events():
+            yield ev
 
     async def close(self, cancel_tasks: bool = True) -> None:
         """Stop: the response in flight is cancelled, the front released, back-end tasks cancelled
@@ -283,7 +279,7 @@ class DuplexAgent:
                 await self._task
         await self.backend.close(cancel=cancel_tasks)
         await self.front.close()
-        self._queue.put_nowait(_END)
+        self._stream.end()
 
     # -- state changes --------------------------------------------------------------------------------
     def _interrupt(self, t: float, reason: str, cancel_tasks: bool) -> None:
@@ -448,12 +444,10 @@ class DuplexAgent:
 
     # -- helpers ------------------------------------------------------------------------------------------
     def _emit(self, ev: AgentEvent) -> None:
-        if self._queue.qsize() >= self.config.max_events:
-            if not self._closed:
-                self._closed = True
-                self._queue.put_nowait(ErrorEvent(ev.t, ev.epoch, "overflow", "events were not consumed"))
-            return
-        self._queue.put_nowait(ev)
+        self._stream.emit(ev)
+
+    def _set_closed(self) -> None:
+        self._closed = True
 
     def _wake_up(self) -> None:
         self._wake.set()

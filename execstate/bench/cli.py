@@ -36,8 +36,20 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bt.add_argument("--sweep-max-tokens", type=int, default=128, help="with --sweep: new tokens per prompt")
     bt.add_argument("--bandwidth-gbs", type=float, default=None,
                     help="with --sweep: memory bandwidth for the roofline (default: measured)")
-    bt.add_argument("--plot", default=None, help="with --sweep: write the plot (PNG) here")
-    bt.add_argument("--out", default=None, help="with --sweep: write the report (JSON) here")
+    bt.add_argument("--plot", default=None, help="with --sweep or --breakdown: write the plot (PNG) here")
+    bt.add_argument("--out", default=None, help="with --sweep, --breakdown or --contention: write the report "
+                                                "(JSON) here")
+    bt.add_argument("--breakdown", action="store_true",
+                    help="instead: a decode step's time by phase (the kernels' own timers) at batch 1 and 8 against "
+                         "the context length; --plot writes the PNG")
+    bt.add_argument("--breakdown-contexts", default="64,256,512,1024,2048", metavar="C1,C2,..",
+                    help="with --breakdown: context lengths")
+    bt.add_argument("--r3-paired", action="store_true",
+                    help="instead: R3 on vs off paired in one process, each step's CPU time by segment (where R3 "
+                         "costs), --repeats alternated repeats at batch 1 and 8")
+    bt.add_argument("--contention", default=None, metavar="N1,N2,..",
+                    help="instead: decode tok/s with N busy processes added, the kernels' full team vs the "
+                         "adaptive team (EngineConfig.kernel_team), alternated (e.g. 0,4,8,16)")
     bp = bsub.add_parser("pd", help="PD (proxy -> prefill -> decode) vs single instance: TTFT, transfer, recovery")
     bp.add_argument("--model", default="standard", help="'standard', an embedded name or a path")
     bp.add_argument("--prompt-len", type=int, default=2048)
@@ -189,6 +201,32 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.bench_cmd == "throughput" and args.r3_paired:
+        from execstate.bench.r3_paired import format_r3_table, run_r3_paired
+
+        report = run_r3_paired(model=args.model, repeats=args.repeats)
+        _write_report(report, args.out)
+        print(json.dumps(report, indent=2) if args.json else format_r3_table(report))
+        return 0
+    if args.bench_cmd == "throughput" and args.breakdown:
+        from execstate.bench.breakdown_plot import plot_breakdown
+        from execstate.bench.step_breakdown import format_breakdown_table, run_breakdown
+
+        report = run_breakdown(model=args.model, contexts=tuple(int(c) for c in args.breakdown_contexts.split(",")),
+                               threads=args.threads, quantization=args.quantization, dtype=args.dtype)
+        _write_report(report, args.out)
+        if args.plot:
+            plot_breakdown(report, args.plot)
+        print(json.dumps(report, indent=2) if args.json else format_breakdown_table(report))
+        return 0
+    if args.bench_cmd == "throughput" and args.contention:
+        from execstate.bench.contention import format_contention_table, run_contention_bench
+
+        report = run_contention_bench(model=args.model, loads=tuple(int(n) for n in args.contention.split(",")),
+                                      repeats=args.repeats, quantization=args.quantization, out=args.out)
+        _write_report(report, args.out)
+        print(json.dumps(report, indent=2) if args.json else format_contention_table(report))
+        return 0
     if args.bench_cmd == "throughput" and args.sweep:
         from execstate.bench.throughput_sweep import sweep_main
 
@@ -340,3 +378,9 @@ def _bench(args: argparse.Namespace) -> int:
 def _policy(spec: str) -> tuple[float, float | None]:
     silence, _, final = spec.partition(":")
     return float(silence), None if final in ("", "none") else float(final)
+
+
+def _write_report(report: dict, out: str | None) -> None:
+    if out:
+        with open(out, "w") as f:
+            json.dump(report, f, indent=1)

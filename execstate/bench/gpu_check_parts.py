@@ -14,11 +14,11 @@ import torch
 
 from execstate.bench.host_syncs import HostSyncCounter
 from execstate.engine.config import EngineConfig
-from execstate.engine.llm import LLM
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.sampling_params import SamplingParams
 from execstate.kernels.family import kernel_family, triton_available, triton_runs_on
 from execstate.model.random_models import make_random
+from execstate.session.lm.llm import LLM
 
 FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 NEAR_TIE = 1e-3  # a greedy divergence whose top-2 logprob gap (CPU) is below this is a near-tie

@@ -87,10 +87,10 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     from execstate.engine.async_engine import AsyncEngine
-    from execstate.engine.llm import LLM
     from execstate.engine.scorer import score_tokens
     from execstate.help_text import plain
     from execstate.serve.app import build_app
+    from execstate.session.lm.llm import LLM
 
     ap = argparse.ArgumentParser(description=plain(__doc__.splitlines()[0]))
     ap.add_argument("--model", default="smollm2-135m")

@@ -110,8 +110,8 @@ def _run(model: str, parts: tuple[str, ...], redis_url: str | None, lengths: tup
 def _desync(work: Path, redis_url: str | None, repeats: int) -> dict:
     from execstate.bench.desync import detection_table, run_trials
     from execstate.bench.offload_desync import TierDesyncTarget
-    from execstate.engine.llm import LLM
     from execstate.model.random_models import make_random
+    from execstate.session.lm.llm import LLM
     from execstate.session.lm.llm import LLM as SessionLLM
 
     m0, m1 = make_random("qwen3_moe", work / "w0", seed=0), make_random("qwen3_moe", work / "w1", seed=1)

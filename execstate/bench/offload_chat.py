@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from execstate.bench.redis_server import SHARED_SECRET
-from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
+from execstate.session.lm.llm import LLM
 
 CONFIGS = ("none", "dram", "dram+disk", "dram+disk+redis")
 log = logging.getLogger(__name__)

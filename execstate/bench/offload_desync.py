@@ -24,12 +24,12 @@ import msgspec
 import numpy as np
 
 from execstate.bench.desync import TrialResult
-from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
 from execstate.identity.checksum import checksum
 from execstate.identity.keys import BlockKey
 from execstate.identity.scope import CacheScope
 from execstate.identity.secret_ring import SecretRing
+from execstate.session.lm.llm import LLM
 from execstate.state.tiers.disk_store import DiskStore
 from execstate.state.tiers.host_cache import HostCache
 from execstate.state.tiers.redis_store import RedisStore

@@ -33,9 +33,9 @@ import numpy as np
 
 from execstate.bench.offload_chat import vocab_of
 from execstate.bench.redis_server import SHARED_SECRET
-from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
 from execstate.identity.keys import BlockKey
+from execstate.session.lm.llm import LLM
 from execstate.state.tiers.disk_store import DiskStore
 
 TIERS = ("dram", "disk", "disk-cold", "redis")

@@ -42,8 +42,8 @@ def prompts(tokenizer: Any, n: int) -> list[list[int]]:
 
 def measure_execstate(model: str, batches: list[int], max_tokens: int, repeats: int) -> dict[str, Any]:
     from execstate.engine.grammar.spec import StructuredOutputsParams
-    from execstate.engine.llm import LLM
     from execstate.engine.sampling_params import SamplingParams
+    from execstate.session.lm.llm import LLM
 
     llm = LLM(model, max_num_seqs=max(batches))
     ps = prompts(llm.get_tokenizer(), max(batches))

@@ -8,10 +8,12 @@ from pathlib import Path
 import torch
 
 from execstate.engine.offload_config import validate_offload
+from execstate.model.step_timers import CLOCKS
 from execstate.transfer.kv_events_config import KVEventsConfig
 
 KERNEL_CHOICES = ("auto", "torch", "execstate")
 GPU_KERNEL_CHOICES = ("auto", "triton", "torch")
+KERNEL_TEAMS = ("adaptive", "full")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
@@ -53,6 +55,17 @@ class EngineConfig:
     # pool resident. Off unless asked (serve --prefault-kv, the throughput benchmark); a PD
     # consumer always maps its pool.
     prefault_kv: bool = False
+    # Record every step's time by phase (model/step_timers.py: the kernels' own timers inside the
+    # whole-layer decode call, timers around routing, experts, the LM head, the sampler) into
+    # LLMEngine.step_timers.records, on the "wall" clock or each thread's "cpu" time. Costs a few
+    # hundred clock readings a step; None (off) unless a breakdown is asked for
+    # (execstate bench throughput --breakdown).
+    step_timers: str | None = None
+    # The CPU kernels' team size on a shared host (kernels/team.py): "adaptive" measures, layer call
+    # by layer call, whether the whole team (torch.get_num_threads()) or one thread is faster and
+    # runs the faster (a team waits at every barrier for a descheduled thread: 14x slower than one
+    # thread at load 4 on 2 cores); "full": always the whole team. Results are the same bits.
+    kernel_team: str = "adaptive"
     # Sessions (session/): at most max_sessions resident; beyond it, opening one fails
     # ("capacity") or, with session_eviction="lru", evicts the idle session whose last step is
     # the oldest (also under KV pressure). max_session_events: pending events per session
@@ -99,6 +112,10 @@ class EngineConfig:
             raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {self.kernels!r}")
         if self.gpu_kernels not in GPU_KERNEL_CHOICES:
             raise ValueError(f"gpu_kernels must be one of {GPU_KERNEL_CHOICES}, got {self.gpu_kernels!r}")
+        if self.step_timers not in (None, *CLOCKS):
+            raise ValueError(f"step_timers must be None or one of {CLOCKS}, got {self.step_timers!r}")
+        if self.kernel_team not in KERNEL_TEAMS:
+            raise ValueError(f"kernel_team must be one of {KERNEL_TEAMS}, got {self.kernel_team!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"unsupported dtype {self.dtype!r}; use one of {sorted(_DTYPES)}")
         self.dtype = "float32" if _DTYPES[self.dtype] is torch.float32 else "bfloat16"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from execstate.engine.device_runner import DeviceRunner
-from execstate.engine.runner_result import StepResult
+from execstate.engine.runner_output import RunnerOutput
 from execstate.engine.scheduler import SchedulerOutput
 from execstate.model.context import RouteCapture, StepContext
 from execstate.model.device.attention import DevicePagedAttention, Span, StepTables
@@ -82,7 +82,7 @@ class DecodeGraphs:
                 and all(s.num_new_tokens == 1 and s.samples and s.request.params.routed_experts is None
                         for s in sched.scheduled))
 
-    def run(self, sched: SchedulerOutput) -> StepResult:
+    def run(self, sched: SchedulerOutput) -> RunnerOutput:
         n = len(sched.scheduled)
         b = min(k for k in self.graphs if k >= n)
         g = self.graphs[b]
@@ -91,7 +91,7 @@ class DecodeGraphs:
         route_np = None
         if g.routes is not None:
             route_np = self.runner._routes_to_host(g.routes[:n])
-        return StepResult(g.logits[:n], inp.sample_rows, route_np, inp.offsets, _event(), device_step=True)
+        return RunnerOutput(g.logits[:n], inp.sample_rows, route_np, inp.offsets, _event(), device_step=True)
 
 
 def _event() -> torch.cuda.Event:

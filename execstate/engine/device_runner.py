@@ -12,7 +12,7 @@ the C-kernel CPU path keeps ``ModelRunner``'s own code):
    (``engine/sampler.py``) runs on the device and its one read of the sampled ids is the step's
    one device-to-host synchronisation;
 4. the captured routes are copied into a pinned host buffer without blocking (``routes`` is a
-   numpy view of it), valid once the step has synchronised: ``StepResult.wait`` (a no-op after
+   numpy view of it), valid once the step has synchronised: ``RunnerOutput.wait`` (a no-op after
    the sampled ids were read, the one sync of a step that samples nothing).
 
 The host round-trips of a step are counted by ``bench/host_syncs.py`` (tests/gpu/test_host_syncs.py).
@@ -28,7 +28,7 @@ import torch
 
 from execstate.engine.device_inputs import DeviceInputs, StepInputs
 from execstate.engine.r3_clock import R3Clock
-from execstate.engine.runner_result import StepResult
+from execstate.engine.runner_output import RunnerOutput
 from execstate.engine.scheduler import SchedulerOutput
 from execstate.model.context import RouteCapture, StepContext
 from execstate.model.device.attention import DevicePagedAttention
@@ -42,7 +42,7 @@ class GraphReplay(Protocol):
 
     def accepts(self, sched: SchedulerOutput) -> bool: ...
 
-    def run(self, sched: SchedulerOutput) -> StepResult: ...
+    def run(self, sched: SchedulerOutput) -> RunnerOutput: ...
 
 
 class DeviceRunner:
@@ -67,7 +67,7 @@ class DeviceRunner:
         self.graphs: GraphReplay | None = None  # engine/cuda_graphs.DecodeGraphs (CUDA only), set by the engine
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> StepResult:
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         graphs = self.graphs
         if graphs is not None and graphs.accepts(sched):
             return graphs.run(sched)
@@ -88,7 +88,7 @@ class DeviceRunner:
             t_r3 = time.perf_counter()
             route_np = self._routes_to_host(routes.ids)
             self.r3_clock.add_since(t_r3)
-        return StepResult(logits, inp.sample_rows, route_np, inp.offsets, _done_event(self.device), device_step=True)
+        return RunnerOutput(logits, inp.sample_rows, route_np, inp.offsets, _done_event(self.device), device_step=True)
 
     def _capture(self, sched: SchedulerOutput, inp: StepInputs) -> RouteCapture | None:
         forced_rows = []
@@ -124,7 +124,7 @@ class DeviceRunner:
 
 
 def _done_event(device: torch.device) -> torch.cuda.Event | None:
-    """An event recorded after the step's work on a CUDA device (``StepResult.wait``), else None."""
+    """An event recorded after the step's work on a CUDA device (``RunnerOutput.wait``), else None."""
     if device.type != "cuda":
         return None
     event = torch.cuda.Event()

@@ -6,6 +6,9 @@ Call order (``LLMEngine`` on the engine thread, once per step):
    samples this step and has a grammar matcher (``Request.grammar``), its mask is computed into
    one int32 bitmask tensor on a worker thread (llguidance's executor, the GIL dropped), so it
    overlaps the forward pass; ``None`` when no sampling row is constrained (nothing is started).
+   While ``PendingMask.busy()`` the forward pass's kernels run on one thread fewer
+   (``kernels/team.py``), so the worker has a core instead of descheduling a kernel thread that
+   its partner then waits for at every barrier.
 2. the forward pass (``ModelRunner.execute``);
 3. ``PendingMask.wait()`` before sampling: the :class:`TokenMask` for ``engine/sampler.py``,
    rows numbered as the logits rows (the sampling rows in scheduled order). An error in the
@@ -32,6 +35,10 @@ class PendingMask:
         self._rows = rows
         self._bits = bits
         self._done = done
+
+    def busy(self) -> bool:
+        """Whether the worker is still computing (the forward pass lends it a thread meanwhile)."""
+        return not self._done.done()
 
     def wait(self) -> TokenMask:
         self._done.result()

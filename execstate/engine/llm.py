@@ -1,6 +1,6 @@
-"""Offline API close to vLLM's ``LLM``.
+"""``EngineLLM``: the engine layer's offline API, close to vLLM's ``LLM`` (users take ``execstate.LLM``).
 
-    llm = LLM(model="smollm2-moe", enable_return_routed_experts=True, seed=0)
+    llm = execstate.LLM(model="smollm2-moe", enable_return_routed_experts=True, seed=0)
     outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
     outs[0].outputs[0].routed_experts  # int16[num_tokens - 1, n_moe_layers, top_k]
 
@@ -34,7 +34,7 @@ from execstate.engine.weight_update import UpdatePolicy
 from execstate.identity.scope import cache_salt
 
 
-class LLM:
+class EngineLLM:
     def __init__(self, model: str | Path, **kwargs: Any) -> None:
         self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
 

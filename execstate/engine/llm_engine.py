@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,9 @@ from execstate.engine.step_results import StepResults
 from execstate.engine.weight_update import UpdatePolicy, WeightUpdate
 from execstate.identity.provenance import Provenance
 from execstate.identity.scope import CacheScope
+from execstate.kernels import cpu as cpu_kernels
+from execstate.kernels.team import team_governor
+from execstate.model.step_timers import StepTimers
 from execstate.state.block_holds import BlockHolds
 from execstate.transfer.errors import TransferError
 from execstate.transfer.handoff import Handoff, wants_remote_prefill
@@ -100,9 +104,13 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(self.kv_manager, config.max_num_batched_tokens, config.max_num_seqs,
                                    batch_budget=config.interactive_batch_budget)
+        # per-step time breakdown (EngineConfig.step_timers), or None
+        self.step_timers = (StepTimers(cpu_kernels.max_threads() if cpu_kernels.available() else 1, config.step_timers)
+                            if config.step_timers is not None else None)
         self.runner = ModelRunner(self.model, self.kv_pool, config.device, self.return_routes, self.r3_clock,
                                   config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len,
-                                  config.use_triton())
+                                  config.use_triton(), self.step_timers,
+                                  team_governor(config.kernel_team, self.model.kernels))
         if torch.device(config.device).type == "cuda" and not config.enforce_eager and not self.model.kernels:
             runner = self.runner.device_runner
             runner.graphs = DecodeGraphs.capture(runner, config.max_num_seqs)  # GPU-only (engine/cuda_graphs.py)
@@ -281,6 +289,10 @@ class LLMEngine:
                 self.kv_events.flush()  # this step's cache changes, one batch
 
     def _run_step(self, state: StepState) -> list[RequestOutput]:
+        timers = self.step_timers
+        if timers is not None:
+            timers.begin_step()
+        t0 = timers.now() if timers is not None else 0.0
         self.poll()
         sched = state.sched = self.scheduler.schedule()
         if sched.block_copies:
@@ -300,12 +312,22 @@ class LLMEngine:
                 self._wakeup.wait(_IDLE_WAIT_S)
                 self._wakeup.clear()
             return outputs
+        if timers is not None:
+            timers.add("schedule", t0)
         pending = self.grammar_masks.start(sched)  # computed while the forward pass runs
-        try:
-            result = self.runner.execute(sched)
-        finally:  # never leave a matcher in use by the worker (also when the forward pass failed)
-            mask = pending.wait() if pending is not None else None
-        self.results.apply(sched, result, outputs, mask)
+        team = self.runner.team  # its mode holds for every kernel and torch op of the step, sampler included
+        with team.step(pending.busy if pending is not None else None) if team is not None else nullcontext():
+            try:
+                result = self.runner.execute(sched)
+            finally:  # never leave a matcher in use by the worker (also when the forward pass failed)
+                mask = pending.wait() if pending is not None else None
+            t0 = timers.now() if timers is not None else 0.0
+            self.results.apply(sched, result, outputs, mask)
+        if timers is not None:
+            timers.add("sample", t0)
+            timers.end_step(len(sched.scheduled),
+                            tuple(s.num_computed_before + s.num_new_tokens for s in sched.scheduled),
+                            any(s.num_new_tokens > 1 for s in sched.scheduled))
         return outputs
 
     def blocks_held_elsewhere(self) -> bool:

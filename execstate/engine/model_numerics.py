@@ -8,18 +8,19 @@ the kernel family: ``<mode>+<family>``; the same torch ops on another device rou
 | mode (config) | weights | arithmetic | numerics id |
 |---|---|---|---|
 | torch path (``kernels="torch"``) | ``dtype`` | torch's or Triton's, in ``dtype`` | ``eager+<family>`` (3) |
-| fp32 | fp32 | fp32 (``gemm.py``) | ``eager+cpu-avx2-v1`` |
-| ``dtype="bfloat16"`` | bf16 | fp32, weights widened (``gemm_bf16.py``) | ``eager+cpu-avx2-v2-bf16w`` |
+| fp32 | fp32 | fp32 (``gemm.py``) | ``eager+cpu-avx2-v2`` |
+| ``dtype="bfloat16"`` | bf16 | fp32, weights widened (``gemm_bf16.py``) | ``eager+cpu-avx2-v3-bf16w`` |
 | + ``compute_dtype="bfloat16"`` | bf16 | bf16 (``gemm_bf16dot.py``) | see (1) |
 | ``quantization="gguf"`` | the GGUF file's blocks | fp32, blocks dequantised in registers | see (2) |
 
-(1) ``eager+cpu-avx512bf16-v1`` with AVX512-BF16, ``eager+cpu-avx2-bf16emu-v1`` elsewhere.
-(2) ``eager+cpu-gguf-<formats>-v1`` (``gguf_blocks.py``), e.g. ``q41-q80`` for Q4_1 matrices
+(1) ``eager+cpu-avx512bf16-v2`` with AVX512-BF16, ``eager+cpu-avx2-bf16emu-v2`` elsewhere.
+(2) ``eager+cpu-gguf-<formats>-v2`` (``gguf_blocks.py``), e.g. ``q41-q80`` for Q4_1 matrices
 with a Q8_0 embedding.
 (3) ``kernels/family.py``'s ``kernel_family``: ``cpu-torch-v1``, ``cuda-sm90-torch-v1``,
 ``cuda-sm90-triton-v1`` (the Triton kernels), ``cuda-sm90-triton-bi-v1`` (the deterministic mode).
 
-Activations, the KV cache, attention and norms are fp32 in every mode on the kernels.
+Activations, the KV cache, attention and norms are fp32 in every mode on the kernels. The C
+kernels' ids changed when routing moved into C (its own softmax rounds differently from torch's).
 """
 
 from __future__ import annotations

@@ -15,14 +15,16 @@ import torch
 
 from execstate.engine.device_runner import DeviceRunner
 from execstate.engine.r3_clock import R3Clock
-from execstate.engine.runner_result import StepResult
+from execstate.engine.runner_output import RunnerOutput
 from execstate.engine.scheduler import SchedulerOutput
+from execstate.kernels.team import TeamGovernor
 from execstate.model.context import RouteCapture, StepContext
 from execstate.model.paged_attention import PagedAttention, SeqSpan
+from execstate.model.step_timers import StepTimers
 from execstate.model.transformer import CausalLM
 from execstate.state.kv_pool import KVPool
 
-__all__ = ["ModelRunner", "StepResult"]
+__all__ = ["ModelRunner", "RunnerOutput"]
 
 
 class ModelRunner:
@@ -30,12 +32,18 @@ class ModelRunner:
     tables for the C kernels); a model on torch ops runs in ``DeviceRunner`` (any device: persistent
     device inputs, no host read before the sampled ids; ``engine/device_runner.py``).
     ``max_tokens``/``max_seqs``/``max_model_len`` size the device runner's buffers; ``triton``: it
-    runs the Triton kernels."""
+    runs the Triton kernels; ``timers``: the per-step breakdown (``EngineConfig.step_timers``);
+    ``team``: the kernels' thread governor (``EngineConfig.kernel_team``)."""
 
     def __init__(self, model: CausalLM, kv_pool: KVPool, device: torch.device | str, capture_routes: bool,
                  r3_clock: R3Clock | None = None, max_tokens: int = 2048, max_seqs: int = 64,
-                 max_model_len: int = 2048, triton: bool = False):
+                 max_model_len: int = 2048, triton: bool = False, timers: StepTimers | None = None,
+                 team: TeamGovernor | None = None):
         self.model = model
+        self.timers = timers  # per-step time breakdown (EngineConfig.step_timers), or None
+        # the kernels' team size, layer call by layer call (EngineConfig.kernel_team), or None; the
+        # engine holds its step() around the whole step
+        self.team = team
         self.r3_clock = r3_clock or R3Clock()
         self.kv_pool = kv_pool
         self.device = torch.device(device)
@@ -46,13 +54,17 @@ class ModelRunner:
         self.device_runner = DeviceRunner(model, kv_pool, self.device, self.capture_routes, self.r3_clock,
                                           max_tokens, max_seqs, max_model_len, triton)
 
-    def execute(self, sched: SchedulerOutput) -> StepResult:
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         if not self.model.kernels:
             return self.device_runner.execute(sched)
         return self._execute_kernels(sched)
 
     @torch.inference_mode()
-    def _execute_kernels(self, sched: SchedulerOutput) -> StepResult:
+    def _execute_kernels(self, sched: SchedulerOutput) -> RunnerOutput:
+        """The step's forward pass and logits on the kernels (inside the engine's ``TeamGovernor.step``
+        when it has one)."""
+        timers = self.timers
+        t0 = timers.now() if timers is not None else 0.0
         input_ids: list[int] = []
         positions: list[int] = []
         spans: list[SeqSpan] = []
@@ -82,20 +94,25 @@ class ModelRunner:
         if self.capture_routes:
             self.r3_clock.add_since(t_r3)
         attention = PagedAttention(self.kv_pool, spans, self.device, use_kernels=self.model.kernels)
-        with StepContext(pos_t, attention, routes) as ctx:
+        if timers is not None:
+            timers.add("inputs", t0)
+        with StepContext(pos_t, attention, routes, timers, self.team) as ctx:
             hidden = self.model(ids_t, ctx)
+        t0 = timers.now() if timers is not None else 0.0
         sample_rows = [i for i, s in enumerate(sched.scheduled) if s.samples]
         last = [offsets[i] + sched.scheduled[i].num_new_tokens - 1 for i in sample_rows]
         if last:
             logits = self.model.compute_logits(hidden[torch.tensor(last, device=self.device)])
         else:
             logits = torch.empty((0, 0))
+        if timers is not None:
+            timers.add("lm_head", t0)
         route_np = None
         if routes is not None and self.capture_routes:
             t_r3 = time.perf_counter()
             route_np = routes.ids.cpu().numpy()
             self.r3_clock.add_since(t_r3)
-        return StepResult(logits.float().cpu(), sample_rows, route_np, offsets)
+        return RunnerOutput(logits.float().cpu(), sample_rows, route_np, offsets)
 
     def _forced(
         self, num_tokens: int, forced_rows: list[tuple[int, np.ndarray]]

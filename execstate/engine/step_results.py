@@ -34,7 +34,7 @@ from execstate.engine.output_builder import build_output, on_new_token
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.r3_clock import R3Clock
 from execstate.engine.request import Request, RequestStatus
-from execstate.engine.runner import StepResult
+from execstate.engine.runner_output import RunnerOutput
 from execstate.engine.sampler import sample
 from execstate.engine.sampling_params import RequestOutputKind
 from execstate.engine.scheduler import Scheduler, SchedulerOutput
@@ -58,7 +58,7 @@ class StepResults:
         self._r3_clock = r3_clock
         self._export = export
 
-    def apply(self, sched: SchedulerOutput, result: StepResult, out: list[RequestOutput],
+    def apply(self, sched: SchedulerOutput, result: RunnerOutput, out: list[RequestOutput],
               mask: TokenMask | None = None) -> None:
         reqs = [sched.scheduled[i].request for i in result.sample_rows]
         sampled = None

@@ -15,7 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
+from execstate.kernels import ext
+
 _SHIFTS = torch.arange(32, dtype=torch.int32)
+
+
+def _kernel_takes(x: torch.Tensor, mask: TokenMask, fallback: torch.Tensor | None) -> bool:
+    return (ext.LIB is not None and x.dim() == 2 and ext.is_f32_cpu(x) and mask.rows.dtype == torch.int64
+            and mask.bits.dtype == torch.int32 and mask.bits.is_contiguous() and mask.bits.dim() == 2
+            and mask.bits.shape[0] == mask.rows.numel() and mask.bits.shape[1] * 32 >= x.shape[1]
+            and (fallback is None or (ext.is_f32_cpu(fallback) and fallback.shape == x.shape)))
 
 
 @dataclass(frozen=True)
@@ -32,7 +41,17 @@ def allowed(mask: TokenMask, vocab: int) -> torch.Tensor:
 
 def apply_token_mask(x: torch.Tensor, mask: TokenMask, fallback: torch.Tensor | None = None) -> None:
     """Disallowed tokens of the masked rows of ``x`` ([rows, vocab], in place) become ``-inf``.
-    ``fallback`` ([rows, vocab]): the logits to mask instead for a row left with nothing allowed."""
+    ``fallback`` ([rows, vocab]): the logits to mask instead for a row left with nothing allowed.
+    On the CPU kernels one pass per row in C (``kernels/csrc/token_mask.c``, the same values),
+    else torch ops over the unpacked mask (on the logits' device)."""
+    if _kernel_takes(x, mask, fallback):
+        lib, (n, vocab) = ext.LIB, x.shape
+        rows = mask.rows.contiguous()
+        if rows.numel() and not (int(rows.min()) >= 0 and int(rows.max()) < n):
+            raise ValueError(f"apply_token_mask: a masked row lies outside [0, {n})")
+        lib.mask_logits(x.data_ptr(), 0 if fallback is None else fallback.data_ptr(), rows.data_ptr(), rows.numel(),
+                        mask.bits.data_ptr(), mask.bits.shape[1], vocab)
+        return
     if mask.rows.device != x.device:  # the grammar worker builds masks on the host
         mask = TokenMask(mask.rows.to(x.device, non_blocking=True), mask.bits.to(x.device, non_blocking=True))
     ok = allowed(mask, x.shape[1])

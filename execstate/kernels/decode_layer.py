@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-from execstate.kernels.ext import is_f32_cpu, lib, require, sync_threads
+from execstate.kernels.ext import lib, require, sync_threads
 from execstate.kernels.gemm import MAX_LINEAR_ROWS
 from execstate.kernels.weight_format import WeightFormat
 
@@ -29,8 +29,9 @@ _MATRICES = ("w_qkv", "w_o", "w_router", "w_gate_up", "w_down")  # the order of 
 
 
 class LayerWeights(NamedTuple):
-    """One layer's weights as checked data pointers (0 = absent) and sizes; ``tensors`` keeps
-    every tensor alive while the pointers are in use. Build with ``layer_weights``."""
+    """One layer's weights as checked data pointers (0 = absent) and sizes, packed once for C
+    (``spec``); ``tensors`` keeps every tensor alive while the pointers are in use. Build with
+    ``layer_weights``."""
 
     ptrs: tuple[int, ...]  # in_norm, w_qkv, b_qkv, q_norm, k_norm, w_o, b_o, post_norm, w_router, w_gu, w_d
     tensors: tuple[torch.Tensor, ...]
@@ -39,10 +40,12 @@ class LayerWeights(NamedTuple):
     num_kv_heads: int
     head_dim: int
     num_experts: int  # router rows (MoE layer), else 0
-    intermediate: int  # dense MLP width, else 0
+    intermediate: int  # dense MLP or expert width, else 0
     eps: float
     bf16: bool  # the matrices are stored in bf16
     formats: tuple[WeightFormat, ...] = ()  # kernel format of w_qkv, w_o, w_router, w_gate_up, w_down
+    top_k: int = 0  # experts per token when the call runs the experts (0: the caller routes)
+    spec: object = None  # the C side's packed copy (``layer_spec``)
 
 
 def _check(t: torch.Tensor | None, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> int:
@@ -54,12 +57,14 @@ def _check(t: torch.Tensor | None, name: str, shape: tuple[int, ...], dtype: tor
     return int(t.data_ptr())
 
 
-def _check_matrix(t: torch.Tensor | None, name: str, rows: int, cols: int, fmt: WeightFormat) -> int:
-    """A matrix ``[rows, cols]`` as stored in ``fmt`` (``ValueError`` naming it otherwise)."""
+def _check_matrix(t: torch.Tensor | None, name: str, rows: int, cols: int, fmt: WeightFormat,
+                  experts: int = 0) -> int:
+    """A matrix ``[rows, cols]`` (``[experts, rows, cols]`` when ``experts``) as stored in ``fmt``
+    (``ValueError`` naming it otherwise)."""
     if t is None:
         return 0
     shape, dtype = fmt.storage(rows, cols)
-    return _check(t, name, shape, dtype)
+    return _check(t, name, (experts, *shape) if experts else shape, dtype)
 
 
 def layer_weights(in_norm: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
@@ -67,14 +72,18 @@ def layer_weights(in_norm: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tenso
                   b_o: torch.Tensor | None, post_norm: torch.Tensor, *, num_heads: int, num_kv_heads: int,
                   head_dim: int, eps: float, w_router: torch.Tensor | None = None,
                   w_gate_up: torch.Tensor | None = None, w_down: torch.Tensor | None = None,
-                  formats: dict[str, WeightFormat] | None = None) -> LayerWeights:
+                  formats: dict[str, WeightFormat] | None = None, top_k: int = 0,
+                  norm_topk: bool = False) -> LayerWeights:
     """Checked weights of one layer (``ValueError`` naming the first bad one). ``q_norm``/``k_norm``:
-    per-head norm weights ``[head_dim]``, both or neither. Then either ``w_router [E, H]`` (the
-    call returns router logits) or ``w_gate_up [2I, H]`` + ``w_down [H, I]`` (dense SwiGLU MLP,
-    added to the residual) or none of them. Without ``formats`` the matrices (``w_*``) are all
-    fp32 or all bf16 (widened: fp32 arithmetic), as ``w_qkv`` is; ``formats`` names the kernel
-    format of any of them (``kernels/formats.py``: bf16 arithmetic, GGUF blocks) and each is
-    checked against its format's storage. The norm weights and biases are fp32."""
+    per-head norm weights ``[head_dim]``, both or neither. Then one of: ``w_gate_up [2I, H]`` +
+    ``w_down [H, I]`` (dense SwiGLU MLP, added to the residual); ``w_router [E, H]`` alone (the
+    call returns router logits); ``w_router`` with ``top_k`` >= 1 and the experts ``w_gate_up
+    [E, 2I, H]`` + ``w_down [E, H, I]`` (the call routes, ``norm_topk``: the top-k weights
+    renormalised, and adds the experts' weighted sum: ``kernels/csrc/decode_moe.c``); or none.
+    Without ``formats`` the matrices (``w_*``) are all fp32 or all bf16 (widened: fp32
+    arithmetic), as ``w_qkv`` is; ``formats`` names the kernel format of any of them
+    (``kernels/formats.py``: bf16 arithmetic, GGUF blocks) and each is checked against its
+    format's storage. The norm weights and biases are fp32."""
     lib()
     wt = torch.bfloat16 if getattr(w_qkv, "dtype", None) is torch.bfloat16 else torch.float32
     default = WeightFormat.BF16 if wt is torch.bfloat16 else WeightFormat.F32
@@ -85,22 +94,29 @@ def layer_weights(in_norm: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tenso
         raise ValueError(f"decode_layer: bad heads {num_heads}/{num_kv_heads} of {head_dim}")
     if (q_norm is None) != (k_norm is None):
         raise ValueError("decode_layer: give both q_norm and k_norm or neither")
-    if w_router is not None and (w_gate_up is not None or w_down is not None):
-        raise ValueError("decode_layer: a layer has a router or a dense MLP, not both")
     if (w_gate_up is None) != (w_down is None):
         raise ValueError("decode_layer: give both w_gate_up and w_down or neither")
+    if w_router is not None and w_gate_up is not None and not top_k:
+        raise ValueError("decode_layer: a layer has a router or a dense MLP, not both (experts need top_k)")
     e = w_router.shape[0] if w_router is not None else 0
-    i = w_gate_up.shape[0] // 2 if w_gate_up is not None else 0
+    experts = e if top_k else 0
+    if top_k and (w_gate_up is None or not 1 <= top_k <= e):
+        raise ValueError(f"decode_layer: top_k {top_k} needs a router and experts, 1 <= top_k <= {e}")
+    i = w_gate_up.shape[1 if experts else 0] // 2 if w_gate_up is not None else 0
     ptrs = (
         _check(in_norm, "in_norm", (h,)), _check_matrix(w_qkv, "w_qkv", qkv_n, h, fmt[0]),
         _check(b_qkv, "b_qkv", (qkv_n,)), _check(q_norm, "q_norm", (head_dim,)), _check(k_norm, "k_norm", (head_dim,)),
         _check_matrix(w_o, "w_o", h, num_heads * head_dim, fmt[1]), _check(b_o, "b_o", (h,)),
         _check(post_norm, "post_norm", (h,)), _check_matrix(w_router, "w_router", e, h, fmt[2]),
-        _check_matrix(w_gate_up, "w_gate_up", 2 * i, h, fmt[3]), _check_matrix(w_down, "w_down", h, i, fmt[4]),
+        _check_matrix(w_gate_up, "w_gate_up", 2 * i, h, fmt[3], experts),
+        _check_matrix(w_down, "w_down", h, i, fmt[4], experts),
     )
     kept = tuple(t for t in (in_norm, w_qkv, b_qkv, q_norm, k_norm, w_o, b_o, post_norm, w_router, w_gate_up, w_down)
                  if t is not None)
-    return LayerWeights(ptrs, kept, h, num_heads, num_kv_heads, head_dim, e, i, float(eps), wt is torch.bfloat16, fmt)
+    spec = lib().layer_spec(*ptrs, h, num_heads, num_kv_heads, head_dim, e, i, top_k, float(eps), head_dim**-0.5,
+                            sum(int(f) << (4 * j) for j, f in enumerate(fmt)), int(norm_topk))
+    return LayerWeights(ptrs, kept, h, num_heads, num_kv_heads, head_dim, e, i, float(eps), wt is torch.bfloat16, fmt,
+                        top_k, spec)
 
 
 class DecodeTables:
@@ -145,8 +161,23 @@ class DecodeTables:
         self.kv_shape = tuple(k_cache.shape[2:])
 
 
-def check_step(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tables: DecodeTables) -> None:
-    """``x [T, H]`` fp32 (updated in place by ``run_layer``) and ``cos``/``sin`` ``[T, head_dim]``."""
+class DecodeStep(NamedTuple):
+    """A step's inputs checked and packed once for every layer call (``decode_step``)."""
+
+    spec: object  # the C side's packed copy (``step_spec``)
+    tables: DecodeTables
+    keep: tuple[torch.Tensor, ...]
+    num_tokens: int
+    hidden: int
+    head_dim: int
+
+
+def decode_step(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tables: DecodeTables,
+                timers: tuple[int, int, int] = (0, 0, 0)) -> DecodeStep:
+    """The step's ``x [T, H]`` fp32 (updated in place by ``run_layer``) and ``cos``/``sin``
+    ``[T, head_dim]``, checked against ``tables``. ``timers``: (pointer, threads, clock) of
+    ``StepTimers.kernel_args()``, the accumulators each thread adds its phase times to and its
+    clock (1: CPU time, 0: wall; ``model/step_timers.py``); ``(0, 0, 0)``: no timing."""
     require(x, "x", 2)
     require(cos, "cos", 2)
     require(sin, "sin", 2)
@@ -154,38 +185,49 @@ def check_step(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tables: De
     if x.shape[0] != t or cos.shape != sin.shape or cos.shape[0] != t:
         raise ValueError(f"decode_layer: x {tuple(x.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)} "
                          f"for {t} tokens")
-
-
-def run_layer(layer: int, w: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              tables: DecodeTables, h_out: torch.Tensor | None = None, logits_out: torch.Tensor | None = None) -> None:
-    """Layer ``layer`` of the step in place on ``x`` (checked by ``check_step`` for this step):
-    attention block, residual, post-norm, then the dense MLP and its residual (``w`` has one)
-    or the router logits into ``logits_out [T, E]`` (``w`` has a router; the post-norm
-    output goes to ``h_out [T, H]``, which the caller's experts read)."""
-    t, hd = tables.num_tokens, w.head_dim
-    if tuple(x.shape) != (t, w.hidden) or tuple(cos.shape) != (t, hd) or not 0 <= layer < tables.num_layers \
-            or tables.kv_shape != (w.num_kv_heads, hd):
-        raise ValueError(f"decode_layer: layer {layer}: x {tuple(x.shape)} / cos {tuple(cos.shape)} / KV "
-                         f"{tables.kv_shape} do not fit its weights")
-    h_ptr = logits_ptr = 0
-    if w.num_experts:
-        if h_out is None or logits_out is None or not (is_f32_cpu(h_out) and is_f32_cpu(logits_out)) \
-                or tuple(h_out.shape) != (t, w.hidden) or tuple(logits_out.shape) != (t, w.num_experts):
-            raise ValueError("decode_layer: a router layer needs h_out [T, H] and logits_out [T, E] (fp32, contiguous)")
-        h_ptr, logits_ptr = h_out.data_ptr(), logits_out.data_ptr()
-    elif h_out is not None:
-        if not is_f32_cpu(h_out) or tuple(h_out.shape) != (t, w.hidden):
-            raise ValueError("decode_layer: h_out must be fp32 contiguous [T, H]")
-        h_ptr = h_out.data_ptr()
-    p = w.ptrs
-    off = layer * tables.layer_bytes
     slots, tok, bt, cl = tables.ptrs
+    spec = lib().step_spec(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), tables.k_base, tables.v_base, slots, tok, bt,
+                           cl, tables.layer_bytes, t, tables.width, tables.block_size, *timers)
+    return DecodeStep(spec, tables, (x, cos, sin), t, x.shape[1], cos.shape[1])
+
+
+def _out(t: torch.Tensor | None, name: str, shape: tuple[int, int], dtype: torch.dtype) -> int:
+    if t is None:
+        return 0
+    if t.dtype != dtype or not t.is_cpu or not t.is_contiguous() or tuple(t.shape) != shape:
+        raise ValueError(f"decode_layer: {name} must be contiguous {dtype} {shape}, got {t.dtype} {tuple(t.shape)}")
+    return t.data_ptr()
+
+
+def run_layer(layer: int, w: LayerWeights, step: DecodeStep, h_out: torch.Tensor | None = None,
+              logits_out: torch.Tensor | None = None, ids_out: torch.Tensor | None = None,
+              wts_out: torch.Tensor | None = None, forced: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """Layer ``layer`` of the step in place on its ``x``: attention block, residual, post-norm, then
+    by ``w``: the dense MLP and its residual; the router logits into ``logits_out [T, E]`` with the
+    post-norm rows into ``h_out [T, H]`` (the caller's experts read them); or routing into
+    ``ids_out`` int64 / ``wts_out`` fp32 ``[T, top_k]`` and the experts' sum into the residual.
+    ``forced``: (mask bool/uint8 ``[T]``, ids int64 ``[T, top_k]``), routes replayed where the mask
+    is set (an id outside ``[0, E)`` is a ``ValueError``)."""
+    t, tables = step.num_tokens, step.tables
+    if step.hidden != w.hidden or step.head_dim != w.head_dim or not 0 <= layer < tables.num_layers \
+            or tables.kv_shape != (w.num_kv_heads, w.head_dim):
+        raise ValueError(f"decode_layer: layer {layer}: the step (hidden {step.hidden}, head_dim {step.head_dim}, KV "
+                         f"{tables.kv_shape}) does not fit its weights")
+    h_ptr = _out(h_out, "h_out", (t, w.hidden), torch.float32)
+    logits_ptr = _out(logits_out, "logits_out", (t, w.num_experts), torch.float32)
+    ids_ptr = _out(ids_out, "ids_out", (t, w.top_k), torch.int64)
+    wts_ptr = _out(wts_out, "wts_out", (t, w.top_k), torch.float32)
+    if w.num_experts and not w.top_k and not (h_ptr and logits_ptr):
+        raise ValueError("decode_layer: a router layer needs h_out [T, H] and logits_out [T, E] (fp32, contiguous)")
+    mask_ptr = forced_ptr = 0
+    if forced is not None:
+        mask, ids = forced
+        if mask.dtype not in (torch.bool, torch.uint8):
+            raise ValueError(f"decode_layer: the forced mask must be bool or uint8, got {mask.dtype}")
+        mask_ptr = _out(mask.view(1, -1), "forced mask", (1, t), mask.dtype)
+        forced_ptr = _out(ids, "forced ids", (t, w.top_k), torch.int64)
     sync_threads()
-    lib().decode_layer(x.data_ptr(), p[0], p[1], p[2], p[3], p[4], cos.data_ptr(), sin.data_ptr(),
-                       tables.k_base + off, tables.v_base + off, slots, tok, bt, cl, p[5], p[6], p[7], h_ptr, p[8],
-                       logits_ptr, p[9], p[10], t, w.hidden, w.num_heads, w.num_kv_heads, hd, tables.width,
-                       tables.block_size, w.num_experts, w.intermediate, w.eps, hd**-0.5,
-                       sum(int(f) << (4 * j) for j, f in enumerate(w.formats)))
+    lib().decode_layer(w.spec, step.spec, layer, h_ptr, logits_ptr, ids_ptr, wts_ptr, forced_ptr, mask_ptr)
 
 
-__all__ = ["DecodeTables", "LayerWeights", "check_step", "layer_weights", "run_layer"]
+__all__ = ["DecodeStep", "DecodeTables", "LayerWeights", "decode_step", "layer_weights", "run_layer"]

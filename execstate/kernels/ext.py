@@ -20,7 +20,8 @@ except ImportError as exc:  # built without a C compiler
     _cpu = None
     _UNAVAILABLE = f"extension not built ({exc})"
 
-KERNEL_SET = "cpu-avx2-v1"
+# v2: MoE routing in the kernels' own order (kernels/routing.py), shared by prefill and decode
+KERNEL_SET = "cpu-avx2-v2"
 # The extension when usable, else None: hot paths test this constant instead of calling.
 LIB: Any = _cpu if _UNAVAILABLE is None else None
 F32 = torch.float32

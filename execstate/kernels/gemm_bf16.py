@@ -21,7 +21,7 @@ from execstate.kernels.gemm import MAX_MOE_TOKENS, MIN_PACKED_ROWS, PACKED, moe_
 BF16 = torch.bfloat16
 # Provenance kernel set of an engine with bf16 weights (fp32 activations, KV and sums; every
 # row count on these kernels: execstate/model/bf16_weights.py).
-KERNEL_SET_BF16 = "cpu-avx2-v2-bf16w"
+KERNEL_SET_BF16 = "cpu-avx2-v3-bf16w"  # v3: the routing of KERNEL_SET v2
 # Rows up to which the bf16 kernel runs where the packed kernels do not (beyond, torch's bf16
 # GEMM: measured faster than widening the weight for torch's fp32 GEMM, 2 Zen cores).
 MAX_LINEAR_ROWS_BF16 = 32

@@ -21,8 +21,8 @@ BF16 = torch.bfloat16
 # Whether the AVX512-BF16 kernels run here; else the AVX2 emulation (when the kernels exist).
 NATIVE: bool = LIB is not None and bool(LIB.bf16dot_available())
 # Provenance kernel sets of the bf16 mode: vdpbf16ps, and its FMA emulation (same order).
-KERNEL_SET_BF16_DOT = "cpu-avx512bf16-v1"
-KERNEL_SET_BF16_DOT_EMU = "cpu-avx2-bf16emu-v1"
+KERNEL_SET_BF16_DOT = "cpu-avx512bf16-v2"  # v2: the routing of KERNEL_SET v2
+KERNEL_SET_BF16_DOT_EMU = "cpu-avx2-bf16emu-v2"
 
 
 def kernel_set() -> str:

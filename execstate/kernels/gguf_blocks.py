@@ -93,8 +93,8 @@ def dequantize(blocks: torch.Tensor, fmt: WeightFormat) -> torch.Tensor:
 
 def gguf_kernel_set(formats: set[WeightFormat]) -> str:
     """The provenance kernel set of a model whose matrices use the block ``formats`` (fp32 kernels
-    for the rest): one id per combination, e.g. ``cpu-gguf-q41-q80-v1``."""
+    for the rest): one id per combination, e.g. ``cpu-gguf-q41-q80-v2`` (v2: the routing of KERNEL_SET v2)."""
     names = sorted(KERNEL_SET_NAMES[f] for f in formats if f.quantized)
     if not names:
         raise ValueError("gguf_kernel_set: no GGUF block format")
-    return f"cpu-gguf-{'-'.join(names)}-v1"
+    return f"cpu-gguf-{'-'.join(names)}-v2"

@@ -9,6 +9,9 @@ weights travels in one ``StepContext``:
   pool, or nothing for the dense oracle path) and writes them in place.
 - ``routes``: a ``RouteCapture`` (MoE models only) that records the top-k experts every
   MoE layer chose for every token, and optionally carries routes to *force* (replay).
+- ``timers``: a ``StepTimers`` the model charges its phases to, or None (no timing).
+- ``team``: a ``TeamGovernor`` that picks the kernels' team size per whole-layer call (under
+  contention one thread beats a team that waits for a descheduled partner), or None.
 
 A ``StepContext`` is a non-reentrant context manager: it is entered once around one
 forward pass and cannot be nested or reused, so per-step state can never leak into
@@ -21,6 +24,9 @@ from dataclasses import dataclass, field
 from typing import Protocol, cast
 
 import torch
+
+from execstate.kernels.team import TeamGovernor
+from execstate.model.step_timers import StepTimers
 
 
 class AttentionBackend(Protocol):
@@ -110,10 +116,14 @@ class StepContext:
         positions: torch.Tensor,
         attention: AttentionBackend,
         routes: RouteCapture | None = None,
+        timers: StepTimers | None = None,
+        team: TeamGovernor | None = None,
     ) -> None:
         self.positions = positions
         self.attention = attention
         self.routes = routes
+        self.timers = timers  # a breakdown of the step's time (model/step_timers.py), or None
+        self.team = team  # chooses the kernels' team size per layer call (kernels/team.py), or None
         self._state = "new"  # new -> active -> done
 
     def __enter__(self) -> StepContext:

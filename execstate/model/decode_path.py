@@ -11,10 +11,12 @@
   blocks: ``model/weight_formats.py``), a dense SwiGLU MLP or a ``SparseMoE``, no ``clip_qkv``, and
   QK-norm absent or per head (``DecodeWeights.build`` says which layer does not qualify).
 
-A dense layer is one C call. A MoE layer is one C call up to the router logits, then the
-module's own routing (softmax, top-k, forced routes, route capture: ``SparseMoE.route``) and
-experts; so routes and replay behave exactly as on the per-op path. Results are bitwise
-equal to the per-op kernel path (same kernels, same order).
+A dense layer is one C call. A MoE layer without a shared expert is one C call too: routing
+(``kernels/routing.py``'s order, which ``SparseMoE.route`` uses on the kernels), forced routes of a
+replay, and the experts run inside it; the routes it returns are recorded in ``ctx.routes`` as
+``SparseMoE.route`` records them. A MoE layer with a shared expert is one C call up to the router
+logits, then the module's own routing and experts. Either way routes and replay behave exactly
+as on the per-op path, and results are bitwise equal to it (same kernels, same order).
 
 The layers' checked weight pointers are built once and kept on the model
 (``CausalLM.decode_weights``, passed here as ``weights``: called only when a step qualifies);
@@ -26,7 +28,9 @@ imports it, never the other way round.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 
@@ -35,7 +39,7 @@ from execstate.model.context import StepContext
 from execstate.model.decoder_layer import DecoderLayer
 from execstate.model.layers import GatedMLP
 from execstate.model.moe import SparseMoE
-from execstate.model.weight_formats import decode_formats, matrices_reason
+from execstate.model.weight_formats import decode_formats, format_of, matrices_reason
 
 
 class DecodeWeights:
@@ -76,17 +80,28 @@ def _unsupported(layer: DecoderLayer) -> str | None:
     return matrices_reason(layer)  # each in its kernel format (model/weight_formats.py)
 
 
+def experts_in_call(layer: DecoderLayer) -> bool:
+    """Whether the layer's MoE block runs inside its whole-layer call (routing and experts in C):
+    a ``SparseMoE`` without a shared expert. Otherwise the call stops at the router logits."""
+    return isinstance(layer.mlp, SparseMoE) and layer.mlp.shared_expert is None
+
+
 def _layer_weights(layer: DecoderLayer) -> kern.LayerWeights:
     a, mlp = layer.attn, layer.mlp
+    formats = decode_formats(layer)
+    experts = experts_in_call(layer)
+    if experts and (f := format_of(mlp)) is not None:
+        formats["w_gate_up"] = formats["w_down"] = f
     return kern.layer_weights(
         layer.input_norm.weight, a.qkv_proj.weight, a.qkv_proj.bias,
         None if a.q_norm is None else a.q_norm.weight, None if a.k_norm is None else a.k_norm.weight,
         a.o_proj.weight, a.o_proj.bias, layer.post_attn_norm.weight,
         num_heads=a.num_heads, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim, eps=a.eps,
-        w_router=mlp.router.weight if isinstance(mlp, SparseMoE) else None,
-        w_gate_up=mlp.gate_up_proj.weight if isinstance(mlp, GatedMLP) else None,
-        w_down=mlp.down_proj.weight if isinstance(mlp, GatedMLP) else None,
-        formats=decode_formats(layer),
+        w_router=None if isinstance(mlp, GatedMLP) else mlp.router.weight,
+        w_gate_up=mlp.gate_up_proj.weight if isinstance(mlp, GatedMLP) else mlp.w_gate_up if experts else None,
+        w_down=mlp.down_proj.weight if isinstance(mlp, GatedMLP) else mlp.w_down if experts else None,
+        formats=formats, top_k=mlp.top_k if experts and isinstance(mlp, SparseMoE) else 0,
+        norm_topk=bool(experts and mlp.norm_topk_prob),
     )
 
 
@@ -103,16 +118,41 @@ def decode_layers(layers: Sequence[DecoderLayer], weights_of: Callable[[], Decod
     if tables is None:
         return None
     n = x.shape[0]
-    cos2, sin2 = cos.reshape(n, -1), sin.reshape(n, -1)
-    kern.check_step(x, cos2, sin2, tables)
+    timers = ctx.timers  # the layer calls' time and the kernels' phases (model/step_timers.py)
+    step = kern.decode_step(x, cos.reshape(n, -1), sin.reshape(n, -1), tables,
+                            timers.kernel_args() if timers is not None else (0, 0, 0))
     h = torch.empty_like(x)
     logits: torch.Tensor | None = None
+    team, routes = ctx.team, ctx.routes  # team or one thread per call (kernels/team.py); R3 capture/replay
+    t0 = timers.now() if timers is not None else 0.0
     for i, (layer, w) in enumerate(zip(layers, weights.layers, strict=True)):
-        if not w.num_experts:
-            kern.run_layer(i, w, x, cos2, sin2, tables)
-            continue
-        if logits is None or logits.shape[1] != w.num_experts:
-            logits = torch.empty((n, w.num_experts), dtype=torch.float32)
-        kern.run_layer(i, w, x, cos2, sin2, tables, h, logits)
-        x.add_(layer.mlp(h, ctx, logits=logits))
+        if team is not None:
+            team.before_call((i, n))
+            t_call = time.perf_counter()
+        if w.top_k:  # routing and experts in the call; the routes recorded as SparseMoE.route does
+            m = cast(SparseMoE, layer.mlp).moe_index  # top_k: an MoE layer
+            ids = torch.empty((n, w.top_k), dtype=torch.int64)
+            forced = routes.forced(m) if routes is not None else None
+            if forced is not None:
+                forced = (forced[0].to(device="cpu", dtype=torch.uint8).contiguous(),
+                          forced[1].to(device="cpu", dtype=torch.int64).contiguous())
+            kern.run_layer(i, w, step, ids_out=ids, wts_out=torch.empty((n, w.top_k)), forced=forced)
+            if routes is not None:
+                routes.record(m, ids)
+        elif w.num_experts:  # the call stops at the router logits; the module routes and runs its experts
+            if logits is None or logits.shape[1] != w.num_experts:
+                logits = torch.empty((n, w.num_experts), dtype=torch.float32)
+            kern.run_layer(i, w, step, h, logits)
+        else:
+            kern.run_layer(i, w, step)
+        if team is not None:
+            team.after_call((i, n), time.perf_counter() - t_call)
+        if w.num_experts and not w.top_k:
+            if timers is not None:
+                timers.add("layers", t0)
+            x.add_(layer.mlp(h, ctx, logits=logits))  # charges "routing" and "experts" itself
+            if timers is not None:
+                t0 = timers.now()
+    if timers is not None:
+        timers.add("layers", t0)
     return x

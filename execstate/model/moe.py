@@ -2,6 +2,10 @@
 
 Routing (per token, per MoE layer), as in the HF reference of each architecture:
 
+On the CPU kernels (``use_kernels``, fp32 logits) steps 1-4 are ``kernels/routing.py``'s one fixed
+order (the whole-layer decode call routes the same way, so prefill and decode agree bit for bit);
+elsewhere torch's ops:
+
 1. ``logits = router(x)`` in the model dtype; ``probs = softmax(logits)`` in fp32.
 2. ``weights, ids = topk(probs, k)``: sorted, ids ordered by descending probability.
 3. Replay: if ``ctx.routes.forced(m)`` gives ``(mask, forced_ids)``, tokens whose mask is
@@ -29,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from execstate.kernels import cpu as cpu_kernels
-from execstate.kernels import formats
+from execstate.kernels import formats, routing
 from execstate.kernels.weight_format import WeightFormat
 from execstate.model.config import MIXTRAL, ModelConfig
 from execstate.model.context import StepContext
@@ -75,6 +79,13 @@ class SparseMoE(nn.Module):
         ``logits``: ``self.router(x)`` when the caller has it already (the whole-layer decode path)."""
         if logits is None:
             logits = self.router(x)
+        routes = ctx.routes
+        if self.use_kernels and routing.use_route(logits):  # the kernels' order (kernels/routing.py)
+            forced = routes.forced(self.moe_index) if routes is not None else None
+            ids, weights = routing.route(logits, self.top_k, self.norm_topk_prob, forced)
+            if routes is not None:
+                routes.record(self.moe_index, ids)
+            return ids, weights
         if self.batch_invariant:
             from execstate.kernels.gpu.rows import softmax
 
@@ -82,7 +93,6 @@ class SparseMoE(nn.Module):
         else:
             probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        routes = ctx.routes
         if routes is not None:
             forced = routes.forced(self.moe_index)
             if forced is not None:
@@ -125,13 +135,19 @@ class SparseMoE(nn.Module):
         return experts_torch(x, ids, weights, self.w_gate_up, self.w_down)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, logits: torch.Tensor | None = None) -> torch.Tensor:
+        timers = ctx.timers  # charged "routing" and "experts" (model/step_timers.py) when set
+        t0 = timers.now() if timers is not None else 0.0
         ids, weights = self.route(x, ctx, logits)
+        if timers is not None:
+            t0 = timers.add("routing", t0)
         out = self.experts(x, ids, weights)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             g = self.shared_expert_gate(x)
             # the kernel's sigmoid: each gate the same bits whatever the step's other tokens
             gate = cpu_kernels.sigmoid(g) if self.use_kernels and cpu_kernels.use_rows(g) else torch.sigmoid(g)
             out = out + gate * self.shared_expert(x)
+        if timers is not None:
+            timers.add("experts", t0)
         return out
 
 

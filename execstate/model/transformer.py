@@ -93,17 +93,29 @@ class CausalLM(nn.Module):
             got = (routes.num_tokens, routes.num_moe_layers, routes.top_k)
             if got != want:
                 raise ValueError(f"RouteCapture shape {got} != (tokens, moe layers, top_k) {want}")
+        timers = ctx.timers
+        t0 = timers.now() if timers is not None else 0.0
         x = self.embed_tokens(input_ids)
         if x.dtype is not self.norm.weight.dtype:  # bf16 weights: activations in the norms' dtype (fp32)
             x = x.to(self.norm.weight.dtype)
         cos, sin = self.rotary.cos_sin(ctx.positions, x.dtype)
-        if self.kernels:
-            fast = decode_layers(cast("Sequence[DecoderLayer]", self.layers), self.decode_weights, x, cos, sin, ctx)
-            if fast is not None:
-                return self.norm(fast)
-        for layer in self.layers:
-            x = layer(x, cos, sin, ctx)
-        return self.norm(x)
+        if timers is not None:
+            t0 = timers.add("embed", t0)
+        layers = cast("Sequence[DecoderLayer]", self.layers)  # the ModuleList
+        fast = decode_layers(layers, self.decode_weights, x, cos, sin, ctx) if self.kernels else None
+        if fast is None:
+            inner = timers.total(("routing", "experts")) if timers is not None else 0.0
+            for layer in self.layers:
+                x = layer(x, cos, sin, ctx)
+            if timers is not None:  # the MoE blocks charged their own part
+                t0 = timers.add("layers", t0, less=timers.total(("routing", "experts")) - inner)
+        else:
+            x = fast
+            t0 = timers.now() if timers is not None else 0.0
+        out = self.norm(x)
+        if timers is not None:
+            timers.add("final_norm", t0)
+        return out
 
     def decode_weights(self) -> DecodeWeights:
         """The whole-layer decode path's checked weights (``model/decode_path.py``), built once."""

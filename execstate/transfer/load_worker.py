@@ -23,8 +23,6 @@ stuck the worker asks NIXL about them every ``reap_interval_s``.
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,6 +31,7 @@ from execstate.state.block_pool import BlockId
 from execstate.transfer.bulk import NixlBulk
 from execstate.transfer.errors import ErrorCode
 from execstate.transfer.importer import KVImporter, LoadResult
+from execstate.transfer.job_thread import JobThread
 from execstate.transfer.manifest import Capabilities
 
 
@@ -80,15 +79,13 @@ class _SetCaps:
     caps: Capabilities
 
 
-class _Stop:
-    pass
-
-
 Result = LoadDone | ReleaseDone | Reclaimed
-_Job = LoadJob | _Release | _SetCaps | _Stop
+_Job = LoadJob | _Release | _SetCaps
 
 
 class LoadWorker:
+    """The PD load thread (module docstring), a :class:`JobThread` with the importer's handler."""
+
     def __init__(
         self,
         importer: KVImporter,
@@ -98,88 +95,80 @@ class LoadWorker:
     ) -> None:
         self.importer = importer
         self.bulk = bulk
-        self.on_result = on_result
         self.reap_interval_s = reap_interval_s
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._results: queue.SimpleQueue[Result] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._cancelled: set[int] = set()
-        self._thread = threading.Thread(target=self._run, name="execstate-kv-load", daemon=True)
-        self._thread.start()
+        self._thread: JobThread[_Job, Result] = JobThread(
+            "execstate-kv-load", self._handle, skipped=lambda job: LoadDone(job.job_id, None),  # type: ignore[union-attr]
+            failed=self._failed, on_result=on_result, tick=self._reap,
+            tick_s=lambda: self.reap_interval_s if self.bulk.num_stuck else None, on_close=importer.close)
+
+    @property
+    def on_result(self) -> Callable[[], object] | None:
+        return self._thread.on_result
+
+    @on_result.setter
+    def on_result(self, fn: Callable[[], object] | None) -> None:
+        self._thread.on_result = fn
 
     # -- owner side (any thread) -------------------------------------------------------------------
 
     def submit_load(self, job: LoadJob) -> None:
-        self._jobs.put(job)
+        self._thread.submit(job)
 
     def submit_release(self, addr: str, transfer_id: str) -> None:
-        self._jobs.put(_Release(addr, transfer_id))
+        self._thread.submit(_Release(addr, transfer_id))
 
     def set_caps(self, caps: Capabilities) -> None:
         """New local capabilities (weights update): loads submitted after this handshake with them."""
-        self._jobs.put(_SetCaps(caps))
+        self._thread.submit(_SetCaps(caps))
 
     def cancel(self, job_id: int) -> None:
         """Skip ``job_id`` if it has not started (its ``LoadDone`` then has ``result=None``)."""
-        with self._lock:
-            self._cancelled.add(job_id)
+        self._thread.cancel(job_id)
 
     def results(self) -> list[Result]:
-        out: list[Result] = []
-        while True:
-            try:
-                out.append(self._results.get_nowait())
-            except queue.Empty:
-                return out
+        return self._thread.results()
 
     @property
     def has_results(self) -> bool:
-        return not self._results.empty()
+        return self._thread.has_results
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Finish the job in progress and the queued releases; queued loads are not run (their
         ``LoadDone`` say cancelled); stop the thread."""
-        self._jobs.put(_Stop())
-        self._thread.join(timeout)
+        self._thread.close(timeout)
 
     # -- worker thread ------------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        stopping = False
-        try:
-            while True:
-                try:
-                    job = self._jobs.get(timeout=self.reap_interval_s if self.bulk.num_stuck else None)
-                except queue.Empty:
-                    job = None
-                if isinstance(job, _Stop):
-                    stopping = True
-                elif isinstance(job, LoadJob):
-                    self._emit(self._load(job, stopping))
-                elif isinstance(job, _Release):
-                    self._emit(ReleaseDone(job.addr, job.transfer_id, self._release(job)))
-                elif isinstance(job, _SetCaps):
-                    self.importer.caps = job.caps
-                for sid in self.bulk.reap_stuck():
-                    self._emit(Reclaimed(sid))
-                if stopping and self._jobs.empty():
-                    return
-        finally:
-            self.importer.close()
+    def _handle(self, job: _Job) -> Result | None:
+        if isinstance(job, LoadJob):
+            return self._load(job)
+        if isinstance(job, _Release):
+            return ReleaseDone(job.addr, job.transfer_id, self._release(job))
+        self.importer.caps = job.caps
+        return None
 
-    def _load(self, job: LoadJob, stopping: bool) -> LoadDone:
-        with self._lock:
-            cancelled = job.job_id in self._cancelled
-            self._cancelled.discard(job.job_id)
-        if cancelled or stopping:
+    def _reap(self) -> list[Result]:
+        return [Reclaimed(sid) for sid in self.bulk.reap_stuck()]
+
+    @staticmethod
+    def _internal(exc: Exception) -> LoadResult:
+        return LoadResult(False, 0, None, 0, 0, f"{ErrorCode.INTERNAL.value}: {exc!r}", 0.0,
+                          error_code=ErrorCode.INTERNAL)
+
+    def _failed(self, job: _Job, exc: Exception) -> Result | None:
+        if isinstance(job, LoadJob):
+            return LoadDone(job.job_id, self._internal(exc))
+        return ReleaseDone(job.addr, job.transfer_id, False) if isinstance(job, _Release) else None
+
+    def _load(self, job: LoadJob) -> LoadDone:
+        if self._thread.stopping:
             return LoadDone(job.job_id, None)
         before = self.bulk.stuck_ids()
         try:
             result = self.importer.load(job.addr, job.transfer_id, job.epoch, job.keys, job.dst, job.need_routes,
                                         start_block=job.start_block)
-        except Exception as e:  # a bug or bad arguments: this load fails, the thread lives on
-            result = LoadResult(False, 0, None, 0, 0, f"{ErrorCode.INTERNAL.value}: {e!r}", 0.0,
-                                error_code=ErrorCode.INTERNAL)
+        except Exception as e:  # a bug or bad arguments: this load fails (its stuck reads still named)
+            result = self._internal(e)
         return LoadDone(job.job_id, result, self.bulk.stuck_ids() - before)
 
     def _release(self, job: _Release) -> bool:
@@ -187,8 +176,3 @@ class LoadWorker:
             return self.importer.release(job.addr, job.transfer_id)
         except Exception:  # best effort: the source's TTL is the fallback
             return False
-
-    def _emit(self, item: Result) -> None:
-        self._results.put(item)
-        if self.on_result is not None:
-            self.on_result()

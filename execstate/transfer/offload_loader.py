@@ -24,8 +24,6 @@ blocks ``dst[:num_verified]`` hold verified KV and may be committed under their 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +39,7 @@ from execstate.state.tiers.host_cache import HostCache
 from execstate.state.tiers.store import UnitStore
 from execstate.state.tiers.unit import UnitFormatError, UnitLayout, UnitRecord, unpack_unit
 from execstate.transfer.errors import ErrorCode
+from execstate.transfer.job_thread import JobThread
 from execstate.transfer.unit_checks import (
     ExpectedUnit,
     UnitCheckError,
@@ -95,75 +94,42 @@ class _Fetched:
     seconds: float
 
 
-class _Stop:
-    pass
-
-
 class ReloadWorker:
     def __init__(self, pool: KVPool, host: HostCache | None, stores: Sequence[UnitStore], layout: UnitLayout,
                  n_experts: int | None, ring: SecretRing, on_result: Callable[[], None] | None = None,
                  hash_threads: int = 2) -> None:
         self.pool, self.host, self.stores = pool, host, list(stores)
         self.layout, self.n_experts, self.ring = layout, n_experts, ring
-        self.on_result = on_result
         self._hash = ThreadPoolExecutor(hash_threads, thread_name_prefix="execstate-offload-hash") \
             if hash_threads > 1 else None
-        self._jobs: queue.SimpleQueue[ReloadJob | _Stop] = queue.SimpleQueue()
-        self._results: queue.SimpleQueue[ReloadDone] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._cancelled: set[int] = set()
-        self._thread = threading.Thread(target=self._run, name="execstate-offload-load", daemon=True)
-        self._thread.start()
+        self._thread: JobThread[ReloadJob, ReloadDone] = JobThread(
+            "execstate-offload-load", self._reload, on_result=on_result,
+            skipped=lambda job: ReloadDone(job.job_id, 0, None, 0.0, cancelled=True),
+            failed=lambda job, e: ReloadDone(job.job_id, 0, None, 0.0,
+                                             failures=[UnitFailure("-", "internal", repr(e))]))
 
     # -- engine side ---------------------------------------------------------------------------------
 
     def submit(self, job: ReloadJob) -> None:
-        self._jobs.put(job)
+        self._thread.submit(job)
 
     def cancel(self, job_id: int) -> None:
         """Skip ``job_id`` if it has not started (its ``ReloadDone`` then says ``cancelled``)."""
-        with self._lock:
-            self._cancelled.add(job_id)
+        self._thread.cancel(job_id)
 
     def results(self) -> list[ReloadDone]:
-        out: list[ReloadDone] = []
-        while True:
-            try:
-                out.append(self._results.get_nowait())
-            except queue.Empty:
-                return out
+        return self._thread.results()
 
     @property
     def has_results(self) -> bool:
-        return not self._results.empty()
+        return self._thread.has_results
 
     def close(self, timeout: float | None = 30.0) -> None:
-        self._jobs.put(_Stop())
-        self._thread.join(timeout)
+        self._thread.close(timeout)
         if self._hash is not None:
             self._hash.shutdown(wait=True)
 
     # -- worker thread -------------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if isinstance(job, _Stop):
-                return
-            with self._lock:
-                cancelled = job.job_id in self._cancelled
-                self._cancelled.discard(job.job_id)
-            if cancelled:
-                done = ReloadDone(job.job_id, 0, None, 0.0, cancelled=True)
-            else:
-                try:
-                    done = self._reload(job)
-                except Exception as e:  # a bug: this reload verifies nothing, the thread lives on
-                    logger.exception("offload reload failed")
-                    done = ReloadDone(job.job_id, 0, None, 0.0, failures=[UnitFailure("-", "internal", repr(e))])
-            self._results.put(done)
-            if self.on_result is not None:
-                self.on_result()
 
     def tiers(self) -> list[Tier]:
         return ([self.host] if self.host is not None and self.host.visible else []) + self.stores

@@ -25,11 +25,6 @@ nothing waits for it but a later reload of that unit.
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
-import queue
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -40,8 +35,7 @@ from execstate.state.tiers.host_cache import HostCache
 from execstate.state.tiers.pool_units import UnitOrigin
 from execstate.state.tiers.store import UnitStore
 from execstate.state.tiers.unit import FORMAT_VERSION, UnitLayout, UnitRecord, pack_unit, sign
-
-logger = logging.getLogger("execstate.offload")
+from execstate.transfer.job_thread import JobThread
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,58 +46,38 @@ class WriteJob:
     routes: bytes | None
 
 
-class _Stop:
-    pass
-
-
 class WriteBackWorker:
     def __init__(self, host: HostCache, stores: Sequence[UnitStore], layout: UnitLayout,
                  ring: SecretRing, on_drained: Callable[[], object] | None = None) -> None:
         self.host = host
-        self.on_drained = on_drained
         self.stores = list(stores)
         self.layout = layout
         self.ring = ring
-        self._jobs: queue.SimpleQueue[WriteJob | _Stop] = queue.SimpleQueue()
-        self._idle = threading.Condition()
-        self._pending = 0
-        self._thread = threading.Thread(target=self._run, name="execstate-offload-write", daemon=True)
-        self._thread.start()
+        self._thread: JobThread[WriteJob, None] = JobThread("execstate-offload-write", self._one,
+                                                            on_drained=on_drained, niceness=10)
 
     def submit(self, job: WriteJob) -> None:
-        with self._idle:
-            self._pending += 1
-        self._jobs.put(job)
+        self._thread.submit(job)
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until every submitted job is done; False on timeout."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+        return self._thread.flush(timeout)
 
     @property
     def num_pending(self) -> int:
-        return self._pending
+        return self._thread.num_pending
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Finish the queued jobs, then stop the thread."""
-        self._jobs.put(_Stop())
-        self._thread.join(timeout)
+        self._thread.close(timeout)
 
     # -- worker thread -----------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + 10)
-        while True:
-            job = self._jobs.get()
-            if isinstance(job, _Stop):
-                return
-            try:
-                self._write(job)
-            except Exception:  # a bug in one write-back must not stop the others
-                logger.exception("offload write-back of %s failed", job.key.hex()[:16])
-            finally:
-                self._done(job)
+    def _one(self, job: WriteJob) -> None:
+        try:
+            self._write(job)
+        finally:
+            self.host.unpin(job.key)
 
     def _write(self, job: WriteJob) -> None:
         kv = self.host.view(job.slot)
@@ -122,19 +96,3 @@ class WriteBackWorker:
             if parts is None:
                 parts = pack_unit(record, job.routes, kv.data)
             store.put(job.key, parts)
-
-    def _done(self, job: WriteJob) -> None:
-        try:
-            self.host.unpin(job.key)
-        finally:
-            with self._idle:
-                last = self._pending == 1
-            if last and self.on_drained is not None:  # before the count drops: flush() waits for it
-                try:
-                    self.on_drained()
-                except Exception:  # noqa: BLE001 - the events must never stop the write-backs
-                    logger.exception("offload write-back: on_drained failed")
-            with self._idle:
-                self._pending -= 1
-                if self._pending == 0:
-                    self._idle.notify_all()

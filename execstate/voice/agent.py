@@ -41,6 +41,7 @@ import numpy as np
 from execstate.agent.agent_events import AgentEvent, ErrorEvent, OutputDelta, ResponseCreated, ResponseDone
 from execstate.agent.duplex import DuplexAgent
 from execstate.agent.errors import AgentError
+from execstate.agent.event_stream import EventStream
 from execstate.agent.speech_turns import SpeechTurnConfig, SpeechTurnPolicy
 from execstate.state import host_memory
 from execstate.voice.audio_input import AudioInput
@@ -58,7 +59,6 @@ from execstate.voice.resample import Resampler
 from execstate.voice.speech_out import SpeechOut
 from execstate.voice.vad import VadConfig
 
-_END = object()
 RATES = (16000, 24000)
 
 
@@ -104,7 +104,7 @@ class VoiceAgent:
         self.listener = Listener(agent, self.out, self.turns, self._emit, lambda: self.config.create_response,
                                  self._tick_wake.set)
         self.input: AudioInput | None = None
-        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._stream = EventStream(self.config.max_events, lambda: self._closed, self._set_closed)
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
@@ -136,7 +136,7 @@ class VoiceAgent:
                 await asyncio.get_running_loop().run_in_executor(self._in_exec, self._release_input, self.input)
         self._in_exec.shutdown(wait=False)
         self._out_exec.shutdown(wait=False)
-        self._queue.put_nowait(_END)
+        self._stream.end()
 
     @staticmethod
     def _release_input(inp: AudioInput) -> None:
@@ -147,12 +147,8 @@ class VoiceAgent:
         host_memory.trim()
 
     async def events(self) -> AsyncIterator[AgentEvent]:
-        while True:
-            item = await self._queue.get()
-            if item is _END:
-                return
-            assert isinstance(item, AgentEvent)
-            yield item
+        async for ev in self._stream.events():
+            yield ev
 
     # -- input --------------------------------------------------------------------------------------
     async def append(self, samples: np.ndarray) -> None:
@@ -246,6 +242,7 @@ class VoiceAgent:
         self._require_open()
         assert self.input is not None
         old, self.config = self.config, config
+        self._stream.max_events = config.max_events
         self.turns.config = config.turns
         self.out.voice = config.voice
         inp = self.input
@@ -291,12 +288,10 @@ class VoiceAgent:
                 self._emit(ev)
 
     def _emit(self, ev: AgentEvent) -> None:
-        if self._queue.qsize() >= self.config.max_events:
-            if not self._closed:
-                self._closed = True
-                self._queue.put_nowait(ErrorEvent(ev.t, ev.epoch, "overflow", "events were not consumed"))
-            return
-        self._queue.put_nowait(ev)
+        self._stream.emit(ev)
+
+    def _set_closed(self) -> None:
+        self._closed = True
 
     def _require_open(self) -> None:
         if self._closed:

@@ -10,11 +10,11 @@ import pytest
 
 from execstate.bench.harness import DATA, TASK, run_harness, write_task
 from execstate.engine.async_engine import AsyncEngine
-from execstate.engine.llm import LLM
 from execstate.engine.scorer import score_tokens
 from execstate.model.random_models import make_random
 from execstate.model.random_tokenizer import write_tokenizer
 from execstate.serve.app import build_app
+from execstate.session.lm.llm import LLM
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "serve"))
 from serve_helpers import running_server  # noqa: E402

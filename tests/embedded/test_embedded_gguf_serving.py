@@ -28,7 +28,7 @@ def test_smollm2_135m_serves_the_wheels_q4_1_file_as_it_is(dense_dir) -> None:
 
     llm = LLM("smollm2-135m", quantization="gguf")
     model = llm.engine.model
-    assert llm.engine.provenance.numerics == "eager+cpu-gguf-q41-q80-v1"
+    assert llm.engine.provenance.numerics == "eager+cpu-gguf-q41-q80-v2"
     assert sum(p.nbytes for p in model.parameters()) < 100e6  # the file's 96.6 MB of blocks and norms
     file = {t.name: np.array(t.data) for t in GGUFReader(str(find_packaged_gguf())).tensors}
     assert torch.equal(model.layers[3].mlp.down_proj.weight, torch.from_numpy(file["blk.3.ffn_down.weight"]))
@@ -38,8 +38,8 @@ def test_smollm2_135m_serves_the_wheels_q4_1_file_as_it_is(dense_dir) -> None:
     assert "Paris" in _answer(llm)
 
 
-@pytest.mark.parametrize(("name", "numerics"), [("smollm2-moe-q4_1", "eager+cpu-gguf-q41-q80-v1"),
-                                                ("smollm2-moe-q8_0", "eager+cpu-gguf-q80-v1")])
+@pytest.mark.parametrize(("name", "numerics"), [("smollm2-moe-q4_1", "eager+cpu-gguf-q41-q80-v2"),
+                                                ("smollm2-moe-q8_0", "eager+cpu-gguf-q80-v2")])
 def test_smollm2_moe_builds_answer_paris(moe_dir, name: str, numerics: str) -> None:
     llm = LLM(name, quantization="gguf", enable_return_routed_experts=True)
     assert llm.engine.provenance.numerics == numerics

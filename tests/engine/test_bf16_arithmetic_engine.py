@@ -26,7 +26,7 @@ def _prompt(seed: int, n: int) -> list[int]:
 def test_numerics_id_cache_and_batch_invariance(moe_dir) -> None:
     arith, widened = LLM(str(moe_dir), **BF16), LLM(str(moe_dir), dtype="bfloat16")
     pa, pw = arith.engine.provenance, widened.engine.provenance
-    want = "cpu-avx512bf16-v1" if gemm_bf16dot.NATIVE else "cpu-avx2-bf16emu-v1"
+    want = "cpu-avx512bf16-v2" if gemm_bf16dot.NATIVE else "cpu-avx2-bf16emu-v2"
     assert (pa.dtype, pa.numerics) == ("bfloat16", f"eager+{want}")
     # same bytes, other math
     assert pa.weights_version == pw.weights_version and ExecutionIdentity(pa).root != ExecutionIdentity(pw).root
@@ -49,7 +49,7 @@ def test_fallback_without_avx512_bf16_has_its_own_id_and_the_same_bits(moe_dir, 
     monkeypatch.setattr(gemm_bf16dot, "NATIVE", False)  # as on a CPU without AVX512-BF16
     monkeypatch.setattr(transformer, "decode_layers", lambda *a, **k: None)  # (its C side decides alone)
     emu = LLM(str(moe_dir), **BF16)
-    assert emu.engine.provenance.numerics == "eager+cpu-avx2-bf16emu-v1"
+    assert emu.engine.provenance.numerics == "eager+cpu-avx2-bf16emu-v2"
     got = emu.generate(prompts, GREEDY, use_tqdm=False)
     for a, b in zip(got, want, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids and a.outputs[0].logprobs == b.outputs[0].logprobs

@@ -44,8 +44,8 @@ def test_bf16_engine_weights_kv_provenance_and_cache(moe_dir) -> None:
     assert {p.dtype for p in eb.model.parameters() if p.dim() >= 2} == {torch.bfloat16}
     assert {p.dtype for p in eb.model.parameters() if p.dim() == 1} == {torch.float32}
     pb, pf = eb.provenance, ef.provenance
-    assert (pb.dtype, pb.numerics) == ("bfloat16", "eager+cpu-avx2-v2-bf16w")
-    assert (pf.dtype, pf.numerics) == ("float32", "eager+cpu-avx2-v1")
+    assert (pb.dtype, pb.numerics) == ("bfloat16", "eager+cpu-avx2-v3-bf16w")
+    assert (pf.dtype, pf.numerics) == ("float32", "eager+cpu-avx2-v2")
     assert pb.weights_version != pf.weights_version  # the digest covers the stored (bf16) bytes
     assert ExecutionIdentity(pb).root != ExecutionIdentity(pf).root
     prompt = _prompt(7, 35)

@@ -20,12 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
 from execstate.kernels import cpu
 from execstate.kernels.weight_format import WeightFormat
 from execstate.model.gguf_quantize import quantize_checkpoint
 from execstate.model.random_models import make_random
+from execstate.session.lm.llm import LLM
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason=f"CPU kernels unavailable: {cpu.unavailable_reason()}")
 

@@ -10,7 +10,7 @@ import pytest
 from execstate import LLM, SamplingParams
 from execstate.engine.config import EngineConfig
 from execstate.identity.execution import ExecutionIdentity
-from execstate.kernels import cpu
+from execstate.kernels import cpu, decode_layer
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=0)
 PROMPT = np.random.default_rng(7).integers(3, 500, 35).tolist()  # 2 full blocks of 16 + 3
@@ -34,6 +34,14 @@ def _count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     calls = {"linear_if_small": 0, "moe": 0}
     for name in calls:
         monkeypatch.setattr(cpu, name, _counted(calls, name, getattr(cpu, name)))
+    calls["moe_in_layer_call"] = 0
+    real = decode_layer.run_layer
+
+    def run_layer(layer, w, *args, **kw):
+        calls["moe_in_layer_call"] += bool(w.top_k)
+        return real(layer, w, *args, **kw)
+
+    monkeypatch.setattr(decode_layer, "run_layer", run_layer)
     return calls
 
 
@@ -42,16 +50,17 @@ def test_torch_vs_execstate_kernels(moe_dir, monkeypatch: pytest.MonkeyPatch) ->
     calls = _count_kernel_calls(monkeypatch)
     plain = _llm(moe_dir, kernels="torch")
     out_plain = plain.generate({"prompt_token_ids": PROMPT}, GREEDY, use_tqdm=False)[0].outputs[0]
-    assert calls == {"linear_if_small": 0, "moe": 0}
+    assert calls == {"linear_if_small": 0, "moe": 0, "moe_in_layer_call": 0}
     fast = _llm(moe_dir, kernels="execstate")
     out_fast = fast.generate({"prompt_token_ids": PROMPT}, GREEDY, use_tqdm=False)[0].outputs[0]
-    # Decode steps (1 row) ran on the kernels: every layer's MoE block, at each of 7 steps.
+    # The prefill's MoE blocks on the kernel; decode steps (1 row): every layer's MoE block inside
+    # its whole-layer call, at each of 7 steps.
     n_moe = fast.engine.model_config.num_moe_layers
-    assert calls["moe"] >= 7 * n_moe and calls["linear_if_small"] > 7
+    assert calls["moe"] >= n_moe and calls["moe_in_layer_call"] == 7 * n_moe and calls["linear_if_small"] > 7
 
     p_plain, p_fast = plain.engine.provenance, fast.engine.provenance
     assert p_plain.numerics == "eager+cpu-torch-v1"
-    assert p_fast.numerics == f"eager+{cpu.KERNEL_SET}" == "eager+cpu-avx2-v1"
+    assert p_fast.numerics == f"eager+{cpu.KERNEL_SET}" == "eager+cpu-avx2-v2"
     assert (p_plain.model_id, p_plain.weights_version, p_plain.dtype) == (
         p_fast.model_id, p_fast.weights_version, p_fast.dtype)
     assert not plain.engine.model.kernels and fast.engine.model.kernels
@@ -88,11 +97,11 @@ def test_execstate_kernels_need_cpu(moe_dir) -> None:
 
 def test_auto_kernels_follow_dtype_and_availability(moe_dir) -> None:
     bf16 = _llm(moe_dir, kernels="auto", dtype="bfloat16").engine
-    assert bf16.provenance.numerics == ("eager+cpu-avx2-v2-bf16w" if cpu.available() else "eager")
+    assert bf16.provenance.numerics == ("eager+cpu-avx2-v3-bf16w" if cpu.available() else "eager")
     assert bf16.provenance.dtype == "bfloat16"
     assert _llm(moe_dir, kernels="torch", dtype="bfloat16").engine.provenance.numerics == "eager+cpu-torch-v1"
     auto = _llm(moe_dir, kernels="auto")
-    assert auto.engine.provenance.numerics == ("eager+cpu-avx2-v1" if cpu.available() else "eager")
+    assert auto.engine.provenance.numerics == ("eager+cpu-avx2-v2" if cpu.available() else "eager")
     assert auto.engine.model.kernels == cpu.available()
     assert EngineConfig(model=str(moe_dir)).kernels == "auto"
     assert _llm(moe_dir, kernels="torch").engine.provenance.numerics == "eager+cpu-torch-v1"

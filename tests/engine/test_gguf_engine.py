@@ -37,7 +37,7 @@ def test_numerics_ids_cache_keys_and_batch_invariance(dirs) -> None:
     src, q41, q80 = dirs
     a, b, f = LLM(str(q41), quantization="gguf"), LLM(str(q80), quantization="gguf"), LLM(str(src))
     pa, pb, pf = a.engine.provenance, b.engine.provenance, f.engine.provenance
-    assert pa.numerics == "eager+cpu-gguf-q41-q80-v1" and pb.numerics == "eager+cpu-gguf-q80-v1"
+    assert pa.numerics == "eager+cpu-gguf-q41-q80-v2" and pb.numerics == "eager+cpu-gguf-q80-v2"
     assert pa.dtype == "float32" and len({pa.weights_version, pb.weights_version, pf.weights_version}) == 3
     assert len({ExecutionIdentity(pa).root, ExecutionIdentity(pb).root, ExecutionIdentity(pf).root}) == 3
     prompt = _prompt(7, 45)

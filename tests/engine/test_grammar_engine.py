@@ -14,11 +14,11 @@ import torch
 from execstate.engine.config import EngineConfig
 from execstate.engine.grammar.matcher import GrammarSnapshot
 from execstate.engine.grammar.spec import StructuredOutputsParams as S
-from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.token_mask import TokenMask, allowed, apply_token_mask
 from execstate.model.random_models import make_random
 from execstate.model.random_tokenizer import write_tokenizer
+from execstate.session.lm.llm import LLM
 
 SCHEMA = {
     "type": "object",

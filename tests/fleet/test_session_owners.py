@@ -3,11 +3,11 @@ what a resume needs (the engine id of its replica: its manifest key; its tenant)
 
 from __future__ import annotations
 
-from execstate.fleet.ray_app.prompt_route import Held, SessionOwners
+from execstate.fleet.ray_app.prompt_route import Held, SessionReplicas
 
 
 def test_owner_records_engine_and_tenant_and_follows_moves():
-    owners = SessionOwners()
+    owners = SessionReplicas()
     owners.set("c1", "s", "r1", "Bearer k1", engine_id="e1", tenant="tenant-a")
     assert owners.held("c1", "s") == Held("r1", "Bearer k1", "e1", "tenant-a")
     assert owners.get("c2", "s") is None  # another caller (credential) never finds it
@@ -21,7 +21,7 @@ def test_owner_records_engine_and_tenant_and_follows_moves():
 
 
 def test_owner_map_is_bounded_least_recently_used_first():
-    owners = SessionOwners(capacity=2)
+    owners = SessionReplicas(capacity=2)
     owners.set("c", "a", "r1")
     owners.set("c", "b", "r1")
     assert owners.get("c", "a") == "r1"  # used: "b" is now the least recently used

@@ -41,7 +41,7 @@ from ws_helpers import TIMEOUT, lm_ws, normalized, play, recv_json  # noqa: E402
 
 from execstate.engine.async_engine import AsyncEngine  # noqa: E402
 from execstate.engine.llm_engine import LLMEngine  # noqa: E402
-from execstate.fleet.ray_app.prompt_route import SessionOwners, caller_of  # noqa: E402
+from execstate.fleet.ray_app.prompt_route import SessionReplicas, caller_of  # noqa: E402
 from execstate.fleet.ray_app.ws_ingress import FleetSockets  # noqa: E402
 from execstate.fleet.ray_app.ws_route import WS_PATHS  # noqa: E402
 from execstate.fleet.router.policy import RouteRequest  # noqa: E402
@@ -110,7 +110,7 @@ def agent_ws(url: str) -> str:
 def test_frames_headers_and_close_codes_pass_through(upstream):
     url, _ = upstream
     placer = Placer({"up": url}, ["up"])
-    sockets = FleetSockets(placer, SessionOwners(), set())
+    sockets = FleetSockets(placer, SessionReplicas(), set())
     with running_server(proxy_app(sockets)) as (proxy, _):
         async def main():
             async with connect(agent_ws(proxy) + "?model=m&x=1", additional_headers=AUTH,
@@ -151,12 +151,12 @@ def test_an_unreachable_replica_is_skipped_and_none_reachable_closes_1013(upstre
     url, _ = upstream
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     placer = Placer({"dead": dead, "up": url}, ["dead", "up"])
-    with running_server(proxy_app(FleetSockets(placer, SessionOwners(), set()))) as (proxy, _):
+    with running_server(proxy_app(FleetSockets(placer, SessionReplicas(), set()))) as (proxy, _):
         async def main():
             async with connect(agent_ws(proxy)) as ws:
                 assert (await recv_json(ws))["type"] == "hello"
             assert [r.exclude for r in placer.routes] == [(), ("dead",)]
-            only_dead = FleetSockets(Placer({"dead": dead}, ["dead"]), SessionOwners(), set())
+            only_dead = FleetSockets(Placer({"dead": dead}, ["dead"]), SessionReplicas(), set())
             with running_server(proxy_app(only_dead)) as (proxy2, _):
                 async with connect(agent_ws(proxy2)) as ws:
                     with pytest.raises(ConnectionClosed) as closed:
@@ -169,7 +169,7 @@ def test_an_unreachable_replica_is_skipped_and_none_reachable_closes_1013(upstre
 def test_a_replica_killed_mid_connection_closes_the_clients_socket_with_1014(upstream):
     url, proc = upstream
     rid = "SERVE_REPLICA::execstate#EngineReplica#killed1"
-    sockets = FleetSockets(Placer({rid: url}, [rid]), SessionOwners(), set())
+    sockets = FleetSockets(Placer({rid: url}, [rid]), SessionReplicas(), set())
     with running_server(proxy_app(sockets)) as (proxy, _):
         async def main():
             async with connect(agent_ws(proxy)) as ws:
@@ -191,7 +191,7 @@ def test_a_replica_killed_mid_connection_closes_the_clients_socket_with_1014(ups
 
 def test_a_client_that_does_not_read_stops_the_replica_sending(upstream):
     url, proc = upstream
-    with running_server(proxy_app(FleetSockets(Placer({"up": url}, ["up"]), SessionOwners(), set()))) as (proxy, _):
+    with running_server(proxy_app(FleetSockets(Placer({"up": url}, ["up"]), SessionReplicas(), set()))) as (proxy, _):
         async def main():
             async with connect(agent_ws(proxy), max_size=None, max_queue=4, close_timeout=1) as ws:
                 await recv_json(ws)
@@ -241,7 +241,7 @@ def servers(tmp_path_factory) -> Iterator[dict[str, tuple[str, Any]]]:
 def test_lm_frames_through_the_proxy_equal_a_direct_connection(servers):
     (a_url, _), (b_url, _) = servers["A"], servers["B"]
     placer = Placer({"A": a_url, "B": b_url}, ["A"])
-    sockets = FleetSockets(placer, SessionOwners(), set())
+    sockets = FleetSockets(placer, SessionReplicas(), set())
     with running_server(proxy_app(sockets)) as (proxy, _):
         direct = run(play(lm_ws(b_url), "direct", additional_headers=AUTH))
         proxied = run(play(lm_ws(proxy), "proxied", additional_headers=AUTH))
@@ -257,7 +257,7 @@ def test_lm_frames_through_the_proxy_equal_a_direct_connection(servers):
 
 def test_a_wrong_key_is_refused_through_the_proxy(servers):
     placer = Placer({"A": servers["A"][0]}, ["A"])
-    with running_server(proxy_app(FleetSockets(placer, SessionOwners(), set()))) as (proxy, _):
+    with running_server(proxy_app(FleetSockets(placer, SessionReplicas(), set()))) as (proxy, _):
         async def main():
             # /v1/realtime reads the first message before choosing: the socket is accepted, then closed 1008
             async with connect(lm_ws(proxy), additional_headers={"Authorization": "Bearer wrong"}) as ws:
@@ -278,7 +278,7 @@ def test_a_wrong_key_is_refused_through_the_proxy(servers):
 def test_sessions_are_recorded_and_a_resume_goes_to_the_server_holding_it(servers):
     (a_url, _), (b_url, _) = servers["A"], servers["B"]
     placer = Placer({"A": a_url, "B": b_url}, ["A", "B"])  # new connections alternate A, B, A ...
-    owners = SessionOwners()
+    owners = SessionReplicas()
     sockets = FleetSockets(placer, owners, set())
     me = caller_of(AUTH["Authorization"])
     step = {"type": "response.create", "input": {"token_ids": [7, 8, 9, 10]}, "max_tokens": 2}

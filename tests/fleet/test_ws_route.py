@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from execstate.fleet.ray_app.prompt_route import SessionOwners
+from execstate.fleet.ray_app.prompt_route import SessionReplicas
 from execstate.fleet.ray_app.ws_route import (
     CLOSE_REPLICA_LOST,
     WS_PATHS,
@@ -37,7 +37,7 @@ def test_the_paths_are_the_replica_apps_sockets():
 
 
 def test_a_resume_of_a_known_session_goes_to_its_replica():
-    owners = SessionOwners()
+    owners = SessionReplicas()
     owners.set("caller-a", "s1", RID)
     resume = json.dumps({"type": "session.resume", "session_id": "s1", "event_id": "x"})
     assert first_frame_route(resume, "caller-a", owners) == RouteRequest(session_replica=RID)

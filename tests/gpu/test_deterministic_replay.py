@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
 from execstate.kernels.family import triton_available
 from execstate.model.random_models import make_random
+from execstate.session.lm.llm import LLM
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed (the gpu extra)")
 

@@ -57,7 +57,7 @@ def test_extension_built_and_usable_where_it_can_be() -> None:
         pytest.skip(why)
     assert cpu.available(), f"kernels should be built and usable here: {cpu.unavailable_reason()}"
     assert cpu.unavailable_reason() is None
-    assert cpu.KERNEL_SET == "cpu-avx2-v1"
+    assert cpu.KERNEL_SET == "cpu-avx2-v2"
 
 
 def _check_linear(x: torch.Tensor, w: torch.Tensor) -> None:

@@ -57,7 +57,7 @@ def test_every_line_of_a_moe_server(model_dir: Path) -> None:
     )
     assert lines["dtype"] == "float32"
     if cpu_kernels.available():
-        assert lines["kernels"] == "execstate CPU kernels (cpu-avx2-v1; auto: extension built, AVX2+FMA, cpu, float32)"
+        assert lines["kernels"] == "execstate CPU kernels (cpu-avx2-v2; auto: extension built, AVX2+FMA, cpu, float32)"
     else:
         assert lines["kernels"] == f"torch (auto: {cpu_kernels.unavailable_reason()})"
     assert lines["device"] == f"cpu, {torch.get_num_threads()} threads"
@@ -114,7 +114,7 @@ def test_torch_kernels_no_key_and_a_dense_model_without_routes(tmp_path: Path) -
     assert lines["architecture"] == f"LlamaForCausalLM, {count_parameters(dense):,} parameters, 2 layers"
     bf16 = lines_of(dense, "--dtype", "bf16")
     assert bf16["dtype"] == "bfloat16"
-    assert bf16["kernels"] == ("execstate CPU kernels (cpu-avx2-v2-bf16w: bf16 weights, fp32 activations; auto: "
+    assert bf16["kernels"] == ("execstate CPU kernels (cpu-avx2-v3-bf16w: bf16 weights, fp32 activations; auto: "
                                "extension built, AVX2+FMA, cpu, bfloat16)" if cpu_kernels.available()
                                else f"torch (auto: {cpu_kernels.unavailable_reason()})")
     assert lines_of(dense)["R3"] == "off"

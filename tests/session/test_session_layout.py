@@ -13,8 +13,8 @@ from execstate.session.lm.sessions import LMSessions
 
 
 def test_execstate_llm_is_the_engine_llm_plus_its_sessions(moe_dir):
-    assert execstate.LLM is LLM and issubclass(LLM, engine_llm.LLM)
-    assert not hasattr(engine_llm.LLM, "open_session")  # the engine layer knows nothing of sessions
+    assert execstate.LLM is LLM and issubclass(LLM, engine_llm.EngineLLM)
+    assert not hasattr(engine_llm.EngineLLM, "open_session")  # the engine layer knows nothing of sessions
     llm = make_llm(moe_dir)
     s = llm.open_session(sampling_params=GREEDY, session_id="s")
     assert s.sessions is llm.sessions and llm.session("s").info() == s.info()

@@ -11,10 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from execstate.engine.grammar.spec import StructuredOutputsParams
-from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
 from execstate.model.random_models import make_random
 from execstate.model.random_tokenizer import write_tokenizer
+from execstate.session.lm.llm import LLM
 from execstate.tool_calls.call import FunctionSpec, ToolCall
 from execstate.tool_calls.parsers import tool_parser
 

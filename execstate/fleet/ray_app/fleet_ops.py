@@ -41,7 +41,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from execstate.fleet.ray_app.liveness import actor_alive
-from execstate.fleet.ray_app.prompt_route import SessionOwners
+from execstate.fleet.ray_app.prompt_route import SessionReplicas
 from execstate.fleet.ray_app.session_resume import SessionRouting
 from execstate.fleet.router.policy import RouteRequest
 
@@ -52,7 +52,7 @@ class Ingress(Protocol):
     """What the operations use of the ingress (``ingress.py``'s ``FleetIngress``)."""
 
     engines: DeploymentHandle
-    owners: SessionOwners
+    owners: SessionReplicas
     replicas: dict[str, dict[str, Any]]
     draining: set[str]
     served: Counter[str]

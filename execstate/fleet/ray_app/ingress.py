@@ -22,7 +22,7 @@ WebSockets (``ws_route.WS_PATHS``) to :class:`~execstate.fleet.ray_app.ws_ingres
   excluded and the request retried elsewhere, at most ``MAX_ATTEMPTS`` times; once an answer has
   started, a failure ends the stream.
 
-One ingress replica keeps the session owners (``SessionOwners``): deploy the ingress with one
+One ingress replica keeps the session owners (``SessionReplicas``): deploy the ingress with one
 replica (the default), or sessions opened through one ingress replica are unknown to the others.
 Engine replicas register themselves (:meth:`register`) when they start.
 """
@@ -47,7 +47,7 @@ from execstate.engine.tokenizer import Tokenizer
 from execstate.fleet.ray_app.engine_replica import REPLICA_HEADER
 from execstate.fleet.ray_app.fleet_ops import FleetOps
 from execstate.fleet.ray_app.landing import render_fleet_page
-from execstate.fleet.ray_app.prompt_route import SessionOwners, caller_of, prompt_route, session_of
+from execstate.fleet.ray_app.prompt_route import SessionReplicas, caller_of, prompt_route, session_of
 from execstate.fleet.ray_app.session_resume import SessionLost, SessionResumed, SessionRouting
 from execstate.fleet.ray_app.session_settings import SessionSettings
 from execstate.fleet.ray_app.ws_ingress import FleetSockets
@@ -77,7 +77,7 @@ class FleetIngress:
         self.model = model
         path = resolve_model(model)
         self.tokenizer = Tokenizer(path, chat_template) if (path / "tokenizer.json").exists() else None
-        self.owners = SessionOwners()
+        self.owners = SessionReplicas()
         self.replicas: dict[str, dict[str, Any]] = {}  # replica id -> what it registered
         self.draining: set[str] = set()
         self.served: Counter[str] = Counter()  # replica id -> requests answered (bench, tests)

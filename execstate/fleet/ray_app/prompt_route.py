@@ -6,7 +6,7 @@
   the fleet's shared prefix groups, with the body's ``cache_salt``;
 - ``POST /v1/chat/completions``: the chat template applied (``chat_prompt``), and the same scope;
 - ``/v1/sessions/{id}...``: the replica holding the session (from the ingress's
-  :class:`SessionOwners`);
+  :class:`SessionReplicas`);
 - anything else, or a body the conversion refuses: no tokens (power of two; the replica that gets
   it answers the error itself).
 
@@ -52,7 +52,7 @@ class Held(NamedTuple):
     tenant: str | None = None
 
 
-class SessionOwners:
+class SessionReplicas:
     """Session -> where it is held (:class:`Held`), for sessions opened or moved through this
     ingress (bounded: the least recently used entries are forgotten beyond ``MAX_SESSIONS``)."""
 

@@ -2,7 +2,7 @@
 "A replica lost").
 
 :meth:`SessionRouting.send` forwards a ``/v1/sessions/{id}...`` request to the replica holding
-the session (``SessionOwners``). When that replica is **lost** — the forward failed before an
+the session (``SessionReplicas``). When that replica is **lost** — the forward failed before an
 answer and Ray reports the replica's actor dead (or the error is Ray's ``ActorDiedError``), or
 Ray already dropped it and another replica answered instead, or a fleet operation already forgot
 it — the session is resumed on another replica from its copy in the shared tier
@@ -57,7 +57,7 @@ from ray.exceptions import ActorDiedError
 from ray.serve.handle import DeploymentHandle
 
 from execstate.fleet.ray_app.liveness import actor_alive
-from execstate.fleet.ray_app.prompt_route import Held, SessionOwners
+from execstate.fleet.ray_app.prompt_route import Held, SessionReplicas
 from execstate.fleet.router.policy import RouteRequest
 from execstate.identity.secret_ring import SecretRing
 from execstate.session.lm.hibernation_import import make_reference
@@ -74,7 +74,7 @@ class Ingress(Protocol):
     """What the session routing uses of the ingress (``ingress.py``'s ``FleetIngress``)."""
 
     engines: DeploymentHandle
-    owners: SessionOwners
+    owners: SessionReplicas
     replicas: dict[str, dict[str, Any]]
     draining: set[str]
 

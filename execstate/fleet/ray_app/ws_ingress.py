@@ -20,7 +20,7 @@
 3. **Relay** (``ws_relay.relay``): frames both ways, close codes and reasons through, a replica lost
    mid-connection closes the client's socket with 1014. On ``/v1/realtime`` the replica's
    ``session.created`` / ``session.resumed`` / ``session.forked`` record the session's replica in the
-   ingress's ``SessionOwners`` (with the connection's credential), ``session.closed`` forgets it, so
+   ingress's ``SessionReplicas`` (with the connection's credential), ``session.closed`` forgets it, so
    the session's HTTP calls (``/v1/sessions/{id}...``), a reconnect's ``session.resume`` and a drain
    find it.
 
@@ -41,7 +41,7 @@ from starlette.websockets import WebSocket
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from execstate.fleet.ray_app.prompt_route import SessionOwners, caller_of
+from execstate.fleet.ray_app.prompt_route import SessionReplicas, caller_of
 from execstate.fleet.ray_app.ws_relay import open_upstream, relay
 from execstate.fleet.ray_app.ws_route import (
     CLOSE_NO_REPLICA,
@@ -72,7 +72,7 @@ class FleetSockets:
     session map, ``draining`` the replicas new connections avoid. ``opened`` counts the connections
     each replica took, ``open`` those relayed now."""
 
-    def __init__(self, place: Place, owners: SessionOwners, draining: set[str],
+    def __init__(self, place: Place, owners: SessionReplicas, draining: set[str],
                  record: Callable[[str, str, str, str | None], None] | None = None) -> None:
         """``record(caller, session id, replica, credential)`` notes a session a socket opened or
         resumed (the ingress adds the replica's engine id and the tenant, which a resume after the

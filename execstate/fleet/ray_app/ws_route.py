@@ -51,7 +51,7 @@ _NOT_FORWARDED = frozenset({"host", "connection", "upgrade", "content-length", "
 
 
 class Owners(Protocol):
-    """What the route reads of the ingress's session map (``prompt_route.SessionOwners``)."""
+    """What the route reads of the ingress's session map (``prompt_route.SessionReplicas``)."""
 
     def get(self, caller: str, session_id: str) -> str | None: ...
 

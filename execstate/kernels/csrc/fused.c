@@ -87,6 +87,23 @@ static KT void qkv_rope_token(const float *qkv, const float *cos, const float *s
     }
 }
 
+/* One head of qkv_rope_token's work (head < nh: q head; < nh + nkv: k head; else v head), for
+ * callers that split a token's heads over threads (decode_layer.c): the same operations. */
+KT void es_qkv_rope_head(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
+                         float eps, float *q, float *k, float *v, int64_t t, int64_t head, int64_t nh, int64_t nkv,
+                         int64_t d) {
+    const float *src = qkv + t * (nh + 2 * nkv) * d + head * d, *c = cos + t * d, *sn = sin + t * d;
+    if (head >= nh + nkv) {
+        for (int64_t i = 0; i < d; i++) v[(t * nkv + head - nh - nkv) * d + i] = src[i];
+        return;
+    }
+    const float *w = head < nh ? qw : kw;
+    float *dst = head < nh ? q + (t * nh + head) * d : k + (t * nkv + head - nh) * d;
+    if (w) rms_row(src, w, dst, d, eps);
+    else for (int64_t i = 0; i < d; i++) dst[i] = src[i];
+    rope_head(dst, c, sn, d);
+}
+
 KT void es_qkv_rope_f32(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
                             float eps, float *q, float *k, float *v, int64_t T, int64_t nh, int64_t nkv, int64_t d) {
     if (T * (nh + 2 * nkv) * d < 16 * PARALLEL_MIN_MACS) {

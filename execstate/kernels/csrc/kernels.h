@@ -92,7 +92,11 @@ int es_decode_attention_f32(const float *q, const float *kc, const float *vc, fl
 void es_decode_attention_items_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
                                    const int64_t *block_table, const int64_t *ctx_len, int64_t max_blocks, int64_t nh,
                                    int64_t nkv, int64_t d, int64_t bs, float scale, int64_t i0, int64_t i1, float *sc);
-/* prefill_attention.c (nh / nkv <= 16) */
+/* prefill_attention.c (nh / nkv <= 16); es_decode_attention_kv: decode attention by (entry, KV
+ * head) items on the calling thread, the bits of es_decode_attention_f32 */
+int es_decode_attention_kv(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
+                           const int64_t *block_table, const int64_t *ctx_len, int64_t max_blocks, int64_t nh,
+                           int64_t nkv, int64_t d, int64_t bs, float scale, int64_t lmax, int64_t i0, int64_t i1);
 int es_prefill_attention_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
                              const int64_t *block_table, const int64_t *ctx_len, int64_t B, int64_t max_blocks,
                              int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale);
@@ -102,5 +106,12 @@ void es_sigmoid(const float *x, float *y, int64_t n);
 void es_rms_norm_f32(const float *x, const float *w, float *out, int64_t T, int64_t H, float eps);
 void es_qkv_rope_f32(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
                      float eps, float *q, float *k, float *v, int64_t T, int64_t nh, int64_t nkv, int64_t d);
+void es_qkv_rope_head(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
+                      float eps, float *q, float *k, float *v, int64_t t, int64_t head, int64_t nh, int64_t nkv,
+                      int64_t d);
+/* decode_moe.c: SparseMoE.route's routing on the kernels (softmax, top-k, forced rows, the
+ * top-k renormalised); probs: E floats of scratch. 0, or 1 when a forced id is outside [0, E). */
+int es_route(const float *logits, int64_t T, int64_t E, int64_t k, const int64_t *forced, const uint8_t *mask,
+             int norm_topk, int64_t *ids, float *wts, float *probs);
 
 #endif

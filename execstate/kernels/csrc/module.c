@@ -36,6 +36,8 @@
 #include <omp.h>
 
 #include "decode_layer.h"
+
+PyObject *es_py_mask_logits(PyObject *self, PyObject *args); /* token_mask.c */
 #include "kernels.h"
 
 static int cpu_ok(void) {
@@ -50,6 +52,15 @@ static int cpu_ok(void) {
 static PyObject *py_available(PyObject *self, PyObject *args) { return PyBool_FromLong(cpu_ok()); }
 
 static PyObject *py_max_threads(PyObject *self, PyObject *args) { return PyLong_FromLong(omp_get_max_threads()); }
+
+/* The calling thread's OpenMP team size for its next parallel regions (kernels/team.py). */
+static PyObject *py_set_threads(PyObject *self, PyObject *args) {
+    int n;
+    if (!PyArg_ParseTuple(args, "i", &n)) return NULL;
+    if (n < 1) return PyErr_Format(PyExc_ValueError, "set_threads: n must be >= 1, got %d", n);
+    omp_set_num_threads(n);
+    Py_RETURN_NONE;
+}
 
 /* The bindings of one kernel family share their argument parsing, size checks and return-code
  * handling; each calls its own kernel with the GIL released. */
@@ -360,6 +371,7 @@ static PyMethodDef methods[] = {
      "prefill_attention(...): decode_attention's arguments and results, rows of a span tiled together."},
     {"available", py_available, METH_NOARGS, "True when this CPU has AVX2 and FMA."},
     {"max_threads", py_max_threads, METH_NOARGS, "omp_get_max_threads() of the OpenMP runtime in use."},
+    {"set_threads", py_set_threads, METH_VARARGS, "set_threads(n): omp_set_num_threads(n) on the calling thread."},
     {"linear", py_linear, METH_VARARGS, "linear(x, w, y, M, K, N): y = x @ w.T (fp32 data pointers)."},
     {"linear_packed", py_linear_packed, METH_VARARGS,
      "linear_packed(x, w, y, M, K, N): y = x @ w.T, AVX-512 register-blocked, dot_rows numerics."},
@@ -382,7 +394,14 @@ static PyMethodDef methods[] = {
     {"linear_gguf", py_linear_gguf, METH_VARARGS,
      "linear_gguf(x, w, y, M, K, N, fmt, avx2): y = x @ dequant(w).T on GGUF blocks (fmt 3 Q8_0, 4 Q4_0, 5 Q4_1)."},
     {"moe_gguf", py_moe_gguf, METH_VARARGS, "moe_gguf(x, ids, wts, w_gu, w_d, out, T, k, E, H, I, fmt, avx2)."},
-    {"decode_layer", es_py_decode_layer, METH_VARARGS, "decode_layer(...): a whole decode-step layer (decode_layer.c)."},
+    {"layer_spec", es_py_layer_spec, METH_VARARGS, "layer_spec(...): a layer's weights for decode_layer (decode_spec.c)."},
+    {"step_spec", es_py_step_spec, METH_VARARGS, "step_spec(...): a decode step's inputs for decode_layer."},
+    {"decode_layer", es_py_decode_layer, METH_VARARGS,
+     "decode_layer(layer_spec, step_spec, layer, h_out, logits_out, ids_out, wts_out, forced, mask): a whole "
+     "decode-step layer (decode_layer.c)."},
+    {"mask_logits", es_py_mask_logits, METH_VARARGS,
+     "mask_logits(x, fallback, rows, k, bits, words, V): disallowed tokens of rows -> -inf (token_mask.c)."},
+    {"route", es_py_route, METH_VARARGS, "route(logits, T, E, k, forced, mask, norm_topk, ids, wts) (decode_moe.c)."},
     {NULL, NULL, 0, NULL},
 };
 

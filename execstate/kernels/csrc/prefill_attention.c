@@ -26,6 +26,16 @@ static KT void block_scores(const float *qg, const float *kb, int64_t kstride, i
                             float scale, float *s) {
     const int64_t d8 = d & ~(int64_t)7;
     int64_t l = l0;
+    for (; d8 == d && l + 8 <= l1; l += 8) { /* eight keys, their lane sums reduced together */
+        const float *k0 = kb + (l - l0) * kstride;
+        __m256 a[8];
+        for (int u = 0; u < 8; u++) a[u] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < d8; i += 8) {
+            const __m256 qv = _mm256_loadu_ps(qg + i);
+            for (int u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + u * kstride + i), qv, a[u]);
+        }
+        _mm256_storeu_ps(s + l, _mm256_mul_ps(hsum8_x8(a), _mm256_set1_ps(scale)));
+    }
     for (; l + 4 <= l1; l += 4) {
         const float *k0 = kb + (l - l0) * kstride, *k1 = k0 + kstride, *k2 = k1 + kstride, *k3 = k2 + kstride;
         scores4(qg, k0, k1, k2, k3, d8, d, scale, s + l);
@@ -197,6 +207,28 @@ static KT void tile_item(const float *q, const float *kc, const float *vc, float
         for (; c + 8 <= d; c += 8) _mm256_storeu_ps(o + c, _mm256_mul_ps(_mm256_loadu_ps(a + c), iv));
         for (; c < d; c++) o[c] = a[c] * inv[r];
     }
+}
+
+/* Decode attention (es_decode_attention_f32's inputs and bits) for work items [i0, i1) on the
+ * calling thread, item = b * nkv + h: entry b's G query heads of KV head h, a tile of one row, so
+ * each K and V row is read once for the G heads. lmax: the largest ctx_len of the call. For
+ * callers inside a parallel region (decode_layer.c) and es_decode_attention_f32. G <= 16.
+ * Returns 0, or 2 when out of memory. */
+KT int es_decode_attention_kv(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
+                              const int64_t *block_table, const int64_t *ctx_len, int64_t max_blocks, int64_t nh,
+                              int64_t nkv, int64_t d, int64_t bs, float scale, int64_t lmax, int64_t i0, int64_t i1) {
+    const int64_t G = nh / nkv;
+    const int pairs = d == 64 && G >= 2 && es_gemm_packed_available(); /* AVX-512 */
+    const size_t bytes[3] = {sizeof(float) * (size_t)(G * lmax), sizeof(float) * (size_t)(G * d),
+                             sizeof(float) * (size_t)(G * d) + 64};
+    void *pt[3];
+    if (es_scratch_parts(ES_SCRATCH_ATTENTION, 3, bytes, pt)) return 2;
+    for (int64_t item = i0; item < i1; item++) {
+        const int64_t b = item / nkv, h = item % nkv;
+        tile_item(q, kc, vc, out, tok, block_table + b * max_blocks, ctx_len, b, 1, h, G, nh, nkv, d, bs, scale, lmax,
+                  pt[0], pt[1], pt[2], pairs);
+    }
+    return 0;
 }
 
 /* Returns 0, or 2 when out of memory (then nothing is guaranteed written). Heads per KV head

@@ -26,6 +26,24 @@ static KT inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* hsum8 of 8 accumulators at once, r[u] = hsum8(a[u]): the same adds in the same tree (lanes
+ * i + i+4, then 0+2 and 1+3, then those two; IEEE adds commute exactly), so the same bits. */
+static KT inline __m256 hsum8_x8(const __m256 a[8]) {
+    __m256 s[4]; /* [a[2i] lanes i + i+4 | a[2i+1] lanes i + i+4] */
+    for (int i = 0; i < 4; i++)
+        s[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
+    /* per 128-bit half: (0+2, 1+3) of two accumulators */
+    const __m256 v0 = _mm256_add_ps(_mm256_shuffle_ps(s[0], s[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm256_shuffle_ps(s[0], s[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 v1 = _mm256_add_ps(_mm256_shuffle_ps(s[2], s[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm256_shuffle_ps(s[2], s[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* low half: a0 a2 a4 a6, high half: a1 a3 a5 a7 */
+    const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 static KT inline float finish(__m256 acc, const float *w, const float *x, int64_t k8, int64_t K) {
     float s = hsum8(acc);
     for (int64_t k = k8; k < K; k++) s = fmaf(w[k], x[k], s);

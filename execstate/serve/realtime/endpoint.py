@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 _ENCODER = msgspec.json.Encoder()
 
 
-class Outgoing(NamedTuple):
+class OutFrame(NamedTuple):
     event: dict[str, Any]
     payload: bytes | None  # a binary frame sent right after the event
 
@@ -74,13 +74,13 @@ class Endpoint:
         offered = ws.scope.get("subprotocols") or []
         await ws.accept(subprotocol=p.subprotocol if p.subprotocol in offered else None)
         self.num_connections += 1
-        outbox: Outbox[Outgoing] = Outbox(p.limits.max_unsent_events)
+        outbox: Outbox[OutFrame] = Outbox(p.limits.max_unsent_events)
 
         async def emit(event: dict[str, Any]) -> None:
-            await outbox.put(Outgoing(event, None))
+            await outbox.put(OutFrame(event, None))
 
         async def emit_binary(event: dict[str, Any], payload: bytes) -> None:
-            await outbox.put(Outgoing(event, payload))
+            await outbox.put(OutFrame(event, payload))
 
         conn = Connection(p, self.open_handlers, emit, emit_binary, scope_tenant(ws.scope))
         inbox: asyncio.Queue[_Frame | None] = asyncio.Queue()
@@ -93,7 +93,7 @@ class Endpoint:
             await asyncio.shield(self._end(conn, inbox, processor, outbox, writer))
 
     async def _read(self, ws: WebSocket, inbox: asyncio.Queue[_Frame | None], pending: _Pending,
-                    outbox: Outbox[Outgoing]) -> None:
+                    outbox: Outbox[OutFrame]) -> None:
         """Queue frames until the socket closes or a limit is crossed (``limits.py``)."""
         limits = self.protocol.limits
         while True:
@@ -113,13 +113,13 @@ class Endpoint:
                     limits.max_unprocessed_bytes is not None
                     and pending.bytes + item.size > limits.max_unprocessed_bytes):
                 err = self.protocol.error_event(ProtocolError("too_many_messages", limits.too_many_messages()), {})
-                await outbox.close_with(Outgoing(err, None), CLOSE_POLICY_VIOLATION, "too many unprocessed messages")
+                await outbox.close_with(OutFrame(err, None), CLOSE_POLICY_VIOLATION, "too many unprocessed messages")
                 return
             pending.messages += 1
             pending.bytes += item.size
             inbox.put_nowait(item)
 
-    async def _write(self, ws: WebSocket, outbox: Outbox[Outgoing]) -> None:
+    async def _write(self, ws: WebSocket, outbox: Outbox[OutFrame]) -> None:
         try:
             while (item := await outbox.get()) is not None:
                 if isinstance(item, CloseFrame):
@@ -134,7 +134,7 @@ class Endpoint:
             await outbox.abandon()
 
     async def _end(self, conn: Connection, inbox: asyncio.Queue[_Frame | None], processor: asyncio.Task[None],
-                   outbox: Outbox[Outgoing], writer: asyncio.Task[None]) -> None:
+                   outbox: Outbox[OutFrame], writer: asyncio.Task[None]) -> None:
         conn.disconnected()
         inbox.put_nowait(None)
         await asyncio.wait({processor})

@@ -31,7 +31,7 @@ from execstate.session.lm.sessions import LMSessions
 __all__ = ["LLM"]
 
 
-class LLM(engine_llm.LLM):
+class LLM(engine_llm.EngineLLM):
     def __init__(self, model: str | Path, **kwargs: Any) -> None:
         super().__init__(model, **kwargs)
         self.sessions = LMSessions(self.engine)

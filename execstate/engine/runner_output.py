@@ -9,7 +9,7 @@ import torch
 
 
 @dataclass
-class StepResult:
+class RunnerOutput:
     """``logits``: ``[n_sampling, vocab]`` fp32 on the model's device, rows in scheduled order
     (the sampler runs where they are); ``sample_rows``: index into ``sched.scheduled`` of each
     logits row; ``routes``: int16 ``[T, n_moe_layers, top_k]`` (on a GPU a view of a pinned buffer

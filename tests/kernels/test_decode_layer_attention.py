@@ -1,0 +1,73 @@
+"""The whole-layer decode call's attention (``csrc/decode_layer.c``: one work item per sequence and
+KV head, ``es_decode_attention_kv``) against the per-op path's decode kernel (one item per query
+head, ``es_decode_attention_f32``), bit for bit, on the shapes that reach every branch: several
+cache blocks of 16 positions (the eight-keys-at-once scores), head groups of 1-4 (AVX-512 head
+pairs and a single head beside them), head_dim 64 and 40 (a tail after the 8-lane chunks), 1 and
+2 threads, a batch of sequences of different lengths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_helpers import with_threads
+
+import execstate.model.transformer as transformer
+from execstate.model.context import StepContext
+from execstate.model.loader import load_model
+from execstate.model.paged_attention import PagedAttention, SeqSpan
+from execstate.model.random_models import make_random
+from execstate.state.kv_pool import KVPool
+
+BS = 16
+LENS = [3, 40, 17, 129, 64]
+
+
+def _model(tmp_path, heads: int, kv_heads: int, head_dim: int):
+    path = make_random("llama", tmp_path, seed=7, hidden_size=heads * head_dim, num_attention_heads=heads,
+                       num_key_value_heads=kv_heads, head_dim=head_dim, intermediate_size=256)
+    model = load_model(path)
+    model.use_cpu_kernels(True)
+    assert model.decode_weights().reason is None
+    return model
+
+
+def _prefill(model):
+    cfg = model.config
+    blocks = sum(-(-(n + 1) // BS) for n in LENS) + 4
+    pool = KVPool(cfg.num_layers, blocks, BS, cfg.num_kv_heads, cfg.head_dim, torch.float32)
+    perm = torch.randperm(blocks, generator=torch.Generator().manual_seed(1)).tolist()
+    gen = torch.Generator().manual_seed(2)
+    tables, tokens, at = [], [], 0
+    for n in LENS:
+        k = -(-(n + 1) // BS)
+        tables.append(perm[at : at + k])
+        at += k
+        tokens.append(torch.randint(3, cfg.vocab_size, (n + 1,), generator=gen))
+        att = PagedAttention(pool, [SeqSpan(0, n, n, tables[-1])], use_kernels=True)
+        with torch.inference_mode(), StepContext(torch.arange(n), att) as ctx:
+            model(tokens[-1][:n], ctx)
+    return pool, tables, tokens
+
+
+def _step(model, pool, tables, tokens) -> torch.Tensor:
+    spans = [SeqSpan(i, 1, n + 1, tables[i]) for i, n in enumerate(LENS)]
+    att = PagedAttention(pool, spans, use_kernels=True)
+    ids = torch.stack([tokens[i][n] for i, n in enumerate(LENS)])
+    with torch.inference_mode(), StepContext(torch.tensor(LENS), att) as ctx:
+        return model(ids, ctx)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 4, 64), (4, 2, 64), (6, 2, 64), (8, 2, 64),
+                                                             (6, 2, 40), (4, 1, 40)])
+def test_kv_items_equal_the_per_head_kernel(tmp_path, heads, kv_heads, head_dim) -> None:
+    model = _model(tmp_path, heads, kv_heads, head_dim)
+    pool, tables, tokens = _prefill(model)
+    fast = {n: with_threads(n, lambda: _step(model, pool, tables, tokens)) for n in (1, 2)}
+    real = transformer.decode_layers
+    transformer.decode_layers = lambda *a, **k: None
+    try:
+        slow = _step(model, pool, tables, tokens)
+    finally:
+        transformer.decode_layers = real
+    assert torch.equal(fast[1], slow)
+    assert torch.equal(fast[2], slow)
