@@ -97,7 +97,8 @@ class LoadWorker:
         self.bulk = bulk
         self.reap_interval_s = reap_interval_s
         self._thread: JobThread[_Job, Result] = JobThread(
-            "execstate-kv-load", self._handle, skipped=lambda job: LoadDone(job.job_id, None),  # type: ignore[union-attr]
+            "execstate-kv-load", self._handle,
+            skipped=lambda job: LoadDone(job.job_id, None) if isinstance(job, LoadJob) else None,  # only loads cancel
             failed=self._failed, on_result=on_result, tick=self._reap,
             tick_s=lambda: self.reap_interval_s if self.bulk.num_stuck else None, on_close=importer.close)
 
