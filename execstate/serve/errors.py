@@ -21,7 +21,6 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
-
 class ErrorInfo(BaseModel):
     message: str
     type: str
