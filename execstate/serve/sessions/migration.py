@@ -54,7 +54,7 @@ from execstate.serve.sessions.handover import ABORT_PATH, COMMIT_PATH, IDENTIFY_
 from execstate.serve.sessions.handover_wire import IMPORTED, HandoverRequest, answer_verifies, seal_request
 from execstate.serve.sessions.targets import MigrationTargets, Target
 from execstate.session.lm.async_sessions import AsyncSessions
-from execstate.session.lm.migration_source import Outgoing, begin_export, finish_export
+from execstate.session.lm.migration_source import Outgoing, begin_export, exportable, finish_export
 from execstate.session.runtime.migration import MigrationError
 from execstate.transfer.handover import DEFAULT_SKEW_S
 from execstate.transfer.secrets import SecretRing
@@ -224,9 +224,11 @@ def install_migration_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Aw
                               "secret of the instances (kv_secret / EXECSTATE_KV_SECRET)", code="unsupported")
         ring: SecretRing = pd.secrets
         sessions = scoped(request)
+        access = sessions.access
+        # the caller's own session, before any outbound call: another tenant's or an unknown id is a 404
+        await call(sessions.run(lambda s: exportable(s, session_id, access)))
         engine_id = target.engine_id or await call(identify(target.base, ring))
         nonce = secrets.token_hex(16)
-        access = sessions.access
         out: Outgoing = await call(sessions.run(lambda s: begin_export(
             s, session_id, body.timeout_s, target_engine_id=engine_id, nonce=nonce, access=access)))
         task = asyncio.ensure_future(migrations.hand_over(out, ring, target))
