@@ -5,7 +5,9 @@
 
 1. ``target`` must be in this server's ``--migration-targets`` (``targets.py``;
    ``target_not_allowed`` otherwise, before anything happens); the session must be the caller's
-   (another tenant's is ``not_found``) and not held by a live connection (``session_in_use``).
+   (another tenant's, or an id that never existed, is ``not_found``), open and not held by a live
+   connection (``session_in_use``): checked before any outbound call, so a caller who does not own
+   the session learns nothing from, and causes no traffic to, the target.
 2. On the engine thread the session is frozen (MIGRATING), its full KV blocks are exported (PD
    exporter) and its offer is built: bound to the target's engine id (listed, or asked with a
    signed ``identify``), a fresh nonce, its tenant and an expiry ``timeout_s`` away, signed with
