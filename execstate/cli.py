@@ -234,6 +234,9 @@ def _add_trust_options(s: argparse.ArgumentParser) -> None:
     g.add_argument("--api-keys-file", default=None, metavar="FILE",
                    help="API keys of several tenants: one 'KEY TENANT' per line ('#' comments); each tenant's "
                         "sessions are invisible to the others (default: none)")
+    g.add_argument("--public-metrics", action="store_true",
+                   help="with API keys: /metrics answers without one (it names tenants, never keys); every other "
+                        "path but /health and the browser pages needs a key (default: off)")
     g.add_argument("--session-idle-ttl", type=_ttl, default=600.0, metavar="SECONDS",
                    help="a detached session (opened over HTTP, or left by a dropped connection) unused this long "
                         "expires and releases everything; later calls get 'expired'; 0: never "
@@ -355,7 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     s.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
     s.add_argument("--api-key", action="append", default=None, metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on /v1; repeat for several keys (all of the tenant "
+                   help="require 'Authorization: Bearer KEY' on every path but /health and the browser pages (see "
+                        "--public-metrics); repeat for several keys (all of the tenant "
                         "'default'); see --api-keys-file for keys of several tenants (default: none: the server is "
                         "open to anyone who can reach it)")
     s.add_argument("--served-model-name", default=None, help="the name clients pass as 'model' (default: MODEL)")

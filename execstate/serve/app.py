@@ -42,7 +42,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from execstate.agent.backend import TaskLimits
 from execstate.engine.async_engine import AsyncEngine, EngineDeadError
-from execstate.serve.auth import APIKeyMiddleware
+from execstate.serve.auth import APIKeyMiddleware, public_paths
 from execstate.serve.body_limit import BodySizeLimitMiddleware
 from execstate.serve.context import ServeContext
 from execstate.serve.errors import install_error_handlers
@@ -123,10 +123,11 @@ def build_app(
     migration_skew_s: float = DEFAULT_SKEW_S,
     agent_task_limits: TaskLimits | None = None,
     voice_engines: Callable[[], VoiceEngines] | None = None,
+    public_metrics: bool = False,
 ) -> FastAPI:
     """An app serving ``async_engine`` under ``served_model_name`` (the only accepted
-    ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry,
-    ``limits`` to ``ServingLimits()``; ``handoff_trust`` (PD decode side) decides which
+    ``model``). ``api_key`` guards every path but the public ones (``auth.py``); ``metrics``
+    defaults to a fresh registry, ``limits`` to ``ServingLimits()``; ``handoff_trust`` (PD decode side) decides which
     handoff parameters are accepted; ``realtime_grace_s`` how long a session of a dropped
     ``/v1/realtime`` connection is kept for ``session.resume`` (``realtime/lm/owners.py``);
     ``agent_back_engine`` serves the back-end model of ``/v1/realtime/agent`` agents (``realtime/agent/``;
@@ -138,7 +139,8 @@ def build_app(
     and a source resumes an unconfirmed hand-over only this long after it); ``agent_task_limits``:
     each agent's back-end bounds (tool timeout, tasks at once); ``voice_engines`` builds the audio
     engines of ``/v1/voice/realtime`` (``voice/engines.py``; default: eSpeak NG, Silero VAD,
-    PocketSphinx), on first use."""
+    PocketSphinx), on first use; ``public_metrics``: ``/metrics`` answers without a key on a keyed server
+    (``--public-metrics``; every other path but ``/health`` and the browser pages needs one: ``auth.py``)."""
     limits = limits or ServingLimits()
     keys = keys if keys is not None else KeyRing.build([api_key] if api_key else [])
     policy = policy or serve_policy()
@@ -152,10 +154,13 @@ def build_app(
                   lifespan=lambda app: _sweeping(ctx, swept, policy))
     app.state.ctx = ctx
     app.state.keys = keys
+    public = public_paths(app)  # /health; the pages add theirs as they are installed
+    if public_metrics:
+        public.add("/metrics")
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=limits.max_request_bytes)
     # added last: runs first, so an unauthenticated body is never read; it names every caller's tenant
-    app.add_middleware(APIKeyMiddleware, keys=keys, peer_paths=PEER_PATHS)
+    app.add_middleware(APIKeyMiddleware, keys=keys, peer_paths=PEER_PATHS, public=public)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:

@@ -6,6 +6,10 @@ language model (name, architecture, size, route return), the world model when ``
 served, the endpoints of each surface, and the docs. The docs site is linked at ``/docs/`` when it
 was built next to the package (``make docs`` writes ``site/`` in a source checkout); otherwise the
 page says how to build it. No script, no client input: nothing on it comes from a request.
+
+The page and the docs site are public on a keyed server (``auth.py``: a browser cannot send a key
+when it navigates), so there the page names no model: no name, path, architecture or context
+length (what ``GET /v1/models`` tells a caller with a key), only the endpoints and the docs.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
+
+from execstate.serve.auth import public_paths
 
 DOCS_PATH = "/docs"
 
@@ -76,9 +82,18 @@ def _endpoints(app: FastAPI) -> list[tuple[str, str, str]]:
     return out
 
 
+def _keyed(app: FastAPI) -> bool:
+    keys = getattr(app.state, "keys", None)
+    return keys is not None and not keys.open
+
+
 def render(app: FastAPI, docs: bool) -> str:
     e = html.escape
-    rows = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _lm_rows(app) + _world_rows(app))
+    loaded = _lm_rows(app) + _world_rows(app)
+    if _keyed(app):  # public page on a keyed server: what is loaded is for callers with a key
+        loaded = [("models", "this server asks for an API key: GET /v1/models with "
+                   "'Authorization: Bearer <key>' lists them")]
+    rows = "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in loaded)
     def cell(path: str, link: str) -> str:
         return f'<a href="{e(link)}">{e(path)}</a>' if link else e(path)
 
@@ -95,9 +110,12 @@ def install_landing(app: FastAPI, docs_dir: Path | None = None) -> None:
     """Serve the landing page at ``/`` (and the docs site at ``/docs/`` when ``docs_dir`` or a built
     site of the checkout exists). Call after every surface is installed."""
     docs_dir = docs_dir or docs_site_dir()
+    public = public_paths(app)
     if docs_dir is not None:
         app.mount(DOCS_PATH, StaticFiles(directory=docs_dir, html=True), name="docs")
+        public.add_prefix(DOCS_PATH)
     page = render(app, docs_dir is not None)
+    public.add("/")
 
     @app.get("/", include_in_schema=False)
     async def landing() -> HTMLResponse:

@@ -240,6 +240,7 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
             migration_skew_s=getattr(args, "migration_skew_s", 30.0),
             agent_task_limits=TaskLimits(args.agent_tool_timeout_s, args.agent_max_tasks),
             voice_engines=voice_engines_from_args(args),
+            public_metrics=getattr(args, "public_metrics", False),
         )
         if args.world is not None:  # the world endpoints on the same app (serve --world)
             from execstate.serve.realtime.world.app import world_host_from_args
