@@ -120,7 +120,8 @@ def _size(text: str) -> int:
 
 # Defaults of the engine's capacity options (EngineConfig's; tests/serve/test_limits.py checks
 # they agree; engine.config imports torch, which --help should not wait for).
-_ENGINE_DEFAULTS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "kv_cache_memory": 1 << 30}
+_ENGINE_DEFAULTS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "kv_cache_memory": 1 << 30,
+                    "prompt_logprobs_chunk_tokens": 512}
 
 # Defaults of the offload options (EngineConfig's; tests/engine/test_offload_options.py checks they agree).
 _OFFLOAD_DEFAULTS = {"offload_disk_bytes": 16 << 30, "offload_redis_bytes": 4 << 30, "offload_policy": "lru",
@@ -139,6 +140,8 @@ _LIMIT_HELP = {
     "max_request_bytes": "largest HTTP request body (bytes, or a size such as 4MiB); larger gets 413",
     "max_waiting_requests": "engine requests (prompts x n) that may wait to be scheduled; beyond it, "
                             "429 with Retry-After",
+    "max_logprobs_prompt_tokens": "longest prompt scored for echo logprobs or prompt_logprobs (tokens); "
+                                  "longer gets 400",
 }
 
 
@@ -158,6 +161,9 @@ def _add_capacity_and_limit_options(s: argparse.ArgumentParser) -> None:
                         "full-length sequences can use)")
     g.add_argument("--num-kv-blocks", type=int, default=None,
                    help="KV pool size in blocks; overrides --kv-cache-memory (default: from --kv-cache-memory)")
+    g.add_argument("--prompt-logprobs-chunk-tokens", type=int, default=e["prompt_logprobs_chunk_tokens"],
+                   help="prompt tokens a request that scores its prompt (echo logprobs, prompt_logprobs) runs per "
+                        "engine step: the requests beside it keep getting tokens (default: %(default)s)")
     g.add_argument("--prefault-kv", action="store_true",
                    help="map the whole KV pool's pages at start (a background thread; ~0.5 s CPU per GiB, the "
                         "pool becomes resident) so prefills into fresh blocks pay no page faults (default: off)")

@@ -189,8 +189,8 @@ def _cap_flag(longest: int) -> list[str]:
 
 
 def format_table(report: dict[str, Any]) -> str:
-    head = "| prompt tokens | status | seconds | stream's longest gap (s) | stream tokens meanwhile | RSS peak growth (MB) " \
-           "| RSS growth 2 s after (MB) |"
+    head = ("| prompt tokens | status | seconds | stream's longest gap (s) | stream tokens meanwhile "
+            "| RSS peak growth (MB) | RSS growth 2 s after (MB) |")
     lines = [head, "|" + "---|" * 7]
     for r in report["sizes"]:
         lines.append(f"| {r['prompt_tokens']} | {r['status']} | {r['seconds']} | {r['stream_longest_gap_s']} | "

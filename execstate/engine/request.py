@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from execstate.engine.grammar.matcher import GrammarMatcher
     from execstate.engine.outputs import Logprob, RequestOutput
     from execstate.engine.penalties import PenaltyState
+    from execstate.engine.prompt_logprobs import PromptScoring
 
 
 class RequestStatus(enum.Enum):
@@ -99,6 +100,10 @@ class Request:
     penalty_state: PenaltyState | None = None
     # Tenant salt of this request's block keys (engine/cache_salt.py); None: the engine's.
     cache_salt: str | None = None
+    # Prompt logprobs (params.prompt_logprobs): the prompt's rows scored so far (engine/prompt_logprobs.py),
+    # and the most tokens of this request one step may run (None: the step's budget).
+    prompt_scoring: PromptScoring | None = None
+    max_chunk_tokens: int | None = None
     # Output state, built once per token (engine/output_builder.py): the text so far, each
     # token's logprob entry (when logprobs are asked for), the running sum of the sampled
     # logprobs, and how many tokens DELTA outputs have handed out.
@@ -130,6 +135,11 @@ class Request:
     def remaining_tokens(self) -> int:
         """Tokens still to run through the model before the next sample."""
         return self.num_tokens - self.num_computed_tokens
+
+    def chunk(self, budget: int) -> int:
+        """How many tokens this request runs in a step with ``budget`` tokens left."""
+        n = min(self.remaining_tokens, budget)
+        return n if self.max_chunk_tokens is None else min(n, self.max_chunk_tokens)
 
     @property
     def is_finished(self) -> bool:

@@ -9,11 +9,12 @@ only for the rows that sample, and returns the captured routes as numpy.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from execstate.engine.prompt_logprobs import ScoredRows, score_rows
 from execstate.engine.r3_clock import R3Clock
 from execstate.engine.scheduler import SchedulerOutput
 from execstate.model.context import RouteCapture, StepContext
@@ -27,6 +28,7 @@ class StepResult:
     sample_rows: list[int]  # index into sched.scheduled of each logits row
     routes: np.ndarray | None  # int16[T, n_moe_layers, top_k]
     token_offsets: list[int]  # start of each scheduled span in the flat batch
+    prompt_rows: list[ScoredRows] = field(default_factory=list)  # prompt logprobs (engine/prompt_logprobs.py)
 
 
 class ModelRunner:
@@ -80,12 +82,14 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[torch.tensor(last, device=self.device)])
         else:
             logits = torch.empty((0, 0))
+        scored = score_rows(self.model, hidden, sched, offsets) if any(
+            s.request.prompt_scoring is not None for s in sched.scheduled) else []
         route_np = None
         if routes is not None and self.capture_routes:
             t_r3 = time.perf_counter()
             route_np = routes.ids.cpu().numpy()
             self.r3_clock.add_since(t_r3)
-        return StepResult(logits.float().cpu(), sample_rows, route_np, offsets)
+        return StepResult(logits.float().cpu(), sample_rows, route_np, offsets, scored)
 
     def _forced(
         self, num_tokens: int, forced_rows: list[tuple[int, np.ndarray]]

@@ -127,6 +127,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         kernels=args.kernels,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        prompt_logprobs_chunk_tokens=getattr(args, "prompt_logprobs_chunk_tokens", 512),
         kv_cache_memory_bytes=args.kv_cache_memory,
         num_kv_blocks=args.num_kv_blocks,
         prefault_kv=getattr(args, "prefault_kv", False),
