@@ -161,7 +161,7 @@ def run_prompt_scoring_bench(sizes: tuple[int, ...] = DEFAULT_SIZES, threads: in
     try:
         model = build_model(Path(tempfile.mkdtemp(prefix="execstate-bench-scoring-")))
         args = ["serve", str(model), "--served-model-name", SERVED_NAME, "--max-model-len", str(POSITIONS),
-                *_cap_flag(max(sizes)), *extra_args]
+                "--max-logprobs-prompt-tokens", str(max(sizes)), *extra_args]
         url = cluster.spawn("server", args, threads)
         with httpx.Client() as client:
             cluster.wait_healthy(client)
@@ -176,16 +176,6 @@ def run_prompt_scoring_bench(sizes: tuple[int, ...] = DEFAULT_SIZES, threads: in
             "request": "echo: true, logprobs: 20, max_tokens: 0, beside one streamed completion",
             "threads": threads, "cpu": cpu_name(), "loadavg_before": load_before, "loadavg_after": loadavg(),
             "sizes": rows}
-
-
-def _cap_flag(longest: int) -> list[str]:
-    """``--max-logprobs-prompt-tokens`` raised to ``longest`` where the server has the flag."""
-    from execstate import cli
-
-    parser = cli.build_parser()
-    serve = next(a for a in parser._subparsers._group_actions if a.choices).choices["serve"]  # type: ignore[union-attr]
-    known = {s for a in serve._actions for s in a.option_strings}
-    return ["--max-logprobs-prompt-tokens", str(longest)] if "--max-logprobs-prompt-tokens" in known else []
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -27,16 +27,11 @@ as anyone's once computed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from execstate.engine.outputs import PromptLogprobs
-
-if TYPE_CHECKING:
-    from execstate.engine.request import Request
-    from execstate.engine.scheduler import SchedulerOutput
 
 ROWS_PER_BLOCK = 128  # logits rows materialised at once: 128 x vocab fp32 (25 MB at a 49k vocabulary)
 
@@ -80,10 +75,21 @@ class PromptScoring:
 
 
 @dataclass(frozen=True)
-class ScoredRows:
-    """What :func:`score_rows` found for one scheduled span: rows ``first ..`` of its request."""
+class Span:
+    """A scheduled span of a request that scores its prompt: positions ``start .. start + count`` of
+    its sequence, at ``offset`` in the step's flat batch."""
 
-    index: int  # into sched.scheduled
+    scoring: PromptScoring
+    start: int
+    count: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class ScoredRows:
+    """What :func:`score_rows` found for one span: rows ``first ..`` of its request's prompt."""
+
+    scoring: PromptScoring
     first: int
     logprobs: np.ndarray
     ranks: np.ndarray
@@ -92,25 +98,20 @@ class ScoredRows:
 
 
 @torch.inference_mode()
-def score_rows(model: torch.nn.Module, hidden: torch.Tensor, sched: SchedulerOutput,
-               offsets: list[int]) -> list[ScoredRows]:
-    """The prompt rows of this step's spans whose requests ask for prompt logprobs (module
-    docstring); ``hidden``: the forward pass's output, ``offsets``: each span's start in it."""
+def score_rows(model: torch.nn.Module, hidden: torch.Tensor, spans: list[Span]) -> list[ScoredRows]:
+    """The prompt rows of this step's ``spans`` (module docstring); ``hidden``: the forward pass's output."""
     out: list[ScoredRows] = []
-    for i, s in enumerate(sched.scheduled):
-        scoring = s.request.prompt_scoring
-        if scoring is None:
-            continue
-        start = s.num_computed_before
-        end = min(start + s.num_new_tokens, scoring.rows_wanted)  # position p predicts token p + 1
+    for sp in spans:
+        scoring, start = sp.scoring, sp.start
+        end = min(start + sp.count, scoring.rows_wanted)  # position p predicts token p + 1
         if start >= end:
             continue
-        rows = hidden[offsets[i]: offsets[i] + (end - start)]
+        rows = hidden[sp.offset: sp.offset + (end - start)]
         nxt = torch.tensor(scoring.token_ids[start + 1: end + 1], device=hidden.device)
         parts = [_reduce(model, rows[b: b + ROWS_PER_BLOCK], nxt[b: b + ROWS_PER_BLOCK], scoring.k)
                  for b in range(0, end - start, ROWS_PER_BLOCK)]
         lp, rk, ti, tv = (np.concatenate([p[j] for p in parts]) for j in range(4))
-        out.append(ScoredRows(i, start, lp, rk, ti, tv))
+        out.append(ScoredRows(scoring, start, lp, rk, ti, tv))
     return out
 
 
@@ -124,9 +125,7 @@ def _reduce(model: torch.nn.Module, rows: torch.Tensor, nxt: torch.Tensor,
     return (chosen.squeeze(1).cpu().numpy(), ranks.cpu().numpy(), top_i.cpu().numpy(), top_v.cpu().numpy())
 
 
-def record_rows(sched: SchedulerOutput, scored: list[ScoredRows]) -> None:
-    """Write a step's scored rows into their requests (after the forward pass, engine thread)."""
+def record_rows(scored: list[ScoredRows]) -> None:
+    """Write a step's scored rows into their requests' scoring (after the forward pass, engine thread)."""
     for r in scored:
-        req: Request = sched.scheduled[r.index].request
-        assert req.prompt_scoring is not None
-        req.prompt_scoring.record(r.first, r.logprobs, r.ranks, r.top_ids, r.top_logprobs)
+        r.scoring.record(r.first, r.logprobs, r.ranks, r.top_ids, r.top_logprobs)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from execstate.engine.prompt_logprobs import ScoredRows, score_rows
+from execstate.engine.prompt_logprobs import ScoredRows, Span, score_rows
 from execstate.engine.r3_clock import R3Clock
 from execstate.engine.scheduler import SchedulerOutput
 from execstate.model.context import RouteCapture, StepContext
@@ -82,8 +82,9 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[torch.tensor(last, device=self.device)])
         else:
             logits = torch.empty((0, 0))
-        scored = score_rows(self.model, hidden, sched, offsets) if any(
-            s.request.prompt_scoring is not None for s in sched.scheduled) else []
+        spans = [Span(s.request.prompt_scoring, s.num_computed_before, s.num_new_tokens, offsets[i])
+                 for i, s in enumerate(sched.scheduled) if s.request.prompt_scoring is not None]
+        scored = score_rows(self.model, hidden, spans) if spans else []
         route_np = None
         if routes is not None and self.capture_routes:
             t_r3 = time.perf_counter()

@@ -68,7 +68,7 @@ class StepResults:
             self._r3_clock.add_since(t_r3)
         for s in sched.scheduled:
             self._scheduler.on_computed(s)
-        record_rows(sched, result.prompt_rows)
+        record_rows(result.prompt_rows)
         if not result.sample_rows:
             return
         reqs = [sched.scheduled[i].request for i in result.sample_rows]
