@@ -73,6 +73,9 @@ def _serve(args: argparse.Namespace) -> int:
         if args.model is None:
             print("execstate serve --ray: give the MODEL the replicas serve", file=sys.stderr)
             return 2
+        from execstate.fleet.cluster_plan import keep_local
+
+        keep_local(args.ray_address, args.replica_host)  # before Ray is imported: loopback only on one machine
         from execstate.fleet.ray_app.app import run_fleet
 
         return run_fleet(args)
