@@ -5,7 +5,8 @@ Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``openai/``)
 the ``/v1/realtime`` WebSocket (``realtime/lm/``: LM sessions), the ``/v1/realtime/agent`` WebSocket
 (``realtime/agent/``: full-duplex agents), ``GET /v1/models``, ``GET /health`` (``health.py``: 200
 ``{"status": "ok"}``, 503 with the reason once the engine thread is dead), ``GET /metrics``
-(Prometheus text, this app's registry).
+(Prometheus text, this app's registry), ``GET /openapi.json`` (the HTTP API's OpenAPI schema, as
+vLLM serves it: what the schema fuzzer, tests/serve/test_schema_fuzz.py, generates requests from).
 Every error is an OpenAI error body (``errors.py``).
 
 ``limits`` (``ServingLimits``) bounds every request: the body size is checked by
@@ -77,6 +78,7 @@ from execstate.transfer.handover import DEFAULT_SKEW_S
 from execstate.voice.engines import VoiceEngines, default_engines
 
 STATS_TIMEOUT_S = 5.0
+OPENAPI_PATH = "/openapi.json"  # the HTTP API's OpenAPI schema (as vLLM serves it); a key on a keyed server
 MAX_IGNORED_LISTED = 32
 IGNORED_FIELDS_HEADER = "X-Ignored-Fields"
 DEFAULT_IDLE_TTL_S = 600.0
@@ -150,7 +152,7 @@ def build_app(
                        handoff_trust=handoff_trust, shared_sessions=sessions, policy=policy)
     tenant_metrics = TenantMetrics(ctx.metrics.registry, policy.quotas)
     swept: list[IncomingHandovers] = []
-    app = FastAPI(title="execstate", docs_url=None, redoc_url=None, openapi_url=None,
+    app = FastAPI(title="execstate", docs_url=None, redoc_url=None, openapi_url=OPENAPI_PATH,
                   lifespan=lambda app: _sweeping(ctx, swept, policy))
     app.state.ctx = ctx
     app.state.keys = keys

@@ -63,3 +63,14 @@ def test_an_expired_session_is_an_invalid_request_not_a_server_error(model_dir):
         r = http("POST", f"{s.url}/v1/sessions/old/step", body={"input": [5, 6], "max_tokens": 1})
         assert (r.status_code, code_of(r)) == (410, "expired"), r.text
         assert r.json()["error"]["type"] == "invalid_request_error", r.text
+
+
+def test_an_empty_cache_salt_is_refused_on_every_surface(model_dir):
+    """Found by the schema fuzzer: ``POST /v1/sessions`` with ``cache_salt: ""`` reached the
+    engine thread and failed there (500); the session layer checks the salt as the request APIs do."""
+    with server(model_dir) as s:
+        for salt in ("", "x" * 10_000):
+            r = http("POST", f"{s.url}/v1/sessions", body={"session_id": "salted", "cache_salt": salt})
+            assert (r.status_code, code_of(r)) == (400, "invalid"), r.text
+        assert http("POST", f"{s.url}/v1/sessions", body={"session_id": "salted", "cache_salt": "t1"}
+                    ).status_code == 200

@@ -222,7 +222,7 @@ def install_migration_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Aw
         target = await call(_resolve(migrations.targets, body.target))
         pd = await call(engine.run_on_engine(lambda e: e.pd))
         if pd is None or pd.secrets is None:
-            raise OpenAIError(501, "this instance cannot send sessions: it needs a PD connector and the shared "
+            raise OpenAIError(400, "this instance cannot send sessions: it needs a PD connector and the shared "
                               "secret of the instances (kv_secret / EXECSTATE_KV_SECRET)", code="unsupported")
         ring: SecretRing = pd.secrets
         sessions = scoped(request)
@@ -251,4 +251,4 @@ async def _resolve(targets: MigrationTargets, target: str) -> Target:
     return targets.resolve(target)
 
 
-_LOCAL = {"timeout": 504, "unsupported": 501, "unreachable": 502, "commit_failed": 502}
+_LOCAL = {"timeout": 504, "unsupported": 400, "unreachable": 502, "commit_failed": 502}

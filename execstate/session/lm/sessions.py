@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from execstate.engine.cache_salt import check_cache_salt
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
@@ -112,6 +113,7 @@ class LMSessions(KindSessions[SessionInfo]):
         try:
             validate_sampling(params, self.engine.model_config.vocab_size)
             validate_logit_bias(params.logit_bias, self.engine.model_config.vocab_size)
+            cache_salt = check_cache_salt(cache_salt)  # before anything is admitted: every surface's salt
         except ValueError as exc:
             raise SessionEventError("invalid", str(exc)) from None
         if isinstance(priority, bool) or not isinstance(priority, int):
