@@ -11,7 +11,8 @@
   unless ``--ray-address`` (join a cluster) or a non-loopback ``--replica-host`` (replicas others
   reach) says the fleet spans hosts (:func:`local_only`). Ray reads the switch from its environment
   when it is imported (:data:`LOCAL_ONLY_ENV`, its own local-only mode: node IP 127.0.0.1, servers
-  bound there), so :func:`keep_local` runs before ``ray`` is imported.
+  bound there), so :func:`keep_local` runs before ``ray`` is imported; the two listeners of a
+  replica that do not follow it are handled in ``ray_app/loopback.py``.
 """
 
 from __future__ import annotations
@@ -57,4 +58,5 @@ def keep_local(ray_address: str | None, replica_host: str) -> bool:
     if not local_only(ray_address, replica_host):
         return False
     os.environ.setdefault(LOCAL_ONLY_ENV, "0")
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")  # NIXL's UCX transport: loopback too (ray_app/loopback.py)
     return os.environ[LOCAL_ONLY_ENV] == "0"

@@ -55,8 +55,9 @@ def descendants(pid: int) -> set[int]:
     return out
 
 
-def listening_addresses(pids: set[int]) -> set[str]:
-    """The local addresses of the TCP sockets in LISTEN state that ``pids`` hold (Linux /proc)."""
+def listening_addresses(pids: set[int]) -> dict[str, set[str]]:
+    """The local addresses of the TCP sockets in LISTEN state that ``pids`` hold (Linux /proc), with
+    the names of the processes holding each."""
     by_inode: dict[str, str] = {}
     for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
         with contextlib.suppress(OSError):
@@ -65,14 +66,15 @@ def listening_addresses(pids: set[int]) -> set[str]:
                 if len(f) > 9 and f[3] == "0A":
                     hexaddr = f[1].split(":")[0]
                     by_inode[f"socket:[{f[9]}]"] = _address(hexaddr, width)
-    found: set[str] = set()
+    found: dict[str, set[str]] = {}
     for pid in pids:
         with contextlib.suppress(OSError):
+            name = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:80].decode(errors="replace")
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 with contextlib.suppress(OSError):
                     link = os.readlink(f"/proc/{pid}/fd/{fd}")
                     if link in by_inode:
-                        found.add(by_inode[link])
+                        found.setdefault(by_inode[link], set()).add(name)
     return found
 
 

@@ -44,6 +44,7 @@ from starlette.routing import Route, WebSocketRoute
 from execstate.engine.tokenizer import Tokenizer
 from execstate.fleet.ray_app.engine_replica import REPLICA_HEADER
 from execstate.fleet.ray_app.fleet_ops import FleetOps
+from execstate.fleet.ray_app.loopback import bind_replica_grpc_to_loopback
 from execstate.fleet.ray_app.prompt_route import SessionOwners, caller_of, prompt_route, session_of
 from execstate.fleet.ray_app.session_resume import SessionLost, SessionResumed, SessionRouting
 from execstate.fleet.ray_app.session_settings import SessionSettings
@@ -60,6 +61,7 @@ HTTP_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 class FleetIngress:
     def __init__(self, engines: DeploymentHandle, model: str, sessions: SessionSettings | None = None) -> None:
+        bind_replica_grpc_to_loopback()  # a single-machine fleet: Serve's replica gRPC server on loopback
         self.engines = engines
         self.keys = (sessions or SessionSettings()).keys()  # the tenant a session is resumed for
         self.sessions = SessionRouting(self, resolve_secret(None))
