@@ -8,6 +8,8 @@ import json
 
 from execstate.bench.cluster_cli import add_cluster_parser, run_cluster_cli
 from execstate.bench.cluster_pd_cli import add_cluster_pd_parser, run_cluster_pd_cli
+from execstate.bench.prompt_scoring import add_prompt_scoring_parser, run_prompt_scoring_cli
+from execstate.bench.soak_cli import add_soak_parser, run_soak_cli
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -165,6 +167,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bo.add_argument("--json", action="store_true")
     add_cluster_parser(bsub)
     add_cluster_pd_parser(bsub)
+    add_soak_parser(bsub)
+    add_prompt_scoring_parser(bsub)
     b.set_defaults(func=_bench)
 
 
@@ -297,6 +301,10 @@ def _bench(args: argparse.Namespace) -> int:
         return run_cluster_cli(args)
     if args.bench_cmd == "cluster-pd":
         return run_cluster_pd_cli(args)
+    if args.bench_cmd == "soak":
+        return run_soak_cli(args)
+    if args.bench_cmd == "prompt-logprobs":
+        return run_prompt_scoring_cli(args)
     raise AssertionError(args.bench_cmd)
 
 

@@ -207,7 +207,12 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="execstate bench prompt-logprobs")
     add_arguments(p)
-    return run_cli(p.parse_args(argv))
+    return run_prompt_scoring_cli(p.parse_args(argv))
+
+
+def add_prompt_scoring_parser(bsub: Any) -> None:
+    add_arguments(bsub.add_parser("prompt-logprobs", help="what scoring a long prompt (echo, logprobs 20, "
+                                  "max_tokens 0) costs a concurrent stream and the server's RSS"))
 
 
 def add_arguments(p: Any) -> None:
@@ -217,7 +222,7 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--json", action="store_true")
 
 
-def run_cli(args: Any) -> int:
+def run_prompt_scoring_cli(args: Any) -> int:
     report = run_prompt_scoring_bench(tuple(int(s) for s in args.sizes.split(",")), args.threads)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
