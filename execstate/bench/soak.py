@@ -42,6 +42,27 @@ WEIGHTS = {"completion": 3, "completion_sse": 3, "chat_sse": 2, "tools": 1, "str
            "http_session": 2, "realtime": 2, "agent": 1, "voice": 1, "world": 1}
 
 
+def log_problems(log: str, most: int = 8) -> list[str]:
+    """The server log's problems: each WARNING/ERROR/CRITICAL line and each traceback (whole), at most
+    ``most`` of them, the first ones."""
+    out: list[str] = []
+    lines = log.splitlines()
+    i = 0
+    while i < len(lines) and len(out) < most:
+        line = lines[i]
+        if line.startswith("Traceback"):
+            j = i + 1
+            while j < len(lines) and (lines[j].startswith((" ", "\t")) or not lines[j].strip()):
+                j += 1
+            out.append("\n".join(lines[i:j + 1]))
+            i = j + 1
+            continue
+        if any(f" {level} " in line for level in ("WARNING", "ERROR", "CRITICAL")):
+            out.append(line)
+        i += 1
+    return out
+
+
 def build_model(directory: Path) -> Path:
     from execstate.model.random_models import make_random
     from execstate.model.random_tokenizer import write_tokenizer
@@ -62,14 +83,14 @@ def server_args(model: Path, keys_file: Path, disk: Path, redis: RedisServer | N
     return args
 
 
-async def _client(s: hc.Soak, seed: int, stop: asyncio.Event, audio: bytes) -> None:
+async def _client(s: hc.Soak, seed: int, stop: asyncio.Event, audio: bytes, weights: dict[str, int]) -> None:
     rng = random.Random(seed)
     ops = {"completion": hc.completion, "completion_sse": hc.completion_sse, "chat_sse": hc.chat_sse,
            "tools": hc.tools, "structured": hc.structured, "echo": hc.echo_scored, "http_session": hc.http_session,
            "realtime": ws.realtime, "agent": ws.agent, "world": ws.world}
-    names, weights = list(WEIGHTS), list(WEIGHTS.values())
+    names, chances = list(weights), list(weights.values())
     while not stop.is_set():
-        name = rng.choices(names, weights)[0]
+        name = rng.choices(names, chances)[0]
         t = time.monotonic()
         try:
             if name == "voice":
@@ -131,14 +152,14 @@ async def _drain(s: hc.Soak, timeout_s: float = 90.0) -> float:
 
 
 async def _soak(url: str, pid: int, minutes: float, clients: int, period: float, faults: Faults,
-                audio: bytes) -> dict[str, Any]:
+                audio: bytes, weights: dict[str, int]) -> dict[str, Any]:
     duration = minutes * 60
     stop = asyncio.Event()
     tally, samples = Tally(), []
     limits = httpx.Limits(max_connections=400, max_keepalive_connections=50)
     async with httpx.AsyncClient(timeout=120, limits=limits) as http:
         s = hc.Soak(url, KEYS, tally, time.monotonic(), http)
-        tasks = [asyncio.create_task(_client(s, i, stop, audio)) for i in range(clients)]
+        tasks = [asyncio.create_task(_client(s, i, stop, audio, weights)) for i in range(clients)]
         tasks.append(asyncio.create_task(_sampler(s, pid, period, samples, stop)))
         fault_task = asyncio.create_task(run_faults(s, faults, duration, stop))
         await asyncio.sleep(duration)
@@ -153,14 +174,21 @@ async def _soak(url: str, pid: int, minutes: float, clients: int, period: float,
     totals: dict[str, int] = {}
     for o in tally.ops:
         totals[f"{o.surface}:{o.outcome}"] = totals.get(f"{o.surface}:{o.outcome}", 0) + 1
-    return {"minutes": minutes, "clients": clients, "warmup_s": warmup, "operations": len(tally.ops),
+    return {"minutes": minutes, "clients": clients, "surfaces": sorted(weights), "warmup_s": warmup,
+            "operations": len(tally.ops),
             "totals": dict(sorted(totals.items())), "faults": faults.windows,
             "samples": [vars(x) for x in samples],
             "verdict": verdict(samples, tally, warmup, end, leaked, injected=[])}
 
 
-def run_soak(minutes: float = 2.0, clients: int = 5, period: float | None = None, threads: int = 2) -> dict[str, Any]:
-    """The soak (module docstring); its report."""
+def run_soak(minutes: float = 2.0, clients: int = 5, period: float | None = None, threads: int = 2,
+             skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The soak (module docstring); its report. ``skip``: operations of ``WEIGHTS`` left out (to tell
+    which surface a trend comes from)."""
+    unknown = sorted(set(skip) - set(WEIGHTS))
+    if unknown:
+        raise ValueError(f"unknown soak operation(s) {unknown}; known: {sorted(WEIGHTS)}")
+    weights = {k: v for k, v in WEIGHTS.items() if k not in skip}
     work = Path(tempfile.mkdtemp(prefix="execstate-soak-"))
     cluster = Cluster(threads=threads)
     redis = RedisServer(work / "redis").start() if redis_server_available() else None
@@ -177,8 +205,8 @@ def run_soak(minutes: float = 2.0, clients: int = 5, period: float | None = None
         audio = ws.speech()
         faults = Faults(redis, disk, mounted)
         report = asyncio.run(_soak(url, cluster.procs["server"].popen.pid, minutes, clients,
-                                   period or max(2.0, minutes * 60 / 120), faults, audio))
-        report["server_log_tail"] = cluster.procs["server"].log_tail(3000)
+                                   period or max(2.0, minutes * 60 / 120), faults, audio, weights))
+        report["server_problems"] = log_problems(cluster.procs["server"].log.read_text(errors="replace"))
     finally:
         cluster.close()
         if redis is not None:

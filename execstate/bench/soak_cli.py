@@ -15,6 +15,8 @@ def add_soak_parser(bsub: argparse._SubParsersAction) -> None:
     b.add_argument("--period", type=float, default=None,
                    help="seconds between samples (default: the run over 120 samples, at least 2 s)")
     b.add_argument("--threads", type=int, default=2, help="the server's torch threads (default: %(default)s)")
+    b.add_argument("--skip", default="", help="operations to leave out, comma-separated (e.g. voice: which "
+                                               "surface a trend comes from) (default: none)")
     b.add_argument("--out", default=None, help="write the report (JSON) here")
     b.add_argument("--png", default=None, help="write the plot over time (PNG) here")
 
@@ -23,7 +25,8 @@ def run_soak_cli(args: argparse.Namespace) -> int:
     from execstate.bench.soak import run_soak
     from execstate.bench.soak_plot import plot_soak
 
-    report = run_soak(args.minutes, args.clients, args.period, args.threads)
+    report = run_soak(args.minutes, args.clients, args.period, args.threads,
+                      tuple(s for s in args.skip.split(",") if s))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
