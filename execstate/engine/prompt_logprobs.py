@@ -26,7 +26,9 @@ as anyone's once computed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -95,6 +97,22 @@ class ScoredRows:
     ranks: np.ndarray
     top_ids: np.ndarray
     top_logprobs: np.ndarray
+
+
+class _Scheduled(Protocol):
+    """A scheduled span (``engine/scheduler.ScheduledRequest``; not imported: the scheduler imports
+    the request, which names this module's ``PromptScoring``)."""
+
+    request: Any
+    num_computed_before: int
+    num_new_tokens: int
+
+
+def prompt_spans(scheduled: Sequence[_Scheduled], offsets: Sequence[int]) -> list[Span]:
+    """The spans of a step whose requests score their prompts; ``offsets``: each span's start in the
+    flat batch."""
+    return [Span(s.request.prompt_scoring, s.num_computed_before, s.num_new_tokens, offsets[i])
+            for i, s in enumerate(scheduled) if s.request.prompt_scoring is not None]
 
 
 @torch.inference_mode()

@@ -69,14 +69,15 @@ async def run_generation(
     pending: Admission | None = admission
     try:
         prompts = await ctx.in_worker(make_prompts)
+        scope = ctx.scope_of(raw, cache_salt)
         if prompt_logprobs is not None:  # through the scheduler, chunk by chunk; a client that leaves stops it
-            scored = await cancel_on_disconnect(raw, score_prompts(ctx, prompts, prompt_logprobs, cache_salt))
+            scored = await cancel_on_disconnect(raw, score_prompts(ctx, prompts, prompt_logprobs, scope))
             if scored is None:
                 return Response(status_code=499)
             prompts = scored
         request_id = new_request_id(id_prefix)
         kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
-        subs = expand(request_id, prompts, params, params.n, kv, cache_salt, output_kind=kind)
+        subs = expand(request_id, prompts, params, params.n, kv, scope, output_kind=kind)
         if not generate and not stream:
             return Finished(request_id, prompts, subs, [])
         if stream:

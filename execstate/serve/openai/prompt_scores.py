@@ -23,6 +23,7 @@ from execstate.engine.async_engine import EngineDeadError
 from execstate.engine.outputs import Logprob, PromptLogprobs
 from execstate.engine.sampling_params import RequestOutputKind, SamplingParams
 from execstate.engine.tokenizer import Tokenizer
+from execstate.identity.scope import CacheScope
 from execstate.serve.context import ServeContext, engine_dead, new_request_id
 from execstate.serve.errors import OpenAIError, bad_request
 from execstate.serve.limits import option_name
@@ -44,24 +45,25 @@ def check_scored_lengths(ctx: ServeContext, prompts: list[PromptInput]) -> None:
 
 
 async def score_prompts(ctx: ServeContext, prompts: list[PromptInput], k: int,
-                        cache_salt: str | None = None) -> list[PromptInput]:
-    """``prompts`` with their ``scores``: each token's entry, ``k`` alternatives per position."""
+                        scope: CacheScope | None = None) -> list[PromptInput]:
+    """``prompts`` with their ``scores``: each token's entry, ``k`` alternatives per position;
+    ``scope``: the request's cache scope (its blocks are cached there, for the generation after)."""
     check_scored_lengths(ctx, prompts)
     out = []
     for p in prompts:
-        scores = await _score(ctx, p, k, cache_salt)
+        scores = await _score(ctx, p, k, scope)
         out.append(replace(p, scores=await ctx.in_worker(_decoded, ctx.engine.tokenizer, p.token_ids, scores)))
     return out
 
 
-async def _score(ctx: ServeContext, p: PromptInput, k: int, cache_salt: str | None) -> PromptLogprobs:
+async def _score(ctx: ServeContext, p: PromptInput, k: int, scope: CacheScope | None) -> PromptLogprobs:
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, prompt_logprobs=k,
                             output_kind=RequestOutputKind.FINAL_ONLY)
-    prompt = {"prompt_token_ids": p.token_ids, "prompt": p.text, "cache_salt": cache_salt}
+    prompt = {"prompt_token_ids": p.token_ids, "prompt": p.text}
     ticket = ctx.admit(1)
     final = None
     try:
-        async for out in ctx.engine.generate(prompt, params, new_request_id("score"), None, ticket):
+        async for out in ctx.engine.generate(prompt, params, new_request_id("score"), None, ticket, scope):
             final = out
     except EngineDeadError as exc:
         raise engine_dead(exc) from None
