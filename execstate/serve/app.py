@@ -26,7 +26,9 @@ Trust (DESIGN 11, docs/security.md): ``keys`` (a ``KeyRing``: ``--api-key`` repe
 caller's tenant's namespace; without keys the server is open (one local tenant). ``policy``
 bounds long-lived state (idle expiry of detached sessions, checkpoints per session, per-tenant
 quotas: ``serve_policy``); ``migration_targets`` is the ``--migration-targets`` allow-list. While
-the app runs, a sweep expires idle sessions and uncommitted hand-overs every ``sweep_interval``.
+the app runs, a sweep expires idle sessions and uncommitted hand-overs every ``sweep_interval`` (at
+most 10 s) and hands the C heap's free pages back to the OS (``heap_trim.py``: RSS comes back after a
+burst).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from execstate.serve.body_limit import BodySizeLimitMiddleware
 from execstate.serve.context import ServeContext
 from execstate.serve.errors import install_error_handlers
 from execstate.serve.health import health_response
+from execstate.serve.heap_trim import trim_heap
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import EngineStats, ServingMetrics, read_engine_stats
@@ -250,6 +253,7 @@ async def _sweeping(ctx: ServeContext, swept: list[IncomingHandovers], policy: S
                         logger.info("expired %d idle detached session(s) (--session-idle-ttl %g s)", len(gone), ttl)
                 for incoming in swept:
                     await incoming.sweep()
+                await asyncio.to_thread(trim_heap)  # what a burst freed goes back to the OS (heap_trim.py)
             except EngineDeadError:
                 return
             except Exception:  # a sweep must never stop the server; the next one tries again
