@@ -102,7 +102,9 @@ async def _client(s: hc.Soak, seed: int, stop: asyncio.Event, audio: bytes, weig
         await asyncio.sleep(rng.uniform(0.05, 0.3))
 
 
-async def _sampler(s: hc.Soak, pid: int, period: float, samples: list[Sample], stop: asyncio.Event) -> None:
+async def _sampler(s: hc.Soak, pid: int, period: float, samples: list[Sample], stop: asyncio.Event,
+                   max_rss_mb: float) -> None:
+    """A sample every ``period``; past ``max_rss_mb`` the soak stops early (a shared machine's memory)."""
     last = s.now()
     while not stop.is_set():
         with contextlib.suppress(asyncio.TimeoutError):
@@ -110,6 +112,9 @@ async def _sampler(s: hc.Soak, pid: int, period: float, samples: list[Sample], s
         now = s.now()
         samples.append(await _sample(s, pid, s.tally.between(last, now), now))
         last = now
+        if samples[-1].rss_mb > max_rss_mb:
+            s.stopped_early = f"the server's RSS passed {max_rss_mb:g} MB at {now:.0f} s"
+            stop.set()
 
 
 async def _sample(s: hc.Soak, pid: int, ops: list[Any], now: float) -> Sample:
@@ -152,7 +157,7 @@ async def _drain(s: hc.Soak, timeout_s: float = 90.0) -> float:
 
 
 async def _soak(url: str, pid: int, minutes: float, clients: int, period: float, faults: Faults,
-                audio: bytes, weights: dict[str, int]) -> dict[str, Any]:
+                audio: bytes, weights: dict[str, int], max_rss_mb: float) -> dict[str, Any]:
     duration = minutes * 60
     stop = asyncio.Event()
     tally, samples = Tally(), []
@@ -160,9 +165,10 @@ async def _soak(url: str, pid: int, minutes: float, clients: int, period: float,
     async with httpx.AsyncClient(timeout=120, limits=limits) as http:
         s = hc.Soak(url, KEYS, tally, time.monotonic(), http)
         tasks = [asyncio.create_task(_client(s, i, stop, audio, weights)) for i in range(clients)]
-        tasks.append(asyncio.create_task(_sampler(s, pid, period, samples, stop)))
+        tasks.append(asyncio.create_task(_sampler(s, pid, period, samples, stop, max_rss_mb)))
         fault_task = asyncio.create_task(run_faults(s, faults, duration, stop))
-        await asyncio.sleep(duration)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), duration)
         stop.set()
         await asyncio.wait(tasks + [fault_task], timeout=120)
         for t in tasks + [fault_task]:
@@ -175,14 +181,14 @@ async def _soak(url: str, pid: int, minutes: float, clients: int, period: float,
     for o in tally.ops:
         totals[f"{o.surface}:{o.outcome}"] = totals.get(f"{o.surface}:{o.outcome}", 0) + 1
     return {"minutes": minutes, "clients": clients, "surfaces": sorted(weights), "warmup_s": warmup,
-            "operations": len(tally.ops),
+            "stopped_early": s.stopped_early, "operations": len(tally.ops),
             "totals": dict(sorted(totals.items())), "faults": faults.windows,
             "samples": [vars(x) for x in samples],
             "verdict": verdict(samples, tally, warmup, end, leaked, injected=[])}
 
 
 def run_soak(minutes: float = 2.0, clients: int = 5, period: float | None = None, threads: int = 2,
-             skip: tuple[str, ...] = ()) -> dict[str, Any]:
+             skip: tuple[str, ...] = (), max_rss_mb: float = 6000.0) -> dict[str, Any]:
     """The soak (module docstring); its report. ``skip``: operations of ``WEIGHTS`` left out (to tell
     which surface a trend comes from)."""
     unknown = sorted(set(skip) - set(WEIGHTS))
@@ -205,7 +211,7 @@ def run_soak(minutes: float = 2.0, clients: int = 5, period: float | None = None
         audio = ws.speech()
         faults = Faults(redis, disk, mounted)
         report = asyncio.run(_soak(url, cluster.procs["server"].popen.pid, minutes, clients,
-                                   period or max(2.0, minutes * 60 / 120), faults, audio, weights))
+                                   period or max(2.0, minutes * 60 / 120), faults, audio, weights, max_rss_mb))
         report["server_problems"] = log_problems(cluster.procs["server"].log.read_text(errors="replace"))
     finally:
         cluster.close()

@@ -17,6 +17,9 @@ def add_soak_parser(bsub: argparse._SubParsersAction) -> None:
     b.add_argument("--threads", type=int, default=2, help="the server's torch threads (default: %(default)s)")
     b.add_argument("--skip", default="", help="operations to leave out, comma-separated (e.g. voice: which "
                                                "surface a trend comes from) (default: none)")
+    b.add_argument("--max-rss-mb", type=float, default=6000.0,
+                   help="stop early when the server's RSS passes this (a shared machine's memory; the report "
+                        "says so) (default: %(default)s)")
     b.add_argument("--out", default=None, help="write the report (JSON) here")
     b.add_argument("--png", default=None, help="write the plot over time (PNG) here")
 
@@ -26,7 +29,7 @@ def run_soak_cli(args: argparse.Namespace) -> int:
     from execstate.bench.soak_plot import plot_soak
 
     report = run_soak(args.minutes, args.clients, args.period, args.threads,
-                      tuple(s for s in args.skip.split(",") if s))
+                      tuple(s for s in args.skip.split(",") if s), args.max_rss_mb)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

@@ -38,6 +38,7 @@ class Soak:
     t0: float
     http: httpx.AsyncClient
     open_sessions: dict[str, str] = field(default_factory=dict)  # session id -> key
+    stopped_early: str | None = None  # why the soak ended before its time (the sampler's RSS guard)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
