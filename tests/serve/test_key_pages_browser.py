@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import httpx
 import uvicorn
 from serve_helpers import free_port
 from test_world_browser import CHROMIUM, _need_browser, wait_for
@@ -60,7 +61,7 @@ def test_the_world_page_asks_for_the_key_and_offers_it():
 
                 page.on("dialog", answer)
                 page.goto(f"{url}/world?fps=16&seed=1")
-                assert "tiny-world" not in page.content()
+                html = httpx.get(f"{url}/world", timeout=30).text  # what a keyless browser gets
                 wait_for(page, "window.worldStats && window.worldStats.frames >= 4")
                 stored = page.evaluate("sessionStorage.getItem('execstate-api-key')")
                 landing = page.goto(f"{url}/").text()
@@ -72,6 +73,7 @@ def test_the_world_page_asks_for_the_key_and_offers_it():
                 browser.close()
     finally:
         host.shutdown()
+    assert "tiny-world" not in html and '<script src="/api-key.js">' in html
     assert asked == ["This server asks for an API key:"], asked
     assert stored == KEY
     assert "tiny-world" not in landing and "API key" in landing
