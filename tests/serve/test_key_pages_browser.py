@@ -8,13 +8,10 @@ Skipped only where Chromium or playwright is missing and not in CI (as tests/ser
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 from collections.abc import Iterator
 
 import httpx
-import uvicorn
-from serve_helpers import free_port
+from serve_helpers import running_server
 from test_world_browser import CHROMIUM, _need_browser, wait_for
 from world_serve_helpers import tiny_world_model
 
@@ -30,18 +27,8 @@ KEY = "sk-browser-page-0001"
 def keyed_world_server(host: WorldHost) -> Iterator[str]:
     app = build_world_app(host, keys=KeyRing.build([KEY]))
     install_landing(app)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive()
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{server.config.port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with running_server(app) as (url, _):
+        yield url
 
 
 def test_the_world_page_asks_for_the_key_and_offers_it():
