@@ -10,8 +10,8 @@ Reproduces:
   after 5,000). Now a session holds at most ``--max-session-checkpoints`` (64) and the next one is
   refused with ``checkpoint_limit``; replies name what changed, not every id;
 - per-tenant quotas: a tenant past its ``--tenant-max-sessions`` gets ``quota`` while another
-  tenant still opens sessions; ``/metrics`` shows what each tenant holds, by tenant name, without
-  a key.
+  tenant still opens sessions; ``/metrics`` shows what each tenant holds, by tenant name (behind
+  a key since ``/metrics`` needs one on a keyed server; ``--public-metrics`` opens it).
 
 (Checkpoint memory coming back after 5,000 checkpoints and a close: test_checkpoint_memory.py.)
 """
