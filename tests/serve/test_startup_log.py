@@ -80,7 +80,8 @@ def test_every_line_of_a_moe_server(model_dir: Path) -> None:
     assert lines["request limits"] == (
         f"--max-n 7, --max-logprobs {limits.max_logprobs}, --max-prompts-per-request {limits.max_prompts_per_request}, "
         f"--max-stop-strings {limits.max_stop_strings}, --max-stop-string-length {limits.max_stop_string_length}, "
-        f"--max-stop-token-ids {limits.max_stop_token_ids}, --max-request-bytes {limits.max_request_bytes}"
+        f"--max-stop-token-ids {limits.max_stop_token_ids}, --max-request-bytes {limits.max_request_bytes}, "
+        f"--max-logprobs-prompt-tokens {limits.max_logprobs_prompt_tokens}"
     )
     assert lines["R3"] == "on (routed_experts returned)"
     assert lines["PD role"] == "none"
