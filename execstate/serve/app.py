@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from urllib.parse import quote
 
@@ -87,6 +88,7 @@ MAX_IGNORED_LISTED = 32
 IGNORED_FIELDS_HEADER = "X-Ignored-Fields"
 DEFAULT_IDLE_TTL_S = 600.0
 MAX_SWEEP_INTERVAL_S = 10.0
+TRIM_INTERVAL_S = 10.0  # the C heap's free pages go back to the OS at most this often (heap_trim.py)
 
 
 def serve_policy(idle_ttl_s: float | None = DEFAULT_IDLE_TTL_S, max_checkpoints: int = DEFAULT_MAX_CHECKPOINTS,
@@ -239,6 +241,7 @@ async def _sweeping(ctx: ServeContext, swept: list[IncomingHandovers], policy: S
     interval = MAX_SWEEP_INTERVAL_S if shortest is None else max(0.05, min(shortest / 4, MAX_SWEEP_INTERVAL_S))
 
     async def sweep() -> None:
+        trimmed = time.monotonic()
         while True:
             await asyncio.sleep(interval)
             try:
@@ -253,7 +256,9 @@ async def _sweeping(ctx: ServeContext, swept: list[IncomingHandovers], policy: S
                         logger.info("expired %d idle detached session(s) (--session-idle-ttl %g s)", len(gone), ttl)
                 for incoming in swept:
                     await incoming.sweep()
-                await asyncio.to_thread(trim_heap)  # what a burst freed goes back to the OS (heap_trim.py)
+                if time.monotonic() - trimmed >= TRIM_INTERVAL_S:  # what a burst freed goes back to the OS
+                    await asyncio.to_thread(trim_heap)
+                    trimmed = time.monotonic()
             except EngineDeadError:
                 return
             except Exception:  # a sweep must never stop the server; the next one tries again

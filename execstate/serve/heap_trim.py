@@ -3,8 +3,10 @@
 A burst of large requests (multi-megabyte bodies parsed into Python objects and freed again)
 leaves glibc's heap with free chunks it keeps for later: RSS stays up for as long as the process
 lives (16 bodies of 3.9 MB: 120 MB still held 15 s later). ``malloc_trim(0)`` returns the free
-pages of every arena. The app's periodic sweep calls it (``app.py``: at most every 10 s); it costs
-well under a millisecond on an idle heap. Elsewhere than glibc it does nothing.
+pages of every arena. The app's periodic sweep calls it at most every 10 s (``app.py``'s
+``TRIM_INTERVAL_S``, whatever the sweep's own period), off the event loop; it takes the heap's locks
+while it walks the arenas (well under a millisecond on an idle heap, more on a large one), so not
+more often. Elsewhere than glibc it does nothing.
 """
 
 from __future__ import annotations
