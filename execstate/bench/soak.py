@@ -38,6 +38,7 @@ from execstate.bench.soak_faults import Faults, mount_small_tmpfs, run_faults, u
 from execstate.bench.soak_record import Sample, Tally, parse_metrics, proc_stats, verdict, window_stats
 
 KEYS = ("soak-key-tenant-a-0001", "soak-key-tenant-b-0002")
+DISK_TIER_MIB = 16  # the disk tier's capacity: half its tmpfs, which is full only while the fault fills it
 WEIGHTS = {"completion": 3, "completion_sse": 3, "chat_sse": 2, "tools": 1, "structured": 1, "echo": 1,
            "http_session": 2, "realtime": 2, "agent": 1, "voice": 1, "world": 1}
 
@@ -77,7 +78,7 @@ def server_args(model: Path, keys_file: Path, disk: Path, redis: RedisServer | N
             "--world", "world", "--api-keys-file", str(keys_file), "--tenant-max-sessions", "24",
             "--session-idle-ttl", "30", "--max-num-seqs", "16", "--max-waiting-requests", "48",
             "--num-kv-blocks", "1024", "--offload-dram", "32MiB", "--offload-disk-dir", str(disk),
-            "--offload-disk-bytes", "64MiB", "--offload-timeout", "0.5"]
+            "--offload-disk-bytes", f"{DISK_TIER_MIB}MiB", "--offload-timeout", "0.5"]
     if redis is not None:
         args += ["--offload-redis-url", redis.url, "--offload-redis-bytes", "32MiB"]
     return args
@@ -199,7 +200,7 @@ def run_soak(minutes: float = 2.0, clients: int = 5, period: float | None = None
     cluster = Cluster(threads=threads)
     redis = RedisServer(work / "redis").start() if redis_server_available() else None
     disk = work / "disk"
-    mounted, how = mount_small_tmpfs(disk)
+    mounted, how = mount_small_tmpfs(disk, f"{2 * DISK_TIER_MIB}m")
     load_before = loadavg()
     try:
         model = build_model(work / "model")
@@ -220,6 +221,6 @@ def run_soak(minutes: float = 2.0, clients: int = 5, period: float | None = None
         if mounted:
             unmount(disk)
     report.update(cpu=cpu_name(), loadavg_before=load_before, loadavg_after=loadavg(),
-                  disk_tier=("a 4 MiB tmpfs" if mounted else f"the ordinary filesystem ({how})"),
+                  disk_tier=(f"a {2 * DISK_TIER_MIB} MiB tmpfs" if mounted else f"the ordinary filesystem ({how})"),
                   redis=redis is not None)
     return report

@@ -7,8 +7,9 @@ The schedule (fractions of the run, so a 2-minute and a 60-minute soak see every
             time out (``--offload-timeout``) and the prompts are recomputed
 0.30        Redis full: ``maxmemory`` set far below what it holds, ``noeviction``: writes fail
 0.45        Redis stopped (killed), restarted empty on the same port after ``down_s``
-0.60        the disk tier's filesystem full: a filler file takes a small tmpfs's last byte (needs
-            root and ``mount``; otherwise recorded as skipped, with why)
+0.60        the disk tier's filesystem full: a filler file takes the last byte of its tmpfs (twice
+            the tier's capacity, so full only then; needs root and ``mount``; otherwise recorded as
+            skipped, with why)
 0.75        a burst past every limit (``bursts``): bodies beyond ``--max-request-bytes`` (413),
             ``n`` beyond ``--max-n``, a flood past the waiting queue (429), a 3.9 MB ``/tokenize``,
             sessions past the tenant quota, requests without a key (401), a malformed WebSocket
@@ -49,7 +50,7 @@ class Faults:
         self.windows.append({"fault": name, "start": round(start, 1), "end": round(end, 1), "note": note})
 
 
-def mount_small_tmpfs(directory: Path, size: str = "4m") -> tuple[bool, str]:
+def mount_small_tmpfs(directory: Path, size: str) -> tuple[bool, str]:
     """A tmpfs of ``size`` at ``directory`` (the disk tier's home), or why not."""
     directory.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
