@@ -150,3 +150,14 @@ def test_bad_values_are_refused_before_the_engine(model_dir):
     with pytest.raises(ValueError, match="prompt_logprobs"):
         eng.add_request([5, 6, 7], SamplingParams(max_tokens=1, prompt_logprobs=10**6))
     assert not eng.requests
+
+
+def test_the_torch_path_scores_too(model_dir, prompt):
+    """On torch's ops (the device runner: ``kernels="torch"``, the GPU path's code on the CPU) the
+    same chunks give ``LLM.score``'s values within fp32 rounding (torch's GEMMs round differently
+    with the number of rows)."""
+    eng = engine(model_dir, kernels="torch")
+    out = scored(eng, prompt)
+    ref = LLM(str(model_dir), seed=0, kernels="torch").score(prompt)
+    assert np.allclose(out.prompt_logprobs.logprobs, ref.logprobs, atol=1e-4)
+    assert out.prompt_logprobs.top_ids.shape == (len(prompt) - 1, K)
