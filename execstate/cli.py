@@ -80,6 +80,9 @@ def _serve(args: argparse.Namespace) -> int:
         if args.model is None:
             print("execstate serve --ray: give the MODEL the replicas serve", file=sys.stderr)
             return 2
+        from execstate.fleet.cluster_plan import keep_local
+
+        keep_local(args.ray_address, args.replica_host)  # before Ray is imported: loopback only on one machine
         from execstate.fleet.ray_app.app import run_fleet
 
         return run_fleet(args)
@@ -140,7 +143,8 @@ def _size(text: str) -> int:
 
 # Defaults of the engine's capacity options (EngineConfig's; tests/serve/test_limits.py checks
 # they agree; engine.config imports torch, which --help should not wait for).
-_ENGINE_DEFAULTS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "kv_cache_memory": 1 << 30}
+_ENGINE_DEFAULTS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "kv_cache_memory": 1 << 30,
+                    "prompt_logprobs_chunk_tokens": 512}
 
 # Defaults of the offload options (EngineConfig's; tests/engine/test_offload_options.py checks they agree).
 _OFFLOAD_DEFAULTS = {"offload_disk_bytes": 16 << 30, "offload_redis_bytes": 4 << 30, "offload_policy": "lru",
@@ -159,6 +163,8 @@ _LIMIT_HELP = {
     "max_request_bytes": "largest HTTP request body (bytes, or a size such as 4MiB); larger gets 413",
     "max_waiting_requests": "engine requests (prompts x n) that may wait to be scheduled; beyond it, "
                             "429 with Retry-After",
+    "max_logprobs_prompt_tokens": "longest prompt scored for echo logprobs or prompt_logprobs (tokens); "
+                                  "longer gets 400",
 }
 
 
@@ -178,6 +184,9 @@ def _add_capacity_and_limit_options(s: argparse.ArgumentParser) -> None:
                         "full-length sequences can use)")
     g.add_argument("--num-kv-blocks", type=int, default=None,
                    help="KV pool size in blocks; overrides --kv-cache-memory (default: from --kv-cache-memory)")
+    g.add_argument("--prompt-logprobs-chunk-tokens", type=int, default=e["prompt_logprobs_chunk_tokens"],
+                   help="prompt tokens a request that scores its prompt (echo logprobs, prompt_logprobs) runs per "
+                        "engine step: the requests beside it keep getting tokens (default: %(default)s)")
     g.add_argument("--prefault-kv", action="store_true",
                    help="map the whole KV pool's pages at start (a background thread; ~0.5 s CPU per GiB, the "
                         "pool becomes resident) so prefills into fresh blocks pay no page faults (default: off)")
@@ -254,6 +263,9 @@ def _add_trust_options(s: argparse.ArgumentParser) -> None:
     g.add_argument("--api-keys-file", default=None, metavar="FILE",
                    help="API keys of several tenants: one 'KEY TENANT' per line ('#' comments); each tenant's "
                         "sessions are invisible to the others (default: none)")
+    g.add_argument("--public-metrics", action="store_true",
+                   help="with API keys: /metrics answers without one (it names tenants, never keys); every other "
+                        "path but /health and the browser pages needs a key (default: off)")
     g.add_argument("--shared-prefix-group", action="append", default=None, metavar="GROUP=TENANT[,TENANT...]",
                    help="let these tenants share one prefix cache (e.g. a common system prompt); each tenant's "
                         "cache is private by default, and in a group each member can learn by timing or "
@@ -386,7 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     s.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
     s.add_argument("--api-key", action="append", default=None, metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on /v1; repeat for several keys (all of the tenant "
+                   help="require 'Authorization: Bearer KEY' on every path but /health and the browser pages (see "
+                        "--public-metrics); repeat for several keys (all of the tenant "
                         "'default'); see --api-keys-file for keys of several tenants (default: none: the server is "
                         "open to anyone who can reach it)")
     s.add_argument("--served-model-name", default=None, help="the name clients pass as 'model' (default: MODEL)")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from execstate.bench.cluster_cli import add_cluster_parser, run_cluster_cli
 from execstate.bench.cluster_pd_cli import add_cluster_pd_parser, run_cluster_pd_cli
+from execstate.bench.prompt_scoring import add_prompt_scoring_parser, run_prompt_scoring_cli
+from execstate.bench.soak_cli import add_soak_parser, run_soak_cli
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -188,6 +190,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bo.add_argument("--json", action="store_true")
     add_cluster_parser(bsub)
     add_cluster_pd_parser(bsub)
+    add_soak_parser(bsub)
+    add_prompt_scoring_parser(bsub)
     bi = bsub.add_parser("identity", help="the tenant in the execution identity: prefix hit rate and TTFT of one "
                                           "tenant (vs a baseline checkout), N tenants, N tenants in one group")
     bi.add_argument("--model", default="standard")
@@ -372,6 +376,10 @@ def _bench(args: argparse.Namespace) -> int:
         return 0
     if args.bench_cmd == "cluster-pd":
         return run_cluster_pd_cli(args)
+    if args.bench_cmd == "soak":
+        return run_soak_cli(args)
+    if args.bench_cmd == "prompt-logprobs":
+        return run_prompt_scoring_cli(args)
     raise AssertionError(args.bench_cmd)
 
 

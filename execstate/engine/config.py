@@ -34,6 +34,10 @@ class EngineConfig:
     # While an interactive request (a session step, e.g. an agent's front) runs or waits, requests
     # of lower classes share at most this many tokens of each step (engine/scheduler.py); None: no cap.
     interactive_batch_budget: int | None = 16
+    # A request that asks for prompt logprobs runs at most this many prompt tokens per step
+    # (engine/prompt_logprobs.py): the step's logits work and its length stay bounded, so the
+    # requests beside it keep getting tokens.
+    prompt_logprobs_chunk_tokens: int = 512
     # "execstate": few-row fp32 linears and the MoE block run on execstate's C kernels
     # (execstate.kernels.cpu; error if unavailable); "torch": torch ops only; "auto": the
     # kernels when available and the device is CPU. Recorded in the provenance numerics (the
@@ -130,6 +134,8 @@ class EngineConfig:
         if self.quantization is not None and (self.dtype != "float32" or self.kernels == "torch"):
             raise ValueError("quantization='gguf' runs its own kernels on fp32 activations: use dtype='float32' and "
                              f"the CPU kernels (got dtype={self.dtype!r}, kernels={self.kernels!r})")
+        if self.prompt_logprobs_chunk_tokens < 1:
+            raise ValueError(f"prompt_logprobs_chunk_tokens must be >= 1, got {self.prompt_logprobs_chunk_tokens}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from execstate.engine.device_inputs import DeviceInputs, StepInputs
+from execstate.engine.prompt_logprobs import prompt_spans, score_rows
 from execstate.engine.r3_clock import R3Clock
 from execstate.engine.runner_output import RunnerOutput
 from execstate.engine.scheduler import SchedulerOutput
@@ -83,12 +84,16 @@ class DeviceRunner:
             logits = self.model.compute_logits(hidden.index_select(0, inp.logit_rows))
         else:
             logits = torch.empty((0, 0), device=self.device)
+        # prompt logprobs (engine/prompt_logprobs.py): a step that scores a prompt reads its rows back
+        # (a host sync per block of rows; steps without such a request are untouched)
+        scored = score_rows(self.model, hidden, prompt_spans(sched.scheduled, inp.offsets))
         route_np = None
         if routes is not None and self.capture_routes:
             t_r3 = time.perf_counter()
             route_np = self._routes_to_host(routes.ids)
             self.r3_clock.add_since(t_r3)
-        return RunnerOutput(logits, inp.sample_rows, route_np, inp.offsets, _done_event(self.device), device_step=True)
+        return RunnerOutput(logits, inp.sample_rows, route_np, inp.offsets, _done_event(self.device), device_step=True,
+                            prompt_rows=scored)
 
     def _capture(self, sched: SchedulerOutput, inp: StepInputs) -> RouteCapture | None:
         forced_rows = []

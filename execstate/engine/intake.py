@@ -25,6 +25,7 @@ import torch
 from execstate.engine.grammar.compiler import GrammarCompiler
 from execstate.engine.grammar.matcher import GrammarMatcher
 from execstate.engine.penalties import PenaltyState
+from execstate.engine.prompt_logprobs import PromptScoring
 from execstate.engine.request import Request
 from execstate.engine.route_trace import RouteTrace
 from execstate.engine.sampling_params import SamplingParams
@@ -63,7 +64,7 @@ class RequestIntake:
 
     def __init__(self, model_config: ModelConfig, max_model_len: int, tokenizer: Tokenizer | None,
                  return_routes: bool, generator: torch.Generator, kv_holds: BlockHolds,
-                 grammar: GrammarCompiler | None = None) -> None:
+                 grammar: GrammarCompiler | None = None, prompt_logprobs_chunk_tokens: int | None = None) -> None:
         self.model_config = model_config
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer
@@ -71,6 +72,7 @@ class RequestIntake:
         self._generator = generator
         self._kv_holds = kv_holds
         self._grammar = grammar
+        self._prompt_logprobs_chunk = prompt_logprobs_chunk_tokens
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[list[int], str | None]:
         if isinstance(prompt, str):
@@ -115,6 +117,9 @@ class RequestIntake:
             req.handoff = handoff
         req.scope = scope
         req.grammar = grammar
+        if params.prompt_logprobs is not None:
+            req.prompt_scoring = PromptScoring(req.prompt_token_ids, params.prompt_logprobs)
+            req.max_chunk_tokens = self._prompt_logprobs_chunk
         if self.return_routes or params.routed_experts is not None:
             capacity = len(token_ids) + req.max_new_tokens
             req.routes = RouteTrace(mc.num_moe_layers, mc.top_k, capacity) if self.return_routes else None

@@ -137,8 +137,8 @@ class KVCacheManager:
         At most ``(num_tokens - 1) // block_size`` blocks: the last token is always
         computed so the request has logits to sample from.
         """
-        if not self.enable_prefix_caching:
-            return []
+        if not self.enable_prefix_caching or req.prompt_scoring is not None:
+            return []  # prompt logprobs need every position's logits (engine/prompt_logprobs.py)
         self.update_block_keys(req)
         max_blocks = (req.num_tokens - 1) // self.block_size
         hits: list[BlockId] = []

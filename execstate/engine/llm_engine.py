@@ -125,7 +125,7 @@ class LLMEngine:
                         if self.tokenizer is not None else None)
         self.grammar_masks = GrammarMasks(mc.vocab_size)
         self.intake = RequestIntake(mc, self.max_model_len, self.tokenizer, self.return_routes, self.generator,
-                                    self.kv_holds, self.grammar)
+                                    self.kv_holds, self.grammar, config.prompt_logprobs_chunk_tokens)
         self.finisher = RequestFinisher(self.requests, self.tokenizer, self.return_routes, self.r3_clock,
                                         self.kv_holds)
         self.weights = EngineWeights(self.model, self.requests, self.scheduler, self.kv_manager, self.finisher)

@@ -84,6 +84,10 @@ def build_output(req: Request, tokenizer: Tokenizer | None, return_routes: bool)
         stop_reason=req.stop_reason,
         routed_experts=routes,
     )
+    scoring = req.prompt_scoring
+    first_delta = p.output_kind is RequestOutputKind.DELTA and req.num_sent_tokens == len(token_ids)
+    once = p.output_kind is not RequestOutputKind.DELTA or first_delta  # a DELTA request: its first output
+    plp = scoring.result() if scoring is not None and once and scoring.complete else None
     metrics = {"num_preemptions": float(req.num_preemptions)}
     if req.first_token_time is not None:
         metrics["ttft_s"] = req.first_token_time - req.arrival_time
@@ -99,6 +103,7 @@ def build_output(req: Request, tokenizer: Tokenizer | None, return_routes: bool)
         prompt_token_sources=_sources(req),
         kv_transfer_params=req.kv_transfer_out,
         error=req.abort_message,
+        prompt_logprobs=plp,
     )
 
 

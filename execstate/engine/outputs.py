@@ -15,6 +15,35 @@ class Logprob:
     decoded_token: str | None = None
 
 
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """The prompt's scores: row ``i`` is about token ``i + 1`` (the first token has none).
+    ``logprobs[i]``: its logprob; ``ranks[i]``: its rank; ``top_ids[i]`` / ``top_logprobs[i]``:
+    the ``k`` most likely tokens at that position, most likely first."""
+
+    token_ids: list[int]
+    logprobs: np.ndarray  # float32[n - 1]
+    ranks: np.ndarray  # int64[n - 1]
+    top_ids: np.ndarray  # int64[n - 1, k]
+    top_logprobs: np.ndarray  # float32[n - 1, k]
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def entries(self) -> list[dict[int, Logprob] | None]:
+        """vLLM's ``prompt_logprobs``: ``None``, then per token ``{token: Logprob, alternative: Logprob...}``
+        (``decoded_token`` unset: the caller decodes what it shows)."""
+        out: list[dict[int, Logprob] | None] = [None] if self.token_ids else []
+        own, ranks = self.logprobs.tolist(), self.ranks.tolist()
+        ids, vals = self.top_ids.tolist(), self.top_logprobs.tolist()
+        for i, tok in enumerate(self.token_ids[1:]):
+            entry = {tok: Logprob(own[i], ranks[i])}
+            for r, (t, v) in enumerate(zip(ids[i], vals[i], strict=True)):
+                entry.setdefault(t, Logprob(v, r + 1))
+            out.append(entry)
+        return out
+
+
 @dataclass
 class CompletionOutput:
     """One completion.
@@ -54,6 +83,9 @@ class RequestOutput:
     kv_transfer_params: dict[str, Any] | None = None
     # Why the request was aborted (request-level error), None otherwise.
     error: str | None = None
+    # vLLM's prompt_logprobs, when the request asked for them (engine/prompt_logprobs.py): in every
+    # output once the prompt is scored (a DELTA request: in its first output only).
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ class PDConnector:
         self.instance_id = cfg.engine_id or f"execstate-{uuid.uuid4().hex[:12]}"
         self.stats = TransferStats()
         # The shared secret of server-to-server messages: the current one signs, the previous ones
-        # (a rotation: transfer/secrets.py) verify too; None: handoffs unsigned, no migration.
+        # (a rotation: identity/secret_ring.py) verify too; None: handoffs unsigned, no migration.
         self.secrets = SecretRing.resolve(cfg.secret, cfg.previous_secrets)
         # Thread-safe and immutable: the HTTP layer checks handoffs with it before the engine sees them.
         self.trust = HandoffTrust(self.secrets, dict(cfg.allowed_prefill or {}), self.block_size)

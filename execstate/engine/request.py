@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from execstate.engine.grammar.matcher import GrammarMatcher
     from execstate.engine.outputs import Logprob, RequestOutput
     from execstate.engine.penalties import PenaltyState
+    from execstate.engine.prompt_logprobs import PromptScoring
 
 
 class RequestStatus(enum.Enum):
@@ -101,6 +102,10 @@ class Request:
     # Who may share this request's cached state: its tenant (or shared group) and the client's
     # salt (identity/scope.py); part of the execution identity its block keys derive from.
     scope: CacheScope = LOCAL_SCOPE
+    # Prompt logprobs (params.prompt_logprobs): the prompt's rows scored so far (engine/prompt_logprobs.py),
+    # and the most tokens of this request one step may run (None: the step's budget).
+    prompt_scoring: PromptScoring | None = None
+    max_chunk_tokens: int | None = None
     # Output state, built once per token (engine/output_builder.py): the text so far, each
     # token's logprob entry (when logprobs are asked for), the running sum of the sampled
     # logprobs, and how many tokens DELTA outputs have handed out.
@@ -132,6 +137,11 @@ class Request:
     def remaining_tokens(self) -> int:
         """Tokens still to run through the model before the next sample."""
         return self.num_tokens - self.num_computed_tokens
+
+    def chunk(self, budget: int) -> int:
+        """How many tokens this request runs in a step with ``budget`` tokens left."""
+        n = min(self.remaining_tokens, budget)
+        return n if self.max_chunk_tokens is None else min(n, self.max_chunk_tokens)
 
     @property
     def is_finished(self) -> bool:

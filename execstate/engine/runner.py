@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from execstate.engine.device_runner import DeviceRunner
+from execstate.engine.prompt_logprobs import prompt_spans, score_rows
 from execstate.engine.r3_clock import R3Clock
 from execstate.engine.runner_output import RunnerOutput
 from execstate.engine.scheduler import SchedulerOutput
@@ -107,12 +108,13 @@ class ModelRunner:
             logits = torch.empty((0, 0))
         if timers is not None:
             timers.add("lm_head", t0)
+        scored = score_rows(self.model, hidden, prompt_spans(sched.scheduled, offsets))
         route_np = None
         if routes is not None and self.capture_routes:
             t_r3 = time.perf_counter()
             route_np = routes.ids.cpu().numpy()
             self.r3_clock.add_since(t_r3)
-        return RunnerOutput(logits.float().cpu(), sample_rows, route_np, offsets)
+        return RunnerOutput(logits.float().cpu(), sample_rows, route_np, offsets, prompt_rows=scored)
 
     def _forced(
         self, num_tokens: int, forced_rows: list[tuple[int, np.ndarray]]

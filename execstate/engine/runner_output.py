@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from execstate.engine.prompt_logprobs import ScoredRows
 
 
 @dataclass
@@ -24,6 +26,7 @@ class RunnerOutput:
     token_offsets: list[int]
     done: torch.cuda.Event | None = None
     device_step: bool = False  # the torch path's runner: sample with the device's algorithms
+    prompt_rows: list[ScoredRows] = field(default_factory=list)  # prompt logprobs (engine/prompt_logprobs.py)
 
     def wait(self) -> None:
         """Block until the step's device work (the route copy included) is done; free when the

@@ -51,6 +51,11 @@ class SamplingParams:
       ``stop`` string.
     - ``logprobs``: ``None`` = no logprobs; ``k >= 0`` = the sampled token's logprob
       plus the ``k`` most likely alternatives at each step (raw model distribution).
+    - ``prompt_logprobs``: ``None``, or ``k >= 0``: each prompt token's logprob and rank and the ``k``
+      most likely tokens at its position, scored chunk by chunk as the prompt is prefilled
+      (``engine/prompt_logprobs.py``; ``RequestOutput.prompt_logprobs``). Such a request takes no
+      prefix-cache hit, and at most ``EngineConfig.prompt_logprobs_chunk_tokens`` of its tokens run
+      per step.
     - R3: ``routed_experts_prompt_start`` omits the route rows before that token index.
       ``routed_experts``: routes to *force* (replay), ``int[N, n_moe_layers, top_k]``;
       row i forces the experts of the forward pass over token i (i < N); tokens beyond
@@ -78,6 +83,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     routed_experts_prompt_start: int = 0
@@ -126,8 +132,10 @@ class SamplingParams:
             raise bad("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
             raise bad("min_tokens", f"must be an integer >= 0, got {self.min_tokens!r}")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
-            raise bad("logprobs", f"must be None or an integer >= 0, got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise bad(name, f"must be None or an integer >= 0, got {v!r}")
         if self.stop_token_ids is not None and any(
             not isinstance(t, int) or t < 0 for t in self.stop_token_ids
         ):

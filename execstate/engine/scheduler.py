@@ -1,7 +1,9 @@
 """Continuous-batching scheduler (pure Python, testable without a model).
 
 Each step has a token budget (``max_num_batched_tokens``) shared by decodes and
-(chunked) prefills. Running requests are served first, oldest first; then waiting
+(chunked) prefills; a request with ``max_chunk_tokens`` (one that scores its prompt,
+``engine/prompt_logprobs.py``) runs at most that many of it per step (``Request.chunk``).
+Running requests are served first, oldest first; then waiting
 requests are admitted in arrival order while budget, sequence slots and KV blocks
 last. When a running request needs a block and the pool is empty, the newest running
 request is preempted by recompute: its blocks are freed and it goes back to the
@@ -165,7 +167,7 @@ class Scheduler:
             room = budget if cap is None else min(budget, cap)
             if run_cls is not None and (wait_cls is None or run_cls >= wait_cls):
                 req = self.running[i]
-                n = min(req.remaining_tokens, room)
+                n = req.chunk(room)
                 before = req.num_computed_tokens
                 while not self.kv.allocate(req, n):
                     victim = self.running.pop()  # the newest of the lowest class
@@ -215,7 +217,7 @@ class Scheduler:
                 return None
         while True:
             try:
-                hits = self.kv.admit(req, budget, self._source(req))
+                hits = self.kv.admit(req, min(budget, req.max_chunk_tokens or budget), self._source(req))
             except ExternalLoadError as e:
                 self.waiting.popleft()
                 req.abort_message = str(e)
@@ -232,7 +234,7 @@ class Scheduler:
         if req.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
             self.loading[req.request_id] = req  # not scheduled until its KV arrived
             return False
-        n = min(req.remaining_tokens, budget)
+        n = req.chunk(budget)
         req.status = RequestStatus.RUNNING
         self.running.insert(served, req)
         out.scheduled.append(ScheduledRequest(req, n, req.num_computed_tokens))

@@ -16,10 +16,9 @@ attention the engine's paged Triton kernel over the sequence's own K/V; ``model/
 tests/gpu/test_deterministic_replay.py). Otherwise, on torch's ops (``kernels="torch"``) the two
 differ by rounding (~1e-6 in fp32): torch's GEMMs and SDPA round differently with the number of rows.
 
-``prompt_logprobs`` runs the same forward pass and log-softmax, so the logprob it gives each
-token is exactly ``score_tokens``' (vLLM's ``prompt_logprobs`` and the OpenAI API's ``echo``
-logprobs equal ``LLM.score`` on the same tokens), plus the token's rank and the ``k`` most likely
-alternatives at each position (entry 0, the first token, has no logprob: ``None``).
+vLLM's ``prompt_logprobs`` (and the OpenAI API's ``echo`` logprobs) are not computed here: they are
+scored chunk by chunk as a request's prompt is prefilled (``engine/prompt_logprobs.py``), with the
+same log-softmax of the same rows, so on the CPU kernels they equal ``score_tokens``' bit for bit.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from execstate.engine.outputs import Logprob, ScoreOutput
+from execstate.engine.outputs import ScoreOutput
 from execstate.engine.validation import validate_forced_routes, validate_prompt
 from execstate.model.context import AttentionBackend, RouteCapture, StepContext
 from execstate.model.dense_attention import DenseCausalAttention
@@ -46,32 +45,6 @@ def score_tokens(engine: LLMEngine, token_ids: list[int], routed_experts: np.nda
     logp, rows = _log_softmax(engine, token_ids, routed_experts)
     chosen = logp.gather(1, torch.tensor(token_ids[1:], device=logp.device)[:, None]).squeeze(1)
     return ScoreOutput(token_ids, chosen.cpu().tolist(), rows)
-
-
-@torch.inference_mode()
-def prompt_logprobs(engine: LLMEngine, token_ids: list[int], k: int) -> list[dict[int, Logprob] | None]:
-    """Per token: ``None`` for the first, then ``{token: Logprob, alternative: Logprob...}`` with the
-    token's own logprob (equal to ``score_tokens``'), its rank (1 = most likely) and the ``k`` most
-    likely tokens of that position (``decoded_token`` unset: the caller decodes what it shows)."""
-    token_ids = [int(t) for t in token_ids]
-    if len(token_ids) < 2:
-        return [None] * len(token_ids)
-    logp, _ = _log_softmax(engine, token_ids, None)
-    ids = torch.tensor(token_ids[1:], device=logp.device)[:, None]
-    chosen = logp.gather(1, ids)
-    ranks = (logp > chosen).sum(dim=1) + 1
-    top_v, top_i = torch.topk(logp, min(k, logp.shape[1]), dim=1) if k > 0 else (None, None)
-    out: list[dict[int, Logprob] | None] = [None]
-    chosen_l, ranks_l = chosen.squeeze(1).tolist(), ranks.tolist()
-    tv = top_v.tolist() if top_v is not None else None
-    ti = top_i.tolist() if top_i is not None else None
-    for pos, tok in enumerate(token_ids[1:]):
-        entry = {tok: Logprob(chosen_l[pos], ranks_l[pos])}
-        if tv is not None and ti is not None:
-            for r, (t, v) in enumerate(zip(ti[pos], tv[pos], strict=True)):
-                entry.setdefault(t, Logprob(v, r + 1))
-        out.append(entry)
-    return out
 
 
 def _log_softmax(engine: LLMEngine, token_ids: list[int],

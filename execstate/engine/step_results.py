@@ -6,7 +6,8 @@ Contract of ``StepResults.apply(sched, result, out)`` (``result``: ``ModelRunner
 1. the captured routes go into each request's route trace at the positions computed
    (keep-first: ``RouteTrace.fill``), timed on the R3 clock;
 2. every scheduled span is committed (``Scheduler.on_computed``: computed tokens, full blocks
-   into the prefix cache with their route records);
+   into the prefix cache with their route records), and its scored prompt rows recorded
+   (``engine/prompt_logprobs.py``);
 3. the rows that sample draw one token each (``engine/sampler.py``; EOS and stop ids banned
    below ``min_tokens``; constrained rows under ``mask``, the grammar masks computed during the
    forward pass), appended with its logprobs to the request; the sampling itself runs first, on
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from execstate.engine.finisher import RequestFinisher
 from execstate.engine.output_builder import build_output, on_new_token
 from execstate.engine.outputs import RequestOutput
+from execstate.engine.prompt_logprobs import record_rows
 from execstate.engine.r3_clock import R3Clock
 from execstate.engine.request import Request, RequestStatus
 from execstate.engine.runner_output import RunnerOutput
@@ -75,6 +77,7 @@ class StepResults:
             self._r3_clock.add_since(t_r3)
         for s in sched.scheduled:
             self._scheduler.on_computed(s)
+        record_rows(result.prompt_rows)
         if sampled is None:
             return
         now = time.monotonic()

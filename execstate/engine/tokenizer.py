@@ -85,10 +85,26 @@ class Tokenizer:
                 if chat_template is not None:
                     raise ValueError(f"--chat-template: {self._template_error}") from None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        # The most characters one token's text can cover: every token's vocabulary string is at least
+        # as long as the text it stands for (byte-level: one character per byte; "##" and "<0x..>"
+        # forms are longer). A normalizer may shrink the text first (NFKC composes characters):
+        # then 4x that, a margin no composition reaches.
+        longest = max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
+        self.max_chars_per_token = max(1, longest) * (1 if self._tok.normalizer is None else 4)
+
+    def max_chars(self, max_model_len: int) -> int:
+        """The longest text that could fit in ``max_model_len`` tokens: beyond it, no need to tokenise."""
+        return max_model_len * self.max_chars_per_token
 
     def encode(self, text: str, add_special_tokens: bool = True, max_model_len: int | None = None) -> list[int]:
         """Token ids of ``text``, computed with the GIL released. With ``max_model_len``, a
-        prompt that cannot fit raises ``ValueError`` before its ids become a Python list."""
+        prompt that cannot fit raises ``ValueError``: at once, without tokenising, when the text is
+        longer than :meth:`max_chars` (a megabyte body costs nothing), else before its ids become a
+        Python list."""
+        if max_model_len is not None and len(text) > self.max_chars(max_model_len):
+            raise ValueError(f"prompt is too long: {len(text)} characters, but at most {self.max_chars(max_model_len)} "
+                             f"can fit in max_model_len {max_model_len} tokens ({self.max_chars_per_token} characters "
+                             "per token at most with this tokenizer); refused without tokenising")
         encoding = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0]
         if max_model_len is not None:
             check_prompt_length(len(encoding), max_model_len)

@@ -50,8 +50,10 @@ def validate_sampling(params: SamplingParams, vocab_size: int) -> None:
     outside = [t for t in stop_ids if not 0 <= t < vocab_size]
     if outside:
         raise bad("stop_token_ids", f"{outside[0]!r} is outside the vocabulary [0, {vocab_size})")
-    if params.logprobs is not None and params.logprobs > vocab_size:
-        raise bad("logprobs", f"must be <= the vocabulary size {vocab_size}, got {params.logprobs!r}")
+    for name in ("logprobs", "prompt_logprobs"):
+        v = getattr(params, name)
+        if v is not None and v > vocab_size:
+            raise bad(name, f"must be <= the vocabulary size {vocab_size}, got {v!r}")
     if not math.isfinite(params.temperature):
         raise bad("temperature", f"must be finite, got {params.temperature!r}")
     if params.seed is not None and not SEED_RANGE[0] <= params.seed < SEED_RANGE[1]:

@@ -5,7 +5,8 @@ Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (``openai/``)
 the ``/v1/realtime`` WebSocket (``realtime/lm/``: LM sessions), the ``/v1/realtime/agent`` WebSocket
 (``realtime/agent/``: full-duplex agents), ``GET /v1/models``, ``GET /health`` (``health.py``: 200
 ``{"status": "ok"}``, 503 with the reason once the engine thread is dead), ``GET /metrics``
-(Prometheus text, this app's registry).
+(Prometheus text, this app's registry), ``GET /openapi.json`` (the HTTP API's OpenAPI schema, as
+vLLM serves it: what the schema fuzzer, tests/serve/test_schema_fuzz.py, generates requests from).
 Every error is an OpenAI error body (``errors.py``).
 
 ``limits`` (``ServingLimits``) bounds every request: the body size is checked by
@@ -25,7 +26,9 @@ Trust (DESIGN 11, docs/security.md): ``keys`` (a ``KeyRing``: ``--api-key`` repe
 caller's tenant's namespace; without keys the server is open (one local tenant). ``policy``
 bounds long-lived state (idle expiry of detached sessions, checkpoints per session, per-tenant
 quotas: ``serve_policy``); ``migration_targets`` is the ``--migration-targets`` allow-list. While
-the app runs, a sweep expires idle sessions and uncommitted hand-overs every ``sweep_interval``.
+the app runs, a sweep expires idle sessions and uncommitted hand-overs every ``sweep_interval`` (at
+most 10 s) and hands the C heap's free pages back to the OS (``heap_trim.py``: RSS comes back after a
+burst).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from urllib.parse import quote
 
@@ -43,11 +47,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from execstate.agent.backend import TaskLimits
 from execstate.engine.async_engine import AsyncEngine, EngineDeadError
 from execstate.identity.scope import PrefixSharing
-from execstate.serve.auth import APIKeyMiddleware
+from execstate.serve.auth import APIKeyMiddleware, public_paths
 from execstate.serve.body_limit import BodySizeLimitMiddleware
 from execstate.serve.context import ServeContext
 from execstate.serve.errors import install_error_handlers
 from execstate.serve.health import health_response
+from execstate.serve.heap_trim import trim_heap
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import EngineStats, ServingMetrics, read_engine_stats
@@ -78,10 +83,12 @@ from execstate.transfer.handover import DEFAULT_SKEW_S
 from execstate.voice.engines import VoiceEngines, default_engines
 
 STATS_TIMEOUT_S = 5.0
+OPENAPI_PATH = "/openapi.json"  # the HTTP API's OpenAPI schema (as vLLM serves it); a key on a keyed server
 MAX_IGNORED_LISTED = 32
 IGNORED_FIELDS_HEADER = "X-Ignored-Fields"
 DEFAULT_IDLE_TTL_S = 600.0
 MAX_SWEEP_INTERVAL_S = 10.0
+TRIM_INTERVAL_S = 10.0  # the C heap's free pages go back to the OS at most this often (heap_trim.py)
 
 
 def serve_policy(idle_ttl_s: float | None = DEFAULT_IDLE_TTL_S, max_checkpoints: int = DEFAULT_MAX_CHECKPOINTS,
@@ -126,10 +133,11 @@ def build_app(
     agent_task_limits: TaskLimits | None = None,
     voice_engines: Callable[[], VoiceEngines] | None = None,
     routes_on_request: bool = False,
+    public_metrics: bool = False,
 ) -> FastAPI:
     """An app serving ``async_engine`` under ``served_model_name`` (the only accepted
-    ``model``). ``api_key`` guards ``/v1``; ``metrics`` defaults to a fresh registry,
-    ``limits`` to ``ServingLimits()``; ``handoff_trust`` (PD decode side) decides which
+    ``model``). ``api_key`` guards every path but the public ones (``auth.py``); ``metrics``
+    defaults to a fresh registry, ``limits`` to ``ServingLimits()``; ``handoff_trust`` (PD decode side) decides which
     handoff parameters are accepted; ``realtime_grace_s`` how long a session of a dropped
     ``/v1/realtime`` connection is kept for ``session.resume`` (``realtime/lm/owners.py``);
     ``agent_back_engine`` serves the back-end model of ``/v1/realtime/agent`` agents (``realtime/agent/``;
@@ -144,7 +152,9 @@ def build_app(
     each agent's back-end bounds (tool timeout, tasks at once); ``voice_engines`` builds the audio
     engines of ``/v1/voice/realtime`` (``voice/engines.py``; default: eSpeak NG, Silero VAD,
     PocketSphinx), on first use. ``routes_on_request``: a completion returns its routes only when it asks
-    (``return_routed_experts: true``), not by default (``ServeContext.wants_routes``)."""
+    (``return_routed_experts: true``), not by default (``ServeContext.wants_routes``); ``public_metrics``:
+    ``/metrics`` answers without a key on a keyed server (``--public-metrics``; every other path but
+    ``/health`` and the browser pages needs one: ``auth.py``)."""
     limits = limits or ServingLimits()
     keys = keys if keys is not None else KeyRing.build([api_key] if api_key else [])
     policy = policy or serve_policy()
@@ -155,14 +165,17 @@ def build_app(
                        sharing=sharing or PrefixSharing(), routes_by_default=not routes_on_request)
     tenant_metrics = TenantMetrics(ctx.metrics.registry, policy.quotas)
     swept: list[IncomingHandovers] = []
-    app = FastAPI(title="execstate", docs_url=None, redoc_url=None, openapi_url=None,
+    app = FastAPI(title="execstate", docs_url=None, redoc_url=None, openapi_url=OPENAPI_PATH,
                   lifespan=lambda app: _sweeping(ctx, swept, policy))
     app.state.ctx = ctx
     app.state.keys = keys
+    public = public_paths(app)  # /health; the pages add theirs as they are installed
+    if public_metrics:
+        public.add("/metrics")
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=limits.max_request_bytes)
     # added last: runs first, so an unauthenticated body is never read; it names every caller's tenant
-    app.add_middleware(APIKeyMiddleware, keys=keys, peer_paths=PEER_PATHS)
+    app.add_middleware(APIKeyMiddleware, keys=keys, peer_paths=PEER_PATHS, public=public)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -231,6 +244,7 @@ async def _sweeping(ctx: ServeContext, swept: list[IncomingHandovers], policy: S
     interval = MAX_SWEEP_INTERVAL_S if shortest is None else max(0.05, min(shortest / 4, MAX_SWEEP_INTERVAL_S))
 
     async def sweep() -> None:
+        trimmed = time.monotonic()
         while True:
             await asyncio.sleep(interval)
             try:
@@ -245,6 +259,9 @@ async def _sweeping(ctx: ServeContext, swept: list[IncomingHandovers], policy: S
                         logger.info("expired %d idle detached session(s) (--session-idle-ttl %g s)", len(gone), ttl)
                 for incoming in swept:
                     await incoming.sweep()
+                if time.monotonic() - trimmed >= TRIM_INTERVAL_S:  # what a burst freed goes back to the OS
+                    await asyncio.to_thread(trim_heap)
+                    trimmed = time.monotonic()
             except EngineDeadError:
                 return
             except Exception:  # a sweep must never stop the server; the next one tries again

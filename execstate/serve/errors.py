@@ -4,7 +4,9 @@ Status codes: 400 malformed JSON, bad or unsupported parameter, bad prompt (too 
 token ids outside the vocabulary, empty, beyond a ``ServingLimits`` bound); 401 missing or
 wrong API key; 404 unknown model or path; 413 body larger than ``--max-request-bytes``;
 429 waiting queue full (with ``Retry-After``); 500 the engine step serving this request
-failed (the server goes on); 503 the engine is dead. FastAPI's 422 validation errors
+failed (the server goes on); 503 the engine is dead. Every 4xx has ``type``
+``invalid_request_error`` (the request, not the server, must change: a 410 ``expired`` session
+too), every 5xx ``server_error``, unless the raiser names another type. FastAPI's 422 validation errors
 are mapped to 400.
 """
 
@@ -17,8 +19,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
-
-_TYPES = {s: "invalid_request_error" for s in (400, 401, 404, 413, 429)}
 
 
 class ErrorInfo(BaseModel):
@@ -44,7 +44,7 @@ class OpenAIError(Exception):
         self.message = message
         self.param = param
         self.code = code
-        self.type = type or _TYPES.get(status, "server_error")
+        self.type = type or ("invalid_request_error" if 400 <= status < 500 else "server_error")
         self.headers = headers
 
     def body(self) -> dict[str, Any]:

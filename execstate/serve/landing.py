@@ -6,6 +6,10 @@ language model (name, architecture, size, route return), the world model when ``
 served, the endpoints of each surface, and the docs. The docs site is linked at ``/docs/`` when it
 was built next to the package (``make docs`` writes ``site/`` in a source checkout); otherwise the
 page says how to build it. No script, no client input: nothing on it comes from a request.
+
+The page and the docs site are public on a keyed server (``auth.py``: a browser cannot send a key
+when it navigates), so there the page names no model: no name, path, architecture or context
+length (what ``GET /v1/models`` tells a caller with a key), only the endpoints and the docs.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
+from execstate.serve.auth import public_paths
 from execstate.serve.context import ServeContext
 
 DOCS_PATH = "/docs"
@@ -84,8 +89,15 @@ def _endpoints(app: FastAPI) -> list[tuple[str, str, str]]:
     return out
 
 
+def _keyed(app: FastAPI) -> bool:
+    keys = getattr(app.state, "keys", None)
+    return keys is not None and not keys.open
+
+
 def render(app: FastAPI, docs: bool) -> str:
-    return page_html(_lm_rows(app) + _world_rows(app), _endpoints(app), docs)
+    # a public page on a keyed server: what is loaded is for callers with a key
+    loaded = [KEYED_MODELS_ROW] if _keyed(app) else _lm_rows(app) + _world_rows(app)
+    return page_html(loaded, _endpoints(app), docs)
 
 
 # The "loaded" row of a public page on a server that asks for a key, in place of the model's rows.
@@ -114,9 +126,12 @@ def install_landing(app: FastAPI, docs_dir: Path | None = None) -> None:
     """Serve the landing page at ``/`` (and the docs site at ``/docs/`` when ``docs_dir`` or a built
     site of the checkout exists). Call after every surface is installed."""
     docs_dir = docs_dir or docs_site_dir()
+    public = public_paths(app)
     if docs_dir is not None:
         app.mount(DOCS_PATH, StaticFiles(directory=docs_dir, html=True), name="docs")
+        public.add_prefix(DOCS_PATH)
     page = render(app, docs_dir is not None)
+    public.add("/")
 
     @app.get("/", include_in_schema=False)
     async def landing() -> HTMLResponse:

@@ -12,6 +12,9 @@ one. Where each is enforced, before the request can cost the engine anything:
   with this value), 429 with ``Retry-After`` when the waiting queue is full; 400 for one
   request that needs more engine requests (prompts x n) than the queue holds.
 - ``max_tokens`` is bounded by the model's context (``convert.validate_prompts``).
+- ``max_logprobs_prompt_tokens``: ``openai/prompt_scores.check_scored_lengths``, 400 once the
+  prompts are tokenised, before any is scored (scoring runs chunk by chunk through the scheduler,
+  ``engine/prompt_logprobs.py``; this bounds a request's total work and its answer's size).
 
 Imports only the standard library (the CLI reads the defaults for ``--help``).
 """
@@ -33,6 +36,7 @@ class ServingLimits:
     max_stop_token_ids: int = 256  # entries of stop_token_ids
     max_request_bytes: int = 4 * MiB  # HTTP request body
     max_waiting_requests: int = 256  # engine requests admitted and not yet scheduled
+    max_logprobs_prompt_tokens: int = 8192  # longest prompt scored (echo with logprobs, prompt_logprobs)
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -129,6 +129,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         kernels=args.kernels,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        prompt_logprobs_chunk_tokens=getattr(args, "prompt_logprobs_chunk_tokens", 512),
         kv_cache_memory_bytes=args.kv_cache_memory,
         num_kv_blocks=args.num_kv_blocks,
         prefault_kv=getattr(args, "prefault_kv", False),
@@ -249,6 +250,7 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
             agent_task_limits=TaskLimits(args.agent_tool_timeout_s, args.agent_max_tasks),
             voice_engines=voice_engines_from_args(args),
             routes_on_request=getattr(args, "routed_experts_on_request", False),
+            public_metrics=getattr(args, "public_metrics", False),
         )
         if args.world is not None:  # the world endpoints on the same app (serve --world)
             from execstate.serve.realtime.world.app import world_host_from_args

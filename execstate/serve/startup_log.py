@@ -51,7 +51,8 @@ OPEN_WARNING = ("NO API KEY: this server is open. Anyone who can reach it can us
 def auth_line(i: StartupInfo) -> str:
     if i.keys is None or i.keys.open:
         return f"OFF - {OPEN_WARNING}"
-    return f"required; tenants: {', '.join(i.keys.tenants)}"
+    public = "/health, the browser pages" + (", /metrics" if getattr(i.args, "public_metrics", False) else "")
+    return f"required on every path but {public}; tenants: {', '.join(i.keys.tenants)}"
 
 
 def tenancy_line(i: StartupInfo) -> str:

@@ -124,6 +124,7 @@ def test_rolling_update_never_mixes_versions_and_never_hits_the_old_version(flee
     # the router's view: the kept prefix's v0 blocks are still in a replica's index (rebuilt from its
     # KV events), yet under the replicas' v1 provenance the router core scores them 0
     info = httpx.get(fleet + "/v1/fleet/replicas").json()["replicas"]
+    assert {r["weights_version"] for r in info} == {NEW}  # the list shows what the replicas run now
     views, old_hits, stored_versions = [], 0, set()
     for rep in info:
         index = ReplicaIndex()

@@ -10,8 +10,8 @@ Reproduces:
   after 5,000). Now a session holds at most ``--max-session-checkpoints`` (64) and the next one is
   refused with ``checkpoint_limit``; replies name what changed, not every id;
 - per-tenant quotas: a tenant past its ``--tenant-max-sessions`` gets ``quota`` while another
-  tenant still opens sessions; ``/metrics`` shows what each tenant holds, by tenant name, without
-  a key.
+  tenant still opens sessions; ``/metrics`` shows what each tenant holds, by tenant name (behind
+  a key since ``/metrics`` needs one on a keyed server; ``--public-metrics`` opens it).
 
 (Checkpoint memory coming back after 5,000 checkpoints and a close: test_checkpoint_memory.py.)
 """
@@ -83,7 +83,7 @@ def test_a_tenant_past_its_quota_does_not_stop_another(model_dir, tmp_path):
         assert (r.status_code, code_of(r)) == (429, "quota"), r.text
         for i in range(2):
             assert http("POST", f"{s.url}/v1/sessions", KEY_B, {"session_id": f"a-{i}"}).status_code == 200
-        metrics = http("GET", f"{s.url}/metrics").text  # open: no key needed, tenant names only
+        metrics = http("GET", f"{s.url}/metrics", KEY_A).text  # tenant names only (a key: see --public-metrics)
         assert 'execstate_tenant_sessions{tenant="a"} 2.0' in metrics
         assert 'execstate_tenant_sessions{tenant="b"} 2.0' in metrics
         assert 'execstate_tenant_quota{kind="sessions"} 2.0' in metrics

@@ -84,7 +84,7 @@ def test_wake_on_another_server_from_the_shared_tier(pair):
     r = http("POST", f"{a}/v1/sessions/moving/step", KEY_A, {"input": [1]})
     assert r.status_code == 410 and code_of(r) == "closed"
     assert http("GET", f"{a}/v1/sessions/moving", KEY_A).json()["status"] == "closed"
-    m = http("GET", f"{a}/metrics").text
+    m = http("GET", f"{a}/metrics", KEY_A).text  # behind the key (--public-metrics opens it)
     assert "execstate_tenant_sessions" in m
 
 
@@ -95,7 +95,7 @@ def test_local_wake_claims_the_manifest_first(pair):
     assert http("POST", f"{a}/v1/sessions", KEY_A, {"session_id": "stay", "sampling": SAMPLING}).status_code == 200
     first = _step(a, "stay", PROMPT)
     ref = http("POST", f"{a}/v1/sessions/stay/hibernate", KEY_A, {"target_engine_id": b_id}).json()["reference"]
-    metrics = http("GET", f"{a}/metrics").text
+    metrics = http("GET", f"{a}/metrics", KEY_A).text
     assert 'execstate_tenant_hibernated_sessions{tenant="default"} 1.0' in metrics
     assert http("POST", f"{a}/v1/sessions/stay/wake", KEY_A).json()["status"] == "open"
     r = http("POST", f"{b}/v1/sessions/import", None, {"reference": ref})

@@ -262,7 +262,9 @@ class World:
 
             wait_until(lambda s=s, empty=empty: s.engine.call(empty) == (0, 0, 0, 0, 0), what="everything released")
             s.engine.call(lambda e: e.check_integrity())
-            metrics = http("GET", f"{s.url}/metrics").text
+            answer = http("GET", f"{s.url}/metrics", next(iter(KEYS.values())))  # behind a key
+            assert answer.status_code == 200, answer.text
+            metrics = answer.text
             assert "execstate_tenant_sessions{" not in metrics and "execstate_tenant_checkpoints{" not in metrics
 
 

@@ -1,5 +1,9 @@
 """Nothing blocks the event loop: a maximal prompt is tokenised in a worker thread with
-the GIL released, while /health keeps answering; the chat template is compiled once."""
+the GIL released, while /health keeps answering; the chat template is compiled once.
+
+A prompt that cannot fit is now refused before it is tokenised (``Tokenizer.max_chars``); the
+tokenising test lifts that bound on its server's tokenizer so that a maximal prompt is tokenised
+as a long allowed one would be, and the last test checks the bound itself."""
 
 from __future__ import annotations
 
@@ -29,7 +33,8 @@ def _maximal_text_body() -> bytes:
     return head + words + tail
 
 
-def test_health_answers_while_a_maximal_prompt_is_tokenised(served):
+def test_health_answers_while_a_maximal_prompt_is_tokenised(served, monkeypatch):
+    monkeypatch.setattr(served.engine.tokenizer, "max_chars_per_token", 10**9)  # tokenised, not refused at once
     body = _maximal_text_body()
     assert len(body) == ServingLimits().max_request_bytes
     result: dict = {}
@@ -79,8 +84,19 @@ def test_chat_template_is_compiled_once(model_dir, monkeypatch):
 def test_encode_refuses_an_oversized_prompt_before_listing_its_ids(model_dir):
     tok = Tokenizer(model_dir)
     assert tok.encode("hello world") == tok._tok.encode("hello world").ids
-    with pytest.raises(ValueError, match="prompt is too long: 1200 tokens, but max_model_len is 256"):
+    assert tok.max_chars(256) < 2400
+    with pytest.raises(ValueError, match="prompt is too long: 600 tokens, but max_model_len is 256"):
+        tok.encode("ab" * 600, max_model_len=256)  # within the characters that could fit: tokenised
+    with pytest.raises(ValueError, match="prompt is too long: 2400 characters.*refused without tokenising"):
         tok.encode("ab" * 1200, max_model_len=256)
+
+
+def test_a_maximal_prompt_is_refused_before_it_is_tokenised(served):
+    start = time.monotonic()
+    r = httpx.post(f"{served.url}/v1/completions", content=_maximal_text_body(),
+                   headers={"Content-Type": "application/json"}, timeout=120)
+    assert r.status_code == 400 and "refused without tokenising" in r.json()["error"]["message"], r.text[:300]
+    print(f"a {ServingLimits().max_request_bytes} B prompt refused in {time.monotonic() - start:.3f} s")
 
 
 def test_bad_chat_template_is_a_value_error(model_dir, tmp_path):

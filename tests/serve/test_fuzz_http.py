@@ -71,7 +71,7 @@ COMPLETION_FIELDS = {
     "best_of": (st.none(), junk),
     "suffix": (st.none(), junk),
 }
-message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"])}, optional={
+message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]),  # content: required
     "content": text | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": text}), max_size=2)})
 hostile_message = st.fixed_dictionaries({"role": st.sampled_from(["user", "tool"]) | junk}, optional={
     "content": any_text | st.lists(st.fixed_dictionaries({"type": st.just("text") | junk, "text": any_text}),

@@ -142,7 +142,8 @@ def test_api_key(http):
         assert_error(http.get("/v1/models", headers=headers), 401)
     assert http.get("/v1/models", headers=AUTH).json()["data"][0]["id"] == MODEL_NAME
     assert http.get("/health").json() == {"status": "ok"}  # open, as in vLLM
-    assert http.get("/metrics").status_code == 200
+    assert http.get("/metrics").status_code == 401  # open only with --public-metrics (test_keys_every_route.py)
+    assert http.get("/metrics", headers=AUTH).status_code == 200
 
 
 def test_no_422_ever(http):

@@ -152,7 +152,10 @@ def test_cli_defaults_are_the_documented_ones(tmp_path):
     cfg, engine_defaults = engine_config_from_args(args), EngineConfig(model="m")
     assert {"max_num_seqs": engine_defaults.max_num_seqs,
                                 "max_num_batched_tokens": engine_defaults.max_num_batched_tokens,
-                                "kv_cache_memory": engine_defaults.kv_cache_memory_bytes} == _ENGINE_DEFAULTS
+                                "kv_cache_memory": engine_defaults.kv_cache_memory_bytes,
+                                "prompt_logprobs_chunk_tokens": engine_defaults.prompt_logprobs_chunk_tokens} == \
+        _ENGINE_DEFAULTS
+    assert cfg.prompt_logprobs_chunk_tokens == engine_defaults.prompt_logprobs_chunk_tokens
     assert (cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.kv_cache_memory_bytes, cfg.num_kv_blocks) == (
         64, 2048, 1 << 30, None)
     args = build_parser().parse_args(["serve", "m", "--max-num-seqs", "8", "--kv-cache-memory", "2GiB",

@@ -80,13 +80,14 @@ def test_every_line_of_a_moe_server(model_dir: Path) -> None:
     assert lines["request limits"] == (
         f"--max-n 7, --max-logprobs {limits.max_logprobs}, --max-prompts-per-request {limits.max_prompts_per_request}, "
         f"--max-stop-strings {limits.max_stop_strings}, --max-stop-string-length {limits.max_stop_string_length}, "
-        f"--max-stop-token-ids {limits.max_stop_token_ids}, --max-request-bytes {limits.max_request_bytes}"
+        f"--max-stop-token-ids {limits.max_stop_token_ids}, --max-request-bytes {limits.max_request_bytes}, "
+        f"--max-logprobs-prompt-tokens {limits.max_logprobs_prompt_tokens}"
     )
     assert lines["R3"] == "on (routed_experts returned)"
     assert lines["PD role"] == "none"
     assert lines["served name"] == "tiny"
     assert lines["listening on"] == "http://127.0.0.1:8123"
-    assert lines["API keys"] == "required; tenants: default"
+    assert lines["API keys"] == "required on every path but /health, the browser pages; tenants: default"
     assert lines["tenancy"] == ("detached sessions expire after 600 s idle; 64 checkpoints per session; per-tenant "
                                 "quotas: none")
     assert lines["migration"] == "off (no --migration-targets)"
@@ -153,7 +154,7 @@ def test_run_server_logs_the_block_once_before_serving(model_dir: Path, monkeypa
     text = records[0].getMessage()
     assert text.startswith("execstate serve ready\n")
     assert re.search(r"\n  listening on +http://127\.0\.0\.1:8124\n", text)
-    assert re.search(r"\n  API keys +required; tenants: default\n", text)
+    assert re.search(r"\n  API keys +required on every path but /health, the browser pages; tenants: default\n", text)
     assert SECRET not in text
     assert [(c.host, c.port) for c in served] == [("127.0.0.1", 8124)]
 

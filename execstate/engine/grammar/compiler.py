@@ -27,6 +27,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from execstate.engine.grammar.bounds import GrammarBounds, check_bounds
 from execstate.engine.grammar.matcher import GrammarMatcher, GrammarSnapshot
+from execstate.engine.grammar.productive import unproductive_rules
 from execstate.engine.grammar.spec import StructuredOutputsParams
 
 if TYPE_CHECKING:
@@ -121,11 +122,19 @@ def llguidance_grammar(spec: StructuredOutputsParams) -> str:
             return llg.LLMatcher.grammar_from_regex(value)
         if kind == "choice":
             return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in value))
-        return llg.LLMatcher.grammar_from_lark(any_to_lark(value))
+        lark = any_to_lark(value)
+        grammar = llg.LLMatcher.grammar_from_lark(lark)
     except (ValueError, RecursionError) as exc:
         raise ValueError(f"invalid structured output {kind}: {_short(str(exc))}") from None
     except Exception as exc:  # the EBNF converter raises its own error type
         raise ValueError(f"invalid structured output {kind}: {_short(str(exc))}") from None
+    endless = unproductive_rules(lark)
+    if endless:
+        names = ", ".join(f"'{r}'" for r in endless)
+        raise ValueError(f"invalid structured output {kind}: no finite string matches it: rule(s) {names} have no "
+                         "base case (every alternative refers back to an unfinished rule); give one alternative "
+                         "that ends, e.g. 'start: \"a\" start | \"a\"'")
+    return grammar
 
 
 def _short(msg: str) -> str:

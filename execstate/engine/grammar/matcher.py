@@ -61,7 +61,11 @@ class GrammarMatcher:
 
     @property
     def error(self) -> str | None:
-        return self.ll.get_error() or None if self.ll.is_error() else None
+        """Why the matcher failed, in llguidance's first line (never its parser state dump), or None."""
+        if not self.ll.is_error():
+            return None
+        first = (self.ll.get_error() or "").split("\n<state>", 1)[0].strip()
+        return " ".join(first.split())[:300] or "rejected by the grammar engine"
 
     def rollback(self, num_tokens: int) -> None:
         """Forget the last ``num_tokens`` accepted tokens."""

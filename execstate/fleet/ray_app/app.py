@@ -34,8 +34,10 @@ signed handoffs). Route records travel with the KV when the engines return them
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import secrets
+import sys
 import time
 from typing import Any, cast
 
@@ -43,6 +45,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.deployment import Application, Deployment
 
+from execstate.fleet.cluster_plan import FleetPlanError, replica_cpus
 from execstate.fleet.ray_app.engine_replica import NODE_IP, EngineReplica
 from execstate.fleet.ray_app.ingress import FleetIngress
 from execstate.fleet.ray_app.pd_ingress import PDFleetIngress
@@ -50,7 +53,8 @@ from execstate.fleet.ray_app.request_router import ExecstateRequestRouter
 from execstate.fleet.ray_app.session_settings import SessionSettings
 from execstate.identity.secret_ring import SECRET_ENV
 
-__all__ = ["NODE_IP", "fleet_app", "run_fleet"]
+__all__ = ["NODE_IP", "fleet_app", "run_fleet", "watch_fleet"]
+logger = logging.getLogger("execstate.fleet")
 INGRESS = "FleetIngress"
 ENGINES = "EngineReplica"
 PREFILL_ENGINES, DECODE_ENGINES = "PrefillReplica", "DecodeReplica"  # the deployments of a PD fleet
@@ -124,31 +128,77 @@ def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = Non
 def run_fleet(args: argparse.Namespace) -> int:
     """``execstate serve MODEL --ray --replicas N``: a local Ray cluster (or the one at
     ``--ray-address``), the fleet on ``--host``/``--port`` (Ray Serve's HTTP proxy), until
-    interrupted."""
+    interrupted. The replicas' CPU share is sized to the cluster, or the count refused (exit status
+    2: ``cluster_plan.py``); the application is deployed without waiting on it, so a replica that
+    dies while the fleet deploys never ends the process or its ingress: :func:`watch_fleet` prints
+    the ready line once the application runs and redeploys it when Serve gives up on it."""
     import ray
 
+    pd = getattr(args, "pd", None)
+    n = args.replicas if pd is None else sum(pd)
     if args.ray_address is not None:
         ray.init(address=args.ray_address, include_dashboard=False, ignore_reinit_error=True)
+        cpus = float(ray.cluster_resources().get("CPU", 0))
     else:
-        ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, ignore_reinit_error=True)
+        cpus = float(os.cpu_count() or 2)
+    try:
+        share = replica_cpus(n, cpus)
+    except FleetPlanError as e:
+        print(f"execstate serve --ray --replicas {n}: {e}", file=sys.stderr)
+        if ray.is_initialized():
+            ray.shutdown()
+        return 2
+    if args.ray_address is None:  # loopback only unless --replica-host says otherwise (cli: keep_local)
+        ray.init(num_cpus=int(cpus), include_dashboard=False, ignore_reinit_error=True)
     serve.start(http_options={"host": args.host, "port": args.port})
     kwargs = {"block_size": args.block_size, "seed": args.seed, "enable_return_routed_experts":
               args.enable_return_routed_experts, "max_model_len": args.max_model_len, "dtype": args.dtype,
               "kernels": args.kernels, "chat_template": getattr(args, "chat_template", None)}
     settings = SessionSettings(args.session_hibernate_after, args.session_copy_every or None, args.api_keys_file,
                                tuple(getattr(args, "shared_prefix_group", None) or ()))
-    pd = getattr(args, "pd", None)
-    serve.run(fleet_app(str(args.model), args.replicas, args.served_model_name, kwargs,
-                        shared_tier=args.offload_redis_url, sessions=settings,
-                        realtime_grace_s=args.realtime_grace_s, pd=pd, replica_host=args.replica_host,
-                        replica_resources=args.replica_resources), name=APP_NAME, route_prefix="/")
+    app = fleet_app(str(args.model), args.replicas, args.served_model_name, kwargs,
+                    shared_tier=args.offload_redis_url, sessions=settings,
+                    realtime_grace_s=args.realtime_grace_s, pd=pd, replica_host=args.replica_host,
+                    replica_resources=args.replica_resources, replica_cpus=share)
     shape = f"{args.replicas} replicas" if pd is None else f"{pd[0]} prefill + {pd[1]} decode replicas"
-    print(f"execstate fleet: {shape} of {args.model} on http://{args.host}:{args.port} "
-          "(Ray Serve; /v1/fleet/replicas lists them)", flush=True)
+    ready = (f"execstate fleet: {shape} of {args.model} on http://{args.host}:{args.port} ({share:g} CPU each; "
+             "Ray Serve; /v1/fleet/replicas lists them)")
     try:
-        while True:
-            time.sleep(3600)
+        watch_fleet(app, ready)
     except KeyboardInterrupt:
         serve.shutdown()
         ray.shutdown()
     return 0
+
+
+def watch_fleet(app: Application, ready: str, poll_s: float = 1.0, max_backoff_s: float = 60.0) -> None:
+    """Deploy ``app`` without waiting on it, then watch it until interrupted: print ``ready`` once it
+    runs; log each change of its status (with Serve's message); redeploy it when Serve marks it
+    ``DEPLOY_FAILED`` (a replica that died while deploying: Serve stops retrying), backing off
+    from ``poll_s`` to ``max_backoff_s``. Never raises for the application's state: the ingress and
+    the replicas that run keep serving whatever happens to the others."""
+    serve._run(app, _blocking=False, name=APP_NAME, route_prefix="/")
+    announced, last, backoff = False, None, 5.0
+    retry_at = None
+    while True:
+        status = serve.status().applications.get(APP_NAME)
+        state = str(getattr(status.status, "value", status.status)) if status is not None else "NOT_STARTED"
+        if state != last:
+            message = (status.message if status is not None else "") or ""
+            log = logger.warning if state in ("DEPLOY_FAILED", "UNHEALTHY") else logger.info
+            log("the fleet's application is %s%s", state, f": {message[:500]}" if message else "")
+            last = state
+        if state == "RUNNING":
+            backoff, retry_at = 5.0, None
+            if not announced:
+                print(ready, flush=True)
+                announced = True
+        elif state == "DEPLOY_FAILED":
+            now = time.monotonic()
+            if retry_at is None:
+                retry_at = now + backoff
+            elif now >= retry_at:
+                logger.warning("redeploying the fleet's application (the ingress kept serving meanwhile)")
+                serve._run(app, _blocking=False, name=APP_NAME, route_prefix="/")
+                backoff, retry_at = min(backoff * 2, max_backoff_s), None
+        time.sleep(poll_s)

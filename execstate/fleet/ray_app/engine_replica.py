@@ -56,6 +56,7 @@ from ray import serve
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
+from execstate.fleet.ray_app.loopback import bind_replica_grpc_to_loopback
 from execstate.fleet.ray_app.session_copies import CopyLoop
 from execstate.fleet.ray_app.session_settings import SessionSettings
 from execstate.fleet.ray_app.version_gate import VersionGate
@@ -105,6 +106,7 @@ class EngineReplica:
                  host: str = "127.0.0.1", ingress: tuple[str, str] | None = None,
                  sessions: SessionSettings | None = None, realtime_grace_s: float = DEFAULT_GRACE_S,
                  role: str = ENGINE_ROLE, kv_transfer: dict[str, Any] | None = None) -> None:
+        bind_replica_grpc_to_loopback()  # a single-machine fleet: Serve's replica gRPC server on loopback
         host = self.host = resolve_host(host)
         events = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://{host}:0",
                                 replay_endpoint=f"tcp://{host}:0")

@@ -19,7 +19,8 @@
   replica (each is excluded from new routes, drains its requests in flight on the old weights:
   policy ``drain``, switches, and takes requests again; its sessions keep going to it); the router never counts a
   block of another version as a hit (the keys differ), so while versions are mixed each request
-  is served entirely by one version. The answer lists the version of each replica.
+  is served entirely by one version. The answer lists the version of each replica, and
+  ``GET /v1/fleet/replicas`` shows each replica's new ``weights_version`` as soon as it switched.
 
 Every operation first forgets the registered replicas whose actor is gone (:meth:`FleetOps.prune`:
 a killed replica), so none addresses a dead one (an id Ray no longer has would route elsewhere).
@@ -163,6 +164,8 @@ class FleetOps:
             try:
                 versions[rid] = await ing.handle_of(rid).update_weights.remote(RouteRequest(session_replica=rid),
                                                                                source, version)
+                if rid in ing.replicas:  # GET /v1/fleet/replicas shows what the replica runs now
+                    ing.replicas[rid]["weights_version"] = versions[rid]
             finally:
                 if not held:
                     ing.draining.discard(rid)

@@ -47,6 +47,7 @@ from execstate.engine.tokenizer import Tokenizer
 from execstate.fleet.ray_app.engine_replica import REPLICA_HEADER
 from execstate.fleet.ray_app.fleet_ops import FleetOps
 from execstate.fleet.ray_app.landing import render_fleet_page
+from execstate.fleet.ray_app.loopback import bind_replica_grpc_to_loopback
 from execstate.fleet.ray_app.prompt_route import SessionReplicas, caller_of, prompt_route, session_of
 from execstate.fleet.ray_app.session_resume import SessionLost, SessionResumed, SessionRouting
 from execstate.fleet.ray_app.session_settings import SessionSettings
@@ -69,6 +70,7 @@ class FleetIngress:
                  chat_template: str | None = None) -> None:
         """``chat_template``: the replicas' (``EngineConfig.chat_template``), so a chat prompt is routed by
         the tokens the replica will compute."""
+        bind_replica_grpc_to_loopback()  # a single-machine fleet: Serve's replica gRPC server on loopback
         self.engines = engines
         settings = sessions or SessionSettings()
         self.keys = settings.keys()  # the tenant a session is resumed for, and a prompt is keyed for

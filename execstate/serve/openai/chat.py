@@ -112,14 +112,19 @@ async def create_chat_completion(ctx: ServeContext, req: ChatCompletionRequest, 
                 token_ids=c.token_ids if req.return_token_ids else None,
             )
         )
-    body = ChatCompletionResponse(
-        id=request_id, model=ctx.served_model_name, choices=choices,
-        usage=usage_of(subs, {s.index: o for s, o in zip(subs, finals, strict=True)}),
-        prompt_token_ids=prompt.token_ids if req.return_token_ids else None,
-        kv_transfer_params=finals[0].kv_transfer_params if len(finals) == 1 else None,
-        prompt_logprobs=vllm_prompt_logprobs(prompt.scores) if prompt.scores is not None else None,
-    )
-    return JSONResponse(body.model_dump())
+
+    def respond() -> JSONResponse:
+        body = ChatCompletionResponse(
+            id=request_id, model=ctx.served_model_name, choices=choices,
+            usage=usage_of(subs, {s.index: o for s, o in zip(subs, finals, strict=True)}),
+            prompt_token_ids=prompt.token_ids if req.return_token_ids else None,
+            kv_transfer_params=finals[0].kv_transfer_params if len(finals) == 1 else None,
+            prompt_logprobs=vllm_prompt_logprobs(prompt.scores) if prompt.scores is not None else None,
+        )
+        return JSONResponse(body.model_dump())
+
+    # a scored prompt's logprobs make a large body: built off the event loop
+    return await ctx.in_worker(respond) if prompt.scores is not None else respond()
 
 
 def _prompts(req: ChatCompletionRequest, eng: AsyncEngine, max_tokens: int | None,

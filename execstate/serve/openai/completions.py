@@ -49,7 +49,7 @@ from execstate.serve.openai.generation import (
     usage_of,
 )
 from execstate.serve.openai.limit_checks import check_limits, num_prompts
-from execstate.serve.openai.pipeline import run_generation
+from execstate.serve.openai.pipeline import Finished, run_generation
 from execstate.serve.openai.prompt_scores import echo_logprobs, vllm_prompt_logprobs
 from execstate.serve.openai.protocol import (
     CompletionChoice,
@@ -90,6 +90,12 @@ async def create_completion(ctx: ServeContext, req: CompletionRequest, raw: Requ
         prompt_logprobs=_prompt_k(req), generate=generate)
     if isinstance(done, Response):
         return done
+    if _prompt_k(req) is not None:  # a scored prompt: its logprobs make a large body, built off the event loop
+        return await ctx.in_worker(_response, ctx, req, done, generate)
+    return _response(ctx, req, done, generate)
+
+
+def _response(ctx: ServeContext, req: CompletionRequest, done: Finished, generate: bool) -> JSONResponse:
     subs, finals, request_id = done.subs, done.finals, done.request_id
     if not generate:
         choices = [_echo_choice(req, s) for s in subs]

@@ -143,9 +143,23 @@ def _encode(tokenizer: Tokenizer, text: str, add_special_tokens: bool, max_model
         raise bad_request(str(exc), param="prompt") from None
 
 
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
 def _message(i: int, m: dict[str, Any]) -> dict[str, Any]:
-    content = m.get("content")
+    """One message as the template gets it (text parts joined); 400 naming ``messages[i]`` for an
+    unknown role, a ``tool`` message without a string ``tool_call_id``, or ``null`` content (which
+    only an assistant message with ``tool_calls`` may have, as in OpenAI's API)."""
+    role, content = m.get("role"), m.get("content")
+    if role not in ROLES:
+        raise bad_request(f"messages[{i}].role must be one of {sorted(ROLES)}, got {role!r}", param="messages")
+    if role == "tool" and not isinstance(m.get("tool_call_id"), str):
+        raise bad_request(f"messages[{i}]: a tool message needs tool_call_id (a string): the id of the call it "
+                          "answers", param="messages")
     if content is None:
+        if role != "assistant" or not m.get("tool_calls"):
+            raise bad_request(f"messages[{i}].content is null: only an assistant message with tool_calls may omit "
+                              "its content", param="messages")
         m["content"] = ""
     elif isinstance(content, list):
         texts = []

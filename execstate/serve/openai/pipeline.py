@@ -10,8 +10,9 @@ to one engine request per choice, and then either
 - or awaited: every choice's final output, returned as :class:`Finished`. A client that
   disconnects aborts them all; the result is then a 499 ``Response``.
 
-With ``prompt_logprobs`` (a number of alternatives), each prompt is scored first
-(``serve/openai/prompt_scores.py``: ``PromptInput.scores``). With ``generate`` False
+With ``prompt_logprobs`` (a number of alternatives), each prompt is scored first, through the
+scheduler (``serve/openai/prompt_scores.py``: ``PromptInput.scores``); a client that disconnects
+meanwhile aborts the scoring (499). With ``generate`` False
 (``max_tokens: 0``: echo or prompt logprobs only) no engine request is made: a stream gets the
 choices with nothing to run, a non-streamed request returns them with no final outputs.
 
@@ -68,11 +69,15 @@ async def run_generation(
     pending: Admission | None = admission
     try:
         prompts = await ctx.in_worker(make_prompts)
-        if prompt_logprobs is not None:
-            prompts = await score_prompts(ctx, prompts, prompt_logprobs)
+        scope = ctx.scope_of(raw, cache_salt)
+        if prompt_logprobs is not None:  # through the scheduler, chunk by chunk; a client that leaves stops it
+            scored = await cancel_on_disconnect(raw, score_prompts(ctx, prompts, prompt_logprobs, scope))
+            if scored is None:
+                return Response(status_code=499)
+            prompts = scored
         request_id = new_request_id(id_prefix)
         kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
-        subs = expand(request_id, prompts, params, params.n, kv, ctx.scope_of(raw, cache_salt), output_kind=kind)
+        subs = expand(request_id, prompts, params, params.n, kv, scope, output_kind=kind)
         if not generate and not stream:
             return Finished(request_id, prompts, subs, [])
         if stream:

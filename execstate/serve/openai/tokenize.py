@@ -107,12 +107,12 @@ def _tokenize(ctx: ServeContext, body: TokenizeRequest) -> list[int]:
         ids = completion_prompts(req, eng.tokenizer, eng.max_model_len)[0].token_ids
         if body.add_special_tokens is False:  # completion prompts are encoded with them
             assert eng.tokenizer is not None
-            ids = eng.tokenizer.encode(body.prompt, add_special_tokens=False)
+            ids = eng.tokenizer.encode(body.prompt, add_special_tokens=False, max_model_len=eng.max_model_len)
         return ids
     chat = ChatCompletionRequest(model=ctx.served_model_name, messages=body.messages or [], tools=body.tools,
                                  add_generation_prompt=body.add_generation_prompt)
     prompt = chat_prompt(chat, eng.tokenizer, eng.max_model_len, tool_request(chat))
     if body.add_special_tokens:
         assert eng.tokenizer is not None and prompt.text is not None
-        return eng.tokenizer.encode(prompt.text, add_special_tokens=True)
+        return eng.tokenizer.encode(prompt.text, add_special_tokens=True, max_model_len=eng.max_model_len)
     return prompt.token_ids

@@ -111,7 +111,7 @@ def install_handover_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Awa
     async def peer() -> tuple[SecretRing, str]:
         pd = await call(engine.run_on_engine(lambda e: e.pd))  # immutable once attached
         if pd is None:
-            raise OpenAIError(501, "this instance cannot receive sessions: it needs a PD connector "
+            raise OpenAIError(400, "this instance cannot receive sessions: it needs a PD connector "
                               "(--kv-transfer-config, role kv_consumer or kv_both)", code="unsupported")
         if pd.secrets is None:
             raise OpenAIError(403, "this instance has no shared secret (kv_secret / EXECSTATE_KV_SECRET): it "

@@ -5,7 +5,9 @@
 
 1. ``target`` must be in this server's ``--migration-targets`` (``targets.py``;
    ``target_not_allowed`` otherwise, before anything happens); the session must be the caller's
-   (another tenant's is ``not_found``) and not held by a live connection (``session_in_use``).
+   (another tenant's, or an id that never existed, is ``not_found``), open and not held by a live
+   connection (``session_in_use``): checked before any outbound call, so a caller who does not own
+   the session learns nothing from, and causes no traffic to, the target.
 2. On the engine thread the session is frozen (MIGRATING), its full KV blocks are exported (PD
    exporter) and its offer is built: bound to the target's engine id (listed, or asked with a
    signed ``identify``), a fresh nonce, its tenant and an expiry ``timeout_s`` away, signed with
@@ -55,7 +57,7 @@ from execstate.serve.sessions.handover import ABORT_PATH, COMMIT_PATH, IDENTIFY_
 from execstate.serve.sessions.handover_wire import IMPORTED, HandoverRequest, answer_verifies, seal_request
 from execstate.serve.sessions.targets import MigrationTargets, Target
 from execstate.session.lm.async_sessions import AsyncSessions
-from execstate.session.lm.migration_source import Outgoing, begin_export, finish_export
+from execstate.session.lm.migration_source import Outgoing, begin_export, exportable, finish_export
 from execstate.session.runtime.migration import MigrationError
 from execstate.transfer.handover import DEFAULT_SKEW_S
 
@@ -220,13 +222,15 @@ def install_migration_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Aw
         target = await call(_resolve(migrations.targets, body.target))
         pd = await call(engine.run_on_engine(lambda e: e.pd))
         if pd is None or pd.secrets is None:
-            raise OpenAIError(501, "this instance cannot send sessions: it needs a PD connector and the shared "
+            raise OpenAIError(400, "this instance cannot send sessions: it needs a PD connector and the shared "
                               "secret of the instances (kv_secret / EXECSTATE_KV_SECRET)", code="unsupported")
         ring: SecretRing = pd.secrets
         sessions = scoped(request)
+        access = sessions.access
+        # the caller's own session, before any outbound call: another tenant's or an unknown id is a 404
+        await call(sessions.run(lambda s: exportable(s, session_id, access)))
         engine_id = target.engine_id or await call(identify(target.base, ring))
         nonce = secrets.token_hex(16)
-        access = sessions.access
         out: Outgoing = await call(sessions.run(lambda s: begin_export(
             s, session_id, body.timeout_s, target_engine_id=engine_id, nonce=nonce, access=access)))
         task = asyncio.ensure_future(migrations.hand_over(out, ring, target))
@@ -247,4 +251,4 @@ async def _resolve(targets: MigrationTargets, target: str) -> Target:
     return targets.resolve(target)
 
 
-_LOCAL = {"timeout": 504, "unsupported": 501, "unreachable": 502, "commit_failed": 502}
+_LOCAL = {"timeout": 504, "unsupported": 400, "unreachable": 502, "commit_failed": 502}

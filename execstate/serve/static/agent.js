@@ -14,7 +14,7 @@
     responses: {}, truncations: [], delegations: {}, userItems: {}, sentSamples: 0, errors: [],
   };
   const proto = location.protocol === "https:" ? "wss:" : "ws:";
-  const ws = new WebSocket(`${proto}//${location.host}/v1/voice/realtime`, ["realtime"]);
+  const ws = window.execstateApiKey.socket(`${proto}//${location.host}/v1/voice/realtime`, ["realtime"]);  // /api-key.js
   const OUT_RATE = 24000;
   let player = null;  // the playback AudioContext
   let nextTime = 0;  // where the next audio chunk starts (player time)

@@ -25,8 +25,7 @@
   }
   function connect() {
     const url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/v1/realtime/video";
-    const key = params.get("key");
-    ws = key ? new WebSocket(url, ["realtime", "openai-insecure-api-key." + key]) : new WebSocket(url);
+    ws = window.execstateApiKey.socket(url, ["realtime"]);  // on a keyed server the key goes as a subprotocol
     ws.binaryType = "arraybuffer";
     ws.onopen = () => { $("status").textContent = "connected"; if (params.get("autostart") !== "0") start(); };
     ws.onclose = () => { $("status").textContent = "closed"; };

@@ -55,6 +55,18 @@ class Outgoing:
     runtime: SessionRuntime | None = field(default=None, repr=False, compare=False)  # engine thread only
 
 
+def exportable(sessions: LMSessions, session_id: str, access: Access = LOCAL) -> SessionRuntime:
+    """The caller's session, OPEN, or ``MigrationError`` with the session's own code (``not_found`` for
+    another tenant's or an unknown id, ``busy``, ``expired``, ...). Nothing changes: the sending side
+    calls it before it contacts anyone, and ``begin_export`` again before it freezes the session."""
+    try:
+        rt = sessions.manager.get(session_id, access)
+        rt.require(SessionStatus.OPEN)
+    except SessionEventError as e:  # not_found, busy, failed, closed, evicted: the session's own code
+        raise MigrationError(e.code, e.message) from None
+    return rt
+
+
 def begin_export(sessions: LMSessions, session_id: str, window_s: float, *, target_engine_id: str, nonce: str,
                  access: Access = LOCAL) -> Outgoing:
     """Freeze the session, export its blocks and encode its offer for ``target_engine_id`` under
@@ -70,11 +82,7 @@ def begin_export(sessions: LMSessions, session_id: str, window_s: float, *, targ
     if pd.secrets is None:
         raise MigrationError("unsupported", "this instance cannot send sessions: offers are signed with the shared "
                              "secret of the instances (kv_secret / EXECSTATE_KV_SECRET), and it has none")
-    try:
-        rt = sessions.manager.get(session_id, access)
-        rt.require(SessionStatus.OPEN)
-    except SessionEventError as e:  # not_found, busy, failed, closed, evicted: the session's own code
-        raise MigrationError(e.code, e.message) from None
+    rt = exportable(sessions, session_id, access)
     state = rt.state
     assert isinstance(state, LMState)
     if state.identity != engine.kv_manager.identity(state.identity.scope) and state.token_ids:

@@ -20,7 +20,7 @@ verified by the target's ``KVImporter``), and everything else the session owns t
   constraint's wire text and the tokens the matcher accepted, replayed by the target; ``None``
   when the output is not constrained).
 - **Signature**: ``HMAC-SHA256(secret, DOMAIN + payload)`` in hex over the exact payload bytes,
-  with the shared secret of the instances (``transfer/secrets.py``: during a rotation the
+  with the shared secret of the instances (``identity/secret_ring.py``: during a rotation the
   previous secret verifies too). **Every offer must be signed**: an unsigned or wrongly signed
   offer is refused (``unauthorized``) before its contents are read. An allow-list of prefill
   engines (``allowed_prefill_engines``) never stands in for a signature: it is for PD KV

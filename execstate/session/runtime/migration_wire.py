@@ -11,7 +11,7 @@ signed envelope (typed ``msgspec`` messages encoded as msgpack, never pickle).
   ``HMAC-SHA256(secret, domain + payload)`` in hex (None when unsigned). Each kind has its own
   domain, so an offer of one kind never verifies as the other's. :func:`open_envelope` checks the
   size, the envelope's shape and the signature; whether an unsigned offer is acceptable is the
-  kind's decision (``require_signature``). Secrets are a ``SecretRing`` (``transfer/secrets.py``):
+  kind's decision (``require_signature``). Secrets are a ``SecretRing`` (``identity/secret_ring.py``):
   the current secret signs, the current and the previous ones verify (a rotation), or plain
   bytes (one secret).
 

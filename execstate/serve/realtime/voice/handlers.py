@@ -47,7 +47,9 @@ from execstate.agent.duplex import DuplexAgent
 from execstate.agent.front import DEFAULT_FRONT_PARAMS, SessionFront
 from execstate.agent.prefill import PrefillStats
 from execstate.identity.tenant import LOCAL_TENANT, TenantId
+from execstate.serve.auth import public_paths
 from execstate.serve.context import ServeContext
+from execstate.serve.key_script import install_key_script
 from execstate.serve.realtime.connection import Handler, Peer
 from execstate.serve.realtime.endpoint import Endpoint
 from execstate.serve.realtime.errors import SERVER_ERROR, ProtocolError, error_event
@@ -289,4 +291,6 @@ def install_voice(app: FastAPI, ctx: ServeContext, tools: Callable[[], Mapping[s
             return HTMLResponse(body) if media == "text/html" else Response(body, media_type=media)
 
         app.add_api_route(PAGE_PATH + suffix, page, methods=["GET"], include_in_schema=False)
+        public_paths(app).add(PAGE_PATH + suffix)  # the page asks for the key (key_script.py)
+    install_key_script(app)
     return server

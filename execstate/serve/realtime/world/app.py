@@ -21,7 +21,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from execstate.serve.auth import APIKeyMiddleware
+from execstate.serve.auth import APIKeyMiddleware, public_paths
 from execstate.serve.health import health_response
 from execstate.serve.landing import install_landing
 from execstate.serve.principals import KeyRing, keys_from_args
@@ -65,7 +65,9 @@ def build_world_app(host: WorldHost, api_key: str | None = None, keys: KeyRing |
     """A world-only app: ``/v1/realtime/video``, ``/world``, ``/health``; ``keys`` (or one ``api_key``)
     name each caller's tenant (``serve/auth.py``)."""
     app = FastAPI(title="execstate world", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(APIKeyMiddleware, api_key=api_key, keys=keys)
+    keys = keys if keys is not None else KeyRing.build([api_key] if api_key else [])
+    app.state.keys = keys
+    app.add_middleware(APIKeyMiddleware, keys=keys, public=public_paths(app))
     install_world(app, host)
 
     @app.get("/health")

@@ -15,6 +15,8 @@ from importlib import resources
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, Response
 
+from execstate.serve.auth import public_paths
+from execstate.serve.key_script import install_key_script
 from execstate.serve.realtime.connection import Peer
 from execstate.serve.realtime.endpoint import Endpoint, mount
 from execstate.serve.realtime.world.handlers import WorldHandlers
@@ -61,4 +63,6 @@ def install_world(app: FastAPI, host: WorldHost) -> WorldServer:
     async def world_script() -> Response:
         return Response(script, media_type="text/javascript")
 
+    public_paths(app).add(PAGE_PATH, PAGE_PATH + ".js")  # the page asks for the key (key_script.py)
+    install_key_script(app)
     return server
