@@ -121,6 +121,7 @@ class WorldSpec:
     numerics: str  # "eager" | "compiled" (goes into provenance)
     weights_version: str  # sha256 of the weights
     camera: CameraRig | None = None  # a steerable camera (then camera_dim == 4), else per-frame deltas if camera_dim
+    world: str = "grid"  # the procedural world it was trained on (``scenes.py``: how its sessions start)
 
 
 @dataclass(frozen=True)

@@ -55,14 +55,15 @@ def load_world_model(model: WorldModel | str | Path | None, numerics: str = "eag
 
 
 def scene_frames(spec: WorldSpec, scene_seed: int, prompt: str = "") -> np.ndarray:
-    """The procedural world's first chunk (``renderer``; the theme from the prompt's words) for
-    models trained on it: uint8 ``[F, H, W, 3]``."""
-    from execstate.model.world import renderer
+    """The first chunk of scene ``scene_seed`` of the procedural world the model was trained on
+    (``WorldSpec.world``, ``model/world/scenes.py``; the theme from the prompt's words):
+    uint8 ``[F, H, W, 3]``."""
+    from execstate.model.world.scenes import scene_frames as render_scene
 
-    if isinstance(scene_seed, bool) or not isinstance(scene_seed, int) or scene_seed < 0:
-        raise SessionEventError("invalid", f"scene_seed must be a non-negative int, got {scene_seed!r}")
-    state = renderer.initial_state(scene_seed, renderer.theme_for_prompt(prompt))
-    _, frames = renderer.trajectory(state, np.zeros(spec.frames_per_chunk, dtype=np.int64))
+    try:
+        frames = render_scene(spec.world, scene_seed, prompt, spec.frames_per_chunk)
+    except ValueError as e:
+        raise SessionEventError("invalid", str(e)) from None
     if tuple(frames.shape[1:]) != spec.frame_shape:
         raise SessionEventError("invalid", f"the procedural world renders {frames.shape[1:]} frames, the model "
                                 f"makes {spec.frame_shape}: pass start_frames instead of scene_seed")

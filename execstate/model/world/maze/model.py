@@ -57,7 +57,7 @@ class MazeWorldModel:
             keys=KEYS[: cfg.n_keys], camera_dim=4, schedule=cfg.schedule,
             chunk_latent_shape=(f, cfg.frame_size, cfg.frame_size, 3), sink_chunks=cfg.sink_chunks,
             max_window_chunks=cfg.window_chunks, kv=layout, numerics=numerics, weights_version=weights_version,
-            camera=RIG)
+            camera=RIG, world="maze")
         self._forward = net.forward if numerics == "eager" else torch.compile(net.forward, dynamic=True)
         self._no_ctx = torch.zeros((cfg.n_layers, 1, 0, cfg.n_heads, cfg.head_dim))
 
