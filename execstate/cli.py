@@ -78,9 +78,10 @@ def _serve(args: argparse.Namespace) -> int:
         return run_fleet(args)
 
     if args.model is None and args.world is None:  # the embedded default with every endpoint on
-        args.model, args.world, args.enable_return_routed_experts = DEFAULT_SERVE_MODEL, "world", True
+        args.model, args.world, args.enable_return_routed_experts = DEFAULT_SERVE_MODEL, "world,maze", True
         print(f"execstate serve: no MODEL given: serving the embedded {DEFAULT_SERVE_MODEL} (routes returned) and "
-              f"the world model, with every endpoint (open http://{args.host}:{args.port}/)", file=sys.stderr)
+              f"the world models (grid and maze), with every endpoint (open http://{args.host}:{args.port}/)",
+              file=sys.stderr)
     return run_server(args)
 
 
@@ -299,16 +300,17 @@ def _add_offload_options(s: argparse.ArgumentParser) -> None:
 def _add_world_options(s: argparse.ArgumentParser) -> None:
     """``serve --world``: world sessions over /v1/realtime/video and the /world page (serve/realtime/world/app.py)."""
     g = s.add_argument_group("world sessions")
-    g.add_argument("--world", nargs="?", const="world", default=None, metavar="WORLD_MODEL",
-                   help="also serve world sessions (/v1/realtime/video, the /world page) with this world model: "
-                        "a trained directory or 'world' (the shipped model, what --world alone gives; without "
+    g.add_argument("--world", nargs="?", const="world,maze", default=None, metavar="WORLDS",
+                   help="also serve world sessions (/v1/realtime/video, the /world page) of these worlds, "
+                        "comma-separated, the first the default: 'world' (the grid world's shipped model), 'maze' "
+                        "(the first-person maze's) or trained directories; --world alone: world,maze (without "
                         "MODEL: a world-only server) (default: no world sessions)")
     g.add_argument("--world-max-sessions", type=int, default=8,
                    help="resident world sessions at most; beyond it session.start is refused (code capacity) "
                         "(default: %(default)s)")
-    g.add_argument("--world-session-memory", type=_size, default=4 << 20,
+    g.add_argument("--world-session-memory", type=_size, default=8 << 20,
                    help="K/V memory budget of one world session (bytes, or a size such as 16MiB); a session or "
-                        "checkpoint beyond it is refused (code budget) (default: 4MiB)")
+                        "checkpoint beyond it is refused (code budget) (default: 8MiB)")
     g.add_argument("--world-fps", type=_fps, default=16.0,
                    help="a world session's target frame rate unless session.start sets fps: 0 (as fast as "
                         "possible) or 1 to 240 (default: %(default)s)")

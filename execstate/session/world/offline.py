@@ -35,18 +35,19 @@ __all__ = ["Checkpoint", "SessionEventError", "World", "WorldSession", "WorldSte
 
 
 def load_world_model(model: WorldModel | str | Path | None, numerics: str = "eager") -> WorldModel:
-    """``None``: the default trained model; a directory: a trained model there; a model: as is
-    (its own numerics mode must then equal ``numerics``)."""
-    from execstate.model.world.model import ChunkedWorldModel
+    """``None``: the default trained model (the grid world's); ``"world"`` or ``"maze"``: that world's
+    default model; a directory: a trained model there (either kind); a model: as is (its own
+    numerics mode must then equal ``numerics``)."""
+    from execstate.model.world.default import DEFAULT_WORLDS, load_default, load_world_dir
 
     if model is None:
-        from execstate.model.world.default import load_default_world_model
-
-        return load_default_world_model(numerics=numerics)
+        return load_default("world", numerics)
+    if isinstance(model, str) and model in DEFAULT_WORLDS and not Path(model).is_dir():
+        return load_default(model, numerics)
     if isinstance(model, str | Path):
         if not Path(model).is_dir():
-            raise ValueError(f"world model {str(model)!r} is not a directory")
-        return ChunkedWorldModel.load(model, numerics=numerics)
+            raise ValueError(f"world model {str(model)!r} is not a directory (or one of {list(DEFAULT_WORLDS)})")
+        return load_world_dir(model, numerics)
     if not isinstance(model, WorldModel):
         raise ValueError(f"model must be a WorldModel, a directory or None, got {type(model).__name__}")
     if model.spec.numerics != numerics:
