@@ -200,6 +200,14 @@ def train_to_dir(out: Path, model_cfg: MazeModelConfig, cfg: TrainConfig, resume
         torch.set_num_threads(before)
 
 
+def export_checkpoint(run: Path, out: Path) -> str:
+    """The weights of ``run``'s checkpoint as a model directory (to measure a run while it trains)."""
+    ck = torch.load(run / CHECKPOINT, weights_only=False)
+    net = MazeNet(MazeModelConfig.from_dict(ck["model"]))
+    net.load_state_dict(ck["net"])
+    return save_weights(net, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     d, m = TrainConfig(), MazeModelConfig()
     ap = argparse.ArgumentParser(prog="python -m tools.world.maze_train", description=__doc__.split("\n\n")[0])
