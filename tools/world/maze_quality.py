@@ -146,7 +146,8 @@ def report(pl: Play, frames_per_chunk: int) -> dict[str, Any]:
     return {
         "steps": len(per_step), "frames": len(pl.psnr), "psnr_mean_db": round(float(np.mean(pl.psnr)), 3),
         "ssim_mean": round(float(np.mean(pl.ssim)), 4),
-        "psnr_by_100_steps": [round(float(x.mean()), 2) for x in np.array_split(per_step, max(1, len(per_step) // 100))],
+        "psnr_by_100_steps": [round(float(x.mean()), 2)
+                              for x in np.array_split(per_step, max(1, len(per_step) // 100))],
         "psnr_slope_after_200_db_per_100_steps": None if slope is None else round(slope, 3),
         "psnr_after_200_halves": [round(float(h.mean()), 2) for h in halves],
         "psnr_by_label": by_label, "push_frames": len(pl.push_frames), "pushes": pl.pushes,
