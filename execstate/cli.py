@@ -438,10 +438,27 @@ def build_parser() -> argparse.ArgumentParser:
                     help="verify P's handoff signatures with this secret (default: $EXECSTATE_KV_SECRET)")
     px.set_defaults(func=_proxy)
 
-    from execstate.model.world.cli import add_world_parser
-
-    add_world_parser(sub)
+    _add_world_tools(sub)
     return p
+
+
+def _add_world_tools(sub: argparse._SubParsersAction) -> None:
+    """``execstate world ...``: the world models' tools (train, eval, speed, export), which live in
+    the source repository's tools/world (``model/world/tools_import.py``); without them, the command
+    says where they are."""
+    from execstate.model.world.tools_import import WorldToolsMissing, world_tool
+
+    try:
+        world_tool("cli").add_world_parser(sub)
+    except WorldToolsMissing as e:
+        message = str(e)
+        w = sub.add_parser("world", help="world-model training and evaluation (in a source checkout)")
+
+        def missing(_args: argparse.Namespace) -> int:
+            print(f"execstate world: {message}", file=sys.stderr)
+            return 2
+
+        w.set_defaults(func=missing)
 
 
 def main(argv: list[str] | None = None) -> int:

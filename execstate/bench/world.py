@@ -18,7 +18,7 @@ Parts (each a function returning a JSON-able dict; ``run_world_bench`` runs the 
   step (and the max frame difference in pixel levels).
 - ``memory``: a 500-step session with the rolling window: K/V blocks in use (min/max once the
   window is full) and the process's resident memory at steps 50 and 500.
-- ``quality``: action-following accuracy and PSNR against the renderer (``model/world/eval``).
+- ``quality``: action-following accuracy and PSNR against the renderer (``tools/world/eval.py``).
 
 The machine's load (``os.getloadavg``) is recorded at the start and the end: this bench runs on
 a shared CPU box, so its latencies are upper bounds.
@@ -190,9 +190,9 @@ def bench_memory(model: WorldModel, steps: int = 500, seed: int = 0) -> dict[str
 
 
 def bench_quality(model: WorldModel, episodes: int = 4, steps: int = 64) -> dict[str, Any]:
-    from execstate.model.world.eval import evaluate
+    from execstate.model.world.tools_import import world_tool
 
-    r = evaluate(model, seeds=range(episodes), steps=steps, psnr_steps=8)
+    r = world_tool("eval").evaluate(model, seeds=range(episodes), steps=steps, psnr_steps=8)
     return {k: r[k] for k in ("episodes", "steps", "action_accuracy", "action_accuracy_when_moving",
                               "psnr_by_step", "psnr_mean_first", "psnr_mean_all")}
 
@@ -224,12 +224,12 @@ def run_world_bench(model: str | None = None, parts: tuple[str, ...] = PARTS, st
         report["memory"] = bench_memory(eager, memory_steps)
     if "quality" in parts:
         report["quality"] = bench_quality(eager, episodes, steps)
-    if png is not None:  # generated frames above the renderer's, same actions (model/world/eval.py)
+    if png is not None:  # generated frames above the renderer's, same actions (tools/world/eval.py)
         from pathlib import Path
 
-        from execstate.model.world.eval import comparison_png
+        from execstate.model.world.tools_import import world_tool
 
-        report["png"] = str(comparison_png(eager, Path(png)))
+        report["png"] = str(world_tool("eval").comparison_png(eager, Path(png)))
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     report["load_end"] = [round(x, 2) for x in os.getloadavg()]
     return report
