@@ -317,6 +317,9 @@ def _add_world_options(s: argparse.ArgumentParser) -> None:
     g.add_argument("--world-max-frames", type=int, default=100_000,
                    help="most frames one world session may ask for (session.start's num_frames); beyond it "
                         "session.start is refused (invalid_message) (default: %(default)s)")
+    g.add_argument("--world-step-workers", type=int, default=1,
+                   help="world steps computed at once (threads); with --world-threads 1, one per core runs one "
+                        "session per core (default: %(default)s)")
     g.add_argument("--world-threads", type=int, default=0,
                    help="torch threads for world steps, 0: torch's default (default: %(default)s)")
 

@@ -68,7 +68,8 @@ def world_host_from_args(args: argparse.Namespace) -> WorldHosts:
                            quotas=Quotas(world_sessions=getattr(args, "tenant_max_world_sessions", None)))
     return WorldHosts(WorldHost(world_model_from_option(name), model_name=name, max_sessions=args.world_max_sessions,
                                 session_memory_bytes=args.world_session_memory, default_fps=args.world_fps,
-                                max_frames=args.world_max_frames, policy=policy)
+                                max_frames=args.world_max_frames, policy=policy,
+                                step_workers=getattr(args, "world_step_workers", 1))
                       for name in world_names(args.world))
 
 
