@@ -11,8 +11,9 @@ world's physics: the *true pose*. Per frame:
   by the physics), the position the model's frame shows along the push (``maze_metrics.read_position``)
   is read back; a frame whose position is through a wall (the segment from the true pose crosses a
   wall cell) counts, and so does each push that has one;
-- **revisits**: each full spin on the spot (the turn key held for 360 degrees) compares the model's
-  frame after the spin with its frame before it (the same view), and both with the renderer's.
+- **revisits**: each full spin on the spot (360 degrees: with the camera in 16 chunks, inside the
+  model's window, or with the turn key in 32, longer than it) compares the model's frame after the
+  spin with its frame before it (the same view), and both with the renderer's.
 
 The trend after step 200 is the least-squares slope of the per-step PSNR (dB per 100 steps). The
 report is JSON; ``--png`` plots PSNR and SSIM over the steps, with the pushes, crossings and spins
@@ -49,7 +50,7 @@ class Play:
     crossed_frames: list[int] = field(default_factory=list)
     pushes: int = 0
     crossed_pushes: int = 0
-    spins: list[dict[str, float]] = field(default_factory=list)
+    spins: list[dict[str, Any]] = field(default_factory=list)
     step_ms: list[float] = field(default_factory=list)
     strips: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
@@ -72,7 +73,8 @@ def play(model: Any, steps: int, scene_seed: int, prompt: str, seed: int = 0,
         s = world.open_session(prompt=prompt, seed=seed, scene_seed=scene_seed)
         player = ScriptedPlayer(maze, seed)
         p, rel_yaw, moved, held, in_push, push_crossed, spin_start = start, 0.0, True, None, False, False, None
-        last_frame = None
+        last_frame = last_frames_before_step = None
+        spin_kind = ""
         for step in range(1, steps + 1):
             c = player.next(p, rel_yaw, moved)
             want = None if c.key == "none" else c.key
@@ -84,8 +86,9 @@ def play(model: Any, steps: int, scene_seed: int, prompt: str, seed: int = 0,
                 held = want
             if c.camera is not None:
                 s.submit_event(s.next_event_id(), "camera", c.camera)
-            if c.label == "spin" and spin_start is None:
-                spin_start = last_frame
+            if c.label.startswith("spin") and spin_start is None:
+                spin_start, spin_kind = last_frame, c.label
+            last_frames_before_step = last_frame
             r = s.step()
             out.step_ms.append(r.timings["step_ms"])
             moved = False
@@ -123,9 +126,9 @@ def play(model: Any, steps: int, scene_seed: int, prompt: str, seed: int = 0,
                 last_frame = (frame, truth)
             if step in STRIP_STEPS:
                 out.strips[step] = (r.frames[-1], last_frame[1])
-            if c.label != "spin" and spin_start is not None:
-                (before, truth_before), (after, truth_after) = spin_start, last_frame
-                out.spins.append({"step": step, "model_after_vs_before": psnr(after, before),
+            if not c.label.startswith("spin") and spin_start is not None:
+                (before, truth_before), (after, truth_after) = spin_start, last_frames_before_step
+                out.spins.append({"step": step - 1, "kind": spin_kind, "model_after_vs_before": psnr(after, before),
                                   "before_vs_truth": psnr(before, truth_before),
                                   "after_vs_truth": psnr(after, truth_after)})
                 spin_start = None

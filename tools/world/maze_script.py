@@ -2,9 +2,10 @@
 
 It walks forward until a wall stops it (and keeps pushing into it for a few chunks), then turns
 towards an open way (with the camera: a target over 2 to 6 chunks; or holding a turn key for
-exactly 90 degrees); every so often it spins a full turn on the spot (a revisit of every direction,
-with the turn key), turns round and walks back the way it came (a revisit of a corridor), strafes
-into a wall, sweeps the camera at a held velocity and stops it, looks up and down, or stands still.
+exactly 90 degrees); every so often it spins a full turn on the spot (a revisit of every
+direction: with the camera, 8 columns a frame, 16 chunks; or with the turn key, 4 columns a frame,
+32 chunks), turns round and walks back the way it came (a revisit of a corridor), strafes into a
+wall, sweeps the camera at a held velocity and stops it, looks up and down, or stands still.
 :meth:`ScriptedPlayer.next` gives each chunk's held key, its camera event (if any) and a label.
 """
 
@@ -76,8 +77,14 @@ class ScriptedPlayer:
 
     def _decide(self, p: pose.Pose, rel_yaw: float) -> None:
         rng = self.rng
-        if self.chunk % SPIN_EVERY == 0:
-            self.plan.extend(Control("turn_left", None, "spin") for _ in range(32))
+        if self.chunk % SPIN_EVERY == 0:  # a full turn on the spot: the camera (16 chunks) or the turn key (32)
+            if (self.chunk // SPIN_EVERY) % 2:
+                v = 8 * pose.DTHETA
+                self.plan.append(Control("none", {"mode": "velocity", "yaw": v, "pitch": 0.0}, "spin camera"))
+                self.plan.extend(Control("none", None, "spin camera") for _ in range(15))
+                self.plan.append(Control("none", {"mode": "velocity", "yaw": 0.0, "pitch": 0.0}, "stand"))
+            else:
+                self.plan.extend(Control("turn_left", None, "spin key") for _ in range(32))
             return
         if self.chunk % BACKTRACK_EVERY == 0:
             self._turn_to(p.yaw + math.pi, rel_yaw, p)
