@@ -9,6 +9,14 @@ pose; then the prediction (detached) is committed, as a session commits it, and 
 moves on. So the model is trained on the states its own rollouts reach hundreds of frames in, and
 is taught to pull a drifting view back to the world instead of compounding its errors (the
 targets are always the renderer's). After ``length`` chunks, an environment restarts in a new maze.
+
+Re-anchoring (``advance(p_truth=...)``): a chunk is committed from the renderer instead of the
+model with probability ``p_truth``. Trained on its deep rollouts alone, with the renderer's frames
+as targets, the model learnt to hedge: once its rollout has drifted from the world the target is
+unpredictable from the context, and the frame that minimises the squared error is a blur (a first
+run of 1,500 such steps ended predicting a near-uniform frame, 20.8 dB, SSIM 0.55). Mixing in the
+world's chunks keeps most contexts a few of the model's own chunks away from the world: errors it
+can learn to correct.
 """
 
 from __future__ import annotations
@@ -107,7 +115,14 @@ class RollingEnvs:
         truth = torch.stack([to_unit(e.traj.frames(c * f, (c + 1) * f)) for e in self.envs])
         return out[:, 0], truth
 
-    def advance(self, frames: torch.Tensor) -> None:
-        """Commit each environment's chunk (the model's own prediction, detached)."""
+    def advance(self, frames: torch.Tensor, p_truth: float = 0.0) -> None:
+        """Commit each environment's chunk: the model's own prediction (detached), or with
+        probability ``p_truth`` the renderer's (re-anchoring: the rollouts stay near the world, so
+        the target stays predictable from the context and the model learns to correct its own
+        recent errors instead of hedging towards a mean frame)."""
+        f = self.net.cfg.frames_per_chunk
         for env, fr in zip(self.envs, frames.detach().clamp(-1, 1), strict=True):
+            if p_truth > 0 and self.rng.random() < p_truth:
+                c = env.chunk
+                fr = to_unit(env.traj.frames(c * f, (c + 1) * f))
             self._commit(env, fr)

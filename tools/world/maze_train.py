@@ -13,7 +13,11 @@ then cosine decay over the stages' total, bf16 autocast (master weights and loss
    same world angle).
 3. ``rolling_steps``: rolling self-forcing (``maze_rolling``): ``envs`` rollouts of the model itself,
    ``rollout_chunks`` chunks long, each step's chunk predicted from the model's own context and
-   compared with the renderer's.
+   compared with the renderer's; a chunk is committed from the renderer instead with probability
+   ``p_truth_start`` falling to ``p_truth_end`` (re-anchoring, ``maze_rolling``'s docstring), and
+   every ``teacher_every``-th step is a teacher-forcing step.
+
+Each stage's weights are also kept (``out/after-local``, ``out/after-teacher``).
 
 Loss: mean squared error of the frames in ``[-1, 1]`` (PSNR is what the model is measured by).
 
@@ -53,14 +57,17 @@ CHECKPOINT = "checkpoint.pt"
 @dataclass(frozen=True)
 class TrainConfig:
     seed: int = 0
-    local_steps: int = 600
+    local_steps: int = 500
     local_batch: int = 12
-    teacher_steps: int = 900
+    teacher_steps: int = 700
     teacher_batch: int = 4
     max_window: int = 16
-    rolling_steps: int = 700
+    rolling_steps: int = 1200
     envs: int = 4
     rollout_chunks: int = 60
+    p_truth_start: float = 0.7  # rolling: the share of chunks committed from the renderer, at the start
+    p_truth_end: float = 0.2  # ... and at the end (linear in between)
+    teacher_every: int = 4  # rolling: every this many steps, a teacher-forcing step instead (0: never)
     lr: float = 1.5e-3
     warmup: int = 100
     weight_decay: float = 0.01
@@ -146,6 +153,9 @@ class Trainer:
                 group["lr"] = _lr(cfg, self.step)
             stage = ("local" if self.step < cfg.local_steps else
                      "teacher" if self.step < cfg.local_steps + cfg.teacher_steps else "rolling")
+            rolled = self.step - cfg.local_steps - cfg.teacher_steps
+            if stage == "rolling" and cfg.teacher_every and rolled % cfg.teacher_every == cfg.teacher_every - 1:
+                stage = "teacher"  # keeps what teacher forcing taught while the model trains on its rollouts
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
                 if stage == "rolling":
                     loss, pred = self._rolling_loss()
@@ -157,7 +167,8 @@ class Trainer:
             self.opt.step()
             if stage == "rolling":
                 assert self.rolling is not None
-                self.rolling.advance(pred)
+                frac = rolled / max(1, cfg.rolling_steps - 1)
+                self.rolling.advance(pred, cfg.p_truth_start + (cfg.p_truth_end - cfg.p_truth_start) * frac)
             self.losses[stage].append(float(loss.detach()))
             self.step += 1
             if self.step % 25 == 0:
@@ -165,6 +176,8 @@ class Trainer:
                 self.log(f"step {self.step}/{cfg.total_steps} {stage} loss {np.mean(recent):.5f} "
                          f"psnr~{10 * np.log10(4 / max(np.mean(recent), 1e-10)):.2f} dB "
                          f"{time.perf_counter() - t_wall + self.wall:.0f} s")
+            if self.step in (cfg.local_steps, cfg.local_steps + cfg.teacher_steps):  # each stage's result, kept
+                save_weights(self.net, self.out / f"after-{stage}")
             if self.step % cfg.checkpoint_every == 0 or self.step == cfg.total_steps:
                 self.wall += time.perf_counter() - t_wall
                 self.cpu += time.process_time() - t_cpu
