@@ -15,6 +15,9 @@ world's physics: the *true pose*. Per frame:
   model's window, or with the turn key in 32, longer than it) compares the model's frame after the
   spin with its frame before it (the same view), and both with the renderer's.
 
+A baseline: the single frame that is closest to all the renderer's frames of the run (their
+per-pixel mean; a model that hedged everything would draw it), with its PSNR and SSIM.
+
 The trend after step 200 is the least-squares slope of the per-step PSNR (dB per 100 steps). The
 report is JSON; ``--png`` plots PSNR and SSIM over the steps, with the pushes, crossings and spins
 marked, above strips of the model's frames and the renderer's.
@@ -53,6 +56,7 @@ class Play:
     spins: list[dict[str, Any]] = field(default_factory=list)
     step_ms: list[float] = field(default_factory=list)
     strips: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    truth: list[np.ndarray] = field(default_factory=list)  # the renderer's frames (for the baseline)
 
 
 def _move_dir(key: str, yaw: float) -> float | None:
@@ -97,6 +101,7 @@ def play(model: Any, steps: int, scene_seed: int, prompt: str, seed: int = 0,
                 yaw_rel, pitch = r.camera[f]
                 q = pose.step(maze, p, key, start.yaw + yaw_rel, pitch)
                 truth = raycast.render(maze, q, theme)
+                out.truth.append(truth)
                 i = len(out.psnr)
                 out.psnr.append(psnr(frame, truth))
                 out.ssim.append(ssim(frame, truth))
@@ -145,10 +150,13 @@ def report(pl: Play, frames_per_chunk: int) -> dict[str, Any]:
     slope = float(np.polyfit(steps[late], per_step[late], 1)[0] * 100) if late.sum() > 2 else None
     halves = np.array_split(per_step[late], 2) if late.sum() > 2 else []
     labels = np.asarray(pl.labels)
+    mean_frame = np.round(np.mean(pl.truth, axis=0)).astype(np.uint8)  # the best single frame, in MSE
     by_label = {lab: round(float(np.mean(np.asarray(pl.psnr)[labels == lab])), 2) for lab in sorted(set(pl.labels))}
     return {
         "steps": len(per_step), "frames": len(pl.psnr), "psnr_mean_db": round(float(np.mean(pl.psnr)), 3),
         "ssim_mean": round(float(np.mean(pl.ssim)), 4),
+        "baseline_mean_frame": {"psnr_mean_db": round(float(np.mean([psnr(mean_frame, t) for t in pl.truth])), 3),
+                                "ssim_mean": round(float(np.mean([ssim(mean_frame, t) for t in pl.truth])), 4)},
         "psnr_by_100_steps": [round(float(x.mean()), 2)
                               for x in np.array_split(per_step, max(1, len(per_step) // 100))],
         "psnr_slope_after_200_db_per_100_steps": None if slope is None else round(slope, 3),
