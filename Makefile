@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml Makefile
 	# requirements (torch, torchaudio) would replace the CPU torch with a CUDA build, and the
 	# model runs in onnxruntime (a dependency).
 	$(PY) -m pip install -q --no-deps silero-vad==6.2.3
+	# Triton (the `gpu` extra): the GPU kernels, tested on the CPU under its interpreter
+	# (TRITON_INTERPRET=1). --no-deps on principle: nothing it brings may replace the CPU torch.
+	$(PY) -m pip install -q --no-deps 'triton==3.6.0'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -66,3 +69,22 @@ bench-sweep: setup
 	$(PY) -m execstate bench throughput --sweep 1,2,4,8,16 --repeats 3 \
 		$(if $(wildcard $(VLLM_VENV)/bin/python),--vllm-python $(VLLM_VENV)/bin/python) \
 		--plot docs/bench_throughput.png --out docs/bench_throughput.json
+
+# The device check (scripts/gpu_check.sh, docs/performance.md "GPU"): on a machine with a GPU, at
+# most 8 minutes; `make gpu-check-cpu` runs the same code on the CPU (tiny sizes) to check the check.
+# `make gpu-wheels` fetches (here, where pip has a network) the pure-Python packages execstate
+# imports that the GPU machine's image lacks, as Python 3.12 wheels into .whl/ (git-ignored).
+GPU_WHEELS ?= msgspec==0.23.0 blake3==1.0.11 llguidance==1.9.1 pyzmq==27.3.0 redis==8.2.0
+.PHONY: gpu-check gpu-check-cpu gpu-wheels
+gpu-check:
+	scripts/gpu_check.sh
+
+gpu-check-cpu: setup
+	PYTHON=$(PY) scripts/gpu_check.sh --cpu
+
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		--platform manylinux_2_24_x86_64 --platform manylinux_2_31_x86_64 --platform manylinux_2_34_x86_64 \
+		--platform manylinux_2_35_x86_64 \
+		-d .whl $(GPU_WHEELS)

@@ -235,6 +235,10 @@ def _add_trust_options(s: argparse.ArgumentParser) -> None:
     g.add_argument("--api-keys-file", default=None, metavar="FILE",
                    help="API keys of several tenants: one 'KEY TENANT' per line ('#' comments); each tenant's "
                         "sessions are invisible to the others (default: none)")
+    g.add_argument("--shared-prefix-group", action="append", default=None, metavar="GROUP=TENANT[,TENANT...]",
+                   help="let these tenants share one prefix cache (e.g. a common system prompt); each tenant's "
+                        "cache is private by default, and in a group each member can learn by timing or "
+                        "cached_tokens what another sent (docs/security.md); repeatable (default: none)")
     g.add_argument("--session-idle-ttl", type=_ttl, default=600.0, metavar="SECONDS",
                    help="a detached session (opened over HTTP, or left by a dropped connection) unused this long "
                         "expires and releases everything; later calls get 'expired'; 0: never "
@@ -371,8 +375,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kv-events-config", default=None,
                    help="publish KV cache events (BlockStored/BlockRemoved/AllBlocksCleared, vLLM's shape, keyed by "
                         "execution-state block keys) on ZeroMQ: JSON with vLLM's KVEventsConfig fields, e.g. "
-                        "'{\"enable_kv_cache_events\": true, \"endpoint\": \"tcp://*:5557\", "
-                        "\"replay_endpoint\": \"tcp://*:5558\"}' (default: none, no events; docs/fleet.md)")
+                        "'{\"enable_kv_cache_events\": true, \"replay_endpoint\": \"tcp://127.0.0.1:5558\"}'; "
+                        "loopback by default (another address needs $EXECSTATE_KV_SECRET: CURVE), block keys "
+                        "without token ids unless \"include_token_ids\": true, \"exclude_tenants\": [...] "
+                        "leaves tenants out (default: none, no events; docs/security.md)")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "fp32", "bf16"],
                    help="weights' dtype (default: %(default)s)")
     s.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")

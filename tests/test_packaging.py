@@ -58,11 +58,13 @@ OPTIONAL_IMPORTS = {"llama_cpp": "llama-cpp-python (bench throughput's llama.cpp
                     "lm_eval": "lm-eval (pip install -e '.[eval]')"}
 # Subpackages that belong to an extra: their modules may import that extra's distributions at module
 # level; without the extra, importing the subpackage raises ImportError naming the extra.
-EXTRA_PACKAGES = {"execstate.fleet.ray_app": "fleet"}
+EXTRA_PACKAGES = {"execstate.fleet.ray_app": "fleet",
+                  # the Triton kernels; the engine imports them only where they run (kernels/family.py says where)
+                  "execstate.kernels.gpu": "gpu"}
 # An extra's distributions may also be imported lazily (inside a function) elsewhere, by a command
 # that needs the extra (bench cluster deploys the fleet: it imports the subpackage first, which
 # raises the ImportError naming the extra).
-LAZY_EXTRA_IMPORTS = {"ray": "fleet"}
+LAZY_EXTRA_IMPORTS = {"ray": "fleet", "triton": "gpu"}
 # What never travels into the clean copy that gets installed.
 _NOT_COPIED = (".git", ".venv", "build", "dist", "*.egg-info", "*.so", "__pycache__", ".pytest_cache",
                ".ruff_cache", ".hypothesis", ".cache")

@@ -11,12 +11,19 @@ import numpy as np
 from execstate import LLM, SamplingParams
 from execstate.engine.step_failure import check_references
 from execstate.identity.keys import BlockKey, block_key
+from execstate.identity.scope import CacheScope
 
 BS = 16
 CHURN = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 
+SHARED_SECRET = "tier-tests-shared-secret-0123456789"
+
+
 def make(path: Path, num_kv_blocks: int, **kw) -> LLM:
+    """An engine; a Redis tier gets the instances' shared secret (it refuses to start without one)."""
+    if kw.get("offload_redis_url") is not None:
+        kw.setdefault("offload_secret", SHARED_SECRET)
     kw.setdefault("enable_return_routed_experts", True)
     kw.setdefault("block_size", BS)
     kw.setdefault("seed", 0)
@@ -29,7 +36,7 @@ def prompt(seed: int, n: int = 100) -> list[int]:
 
 def keys_of(llm: LLM, ids: list[int], salt: str | None = None) -> list[BlockKey]:
     """The keys of the prompt's full blocks under the engine's provenance (free routes)."""
-    parent = llm.engine.kv_manager.root_key("free", salt)
+    parent = llm.engine.kv_manager.identity(CacheScope.build(salt=salt)).root
     keys = []
     for i in range(len(ids) // BS):
         parent = block_key(parent, ids[i * BS : (i + 1) * BS])

@@ -17,15 +17,12 @@ Two paths (use either or both):
   is validated (JSON object, ``name`` a registered tool, ``arguments`` an object); an invalid one is
   reported as an error and dropped. A call still open when the response ends is invalid.
 
-``ToolCall`` lives in ``execstate/tool_calls/call.py``; ``ToolCallParser`` (now
-``tool_calls.hermes.HermesStream``), ``validate_call``, ``OPEN_TAG``, ``CLOSE_TAG`` and
-``MAX_CALL_CHARS`` moved to ``execstate/tool_calls/hermes.py``; importing them from here still works
-for one release, with a ``DeprecationWarning``.
+``ToolCall`` lives in ``execstate/tool_calls/call.py``; the stream parser of calls in
+``execstate/tool_calls/hermes.py``.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -34,9 +31,6 @@ import re2
 
 from execstate.tool_calls.call import ToolCall
 
-_MOVED = {"ToolCallParser": "execstate.tool_calls.hermes (HermesStream)",
-          "validate_call": "execstate.tool_calls.hermes", "OPEN_TAG": "execstate.tool_calls.hermes",
-          "CLOSE_TAG": "execstate.tool_calls.hermes", "MAX_CALL_CHARS": "execstate.tool_calls.hermes"}
 MAX_PATTERN_MEMORY = 1 << 20  # bytes RE2 may use for one compiled pattern (its default is 8 MiB)
 
 
@@ -59,15 +53,6 @@ def compile_pattern(pattern: str) -> Any:
     except re2.error as exc:
         why = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
         raise ValueError(f"not a valid regex (RE2 syntax: no backreferences or lookaround): {why}") from None
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(f"execstate.agent.delegation.{name} moved to {_MOVED[name]}", DeprecationWarning, stacklevel=2)
-    from execstate.tool_calls import hermes
-
-    return hermes.HermesStream if name == "ToolCallParser" else getattr(hermes, name)
 
 
 @dataclass(frozen=True)

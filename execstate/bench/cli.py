@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from execstate.bench.cluster_cli import add_cluster_parser, run_cluster_cli
 from execstate.bench.cluster_pd_cli import add_cluster_pd_parser, run_cluster_pd_cli
@@ -169,6 +170,15 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bo.add_argument("--json", action="store_true")
     add_cluster_parser(bsub)
     add_cluster_pd_parser(bsub)
+    bi = bsub.add_parser("identity", help="the tenant in the execution identity: prefix hit rate and TTFT of one "
+                                          "tenant (vs a baseline checkout), N tenants, N tenants in one group")
+    bi.add_argument("--model", default="standard")
+    bi.add_argument("--tenants", type=int, default=4)
+    bi.add_argument("--rounds", type=int, default=3)
+    bi.add_argument("--baseline-tree", default=None,
+                    help="another checkout of execstate (with its C extension built) to run the one-tenant "
+                         "workload against, alternating with this tree")
+    bi.add_argument("--out", default=None, help="write the report (JSON) here")
     b.set_defaults(func=_bench)
 
 
@@ -302,6 +312,15 @@ def _bench(args: argparse.Namespace) -> int:
         return 0 if report["ok"] else 1
     if args.bench_cmd == "cluster":
         return run_cluster_cli(args)
+    if args.bench_cmd == "identity":
+        from execstate.bench.identity_cost import format_identity_table, run_identity_bench
+        from execstate.bench.models import resolve_bench_model
+
+        report = run_identity_bench(str(resolve_bench_model(args.model)), args.tenants, args.rounds, args.baseline_tree)
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=2))
+        print(format_identity_table(report))
+        return 0
     if args.bench_cmd == "cluster-pd":
         return run_cluster_pd_cli(args)
     raise AssertionError(args.bench_cmd)

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
@@ -38,6 +38,9 @@ import numpy as np
 from execstate.bench.cluster_client import run_workload
 from execstate.bench.cluster_workload import ClusterWorkload, Turn
 from execstate.bench.machine import cpu_name, loadavg
+
+if TYPE_CHECKING:
+    from execstate.fleet.ray_app.session_settings import SessionSettings
 
 NAME = "bench-model"
 APP = "execstate"
@@ -67,6 +70,8 @@ def run_cluster_bench(model: str = "tiny", replicas: tuple[int, ...] = (1, 2, 3)
     except ImportError as e:
         raise ImportError(f"bench cluster needs Ray Serve: pip install 'execstate[fleet]' ({e})") from e
 
+    from execstate.fleet.ray_app.session_settings import SessionSettings
+
     w = workload or ClusterWorkload()
     report: dict[str, Any] = {"cpu": cpu_name(), "cpus": os.cpu_count(), "load_before": loadavg(), "model": model,
                               "workload": asdict(w), "block_size": block_size, "kv_blocks_per_replica": kv_blocks,
@@ -75,30 +80,36 @@ def run_cluster_bench(model: str = "tiny", replicas: tuple[int, ...] = (1, 2, 3)
         path = bench_model(model, Path(tmp))
         with local_cluster() as url:
             kwargs = {"seed": 0, "block_size": block_size, "num_kv_blocks": kv_blocks}
+            keys = Path(tmp) / "keys.txt"
+            keys.write_text(w.keys_file_text())
+            settings = SessionSettings(api_keys_file=str(keys) if w.tenants > 1 else None,
+                                       shared_prefix_groups=w.sharing())
             for n in replicas:
                 for router in (("any",) if n == 1 else routers):
-                    report["runs"].append(_one_run(url, path, n, router, w, kwargs, replica_cpus, None))
+                    report["runs"].append(_one_run(url, path, n, router, w, kwargs, replica_cpus, None, settings))
             if kill and max(replicas) > 1:
-                report["kill"] = _one_run(url, path, max(replicas), "execstate", w, kwargs, replica_cpus, kill_after)
+                report["kill"] = _one_run(url, path, max(replicas), "execstate", w, kwargs, replica_cpus, kill_after,
+                                          settings)
     report["load_after"] = loadavg()
     return report
 
 
 def _one_run(url: str, path: Path, n: int, router: str, w: ClusterWorkload, kwargs: dict[str, Any],
-             replica_cpus: float, kill_after: float | None) -> dict[str, Any]:
+             replica_cpus: float, kill_after: float | None, settings: SessionSettings) -> dict[str, Any]:
     from ray import serve
 
     from execstate.fleet.ray_app.app import fleet_app
 
     policy = "execstate" if router == "any" else router
     t_deploy = time.perf_counter()
-    serve.run(fleet_app(str(path), n, NAME, kwargs, router={"policy": policy, "seed": 0}, replica_cpus=replica_cpus),
-              name=APP, route_prefix="/")
+    serve.run(fleet_app(str(path), n, NAME, kwargs, router={"policy": policy, "seed": 0}, replica_cpus=replica_cpus,
+                        sessions=settings), name=APP, route_prefix="/")
     ids = _wait_replicas(url, n)
     deploy_s = time.perf_counter() - t_deploy
     for i in range(n):  # warm every replica (first forward) with a prompt sharing nothing with the workload
         httpx.post(url + "/v1/completions", json={"model": NAME, "prompt": list(range(600 + i, 608 + i)),
-                                                   "max_tokens": 2, "temperature": 0}, timeout=120)
+                                                   "max_tokens": 2, "temperature": 0}, headers=w.headers(0),
+                   timeout=120)
     before = asyncio.run(_stats(ids))
     t0 = time.perf_counter()
     kill: dict[str, Any] | None = None

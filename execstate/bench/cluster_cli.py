@@ -24,6 +24,11 @@ def add_cluster_parser(bsub: argparse._SubParsersAction) -> None:
     bc.add_argument("--user-len", type=int, default=64, help="tokens per user turn")
     bc.add_argument("--reply-len", type=int, default=16, help="tokens per reply")
     bc.add_argument("--concurrency", type=int, default=6, help="users in flight at once")
+    bc.add_argument("--tenants", type=int, default=1,
+                    help="tenants (API keys) the users call as; every system prompt is used by every tenant, and "
+                         "each tenant's prefix cache is its own")
+    bc.add_argument("--share-tenants", action="store_true",
+                    help="put every tenant in one --shared-prefix-group (their caches shared, as one tenant)")
     bc.add_argument("--kv-blocks", type=int, default=384,
                     help="KV blocks per replica (16 tokens each): fewer than every system prompt needs, so the "
                          "fleet's aggregate cache matters; 0: the engine's default")
@@ -52,7 +57,7 @@ def run_cluster_cli(args: argparse.Namespace) -> int:
 
     w = ClusterWorkload(users=args.users, systems=args.systems, system_len=args.system_len, turns=args.turns,
                         user_len=args.user_len, reply_len=args.reply_len, session_users=args.session_users,
-                        concurrency=args.concurrency)
+                        concurrency=args.concurrency, tenants=args.tenants, share_tenants=args.share_tenants)
     report = run_cluster_bench(model=args.model, replicas=tuple(int(n) for n in args.replicas.split(",")),
                                routers=tuple(args.routers.split(",")), workload=w, kill=args.kill,
                                kill_after=args.kill_after,

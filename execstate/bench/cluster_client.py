@@ -55,7 +55,7 @@ async def _completion_user(client: httpx.AsyncClient, model: str, w: ClusterWork
                 "stream": True, "return_token_ids": True}
         reply: list[int] = []
         try:
-            async with client.stream("POST", "/v1/completions", json=body) as r:
+            async with client.stream("POST", "/v1/completions", json=body, headers=w.headers(u)) as r:
                 t.replica = r.headers.get(REPLICA_HEADER)
                 if r.status_code != 200:
                     t.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
@@ -96,7 +96,7 @@ async def _session_user(client: httpx.AsyncClient, model: str, w: ClusterWorkloa
     sampling = {"temperature": 0, "max_tokens": w.reply_len, "ignore_eos": True}
     t = Turn(u, 0, "session", time.perf_counter() - origin)
     try:
-        opened = await client.post("/v1/sessions", json={"sampling": sampling})
+        opened = await client.post("/v1/sessions", json={"sampling": sampling}, headers=w.headers(u))
         opened.raise_for_status()
     except httpx.HTTPError as e:
         t.error = f"open: {type(e).__name__}: {e}"
@@ -107,7 +107,7 @@ async def _session_user(client: httpx.AsyncClient, model: str, w: ClusterWorkloa
         step = (w.system_prompt(w.system_of(u)) if k == 0 else []) + w.user_turn(u, k)
         t = t if k == 0 else Turn(u, k, "session", time.perf_counter() - origin)
         try:
-            r = await client.post(f"/v1/sessions/{sid}/step", json={"input": step})
+            r = await client.post(f"/v1/sessions/{sid}/step", json={"input": step}, headers=w.headers(u))
             t.replica = r.headers.get(REPLICA_HEADER)
             if r.status_code == 200:
                 t.tokens = len(r.json().get("token_ids") or [])
@@ -118,4 +118,4 @@ async def _session_user(client: httpx.AsyncClient, model: str, w: ClusterWorkloa
         t.latency = t.ttft = time.perf_counter() - origin - t.start  # a step answers whole
         out.append(t)
     with contextlib.suppress(httpx.HTTPError):
-        await client.delete(f"/v1/sessions/{sid}")
+        await client.delete(f"/v1/sessions/{sid}", headers=w.headers(u))

@@ -8,6 +8,11 @@ every user of that system and its own history with its turn ``k - 1``. A *sessio
 first ``session_users`` users) opens a session and steps it with the system prompt + turn 0,
 then each next turn only. Everything is token ids drawn from a seeded generator, so every router
 gets exactly the same prompts (the replies, greedy, are the same on every replica).
+
+Tenants (``tenants`` > 1): user ``u`` calls with the API key of tenant ``(u // systems) % tenants``,
+so every system prompt is used by every tenant. Each tenant has its own prefix cache, so each
+computes each system prompt once: the hit rate against one tenant is the cost of isolation (and
+``share_tenants``, one ``--shared-prefix-group`` of them all, buys it back).
 :class:`Turn` is one request's record; the client (``cluster_client.py``) fills them.
 """
 
@@ -31,9 +36,12 @@ class ClusterWorkload:
     session_users: int = 2
     concurrency: int = 6
     seed: int = 0
+    tenants: int = 1
+    share_tenants: bool = False
 
     def __post_init__(self) -> None:
-        if min(self.users, self.systems, self.turns, self.concurrency, self.reply_len, self.user_len) < 1:
+        if min(self.users, self.systems, self.turns, self.concurrency, self.reply_len, self.user_len,
+               self.tenants) < 1:
             raise ValueError(f"every workload size must be >= 1: {self}")
         if not 0 <= self.session_users <= self.users:
             raise ValueError(f"session_users must be in [0, users], got {self.session_users}")
@@ -53,6 +61,25 @@ class ClusterWorkload:
 
     def is_session(self, user: int) -> bool:
         return user < self.session_users
+
+    def tenant_of(self, user: int) -> int:
+        return (user // self.systems) % self.tenants
+
+    def key_of(self, tenant: int) -> str:
+        """The API key of ``tenant`` (its name: ``tenant-<i>``)."""
+        return f"bench-key-of-tenant-{tenant:04d}"
+
+    def headers(self, user: int) -> dict[str, str]:
+        return {} if self.tenants == 1 else {"authorization": f"Bearer {self.key_of(self.tenant_of(user))}"}
+
+    def keys_file_text(self) -> str:
+        return "".join(f"{self.key_of(t)} tenant-{t}\n" for t in range(self.tenants))
+
+    def sharing(self) -> tuple[str, ...]:
+        """The fleet's ``--shared-prefix-group`` values."""
+        if not self.share_tenants or self.tenants == 1:
+            return ()
+        return ("all=" + ",".join(f"tenant-{t}" for t in range(self.tenants)),)
 
 
 @dataclass

@@ -24,6 +24,7 @@ import msgspec
 
 from execstate.bench.desync import TrialResult
 from execstate.engine.sampling_params import SamplingParams
+from execstate.identity.scope import CacheScope
 from execstate.session.lm import hibernation as hib
 from execstate.session.lm.hibernation_state import block_units
 from execstate.session.lm.hibernation_wire import decode_manifest, digest, encode_manifest
@@ -71,7 +72,7 @@ class HibernationDesyncTarget:
             s.close(), t.close()
 
     def _corrupt_manifest(self, kind: str, record: hib.Hibernated, s: object) -> None:
-        secret = self.llm.engine.offload.secret
+        secret = self.llm.engine.offload.ring
         m = decode_manifest(record.manifest, secret, require_signature=True)
         o = m.offer
         if kind == "truncated_manifest":
@@ -83,8 +84,8 @@ class HibernationDesyncTarget:
                 o = msgspec.structs.replace(o, event_epoch=o.event_epoch + 1, max_event_epoch=o.max_event_epoch + 1)
             elif kind == "other_tenant":
                 eng = self.llm.engine
-                root = eng.kv_manager.root_key("free", "another-tenant-salt")
-                keys = [u[1] for u in block_units(o.token_ids, root, _Held(len(o.token_ids)), None, eng.block_size)]
+                other = eng.kv_manager.identity(CacheScope.build("another-tenant"))
+                keys = [u[1] for u in block_units(o.token_ids, other, _Held(len(o.token_ids)), None, eng.block_size)]
                 m = msgspec.structs.replace(m, unit_keys=[bytes(k) for k in keys])
             m = msgspec.structs.replace(m, offer=o)
             data = encode_manifest(m, secret)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from execstate.bench.redis_server import SHARED_SECRET
 from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
 
@@ -170,6 +171,7 @@ def _tier_options(config: str, pool_bytes: int, workdir: Path, redis_url: str | 
     if "redis" in config:
         kw["offload_redis_url"] = redis_url
         kw["offload_redis_bytes"] = 4 * pool_bytes
+        kw["offload_secret"] = SHARED_SECRET
     return kw
 
 

@@ -26,11 +26,14 @@ import numpy as np
 from execstate.bench.desync import TrialResult
 from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
-from execstate.identity.keys import BlockKey, block_key
+from execstate.identity.checksum import checksum
+from execstate.identity.keys import BlockKey
+from execstate.identity.scope import CacheScope
+from execstate.identity.secret_ring import SecretRing
 from execstate.state.tiers.disk_store import DiskStore
 from execstate.state.tiers.host_cache import HostCache
 from execstate.state.tiers.redis_store import RedisStore
-from execstate.state.tiers.unit import UnitRecord, pack_unit, sign, unit_digest, unpack_unit
+from execstate.state.tiers.unit import UnitRecord, pack_unit, sign, unpack_unit
 
 SECRET = b"desync-harness-secret-0123456789"
 OTHER_SECRET = b"another-writer-secret-0123456789"
@@ -160,7 +163,7 @@ class TierDesyncTarget:
             acc.write(key, rec, other, kv)
         elif kind == "record_other_tokens":
             tokens = [t + 1 for t in rec.token_ids]
-            acc.write(key, sign(msgspec.structs.replace(rec, token_ids=tokens), SECRET), routes, kv)
+            acc.write(key, sign(msgspec.structs.replace(rec, token_ids=tokens), SecretRing(SECRET)), routes, kv)
         elif kind == "other_weights":
             donor = UnitAccess(self.donor())
             d_rec, d_routes, d_kv = donor.read(_keys(self.donor(), a)[BLOCK])
@@ -175,9 +178,9 @@ class TierDesyncTarget:
                 acc.write_raw(key, b"".join(pack_unit(rec, routes, kv))[:-100])
         elif kind == "forged_unit":  # consistent: only the signature tells it from the real unit
             o_rec, o_routes, o_kv = acc.read(keys_b[BLOCK])
-            forged = msgspec.structs.replace(rec, kv_checksum=unit_digest(o_kv),
-                                             routes_checksum=None if o_routes is None else unit_digest(o_routes))
-            acc.write(key, sign(forged, OTHER_SECRET), o_routes, o_kv)
+            forged = msgspec.structs.replace(rec, kv_checksum=checksum(o_kv),
+                                             routes_checksum=None if o_routes is None else checksum(o_routes))
+            acc.write(key, sign(forged, SecretRing(OTHER_SECRET)), o_routes, o_kv)
         else:
             raise ValueError(f"tier targets cannot inject {kind!r}")
 
@@ -209,12 +212,7 @@ def _run(llm: LLM, ids: list[int], salt: str | None = None):
 
 def _keys(llm: LLM, ids: list[int], salt: str | None = None) -> list[BlockKey]:
     bs = llm.engine.block_size
-    parent = llm.engine.kv_manager.root_key("free", salt)
-    out = []
-    for i in range(len(ids) // bs):
-        parent = block_key(parent, ids[i * bs : (i + 1) * bs])
-        out.append(parent)
-    return out
+    return llm.engine.kv_manager.identity(CacheScope.build(salt=salt)).chain(ids, bs)
 
 
 def _churn(llm: LLM, keys: list[BlockKey]) -> None:

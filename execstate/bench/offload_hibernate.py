@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from execstate.bench.redis_server import SHARED_SECRET
+
 TIERS = ("dram", "redis")
 
 
@@ -58,7 +60,8 @@ def _engine(model: Path, tier: str | None, redis_url: str | None, sessions: int,
         if tier == "dram":
             kw["offload_dram_bytes"] = (sessions * per + 64) * unit
         else:
-            kw.update(offload_redis_url=redis_url, offload_redis_bytes=(sessions * per + 64) * unit)
+            kw.update(offload_redis_url=redis_url, offload_redis_bytes=(sessions * per + 64) * unit,
+                      offload_secret=SHARED_SECRET)
     return LLM(str(model), **kw)
 
 

@@ -32,9 +32,10 @@ from pathlib import Path
 import numpy as np
 
 from execstate.bench.offload_chat import vocab_of
+from execstate.bench.redis_server import SHARED_SECRET
 from execstate.engine.llm import LLM
 from execstate.engine.sampling_params import SamplingParams
-from execstate.identity.keys import BlockKey, block_key
+from execstate.identity.keys import BlockKey
 
 TIERS = ("dram", "disk", "disk-cold", "redis")
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def run_reload(model_dir: Path, workdir: Path, redis_url: str | None, lengths: t
                     offload_timeout_s=60.0)
     tiers = [t for t in TIERS if redis_url is not None or t != "redis"]
     if redis_url is not None:
-        kw.update(offload_redis_url=redis_url, offload_redis_bytes=4 * blocks * unit)
+        kw.update(offload_redis_url=redis_url, offload_redis_bytes=4 * blocks * unit, offload_secret=SHARED_SECRET)
     llm = LLM(str(model), **kw)
     off = llm.engine.offload
     assert off is not None and llm.engine.kv_pool.unit_nbytes() == unit
@@ -141,12 +142,7 @@ def _summarise(rows: dict, unit: int, block_size: int) -> dict:
 
 
 def _keys(llm: LLM, ids: list[int], bs: int) -> list[BlockKey]:
-    parent = llm.engine.kv_manager.root_key("free", None)
-    keys = []
-    for i in range(len(ids) // bs):
-        parent = block_key(parent, ids[i * bs : (i + 1) * bs])
-        keys.append(parent)
-    return keys
+    return llm.engine.kv_manager.identity().chain(ids, bs)
 
 
 def _empty_pool(llm: LLM) -> None:

@@ -202,16 +202,3 @@ class _FirstTokenClock:
             self.first = time.perf_counter()
 
     def end(self) -> None: ...
-
-
-def __getattr__(name: str) -> Any:
-    """``LlamaCppPeer`` moved to ``execstate.bench.llama_cpp_peer`` (this path works for one release)."""
-    if name == "LlamaCppPeer":
-        import warnings
-
-        from execstate.bench.llama_cpp_peer import LlamaCppPeer
-
-        warnings.warn("execstate.bench.peers.LlamaCppPeer moved to execstate.bench.llama_cpp_peer.LlamaCppPeer",
-                      DeprecationWarning, stacklevel=2)
-        return LlamaCppPeer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,15 +3,20 @@
 Started on a free loopback port with its own directory, no persistence (``--save ''``,
 ``--appendonly no``), the way docs/offload.md tells an operator to run the shared tier for one
 machine; ``stop``/``kill``/``start`` take it down mid-run and bring it back on the same port.
+A shared tier needs the instances' shared secret: :data:`SHARED_SECRET` is the one the benchmark's
+engines share (drawn per process).
 """
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+SHARED_SECRET = secrets.token_hex(32)
 
 
 def redis_server_available() -> bool:

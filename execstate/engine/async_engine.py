@@ -72,6 +72,7 @@ from execstate.engine.llm_engine import LLMEngine, PromptType
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.weight_update import UpdatePolicy, WeightUpdateResult
+from execstate.identity.scope import CacheScope
 from execstate.model.loader import load_hf_state_dict
 from execstate.transfer.handoff import Handoff
 
@@ -128,8 +129,10 @@ class AsyncEngine:
         request_id: str,
         kv_transfer_params: dict[str, Any] | Handoff | None = None,
         admission: Admission | None = None,
+        scope: CacheScope | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Add one request (``params.n`` must be 1) and yield its outputs until finished.
+        ``scope``: the caller's tenant and salt (``LLMEngine.add_request``).
 
         Raises ``ValueError`` (bad input, engine untouched) or ``EngineOverloadedError``
         (waiting queue full; not with an ``admission`` that has a slot left) before
@@ -143,7 +146,7 @@ class AsyncEngine:
         ticket = self.admit(1) if admission is None else admission
         try:
             self._admission.take(ticket)
-            self._worker.submit(AddCommand(prompt, params, request_id, kv_transfer_params, sink, added))
+            self._worker.submit(AddCommand(prompt, params, request_id, kv_transfer_params, scope, sink, added))
         finally:
             if own:
                 self._admission.release(ticket)

@@ -11,6 +11,7 @@ from execstate.engine.offload_config import validate_offload
 from execstate.transfer.kv_events_config import KVEventsConfig
 
 KERNEL_CHOICES = ("auto", "torch", "execstate")
+GPU_KERNEL_CHOICES = ("auto", "triton", "torch")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
@@ -28,7 +29,6 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 64
-    cache_salt: str | None = None
     # "execstate": few-row fp32 linears and the MoE block run on execstate's C kernels
     # (execstate.kernels.cpu; error if unavailable); "torch": torch ops only; "auto": the
     # kernels when available and the device is CPU. Recorded in the provenance numerics (the
@@ -65,8 +65,9 @@ class EngineConfig:
     # most offload_redis_bytes); a prompt whose blocks missed the pool but are in a tier reloads
     # them, verified, while the engine steps the others. offload_policy: which units a full tier
     # drops first ("lru" | "fifo"); offload_timeout_s: the longest a reload (and one Redis
-    # command) may take before the rest is recomputed; offload_secret: signs the units (None:
-    # $EXECSTATE_KV_SECRET, else unsigned).
+    # command) may take before the rest is recomputed; offload_secret: the instances' shared secret
+    # that signs the units (None: $EXECSTATE_KV_SECRET; without either, a per-process key signs
+    # them and a Redis tier is refused).
     offload_dram_bytes: int = 0
     offload_disk_dir: str | None = None
     offload_disk_bytes: int = 16 << 30
@@ -78,10 +79,20 @@ class EngineConfig:
     # KV cache events (engine/kv_events.py, docs/fleet.md): None or enable_kv_cache_events False
     # publishes nothing (the default); else BlockStored/BlockRemoved batches on a ZeroMQ socket.
     kv_events: KVEventsConfig | None = None
+    # The torch path's kernels (docs/performance.md, "GPU"): "auto" (the Triton kernels on a CUDA
+    # device where Triton is installed, else torch ops), "triton" (error where they cannot run;
+    # on the CPU only under TRITON_INTERPRET=1), "torch". deterministic: batch-invariant kernels
+    # (needs the Triton kernels) so R3 replay is bitwise on a GPU; enforce_eager: no CUDA graphs
+    # (vLLM's name; graphs are captured for decode steps on a CUDA device only).
+    gpu_kernels: str = "auto"
+    deterministic: bool = False
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if self.kernels not in KERNEL_CHOICES:
             raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {self.kernels!r}")
+        if self.gpu_kernels not in GPU_KERNEL_CHOICES:
+            raise ValueError(f"gpu_kernels must be one of {GPU_KERNEL_CHOICES}, got {self.gpu_kernels!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"unsupported dtype {self.dtype!r}; use one of {sorted(_DTYPES)}")
         self.dtype = "float32" if _DTYPES[self.dtype] is torch.float32 else "bfloat16"
@@ -133,3 +144,25 @@ class EngineConfig:
                 raise ValueError(f"kernels='execstate' but {cpu_kernels.unavailable_reason()}")
             return True
         return self.kernels == "auto" and fits and cpu_kernels.available()
+
+    def use_triton(self) -> bool:
+        """Whether the torch path runs the Triton kernels (see ``gpu_kernels``); ``ValueError`` when
+        asked for where they cannot run, or for ``deterministic`` without them."""
+        from execstate.kernels.family import triton_available, triton_runs_on
+
+        if self.use_cpu_kernels():
+            if self.deterministic:
+                raise ValueError("deterministic=True is the torch path's mode; execstate's CPU kernels are "
+                                 "deterministic already (use kernels='torch' for the GPU path)")
+            return False
+        runs = triton_runs_on(self.device)
+        if self.gpu_kernels == "triton" and not runs:
+            why = ("triton is not installed" if not triton_available()
+                   else f"device {self.device} (CUDA only, or the CPU under TRITON_INTERPRET=1)")
+            raise ValueError(f"gpu_kernels='triton' cannot run: {why}")
+        use = self.gpu_kernels == "triton" or (self.gpu_kernels == "auto" and runs
+                                               and torch.device(self.device).type == "cuda")
+        if self.deterministic and not use:
+            raise ValueError("deterministic=True needs the Triton kernels (gpu_kernels 'triton', or 'auto' on a "
+                             "CUDA device with triton installed)")
+        return use

@@ -16,6 +16,7 @@ import torch
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.weight_update import UpdatePolicy, WeightUpdateResult
+from execstate.identity.scope import CacheScope
 from execstate.transfer.handoff import Handoff
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class AddCommand:
     params: SamplingParams
     request_id: str
     kv_transfer_params: dict[str, Any] | Handoff | None
+    scope: CacheScope | None
     sink: OutputSink
     done: concurrent.futures.Future[None]
 

@@ -77,8 +77,6 @@ class EngineParts:
             weights_version=model_digest(model),
             dtype=config.dtype,
             numerics=numerics_id(config, model),
-            route_mode="free",
-            cache_salt=config.cache_salt,
         )
         return cls(model_path, model, tokenizer, max_model_len, kv_pool, kv_populate, return_routes, route_store,
                    block_pool, provenance)

@@ -150,7 +150,7 @@ class EngineThread:
         if isinstance(cmd, AddCommand):
             try:
                 if cmd.done.set_running_or_notify_cancel():
-                    eng.add_request(cmd.prompt, cmd.params, cmd.request_id, cmd.kv_transfer_params)
+                    eng.add_request(cmd.prompt, cmd.params, cmd.request_id, cmd.kv_transfer_params, cmd.scope)
                     self._sinks[cmd.request_id] = cmd.sink
                     cmd.done.set_result(None)
             except Exception as exc:  # ValueError: bad input; add_request mutates nothing before it succeeds

@@ -9,7 +9,7 @@ what is wrong) and builds; the engine registers the request and queues it.
 - ``tokenize_prompt``: a string (the tokenizer's encoding), a list of ids, or a dict with
   ``prompt_token_ids`` / ``prompt``.
 - ``build``: one request of ``LLMEngine.add_request`` (checks in this order: sampling, prompt,
-  logit bias, cache salt, forced routes, the structured output constraint (compiled, or taken
+  logit bias, cache scope, forced routes, the structured output constraint (compiled, or taken
   from the compiler's cache, into a fresh matcher), then the PD handoff through ``accept_handoff``).
 - ``build_step``: one session step (``engine/step_request.py``).
 """
@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from execstate.engine.cache_salt import cache_salt_of
 from execstate.engine.grammar.compiler import GrammarCompiler
 from execstate.engine.grammar.matcher import GrammarMatcher
 from execstate.engine.penalties import PenaltyState
@@ -37,6 +36,7 @@ from execstate.engine.validation import (
     validate_prompt,
     validate_sampling,
 )
+from execstate.identity.scope import LOCAL_SCOPE, CacheScope, cache_salt
 from execstate.model.config import ModelConfig
 from execstate.state.block_holds import BlockHolds
 from execstate.transfer.handoff import Handoff
@@ -44,6 +44,18 @@ from execstate.transfer.handoff import Handoff
 PromptType = str | list[int] | dict[str, Any]
 # kv_transfer_params as add_request takes them -> the trusted handoff to load from, or None
 HandoffCheck = Callable[[dict[str, Any] | Handoff | None], Handoff | None]
+
+
+def request_scope(prompt: PromptType, scope: CacheScope | None) -> CacheScope:
+    """The typed scope of a request: ``scope`` as given, or the local tenant's; a prompt dict's
+    ``cache_salt`` (vLLM's offline spelling) becomes its salt. ``ValueError`` for a bad salt, or a
+    salt given both ways."""
+    salt = cache_salt(prompt.get("cache_salt")) if isinstance(prompt, dict) else None
+    if salt is None:
+        return scope or LOCAL_SCOPE
+    if scope is not None and scope.salt is not None:
+        raise ValueError("cache_salt is given twice (in the prompt and in the request's scope)")
+    return (scope or LOCAL_SCOPE).with_salt(salt)
 
 
 class RequestIntake:
@@ -76,7 +88,8 @@ class RequestIntake:
         raise ValueError(f"unsupported prompt type {type(prompt).__name__}")
 
     def build(self, prompt: PromptType, params: SamplingParams, request_id: str,
-              kv_transfer_params: dict[str, Any] | Handoff | None, accept_handoff: HandoffCheck) -> Request:
+              kv_transfer_params: dict[str, Any] | Handoff | None, accept_handoff: HandoffCheck,
+              scope: CacheScope | None = None) -> Request:
         """The request ``add_request`` queues; ValueError (nothing changed) on bad input."""
         mc = self.model_config
         if params.n != 1:
@@ -85,7 +98,7 @@ class RequestIntake:
         token_ids, text = self.tokenize_prompt(prompt)
         validate_prompt(token_ids, mc.vocab_size, self.max_model_len)
         validate_logit_bias(params.logit_bias, mc.vocab_size)
-        cache_salt = cache_salt_of(prompt)
+        scope = request_scope(prompt, scope)
         if params.routed_experts is not None:
             forced = validate_forced_routes(
                 params.routed_experts, mc.num_moe_layers if mc.is_moe else 0, mc.top_k or 0,
@@ -100,7 +113,7 @@ class RequestIntake:
         else:
             req.kv_transfer_params = kv_transfer_params
             req.handoff = handoff
-        req.cache_salt = cache_salt
+        req.scope = scope
         req.grammar = grammar
         if self.return_routes or params.routed_experts is not None:
             capacity = len(token_ids) + req.max_new_tokens

@@ -32,20 +32,19 @@ as ``req.returned_blocks`` (registered in the block holds) instead of being free
 
 KV events (``engine/kv_events.py``): when ``events`` is set, ``commit`` reports each run of
 blocks it registered in the pool (one ``stored`` call per run: keys, parent key, token ids, the
-weights version); the pool reports its evictions itself.
+weights version, the request's scope); the pool reports its evictions itself.
 
-Keys chain from the provenance root, so a weights update (new weights version) makes
-every old unit unreachable for new requests without any reset. The root depends on the
-request's route mode and its cache salt (``engine/cache_salt.py``: the request's own,
-else the engine-wide one), so tenants with different salts never share a unit.
+Keys are derived from one value, the request's :class:`ExecutionIdentity` (:meth:`identity_of`:
+this engine's provenance, the request's route mode and its :class:`CacheScope`, i.e. its tenant
+or shared group and its salt), by ``ExecutionIdentity.extend``. So a weights update makes every
+old unit unreachable for new requests without any reset, and two tenants, or two salts of one
+tenant, never share a unit.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
@@ -53,22 +52,24 @@ import numpy as np
 from execstate.engine.external_prefix import ExternalLoad, ExternalLoadError, ExternalPrefix
 from execstate.engine.r3_clock import R3Clock
 from execstate.engine.request import Request, RequestStatus
-from execstate.identity.keys import BlockKey, block_key, root_key
+from execstate.identity.execution import ExecutionIdentity, RouteMode
+from execstate.identity.keys import BlockKey
 from execstate.identity.provenance import Provenance
+from execstate.identity.scope import LOCAL_SCOPE, CacheScope
 from execstate.state.block_holds import BlockHolds, HeldBlocks
 from execstate.state.block_pool import BlockId, BlockPool, NoFreeBlocks
 from execstate.state.route_store import RouteStore
 from execstate.state.tiers.pool_units import PoolUnits
 
-# Distinct (route mode, salt) roots kept; beyond it the cache starts over (roots are cheap).
-MAX_CACHED_ROOTS = 1024
+# Distinct (scope, route mode) identities kept; beyond it the cache starts over (they are cheap).
+MAX_CACHED_IDENTITIES = 1024
 
 
 class BlockEventSink(Protocol):
     """Where ``commit`` reports the blocks it registered (``engine/kv_events.py``'s ``KVEvents``)."""
 
     def stored(self, keys: Sequence[BlockKey], parent: BlockKey | None, token_ids: Sequence[int],
-               weights_version: str) -> None: ...
+               weights_version: str, scope: CacheScope) -> None: ...
 
 
 def cdiv(a: int, b: int) -> int:
@@ -104,40 +105,30 @@ class KVCacheManager:
         """Re-root every key (weights update, numerics change). Old units stay in the
         pool until evicted but can never match a key computed from here on."""
         self.provenance = provenance
-        self._roots: dict[tuple[str, str | None], BlockKey] = {}
+        self._identities: dict[tuple[CacheScope, RouteMode], ExecutionIdentity] = {}
 
-    def root_key(self, route_mode: str, cache_salt: str | None = None) -> BlockKey:
-        """Parent key of a request's first block: the provenance with ``route_mode`` and
-        ``cache_salt`` (``None``: the engine-wide salt)."""
-        root = self._roots.get((route_mode, cache_salt))
-        if root is None:
-            if len(self._roots) >= MAX_CACHED_ROOTS:
-                self._roots.clear()
-            salt = self.provenance.cache_salt if cache_salt is None else cache_salt
-            root = root_key(replace(self.provenance, route_mode=route_mode, cache_salt=salt))
-            self._roots[(route_mode, cache_salt)] = root
-        return root
+    def identity(self, scope: CacheScope = LOCAL_SCOPE, route_mode: RouteMode = RouteMode.FREE) -> ExecutionIdentity:
+        """The execution identity of a sequence in ``scope`` under this engine's provenance."""
+        found = self._identities.get((scope, route_mode))
+        if found is None:
+            if len(self._identities) >= MAX_CACHED_IDENTITIES:
+                self._identities.clear()
+            found = self._identities[(scope, route_mode)] = ExecutionIdentity(self.provenance, scope, route_mode)
+        return found
+
+    def identity_of(self, req: Request) -> ExecutionIdentity:
+        """``req``'s identity: its scope, replayed routes when it forces them."""
+        mode = RouteMode.FREE if req.params.routed_experts is None else RouteMode.REPLAYED
+        return self.identity(req.scope, mode)
 
     # -- keys ---------------------------------------------------------------
     def update_block_keys(self, req: Request) -> None:
-        """Extend ``req.block_keys`` to cover every full block of its known tokens."""
-        bs = self.block_size
-        forced = req.params.routed_experts
-        tokens = None
-        num_full = req.num_tokens // bs
-        while len(req.block_keys) < num_full:
-            i = len(req.block_keys)
-            if tokens is None:
-                tokens = req.all_token_ids
-            if req.block_keys:
-                parent = req.block_keys[-1]
-            else:
-                parent = self.root_key("free" if forced is None else "replayed", req.cache_salt)
-            extra = None
-            if forced is not None and i * bs < len(forced):
-                rows = np.ascontiguousarray(forced[i * bs : (i + 1) * bs], dtype=np.int64)
-                extra = hashlib.sha256(rows.tobytes() + len(rows).to_bytes(4, "little")).digest()
-            req.block_keys.append(block_key(parent, tokens[i * bs : (i + 1) * bs], extra))
+        """Extend ``req.block_keys`` to cover every full block of its known tokens (O(new blocks)
+        when there are new full blocks, O(1) otherwise)."""
+        if len(req.block_keys) >= req.num_tokens // self.block_size:
+            return
+        self.identity_of(req).extend(req.block_keys, req.all_token_ids, self.block_size,
+                                     forced_routes=req.params.routed_experts)
 
     # -- admission ----------------------------------------------------------
     def find_cached_prefix(self, req: Request) -> list[BlockId]:
@@ -348,19 +339,18 @@ class KVCacheManager:
             if j < len(registered) and registered[j] == registered[j - 1] + 1:
                 continue
             first, last = registered[start], registered[j - 1]
-            parent = req.block_keys[first - 1] if first else self.root_key(
-                "free" if req.params.routed_experts is None else "replayed", req.cache_salt)
+            parent = req.block_keys[first - 1] if first else self.identity_of(req).root
             self.events.stored(req.block_keys[first:last + 1], parent, tokens[first * bs:(last + 1) * bs],
-                               self.provenance.weights_version)
+                               self.provenance.weights_version, req.scope)
             start = j
 
     def _note_unit(self, req: Request, i: int, tokens: list[int]) -> None:
         assert self.pool_units is not None
         bs = self.block_size
-        root = self.root_key("free", req.cache_salt)
+        root = self.identity_of(req).root
         parent = req.block_keys[i - 1] if i else root
         self.pool_units.note(req.block_keys[i], parent, root, tokens[i * bs : (i + 1) * bs],
-                             self.provenance.weights_version)
+                             self.provenance.weights_version, req.scope.tenant)
 
     def release(self, req: Request, finished: bool) -> None:
         """Free the request's blocks (tail first). Route leases are kept across a

@@ -5,8 +5,8 @@
 two where the pool's prefix-cache map changes:
 
 - ``KVCacheManager.events``: ``commit`` reports each run of blocks it registered
-  (``BlockPool.commit`` returned True) as one ``BlockStored`` (keys, parent key: the provenance
-  root for a prompt's first block, token ids, the weights version);
+  (``BlockPool.commit`` returned True) as one ``BlockStored`` (keys, parent key: the identity's
+  root for a prompt's first block, the weights version; token ids only when the operator opted in);
 - ``BlockPool.set_evict_observer``: ``allocate`` reports the cached blocks it evicted as one
   ``BlockRemoved``.
 
@@ -24,6 +24,12 @@ parent key, tokens and weights version from its record. Besides the end of each 
 write-back thread flushes when its queue empties (write-backs finish after the step that
 evicted the blocks, possibly while the engine is idle). :meth:`flush` publishes under the lock,
 so batches leave in the order their events were recorded, whichever thread flushes.
+
+Privacy (``KVEventsConfig``): a feed names keys, never tokens, unless ``include_token_ids``; the
+blocks of a tenant in ``exclude_tenants`` are never mentioned: neither stored nor removed (the keys
+held back are remembered per medium until they leave it, so the memory is bounded by the tiers'
+capacity). A tier unit whose tenant is unknown (written before it was recorded) is held back too
+when any tenant is excluded. The feed's sockets are private unless secured (``kv_events_auth.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from execstate.identity.keys import BlockKey
+from execstate.identity.scope import CacheScope
+from execstate.identity.secret_ring import SecretRing
 from execstate.state.kv_events import POOL, BlockRemoved, BlockStored, KVCacheEvent, KVEventBatch
 from execstate.state.tiers.unit import UnitRecord
 from execstate.transfer.kv_events_publisher import ZmqEventPublisher
@@ -57,8 +65,8 @@ def attach_kv_events(engine: KVEventsHost) -> KVEvents | None:
     cfg = engine.config.kv_events
     if cfg is None or not cfg.publishes:
         return None
-    publisher = ZmqEventPublisher(cfg)
-    events = KVEvents(publisher, engine.config.block_size)
+    publisher = ZmqEventPublisher(cfg, ring=SecretRing.resolve())
+    events = KVEvents(publisher, engine.config.block_size, cfg.include_token_ids, cfg.exclude_tenants)
     engine.kv_manager.events = events
     engine.block_pool.set_evict_observer(events.pool_removed)
     weakref.finalize(engine, publisher.close)  # the sockets close with the engine
@@ -68,11 +76,18 @@ def attach_kv_events(engine: KVEventsHost) -> KVEvents | None:
 class KVEvents:
     """Pending events (a lock: the tiers report from their own threads) and the publisher."""
 
-    def __init__(self, publisher: ZmqEventPublisher, block_size: int) -> None:
+    def __init__(self, publisher: ZmqEventPublisher, block_size: int, include_token_ids: bool = False,
+                 exclude_tenants: Sequence[str] = ()) -> None:
         self.publisher = publisher
         self.block_size = block_size
+        self.include_token_ids = include_token_ids
+        self.exclude_tenants = frozenset(exclude_tenants)
+        self._hidden: dict[str, set[bytes]] = {}  # medium -> keys held back while it holds them
         self._pending: list[KVCacheEvent] = []
         self._lock = threading.Lock()
+
+    def _hides(self, tenant: str | None) -> bool:
+        return bool(self.exclude_tenants) and (tenant is None or tenant in self.exclude_tenants)
 
     @property
     def endpoint(self) -> str:
@@ -83,15 +98,18 @@ class KVEvents:
         return self.publisher.replay_endpoint
 
     def stored(self, keys: Sequence[BlockKey], parent: BlockKey | None, token_ids: Sequence[int],
-               weights_version: str, medium: str = POOL) -> None:
+               weights_version: str, scope: CacheScope, medium: str = POOL) -> None:
         """``keys`` became findable in ``medium``: one chain after ``parent``, ``block_size``
-        tokens per key in ``token_ids``."""
+        tokens per key in ``token_ids``, computed for ``scope``'s tenant."""
         if len(token_ids) != len(keys) * self.block_size:
             raise ValueError(f"{len(keys)} blocks need {len(keys) * self.block_size} token ids, got {len(token_ids)}")
-        event = BlockStored([bytes(k) for k in keys], None if parent is None else bytes(parent),
-                            [int(t) for t in token_ids], self.block_size, None, medium, weights_version)
         with self._lock:
-            self._pending.append(event)
+            if self._hides(scope.tenant):
+                self._hidden.setdefault(medium, set()).update(bytes(k) for k in keys)
+                return
+            tokens = [int(t) for t in token_ids] if self.include_token_ids else []
+            self._pending.append(BlockStored([bytes(k) for k in keys], None if parent is None else bytes(parent),
+                                             tokens, self.block_size, None, medium, weights_version))
 
     def pool_removed(self, keys: list[BlockKey]) -> None:
         """``BlockPool`` eviction observer."""
@@ -100,21 +118,30 @@ class KVEvents:
     def unit_stored(self, medium: str, key: BlockKey, record: UnitRecord | None) -> None:
         """A tier holds ``key`` now (``UnitEvents``; any thread). ``record`` None (a tier could
         not read it): the event names the key alone (no parent, no tokens, no version)."""
-        if record is None:
-            event = BlockStored([bytes(key)], None, [], self.block_size, None, medium, None)
-        else:
-            event = BlockStored([bytes(key)], bytes(record.parent), list(record.token_ids), self.block_size,
-                                None, medium, record.weights_version)
         with self._lock:
+            if self._hides(None if record is None else record.tenant):
+                self._hidden.setdefault(medium, set()).add(bytes(key))
+                return
+            if record is None:
+                event = BlockStored([bytes(key)], None, [], self.block_size, None, medium, None)
+            else:
+                tokens = list(record.token_ids) if self.include_token_ids else []
+                event = BlockStored([bytes(key)], bytes(record.parent), tokens, self.block_size, None, medium,
+                                    record.weights_version)
             self._pending.append(event)
 
     def units_removed(self, medium: str, keys: Sequence[BlockKey]) -> None:
         """``keys`` left ``medium`` (``UnitEvents``, the pool's evictions; any thread)."""
         if not keys:
             return
-        event = BlockRemoved([bytes(k) for k in keys], medium)
         with self._lock:
-            self._pending.append(event)
+            hidden = self._hidden.get(medium)
+            shown = [bytes(k) for k in keys]
+            if hidden:
+                shown = [k for k in shown if k not in hidden]
+                hidden.difference_update(bytes(k) for k in keys)
+            if shown:
+                self._pending.append(BlockRemoved(shown, medium))
 
     def flush(self) -> int:
         """Publish what was recorded since the last flush as one batch; the number of events.

@@ -23,7 +23,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from execstate.engine.cache_salt import cache_salt_of
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine, PromptType
 from execstate.engine.outputs import RequestOutput, ScoreOutput
@@ -32,6 +31,7 @@ from execstate.engine.scorer import score_tokens
 from execstate.engine.tokenizer import Tokenizer
 from execstate.engine.validation import validate_prompt, validate_sampling
 from execstate.engine.weight_update import UpdatePolicy
+from execstate.identity.scope import cache_salt
 
 
 class LLM:
@@ -50,7 +50,8 @@ class LLM:
         """Run a batch to completion; outputs come back in prompt order.
 
         A prompt is a string, a list of token ids or ``{"prompt_token_ids": [...]}`` /
-        ``{"prompt": "..."}``, a dict optionally with a ``"cache_salt"`` (engine/cache_salt.py).
+        ``{"prompt": "..."}``, a dict optionally with a ``"cache_salt"`` (vLLM's spelling: the
+        salt of the request's scope, ``identity/scope.py``).
         Every prompt is validated before any is queued, so one bad prompt leaves the
         engine untouched. ``n > 1`` expands into n requests (seeds ``seed + j``) that
         share the prompt's cached prefix. Only final outputs are read, so every request
@@ -74,7 +75,8 @@ class LLM:
         for prompt in prompts:  # tokenize once and validate everything before queuing any
             ids, text = eng.tokenize_prompt(prompt)
             validate_prompt(ids, eng.model_config.vocab_size, eng.max_model_len)
-            tokenized.append({"prompt_token_ids": ids, "prompt": text, "cache_salt": cache_salt_of(prompt)})
+            salt = cache_salt(prompt.get("cache_salt")) if isinstance(prompt, dict) else None
+            tokenized.append({"prompt_token_ids": ids, "prompt": text, "cache_salt": salt})
         prompts = tokenized
         groups: list[list[str]] = []
         added: list[str] = []

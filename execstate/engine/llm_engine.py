@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from execstate.engine.config import EngineConfig
+from execstate.engine.cuda_graphs import DecodeGraphs
 from execstate.engine.engine_parts import EngineParts
 from execstate.engine.engine_weights import EngineWeights
 from execstate.engine.finisher import RequestFinisher
@@ -61,6 +62,7 @@ from execstate.engine.step_request import StepRequest
 from execstate.engine.step_results import StepResults
 from execstate.engine.weight_update import UpdatePolicy, WeightUpdate
 from execstate.identity.provenance import Provenance
+from execstate.identity.scope import CacheScope
 from execstate.state.block_holds import BlockHolds
 from execstate.transfer.errors import TransferError
 from execstate.transfer.handoff import Handoff, wants_remote_prefill
@@ -97,7 +99,12 @@ class LLMEngine:
             self.r3_clock, self.kv_holds,
         )
         self.scheduler = Scheduler(self.kv_manager, config.max_num_batched_tokens, config.max_num_seqs)
-        self.runner = ModelRunner(self.model, self.kv_pool, config.device, self.return_routes, self.r3_clock)
+        self.runner = ModelRunner(self.model, self.kv_pool, config.device, self.return_routes, self.r3_clock,
+                                  config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len,
+                                  config.use_triton())
+        if torch.device(config.device).type == "cuda" and not config.enforce_eager and not self.model.kernels:
+            runner = self.runner.device_runner
+            runner.graphs = DecodeGraphs.capture(runner, config.max_num_seqs)  # GPU-only (engine/cuda_graphs.py)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
@@ -159,15 +166,18 @@ class LLMEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         kv_transfer_params: dict[str, Any] | Handoff | None = None,
+        scope: CacheScope | None = None,
     ) -> str:
         """Queue one request. ``kv_transfer_params``: PD handoff parameters (a dict as a producer
         returned them, accepted only if signed or from an allow-listed producer, else ValueError),
-        a ``Handoff`` the caller already verified, or ``{"do_remote_decode": True}`` (export)."""
+        a ``Handoff`` the caller already verified, or ``{"do_remote_decode": True}`` (export).
+        ``scope``: who may share the request's cached state (``identity/scope.py``; default: the
+        local tenant, with the salt of a prompt dict's ``cache_salt``, as vLLM's offline API)."""
         params = params or SamplingParams()
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        req = self.intake.build(prompt, params, request_id, kv_transfer_params, self._handoff)
+        req = self.intake.build(prompt, params, request_id, kv_transfer_params, self._handoff, scope)
         self.requests[request_id] = req
         self.scheduler.add(req)
         return request_id

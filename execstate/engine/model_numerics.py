@@ -2,11 +2,12 @@
 
 ``load_engine_model(path, config)`` loads the checkpoint and puts it in the mode ``config``
 asks for; ``numerics_id(config)`` is the provenance numerics of that mode (two modes never share
-an id, so their KV and routes never mix: ``identity/provenance.py``).
+an id, so their KV and routes never mix: ``identity/provenance.py``). Every id names the device and
+the kernel family: ``<mode>+<family>``; the same torch ops on another device round differently.
 
 | mode (config) | weights | arithmetic | numerics id |
 |---|---|---|---|
-| torch ops (``kernels="torch"``) | ``dtype`` | torch's, in ``dtype`` | ``eager`` |
+| torch path (``kernels="torch"``) | ``dtype`` | torch's or Triton's, in ``dtype`` | ``eager+<family>`` (3) |
 | fp32 | fp32 | fp32 (``gemm.py``) | ``eager+cpu-avx2-v1`` |
 | ``dtype="bfloat16"`` | bf16 | fp32, weights widened (``gemm_bf16.py``) | ``eager+cpu-avx2-v2-bf16w`` |
 | + ``compute_dtype="bfloat16"`` | bf16 | bf16 (``gemm_bf16dot.py``) | see (1) |
@@ -15,6 +16,8 @@ an id, so their KV and routes never mix: ``identity/provenance.py``).
 (1) ``eager+cpu-avx512bf16-v1`` with AVX512-BF16, ``eager+cpu-avx2-bf16emu-v1`` elsewhere.
 (2) ``eager+cpu-gguf-<formats>-v1`` (``gguf_blocks.py``), e.g. ``q41-q80`` for Q4_1 matrices
 with a Q8_0 embedding.
+(3) ``kernels/family.py``'s ``kernel_family``: ``cpu-torch-v1``, ``cuda-sm90-torch-v1``,
+``cuda-sm90-triton-v1`` (the Triton kernels), ``cuda-sm90-triton-bi-v1`` (the deterministic mode).
 
 Activations, the KV cache, attention and norms are fp32 in every mode on the kernels.
 """
@@ -28,8 +31,10 @@ import torch
 from execstate.engine.config import EngineConfig
 from execstate.kernels import cpu as cpu_kernels
 from execstate.kernels import gemm_bf16dot
+from execstate.kernels.family import kernel_family
 from execstate.kernels.gguf_blocks import gguf_kernel_set
 from execstate.model.gguf_model import gguf_file, load_gguf_model, model_formats
+from execstate.model.gpu_path import use_gpu_kernels
 from execstate.model.loader import load_model
 from execstate.model.transformer import CausalLM
 from execstate.model.weight_formats import use_bf16_arithmetic
@@ -60,13 +65,16 @@ def load_engine_model(path: Path, config: EngineConfig) -> CausalLM:
         if config.compute_dtype == "bfloat16":
             use_bf16_arithmetic(model)
     model.use_cpu_kernels(kernels)
+    if not kernels:  # the torch path: Triton kernels and the deterministic mode (model/gpu_path.py)
+        use_gpu_kernels(model, config.use_triton(), config.deterministic)
     return model
 
 
 def numerics_id(config: EngineConfig, model: CausalLM) -> str:
     """The provenance numerics of ``config``'s mode for ``model`` (the table in the module docstring)."""
     if not config.use_cpu_kernels():
-        return "eager"
+        family = kernel_family(config.device, triton=config.use_triton(), deterministic=config.deterministic)
+        return f"eager+{family}"
     if config.quantization == "gguf":
         return f"eager+{gguf_kernel_set(model_formats(model))}"
     if config.compute_dtype == "bfloat16":

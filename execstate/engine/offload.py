@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 from execstate.engine.offload_config import offload_enabled
 from execstate.engine.offload_loads import OffloadLoads
 from execstate.identity.keys import BlockKey
+from execstate.identity.secret_ring import SECRET_ENV, SecretRing
 from execstate.state.block_pool import BlockId
 from execstate.state.tiers.disk_store import DiskStore
 from execstate.state.tiers.host_cache import HostCache
@@ -56,7 +57,6 @@ from execstate.state.tiers.stats import TierSnapshot
 from execstate.state.tiers.store import UnitStore
 from execstate.state.tiers.unit import UnitLayout
 from execstate.state.tiers.unit_events import UnitEvents
-from execstate.transfer.handoff import resolve_secret
 from execstate.transfer.offload_loader import ReloadWorker
 from execstate.transfer.offload_writer import WriteBackWorker, WriteJob
 
@@ -129,6 +129,14 @@ class OffloadConnector:
             dtype=str(pool.k.dtype).removeprefix("torch."),
             route_layers=mc.num_moe_layers if routes else None, route_top_k=mc.top_k if routes else None,
         )
+        # Every unit is signed: by the instances' shared ring when one is configured, else by a key
+        # this process alone knows (a local tier's units are then readable by this process only).
+        # A shared tier without the shared ring would trust whoever can write to it: refused.
+        self.shared_ring = SecretRing.resolve(cfg.offload_secret)
+        if self.shared_ring is None and cfg.offload_redis_url is not None:
+            raise ValueError("offload_redis_url needs the instances' shared secret (offload_secret, or $"
+                             f"{SECRET_ENV}): a shared tier's units must prove who wrote them")
+        ring = self.ring = self.shared_ring or SecretRing.ephemeral()
         unit = pool.unit_nbytes()
         dram_slots = cfg.offload_dram_bytes // unit
         events = self.events = engine.kv_events
@@ -149,14 +157,12 @@ class OffloadConnector:
                                     timeout_s=cfg.offload_timeout_s, events=events)
             self.stores.append(self.redis)
             self.manifests = ManifestStore(cfg.offload_redis_url, cfg.offload_timeout_s)
-        self.secret = resolve_secret(cfg.offload_secret)
-        secret = self.secret
         self.units = PoolUnits()
-        self.writer = WriteBackWorker(self.host, self.stores, self.layout, secret,
+        self.writer = WriteBackWorker(self.host, self.stores, self.layout, ring,
                                       on_drained=None if events is None else events.flush)
         wake = weakref.WeakMethod(engine.wake)
         self.loader = ReloadWorker(pool, self.host, self.stores, self.layout, mc.num_experts if routes else None,
-                                   secret, on_result=lambda: _call(wake))
+                                   ring, on_result=lambda: _call(wake))
         self.loads = OffloadLoads(engine.kv_manager, self.tiers, self.loader, routes, cfg.offload_timeout_s)
         engine.block_pool.set_write_back(self.write_back)
         engine.kv_manager.pool_units = self.units

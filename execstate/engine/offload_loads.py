@@ -78,7 +78,7 @@ class OffloadLoads:
 
     def start_load(self, req: Request, first_block: int, keys: list[BlockKey], dst: list[BlockId]) -> None:
         bs = self.kv.block_size
-        root = self.kv.root_key("free", req.cache_salt)
+        root = self.kv.identity_of(req).root
         tokens = req.all_token_ids
         units = []
         for j, key in enumerate(keys):

@@ -49,6 +49,7 @@ from execstate.engine.kv_cache_manager import KVCacheManager
 from execstate.engine.pd_loads import LoadStats, RemoteLoads
 from execstate.engine.request import Request
 from execstate.identity.keys import BlockKey
+from execstate.identity.secret_ring import SecretRing
 from execstate.state.block_pool import BlockId, BlockPool
 from execstate.state.kv_pool import KVPool
 from execstate.transfer.bulk import NixlBulk
@@ -56,11 +57,10 @@ from execstate.transfer.checks import kv_layout_of
 from execstate.transfer.control import ControlServer, Release
 from execstate.transfer.errors import TransferError
 from execstate.transfer.exporter import KVExporter
-from execstate.transfer.handoff import Handoff, HandoffTrust, check_allow_list, resolve_secret
+from execstate.transfer.handoff import Handoff, HandoffTrust, check_allow_list
 from execstate.transfer.importer import KVImporter
 from execstate.transfer.load_worker import LoadWorker
 from execstate.transfer.manifest import FORMAT_VERSION, Capabilities, R3Format
-from execstate.transfer.secrets import SecretRing
 
 ROLES = ("kv_producer", "kv_consumer", "kv_both")
 POLICIES = ("fail", "recompute")
@@ -126,9 +126,7 @@ class PDConnector:
         self.stats = TransferStats()
         # The shared secret of server-to-server messages: the current one signs, the previous ones
         # (a rotation: transfer/secrets.py) verify too; None: handoffs unsigned, no migration.
-        resolve_secret(cfg.secret)  # the same checks and message as ever for a bad value
         self.secrets = SecretRing.resolve(cfg.secret, cfg.previous_secrets)
-        self.secret = self.secrets.current if self.secrets is not None else None
         # Thread-safe and immutable: the HTTP layer checks handoffs with it before the engine sees them.
         self.trust = HandoffTrust(self.secrets, dict(cfg.allowed_prefill or {}), self.block_size)
         self.bulk = NixlBulk(kv_pool, self.instance_id, timeout_s=cfg.timeout_s)
@@ -206,11 +204,11 @@ class PDConnector:
         if req.routes is not None and self.cfg.routes_transfer:
             routes = req.routes.rows(0, n_full * bs)
         handoff = self.export_blocks(req.block_ids[:n_full], req.block_keys[:n_full], routes)
-        return handoff.to_params(self.secret)
+        return handoff.to_params(self.secrets)
 
     def export_blocks(self, block_ids: list[BlockId], keys: list[BlockKey], routes: np.ndarray | None) -> Handoff:
         """Export full blocks (pinned until released or the TTL) under a fresh transfer id; the
-        unsigned handoff naming them (``to_params(self.secret)`` signs it). ``routes``: their rows,
+        unsigned handoff naming them (``to_params(self.secrets)`` signs it). ``routes``: their rows,
         or None (sent only when this instance transfers routes). Raises TransferError (limits)."""
         assert self.exporter is not None and self.server is not None, "export on a non-producer"
         if not self.cfg.routes_transfer:

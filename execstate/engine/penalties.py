@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from execstate.engine.sampling_params import SamplingParams
+from execstate.model.device.upload import upload
 
 
 class _IdList:
@@ -68,8 +69,8 @@ class PenaltyState:
         if self.repetition != 1.0:
             self._add_positions(np.asarray(prompt_token_ids, dtype=np.int64))
         bias = params.logit_bias or {}
-        self.bias_ids = torch.tensor(list(bias.keys()), dtype=torch.long)
-        self.bias_values = torch.tensor(list(bias.values()), dtype=torch.float32)
+        self.bias_ids = np.asarray(list(bias.keys()), dtype=np.int64)
+        self.bias_values = np.asarray(list(bias.values()), dtype=np.float32)
 
     @classmethod
     def for_request(
@@ -108,6 +109,7 @@ def apply_penalties(logits: torch.Tensor, states: list[PenaltyState | None]) -> 
 
     Row ``i`` uses ``states[i]`` (``None``: untouched). Only rows with a state, and in them
     only the biased ids and the state's ``positions``, are read and written. Returns ``logits``.
+    The indices are built on the host and go up without blocking (``logits`` may be on a device).
     """
     used = [(i, s) for i, s in enumerate(states) if s is not None]
     if not used:
@@ -117,11 +119,11 @@ def apply_penalties(logits: torch.Tensor, states: list[PenaltyState | None]) -> 
         raise ValueError(f"penalty state has vocab {bad[0]}, logits have {logits.shape[1]}")
     biased = [(i, s) for i, s in used if len(s.bias_ids)]
     if biased:
-        rows = torch.repeat_interleave(
-            torch.tensor([i for i, _ in biased]), torch.tensor([len(s.bias_ids) for _, s in biased])
-        )
-        toks = torch.cat([s.bias_ids for _, s in biased])
-        logits.index_put_((rows, toks), torch.cat([s.bias_values for _, s in biased]), accumulate=True)
+        dev = logits.device
+        rows = np.repeat(np.asarray([i for i, _ in biased], dtype=np.int64), [len(s.bias_ids) for _, s in biased])
+        toks = np.concatenate([s.bias_ids for _, s in biased])
+        values = np.concatenate([s.bias_values for _, s in biased])
+        logits.index_put_((upload(rows, dev), upload(toks, dev)), upload(values, dev), accumulate=True)
     hist = [(i, s) for i, s in used if s.uses_history]
     for _, s in hist:
         s.sync()
@@ -133,14 +135,14 @@ def apply_penalties(logits: torch.Tensor, states: list[PenaltyState | None]) -> 
 
 def _apply_history(logits: torch.Tensor, rows: list[int], states: list[PenaltyState]) -> None:
     """vLLM's ``apply_penalties`` at each row's positions only (every other logit is unchanged)."""
-    lengths = torch.tensor([len(s.positions) for s in states])
-    row_idx = torch.repeat_interleave(torch.tensor(rows), lengths)
-    tok_np = np.concatenate([s.positions for s in states])
-    counts = torch.from_numpy(np.concatenate([s.counts[s.positions] for s in states])).to(logits.dtype)
-    tok_idx = torch.from_numpy(tok_np)
+    dev = logits.device
+    lengths = [len(s.positions) for s in states]
+    row_idx = upload(np.repeat(np.asarray(rows, dtype=np.int64), lengths), dev)
+    tok_idx = upload(np.concatenate([s.positions for s in states]), dev)
+    counts = upload(np.concatenate([s.counts[s.positions] for s in states]).astype(np.float32), dev)
 
     def per_row(values: list[float]) -> torch.Tensor:
-        return torch.repeat_interleave(torch.tensor(values, dtype=logits.dtype), lengths)
+        return upload(np.repeat(np.asarray(values, dtype=np.float32), lengths), dev)
 
     x = logits[row_idx, tok_idx]
     r = per_row([s.repetition for s in states])  # positions are all seen tokens when r != 1

@@ -26,6 +26,7 @@ from execstate.engine.detokenizer import IncrementalDetokenizer
 from execstate.engine.route_trace import RouteTrace
 from execstate.engine.sampling_params import SamplingParams
 from execstate.identity.keys import BlockKey
+from execstate.identity.scope import LOCAL_SCOPE, CacheScope
 from execstate.state.block_holds import HeldBlocks
 from execstate.state.block_pool import BlockId
 from execstate.transfer.handoff import Handoff
@@ -97,8 +98,9 @@ class Request:
     grammar: GrammarMatcher | None = None
     # Incremental token counts / logit bias for penalised sampling (None: no penalty used).
     penalty_state: PenaltyState | None = None
-    # Tenant salt of this request's block keys (engine/cache_salt.py); None: the engine's.
-    cache_salt: str | None = None
+    # Who may share this request's cached state: its tenant (or shared group) and the client's
+    # salt (identity/scope.py); part of the execution identity its block keys derive from.
+    scope: CacheScope = LOCAL_SCOPE
     # Output state, built once per token (engine/output_builder.py): the text so far, each
     # token's logprob entry (when logprobs are asked for), the running sum of the sampled
     # logprobs, and how many tokens DELTA outputs have handed out.

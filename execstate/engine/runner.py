@@ -9,29 +9,31 @@ only for the rows that sample, and returns the captured routes as numpy.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from execstate.engine.device_runner import DeviceRunner
 from execstate.engine.r3_clock import R3Clock
+from execstate.engine.runner_result import StepResult
 from execstate.engine.scheduler import SchedulerOutput
 from execstate.model.context import RouteCapture, StepContext
 from execstate.model.paged_attention import PagedAttention, SeqSpan
 from execstate.state.kv_pool import KVPool
 
-
-@dataclass
-class StepResult:
-    logits: torch.Tensor  # [n_sampling, vocab] fp32, rows in scheduled order
-    sample_rows: list[int]  # index into sched.scheduled of each logits row
-    routes: np.ndarray | None  # int16[T, n_moe_layers, top_k]
-    token_offsets: list[int]  # start of each scheduled span in the flat batch
+__all__ = ["ModelRunner", "StepResult"]
 
 
 class ModelRunner:
+    """``execute(sched)``: one forward pass. A model on execstate's CPU kernels runs here (host-built
+    tables for the C kernels); a model on torch ops runs in ``DeviceRunner`` (any device: persistent
+    device inputs, no host read before the sampled ids; ``engine/device_runner.py``).
+    ``max_tokens``/``max_seqs``/``max_model_len`` size the device runner's buffers; ``triton``: it
+    runs the Triton kernels."""
+
     def __init__(self, model: torch.nn.Module, kv_pool: KVPool, device: torch.device | str, capture_routes: bool,
-                 r3_clock: R3Clock | None = None):
+                 r3_clock: R3Clock | None = None, max_tokens: int = 2048, max_seqs: int = 64,
+                 max_model_len: int = 2048, triton: bool = False):
         self.model = model
         self.r3_clock = r3_clock or R3Clock()
         self.kv_pool = kv_pool
@@ -40,9 +42,16 @@ class ModelRunner:
         self.capture_routes = capture_routes and cfg.is_moe
         self.num_moe_layers = cfg.num_moe_layers if cfg.is_moe else 0
         self.top_k = cfg.top_k if cfg.is_moe else 0
+        self.device_runner = DeviceRunner(model, kv_pool, self.device, self.capture_routes, self.r3_clock,
+                                          max_tokens, max_seqs, max_model_len, triton)
+
+    def execute(self, sched: SchedulerOutput) -> StepResult:
+        if not self.model.kernels:
+            return self.device_runner.execute(sched)
+        return self._execute_kernels(sched)
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> StepResult:
+    def _execute_kernels(self, sched: SchedulerOutput) -> StepResult:
         input_ids: list[int] = []
         positions: list[int] = []
         spans: list[SeqSpan] = []

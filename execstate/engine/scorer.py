@@ -10,9 +10,11 @@ reproduces the rollout's logprobs exactly (compare with ``==``). Every kernel co
 token's row with the same operations whatever the step, batch or chunk it is in, and the
 attention here is the engine's paged kernel over the sequence's own K/V
 (``model/replay_attention.py``), so the one-pass prefill gives each row the bits the
-token-by-token decode gave it (tests/engine/test_bitwise_replay.py). On torch's ops
-(``kernels="torch"``) the two differ by fp32 rounding (~1e-6): torch's GEMMs and SDPA round
-differently with the number of rows.
+token-by-token decode gave it (tests/engine/test_bitwise_replay.py). The same holds on the
+torch path in its deterministic mode (``deterministic=True``: batch-invariant Triton kernels, the
+attention the engine's paged Triton kernel over the sequence's own K/V; ``model/gpu_path.py``,
+tests/gpu/test_deterministic_replay.py). Otherwise, on torch's ops (``kernels="torch"``) the two
+differ by rounding (~1e-6 in fp32): torch's GEMMs and SDPA round differently with the number of rows.
 
 ``prompt_logprobs`` runs the same forward pass and log-softmax, so the logprob it gives each
 token is exactly ``score_tokens``' (vLLM's ``prompt_logprobs`` and the OpenAI API's ``echo``
@@ -29,8 +31,9 @@ import torch
 
 from execstate.engine.outputs import Logprob, ScoreOutput
 from execstate.engine.validation import validate_forced_routes, validate_prompt
-from execstate.model.context import RouteCapture, StepContext
+from execstate.model.context import AttentionBackend, RouteCapture, StepContext
 from execstate.model.dense_attention import DenseCausalAttention
+from execstate.model.device.attention import TritonCausalAttention
 from execstate.model.replay_attention import KernelCausalAttention
 
 if TYPE_CHECKING:
@@ -95,7 +98,13 @@ def _log_softmax(engine: LLMEngine, token_ids: list[int],
     ids = torch.tensor(token_ids, dtype=torch.long, device=dev)
     positions = torch.arange(n, device=dev)
     kernels = engine.model.kernels and engine.kv_pool.k.dtype == torch.float32
-    attention = KernelCausalAttention(n) if kernels else DenseCausalAttention()
+    attention: AttentionBackend
+    if kernels:
+        attention = KernelCausalAttention(n)
+    elif engine.runner.device_runner.triton:  # the engine's own attention kernel (bitwise in deterministic mode)
+        attention = TritonCausalAttention(n, ids.device)
+    else:
+        attention = DenseCausalAttention()
     with StepContext(positions, attention, routes) as ctx:
         hidden = engine.model(ids, ctx)
     logits = engine.model.compute_logits(hidden[:-1]).float()

@@ -30,6 +30,7 @@ from execstate.engine.route_trace import RouteTrace
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.engine.validation import check_prompt_length, validate_logit_bias, validate_sampling
+from execstate.identity.scope import LOCAL_SCOPE, CacheScope
 from execstate.state.block_holds import BlockHolds, HeldBlocks
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class StepRequest:
     routes: RouteTrace | None
     generator: torch.Generator
     priority: int = PRIORITY_INTERACTIVE
-    cache_salt: str | None = None
+    scope: CacheScope = LOCAL_SCOPE
     on_finished: Callable[[Request, RequestOutput], None] | None = None
     grammar: GrammarMatcher | None = None
 
@@ -79,7 +80,7 @@ def build_step_request(step: StepRequest, *, vocab_size: int, max_model_len: int
         raise ValueError("a step carries a grammar matcher exactly when its sampling params constrain the output")
     req = Request(step.request_id, step.token_ids, step.params, max_model_len, priority=step.priority)
     req.keep_blocks = True
-    req.cache_salt = step.cache_salt
+    req.scope = step.scope
     req.routes = step.routes
     req.generator = step.generator
     req.on_finished = step.on_finished

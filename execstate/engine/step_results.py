@@ -9,7 +9,9 @@ Contract of ``StepResults.apply(sched, result, out)`` (``result``: ``ModelRunner
    into the prefix cache with their route records);
 3. the rows that sample draw one token each (``engine/sampler.py``; EOS and stop ids banned
    below ``min_tokens``; constrained rows under ``mask``, the grammar masks computed during the
-   forward pass), appended with its logprobs to the request;
+   forward pass), appended with its logprobs to the request; the sampling itself runs first, on
+   the logits' device, because reading its ids back is the step's one wait on that device (1 and
+   2 read the routes it copied back);
 4. a constrained request's matcher accepts the token (a refused token fails the request with
    ``error`` set; a grammar that is complete stops it, ``"stop"``);
    ``on_new_token`` decides whether it stops; a stopping request goes through ``export``
@@ -58,7 +60,14 @@ class StepResults:
 
     def apply(self, sched: SchedulerOutput, result: StepResult, out: list[RequestOutput],
               mask: TokenMask | None = None) -> None:
+        reqs = [sched.scheduled[i].request for i in result.sample_rows]
+        sampled = None
+        if reqs:  # first: reading the sampled ids is the step's one wait on the device
+            banned = [self._banned(r) for r in reqs]
+            sampled = sample(result.logits, [r.params for r in reqs], [r.generator for r in reqs], banned,
+                             [r.penalty_state for r in reqs], mask, device_algorithms=result.device_step)
         if result.routes is not None:
+            result.wait()  # the route copy is done (free after the sampled ids were read)
             t_r3 = time.perf_counter()
             for s, off in zip(sched.scheduled, result.token_offsets, strict=True):
                 if s.request.routes is not None:
@@ -66,12 +75,8 @@ class StepResults:
             self._r3_clock.add_since(t_r3)
         for s in sched.scheduled:
             self._scheduler.on_computed(s)
-        if not result.sample_rows:
+        if sampled is None:
             return
-        reqs = [sched.scheduled[i].request for i in result.sample_rows]
-        banned = [self._banned(r) for r in reqs]
-        sampled = sample(result.logits, [r.params for r in reqs], [r.generator for r in reqs], banned,
-                         [r.penalty_state for r in reqs], mask)
         now = time.monotonic()
         for j, req in enumerate(reqs):
             req.output_token_ids.append(sampled.token_ids[j])

@@ -27,17 +27,18 @@ class TokenMask:
 def allowed(mask: TokenMask, vocab: int) -> torch.Tensor:
     """bool ``[k, vocab]``: which tokens each constrained row allows."""
     k = mask.bits.shape[0]
-    return ((mask.bits.unsqueeze(-1) >> _SHIFTS) & 1).bool().view(k, -1)[:, :vocab]
+    return ((mask.bits.unsqueeze(-1) >> _SHIFTS.to(mask.bits.device)) & 1).bool().view(k, -1)[:, :vocab]
 
 
 def apply_token_mask(x: torch.Tensor, mask: TokenMask, fallback: torch.Tensor | None = None) -> None:
     """Disallowed tokens of the masked rows of ``x`` ([rows, vocab], in place) become ``-inf``.
     ``fallback`` ([rows, vocab]): the logits to mask instead for a row left with nothing allowed."""
+    if mask.rows.device != x.device:  # the grammar worker builds masks on the host
+        mask = TokenMask(mask.rows.to(x.device, non_blocking=True), mask.bits.to(x.device, non_blocking=True))
     ok = allowed(mask, x.shape[1])
     sub = x.index_select(0, mask.rows).masked_fill_(~ok, float("-inf"))
-    if fallback is not None:
+    if fallback is not None:  # no read-back: the fallback rows are computed and selected on the device
         empty = torch.isneginf(sub).all(dim=-1)
-        if bool(empty.any()):
-            alt = fallback.index_select(0, mask.rows).masked_fill_(~ok, float("-inf"))
-            sub = torch.where(empty[:, None], alt, sub)
+        alt = fallback.index_select(0, mask.rows).masked_fill_(~ok, float("-inf"))
+        sub = torch.where(empty[:, None], alt, sub)
     x.index_copy_(0, mask.rows, sub)

@@ -1,20 +1,24 @@
-"""Block keys: chained, provenance-rooted content hashes of full KV blocks (docs/ARCHITECTURE.md 2).
+"""Byte layouts of every key: roots, blocks and the extra keys of a block.
 
 A block's key is ``H(parent_key, token_ids_of_block, extra)``; the first block's parent is the
-provenance root key, so every key inherits the provenance. A prefix-cache hit requires an equal
-key. All keys are raw 32-byte sha256 digests (:data:`BlockKey`).
+root of the execution's identity (``identity/execution.py``: the only place that builds a root or
+a chain), so every key inherits the whole identity. A prefix-cache hit requires an equal key.
+All keys are raw 32-byte sha256 digests (:data:`BlockKey`).
 
 Byte layout (all integers little-endian; ``u64(x)`` is 8 bytes):
 
-- root:  ``sha256(u64(len(DOMAIN_ROOT)) DOMAIN_ROOT u64(len(enc)) enc)`` with
-  ``enc = prov.encode()``.
+- root:  ``sha256(u64(len(DOMAIN_ROOT)) DOMAIN_ROOT u64(len(enc)) enc)`` with ``enc`` the
+  identity's canonical encoding (:func:`root_from_encoding`).
 - block: ``sha256(u64(len(DOMAIN_BLOCK)) DOMAIN_BLOCK parent[32] u64(n) tok[0..n) as int64 X)``
   where ``X = 0x00`` when ``extra is None`` and ``X = 0x01 u64(len(extra)) extra`` otherwise,
   so an absent extra and an empty one give different keys.
+- forced routes (the extra of a block whose routes a request forces, :func:`routes_extra`):
+  ``sha256(u64(len(DOMAIN_ROUTES)) DOMAIN_ROUTES u64(rows) u64(layers) u64(top_k) r as int64)``
+  over the block's rows ``r`` (``[rows, layers, top_k]``, C order).
 
 Never Python ``hash()``: keys are equal across processes, machines and ``PYTHONHASHSEED`` values.
-Changing this layout changes every key; ``tests/identity/test_provenance_keys.py`` pins a golden
-value so it cannot change by accident.
+Changing a layout changes every key; ``tests/identity/`` pins golden values against a second
+implementation so it cannot change by accident.
 """
 
 from __future__ import annotations
@@ -27,14 +31,13 @@ from typing import NewType
 
 import numpy as np
 
-from execstate.identity.provenance import Provenance
-
 BlockKey = NewType("BlockKey", bytes)
 """32-byte sha256 digest identifying one full block (and, transitively, its whole prefix)."""
 
 KEY_BYTES = 32
 DOMAIN_BLOCK = b"execstate/v1/block"
-DOMAIN_ROOT = b"execstate/v1/root"
+DOMAIN_ROOT = b"execstate/v2/root"
+DOMAIN_ROUTES = b"execstate/v1/forced-routes"
 
 _INT64_MAX = np.iinfo(np.int64).max
 _NO_EXTRA = b"\x00"
@@ -54,6 +57,7 @@ def _domain_hasher(domain: bytes) -> hashlib._Hash:
 
 _ROOT_HASHER = _domain_hasher(DOMAIN_ROOT)
 _BLOCK_HASHER = _domain_hasher(DOMAIN_BLOCK)
+_ROUTES_HASHER = _domain_hasher(DOMAIN_ROUTES)
 
 
 def _pack_tokens(token_ids: Sequence[int] | np.ndarray) -> bytes:
@@ -96,13 +100,24 @@ def _hash_block(
     return BlockKey(h.digest())
 
 
-def root_key(prov: Provenance) -> BlockKey:
-    """Parent key of a sequence's first block: a digest of ``prov``'s canonical encoding."""
-    enc = prov.encode()
+def root_from_encoding(encoding: bytes) -> BlockKey:
+    """The root key of an identity whose canonical encoding is ``encoding``."""
     h = _ROOT_HASHER.copy()
-    h.update(_u64(len(enc)))
-    h.update(enc)
+    h.update(_u64(len(encoding)))
+    h.update(encoding)
     return BlockKey(h.digest())
+
+
+def routes_extra(rows: np.ndarray) -> bytes:
+    """The extra key of a block whose routes are forced: a digest of its ``[rows, layers, top_k]``
+    route rows (module docstring). ``ValueError`` unless ``rows`` is a 3-D integer array."""
+    if not isinstance(rows, np.ndarray) or rows.ndim != 3 or rows.dtype.kind not in "iu":
+        raise ValueError(f"forced route rows must be a 3-D integer array, got {getattr(rows, 'shape', rows)!r}")
+    h = _ROUTES_HASHER.copy()
+    for dim in rows.shape:
+        h.update(_u64(dim))
+    h.update(np.ascontiguousarray(rows, dtype="<i8").tobytes())
+    return h.digest()
 
 
 def block_key(
@@ -121,42 +136,3 @@ def block_key(
     if extra is not None and not isinstance(extra, bytes):
         raise TypeError(f"extra must be bytes or None, got {type(extra).__name__}")
     return _hash_block(parent, len(packed) // 8, packed, extra)
-
-
-def chain_keys(
-    prov: Provenance,
-    token_ids: Sequence[int] | np.ndarray,
-    block_size: int,
-    extras: Sequence[bytes | None] | None = None,
-) -> list[BlockKey]:
-    """Keys of the full blocks of ``token_ids`` (a trailing partial block gets no key).
-
-    ``keys[i] == block_key(keys[i - 1], token_ids[i*bs:(i+1)*bs], extras[i])`` with
-    ``keys[-1]`` read as ``root_key(prov)``. ``extras``, when given, has one entry per block:
-    either one per full block, or one per block including the partial tail (whose entry is
-    ignored); any other length raises ``ValueError``. Keys of a prefix are a prefix of the keys.
-    """
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    packed = _pack_tokens(token_ids)
-    n_tokens = len(packed) // 8
-    n_full = n_tokens // block_size
-    if extras is not None:
-        n_blocks = -(-n_tokens // block_size)
-        if len(extras) not in (n_full, n_blocks):
-            raise ValueError(
-                f"extras has {len(extras)} entries; expected {n_full} (full blocks) or {n_blocks}"
-            )
-        for i in range(n_full):
-            if extras[i] is not None and not isinstance(extras[i], bytes):
-                raise TypeError(f"extras[{i}] must be bytes or None, got {type(extras[i]).__name__}")
-    view = memoryview(packed)
-    step = block_size * 8
-    parent = root_key(prov)
-    keys: list[BlockKey] = []
-    for i in range(n_full):
-        parent = _hash_block(
-            parent, block_size, view[i * step : (i + 1) * step], None if extras is None else extras[i]
-        )
-        keys.append(parent)
-    return keys

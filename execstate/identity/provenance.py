@@ -1,18 +1,19 @@
-"""Provenance: the identity of the execution that produces state (docs/ARCHITECTURE.md 2).
+"""Provenance: what an engine computes with (the engine-wide half of an execution's identity).
 
-A :class:`Provenance` names everything besides the tokens that determines the bytes of a KV
-block and its route record: the model, the exact weights, the dtype, the numerics mode, the MoE
-route mode and the tenant's cache salt. Its canonical encoding is the root of every block key
-(:func:`execstate.identity.keys.root_key`), so changing any field changes every key derived from
-it, and state computed under one provenance can never hit a request running under another.
+A :class:`Provenance` names everything about the engine that determines the bytes of a KV block
+and its route record besides the tokens: the model, the exact weights, the dtype and the
+numerics, which names the device and the kernel family (``eager+cpu-avx2-v1``,
+``eager+cpu-torch-v1``, ``eager+cuda-sm90-triton-v1``): the same arithmetic on another device or
+with other kernels rounds differently, so its state is another execution's. The request-level half
+(route mode, tenant scope, salt) joins it in :class:`execstate.identity.execution.ExecutionIdentity`,
+the one value every key is derived from.
 
 Contracts:
 
 - The encoding is canonical and versioned: UTF-8 JSON with sorted keys, fixed separators, no
   whitespace, no floats, and a ``"v"`` format version. Equal provenances give equal bytes on every
   process and machine; nothing depends on ``PYTHONHASHSEED`` or dict order.
-- ``cache_salt=None`` means "no salt" and encodes as JSON ``null``; an empty salt is rejected so
-  that "absent" has exactly one spelling.
+- ``numerics`` is ``<mode>+<kernel family>``: the family is never implied.
 - Instances are immutable and validated on construction (``ValueError`` / ``TypeError``).
 """
 
@@ -24,11 +25,26 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-ENCODING_VERSION = 1
+ENCODING_VERSION = 2
 DOMAIN_PROVENANCE = b"execstate/v1/provenance"
 NUMERICS_MODES = ("eager", "compiled")
 _KERNEL_SET_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-.")
-ROUTE_MODES = ("free", "replayed")
+MAX_FIELD_CHARS = 512
+
+
+def numerics_id(mode: str, kernel_family: str) -> str:
+    """The numerics field for ``mode`` (``eager`` | ``compiled``) on ``kernel_family``
+    (e.g. ``cpu-avx2-v1``, ``cuda-sm90-triton-v1``); validated like a :class:`Provenance` field."""
+    value = f"{mode}+{kernel_family}"
+    _check_numerics(value)
+    return value
+
+
+def _check_numerics(value: str) -> None:
+    mode, plus, family = value.partition("+")
+    if mode not in NUMERICS_MODES or not plus or not family or not set(family) <= _KERNEL_SET_CHARS:
+        raise ValueError(f"Provenance.numerics must be '<mode>+<kernel family>' with mode one of {NUMERICS_MODES} "
+                         f"and the family in [a-z0-9.-] (e.g. 'eager+cpu-torch-v1'), got {value!r}")
 
 
 def _check_utf8(name: str, value: str) -> None:
@@ -40,50 +56,30 @@ def _check_utf8(name: str, value: str) -> None:
 
 @dataclass(frozen=True)
 class Provenance:
-    """Identity of an execution; see the module docstring for the encoding contract.
+    """What an engine computes with; see the module docstring for the encoding contract.
 
     Fields:
         model_id: the model's name or path as loaded (e.g. ``"Qwen/Qwen3-30B-A3B"``).
         weights_version: digest of the loaded tensors (64 hex digits), or ``"user:<version>"``
             when a trainer supplied the version of an update; re-bound on every weight update.
         dtype: compute dtype name (e.g. ``"bfloat16"``).
-        numerics: ``"eager"`` or ``"compiled"``, optionally ``+<kernel set>`` when custom
-            kernels replace some torch ops (e.g. ``"eager+cpu-avx2-v1"``): they round
-            differently, so their state must not be mixed with torch-only state.
-        route_mode: ``"free"`` (router picks top-k) or ``"replayed"`` (routes given).
-        cache_salt: tenant isolation salt, ``None`` when the cache is shared (the engine-wide
-            salt, or a request's own, which replaces it in that request's root).
+        numerics: ``<mode>+<kernel family>`` (:func:`numerics_id`), e.g. ``"eager+cpu-avx2-v1"``.
     """
 
     model_id: str
     weights_version: str
     dtype: str
     numerics: str
-    route_mode: str
-    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("model_id", "weights_version", "dtype", "numerics", "route_mode"):
+        for name in ("model_id", "weights_version", "dtype", "numerics"):
             value = getattr(self, name)
             if not isinstance(value, str):
                 raise TypeError(f"Provenance.{name} must be str, got {type(value).__name__}")
-            if not value:
-                raise ValueError(f"Provenance.{name} must be non-empty")
+            if not value or len(value) > MAX_FIELD_CHARS:
+                raise ValueError(f"Provenance.{name} must be 1-{MAX_FIELD_CHARS} characters, got {len(value)}")
             _check_utf8(name, value)
-        mode, plus, kernel_set = self.numerics.partition("+")
-        if mode not in NUMERICS_MODES or (plus and not (kernel_set and set(kernel_set) <= _KERNEL_SET_CHARS)):
-            raise ValueError(f"Provenance.numerics must be one of {NUMERICS_MODES}, optionally followed by "
-                             f"'+<kernel set>' ([a-z0-9.-]), got {self.numerics!r}")
-        if self.route_mode not in ROUTE_MODES:
-            raise ValueError(f"Provenance.route_mode must be one of {ROUTE_MODES}, got {self.route_mode!r}")
-        if self.cache_salt is not None:
-            if not isinstance(self.cache_salt, str):
-                raise TypeError(
-                    f"Provenance.cache_salt must be str or None, got {type(self.cache_salt).__name__}"
-                )
-            if not self.cache_salt:
-                raise ValueError("Provenance.cache_salt must be None (no salt) or a non-empty string")
-            _check_utf8("cache_salt", self.cache_salt)
+        _check_numerics(self.numerics)
 
     def encode(self) -> bytes:
         """Canonical bytes of this provenance (format version ``ENCODING_VERSION``)."""

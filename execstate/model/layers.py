@@ -34,8 +34,13 @@ class Linear(nn.Linear):
 
     use_kernels: bool = False
     weight_format: WeightFormat | None = None  # a kernel format of its own (model/weight_formats.py)
+    batch_invariant: bool = False  # the deterministic GPU mode's matmul (model/gpu_path.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.batch_invariant:
+            from execstate.kernels.gpu.grouped_mm import linear
+
+            return linear(x, self.weight, self.bias)
         if self.weight_format is not None:  # bf16 arithmetic, GGUF blocks: always the format's kernel
             y = formats.linear(x, self.weight, self.weight_format)
             return y if self.bias is None else y.add_(self.bias)
@@ -53,6 +58,7 @@ class RMSNorm(nn.Module):
     """``weight * (x / rms(x))`` over the last dim, computed in fp32, returned in ``x.dtype``."""
 
     use_kernels: bool = False  # fused C kernel for 2-D fp32 rows (CausalLM.use_cpu_kernels)
+    batch_invariant: bool = False  # the deterministic GPU mode's row kernel (model/gpu_path.py)
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -60,6 +66,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.batch_invariant:
+            from execstate.kernels.gpu.rows import rms_norm
+
+            return rms_norm(x, self.weight, self.eps)
         if self.use_kernels and cpu_kernels.use_rows(x):
             return cpu_kernels.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype

@@ -33,6 +33,7 @@ from execstate.kernels import formats
 from execstate.kernels.weight_format import WeightFormat
 from execstate.model.config import MIXTRAL, ModelConfig
 from execstate.model.context import StepContext
+from execstate.model.device.moe_dispatch import experts_grouped, fits_torch_grouped_mm
 from execstate.model.layers import GatedMLP, Linear
 
 
@@ -40,12 +41,15 @@ class SparseMoE(nn.Module):
     """The MoE MLP of one decoder layer; ``moe_index`` is its index among MoE layers.
 
     ``forward(x [T, H], ctx) -> [T, H]``. Side effect: records this layer's routes in
-    ``ctx.routes`` when set. Host syncs: exactly one (the per-expert token counts).
+    ``ctx.routes`` when set. Host syncs: none on torch ops where ``torch._grouped_mm`` fits the
+    shapes or Triton runs (``model/device/moe_dispatch.py``); else one (the per-expert counts).
     Deterministic on every device: no atomics (each token's k expert outputs are written
     to their own slot, then summed over k in slot order).
     """
 
     use_kernels: bool = False  # fused CPU kernel for few-token steps (CausalLM.use_cpu_kernels)
+    triton: bool = False  # the experts' grouped GEMM in Triton (model/device/moe_dispatch.py)
+    batch_invariant: bool = False  # the router's softmax on the row kernel (model/gpu_path.py)
     weight_format: WeightFormat | None = None  # the experts' kernel format (model/weight_formats.py)
 
     def __init__(self, config: ModelConfig, moe_index: int) -> None:
@@ -71,7 +75,12 @@ class SparseMoE(nn.Module):
         ``logits``: ``self.router(x)`` when the caller has it already (the whole-layer decode path)."""
         if logits is None:
             logits = self.router(x)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        if self.batch_invariant:
+            from execstate.kernels.gpu.rows import softmax
+
+            probs = softmax(logits)
+        else:
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         routes = ctx.routes
         if routes is not None:
@@ -93,7 +102,9 @@ class SparseMoE(nn.Module):
 
         With ``use_kernels`` and a step ``cpu_kernels.use_moe`` accepts (fp32, few tokens), the
         fused C kernel computes the same sum (same slot order, fp32 rounding differs) in one
-        call; otherwise experts run one torch GEMM pair each. With bf16 weights and fp32 ``x``
+        call; otherwise the experts run as grouped GEMMs over expert-sorted tokens with no host
+        read (``experts_grouped``), or, where neither ``torch._grouped_mm`` nor Triton fits, one
+        torch GEMM pair each (``experts_torch``, one host read). With bf16 weights and fp32 ``x``
         (``model/bf16_weights.py``) the kernel is ``moe_bf16`` (any token count on AVX-512), and
         the torch path runs the experts in bf16 (torch's bf16 GEMM) and returns fp32. A
         ``weight_format`` (bf16 arithmetic, GGUF blocks) takes that format's fused kernel.
@@ -109,6 +120,8 @@ class SparseMoE(nn.Module):
                                             self.w_down)
             w_dtype = self.w_gate_up.dtype
             return experts_torch(x.to(w_dtype), ids, weights.to(w_dtype), self.w_gate_up, self.w_down).to(x.dtype)
+        if self.triton or fits_torch_grouped_mm(x, self.w_gate_up, self.w_down):  # no host read
+            return experts_grouped(x, ids, weights, self.w_gate_up, self.w_down, self.triton)
         return experts_torch(x, ids, weights, self.w_gate_up, self.w_down)
 
     def forward(self, x: torch.Tensor, ctx: StepContext, logits: torch.Tensor | None = None) -> torch.Tensor:

@@ -51,6 +51,7 @@ class CausalLM(nn.Module):
         self.kernels = False
         self.head_format: WeightFormat | None = None  # the LM head's kernel format (model/weight_formats.py)
         self._decode_weights: DecodeWeights | None = None  # decode_path's checked weights, built on first use
+        self.batch_invariant = False  # the LM head on the deterministic GPU mode's matmul (model/device/)
         self.requires_grad_(False)
 
     def use_cpu_kernels(self, enabled: bool) -> None:
@@ -121,6 +122,10 @@ class CausalLM(nn.Module):
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         if self.head_format is not None:
             return formats.linear(hidden, weight, self.head_format)
+        if self.batch_invariant:
+            from execstate.kernels.gpu.grouped_mm import linear
+
+            return linear(hidden, weight).float()
         bf16 = weight.dtype is not hidden.dtype  # bf16 weights, fp32 activations (model/bf16_weights.py)
         if self.kernels:
             logits = cpu_kernels.linear_bf16_if_small(hidden, weight) if bf16 else cpu_kernels.linear_if_small(

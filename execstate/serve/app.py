@@ -42,6 +42,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from execstate.agent.backend import TaskLimits
 from execstate.engine.async_engine import AsyncEngine, EngineDeadError
+from execstate.identity.scope import PrefixSharing
 from execstate.serve.auth import APIKeyMiddleware
 from execstate.serve.body_limit import BodySizeLimitMiddleware
 from execstate.serve.context import ServeContext
@@ -119,6 +120,7 @@ def build_app(
     sessions: AsyncSessions | None = None,
     keys: KeyRing | None = None,
     policy: SessionPolicy | None = None,
+    sharing: PrefixSharing | None = None,
     migration_targets: MigrationTargets | list[str] | None = None,
     migration_skew_s: float = DEFAULT_SKEW_S,
     agent_task_limits: TaskLimits | None = None,
@@ -132,8 +134,10 @@ def build_app(
     ``agent_back_engine`` serves the back-end model of ``/v1/realtime/agent`` agents (``realtime/agent/``;
     default: ``async_engine`` at batch priority); ``sessions``: the engine's ``AsyncSessions`` when
     another app already serves sessions on ``async_engine`` (an engine has one), else a new one.
-    ``keys`` (or ``api_key``: one key, tenant ``default``), ``policy`` (default ``serve_policy()``)
-    and ``migration_targets``: the module docstring's trust settings; ``migration_skew_s``: the clock
+    ``keys`` (or ``api_key``: one key, tenant ``default``), ``policy`` (default ``serve_policy()``),
+    ``sharing`` (the operator's shared prefix groups; default: each tenant's cache is its own; a
+    shared ``sessions`` must have been built with the same) and ``migration_targets``: the module
+    docstring's trust settings; ``migration_skew_s``: the clock
     skew allowed between instances (a hand-over's nonce is remembered this long past its expiry,
     and a source resumes an unconfirmed hand-over only this long after it); ``agent_task_limits``:
     each agent's back-end bounds (tool timeout, tasks at once); ``voice_engines`` builds the audio
@@ -145,7 +149,8 @@ def build_app(
     targets = migration_targets if isinstance(migration_targets, MigrationTargets) else \
         MigrationTargets.parse(migration_targets)
     ctx = ServeContext(async_engine, served_model_name, metrics or ServingMetrics(), kv_transfer_config, limits,
-                       handoff_trust=handoff_trust, shared_sessions=sessions, policy=policy)
+                       handoff_trust=handoff_trust, shared_sessions=sessions, policy=policy,
+                       sharing=sharing or PrefixSharing())
     tenant_metrics = TenantMetrics(ctx.metrics.registry, policy.quotas)
     swept: list[IncomingHandovers] = []
     app = FastAPI(title="execstate", docs_url=None, redoc_url=None, openapi_url=None,

@@ -15,9 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import InitVar, dataclass, field
 from typing import Any, TypeVar
 
+from starlette.requests import Request
+
 from execstate.engine.async_engine import Admission, AsyncEngine, EngineDeadError, EngineOverloadedError
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.validation import validate_sampling
+from execstate.identity.scope import CacheScope, PrefixSharing
+from execstate.serve.auth import scope_tenant
 from execstate.serve.errors import OpenAIError, bad_request, param_of
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
@@ -54,9 +58,15 @@ class ServeContext:
     sessions: AsyncSessions = field(init=False)  # the engine's LM sessions, shared by every surface
     shared_sessions: InitVar[AsyncSessions | None] = None  # the engine's, when another app serves it too
     policy: InitVar[SessionPolicy | None] = None  # bounds on the sessions (idle expiry, quotas, checkpoints)
+    sharing: PrefixSharing = field(default_factory=PrefixSharing)  # the operator's shared prefix groups
 
     def __post_init__(self, shared_sessions: AsyncSessions | None, policy: SessionPolicy | None) -> None:
-        object.__setattr__(self, "sessions", shared_sessions or AsyncSessions(self.engine, policy))
+        object.__setattr__(self, "sessions", shared_sessions or AsyncSessions(self.engine, policy, self.sharing))
+
+    def scope_of(self, raw: Request, cache_salt: object = None) -> CacheScope:
+        """The cache scope of a request: the caller's tenant (from its API key) under the operator's
+        sharing groups, narrowed by the body's ``cache_salt`` (``ValueError`` naming a bad one)."""
+        return self.sharing.scope(scope_tenant(raw.scope), cache_salt)
 
     def check_request(self, model: str) -> None:
         """404 unless ``model`` is the served name; 503 if the engine is dead."""

@@ -25,6 +25,15 @@ MIN_KEY_CHARS = 8
 MAX_KEY_CHARS = 512
 
 
+BEARER = "bearer "
+
+
+def bearer_key(authorization: str | None) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` header (None without one)."""
+    given = authorization or ""
+    return given[len(BEARER):] if given[:len(BEARER)].lower() == BEARER else None
+
+
 def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 

@@ -40,6 +40,7 @@ from execstate.agent.backend import TaskLimits
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
+from execstate.identity.scope import PrefixSharing
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import ServingMetrics
@@ -212,6 +213,7 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
     kv_cfg = KVTransferConfig.from_json(args.kv_transfer_config) if args.kv_transfer_config else None
     limits = limits_from_args(args)
     keys, policy = keys_from_args(args), policy_from_args(args)  # bad keys or targets fail before the model loads
+    sharing = PrefixSharing.parse(getattr(args, "shared_prefix_group", None) or [])
     from execstate.serve.sessions.targets import MigrationTargets
 
     targets = MigrationTargets.parse(getattr(args, "migration_targets", None))
@@ -236,6 +238,7 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
             agent_back_engine=back_engine,
             keys=keys,
             policy=policy,
+            sharing=sharing,
             migration_targets=targets,
             migration_skew_s=getattr(args, "migration_skew_s", 30.0),
             agent_task_limits=TaskLimits(args.agent_tool_timeout_s, args.agent_max_tasks),
@@ -250,7 +253,7 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
         install_landing(app)  # after every surface: it lists them
         elapsed = time.perf_counter() - t0  # read on the engine thread, the engine's only user:
         async_engine.call(lambda engine: log_startup(StartupInfo(engine, args, kv_cfg, elapsed, limits, keys, policy,
-                                                                 targets.describe())))
+                                                                 targets.describe(), sharing)))
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                                                ws_max_size=MAX_FRAME_BYTES))
         return serve_until_engine_dies(server, async_engine)

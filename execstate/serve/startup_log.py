@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from execstate.identity.scope import PrefixSharing
 from execstate.kernels import cpu as cpu_kernels
 from execstate.serve.limits import ServingLimits, option_name
 
@@ -41,6 +42,7 @@ class StartupInfo:
     keys: KeyRing | None = None  # the API keys' tenants (None: not given)
     policy: SessionPolicy | None = None  # idle expiry, checkpoints per session, quotas
     migration_targets: tuple[str, ...] = ()  # where sessions may migrate (``MigrationTargets.describe()``)
+    sharing: PrefixSharing | None = None  # the operator's shared prefix groups
 
 OPEN_WARNING = ("NO API KEY: this server is open. Anyone who can reach it can use, read and close every "
                 "session; give --api-key or --api-keys-file (docs/security.md)")
@@ -164,7 +166,34 @@ def offload_line(i: StartupInfo) -> str:
         url = cfg.offload_redis_url
         parts.append(f"redis {url.split('://', 1)[0]}://{url.rsplit('@', 1)[-1].split('://', 1)[-1]}")
     parts.append(f"policy {cfg.offload_policy}, timeout {cfg.offload_timeout_s:g} s")
+    parts.append("units signed with the shared secret" if off.shared_ring is not None else
+                 "units signed with a per-process key (readable by this process only)")
     return ", ".join(parts)
+
+
+def identity_line(i: StartupInfo) -> str:
+    """What the cache identity holds, and who shares a cache partition."""
+    p = i.engine.provenance
+    groups: dict[str, list[str]] = {}
+    for tenant, group in (i.sharing.groups.items() if i.sharing is not None else ()):
+        groups.setdefault(group, []).append(tenant)
+    shared = "; ".join(f"group {g} shares one cache: {', '.join(sorted(t))}" for g, t in sorted(groups.items()))
+    return (f"numerics {p.numerics}; each tenant's prefix cache is its own"
+            + (f" ({shared})" if shared else ""))
+
+
+def kv_events_line(i: StartupInfo) -> str:
+    """Where the KV events feed is, who can read it and what it tells."""
+    ev = i.engine.kv_events
+    if ev is None:
+        return "off"
+    pub = ev.publisher
+    where = pub.endpoint + (f", replay {pub.replay_endpoint}" if pub.replay_endpoint else "")
+    access = "CURVE, keys of the shared secret" if pub.secured else "loopback only"
+    tokens = ("TOKEN IDS INCLUDED: subscribers learn what tenants asked (include_token_ids)"
+              if ev.include_token_ids else "block keys only, no token ids")
+    excluded = f"; tenants left out: {', '.join(sorted(ev.exclude_tenants))}" if ev.exclude_tenants else ""
+    return f"{where} ({access}); {tokens}{excluded}"
 
 
 def sessions_line(info: StartupInfo) -> str:
@@ -201,6 +230,8 @@ FIELDS: list[tuple[str, Callable[[StartupInfo], str]]] = [
     ("max_num_batched_tokens", lambda i: str(i.engine.config.max_num_batched_tokens)),
     ("prefix caching", lambda i: "on" if i.engine.config.enable_prefix_caching else "off"),
     ("offload tiers", offload_line),
+    ("identity", identity_line),
+    ("KV events", kv_events_line),
     ("weights version", lambda i: i.engine.provenance.weights_version),
     ("waiting queue", waiting_line),
     ("request limits", limits_line),
@@ -236,3 +267,7 @@ def log_startup(info: StartupInfo) -> None:
     log.info("%s", format_startup(info))
     if info.keys is not None and info.keys.open:
         log.warning("%s", OPEN_WARNING)
+    ev = info.engine.kv_events
+    if ev is not None and ev.include_token_ids:
+        log.warning("KV events carry token ids (include_token_ids): every subscriber of %s can read the prompts "
+                    "of every tenant not in exclude_tenants", ev.publisher.endpoint)

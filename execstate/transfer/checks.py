@@ -1,12 +1,12 @@
 """Checks every move of state passes before it is committed (docs/ARCHITECTURE.md 5: handshake, commit).
 
 - :func:`check_compatible`: the handshake; two instances may exchange state only if they agree
-  on format version, provenance (weights version, model, dtype, numerics, route mode, salt), KV
+  on format version, provenance (weights version, model, dtype, numerics), KV
   layout, bulk transport and, when routes are needed, both capture routes in the same format.
 - :func:`verify_manifest`: a received manifest is for the transfer and epoch the receiver asked
   for, lists exactly the keys the receiver computed itself from its own provenance and tokens, and
   is internally consistent (counts, sizes, route record lengths).
-- :func:`block_checksum`: sha256 of one block's KV bytes, the per-unit integrity check computed by
+- :func:`block_checksum`: the checksum (BLAKE3) of one block's KV bytes, the per-unit integrity check computed by
   the source at export and recomputed by the receiver on the bytes it received.
 
 Every failure raises :class:`TransferError` whose code and message name the mismatch.
@@ -14,13 +14,13 @@ Every failure raises :class:`TransferError` whose code and message name the mism
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from concurrent.futures import Executor
 
 import numpy as np
 import torch
 
+from execstate.identity.checksum import checksum_parts
 from execstate.identity.keys import BlockKey
 from execstate.state.kv_pool import KVPool
 from execstate.transfer.errors import ErrorCode, TransferError
@@ -51,10 +51,11 @@ def _byte_view(t: torch.Tensor) -> np.ndarray:
 
 
 def block_checksums(pool: KVPool, block_ids: Sequence[int], executor: Executor | None = None) -> list[bytes]:
-    """sha256 of each block's KV bytes: K then V of layer 0, K then V of layer 1, ...
+    """The checksum (``identity/checksum.py``) of each block's KV bytes: K then V of layer 0, K
+    then V of layer 1, ... (the order an offload unit's ``kv_checksum`` covers too).
 
     Zero-copy: hashes views of the pool. The order is the order of ``Manifest.block_addrs``.
-    With ``executor`` the blocks are hashed in parallel chunks (hashlib releases the GIL on large
+    With ``executor`` the blocks are hashed in parallel chunks (BLAKE3 releases the GIL on large
     buffers); the result is the same. ``ValueError`` for an out-of-range block id.
     """
     for b in block_ids:
@@ -66,11 +67,10 @@ def block_checksums(pool: KVPool, block_ids: Sequence[int], executor: Executor |
     def run(ids: Sequence[int]) -> list[bytes]:
         out: list[bytes] = []
         for b in ids:
-            h = hashlib.sha256()
+            parts = []
             for layer in range(pool.num_layers):
-                h.update(k[layer, b * bs : (b + 1) * bs])
-                h.update(v[layer, b * bs : (b + 1) * bs])
-            out.append(h.digest())
+                parts += (k[layer, b * bs : (b + 1) * bs], v[layer, b * bs : (b + 1) * bs])
+            out.append(checksum_parts(parts))
         return out
 
     if executor is None or len(block_ids) < 2 * _PARALLEL_CHUNK:
@@ -80,7 +80,7 @@ def block_checksums(pool: KVPool, block_ids: Sequence[int], executor: Executor |
 
 
 def block_checksum(pool: KVPool, block_id: int) -> bytes:
-    """sha256 of one block's KV bytes (see :func:`block_checksums`)."""
+    """The checksum of one block's KV bytes (see :func:`block_checksums`)."""
     return block_checksums(pool, [block_id])[0]
 
 

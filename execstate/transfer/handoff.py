@@ -18,29 +18,23 @@ address a client invented, so it accepts a handoff only when
    its own list, never the one in the JSON.
 
 Anything else raises :class:`HandoffError` (a ``ValueError``: a 400 over HTTP, decided before the
-request reaches the engine). The secret comes from a config value or the environment variable
-``EXECSTATE_KV_SECRET`` (:func:`resolve_secret`); it must be at least 16 bytes. Rotation
-(``transfer/secrets.py``): a :class:`HandoffTrust` holds a ``SecretRing``, so during a rotation a
-handoff signed with the previous secret (``EXECSTATE_KV_SECRET_PREVIOUS``) is still accepted;
-P signs with the current one.
+request reaches the engine). Signing and checking go through the project's one
+``SecretRing`` (``identity/secret_ring.py``: a config value or ``EXECSTATE_KV_SECRET``, at least
+16 bytes): during a rotation a handoff signed with the previous secret
+(``EXECSTATE_KV_SECRET_PREVIOUS``) is still accepted; P signs with the current one.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
-import os
 import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from execstate.transfer.secrets import SecretRing
+from execstate.identity.secret_ring import SECRET_ENV, SecretRing
 
-SECRET_ENV = "EXECSTATE_KV_SECRET"
-MIN_SECRET_BYTES = 16
 DOMAIN = b"execstate/v1/handoff\x00"
 _ADDR = re.compile(r"^tcp://[A-Za-z0-9.\-]+:[0-9]{1,5}$|^tcp://\[[0-9A-Fa-f:.]+\]:[0-9]{1,5}$")
 _MAX_ID = 256
@@ -70,30 +64,15 @@ class Handoff:
         body = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         return DOMAIN + body.encode("ascii")
 
-    def sign(self, secret: bytes) -> str:
-        return hmac.new(secret, self.canonical(), hashlib.sha256).hexdigest()
+    def sign(self, ring: SecretRing) -> str:
+        return ring.sign(b"", self.canonical())  # canonical() starts with the domain tag
 
-    def to_params(self, secret: bytes | None) -> dict[str, Any]:
-        """The JSON ``kv_transfer_params`` P returns (signed when it has a secret)."""
+    def to_params(self, ring: SecretRing | None) -> dict[str, Any]:
+        """The JSON ``kv_transfer_params`` P returns (signed when it has a ring)."""
         params: dict[str, Any] = {"do_remote_prefill": True, "do_remote_decode": False, **asdict(self)}
-        if secret is not None:
-            params["signature"] = self.sign(secret)
+        if ring is not None:
+            params["signature"] = self.sign(ring)
         return params
-
-
-def resolve_secret(value: str | bytes | None) -> bytes | None:
-    """The shared secret: ``value`` if given, else ``$EXECSTATE_KV_SECRET``, else ``None``.
-
-    Raises ``ValueError`` for a secret shorter than 16 bytes.
-    """
-    if value is None:
-        value = os.environ.get(SECRET_ENV) or None
-    if value is None:
-        return None
-    raw = value.encode() if isinstance(value, str) else bytes(value)
-    if len(raw) < MIN_SECRET_BYTES:
-        raise ValueError(f"the KV handoff secret must be at least {MIN_SECRET_BYTES} bytes, got {len(raw)}")
-    return raw
 
 
 def check_allow_list(allowed: Mapping[str, str] | None) -> dict[str, str]:
@@ -145,15 +124,14 @@ class HandoffTrust:
     ``block_size``: when set, a handoff for another block size is refused (D's own).
     """
 
-    secret: SecretRing | bytes | None = field(default=None, repr=False)
+    secret: SecretRing | None = field(default=None, repr=False)
     allowed: Mapping[str, str] = field(default_factory=dict)
     block_size: int | None = None
     clock: Callable[[], float] = time.time
 
     def _verifies(self, h: Handoff, signature: object) -> bool:
-        ring = self.secret if isinstance(self.secret, SecretRing) or self.secret is None else SecretRing(self.secret)
-        assert ring is not None
-        return ring.verify(b"", h.canonical(), signature)  # canonical() starts with the domain tag
+        assert self.secret is not None
+        return self.secret.verify(b"", h.canonical(), signature)  # canonical() starts with the domain tag
 
     def accept(self, params: Mapping[str, Any]) -> Handoff:
         """The trusted :class:`Handoff` of ``params`` (``do_remote_prefill`` true), or :class:`HandoffError`."""

@@ -1,13 +1,20 @@
 """``KVEventsConfig``: whether and where an engine publishes its KV cache events (docs/fleet.md).
 
-The fields and defaults follow vLLM's ``KVEventsConfig`` (``--kv-events-config`` takes the same
-JSON): ``enable_kv_cache_events`` (off by default), ``publisher`` (``"zmq"``; ``"null"`` records
-nothing), ``endpoint`` (the PUB socket: ``tcp://*:5557``; port 0 picks a free one),
+The fields follow vLLM's ``KVEventsConfig`` (``--kv-events-config`` takes the same JSON):
+``enable_kv_cache_events`` (off by default), ``publisher`` (``"zmq"``; ``"null"`` records
+nothing), ``endpoint`` (the PUB socket: ``tcp://127.0.0.1:5557``, loopback, where vLLM binds
+every interface; port 0 picks a free one; any non-loopback address is served with CURVE keys
+derived from the instances' shared secret, and refused without one: ``kv_events_auth.py``),
 ``replay_endpoint`` (the ROUTER socket a (re)connecting subscriber asks for the batches it missed;
 ``None``: no replay), ``buffer_steps`` (batches kept for replay), ``hwm`` (the PUB socket's
 high-water mark), ``max_queue_size`` (batches waiting for the publisher thread; beyond it the
 queue is dropped and an ``AllBlocksCleared`` published instead, so a subscriber's index only ever
 loses entries, never keeps a block that is gone) and ``topic`` (the first frame of each message).
+
+Two of execstate's own, private by default (a feed must not publish what tenants asked):
+``include_token_ids`` (False: a ``BlockStored`` names block keys, never token ids; True: vLLM's
+token ids too, for an external router that needs them, e.g. llm-d; the start-up log says so) and
+``exclude_tenants`` (tenants whose blocks the feed never mentions).
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
+from execstate.identity.tenant import tenant_id
+
 PUBLISHERS = ("zmq", "null")
 
 
@@ -23,12 +32,14 @@ PUBLISHERS = ("zmq", "null")
 class KVEventsConfig:
     enable_kv_cache_events: bool = False
     publisher: str = "zmq"
-    endpoint: str = "tcp://*:5557"
+    endpoint: str = "tcp://127.0.0.1:5557"
     replay_endpoint: str | None = None
     buffer_steps: int = 10_000
     hwm: int = 100_000
     max_queue_size: int = 100_000
     topic: str = ""
+    include_token_ids: bool = False
+    exclude_tenants: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.publisher not in PUBLISHERS:
@@ -41,6 +52,11 @@ class KVEventsConfig:
             raise ValueError(f"kv events endpoint must be a ZeroMQ address like tcp://*:5557, got {self.endpoint!r}")
         if self.replay_endpoint is not None and "://" not in str(self.replay_endpoint):
             raise ValueError(f"kv events replay_endpoint must be a ZeroMQ address, got {self.replay_endpoint!r}")
+        if not isinstance(self.include_token_ids, bool):
+            raise ValueError(f"kv events include_token_ids must be true or false, got {self.include_token_ids!r}")
+        if isinstance(self.exclude_tenants, str) or not all(isinstance(t, str) for t in self.exclude_tenants):
+            raise ValueError(f"kv events exclude_tenants must be a list of tenant names, got {self.exclude_tenants!r}")
+        object.__setattr__(self, "exclude_tenants", tuple(tenant_id(t) for t in self.exclude_tenants))
 
     @property
     def publishes(self) -> bool:

@@ -13,6 +13,10 @@ Wire (vLLM's ``ZmqEventPublisher`` shape, so its subscribers work unchanged):
   asks for an older one gets the buffered ones after it, and must treat the gap as a reason to
   start over (the publisher's ``AllBlocksCleared`` semantics: drop the index, rebuild).
 
+Access (``kv_events_auth.py``): on loopback the sockets are plain; on any other address both are
+CURVE servers under the instances' shared ring (:class:`~execstate.identity.secret_ring.SecretRing`),
+and without one the constructor refuses with a ``ValueError`` naming the fix.
+
 Threads: :meth:`publish` (any thread, never blocks: a bounded queue) hands batches to the
 publisher's own thread, which owns both sockets, numbers and sends the batches and answers replay
 requests. A full queue is dropped whole and replaced by one ``AllBlocksCleared`` batch, so a
@@ -31,7 +35,9 @@ import time
 
 import zmq
 
+from execstate.identity.secret_ring import SECRET_ENV, SecretRing
 from execstate.state.kv_events import AllBlocksCleared, KVEventBatch, encode_batch
+from execstate.transfer.kv_events_auth import is_loopback, secure_server
 from execstate.transfer.kv_events_config import KVEventsConfig
 
 logger = logging.getLogger("execstate.kv_events")
@@ -47,24 +53,38 @@ class ZmqEventPublisher:
     """Binds the two sockets at construction (``zmq.ZMQError`` if an address is taken) and starts
     its thread. ``endpoint`` / ``replay_endpoint`` are the bound addresses (a port 0 resolved)."""
 
-    def __init__(self, config: KVEventsConfig, data_parallel_rank: int | None = None) -> None:
+    def __init__(self, config: KVEventsConfig, data_parallel_rank: int | None = None,
+                 ring: SecretRing | None = None) -> None:
+        """``ring``: the instances' shared secrets, required for a non-loopback endpoint."""
         self.config = config
+        endpoints = [config.endpoint] + ([config.replay_endpoint] if config.replay_endpoint else [])
+        self.secured = not all(is_loopback(e) for e in endpoints)
+        if self.secured and ring is None:
+            raise ValueError(f"kv events on {', '.join(endpoints)}: a feed reachable from other machines needs "
+                             f"authentication; set the instances' shared secret ({SECRET_ENV}, CURVE keys are "
+                             "derived from it) or bind to 127.0.0.1")
         self.data_parallel_rank = data_parallel_rank
         self._topic = config.topic.encode()
         self._queue: queue.Queue[KVEventBatch | None] = queue.Queue(config.max_queue_size)
         self._buffer: collections.deque[tuple[int, bytes]] = collections.deque(maxlen=config.buffer_steps)
         self._seq = 0
-        self._ctx = zmq.Context.instance()
+        self._ctx = zmq.Context() if self.secured else zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.SNDHWM, config.hwm)
         self._pub.setsockopt(zmq.LINGER, 0)
-        self._pub.bind(config.endpoint)
-        self.endpoint: str = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self._replay: zmq.Socket | None = None
-        self.replay_endpoint: str | None = None
         if config.replay_endpoint is not None:
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.setsockopt(zmq.LINGER, 0)
+        self._auth = None
+        if self.secured:
+            assert ring is not None
+            self._auth = secure_server(self._ctx, [s for s in (self._pub, self._replay) if s is not None], ring)
+        self._pub.bind(config.endpoint)
+        self.endpoint: str = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.replay_endpoint: str | None = None
+        if self._replay is not None:
+            assert config.replay_endpoint is not None
             self._replay.bind(config.replay_endpoint)
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self.num_dropped = 0  # batches dropped because the queue was full
@@ -116,6 +136,9 @@ class ZmqEventPublisher:
         self._pub.close(0)
         if self._replay is not None:
             self._replay.close(0)
+        if self._auth is not None:
+            self._auth.stop()
+            self._ctx.term()
 
     # -- publisher thread -------------------------------------------------------------------------
 

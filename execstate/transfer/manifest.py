@@ -28,11 +28,11 @@ from msgspec import Meta, Struct
 from execstate.identity.keys import KEY_BYTES
 from execstate.transfer.errors import ErrorCode, TransferError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Version of every message and of the checksum/route/address conventions above."""
 
 CHECKSUM_BYTES = 32
-"""sha256 digest size (see :func:`execstate.transfer.checks.block_checksum`)."""
+"""Checksum size (``identity/checksum.py``; see :func:`execstate.transfer.checks.block_checksum`)."""
 
 MAX_BLOCKS = 1 << 16
 """Most blocks one manifest may list (1M tokens at block size 16)."""

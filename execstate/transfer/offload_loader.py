@@ -33,11 +33,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from execstate.identity.checksum import checksum
 from execstate.identity.keys import BlockKey
+from execstate.identity.secret_ring import SecretRing
 from execstate.state.kv_pool import KVPool
 from execstate.state.tiers.host_cache import HostCache
 from execstate.state.tiers.store import UnitStore
-from execstate.state.tiers.unit import UnitFormatError, UnitLayout, UnitRecord, unit_digest, unpack_unit
+from execstate.state.tiers.unit import UnitFormatError, UnitLayout, UnitRecord, unpack_unit
 from execstate.transfer.errors import ErrorCode
 from execstate.transfer.unit_checks import (
     ExpectedUnit,
@@ -99,10 +101,10 @@ class _Stop:
 
 class ReloadWorker:
     def __init__(self, pool: KVPool, host: HostCache | None, stores: Sequence[UnitStore], layout: UnitLayout,
-                 n_experts: int | None, secret: bytes | None, on_result: Callable[[], None] | None = None,
+                 n_experts: int | None, ring: SecretRing, on_result: Callable[[], None] | None = None,
                  hash_threads: int = 2) -> None:
         self.pool, self.host, self.stores = pool, host, list(stores)
-        self.layout, self.n_experts, self.secret = layout, n_experts, secret
+        self.layout, self.n_experts, self.ring = layout, n_experts, ring
         self.on_result = on_result
         self._hash = ThreadPoolExecutor(hash_threads, thread_name_prefix="execstate-offload-hash") \
             if hash_threads > 1 else None
@@ -239,7 +241,7 @@ class ReloadWorker:
                 continue
             f.seconds = time.monotonic() - t0
             if hashed:
-                err = kv_mismatch(f.record, unit_digest(f.kv))
+                err = kv_mismatch(f.record, checksum(f.kv))
                 if err is not None:
                     self._release(f)
                     self._failed(tier, want, err, failures)
@@ -267,7 +269,7 @@ class ReloadWorker:
                 return None
         f = _Fetched(tier, want.key, record, None, kv, 0.0)
         try:
-            verify_record(record, want, self.layout, need_routes, self.secret)
+            verify_record(record, want, self.layout, need_routes, self.ring)
             if need_routes:
                 f.rows = verify_routes(record, routes, self.n_experts)
             if memoryview(kv).nbytes != self.pool.unit_nbytes():
@@ -280,8 +282,8 @@ class ReloadWorker:
 
     def _digests(self, kvs: list) -> list[bytes]:
         if self._hash is None or len(kvs) < 4:
-            return [unit_digest(kv) for kv in kvs]
-        return list(self._hash.map(unit_digest, kvs))
+            return [checksum(kv) for kv in kvs]
+        return list(self._hash.map(checksum, kvs))
 
     @staticmethod
     def _release(f: _Fetched) -> None:

@@ -5,7 +5,7 @@ the offload connector reserves a DRAM slot (``HostCache.reserve``), copies the b
 (``KVPool.export_block``) and :meth:`WriteBackWorker.submit` s a :class:`WriteJob`. Then, on the
 thread ``execstate-offload-write``, per job in submission order:
 
-1. the KV checksum (unit_digest of the slot) and the route checksum are computed and the record built
+1. the KV checksum of the slot and the route checksum are computed and the record built
    and signed (``unit.sign``);
 2. ``HostCache.seal``: the unit is visible in DRAM (when DRAM is a tier);
 3. the blob is ``put`` into each lower tier (disk, Redis) that does not hold the key yet
@@ -33,11 +33,13 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from execstate.identity.checksum import checksum
 from execstate.identity.keys import BlockKey
+from execstate.identity.secret_ring import SecretRing
 from execstate.state.tiers.host_cache import HostCache
 from execstate.state.tiers.pool_units import UnitOrigin
 from execstate.state.tiers.store import UnitStore
-from execstate.state.tiers.unit import FORMAT_VERSION, UnitLayout, UnitRecord, pack_unit, sign, unit_digest
+from execstate.state.tiers.unit import FORMAT_VERSION, UnitLayout, UnitRecord, pack_unit, sign
 
 logger = logging.getLogger("execstate.offload")
 
@@ -56,12 +58,12 @@ class _Stop:
 
 class WriteBackWorker:
     def __init__(self, host: HostCache, stores: Sequence[UnitStore], layout: UnitLayout,
-                 secret: bytes | None, on_drained: Callable[[], object] | None = None) -> None:
+                 ring: SecretRing, on_drained: Callable[[], object] | None = None) -> None:
         self.host = host
         self.on_drained = on_drained
         self.stores = list(stores)
         self.layout = layout
-        self.secret = secret
+        self.ring = ring
         self._jobs: queue.SimpleQueue[WriteJob | _Stop] = queue.SimpleQueue()
         self._idle = threading.Condition()
         self._pending = 0
@@ -108,10 +110,10 @@ class WriteBackWorker:
         o = job.origin
         record = sign(UnitRecord(
             format_version=FORMAT_VERSION, key=job.key, parent=o.parent, root=o.root, token_ids=list(o.token_ids),
-            layout=self.layout, kv_checksum=unit_digest(kv.data),
-            routes_checksum=None if job.routes is None else unit_digest(job.routes),
-            weights_version=o.weights_version,
-        ), self.secret)
+            layout=self.layout, kv_checksum=checksum(kv.data),
+            routes_checksum=None if job.routes is None else checksum(job.routes),
+            weights_version=o.weights_version, tenant=o.tenant,
+        ), self.ring)
         self.host.seal(job.key, record, job.routes)
         parts = None
         for store in self.stores:

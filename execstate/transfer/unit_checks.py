@@ -8,16 +8,17 @@ are in the reader's hands first, so they are checked before a byte reaches the p
 
 Order (all before the unit's KV is copied into the pool):
 
-1. signature (``BAD_SIGNATURE``), when the reader has a secret;
+1. signature (``BAD_SIGNATURE``): every unit is signed (a shared ring, or the writer's
+   per-process key), so a unit another writer made, or re-checksummed, is refused;
 2. format version and layout against the reader's pool and route format (``INCOMPATIBLE``);
 3. identity: the record's provenance root is the reader's for this request (another weights
-   version, numerics, route mode or tenant salt names another root) and its key is the expected
+   version, device, route mode, tenant or salt names another root) and its key is the expected
    key (``KEY_MISMATCH``);
 4. record: its parent and tokens are the expected ones and ``block_key(parent, tokens) == key``
    (``KEY_MISMATCH``);
 5. routes: present when the reader returns routes, their checksum, shape, expert range and no
    duplicate in a row (``CHECKSUM_MISMATCH`` / ``TRUNCATED``);
-6. KV: ``unit_digest`` of the unit's KV bytes equals ``kv_checksum`` (``CHECKSUM_MISMATCH``).
+6. KV: ``checksum`` of the unit's KV bytes equals ``kv_checksum`` (``CHECKSUM_MISMATCH``).
 
 Each failure is a :class:`UnitCheckError` whose ``kind`` (``format``, ``signature``, ``identity``,
 ``record``, ``routes``, ``checksum``) is what the tier metrics and the desync table count.
@@ -29,8 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from execstate.identity.checksum import checksum
 from execstate.identity.keys import BlockKey, block_key
-from execstate.state.tiers.unit import FORMAT_VERSION, UnitLayout, UnitRecord, tag_valid, unit_digest
+from execstate.identity.secret_ring import SecretRing
+from execstate.state.tiers.unit import FORMAT_VERSION, UnitLayout, UnitRecord, tag_valid
 from execstate.transfer.errors import ErrorCode, TransferError
 
 KINDS = ("format", "signature", "identity", "record", "routes", "checksum")
@@ -53,11 +56,12 @@ class ExpectedUnit:
 
 
 def verify_record(record: UnitRecord, want: ExpectedUnit, layout: UnitLayout, need_routes: bool,
-                  secret: bytes | None) -> None:
+                  ring: SecretRing) -> None:
     """Raise :class:`UnitCheckError` unless ``record`` may serve ``want`` (steps 1-4 and the
     presence of routes; module docstring)."""
-    if not tag_valid(record, secret):
-        raise UnitCheckError("signature", ErrorCode.BAD_SIGNATURE, "the unit is not signed with this engine's secret")
+    if not tag_valid(record, ring):
+        raise UnitCheckError("signature", ErrorCode.BAD_SIGNATURE,
+                             "the unit is not signed with a key this engine accepts (another writer, or forged)")
     if record.format_version != FORMAT_VERSION:
         raise UnitCheckError("format", ErrorCode.INCOMPATIBLE,
                              f"unit format {record.format_version}, reader {FORMAT_VERSION}")
@@ -67,8 +71,8 @@ def verify_record(record: UnitRecord, want: ExpectedUnit, layout: UnitLayout, ne
         raise UnitCheckError("format", ErrorCode.INCOMPATIBLE, f"unit layout {record.layout}, pool {layout}")
     if record.root != want.root:
         raise UnitCheckError("identity", ErrorCode.KEY_MISMATCH,
-                             "the unit was computed under another provenance (weights version, numerics, "
-                             f"route mode or tenant salt): root {record.root.hex()[:16]}, "
+                             "the unit was computed under another execution identity (weights version, "
+                             f"numerics, route mode, tenant or salt): root {record.root.hex()[:16]}, "
                              f"expected {want.root.hex()[:16]}")
     if record.key != want.key:
         raise UnitCheckError("identity", ErrorCode.KEY_MISMATCH,
@@ -91,7 +95,7 @@ def verify_routes(record: UnitRecord, routes: bytes | memoryview | None, n_exper
     lay = record.layout
     if routes is None or record.routes_checksum is None or len(routes) != lay.routes_nbytes:
         raise UnitCheckError("routes", ErrorCode.TRUNCATED, "route rows missing or truncated")
-    if unit_digest(routes) != record.routes_checksum:
+    if checksum(routes) != record.routes_checksum:
         raise UnitCheckError("routes", ErrorCode.CHECKSUM_MISMATCH, "route rows differ from the record's checksum")
     rows = np.frombuffer(routes, dtype="<i2").reshape(lay.block_size, lay.route_layers, lay.route_top_k)
     rows = rows.astype(np.int16)
@@ -104,7 +108,7 @@ def verify_routes(record: UnitRecord, routes: bytes | memoryview | None, n_exper
 
 
 def kv_mismatch(record: UnitRecord, digest: bytes) -> UnitCheckError | None:
-    """The error for KV bytes whose ``unit_digest`` is ``digest``, or None when they verify."""
+    """The error for KV bytes whose ``checksum`` is ``digest``, or None when they verify."""
     if digest == record.kv_checksum:
         return None
     return UnitCheckError("checksum", ErrorCode.CHECKSUM_MISMATCH,

@@ -11,7 +11,7 @@ import torch
 import execstate.model.transformer as transformer
 from execstate import LLM, SamplingParams
 from execstate.engine.config import EngineConfig
-from execstate.identity.keys import root_key
+from execstate.identity.execution import ExecutionIdentity
 from execstate.kernels import cpu, gemm_bf16dot
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason=f"kernels unavailable: {cpu.unavailable_reason()}")
@@ -28,7 +28,8 @@ def test_numerics_id_cache_and_batch_invariance(moe_dir) -> None:
     pa, pw = arith.engine.provenance, widened.engine.provenance
     want = "cpu-avx512bf16-v1" if gemm_bf16dot.NATIVE else "cpu-avx2-bf16emu-v1"
     assert (pa.dtype, pa.numerics) == ("bfloat16", f"eager+{want}")
-    assert pa.weights_version == pw.weights_version and root_key(pa) != root_key(pw)  # same bytes, other math
+    # same bytes, other math
+    assert pa.weights_version == pw.weights_version and ExecutionIdentity(pa).root != ExecutionIdentity(pw).root
     assert arith.engine.kv_pool.k.dtype == torch.float32
     prompt = _prompt(7, 45)
     alone = arith.generate({"prompt_token_ids": prompt}, GREEDY, use_tqdm=False)[0].outputs[0]

@@ -11,7 +11,7 @@ from execstate import LLM, SamplingParams
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.pd_connector import PDConfig
-from execstate.identity.keys import chain_keys, root_key
+from execstate.identity.execution import ExecutionIdentity
 from execstate.kernels import cpu
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason=f"kernels unavailable: {cpu.unavailable_reason()}")
@@ -47,13 +47,14 @@ def test_bf16_engine_weights_kv_provenance_and_cache(moe_dir) -> None:
     assert (pb.dtype, pb.numerics) == ("bfloat16", "eager+cpu-avx2-v2-bf16w")
     assert (pf.dtype, pf.numerics) == ("float32", "eager+cpu-avx2-v1")
     assert pb.weights_version != pf.weights_version  # the digest covers the stored (bf16) bytes
-    assert root_key(pb) != root_key(pf)
+    assert ExecutionIdentity(pb).root != ExecutionIdentity(pf).root
     prompt = _prompt(7, 35)
     out_b = bf16.generate({"prompt_token_ids": prompt}, GREEDY, use_tqdm=False)[0]
     out_f = fp32.generate({"prompt_token_ids": prompt}, GREEDY, use_tqdm=False)[0]
     assert len(out_b.outputs[0].token_ids) == 8
     # each engine's cache holds its own keys only
-    for own, other in zip(chain_keys(pb, prompt, 16), chain_keys(pf, prompt, 16), strict=True):
+    keys_b, keys_f = ExecutionIdentity(pb).chain(prompt, 16), ExecutionIdentity(pf).chain(prompt, 16)
+    for own, other in zip(keys_b, keys_f, strict=True):
         assert eb.block_pool.lookup(own) is not None and eb.block_pool.lookup(other) is None
     assert len(out_f.outputs[0].token_ids) == 8
     # The same sequence in a batch: same tokens, and the same logprobs bit for bit where the

@@ -1,5 +1,6 @@
-"""Per-request cache_salt (engine/cache_salt.py): tenants never share a block, and nothing a
-request gets back (cached_tokens, prompt_token_sources) counts another tenant's prefix."""
+"""Per-request cache_salt (identity/scope.py), offline and on the engine API: salts never share a
+block, and nothing a request gets back (cached_tokens, prompt_token_sources) counts another
+salt's prefix. Tenants over HTTP: tests/security/test_identity_isolation.py."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from execstate import LLM
-from execstate.engine.cache_salt import MAX_CACHE_SALT_CHARS
 from execstate.engine.request import Request
 from execstate.engine.sampling_params import SamplingParams
-from execstate.identity.keys import chain_keys
+from execstate.identity.execution import ExecutionIdentity
+from execstate.identity.scope import LOCAL_SCOPE, MAX_CACHE_SALT_CHARS, CacheScope
 
 _FRESH = itertools.count(10**6)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -42,7 +43,7 @@ def gen(e: LLM, ids: list[int], salt: str | None = None, params: SamplingParams 
 
 
 def keys(e: LLM, ids: list[int], salt: str | None) -> list[bytes]:
-    req = Request("probe", ids, GREEDY, 128, cache_salt=salt)
+    req = Request("probe", ids, GREEDY, 128, scope=LOCAL_SCOPE.with_salt(salt))
     e.engine.kv_manager.update_block_keys(req)
     return req.block_keys
 
@@ -71,21 +72,32 @@ def test_block_keys_follow_the_salted_provenance(shared):
     ka, kb, kn = keys(shared, ids, "a"), keys(shared, ids, "b"), keys(shared, ids, None)
     assert len(ka) == len(kb) == len(kn) == 10
     assert not (set(ka) & set(kb)) and not (set(ka) & set(kn)) and not (set(kb) & set(kn))
-    assert ka == chain_keys(prov.replace(cache_salt="a"), ids, BS)  # independent oracle: identity/keys
-    assert kn == chain_keys(prov, ids, BS)
-    assert shared.engine.kv_manager.root_key("free", "a") != shared.engine.kv_manager.root_key("free", None)
+    assert ka == ExecutionIdentity(prov, CacheScope.build(salt="a")).chain(ids, BS)  # the one derivation
+    assert kn == ExecutionIdentity(prov).chain(ids, BS)
+    kv = shared.engine.kv_manager
+    assert kv.identity(CacheScope.build(salt="a")).root != kv.identity().root
 
 
-def test_engine_wide_salt_is_the_default_and_a_request_salt_replaces_it(moe_dir):
-    e = llm(moe_dir, cache_salt="deployment")
+def test_scope_given_to_the_engine_keys_the_tenant_and_a_dict_salt_narrows_it(shared):
     ids = prompt(3)
-    prov = e.engine.provenance
-    assert prov.cache_salt == "deployment"
-    assert keys(e, ids, None) == chain_keys(prov, ids, BS)
-    assert keys(e, ids, "a") == chain_keys(prov.replace(cache_salt="a"), ids, BS)
-    gen(e, ids)
-    assert gen(e, ids, "a").num_cached_tokens == 0
-    assert gen(e, ids, "a").num_cached_tokens == 36
+    alpha, bravo = CacheScope.build("alpha"), CacheScope.build("bravo")
+
+    def run(scope, salt=None):
+        p = {"prompt_token_ids": ids} | ({"cache_salt": salt} if salt else {})
+        rid = shared.engine.add_request(p, GREEDY, scope=scope)
+        while shared.engine.has_unfinished_requests():
+            for out in shared.engine.step():
+                if out.request_id == rid and out.finished:
+                    found = out
+        return found
+
+    assert run(alpha).num_cached_tokens == 0
+    assert run(alpha).num_cached_tokens == 36
+    assert run(bravo).num_cached_tokens == 0  # another tenant, the same tokens: nothing
+    assert run(bravo, "s").num_cached_tokens == 0 and run(alpha, "s").num_cached_tokens == 0
+    assert run(alpha, "s").num_cached_tokens == 36
+    with pytest.raises(ValueError, match="given twice"):
+        shared.engine.add_request({"prompt_token_ids": ids, "cache_salt": "x"}, GREEDY, scope=alpha.with_salt("y"))
 
 
 def test_salt_with_n_choices_and_text_free_dict(shared):

@@ -9,7 +9,7 @@ import pytest
 
 from execstate import LLM, SamplingParams
 from execstate.engine.config import EngineConfig
-from execstate.identity.keys import chain_keys, root_key
+from execstate.identity.execution import ExecutionIdentity
 from execstate.kernels import cpu
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=0)
@@ -50,15 +50,16 @@ def test_torch_vs_execstate_kernels(moe_dir, monkeypatch: pytest.MonkeyPatch) ->
     assert calls["moe"] >= 7 * n_moe and calls["linear_if_small"] > 7
 
     p_plain, p_fast = plain.engine.provenance, fast.engine.provenance
-    assert p_plain.numerics == "eager"
+    assert p_plain.numerics == "eager+cpu-torch-v1"
     assert p_fast.numerics == f"eager+{cpu.KERNEL_SET}" == "eager+cpu-avx2-v1"
     assert (p_plain.model_id, p_plain.weights_version, p_plain.dtype) == (
         p_fast.model_id, p_fast.weights_version, p_fast.dtype)
     assert not plain.engine.model.kernels and fast.engine.model.kernels
 
     # Block keys differ for every block, and each engine's cache holds only its own keys.
-    keys_plain, keys_fast = chain_keys(p_plain, PROMPT, 16), chain_keys(p_fast, PROMPT, 16)
-    assert len(keys_plain) == 2 and root_key(p_plain) != root_key(p_fast)
+    keys_plain = ExecutionIdentity(p_plain).chain(PROMPT, 16)
+    keys_fast = ExecutionIdentity(p_fast).chain(PROMPT, 16)
+    assert len(keys_plain) == 2 and ExecutionIdentity(p_plain).root != ExecutionIdentity(p_fast).root
     assert not set(keys_plain) & set(keys_fast)
     for key_own, key_other in zip(keys_fast, keys_plain, strict=True):
         assert fast.engine.block_pool.lookup(key_own) is not None
@@ -89,9 +90,9 @@ def test_auto_kernels_follow_dtype_and_availability(moe_dir) -> None:
     bf16 = _llm(moe_dir, kernels="auto", dtype="bfloat16").engine
     assert bf16.provenance.numerics == ("eager+cpu-avx2-v2-bf16w" if cpu.available() else "eager")
     assert bf16.provenance.dtype == "bfloat16"
-    assert _llm(moe_dir, kernels="torch", dtype="bfloat16").engine.provenance.numerics == "eager"
+    assert _llm(moe_dir, kernels="torch", dtype="bfloat16").engine.provenance.numerics == "eager+cpu-torch-v1"
     auto = _llm(moe_dir, kernels="auto")
     assert auto.engine.provenance.numerics == ("eager+cpu-avx2-v1" if cpu.available() else "eager")
     assert auto.engine.model.kernels == cpu.available()
     assert EngineConfig(model=str(moe_dir)).kernels == "auto"
-    assert _llm(moe_dir, kernels="torch").engine.provenance.numerics == "eager"
+    assert _llm(moe_dir, kernels="torch").engine.provenance.numerics == "eager+cpu-torch-v1"

@@ -10,7 +10,7 @@ import pytest
 
 from execstate import LLM, SamplingParams
 from execstate.engine.config import EngineConfig
-from execstate.identity.keys import root_key
+from execstate.identity.execution import ExecutionIdentity
 from execstate.kernels import cpu
 from execstate.kernels.weight_format import WeightFormat
 from execstate.model.gguf_quantize import quantize_checkpoint
@@ -39,7 +39,7 @@ def test_numerics_ids_cache_keys_and_batch_invariance(dirs) -> None:
     pa, pb, pf = a.engine.provenance, b.engine.provenance, f.engine.provenance
     assert pa.numerics == "eager+cpu-gguf-q41-q80-v1" and pb.numerics == "eager+cpu-gguf-q80-v1"
     assert pa.dtype == "float32" and len({pa.weights_version, pb.weights_version, pf.weights_version}) == 3
-    assert len({root_key(pa), root_key(pb), root_key(pf)}) == 3
+    assert len({ExecutionIdentity(pa).root, ExecutionIdentity(pb).root, ExecutionIdentity(pf).root}) == 3
     prompt = _prompt(7, 45)
     alone = a.generate({"prompt_token_ids": prompt}, GREEDY, use_tqdm=False)[0].outputs[0]
     outs = a.generate([{"prompt_token_ids": _prompt(s, 20 + 9 * s)} for s in (1, 2, 3)]

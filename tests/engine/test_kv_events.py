@@ -20,7 +20,7 @@ from execstate.state.kv_events import AllBlocksCleared, BlockRemoved, BlockStore
 from execstate.transfer.kv_events_config import KVEventsConfig
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-EVENTS = KVEventsConfig(enable_kv_cache_events=True, endpoint="tcp://127.0.0.1:0",
+EVENTS = KVEventsConfig(enable_kv_cache_events=True, endpoint="tcp://127.0.0.1:0", include_token_ids=True,
                         replay_endpoint="tcp://127.0.0.1:0")
 
 

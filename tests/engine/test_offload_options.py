@@ -79,11 +79,11 @@ def test_startup_line(moe_dir, tmp_path):
     from execstate.serve.startup_log import offload_line
 
     llm = make(moe_dir, offload_dram_bytes=1 << 30, offload_redis_url="redis://user:pw@127.0.0.1:1/0",
-               offload_timeout_s=0.5)
+               offload_timeout_s=0.5, offload_secret="startup-line-shared-secret-0123")
     try:
         line = offload_line(SimpleNamespace(engine=llm.engine))
     finally:
         close(llm)
     assert line.startswith("dram 1.0 GiB, redis 4.0 GiB") and "redis redis://127.0.0.1:1/0" in line
-    assert "pw" not in line and "policy lru, timeout 0.5 s" in line
+    assert "pw" not in line and "policy lru, timeout 0.5 s" in line and "units signed with the shared secret" in line
     assert offload_line(SimpleNamespace(engine=make(moe_dir).engine)) == "off"

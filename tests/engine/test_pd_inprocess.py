@@ -156,7 +156,7 @@ def test_numerics_mismatch_is_rejected(moe_dir):
     p = engine(moe_dir, "kv_producer", kernels="torch")
     d = engine(moe_dir, "kv_consumer", kernels="execstate")
     try:
-        assert p.provenance.numerics == "eager" and d.provenance.numerics == f"eager+{cpu.KERNEL_SET}"
+        assert p.provenance.numerics == "eager+cpu-torch-v1" and d.provenance.numerics == f"eager+{cpu.KERNEL_SET}"
         ids = prompt(5, 40)
         _, kv = handoff(p, ids)
         out = run(d, ids, kv=kv)

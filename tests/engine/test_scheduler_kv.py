@@ -19,7 +19,7 @@ from execstate.state.block_pool import BlockPool
 from execstate.state.route_store import RouteStore
 
 BS, L, K, E = 4, 2, 2, 8
-PROV = Provenance(model_id="m", weights_version="w1", dtype="float32", numerics="eager", route_mode="free")
+PROV = Provenance(model_id="m", weights_version="w1", dtype="float32", numerics="eager+torch-cpu")
 
 
 def fake_rows(tokens: list[int], start: int) -> np.ndarray:

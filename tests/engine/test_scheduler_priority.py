@@ -15,7 +15,7 @@ from execstate.state.block_holds import HeldBlocks
 from execstate.state.block_pool import BlockPool
 
 BS = 4
-PROV = Provenance(model_id="m", weights_version="w1", dtype="float32", numerics="eager", route_mode="free")
+PROV = Provenance(model_id="m", weights_version="w1", dtype="float32", numerics="eager+torch-cpu")
 INTER, B = PRIORITY_INTERACTIVE, PRIORITY_BATCH
 
 

@@ -19,7 +19,7 @@ from execstate.model.loader import load_hf_state_dict
 from execstate.state.kv_events import BlockStored, decode_batch
 from execstate.transfer.kv_events_config import KVEventsConfig
 
-EVENTS = KVEventsConfig(enable_kv_cache_events=True, endpoint="tcp://127.0.0.1:0",
+EVENTS = KVEventsConfig(enable_kv_cache_events=True, endpoint="tcp://127.0.0.1:0", include_token_ids=True,
                         replay_endpoint="tcp://127.0.0.1:0")
 MEDIA = ("pool", "dram", "disk", "shared")
 
@@ -35,7 +35,8 @@ def blob_bytes(moe_dir) -> int:
 def tiered(moe_dir, tmp_path, redis_url, blob: int, *, dram: int = 8, disk: int = 12, shared: int = 20):
     return make(moe_dir, kv_events=EVENTS, offload_dram_bytes=dram * (blob - 2048),
                 offload_disk_dir=str(tmp_path / "d"), offload_disk_bytes=disk * blob,
-                offload_redis_url=redis_url, offload_redis_bytes=shared * blob, offload_timeout_s=30.0)
+                offload_redis_url=redis_url, offload_redis_bytes=shared * blob, offload_timeout_s=30.0,
+                offload_secret="tier-events-shared-secret-0123456789")
 
 
 def truth(llm) -> dict[str, set[bytes]]:

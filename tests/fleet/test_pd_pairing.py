@@ -22,6 +22,7 @@ from execstate.fleet.router.pd_pairing import (
 from execstate.fleet.router.policy import FleetRouter, ReplicaView, RouteRequest, eligible
 from execstate.fleet.router.prompt_keys import request_keys
 from execstate.identity.provenance import Provenance
+from execstate.identity.scope import CacheScope
 from execstate.state.kv_events import BlockStored, KVEventBatch
 
 BS = 4
@@ -29,7 +30,7 @@ PROMPT = list(range(10, 50))  # 40 tokens: 9 blocks that can hit
 
 
 def prov(version: str) -> Provenance:
-    return Provenance("tiny", version, "float32", "eager", "free")
+    return Provenance("tiny", version, "float32", "eager+torch-cpu")
 
 
 def cached(version: str, tokens: list[int]) -> ReplicaIndex:
@@ -54,9 +55,10 @@ def directory(**replicas: tuple[str, str | None]) -> VersionDirectory:
 def test_prefill_may_go_only_to_a_version_a_decode_replica_runs():
     d = directory(p0=(PREFILL, "v0"), p1=(PREFILL, "v1"), d0=(DECODE, "v0"))
     assert d.pair_versions() == ("v0",)
-    route = prefill_route(RouteRequest(PROMPT, "salt", session_replica="x"), d, {"d9"})
+    scope = CacheScope.build("alpha", "salt")
+    route = prefill_route(RouteRequest(PROMPT, scope, session_replica="x"), d, {"d9"})
     assert route.weights_versions == ("v0",) and route.exclude == ("d9",)
-    assert route.token_ids == PROMPT and route.cache_salt == "salt" and route.session_replica is None
+    assert route.token_ids == PROMPT and route.scope == scope and route.session_replica is None
 
 
 def test_no_common_version_is_no_pair_and_unknown_versions_leave_it_to_the_replicas():

@@ -19,6 +19,7 @@ from execstate.fleet.router.block_index import ReplicaIndex, SequenceGap
 from execstate.fleet.router.policy import FleetRouter, ReplicaView, RouteRequest, RouterKnobs
 from execstate.fleet.router.prompt_keys import request_keys
 from execstate.fleet.router.subscriber import EventSubscriber
+from execstate.identity.scope import CacheScope
 from execstate.model.random_models import make_random
 from execstate.state.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, decode_batch
 from execstate.transfer.kv_events_config import KVEventsConfig
@@ -102,11 +103,12 @@ def test_another_weights_version_or_salt_scores_zero(replicas):
     stale = views(replicas, a={"provenance": prov_a.replace(weights_version="user:v2")})
     d = router.rank(RouteRequest(SYSTEM_A + prompt(99, 9)), stale)
     assert d.hits == {"a": 0.0, "b": 0.0} and d.reason == "power_of_two"
-    d = router.rank(RouteRequest(SYSTEM_A + prompt(99, 9), cache_salt="tenant-1"), views(replicas))
-    assert d.hits == {"a": 0.0, "b": 0.0}
-    # the keys differ, not the comparison: the salted chain shares no key with the index
-    salted = request_keys(prov_a, BS, SYSTEM_A + [7], "tenant-1")
-    assert not set(salted) & index_of(replicas["a"][0]).keys("pool")
+    for scope in (CacheScope.build("local", "tenant-1"), CacheScope.build("another-tenant")):
+        d = router.rank(RouteRequest(SYSTEM_A + prompt(99, 9), scope), views(replicas))
+        assert d.hits == {"a": 0.0, "b": 0.0}
+        # the keys differ, not the comparison: the other scope's chain shares no key with the index
+        other = request_keys(prov_a, BS, SYSTEM_A + [7], scope)
+        assert not set(other) & index_of(replicas["a"][0]).keys("pool")
 
 
 def test_load_outweighs_a_short_prefix_and_imbalance_disables_it(replicas):
@@ -155,7 +157,7 @@ class LLMProv:
     def get():
         from execstate.identity.provenance import Provenance
 
-        return Provenance("m", "w", "float32", "eager", "free")
+        return Provenance("m", "w", "float32", "eager+torch-cpu")
 
 
 def test_index_refuses_gaps_and_resets():

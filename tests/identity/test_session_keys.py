@@ -11,20 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from execstate.identity.keys import chain_keys, root_key
+from execstate.identity.execution import ExecutionIdentity
 from execstate.identity.provenance import Provenance
 from execstate.identity.session_keys import DOMAIN_SESSION, session_state_key
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BASE = Provenance(model_id="Qwen/Qwen3-30B-A3B", weights_version="sha256:0123abcd", dtype="bfloat16",
-                  numerics="eager", route_mode="free")
+BASE = ExecutionIdentity(Provenance(model_id="Qwen/Qwen3-30B-A3B", weights_version="sha256:0123abcd",
+                                   dtype="bfloat16", numerics="eager+torch-cpu"))
 TOKENS = list(range(1000, 1040))  # 2 full blocks of 16 + a tail of 8
-CHAIN = chain_keys(BASE, TOKENS, 16)[-1]
+CHAIN = BASE.chain(TOKENS, 16)[-1]
 TAIL = TOKENS[32:]
 
 # Golden values: they change only if the layout changes. Update deliberately, never to pass a test.
-GOLDEN = "a633a6ac2c0fd785bc205e9d1f3cf550e1e72ac4af1d877ea9b4a9fe9f1a32ac"
-GOLDEN_EMPTY = "fa9498242ebcb2d5c1ade2fd50e961d572cde6e9e11d7508cf681511c4189a54"
+GOLDEN = "b4966832e59c5a5c631d808dda42b98b3fb0878c4a33d1e21eadd24a21fd5c84"
+GOLDEN_EMPTY = "6a679e0f9f3e51d51f8517f6c01db1795dd36e6cbc5b5bb4db1b71cc9c630700"
 
 
 def _u64(x: int) -> bytes:
@@ -33,7 +33,7 @@ def _u64(x: int) -> bytes:
 
 def test_golden_values():
     assert session_state_key(CHAIN, TAIL, 3, 2, "branch-a").hex() == GOLDEN
-    assert session_state_key(root_key(BASE), [], 0, 0, "b").hex() == GOLDEN_EMPTY
+    assert session_state_key(BASE.root, [], 0, 0, "b").hex() == GOLDEN_EMPTY
 
 
 def test_manual_byte_layout():
@@ -48,8 +48,9 @@ def test_manual_byte_layout():
 @pytest.mark.parametrize(
     "changed",
     [
-        dict(chain=chain_keys(BASE.replace(weights_version="sha256:0123abce"), TOKENS, 16)[-1]),
-        dict(chain=chain_keys(BASE, TOKENS[:32], 16)[0]),
+        dict(chain=BASE.with_provenance(BASE.provenance.replace(weights_version="sha256:0123abce"))
+             .chain(TOKENS, 16)[-1]),
+        dict(chain=BASE.chain(TOKENS[:32], 16)[0]),
         dict(tail=TAIL[:-1]),
         dict(tail=[*TAIL[:-1], 7]),
         dict(step_index=4),
@@ -81,11 +82,12 @@ def test_bad_fields_raise(kw, exc):
 
 def test_same_key_in_another_process_with_another_hash_seed():
     code = (
-        "from execstate.identity.keys import chain_keys; from execstate.identity.provenance import Provenance;"
+        "from execstate.identity.execution import ExecutionIdentity;"
+        "from execstate.identity.provenance import Provenance;"
         "from execstate.identity.session_keys import session_state_key;"
-        "p = Provenance(model_id='Qwen/Qwen3-30B-A3B', weights_version='sha256:0123abcd', dtype='bfloat16',"
-        " numerics='eager', route_mode='free'); t = list(range(1000, 1040));"
-        "print(session_state_key(chain_keys(p, t, 16)[-1], t[32:], 3, 2, 'branch-a').hex())"
+        "p = ExecutionIdentity(Provenance(model_id='Qwen/Qwen3-30B-A3B', weights_version='sha256:0123abcd',"
+        " dtype='bfloat16', numerics='eager+torch-cpu')); t = list(range(1000, 1040));"
+        "print(session_state_key(p.chain(t, 16)[-1], t[32:], 3, 2, 'branch-a').hex())"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,

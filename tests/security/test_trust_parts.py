@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.serve.auth import APIKeyMiddleware, scope_tenant
 from execstate.serve.principals import KeyRing
 from execstate.serve.sessions.handover_wire import (
@@ -27,7 +28,6 @@ from execstate.serve.sessions.handover_wire import (
 from execstate.serve.sessions.targets import MigrationTargets
 from execstate.session.runtime.migration import MigrationError
 from execstate.transfer.handoff import Handoff, HandoffError, HandoffTrust
-from execstate.transfer.secrets import SecretRing
 
 OLD, NEW = b"the-old-shared-secret-012345", b"the-new-shared-secret-012345"
 
@@ -110,10 +110,10 @@ def test_any_bytes_are_a_request_or_a_clear_refusal(data):
 
 def test_pd_handoffs_verify_under_the_previous_secret_during_a_rotation():
     h = Handoff("p-1", "tcp://127.0.0.1:5000", "tr-1", 0, 2, 16, int(time.time()) + 60)
-    signed_old = h.to_params(OLD)
+    signed_old = h.to_params(SecretRing(OLD))
     rotating = HandoffTrust(SecretRing(NEW, (OLD,)))
     assert rotating.accept(signed_old) == h
-    assert rotating.accept(h.to_params(NEW)) == h
+    assert rotating.accept(h.to_params(SecretRing(NEW))) == h
     with pytest.raises(HandoffError):  # the rotation is over: the old secret is refused
         HandoffTrust(SecretRing(NEW)).accept(signed_old)
-    assert HandoffTrust(OLD).accept(signed_old) == h  # plain bytes still work (one secret)
+    assert HandoffTrust(SecretRing(OLD)).accept(signed_old) == h

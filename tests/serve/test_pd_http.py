@@ -24,6 +24,7 @@ import pytest
 from serve_helpers import free_port
 
 from execstate import LLM, SamplingParams
+from execstate.identity.secret_ring import SecretRing
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "http-test-secret-0123456789abcdef"  # shared by P, D and the proxy (EXECSTATE_KV_SECRET)
@@ -168,10 +169,11 @@ def test_untrusted_handoffs_are_400_and_decode_dials_nothing(cluster):
         h = Handoff("prefill-evil", trap.addr, "prefill-evil/1", 0, 2, 16, int(time.time()) + 60)
         cases = {
             "tampered": dict(good, remote_addr=trap.addr),
-            "wrong secret": h.to_params(b"not-the-shared-secret-0123456789"),
-            "expired": Handoff(**{**h.__dict__, "expires_at": int(time.time()) - 1}).to_params(SECRET.encode()),
+            "wrong secret": h.to_params(SecretRing(b"not-the-shared-secret-0123456789")),
+            "expired": Handoff(**{**h.__dict__, "expires_at": int(time.time()) - 1}).to_params(
+                SecretRing(SECRET.encode())),
             "missing signature, engine not allow-listed": h.to_params(None),
-            "malformed": dict(h.to_params(SECRET.encode()), num_blocks="2"),
+            "malformed": dict(h.to_params(SecretRing(SECRET.encode())), num_blocks="2"),
         }
         before = _transfers(cluster["d"])
         for name, kv in cases.items():
@@ -183,7 +185,7 @@ def test_untrusted_handoffs_are_400_and_decode_dials_nothing(cluster):
                 assert err["param"] == "kv_transfer_params" and err["type"] == "invalid_request_error", name
         assert not trap.connected(0.5) and _transfers(cluster["d"]) == before
         # The proxy never forwards a client's kv_transfer_params (even validly signed ones).
-        signed_to_trap = h.to_params(SECRET.encode())
+        signed_to_trap = h.to_params(SecretRing(SECRET.encode()))
         r = httpx.post(cluster["x"] + "/v1/completions", json=dict(body, kv_transfer_params=signed_to_trap), timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["prompt_token_sources"]["transferred"] == 32
         assert not trap.connected(0.5)

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client.parser import text_string_to_metric_families
 from serve_helpers import free_port
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.serve.pd.proxy import build_proxy_app
 from execstate.transfer.handoff import Handoff
 
@@ -64,7 +65,7 @@ def fake_instance(fake: Fake, default) -> FastAPI:
 
 
 def p_default(body: dict) -> Response:
-    return JSONResponse({"choices": [{"text": "x"}], "kv_transfer_params": HANDOFF.to_params(SECRET)})
+    return JSONResponse({"choices": [{"text": "x"}], "kv_transfer_params": HANDOFF.to_params(SecretRing(SECRET))})
 
 
 def d_default(body: dict) -> Response:
@@ -127,7 +128,7 @@ def test_forwards_only_ps_handoff_and_logs(setup, caplog):
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == "decoded"
     p_body, d_body = setup["p"].bodies[-1], setup["d"].bodies[-1]
     assert p_body["kv_transfer_params"] == {"do_remote_decode": True} and p_body["max_tokens"] == 1
-    assert d_body["kv_transfer_params"] == HANDOFF.to_params(SECRET) and d_body["max_tokens"] == 5
+    assert d_body["kv_transfer_params"] == HANDOFF.to_params(SecretRing(SECRET)) and d_body["max_tokens"] == 5
     rid = setup["p"].headers[-1]["x-request-id"]
     assert rid.startswith("proxy-") and setup["d"].headers[-1]["x-request-id"] == rid
     (line,) = [rec.getMessage() for rec in caplog.records if rid in rec.getMessage()]
@@ -172,7 +173,8 @@ def test_error_shapes_and_failure_stages(setup):
     assert "Internal Server Error" in err["message"]
     # a handoff P did not sign with the shared secret never reaches D
     n_d = len(setup["d"].bodies)
-    setup["p"].reply = JSONResponse({"kv_transfer_params": HANDOFF.to_params(b"some-other-secret-0123456789")})
+    other = SecretRing(b"some-other-secret-0123456789")
+    setup["p"].reply = JSONResponse({"kv_transfer_params": HANDOFF.to_params(other)})
     assert_openai_error(httpx.post(x + "/v1/completions", json={"prompt": "x"}, timeout=10), 502, "invalid_handoff")
     setup["p"].reply = JSONResponse({"choices": []})
     assert_openai_error(httpx.post(x + "/v1/completions", json={"prompt": "x"}, timeout=10), 502, "no_handoff")

@@ -125,7 +125,7 @@ def test_unknown_fields_and_other_versions():
 
 
 def test_a_rotation_accepts_the_previous_secret():
-    from execstate.transfer.secrets import SecretRing
+    from execstate.identity.secret_ring import SecretRing
 
     old, new = b"the-old-shared-secret-0123", b"the-new-shared-secret-0123"
     data = encode_offer(offer(), old)  # a source not yet given the new secret

@@ -11,13 +11,14 @@ from collections import Counter
 
 import pytest
 
-from execstate.identity.keys import root_key
+from execstate.identity.execution import ExecutionIdentity
 from execstate.identity.provenance import Provenance
 from execstate.session.runtime.events import EventKind, EventQueue, Merge, SessionEventError
 from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
 from execstate.session.runtime.manager import SessionManager, check_session_id
 
-ROOT = root_key(Provenance(model_id="m", weights_version="w", dtype="float32", numerics="eager", route_mode="free"))
+ROOT = ExecutionIdentity(Provenance(model_id="m", weights_version="w", dtype="float32",
+                                    numerics="eager+torch-cpu")).root
 KINDS = {"add": EventKind("add", Merge.APPEND, int), "set": EventKind("set", Merge.REPLACE, int)}
 
 

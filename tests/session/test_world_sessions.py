@@ -154,8 +154,8 @@ def test_eager_and_compiled_never_share_state_keys(model) -> None:
     eager, compiled = World(model=model), World(model=make(numerics="compiled"), numerics="compiled")
     a = eager.open_session(seed=0, start_frames=start_frames(), session_id="x")
     b = compiled.open_session(seed=0, start_frames=start_frames(), session_id="x")
-    assert eager.sessions.store.provenance.numerics == "eager"
-    assert compiled.sessions.store.provenance.numerics == "compiled"
+    assert eager.sessions.store.provenance.numerics == "eager+cpu-torch-v1"
+    assert compiled.sessions.store.provenance.numerics == "compiled+cpu-torch-v1"
     assert a.state_key() != b.state_key()
     other = World(model=make(seed=1))  # another weights version
     c = other.open_session(seed=0, start_frames=start_frames(), session_id="x")

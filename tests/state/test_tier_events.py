@@ -10,11 +10,12 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from execstate.identity.checksum import checksum
 from execstate.identity.keys import BlockKey, block_key
 from execstate.state.tiers.disk_store import DiskStore
 from execstate.state.tiers.host_cache import HostCache
 from execstate.state.tiers.store import UnitIndex
-from execstate.state.tiers.unit import FORMAT_VERSION, UnitLayout, UnitRecord, pack_unit, unit_digest
+from execstate.state.tiers.unit import FORMAT_VERSION, UnitLayout, UnitRecord, pack_unit
 
 LAYOUT = UnitLayout(num_layers=1, block_size=2, num_kv_heads=1, head_dim=2, dtype="float32")
 ROOT = BlockKey(b"\x01" * 32)
@@ -49,7 +50,7 @@ def unit(i: int, version: str | None = "w1") -> tuple[BlockKey, UnitRecord, list
     tokens = [i, i + 1]
     key = block_key(ROOT, tokens)
     kv = bytes(LAYOUT.kv_nbytes)
-    record = UnitRecord(FORMAT_VERSION, key, ROOT, ROOT, tokens, LAYOUT, unit_digest(kv), None,
+    record = UnitRecord(FORMAT_VERSION, key, ROOT, ROOT, tokens, LAYOUT, checksum(kv), None,
                         weights_version=version)
     return key, record, pack_unit(record, None, kv)
 
@@ -143,35 +144,3 @@ def test_redis_events_for_reads_and_adoption_of_another_writers_units(redis_serv
     assert rec.medium("shared") == set(reader.index.list_keys()) == {unit(0)[0]}
     writer.close()
     reader.close()
-
-
-def test_a_record_without_a_version_keeps_the_signature_of_older_builds():
-    import hashlib
-    import hmac
-
-    import msgspec
-
-    from execstate.state.tiers.unit import DOMAIN, sign, tag_valid
-
-    class OldRecord(msgspec.Struct, frozen=True):  # the record before weights_version existed
-        format_version: int
-        key: bytes
-        parent: bytes
-        root: bytes
-        token_ids: list[int]
-        layout: UnitLayout
-        kv_checksum: bytes
-        routes_checksum: bytes | None
-        tag: bytes | None = None
-
-    secret = b"s" * 32
-    _, record, _ = unit(0, version=None)
-    old = OldRecord(*(getattr(record, f) for f in OldRecord.__struct_fields__))
-    old_tag = hmac.new(secret, DOMAIN + msgspec.msgpack.encode(old), hashlib.sha256).digest()  # an old build's
-    assert sign(record, secret).tag == old_tag
-    from_old = msgspec.msgpack.decode(msgspec.msgpack.encode(msgspec.structs.replace(old, tag=old_tag)),
-                                      type=UnitRecord)
-    assert from_old.weights_version is None and tag_valid(from_old, secret)
-    versioned = sign(unit(0, version="w1")[1], secret)
-    assert versioned.tag != old_tag and tag_valid(versioned, secret)
-    assert not tag_valid(msgspec.structs.replace(versioned, weights_version="w2"), secret)

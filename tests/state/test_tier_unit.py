@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from execstate.identity.keys import block_key
+from execstate.identity.secret_ring import SecretRing
 from execstate.state.tiers.unit import (
     FORMAT_VERSION,
     MAGIC,
@@ -81,18 +82,26 @@ def test_extra_bytes_and_bad_magic_are_refused():
 
 
 def test_signature_binds_every_field():
-    secret = b"0123456789abcdef0123"
+    ring = SecretRing(b"0123456789abcdef0123")
     rec, _, _ = unit()
-    signed = sign(rec, secret)
-    assert signed.tag is not None and len(signed.tag) == 32
-    assert tag_valid(signed, secret)
-    assert not tag_valid(signed, b"another-secret-0123456")
-    assert not tag_valid(rec, secret)  # unsigned, reader has a secret
-    assert tag_valid(rec, None) and tag_valid(signed, None)  # a reader without a secret checks nothing
+    signed = sign(rec, ring)
+    assert signed.tag is not None and len(signed.tag) == 64  # hex HMAC-SHA256
+    assert tag_valid(signed, ring)
+    assert not tag_valid(signed, SecretRing(b"another-secret-0123456"))
+    assert not tag_valid(rec, ring)  # an unsigned unit never verifies
     for field, value in [("token_ids", [1, 2, 3, 4]), ("kv_checksum", b"\1" * 32), ("routes_checksum", b"\2" * 32),
-                         ("parent", b"\3" * 32)]:
-        assert not tag_valid(msgspec.structs.replace(signed, **{field: value}), secret), field
-    assert sign(rec, None).tag is None
+                         ("parent", b"\3" * 32), ("weights_version", "w2"), ("tenant", "bravo")]:
+        assert not tag_valid(msgspec.structs.replace(signed, **{field: value}), ring), field
+
+
+def test_a_per_process_key_signs_for_its_process_only_and_rotation_keeps_units():
+    rec, _, _ = unit()
+    mine, other = SecretRing.ephemeral(), SecretRing.ephemeral()
+    assert not mine.shared and tag_valid(sign(rec, mine), mine) and not tag_valid(sign(rec, mine), other)
+    old, new = b"the-old-secret-0123456789", b"the-new-secret-0123456789"
+    signed_old = sign(rec, SecretRing(old))
+    assert tag_valid(signed_old, SecretRing(new, (old,)))  # a rotation is not a cache flush
+    assert not tag_valid(signed_old, SecretRing(new))
 
 
 @settings(max_examples=300, deadline=None)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import jsonschema
@@ -59,16 +58,6 @@ def test_unknown_function_spec_is_refused():
         FunctionSpec.from_openai({"type": "code_interpreter"})
     with pytest.raises(ValueError, match="unknown tool call parser"):
         tool_parser("mistral")
-
-
-def test_old_agent_import_path_warns():
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        from execstate.agent import delegation
-
-        parser_cls = delegation.ToolCallParser
-    assert parser_cls is tool_parser().stream([]).__class__
-    assert any(issubclass(w.category, DeprecationWarning) and "tool_calls" in str(w.message) for w in caught)
 
 
 @pytest.fixture(scope="module")

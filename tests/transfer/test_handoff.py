@@ -10,17 +10,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.transfer.handoff import (
     DOMAIN,
     Handoff,
     HandoffError,
     HandoffTrust,
     check_allow_list,
-    resolve_secret,
     wants_remote_prefill,
 )
 
-SECRET = b"handoff-unit-test-secret-0123456789"
+RAW = b"handoff-unit-test-secret-0123456789"
+SECRET = SecretRing(RAW)
 NOW = 1_700_000_000.0
 H = Handoff("prefill-0", "tcp://10.0.0.1:5600", "prefill-0/abc", 3, 4, 16, int(NOW) + 60)
 
@@ -40,7 +41,7 @@ def test_golden_signature():
     body = (b'{"block_size":16,"epoch":3,"expires_at":1700000060,"num_blocks":4,'
             b'"remote_addr":"tcp://10.0.0.1:5600","remote_engine_id":"prefill-0","transfer_id":"prefill-0/abc"}')
     assert H.canonical() == DOMAIN + body
-    assert H.sign(SECRET) == hmac.new(SECRET, b"execstate/v1/handoff\x00" + body, hashlib.sha256).hexdigest()
+    assert H.sign(SECRET) == hmac.new(RAW, b"execstate/v1/handoff\x00" + body, hashlib.sha256).hexdigest()
 
 
 TAMPER = {
@@ -71,7 +72,7 @@ def test_any_change_of_a_signed_field_is_refused(field, value):
 
 def test_wrong_secret_missing_signature_expired_unknown_engine():
     with pytest.raises(HandoffError, match="signature does not match"):
-        trust().accept(H.to_params(b"another-secret-of-sufficient-len"))
+        trust().accept(H.to_params(SecretRing(b"another-secret-of-sufficient-len")))
     with pytest.raises(HandoffError, match="not signed and that engine is not in allowed_prefill_engines"):
         trust().accept(H.to_params(None))
     with pytest.raises(HandoffError, match="expired"):
@@ -108,12 +109,12 @@ def test_malformed_fields_name_the_field(field, value):
 
 def test_secret_resolution(monkeypatch):
     monkeypatch.delenv("EXECSTATE_KV_SECRET", raising=False)
-    assert resolve_secret(None) is None
+    assert SecretRing.resolve() is None
     monkeypatch.setenv("EXECSTATE_KV_SECRET", "from-the-environment-123")
-    assert resolve_secret(None) == b"from-the-environment-123"
-    assert resolve_secret("explicit-secret-0123456") == b"explicit-secret-0123456"
+    assert SecretRing.resolve().current == b"from-the-environment-123"
+    assert SecretRing.resolve("explicit-secret-0123456").current == b"explicit-secret-0123456"
     with pytest.raises(ValueError, match="at least 16 bytes"):
-        resolve_secret("short")
+        SecretRing.resolve("short")
 
 
 def test_allow_list_validation_and_wants_remote_prefill():

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 from concurrent.futures import ThreadPoolExecutor
 
+import blake3
 import msgspec
 import pytest
 import torch
@@ -104,7 +104,7 @@ def _caps(**changes) -> Capabilities:
 @pytest.mark.parametrize(
     ("remote", "need_routes", "words"),
     [
-        (_caps(format_version=2), False, "format version"),
+        (_caps(format_version=1), False, "format version"),
         (_caps(provenance_digest="0" * 64), False, "provenance digest"),
         (make_caps("P", POOL, weights_version="w2"), False, "provenance digest"),
         (_caps(kv_layout=KVLayout(8, 16, 4, 64, "bfloat16")), False, "KV layout"),
@@ -140,7 +140,7 @@ def test_verify_manifest_accepts_and_checks_ranges() -> None:
     [
         (_manifest(), "t0", 3, ErrorCode.STALE_TRANSFER_ID),
         (_manifest(), "t1", 2, ErrorCode.STALE_EPOCH),
-        (_manifest(format_version=2), "t1", 3, ErrorCode.INCOMPATIBLE),
+        (_manifest(format_version=1), "t1", 3, ErrorCode.INCOMPATIBLE),
         (_manifest(provenance_digest="f" * 64), "t1", 3, ErrorCode.INCOMPATIBLE),
         (_manifest(r3=R3Format(8, 4)), "t1", 3, ErrorCode.INCOMPATIBLE),
         (
@@ -194,7 +194,7 @@ def test_block_checksum_covers_every_byte_of_the_block_only() -> None:
     k1 = torch.cat([torch.cat([pool.k[layer, 16:32], pool.v[layer, 16:32]]) for layer in range(8)])
     assert (
         base[1]
-        == hashlib.sha256(
+        == blake3.blake3(  # an independent BLAKE3 over the documented byte order
             b"".join(
                 pool.k[layer, 16:32].numpy().tobytes() + pool.v[layer, 16:32].numpy().tobytes()
                 for layer in range(8)

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from execstate.transfer.secrets import SecretRing
+from execstate.identity.secret_ring import SecretRing
 
 OLD, NEW, OTHER = b"o" * 32, b"n" * 32, b"x" * 32
 DOMAIN = b"execstate/v1/test\x00"

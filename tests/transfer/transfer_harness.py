@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from execstate.identity.keys import BlockKey, block_key, chain_keys, root_key
+from execstate.identity.execution import ExecutionIdentity
+from execstate.identity.keys import BlockKey, block_key
 from execstate.identity.provenance import Provenance
 from execstate.state.block_pool import BlockPool
 from execstate.state.kv_pool import KVPool
@@ -28,7 +29,7 @@ R3 = R3Format(n_moe_layers=N_MOE_LAYERS, top_k=TOP_K)
 
 
 def provenance(weights_version: str = "w1") -> Provenance:
-    return Provenance("test/moe", weights_version, "float32", "eager", "free")
+    return Provenance("test/moe", weights_version, "float32", "eager+torch-cpu")
 
 
 def make_pool(num_blocks: int, head_dim: int = HEAD_DIM) -> KVPool:
@@ -64,9 +65,9 @@ def keys_for(num_tokens: int, token_seed: int, weights_version: str = "w1") -> l
     """Keys of every block of the sequence; a partial tail is keyed by its own tokens."""
     toks = tokens(num_tokens, token_seed)
     prov = provenance(weights_version)
-    keys = chain_keys(prov, toks, BLOCK_SIZE)
+    keys = ExecutionIdentity(prov).chain(toks, BLOCK_SIZE)
     if num_tokens % BLOCK_SIZE:
-        parent = keys[-1] if keys else root_key(prov)
+        parent = keys[-1] if keys else ExecutionIdentity(prov).root
         keys.append(block_key(parent, toks[len(keys) * BLOCK_SIZE :]))
     return keys
 

@@ -48,7 +48,7 @@ from execstate.fleet.ray_app.ingress import FleetIngress
 from execstate.fleet.ray_app.pd_ingress import PDFleetIngress
 from execstate.fleet.ray_app.request_router import ExecstateRequestRouter
 from execstate.fleet.ray_app.session_settings import SessionSettings
-from execstate.transfer.secrets import SECRET_ENV
+from execstate.identity.secret_ring import SECRET_ENV
 
 __all__ = ["NODE_IP", "fleet_app", "run_fleet"]
 INGRESS = "FleetIngress"
@@ -130,7 +130,8 @@ def run_fleet(args: argparse.Namespace) -> int:
     kwargs = {"block_size": args.block_size, "seed": args.seed, "enable_return_routed_experts":
               args.enable_return_routed_experts, "max_model_len": args.max_model_len, "dtype": args.dtype,
               "kernels": args.kernels}
-    settings = SessionSettings(args.session_hibernate_after, args.session_copy_every or None, args.api_keys_file)
+    settings = SessionSettings(args.session_hibernate_after, args.session_copy_every or None, args.api_keys_file,
+                               tuple(getattr(args, "shared_prefix_group", None) or ()))
     pd = getattr(args, "pd", None)
     serve.run(fleet_app(str(args.model), args.replicas, args.served_model_name, kwargs,
                         shared_tier=args.offload_redis_url, sessions=settings,

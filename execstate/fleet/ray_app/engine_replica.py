@@ -120,10 +120,11 @@ class EngineReplica:
         trust = attach_kv_connector(self.engine, kv, metrics)
         rs = sessions or SessionSettings()
         policy = serve_policy(hibernate_after_s=rs.hibernate_after_s)
-        self.sessions = AsyncSessions(self.engine, policy)
+        sharing = rs.sharing()
+        self.sessions = AsyncSessions(self.engine, policy, sharing)
         self.app = build_app(self.engine, served_model_name, metrics=metrics, handoff_trust=trust,
                              migration_targets=MigrationTargets(), sessions=self.sessions, policy=policy,
-                             keys=rs.keys(), realtime_grace_s=realtime_grace_s)
+                             sharing=sharing, keys=rs.keys(), realtime_grace_s=realtime_grace_s)
         self.engine_id, shared = self.engine.call(lambda e: (engine_id(e), e.offload is not None
                                                              and e.offload.manifests is not None))
         self.copies = CopyLoop(self.engine, self.sessions, rs.copy_every_s).start() \

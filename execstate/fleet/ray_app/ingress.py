@@ -50,8 +50,10 @@ from execstate.fleet.ray_app.session_settings import SessionSettings
 from execstate.fleet.ray_app.ws_ingress import FleetSockets
 from execstate.fleet.ray_app.ws_route import WS_PATHS
 from execstate.fleet.router.policy import RouteRequest
+from execstate.identity.secret_ring import SecretRing
+from execstate.identity.tenant import TenantId
 from execstate.model.registry import resolve_model
-from execstate.transfer.handoff import resolve_secret
+from execstate.serve.principals import bearer_key
 
 logger = logging.getLogger("execstate.fleet")
 MAX_ATTEMPTS = 3
@@ -61,8 +63,10 @@ HTTP_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 class FleetIngress:
     def __init__(self, engines: DeploymentHandle, model: str, sessions: SessionSettings | None = None) -> None:
         self.engines = engines
-        self.keys = (sessions or SessionSettings()).keys()  # the tenant a session is resumed for
-        self.sessions = SessionRouting(self, resolve_secret(None))
+        settings = sessions or SessionSettings()
+        self.keys = settings.keys()  # the tenant a session is resumed for, and a prompt is keyed for
+        self.sharing = settings.sharing()
+        self.sessions = SessionRouting(self, SecretRing.resolve())
         path = resolve_model(model)
         self.tokenizer = Tokenizer(path) if (path / "tokenizer.json").exists() else None
         self.owners = SessionOwners()
@@ -72,6 +76,10 @@ class FleetIngress:
         self.retried = 0  # requests tried again elsewhere after a replica failed before answering
         self.ops = FleetOps(self)
         self.sockets = FleetSockets(self.place, self.owners, self.draining, self.record_session)
+
+    def tenant_of(self, request: Request) -> TenantId | None:
+        """The caller's tenant, as its replica will find it (None: a key no replica accepts)."""
+        return self.keys.tenant_of(bearer_key(request.headers.get("authorization")))
 
     def __serve_build_asgi_app__(self) -> Starlette:
         """The ingress's ASGI app (Ray Serve calls it once the replica is built): the realtime
@@ -119,7 +127,8 @@ class FleetIngress:
                 return JSONResponse({"error": {"message": str(e), "type": "session_resumed", "code": 503},
                                      "step_index": e.step_index}, 503)
         else:
-            route = await asyncio.to_thread(prompt_route, request.method, path, body, self.tokenizer)
+            route = await asyncio.to_thread(prompt_route, request.method, path, body, self.tokenizer, None,
+                                            self.tenant_of(request), self.sharing)
             head, stream = await self.send(route, request.method, path, request.url.query, headers, body)
         replica = head["replica"]
         self.served[replica] += 1
@@ -143,7 +152,7 @@ class FleetIngress:
         excluded = set(self.draining)
         last: Exception | None = None
         for _ in range(MAX_ATTEMPTS):
-            r = RouteRequest(route.token_ids, route.cache_salt, route.session_replica, tuple(sorted(excluded)))
+            r = RouteRequest(route.token_ids, route.scope, route.session_replica, tuple(sorted(excluded)))
             gen = self.engines.options(stream=True).forward.remote(r, method, path, query, headers, body)
             try:
                 head = await gen.__anext__()

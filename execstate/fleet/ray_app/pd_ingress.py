@@ -51,8 +51,9 @@ from execstate.fleet.ray_app.prompt_route import prompt_route
 from execstate.fleet.ray_app.session_settings import SessionSettings
 from execstate.fleet.router.pd_pairing import DECODE, PREFILL, NoPair, VersionDirectory, decode_route, prefill_route
 from execstate.fleet.router.policy import RouteRequest
+from execstate.identity.secret_ring import SecretRing
 from execstate.serve.pd.proxy import prefill_body
-from execstate.transfer.handoff import HandoffError, HandoffTrust, resolve_secret, wants_remote_prefill
+from execstate.transfer.handoff import HandoffError, HandoffTrust, wants_remote_prefill
 
 PD_PATHS = ("/v1/completions", "/v1/chat/completions")
 PREFILL_HEADER = "x-execstate-prefill-replica"
@@ -71,8 +72,8 @@ class PDFleetIngress(FleetIngress):
         super().__init__(decode, model, sessions)
         self.prefill = prefill
         self.directory = VersionDirectory()
-        key = resolve_secret(None)  # the fleet's secret (fleet/ray_app/app.py sets it on every deployment)
-        self.trust = HandoffTrust(key) if key is not None else None
+        ring = SecretRing.resolve()  # the fleet's secret (fleet/ray_app/app.py sets it on every deployment)
+        self.trust = HandoffTrust(ring) if ring is not None else None
         self.pair_wait_s = pair_wait_s
         self.ops = PDFleetOps(self)
 
@@ -95,7 +96,8 @@ class PDFleetIngress(FleetIngress):
             return await super().handle_http(request)  # a decode replica answers the error
         body.pop("kv_transfer_params", None)  # only the prefill replica's handoff goes to the decode replica
         path = request.url.path
-        route = await asyncio.to_thread(prompt_route, "POST", path, raw, self.tokenizer)
+        route = await asyncio.to_thread(prompt_route, "POST", path, raw, self.tokenizer, None,
+                                        self.tenant_of(request), self.sharing)
         headers = [(k, v) for k, v in request.headers.items()]
         deadline, delay = time.monotonic() + self.pair_wait_s, 0.1
         while True:

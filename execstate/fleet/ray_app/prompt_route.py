@@ -1,8 +1,10 @@
 """What the ingress tells the router about one HTTP request (a :class:`RouteRequest`).
 
 - ``POST /v1/completions``: the first prompt's token ids, as the replica will compute them (the
-  same ``completion_prompts`` conversion as ``serve/openai/``), and ``cache_salt``;
-- ``POST /v1/chat/completions``: the chat template applied (``chat_prompt``), and ``cache_salt``;
+  same ``completion_prompts`` conversion as ``serve/openai/``), and the cache scope the replica
+  will key them under: the caller's tenant (its API key, looked up in the fleet's key ring) under
+  the fleet's shared prefix groups, with the body's ``cache_salt``;
+- ``POST /v1/chat/completions``: the chat template applied (``chat_prompt``), and the same scope;
 - ``/v1/sessions/{id}...``: the replica holding the session (from the ingress's
   :class:`SessionOwners`);
 - anything else, or a body the conversion refuses: no tokens (power of two; the replica that gets
@@ -21,6 +23,8 @@ from typing import Any, NamedTuple
 
 from execstate.engine.tokenizer import Tokenizer
 from execstate.fleet.router.policy import RouteRequest
+from execstate.identity.scope import PrefixSharing
+from execstate.identity.tenant import LOCAL_TENANT, TenantId
 from execstate.serve.errors import OpenAIError
 from execstate.serve.openai.convert import chat_prompt, completion_prompts
 from execstate.serve.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -95,19 +99,21 @@ def session_of(path: str) -> str | None:
 
 
 def prompt_route(method: str, path: str, body: bytes, tokenizer: Tokenizer | None,
-                 max_model_len: int | None = None) -> RouteRequest:
-    """The route of a prompt-carrying request (module docstring); ``RouteRequest()`` otherwise."""
-    if method != "POST" or path not in ("/v1/completions", "/v1/chat/completions"):
+                 max_model_len: int | None = None, tenant: TenantId | None = LOCAL_TENANT,
+                 sharing: PrefixSharing | None = None) -> RouteRequest:
+    """The route of a prompt-carrying request (module docstring); ``RouteRequest()`` otherwise, and
+    for a caller without a tenant (a wrong key: the replica refuses it) or a bad salt."""
+    if method != "POST" or path not in ("/v1/completions", "/v1/chat/completions") or tenant is None:
         return RouteRequest()
     try:
         raw: Any = json.loads(body or b"null")
         if not isinstance(raw, dict):
             return RouteRequest()
-        salt = raw.get("cache_salt") if isinstance(raw.get("cache_salt"), str) else None
+        scope = (sharing or PrefixSharing()).scope(tenant, raw.get("cache_salt"))  # ValueError: the replica says why
         if path == "/v1/completions":
             prompts = completion_prompts(CompletionRequest.model_validate(raw), tokenizer, max_model_len)
-            return RouteRequest(tuple(prompts[0].token_ids), salt) if prompts else RouteRequest()
+            return RouteRequest(tuple(prompts[0].token_ids), scope) if prompts else RouteRequest()
         prompt = chat_prompt(ChatCompletionRequest.model_validate(raw), tokenizer, max_model_len)
-        return RouteRequest(tuple(prompt.token_ids), salt)
+        return RouteRequest(tuple(prompt.token_ids), scope)
     except (ValueError, TypeError, OpenAIError):  # the replica answers the error
         return RouteRequest()

@@ -59,6 +59,7 @@ from ray.serve.handle import DeploymentHandle
 from execstate.fleet.ray_app.liveness import actor_alive
 from execstate.fleet.ray_app.prompt_route import Held, SessionOwners
 from execstate.fleet.router.policy import RouteRequest
+from execstate.identity.secret_ring import SecretRing
 from execstate.session.lm.hibernation_import import make_reference
 from execstate.state.tiers.manifest_store import manifest_key
 
@@ -113,7 +114,7 @@ class _Hold:
 
 
 class SessionRouting:
-    def __init__(self, ingress: Ingress, secret: bytes | None) -> None:
+    def __init__(self, ingress: Ingress, secret: SecretRing | None) -> None:
         self.ingress = ingress
         self.secret = secret
         self._locks: dict[tuple[str, str], _Hold] = {}

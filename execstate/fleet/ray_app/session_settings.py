@@ -6,14 +6,18 @@
   the shared tier (``session/lm/shared_copy.py``; None: never). What a lost replica loses of a
   session is the steps after its last copy (or hibernation);
 - ``api_keys_file``: the tenants' API keys (``KEY TENANT`` lines, ``--api-keys-file``), read by
-  every replica and by the ingress (which resumes a lost replica's sessions for their tenant).
-  None: an open fleet (one tenant, ``local``).
+  every replica and by the ingress (which resumes a lost replica's sessions for their tenant, and
+  routes a prompt by the keys of its caller's cache scope). None: an open fleet (one tenant,
+  ``local``);
+- ``shared_prefix_groups``: the operator's shared prefix groups (``--shared-prefix-group``), the
+  same on every replica and the ingress.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from execstate.identity.scope import PrefixSharing
 from execstate.serve.principals import KeyRing
 
 DEFAULT_COPY_EVERY_S = 1.0
@@ -24,6 +28,7 @@ class SessionSettings:
     hibernate_after_s: float | None = None
     copy_every_s: float | None = DEFAULT_COPY_EVERY_S
     api_keys_file: str | None = None
+    shared_prefix_groups: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("hibernate_after_s", "copy_every_s"):
@@ -33,3 +38,6 @@ class SessionSettings:
 
     def keys(self) -> KeyRing:
         return KeyRing.build([], self.api_keys_file)
+
+    def sharing(self) -> PrefixSharing:
+        return PrefixSharing.parse(self.shared_prefix_groups)

@@ -134,12 +134,12 @@ class FleetSockets:
         excluded = set(self.draining)
         tried: list[str] = []
         for _ in range(MAX_ATTEMPTS):
-            r = RouteRequest(route.token_ids, route.cache_salt, route.session_replica, tuple(sorted(excluded)))
+            r = RouteRequest(route.token_ids, route.scope, route.session_replica, tuple(sorted(excluded)))
             try:
                 replica, base = await self.place(r)
             except Exception as e:  # noqa: BLE001 - the chosen replica died before answering: choose again
                 tried.append(f"placing: {type(e).__name__}")
-                route = RouteRequest(route.token_ids, route.cache_salt)
+                route = RouteRequest(route.token_ids, route.scope)
                 continue
             url = base.replace("http://", "ws://", 1).replace("https://", "wss://", 1) + target
             try:
@@ -150,7 +150,7 @@ class FleetSockets:
                 logger.warning("websocket %s: replica %s unreachable (%r); choosing another", target, replica, e)
                 tried.append(f"{replica}: {type(e).__name__}")
                 excluded.add(replica)
-                route = RouteRequest(route.token_ids, route.cache_salt)  # its session, if any, is gone with it
+                route = RouteRequest(route.token_ids, route.scope)  # its session, if any, is gone with it
         raise NoReplica(f"no replica could take the connection ({'; '.join(tried)})")
 
     def _recorder(self, caller: str, replica: str, credential: str | None) -> Callable[[str], None]:

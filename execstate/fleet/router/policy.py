@@ -16,9 +16,9 @@ rank 0's replicas, then rank 1's, ...):
    refuses the version it does not run (the fleet never serves a pair of two versions).
 2. **Execution-compatible prefix**: per replica, ``hit`` = the longest run of the request's
    block keys (``prompt_keys.request_keys`` under *that replica's* provenance and the request's
-   salt) found in its index, each block weighted by the best medium that holds it
-   (``tier_weights``: a block in the pool saves more than one on disk). Keys of another weights
-   version, numerics or salt differ, so they are never counted. ``score = hit -
+   cache scope: tenant or shared group, and salt) found in its index, each block weighted by
+   the best medium that holds it (``tier_weights``: a block in the pool saves more than one on
+   disk). Keys of another weights version, numerics, tenant or salt differ, so they are never counted. ``score = hit -
    queue_weight * queue_len - kv_weight * kv_usage`` (in blocks; ``queue_len``: requests queued
    or running there; ``kv_usage``: the pool's used fraction).
    Replicas are ranked by score when some replica's ``hit`` reaches ``min_hit_blocks``.
@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from execstate.fleet.router.block_index import ReplicaIndex
 from execstate.fleet.router.prompt_keys import request_keys
 from execstate.identity.provenance import Provenance
+from execstate.identity.scope import LOCAL_SCOPE, CacheScope
 
 DEFAULT_TIER_WEIGHTS = {"pool": 1.0, "dram": 0.8, "disk": 0.5, "shared": 0.25}
 
@@ -86,13 +87,14 @@ class ReplicaView:
 @dataclass(frozen=True)
 class RouteRequest:
     """The routing-relevant part of a request: its prompt's token ids (None: not a prompt, e.g. a
-    session call), its cache salt, the replica holding its live session (None: none; the fleet
+    session call), its cache scope (the caller's tenant or shared group and salt), the replica
+    holding its live session (None: none; the fleet
     also uses it to address one replica), replicas taken out of service (``exclude``: draining;
     never chosen unless every candidate is excluded), and the weights versions that may serve it
     (``weights_versions``; None: any)."""
 
     token_ids: Sequence[int] | None = None
-    cache_salt: str | None = None
+    scope: CacheScope = LOCAL_SCOPE
     session_replica: str | None = None
     exclude: tuple[str, ...] = ()
     weights_versions: tuple[str, ...] | None = None
@@ -153,7 +155,7 @@ class FleetRouter:
             chain_id = (r.provenance, r.block_size)
             if chain_id not in chains:
                 chains[chain_id] = [bytes(k) for k in request_keys(r.provenance, r.block_size, request.token_ids,
-                                                                   request.cache_salt, self.knobs.max_blocks)]
+                                                                   request.scope, self.knobs.max_blocks)]
             run = r.index.longest_run(chains[chain_id])
             out[r.replica_id] = sum(max((weights.get(m, 0.0) for m in media), default=0.0) for media in run)
         return out

@@ -8,6 +8,10 @@ some) triggers a replay request (a DEALER socket to the replay endpoint, from th
 sequence number); batches the publisher no longer buffers are lost: the index is reset at the
 first batch it still has (it may then miss blocks, never claim one the replica dropped).
 :meth:`unwatch` forgets a replica; :meth:`close` stops the thread (idempotent).
+
+A replica's feed on a non-loopback address is a CURVE server keyed by the instances' shared ring
+(``transfer/kv_events_auth.py``); the subscriber connects to it as a CURVE client of ``ring``
+(default: ``$EXECSTATE_KV_SECRET``), and cannot follow it without one.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from dataclasses import dataclass
 import zmq
 
 from execstate.fleet.router.block_index import ReplicaIndex, SequenceGap
+from execstate.identity.secret_ring import SECRET_ENV, SecretRing
 from execstate.state.kv_events import decode_batch
+from execstate.transfer.kv_events_auth import is_loopback, secure_client
 
 logger = logging.getLogger("execstate.fleet")
 _POLL_MS = 20
@@ -37,7 +43,8 @@ class _Watched:
 
 
 class EventSubscriber:
-    def __init__(self) -> None:
+    def __init__(self, ring: SecretRing | None = None) -> None:
+        self.ring = ring if ring is not None else SecretRing.resolve()
         self._ctx = zmq.Context.instance()
         self._lock = threading.RLock()
         self._watched: dict[str, _Watched] = {}
@@ -55,12 +62,22 @@ class EventSubscriber:
             sock = self._ctx.socket(zmq.SUB)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SUBSCRIBE, b"")
+            self._secure(sock, endpoint)
             sock.connect(endpoint)
             w = _Watched(endpoint, replay_endpoint, sock, ReplicaIndex())
             self._changes.append((replica_id, w))
             self._watched[replica_id] = w
             if current is not None:
                 self._changes.append(("", current))  # its old socket is closed on the thread
+
+    def _secure(self, sock: zmq.Socket, endpoint: str) -> None:
+        if is_loopback(endpoint):
+            return
+        if self.ring is None:
+            logger.warning("kv events at %s are served with CURVE keys of the shared secret, which this router "
+                           "does not have (%s): it cannot follow them", endpoint, SECRET_ENV)
+            return
+        secure_client(sock, self.ring)
 
     def unwatch(self, replica_id: str) -> None:
         with self._lock:
@@ -159,6 +176,7 @@ class EventSubscriber:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVTIMEO, REPLAY_TIMEOUT_MS)
+        self._secure(sock, w.replay_endpoint)
         applied = 0
         try:
             sock.connect(w.replay_endpoint)

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from execstate.engine.async_engine import Admission, AsyncEngine
 from execstate.engine.outputs import Logprob, RequestOutput
 from execstate.engine.sampling_params import RequestOutputKind, SamplingParams
+from execstate.identity.scope import LOCAL_SCOPE, CacheScope
 from execstate.serve.errors import OpenAIError
 from execstate.serve.metrics import ServingMetrics
 from execstate.serve.openai.protocol import PromptTokensDetails, Usage
@@ -56,12 +57,12 @@ class SubRequest:
     params: SamplingParams
     request_id: str
     kv_transfer_params: dict[str, Any] | Handoff | None
-    cache_salt: str | None = None  # the request body's, validated (engine/cache_salt.py)
+    scope: CacheScope = LOCAL_SCOPE  # the caller's tenant (or shared group) and the body's cache_salt
 
 
 def expand(
     base_id: str, prompts: list[PromptInput], params: SamplingParams, n: int,
-    kv_transfer_params: dict[str, Any] | Handoff | None, cache_salt: str | None = None, *,
+    kv_transfer_params: dict[str, Any] | Handoff | None, scope: CacheScope = LOCAL_SCOPE, *,
     output_kind: RequestOutputKind,
 ) -> list[SubRequest]:
     subs = []
@@ -70,7 +71,7 @@ def expand(
             seed = None if params.seed is None else params.seed + j
             sub_params = replace(params, n=1, seed=seed, output_kind=output_kind)
             subs.append(SubRequest(p * n + j, p, prompt, sub_params, f"{base_id}-{p}-{j}", kv_transfer_params,
-                                   cache_salt))
+                                   scope))
     return subs
 
 
@@ -83,9 +84,9 @@ async def merged_outputs(
 
     async def pump(sub: SubRequest) -> None:
         timer = metrics.timer(arrival)
-        prompt = {"prompt_token_ids": sub.prompt.token_ids, "prompt": sub.prompt.text, "cache_salt": sub.cache_salt}
+        prompt = {"prompt_token_ids": sub.prompt.token_ids, "prompt": sub.prompt.text}
         try:
-            gen = engine.generate(prompt, sub.params, sub.request_id, sub.kv_transfer_params, admission)
+            gen = engine.generate(prompt, sub.params, sub.request_id, sub.kv_transfer_params, admission, sub.scope)
             async with aclosing(gen):
                 async for out in gen:
                     if out.finished and out.error is not None:

@@ -72,7 +72,7 @@ async def run_generation(
             prompts = await score_prompts(ctx, prompts, prompt_logprobs)
         request_id = new_request_id(id_prefix)
         kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
-        subs = expand(request_id, prompts, params, params.n, kv, cache_salt, output_kind=kind)
+        subs = expand(request_id, prompts, params, params.n, kv, ctx.scope_of(raw, cache_salt), output_kind=kind)
         if not generate and not stream:
             return Finished(request_id, prompts, subs, [])
         if stream:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer
 
-from execstate.engine.cache_salt import check_cache_salt
+from execstate.identity.scope import cache_salt
 
 Prompt = str | list[int] | list[str] | list[list[int]]
 
@@ -75,7 +75,7 @@ class SamplingRequest(BaseModel):
     # R3 and PD.
     routed_experts_prompt_start: int = 0
     kv_transfer_params: dict[str, Any] | None = None
-    # vLLM: tenant salt of the prompt's cache keys (engine/cache_salt.py).
+    # vLLM's name: narrows the caller's cache partition (identity/scope.py); never crosses tenants.
     cache_salt: str | None = None
     # Structured outputs (serve/openai/structured.py): OpenAI's response_format, vLLM's
     # structured_outputs ({"json" | "regex" | "choice" | "grammar" | "json_object": ...}).
@@ -87,7 +87,7 @@ class SamplingRequest(BaseModel):
     @field_validator("cache_salt")
     @classmethod
     def _check_cache_salt(cls, v: str | None) -> str | None:
-        return check_cache_salt(v)
+        return cache_salt(v)
 
     @field_validator(
         "temperature", "top_p", "n", "min_tokens", "ignore_eos", "return_token_ids",

@@ -39,11 +39,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.serve.errors import OpenAIError, install_error_handlers
 from execstate.serve.health import health_response
 from execstate.serve.json_depth import depth_message, too_deep
 from execstate.serve.pd.proxy_metrics import ProxyMetrics, ProxyRecord
-from execstate.transfer.handoff import HandoffError, HandoffTrust, resolve_secret, wants_remote_prefill
+from execstate.transfer.handoff import HandoffError, HandoffTrust, wants_remote_prefill
 
 _FORWARD_HEADERS = ("authorization", "content-type")
 
@@ -79,8 +80,8 @@ class PDProxy:
                  secret: str | bytes | None = None) -> None:
         if not prefill or not decode:
             raise ValueError("the proxy needs at least one --prefill and one --decode URL")
-        key = resolve_secret(secret)
-        self.trust = HandoffTrust(key) if key is not None else None
+        ring = SecretRing.resolve(secret)
+        self.trust = HandoffTrust(ring) if ring is not None else None
         self.client = httpx.AsyncClient(timeout=timeout_s)
         self.metrics = ProxyMetrics()
         self.instances = [*prefill, *decode]

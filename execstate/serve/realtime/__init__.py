@@ -33,33 +33,3 @@ phases that act on it) and its handler into the protocol's ``handlers.py`` (one 
 ``routes`` entry). tests/serve/test_realtime_framework.py defines a protocol that way, in the test
 file, and drives it over a real WebSocket.
 """
-
-from __future__ import annotations
-
-import importlib
-import warnings
-from typing import Any
-
-# Names of the former module ``execstate/serve/realtime.py`` (one release, with a DeprecationWarning).
-_MOVED = {
-    "PATH": "execstate.serve.realtime.lm.endpoint",
-    "DEFAULT_GRACE_S": "execstate.serve.realtime.lm.endpoint",
-    "RealtimeServer": "execstate.serve.realtime.lm.endpoint",
-    "install_realtime": "execstate.serve.realtime.lm.endpoint",
-    "SUBPROTOCOL": "execstate.serve.realtime.protocol",
-    "MAX_FRAME_BYTES": "execstate.serve.realtime.limits",
-    "MAX_UNPROCESSED_MESSAGES": "execstate.serve.realtime.limits",
-    "MAX_UNPROCESSED_BYTES": "execstate.serve.realtime.limits",
-    "MAX_UNSENT_EVENTS": "execstate.serve.realtime.limits",
-    "CLOSE_POLICY_VIOLATION": "execstate.serve.realtime.limits",
-    "WRITER_DRAIN_S": "execstate.serve.realtime.limits",
-    "CloseFrame": "execstate.serve.realtime.outbox",
-    "Outbox": "execstate.serve.realtime.outbox",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(f"execstate.serve.realtime.{name} moved to {_MOVED[name]}.{name}", DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(_MOVED[name]), name)

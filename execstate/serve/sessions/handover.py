@@ -46,6 +46,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.serve.context import ServeContext
 from execstate.serve.errors import OpenAIError
 from execstate.serve.sessions.errors import http_status
@@ -55,7 +56,6 @@ from execstate.session.lm.migration_target import ImportHandle, MigrationResult,
 from execstate.session.lm.migration_wire import SessionOffer, decode_offer
 from execstate.session.runtime.migration import MigrationError
 from execstate.transfer.handover import HandoverError, HandoverLedger
-from execstate.transfer.secrets import SecretRing
 
 IMPORT_PATH = "/v1/sessions/import"
 COMMIT_PATH = "/v1/sessions/import/commit"

@@ -25,9 +25,9 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta, Struct
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.session.runtime.migration import MigrationError
 from execstate.session.runtime.migration_wire import open_envelope, seal
-from execstate.transfer.secrets import SecretRing
 
 CALLS = ("identify", "commit", "abort")
 IMPORTED = "imported"  # the outcome acknowledged by an import's answer

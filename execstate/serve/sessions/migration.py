@@ -48,6 +48,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.serve.context import ServeContext
 from execstate.serve.errors import OpenAIError
 from execstate.serve.sessions.handover import ABORT_PATH, COMMIT_PATH, IDENTIFY_PATH, IMPORT_PATH
@@ -57,7 +58,6 @@ from execstate.session.lm.async_sessions import AsyncSessions
 from execstate.session.lm.migration_source import Outgoing, begin_export, finish_export
 from execstate.session.runtime.migration import MigrationError
 from execstate.transfer.handover import DEFAULT_SKEW_S
-from execstate.transfer.secrets import SecretRing
 
 MAX_WINDOW_S = 600.0
 _GRACE_S = 10.0  # beyond the commit deadline, how long the source waits for the target's answer

@@ -47,6 +47,7 @@ from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
+from execstate.identity.scope import PrefixSharing
 from execstate.session.lm.chat import ChatTurn, turn_tokens
 from execstate.session.lm.events import INPUT, pretokenize
 from execstate.session.lm.hibernation import (
@@ -70,16 +71,18 @@ T = TypeVar("T")
 class _Home:
     """The engine's ``LMSessions`` (built on the engine thread by the first call), shared by every view."""
 
-    def __init__(self, policy: SessionPolicy | None) -> None:
+    def __init__(self, policy: SessionPolicy | None, sharing: PrefixSharing | None) -> None:
         self.policy = policy
+        self.sharing = sharing
         self.lm: LMSessions | None = None
 
 
 class AsyncSessions(AsyncKindSessions[LMSessions, SessionInfo]):
-    def __init__(self, engine: AsyncEngine, policy: SessionPolicy | None = None) -> None:
+    def __init__(self, engine: AsyncEngine, policy: SessionPolicy | None = None,
+                 sharing: PrefixSharing | None = None) -> None:
         self.engine = engine
         self.access: Access = LOCAL
-        self._home = _Home(policy)
+        self._home = _Home(policy, sharing)
         engine.add_shutdown_hook(self._shutdown)
 
     def scoped(self, access: Access) -> AsyncSessions:
@@ -91,7 +94,7 @@ class AsyncSessions(AsyncKindSessions[LMSessions, SessionInfo]):
         """Engine thread only: the engine's ``LMSessions``, owned here (built by the first call)."""
         home = self._home
         if home.lm is None:
-            home.lm = LMSessions(eng, home.policy)
+            home.lm = LMSessions(eng, home.policy, home.sharing)
         return home.lm
 
     async def run(self, fn: Callable[[LMSessions], T]) -> T:

@@ -12,7 +12,7 @@ except :meth:`Hibernated.publish`, which any thread may call. The public API::
 **Hibernate** (:func:`hibernate`, an OPEN session of the caller's; idempotent): its full blocks,
 and those of its checkpoints and origin, are written to the offload tiers as units under their
 execution-state keys (``OffloadConnector.store_units``: KV, route rows, record), its control state
-is encoded as a manifest (``hibernation_wire.py``: signed when the engine has an offload secret)
+is encoded as a manifest (``hibernation_wire.py``: signed with the offload tiers' ring, shared or per-process)
 and every pool block it pins is released; it is HIBERNATED (``session/runtime/lifecycle.py``). It
 still counts in its tenant's ``sessions`` quota and ``max_sessions``; it holds no pool block.
 :meth:`Hibernated.publish` then waits for its units to be written and puts the manifest in the
@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.offload import BlockUnit
+from execstate.identity.execution import ExecutionIdentity
 from execstate.identity.keys import BlockKey
 from execstate.identity.session_keys import SessionKey
 from execstate.session.lm.hibernation_state import block_units, desync, state_from_manifest
@@ -89,7 +90,7 @@ class Hibernated:
     state_key: SessionKey
     unit_keys: tuple[BlockKey, ...]
     nbytes: int
-    signed: bool
+    shareable: bool  # signed with the instances' shared ring (not a per-process key): may be published
     manifests: ManifestStore | None = None
     manifest_key: str | None = None
     published: bool = False
@@ -98,8 +99,9 @@ class Hibernated:
 
     def publish(self, flush: object = None) -> bool:
         """Put the manifest in the shared tier (any thread), after ``flush()`` (the units' writes);
-        False when there is none, it is unsigned, the session woke meanwhile, or Redis failed."""
-        if self.manifests is None or self.manifest_key is None or not self.signed:
+        False when there is none, it is not signed with the shared ring, the session woke meanwhile, or
+        Redis failed."""
+        if self.manifests is None or self.manifest_key is None or not self.shareable:
             return False
         if callable(flush):
             flush()
@@ -137,20 +139,20 @@ def hibernate(sessions: LMSessions, session_id: str, access: Access = LOCAL) -> 
     state = rt.state
     assert isinstance(state, LMState)
     engine = sessions.engine
-    if state.token_ids and state.root != engine.kv_manager.root_key("free", state.cache_salt):
+    current = engine.kv_manager.identity(state.identity.scope)
+    if state.token_ids and state.identity != current:
         raise SessionEventError("stale_state", f"session {session_id!r} was computed under other weights or "
                                 "provenance; reset and step with reprefill=True first")
     bs = engine.block_size
     rows = state.routes.rows(0, state.routes.rows_known) if state.routes is not None else None
-    current = engine.kv_manager.root_key("free", state.cache_salt)
 
-    def version(root: BlockKey) -> str | None:  # named in the units' records (their KV events)
-        return engine.provenance.weights_version if root == current else None
+    def version(identity: ExecutionIdentity) -> str | None:  # named in the units' records (their KV events)
+        return engine.provenance.weights_version if identity == current else None
 
-    own = block_units(state.token_ids, state.root, state.blocks, rows, bs, version(state.root))
+    own = block_units(state.token_ids, state.identity, state.blocks, rows, bs, version(state.identity))
     saved = [cp.saved for cp in [*rt.checkpoints, rt.origin] if isinstance(cp.saved, LMSaved) and not cp.released]
     units = {u[1]: BlockUnit(*u) for s in saved
-             for u in block_units(s.token_ids, s.root, s.blocks, s.routes, bs, version(s.root))}
+             for u in block_units(s.token_ids, s.identity, s.blocks, s.routes, bs, version(s.identity))}
     units.update({u[1]: BlockUnit(*u) for u in own})
     conn = engine.offload
     stored = conn.store_units(list(units.values())) if conn is not None else 0
@@ -159,14 +161,15 @@ def hibernate(sessions: LMSessions, session_id: str, access: Access = LOCAL) -> 
                         commit_by=time.time() + MANIFEST_TTL_S, nonce=secrets.token_hex(16), target_engine_id=eid)
     keys = tuple(u[1] for u in own)
     key = rt.state_key()
-    secret = conn.secret if conn is not None else None
+    ring = conn.ring if conn is not None else None  # the shared ring, else this process's own key
     data = encode_manifest(HibernationManifest(FORMAT_VERSION, eid, offer, [bytes(k) for k in keys], bytes(key),
-                                               time.time()), secret)
+                                               time.time()), ring)
     state.drop_kv()
     for s in saved:
         s.drop_kv()
     record = Hibernated(rt.session_id, data, digest(data), key, keys,
-                        len(data) + stored * (conn.unit_nbytes if conn is not None else 0), secret is not None)
+                        len(data) + stored * (conn.unit_nbytes if conn is not None else 0),
+                        conn is not None and conn.shared_ring is not None)
     if conn is not None and conn.manifests is not None:
         record.manifests = conn.manifests
         record.manifest_key = conn.manifests.manifest_key(eid, rt.owner.tenant, rt.session_id)
@@ -210,14 +213,15 @@ def wake_runtime(sessions: LMSessions, rt: SessionRuntime) -> None:
             raise SessionEventError("closed", f"session {rt.session_id!r} was woken on another engine from the "
                                     "shared tier")
     conn = sessions.engine.offload
-    secret = conn.secret if conn is not None else None
+    ring = conn.ring if conn is not None else None
     try:
         if digest(record.manifest) != record.digest:
             raise desync("its manifest changed since it was written")
-        m = decode_manifest(record.manifest, secret, require_signature=secret is not None)
+        m = decode_manifest(record.manifest, ring, require_signature=ring is not None)
         if m.offer.session_id != rt.session_id or m.offer.tenant != rt.owner.tenant:
             raise desync("the manifest names another session or tenant")
-        state, _ = state_from_manifest(sessions.engine, m, sessions.kinds, sessions.max_pending_events)
+        state, _ = state_from_manifest(sessions.engine, m, sessions.kinds, sessions.max_pending_events,
+                                       sessions.sharing)
         if bytes(m.state_key) != bytes(record.state_key):
             raise desync("a stale manifest (its step index, event epoch, branch or tokens are not the session's)")
     except MigrationError as e:
@@ -238,11 +242,11 @@ def reference(sessions: LMSessions, session_id: str, access: Access, target_engi
     if rt.status is not SessionStatus.HIBERNATED or not isinstance(record, Hibernated):
         raise SessionEventError("invalid", f"session {session_id!r} is not hibernated")
     conn = sessions.engine.offload
-    if not record.published or record.manifest_key is None or conn is None or conn.secret is None:
+    if not record.published or record.manifest_key is None or conn is None or conn.shared_ring is None:
         raise SessionEventError("unsupported", f"session {session_id!r} is not in a shared tier (it needs "
                                 "--offload-redis-url and the instances' shared secret)")
     if not 0 < ttl_s <= 3600:
         raise SessionEventError("invalid", f"ttl_s must be in (0, 3600], got {ttl_s!r}")
     ref = HibernationReference(FORMAT_VERSION, record.manifest_key, rt.session_id, rt.owner.tenant, target_engine_id,
                                secrets.token_hex(16), time.time() + ttl_s, record.digest, bytes(record.state_key))
-    return encode_reference(ref, conn.secret)
+    return encode_reference(ref, conn.shared_ring)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import secrets
 import time
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.identity.tenant import TenantId
 from execstate.session.lm.hibernation import engine_id
 from execstate.session.lm.hibernation_state import desync, state_from_manifest
@@ -52,7 +53,6 @@ from execstate.session.runtime.lifecycle import SessionRuntime
 from execstate.session.runtime.migration import MigrationError
 from execstate.state.tiers.manifest_store import ManifestUnavailable
 from execstate.transfer.handover import HandoverError, HandoverLedger
-from execstate.transfer.secrets import SecretRing
 
 
 def make_reference(secret: SecretRing | bytes, manifest_key: str, session_id: str, tenant: TenantId | str,
@@ -72,7 +72,7 @@ def wake_from_reference(sessions: LMSessions, data: bytes, ledger: HandoverLedge
     conn = engine.offload
     if conn is None or conn.manifests is None:
         raise MigrationError("unsupported", "this engine has no shared tier (--offload-redis-url)")
-    ref = decode_reference(data, conn.secret)
+    ref = decode_reference(data, conn.shared_ring)
     if ref.target_engine_id != engine_id(engine):
         raise MigrationError("wrong_target", f"the reference is for engine {ref.target_engine_id!r}, not this one")
     if ref.expires_at <= time.time():
@@ -91,13 +91,14 @@ def wake_from_reference(sessions: LMSessions, data: bytes, ledger: HandoverLedge
                              "elsewhere, closed or expired)")
     if ref.manifest_digest is not None and digest(blob) != ref.manifest_digest:
         raise desync("the stored manifest is not the one referenced (stale or replaced)")
-    m = decode_manifest(blob, conn.secret, require_signature=True)
+    m = decode_manifest(blob, conn.shared_ring, require_signature=True)
     offer = m.offer
     if offer.session_id != ref.session_id or offer.tenant != ref.tenant:
         raise desync("the manifest names another session or tenant than the reference")
     if ref.state_key is not None and bytes(m.state_key) != ref.state_key:
         raise desync("a stale manifest (its step index, event epoch, branch or tokens are not the referenced state)")
-    state, queue = state_from_manifest(engine, m, sessions.kinds, sessions.max_pending_events)
+    state, queue = state_from_manifest(engine, m, sessions.kinds, sessions.max_pending_events,
+                                       sessions.sharing)
     owner = offer_owner(offer)
     manager = sessions.manager
     if any(rt.session_id == offer.session_id for rt in manager.resident(owner)):

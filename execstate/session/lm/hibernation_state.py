@@ -18,15 +18,17 @@ import numpy as np
 
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.route_trace import RouteTrace
+from execstate.identity.execution import ExecutionIdentity
 from execstate.identity.keys import BlockKey
+from execstate.identity.scope import PrefixSharing
 from execstate.identity.session_keys import SessionKey, session_state_key
 from execstate.session.lm.hibernation_wire import HibernationManifest
-from execstate.session.lm.migration_source import chain_keys_from
 from execstate.session.lm.migration_state import (
     RNG_NBYTES,
     check_offer,
     event_queue,
     grammar_state,
+    offer_scope,
     rng_state,
     route_rows,
     sampling_params,
@@ -38,22 +40,24 @@ from execstate.state.block_holds import HeldBlocks
 from execstate.state.tiers.pool_units import UnitOrigin
 
 
-def block_units(token_ids: list[int] | tuple[int, ...], root: BlockKey, held: HeldBlocks | None,
+def block_units(token_ids: list[int] | tuple[int, ...], identity: ExecutionIdentity, held: HeldBlocks | None,
                 rows: np.ndarray | None, block_size: int,
                 weights_version: str | None = None) -> list[tuple[int, BlockKey, UnitOrigin, bytes | None]]:
     """``(block id, key, origin, route bytes)`` of each full block ``held`` has KV for
-    (``weights_version``: the root's, named in the units' records; None when unknown)."""
+    (``weights_version``: the identity's, named in the units' records; None when unknown)."""
     if held is None:
         return []
     n_full = min(held.num_tokens, len(token_ids)) // block_size
-    keys = chain_keys_from(root, list(token_ids[: n_full * block_size]), n_full, block_size)
+    keys = identity.chain(token_ids, block_size, num_blocks=n_full)
+    root = identity.root
     out = []
     for i, key in enumerate(keys):
         lo, hi = i * block_size, (i + 1) * block_size
         r = None
         if rows is not None and len(rows) >= hi:
             r = np.ascontiguousarray(rows[lo:hi], dtype="<i2").tobytes()
-        origin = UnitOrigin(keys[i - 1] if i else root, root, tuple(token_ids[lo:hi]), weights_version)
+        origin = UnitOrigin(keys[i - 1] if i else root, root, tuple(token_ids[lo:hi]), weights_version,
+                            identity.scope.tenant)
         out.append((held.block_ids[i], key, origin, r))
     return out
 
@@ -70,20 +74,20 @@ def desync(why: str) -> MigrationError:
 
 
 def state_from_manifest(engine: LLMEngine, m: HibernationManifest, kinds: dict[str, EventKind],
-                        max_pending: int) -> tuple[LMState, EventQueue]:
+                        max_pending: int, sharing: PrefixSharing) -> tuple[LMState, EventQueue]:
     """The session's state (no KV: its next step takes it from the pool, the tiers or recomputes
-    it) and event queue (module docstring)."""
+    it) and event queue (module docstring); ``sharing``: this server's shared prefix groups."""
     offer = m.offer
     if offer.provenance_digest != engine.provenance.digest():
         raise MigrationError("incompatible", "the session was computed under another provenance (model, weights "
-                             "version, dtype, numerics or cache salt) than this engine's")
+                             "version, dtype or numerics) than this engine's")
     mc, bs = engine.model_config, engine.block_size
     route_shape = (mc.num_moe_layers, mc.top_k) if engine.return_routes else None
     check_offer(offer, vocab_size=mc.vocab_size, max_model_len=engine.max_model_len, route_shape=route_shape,
                 num_experts=mc.num_experts or 0, rng_nbytes=RNG_NBYTES)
-    root = engine.kv_manager.root_key("free", offer.cache_salt)
-    state = LMState(engine.kv_holds, bs, route_shape, sampling_params(offer, mc.vocab_size), offer.seed, root,
-                    offer.cache_salt, offer.priority)
+    identity = engine.kv_manager.identity(offer_scope(offer, sharing))
+    state = LMState(engine.kv_holds, bs, route_shape, sampling_params(offer, mc.vocab_size), offer.seed, identity,
+                    offer.priority)
     state.token_ids = list(offer.token_ids)
     state.generator.set_state(rng_state(offer))
     state.grammar = grammar_state(offer, engine.grammar)
@@ -93,18 +97,18 @@ def state_from_manifest(engine: LLMEngine, m: HibernationManifest, kinds: dict[s
         if len(rows):
             trace.fill(0, rows)
         state.routes = trace
-    check_manifest(m, state, root, bs)
+    check_manifest(m, state, bs)
     return state, event_queue(offer, kinds, max_pending)
 
 
-def check_manifest(m: HibernationManifest, state: LMState, root: BlockKey, block_size: int) -> None:
+def check_manifest(m: HibernationManifest, state: LMState, block_size: int) -> None:
     """``desync`` unless the manifest agrees with itself (module docstring)."""
     n = len(m.unit_keys)
     if n * block_size > len(state.token_ids):
         raise desync(f"{n} units for {len(state.token_ids)} tokens")
-    want = chain_keys_from(root, state.token_ids, n, block_size)
+    want = state.identity.chain(state.token_ids, block_size, num_blocks=n)
     if [bytes(k) for k in want] != [bytes(k) for k in m.unit_keys]:
-        raise desync("its unit keys are not the chain of its tokens under this engine's root (units of another "
-                     "block, chain or tenant salt)")
+        raise desync("its unit keys are not the chain of its tokens under this engine's identity (units of "
+                     "another block, chain, tenant or salt)")
     if bytes(manifest_state_key(m, state)) != bytes(m.state_key):
         raise desync("its session state key does not match its tokens, step index, event epoch and branch")

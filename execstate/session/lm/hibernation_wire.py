@@ -28,10 +28,10 @@ from typing import Annotated, TypeVar
 import msgspec
 from msgspec import Meta, Struct
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.session.lm.migration_wire import MAX_OFFER_BYTES, SessionOffer
 from execstate.session.runtime.migration import MigrationError
 from execstate.session.runtime.migration_wire import open_envelope, seal
-from execstate.transfer.secrets import SecretRing
 
 __all__ = ["FORMAT_VERSION", "HibernationManifest", "HibernationReference", "decode_manifest", "decode_reference",
            "digest", "encode_manifest", "encode_reference"]

@@ -27,7 +27,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from execstate.identity.keys import BlockKey, block_key
 from execstate.session.lm.migration_state import build_offer
 from execstate.session.lm.migration_wire import encode_offer
 from execstate.session.lm.sessions import LMSessions
@@ -56,16 +55,6 @@ class Outgoing:
     runtime: SessionRuntime | None = field(default=None, repr=False, compare=False)  # engine thread only
 
 
-def chain_keys_from(root: BlockKey, token_ids: list[int], num_blocks: int, block_size: int) -> list[BlockKey]:
-    """Keys of the first ``num_blocks`` full blocks of ``token_ids`` under ``root``."""
-    keys: list[BlockKey] = []
-    parent = root
-    for i in range(num_blocks):
-        parent = block_key(parent, token_ids[i * block_size : (i + 1) * block_size])
-        keys.append(parent)
-    return keys
-
-
 def begin_export(sessions: LMSessions, session_id: str, window_s: float, *, target_engine_id: str, nonce: str,
                  access: Access = LOCAL) -> Outgoing:
     """Freeze the session, export its blocks and encode its offer for ``target_engine_id`` under
@@ -88,8 +77,7 @@ def begin_export(sessions: LMSessions, session_id: str, window_s: float, *, targ
         raise MigrationError(e.code, e.message) from None
     state = rt.state
     assert isinstance(state, LMState)
-    root = engine.kv_manager.root_key("free", state.cache_salt)
-    if state.root != root and state.token_ids:
+    if state.identity != engine.kv_manager.identity(state.identity.scope) and state.token_ids:
         raise MigrationError("stale_state", f"session {session_id!r} was computed under other weights or "
                              "provenance; reset and step with reprefill=True before migrating it")
     t0 = time.monotonic()
@@ -102,14 +90,14 @@ def begin_export(sessions: LMSessions, session_id: str, window_s: float, *, targ
         params = None
         if n_full:
             assert blocks is not None
-            keys = chain_keys_from(root, state.token_ids, n_full, bs)
+            keys = state.identity.chain(state.token_ids, bs, num_blocks=n_full)
             routes = state.routes.rows(0, n_full * bs) if state.routes is not None else None
             try:
                 handoff = pd.export_blocks(blocks.block_ids[:n_full], keys, routes)
             except TransferError as e:
                 raise MigrationError(e.code.value, f"exporting the session's KV failed: {e.detail}") from None
             transfer_id = handoff.transfer_id
-            params = handoff.to_params(pd.secret)
+            params = handoff.to_params(pd.secrets)
         commit_by = time.time() + window_s
         offer = build_offer(rt, source_instance_id=pd.instance_id, provenance_digest=engine.provenance.digest(),
                             handoff=params, commit_by=commit_by, nonce=nonce, target_engine_id=target_engine_id)

@@ -32,6 +32,7 @@ from execstate.engine.grammar.matcher import GrammarMatcher, GrammarSnapshot
 from execstate.engine.grammar.spec import StructuredOutputsParams
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.validation import validate_logit_bias, validate_sampling
+from execstate.identity.scope import CacheScope, PrefixSharing
 from execstate.identity.tenant import tenant_id
 from execstate.session.lm.events import INPUT
 from execstate.session.lm.migration_wire import (
@@ -59,6 +60,15 @@ def _bad(field: str, why: str) -> MigrationError:
 
 
 # -- source side ---------------------------------------------------------------------------------
+def offer_scope(offer: SessionOffer, sharing: PrefixSharing) -> CacheScope:
+    """The cache scope the offered session gets here: its tenant and salt under this server's
+    shared prefix groups; ``invalid`` naming the field when either is not valid."""
+    try:
+        return sharing.scope(tenant_id(offer.tenant), offer.cache_salt)
+    except ValueError as exc:
+        raise MigrationError("invalid", f"session offer: {exc}") from None
+
+
 def build_offer(rt: SessionRuntime, *, source_instance_id: str, provenance_digest: str,
                 handoff: dict[str, Any] | None, commit_by: float, nonce: str, target_engine_id: str) -> SessionOffer:
     state = rt.state
@@ -72,7 +82,7 @@ def build_offer(rt: SessionRuntime, *, source_instance_id: str, provenance_diges
     return SessionOffer(
         format_version=FORMAT_VERSION, session_id=rt.session_id, tenant=rt.owner.tenant, nonce=nonce,
         target_engine_id=target_engine_id, source_instance_id=source_instance_id,
-        provenance_digest=provenance_digest, cache_salt=state.cache_salt, token_ids=list(state.token_ids),
+        provenance_digest=provenance_digest, cache_salt=state.identity.scope.salt, token_ids=list(state.token_ids),
         num_kv_tokens=state.num_kv_tokens, route_rows=rows, step_index=rt.step_index, event_epoch=rt.event_epoch,
         max_event_epoch=rt.max_event_epoch, branch_id=rt.branch_id, seed=state.seed,
         rng_state=bytes(state.generator.get_state().numpy()),

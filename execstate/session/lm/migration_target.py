@@ -50,12 +50,12 @@ from execstate.engine.external_prefix import ExternalLoadError
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.route_trace import RouteTrace
 from execstate.identity.keys import BlockKey
-from execstate.session.lm.migration_source import chain_keys_from
 from execstate.session.lm.migration_state import (
     accept_offer,
     event_queue,
     grammar_state,
     offer_owner,
+    offer_scope,
     rng_state,
     route_rows,
     sampling_params,
@@ -143,7 +143,7 @@ class ImportHandle:
 def begin_import(sessions: LMSessions, data: bytes | tuple[SessionOffer, bool]) -> ImportHandle:
     """Check the offer and start loading its blocks (module docstring); ``MigrationError`` with
     nothing taken when it is refused. ``data``: the envelope's bytes, or what ``decode_offer``
-    made of them with this engine's ``pd.secret`` (a caller that decodes off the engine thread)."""
+    made of them with this engine's ``pd.secrets`` (a caller that decodes off the engine thread)."""
     t0 = time.monotonic()
     engine = sessions.engine
     offer, handoff = accept_offer(sessions, data)
@@ -151,16 +151,16 @@ def begin_import(sessions: LMSessions, data: bytes | tuple[SessionOffer, bool]) 
     assert pd is not None
     mc, bs = engine.model_config, engine.block_size
     route_shape = (mc.num_moe_layers, mc.top_k) if engine.return_routes else None
-    root = engine.kv_manager.root_key("free", offer.cache_salt)
-    state = LMState(engine.kv_holds, bs, route_shape, sampling_params(offer, mc.vocab_size), offer.seed, root,
-                    offer.cache_salt, offer.priority)
+    identity = engine.kv_manager.identity(offer_scope(offer, sessions.sharing))
+    state = LMState(engine.kv_holds, bs, route_shape, sampling_params(offer, mc.vocab_size), offer.seed, identity,
+                    offer.priority)
     state.token_ids = list(offer.token_ids)
     state.generator.set_state(rng_state(offer))
     state.grammar = grammar_state(offer, engine.grammar)
     rows = route_rows(offer, route_shape, mc.num_experts or 0) if route_shape is not None else None
     queue = event_queue(offer, sessions.kinds, sessions.max_pending_events)
     n = handoff.num_blocks if handoff is not None else 0
-    keys = chain_keys_from(root, state.token_ids, n, bs)
+    keys = identity.chain(state.token_ids, bs, num_blocks=n)
     hits = _local_hits(engine, keys)
     imp = ImportHandle(sessions, offer, keys, hits, [], handoff, queue, state, rows, t0)
     engine.block_pool.acquire(hits)

@@ -48,6 +48,8 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta, Struct
 
+from execstate.identity.scope import MAX_CACHE_SALT_CHARS
+from execstate.identity.secret_ring import SecretRing
 from execstate.session.runtime.migration import MigrationError
 from execstate.session.runtime.migration_wire import (
     MAX_EVENTS,
@@ -59,7 +61,6 @@ from execstate.session.runtime.migration_wire import (
     seal,
     sign_payload,
 )
-from execstate.transfer.secrets import SecretRing
 
 __all__ = ["DOMAIN", "FORMAT_VERSION", "MAX_EVENTS", "MAX_OFFER_BYTES", "MAX_RNG_BYTES", "MAX_TOKENS", "MigrationError",
            "SessionOffer", "SignedOffer", "WireAck", "WireEvents", "WireGrammar", "WirePending", "WireSampling",
@@ -121,7 +122,7 @@ class SessionOffer(Struct, frozen=True, forbid_unknown_fields=True):
     target_engine_id: _Name
     source_instance_id: _Name
     provenance_digest: _Name
-    cache_salt: Annotated[str, Meta(max_length=4096)] | None
+    cache_salt: Annotated[str, Meta(min_length=1, max_length=MAX_CACHE_SALT_CHARS)] | None
     token_ids: Annotated[list[_Token], Meta(max_length=MAX_TOKENS)]
     num_kv_tokens: _Count
     route_rows: bytes | None

@@ -27,7 +27,8 @@ session's state was computed: the session is FAILED; reset and step with ``repre
 ``capacity`` (too many sessions), ``quota`` (the tenant's quota), ``checkpoint_limit``,
 ``session_in_use`` (held by a live connection), ``evicted``, ``expired``, ``closed``.
 
-Identity: each session records the chain root (provenance + cache salt) its state was computed
+Identity: each session records the execution identity (the engine's provenance, the session's
+cache scope: its owner's tenant or shared group and its ``cache_salt``) its state was computed
 under; a step after a weights update or any provenance change fails the session with
 ``stale_state`` unless the step asks ``reprefill=True``, which drops the blocks, the route rows
 and the keys and recomputes the whole context under the new provenance.
@@ -46,6 +47,7 @@ from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.engine.validation import validate_logit_bias, validate_sampling
+from execstate.identity.scope import PrefixSharing
 from execstate.identity.tenant import TenantId
 from execstate.session.lm import tenancy
 from execstate.session.lm.events import INPUT, lm_event_kinds
@@ -82,9 +84,11 @@ class LMSessions(KindSessions[SessionInfo]):
     """The LM kind's sessions object (module docstring); the shared operations (events,
     checkpoints, rollback, fork, reset, info) are ``KindSessions``'."""
 
-    def __init__(self, engine: LLMEngine, policy: SessionPolicy | None = None) -> None:
+    def __init__(self, engine: LLMEngine, policy: SessionPolicy | None = None,
+                 sharing: PrefixSharing | None = None) -> None:
         """``policy``: a server's bounds (None: ``max_session_checkpoints`` from the engine's config,
-        no idle expiry, no quotas)."""
+        no idle expiry, no quotas); ``sharing``: the operator's shared prefix groups (None: every
+        tenant's sessions in its own cache partition)."""
         if engine.kv_holds.has_reclaimer:
             raise ValueError("this engine already has its LM sessions (its KV holds have an owner): pass that "
                              "LMSessions (or the AsyncSessions holding it) instead of building a second one")
@@ -94,6 +98,7 @@ class LMSessions(KindSessions[SessionInfo]):
                          lm_event_kinds(engine.model_config.vocab_size, engine.max_model_len, engine.tokenizer),
                          cfg.max_session_events)
         self.engine = engine
+        self.sharing = sharing or PrefixSharing()
         self.steps: dict[SessionRuntime, StepHandle] = {}  # the step in flight of each session
         mc = engine.model_config
         self._route_shape = (mc.num_moe_layers, mc.top_k) if engine.return_routes else None
@@ -116,12 +121,15 @@ class LMSessions(KindSessions[SessionInfo]):
             raise SessionEventError("invalid", str(exc)) from None
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise SessionEventError("invalid", f"priority must be an int, got {priority!r}")
+        try:  # every argument is checked before admission: a refusal evicts no other session
+            scope = self.sharing.scope(access.owner.tenant, cache_salt)
+        except ValueError as exc:
+            raise SessionEventError("invalid", str(exc)) from None
         sid = self.manager.admit(session_id, access)
         seed = params.seed if params.seed is not None else int(
             torch.randint(0, 2**62, (1,), generator=self.engine.generator).item())
-        root = self.engine.kv_manager.root_key("free", cache_salt)
-        state = LMState(self.engine.kv_holds, self.engine.block_size, self._route_shape, params, seed, root,
-                        cache_salt, priority)
+        state = LMState(self.engine.kv_holds, self.engine.block_size, self._route_shape, params, seed,
+                        self.engine.kv_manager.identity(scope), priority)
         return self.manager.add(SessionRuntime(sid, state, self.new_queue(), secrets.token_hex(8),
                                                owner=access.owner, holder=access.holder))
 
@@ -166,13 +174,13 @@ class LMSessions(KindSessions[SessionInfo]):
             rt.submit_event(rt.next_event_id(), INPUT, self._input_data(rt, input))
         state = rt.state
         assert isinstance(state, LMState)
-        root = self.engine.kv_manager.root_key("free", state.cache_salt)
-        if state.root != root:
+        current = self.engine.kv_manager.identity(state.identity.scope)
+        if state.identity != current:
             if not reprefill and state.token_ids:  # an empty context has nothing computed: adopt the new root
                 raise rt.fail("stale_state", "the engine's weights or provenance changed since this session's "
                               f"state was computed (weights version now {self.engine.provenance.weights_version}); "
                               "reset and step with reprefill=True, or close the session")
-            state.reroot(root)
+            state.reroot(current)
         handle = rt.begin_step(lambda drained: start_lm_step(
             self.engine, rt, drained, max_tokens, stream, self.manager.tick))
         self.steps[rt] = handle

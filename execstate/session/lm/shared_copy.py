@@ -85,17 +85,17 @@ def build_copy(sessions: LMSessions, rt: SessionRuntime) -> SharedCopy:
     assert isinstance(state, LMState)
     engine = sessions.engine
     conn = engine.offload
-    if conn is None or conn.manifests is None or conn.secret is None:
+    if conn is None or conn.manifests is None or conn.shared_ring is None:
         raise ValueError("a shared copy needs a Redis tier (offload_redis_url) and the shared secret")
     rows = state.routes.rows(0, state.routes.rows_known) if state.routes is not None else None
-    own = block_units(state.token_ids, state.root, state.blocks, rows, engine.block_size)
+    own = block_units(state.token_ids, state.identity, state.blocks, rows, engine.block_size)
     conn.store_units([BlockUnit(*u) for u in own])
     eid = engine_id(engine)
     offer = build_offer(rt, source_instance_id=eid, provenance_digest=engine.provenance.digest(), handoff=None,
                         commit_by=time.time() + MANIFEST_TTL_S, nonce=secrets.token_hex(16), target_engine_id=eid)
     key = rt.state_key()
     data = encode_manifest(HibernationManifest(FORMAT_VERSION, eid, offer, [bytes(u[1]) for u in own], bytes(key),
-                                               time.time()), conn.secret)
+                                               time.time()), conn.shared_ring)
     return SharedCopy(rt.session_id, str(rt.owner.tenant), conn.manifests.manifest_key(eid, rt.owner.tenant,
                       rt.session_id), rt.step_index, key, data)
 
@@ -112,7 +112,7 @@ class SharedCopies:
     def due(self, sessions: LMSessions) -> CopySweep:
         """Engine thread: build what changed, list what to delete and check (module docstring)."""
         conn = sessions.engine.offload
-        if conn is None or conn.manifests is None or conn.secret is None:
+        if conn is None or conn.manifests is None or conn.shared_ring is None:
             return CopySweep([], [], [], None)
         here: set[tuple[Owner, str]] = set()
         put: list[SharedCopy] = []

@@ -10,8 +10,9 @@
 - ``params``, ``seed``, ``generator``: sampling. The generator is the session's own (seeded from
   ``seed``); its state is part of the session state, saved by every checkpoint and restored by a
   rollback, so re-running the same inputs reproduces the same tokens when sampling too.
-- ``root``: the root key (provenance + cache salt) the KV and keys were computed under. When the
-  engine's root differs (a weights update, any provenance change) the state is stale.
+- ``identity``: the :class:`ExecutionIdentity` (the engine's provenance, the session's tenant
+  scope and salt) the KV and keys were computed under; its chain gives the keys. When the engine's
+  identity for that scope differs (a weights update, any provenance change) the state is stale.
 - ``grammar``: the matcher state of the session's structured-output constraint
   (``params.structured_outputs``; ``engine/grammar/matcher.py``), or None. It spans steps: each
   step's request advances it in place (like the generator), so a constrained output can be
@@ -45,7 +46,8 @@ from execstate.engine.grammar.matcher import GrammarMatcher, GrammarSnapshot
 from execstate.engine.route_trace import RouteTrace
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
-from execstate.identity.keys import BlockKey, block_key
+from execstate.identity.execution import ExecutionIdentity
+from execstate.identity.keys import BlockKey
 from execstate.state.block_holds import BlockHolds, HeldBlocks
 
 _NO_RNG = torch.empty(0, dtype=torch.uint8)
@@ -63,9 +65,13 @@ class LMSaved:
     params: SamplingParams
     seed: int
     rng_state: torch.Tensor
-    root: BlockKey
+    identity: ExecutionIdentity
     grammar: GrammarMatcher | None = None  # a copy: never advanced
     released: bool = field(default=False, init=False)
+
+    @property
+    def root(self) -> BlockKey:
+        return self.identity.root
 
     def parts(self) -> list[tuple[object, int]]:
         """The copies this saved state holds and their host bytes (tokens, keys, RNG state; the
@@ -103,7 +109,7 @@ class LMSaved:
 
 class LMState:
     def __init__(self, holds: BlockHolds, block_size: int, route_shape: tuple[int, int] | None,
-                 params: SamplingParams, seed: int, root: BlockKey, cache_salt: str | None = None,
+                 params: SamplingParams, seed: int, identity: ExecutionIdentity,
                  priority: int = PRIORITY_INTERACTIVE) -> None:
         self.holds = holds
         self.block_size = block_size
@@ -111,8 +117,7 @@ class LMState:
         self.params = params
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
-        self.root = root
-        self.cache_salt = cache_salt
+        self.identity = identity
         self.priority = priority  # the scheduling class of its steps
         self.token_ids = []
         self.blocks: HeldBlocks | None = None
@@ -153,7 +158,7 @@ class LMState:
             rng = self._saved_rng  # unchanged since the last save: one copy for both
         self._saved_rng = rng
         return LMSaved(self.holds, self._saved_tokens, self._saved_keys, blocks, rows, self.params, self.seed, rng,
-                       self.root, self.grammar.copy() if self.grammar is not None else None)
+                       self.identity, self.grammar.copy() if self.grammar is not None else None)
 
     def restore(self, saved: LMSaved) -> None:
         self._check_saved(saved)
@@ -164,8 +169,8 @@ class LMState:
         src = saved if saved is not None else self.save()
         try:
             self._check_saved(src)
-            new = LMState(self.holds, self.block_size, self.route_shape, src.params, src.seed, src.root,
-                          self.cache_salt, self.priority)
+            new = LMState(self.holds, self.block_size, self.route_shape, src.params, src.seed, src.identity,
+                          self.priority)
             new._load(src)
             return new
         finally:
@@ -183,13 +188,14 @@ class LMState:
     def block_ids(self) -> set[int]:
         return set(self.blocks.block_ids) if self.blocks is not None else set()
 
+    @property
+    def root(self) -> BlockKey:
+        return self.identity.root
+
     def chain(self) -> tuple[BlockKey, list[int]]:
         bs = self.block_size
         n_full = len(self.token_ids) // bs
-        while len(self._keys) < n_full:
-            i = len(self._keys)
-            parent = self._keys[-1] if self._keys else self.root
-            self._keys.append(block_key(parent, self.token_ids[i * bs : (i + 1) * bs]))
+        self.identity.extend(self._keys, self.token_ids, bs, num_blocks=n_full)
         return (self._keys[n_full - 1] if n_full else self.root), self.token_ids[n_full * bs :]
 
     # -- the LM kind's own operations -------------------------------------------------------------
@@ -207,11 +213,11 @@ class LMState:
             self.holds.release(self.blocks)
             self.blocks = None
 
-    def reroot(self, root: BlockKey) -> None:
-        """Re-prefill under a new root: drop the KV, the keys and the route rows (all computed
+    def reroot(self, identity: ExecutionIdentity) -> None:
+        """Re-prefill under a new identity: drop the KV, the keys and the route rows (all computed
         under the old provenance); the next step recomputes the whole context."""
         self.drop_kv()
-        self.root = root
+        self.identity = identity
         self._keys, self._saved_keys, self._saved_rows = [], (), None
         if self.route_shape is not None:
             self.routes = RouteTrace(*self.route_shape)
@@ -226,7 +232,7 @@ class LMState:
             if len(saved.routes):
                 trace.fill(0, saved.routes)
             self.routes = trace
-        self.params, self.seed, self.root = saved.params, saved.seed, saved.root
+        self.params, self.seed, self.identity = saved.params, saved.seed, saved.identity
         self.generator.set_state(saved.rng_state)
         self.grammar = saved.grammar.copy() if saved.grammar is not None else None
 

@@ -133,7 +133,7 @@ def start_lm_step(
     try:
         handle.request = engine.add_step_request(StepRequest(
             handle.request_id, tokens, step_params, held=state.blocks, routes=state.routes, generator=state.generator,
-            priority=state.priority, cache_salt=state.cache_salt, on_finished=hook, grammar=grammar))
+            priority=state.priority, scope=state.identity.scope, on_finished=hook, grammar=grammar))
     except ValueError as exc:
         raise SessionEventError("invalid", str(exc)) from None
     state.blocks = None  # the request holds them until it finishes

@@ -14,27 +14,4 @@
 
 Nothing here imports a kind (``session/lm/``, ``session/world/``). Pure Python except the wire
 (msgspec).
-
-Until the next release this package also answers the names of the module it replaced
-(``execstate.session.runtime``: ``SessionRuntime``, ``SessionStatus``, ``Checkpoint``,
-``KindState``, ``Saved``) with a ``DeprecationWarning``: import them from ``lifecycle`` /
-``checkpoint``.
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
-_MOVED = {"SessionRuntime": "lifecycle", "SessionStatus": "lifecycle", "Checkpoint": "checkpoint",
-          "KindState": "checkpoint", "Saved": "checkpoint"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        from execstate.session._moved import moved
-
-        new = f"{__name__}.{_MOVED[name]}"
-        moved(f"{__name__}.{name}", new)
-        return getattr(importlib.import_module(new), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

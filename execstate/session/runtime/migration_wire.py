@@ -26,6 +26,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta, Struct
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.session.runtime.events import (
     COMPOSITE,
     Event,
@@ -37,7 +38,6 @@ from execstate.session.runtime.events import (
     SessionEventError,
 )
 from execstate.session.runtime.migration import MigrationError
-from execstate.transfer.secrets import SecretRing
 
 Secret = SecretRing | bytes | None
 

@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from execstate.identity.keys import BlockKey, block_key, root_key
-from execstate.identity.provenance import Provenance
+from execstate.identity.execution import ExecutionIdentity
+from execstate.identity.keys import BlockKey, block_key
+from execstate.identity.provenance import Provenance, numerics_id
+from execstate.kernels.family import kernel_family
 from execstate.model.world.interface import Carry, PromptKV, WorldModel
 from execstate.model.world.window import RollingWindow
 from execstate.session.world.camera import CameraState
@@ -54,8 +56,9 @@ class WorldStore:
         self.kv = KVPool(kv.num_layers, num_blocks, block_size, kv.num_kv_heads, kv.head_dim, kv.dtype)
         self.holds = BlockHolds(self.pool)
         dtype = str(kv.dtype).removeprefix("torch.")
-        self.provenance = Provenance(spec.model_id, spec.weights_version, dtype, spec.numerics, "free")
-        self.root = root_key(self.provenance)
+        numerics = numerics_id(spec.numerics, kernel_family("cpu", triton=False))  # the world's pool lives on the CPU
+        self.provenance = Provenance(spec.model_id, spec.weights_version, dtype, numerics)
+        self.root = ExecutionIdentity(self.provenance).root
 
     def allocate_chunk(self) -> HeldBlocks:
         """One chunk's blocks, held (raises ``NoFreeBlocks`` when the pool is full)."""

@@ -22,6 +22,7 @@ class UnitOrigin(NamedTuple):
     root: BlockKey
     token_ids: tuple[int, ...]
     weights_version: str | None = None  # the root's weights version, spelled out for the KV events
+    tenant: str | None = None  # the tenant whose request computed it (the KV events filter by it)
 
 
 class PoolUnits:
@@ -32,10 +33,10 @@ class PoolUnits:
         return len(self._origins)
 
     def note(self, key: BlockKey, parent: BlockKey, root: BlockKey, token_ids: list[int],
-             weights_version: str | None = None) -> None:
+             weights_version: str | None = None, tenant: str | None = None) -> None:
         """``key`` was committed to the prefix cache, computed from ``parent`` and ``token_ids``
-        under ``root`` (of ``weights_version``)."""
-        self._origins[key] = UnitOrigin(parent, root, tuple(token_ids), weights_version)
+        under ``root`` (of ``weights_version``) for ``tenant``."""
+        self._origins[key] = UnitOrigin(parent, root, tuple(token_ids), weights_version, tenant)
 
     def get(self, key: BlockKey) -> UnitOrigin | None:
         return self._origins.get(key)

@@ -11,16 +11,18 @@ absent for a dense model or without route return) and a :class:`UnitRecord`:
   salt): a unit of another identity names another root;
 - ``token_ids``: the block's tokens;
 - ``layout``: the KV and route shapes the bytes have;
-- ``kv_checksum``: BLAKE3-256 (:func:`unit_digest`) of the KV bytes, K then V of layer 0, K then
-  V of layer 1, ... (``KVPool.export_block``; the order of ``transfer.checks.block_checksums``);
-  ``routes_checksum``: BLAKE3-256 of the route bytes. BLAKE3 rather than the PD manifest's
-  sha256: as strong, and about 3.7x faster here (4.9 vs 1.3 GB/s on one core of the 2-core VM),
-  which is most of what a reload from DRAM costs;
-- ``tag``: ``HMAC-SHA256(secret, DOMAIN + record encoded with tag=None)`` when the writer has a
-  secret (a shared tier's units then prove who wrote them), else ``None``;
+- ``kv_checksum``: the checksum (``identity/checksum.py``, BLAKE3-256) of the KV bytes, K then
+  V of layer 0, K then V of layer 1, ... (``KVPool.export_block``; the order of
+  ``transfer.checks.block_checksums``); ``routes_checksum``: the checksum of the route bytes;
+- ``tag``: the writer's signature, ``SecretRing.sign(DOMAIN, record encoded with tag=None)``.
+  Every unit is signed: by the instances' shared ring on a shared tier, by a per-process key
+  (``SecretRing.ephemeral``) on a local one, so a unit proves who wrote it and a checksum
+  recomputed by anyone else is refused;
 - ``weights_version``: the provenance's weights version, spelled out (the root already binds
   it; the KV events a tier publishes name it: ``engine/kv_events.py``); ``None`` when the writer
-  did not know it. Signed with the rest.
+  did not know it. Signed with the rest;
+- ``tenant``: the tenant whose request computed it (the root already binds the scope; a tier's
+  KV events leave out the units of tenants the operator excluded); ``None`` when unknown.
 
 Blob (what disk files and Redis values hold)::
 
@@ -33,16 +35,15 @@ reader computed itself, its layout) is checked in ``transfer/unit_checks.py``.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections.abc import Sequence
 from typing import Annotated
 
-import blake3
 import msgspec
 from msgspec import Meta, Struct
 
-FORMAT_VERSION = 1
+from execstate.identity.secret_ring import SecretRing
+
+FORMAT_VERSION = 2
 MAGIC = b"ESUNIT1\x00"
 DOMAIN = b"execstate/v1/offload-unit\x00"
 MAX_RECORD_BYTES = 1 << 20
@@ -92,39 +93,27 @@ class UnitRecord(Struct, frozen=True, forbid_unknown_fields=True):
     layout: UnitLayout
     kv_checksum: _Key
     routes_checksum: _Key | None
-    tag: bytes | None = None
+    tag: str | None = None
     weights_version: str | None = None
+    tenant: str | None = None
 
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(UnitRecord)
 
 
-def unit_digest(data) -> bytes:
-    """BLAKE3-256 of a buffer (bytes, memoryview, a contiguous numpy array): a unit's checksum."""
-    return blake3.blake3(data).digest()
+def _body(record: UnitRecord) -> bytes:
+    return _ENCODER.encode(msgspec.structs.replace(record, tag=None))
 
 
-def _tag(record: UnitRecord, secret: bytes) -> bytes:
-    body = msgspec.structs.replace(record, tag=None)
-    if body.weights_version is None:  # the bytes a record had before the field existed: their tags stay valid
-        fields = msgspec.structs.asdict(body)
-        del fields["weights_version"]
-        return hmac.new(secret, DOMAIN + _ENCODER.encode(fields), hashlib.sha256).digest()
-    return hmac.new(secret, DOMAIN + _ENCODER.encode(body), hashlib.sha256).digest()
+def sign(record: UnitRecord, ring: SecretRing) -> UnitRecord:
+    """``record`` with its tag under ``ring``'s current secret."""
+    return msgspec.structs.replace(record, tag=ring.sign(DOMAIN, _body(record)))
 
 
-def sign(record: UnitRecord, secret: bytes | None) -> UnitRecord:
-    """``record`` with its tag for ``secret`` (``None``: unsigned, tag ``None``)."""
-    return msgspec.structs.replace(record, tag=None if secret is None else _tag(record, secret))
-
-
-def tag_valid(record: UnitRecord, secret: bytes | None) -> bool:
-    """True when the record's tag is the one ``secret`` gives (no secret: always True; a reader
-    with a secret refuses unsigned records)."""
-    if secret is None:
-        return True
-    return record.tag is not None and hmac.compare_digest(record.tag, _tag(record, secret))
+def tag_valid(record: UnitRecord, ring: SecretRing) -> bool:
+    """True when the record's tag verifies under any secret ``ring`` accepts (an unsigned record never does)."""
+    return record.tag is not None and ring.verify(DOMAIN, _body(record), record.tag)
 
 
 def encode_record(record: UnitRecord) -> bytes:

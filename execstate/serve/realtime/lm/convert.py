@@ -19,10 +19,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from execstate.engine.cache_salt import check_cache_salt
 from execstate.engine.outputs import Logprob
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE
+from execstate.identity.scope import cache_salt
 from execstate.serve.realtime.lm.messages import SessionConfig
 from execstate.session.lm.chat import ChatTurn
 from execstate.session.lm.events import SAMPLING, SAMPLING_FIELDS
@@ -63,7 +63,7 @@ def session_options(cfg: SessionConfig) -> tuple[int, str | None]:
         raise invalid(f"session.priority must be {PRIORITY_INTERACTIVE} (interactive) or {PRIORITY_BATCH} (batch), "
                       f"got {cfg.priority!r}")
     try:
-        return priority, check_cache_salt(cfg.cache_salt)
+        return priority, cache_salt(cfg.cache_salt)
     except ValueError as exc:
         raise invalid(f"session.{exc}") from None
 
