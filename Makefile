@@ -38,7 +38,7 @@ test-slow: setup
 
 # ruff, then the layer rules and the absence of import cycles (import-linter contracts in pyproject.toml)
 lint: setup
-	$(VENV)/bin/ruff check execstate tests
+	$(VENV)/bin/ruff check execstate tests tools
 	$(VENV)/bin/lint-imports
 
 # The docs site (MkDocs): a broken link or a page missing from the navigation fails the build.
