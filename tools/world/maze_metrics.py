@@ -41,12 +41,14 @@ def ssim(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def read_position(frame: np.ndarray, maze: layout.Maze, truth: pose.Pose, direction: float, theme: str,
-                  reach: float = 1.5, step: float = 0.05) -> pose.Pose:
+                  reach: float = 1.5, step: float = 0.05, margin_db: float = 1.0) -> pose.Pose:
     """The pose along ``direction`` (radians) from the true pose whose rendering the generated frame
     matches best (offsets ``-0.3 .. reach`` cells, the true yaw and pitch): where the frame puts the
     walker along the way it was pushing. Poses inside and beyond a wall render too (the raycaster
-    then sees through the wall), so a frame that shows the walker through a wall reads as such."""
-    best, best_p = truth, -1.0
+    then sees through the wall), so a frame that shows the walker through a wall reads as such. A
+    pose other than the true one is read only if it matches better by ``margin_db`` (a blurred frame
+    that fits every pose about as well reads as the true pose)."""
+    best, best_p = truth, psnr(frame, raycast.render(maze, truth, theme)) + margin_db
     for off in np.arange(-0.3, reach + 1e-9, step):
         cand = pose.Pose(truth.x + off * math.cos(direction), truth.z + off * math.sin(direction), truth.yaw,
                          truth.pitch)
