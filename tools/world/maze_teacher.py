@@ -86,17 +86,17 @@ def sequence_mask(g: int, tpc: int) -> torch.Tensor:
 
 
 def predict(net: MazeNet, batch: Batch, context: torch.Tensor | None = None,
-            local_only: bool = False) -> torch.Tensor:
+            local_only: bool = False, carry: torch.Tensor | None = None) -> torch.Tensor:
     """Predicted frames of chunks ``1 .. G - 1`` (``[B, G - 1, F, H, W, 3]``) at flow time 0 (the
     recipe's one-step sampler). ``context`` (like ``batch.frames``) replaces the clean frames and the
-    carries that follow from them."""
+    carries that follow from them; ``carry`` (like ``batch.carry``) replaces the carries."""
     cfg = net.cfg
     b, g, f, h, w, _ = batch.frames.shape
     p = cfg.tokens_per_frame
     clean = batch.frames if context is None else context
-    carry = batch.carry
+    carry = batch.carry if carry is None else carry
     if context is not None:  # each chunk's carry: the last frame of the chunk before, if contiguous
-        carry = batch.carry.clone()
+        carry = carry.clone()
         carry[:, 2:] = context[:, 1:-1, -1]
     noisy = torch.zeros_like(batch.frames[:, 1:])
     if local_only:

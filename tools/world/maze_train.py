@@ -20,6 +20,8 @@ then cosine decay over the stages' total, bf16 autocast (master weights and loss
 Each stage's weights are also kept (``out/after-local``, ``out/after-teacher``).
 
 Loss: mean squared error of the frames in ``[-1, 1]`` (PSNR is what the model is measured by).
+With ``degrade``, stages 1 and 2 attend to and carry degraded frames (``maze_augment``: blur,
+colour and brightness, noise; never the sink) while the targets stay the renderer's.
 
 Every ``checkpoint_every`` steps the state (weights, optimizer, data generator, stage and step) goes
 to ``out/checkpoint.pt``; ``--resume`` continues from it, so a run can be stopped and picked up
@@ -48,6 +50,7 @@ from execstate.model.world.maze.config import MazeModelConfig
 from execstate.model.world.maze.network import MazeNet
 from execstate.model.world.weights import save_weights
 from tools.world import maze_teacher
+from tools.world.maze_augment import degrade
 from tools.world.maze_data import random_trajectory
 from tools.world.maze_rolling import RollingEnvs
 
@@ -68,6 +71,7 @@ class TrainConfig:
     p_truth_start: float = 0.7  # rolling: the share of chunks committed from the renderer, at the start
     p_truth_end: float = 0.2  # ... and at the end (linear in between)
     teacher_every: int = 4  # rolling: every this many steps, a teacher-forcing step instead (0: never)
+    degrade: bool = True  # teacher forcing on degraded context and carries (maze_augment)
     lr: float = 1.5e-3
     warmup: int = 100
     weight_decay: float = 0.01
@@ -135,7 +139,13 @@ class Trainer:
         trajs = [random_trajectory(self.rng, (length + 1) * f, f) for _ in range(n)]
         starts = [length + 1 - k] * n
         batch = maze_teacher.window_batch(trajs, starts, k, mcfg)
-        pred = maze_teacher.predict(self.net, batch, local_only=local)
+        context = carry = None
+        if cfg.degrade:  # the context and carries as a free-running model would feed them (maze_augment)
+            context = batch.frames.clone()
+            context[:, 1:] = degrade(batch.frames[:, 1:], self.rng)  # never the sink
+            carry = batch.carry.clone()
+            carry[:, 1:] = degrade(batch.carry[:, 1:], self.rng)
+        pred = maze_teacher.predict(self.net, batch, context=context, local_only=local, carry=carry)
         return ((pred.float() - batch.frames[:, 1:]) ** 2).mean()
 
     def _rolling_loss(self) -> tuple[torch.Tensor, torch.Tensor]:
