@@ -20,8 +20,8 @@ import numpy as np
 
 from execstate.model.world.maze import layout, pose
 
-SPIN_EVERY = 90
-BACKTRACK_EVERY = 130
+SPIN_EVERY = 150
+BACKTRACK_EVERY = 110
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,9 @@ class ScriptedPlayer:
         self.plan: deque[Control] = deque()
         self.chunk = 0
         self.blocked_for = 0
+        self.last_key = "none"
+        self.next_spin, self.next_backtrack = SPIN_EVERY, BACKTRACK_EVERY
+        self.spins = 0
 
     def _turn_to(self, world_yaw: float, rel_yaw: float, p: pose.Pose) -> None:
         """Face ``world_yaw`` (``rel_yaw``: the session-relative yaw now, ``p.yaw``: the world's)."""
@@ -69,16 +72,23 @@ class ScriptedPlayer:
     def next(self, p: pose.Pose, rel_yaw: float, moved: bool) -> Control:
         """The next chunk's control from the true pose ``p`` (its session-relative yaw ``rel_yaw``);
         ``moved``: whether the last chunk's key moved the walker."""
-        self.blocked_for = 0 if moved else self.blocked_for + 1
+        if moved:
+            self.blocked_for = 0
+        elif self.last_key in ("forward", "back", "left", "right"):
+            self.blocked_for += 1  # pushed and did not move: a wall
         self.chunk += 1
         if not self.plan:
             self._decide(p, rel_yaw)
-        return self.plan.popleft()
+        control = self.plan.popleft()
+        self.last_key = control.key
+        return control
 
     def _decide(self, p: pose.Pose, rel_yaw: float) -> None:
         rng = self.rng
-        if self.chunk % SPIN_EVERY == 0:  # a full turn on the spot: the camera (16 chunks) or the turn key (32)
-            if (self.chunk // SPIN_EVERY) % 2:
+        if self.chunk >= self.next_spin:  # a full turn on the spot: the camera (16 chunks) or the turn key (32)
+            self.next_spin += SPIN_EVERY
+            self.spins += 1
+            if self.spins % 2:
                 v = 8 * pose.DTHETA
                 self.plan.append(Control("none", {"mode": "velocity", "yaw": v, "pitch": 0.0}, "spin camera"))
                 self.plan.extend(Control("none", None, "spin camera") for _ in range(15))
@@ -86,7 +96,8 @@ class ScriptedPlayer:
             else:
                 self.plan.extend(Control("turn_left", None, "spin key") for _ in range(32))
             return
-        if self.chunk % BACKTRACK_EVERY == 0:
+        if self.chunk >= self.next_backtrack:
+            self.next_backtrack += BACKTRACK_EVERY
             self._turn_to(p.yaw + math.pi, rel_yaw, p)
             self.plan.extend(Control("forward", None, "walk back") for _ in range(int(rng.integers(8, 20))))
             return
