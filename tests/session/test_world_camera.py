@@ -54,6 +54,17 @@ def test_a_target_goes_the_short_way_round_and_pitch_is_clamped() -> None:
     assert c.rows[0][1] == pytest.approx(PITCH_LIMIT)
 
 
+def test_a_held_turn_key_adds_to_a_target_and_a_relative_target_turns_by() -> None:
+    c = advance(CameraState(yaw=1.0), (1, CameraCommand("target", 1.4, 0.0, 0, 1)), ("turn_right",) * 2, RIG)
+    assert _yaws(c) == pytest.approx([1.2 + TURN_RATE, 1.4 + 2 * TURN_RATE]) and c.completed == (1,)
+    r = advance(CameraState(yaw=5.0), (2, CameraCommand("target", 7.0, 0.1, 0, 2, relative=True)), NONE2, RIG)
+    assert _yaws(r) == pytest.approx([6.75, 8.5]) and r.active == (2,)  # by 7 rad, not the short way to 7
+    r = advance(r.state, None, NONE2, RIG)
+    assert r.rows[-1][:2] == pytest.approx((12.0, 0.1)) and r.completed == (2,)
+    with pytest.raises(ValueError, match="apply to a target"):
+        parse_command({"mode": "velocity", "yaw": 0.1, "relative": True}, 2)
+
+
 def test_at_frame_keeps_the_motion_in_progress_before_it() -> None:
     moving = advance(CameraState(), (1, CameraCommand("velocity", 0.1, 0.0)), NONE2, RIG).state
     c = advance(moving, (2, CameraCommand("velocity", -0.1, 0.0, at_frame=1)), NONE2, RIG)
@@ -83,7 +94,8 @@ def test_rows_add_up_and_every_event_ends_once(steps: list) -> None:  # noqa: AN
             mode, yaw, pitch, at, tc = cmd
             eid += 1
             command = (eid, parse_command({"mode": mode, "yaw": yaw, "pitch": pitch, "at_frame": at,
-                                           **({"transition_chunks": tc} if mode == "target" else {})}, 2))
+                                           **({"transition_chunks": tc, "relative": tc % 2 == 0}
+                                              if mode == "target" else {})}, 2))
             seen.add(eid)
         c = advance(state, command, (key, key), RIG)
         prev_yaw, prev_pitch = state.yaw, state.pitch

@@ -18,10 +18,10 @@
   const LOOK = 0.004;  // radians of camera per pixel of mouse movement
   let KEYMAP = GRID_KEYS, camera = null, world = params.get("world");
   if (params.get("prompt")) $("prompt").value = params.get("prompt");
-  const look = { yaw: 0, pitch: 0, moving: false, drag: false };
+  const look = { yaw: 0, pitch: 0, inFlight: null, drag: false };
   const stats = { frames: 0, chunks: 0, acked: 0, errors: [], behindMs: 0, shown: [], lastMeta: null,
                   ttfcMs: null, started: null, fps: 0, keysSent: [], done: null, chunkKeys: [], chunkHashes: [],
-                  arrivals: [], skipped: 0, chunkCamera: [], cameraSent: [], world: null, atFrame: {},
+                  arrivals: [], skipped: 0, chunkCamera: [], cameraSent: [], world: null, atFrame: {}, chunkCompleted: [],
                   chunkStarted: [] };
   window.worldStats = stats;  // read by tests and curious users
   let ws = null, pendingMeta = null, queue = [], fps = Number(params.get("fps") || 16), paused = false;
@@ -68,7 +68,10 @@
       case "session.done": stats.done = ev; $("status").textContent = "done"; log("session.done"); break;
       case "session.paused": $("status").textContent = "paused"; break;
       case "session.resumed": $("status").textContent = "running"; break;
-      case "error": stats.errors.push(ev); log("error " + ev.code + ": " + ev.message); break;
+      case "error":
+        stats.errors.push(ev); log("error " + ev.code + ": " + ev.message);
+        if (ev.event_id === look.inFlight) look.inFlight = null;  // refused: nothing in flight
+        break;
       default: log(ev.type);
     }
   }
@@ -78,7 +81,8 @@
     stats.chunks++; stats.lastMeta = meta;
     stats.chunkKeys.push(meta.keys[0]); stats.chunkHashes.push(meta.frame_sha256);
     stats.chunkStarted.push(meta.started_event_ids);
-    if (meta.camera) { stats.chunkCamera.push(meta.camera); flushLook(meta.num_frames); }
+    stats.chunkCompleted.push(meta.completed_event_ids);
+    if (meta.camera) { stats.chunkCamera.push(meta.camera); flushLook(meta); }
     stats.arrivals.push(performance.now());
     if (stats.ttfcMs === null) {
       stats.ttfcMs = performance.now() - stats.started;
@@ -145,30 +149,31 @@
     const names = { up: "\u2191", down: "\u2193", left: camera ? "A" : "\u2190", right: camera ? "D" : "\u2192",
                     forward: "W", back: "S", turn_left: "Q", turn_right: "E" };
     $("keys").innerHTML = config.keys.map((k) => '<span data-key="' + k + '">' + (names[k] || k) + "</span>").join("");
-    $("help").textContent = camera ? "WASD walk and strafe, Q/E or arrows turn; click the view (pointer lock) or drag in it to look around"
-                                   : "arrow keys or WASD move the agent";
+    $("help").textContent = camera ? "(WASD walk and strafe, Q/E or arrows turn; click the view or drag in it "
+                                     + "to look around)" : "(arrow keys or WASD move the agent)";
     const sel = $("world");
     if (config.worlds && sel.options.length !== config.worlds.length) {
       sel.innerHTML = config.worlds.map((w) => "<option>" + w + "</option>").join("");
     }
     sel.value = config.model;
   }
-  // Mouse movement since the last chunk, sent with each chunk as a velocity over its frames.
+  // Mouse movement: turn the view by exactly what the mouse moved. One camera event in flight at a
+  // time, a target relative to the pose it starts from ("turn by"), over one chunk; movement that
+  // comes while one is in flight is sent when the chunk that completes it arrives.
   function onLook(dx, dy) {
     if (!camera) return;
     look.yaw += dx * LOOK; look.pitch -= dy * LOOK;
   }
-  function flushLook(frames) {
-    const lim = Math.PI / 2 - 1e-3;
-    const vy = Math.max(-lim, Math.min(lim, look.yaw / frames));
-    const vp = Math.max(-lim, Math.min(lim, look.pitch / frames));
-    look.yaw = 0; look.pitch = 0;
-    if (vy === 0 && vp === 0 && !look.moving) return;
-    look.moving = vy !== 0 || vp !== 0;
+  function flushLook(meta) {
+    if (look.inFlight && !meta.completed_event_ids.includes(look.inFlight)) return;
+    look.inFlight = null;
+    if (look.yaw === 0 && look.pitch === 0) return;
     const id = "c" + (++eventSeq);
-    stats.cameraSent.push([id, vy, vp]);
-    send({ type: "session.interaction", event_id: id, interaction: { event: { multi_modal_data: {
-      camera: { schema: "camera.v1", mode: "velocity", data: { yaw: vy, pitch: vp } } } } } });
+    stats.cameraSent.push([id, look.yaw, look.pitch]);
+    send({ type: "session.interaction", event_id: id, interaction: { transition_chunks: 1, event: {
+      multi_modal_data: { camera: { schema: "camera.v1", mode: "target",
+                                    data: { yaw: look.yaw, pitch: look.pitch, relative: true } } } } } });
+    look.inFlight = id; look.yaw = 0; look.pitch = 0;
   }
   canvas.addEventListener("click", () => { if (camera && canvas.requestPointerLock) canvas.requestPointerLock(); });
   canvas.addEventListener("mousedown", () => { look.drag = true; });

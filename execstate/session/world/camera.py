@@ -7,14 +7,16 @@ pitch)`` in radians, session-relative (the first frame looks at yaw 0, pitch 0).
 
 - ``velocity``: a turn per frame (``yaw``, ``pitch`` in radians per frame), held until another
   camera event replaces it; a zero velocity stops the camera (started and completed at once);
-- ``target``: a pose to reach (``yaw``, ``pitch``, session-relative), interpolated linearly over
-  ``transition_chunks`` chunks (``0``: at once), the shortest way round in yaw; completed at the
-  frame that reaches it.
+- ``target``: a pose to reach (``yaw``, ``pitch``, session-relative; with ``relative``, relative to
+  the pose at the frame it applies from: "turn by"), interpolated linearly over
+  ``transition_chunks`` chunks (``0``: at once), the shortest way round in yaw (a relative target
+  turns by exactly its ``yaw``, however large); completed at the frame that reaches it.
 
 A command takes effect at frame ``at_frame`` of the chunk that applies it (the frame its
 ``received_at`` maps to; ``0`` offline): the frames before keep the motion in progress. Per frame,
 the motion advances, then a held turn key adds its rate (``CameraRig.turn_keys``): the key and the
-camera compose; pitch is clamped to the rig's limit. An event is ``started`` at its boundary,
+camera compose (a target moves the pose by its interpolation's increments, so a key's turn during
+it adds on top); pitch is clamped to the rig's limit. An event is ``started`` at its boundary,
 ``active`` while it moves the camera after the chunk, and ``completed`` when it reaches its target,
 stops, or is replaced (listed by :func:`advance`). Everything is a function of the state and the
 commands, so rollback and migration replay it exactly.
@@ -44,17 +46,19 @@ class CameraCommand:
     pitch: float
     at_frame: int = 0
     transition_chunks: int = 1
+    relative: bool = False  # a target relative to the pose it starts from
 
 
 @dataclass(frozen=True)
 class CameraMotion:
-    """The camera event in progress: its id, command, and for a target the pose it started from
-    and the frames taken of its ``total`` frames."""
+    """The camera event in progress: its id, command, and for a target the turn it makes
+    (``turn_yaw``, ``turn_pitch``: from the pose it started from to its target) and the frames taken
+    of its ``total`` frames."""
 
     event_id: int
     command: CameraCommand
-    from_yaw: float = 0.0
-    from_pitch: float = 0.0
+    turn_yaw: float = 0.0
+    turn_pitch: float = 0.0
     total: int = 0
     done: int = 0
 
@@ -86,11 +90,12 @@ def _number(value: Any, what: str, bound: float) -> float:
 
 
 def parse_command(data: Any, frames_per_chunk: int) -> CameraCommand:
-    """``{"mode", "yaw", "pitch", "at_frame"?, "transition_chunks"?}`` -> a command, or ``ValueError``."""
+    """``{"mode", "yaw", "pitch", "at_frame"?, "transition_chunks"?, "relative"?}`` -> a command, or
+    ``ValueError``."""
     if not isinstance(data, Mapping) or not {"mode"} <= set(data) <= {"mode", "yaw", "pitch", "at_frame",
-                                                                        "transition_chunks"}:
+                                                                        "transition_chunks", "relative"}:
         raise ValueError("camera data must be {'mode': 'velocity'|'target', 'yaw', 'pitch', 'at_frame'?, "
-                         "'transition_chunks'?}")
+                         "'transition_chunks'?, 'relative'?}")
     mode = data["mode"]
     if mode not in MODES:
         raise ValueError(f"camera mode must be one of {list(MODES)}, got {mode!r}")
@@ -103,17 +108,22 @@ def parse_command(data: Any, frames_per_chunk: int) -> CameraCommand:
     tc = data.get("transition_chunks", 1)
     if isinstance(tc, bool) or not isinstance(tc, int) or not 0 <= tc <= MAX_TRANSITION_CHUNKS:
         raise ValueError(f"transition_chunks must be an int in [0, {MAX_TRANSITION_CHUNKS}], got {tc!r}")
-    if mode == "velocity" and "transition_chunks" in data:
-        raise ValueError("transition_chunks applies to a target, not a velocity")
-    return CameraCommand(mode, yaw, pitch, at, tc)
+    relative = data.get("relative", False)
+    if not isinstance(relative, bool):
+        raise ValueError(f"relative must be true or false, got {relative!r}")
+    if mode == "velocity" and ("transition_chunks" in data or relative):
+        raise ValueError("transition_chunks and relative apply to a target, not a velocity")
+    return CameraCommand(mode, yaw, pitch, at, tc, relative)
 
 
-def command_to_data(cmd: CameraCommand) -> dict[str, float | int | str]:
+def command_to_data(cmd: CameraCommand) -> dict[str, float | int | str | bool]:
     """A command as a client submits it (``parse_command``'s inverse)."""
-    data: dict[str, float | int | str] = {"mode": cmd.mode, "yaw": cmd.yaw, "pitch": cmd.pitch,
+    data: dict[str, float | int | str | bool] = {"mode": cmd.mode, "yaw": cmd.yaw, "pitch": cmd.pitch,
                                           "at_frame": cmd.at_frame}
     if cmd.mode == "target":
         data["transition_chunks"] = cmd.transition_chunks
+        if cmd.relative:
+            data["relative"] = True
     return data
 
 
@@ -125,7 +135,10 @@ def _wrap(angle: float) -> float:
 def _activate(state: CameraState, event_id: int, cmd: CameraCommand, f: int) -> CameraMotion | None:
     if cmd.mode == "velocity":
         return None if cmd.yaw == 0.0 and cmd.pitch == 0.0 else CameraMotion(event_id, cmd)
-    return CameraMotion(event_id, cmd, state.yaw, state.pitch, cmd.transition_chunks * f, 0)
+    if cmd.relative:
+        return CameraMotion(event_id, cmd, cmd.yaw, cmd.pitch, cmd.transition_chunks * f, 0)
+    return CameraMotion(event_id, cmd, _wrap(cmd.yaw - state.yaw), cmd.pitch - state.pitch,
+                        cmd.transition_chunks * f, 0)
 
 
 def advance(state: CameraState, command: tuple[int, CameraCommand] | None, keys: tuple[str, ...],
@@ -149,13 +162,13 @@ def advance(state: CameraState, command: tuple[int, CameraCommand] | None, keys:
             new_yaw += motion.command.yaw
             new_pitch += motion.command.pitch
         elif motion is not None:
-            cmd = motion.command
-            end_yaw = motion.from_yaw + _wrap(cmd.yaw - motion.from_yaw)
             done = motion.done + 1
             alpha = 1.0 if motion.total == 0 else min(1.0, done / motion.total)
-            new_yaw = motion.from_yaw + (end_yaw - motion.from_yaw) * alpha
-            new_pitch = motion.from_pitch + (cmd.pitch - motion.from_pitch) * alpha
-            motion = CameraMotion(motion.event_id, cmd, motion.from_yaw, motion.from_pitch, motion.total, done)
+            before = 0.0 if motion.total == 0 else min(1.0, motion.done / motion.total)
+            new_yaw += motion.turn_yaw * (alpha - before)  # the interpolation's increment this frame
+            new_pitch += motion.turn_pitch * (alpha - before)
+            motion = CameraMotion(motion.event_id, motion.command, motion.turn_yaw, motion.turn_pitch, motion.total,
+                                  done)
             if alpha >= 1.0:
                 completed.append(motion.event_id)
                 motion = None

@@ -58,14 +58,14 @@ class WireHeld(Struct, frozen=True, forbid_unknown_fields=True, array_like=True)
 
 class WireCamera(Struct, frozen=True, forbid_unknown_fields=True):
     """The camera state (``session/world/camera.py``): the last frame's pose and the motion in
-    progress (its event id, its command as a client submits it, and a target's start and progress)."""
+    progress (its event id, its command as a client submits it, and a target's turn and progress)."""
 
     yaw: float
     pitch: float
     event_id: _Count | None = None
-    command: dict[str, float | int | str] | None = None
-    from_yaw: float = 0.0
-    from_pitch: float = 0.0
+    command: dict[str, float | int | str | bool] | None = None
+    turn_yaw: float = 0.0
+    turn_pitch: float = 0.0
     total: _Count = 0
     done: _Count = 0
 
@@ -74,13 +74,13 @@ def camera_to_wire(c: CameraState) -> WireCamera:
     m = c.motion
     if m is None:
         return WireCamera(c.yaw, c.pitch)
-    return WireCamera(c.yaw, c.pitch, m.event_id, command_to_data(m.command), m.from_yaw, m.from_pitch, m.total,
+    return WireCamera(c.yaw, c.pitch, m.event_id, command_to_data(m.command), m.turn_yaw, m.turn_pitch, m.total,
                       m.done)
 
 
 def camera_from_wire(w: WireCamera, frames_per_chunk: int) -> CameraState:
     """The state back, checked (``ValueError``: non-finite values, a bad command, progress past the end)."""
-    values = (w.yaw, w.pitch, w.from_yaw, w.from_pitch)
+    values = (w.yaw, w.pitch, w.turn_yaw, w.turn_pitch)
     if not all(math.isfinite(v) for v in values):
         raise ValueError("camera values must be finite")
     if (w.event_id is None) != (w.command is None):
@@ -90,7 +90,7 @@ def camera_from_wire(w: WireCamera, frames_per_chunk: int) -> CameraState:
     if w.done > w.total:
         raise ValueError("a camera target's progress is past its end")
     cmd = parse_command(w.command, frames_per_chunk)
-    return CameraState(w.yaw, w.pitch, CameraMotion(w.event_id, cmd, w.from_yaw, w.from_pitch, w.total, w.done))
+    return CameraState(w.yaw, w.pitch, CameraMotion(w.event_id, cmd, w.turn_yaw, w.turn_pitch, w.total, w.done))
 
 
 class WorldOffer(Struct, frozen=True, forbid_unknown_fields=True):

@@ -4,7 +4,8 @@ The payload is ``{"schema": "camera.v1", "mode": "target" | "velocity", "data": 
 and mode default to ``camera.v1`` and ``target``, as vLLM-Omni's). ``data`` is vLLM-Omni's
 structural pose (Unity axes: +X right, +Y up, +Z forward; a target relative to the session's start,
 a velocity per frame): ``rotation`` a quaternion ``(x, y, z, w)`` and ``translation`` ``(x, y, z)``;
-or, an extension, ``yaw`` and ``pitch`` in radians. The rotation becomes yaw (turning right is
+or, an extension, ``yaw`` and ``pitch`` in radians. Another extension: ``relative: true`` makes a
+target relative to the pose it starts from ("turn by": what a mouse sends). The rotation becomes yaw (turning right is
 positive) and pitch (looking up is positive) of its forward vector; its roll is dropped. The
 walker moves by keys, through the world's physics, so a translation must be zero
 (``unsupported_interaction_schema`` otherwise). ``transition_chunks`` (the interaction's) goes with
@@ -50,8 +51,9 @@ def camera_data(camera: Any, transition_chunks: int | None, eid: str) -> dict[st
     if mode not in ("target", "velocity"):
         raise ProtocolError("invalid_message", f"camera mode must be 'target' or 'velocity', got {mode!r}", eid)
     data = camera.get("data")
-    if not isinstance(data, dict) or not data or set(data) - {"rotation", "translation", "yaw", "pitch"}:
-        raise ProtocolError("invalid_message", "camera data is {rotation?, translation?} or {yaw?, pitch?}", eid)
+    if not isinstance(data, dict) or not data or set(data) - {"rotation", "translation", "yaw", "pitch", "relative"}:
+        raise ProtocolError("invalid_message", "camera data is {rotation?, translation?} or {yaw?, pitch?}, and "
+                            "relative? (a target)", eid)
     if "translation" in data and any(_vector(data["translation"], 3, "translation", eid)):
         raise ProtocolError("unsupported_interaction_schema", "this world moves the walker with keys (its physics "
                             "stops it at walls); a camera translation must be zero", eid)
@@ -65,6 +67,12 @@ def camera_data(camera: Any, transition_chunks: int | None, eid: str) -> dict[st
     else:
         yaw, pitch = (_vector([data.get(k, 0.0)], 1, k, eid)[0] for k in ("yaw", "pitch"))
     out: dict[str, Any] = {"mode": mode, "yaw": yaw, "pitch": pitch}
+    if "relative" in data:
+        if not isinstance(data["relative"], bool) or (data["relative"] and mode != "target"):
+            raise ProtocolError("invalid_message", "camera relative is true or false, and true only for a target",
+                                eid)
+        if data["relative"]:
+            out["relative"] = True
     if mode == "target" and transition_chunks is not None:
         out["transition_chunks"] = transition_chunks
     elif transition_chunks not in (None, 0):
