@@ -19,7 +19,7 @@ from execstate.serve.realtime.world.encode import frame_sha256
 from execstate.serve.realtime.world.host import WorldHost
 from execstate.serve.realtime.world.hosts import WorldHosts
 from execstate.session.world.offline import World
-from tests.model.world.maze.conftest import random_maze_net
+from tests.model.world.maze.maze_helpers import random_maze_net
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from execstate.model.world.maze.pose import DTHETA, PITCH_LIMIT, TURN_RATE
 from execstate.session.runtime.events import SessionEventError
 from execstate.session.world.camera import CameraCommand, CameraState, advance, parse_command
 from execstate.session.world.offline import World
-from tests.model.world.maze.conftest import random_maze_net
+from tests.model.world.maze.maze_helpers import random_maze_net
 
 RIG = CameraRig((("turn_left", -TURN_RATE), ("turn_right", TURN_RATE)), PITCH_LIMIT)
 NONE2 = ("none", "none")

@@ -12,9 +12,15 @@ from execstate.model.world.maze.model import MazeWorldModel
 from execstate.model.world.maze.pose import DTHETA, PITCH_LIMIT
 from execstate.model.world.sampler import denoise_chunk
 from execstate.state.kv_pool import KVPool
+from tests.model.world.maze.maze_helpers import random_maze_net
 from tools.world import maze_data, maze_teacher
 
 F = 2
+
+
+@pytest.fixture(scope="module")
+def tiny_maze() -> MazeWorldModel:
+    return MazeWorldModel(random_maze_net(), weights_version="tiny-maze-random")
 
 
 def _pool(model: MazeWorldModel, chunks: int) -> KVPool:

@@ -9,7 +9,7 @@ from torch.profiler import ProfilerActivity, profile
 from execstate.bench.world_numerics import compare_numerics
 from execstate.model.world.maze.model import MazeWorldModel
 from execstate.session.world.offline import World
-from tests.model.world.maze.conftest import random_maze_net
+from tests.model.world.maze.maze_helpers import random_maze_net
 
 
 def _largest_allocation(model: MazeWorldModel, num_blocks: int | None) -> tuple[int, int]:

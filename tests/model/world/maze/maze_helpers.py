@@ -1,12 +1,11 @@
-"""A tiny random maze world model (no training, no files) for the maze model's contract tests."""
+"""A tiny random maze world model (no training, no files) for the maze tests (a helper module, not a
+conftest: the grid world's tests import their ``conftest`` by name)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from execstate.model.world.maze.config import MazeModelConfig
-from execstate.model.world.maze.model import MazeWorldModel
 from execstate.model.world.maze.network import MazeNet
 
 TINY_MAZE = MazeModelConfig(d_model=32, n_layers=2, n_heads=2, time_pairs=2, text_dim=16, text_buckets=64,
@@ -23,7 +22,3 @@ def random_maze_net(cfg: MazeModelConfig = TINY_MAZE, seed: int = 0) -> MazeNet:
     net.eval()
     return net
 
-
-@pytest.fixture(scope="module")
-def tiny_maze() -> MazeWorldModel:
-    return MazeWorldModel(random_maze_net(), weights_version="tiny-maze-random")
