@@ -5,9 +5,9 @@ and mode default to ``camera.v1`` and ``target``, as vLLM-Omni's). ``data`` is v
 structural pose (Unity axes: +X right, +Y up, +Z forward; a target relative to the session's start,
 a velocity per frame): ``rotation`` a quaternion ``(x, y, z, w)`` and ``translation`` ``(x, y, z)``;
 or, an extension, ``yaw`` and ``pitch`` in radians. Another extension: ``relative: true`` makes a
-target relative to the pose it starts from ("turn by": what a mouse sends). The rotation becomes yaw (turning right is
-positive) and pitch (looking up is positive) of its forward vector; its roll is dropped. The
-walker moves by keys, through the world's physics, so a translation must be zero
+target relative to the pose it starts from ("turn by": what a mouse sends). The rotation becomes
+yaw (turning right is positive) and pitch (looking up is positive) of its forward vector; its roll
+is dropped. The walker moves by keys, through the world's physics, so a translation must be zero
 (``unsupported_interaction_schema`` otherwise). ``transition_chunks`` (the interaction's) goes with
 a target; ``at_frame`` is added by the handler from ``received_at``.
 """
