@@ -88,12 +88,12 @@ def _serve(args: argparse.Namespace) -> int:
         return run_fleet(args)
 
     if args.model is None and args.world is None:  # the embedded default with every endpoint on
-        args.model, args.world = DEFAULT_SERVE_MODEL, "world"
+        args.model, args.world = DEFAULT_SERVE_MODEL, "world,maze"
         if not args.enable_return_routed_experts:  # routes recorded, returned to the requests that ask
             args.routed_experts_on_request = True
         print(f"execstate serve: no MODEL given: serving the embedded {DEFAULT_SERVE_MODEL} (routes returned to "
-              f"requests with \"return_routed_experts\": true) and the world model, with every endpoint (open "
-              f"http://{args.host}:{args.port}/)", file=sys.stderr)
+              f"requests with \"return_routed_experts\": true) and the world models (grid and maze), with every "
+              f"endpoint (open http://{args.host}:{args.port}/)", file=sys.stderr)
     return run_server(args)
 
 
@@ -335,22 +335,26 @@ def _add_offload_options(s: argparse.ArgumentParser) -> None:
 def _add_world_options(s: argparse.ArgumentParser) -> None:
     """``serve --world``: world sessions over /v1/realtime/video and the /world page (serve/realtime/world/app.py)."""
     g = s.add_argument_group("world sessions")
-    g.add_argument("--world", nargs="?", const="world", default=None, metavar="WORLD_MODEL",
-                   help="also serve world sessions (/v1/realtime/video, the /world page) with this world model: "
-                        "a trained directory or 'world' (the shipped model, what --world alone gives; without "
+    g.add_argument("--world", nargs="?", const="world,maze", default=None, metavar="WORLDS",
+                   help="also serve world sessions (/v1/realtime/video, the /world page) of these worlds, "
+                        "comma-separated, the first the default: 'world' (the grid world's shipped model), 'maze' "
+                        "(the first-person maze's) or trained directories; --world alone: world,maze (without "
                         "MODEL: a world-only server) (default: no world sessions)")
     g.add_argument("--world-max-sessions", type=int, default=8,
                    help="resident world sessions at most; beyond it session.start is refused (code capacity) "
                         "(default: %(default)s)")
-    g.add_argument("--world-session-memory", type=_size, default=4 << 20,
+    g.add_argument("--world-session-memory", type=_size, default=8 << 20,
                    help="K/V memory budget of one world session (bytes, or a size such as 16MiB); a session or "
-                        "checkpoint beyond it is refused (code budget) (default: 4MiB)")
+                        "checkpoint beyond it is refused (code budget) (default: 8MiB)")
     g.add_argument("--world-fps", type=_fps, default=16.0,
                    help="a world session's target frame rate unless session.start sets fps: 0 (as fast as "
                         "possible) or 1 to 240 (default: %(default)s)")
     g.add_argument("--world-max-frames", type=int, default=100_000,
                    help="most frames one world session may ask for (session.start's num_frames); beyond it "
                         "session.start is refused (invalid_message) (default: %(default)s)")
+    g.add_argument("--world-step-workers", type=int, default=1,
+                   help="world steps computed at once (threads); with --world-threads 1, one per core runs one "
+                        "session per core (default: %(default)s)")
     g.add_argument("--world-threads", type=int, default=0,
                    help="torch threads for world steps, 0: torch's default (default: %(default)s)")
 
@@ -495,10 +499,27 @@ def build_parser() -> argparse.ArgumentParser:
                     help="verify P's handoff signatures with this secret (default: $EXECSTATE_KV_SECRET)")
     px.set_defaults(func=_proxy)
 
-    from execstate.model.world.cli import add_world_parser
-
-    add_world_parser(sub)
+    _add_world_tools(sub)
     return p
+
+
+def _add_world_tools(sub: argparse._SubParsersAction) -> None:
+    """``execstate world ...``: the world models' tools (train, eval, speed, export), which live in
+    the source repository's tools/world (``model/world/tools_import.py``); without them, the command
+    says where they are."""
+    from execstate.model.world.tools_import import WorldToolsMissing, world_tool
+
+    try:
+        world_tool("cli").add_world_parser(sub)
+    except WorldToolsMissing as e:
+        message = str(e)
+        w = sub.add_parser("world", help="world-model training and evaluation (in a source checkout)")
+
+        def missing(_args: argparse.Namespace) -> int:
+            print(f"execstate world: {message}", file=sys.stderr)
+            return 2
+
+        w.set_defaults(func=missing)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -249,6 +249,10 @@ print(json.dumps({
     "world_weights": sorted(
         p.name for p in importlib.import_module("execstate.model.world.default").SHIPPED_DIR.iterdir()
     ),
+    "maze_weights": sorted(
+        p.name for p in importlib.import_module("execstate.model.world.default").MAZE_SHIPPED_DIR.iterdir()
+    ),
+    "world_tools": importlib.util.find_spec("tools") is not None,
     "world_page": sorted(p.name for p in importlib.resources.files("execstate.serve").joinpath("static").iterdir()),
 }))
 """
@@ -260,6 +264,8 @@ print(json.dumps({
     assert Path(report["file"]).is_relative_to(venv.root)  # the installed copy, not the repository
     assert report["dev_extras"] == []
     assert {"model.safetensors", "config.json", "train.json"} <= set(report["world_weights"])  # package data
+    assert {"model.safetensors", "config.json", "train.json"} <= set(report["maze_weights"])
+    assert report["world_tools"] is False  # training and evaluation stay in the repository (tools/)
     assert {"world.html", "world.js"} <= set(report["world_page"])  # the /world page (package data)
     expected = {
         "execstate." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts)

@@ -151,9 +151,13 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     ba.add_argument("--json", action="store_true")
     bw = bsub.add_parser("world", help="world-model sessions: step latency, first chunk, event-to-action, "
                          "checkpoint/rollback vs recompute, compiled vs eager, 500-step memory, quality")
-    bw.add_argument("--model", default=None, help="a trained world model directory (default: the default model)")
+    bw.add_argument("--model", default=None, help="a trained world model directory, or 'world' / 'maze' (a "
+                    "world's default model; default: the grid world's)")
     bw.add_argument("--parts", default="latency,events,checkpoint,compiled,memory,quality",
-                    help="comma-separated subset")
+                    help="comma-separated subset of latency,events,checkpoint,compiled,memory,quality,serve")
+    bw.add_argument("--sessions", default="1,4", help="serve part: counts of concurrent sessions")
+    bw.add_argument("--serve-fps", default="0,16", help="serve part: target frame rates (0: as fast as possible)")
+    bw.add_argument("--serve-seconds", type=float, default=20.0, help="serve part: seconds per session")
     bw.add_argument("--steps", type=int, default=64, help="steps of the latency, events and quality parts")
     bw.add_argument("--memory-steps", type=int, default=500)
     bw.add_argument("--compiled-steps", type=int, default=32)
@@ -347,7 +351,10 @@ def _bench(args: argparse.Namespace) -> int:
 
         report = run_world_bench(model=args.model, parts=tuple(args.parts.split(",")), steps=args.steps,
                                  memory_steps=args.memory_steps, compiled_steps=args.compiled_steps,
-                                 episodes=args.episodes, threads=args.threads, png=args.png)
+                                 episodes=args.episodes, threads=args.threads, png=args.png,
+                                 sessions=tuple(int(n) for n in args.sessions.split(",")),
+                                 serve_fps=tuple(float(f) for f in args.serve_fps.split(",")),
+                                 serve_seconds=args.serve_seconds)
         print(json.dumps(report, indent=2) if args.json else format_world_table(report))
         return 0
     if args.bench_cmd == "offload":

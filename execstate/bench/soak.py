@@ -161,7 +161,7 @@ async def _soak(url: str, pid: int, minutes: float, clients: int, period: float,
                 audio: bytes, weights: dict[str, int], max_rss_mb: float) -> dict[str, Any]:
     duration = minutes * 60
     stop = asyncio.Event()
-    tally, samples = Tally(), []
+    tally, samples = Tally(), list[Sample]()
     limits = httpx.Limits(max_connections=400, max_keepalive_connections=50)
     async with httpx.AsyncClient(timeout=120, limits=limits) as http:
         s = hc.Soak(url, KEYS, tally, time.monotonic(), http)

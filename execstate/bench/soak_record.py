@@ -130,7 +130,7 @@ def verdict(samples: list[Sample], tally: Tally, warmup_s: float, end_s: float, 
     trend = {s: {"first_third_p99_s": round(p99_first[s], 3), "last_third_p99_s": round(p99_last[s], 3),
                  "met": p99_last[s] <= 1.5 * p99_first[s] + 0.5}
              for s in sorted(set(p99_first) & set(p99_last))}
-    out = {"rss": flat("rss_mb"), "fds": flat("fds"), "threads": flat("threads"),
+    out: dict[str, Any] = {"rss": flat("rss_mb"), "fds": flat("fds"), "threads": flat("threads"),
            "leaked_blocks": {"value": leaked_blocks, "met": leaked_blocks == 0},
            "unexpected_5xx": {"count": len(unexpected), "first": unexpected[:5], "met": not unexpected},
            "p99_trend": {"surfaces": trend, "met": all(v["met"] for v in trend.values())}}

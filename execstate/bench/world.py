@@ -18,7 +18,12 @@ Parts (each a function returning a JSON-able dict; ``run_world_bench`` runs the 
   step (and the max frame difference in pixel levels).
 - ``memory``: a 500-step session with the rolling window: K/V blocks in use (min/max once the
   window is full) and the process's resident memory at steps 50 and 500.
-- ``quality``: action-following accuracy and PSNR against the renderer (``model/world/eval``).
+- ``quality``: the grid world: action-following accuracy and PSNR against the renderer
+  (``tools/world/eval.py``); the maze: PSNR/SSIM, walls crossed and spins over scripted play
+  (``tools/world/maze_quality.py``).
+- ``serve``: sessions over the socket, one and several at once (``world_serve.py``).
+
+Keys are the model's own (the grid world's moves, the maze's walk, strafe and turn keys).
 
 The machine's load (``os.getloadavg``) is recorded at the start and the end: this bench runs on
 a shared CPU box, so its latencies are upper bounds.
@@ -39,8 +44,11 @@ from execstate.model.world.interface import WorldModel
 from execstate.session.world.async_world import AsyncWorld
 from execstate.session.world.offline import World, WorldSession
 
-PARTS = ("latency", "events", "checkpoint", "compiled", "memory", "quality")
-MOVES = ("up", "down", "left", "right")
+PARTS = ("latency", "events", "checkpoint", "compiled", "memory", "quality", "serve")
+
+
+def _moves(model: WorldModel) -> tuple[str, ...]:
+    return tuple(model.spec.keys[1:])
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -52,13 +60,13 @@ def _rss_mb() -> float:
         return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
-def _drive(s: WorldSession, steps: int, rng: random.Random) -> list[float]:
+def _drive(s: WorldSession, steps: int, rng: random.Random, moves: tuple[str, ...]) -> list[float]:
     """``steps`` steps with a held key changing every 1-6 steps; step times in ms."""
     times = []
     change = 0
     for i in range(steps):
         if i == change:
-            s.submit_event(s.next_event_id(), "key", {"key": rng.choice(MOVES), "down": True})
+            s.submit_event(s.next_event_id(), "key", {"key": rng.choice(moves), "down": True})
             change += rng.randint(1, 6)
         t = time.perf_counter()
         s.step()
@@ -70,13 +78,13 @@ def bench_latency(model: WorldModel, steps: int = 64, seed: int = 0) -> dict[str
     f = model.spec.frames_per_chunk
     with World(model=model, numerics=model.spec.numerics) as world:
         warm = world.open_session(prompt="a meadow maze", seed=seed, scene_seed=seed)
-        _drive(warm, 8, random.Random(seed))
+        _drive(warm, 8, random.Random(seed), _moves(model))
         warm.close()
         t0 = time.perf_counter()
         s = world.open_session(prompt="a meadow maze", seed=seed, scene_seed=seed + 1)
         s.step()
         first = (time.perf_counter() - t0) * 1000
-        times = _drive(s, steps, random.Random(seed + 1))
+        times = _drive(s, steps, random.Random(seed + 1), _moves(model))
     total = sum(times) / 1000
     return {"steps": steps, "frames_per_chunk": f, "first_chunk_ms": round(first, 2),
             "step_ms_p50": _pct(times, 50), "step_ms_p99": _pct(times, 99), "step_ms_max": _pct(times, 100),
@@ -116,7 +124,7 @@ def bench_events(model: WorldModel, steps: int = 64, seed: int = 0) -> dict[str,
                     continue  # one event in flight at a time: each is the only one of its boundary
                 index = (await aw.info(sid)).step_index
                 pending[eid] = index
-                await aw.submit_event(sid, eid, "key", {"key": rng.choice(MOVES), "down": True})
+                await aw.submit_event(sid, eid, "key", {"key": rng.choice(_moves(model)), "down": True})
                 eid += 1
 
         await asyncio.gather(stepper(), submitter())
@@ -134,7 +142,7 @@ def bench_checkpoint(model: WorldModel, at_step: int = 32, seed: int = 0, repeat
     with World(model=model, numerics=model.spec.numerics) as world:
         s = world.open_session(prompt="a meadow maze", seed=seed, scene_seed=seed)
         rng = random.Random(seed)
-        plan = [rng.choice(MOVES) for _ in range(at_step + 4)]
+        plan = [rng.choice(_moves(model)) for _ in range(at_step + 4)]
         for k in plan[:at_step]:
             s.step(action=k)
         cp_ms, rb_ms, recompute_ms = [], [], []
@@ -176,7 +184,7 @@ def bench_memory(model: WorldModel, steps: int = 500, seed: int = 0) -> dict[str
         used, rss = [], {}
         for i in range(1, steps + 1):
             if i % 5 == 1:
-                s.submit_event(s.next_event_id(), "key", {"key": rng.choice(MOVES), "down": True})
+                s.submit_event(s.next_event_id(), "key", {"key": rng.choice(_moves(model)), "down": True})
             used.append(s.step().blocks_in_use)
             if i in (50, steps):
                 rss[i] = _rss_mb()
@@ -190,16 +198,20 @@ def bench_memory(model: WorldModel, steps: int = 500, seed: int = 0) -> dict[str
 
 
 def bench_quality(model: WorldModel, episodes: int = 4, steps: int = 64) -> dict[str, Any]:
-    from execstate.model.world.eval import evaluate
+    from execstate.model.world.tools_import import world_tool
 
-    r = evaluate(model, seeds=range(episodes), steps=steps, psnr_steps=8)
+    if model.spec.world == "maze":
+        mq = world_tool("maze_quality")
+        return mq.report(mq.play(model, steps, scene_seed=3, prompt="a dungeon maze"), model.spec.frames_per_chunk)
+    r = world_tool("eval").evaluate(model, seeds=range(episodes), steps=steps, psnr_steps=8)
     return {k: r[k] for k in ("episodes", "steps", "action_accuracy", "action_accuracy_when_moving",
                               "psnr_by_step", "psnr_mean_first", "psnr_mean_all")}
 
 
 def run_world_bench(model: str | None = None, parts: tuple[str, ...] = PARTS, steps: int = 64,
                     memory_steps: int = 500, compiled_steps: int = 32, episodes: int = 4,
-                    threads: int = 2, png: str | None = None) -> dict[str, Any]:
+                    threads: int = 2, png: str | None = None, sessions: tuple[int, ...] = (1, 4),
+                    serve_fps: tuple[float, ...] = (0.0, 16.0), serve_seconds: float = 20.0) -> dict[str, Any]:
     from execstate.session.world.offline import load_world_model
 
     unknown = set(parts) - set(PARTS)
@@ -224,12 +236,16 @@ def run_world_bench(model: str | None = None, parts: tuple[str, ...] = PARTS, st
         report["memory"] = bench_memory(eager, memory_steps)
     if "quality" in parts:
         report["quality"] = bench_quality(eager, episodes, steps)
-    if png is not None:  # generated frames above the renderer's, same actions (model/world/eval.py)
+    if "serve" in parts:
+        from execstate.bench.world_serve import bench_serve
+
+        report["serve"] = bench_serve(eager, sessions, serve_fps, serve_seconds)
+    if png is not None:  # generated frames above the renderer's, same actions (tools/world/eval.py)
         from pathlib import Path
 
-        from execstate.model.world.eval import comparison_png
+        from execstate.model.world.tools_import import world_tool
 
-        report["png"] = str(comparison_png(eager, Path(png)))
+        report["png"] = str(world_tool("eval").comparison_png(eager, Path(png)))
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     report["load_end"] = [round(x, 2) for x in os.getloadavg()]
     return report

@@ -19,8 +19,6 @@ from execstate.model.world.interface import WorldModel
 from execstate.session.world.offline import World, WorldSession
 from execstate.session.world.state import WorldState
 
-MOVES = ("up", "down", "left", "right", "none")
-
 
 def last_chunk_kv(world: World, s: WorldSession) -> tuple[torch.Tensor, torch.Tensor]:
     """The K/V of the session's newest chunk: ``[n_layers, tokens_per_chunk, H, Dh]`` each."""
@@ -35,7 +33,7 @@ def compare_numerics(eager: WorldModel, compiled: WorldModel, steps: int = 32, s
     if eager.spec.numerics != "eager" or compiled.spec.numerics != "compiled":
         raise ValueError("compare an eager model with a compiled one")
     rng = random.Random(seed)
-    plan = [rng.choice(MOVES) for _ in range(steps)]
+    plan = [rng.choice(eager.spec.keys) for _ in range(steps)]
     worlds = [World(model=eager), World(model=compiled, numerics="compiled")]
     try:
         h, w, _ = eager.spec.frame_shape
@@ -52,6 +50,9 @@ def compare_numerics(eager: WorldModel, compiled: WorldModel, steps: int = 32, s
                 if i:
                     if i == steps // 2:
                         s.submit_event(s.next_event_id(), "prompt", {"text": "a snow maze"})
+                    if eager.spec.camera is not None and i % 5 == 1:  # a camera turn at times
+                        s.submit_event(s.next_event_id(), "camera", {"mode": "velocity", "yaw": 0.05 * (i % 3 - 1),
+                                                                     "pitch": 0.01})
                     t = time.perf_counter()
                     frames.append(s.step(action=plan[i - 1]).frames)
                     times[j].append((time.perf_counter() - t) * 1000)

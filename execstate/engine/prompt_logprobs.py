@@ -103,9 +103,12 @@ class _Scheduled(Protocol):
     """A scheduled span (``engine/scheduler.ScheduledRequest``; not imported: the scheduler imports
     the request, which names this module's ``PromptScoring``)."""
 
-    request: Any
-    num_computed_before: int
-    num_new_tokens: int
+    @property
+    def request(self) -> Any: ...
+    @property
+    def num_computed_before(self) -> int: ...
+    @property
+    def num_new_tokens(self) -> int: ...
 
 
 def prompt_spans(scheduled: Sequence[_Scheduled], offsets: Sequence[int]) -> list[Span]:
@@ -116,7 +119,11 @@ def prompt_spans(scheduled: Sequence[_Scheduled], offsets: Sequence[int]) -> lis
 
 
 @torch.inference_mode()
-def score_rows(model: torch.nn.Module, hidden: torch.Tensor, spans: list[Span]) -> list[ScoredRows]:
+class _LogitsModel(Protocol):
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+def score_rows(model: _LogitsModel, hidden: torch.Tensor, spans: list[Span]) -> list[ScoredRows]:
     """The prompt rows of this step's ``spans`` (module docstring); ``hidden``: the forward pass's output."""
     out: list[ScoredRows] = []
     for sp in spans:
@@ -133,7 +140,7 @@ def score_rows(model: torch.nn.Module, hidden: torch.Tensor, spans: list[Span]) 
     return out
 
 
-def _reduce(model: torch.nn.Module, rows: torch.Tensor, nxt: torch.Tensor,
+def _reduce(model: _LogitsModel, rows: torch.Tensor, nxt: torch.Tensor,
             k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     logp = torch.log_softmax(model.compute_logits(rows).float(), dim=-1)
     chosen = logp.gather(1, nxt[:, None])

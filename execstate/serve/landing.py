@@ -57,17 +57,21 @@ def _world_rows(app: FastAPI) -> list[tuple[str, str]]:
     world = getattr(app.state, "world", None)
     if world is None:
         return []
-    spec = world.host.spec
-    h, w, _ = spec.frame_shape
-    return [("world model", f"{world.host.model_name}: {w}x{h} frames, {spec.frames_per_chunk} per chunk, "
-             f"keys {', '.join(spec.keys[1:])}")]
+    rows = []
+    for name, host in world.host.hosts.items():
+        spec = host.spec
+        h, w, _ = spec.frame_shape
+        camera = "; a camera (mouse)" if spec.camera is not None else ""
+        rows.append(("world model", f"{name}: {w}x{h} frames, {spec.frames_per_chunk} per chunk, "
+                     f"keys {', '.join(spec.keys[1:])}{camera}"))
+    return rows
 
 
 def _endpoints(app: FastAPI) -> list[tuple[str, str, str]]:
     """(path, what, link or '') for each served surface."""
     out: list[tuple[str, str, str]] = []
     if getattr(app.state, "world", None) is not None:
-        out.append(("/world", "the world page: steer the world model with the arrow keys", "/world"))
+        out.append(("/world", "the world page: steer a world with the keys (and the mouse in the maze)", "/world"))
     if getattr(app.state, "voice", None) is not None:
         out.append(("/agent", "the voice agent page: talk to a duplex agent from the microphone", "/agent"))
     if getattr(app.state, "ctx", None) is not None:

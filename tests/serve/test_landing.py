@@ -85,7 +85,7 @@ def test_serve_without_a_model_serves_the_default_with_every_endpoint(monkeypatc
     seen: list[argparse.Namespace] = []
     monkeypatch.setattr("execstate.serve.server.run_server", lambda args: seen.append(args) or 0)
     assert cli.main(["serve", "--port", "8123"]) == 0
-    assert seen[0].model == cli.DEFAULT_SERVE_MODEL == "smollm2-moe" and seen[0].world == "world"
+    assert seen[0].model == cli.DEFAULT_SERVE_MODEL == "smollm2-moe" and seen[0].world == "world,maze"
     # routes recorded, returned to the requests that ask (not a blob on every chat answer)
     assert seen[0].routed_experts_on_request is True and seen[0].enable_return_routed_experts is False
     assert "every endpoint" in capsys.readouterr().err

@@ -24,7 +24,7 @@ def test_serve_options():
     p = build_parser()
     a = p.parse_args(["serve", "--world"])
     assert (a.model, a.world, a.world_max_sessions, a.world_session_memory, a.world_fps) == (
-        None, "world", 8, 4 << 20, 16.0)
+        None, "world,maze", 8, 8 << 20, 16.0)
     a = p.parse_args(["serve", "some-lm", "--world", "/m", "--world-session-memory", "2MiB", "--world-fps", "0"])
     assert (a.model, a.world, a.world_session_memory, a.world_fps) == ("some-lm", "/m", 2 << 20, 0.0)
     a = p.parse_args(["serve", "some-lm"])

@@ -37,6 +37,6 @@ def bind_replica_grpc_to_loopback() -> bool:
             address = "127.0.0.1:" + address.rsplit(":", 1)[1]
         return add(server, address)
 
-    add_on_loopback.execstate_loopback = True  # type: ignore[attr-defined]
-    replica.add_port_to_grpc_server = add_on_loopback  # type: ignore[attr-defined]
+    add_on_loopback.execstate_loopback = True  # type: ignore[attr-defined]  # a marker on the function
+    replica.add_port_to_grpc_server = add_on_loopback
     return True

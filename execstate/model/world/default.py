@@ -1,6 +1,6 @@
-"""The default world model: where its weights come from, and loading it.
+"""The default world models: where their weights come from, and loading them.
 
-Two sources, in this order:
+``world`` (the grid world's model) has two sources, in this order:
 
 1. the prepared model in the cache (``execstate models prepare world``: the default recipe trained
    on this machine into ``paths.model_dir("world")``), when :func:`registry.is_prepared` says it is
@@ -12,16 +12,26 @@ Two sources, in this order:
 ``weights_version`` of the loaded model is the sha256 of the weights file it was loaded from
 (the two sources differ, so they never share cached state). The loaded network computes in fp32
 whatever the storage dtype.
+
+``maze`` (the first-person maze's model): the weights shipped in the package
+(``execstate/model/world/maze/shipped/``, fp16), trained by ``python -m tools.world.maze_train``.
+
+:func:`load_world_dir` loads a trained directory of either kind (the config's fields say which).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from execstate.model.world.model import ChunkedWorldModel
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
+MAZE_SHIPPED_DIR = Path(__file__).parent / "maze" / "shipped"
 MODEL_NAME = "world"
+MAZE_NAME = "maze"
+DEFAULT_WORLDS = (MODEL_NAME, MAZE_NAME)
 
 
 def default_world_model_dir(prefer_prepared: bool = True) -> Path:
@@ -43,3 +53,34 @@ def load_default_world_model(numerics: str = "eager", prefer_prepared: bool = Tr
     """The default world model (``model_id`` ``"world"``) with ``numerics`` ``"eager"`` or
     ``"compiled"``; ``prefer_prepared=False`` always loads the shipped weights."""
     return ChunkedWorldModel.load(default_world_model_dir(prefer_prepared), numerics=numerics, model_id=MODEL_NAME)
+
+
+def load_default_maze_model(numerics: str = "eager") -> Any:  # MazeWorldModel
+    """The first-person maze's shipped model (``model_id`` ``"maze"``)."""
+    from execstate.model.world.maze.model import MazeWorldModel
+
+    if not (MAZE_SHIPPED_DIR / "model.safetensors").is_file():
+        raise FileNotFoundError(f"no shipped maze model weights in {MAZE_SHIPPED_DIR}; train one with "
+                                "`python -m tools.world.maze_train` from a source checkout")
+    return MazeWorldModel.load(MAZE_SHIPPED_DIR, numerics=numerics, model_id=MAZE_NAME)
+
+
+def load_default(name: str, numerics: str = "eager") -> Any:  # a WorldModel
+    """The default model of world ``name`` (:data:`DEFAULT_WORLDS`)."""
+    if name == MODEL_NAME:
+        return load_default_world_model(numerics)
+    if name == MAZE_NAME:
+        return load_default_maze_model(numerics)
+    raise ValueError(f"unknown world {name!r}; known: {list(DEFAULT_WORLDS)}")
+
+
+def load_world_dir(path: Path | str, numerics: str = "eager", model_id: str | None = None) -> Any:  # a WorldModel
+    """A trained world-model directory: a maze model when its config has the maze model's fields
+    (``strip``), else a grid model."""
+    path = Path(path)
+    cfg = json.loads((path / "config.json").read_text())
+    if "strip" in cfg:
+        from execstate.model.world.maze.model import MazeWorldModel
+
+        return MazeWorldModel.load(path, numerics=numerics, model_id=model_id or MAZE_NAME)
+    return ChunkedWorldModel.load(path, numerics=numerics, model_id=model_id or MODEL_NAME)

@@ -94,6 +94,17 @@ class KVLayout:
 
 
 @dataclass(frozen=True)
+class CameraRig:
+    """A camera the session steers (``session/world/camera.py``): yaw and pitch in radians, a yaw
+    rate per frame for each turn key while it is held, pitch clamped to ``+-pitch_limit``. A model
+    with a rig takes ``ChunkActions.camera`` ``float32[F, 4]``: each frame's session-relative yaw and
+    pitch and their change since the frame before."""
+
+    turn_keys: tuple[tuple[str, float], ...]
+    pitch_limit: float
+
+
+@dataclass(frozen=True)
 class WorldSpec:
     """What the runtime needs to know about a world model."""
 
@@ -109,6 +120,8 @@ class WorldSpec:
     kv: KVLayout
     numerics: str  # "eager" | "compiled" (goes into provenance)
     weights_version: str  # sha256 of the weights
+    camera: CameraRig | None = None  # a steerable camera (then camera_dim == 4), else per-frame deltas if camera_dim
+    world: str = "grid"  # the procedural world it was trained on (``scenes.py``: how its sessions start)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 The registry (``model/registry.py``) calls :func:`build` with :data:`PARAMS`; the params are part
 of the build's fingerprint, so changing the model or training config (or :data:`RECIPE_VERSION`)
 rebuilds it. The build trains from scratch on the renderer (deterministic from the seed, see
-``train.py``) and writes ``model.safetensors``, ``config.json`` and ``train.json`` (train config,
+``tools/world/train.py``) and writes ``model.safetensors``, ``config.json`` and ``train.json``
+(train config,
 losses, wall/CPU time, the weights' sha256).
 """
 
@@ -34,7 +35,10 @@ PARAMS: dict[str, Any] = {
 
 def build(out_dir: Path, deps: list[Path], on_step: Callable[[str], None] | None = None, **params: Any) -> None:
     from execstate.model.world.config import WorldModelConfig
-    from execstate.model.world.train import TrainConfig, train_to_dir
+    from execstate.model.world.tools_import import world_tool
+
+    train = world_tool("train")
+    TrainConfig, train_to_dir = train.TrainConfig, train.train_to_dir  # noqa: N806
 
     step = on_step or (lambda _: None)
     step(BUILD_STEPS[0])

@@ -44,11 +44,12 @@ def tables(frame_pos: torch.Tensor, tokens_per_frame: int, head_dim: int) -> tup
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x [..., T, H, D]`` rotated by per-token tables ``[T, D]`` (rotate-half convention)."""
+    """``x [..., T, H, D]`` rotated by per-token tables ``[T, D]`` (or ``[B, T, D]`` for ``x [B, T, H, D]``:
+    per-sample tables; rotate-half convention)."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     rot = torch.cat([-x2, x1], dim=-1)
-    return x * cos[:, None, :] + rot * sin[:, None, :]
+    return x * cos[..., None, :] + rot * sin[..., None, :]
 
 
 def token_frame_positions(n_frames: int, start: int, tokens_per_frame: int) -> torch.Tensor:

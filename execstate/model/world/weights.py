@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import safetensors.torch
 import torch
+from torch import nn
 
 from execstate.model.world.config import WorldModelConfig
 from execstate.model.world.transformer import WorldTransformer
@@ -20,13 +23,14 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
 
-def save_weights(model: WorldTransformer, out_dir: Path, dtype: torch.dtype | None = None) -> str:
+def save_weights(model: nn.Module, out_dir: Path, dtype: torch.dtype | None = None) -> str:
     """Write the weights (in ``dtype`` if given, e.g. fp16 for the shipped copy; loading always
     gives fp32) and config; returns the weights file's sha256."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in model.state_dict().items()}
     safetensors.torch.save_file(tensors, str(out_dir / WEIGHTS_FILE))
-    (out_dir / CONFIG_FILE).write_text(json.dumps(model.cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+    cfg: Any = model.cfg
+    (out_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n")
     return file_sha256(out_dir / WEIGHTS_FILE)
 
 
@@ -34,9 +38,11 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def load_transformer(model_dir: Path) -> WorldTransformer:
-    cfg = WorldModelConfig.from_dict(json.loads((Path(model_dir) / CONFIG_FILE).read_text()))
-    model = WorldTransformer(cfg)
+def load_module(model_dir: Path, config_cls: Any, module_cls: Any) -> Any:
+    """``module_cls(config_cls.from_dict(config.json))`` with the weights of ``model_dir`` in fp32,
+    in eval mode, without gradients (the world models' common loader)."""
+    cfg = config_cls.from_dict(json.loads((Path(model_dir) / CONFIG_FILE).read_text()))
+    model = module_cls(cfg)
     state = safetensors.torch.load_file(str(Path(model_dir) / WEIGHTS_FILE))
     model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)
     model.eval()
@@ -45,12 +51,17 @@ def load_transformer(model_dir: Path) -> WorldTransformer:
     return model
 
 
-def export_weights(model_dir: Path, out_dir: Path, dtype: torch.dtype = torch.float16) -> str:
+def load_transformer(model_dir: Path) -> WorldTransformer:
+    return load_module(model_dir, WorldModelConfig, WorldTransformer)
+
+
+def export_weights(model_dir: Path, out_dir: Path, dtype: torch.dtype = torch.float16,
+                   load: Callable[[Path], nn.Module] = load_transformer) -> str:
     """Copy a trained model directory to ``out_dir`` with the weights stored in ``dtype`` (how the
     shipped default model is made from a prepared one); ``train.json`` gets ``shipped_weights_sha256``
     and ``shipped_dtype``. Returns the new weights file's sha256."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    digest = save_weights(load_transformer(model_dir), out_dir, dtype)
+    digest = save_weights(load(model_dir), out_dir, dtype)
     record = json.loads((model_dir / "train.json").read_text()) if (model_dir / "train.json").is_file() else {}
     record |= {"shipped_weights_sha256": digest, "shipped_dtype": str(dtype).removeprefix("torch.")}
     (out_dir / "train.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")

@@ -10,8 +10,12 @@ are listed ``completed`` without having started):
   of the held key (keyboard auto-repeat) is started and completed and changes nothing.
 - ``action``: ``{"key": name}`` or ``{"keys": [name] * F}``: this chunk's keys only (overrides
   the held key for one chunk).
-- ``camera``: ``{"delta": [camera_dim floats]}`` (every frame) or ``{"deltas": F x camera_dim}``:
-  this chunk only. Refused (``invalid``) by a model without a camera.
+- ``camera``: for a model with a rig (``WorldSpec.camera``), a target pose or a velocity
+  (``session/world/camera.py``: ``{"mode", "yaw", "pitch", "at_frame"?, "transition_chunks"?}``),
+  ``active`` while it moves the camera, ``completed`` once it reaches its target, stops or is
+  replaced; for a model with only ``camera_dim`` deltas, ``{"delta": [camera_dim floats]}`` (every
+  frame) or ``{"deltas": F x camera_dim}``: this chunk only. Refused (``invalid``) by a model
+  without a camera.
 - ``prompt``: ``{"text": str}``: the session's prompt from this chunk on; bumps the prompt
   version (only the prompt's cross-attention K/V is recomputed).
 
@@ -28,7 +32,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from execstate.model.world.interface import CameraRig
 from execstate.session.runtime.events import Drained, Event, EventKind, Merge
+from execstate.session.world.camera import CameraCommand, CameraState, advance, parse_command
 
 KEY = "key"
 ACTION = "action"
@@ -47,17 +53,20 @@ class HeldKey:
 
 @dataclass(frozen=True)
 class ChunkControls:
-    """What one boundary decided: the chunk's per-frame keys and camera deltas (None: zeros), the
-    new prompt text (None: unchanged), the held key after the boundary, and the event lists."""
+    """What one boundary decided: the chunk's per-frame keys and camera rows (a rig's poses, or
+    deltas; None: zeros), the new prompt text (None: unchanged), the held key and the camera state
+    after the boundary, and the event lists."""
 
     keys: tuple[str, ...]
     camera: tuple[tuple[float, ...], ...] | None
     prompt: str | None
     held: HeldKey | None
     events: dict[str, list[int]]
+    camera_state: CameraState | None = None
 
 
-def world_event_kinds(keys: Sequence[str], frames_per_chunk: int, camera_dim: int) -> dict[str, EventKind]:
+def world_event_kinds(keys: Sequence[str], frames_per_chunk: int, camera_dim: int,
+                      rig: CameraRig | None = None) -> dict[str, EventKind]:
     """The kinds a world session accepts, with validators bound to the model's spec."""
     names = tuple(keys)
     pressable = [k for k in names if k != "none"]
@@ -95,7 +104,9 @@ def world_event_kinds(keys: Sequence[str], frames_per_chunk: int, camera_dim: in
             out.append(float(x))
         return tuple(out)
 
-    def camera_event(data: Any) -> tuple[tuple[float, ...], ...]:
+    def camera_event(data: Any) -> tuple[tuple[float, ...], ...] | CameraCommand:
+        if rig is not None:
+            return parse_command(data, frames_per_chunk)
         if camera_dim == 0:
             raise ValueError("this world model has no camera (camera_dim = 0)")
         if not isinstance(data, Mapping) or len(data) != 1 or not set(data) <= {"delta", "deltas"}:
@@ -122,12 +133,15 @@ def world_event_kinds(keys: Sequence[str], frames_per_chunk: int, camera_dim: in
             PROMPT: EventKind(PROMPT, Merge.REPLACE, prompt_event)}
 
 
-def apply_boundary(held: HeldKey | None, drained: Drained, frames_per_chunk: int) -> ChunkControls:
-    """The chunk's controls and event lists from the held key and one boundary's events."""
+def apply_boundary(held: HeldKey | None, drained: Drained, frames_per_chunk: int,
+                   camera: CameraState | None = None, rig: CameraRig | None = None) -> ChunkControls:
+    """The chunk's controls and event lists from the held key, the camera state (with a ``rig``)
+    and one boundary's events."""
     started: list[int] = []
     completed: set[int] = {e.event_id for e in drained.overwritten}
     keys: tuple[str, ...] | None = None
-    camera = None
+    rows = None
+    command: tuple[int, CameraCommand] | None = None
     prompt = None
     for e in drained.applied:
         started.append(e.event_id)
@@ -143,20 +157,28 @@ def apply_boundary(held: HeldKey | None, drained: Drained, frames_per_chunk: int
                 held = HeldKey(name, e.event_id)
             else:
                 completed.add(e.event_id)
+        elif e.kind == CAMERA and isinstance(e.data, CameraCommand):
+            command = (e.event_id, e.data)  # the camera decides when it completes
         else:
             completed.add(e.event_id)
             if e.kind == ACTION:
                 keys = e.data
             elif e.kind == CAMERA:
-                camera = e.data
+                rows = e.data
             elif e.kind == PROMPT:
                 prompt = e.data
     if keys is None:
         keys = (held.key if held is not None else "none",) * frames_per_chunk
     active = [held.event_id] if held is not None else []
-    completed.difference_update(active)  # a composite's id whose key part is still held
-    return ChunkControls(keys, camera, prompt, held, {
-        "started": sorted(set(started)), "active": active, "completed": sorted(completed)})
+    state = None
+    if rig is not None:
+        chunk = advance(CameraState() if camera is None else camera, command, keys, rig)
+        rows, state = chunk.rows, chunk.state
+        completed.update(chunk.completed)
+        active += [i for i in chunk.active if i not in active]
+    completed.difference_update(active)  # a composite's id whose key or camera part is still going on
+    return ChunkControls(keys, rows, prompt, held, {
+        "started": sorted(set(started)), "active": sorted(active), "completed": sorted(completed)}, state)
 
 
 def held_after(held: HeldKey | None, pending: Iterable[Event], frames_per_chunk: int) -> HeldKey | None:

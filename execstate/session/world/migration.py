@@ -32,12 +32,15 @@ from execstate.session.runtime.events import Event, EventQueue, SessionEventErro
 from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
 from execstate.session.runtime.migration import MigrationError, hand_over
 from execstate.session.runtime.migration_wire import WireEvents, events_to_wire, queue_from_wire
+from execstate.session.world.camera import CameraCommand, command_to_data
 from execstate.session.world.events import CAMERA, KEY, PROMPT, HeldKey
 from execstate.session.world.migration_wire import (
     FORMAT_VERSION,
     WireChunk,
     WireHeld,
     WorldOffer,
+    camera_from_wire,
+    camera_to_wire,
     chunk_digest,
     decode_world_offer,
     encode_world_offer,
@@ -53,6 +56,8 @@ def _wire_data(e: Event) -> object:
     if e.kind == KEY:
         name, down = e.data
         return {"key": name, "down": down}
+    if e.kind == CAMERA and isinstance(e.data, CameraCommand):
+        return command_to_data(e.data)
     if e.kind == CAMERA:
         return {"deltas": [list(d) for d in e.data]}
     if e.kind == PROMPT:
@@ -106,7 +111,8 @@ def world_offer(sessions: WorldSessions, rt: SessionRuntime, with_chunks: bool =
         state.window.window_chunks, chunks, state.n_chunks, state.history, carry.numpy().astype("<f4").tobytes(),
         list(carry.shape), state.generator.get_state().numpy().tobytes(), state.prompt.prompt, state.prompt.version,
         None if state.held is None else WireHeld(state.held.key, state.held.event_id), rt.step_index,
-        rt.event_epoch, rt.max_event_epoch, rt.branch_id, state.seed, events)
+        rt.event_epoch, rt.max_event_epoch, rt.branch_id, state.seed, events,
+        None if state.camera is None else camera_to_wire(state.camera))
 
 
 def _slots(block_size: int, block_ids: list) -> torch.Tensor:
@@ -165,6 +171,13 @@ def check_world_offer(sessions: WorldSessions, o: WorldOffer) -> tuple[RollingWi
         raise _bad("held", f"unknown key {o.held.key!r}")
     if o.event_epoch > o.max_event_epoch or o.seed >= 2**63:
         raise _bad("event_epoch", "above max_event_epoch (or seed out of range)")
+    if (o.camera is None) != (spec.camera is None):
+        raise _bad("camera", "present without a camera rig, or missing with one")
+    if o.camera is not None:
+        try:
+            camera_from_wire(o.camera, spec.frames_per_chunk)
+        except ValueError as e:
+            raise _bad("camera", str(e)) from None
     return window, carry
 
 
@@ -186,6 +199,7 @@ def state_from_offer(sessions: WorldSessions, o: WorldOffer, window: RollingWind
     state.table = table
     state.n_chunks = o.n_chunks
     state.held = None if o.held is None else HeldKey(o.held.key, o.held.event_id)
+    state.camera = None if o.camera is None else camera_from_wire(o.camera, sessions.spec.frames_per_chunk)
     state.generator.set_state(torch.frombuffer(bytearray(o.rng_state), dtype=torch.uint8))
     return state
 

@@ -24,6 +24,7 @@ of a few hundred KB) and lives in the ``World``'s own pool, so it travels inside
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Annotated
 
 import msgspec
@@ -31,6 +32,7 @@ from msgspec import Meta, Struct
 
 from execstate.session.runtime.migration import MigrationError
 from execstate.session.runtime.migration_wire import SignedEnvelope, WireEvents, open_envelope, seal
+from execstate.session.world.camera import CameraMotion, CameraState, command_to_data, parse_command
 
 FORMAT_VERSION = 1
 DOMAIN = b"execstate/v1/world-session-offer\x00"
@@ -52,6 +54,43 @@ class WireChunk(Struct, frozen=True, forbid_unknown_fields=True, array_like=True
 class WireHeld(Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
     key: _Name
     event_id: _Count
+
+
+class WireCamera(Struct, frozen=True, forbid_unknown_fields=True):
+    """The camera state (``session/world/camera.py``): the last frame's pose and the motion in
+    progress (its event id, its command as a client submits it, and a target's turn and progress)."""
+
+    yaw: float
+    pitch: float
+    event_id: _Count | None = None
+    command: dict[str, float | int | str | bool] | None = None
+    turn_yaw: float = 0.0
+    turn_pitch: float = 0.0
+    total: _Count = 0
+    done: _Count = 0
+
+
+def camera_to_wire(c: CameraState) -> WireCamera:
+    m = c.motion
+    if m is None:
+        return WireCamera(c.yaw, c.pitch)
+    return WireCamera(c.yaw, c.pitch, m.event_id, command_to_data(m.command), m.turn_yaw, m.turn_pitch, m.total,
+                      m.done)
+
+
+def camera_from_wire(w: WireCamera, frames_per_chunk: int) -> CameraState:
+    """The state back, checked (``ValueError``: non-finite values, a bad command, progress past the end)."""
+    values = (w.yaw, w.pitch, w.turn_yaw, w.turn_pitch)
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError("camera values must be finite")
+    if (w.event_id is None) != (w.command is None):
+        raise ValueError("a camera motion needs both its event id and its command")
+    if w.event_id is None or w.command is None:
+        return CameraState(w.yaw, w.pitch)
+    if w.done > w.total:
+        raise ValueError("a camera target's progress is past its end")
+    cmd = parse_command(w.command, frames_per_chunk)
+    return CameraState(w.yaw, w.pitch, CameraMotion(w.event_id, cmd, w.turn_yaw, w.turn_pitch, w.total, w.done))
 
 
 class WorldOffer(Struct, frozen=True, forbid_unknown_fields=True):
@@ -78,6 +117,7 @@ class WorldOffer(Struct, frozen=True, forbid_unknown_fields=True):
     branch_id: _Name
     seed: _Count
     events: WireEvents
+    camera: WireCamera | None = None  # a model with a camera rig
 
 
 SignedWorldOffer = SignedEnvelope

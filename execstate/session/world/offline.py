@@ -35,18 +35,19 @@ __all__ = ["Checkpoint", "SessionEventError", "World", "WorldSession", "WorldSte
 
 
 def load_world_model(model: WorldModel | str | Path | None, numerics: str = "eager") -> WorldModel:
-    """``None``: the default trained model; a directory: a trained model there; a model: as is
-    (its own numerics mode must then equal ``numerics``)."""
-    from execstate.model.world.model import ChunkedWorldModel
+    """``None``: the default trained model (the grid world's); ``"world"`` or ``"maze"``: that world's
+    default model; a directory: a trained model there (either kind); a model: as is (its own
+    numerics mode must then equal ``numerics``)."""
+    from execstate.model.world.default import DEFAULT_WORLDS, load_default, load_world_dir
 
     if model is None:
-        from execstate.model.world.default import load_default_world_model
-
-        return load_default_world_model(numerics=numerics)
+        return load_default("world", numerics)
+    if isinstance(model, str) and model in DEFAULT_WORLDS and not Path(model).is_dir():
+        return load_default(model, numerics)
     if isinstance(model, str | Path):
         if not Path(model).is_dir():
-            raise ValueError(f"world model {str(model)!r} is not a directory")
-        return ChunkedWorldModel.load(model, numerics=numerics)
+            raise ValueError(f"world model {str(model)!r} is not a directory (or one of {list(DEFAULT_WORLDS)})")
+        return load_world_dir(model, numerics)
     if not isinstance(model, WorldModel):
         raise ValueError(f"model must be a WorldModel, a directory or None, got {type(model).__name__}")
     if model.spec.numerics != numerics:
@@ -55,14 +56,15 @@ def load_world_model(model: WorldModel | str | Path | None, numerics: str = "eag
 
 
 def scene_frames(spec: WorldSpec, scene_seed: int, prompt: str = "") -> np.ndarray:
-    """The procedural world's first chunk (``renderer``; the theme from the prompt's words) for
-    models trained on it: uint8 ``[F, H, W, 3]``."""
-    from execstate.model.world import renderer
+    """The first chunk of scene ``scene_seed`` of the procedural world the model was trained on
+    (``WorldSpec.world``, ``model/world/scenes.py``; the theme from the prompt's words):
+    uint8 ``[F, H, W, 3]``."""
+    from execstate.model.world.scenes import scene_frames as render_scene
 
-    if isinstance(scene_seed, bool) or not isinstance(scene_seed, int) or scene_seed < 0:
-        raise SessionEventError("invalid", f"scene_seed must be a non-negative int, got {scene_seed!r}")
-    state = renderer.initial_state(scene_seed, renderer.theme_for_prompt(prompt))
-    _, frames = renderer.trajectory(state, np.zeros(spec.frames_per_chunk, dtype=np.int64))
+    try:
+        frames = render_scene(spec.world, scene_seed, prompt, spec.frames_per_chunk)
+    except ValueError as e:
+        raise SessionEventError("invalid", str(e)) from None
     if tuple(frames.shape[1:]) != spec.frame_shape:
         raise SessionEventError("invalid", f"the procedural world renders {frames.shape[1:]} frames, the model "
                                 f"makes {spec.frame_shape}: pass start_frames instead of scene_seed")

@@ -94,7 +94,8 @@ class WorldSessions(KindSessions[WorldSessionInfo]):
             raise ValueError(f"session_blocks must be an int >= {least} (the window and one chunk in flight), "
                              f"got {session_blocks!r}")
         super().__init__(SessionManager(max_sessions, eviction, policy),
-                         world_event_kinds(spec.keys, spec.frames_per_chunk, spec.camera_dim), max_session_events,
+                         world_event_kinds(spec.keys, spec.frames_per_chunk, spec.camera_dim, spec.camera),
+                         max_session_events,
                          threading.RLock())
         num_blocks = max_sessions * session_blocks if num_blocks is None else num_blocks
         self.store = WorldStore(model, num_blocks, block_size)

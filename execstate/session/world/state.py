@@ -8,8 +8,9 @@
   chunk, sink first; the rolling window drops the middle records, releasing their blocks: no
   tensor is copied), and its control state: the carry, the noise generator (its state is session
   state: rollback + the same events reproduces the same frames bit for bit), the prompt's
-  cross-attention K/V (:class:`PromptKV`, with its version), the held key, the number of chunks
-  committed and the *history key* (below).
+  cross-attention K/V (:class:`PromptKV`, with its version), the held key, the camera (a model
+  with a rig: ``session/world/camera.py``), the number of chunks committed and the *history key*
+  (below).
 - ``save`` pins every chunk of the table (one more reference per block, no K/V copied) and
   copies the control state; ``restore`` / ``clone`` pin the saved chunks again, so a checkpoint
   stays valid after a rollback to it and a fork outlives its parent.
@@ -35,6 +36,7 @@ from execstate.identity.provenance import Provenance, numerics_id
 from execstate.kernels.family import kernel_family
 from execstate.model.world.interface import Carry, PromptKV, WorldModel
 from execstate.model.world.window import RollingWindow
+from execstate.session.world.camera import CameraState
 from execstate.session.world.events import HeldKey
 from execstate.state.block_holds import BlockHolds, HeldBlocks
 from execstate.state.block_pool import BlockId, BlockPool
@@ -84,6 +86,7 @@ class WorldControl:
     held: HeldKey | None
     history: BlockKey
     n_chunks: int
+    camera: CameraState | None = None
 
 
 @dataclass(eq=False)
@@ -129,6 +132,7 @@ class WorldState:
         self.carry = carry
         self.prompt = prompt
         self.held: HeldKey | None = None
+        self.camera: CameraState | None = None if store.model.spec.camera is None else CameraState()
         self.history = history
         self.n_chunks = 0
         self.released = False
@@ -168,7 +172,7 @@ class WorldState:
     # -- the world kind's own operations ----------------------------------------------------------
     def control(self) -> WorldControl:
         return WorldControl(self.carry, self.generator.get_state(), self.prompt, self.held, self.history,
-                            self.n_chunks)
+                            self.n_chunks, self.camera)
 
     def context(self) -> list[tuple[int, ...]]:
         """Block ids per chunk of the context the next step attends to (sink first)."""
@@ -212,8 +216,8 @@ class WorldState:
         self.table = []
 
     def _load(self, c: WorldControl) -> None:
-        self.carry, self.prompt, self.held, self.history, self.n_chunks = (
-            c.carry, c.prompt, c.held, c.history, c.n_chunks)
+        self.carry, self.prompt, self.held, self.history, self.n_chunks, self.camera = (
+            c.carry, c.prompt, c.held, c.history, c.n_chunks, c.camera)
         self.generator.set_state(c.rng_state)
 
     def _check_saved(self, saved: WorldSaved) -> None:

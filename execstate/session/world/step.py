@@ -38,7 +38,8 @@ from execstate.state.block_holds import HeldBlocks
 class WorldStepResult:
     """What one step produced (``docs/world-sessions.md``): ``frames`` uint8 ``[F, H, W, 3]``, the
     ``keys`` its frames were conditioned on, the prompt version, the boundary's event lists,
-    ``timings`` in ms and the session's distinct K/V blocks after the step (checkpoints included)."""
+    ``timings`` in ms, the session's distinct K/V blocks after the step (checkpoints included) and,
+    with a camera rig, each frame's camera ``(yaw, pitch)`` (session-relative radians; else None)."""
 
     session_id: str
     step_index: int
@@ -49,6 +50,7 @@ class WorldStepResult:
     timings: dict[str, float]
     blocks_in_use: int
     frames_sha256: str
+    camera: tuple[tuple[float, float], ...] | None = None
 
 
 @dataclass(eq=False)
@@ -81,7 +83,7 @@ def prepare_world_step(state: WorldState, drained: Drained, step_index: int, bud
     t0 = time.perf_counter()
     model, store = state.store.model, state.store
     spec = model.spec
-    controls = apply_boundary(state.held, drained, spec.frames_per_chunk)
+    controls = apply_boundary(state.held, drained, spec.frames_per_chunk, state.camera, spec.camera)
     index = {k: i for i, k in enumerate(spec.keys)}
     try:
         actions = model.make_actions([index[k] for k in controls.keys],
@@ -136,9 +138,14 @@ def finish_world_step(session_id: str, state: WorldState, prep: PreparedStep, do
     state.generator.set_state(prep.rng_after)
     state.prompt = prep.prompt
     state.held = prep.controls.held
+    if prep.controls.camera_state is not None:
+        state.camera = prep.controls.camera_state
     timings = dict(done.timings)
     timings["step_ms"] = round((time.perf_counter() - prep.t_begin) * 1000, 3)
     frames = done.frames
+    camera = None
+    if spec.camera is not None and prep.controls.camera is not None:
+        camera = tuple((float(r[0]), float(r[1])) for r in prep.controls.camera)
     return WorldStepResult(session_id, prep.step_index, frames, prep.controls.keys, prep.prompt.version,
                            prep.controls.events, timings, count_blocks(),
-                           hashlib.sha256(np.ascontiguousarray(frames).tobytes()).hexdigest())
+                           hashlib.sha256(np.ascontiguousarray(frames).tobytes()).hexdigest(), camera)

@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from execstate.model.world import codec, data, renderer
+from execstate.model.world import codec, renderer
 from execstate.model.world.config import WorldModelConfig
 from execstate.model.world.prompt import word_ids
+from tools.world import data
 
 
 @settings(max_examples=30, deadline=None)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from conftest import random_net
 
-from execstate.model.world import speed
 from execstate.model.world.model import ChunkedWorldModel
+from tools.world import speed
 
 
 def _check_in_place(model: ChunkedWorldModel) -> None:

@@ -12,11 +12,11 @@ import pytest
 import torch
 from conftest import TINY, random_net
 
-from execstate.model.world import data, teacher
 from execstate.model.world.config import WorldModelConfig
 from execstate.model.world.interface import KVWriter, PromptKV
 from execstate.model.world.model import ChunkedWorldModel
 from execstate.state.kv_pool import KVPool
+from tools.world import data, teacher
 
 # the palette codec with every option of the convolutional path (cell_conv.py), at F = 2 and at
 # F = 1 (fewer frames per chunk than carry frames: the first carries after the sink are partly

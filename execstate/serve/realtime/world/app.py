@@ -27,41 +27,53 @@ from execstate.serve.landing import install_landing
 from execstate.serve.principals import KeyRing, keys_from_args
 from execstate.serve.realtime.world.endpoint import install_world
 from execstate.serve.realtime.world.host import WorldHost
+from execstate.serve.realtime.world.hosts import WorldHosts
 from execstate.session.runtime.manager import SessionPolicy
 from execstate.state.quotas import Quotas
 
 
-def world_model_from_option(name: str):  # noqa: ANN201 - ChunkedWorldModel (torch imported lazily)
-    """The model ``--world NAME`` names: a trained world-model directory, or ``world``: the default
-    model (the prepared one, else the weights shipped in the package: ``model/world/default.py``).
-    (``session/world_offline.py``'s ``load_world_model`` is the offline API's: a model, a directory
-    or ``None``, in a given numerics mode.)"""
-    from execstate.model.world.default import load_default_world_model
-    from execstate.model.world.model import ChunkedWorldModel
+def world_model_from_option(name: str):  # noqa: ANN201 - a WorldModel (torch imported lazily)
+    """The model one name of ``--world`` names: a trained world-model directory (grid or maze, by
+    its config), ``world`` (the grid world's default model: the prepared one, else the weights
+    shipped in the package) or ``maze`` (the first-person maze's shipped model;
+    ``model/world/default.py``). (``session/world/offline.py``'s ``load_world_model`` is the offline
+    API's: a model, a directory or ``None``, in a given numerics mode.)"""
+    from execstate.model.world.default import DEFAULT_WORLDS, load_default, load_world_dir
 
     path = Path(name)
     if path.is_dir():
-        return ChunkedWorldModel.load(path, model_id=name)
-    if name != "world":
+        return load_world_dir(path, model_id=name)
+    if name not in DEFAULT_WORLDS:
         from execstate.model.errors import UnknownModelError
 
-        raise UnknownModelError(f"--world {name!r} is not a world-model directory or 'world'")
-    return load_default_world_model()
+        raise UnknownModelError(f"--world {name!r} is not a world-model directory or one of {list(DEFAULT_WORLDS)}")
+    return load_default(name)
 
 
-def world_host_from_args(args: argparse.Namespace) -> WorldHost:
+def world_names(option: str) -> list[str]:
+    """``--world``'s value: names separated by commas (``world,maze``), each once."""
+    names = [n.strip() for n in option.split(",") if n.strip()]
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"--world {option!r}: give world names (or directories) separated by commas, each once")
+    return names
+
+
+def world_host_from_args(args: argparse.Namespace) -> WorldHosts:
+    """One ``WorldHost`` per world ``--world`` names (the first: the default world)."""
     import torch
 
     if args.world_threads:
         torch.set_num_threads(args.world_threads)
     policy = SessionPolicy(max_checkpoints=getattr(args, "max_session_checkpoints", 64),
                            quotas=Quotas(world_sessions=getattr(args, "tenant_max_world_sessions", None)))
-    return WorldHost(world_model_from_option(args.world), model_name=args.world, max_sessions=args.world_max_sessions,
-                     session_memory_bytes=args.world_session_memory, default_fps=args.world_fps,
-                     max_frames=args.world_max_frames, policy=policy)
+    return WorldHosts(WorldHost(world_model_from_option(name), model_name=name, max_sessions=args.world_max_sessions,
+                                session_memory_bytes=args.world_session_memory, default_fps=args.world_fps,
+                                max_frames=args.world_max_frames, policy=policy,
+                                step_workers=getattr(args, "world_step_workers", 1))
+                      for name in world_names(args.world))
 
 
-def build_world_app(host: WorldHost, api_key: str | None = None, keys: KeyRing | None = None) -> FastAPI:
+def build_world_app(host: WorldHost | WorldHosts, api_key: str | None = None, keys: KeyRing | None = None) -> FastAPI:
     """A world-only app: ``/v1/realtime/video``, ``/world``, ``/health``; ``keys`` (or one ``api_key``)
     name each caller's tenant (``serve/auth.py``)."""
     app = FastAPI(title="execstate world", docs_url=None, redoc_url=None, openapi_url=None)
@@ -78,17 +90,22 @@ def build_world_app(host: WorldHost, api_key: str | None = None, keys: KeyRing |
     return app
 
 
-def world_startup_lines(host: WorldHost, args: argparse.Namespace, seconds: float) -> list[tuple[str, str]]:
+def world_startup_lines(hosts: WorldHosts, args: argparse.Namespace, seconds: float) -> list[tuple[str, str]]:
     """The start-up block of ``execstate serve --world`` (the LM server's format: ``startup_log.py``)."""
     import torch
 
-    spec = host.spec
-    h, w, _ = spec.frame_shape
-    where = args.world if Path(args.world).is_dir() else f"{args.world} (the default world model)"
+    lines = []
+    for name, h in hosts.hosts.items():
+        spec = h.spec
+        height, width, _ = spec.frame_shape
+        where = name if Path(name).is_dir() else f"{name} (the default {spec.world} model)"
+        camera = ", camera (yaw, pitch)" if spec.camera is not None else ""
+        lines += [("world model", where), ("  weights version", spec.weights_version[:16]),
+                  ("  frames", f"{width}x{height}, {spec.frames_per_chunk} per chunk, a window of at most "
+                               f"{spec.max_window_chunks} chunks{camera}")]
+    host = hosts.default
     return [
-        ("world model", where),
-        ("weights version", spec.weights_version),
-        ("frames", f"{w}x{h}, {spec.frames_per_chunk} per chunk, a window of at most {spec.max_window_chunks} chunks"),
+        *lines,
         ("device", f"cpu, {torch.get_num_threads()} threads"),
         ("world sessions", f"at most {host.max_sessions}, {host.session_memory_bytes / 2**20:.1f} MiB of K/V each, "
                            f"at most {host.max_frames} frames each"),

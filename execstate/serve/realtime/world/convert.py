@@ -8,6 +8,7 @@ from typing import Any
 
 from execstate.model.world.interface import WorldSpec
 from execstate.serve.realtime.errors import ProtocolError
+from execstate.serve.realtime.world.camera_schema import camera_data
 from execstate.serve.realtime.world.encode import EncodedChunk
 from execstate.serve.realtime.world.messages import MAX_PROMPT_CHARS, SessionInteraction, SessionStart
 
@@ -73,6 +74,16 @@ def start_config(msg: SessionStart, spec: WorldSpec, model_name: str, default_fp
     return StartConfig(msg.prompt, msg.seed, float(fps), msg.format, msg.start, msg.num_frames, msg.window_chunks)
 
 
+def camera_config(spec: WorldSpec) -> dict[str, Any]:
+    """``video.start``'s description of the world's camera (empty for a world without one)."""
+    if spec.camera is None:
+        return {"world": spec.world}
+    return {"world": spec.world, "camera": {
+        "schema": "camera.v1", "modes": ["target", "velocity"], "units": "radians, session-relative",
+        "turn_keys": {k: round(v, 6) for k, v in spec.camera.turn_keys},
+        "pitch_limit": round(spec.camera.pitch_limit, 6)}}
+
+
 def check_prompt(prompt: Any, event_id: Any, allow_empty: bool = False) -> str:
     if not isinstance(prompt, str) or (not allow_empty and not prompt.strip()):
         raise ProtocolError("invalid_message", "a prompt must be a non-empty string", event_id)
@@ -87,6 +98,7 @@ class InteractionParts:
     event_id: str
     keys: list[str] | None
     prompt: str | None
+    camera: dict[str, Any] | None = None  # a camera event's data, but its at_frame (``session/world/camera.py``)
 
 
 def interaction_parts(msg: SessionInteraction, spec: WorldSpec, generated_id: str) -> InteractionParts:
@@ -98,9 +110,6 @@ def interaction_parts(msg: SessionInteraction, spec: WorldSpec, generated_id: st
     if given is not None and not 0 < len(given) <= 128:
         raise ProtocolError("invalid_message", "interaction: event_id must be 1-128 characters", msg.event_id)
     eid = given if given is not None else (str(msg.event_id) if msg.event_id is not None else generated_id)
-    if it.transition_chunks not in (None, 0):
-        raise ProtocolError("unsupported_transition", "this model changes prompt and actions at the next chunk "
-                                 f"boundary (transition_chunks 0), got {it.transition_chunks}", eid)
     event = it.event
     unknown = set(event) - {"prompt", "multi_modal_data", "negative_prompt"}
     if unknown:
@@ -112,15 +121,19 @@ def interaction_parts(msg: SessionInteraction, spec: WorldSpec, generated_id: st
     if not isinstance(mm, dict):
         raise ProtocolError("invalid_message", "interaction.event.multi_modal_data must be an object", eid)
     for name in mm:
-        if name == "camera" and spec.camera_dim == 0:
+        if name == "camera" and spec.camera is None:
             raise ProtocolError("unsupported_interaction_schema", "this world has no camera (a fixed top-down "
                                      "view); steer it with actions", eid)
-        if name != "action":
+        if name not in ("action", "camera"):
             raise ProtocolError("unsupported_interaction_schema", f"unsupported modality {name!r}", eid)
     keys = _action_keys(mm["action"], eid) if "action" in mm else None
-    if keys is None and prompt is None:
-        raise ProtocolError("invalid_message", "an interaction needs event.prompt or an action", eid)
-    return InteractionParts(eid, keys, prompt)
+    camera = camera_data(mm["camera"], it.transition_chunks, eid) if "camera" in mm else None
+    if it.transition_chunks not in (None, 0) and (camera is None or camera["mode"] != "target"):
+        raise ProtocolError("unsupported_transition", "prompts and actions change at the next chunk boundary; "
+                            f"transition_chunks (got {it.transition_chunks}) applies to a camera target", eid)
+    if keys is None and prompt is None and camera is None:
+        raise ProtocolError("invalid_message", "an interaction needs event.prompt, an action or a camera", eid)
+    return InteractionParts(eid, keys, prompt, camera)
 
 
 def _action_keys(action: Any, eid: str) -> list[str]:
@@ -141,9 +154,12 @@ def _action_keys(action: Any, eid: str) -> list[str]:
 
 def chunk_metadata(request_id: str, transport_index: int, generation_index: int, spec: WorldSpec,
                    keys: tuple[str, ...], events: dict[str, list[str]], prompt: str | None, prompt_version: int,
-                   enc: EncodedChunk, timings: dict[str, float], behind_ms: float | None, fmt: str) -> dict[str, Any]:
-    """``video.chunk_metadata`` (vLLM-Omni's fields, then ours): it precedes the chunk's binary frame."""
+                   enc: EncodedChunk, timings: dict[str, float], behind_ms: float | None, fmt: str,
+                   camera: tuple[tuple[float, float], ...] | None = None) -> dict[str, Any]:
+    """``video.chunk_metadata`` (vLLM-Omni's fields, then ours): it precedes the chunk's binary frame.
+    ``camera``: each frame's pose (yaw, pitch; session-relative radians) for a world with a camera."""
     f = spec.frames_per_chunk
+    extra = {} if camera is None else {"camera": [{"yaw": round(y, 6), "pitch": round(p, 6)} for y, p in camera]}
     return {
         "type": "video.chunk_metadata", "request_id": request_id, "kind": "media",
         "transport_chunk_index": transport_index, "generation_chunk_index": generation_index, "num_frames": f,
@@ -153,5 +169,5 @@ def chunk_metadata(request_id: str, transport_index: int, generation_index: int,
         "frame_byte_lengths": enc.frame_byte_lengths, "frame_sha256": enc.frame_sha256,
         "keys": list(keys), "prompt": prompt, "prompt_version": prompt_version,
         "timings": {k: round(v, 3) for k, v in timings.items()},
-        "behind_ms": None if behind_ms is None else round(behind_ms, 3),
+        "behind_ms": None if behind_ms is None else round(behind_ms, 3), **extra,
     }

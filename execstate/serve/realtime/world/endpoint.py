@@ -3,7 +3,7 @@
 The socket loop, the limits (``messages.py``) and the error handling are the framework's
 (``serve/realtime/``): JSON events go out as text frames, each chunk as its
 ``video.chunk_metadata`` text frame immediately followed by its binary frame. This module holds what
-the app's connections share: the ``WorldHost`` (the model and the sessions' runtime). When a socket
+the app's connections share: the ``WorldHosts`` (per world: the model and the sessions' runtime). When a socket
 goes, the message being handled is finished, the rest dropped, and the session is released
 (``WorldHandlers.close``): its KV blocks go back, its place among the resident sessions is free.
 """
@@ -21,6 +21,7 @@ from execstate.serve.realtime.connection import Peer
 from execstate.serve.realtime.endpoint import Endpoint, mount
 from execstate.serve.realtime.world.handlers import WorldHandlers
 from execstate.serve.realtime.world.host import WorldHost
+from execstate.serve.realtime.world.hosts import WorldHosts, as_hosts
 from execstate.serve.realtime.world.messages import WORLD_PROTOCOL
 
 PATH = "/v1/realtime/video"
@@ -28,10 +29,11 @@ PAGE_PATH = "/world"
 
 
 class WorldServer:
-    """The world endpoint of one app: its ``WorldHost`` and the endpoint (``num_connections``)."""
+    """The world endpoint of one app: the worlds it serves (``host``: a ``WorldHosts``, one
+    ``WorldHost`` per world) and the endpoint (``num_connections``)."""
 
-    def __init__(self, host: WorldHost) -> None:
-        self.host = host
+    def __init__(self, hosts: WorldHost | WorldHosts) -> None:
+        self.host = as_hosts(hosts)
         self.endpoint = Endpoint(WORLD_PROTOCOL, self.handlers)
 
     def handlers(self, peer: Peer) -> WorldHandlers:
@@ -47,9 +49,10 @@ def page_html() -> str:
     return resources.files("execstate.serve").joinpath("static/world.html").read_text()
 
 
-def install_world(app: FastAPI, host: WorldHost) -> WorldServer:
-    """Serve ``/v1/realtime/video`` and ``/world`` (+ ``/world.js``) on ``app`` (``app.state.world``)."""
-    server = WorldServer(host)
+def install_world(app: FastAPI, hosts: WorldHost | WorldHosts) -> WorldServer:
+    """Serve ``/v1/realtime/video`` and ``/world`` (+ ``/world.js``) for these worlds on ``app``
+    (``app.state.world``)."""
+    server = WorldServer(hosts)
     app.state.world = server
     mount(app, PATH, server.endpoint)
     html = page_html()

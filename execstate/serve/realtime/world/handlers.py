@@ -36,8 +36,9 @@ from typing import Any
 from execstate.serve.realtime.connection import Handler, Peer
 from execstate.serve.realtime.errors import ProtocolError
 from execstate.serve.realtime.phases import GONE
-from execstate.serve.realtime.world.convert import interaction_parts, start_config
+from execstate.serve.realtime.world.convert import camera_config, interaction_parts, start_config
 from execstate.serve.realtime.world.host import WorldHost
+from execstate.serve.realtime.world.hosts import WorldHosts, as_hosts
 from execstate.serve.realtime.world.messages import (
     DONE,
     PAUSE,
@@ -60,8 +61,12 @@ from execstate.session.runtime.events import SessionEventError
 
 
 class WorldHandlers:
-    def __init__(self, peer: Peer, host: WorldHost) -> None:
-        self.host = host.for_tenant(peer.tenant)  # every session call asks as the connection's tenant
+    def __init__(self, peer: Peer, hosts: WorldHost | WorldHosts) -> None:
+        self.hosts = as_hosts(hosts)
+        self.tenant = peer.tenant
+        # the running session's world (session.start picks it); every session call asks as the
+        # connection's tenant
+        self.host = self.hosts.default.for_tenant(peer.tenant)
         self.emit = peer.emit
         self.emit_chunk = peer.emit_binary
         self.state = peer.state
@@ -84,6 +89,7 @@ class WorldHandlers:
 
     # -- session life -------------------------------------------------------------------------------
     async def _start(self, msg: SessionStart) -> None:
+        self.host = self.hosts.pick(msg.model, msg.event_id).for_tenant(self.tenant)
         spec = self.host.spec
         cfg = start_config(msg, spec, self.host.model_name, self.host.default_fps, self.host.max_frames)
         t0 = time.perf_counter()
@@ -106,7 +112,8 @@ class WorldHandlers:
                              "start": cfg.start, "num_frames": cfg.num_frames,
                              "window_chunks": cfg.window_chunks or spec.max_window_chunks,
                              "memory_bytes": self.host.session_memory_bytes, "budget_blocks": info.budget_blocks,
-                             "weights_version": spec.weights_version}})
+                             "weights_version": spec.weights_version, "worlds": self.hosts.names,
+                             **camera_config(spec)}})
         live.task = asyncio.create_task(self._stepper(live, t0))
 
     async def _stop(self, msg: SessionStop) -> None:
@@ -171,6 +178,11 @@ class WorldHandlers:
                 held = None
         if parts.prompt is not None:
             events.append({"kind": "prompt", "data": {"text": parts.prompt}})
+        received = None
+        if parts.camera is not None:
+            received = time.perf_counter()
+            at = live.frame_at(received, self.host.spec.frames_per_chunk)
+            events.append({"kind": "camera", "data": {**parts.camera, "at_frame": at}})
         if not events:
             raise ProtocolError("invalid_message", "the interaction changes nothing (no key is held)", eid)
         if len(events) == 1:
@@ -180,7 +192,8 @@ class WorldHandlers:
         if parts.prompt is not None:
             live.prompts[rid] = parts.prompt
         live.held = held
-        await self._queued(eid, msg.event_id)
+        extra = {} if received is None else {"received_at": round(received - live.opened_at, 6), "at_frame": at}
+        await self._queued(eid, msg.event_id, **extra)
 
     async def _key_down(self, msg: KeyDown) -> None:
         live = self._live()

@@ -62,6 +62,16 @@ class LiveSession:
     prompts: dict[int, str] = field(default_factory=dict)  # runtime id of a prompt event -> its text
     seen: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=ID_MEMORY))
     held: str | None = None  # the key held once every submitted event applies (after a rollback: the runtime's)
+    opened_at: float = field(default_factory=time.perf_counter)
+    boundary_at: float | None = None  # when the last step began (the boundary camera events are timed from)
+
+    def frame_at(self, received_at: float, frames_per_chunk: int) -> int:
+        """The frame of the next chunk an event received at ``received_at`` applies from: as
+        vLLM-Omni maps ``received_at``, ``floor((received_at - last boundary) * fps)``, clamped to the
+        chunk (0 with no boundary yet or no frame rate)."""
+        if self.boundary_at is None or self.cfg.fps <= 0:
+            return 0
+        return min(max(int((received_at - self.boundary_at) * self.cfg.fps), 0), frames_per_chunk - 1)
 
     def named(self, events: dict[str, list[int]]) -> tuple[dict[str, list[str]], str | None]:
         """The step's event lists with client ids, and the prompt it applied (None: unchanged);
@@ -122,11 +132,14 @@ async def _one_chunk(host: WorldHost, live: LiveSession, emit: Emit, emit_chunk:
             frames, index, keys, version = live.start_frames, 0, ("none",) * spec.frames_per_chunk, 0
             events: dict[str, list[int]] = {"started": [], "active": [], "completed": []}
             timings = {"step_ms": (time.perf_counter() - started_at) * 1000}
+            camera = None if spec.camera is None else ((0.0, 0.0),) * spec.frames_per_chunk
             live.start_frames = None
         else:
+            live.boundary_at = time.perf_counter()
             r = await host.step(live.session_id)
             frames, index, keys, version, events, timings = (r.frames, r.step_index, r.keys, r.prompt_version,
                                                              r.events, dict(r.timings))
+            camera = r.camera
     t0 = time.perf_counter()
     enc = await asyncio.to_thread(encode_chunk, frames, live.cfg.format)
     timings["encode_ms"] = (time.perf_counter() - t0) * 1000
@@ -140,7 +153,7 @@ async def _one_chunk(host: WorldHost, live: LiveSession, emit: Emit, emit_chunk:
     if live.chunks == 0:
         timings["since_start_ms"] = (now - started_at) * 1000
     await emit_chunk(chunk_metadata(live.session_id, live.chunks, index, spec, keys, named, prompt, version, enc,
-                                    timings, behind_ms, live.cfg.format), enc.payload)
+                                    timings, behind_ms, live.cfg.format, camera), enc.payload)
     live.chunks += 1
     live.frames += len(frames)
     if behind_ms is not None and behind_ms > period * 1000:

@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from execstate.model.world import data, teacher
 from execstate.model.world.config import WorldModelConfig
 from execstate.model.world.latent_codec import LatentCodec
 from execstate.model.world.transformer import WorldTransformer
 from execstate.model.world.weights import save_weights
+from tools.world import data, teacher
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,97 @@
+"""The shipped maze model (``execstate/model/world/maze/shipped``) against its raycaster, in seconds:
+thresholds are the measured values on fixed seeds with a margin (docs/world-maze.md has the
+full measurements, ``python -m tools.world.maze_quality``). They fail when the weights stop seeing
+the maze, hedge into a blur, ignore the camera, walk through walls or no longer load as the runtime
+loads them."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from execstate.model.world.default import MAZE_SHIPPED_DIR, load_default_maze_model
+from execstate.model.world.maze import layout, pose, raycast
+from execstate.model.world.weights import file_sha256
+from execstate.session.world.offline import World
+from tools.world import maze_quality
+from tools.world.maze_metrics import psnr, read_position
+
+# Measured on the shipped weights (fp16 storage, fp32 compute, eager); docs/world-maze.md.
+MIN_PSNR_100 = 19.5  # mean PSNR over 100 steps of scripted play, scene 3 (measured 20.8 dB)
+MIN_SSIM_100 = 0.48  # (measured 0.527)
+MIN_TURN_GAIN_DB = 20.0  # a camera turn: the new view matches the old one shifted, not unshifted (measured 29)
+MIN_SPIN_DB = 13.0  # after a 360-degree camera spin, the view vs the view before it (measured 15.0)
+
+
+@pytest.fixture(scope="module")
+def model():  # noqa: ANN201
+    return load_default_maze_model()
+
+
+def test_shipped_weights_load_with_their_sha_as_version(model) -> None:  # noqa: ANN001
+    record = json.loads((MAZE_SHIPPED_DIR / "train.json").read_text())
+    sha = file_sha256(MAZE_SHIPPED_DIR / "model.safetensors")
+    assert model.spec.weights_version == sha == record["shipped_weights_sha256"]
+    assert model.spec.model_id == "maze" and model.spec.world == "maze" and model.spec.camera is not None
+    assert (MAZE_SHIPPED_DIR / "model.safetensors").stat().st_size < 8 * 2**20
+
+
+def test_scripted_play_against_the_renderer(model) -> None:  # noqa: ANN001
+    pl = maze_quality.play(model, 100, scene_seed=3, prompt="a dungeon maze")
+    r = maze_quality.report(pl, model.spec.frames_per_chunk)
+    assert r["psnr_mean_db"] >= MIN_PSNR_100, r
+    assert r["ssim_mean"] >= MIN_SSIM_100, r
+
+
+def test_the_view_turns_with_the_camera(model) -> None:  # noqa: ANN001
+    """Four chunks of a camera velocity of 4 columns a frame: the last frame is the first one shifted
+    by 32 columns (the part that stayed in view)."""
+    with World(model, max_sessions=1) as world:
+        s = world.open_session(prompt="an ice maze", scene_seed=5)
+        before = s.step().frames[-1]
+        s.submit_event(0, "camera", {"mode": "velocity", "yaw": 4 * pose.DTHETA, "pitch": 0.0})
+        after = [s.step() for _ in range(4)][-1]
+    assert after.camera[-1][0] == pytest.approx(32 * pose.DTHETA)
+    shifted = psnr(after.frames[-1][:, :32], before[:, 32:])
+    unshifted = psnr(after.frames[-1][:, :32], before[:, :32])
+    assert shifted > unshifted + MIN_TURN_GAIN_DB, (shifted, unshifted)
+
+
+def test_a_full_camera_spin_comes_back_to_the_view(model) -> None:  # noqa: ANN001
+    with World(model, max_sessions=1) as world:
+        s = world.open_session(prompt="a jungle maze", scene_seed=7)
+        for _ in range(3):
+            before = s.step().frames[-1]
+        s.submit_event(0, "camera", {"mode": "velocity", "yaw": 8 * pose.DTHETA, "pitch": 0.0})
+        rs = [s.step() for _ in range(16)]
+    assert rs[-1].camera[-1][0] == pytest.approx(2 * math.pi)
+    assert psnr(rs[-1].frames[-1], before) >= MIN_SPIN_DB
+
+
+@pytest.mark.xfail(strict=True, reason="the shipped maze model walks through walls (docs/world-maze.md, Measured)")
+def test_walking_into_a_wall_stops_at_the_wall(model) -> None:  # noqa: ANN001
+    """Forward until the renderer's walker is stopped, and on: the model's view never shows the
+    walker through the wall. The shipped weights fail it (their view keeps closing in on the wall:
+    15 of 15 pushed frames in the first 100 steps of the quality script); strict, so a model that
+    passes makes this test fail until the mark goes."""
+    m = layout.generate(3)
+    with World(model, max_sessions=1) as world:
+        s = world.open_session(prompt="a dungeon maze", scene_seed=3)
+        s.step()
+        s.submit_event(0, "key", {"key": "forward", "down": True})
+        p = pose.start_pose(m)
+        blocked = 0
+        for _ in range(40):
+            r = s.step()
+            for frame in r.frames:
+                q = pose.step(m, p, "forward", p.yaw, 0.0)
+                if (q.x, q.z) == (p.x, p.z):
+                    blocked += 1
+                    seen = read_position(frame, m, q, q.yaw, "dungeon")
+                    assert not pose.crossed_wall(m, q, seen), (q, seen)
+                p = q
+    assert blocked >= 10
+    assert np.isfinite(raycast.render(m, p, "dungeon")).all()
