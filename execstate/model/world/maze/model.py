@@ -133,7 +133,7 @@ class MazeWorldModel:
         return torch.full(self.spec.frame_shape, -1.0)
 
     def _run(self, x: torch.Tensor, t: float, actions: ChunkActions, prompt: PromptKV, ctx: ContextKV,
-             carry: Carry, want_output: bool) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+             carry: Carry, want_output: bool) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         cfg = self.cfg
         if tuple(x.shape) != self.spec.chunk_latent_shape:
             raise ValueError(f"chunk latents must have shape {self.spec.chunk_latent_shape}, got {tuple(x.shape)}")
@@ -154,6 +154,7 @@ class MazeWorldModel:
         if not 0.0 <= t < 1.0:
             raise ValueError(f"flow time must be in [0, 1), got {t}")
         out, _, _ = self._run(noisy, t, actions, prompt, ctx, carry, want_output=True)
+        assert out is not None  # want_output
         return out[0, 0].clamp(-1.0, 1.0)
 
     def commit(self, clean: torch.Tensor, actions: ChunkActions, prompt: PromptKV, ctx: ContextKV,
@@ -162,6 +163,7 @@ class MazeWorldModel:
         if writer.pool.k.shape[0] != self.spec.kv.num_layers:
             raise ValueError("the writer's pool does not match the model's KV layout")
         _, k, v = self._run(clean, 1.0, actions, prompt, ctx, carry, want_output=False)
+        assert k is not None and v is not None  # not local_only: the blocks ran
         cam = actions.camera if actions.camera is not None else torch.zeros((self.cfg.frames_per_chunk, 4))
         cos, sin = positions.angle_tables(self._angles(cam), self.cfg.head_dim, self.cfg.time_pairs)
         writer.write(rotate(k[:, 0], cos, sin), v[:, 0])

@@ -32,6 +32,7 @@ rotated by angle).
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -88,9 +89,10 @@ class LocalPath(nn.Module):
         self.up = nn.Conv2d(c2 + c1, c1, 3, padding=1)
         self.head = nn.Conv2d(c1, 6, 3, padding=1)
         nn.init.zeros_(self.head.weight)
+        bias = cast(torch.Tensor, self.head.bias)  # a Conv2d built with a bias
         with torch.no_grad():
-            self.head.bias.zero_()
-            self.head.bias[3:] = _GATE_INIT
+            bias.zero_()
+            bias[3:] = _GATE_INIT
 
     def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         e = F.gelu(self.enc(x))
@@ -121,14 +123,15 @@ class MazeNet(nn.Module):
         self.token_out = nn.Linear(d, (cfg.strip // 2) * half * cfg.token_features)
         # 3 + 1 + 3 + 3 image channels (shifted carry, its mask, carry, noisy frame), keys, camera
         self.local = LocalPath(cfg, 10 + cfg.n_keys + 3)
-        for lin in (self.mod[1], self.final_mod[1], self.token_out):  # an untrained transformer adds nothing
+        # an untrained transformer adds nothing
+        for lin in cast("tuple[nn.Linear, ...]", (self.mod[1], self.final_mod[1], self.token_out)):
             nn.init.zeros_(lin.weight)
             nn.init.zeros_(lin.bias)
 
     def prompt_kv(self, word_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``word_ids int64[N, Tt]`` -> cross-attention k, v ``[n_layers, N, Tt, H, Dh]``."""
         w = self.words(word_ids)
-        kv = [blk.prompt_kv(w) for blk in self.blocks]
+        kv = [blk.prompt_kv(w) for blk in cast("list[Block]", self.blocks)]
         return torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv])
 
     def _inputs(self, x: torch.Tensor, carry: torch.Tensor, t: torch.Tensor,
