@@ -1,4 +1,4 @@
-"""An unknown model name is one line of error on stderr (status 2), not a traceback (issue 19)."""
+"""An unknown model name is one line of error on stderr (status 2), not a traceback."""
 
 from __future__ import annotations
 

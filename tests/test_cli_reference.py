@@ -66,7 +66,7 @@ def test_cli_page_is_the_parsers_help() -> None:
 
 
 def test_every_serve_flag_says_what_it_does_and_its_default():
-    """Issue 19: every ``serve`` option has help text naming its default."""
+    """Every ``serve`` option has help text naming its default."""
     from execstate.cli import build_parser
 
     serve = _subparsers(build_parser())["serve"]

@@ -1,5 +1,5 @@
 """The desync injection harness: corrupt one side of a piece of state at a time and check that every
-injection is detected before use (docs/ARCHITECTURE.md 9, "desync detection": must be 100%).
+injection is detected before use (docs/contracts.md 9, "desync detection": must be 100%).
 
 A *target* is something that keeps or moves state with its control record: an offload tier
 (``bench/offload_desync.py``), a migration offer (``tests/session/test_offer_desync.py``), a

@@ -1,4 +1,4 @@
-"""``execstate bench duplex``: a full-duplex agent on scripted timed conversations (issue 10).
+"""``execstate bench duplex``: a full-duplex agent on scripted timed conversations.
 
 Parts, each on a fresh ``AsyncEngine`` of the front model (``smollm2-135m`` by default), torch on
 ``threads`` threads, greedy decoding:

@@ -1,4 +1,4 @@
-"""Metrics of played conversations (``duplex_run.Played``), as docs/ARCHITECTURE.md 9 and the
+"""Metrics of played conversations (``duplex_run.Played``), as docs/contracts.md 9 and the
 issue define them:
 
 - response latency: end of the user's turn (the script's last chunk) -> first output word of the

@@ -7,7 +7,7 @@ never matches (so every token does the full per-token output work):
   byte-level test tokenizer (``execstate.model.random_tokenizer``; random bytes split
   characters) through the engine's per-token path exactly as ``step()`` drives it
   (``on_new_token``, then ``build_output``: detokenisation, logprob entries, stop checks,
-  the ``RequestOutput``). This is the cost docs/ARCHITECTURE.md 8 requires to be O(1) in the output
+  the ``RequestOutput``). This is the cost docs/contracts.md 8 requires to be O(1) in the output
   length, without the noise of a model.
 - **End to end**: one request, alone in the engine, generates ``max_tokens`` tokens on a
   tiny random Qwen3 (2 layers, hidden 64, ``max_position_embeddings`` raised to fit),

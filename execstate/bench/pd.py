@@ -11,7 +11,7 @@ NIXL agents than needed are alive while timing:
    ``decode_recompute`` + ``proxy_recompute`` (same fault, policy ``recompute``), both
    pulling from the same prefill instance: the failure checks.
 
-Workload (docs/ARCHITECTURE.md 9; ``pd_measure``): per repeat, ``num_prompts`` fresh prompts of
+Workload (docs/contracts.md 9; ``pd_measure``): per repeat, ``num_prompts`` fresh prompts of
 ``prompt_len`` random token ids, each sent once, streamed, one request at a time, to the
 single instance and through the proxy, interleaved; TTFT and tok/s per request, after a
 warm-up request per path. Transfer figures come from the decode instance's ``/metrics``

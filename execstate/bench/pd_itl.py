@@ -1,6 +1,6 @@
 """``execstate bench pd --itl-under-loads``: does a KV load stall the decode instance's other streams?
 
-docs/ARCHITECTURE.md 8: transfers complete off the engine thread. Measured here as the inter-token latency
+docs/contracts.md 8: transfers complete off the engine thread. Measured here as the inter-token latency
 (ITL) of one running stream on the decode instance (D) while PD loads of ``prompt_len``-token
 prompts happen on D, against the same stream while no load happens.
 

@@ -1,7 +1,7 @@
 """What the PD bench measures against the running processes: warm-up, the timed workload,
 the failure and recovery checks.
 
-Workload (docs/ARCHITECTURE.md 9): per repeat, ``num_prompts`` fresh prompts of ``prompt_len`` random
+Workload (docs/contracts.md 9): per repeat, ``num_prompts`` fresh prompts of ``prompt_len`` random
 token ids, each sent once, streamed, one request at a time, to the single instance and to
 the proxy (interleaved, the order alternating per prompt, so machine noise hits both alike;
 no prompt is ever sent twice to one path, so nothing hits a prefix cache). Greedy,
@@ -10,7 +10,7 @@ token id; throughput = generated tokens / wall time of the request. A warm-up re
 (full length; the failing path: short) precedes the timed ones: the first prefill of a
 given size allocates, and each decode side's handshake with P is cached per address.
 
-Recovery (docs/ARCHITECTURE.md 9, failure recovery time): one PD request through ``proxy_fail`` (an
+Recovery (docs/contracts.md 9, failure recovery time): one PD request through ``proxy_fail`` (an
 error response is expected), then the same request retried through the healthy proxy;
 ``recovery_s`` = error received -> retry fully served. The recompute check sends a fresh
 prompt to the single instance and through ``proxy_recompute``: it must succeed with equal

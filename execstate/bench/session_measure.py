@@ -1,4 +1,4 @@
-"""Measurements of LM sessions, reusable by ``execstate bench sessions`` (issue 8).
+"""Measurements of LM sessions, reusable by ``execstate bench sessions``.
 
 - ``checkpoint_vs_recompute(llm, recompute_llm, n)``: a session whose context holds ``n`` tokens;
   the time of ``checkpoint()`` and of ``rollback()`` to it (the state restored in place, KV

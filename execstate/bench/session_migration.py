@@ -1,4 +1,4 @@
-"""Measurements of live session migration (issue 8; docs/sessions-migration.md), for ``execstate
+"""Measurements of live session migration (docs/sessions-migration.md), for ``execstate
 bench sessions`` (``measure_migration``) and standalone::
 
     python -m execstate.bench.session_migration --model standard --context 4000 --out result.json
@@ -17,7 +17,7 @@ migration as ``execstate.session.lm.migration.migrate_session`` runs it, split i
   with a fresh prompt (so the target's prefix cache never helps).
 - **recompute**: the same state rebuilt from its inputs on an engine with prefix caching off (a
   fresh session stepping the same ``context_len - 1`` prompt tokens, one generated); **state
-  recovery overhead** = ``migrate_s / recompute_s`` (docs/ARCHITECTURE.md 9).
+  recovery overhead** = ``migrate_s / recompute_s`` (docs/contracts.md 9).
 - **failure recovery** (per fault mode, injected on the target's loads): migration start -> the
   error reported (``detect_s``) -> the source session served again: its next step done
   (``recovery_s``). ``drop`` is bounded by the connector's ``timeout_s``. Medians over

@@ -1,4 +1,4 @@
-"""``execstate bench sessions``: what long-lived sessions buy over re-sending requests (issue 8).
+"""``execstate bench sessions``: what long-lived sessions buy over re-sending requests.
 
 Parts (``parts`` picks some, so a disturbed part can be rerun alone), each on fresh engines of
 the bench model (``bench/models.py``; route return on, seed 0), offline in one process:

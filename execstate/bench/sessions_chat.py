@@ -1,4 +1,4 @@
-"""A multi-turn chat as one session against re-sending the whole history each turn (issue 8).
+"""A multi-turn chat as one session against re-sending the whole history each turn.
 
 Three paths, each on its own engine (same weights, route return on, greedy, ``ignore_eos``):
 

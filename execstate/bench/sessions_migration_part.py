@@ -1,7 +1,7 @@
 """The migration part of ``execstate bench sessions``: calls the migration measurement when this
 build has one, reports that it is not available otherwise.
 
-Session migration (issue 8) provides ``execstate/bench/session_migration.py`` with::
+Session migration provides ``execstate/bench/session_migration.py`` with::
 
     measure_migration(model_dir: str | Path, context_len: int, repeats: int, ...) -> dict[str, Any]
 

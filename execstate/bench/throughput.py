@@ -1,6 +1,6 @@
 """``execstate bench throughput``: the engine against its peers on one fixed workload.
 
-Workload (docs/ARCHITECTURE.md 9, throughput = generated tokens / wall seconds; ``throughput_workload``):
+Workload (docs/contracts.md 9, throughput = generated tokens / wall seconds; ``throughput_workload``):
 ``num_prompts`` prompts of ``prompt_len`` random valid token ids, ``max_new_tokens`` new
 tokens each, greedy, ``ignore_eos``.
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from execstate.bench.numbers import fmt, median
 
-TARGET_FRACTION = 0.7  # issue 11: batch-8 decode at >= 70% of the roofline
+TARGET_FRACTION = 0.7  # the goal: batch-8 decode at >= 70% of the roofline
 STYLES = {"execstate_r3_off": ("tab:blue", "o"), "transformers": ("tab:orange", "s"),
           "llama_cpp": ("tab:green", "^"), "vllm": ("tab:red", "D"),
           "execstate_bf16_r3_off": ("tab:cyan", "o"), "execstate_bf16arith_r3_off": ("tab:purple", "o"),

@@ -1,5 +1,5 @@
 """The throughput benchmark's workload: which prompts each repeat sends, how many tokens each
-peer generates per prompt (docs/ARCHITECTURE.md 9, throughput = generated tokens / wall seconds).
+peer generates per prompt (docs/contracts.md 9, throughput = generated tokens / wall seconds).
 
 ``num_prompts`` prompts of ``prompt_len`` random valid token ids, ``max_new_tokens`` new
 tokens each, greedy, ``ignore_eos``:

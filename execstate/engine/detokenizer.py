@@ -1,6 +1,6 @@
 """Incremental detokenisation, tail-only stop strings and output deltas of one request.
 
-Per-token cost is O(1) in the output length (docs/ARCHITECTURE.md 8): each step decodes only the
+Per-token cost is O(1) in the output length (docs/contracts.md 8): each step decodes only the
 new token, searches only the newest characters for stop strings and hands out only the
 text not yet handed out. The model is vLLM's ``FastIncrementalDetokenizer``; decoding
 uses the ``tokenizers`` library's ``DecodeStream``.

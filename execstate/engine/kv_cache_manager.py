@@ -1,6 +1,6 @@
 """Maps requests to physical KV blocks: prefix lookup, allocation, commit, free.
 
-Pure Python (no torch). A cached full block is one *consistency unit* (docs/ARCHITECTURE.md 3):
+Pure Python (no torch). A cached full block is one *consistency unit* (docs/contracts.md 3):
 its KV (in the block pool), its route record (in the route store, keyed by the same
 block key) and its provenance (folded into the key). This class is the one place
 that creates, hits and releases units:

@@ -1,4 +1,4 @@
-"""Offload tiers wired into one engine (docs/offload.md; docs/ARCHITECTURE.md 3).
+"""Offload tiers wired into one engine (docs/offload.md; docs/contracts.md 3).
 
 :func:`attach_offload` (called once by ``LLMEngine.__init__``) builds, from the ``offload_*``
 options, the DRAM tier (``HostCache``; a small staging slab when DRAM is not a tier), the lower

@@ -1,6 +1,6 @@
 """Stop conditions and the one place that turns a Request into a RequestOutput.
 
-Per-token cost is O(1) in the output length (docs/ARCHITECTURE.md 8):
+Per-token cost is O(1) in the output length (docs/contracts.md 8):
 
 - ``on_new_token`` runs once for each sampled token: it decodes the token into the
   request's text (``Request.detok``, incremental), builds the token's logprob entry

@@ -50,7 +50,7 @@ class CompletionOutput:
 
     ``routed_experts``: ``int16[num_tokens - 1 - start, n_moe_layers, top_k]`` where
     num_tokens = prompt + generated and row i is the routing of the forward pass over
-    token ``start + i`` (docs/ARCHITECTURE.md 4); ``None`` when route return is off or the model
+    token ``start + i`` (docs/contracts.md 4); ``None`` when route return is off or the model
     is dense.
     """
 

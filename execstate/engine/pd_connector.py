@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation wired into one engine (docs/ARCHITECTURE.md 5).
+"""Prefill/decode disaggregation wired into one engine (docs/contracts.md 5).
 
 Roles (vLLM's names): ``kv_producer`` (prefill), ``kv_consumer`` (decode), ``kv_both``.
 

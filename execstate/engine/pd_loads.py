@@ -1,4 +1,4 @@
-"""The decode side's asynchronous KV loads: the scheduler's ``ExternalPrefix`` (docs/ARCHITECTURE.md 5, 8).
+"""The decode side's asynchronous KV loads: the scheduler's ``ExternalPrefix`` (docs/contracts.md 5, 8).
 
 :class:`RemoteLoads` turns a request's verified :class:`~execstate.transfer.handoff.Handoff` into
 a job for the transfer thread (:class:`~execstate.transfer.load_worker.LoadWorker`) and the

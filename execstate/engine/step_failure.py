@@ -1,4 +1,4 @@
-"""What happens when a step raises: its requests fail, the engine goes on (docs/ARCHITECTURE.md 8).
+"""What happens when a step raises: its requests fail, the engine goes on (docs/contracts.md 8).
 
 Contract (``LLMEngine.step`` calls :meth:`StepFailure.fail` from its ``except``):
 

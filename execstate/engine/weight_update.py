@@ -4,7 +4,7 @@ The engine drives it (``LLMEngine.begin_weight_update``); this module holds the 
 the rules, and no engine:
 
 - **Version.** The new weights version becomes the provenance field ``weights_version``
-  and so the root of every block key (docs/ARCHITECTURE.md 2). With no ``weights_version`` given, it
+  and so the root of every block key (docs/contracts.md 2). With no ``weights_version`` given, it
   is the digest of the loaded tensors (``model.weights_digest``: 64 lowercase hex digits,
   about 0.3 s per 400 MB). A trainer-supplied version (a non-empty string of at most
   ``MAX_WEIGHTS_VERSION_CHARS`` characters) is bound as ``"user:" + version`` with no

@@ -1,4 +1,4 @@
-"""Session state keys: the identity of a session's state at a step boundary (docs/ARCHITECTURE.md 2, 6).
+"""Session state keys: the identity of a session's state at a step boundary (docs/contracts.md 2, 6).
 
 A session's state is its block chain (the tokens, rooted in the provenance), its step index,
 its event epoch and its branch id. Its key is a domain-separated sha256 over:

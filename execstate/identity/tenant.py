@@ -1,4 +1,4 @@
-"""Tenants: who owns long-lived state (DESIGN 11). Pure Python.
+"""Tenants: who owns long-lived state (docs/security.md). Pure Python.
 
 A server maps each API key to a tenant (``serve/principals.py``); every session, checkpoint, fork,
 agent and world session records the tenant that created it, and every operation on it checks

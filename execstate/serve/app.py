@@ -21,7 +21,7 @@ The app does not own the engine: whoever built the ``AsyncEngine`` shuts it down
 ``app.state.ctx`` (``ServeContext``) holds the engine, the served name, the metrics
 (``ctx.metrics.record_transfer`` for the PD layer) and the parsed ``--kv-transfer-config``.
 
-Trust (DESIGN 11, docs/security.md): ``keys`` (a ``KeyRing``: ``--api-key`` repeated,
+Trust (docs/security.md, docs/security.md): ``keys`` (a ``KeyRing``: ``--api-key`` repeated,
 ``--api-keys-file``) map API keys to tenants, and every surface resolves session ids in the
 caller's tenant's namespace; without keys the server is open (one local tenant). ``policy``
 bounds long-lived state (idle expiry of detached sessions, checkpoints per session, per-tenant

@@ -1,5 +1,5 @@
 """Who calls: API keys (``--api-key`` repeated, ``--api-keys-file``) -> the caller's tenant, on every
-path of a keyed server but the public ones (DESIGN 11).
+path of a keyed server but the public ones (docs/security.md).
 
 Public (answered without a key): ``GET /health``; the browser pages and their scripts (``/``, the
 ``/world`` and ``/agent`` pages, ``/api-key.js``, the docs site under ``/docs/``), which a browser

@@ -1,4 +1,4 @@
-"""How deeply a JSON text nests, measured without parsing it (DESIGN 11: bounded JSON depth).
+"""How deeply a JSON text nests, measured without parsing it (docs/security.md: bounded JSON depth).
 
 Python's ``json`` and msgspec's decoders recurse once per nesting level: a body or frame of
 100,000 ``[`` ends in a ``RecursionError`` (a traceback per frame) instead of a clean refusal.

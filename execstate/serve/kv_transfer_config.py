@@ -7,7 +7,7 @@ below is rejected (a typo must not silently disable a setting).
 - ``kv_connector``: required, only ``"NixlConnector"``.
 - ``kv_role``: required, ``"kv_producer"`` (prefill), ``"kv_consumer"`` (decode) or ``"kv_both"``.
 - ``kv_load_failure_policy``: ``"fail"`` (default; request-level error) or ``"recompute"``
-  (docs/ARCHITECTURE.md 5).
+  (docs/contracts.md 5).
 - ``enable_routed_experts_transfer``: bool, default False; send/receive R3 route records
   with the KV.
 - ``engine_id``: optional non-empty string identifying this instance.

@@ -1,4 +1,4 @@
-"""The bounds a server puts on one request (docs/ARCHITECTURE.md 8: everything is bounded).
+"""The bounds a server puts on one request (docs/contracts.md 8: everything is bounded).
 
 ``ServingLimits`` holds them, with the defaults ``execstate serve`` uses; each is a
 ``serve`` option of the same name (``max_n`` -> ``--max-n``) and ``build_app`` takes

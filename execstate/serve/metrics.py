@@ -1,4 +1,4 @@
-"""Prometheus metrics of one server (a per-app ``CollectorRegistry``; docs/ARCHITECTURE.md 9).
+"""Prometheus metrics of one server (a per-app ``CollectorRegistry``; docs/contracts.md 9).
 
 Engine gauges (running / waiting requests, KV blocks used / total, prefix-cache hit
 rate, health) are refreshed from an ``EngineStats`` snapshot taken on the engine thread

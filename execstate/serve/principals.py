@@ -1,4 +1,4 @@
-"""API keys and the tenants they stand for (DESIGN 11).
+"""API keys and the tenants they stand for (docs/security.md).
 
 ``execstate serve --api-key KEY`` (repeatable) and ``--api-keys-file FILE`` (one ``KEY TENANT`` per
 line; ``#`` comments and blank lines ignored) give the server its keys. A key given with

@@ -1,5 +1,5 @@
 """R3 route rows on the wire, for every surface (OpenAI API, ``/v1/sessions``, ``/v1/realtime``):
-base64 of the rows' full ``numpy.save`` bytes (docs/ARCHITECTURE.md 4)."""
+base64 of the rows' full ``numpy.save`` bytes (docs/contracts.md 4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-tenant gauges in ``/metrics``: what each tenant holds (DESIGN 11, 9).
+"""Per-tenant gauges in ``/metrics``: what each tenant holds (docs/security.md; docs/contracts.md 9).
 
 Labelled with tenant names (``identity/tenant.py``), never keys; ``/metrics`` needs no key. Set
 from a snapshot taken at scrape time (the LM sessions' on the engine thread, the world sessions'

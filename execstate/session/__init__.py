@@ -1,5 +1,5 @@
 """Sessions: long-lived state advanced step by step, with events, checkpoints, rollback, fork and
-migration (docs/ARCHITECTURE.md 6). A runtime plus kinds:
+migration (docs/contracts.md 6). A runtime plus kinds:
 
 - ``runtime/``: what does not depend on the kind: the status machine, checkpoints, the event
   queue, capacity and eviction, the operations every kind shares (``KindSessions``,

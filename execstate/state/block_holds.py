@@ -1,4 +1,4 @@
-"""BlockHolds: block references held outside running requests (docs/ARCHITECTURE.md 3, 6).
+"""BlockHolds: block references held outside running requests (docs/contracts.md 3, 6).
 
 Pure Python, no tensors. A running request holds one reference on each of its blocks and the
 scheduler frees them when it finishes. A session keeps its KV between steps, and each of its

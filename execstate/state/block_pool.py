@@ -1,4 +1,4 @@
-"""BlockPool: bookkeeping of physical KV block ids and the prefix cache map (docs/ARCHITECTURE.md 3).
+"""BlockPool: bookkeeping of physical KV block ids and the prefix cache map (docs/contracts.md 3).
 
 Pure Python; owns no tensors. Block ids ``0..num_blocks-1`` index the KV pool's slots.
 

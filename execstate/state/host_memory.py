@@ -1,4 +1,4 @@
-"""Giving freed host memory back to the operating system (DESIGN 11: released state really goes).
+"""Giving freed host memory back to the operating system (docs/security.md: released state really goes).
 
 Python and torch free a released checkpoint's objects at once, but the C allocator keeps the
 pages: small blocks freed in the middle of the heap stay resident, so a server's RSS would not

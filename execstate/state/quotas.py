@@ -1,4 +1,4 @@
-"""Per-tenant quotas on long-lived state (DESIGN 11). Pure Python, no locks (one owner thread).
+"""Per-tenant quotas on long-lived state (docs/security.md). Pure Python, no locks (one owner thread).
 
 Every tenant has limits on what it may keep resident: ``sessions`` (LM sessions), ``checkpoints``,
 ``pinned_blocks`` (KV blocks held by its sessions and checkpoints), ``agents`` and

@@ -1,4 +1,4 @@
-"""RouteStore: R3 route records of cached blocks, keyed by block key (docs/ARCHITECTURE.md 3, 4).
+"""RouteStore: R3 route records of cached blocks, keyed by block key (docs/contracts.md 3, 4).
 
 A route record is ``int16[block_size, n_moe_layers, top_k]``: row ``t`` holds, for each MoE
 layer, the experts chosen for the block's token ``t`` when its KV was computed. Together with the
@@ -34,7 +34,7 @@ class RouteStore:
     """Route records for one model's MoE layout; see the module docstring for lifetimes.
 
     If ``n_experts`` is given, :meth:`put` also checks that every value is in ``[0, n_experts)``
-    and that no row names an expert twice (the R3 contract, docs/ARCHITECTURE.md 4).
+    and that no row names an expert twice (the R3 contract, docs/contracts.md 4).
     """
 
     def __init__(self, block_size: int, n_moe_layers: int, top_k: int, n_experts: int | None = None) -> None:

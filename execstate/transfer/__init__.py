@@ -1,4 +1,4 @@
-"""Transfer layer: one protocol for every move of state (docs/ARCHITECTURE.md 5).
+"""Transfer layer: one protocol for every move of state (docs/contracts.md 5).
 
 Control state (a small :class:`~execstate.transfer.manifest.Manifest`) travels on a ZeroMQ control
 channel (:mod:`~execstate.transfer.control`); KV bytes travel on a NIXL/UCX bulk channel

@@ -1,4 +1,4 @@
-"""Bulk channel: KV bytes between two KV pools through NIXL over UCX (docs/ARCHITECTURE.md 5).
+"""Bulk channel: KV bytes between two KV pools through NIXL over UCX (docs/contracts.md 5).
 
 A :class:`NixlBulk` owns one NIXL agent with the UCX backend and registers its pool's ``k`` and
 ``v`` tensors as host memory ("DRAM") once, at construction. The source publishes

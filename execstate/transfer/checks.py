@@ -1,4 +1,4 @@
-"""Checks every move of state passes before it is committed (docs/ARCHITECTURE.md 5: handshake, commit).
+"""Checks every move of state passes before it is committed (docs/contracts.md 5: handshake, commit).
 
 - :func:`check_compatible`: the handshake; two instances may exchange state only if they agree
   on format version, provenance (weights version, model, dtype, numerics), KV

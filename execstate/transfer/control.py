@@ -1,4 +1,4 @@
-"""Control channel: small typed request/reply messages over ZeroMQ (docs/ARCHITECTURE.md 5).
+"""Control channel: small typed request/reply messages over ZeroMQ (docs/contracts.md 5).
 
 Messages are ``msgspec`` Structs of one tagged union, dispatched by type (never by a method-name
 string). Requests and their replies:

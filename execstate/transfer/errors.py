@@ -1,4 +1,4 @@
-"""Errors of the transfer layer (docs/ARCHITECTURE.md 5).
+"""Errors of the transfer layer (docs/contracts.md 5).
 
 Every transfer fault is a :class:`TransferError` carrying an :class:`ErrorCode`; its message starts
 with the code's value (``"checksum_mismatch: block 3 ..."``) so a log line or a ``LoadResult.error``

@@ -1,4 +1,4 @@
-"""Source side of a transfer (prefill instance, or any instance giving state away; docs/ARCHITECTURE.md 5).
+"""Source side of a transfer (prefill instance, or any instance giving state away; docs/contracts.md 5).
 
 :meth:`KVExporter.export` pins a finished request's blocks and snapshots their control state into
 an immutable :class:`Manifest`; the receiver fetches it over the control channel and pulls the KV

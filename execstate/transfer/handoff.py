@@ -1,4 +1,4 @@
-"""Handoff parameters and who may send them (docs/ARCHITECTURE.md 5 and 8: "checked before it is trusted,
+"""Handoff parameters and who may send them (docs/contracts.md 5 and 8: "checked before it is trusted,
 and so is who sent it"). Pure Python.
 
 A prefill instance (P) answers an exported request with handoff parameters; the proxy passes them

@@ -1,4 +1,4 @@
-"""Single-use, two-phase hand-over of long-lived state on the receiving server (DESIGN 11). Pure Python.
+"""Single-use, two-phase hand-over of long-lived state on the receiving server (docs/security.md). Pure Python.
 
 Every offer that moves state to this server (a migrating session, a woken hibernated copy) names a
 *nonce*, an expiry and this server's engine id, all inside its signature. The receiving server

@@ -1,4 +1,4 @@
-"""Receiver side of a transfer (decode instance, or any instance taking state in; docs/ARCHITECTURE.md 5).
+"""Receiver side of a transfer (decode instance, or any instance taking state in; docs/contracts.md 5).
 
 :meth:`KVImporter.load` runs the whole protocol for one transfer, on the thread that owns the
 importer (the decode instance's transfer thread, see ``transfer/load_worker.py``), into blocks the

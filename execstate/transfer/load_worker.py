@@ -1,4 +1,4 @@
-"""The receiver's transfer thread: runs :class:`KVImporter` loads off the engine thread (docs/ARCHITECTURE.md 8).
+"""The receiver's transfer thread: runs :class:`KVImporter` loads off the engine thread (docs/contracts.md 8).
 
 A :class:`LoadWorker` owns one importer and, for reading, the NIXL agent of its :class:`NixlBulk`:
 after construction only the worker thread (``execstate-kv-load``) calls them, so their ZeroMQ

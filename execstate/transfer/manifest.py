@@ -1,4 +1,4 @@
-"""The manifest: control state of one transfer of KV units (docs/ARCHITECTURE.md 3, 5).
+"""The manifest: control state of one transfer of KV units (docs/contracts.md 3, 5).
 
 A transfer moves whole consistency units: for each block, its KV bytes in every layer (bulk
 channel) and, in the manifest (control channel), its key, byte count, checksum and route record.
@@ -80,7 +80,7 @@ class KVLayout(Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class R3Format(Struct, frozen=True, forbid_unknown_fields=True):
-    """Route record format: ``int16[block_size, n_moe_layers, top_k]`` per block (docs/ARCHITECTURE.md 3, 4)."""
+    """Route record format: ``int16[block_size, n_moe_layers, top_k]`` per block (docs/contracts.md 3, 4)."""
 
     n_moe_layers: _Dim
     top_k: _Dim

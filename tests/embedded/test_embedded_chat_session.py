@@ -1,4 +1,4 @@
-"""Chat turns on the real SmolLM2-135M-Instruct (issue 19: ``s.step("Hello")`` returned nonsense
+"""Chat turns on the real SmolLM2-135M-Instruct (``s.step("Hello")`` returned nonsense
 because sessions ignored the chat template). ``s.step(messages=...)`` renders each turn with the
 model's ChatML template; every turn's context and reply equal ``LLM.chat`` over the whole
 conversation, token for token, replies ending with ``<|im_end|>`` (the EOS) included."""

@@ -1,4 +1,4 @@
-"""R3 contract of the engine (docs/ARCHITECTURE.md 4) on a tiny random Qwen3-MoE.
+"""R3 contract of the engine (docs/contracts.md 4) on a tiny random Qwen3-MoE.
 
 Oracles: Hugging Face transformers on the same weights (tokens and routes), a cold
 engine vs a prefix-cached one, a roomy KV pool vs a tiny one that preempts.

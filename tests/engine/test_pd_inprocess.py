@@ -1,7 +1,7 @@
 """Prefill/decode disaggregation between two engines in one process (NIXL + ZeroMQ).
 
 The routes of every token range must come from the same source as its KV
-(docs/ARCHITECTURE.md 5): D's own cache, P's records sent with the KV, D's fresh capture.
+(docs/contracts.md 5): D's own cache, P's records sent with the KV, D's fresh capture.
 Route records are tampered with (valid but distinguishable expert ids) so each
 range's source is visible in the returned array.
 """

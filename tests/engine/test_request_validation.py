@@ -1,5 +1,5 @@
 """Offline, every request-level problem is a ValueError before the engine sees it, and
-the inputs that used to crash the engine thread (issue 7) leave it serving."""
+the inputs that used to crash the engine thread leave it serving."""
 
 from __future__ import annotations
 

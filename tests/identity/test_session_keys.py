@@ -1,4 +1,4 @@
-"""Session state keys (docs/ARCHITECTURE.md 2): golden value, manual byte layout, every field
+"""Session state keys (docs/contracts.md 2): golden value, manual byte layout, every field
 changes the key, stable across processes."""
 
 from __future__ import annotations

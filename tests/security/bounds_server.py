@@ -1,4 +1,4 @@
-"""The server the bounds tests (issue 19, findings 6 and 7) attack: one real uvicorn serving a tiny
+"""The server the bounds tests (findings 6 and 7) attack: one real uvicorn serving a tiny
 random MoE LM (with a chat template) with its three WebSockets (``/v1/realtime``,
 ``/v1/realtime/agent``, ``/v1/realtime/video`` with a tiny random world model) and the HTTP API,
 logging to the root logger (``log_config=None``) so that ``caplog`` sees uvicorn's records.

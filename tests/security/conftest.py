@@ -1,4 +1,4 @@
-"""Fixtures of the security tests (issue 19, docs/security.md): the tiny random MoE with its tokenizer."""
+"""Fixtures of the security tests (docs/security.md): the tiny random MoE with its tokenizer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Finding 6 (issue 19): a client-supplied delegation regex ran on the event loop with Python's
+"""Finding 6: a client-supplied delegation regex ran on the event loop with Python's
 backtracking ``re``: the rule ``(a+)+$`` and the turn ``"a" * 25 + "!"`` stalled every endpoint's
 ``/health`` for 2.5 s, doubling with each character. Now rules are RE2 (linear time; a pattern
 RE2 cannot compile is refused ``invalid``), a user turn is bounded in length, and server tools run

@@ -1,4 +1,4 @@
-"""Finding 7 (issue 19): an ``event_id`` of 10**30 was accepted (HTTP and the sockets), and a later
+"""Finding 7: an ``event_id`` of 10**30 was accepted (HTTP and the sockets), and a later
 migration of that session failed with a plain-text 500 (``OverflowError`` in the offer encoder:
 msgpack integers stop at 2**64-1). Now a session event id is an integer in [0, 2**63-1] on every
 surface (the session runtime's queue refuses the rest: ``invalid``), and a message's echo

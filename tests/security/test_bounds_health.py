@@ -1,4 +1,4 @@
-"""Issue 19's "/health stays under 50 ms p99 while the hostile cases run", measured.
+""""/health stays under 50 ms p99 while the hostile cases run", measured.
 
 An ``execstate serve`` process (a tiny random MoE LM with a chat template, ``--world``, an API key)
 takes every hostile case of findings 6 and 7, one after another, while another process probes
@@ -254,7 +254,7 @@ def test_health_while_every_hostile_case_runs(server):
     lines.append(f"{'all hostile cases':<32} {sum(r[1] for r in rows):>5} {sum(r[3] - r[2] for r in rows):>6.1f} "
                  f"{len(during):>6} {statistics.median(during) * 1e3:>7.1f} {_p(during, .99) * 1e3:>7.1f} "
                  f"{max(during) * 1e3:>7.1f}")
-    print("\n/health while the hostile cases of issue 19 (findings 6-7) run; load average "
+    print("\n/health while the hostile bounds cases run; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n" + "\n".join(lines))
     text = Path(log).read_text()
     assert "Traceback" not in text and "RecursionError" not in text and "ERROR" not in text, text[-3000:]

@@ -1,4 +1,4 @@
-"""Finding 7 (issue 19): JSON nested 100k deep gave ``server_error`` and a ``RecursionError``
+"""Finding 7: JSON nested 100k deep gave ``server_error`` and a ``RecursionError``
 traceback logged per frame. Now every JSON a client sends (the frames of every realtime protocol,
 through the framework, and the HTTP API's bodies) is measured before a decoder recurses and
 refused beyond ``MAX_JSON_DEPTH`` levels: ``invalid_message`` on the sockets (the connection goes

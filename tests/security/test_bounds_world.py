@@ -1,4 +1,4 @@
-"""Finding 7 (issue 19): ``fps`` 5e-324 and ``num_frames`` 10**30 were accepted on the world socket
+"""Finding 7: ``fps`` 5e-324 and ``num_frames`` 10**30 were accepted on the world socket
 (a session paced one chunk per ~10**300 years, or asking for more frames than any server makes).
 Now ``fps`` is 0 (as fast as possible) or in [1, 240], and ``num_frames`` in [1, the server's
 ``--world-max-frames``]: anything else is ``invalid_message`` and no session starts."""

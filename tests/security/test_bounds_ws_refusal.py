@@ -1,4 +1,4 @@
-"""Finding 7 (issue 19): every refused WebSocket upgrade (a client without the API key) logged
+"""Finding 7: every refused WebSocket upgrade (a client without the API key) logged
 uvicorn's ``ERROR: ASGI callable returned without completing handshake.``, as if the server had
 failed. Now the refusal is an HTTP 401 with the OpenAI error body and one INFO line saying why
 (``execstate.serve.ws_refusal``); nothing is logged as an error, and a connection that does end

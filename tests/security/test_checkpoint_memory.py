@@ -1,4 +1,4 @@
-"""Finding 5 of issue 19, its memory half: 5,000 checkpoints of one session, then a close.
+"""Checkpoints' memory: 5,000 checkpoints of one session, then a close.
 
 Reproduces: one session took 5,000 checkpoints (24.5 s, every reply listing every id), the
 server's RSS grew by 35 MB, and it did not come back after the session closed. Now, against a

@@ -1,4 +1,4 @@
-"""Finding 1 of issue 19: the HTTP session API bypassed WebSocket ownership.
+"""The HTTP session API once bypassed WebSocket ownership.
 
 Reproduces: while client 1 holds a session attached to ``/v1/realtime``, client 2 with the same
 API key could ``GET /v1/sessions/{id}`` (the whole context's ``token_ids``), ``POST .../step``,

@@ -1,4 +1,4 @@
-"""Finding 2 of issue 19: agent fronts were exposed as plain LM sessions.
+"""Agent fronts were once exposed as plain LM sessions.
 
 Reproduces: ``GET /v1/sessions/<agent session id>`` returned the agent's conversation (its token
 ids, what the user said included), and ``session.resume`` of that id on ``/v1/realtime``

@@ -1,4 +1,4 @@
-"""Finding 3 of issue 19: migration could be redirected and replayed, and a failed one cloned the session.
+"""Migration once could be redirected and replayed, and a failed one cloned the session.
 
 Reproduces, with three servers sharing the handoff secret (S the source, T a listed target, B
 another instance) and a recording proxy P in front of T:

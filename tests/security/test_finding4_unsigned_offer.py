@@ -1,4 +1,4 @@
-"""Finding 4 of issue 19: an unsigned session offer was trusted on the strength of an allow-list entry.
+"""An unsigned session offer was once trusted on the strength of an allow-list entry.
 
 Reproduces: a decode server with ``allowed_prefill_engines`` and no secret accepted an unsigned
 session offer naming a listed engine. The attacker first sends a prompt to the server, so its

@@ -1,4 +1,4 @@
-"""Finding 5 of issue 19: nothing expired, and there were no quotas.
+"""Before this: nothing expired, and there were no quotas.
 
 Reproduces:
 

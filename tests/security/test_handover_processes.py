@@ -1,5 +1,5 @@
 """At most one server serves a session at any time: the two-phase hand-over between real server
-processes, with a failure injected at every step (issue 19, DESIGN 11).
+processes, with a failure injected at every step (docs/security.md).
 
 Three ``execstate serve`` processes share the secret: S (the source), T (the target, engine id
 ``t-1``) and B (another instance, ``b-1``). S lists T twice in ``--migration-targets``: directly,

@@ -1,4 +1,4 @@
-"""A session hibernated on one server wakes on another from the shared tier (issue 20, DESIGN 11-12).
+"""A session hibernated on one server wakes on another from the shared tier (docs/security.md; docs/offload.md).
 
 Two ``execstate serve`` processes A and B share a ``redis-server`` (their Redis tier) and the
 instances' secret. A session stepped on A is hibernated there with a reference for B's engine;

@@ -1,4 +1,4 @@
-"""Two tenants on the same servers cannot see or change each other's state (issue 19, "Done when").
+"""Two tenants on the same servers cannot see or change each other's state ("Done when").
 
 A hypothesis test drives random interleavings of two tenants' operations against two real servers
 (uvicorn over engines with PD connectors, sharing a secret; each lists the other as a migration

@@ -1,4 +1,4 @@
-"""The landing page at ``/`` and ``execstate serve`` with no model (issue 18).
+"""The landing page at ``/`` and ``execstate serve`` with no model.
 
 The page lists what the app serves: built on a real app (the test model; the world app), it names
 the served model, each surface's endpoint, the world page only where a world model is served, and

@@ -223,7 +223,7 @@ def test_refused_input(served):
 
 
 def test_a_voice_agents_front_belongs_to_its_tenant_and_is_not_a_plain_session(served):
-    """Issue 19 finding 2 for voice: the front of a voice agent lives in its tenant's agents realm
+    """For voice too: the front of a voice agent lives in its tenant's agents realm
     (held by its connection): the session API and ``/v1/realtime`` answer ``not_found`` for its id,
     and it counts against that tenant's ``agents`` quota."""
     import httpx

@@ -1,4 +1,4 @@
-"""Capacity, eviction, isolation and scheduling priority of LM sessions (issue 8)."""
+"""Capacity, eviction, isolation and scheduling priority of LM sessions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Chat turns on a session (issue 19's usability list): ``s.step(messages=[...])`` applies the
+"""Chat turns on a session : ``s.step(messages=[...])`` applies the
 model's chat template one turn at a time, and after every turn the session's context is token for
 token what ``LLM.chat`` over the whole conversation prompts with and generates (the replies
 decoded into the history as assistant messages). Two templates: the test tokenizer's (no EOS in

@@ -1,4 +1,4 @@
-"""Checkpoint, rollback and fork of LM sessions (issue 8): a checkpoint pins the block chain
+"""Checkpoint, rollback and fork of LM sessions: a checkpoint pins the block chain
 without copying KV (copy-on-write of the shared partial tail, one block), rollback reproduces the
 same tokens and routes also when sampling, a fork equals a fresh session fed the same history and
 the branches do not affect each other; blocks are freed exactly once."""
@@ -167,7 +167,7 @@ def test_checkpoints_are_per_session_and_released_on_request(moe_dir):
 
 
 def test_printing_a_checkpoint_is_one_short_line(moe_dir):
-    """Issue 19: ``print(cp)`` does not dump the route array or the KV holds."""
+    """``print(cp)`` does not dump the route array or the KV holds."""
     llm = make_llm(moe_dir)
     s = llm.open_session(sampling_params=GREEDY)
     s.step(A, max_tokens=8)

@@ -1,4 +1,4 @@
-"""Events of an LM session (issue 8): monotonic ids, applied only at a step boundary, duplicates
+"""Events of an LM session: monotonic ids, applied only at a step boundary, duplicates
 idempotent, stale ids refused, a bounded queue (``max_session_events``) refuses with backpressure,
 composite events applied whole or refused whole, last write wins per kind within one step (the
 overwritten event listed as completed)."""

@@ -1,4 +1,4 @@
-"""Identity and failure of LM sessions (issue 8): a weights update makes the next step fail the
+"""Identity and failure of LM sessions: a weights update makes the next step fail the
 session clearly (``stale_state``) unless a re-prefill is asked; a failed step moves the session to
 FAILED, is never retried in place, and only reset (to the last checkpoint) or close are accepted."""
 

@@ -1,4 +1,4 @@
-"""Multi-turn without re-prefill (issue 8): step k+1 runs only its new tokens plus the last
+"""Multi-turn without re-prefill: step k+1 runs only its new tokens plus the last
 generated token of step k, and its tokens and routes equal a one-shot generate over the same
 history (greedy) in a cold engine; ``s.routed_experts`` equals that generate's rows."""
 

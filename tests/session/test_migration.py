@@ -1,4 +1,4 @@
-"""Live session migration between two engines in one process (issue 8, docs/ARCHITECTURE.md 5, 6):
+"""Live session migration between two engines in one process (docs/contracts.md 5, 6):
 the migrated session's next steps equal those it would have produced in place (tokens and routes,
 greedy and sampling: the RNG state travels), its identity (id, branch, step index, epochs, state
 key) is kept, pending events and acknowledgements travel; an injected failure leaves the source

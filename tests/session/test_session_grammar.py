@@ -1,4 +1,4 @@
-"""The structured-output matcher state is session state (docs/ARCHITECTURE.md 6): a constrained output
+"""The structured-output matcher state is session state (docs/contracts.md 6): a constrained output
 spans steps; a checkpoint keeps the matcher, a rollback restores it (the same inputs give the same
 constrained output), a fork clones it, a migration carries it (its next steps equal those in place)."""
 

@@ -1,4 +1,4 @@
-"""BlockPool bookkeeping: ref counts, LRU free queue, prefix cache map (docs/ARCHITECTURE.md 3)."""
+"""BlockPool bookkeeping: ref counts, LRU free queue, prefix cache map (docs/contracts.md 3)."""
 
 from __future__ import annotations
 

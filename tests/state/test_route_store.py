@@ -1,4 +1,4 @@
-"""RouteStore: R3 route records keyed by block key, leases and eviction (docs/ARCHITECTURE.md 3, 4)."""
+"""RouteStore: R3 route records keyed by block key, leases and eviction (docs/contracts.md 3, 4)."""
 
 from __future__ import annotations
 

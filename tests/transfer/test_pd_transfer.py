@@ -84,7 +84,7 @@ def test_roundtrip_128_blocks_bandwidth(source, source_kv, receiver) -> None:
 
 
 def test_partial_tail_and_start_block(source, source_kv, receiver) -> None:
-    """48-token prompt: D has blocks 0-1 itself, loads [32, 47) from P (docs/ARCHITECTURE.md 5 table)."""
+    """48-token prompt: D has blocks 0-1 itself, loads [32, 47) from P (docs/contracts.md 5 table)."""
     exp = source.export("tail", 47, token_seed=3)
     result, dst = load(receiver, source.addr, "tail", exp.epoch, 47, 3, start_block=2)
     assert result.ok, result.error

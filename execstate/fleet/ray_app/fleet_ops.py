@@ -7,7 +7,7 @@
 - ``POST /v1/fleet/drain`` ``{"replica": id, "timeout_s"?}``: take the replica out of service
   and lose nothing: (1) the router stops sending it new requests (it is excluded from every
   route); (2) its migration allow-list is set to the other replicas' URLs; (3) each live session
-  it holds is migrated to another replica with the two-phase hand-over (issue 19: the session is
+  it holds is migrated to another replica with the two-phase hand-over (the session is
   served by the source until the target committed, never by both), the target chosen round-robin
   among the others, and the ingress then routes the session there (while a session moves, its new
   requests wait in the ingress; a step already running ends first: the migration, refused

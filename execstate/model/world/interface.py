@@ -40,7 +40,7 @@ Contracts (each tested in tests/model/world/):
   are exact).
 - ``encode_prompt(prompt, version)`` computes the cross-attention K/V once per prompt version.
   The prompt cache is separate from the frames' K/V: a prompt change (a new version) replaces
-  it and leaves every committed chunk's K/V valid and untouched (docs/ARCHITECTURE.md 2, dependencies).
+  it and leaves every committed chunk's K/V valid and untouched (docs/contracts.md 2, dependencies).
 - Time positions are assigned within the context (``rope``), so the sink + window layout stays
   in the trained range however long a session runs; ``window_chunks`` must not exceed
   ``spec.max_window_chunks`` and the sink is ``spec.sink_chunks`` chunks.

@@ -14,7 +14,7 @@ Extensions, as in vLLM: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_toke
 ``return_token_ids``, ``kv_transfer_params`` (PD handoff, passed to the engine and
 returned top-level), ``cache_salt`` (per-tenant prefix cache), and R3's ``return_routed_experts`` and
 ``routed_experts_prompt_start`` (request) / ``routed_experts`` (each choice: base64 of ``numpy.save`` bytes,
-docs/ARCHITECTURE.md 4; returned as ``ServeContext.wants_routes`` says). Response
+docs/contracts.md 4; returned as ``ServeContext.wants_routes`` says). Response
 extensions that were not asked for are omitted rather than sent as ``null``.
 """
 

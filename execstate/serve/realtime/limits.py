@@ -1,4 +1,4 @@
-"""The bounds of one realtime connection (DESIGN 8: everything is bounded, and a bound says so).
+"""The bounds of one realtime connection (docs/contracts.md 8: everything is bounded, and a bound says so).
 
 Each protocol gives its :class:`Limits` (``RealtimeProtocol.limits``); the framework enforces them
 the same way for all (``endpoint.py``):

@@ -1,4 +1,4 @@
-"""The receiving side of a session hand-over over HTTP: import, commit, abort (DESIGN 11).
+"""The receiving side of a session hand-over over HTTP: import, commit, abort (docs/security.md).
 
 **Invariant: at most one server serves a session at any time.** The target's half of it:
 

@@ -1,4 +1,4 @@
-"""The server-to-server calls of a session hand-over, signed with the shared secret (DESIGN 11).
+"""The server-to-server calls of a session hand-over, signed with the shared secret (docs/security.md).
 
 Besides the session offer itself (``session/lm/migration_wire.py``), a hand-over uses three
 calls from the source to the target, all ``POST`` with an ``application/msgpack`` body that is a

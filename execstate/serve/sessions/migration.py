@@ -1,4 +1,4 @@
-"""Session migration between two servers, the sending side (issues 8 and 19; protocol:
+"""Session migration between two servers, the sending side (protocol:
 ``session/lm/migration_*.py``; the receiving side: ``handover.py``).
 
 ``POST /v1/sessions/{id}/migrate`` ``{"target": URL or engine id, "timeout_s"?: float}``:

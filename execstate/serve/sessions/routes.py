@@ -1,4 +1,4 @@
-"""A minimal HTTP API for LM sessions, and session migration between servers (issue 8).
+"""A minimal HTTP API for LM sessions, and session migration between servers.
 
 The realtime WebSocket (``/v1/realtime``) is the full session API; these endpoints cover what a
 client needs without it, and the migration (``migration.py``):
@@ -21,7 +21,7 @@ Errors are OpenAI-style bodies whose ``code`` is the session error's code (``err
 ``STATUS`` gives the HTTP status of each). The API key applies (``/v1``), except on the signed
 server-to-server paths.
 
-Ownership (DESIGN 11): every request asks as its API key's tenant (``serve/auth.py``), through
+Ownership (docs/security.md): every request asks as its API key's tenant (``serve/auth.py``), through
 one scoped view of the sessions built per request (:func:`install_session_routes`' ``scoped``):
 ids resolve in the tenant's namespace of the session API's realm, so another tenant's session,
 an agent's front and a world session are ``not_found`` (404), and a session held by a live

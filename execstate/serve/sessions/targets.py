@@ -1,4 +1,4 @@
-"""Where a session may be migrated to: the ``--migration-targets`` allow-list (DESIGN 11).
+"""Where a session may be migrated to: the ``--migration-targets`` allow-list (docs/security.md).
 
 Each entry is a target's base URL (``http(s)://host:port``) or an engine id with it
 (``ENGINE_ID=http(s)://host:port``); the flag repeats, and an entry may list several,

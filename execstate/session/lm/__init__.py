@@ -1,4 +1,4 @@
-"""The LM session kind: a long-lived token context on an ``LLMEngine`` (docs/ARCHITECTURE.md 6).
+"""The LM session kind: a long-lived token context on an ``LLMEngine`` (docs/contracts.md 6).
 
 - ``events.py`` (its event kinds: ``input``, ``sampling``), ``state.py`` (its ``KindState``:
   tokens, KV blocks, routes, RNG), ``step.py`` (a step as an engine request);

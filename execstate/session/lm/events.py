@@ -1,4 +1,4 @@
-"""The event kinds of an LM session (docs/ARCHITECTURE.md 6; the queue: ``session/runtime/events.py``).
+"""The event kinds of an LM session (docs/contracts.md 6; the queue: ``session/runtime/events.py``).
 
 - ``input`` (``Merge.APPEND``): ``{"token_ids": [int, ...]}`` or ``{"text": str}`` with an
   optional ``"add_special_tokens": bool`` (default False; the shorthand ``step("text")`` on an

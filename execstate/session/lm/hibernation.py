@@ -1,5 +1,5 @@
 """LM session hibernation: sleep in the tiers, wake here or on another engine (docs/offload.md
-"Hibernation"; DESIGN 12). Engine thread only (an offline ``LLM``'s caller is that thread),
+"Hibernation"; docs/offload.md). Engine thread only (an offline ``LLM``'s caller is that thread),
 except :meth:`Hibernated.publish`, which any thread may call. The public API::
 
     s.hibernate(); s.wake()                         # offline Session (session/lm/offline.py)

@@ -1,5 +1,5 @@
 """Wake a session hibernated by another engine, from the shared tier (docs/offload.md
-"Hibernation"; DESIGN 11, 12). Engine thread only.
+"Hibernation"; docs/security.md; docs/offload.md). Engine thread only.
 
 :func:`wake_from_reference` takes this engine's ``LMSessions`` and a signed
 :class:`~execstate.session.lm.hibernation_wire.HibernationReference` (made by the engine that

@@ -1,5 +1,5 @@
 """A hibernated LM session as it is stored, and a reference to wake it elsewhere (docs/offload.md
-"Hibernation"; DESIGN 11, 12).
+"Hibernation"; docs/security.md; docs/offload.md).
 
 - :class:`HibernationManifest`: the session's control state, the same :class:`SessionOffer` a
   migration sends (``session/lm/migration_wire.py``: token ids, route rows, step index, epochs,

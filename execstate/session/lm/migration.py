@@ -1,4 +1,4 @@
-"""Offline session migration between two engines of one process (docs/ARCHITECTURE.md 6)::
+"""Offline session migration between two engines of one process (docs/contracts.md 6)::
 
     llm_a.engine.attach_pd(PDConfig(role="kv_both", secret=SECRET))   # both engines, same secret
     llm_b.engine.attach_pd(PDConfig(role="kv_both", secret=SECRET))

@@ -1,4 +1,4 @@
-"""The source side of a session migration (docs/ARCHITECTURE.md 5, 6): engine thread only.
+"""The source side of a session migration (docs/contracts.md 5, 6): engine thread only.
 
 Call order (the runtime's hand-over, ``session/runtime/migration.py``): :func:`begin_export` ->
 the offer goes to the target (in-process, or over HTTP) -> :func:`finish_export` with ``ok`` =

@@ -1,4 +1,4 @@
-"""The target side of a session migration (docs/ARCHITECTURE.md 5, 6): engine thread only.
+"""The target side of a session migration (docs/contracts.md 5, 6): engine thread only.
 
 :func:`begin_import` takes the target's ``LMSessions`` (the engine's session owner) and the
 source's signed offer (``session/lm/migration_wire.py``) and, before it allocates anything, checks
@@ -34,7 +34,7 @@ On any failure every block taken is freed (blocks a stuck NIXL read may still wr
 by ``RemoteLoads``) and the future gets a :class:`MigrationError`: the target holds nothing.
 :meth:`ImportHandle.abandon` (the source gave up or aborted, or the deadline passed) fails the
 import at once and, if the session was already created and not committed, closes it. So the
-target never serves a session the source did not give up (DESIGN 11: at most one server serves a
+target never serves a session the source did not give up (docs/security.md: at most one server serves a
 session at any time; the HTTP hand-over's rules: ``serve/sessions/migration.py``).
 """
 

@@ -1,4 +1,4 @@
-"""The control state of a migrating LM session, as it travels (docs/ARCHITECTURE.md 5, 6).
+"""The control state of a migrating LM session, as it travels (docs/contracts.md 5, 6).
 
 Migration is the PD transfer protocol applied to a session: the session's full KV blocks go
 through the source's ``KVExporter`` (manifest on the ZeroMQ control channel, KV bytes over NIXL,
@@ -13,7 +13,7 @@ verified by the target's ``KVImporter``), and everything else the session owns t
   scheduling priority, pending events with the id watermark and remembered acknowledgements, the
   PD handoff of the exported blocks (``None`` when nothing was exported) and ``commit_by``: a
   Unix time after which the target must not create the session (the source has given up), which
-  is also the offer's expiry. Since format 2 (DESIGN 11): the owning ``tenant`` (the target
+  is also the offer's expiry. Since format 2 (docs/security.md): the owning ``tenant`` (the target
   creates the session under it), a single-use ``nonce`` and the ``target_engine_id`` the offer
   is for (the target refuses an offer for another engine, and a nonce it has seen:
   ``serve/sessions/handover.py``). The structured-output matcher state (``grammar``: the

@@ -1,5 +1,5 @@
 """Copies of live LM sessions in the shared tier, so that another engine can resume them if this
-one is lost (docs/fleet.md "A replica lost"; DESIGN 12, 13). A fleet's replicas run it.
+one is lost (docs/fleet.md "A replica lost"; docs/offload.md; docs/fleet.md). A fleet's replicas run it.
 
 A *copy* is what a hibernation writes (``session/lm/hibernation.py``: the session's full blocks
 as units under their execution-state keys, its control state as a signed manifest under

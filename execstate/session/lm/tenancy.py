@@ -1,4 +1,4 @@
-"""What an LM session holds, counted per tenant: pinned KV blocks and checkpoint memory (DESIGN 11).
+"""What an LM session holds, counted per tenant: pinned KV blocks and checkpoint memory (docs/security.md).
 
 Engine thread only (the LM sessions' owner thread), pure bookkeeping over the resident sessions:
 

@@ -1,4 +1,4 @@
-"""The session runtime: everything that does not depend on a session's kind (docs/ARCHITECTURE.md 6).
+"""The session runtime: everything that does not depend on a session's kind (docs/contracts.md 6).
 
 - ``lifecycle.py``: ``SessionRuntime``, one session's status machine, step index, event epoch,
   branch id and checkpoints; ``checkpoint.py``: the ``KindState`` contract a kind implements and

@@ -1,4 +1,4 @@
-"""Who owns a session and who asks (DESIGN 11): the namespace session ids resolve in, and holds.
+"""Who owns a session and who asks (docs/security.md): the namespace session ids resolve in, and holds.
 
 Every session records its :class:`Owner`: the tenant that created it (``identity/tenant.py``) and
 the *realm* it lives in, the surface that names it:

@@ -1,4 +1,4 @@
-"""A session's event queue: accepted when queued, applied only at a step boundary (docs/ARCHITECTURE.md 6).
+"""A session's event queue: accepted when queued, applied only at a step boundary (docs/contracts.md 6).
 
 Pure Python, no model. One ``EventQueue`` per session; the session kind (LM, world model, agent)
 declares its event kinds (:class:`EventKind`: a validator and a merge policy), the queue does the

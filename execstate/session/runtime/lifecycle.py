@@ -1,5 +1,5 @@
 """One session's lifecycle: status, step index, event epoch, branch id, checkpoints
-(docs/ARCHITECTURE.md 6). Pure Python; it does not know what a step computes.
+(docs/contracts.md 6). Pure Python; it does not know what a step computes.
 
 Each session kind (the LM kind: ``session/lm/state.py``; the world-model kind:
 ``session/world/state.py``) keeps its state in a :class:`KindState`

@@ -1,5 +1,5 @@
 """SessionManager: the resident sessions of one engine, their ids, owners, capacity, quotas, eviction
-and idle expiry (docs/ARCHITECTURE.md 6, 8; DESIGN 11). Pure Python, independent of the session kind.
+and idle expiry (docs/contracts.md 6, 8; docs/security.md). Pure Python, independent of the session kind.
 
 - **Ids**: strings of 1 to 128 characters from ``[A-Za-z0-9._:-]``, chosen by the client or
   generated (``sess-`` + 16 hex digits). An id is unique among the resident sessions of one

@@ -1,4 +1,4 @@
-"""Session migration, the kind-agnostic part: its error and its two-phase hand-over (docs/ARCHITECTURE.md 6).
+"""Session migration, the kind-agnostic part: its error and its two-phase hand-over (docs/contracts.md 6).
 
 Moving a session to another instance is, for every kind, three calls in this order:
 
@@ -12,7 +12,7 @@ Moving a session to another instance is, for every kind, three calls in this ord
    then on); otherwise the target drops its import and the source's session is OPEN again,
    unchanged, and serves the next call.
 
-So at most one instance serves a session at any time (DESIGN 11). :func:`hand_over` runs the three
+So at most one instance serves a session at any time (docs/security.md). :func:`hand_over` runs the three
 in one thread (``session/lm/migration.py`` commits after it); a server runs them across two
 processes in the same order, with single-use signed offers and an abort that must be confirmed
 before the source serves again (``serve/sessions/migration.py``, ``serve/sessions/handover.py``). The kinds' offers,

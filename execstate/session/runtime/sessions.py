@@ -1,4 +1,4 @@
-"""``KindSessions``: the operations every session kind's sessions object shares (docs/ARCHITECTURE.md 6).
+"""``KindSessions``: the operations every session kind's sessions object shares (docs/contracts.md 6).
 
 A kind's sessions object owns the resident sessions of one engine (``LMSessions``,
 ``session/lm/sessions.py``) or one ``World`` (``WorldSessions``, ``session/world/sessions.py``):

@@ -1,5 +1,5 @@
 """World-session hibernation: a world session sleeps as one unit in a tier and wakes on its next
-call (docs/offload.md "Hibernation", docs/world-sessions.md; DESIGN 12). The public API::
+call (docs/offload.md "Hibernation", docs/world-sessions.md; docs/offload.md). The public API::
 
     s.hibernate(); s.wake()                                    # offline WorldSession
     await aw.hibernate(sid); await aw.wake(sid)                # AsyncWorld (a served session)

@@ -1,5 +1,5 @@
 """A hibernated world session as it is stored: one signed, checksummed unit (docs/offload.md
-"Hibernation"; DESIGN 12).
+"Hibernation"; docs/offload.md).
 
 - :class:`WorldHibernation`: the session's state when it went to sleep: the world migration offer
   (``session/world/migration_wire.py``: carry, noise generator state, prompt and version, held

@@ -1,6 +1,6 @@
-"""Offload tiers under the KV pool: DRAM, local disk and a shared store (docs/offload.md; docs/ARCHITECTURE.md 3).
+"""Offload tiers under the KV pool: DRAM, local disk and a shared store (docs/offload.md; docs/contracts.md 3).
 
-The unit that moves between tiers is the consistency unit of docs/ARCHITECTURE.md 3: one full
+The unit that moves between tiers is the consistency unit of docs/contracts.md 3: one full
 block's KV in every layer, its route rows (MoE with route return) and its record (key, parent key,
 provenance root, token ids, checksums), stored under the block's execution-state key
 (:mod:`~execstate.state.tiers.unit`). Pure bookkeeping lives here (no torch):

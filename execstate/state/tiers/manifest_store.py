@@ -9,7 +9,7 @@ store does not interpret the blob: the reader verifies its signature and content
 **Claim**: the engine that wakes a session first deletes its manifest key; ``DEL`` is atomic on
 the server, so of any number of engines trying, exactly one sees 1 and serves the session (the
 others refuse). That single operation is the hand-over of a hibernated session: before it nobody
-serves the session, after it only the claimant does (DESIGN 11: at most one server).
+serves the session, after it only the claimant does (docs/security.md: at most one server).
 
 Every call is bounded by ``timeout_s``; an error raises :class:`ManifestUnavailable` (the
 caller decides: a wake then refuses, since it cannot know whether another engine claimed it).

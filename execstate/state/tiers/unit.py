@@ -1,6 +1,6 @@
 """One offload unit: its record and its byte format (docs/offload.md "The unit").
 
-A unit is one full KV block as a consistency unit (docs/ARCHITECTURE.md 3): the KV bytes of
+A unit is one full KV block as a consistency unit (docs/contracts.md 3): the KV bytes of
 every layer, the route rows (``int16[block_size, n_moe_layers, top_k]``, little-endian, C order;
 absent for a dense model or without route return) and a :class:`UnitRecord`:
 
