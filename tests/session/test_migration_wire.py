@@ -80,7 +80,7 @@ def test_signatures():
     with pytest.raises(MigrationError) as e:
         decode_offer(data, None)  # signed, but nothing to check it with
     assert e.value.code == "unauthorized"
-    with pytest.raises(MigrationError) as e:  # unsigned: refused whatever it carries (an allow-list entry vouches for nothing)
+    with pytest.raises(MigrationError) as e:  # unsigned: refused whatever it carries
         decode_offer(encode_offer(offer(), None), SECRET)
     assert e.value.code == "unauthorized"
     env = msgspec.msgpack.decode(data, type=SignedOffer)
