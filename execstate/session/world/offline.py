@@ -39,7 +39,7 @@ def load_world_model(model: WorldModel | str | Path | None, numerics: str = "eag
     """``None``: the default trained model (the grid world's); ``"world"`` or ``"maze"``: that world's
     default model; a directory: a trained model there (either kind); a model: as is (its own
     numerics mode must then equal ``numerics``)."""
-    from execstate.model.world.default import DEFAULT_WORLDS, load_default, load_world_dir
+    from execstate.model.world_default import DEFAULT_WORLDS, load_default, load_world_dir
 
     if model is None:
         return load_default("world", numerics)
