@@ -118,7 +118,8 @@ class RequestIntake:
             req.transfer = TransferState(params=kv_transfer_params, handoff=handoff)
         req.grammar = grammar
         if params.prompt_logprobs is not None:
-            req.prompt_scoring = PromptScoring(req.prompt_token_ids, params.prompt_logprobs, self._prompt_logprobs_chunk)
+            req.prompt_scoring = PromptScoring(req.prompt_token_ids, params.prompt_logprobs,
+                                               self._prompt_logprobs_chunk)
         if self.return_routes or params.routed_experts is not None:
             capacity = len(token_ids) + req.max_new_tokens
             req.routes = RouteTrace(mc.num_moe_layers, mc.top_k, capacity) if self.return_routes else None

@@ -11,10 +11,14 @@ request.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, overload
+from typing import Protocol, overload
 
-if TYPE_CHECKING:
-    from execstate.engine.request import Request
+
+class HasTokens(Protocol):
+    """What the view reads: a ``Request``'s one token list and its prompt's length."""
+
+    all_token_ids: list[int]
+    num_prompt_tokens: int
 
 
 class OutputTokenIds(Sequence[int]):
@@ -22,7 +26,7 @@ class OutputTokenIds(Sequence[int]):
 
     __slots__ = ("_req",)
 
-    def __init__(self, req: Request) -> None:
+    def __init__(self, req: HasTokens) -> None:
         self._req = req
 
     def __len__(self) -> int:

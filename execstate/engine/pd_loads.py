@@ -198,8 +198,9 @@ class RemoteLoads:
     def _refuse(self, req: Request, why: str) -> None:
         self.stats.refused += 1
         self.stats.failures += 1
-        assert req.transfer.handoff is not None
-        self.worker.submit_release(req.transfer.handoff.remote_addr, req.transfer.handoff.transfer_id)  # free P's pins now
+        handoff = req.transfer.handoff
+        assert handoff is not None
+        self.worker.submit_release(handoff.remote_addr, handoff.transfer_id)  # free P's pins now
         raise ExternalLoadError(f"KV load refused: {why}")
 
     def _refuse_owned(self, addr: str, transfer_id: str, why: str) -> None:

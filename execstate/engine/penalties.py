@@ -49,8 +49,8 @@ class PenaltyState:
     """One request's penalty state, kept up to date incrementally.
 
     ``output_token_ids`` is the request's own outputs (a live view, ``Request.output_token_ids``,
-    appended to by the engine after each step, never rewritten); ``sync()`` looks only at the tokens appended since its last
-    call, so the cost per generated token is O(1) whatever the output length.
+    appended to by the engine after each step, never rewritten); ``sync()`` looks only at the
+    tokens appended since its last call, so the cost per generated token is O(1) whatever the output length.
     ``positions`` are the distinct token ids the history penalties apply to: output tokens
     and, for a repetition penalty, prompt tokens.
     """

@@ -22,7 +22,7 @@ Each feature keeps its state in its own object, set up by the feature and read b
 - ``output`` (``engine/output_state.py``): text, logprobs and entries for outputs;
 - ``cache`` (``engine/cache_state.py``): scope, block keys, route leases, committed blocks;
 - ``transfer`` (``engine/transfer_state.py``): PD handoff parameters and loads;
-- ``session`` (``engine/session_link.py``): blocks handed back at finish, the finish hook;
+- ``session`` (:class:`SessionLink`, below): blocks handed back at finish, the finish hook;
 - ``routes`` (R3, ``engine/route_trace.py``), ``grammar`` (structured outputs,
   ``engine/grammar/``), ``prompt_scoring`` (prompt logprobs, ``engine/prompt_logprobs.py``):
   None when the request does not use the feature.
@@ -38,6 +38,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from execstate.engine.cache_state import CacheState
@@ -47,7 +48,6 @@ from execstate.engine.output_token_ids import OutputTokenIds
 from execstate.engine.route_trace import RouteTrace
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.sampling_state import SamplingState
-from execstate.engine.session_link import SessionLink
 from execstate.engine.transfer_state import TransferState
 from execstate.identity.keys import BlockKey
 from execstate.identity.scope import LOCAL_SCOPE, CacheScope
@@ -75,6 +75,22 @@ class RequestStatus(enum.Enum):
     @property
     def finished(self) -> bool:
         return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
+
+
+@dataclass(eq=False)
+class SessionLink:
+    """How a request ends for whoever holds its state across requests (session steps, ``session/``).
+
+    Set by ``engine/step_request.py``; read at the end by ``engine/kv_cache_manager.py`` and
+    ``engine/finisher.py``. ``keep_blocks``: at finish the request's computed blocks are handed
+    back (``returned_blocks``, registered in the engine's block holds) instead of being freed;
+    ``on_finished(request, final_output)`` runs on the engine thread as it finishes (at most
+    once). A request that arrives holding blocks has them in ``Request.block_ids`` with the KV of
+    its first ``num_computed_tokens`` tokens."""
+
+    keep_blocks: bool = False
+    returned_blocks: HeldBlocks | None = None
+    on_finished: Callable[[Request, RequestOutput], None] | None = None
 
 
 class _Alias(Generic[T]):
