@@ -13,6 +13,8 @@ are built (``kernels="auto"``), single-threaded. No timing is asserted anywhere:
 shared benchmark lock and record the machine's load (the report does: ``load_before`` /
 ``load_after``, the 1-minute load average).
 
+``--plot before=A.json after=B.json --png P.png`` draws reports side by side.
+
 It only uses APIs that every version of the engine has (``LLM``, ``step_timers``), so the same
 script measures a tree before and after a change: run it with each tree's Python.
 """
@@ -87,13 +89,52 @@ def measure(contexts: list[int], batch: int, steps: int, seed: int = 0) -> dict[
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "points": points}
 
 
+def plot(reports: dict[str, dict[str, Any]], png: Path) -> None:
+    """``reports`` (label -> report) drawn against the context: ``inputs`` and ``host`` per decode step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
+    for ax, key, title in ((axes[0], "inputs", "the runner's input building"),
+                           (axes[1], "host", "host work of the step (schedule + inputs + sample + Python)")):
+        for (label, report), style in zip(reports.items(), ("o--", "s-"), strict=False):
+            pts = report["points"]
+            ax.plot([p["context"] for p in pts], [p["us"][key] for p in pts], style, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylabel("CPU us per decode step")
+        ax.set_title(title, fontsize=10)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    first = next(iter(reports.values()))
+    batch = first["points"][0]["batch"]
+    loads = [p[k] for r in reports.values() for p in r["points"] for k in ("load_before", "load_after")]
+    fig.suptitle(f"decode step, batch {batch}, tiny random Llama on the CPU kernels, 1 thread, CPU clock "
+                 f"(1-min load {min(loads):.1f}-{max(loads):.1f})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--contexts", default="128,1024,4096,16384")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, help="write the report (JSON) here")
+    ap.add_argument("--plot", nargs="+", metavar="LABEL=REPORT.json",
+                    help="draw these reports (instead of measuring) into --png")
+    ap.add_argument("--png", type=Path)
     a = ap.parse_args()
+    if a.plot:
+        if a.png is None:
+            ap.error("--plot needs --png")
+        plot({lab: json.loads(Path(f).read_text()) for lab, f in (x.split("=", 1) for x in a.plot)}, a.png)
+        return
+    if a.out is None:
+        ap.error("--out is required to measure")
     report = measure([int(c) for c in a.contexts.split(",")], a.batch, a.steps)
     a.out.write_text(json.dumps(report, indent=1) + "\n")
     for p in report["points"]:

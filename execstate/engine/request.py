@@ -9,12 +9,13 @@ blocks; the last token of ``all_token_ids`` has had no forward pass yet whenever
 request is decoding.
 
 The core: ids, status (with ``stop_reason`` / ``abort_message``: why it ended), the token list,
-the block table and the counters. The tokens are one list, ``all_token_ids``: the prompt, then
-each sampled token appended in place (``append_output_token``, amortised O(1)); it is never
-rebuilt, so a step reads the span it runs as a slice, O(tokens run), whatever the context
-(docs/contracts.md 8). ``output_token_ids`` is a live view of its tail
-(``engine/output_token_ids.py``); ``prompt_token_ids`` is the list the request was built with,
-never mutated (outputs share it).
+the block table (``block_ids``, ``engine/block_table.py``: a list with an int64 mirror grown in
+place, so the runners copy it without converting it) and the counters. The tokens are one list,
+``all_token_ids``: the prompt, then each sampled token appended in place
+(``append_output_token``, amortised O(1)); it is never rebuilt, so a step reads the span it runs
+as a slice, O(tokens run), whatever the context (docs/contracts.md 8). ``output_token_ids`` is a
+live view of its tail (``engine/output_token_ids.py``); ``prompt_token_ids`` is the list the
+request was built with, never mutated (outputs share it).
 
 Each feature keeps its state in its own object, set up by the feature and read by it:
 
@@ -37,10 +38,11 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
+from execstate.engine.block_table import BlockTable
 from execstate.engine.cache_state import CacheState
 from execstate.engine.detokenizer import IncrementalDetokenizer
 from execstate.engine.output_state import OutputState
@@ -134,8 +136,8 @@ class Request:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self._outputs = OutputTokenIds(self)
-        # the KV: its blocks in order, and how many of its tokens have their KV in them
-        self.block_ids: list[BlockId] = []
+        # the KV: its blocks in order (engine/block_table.py), how many of its tokens have their KV in them
+        self._block_ids = BlockTable()
         self.num_computed_tokens = 0
         # counters: prompt tokens hit in the prefix cache (None: not admitted yet), loaded from
         # another instance (PD), reloaded from this engine's offload tiers (engine/offload.py)
@@ -169,6 +171,15 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         """A sampled token joins the request (amortised O(1): the one list grows in place)."""
         self.all_token_ids.append(token_id)
+
+    @property
+    def block_ids(self) -> BlockTable:
+        """Its blocks in order: a list, mirrored as an int64 array for the runners' tables."""
+        return self._block_ids
+
+    @block_ids.setter
+    def block_ids(self, ids: Iterable[BlockId]) -> None:
+        self._block_ids = ids if isinstance(ids, BlockTable) else BlockTable(ids)
 
     @property
     def num_tokens(self) -> int:
@@ -216,7 +227,6 @@ class Request:
     output_logprob_entries: _Alias[list[dict[int, Logprob]]] = _Alias("output", "logprob_entries")
     cumulative_logprob: _Alias[float] = _Alias("output", "cumulative_logprob")
     detok: _Alias[IncrementalDetokenizer] = _Alias("output", "detok")
-    scope: _Alias[CacheScope] = _Alias("cache", "scope")
     block_keys: _Alias[list[BlockKey]] = _Alias("cache", "block_keys")
     leased_keys: _Alias[list[BlockKey]] = _Alias("cache", "leased_keys")
     handoff: _Alias[Handoff | None] = _Alias("transfer", "handoff")

@@ -78,7 +78,7 @@ class ModelRunner:
             forced = req.params.routed_experts
             if forced is not None and start < len(forced):
                 forced_rows.append((len(input_ids), forced[start : min(end, len(forced))]))
-            spans.append(SeqSpan(len(input_ids), s.num_new_tokens, end, req.block_ids))
+            spans.append(SeqSpan(len(input_ids), s.num_new_tokens, end, req.block_ids.array()))
             input_ids.extend(req.all_token_ids[start:end])  # the span it runs: O(new tokens), not O(context)
             positions.extend(range(start, end))
         num_tokens = len(input_ids)

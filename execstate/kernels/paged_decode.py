@@ -23,8 +23,8 @@ class PagedDecode:
     ``len(block_tables[b]) * block_size``; block ids below ``num_slots // block_size``).
     """
 
-    def __init__(self, tokens: list[int], block_tables: Sequence[Sequence[int]], ctx_lens: list[int], block_size: int,
-                 num_slots: int) -> None:
+    def __init__(self, tokens: list[int], block_tables: Sequence[Sequence[int] | np.ndarray], ctx_lens: list[int],
+                 block_size: int, num_slots: int) -> None:
         lib()  # RuntimeError when the kernels are unavailable
         if block_size < 1:
             raise ValueError(f"PagedDecode: block_size must be >= 1, got {block_size}")
@@ -83,7 +83,8 @@ class PagedDecode:
                nkv, d, self.block_size, float(scale))
 
     @classmethod
-    def for_spans(cls, token_starts: list[int], num_queries: list[int], block_tables: Sequence[Sequence[int]],
+    def for_spans(cls, token_starts: list[int], num_queries: list[int],
+                  block_tables: Sequence[Sequence[int] | np.ndarray],
                   ctx_lens: list[int], block_size: int, num_slots: int) -> PagedDecode:
         """Every query of a step's spans, prefill spans included: span ``s`` holds rows
         ``token_starts[s] ..`` (``num_queries[s]`` of them) whose last one sees ``ctx_lens[s]``
