@@ -102,12 +102,12 @@ KERNELS = ["torch", pytest.param("execstate", marks=pytest.mark.skipif(not cpu.a
 
 
 @pytest.mark.parametrize("kernels", KERNELS)
-def test_a_decode_step_reads_the_same_whatever_the_context(long_llama: Path, kernels: str) -> None:
+def test_a_decode_step_reads_the_same_whatever_the_context(long_llama: Path, kernels: str,
+                                                           torch_single_thread: None) -> None:
     """Prefill two requests (contexts 33 and 993, the same offset in a block), then decode 12 steps
     each with the counting list: the elements read are the same, and few (the token fed in, the
     token sampled, the DELTA output's new token, one block's tokens for its key when a block
     fills); the list is never rebuilt."""
-    torch.set_num_threads(1)
     llm = LLM(str(long_llama), kernels=kernels, block_size=BS, max_model_len=1024)
     params = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
     reads = {}
