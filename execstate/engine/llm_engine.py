@@ -198,8 +198,8 @@ class LLMEngine:
         req = self.intake.build_step(step, self.requests)
         if step.held is not None:
             held = self.kv_holds.hand_over(step.held)
-            req.block_ids, req.block_keys = held.block_ids, held.block_keys
-            req.num_committed_blocks, req.num_computed_tokens = held.num_committed_blocks, held.num_tokens
+            req.block_ids, req.cache.block_keys = held.block_ids, held.block_keys
+            req.cache.num_committed_blocks, req.num_computed_tokens = held.num_committed_blocks, held.num_tokens
         self.requests[req.request_id] = req
         self.scheduler.add(req)
         return req
@@ -359,7 +359,7 @@ class LLMEngine:
         if self.pd is None or not self.pd.wants_export(req):
             return status
         try:
-            req.kv_transfer_out = self.pd.export(req)
+            req.transfer.out = self.pd.export(req)
         except TransferError as e:
             req.abort_message = f"KV export failed: {e}"
             return RequestStatus.FINISHED_ABORTED
