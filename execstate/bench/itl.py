@@ -118,8 +118,8 @@ def time_output_path(tokenizer: Tokenizer, params: SamplingParams, num_tokens: i
     for i in range(num_tokens):
         token = rng.randrange(3, VOCAB)
         req.output_token_ids.append(token)
-        req.output_logprobs.append(-1.0 - i % 7)
-        req.output_top_logprobs.append([((token + j) % VOCAB, -0.5 - j) for j in range(k)])
+        req.output.logprobs.append(-1.0 - i % 7)
+        req.output.top_logprobs.append([((token + j) % VOCAB, -0.5 - j) for j in range(k)])
         t0 = time.thread_time()
         status = on_new_token(req, set(), tokenizer)
         if status is not None:

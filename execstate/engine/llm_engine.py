@@ -194,7 +194,7 @@ class LLMEngine:
     def add_step_request(self, step: StepRequest) -> Request:
         """Queue one session step (``engine/step_request.py``): validated first (ValueError,
         nothing changed); then its held blocks become the request's and come back at finish as
-        ``Request.returned_blocks``. Returns the queued request."""
+        ``Request.session.returned_blocks``. Returns the queued request."""
         req = self.intake.build_step(step, self.requests)
         if step.held is not None:
             held = self.kv_holds.hand_over(step.held)

@@ -28,10 +28,9 @@ Each feature keeps its state in its own object, set up by the feature and read b
   ``engine/grammar/``), ``prompt_scoring`` (prompt logprobs, ``engine/prompt_logprobs.py``):
   None when the request does not use the feature.
 
-A few names read outside the owning feature (the session layer, the bench and the tests:
-``output_logprobs``, ``detok``, ``block_keys``, ``handoff``, ``on_finished``, ...) stay on the
-request as aliases of the feature's fields (:class:`_Alias`); the engine reads the fields
-themselves. ``priority`` is its scheduling class (higher first, ``engine/scheduler.py``).
+Every reader, in the engine or above it, reads a feature's state through its object
+(``request.output.detok``, ``request.cache.block_keys``, ...). ``priority`` is its scheduling
+class (higher first, ``engine/scheduler.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ import enum
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
+from typing import TYPE_CHECKING, TypeVar
 
 from execstate.engine.block_table import BlockTable
 from execstate.engine.cache_state import CacheState
@@ -51,15 +50,13 @@ from execstate.engine.route_trace import RouteTrace
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.sampling_state import SamplingState
 from execstate.engine.transfer_state import TransferState
-from execstate.identity.keys import BlockKey
 from execstate.identity.scope import LOCAL_SCOPE, CacheScope
 from execstate.state.block_holds import HeldBlocks
 from execstate.state.block_pool import BlockId
-from execstate.transfer.handoff import Handoff
 
 if TYPE_CHECKING:
     from execstate.engine.grammar.matcher import GrammarMatcher
-    from execstate.engine.outputs import Logprob, RequestOutput
+    from execstate.engine.outputs import RequestOutput
     from execstate.engine.prompt_logprobs import PromptScoring
 
 T = TypeVar("T")
@@ -93,27 +90,6 @@ class SessionLink:
     keep_blocks: bool = False
     returned_blocks: HeldBlocks | None = None
     on_finished: Callable[[Request, RequestOutput], None] | None = None
-
-
-class _Alias(Generic[T]):
-    """``request.<name>`` reads and writes ``request.<part>.<field>`` (module docstring)."""
-
-    def __init__(self, part: str, name: str) -> None:
-        self.part, self.name = part, name
-
-    @overload
-    def __get__(self, obj: None, owner: type[Any]) -> _Alias[T]: ...
-
-    @overload
-    def __get__(self, obj: Request, owner: type[Any]) -> T: ...
-
-    def __get__(self, obj: Request | None, owner: type[Any]) -> T | _Alias[T]:
-        if obj is None:
-            return self
-        return cast(T, getattr(getattr(obj, self.part), self.name))
-
-    def __set__(self, obj: Request, value: T) -> None:
-        setattr(getattr(obj, self.part), self.name, value)
 
 
 class Request:
@@ -222,16 +198,3 @@ class Request:
         return self.status.value if self.status.finished else None
 
     # -- names of feature fields read outside their feature (module docstring) -----------------
-    output_logprobs: _Alias[list[float]] = _Alias("output", "logprobs")
-    output_top_logprobs: _Alias[list[list[tuple[int, float]]]] = _Alias("output", "top_logprobs")
-    output_logprob_entries: _Alias[list[dict[int, Logprob]]] = _Alias("output", "logprob_entries")
-    cumulative_logprob: _Alias[float] = _Alias("output", "cumulative_logprob")
-    detok: _Alias[IncrementalDetokenizer] = _Alias("output", "detok")
-    block_keys: _Alias[list[BlockKey]] = _Alias("cache", "block_keys")
-    leased_keys: _Alias[list[BlockKey]] = _Alias("cache", "leased_keys")
-    handoff: _Alias[Handoff | None] = _Alias("transfer", "handoff")
-    kv_transfer_out: _Alias[dict[str, Any] | None] = _Alias("transfer", "out")
-    transfer_info: _Alias[dict[str, Any] | None] = _Alias("transfer", "info")
-    keep_blocks: _Alias[bool] = _Alias("session", "keep_blocks")
-    returned_blocks: _Alias[HeldBlocks | None] = _Alias("session", "returned_blocks")
-    on_finished: _Alias[Callable[[Request, RequestOutput], None] | None] = _Alias("session", "on_finished")
