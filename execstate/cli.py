@@ -1,4 +1,5 @@
-"""Command line: ``execstate models|bench|demo|serve|proxy|world ...`` (heavy imports happen per command)."""
+"""Command line: ``execstate models|demo|serve|proxy|world ...``, and the commands other distributions add
+(``bench``: execstate/commands.py); heavy imports happen per command."""
 
 from __future__ import annotations
 
@@ -380,10 +381,6 @@ def build_parser() -> argparse.ArgumentParser:
     mr.add_argument("--seed", type=int, default=0)
     m.set_defaults(func=_models)
 
-    from execstate.bench.cli import add_bench_parser
-
-    add_bench_parser(sub)
-
     d = sub.add_parser("demo", help="a tour of the three workloads: R3 rollout, world session, duplex agent")
     d.add_argument("--model", default="smollm2-moe", help="the MoE model of the R3 part (default: %(default)s)")
     d.add_argument("--parts", default="r3,world,agent", help="which parts to run, comma-separated "
@@ -500,6 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
     px.set_defaults(func=_proxy)
 
     _add_world_tools(sub)
+    from execstate.commands import add_commands
+
+    add_commands(sub)  # last: `bench` and any command a distribution registers (execstate/commands.py)
     return p
 
 
