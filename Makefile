@@ -54,7 +54,7 @@ test-slow: setup
 # ruff, then the layer rules and the absence of import cycles (import-linter contracts in pyproject.toml),
 # then the type checker (mypy; [tool.mypy] in pyproject.toml, its cache in .mypy_cache/)
 lint: setup
-	$(VENV)/bin/ruff check execstate benchmarks tests tools
+	$(VENV)/bin/ruff check execstate benchmarks tests
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 

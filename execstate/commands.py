@@ -1,7 +1,7 @@
 """Commands that other distributions add to ``execstate``: the entry-point group ``execstate.commands``.
 
 The runtime's wheel holds the runtime only. A distribution that adds a command (``execstate-bench``,
-the repository's ``benchmarks/``, adds ``bench``) registers it under the group :data:`GROUP`: the
+the repository's ``benchmarks/``, adds ``bench`` and ``world``) registers it under the group :data:`GROUP`: the
 entry point's name is the command, its value a callable ``add(subparsers)`` that adds the
 command's parser to ``execstate``'s sub-parsers and sets its ``func`` default (``func(args)``
 returns the exit status), as the built-in commands do.
@@ -21,10 +21,11 @@ from importlib.metadata import entry_points
 GROUP = "execstate.commands"
 
 # The commands the repository's own distributions add, and how to get each where it is missing.
+_HOW = ("they are the distribution execstate-bench in execstate's source repository (benchmarks/); from a checkout, "
+        "`make setup` installs it (or: pip install -e benchmarks)")
 EXPECTED = {
-    "bench": ("benchmarks", "the benchmarks are not installed here: they are the distribution execstate-bench in "
-                            "execstate's source repository (benchmarks/); from a checkout, `make setup` installs it "
-                            "(or: pip install -e benchmarks)"),
+    "bench": ("benchmarks", f"the benchmarks are not installed here: {_HOW}"),
+    "world": ("world-model training and evaluation", f"the world models' tools are not installed here: {_HOW}"),
 }
 
 

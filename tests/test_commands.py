@@ -58,3 +58,26 @@ def test_a_plugin_cannot_take_a_built_in_name(monkeypatch: pytest.MonkeyPatch,
     assert "bench" in choices and choices["serve"].prog.endswith("serve")
     assert "--max-sessions" in choices["serve"].format_help()  # still the runtime's serve
     assert "the command 'serve' of execstate_bench.cli:add_bench_parser is ignored" in capsys.readouterr().err
+
+
+def test_world_comes_from_the_benchmarks_and_its_trainer_through_an_entry_point() -> None:
+    from execstate.model.world.tools_import import world_tool
+
+    assert "world" in _subcommands()
+    assert world_tool("train").__name__ == "execstate_bench.world_tools.train"
+
+
+def test_without_the_world_tools_world_and_prepare_world_are_one_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    import execstate.model.world.tools_import as tools_import
+
+    monkeypatch.setattr(commands, "entry_points", lambda group: [])
+    monkeypatch.setattr(tools_import, "entry_points", lambda group, name: [])
+    assert main(["world", "train", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"execstate world: {commands.EXPECTED['world'][1]}"]
+    with pytest.raises(tools_import.WorldToolsMissing, match="make setup"):
+        tools_import.world_tool("train")
+    monkeypatch.setenv("EXECSTATE_CACHE", str(tmp_path / "cache"))
+    assert main(["models", "prepare", "world", "--force"]) == 2  # the build needs the trainer
+    (line,) = capsys.readouterr().err.splitlines()[-1:]
+    assert line.startswith("execstate models: the world-model tools (train) come with") and "make setup" in line

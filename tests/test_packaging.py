@@ -251,7 +251,7 @@ print(json.dumps({
     assert report["dev_extras"] == []
     assert {"model.safetensors", "config.json", "train.json"} <= set(report["world_weights"])  # package data
     assert {"model.safetensors", "config.json", "train.json"} <= set(report["maze_weights"])
-    assert report["world_tools"] is False  # training and evaluation stay in the repository (tools/)
+    assert report["world_tools"] is False  # no top-level tools package: the world tools are execstate_bench's
     assert report["bench"] is False  # the benchmarks are a distribution of their own (benchmarks/)
     assert report["not_runtime_files"] == []  # the wheel holds the runtime only
     assert {"world.html", "world.js"} <= set(report["world_page"])  # the /world page (package data)

@@ -19,8 +19,8 @@ Parts (each a function returning a JSON-able dict; ``run_world_bench`` runs the 
 - ``memory``: a 500-step session with the rolling window: K/V blocks in use (min/max once the
   window is full) and the process's resident memory at steps 50 and 500.
 - ``quality``: the grid world: action-following accuracy and PSNR against the renderer
-  (``tools/world/eval.py``); the maze: PSNR/SSIM, walls crossed and spins over scripted play
-  (``tools/world/maze_quality.py``).
+  (``benchmarks/execstate_bench/world_tools/eval.py``); the maze: PSNR/SSIM, walls crossed and spins over scripted play
+  (``benchmarks/execstate_bench/world_tools/maze_quality.py``).
 - ``serve``: sessions over the socket, one and several at once (``world_serve.py``).
 
 Keys are the model's own (the grid world's moves, the maze's walk, strafe and turn keys).
@@ -198,12 +198,13 @@ def bench_memory(model: WorldModel, steps: int = 500, seed: int = 0) -> dict[str
 
 
 def bench_quality(model: WorldModel, episodes: int = 4, steps: int = 64) -> dict[str, Any]:
-    from execstate.model.world.tools_import import world_tool
-
     if model.spec.world == "maze":
-        mq = world_tool("maze_quality")
+        from execstate_bench.world_tools import maze_quality as mq
+
         return mq.report(mq.play(model, steps, scene_seed=3, prompt="a dungeon maze"), model.spec.frames_per_chunk)
-    r = world_tool("eval").evaluate(model, seeds=range(episodes), steps=steps, psnr_steps=8)
+    from execstate_bench.world_tools import eval as world_eval
+
+    r = world_eval.evaluate(model, seeds=range(episodes), steps=steps, psnr_steps=8)
     return {k: r[k] for k in ("episodes", "steps", "action_accuracy", "action_accuracy_when_moving",
                               "psnr_by_step", "psnr_mean_first", "psnr_mean_all")}
 
@@ -240,12 +241,12 @@ def run_world_bench(model: str | None = None, parts: tuple[str, ...] = PARTS, st
         from execstate_bench.world_serve import bench_serve
 
         report["serve"] = bench_serve(eager, sessions, serve_fps, serve_seconds)
-    if png is not None:  # generated frames above the renderer's, same actions (tools/world/eval.py)
+    if png is not None:  # generated frames above the renderer's, same actions (world_tools/eval.py)
         from pathlib import Path
 
-        from execstate.model.world.tools_import import world_tool
+        from execstate_bench.world_tools import eval as world_eval
 
-        report["png"] = str(world_tool("eval").comparison_png(eager, Path(png)))
+        report["png"] = str(world_eval.comparison_png(eager, Path(png)))
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     report["load_end"] = [round(x, 2) for x in os.getloadavg()]
     return report

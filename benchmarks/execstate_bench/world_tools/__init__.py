@@ -6,5 +6,8 @@ holds the models themselves, their renderers and what a session needs to run the
 - maze world (the first-person maze): ``maze_data``, ``maze_teacher``, ``maze_rolling``,
   ``maze_train``, ``maze_quality`` (with ``maze_script``, ``maze_metrics``).
 
-Run from a source checkout: ``python -m tools.world.maze_train --out runs/maze``.
+Not in the runtime's wheel: they come with the benchmarks' distribution (``benchmarks/``, which
+``make setup`` installs), which registers ``execstate world`` and the trainer that ``execstate models
+prepare world`` runs through entry points. E.g. ``python -m execstate_bench.world_tools.maze_train
+--out runs/maze``.
 """

@@ -21,6 +21,9 @@ can learn to correct.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
 import numpy as np
 import torch
 
@@ -33,8 +36,8 @@ from execstate.model.world.rope import token_frame_positions
 from execstate.model.world.window import RollingWindow
 from execstate.state.block_pool import BlockId, BlockPool
 from execstate.state.kv_pool import KVPool
-from tools.world.maze_data import Trajectory, random_trajectory
-from tools.world.maze_teacher import prompt_ids, to_unit
+from execstate_bench.world_tools.maze_data import Trajectory, random_trajectory
+from execstate_bench.world_tools.maze_teacher import prompt_ids, to_unit
 
 
 class _Env:
@@ -61,7 +64,8 @@ class RollingEnvs:
 
     def _actions(self, env: _Env, c: int):  # noqa: ANN202 - ChunkActions
         f = self.net.cfg.frames_per_chunk
-        return self.model.make_actions(env.traj.keys[c * f : (c + 1) * f], env.traj.camera[c * f : (c + 1) * f])
+        keys, camera = env.traj.keys[c * f : (c + 1) * f], env.traj.camera[c * f : (c + 1) * f]  # arrays, as rows
+        return self.model.make_actions(cast("Sequence[int]", keys), cast("Sequence[Sequence[float]]", camera))
 
     @torch.no_grad()
     @torch.autocast("cpu", enabled=False)  # as a session commits: fp32 K/V in the pool
@@ -106,8 +110,9 @@ class RollingEnvs:
         cos, sin = positions.both_tables(pos.expand(self.n, -1), ang, cfg.head_dim, cfg.time_pairs)
         ids, mask = prompt_ids([e.traj.prompt for e in self.envs], cfg)
         pk, pv = self.net.prompt_kv(ids)
-        ck = torch.cat([x.k for x in ctxs], dim=1)
-        cv = torch.cat([x.v for x in ctxs], dim=1)
+        assert all(x.k is not None and x.v is not None for x in ctxs)  # every env has context K/V here
+        ck = torch.cat([cast(torch.Tensor, x.k) for x in ctxs], dim=1)
+        cv = torch.cat([cast(torch.Tensor, x.v) for x in ctxs], dim=1)
         carry = torch.stack([e.carry for e in self.envs])[:, None]
         x = torch.zeros((self.n, 1, f, cfg.frame_size, cfg.frame_size, 3))
         out, _, _ = self.net(x, carry, torch.zeros((self.n, 1)), keys[:, None], cam[:, None], cos, sin, ck, cv, None,

@@ -36,7 +36,7 @@ from execstate.model.world.config import WorldModelConfig
 from execstate.model.world.latent_codec import LatentCodec
 from execstate.model.world.transformer import WorldTransformer
 from execstate.model.world.weights import save_weights
-from tools.world import data, teacher
+from execstate_bench.world_tools import data, teacher
 
 
 @dataclass(frozen=True)

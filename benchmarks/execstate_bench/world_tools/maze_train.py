@@ -1,6 +1,6 @@
 """Train the maze world model on the raycaster, deterministically from a seed, with checkpoints.
 
-``python -m tools.world.maze_train --out runs/maze`` (flags: ``--help``); the recipe's defaults are
+``python -m execstate_bench.world_tools.maze_train --out runs/maze`` (flags: ``--help``); the recipe's defaults are
 :class:`TrainConfig`'s and :class:`MazeModelConfig`'s. Three stages, one AdamW optimizer, a warm-up
 then cosine decay over the stages' total, bf16 autocast (master weights and loss in fp32):
 
@@ -49,10 +49,10 @@ import torch
 from execstate.model.world.maze.config import MazeModelConfig
 from execstate.model.world.maze.network import MazeNet
 from execstate.model.world.weights import save_weights
-from tools.world import maze_teacher
-from tools.world.maze_augment import degrade
-from tools.world.maze_data import random_trajectory
-from tools.world.maze_rolling import RollingEnvs
+from execstate_bench.world_tools import maze_teacher
+from execstate_bench.world_tools.maze_augment import degrade
+from execstate_bench.world_tools.maze_data import random_trajectory
+from execstate_bench.world_tools.maze_rolling import RollingEnvs
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -184,7 +184,7 @@ class Trainer:
             if self.step % 25 == 0:
                 recent = self.losses[stage][-25:]
                 self.log(f"step {self.step}/{cfg.total_steps} {stage} loss {np.mean(recent):.5f} "
-                         f"psnr~{10 * np.log10(4 / max(np.mean(recent), 1e-10)):.2f} dB "
+                         f"psnr~{10 * np.log10(4 / max(float(np.mean(recent)), 1e-10)):.2f} dB "
                          f"{time.perf_counter() - t_wall + self.wall:.0f} s")
             if self.step in (cfg.local_steps, cfg.local_steps + cfg.teacher_steps):  # each stage's result, kept
                 save_weights(self.net, self.out / f"after-{stage}")
@@ -233,7 +233,8 @@ def export_checkpoint(run: Path, out: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     d, m = TrainConfig(), MazeModelConfig()
-    ap = argparse.ArgumentParser(prog="python -m tools.world.maze_train", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m execstate_bench.world_tools.maze_train",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--resume", action="store_true", help="continue from out/checkpoint.pt if it is there")
     for f in dataclasses.fields(TrainConfig):
@@ -243,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     cfg = TrainConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(TrainConfig)})
     model_cfg = dataclasses.replace(m, d_model=a.d_model, n_layers=a.n_layers, window_chunks=a.window_chunks)
-    print(train_to_dir(a.out, model_cfg, cfg, a.resume, extra={"command": "python -m tools.world.maze_train"}))
+    print(train_to_dir(a.out, model_cfg, cfg, a.resume,
+                       extra={"command": "python -m execstate_bench.world_tools.maze_train"}))
     return 0
 
 

@@ -20,7 +20,7 @@ from execstate.model.world import rope
 from execstate.model.world.config import WorldModelConfig
 from execstate.model.world.latent_codec import LatentCodec
 from execstate.model.world.transformer import WorldTransformer
-from tools.world.data import Batch
+from execstate_bench.world_tools.data import Batch
 
 
 def chunk_mask(n: int, tokens_per_chunk: int) -> torch.Tensor:

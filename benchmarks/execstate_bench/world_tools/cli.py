@@ -1,6 +1,6 @@
 """``execstate world train|eval|speed|export``: the grid world model's tools (argparse only at import;
-torch is imported per command). The runtime's CLI adds this parser when the tools are there
-(``execstate/model/world/tools_import.py``)."""
+torch is imported per command). The runtime's CLI adds this parser through the entry point
+``world`` of the group ``execstate.commands`` (``benchmarks/pyproject.toml``, ``execstate/commands.py``)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def train_configs(args: argparse.Namespace):  # noqa: ANN201 - (WorldModelConfig
     """``world train``'s arguments -> the model and train configs and the equivalent command line
     (recorded in train.json). Without flags these are the default recipe's (``recipe.PARAMS``)."""
     from execstate.model.world.config import WorldModelConfig
-    from tools.world.train import TrainConfig
+    from execstate_bench.world_tools.train import TrainConfig
 
     model_args = {"d_model": args.d_model, "n_layers": args.layers, "n_heads": args.heads,
                   "action_shift_px": args.action_shift_px, "codec": args.codec,
@@ -110,7 +110,7 @@ def run_world(args: argparse.Namespace) -> int:
     import torch
 
     if args.world_cmd == "train":
-        from tools.world.train import train_to_dir
+        from execstate_bench.world_tools.train import train_to_dir
 
         model_cfg, cfg, command = train_configs(args)
         record = train_to_dir(args.out, model_cfg, cfg, log=print, extra={"command": command})
@@ -125,7 +125,7 @@ def run_world(args: argparse.Namespace) -> int:
         return 0
     torch.set_num_threads(args.threads)
     if args.world_cmd == "eval":
-        from tools.world import eval as world_eval
+        from execstate_bench.world_tools import eval as world_eval
 
         model = _load(args.model)
         report: dict[str, Any] = {"quality": world_eval.evaluate(model, seeds=range(args.episodes), steps=args.steps)}
@@ -136,7 +136,7 @@ def run_world(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     if args.world_cmd == "speed":
-        from tools.world import speed
+        from execstate_bench.world_tools import speed
 
         report = {"eager": speed.step_times(_load(args.model), steps=args.steps)}
         if args.compiled:

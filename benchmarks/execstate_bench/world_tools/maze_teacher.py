@@ -27,7 +27,7 @@ from execstate.model.world.maze.network import MazeNet
 from execstate.model.world.maze.pose import DTHETA
 from execstate.model.world.prompt import word_ids
 from execstate.model.world.rope import token_frame_positions
-from tools.world.maze_data import Trajectory
+from execstate_bench.world_tools.maze_data import Trajectory
 
 
 @dataclass(frozen=True)

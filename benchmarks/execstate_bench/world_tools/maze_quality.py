@@ -1,4 +1,4 @@
-"""The maze world model against its renderer over scripted play: ``python -m tools.world.maze_quality``.
+"""The maze world model against its renderer over scripted play: ``python -m execstate_bench.world_tools.maze_quality``.
 
 A session of the model (the offline ``World``: the runtime's events, camera, rolling window) is played
 by :class:`maze_script.ScriptedPlayer` for ``steps`` chunks from scene ``scene_seed``; the renderer
@@ -38,8 +38,8 @@ import numpy as np
 
 from execstate.model.world.maze import layout, pose, raycast
 from execstate.model.world.maze.textures import theme_for_prompt
-from tools.world.maze_metrics import psnr, read_position, ssim
-from tools.world.maze_script import ScriptedPlayer
+from execstate_bench.world_tools.maze_metrics import psnr, read_position, ssim
+from execstate_bench.world_tools.maze_script import ScriptedPlayer
 
 STRIP_STEPS = (1, 100, 250, 500, 750, 1000)
 
@@ -76,8 +76,12 @@ def play(model: Any, steps: int, scene_seed: int, prompt: str, seed: int = 0,
     try:
         s = world.open_session(prompt=prompt, seed=seed, scene_seed=scene_seed)
         player = ScriptedPlayer(maze, seed)
-        p, rel_yaw, moved, held, in_push, push_crossed, spin_start = start, 0.0, True, None, False, False, None
-        last_frame = last_frames_before_step = None
+        p, rel_yaw, moved, in_push, push_crossed = start, 0.0, True, False, False
+        held: str | None = None
+        # (generated frame, the renderer's) at the last frame; at the start of a spin; before this step
+        last_frame: tuple[np.ndarray, np.ndarray] | None = None
+        spin_start: tuple[np.ndarray, np.ndarray] | None = None
+        last_frames_before_step: tuple[np.ndarray, np.ndarray] | None = None
         spin_kind = ""
         for step in range(1, steps + 1):
             c = player.next(p, rel_yaw, moved)
@@ -96,6 +100,7 @@ def play(model: Any, steps: int, scene_seed: int, prompt: str, seed: int = 0,
             r = s.step()
             out.step_ms.append(r.timings["step_ms"])
             moved = False
+            assert r.camera is not None  # a maze session's step reports its camera
             for f, frame in enumerate(r.frames):
                 key = r.keys[f]
                 yaw_rel, pitch = r.camera[f]
@@ -109,16 +114,16 @@ def play(model: Any, steps: int, scene_seed: int, prompt: str, seed: int = 0,
                 d = _move_dir(key, q.yaw)
                 pushing = False
                 if d is not None:
-                    want = pose.MOVE_SPEED if key in ("forward", "back") else pose.STRAFE_SPEED
+                    speed = pose.MOVE_SPEED if key in ("forward", "back") else pose.STRAFE_SPEED
                     got = (q.x - p.x) * math.cos(d) + (q.z - p.z) * math.sin(d)
-                    pushing = got < 0.5 * want
+                    pushing = got < 0.5 * speed
                     moved |= got > 0.01
                 if pushing:
                     out.push_frames.append(i)
                     if not in_push:
                         out.pushes += 1
                         push_crossed = False
-                    if check_walls:
+                    if check_walls and d is not None:  # pushing implies a direction
                         seen = read_position(frame, maze, q, d, theme)
                         if pose.crossed_wall(maze, q, seen):
                             out.crossed_frames.append(i)
@@ -129,9 +134,9 @@ def play(model: Any, steps: int, scene_seed: int, prompt: str, seed: int = 0,
                 p = q
                 rel_yaw = yaw_rel
                 last_frame = (frame, truth)
-            if step in STRIP_STEPS:
+            if step in STRIP_STEPS and last_frame is not None:
                 out.strips[step] = (r.frames[-1], last_frame[1])
-            if not c.label.startswith("spin") and spin_start is not None:
+            if not c.label.startswith("spin") and spin_start is not None and last_frames_before_step is not None:
                 (before, truth_before), (after, truth_after) = spin_start, last_frames_before_step
                 out.spins.append({"step": step - 1, "kind": spin_kind, "model_after_vs_before": psnr(after, before),
                                   "before_vs_truth": psnr(before, truth_before),
@@ -150,7 +155,7 @@ def report(pl: Play, frames_per_chunk: int) -> dict[str, Any]:
     slope = float(np.polyfit(steps[late], per_step[late], 1)[0] * 100) if late.sum() > 2 else None
     halves = np.array_split(per_step[late], 2) if late.sum() > 2 else []
     labels = np.asarray(pl.labels)
-    mean_frame = np.round(np.mean(pl.truth, axis=0)).astype(np.uint8)  # the best single frame, in MSE
+    mean_frame = np.asarray(np.round(np.mean(pl.truth, axis=0)), dtype=np.uint8)  # the best single frame, in MSE
     by_label = {lab: round(float(np.mean(np.asarray(pl.psnr)[labels == lab])), 2) for lab in sorted(set(pl.labels))}
     return {
         "steps": len(per_step), "frames": len(pl.psnr), "psnr_mean_db": round(float(np.mean(pl.psnr)), 3),
@@ -212,7 +217,8 @@ def plot(pl: Play, frames_per_chunk: int, path: Path, title: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.world.maze_quality", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m execstate_bench.world_tools.maze_quality",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("model", nargs="?", default="maze", help="a trained maze model directory, or 'maze' (shipped)")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--scene-seed", type=int, default=3)
