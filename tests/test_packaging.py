@@ -298,15 +298,17 @@ def test_every_cli_command_help(venv: Venv) -> None:
 
 
 @pytest.mark.packaging
-def test_bench_without_the_benchmarks_says_how_to_get_them(venv: Venv) -> None:
-    """The wheel holds no benchmarks: ``execstate bench ...`` is one line naming ``make setup``, status 2."""
-    for argv in (["bench"], ["bench", "throughput", "--model", "standard"], ["bench", "pd", "--help"]):
+def test_bench_and_world_without_the_benchmarks_say_how_to_get_them(venv: Venv) -> None:
+    """The wheel holds neither the benchmarks nor the world tools: ``execstate bench ...`` and
+    ``execstate world ...`` are one line naming ``make setup``, status 2."""
+    for argv in (["bench"], ["bench", "throughput", "--model", "standard"], ["bench", "pd", "--help"],
+                 ["world", "train", "--out", "run"]):
         proc = subprocess.run([str(venv.execstate), *argv], cwd=venv.work, env=_env(), capture_output=True,
                               text=True, timeout=60)
         assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
         assert proc.stdout == ""
         lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("execstate bench: "), (argv, proc.stderr)
+        assert len(lines) == 1 and lines[0].startswith(f"execstate {argv[0]}: "), (argv, proc.stderr)
         assert "make setup" in lines[0] and "benchmarks/" in lines[0]
 
 
