@@ -1,4 +1,5 @@
-"""Command line: ``execstate models|bench|demo|serve|proxy|world ...`` (heavy imports happen per command)."""
+"""Command line: ``execstate models|demo|serve|proxy ...``, and the commands other distributions add
+(``bench``, ``world``: execstate/commands.py); heavy imports happen per command."""
 
 from __future__ import annotations
 
@@ -380,10 +381,6 @@ def build_parser() -> argparse.ArgumentParser:
     mr.add_argument("--seed", type=int, default=0)
     m.set_defaults(func=_models)
 
-    from execstate.bench.cli import add_bench_parser
-
-    add_bench_parser(sub)
-
     d = sub.add_parser("demo", help="a tour of the three workloads: R3 rollout, world session, duplex agent")
     d.add_argument("--model", default="smollm2-moe", help="the MoE model of the R3 part (default: %(default)s)")
     d.add_argument("--parts", default="r3,world,agent", help="which parts to run, comma-separated "
@@ -499,38 +496,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="verify P's handoff signatures with this secret (default: $EXECSTATE_KV_SECRET)")
     px.set_defaults(func=_proxy)
 
-    _add_world_tools(sub)
+    from execstate.commands import add_commands
+
+    add_commands(sub)  # last: `bench`, `world` and any command a distribution registers (execstate/commands.py)
     return p
 
 
-def _add_world_tools(sub: argparse._SubParsersAction) -> None:
-    """``execstate world ...``: the world models' tools (train, eval, speed, export), which live in
-    the source repository's tools/world (``model/world/tools_import.py``); without them, the command
-    says where they are."""
-    from execstate.model.world.tools_import import WorldToolsMissing, world_tool
-
-    try:
-        world_tool("cli").add_world_parser(sub)
-    except WorldToolsMissing as e:
-        message = str(e)
-        w = sub.add_parser("world", help="world-model training and evaluation (in a source checkout)")
-
-        def missing(_args: argparse.Namespace) -> int:
-            print(f"execstate world: {message}", file=sys.stderr)
-            return 2
-
-        w.set_defaults(func=missing)
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Run a command; a model name that names no model is one line on stderr and status 2."""
+    """Run a command; a model name that names no model, or a world tool that is not installed (``execstate
+    models prepare world`` from a wheel), is one line on stderr and status 2."""
     args = build_parser().parse_args(argv)
     from execstate.logs import setup_cli_logging
     from execstate.model.errors import UnknownModelError
+    from execstate.model.world.tools_import import WorldToolsMissing
 
     setup_cli_logging()
     try:
         return args.func(args)
-    except UnknownModelError as exc:
+    except (UnknownModelError, WorldToolsMissing) as exc:
         print(f"execstate {args.cmd}: {exc}", file=sys.stderr)
         return 2

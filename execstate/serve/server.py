@@ -202,7 +202,7 @@ def voice_engines_from_args(args: argparse.Namespace) -> Callable[[], VoiceEngin
 
 def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None = None) -> int:
     """``execstate serve`` (module docstring). ``make_importer``: the PD connector's importer
-    (None: the real one; ``bench/faulty_serve.py`` passes a fault-injecting one)."""
+    (None: the real one; ``benchmarks/execstate_bench/faulty_serve.py`` passes a fault-injecting one)."""
     import uvicorn
 
     from execstate.serve.app import build_app

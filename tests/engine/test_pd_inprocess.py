@@ -13,11 +13,11 @@ import time
 import numpy as np
 import pytest
 
-from execstate.bench.faults import FaultInjection, importer_factory
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.pd_connector import PDConfig
 from execstate.engine.sampling_params import SamplingParams
+from execstate_bench.faults import FaultInjection, importer_factory
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 SECRET = "in-process-test-secret-0123456789"
