@@ -1,6 +1,6 @@
 """The host (Python) cost of a decode step against the context length, from the engine's own step timers.
 
-``python -m tools.step_cost --out report.json`` builds a tiny random Llama (``make_random``, 2
+``python -m execstate_bench.step_cost --out report.json`` builds a tiny random Llama (``make_random``, 2
 layers, hidden 64) and, for each context length, decodes ``--steps`` tokens for ``--batch``
 requests whose prompts are that long, with ``EngineConfig.step_timers="cpu"`` (each segment's
 CPU time on the engine thread: ``model/step_timers.py``). Per decode step it reports the means
