@@ -8,7 +8,8 @@ front's defaults).
 
 Outbound: ``event_json`` turns an ``AgentEvent`` into the server event (``event_id`` None: the
 agent's own clock produced it); ``session_json`` the ``session`` object of ``session.created`` /
-``session.updated``. Status ``done`` of the runtime is ``completed`` on the wire (OpenAI's name).
+``session.updated``. A response's status (``completed``, ``cancelled``, ``failed``) is the runtime's,
+as is (OpenAI's names).
 """
 
 from __future__ import annotations
