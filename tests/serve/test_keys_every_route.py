@@ -88,7 +88,7 @@ def test_every_http_route_but_the_public_ones_needs_the_key(keyed):
             keyed_answer = c.request(method, path, json={}, headers=AUTH)
             assert keyed_answer.status_code != 401, (method, path)
             if (method, path) == ("POST", "/v1/sessions") and keyed_answer.status_code == 200:
-                # close it: the app's sessions are shared with the next modules, which expect none resident
+                # the server's sessions are the suite's shared ones: leave none behind
                 sid = keyed_answer.json()["session_id"]
                 assert c.delete(f"/v1/sessions/{sid}", headers=AUTH).status_code == 200
         assert c.get("/no-such-path", headers=AUTH).status_code == 404
