@@ -7,7 +7,7 @@ subclass that names its domain: ``SessionEventError``, ``MigrationError``, ``Han
 is ``"<code>: <message>"``, so a log line or a traceback names both.
 
 How a code reaches a client is the surface's business, decided once per surface: the HTTP status
-of every code is the one table in ``serve/error_status.py`` (HTTP exists only in ``serve/``); the
+of every code is the one table in ``serve/errors.py`` (HTTP exists only in ``serve/``); the
 realtime sockets answer an ``error`` event with the code as is (``serve/realtime/errors.py``).
 Pure Python: nothing here imports anything of execstate, so every layer may import it.
 """

@@ -1,4 +1,4 @@
-"""The one code -> HTTP status table (serve/error_status.py) against every code the package raises.
+"""The one code -> HTTP status table (serve/errors.py) against every code the package raises.
 
 The package is scanned (its syntax trees, no import): every class deriving from ``CodedError``, at
 any depth, and every call of one of them with a literal code; the codes made from a value
@@ -18,7 +18,7 @@ import execstate
 from execstate.agent.errors import AgentError
 from execstate.agent.ledger import LedgerError
 from execstate.errors import CodedError
-from execstate.serve.error_status import STATUS, http_error, relayed_status, status_of
+from execstate.serve.errors import STATUS, http_error, relayed_status, status_of
 from execstate.session.runtime.events import SessionEventError
 from execstate.session.runtime.lifecycle import _REFUSAL
 from execstate.session.runtime.migration import MigrationError
@@ -89,7 +89,7 @@ def test_scan_finds_the_error_classes_and_their_codes() -> None:
 
 def test_every_raised_code_has_a_status() -> None:
     missing = {code: sorted(where) for code, where in raised_codes().items() if code not in STATUS}
-    assert not missing, f"codes raised without an HTTP status in serve/error_status.py STATUS: {missing}"
+    assert not missing, f"codes raised without an HTTP status in serve/errors.py STATUS: {missing}"
 
 
 def test_codes_made_from_values_have_a_status() -> None:

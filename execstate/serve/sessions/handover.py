@@ -48,8 +48,7 @@ from fastapi.responses import JSONResponse
 
 from execstate.identity.secret_ring import SecretRing
 from execstate.serve.context import ServeContext
-from execstate.serve.error_status import http_error
-from execstate.serve.errors import OpenAIError
+from execstate.serve.errors import OpenAIError, http_error
 from execstate.serve.sessions.handover_wire import IMPORTED, answer_signature, open_request
 from execstate.session.lm.hibernation_import import wake_from_reference
 from execstate.session.lm.migration_target import ImportHandle, MigrationResult, begin_import

@@ -52,8 +52,7 @@ from pydantic import BaseModel, ConfigDict
 
 from execstate.identity.secret_ring import SecretRing
 from execstate.serve.context import ServeContext
-from execstate.serve.error_status import relayed_status
-from execstate.serve.errors import OpenAIError
+from execstate.serve.errors import OpenAIError, relayed_status
 from execstate.serve.sessions.handover import ABORT_PATH, COMMIT_PATH, IDENTIFY_PATH, IMPORT_PATH
 from execstate.serve.sessions.handover_wire import IMPORTED, HandoverRequest, answer_verifies, seal_request
 from execstate.serve.sessions.targets import MigrationTargets, Target

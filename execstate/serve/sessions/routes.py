@@ -17,7 +17,7 @@ client needs without it, and the migration (``migration.py``):
 - ``POST /v1/sessions/{id}/migrate``: see ``migration.py``; ``POST /v1/sessions/import`` and
   its ``/commit``, ``/abort``, ``/identify``: the receiving side, ``handover.py``.
 
-Errors are OpenAI-style bodies whose ``code`` is the session error's code (``serve/error_status.py``'s
+Errors are OpenAI-style bodies whose ``code`` is the session error's code (``serve/errors.py``'s
 ``STATUS`` gives the HTTP status of each). The API key applies (``/v1``), except on the signed
 server-to-server paths.
 
@@ -43,8 +43,7 @@ from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.serve.auth import scope_tenant
 from execstate.serve.context import ServeContext, engine_dead
-from execstate.serve.error_status import http_error
-from execstate.serve.errors import OpenAIError
+from execstate.serve.errors import OpenAIError, http_error
 from execstate.serve.route_rows import encode_routes
 from execstate.serve.sessions.handover import IncomingHandovers, install_handover_routes
 from execstate.serve.sessions.hibernation import install_hibernation_routes
