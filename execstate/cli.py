@@ -342,17 +342,17 @@ def _add_world_options(s: argparse.ArgumentParser) -> None:
                         "(the first-person maze's) or trained directories; --world alone: world,maze (without "
                         "MODEL: a world-only server) (default: no world sessions)")
     g.add_argument("--world-max-sessions", type=int, default=8,
-                   help="resident world sessions at most; beyond it session.start is refused (code capacity) "
+                   help="resident world sessions at most; beyond it session.create is refused (code capacity) "
                         "(default: %(default)s)")
     g.add_argument("--world-session-memory", type=_size, default=8 << 20,
                    help="K/V memory budget of one world session (bytes, or a size such as 16MiB); a session or "
                         "checkpoint beyond it is refused (code budget) (default: 8MiB)")
     g.add_argument("--world-fps", type=_fps, default=16.0,
-                   help="a world session's target frame rate unless session.start sets fps: 0 (as fast as "
+                   help="a world session's target frame rate unless session.create sets fps: 0 (as fast as "
                         "possible) or 1 to 240 (default: %(default)s)")
     g.add_argument("--world-max-frames", type=int, default=100_000,
-                   help="most frames one world session may ask for (session.start's num_frames); beyond it "
-                        "session.start is refused (invalid_message) (default: %(default)s)")
+                   help="most frames one world session may ask for (session.create's num_frames); beyond it "
+                        "session.create is refused (invalid_message) (default: %(default)s)")
     g.add_argument("--world-step-workers", type=int, default=1,
                    help="world steps computed at once (threads); with --world-threads 1, one per core runs one "
                         "session per core (default: %(default)s)")

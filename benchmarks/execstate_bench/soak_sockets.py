@@ -149,13 +149,13 @@ async def voice(s: Soak, rng: random.Random, audio: bytes) -> None:
 
 async def world(s: Soak, rng: random.Random) -> None:
     async def body(ws: Any) -> str:
-        await ws.send(json.dumps({"type": "session.start", "prompt": "a meadow maze", "seed": rng.randrange(99),
+        await ws.send(json.dumps({"type": "session.create", "prompt": "a meadow maze", "seed": rng.randrange(99),
                                   "fps": 0, "format": "png", "num_frames": 12}))
         first = await _until(ws, lambda e: e.get("type") in ("video.start", "error"))
         if first["type"] == "error":
             return str(first.get("code") or "refused")
         await ws.send(json.dumps({"type": "key.down", "key": rng.choice(["up", "left", "right", "down"])}))
-        await _until(ws, lambda e: e.get("type") in ("session.done", "error"))
+        await _until(ws, lambda e: e.get("type") in ("session.closed", "error"))
         return "ok"
 
     await _run(s, "world", "/v1/realtime/video", rng, body)

@@ -5,7 +5,7 @@ uvicorn in this process (the server's configuration: torch ``threads`` per step,
 steps at once) and that many WebSocket clients at once. Each client starts a session at ``fps``
 (0: as fast as possible), holds a random key that changes every 2 to 6 chunks and, in a world with a
 camera, turns it with a velocity now and then (as the page sends the mouse), for ``seconds``.
-Per session: the first chunk after ``session.start`` (the rendered scene) and the first generated
+Per session: the first chunk after ``session.create`` (the rendered scene) and the first generated
 chunk, in ms; frames per second delivered after the first chunk; the steps' p50 and p99 (from the
 chunks' timings); how far behind real time it fell (``behind_ms``, at a target fps).
 """
@@ -58,7 +58,7 @@ async def _client(url: str, spec: Any, fps: float, seconds: float, seed: int) ->
     out: dict[str, Any] = {"step_ms": [], "behind_ms": []}
     async with connect(url, max_size=None) as ws:
         t0 = time.perf_counter()
-        await ws.send(json.dumps({"type": "session.start", "seed": seed, "fps": fps, "prompt": "a maze",
+        await ws.send(json.dumps({"type": "session.create", "seed": seed, "fps": fps, "prompt": "a maze",
                                   "model": spec.model_id}))
         chunks, frames, change, t_first = 0, 0, 2, None
         while True:
@@ -89,9 +89,9 @@ async def _client(url: str, spec: Any, fps: float, seconds: float, seed: int) ->
                     await ws.send(json.dumps({"type": "session.interaction", "interaction": {"event": {
                         "multi_modal_data": {"camera": {"mode": "velocity", "data": {"yaw": v}}}}}}))
         out["frames_per_s"] = frames / (time.perf_counter() - t_first)
-        await ws.send(json.dumps({"type": "session.stop"}))
+        await ws.send(json.dumps({"type": "session.close"}))
         with contextlib.suppress(Exception):
-            while json.loads(await ws.recv()).get("type") != "session.done":
+            while json.loads(await ws.recv()).get("type") != "session.closed":
                 pass
     return out
 

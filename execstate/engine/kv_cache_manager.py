@@ -30,7 +30,7 @@ block dropped); full blocks are never written again, so they stay shared as they
 (``release(finished=True)``) such a request's blocks covering its computed tokens are handed back
 as ``req.session.returned_blocks`` (registered in the block holds) instead of being freed.
 
-KV events (``engine/kv_events.py``): when ``events`` is set, ``commit`` reports each run of
+KV events (``state/kv_events/recorder.py``): when ``events`` is set, ``commit`` reports each run of
 blocks it registered in the pool (one ``stored`` call per run: keys, parent key, token ids, the
 weights version, the request's scope); the pool reports its evictions itself.
 
@@ -66,7 +66,7 @@ MAX_CACHED_IDENTITIES = 1024
 
 
 class BlockEventSink(Protocol):
-    """Where ``commit`` reports the blocks it registered (``engine/kv_events.py``'s ``KVEvents``)."""
+    """Where ``commit`` reports the blocks it registered (``state/kv_events/recorder.py``'s ``KVEvents``)."""
 
     def stored(self, keys: Sequence[BlockKey], parent: BlockKey | None, token_ids: Sequence[int],
                weights_version: str, scope: CacheScope) -> None: ...
@@ -99,7 +99,7 @@ class KVCacheManager:
         self.num_lookup_tokens = 0
         self.num_hit_tokens = 0
         self.pool_units: PoolUnits | None = None  # set by the offload connector
-        self.events: BlockEventSink | None = None  # set by the KV events (engine/kv_events.py)
+        self.events: BlockEventSink | None = None  # set by the KV events (state/kv_events/recorder.py)
 
     def set_provenance(self, provenance: Provenance) -> None:
         """Re-root every key (weights update, numerics change). Old units stay in the

@@ -50,7 +50,6 @@ from execstate.engine.grammar.compiler import GrammarCompiler
 from execstate.engine.grammar_masks import GrammarMasks
 from execstate.engine.intake import PromptType, RequestIntake
 from execstate.engine.kv_cache_manager import KVCacheManager
-from execstate.engine.kv_events import KVEvents, attach_kv_events
 from execstate.engine.offload import OffloadConnector, attach_offload
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.r3_clock import R3Clock
@@ -68,6 +67,7 @@ from execstate.kernels import cpu as cpu_kernels
 from execstate.kernels.team import team_governor
 from execstate.model.step_timers import StepTimers
 from execstate.state.block_holds import BlockHolds
+from execstate.state.kv_events.recorder import KVEvents, attach_kv_events
 from execstate.transfer.errors import TransferError
 from execstate.transfer.handoff import Handoff, wants_remote_prefill
 
@@ -132,7 +132,7 @@ class LLMEngine:
         self.results = StepResults(self.scheduler, self.finisher, self.tokenizer, self.eos_token_ids,
                                    self.return_routes, self.r3_clock, self._export)
         self.failure = StepFailure(self.scheduler, self.requests, self.finisher, self.check_shared_state)
-        self.kv_events: KVEvents | None = attach_kv_events(self)  # KV cache events (engine/kv_events.py)
+        self.kv_events: KVEvents | None = attach_kv_events(self)  # KV cache events (state/kv_events/recorder.py)
         self.offload: OffloadConnector | None = attach_offload(self)  # offload tiers: they report to kv_events
         self.startup_seconds = time.perf_counter() - t0
 

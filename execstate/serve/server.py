@@ -46,9 +46,9 @@ from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import ServingMetrics
 from execstate.serve.principals import keys_from_args
 from execstate.session.runtime.manager import SessionPolicy
+from execstate.state.kv_events.config import KVEventsConfig
 from execstate.state.quotas import KINDS, Quotas
 from execstate.transfer.handoff import HandoffTrust
-from execstate.transfer.kv_events_config import KVEventsConfig
 from execstate.voice.engines import VoiceEngines, default_engines
 from execstate.voice.vocabulary import demo_phrases
 

@@ -4,7 +4,7 @@ The fields follow vLLM's ``KVEventsConfig`` (``--kv-events-config`` takes the sa
 ``enable_kv_cache_events`` (off by default), ``publisher`` (``"zmq"``; ``"null"`` records
 nothing), ``endpoint`` (the PUB socket: ``tcp://127.0.0.1:5557``, loopback, where vLLM binds
 every interface; port 0 picks a free one; any non-loopback address is served with CURVE keys
-derived from the instances' shared secret, and refused without one: ``kv_events_auth.py``),
+derived from the instances' shared secret, and refused without one: ``auth.py``),
 ``replay_endpoint`` (the ROUTER socket a (re)connecting subscriber asks for the batches it missed;
 ``None``: no replay), ``buffer_steps`` (batches kept for replay), ``hwm`` (the PUB socket's
 high-water mark), ``max_queue_size`` (batches waiting for the publisher thread; beyond it the

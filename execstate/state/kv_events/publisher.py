@@ -4,7 +4,7 @@ Wire (vLLM's ``ZmqEventPublisher`` shape, so its subscribers work unchanged):
 
 - **PUB** socket (``endpoint``): each batch is one multipart message ``[topic, seq, payload]``;
   ``seq`` is the batch's sequence number, 8 bytes big-endian, 0, 1, 2, ... without gaps from the
-  publisher's start; ``payload`` the msgpack :class:`~execstate.state.kv_events.KVEventBatch`.
+  publisher's start; ``payload`` the msgpack :class:`~execstate.state.kv_events.events.KVEventBatch`.
   The first batch (seq 0) is ``[AllBlocksCleared]``.
 - **ROUTER** replay socket (``replay_endpoint``): a subscriber that (re)connects or sees a gap
   sends ``start_seq`` (8 bytes big-endian) from a DEALER (``[b"", start_seq]``) or REQ socket and
@@ -13,7 +13,7 @@ Wire (vLLM's ``ZmqEventPublisher`` shape, so its subscribers work unchanged):
   asks for an older one gets the buffered ones after it, and must treat the gap as a reason to
   start over (the publisher's ``AllBlocksCleared`` semantics: drop the index, rebuild).
 
-Access (``kv_events_auth.py``): on loopback the sockets are plain; on any other address both are
+Access (``auth.py``): on loopback the sockets are plain; on any other address both are
 CURVE servers under the instances' shared ring (:class:`~execstate.identity.secret_ring.SecretRing`),
 and without one the constructor refuses with a ``ValueError`` naming the fix.
 
@@ -36,9 +36,9 @@ import time
 import zmq
 
 from execstate.identity.secret_ring import SECRET_ENV, SecretRing
-from execstate.state.kv_events import AllBlocksCleared, KVEventBatch, encode_batch
-from execstate.transfer.kv_events_auth import is_loopback, secure_server
-from execstate.transfer.kv_events_config import KVEventsConfig
+from execstate.state.kv_events.auth import is_loopback, secure_server
+from execstate.state.kv_events.config import KVEventsConfig
+from execstate.state.kv_events.events import AllBlocksCleared, KVEventBatch, encode_batch
 
 logger = logging.getLogger("execstate.kv_events")
 _POLL_MS = 20
@@ -72,7 +72,7 @@ class ZmqEventPublisher:
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.SNDHWM, config.hwm)
         self._pub.setsockopt(zmq.LINGER, 0)
-        self._replay: zmq.Socket | None = None
+        self._replay: zmq.Socket[bytes] | None = None
         if config.replay_endpoint is not None:
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.setsockopt(zmq.LINGER, 0)

@@ -12,7 +12,7 @@ two where the pool's prefix-cache map changes:
 
 So the set of keys a subscriber holds for medium ``pool`` equals the pool's cache map after each
 step (the fleet tests rebuild it and compare). Events are collected on the engine thread and
-handed to the publisher (``transfer/kv_events_publisher.py``) as one batch at the end of each
+handed to the publisher (``state/kv_events/publisher.py``) as one batch at the end of each
 ``LLMEngine.step`` (:meth:`KVEvents.flush`), nothing when nothing changed.
 
 The tiers below the pool (``dram``, ``disk``, ``shared``: ``engine/offload.py`` builds them with
@@ -29,7 +29,7 @@ Privacy (``KVEventsConfig``): a feed names keys, never tokens, unless ``include_
 blocks of a tenant in ``exclude_tenants`` are never mentioned: neither stored nor removed (the keys
 held back are remembered per medium until they leave it, so the memory is bounded by the tiers'
 capacity). A tier unit whose tenant is unknown (written before it was recorded) is held back too
-when any tenant is excluded. The feed's sockets are private unless secured (``kv_events_auth.py``).
+when any tenant is excluded. The feed's sockets are private unless secured (``auth.py``).
 """
 
 from __future__ import annotations
@@ -43,22 +43,59 @@ from typing import TYPE_CHECKING, Protocol
 from execstate.identity.keys import BlockKey
 from execstate.identity.scope import CacheScope
 from execstate.identity.secret_ring import SecretRing
-from execstate.state.kv_events import POOL, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
-from execstate.state.tiers.unit import UnitRecord
-from execstate.transfer.kv_events_publisher import ZmqEventPublisher
+from execstate.state.kv_events.config import KVEventsConfig
+from execstate.state.kv_events.events import POOL, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from execstate.state.kv_events.publisher import ZmqEventPublisher
 
 if TYPE_CHECKING:
-    from execstate.engine.config import EngineConfig
-    from execstate.engine.kv_cache_manager import KVCacheManager
     from execstate.state.block_pool import BlockPool
+
+
+class UnitFacts(Protocol):
+    """What an event reads of a tier's unit record (``state/tiers/unit.py``'s ``UnitRecord``: the
+    tiers sit beside this package and report to it, so it names no tier type)."""
+
+    @property
+    def tenant(self) -> str | None: ...
+    @property
+    def token_ids(self) -> list[int]: ...
+    @property
+    def parent(self) -> bytes: ...
+    @property
+    def weights_version(self) -> str | None: ...
+
+
+class KVEventsSettings(Protocol):
+    """The engine's settings :func:`attach_kv_events` reads (``EngineConfig`` is one)."""
+
+    @property
+    def kv_events(self) -> KVEventsConfig | None: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+
+class StoredBlocksSlot(Protocol):
+    """Where the KV cache manager reports the blocks it commits (``KVCacheManager`` is one)."""
+
+    @property
+    def events(self) -> object: ...
+
+    @events.setter
+    def events(self, sink: KVEvents) -> None: ...
 
 
 class KVEventsHost(Protocol):
     """What :func:`attach_kv_events` needs of the engine (``LLMEngine`` is one)."""
 
-    config: EngineConfig
-    block_pool: BlockPool
-    kv_manager: KVCacheManager
+    @property
+    def config(self) -> KVEventsSettings: ...
+
+    @property
+    def block_pool(self) -> BlockPool: ...
+
+    @property
+    def kv_manager(self) -> StoredBlocksSlot: ...
 
 
 def attach_kv_events(engine: KVEventsHost) -> KVEvents | None:
@@ -115,7 +152,7 @@ class KVEvents:
         """``BlockPool`` eviction observer."""
         self.units_removed(POOL, keys)
 
-    def unit_stored(self, medium: str, key: BlockKey, record: UnitRecord | None) -> None:
+    def unit_stored(self, medium: str, key: BlockKey, record: UnitFacts | None) -> None:
         """A tier holds ``key`` now (``UnitEvents``; any thread). ``record`` None (a tier could
         not read it): the event names the key alone (no parent, no tokens, no version)."""
         with self._lock:

@@ -67,7 +67,8 @@ class _ClientKeys:
         return z85.encode(key) in self._allowed if len(key) == 32 else key in self._allowed
 
 
-def secure_server(ctx: zmq.Context, sockets: list[zmq.Socket], ring: SecretRing) -> zmq.auth.thread.ThreadAuthenticator:
+def secure_server(ctx: zmq.Context[zmq.Socket[bytes]], sockets: list[zmq.Socket[bytes]],
+                  ring: SecretRing) -> zmq.auth.thread.ThreadAuthenticator:
     """Make ``sockets`` (not yet bound) CURVE servers under ``ring``; the started authenticator
     (stop it with the context)."""
     auth = zmq.auth.thread.ThreadAuthenticator(ctx)
@@ -82,7 +83,7 @@ def secure_server(ctx: zmq.Context, sockets: list[zmq.Socket], ring: SecretRing)
     return auth
 
 
-def secure_client(sock: zmq.Socket, ring: SecretRing) -> None:
+def secure_client(sock: zmq.Socket[bytes], ring: SecretRing) -> None:
     """Make ``sock`` (not yet connected) a CURVE client of a publisher secured with ``ring``."""
     public, private = _keypair(ring.current, _CLIENT)
     sock.curve_secretkey = private
