@@ -72,7 +72,8 @@ from execstate.transfer.errors import TransferError
 from execstate.transfer.handoff import Handoff, wants_remote_prefill
 
 if TYPE_CHECKING:
-    from execstate.engine.pd_connector import ImporterFactory, PDConfig, PDConnector
+    from execstate.engine.pd_config import ImporterFactory, PDConfig
+    from execstate.engine.pd_connector import PDConnector
 
 __all__ = ["LLMEngine", "PromptType"]
 

@@ -56,11 +56,12 @@ from dataclasses import dataclass, field
 
 from execstate.engine.external_prefix import ExternalLoadError, ExternalPrefix
 from execstate.engine.kv_cache_manager import KVCacheManager
+
+# re-exported for the benchmarks and tests that import them from here (engine/priority.py is their home)
+from execstate.engine.priority import PRIORITY_BATCH as PRIORITY_BATCH
+from execstate.engine.priority import PRIORITY_INTERACTIVE as PRIORITY_INTERACTIVE
 from execstate.engine.request import Request, RequestStatus
 from execstate.state.block_pool import BlockId
-
-PRIORITY_BATCH = 0
-PRIORITY_INTERACTIVE = 1
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from execstate.engine.engine_facts import home_of
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.offload import BlockUnit
 from execstate.identity.execution import ExecutionIdentity
@@ -73,10 +74,8 @@ logger = logging.getLogger("execstate.offload")
 
 def engine_id(engine: LLMEngine) -> str:
     """The id that names this engine in manifests and references: its PD instance id, else its
-    offload connector's; ``"local"`` without either (nothing is shared then)."""
-    if engine.pd is not None:
-        return engine.pd.instance_id
-    return engine.offload.instance_id if engine.offload is not None else "local"
+    offload connector's; ``"local"`` without either (nothing is shared then). Engine thread."""
+    return home_of(engine).engine_id
 
 
 @dataclass(eq=False)

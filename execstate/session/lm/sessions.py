@@ -37,6 +37,7 @@ and the keys and recomputes the whole context under the new provenance.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +45,8 @@ import numpy as np
 import torch
 
 from execstate.engine.llm_engine import LLMEngine
+from execstate.engine.priority import PRIORITY_INTERACTIVE
 from execstate.engine.sampling_params import SamplingParams
-from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.engine.validation import validate_logit_bias, validate_sampling
 from execstate.identity.scope import PrefixSharing
 from execstate.identity.tenant import TenantId
@@ -103,6 +104,12 @@ class LMSessions(KindSessions[SessionInfo]):
         mc = engine.model_config
         self._route_shape = (mc.num_moe_layers, mc.top_k) if engine.return_routes else None
         engine.kv_holds.set_reclaimer(self.manager.reclaim)
+
+    @classmethod
+    def builder(cls, policy: SessionPolicy | None = None,
+                sharing: PrefixSharing | None = None) -> Callable[[LLMEngine], LMSessions]:
+        """How ``AsyncEngine.own`` builds an engine's sessions on its thread (``AsyncSessions``)."""
+        return lambda engine: cls(engine, policy, sharing)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def open(self, session_id: str | None = None, sampling_params: SamplingParams | None = None,

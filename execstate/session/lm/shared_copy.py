@@ -75,6 +75,7 @@ class CopySweep:
     delete: list[str]
     check: list[tuple[tuple[Owner, str], str]]
     flush: Callable[[], object] | None
+    manifests: ManifestStore | None  # the shared tier's manifests (``publish`` writes there), if any
 
 
 def build_copy(sessions: LMSessions, rt: SessionRuntime) -> SharedCopy:
@@ -113,7 +114,7 @@ class SharedCopies:
         """Engine thread: build what changed, list what to delete and check (module docstring)."""
         conn = sessions.engine.offload
         if conn is None or conn.manifests is None or conn.shared_ring is None:
-            return CopySweep([], [], [], None)
+            return CopySweep([], [], [], None, conn.manifests if conn is not None else None)
         here: set[tuple[Owner, str]] = set()
         put: list[SharedCopy] = []
         check: list[tuple[tuple[Owner, str], str]] = []
@@ -135,7 +136,7 @@ class SharedCopies:
             self.built += 1
         gone = [sid for sid in self._copied if sid not in here]
         delete = [self._copied.pop(sid)[1] for sid in gone]
-        return CopySweep(put, delete, check, conn.flush)
+        return CopySweep(put, delete, check, conn.flush, conn.manifests)
 
     def publish(self, sweep: CopySweep, manifests: ManifestStore) -> int:
         """Any thread but the engine's: write the sweep's copies (after their units), delete the

@@ -43,9 +43,9 @@ import numpy as np
 import torch
 
 from execstate.engine.grammar.matcher import GrammarMatcher, GrammarSnapshot
+from execstate.engine.priority import PRIORITY_INTERACTIVE
 from execstate.engine.route_trace import RouteTrace
 from execstate.engine.sampling_params import SamplingParams
-from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.identity.execution import ExecutionIdentity
 from execstate.identity.keys import BlockKey
 from execstate.state.block_holds import BlockHolds, HeldBlocks
