@@ -43,7 +43,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from execstate.engine.offload_config import offload_enabled
 from execstate.engine.offload_loads import OffloadLoads
@@ -52,7 +52,7 @@ from execstate.identity.secret_ring import SECRET_ENV, SecretRing
 from execstate.state.block_pool import BlockId
 from execstate.state.tiers.disk_store import DiskStore
 from execstate.state.tiers.host_cache import HostCache
-from execstate.state.tiers.pool_units import PoolUnits, UnitOrigin
+from execstate.state.tiers.pool_units import BlockUnit, PoolUnits
 from execstate.state.tiers.stats import TierSnapshot
 from execstate.state.tiers.store import UnitStore
 from execstate.state.tiers.unit import UnitLayout
@@ -100,16 +100,6 @@ class TierEvents(UnitEvents, Protocol):
 
 logger = logging.getLogger("execstate.offload")
 STAGING_SLOTS = 64  # write-backs in flight to the lower tiers when DRAM is not a tier
-
-
-class BlockUnit(NamedTuple):
-    """A pool block to write as a unit: its key, what it was computed from, its route rows
-    (``int16`` bytes; None when the engine returns no routes)."""
-
-    block_id: BlockId
-    key: BlockKey
-    origin: UnitOrigin
-    routes: bytes | None
 
 
 def attach_offload(engine: OffloadHost) -> OffloadConnector | None:

@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 
 from execstate.engine.engine_facts import home_of
 from execstate.engine.llm_engine import LLMEngine
-from execstate.engine.offload import BlockUnit
 from execstate.identity.execution import ExecutionIdentity
 from execstate.identity.keys import BlockKey
 from execstate.identity.session_keys import SessionKey
@@ -150,9 +149,9 @@ def hibernate(sessions: LMSessions, session_id: str, access: Access = LOCAL) -> 
 
     own = block_units(state.token_ids, state.identity, state.blocks, rows, bs, version(state.identity))
     saved = [cp.saved for cp in [*rt.checkpoints, rt.origin] if isinstance(cp.saved, LMSaved) and not cp.released]
-    units = {u[1]: BlockUnit(*u) for s in saved
+    units = {u.key: u for s in saved
              for u in block_units(s.token_ids, s.identity, s.blocks, s.routes, bs, version(s.identity))}
-    units.update({u[1]: BlockUnit(*u) for u in own})
+    units.update({u.key: u for u in own})
     conn = engine.offload
     stored = conn.store_units(list(units.values())) if conn is not None else 0
     eid = engine_id(engine)
