@@ -247,10 +247,10 @@ print(json.dumps({
     "dev_extras": [m for m in ("pytest", "hypothesis", "openai", "ruff") if importlib.util.find_spec(m)],
     "kernels_built": importlib.util.find_spec("execstate.kernels._cpu") is not None,
     "world_weights": sorted(
-        p.name for p in importlib.import_module("execstate.model.world.default").SHIPPED_DIR.iterdir()
+        p.name for p in importlib.import_module("execstate.model.world_default").SHIPPED_DIR.iterdir()
     ),
     "maze_weights": sorted(
-        p.name for p in importlib.import_module("execstate.model.world.default").MAZE_SHIPPED_DIR.iterdir()
+        p.name for p in importlib.import_module("execstate.model.world_default").MAZE_SHIPPED_DIR.iterdir()
     ),
     "world_tools": importlib.util.find_spec("tools") is not None,
     "world_page": sorted(p.name for p in importlib.resources.files("execstate.serve").joinpath("static").iterdir()),
@@ -277,9 +277,33 @@ print(json.dumps({
         assert report["kernels_built"]
 
 
+# Commands whose subcommands come from the repository (tools/, benchmarks/), not from the wheel.
+REPOSITORY_COMMANDS = {"world", "bench"}
+
+_INSTALLED_PATHS = """
+import argparse, json
+from execstate.cli import build_parser
+def paths(parser, prefix=()):
+    out = [prefix]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += paths(sub, (*prefix, name))
+    return out
+print(json.dumps(paths(build_parser())))
+"""
+
+
 @pytest.mark.packaging
 def test_every_cli_command_help(venv: Venv) -> None:
-    paths = command_paths(build_parser())
+    """Every command the installed CLI has prints its help; the installed tree is the repository's
+    but for the subcommands the repository's tools add."""
+    installed = [tuple(p) for p in json.loads(_run([venv.python, "-c", _INSTALLED_PATHS], venv.work, 60).stdout)]
+    repo = command_paths(build_parser())
+    assert set(installed) <= set(repo)
+    assert {p[0] for p in set(repo) - set(installed)} <= REPOSITORY_COMMANDS
+    assert {("serve",), ("proxy",), ("demo",), ("models", "prepare")} <= set(installed)
+    paths = installed
     for path in paths:
         out = _run([venv.execstate, *path, "--help"], venv.work, 60).stdout
         assert out.startswith("usage: " + " ".join(["execstate", *path])), (path, out[:200])

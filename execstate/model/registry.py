@@ -130,7 +130,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
             steps=world_recipe.BUILD_STEPS,
             estimate=world_recipe.ESTIMATE,
             kind="world",
-            shipped=Path(world_recipe.__file__).parent / "shipped",  # model/world/default.py loads it
+            shipped=Path(world_recipe.__file__).parent / "shipped",  # model/world_default.py loads it
         ),
     )
 }

@@ -180,7 +180,7 @@ def test_real_registry_entries():
 def test_the_shipped_world_model_is_listed_as_shipped(tmp_path, monkeypatch, capsys):
     """On a fresh cache the world model is ready (its weights ship), not "not prepared"."""
     from execstate import cli
-    from execstate.model.world.default import SHIPPED_DIR, default_world_model_dir
+    from execstate.model.world_default import SHIPPED_DIR, default_world_model_dir
 
     monkeypatch.setenv("EXECSTATE_CACHE", str(tmp_path / "empty-cache"))
     world = {m["name"]: m for m in registry.list_models()}["world"]

@@ -46,8 +46,8 @@ def _need_browser():
 def world_model_for_browser():
     """The trained default world model when it is prepared on this machine (the movement check
     needs a model that follows the keys), else the tiny random one."""
-    from execstate.model.world.default import load_default_world_model
     from execstate.model.world.model import ChunkedWorldModel
+    from execstate.model.world_default import load_default_world_model
 
     if os.environ.get("WORLD_MODEL_DIR"):  # a trained model elsewhere (e.g. a new training run)
         return ChunkedWorldModel.load(os.environ["WORLD_MODEL_DIR"]), True

@@ -28,7 +28,7 @@ PROMPT = "an ice maze"
 
 def maze_model_for_browser() -> tuple[MazeWorldModel, bool]:
     """The shipped maze model (the frames-show-the-turn check needs a trained model), else a tiny random one."""
-    from execstate.model.world.default import load_default_maze_model
+    from execstate.model.world_default import load_default_maze_model
 
     try:
         return load_default_maze_model(), True

@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.session.lm.events import lm_event_kinds
 from execstate.session.lm.migration_state import check_offer, event_queue, route_rows, sampling_params
 from execstate.session.lm.migration_wire import (
@@ -27,7 +28,7 @@ from execstate.session.lm.migration_wire import (
 )
 from execstate.session.runtime.events import EventQueue
 
-SECRET = b"wire-test-secret-0123456789"
+SECRET = SecretRing(b"wire-test-secret-0123456789")
 VOCAB, MAX_LEN, SHAPE, EXPERTS = 512, 256, (2, 2), 8
 RNG_NBYTES = torch.Generator().get_state().numel()
 
@@ -75,7 +76,7 @@ def test_round_trip_and_the_state_it_rebuilds():
 def test_signatures():
     data = encode_offer(offer(), SECRET)
     with pytest.raises(MigrationError) as e:
-        decode_offer(data, b"another-secret-0123456789")
+        decode_offer(data, SecretRing(b"another-secret-0123456789"))
     assert e.value.code == "unauthorized"
     with pytest.raises(MigrationError) as e:
         decode_offer(data, None)  # signed, but nothing to check it with
@@ -125,10 +126,8 @@ def test_unknown_fields_and_other_versions():
 
 
 def test_a_rotation_accepts_the_previous_secret():
-    from execstate.identity.secret_ring import SecretRing
-
     old, new = b"the-old-shared-secret-0123", b"the-new-shared-secret-0123"
-    data = encode_offer(offer(), old)  # a source not yet given the new secret
+    data = encode_offer(offer(), SecretRing(old))  # a source not yet given the new secret
     assert decode_offer(data, SecretRing(new, (old,)))[0] == offer()
     with pytest.raises(MigrationError) as e:  # once the rotation is over, the old secret is refused
         decode_offer(data, SecretRing(new))

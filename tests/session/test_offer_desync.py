@@ -23,12 +23,13 @@ from migration_helpers import SECRET, Engines, assert_holds_nothing
 from session_helpers import GREEDY, make_llm, tokens
 
 from execstate.bench.desync import TrialResult, detection_table, run_trials
+from execstate.identity.secret_ring import SecretRing
 from execstate.session.lm.migration import wait_import
 from execstate.session.lm.migration_source import begin_export, finish_export
 from execstate.session.lm.migration_target import begin_import
 from execstate.session.lm.migration_wire import MigrationError, SessionOffer, decode_offer, encode_offer
 
-KEY = SECRET.encode()
+KEY = SecretRing(SECRET.encode())
 OFFER_KINDS = ("kv_other_block", "routes_other_block", "record_other_tokens", "other_weights", "truncated",
                "other_tenant", "forged_unit")
 CAUGHT_BY = {"kv_other_block": "checksum_mismatch", "routes_other_block": "route_mismatch",
@@ -109,7 +110,7 @@ class OfferTarget:
             ids = list(offer.token_ids)
             ids[20] = (ids[20] + 1) % 500 + 3
             forged = msgspec.structs.replace(offer, token_ids=ids)
-            return encode_offer(forged, b"another-secret-0123456789abcdef"), None
+            return encode_offer(forged, SecretRing(b"another-secret-0123456789abcdef")), None
         raise ValueError(kind)
 
     @staticmethod

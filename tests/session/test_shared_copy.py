@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from hibernation_helpers import SAMPLED, close, make, prompt, same_step
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.session.lm.hibernation import engine_id
 from execstate.session.lm.hibernation_import import make_reference, wake_from_reference
 from execstate.session.lm.shared_copy import SharedCopies
@@ -53,14 +54,14 @@ def test_copy_resumes_on_another_engine_from_the_copied_step(pair, moe_dir):
 
         tenant = a.sessions.manager.resident()[0].owner.tenant
         key = manifest_key(engine_id(a.engine), tenant, "moving")
-        ref = make_reference(SECRET.encode(), key, "moving", tenant, engine_id(b.engine))
+        ref = make_reference(SecretRing(SECRET.encode()), key, "moving", tenant, engine_id(b.engine))
         rt = wake_from_reference(b.sessions, ref)
         assert rt.step_index == 2  # the copy's step: step 3 is the documented loss
         resumed = b.session("moving")
         for ids in inputs[2:]:
             same_step(resumed.step(ids), t.step(ids))
 
-        again = make_reference(SECRET.encode(), key, "moving", tenant, engine_id(a.engine))
+        again = make_reference(SecretRing(SECRET.encode()), key, "moving", tenant, engine_id(a.engine))
         with pytest.raises(MigrationError) as e:
             wake_from_reference(a.sessions, again)  # claimed by B: nobody else wakes it
         assert e.value.code in ("not_found", "conflict")

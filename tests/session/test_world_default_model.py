@@ -8,8 +8,8 @@ import numpy as np
 
 from execstate import World
 from execstate.model.world import renderer
-from execstate.model.world.default import SHIPPED_DIR, load_default_world_model
 from execstate.model.world.weights import WEIGHTS_FILE, file_sha256
+from execstate.model.world_default import SHIPPED_DIR, load_default_world_model
 from execstate.session.world.offline import scene_frames
 
 

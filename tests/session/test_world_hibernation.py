@@ -13,6 +13,7 @@ import msgspec
 import pytest
 from world_helpers import run, start_frames, table_kv, tiny_world_model
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.identity.tenant import TenantId
 from execstate.session.runtime.access import WORLD, Access, Owner
 from execstate.session.runtime.events import SessionEventError
@@ -155,7 +156,7 @@ INJECT = {
     "stale_step": (lambda w, sid: _forge(w, sid, _resign(w, sid, _stale)), "desync"),
     "other_model": (lambda w, sid: _forge(w, sid, _resign(w, sid, _other_model)), "incompatible"),
     "other_secret": (lambda w, sid: _forge(w, sid, encode_hibernation(
-        decode_hibernation(_read(w, sid), w.sessions.hibernation_secret), b"x" * 32)), "unauthorized"),
+        decode_hibernation(_read(w, sid), w.sessions.hibernation_secret), SecretRing(b"x" * 32))), "unauthorized"),
 }
 
 

@@ -8,6 +8,7 @@ import msgspec
 import pytest
 from world_helpers import run, start_frames, table_kv, tiny_world_model
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.session.lm.migration_wire import MigrationError, WirePending
 from execstate.session.world.migration import export_world_session, finish_export, import_world_session
 from execstate.session.world.migration_wire import SignedWorldOffer, WorldOffer
@@ -38,7 +39,7 @@ def test_migrated_session_continues_bit_for_bit(model) -> None:
     run(s, PLAN)
     s.submit_event(s.next_event_id(), *PENDING)  # pending: travels with the session
     key_before = s.state_key()
-    moved = s.migrate(b, secret=b"k" * 32)
+    moved = s.migrate(b, secret=SecretRing(b"k" * 32))
     assert s.status == "closed" and moved.session_id == "walker" and moved.step_index == 4
     assert moved.state_key() == key_before and moved.info().held_key == "left" and moved.info().prompt == "snow"
     r = moved.step()
@@ -86,7 +87,8 @@ def test_refusals_leave_both_sides_clean(model) -> None:
         b.sessions.check_integrity()
         assert b.sessions.store.pool.num_used == 0 and b.sessions.manager.num_resident == 0
     with pytest.raises(MigrationError) as e:
-        import_world_session(b.sessions, export_world_session(a.sessions, "x", b"s" * 32), b"t" * 32)
+        blob = export_world_session(a.sessions, "x", SecretRing(b"s" * 32))
+        import_world_session(b.sessions, blob, SecretRing(b"t" * 32))
     assert e.value.code == "unauthorized"
     with pytest.raises(Exception) as e2:
         s.step()  # MIGRATING until the export is finished

@@ -49,7 +49,7 @@ def test_compiled_session_kv_matches_eager_at_every_step() -> None:
 @pytest.mark.slow
 def test_compiled_default_model_kv_matches_eager_within_1e_3() -> None:
     """The shipped model (measured max 1.6e-4 over 33 steps by bench world; K/V values are O(1))."""
-    from execstate.model.world.default import load_default_world_model
+    from execstate.model.world_default import load_default_world_model
 
     eager = load_default_world_model("eager", prefer_prepared=False)
     compiled = load_default_world_model("compiled", prefer_prepared=False)

@@ -95,8 +95,8 @@ def train_configs(args: argparse.Namespace):  # noqa: ANN201 - (WorldModelConfig
 
 
 def _load(name: str, numerics: str = "eager"):  # noqa: ANN202 - lazy import of the model type
-    from execstate.model.world.default import load_default_world_model
     from execstate.model.world.model import ChunkedWorldModel
+    from execstate.model.world_default import load_default_world_model
 
     if name == "world":  # the prepared model if there is one, else the shipped weights
         return load_default_world_model(numerics)

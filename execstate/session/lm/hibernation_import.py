@@ -56,7 +56,7 @@ from execstate.state.tiers.manifest_store import ManifestUnavailable
 from execstate.transfer.handover import HandoverError, HandoverLedger
 
 
-def make_reference(secret: SecretRing | bytes, manifest_key: str, session_id: str, tenant: TenantId | str,
+def make_reference(secret: SecretRing, manifest_key: str, session_id: str, tenant: TenantId | str,
                    target_engine_id: str, ttl_s: float = 300.0) -> bytes:
     """A reference to the manifest under ``manifest_key`` (``ManifestStore.manifest_key(source
     engine id, tenant, session id)``) without its digest or state key: for a holder of the shared

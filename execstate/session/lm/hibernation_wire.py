@@ -44,7 +44,7 @@ MAX_UNITS = 1 << 16
 
 _Name = Annotated[str, Meta(min_length=1, max_length=256)]
 _Key = Annotated[bytes, Meta(min_length=32, max_length=32)]
-_Secret = SecretRing | bytes | None
+_Secret = SecretRing | None
 T = TypeVar("T")
 
 
@@ -89,7 +89,7 @@ def decode_manifest(data: bytes, secret: _Secret, require_signature: bool) -> Hi
     return _decode(payload, HibernationManifest, "manifest")
 
 
-def encode_reference(r: HibernationReference, secret: SecretRing | bytes) -> bytes:
+def encode_reference(r: HibernationReference, secret: SecretRing) -> bytes:
     return seal(msgspec.msgpack.encode(r), secret, REFERENCE_DOMAIN)
 
 

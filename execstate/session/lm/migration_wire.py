@@ -59,7 +59,6 @@ from execstate.session.runtime.migration_wire import (
     WirePending,
     open_envelope,
     seal,
-    sign_payload,
 )
 
 __all__ = ["DOMAIN", "FORMAT_VERSION", "MAX_EVENTS", "MAX_OFFER_BYTES", "MAX_RNG_BYTES", "MAX_TOKENS", "MigrationError",
@@ -140,16 +139,16 @@ class SessionOffer(Struct, frozen=True, forbid_unknown_fields=True):
     grammar: WireGrammar | None = None
 
 
-def sign(secret: SecretRing | bytes, payload: bytes) -> str:
-    return sign_payload(secret, DOMAIN, payload)
+def sign(secret: SecretRing, payload: bytes) -> str:
+    return secret.sign(DOMAIN, payload)
 
 
-def encode_offer(offer: SessionOffer, secret: SecretRing | bytes | None) -> bytes:
+def encode_offer(offer: SessionOffer, secret: SecretRing | None) -> bytes:
     """The envelope's bytes (signed when ``secret`` is given; a target refuses it unsigned)."""
     return seal(msgspec.msgpack.encode(offer), secret, DOMAIN)
 
 
-def decode_offer(data: bytes, secret: SecretRing | bytes | None) -> tuple[SessionOffer, bool]:
+def decode_offer(data: bytes, secret: SecretRing | None) -> tuple[SessionOffer, bool]:
     """The offer in ``data``, its signature verified (the ``bool`` is always True: kept for callers).
 
     ``MigrationError``: ``unauthorized`` (unsigned, a signature that does not verify, or no secret

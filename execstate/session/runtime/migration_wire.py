@@ -39,7 +39,7 @@ from execstate.session.runtime.events import (
 )
 from execstate.session.runtime.migration import MigrationError
 
-Secret = SecretRing | bytes | None
+Secret = SecretRing | None
 
 MAX_EVENTS = 4096
 
@@ -111,22 +111,9 @@ def queue_from_wire(ev: WireEvents, kinds: Mapping[str, EventKind], max_pending:
 
 
 # -- envelope -------------------------------------------------------------------------------------
-def as_ring(secret: Secret) -> SecretRing | None:
-    """``secret`` as a ring (bytes: a ring of that one secret)."""
-    if secret is None or isinstance(secret, SecretRing):
-        return secret
-    return SecretRing(bytes(secret))
-
-
-def sign_payload(secret: SecretRing | bytes, domain: bytes, payload: bytes) -> str:
-    ring = as_ring(secret)
-    assert ring is not None
-    return ring.sign(domain, payload)
-
-
 def seal(payload: bytes, secret: Secret, domain: bytes) -> bytes:
     """The envelope's bytes (signed with the current secret when one is given)."""
-    sig = None if secret is None else sign_payload(secret, domain, payload)
+    sig = None if secret is None else secret.sign(domain, payload)
     return msgspec.msgpack.encode(SignedEnvelope(payload, sig))
 
 
@@ -147,7 +134,7 @@ def open_envelope(data: bytes, secret: Secret, domain: bytes, *, what: str, max_
         if require_signature:
             raise MigrationError("unauthorized", f"an unsigned {what} (this side requires a signature)")
         return env.payload, False
-    ring = as_ring(secret)
+    ring = secret
     if ring is None:
         raise MigrationError("unauthorized", f"the {what} is signed but {no_secret}")
     if not ring.verify(domain, env.payload, env.signature):

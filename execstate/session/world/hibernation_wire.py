@@ -29,6 +29,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from execstate.identity.keys import BlockKey
+from execstate.identity.secret_ring import SecretRing
 from execstate.session.runtime.migration import MigrationError
 from execstate.session.runtime.migration_wire import open_envelope, seal
 from execstate.session.world.migration_wire import MAX_CHUNKS, MAX_OFFER_BYTES, WireChunk, WorldOffer
@@ -66,11 +67,11 @@ def unit_key(tenant: str, session_id: str, state_key: bytes, blob_digest: bytes)
     return BlockKey(h.digest())
 
 
-def encode_hibernation(h: WorldHibernation, secret: bytes) -> bytes:
+def encode_hibernation(h: WorldHibernation, secret: SecretRing) -> bytes:
     return seal(msgspec.msgpack.encode(h), secret, DOMAIN)
 
 
-def decode_hibernation(data: bytes, secret: bytes) -> WorldHibernation:
+def decode_hibernation(data: bytes, secret: SecretRing) -> WorldHibernation:
     payload, _ = open_envelope(data, secret, DOMAIN, what="hibernated world session", max_bytes=MAX_OFFER_BYTES,
                                require_signature=True, no_secret="the World has no hibernation secret")
     try:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from execstate.identity.keys import BlockKey
+from execstate.identity.secret_ring import SecretRing
 from execstate.model.world.window import RollingWindow
 from execstate.session.runtime.events import Event, EventQueue, SessionEventError
 from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
@@ -65,7 +66,7 @@ def _wire_data(e: Event) -> object:
     return {"keys": list(e.data)}
 
 
-def export_world_session(sessions: WorldSessions, session_id: str, secret: bytes | None = None) -> bytes:
+def export_world_session(sessions: WorldSessions, session_id: str, secret: SecretRing | None = None) -> bytes:
     """The session's offer; the session is MIGRATING (every call but close refused) until
     :func:`finish_export`."""
     with sessions.lock:
@@ -123,7 +124,7 @@ def _bad(field: str, why: str) -> MigrationError:
     return MigrationError("invalid", f"world session offer {field}: {why}")
 
 
-def import_world_session(sessions: WorldSessions, blob: bytes, secret: bytes | None = None) -> SessionRuntime:
+def import_world_session(sessions: WorldSessions, blob: bytes, secret: SecretRing | None = None) -> SessionRuntime:
     """Check the offer against this side's model and create the session (module docstring)."""
     o = decode_world_offer(blob, secret)
     window, carry = check_world_offer(sessions, o)
@@ -240,7 +241,7 @@ def offer_queue(sessions: WorldSessions, ev: WireEvents) -> EventQueue:
 
 
 def migrate_world_session(src: WorldSessions, session_id: str, dst: WorldSessions,
-                          secret: bytes | None = None) -> SessionRuntime:
+                          secret: SecretRing | None = None) -> SessionRuntime:
     """Move ``session_id`` from ``src`` to ``dst``; the session there. On failure the source
     session serves again, unchanged."""
     _, rt = hand_over(lambda: export_world_session(src, session_id, secret),

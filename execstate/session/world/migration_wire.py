@@ -30,6 +30,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta, Struct
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.session.runtime.migration import MigrationError
 from execstate.session.runtime.migration_wire import SignedEnvelope, WireEvents, open_envelope, seal
 from execstate.session.world.camera import CameraMotion, CameraState, command_to_data, parse_command
@@ -127,11 +128,11 @@ def chunk_digest(k: bytes, v: bytes) -> str:
     return hashlib.sha256(k + v).hexdigest()
 
 
-def encode_world_offer(offer: WorldOffer, secret: bytes | None) -> bytes:
+def encode_world_offer(offer: WorldOffer, secret: SecretRing | None) -> bytes:
     return seal(msgspec.msgpack.encode(offer), secret, DOMAIN)
 
 
-def decode_world_offer(data: bytes, secret: bytes | None) -> WorldOffer:
+def decode_world_offer(data: bytes, secret: SecretRing | None) -> WorldOffer:
     """The offer in ``data``; ``MigrationError`` ``invalid``, ``unauthorized`` or ``incompatible``."""
     payload, _ = open_envelope(data, secret, DOMAIN, what="world session offer", max_bytes=MAX_OFFER_BYTES,
                                require_signature=secret is not None, no_secret="no secret was given")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.model.world.interface import WorldModel, WorldSpec
 from execstate.session.runtime.checkpoint import Checkpoint
 from execstate.session.runtime.events import SessionEventError
@@ -38,7 +39,7 @@ def load_world_model(model: WorldModel | str | Path | None, numerics: str = "eag
     """``None``: the default trained model (the grid world's); ``"world"`` or ``"maze"``: that world's
     default model; a directory: a trained model there (either kind); a model: as is (its own
     numerics mode must then equal ``numerics``)."""
-    from execstate.model.world.default import DEFAULT_WORLDS, load_default, load_world_dir
+    from execstate.model.world_default import DEFAULT_WORLDS, load_default, load_world_dir
 
     if model is None:
         return load_default("world", numerics)
@@ -76,7 +77,7 @@ class World:
                  session_blocks: int | None = None, num_blocks: int | None = None, eviction: str | None = None,
                  max_session_events: int = 64, block_size: int | None = None,
                  policy: SessionPolicy | None = None, hibernate_to: UnitStore | None = None,
-                 hibernate_secret: bytes | None = None) -> None:
+                 hibernate_secret: SecretRing | None = None) -> None:
         """``policy``: a server's bounds on its sessions (``session/runtime/manager.py``);
         ``hibernate_to`` / ``hibernate_secret``: where hibernated sessions sleep and what signs them
         (``session/world/sessions.py``)."""
@@ -143,7 +144,7 @@ class WorldSession(SessionHandle):
         wake(self._sessions, self.session_id, self.access)
         return self.info()
 
-    def migrate(self, target: World, secret: bytes | None = None) -> WorldSession:
+    def migrate(self, target: World, secret: SecretRing | None = None) -> WorldSession:
         """Move this session to World ``target`` (``session/world/migration.py``) and return its
         handle there (same id); this one is closed. ``MigrationError`` leaves it serving here."""
         from execstate.session.world.migration import migrate_world_session

@@ -29,6 +29,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from execstate.identity.secret_ring import SecretRing
 from execstate.model.world.interface import KVWriter, WorldModel
 from execstate.model.world.window import RollingWindow
 from execstate.session.runtime.access import LOCAL, Access
@@ -80,10 +81,10 @@ class WorldSessions(KindSessions[WorldSessionInfo]):
     def __init__(self, model: WorldModel, max_sessions: int = 8, session_blocks: int | None = None,
                  num_blocks: int | None = None, eviction: str | None = None, max_session_events: int = 64,
                  block_size: int | None = None, policy: SessionPolicy | None = None,
-                 hibernate_to: UnitStore | None = None, hibernate_secret: bytes | None = None) -> None:
+                 hibernate_to: UnitStore | None = None, hibernate_secret: SecretRing | None = None) -> None:
         """``hibernate_to``: the tier hibernated sessions sleep in (``session/world/hibernation.py``;
         None: a DRAM tier of ``HIBERNATE_DRAM_BYTES``); ``hibernate_secret`` signs their units (None:
-        a random secret of this object, so only it can wake them)."""
+        a ring of a random key of this object, ``SecretRing.ephemeral()``, so only it can wake them)."""
         spec = model.spec
         block_size = spec.kv.tokens_per_frame if block_size is None else block_size
         bpc = spec.kv.blocks_per_chunk(block_size)
@@ -103,9 +104,9 @@ class WorldSessions(KindSessions[WorldSessionInfo]):
         self.session_blocks = session_blocks
         self.hibernation_store: UnitStore = (MemoryStore(HIBERNATE_DRAM_BYTES, name="world-dram")
                                              if hibernate_to is None else hibernate_to)
-        if hibernate_secret is not None and (not isinstance(hibernate_secret, bytes) or len(hibernate_secret) < 16):
-            raise ValueError("hibernate_secret must be bytes of at least 16")
-        self.hibernation_secret = secrets.token_bytes(32) if hibernate_secret is None else hibernate_secret
+        if hibernate_secret is not None and not isinstance(hibernate_secret, SecretRing):
+            raise ValueError(f"hibernate_secret must be a SecretRing, got {type(hibernate_secret).__name__}")
+        self.hibernation_secret = SecretRing.ephemeral() if hibernate_secret is None else hibernate_secret
 
     # -- lifecycle --------------------------------------------------------------------------------
     def open(self, session_id: str | None = None, prompt: str = "", seed: int = 0,

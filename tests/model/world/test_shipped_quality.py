@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from execstate.model.world import palette_codec, recipe, renderer
-from execstate.model.world.default import SHIPPED_DIR, default_world_model_dir, load_default_world_model
 from execstate.model.world.rollout import WorldRollout
 from execstate.model.world.weights import file_sha256
+from execstate.model.world_default import SHIPPED_DIR, default_world_model_dir, load_default_world_model
 from tools.world import eval as world_eval
 
 # Measured on the shipped weights (recipe v3, eager, fp32 compute); see docs/world-model.md 6.

@@ -36,9 +36,9 @@ def world_model_from_option(name: str):  # noqa: ANN201 - a WorldModel (torch im
     """The model one name of ``--world`` names: a trained world-model directory (grid or maze, by
     its config), ``world`` (the grid world's default model: the prepared one, else the weights
     shipped in the package) or ``maze`` (the first-person maze's shipped model;
-    ``model/world/default.py``). (``session/world/offline.py``'s ``load_world_model`` is the offline
+    ``model/world_default.py``). (``session/world/offline.py``'s ``load_world_model`` is the offline
     API's: a model, a directory or ``None``, in a given numerics mode.)"""
-    from execstate.model.world.default import DEFAULT_WORLDS, load_default, load_world_dir
+    from execstate.model.world_default import DEFAULT_WORLDS, load_default, load_world_dir
 
     path = Path(name)
     if path.is_dir():

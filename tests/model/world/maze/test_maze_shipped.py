@@ -12,9 +12,9 @@ import math
 import numpy as np
 import pytest
 
-from execstate.model.world.default import MAZE_SHIPPED_DIR, load_default_maze_model
 from execstate.model.world.maze import layout, pose, raycast
 from execstate.model.world.weights import file_sha256
+from execstate.model.world_default import MAZE_SHIPPED_DIR, load_default_maze_model
 from execstate.session.world.offline import World
 from tools.world import maze_quality
 from tools.world.maze_metrics import psnr, read_position

@@ -27,8 +27,8 @@ from typing import Any
 
 from execstate.model.world.model import ChunkedWorldModel
 
-SHIPPED_DIR = Path(__file__).parent / "shipped"
-MAZE_SHIPPED_DIR = Path(__file__).parent / "maze" / "shipped"
+SHIPPED_DIR = Path(__file__).parent / "world" / "shipped"
+MAZE_SHIPPED_DIR = Path(__file__).parent / "world" / "maze" / "shipped"
 MODEL_NAME = "world"
 MAZE_NAME = "maze"
 DEFAULT_WORLDS = (MODEL_NAME, MAZE_NAME)
