@@ -47,6 +47,7 @@ import torch
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.priority import PRIORITY_INTERACTIVE
 from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.session_port import SessionPort
 from execstate.engine.validation import validate_logit_bias, validate_sampling
 from execstate.identity.scope import PrefixSharing
 from execstate.identity.tenant import TenantId
@@ -99,6 +100,7 @@ class LMSessions(KindSessions[SessionInfo]):
                          lm_event_kinds(engine.model_config.vocab_size, engine.max_model_len, engine.tokenizer),
                          cfg.max_session_events)
         self.engine = engine
+        self.port = SessionPort(engine)  # the engine's blocks and hand-overs, named (engine/session_port.py)
         self.sharing = sharing or PrefixSharing()
         self.steps: dict[SessionRuntime, StepHandle] = {}  # the step in flight of each session
         mc = engine.model_config
