@@ -137,7 +137,7 @@ def hibernate(sessions: LMSessions, session_id: str, access: Access = LOCAL) -> 
     state = rt.state
     assert isinstance(state, LMState)
     engine = sessions.engine
-    current = engine.kv_manager.identity(state.identity.scope)
+    current = sessions.port.identity(state.identity.scope)
     if state.token_ids and state.identity != current:
         raise SessionEventError("stale_state", f"session {session_id!r} was computed under other weights or "
                                 "provenance; reset and step with reprefill=True first")

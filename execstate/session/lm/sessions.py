@@ -138,7 +138,7 @@ class LMSessions(KindSessions[SessionInfo]):
         seed = params.seed if params.seed is not None else int(
             torch.randint(0, 2**62, (1,), generator=self.engine.generator).item())
         state = LMState(self.engine.kv_holds, self.engine.block_size, self._route_shape, params, seed,
-                        self.engine.kv_manager.identity(scope), priority)
+                        self.port.identity(scope), priority)
         return self.manager.add(SessionRuntime(sid, state, self.new_queue(), secrets.token_hex(8),
                                                owner=access.owner, holder=access.holder))
 
@@ -183,7 +183,7 @@ class LMSessions(KindSessions[SessionInfo]):
             rt.submit_event(rt.next_event_id(), INPUT, self._input_data(rt, input))
         state = rt.state
         assert isinstance(state, LMState)
-        current = self.engine.kv_manager.identity(state.identity.scope)
+        current = self.port.identity(state.identity.scope)
         if state.identity != current:
             if not reprefill and state.token_ids:  # an empty context has nothing computed: adopt the new root
                 raise rt.fail("stale_state", "the engine's weights or provenance changed since this session's "
