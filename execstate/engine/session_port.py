@@ -19,6 +19,10 @@ collaborators (the block pool, the route store, the KV holds, the PD connector's
   release its export at once (every block was a local hit), :meth:`cancel_load`;
   :attr:`failure_policy` is the connector's (``fail`` or ``recompute``).
 
+The state types in its signatures (``BlockId``, ``NoFreeBlocks``: ``state/block_pool.py``;
+``HeldBlocks``, and ``BlockHolds``, which releases them: ``state/block_holds.py``) are
+re-exported here: a session kind names them through the port, never through ``state/``.
+
 Contract: engine thread only (the sessions object's owner runs every call there); no method
 keeps a reference to what it is given beyond what it documents. One port per engine, built by
 ``LMSessions`` (``session/lm/sessions.py``).
@@ -35,14 +39,16 @@ from execstate.engine.external_prefix import ExternalLoadError
 from execstate.identity.execution import ExecutionIdentity
 from execstate.identity.keys import BlockKey
 from execstate.identity.scope import CacheScope
-from execstate.state.block_holds import HeldBlocks
-from execstate.state.block_pool import BlockId
+from execstate.state.block_holds import BlockHolds, HeldBlocks
+from execstate.state.block_pool import BlockId, NoFreeBlocks
 from execstate.transfer.handoff import Handoff
 from execstate.transfer.importer import LoadResult
 
 if TYPE_CHECKING:
     from execstate.engine.llm_engine import LLMEngine
     from execstate.engine.pd_loads import RemoteLoads
+
+__all__ = ["BlockHolds", "BlockId", "HandoffRefused", "HeldBlocks", "NoFreeBlocks", "SessionPort"]
 
 
 class HandoffRefused(Exception):

@@ -18,6 +18,7 @@ import numpy as np
 
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.route_trace import RouteTrace
+from execstate.engine.session_port import HeldBlocks
 from execstate.identity.execution import ExecutionIdentity
 from execstate.identity.scope import PrefixSharing
 from execstate.identity.session_keys import SessionKey, session_state_key
@@ -35,7 +36,6 @@ from execstate.session.lm.migration_state import (
 from execstate.session.lm.state import LMState
 from execstate.session.runtime.events import EventKind, EventQueue
 from execstate.session.runtime.migration import MigrationError
-from execstate.state.block_holds import HeldBlocks
 from execstate.state.tiers.pool_units import BlockUnit, UnitOrigin
 
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from execstate.engine.route_trace import RouteTrace
-from execstate.engine.session_port import HandoffRefused, SessionPort
+from execstate.engine.session_port import BlockId, HandoffRefused, NoFreeBlocks, SessionPort
 from execstate.identity.keys import BlockKey
 from execstate.session.lm.migration_state import (
     accept_offer,
@@ -66,7 +66,6 @@ from execstate.session.runtime.access import Access
 from execstate.session.runtime.events import EventQueue, SessionEventError
 from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
 from execstate.session.runtime.migration import MigrationError
-from execstate.state.block_pool import BlockId, NoFreeBlocks
 from execstate.transfer.handoff import Handoff
 from execstate.transfer.importer import LoadResult
 
