@@ -17,6 +17,15 @@ its own requests, finish_reason ``"abort"`` with ``error`` set, and the engine g
 shared state fails its checks afterwards does ``step`` raise ``EngineCorruptedError``) and ``pd``
 (``engine/pd_connector.py``, ``attach_pd``).
 
+KV connectors (the anchor is vLLM v1's KV connector, with a scheduler role and a worker role):
+the KV events (``engine/kv_events.py``), the offload tiers (``engine/offload.py``: a pool side that
+writes evicted blocks back and notes their origins, a scheduler side that reloads prompts) and the
+PD connector. The first two are built in ``__init__`` before the parts that call them and given to
+those at construction, in one order (see the comment there); the block pool calls its eviction
+hooks in one documented order (``BlockPool``: write-back, route store, KV events). The PD
+connector is the one attached afterwards (``attach_pd``: the serving layer configures it once the
+engine runs): it becomes the scheduler's ``external`` source.
+
 PD decode side: a request whose KV is loaded from a prefill instance waits in its own state
 while the others keep stepping. When every unfinished request is waiting for a load, ``step()``
 blocks until a load finishes, ``wake()`` is called (any thread: the ``AsyncEngine`` calls it for
