@@ -22,6 +22,7 @@ PUBLIC = {
     "execstate.engine.priority", "execstate.engine.tokenizer", "execstate.engine.chat_template",
     "execstate.engine.validation", "execstate.engine.llm", "execstate.engine.grammar",
     "execstate.engine.grammar.spec", "execstate.engine.grammar.compiler", "execstate.engine.grammar.matcher",
+    "execstate.engine.route_trace",
     "execstate.state", "execstate.state.quotas", "execstate.state.kv_events", "execstate.state.host_memory",
     "execstate.state.tiers", "execstate.state.tiers.stats", "execstate.state.tiers.store",
     "execstate.state.tiers.memory_store", "execstate.state.tiers.manifest_store",
