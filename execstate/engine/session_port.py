@@ -12,16 +12,18 @@ collaborators (the block pool, the route store, the KV holds, the PD connector's
   :meth:`free` (a chain's blocks, released tail first), :meth:`own_route_rows` (this engine's
   route records of cached blocks);
 - **hold**: :meth:`hold` hands blocks the caller owns over to a ``HeldBlocks`` record the KV holds
-  track (a session's or a checkpoint's);
+  track (a session's or a checkpoint's); :meth:`store_units` writes held blocks to the offload
+  tiers as units now (a hibernating or copied session's: ``BlockUnit``, ``UnitOrigin``);
 - **accept a handoff**: :meth:`load_handoff` loads the blocks another engine exports into blocks the
   caller owns, on the transfer thread (``RemoteLoads.submit_owned``: handshake, manifest checked
   against the keys given, per-block checksums), :meth:`release_handoff` tells the source to
   release its export at once (every block was a local hit), :meth:`cancel_load`;
   :attr:`failure_policy` is the connector's (``fail`` or ``recompute``).
 
-The state types in its signatures (``BlockId``, ``NoFreeBlocks``: ``state/block_pool.py``;
-``HeldBlocks``, and ``BlockHolds``, which releases them: ``state/block_holds.py``) are
-re-exported here: a session kind names them through the port, never through ``state/``.
+The state types in its signatures are re-exported here (a session kind names them through the
+port, never through ``state/``): ``BlockId``, ``NoFreeBlocks`` (``state/block_pool.py``),
+``HeldBlocks`` and ``BlockHolds``, which releases them (``state/block_holds.py``), ``BlockUnit``
+and its ``UnitOrigin`` (``state/tiers/pool_units.py``).
 
 Contract: engine thread only (the sessions object's owner runs every call there); no method
 keeps a reference to what it is given beyond what it documents. One port per engine, built by
@@ -41,6 +43,7 @@ from execstate.identity.keys import BlockKey
 from execstate.identity.scope import CacheScope
 from execstate.state.block_holds import BlockHolds, HeldBlocks
 from execstate.state.block_pool import BlockId, NoFreeBlocks
+from execstate.state.tiers.pool_units import BlockUnit, UnitOrigin
 from execstate.transfer.handoff import Handoff
 from execstate.transfer.importer import LoadResult
 
@@ -48,7 +51,8 @@ if TYPE_CHECKING:
     from execstate.engine.llm_engine import LLMEngine
     from execstate.engine.pd_loads import RemoteLoads
 
-__all__ = ["BlockHolds", "BlockId", "HandoffRefused", "HeldBlocks", "NoFreeBlocks", "SessionPort"]
+__all__ = ["BlockHolds", "BlockId", "BlockUnit", "HandoffRefused", "HeldBlocks", "NoFreeBlocks", "SessionPort",
+           "UnitOrigin"]
 
 
 class HandoffRefused(Exception):
@@ -115,6 +119,13 @@ class SessionPort:
         ``num_cached`` were local hits) over to a ``HeldBlocks`` record the KV holds track."""
         held = HeldBlocks(blocks, len(blocks) * self._engine.block_size, keys, num_cached)
         return self._engine.kv_holds.adopt(held)
+
+    def store_units(self, units: Sequence[BlockUnit]) -> int:
+        """Write the caller's held blocks to the offload tiers as units now, each unless a tier has
+        it already (``OffloadConnector.store_units``; never raises); how many are in a tier or on
+        their way (0 without tiers)."""
+        offload = self._engine.offload
+        return offload.store_units(units) if offload is not None else 0
 
     # -- hand-overs (the PD connector) -----------------------------------------------------------
     @property

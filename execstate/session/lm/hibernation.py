@@ -152,8 +152,8 @@ def hibernate(sessions: LMSessions, session_id: str, access: Access = LOCAL) -> 
     units = {u.key: u for s in saved
              for u in block_units(s.token_ids, s.identity, s.blocks, s.routes, bs, version(s.identity))}
     units.update({u.key: u for u in own})
+    stored = sessions.port.store_units(list(units.values()))
     conn = engine.offload
-    stored = conn.store_units(list(units.values())) if conn is not None else 0
     eid = engine_id(engine)
     offer = build_offer(rt, source_instance_id=eid, provenance_digest=engine.provenance.digest(), handoff=None,
                         commit_by=time.time() + MANIFEST_TTL_S, nonce=secrets.token_hex(16), target_engine_id=eid)

@@ -1,7 +1,7 @@
 """An LM session's state to and from its hibernation manifest (``session/lm/hibernation_wire.py``).
 
 :func:`block_units` lists the full blocks a session (or one of its checkpoints) holds as the
-units to write (``BlockUnit``, ``state/tiers/pool_units.py``): each under its chain key, with its parent,
+units to write (``BlockUnit``, ``SessionPort.store_units``): each under its chain key, with its parent,
 provenance root, tokens and route rows. :func:`state_from_manifest` rebuilds the session's
 ``LMState`` and event queue from a decoded manifest, after checking it against this engine (the
 provenance digest, the offer's checks of ``migration_state.check_offer``) and against itself
@@ -18,7 +18,7 @@ import numpy as np
 
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.route_trace import RouteTrace
-from execstate.engine.session_port import HeldBlocks
+from execstate.engine.session_port import BlockUnit, HeldBlocks, UnitOrigin
 from execstate.identity.execution import ExecutionIdentity
 from execstate.identity.scope import PrefixSharing
 from execstate.identity.session_keys import SessionKey, session_state_key
@@ -36,7 +36,6 @@ from execstate.session.lm.migration_state import (
 from execstate.session.lm.state import LMState
 from execstate.session.runtime.events import EventKind, EventQueue
 from execstate.session.runtime.migration import MigrationError
-from execstate.state.tiers.pool_units import BlockUnit, UnitOrigin
 
 
 def block_units(token_ids: list[int] | tuple[int, ...], identity: ExecutionIdentity, held: HeldBlocks | None,

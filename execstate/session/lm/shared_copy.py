@@ -89,7 +89,7 @@ def build_copy(sessions: LMSessions, rt: SessionRuntime) -> SharedCopy:
         raise ValueError("a shared copy needs a Redis tier (offload_redis_url) and the shared secret")
     rows = state.routes.rows(0, state.routes.rows_known) if state.routes is not None else None
     own = block_units(state.token_ids, state.identity, state.blocks, rows, engine.block_size)
-    conn.store_units(own)
+    sessions.port.store_units(own)
     eid = engine_id(engine)
     offer = build_offer(rt, source_instance_id=eid, provenance_digest=engine.provenance.digest(), handoff=None,
                         commit_by=time.time() + MANIFEST_TTL_S, nonce=secrets.token_hex(16), target_engine_id=eid)
