@@ -118,11 +118,11 @@ def prompt_spans(scheduled: Sequence[_Scheduled], offsets: Sequence[int]) -> lis
             for i, s in enumerate(scheduled) if s.request.prompt_scoring is not None]
 
 
-@torch.inference_mode()
 class _LogitsModel(Protocol):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
 
+@torch.inference_mode()
 def score_rows(model: _LogitsModel, hidden: torch.Tensor, spans: list[Span]) -> list[ScoredRows]:
     """The prompt rows of this step's ``spans`` (module docstring); ``hidden``: the forward pass's output."""
     out: list[ScoredRows] = []

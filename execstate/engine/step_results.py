@@ -89,7 +89,9 @@ class StepResults:
                 req.first_token_time = now
             grammar_status = _advance_grammar(req) if req.grammar is not None else None
             status = on_new_token(req, self._eos_token_ids, self._tokenizer)
-            if grammar_status is RequestStatus.FINISHED_ABORTED or (status is None and grammar_status is not None):
+            # a refused token aborts; a complete grammar stops, as EOS would, even on the length limit's token
+            if grammar_status is RequestStatus.FINISHED_ABORTED or (
+                    grammar_status is not None and status in (None, RequestStatus.FINISHED_LENGTH)):
                 status = grammar_status
             if status is not None:
                 status = self._export(req, status)

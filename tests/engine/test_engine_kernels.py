@@ -97,11 +97,11 @@ def test_execstate_kernels_need_cpu(moe_dir) -> None:
 
 def test_auto_kernels_follow_dtype_and_availability(moe_dir) -> None:
     bf16 = _llm(moe_dir, kernels="auto", dtype="bfloat16").engine
-    assert bf16.provenance.numerics == ("eager+cpu-avx2-v3-bf16w" if cpu.available() else "eager")
+    assert bf16.provenance.numerics == ("eager+cpu-avx2-v3-bf16w" if cpu.available() else "eager+cpu-torch-v1")
     assert bf16.provenance.dtype == "bfloat16"
     assert _llm(moe_dir, kernels="torch", dtype="bfloat16").engine.provenance.numerics == "eager+cpu-torch-v1"
     auto = _llm(moe_dir, kernels="auto")
-    assert auto.engine.provenance.numerics == ("eager+cpu-avx2-v2" if cpu.available() else "eager")
+    assert auto.engine.provenance.numerics == ("eager+cpu-avx2-v2" if cpu.available() else "eager+cpu-torch-v1")
     assert auto.engine.model.kernels == cpu.available()
     assert EngineConfig(model=str(moe_dir)).kernels == "auto"
     assert _llm(moe_dir, kernels="torch").engine.provenance.numerics == "eager+cpu-torch-v1"

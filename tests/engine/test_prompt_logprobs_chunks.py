@@ -30,10 +30,17 @@ from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.prompt_logprobs import ROWS_PER_BLOCK
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scorer import _log_softmax
+from execstate.kernels import cpu
 from execstate.model.random_models import make_random
 
 CHUNK = 64
 K = 5
+
+
+def same(got: list[float], want: list[float]) -> bool:
+    """Bit for bit on execstate's CPU kernels (a row is computed the same way in any chunk); within
+    fp32 rounding on torch ops, whose matmuls may block a chunk differently."""
+    return got == want if cpu.available() else bool(np.allclose(got, want, rtol=0, atol=1e-5))
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +71,15 @@ def test_chunked_prompt_logprobs_equal_the_dense_pass(model_dir, prompt):
     plp = out.prompt_logprobs
     assert plp is not None and len(plp) == len(prompt) and plp.top_ids.shape == (len(prompt) - 1, K)
     ref = LLM(str(model_dir), seed=0).score(prompt)
-    assert plp.logprobs.tolist() == ref.logprobs  # bit for bit
+    assert same(plp.logprobs.tolist(), ref.logprobs)
     logp, _ = _log_softmax(eng, prompt, None)  # the dense pass over the whole prompt: the oracle
     own = logp.gather(1, torch.tensor(prompt[1:])[:, None])
     assert plp.ranks.tolist() == ((logp > own).sum(dim=1) + 1).tolist()
     top_v, top_i = torch.topk(logp, K, dim=1)
-    assert plp.top_ids.tolist() == top_i.tolist() and plp.top_logprobs.tolist() == top_v.tolist()
+    assert plp.top_ids.tolist() == top_i.tolist()
+    assert same(plp.top_logprobs.ravel().tolist(), top_v.ravel().tolist())
     entries = plp.entries()
-    assert entries[0] is None and entries[5][prompt[5]].logprob == ref.logprobs[4]
+    assert entries[0] is None and same([entries[5][prompt[5]].logprob], [ref.logprobs[4]])
     assert {lp.rank for t, lp in entries[5].items() if t != prompt[5] or lp.rank <= K} >= set(range(1, K + 1))
 
 
@@ -122,7 +130,7 @@ def test_preempted_scoring_recomputes_the_same_values(model_dir, prompt):
     while not req.is_finished:
         outs = eng.step()
     out = next(o for o in outs if o.request_id == rid)
-    assert out.prompt_logprobs.logprobs.tolist() == ref.logprobs.tolist()
+    assert same(out.prompt_logprobs.logprobs.tolist(), ref.logprobs.tolist())
     assert out.prompt_logprobs.top_ids.tolist() == ref.top_ids.tolist()
 
 

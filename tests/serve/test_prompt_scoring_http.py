@@ -23,6 +23,7 @@ from execstate import LLM
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
+from execstate.kernels import cpu
 from execstate.model.random_models import make_random
 from execstate.serve.app import build_app
 from execstate.serve.limits import ServingLimits
@@ -103,7 +104,8 @@ def test_a_stream_keeps_getting_tokens_while_a_long_prompt_is_scored(server, mod
     steps = len(PROMPT) // 64
     assert notes and notes[-1] - notes[0] >= steps // 2, f"the stream got {notes[-1] - notes[0]} tokens meanwhile"
     lp = r.json()["choices"][0]["logprobs"]["token_logprobs"]
-    assert lp[0] is None and lp[1:] == LLM(str(model_dir), seed=0).score(PROMPT).logprobs
+    want = LLM(str(model_dir), seed=0).score(PROMPT).logprobs  # bit for bit on the CPU kernels, else fp32 rounding
+    assert lp[0] is None and (lp[1:] == want if cpu.available() else np.allclose(lp[1:], want, rtol=0, atol=1e-5))
     t.join(300)
     assert wait_idle(engine) == (0, 0, 0)
 

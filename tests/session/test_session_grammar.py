@@ -59,6 +59,20 @@ def test_a_constrained_output_spans_steps_and_rollback_reproduces_it(moe_dir):
     s.close()
 
 
+def test_an_output_completed_on_the_length_limits_token_stops(moe_dir):
+    """A grammar completed by the last token max_tokens allows finishes ``stop`` (as EOS would), so a
+    session's next step does not start a second document: on every kernel set, wherever the limit falls."""
+    llm = make_llm(moe_dir)
+    full = llm.generate({"prompt_token_ids": PROMPT}, replace(PARAMS, max_tokens=64))[0].outputs[0]
+    assert full.finish_reason == "stop"
+    n = len(full.token_ids)
+    exact = llm.generate({"prompt_token_ids": PROMPT}, replace(PARAMS, max_tokens=n))[0].outputs[0]
+    assert exact.token_ids == full.token_ids and exact.finish_reason == "stop"
+    jsonschema.validate(json.loads(exact.text), SCHEMA)
+    short = llm.generate({"prompt_token_ids": PROMPT}, replace(PARAMS, max_tokens=n - 1))[0].outputs[0]
+    assert short.token_ids == full.token_ids[:-1] and short.finish_reason == "length"
+
+
 def test_a_completed_output_restarts_and_a_new_constraint_replaces_the_matcher(moe_dir):
     llm = make_llm(moe_dir)
     s = llm.open_session(sampling_params=replace(PARAMS, max_tokens=64))
