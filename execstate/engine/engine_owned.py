@@ -60,11 +60,6 @@ class EngineOwned(Generic[O]):
             self._owned = self._build(engine)
         return self._owned
 
-    @property
-    def built(self) -> O | None:
-        """The owned object if built, else ``None`` (read it on the engine thread)."""
-        return self._owned
-
     async def run(self, fn: Callable[[O], T]) -> T:
         """``fn(owned)`` on the engine thread, between two engine steps."""
         return await self._engine.run_on_engine(lambda engine: fn(self.get(engine)))
