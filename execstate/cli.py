@@ -1,4 +1,5 @@
-"""Command line: ``execstate models|bench|demo|serve|proxy|world ...`` (heavy imports happen per command)."""
+"""Command line: ``execstate models|demo|serve|proxy ...``, and the commands other distributions add
+(``bench``, ``world``: execstate/commands.py); heavy imports happen per command."""
 
 from __future__ import annotations
 
@@ -341,17 +342,17 @@ def _add_world_options(s: argparse.ArgumentParser) -> None:
                         "(the first-person maze's) or trained directories; --world alone: world,maze (without "
                         "MODEL: a world-only server) (default: no world sessions)")
     g.add_argument("--world-max-sessions", type=int, default=8,
-                   help="resident world sessions at most; beyond it session.start is refused (code capacity) "
+                   help="resident world sessions at most; beyond it session.create is refused (code capacity) "
                         "(default: %(default)s)")
     g.add_argument("--world-session-memory", type=_size, default=8 << 20,
                    help="K/V memory budget of one world session (bytes, or a size such as 16MiB); a session or "
                         "checkpoint beyond it is refused (code budget) (default: 8MiB)")
     g.add_argument("--world-fps", type=_fps, default=16.0,
-                   help="a world session's target frame rate unless session.start sets fps: 0 (as fast as "
+                   help="a world session's target frame rate unless session.create sets fps: 0 (as fast as "
                         "possible) or 1 to 240 (default: %(default)s)")
     g.add_argument("--world-max-frames", type=int, default=100_000,
-                   help="most frames one world session may ask for (session.start's num_frames); beyond it "
-                        "session.start is refused (invalid_message) (default: %(default)s)")
+                   help="most frames one world session may ask for (session.create's num_frames); beyond it "
+                        "session.create is refused (invalid_message) (default: %(default)s)")
     g.add_argument("--world-step-workers", type=int, default=1,
                    help="world steps computed at once (threads); with --world-threads 1, one per core runs one "
                         "session per core (default: %(default)s)")
@@ -379,10 +380,6 @@ def build_parser() -> argparse.ArgumentParser:
     mr.add_argument("out")
     mr.add_argument("--seed", type=int, default=0)
     m.set_defaults(func=_models)
-
-    from execstate.bench.cli import add_bench_parser
-
-    add_bench_parser(sub)
 
     d = sub.add_parser("demo", help="a tour of the three workloads: R3 rollout, world session, duplex agent")
     d.add_argument("--model", default="smollm2-moe", help="the MoE model of the R3 part (default: %(default)s)")
@@ -499,38 +496,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="verify P's handoff signatures with this secret (default: $EXECSTATE_KV_SECRET)")
     px.set_defaults(func=_proxy)
 
-    _add_world_tools(sub)
+    from execstate.commands import add_commands
+
+    add_commands(sub)  # last: `bench`, `world` and any command a distribution registers (execstate/commands.py)
     return p
 
 
-def _add_world_tools(sub: argparse._SubParsersAction) -> None:
-    """``execstate world ...``: the world models' tools (train, eval, speed, export), which live in
-    the source repository's tools/world (``model/world/tools_import.py``); without them, the command
-    says where they are."""
-    from execstate.model.world.tools_import import WorldToolsMissing, world_tool
-
-    try:
-        world_tool("cli").add_world_parser(sub)
-    except WorldToolsMissing as e:
-        message = str(e)
-        w = sub.add_parser("world", help="world-model training and evaluation (in a source checkout)")
-
-        def missing(_args: argparse.Namespace) -> int:
-            print(f"execstate world: {message}", file=sys.stderr)
-            return 2
-
-        w.set_defaults(func=missing)
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Run a command; a model name that names no model is one line on stderr and status 2."""
+    """Run a command; a model name that names no model, or a world tool that is not installed (``execstate
+    models prepare world`` from a wheel), is one line on stderr and status 2."""
     args = build_parser().parse_args(argv)
     from execstate.logs import setup_cli_logging
     from execstate.model.errors import UnknownModelError
+    from execstate.model.world.tools_import import WorldToolsMissing
 
     setup_cli_logging()
     try:
         return args.func(args)
-    except UnknownModelError as exc:
+    except (UnknownModelError, WorldToolsMissing) as exc:
         print(f"execstate {args.cmd}: {exc}", file=sys.stderr)
         return 2

@@ -14,10 +14,11 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# the runtime and the benchmarks (benchmarks/execstate_bench: the check itself) from this checkout, uninstalled
+export PYTHONPATH=$PWD:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 if [[ " $* " == *" --cpu "* ]]; then
   export TRITON_INTERPRET=1  # the Triton kernels on the CPU, through Triton's interpreter
 else
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
 fi
-exec timeout 480 "$PY" -m execstate.bench.gpu_check --out "$OUT" "$@"
+exec timeout 480 "$PY" -m execstate_bench.gpu_check --out "$OUT" "$@"

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from execstate.bench.redis_server import RedisServer, redis_server_available
+from execstate_bench.redis_server import RedisServer, redis_server_available
 
 
 @pytest.fixture(scope="package")

@@ -35,7 +35,7 @@ class MediaIndex:
         self.num_removed: dict[str, int] = {}
 
     def apply(self, seq: int, payload: bytes) -> None:
-        from execstate.state.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
+        from execstate.state.kv_events.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 
         assert seq == self.next_seq, f"batch {seq} out of order (expected {self.next_seq})"
         self.next_seq += 1

@@ -2,7 +2,9 @@
 
 The page is generated from the parser (``execstate.cli.build_parser``), never written by hand, so
 it cannot drift: this test regenerates it and compares. After changing a flag, regenerate it with
-``python tests/test_cli_reference.py``.
+``python tests/test_cli_reference.py``. ``execstate bench`` comes from the benchmarks' distribution
+(``benchmarks/``, an entry point): the page documents it as installed, so the generator needs it
+(``make setup`` installs it).
 """
 
 from __future__ import annotations
@@ -42,7 +44,13 @@ def _walk(name: str, parser: argparse.ArgumentParser) -> list[tuple[str, argpars
 
 
 def render() -> str:
+    import importlib.util
+
     from execstate.cli import build_parser
+
+    if importlib.util.find_spec("execstate_bench") is None:
+        raise RuntimeError("docs/cli.md documents `execstate bench`: install the benchmarks first (make setup, or "
+                           "pip install -e benchmarks)")
 
     old = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = WIDTH
@@ -63,6 +71,7 @@ def test_cli_page_is_the_parsers_help() -> None:
     want = render()
     assert PAGE.read_text() == want, "docs/cli.md is stale: run `python tests/test_cli_reference.py`"
     assert "## `execstate serve`" in want and "--max-sessions" in want
+    assert "## `execstate bench throughput`" in want and "--r3-paired" in want  # the benchmarks' entry point
 
 
 def test_every_serve_flag_says_what_it_does_and_its_default():
@@ -104,7 +113,7 @@ def test_the_python_m_benchmarks_help_is_plain_text(name: str, capsys: pytest.Ca
     """The benchmarks run as ``python -m`` take their description from their docstring's start."""
     import importlib
 
-    module = importlib.import_module(f"execstate.bench.{name}")
+    module = importlib.import_module(f"execstate_bench.{name}")
     with pytest.raises(SystemExit):
         module.main(["--help"])
     text = capsys.readouterr().out

@@ -50,12 +50,9 @@ from execstate.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "execstate"
-# Optional peers, imported only inside functions, each with a clear message when missing.
-OPTIONAL_IMPORTS = {"llama_cpp": "llama-cpp-python (bench throughput's llama.cpp peer)",
-                    # bench/vllm_driver.py runs under the python of vLLM's own venv (bench throughput's vLLM peer)
-                    "vllm": "vLLM's CPU build", "psutil": "psutil (a dependency of vLLM)",
-                    # bench/harness.py: lm-evaluation-harness, the `eval` extra (a bench-only install)
-                    "lm_eval": "lm-eval (pip install -e '.[eval]')"}
+# Optional peers, imported only inside functions, each with a clear message when missing: none in the
+# runtime (the benchmarks' peers, vLLM, llama.cpp and lm-eval, are the bench distribution's, benchmarks/).
+OPTIONAL_IMPORTS: dict[str, str] = {}
 # Subpackages that belong to an extra: their modules may import that extra's distributions at module
 # level; without the extra, importing the subpackage raises ImportError naming the extra.
 EXTRA_PACKAGES = {"execstate.fleet.ray_app": "fleet",
@@ -147,21 +144,6 @@ def test_every_import_is_a_declared_dependency_or_a_lazy_optional_peer() -> None
     assert problems == []
 
 
-def test_optional_peer_reports_why_it_is_unavailable() -> None:
-    from execstate.bench.throughput import _llama_cpp_unavailable
-
-    assert (
-        _llama_cpp_unavailable("standard", True) == "only for the dense smollm2-135m (an F32 GGUF of the same weights)"
-    )
-    reason = _llama_cpp_unavailable("smollm2-135m", True)
-    try:
-        import llama_cpp  # noqa: F401
-    except Exception:  # noqa: BLE001 - any failure is "not installed"
-        assert reason is not None and reason.startswith("not installed (")
-    else:
-        assert reason is None
-
-
 def command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     """Every command path of the argparse tree: (), ('models',), ('models', 'list'), ..."""
     paths = [prefix]
@@ -226,7 +208,7 @@ def venv() -> Iterator[Venv]:
 @pytest.mark.packaging
 def test_installed_without_extras_imports_every_module(venv: Venv) -> None:
     script = """
-import importlib, importlib.resources, importlib.util, json, pkgutil, shutil, execstate
+import importlib, importlib.metadata, importlib.resources, importlib.util, json, pkgutil, shutil, execstate
 extras = EXTRAS
 names = sorted(
     m.name for m in pkgutil.walk_packages(execstate.__path__, "execstate.", onerror=lambda name: None)
@@ -253,6 +235,10 @@ print(json.dumps({
         p.name for p in importlib.import_module("execstate.model.world_default").MAZE_SHIPPED_DIR.iterdir()
     ),
     "world_tools": importlib.util.find_spec("tools") is not None,
+    "bench": importlib.util.find_spec("execstate_bench") is not None,
+    "not_runtime_files": sorted(str(f) for f in importlib.metadata.files("execstate")
+                                if str(f).startswith(("execstate/bench/", "execstate_bench/", "benchmarks/", "tools/",
+                                                      "tests/"))),
     "world_page": sorted(p.name for p in importlib.resources.files("execstate.serve").joinpath("static").iterdir()),
 }))
 """
@@ -265,7 +251,9 @@ print(json.dumps({
     assert report["dev_extras"] == []
     assert {"model.safetensors", "config.json", "train.json"} <= set(report["world_weights"])  # package data
     assert {"model.safetensors", "config.json", "train.json"} <= set(report["maze_weights"])
-    assert report["world_tools"] is False  # training and evaluation stay in the repository (tools/)
+    assert report["world_tools"] is False  # no top-level tools package: the world tools are execstate_bench's
+    assert report["bench"] is False  # the benchmarks are a distribution of their own (benchmarks/)
+    assert report["not_runtime_files"] == []  # the wheel holds the runtime only
     assert {"world.html", "world.js"} <= set(report["world_page"])  # the /world page (package data)
     expected = {
         "execstate." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts)
@@ -307,6 +295,21 @@ def test_every_cli_command_help(venv: Venv) -> None:
     for path in paths:
         out = _run([venv.execstate, *path, "--help"], venv.work, 60).stdout
         assert out.startswith("usage: " + " ".join(["execstate", *path])), (path, out[:200])
+
+
+@pytest.mark.packaging
+def test_bench_and_world_without_the_benchmarks_say_how_to_get_them(venv: Venv) -> None:
+    """The wheel holds neither the benchmarks nor the world tools: ``execstate bench ...`` and
+    ``execstate world ...`` are one line naming ``make setup``, status 2."""
+    for argv in (["bench"], ["bench", "throughput", "--model", "standard"], ["bench", "pd", "--help"],
+                 ["world", "train", "--out", "run"]):
+        proc = subprocess.run([str(venv.execstate), *argv], cwd=venv.work, env=_env(), capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
+        assert proc.stdout == ""
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"execstate {argv[0]}: "), (argv, proc.stderr)
+        assert "make setup" in lines[0] and "benchmarks/" in lines[0]
 
 
 def _free_port() -> int:

@@ -52,7 +52,7 @@ class OutputDelta(AgentEvent):
 
 @dataclass(frozen=True)
 class ResponseDone(AgentEvent):
-    """The one terminal event of a response: ``status`` is ``done``, ``cancelled`` or ``failed``."""
+    """The one terminal event of a response: ``status`` is ``completed``, ``cancelled`` or ``failed``."""
 
     type: ClassVar[str] = "response.done"
     response_id: ResponseId

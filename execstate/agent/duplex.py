@@ -440,7 +440,7 @@ class DuplexAgent:
             for e in errors:
                 self._emit(ErrorEvent(t, self.fence.epoch, "invalid_tool_call", e))
             self._parser = None
-        self.fence.finish(r.response_id, "done", t, reason)
+        self.fence.finish(r.response_id, "completed", t, reason)
 
     # -- helpers ------------------------------------------------------------------------------------------
     def _emit(self, ev: AgentEvent) -> None:

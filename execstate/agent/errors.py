@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from execstate.errors import CodedError
 
-class AgentError(Exception):
+
+class AgentError(CodedError):
     """A refused call: ``code`` ``invalid`` (bad input), ``not_found`` (unknown item), ``closed``."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 @dataclass

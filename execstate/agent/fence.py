@@ -8,7 +8,7 @@ Contract:
 - ``start`` opens a response in the current epoch (at most one at a time); ``delta`` emits output
   only if the response is the one in flight *and* the epoch it was produced in (the epoch the
   producing step started in) is the current one; otherwise it is dropped and ``delta`` returns
-  False. ``finish`` ends the response in flight (``done`` or ``failed``) once; a second finish,
+  False. ``finish`` ends the response in flight (``completed`` or ``failed``) once; a second finish,
   or a finish of a response already ended, returns False and emits nothing.
 - Hence: every response gets exactly one terminal event, and no delta of an epoch is emitted
   after that epoch's interrupt (so none after its response's terminal event).
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from execstate.agent.agent_events import AgentEvent, OutputDelta, ResponseCreated, ResponseDone, ResponseId
 
-TERMINAL = ("done", "cancelled", "failed")
+TERMINAL = ("completed", "cancelled", "failed")
 
 
 @dataclass
@@ -97,8 +97,8 @@ class ResponseFence:
         return True
 
     def finish(self, response_id: ResponseId, status: str, t: float, reason: str = "") -> bool:
-        if status not in ("done", "failed"):
-            raise ValueError(f"finish takes 'done' or 'failed', got {status!r} (cancel: interrupt)")
+        if status not in ("completed", "failed"):
+            raise ValueError(f"finish takes 'completed' or 'failed', got {status!r} (cancel: interrupt)")
         r = self.current
         if r is None or r.response_id != response_id:
             return False

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from execstate.agent.agent_events import DelegationId
+from execstate.errors import CodedError
 
 
 class DelegationState(enum.Enum):
@@ -33,11 +34,8 @@ class DelegationState(enum.Enum):
     FAILED = "failed"
 
 
-class LedgerError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
+class LedgerError(CodedError):
+    """A result or an open the ledger refuses: ``unknown``, ``duplicate``, ``late``, ``capacity``."""
 
 
 @dataclass

@@ -125,7 +125,7 @@ def _report(events: list[AgentEvent], seconds: float) -> bool:
     """The checks: the delegated answer is spoken, the barge-in cancelled the reply in flight and
     nothing of it came after its terminal event."""
     done = {e.response_id: e for e in events if isinstance(e, ResponseDone)}
-    spoken = " ".join(e.text or "" for e in done.values() if e.status == "done")
+    spoken = " ".join(e.text or "" for e in done.values() if e.status == "completed")
     barged = [e for e in done.values() if e.status == "cancelled" and e.reason == "barge_in"]
     late = [e for e in events if isinstance(e, OutputDelta) and e.response_id in done
             and e.t > done[e.response_id].t]

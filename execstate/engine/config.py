@@ -9,7 +9,7 @@ import torch
 
 from execstate.engine.offload_config import validate_offload
 from execstate.model.step_timers import CLOCKS
-from execstate.transfer.kv_events_config import KVEventsConfig
+from execstate.state.kv_events.config import KVEventsConfig
 
 KERNEL_CHOICES = ("auto", "torch", "execstate")
 GPU_KERNEL_CHOICES = ("auto", "triton", "torch")
@@ -96,7 +96,7 @@ class EngineConfig:
     offload_policy: str = "lru"
     offload_timeout_s: float = 1.0
     offload_secret: str | None = None
-    # KV cache events (engine/kv_events.py, docs/fleet.md): None or enable_kv_cache_events False
+    # KV cache events (state/kv_events/recorder.py, docs/fleet.md): None or enable_kv_cache_events False
     # publishes nothing (the default); else BlockStored/BlockRemoved batches on a ZeroMQ socket.
     kv_events: KVEventsConfig | None = None
     # The torch path's kernels (docs/performance.md, "GPU"): "auto" (the Triton kernels on a CUDA

@@ -5,7 +5,7 @@ new token, searches only the newest characters for stop strings and hands out on
 text not yet handed out. The model is vLLM's ``FastIncrementalDetokenizer``; decoding
 uses the ``tokenizers`` library's ``DecodeStream``.
 
-``IncrementalDetokenizer`` (one per request, kept on ``Request.detok``) contract:
+``IncrementalDetokenizer`` (one per request, kept on ``Request.output.detok``) contract:
 
 - ``add_token(tokenizer, id)`` returns the number of characters the token added. While
   the tokens so far end in an incomplete UTF-8 sequence (a character split across

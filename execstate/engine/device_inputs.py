@@ -91,24 +91,21 @@ class DeviceInputs:
             req = s.request
             start, n = s.num_computed_before, s.num_new_tokens
             end = start + n
-            blocks = req.block_ids
+            blocks = req.block_ids.array()  # int64, grown in place: a memcpy, no conversion
             nb = -(-end // bs)
             h["block_table"][i, :nb] = blocks[:nb]
             h["context_lens"][i] = end
             offsets.append(t)
             spans.append(Span(t, n, end))
-            n_prompt = len(req.prompt_token_ids)
-            if n == 1:
-                h["ids"][t] = (req.prompt_token_ids[start] if start < n_prompt
-                               else req.output_token_ids[start - n_prompt])
+            if n == 1:  # a decode: one token of the request's list, O(1) whatever its context
+                h["ids"][t] = req.all_token_ids[start]
                 h["positions"][t] = start
-                h["slots"][t] = blocks[start // bs] * bs + start % bs
-            else:
-                toks = req.prompt_token_ids[start:end] if end <= n_prompt else req.all_token_ids[start:end]
+                h["slots"][t] = int(blocks[start // bs]) * bs + start % bs
+            else:  # a prefill chunk: the span it runs, sliced from the request's list
                 pos = np.arange(start, end)
-                h["ids"][t : t + n] = toks
+                h["ids"][t : t + n] = req.all_token_ids[start:end]
                 h["positions"][t : t + n] = pos
-                h["slots"][t : t + n] = np.asarray(blocks[:nb], dtype=np.int64)[pos // bs] * bs + pos % bs
+                h["slots"][t : t + n] = blocks[:nb][pos // bs] * bs + pos % bs
             h["token_seq"][t : t + n] = i
             if s.samples:
                 sample_rows.append(i)

@@ -15,7 +15,8 @@ the C-kernel CPU path keeps ``ModelRunner``'s own code):
    numpy view of it), valid once the step has synchronised: ``RunnerOutput.wait`` (a no-op after
    the sampled ids were read, the one sync of a step that samples nothing).
 
-The host round-trips of a step are counted by ``bench/host_syncs.py`` (tests/gpu/test_host_syncs.py).
+The host round-trips of a step are counted by the benchmarks' ``execstate_bench/host_syncs.py``
+(tests/gpu/test_host_syncs.py).
 """
 
 from __future__ import annotations

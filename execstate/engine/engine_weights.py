@@ -89,7 +89,7 @@ class EngineWeights:
                 self._scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
                 self._finisher.defer(self._finisher.finalize(req))  # returned by the next step()
                 continue
-            req.block_keys = []  # keys from the new root
+            req.cache.block_keys = []  # keys from the new root
         self._scheduler.admit_only = None
         self._versions.add(version)
         self.in_progress = None

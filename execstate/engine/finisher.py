@@ -7,7 +7,7 @@ requests: the step, aborts, the weight updater, the step-failure handler):
   (``Scheduler.finish`` / ``abort``: blocks and route leases released). It removes the
   request from the engine's live requests, builds its final ``RequestOutput`` and runs its
   finish hook; the output goes to whoever asked (the step's caller, ``abort_request``'s).
-- ``run_finish_hook(req, out)``: ``req.on_finished`` (a session taking its step's blocks back),
+- ``run_finish_hook(req, out)``: ``req.session.on_finished`` (a session taking its step's blocks back),
   at most once (the hook is cleared before it runs). If the hook raises, the blocks it did not
   take are released so that nothing leaks; the error is logged, never raised.
 - ``forget(req)``: remove the request from the live requests without an output (the
@@ -66,15 +66,15 @@ class RequestFinisher:
         self._requests.pop(req.request_id, None)
 
     def run_finish_hook(self, req: Request, out: RequestOutput) -> None:
-        """``req.on_finished``, once; a hook that raises is logged and its blocks released."""
-        hook, req.on_finished = req.on_finished, None
+        """``req.session.on_finished``, once; a hook that raises is logged and its blocks released."""
+        hook, req.session.on_finished = req.session.on_finished, None
         if hook is None:
             return
         try:
             hook(req, out)
         except Exception:  # noqa: BLE001 - a hook must not take the engine down
             logger.exception("the finish hook of request %s failed", req.request_id)
-            held = req.returned_blocks
+            held = req.session.returned_blocks
             if held is not None and self._kv_holds.holds(held):
                 self._kv_holds.release(held)
 

@@ -29,8 +29,10 @@ from execstate.engine.prompt_logprobs import PromptScoring
 from execstate.engine.request import Request
 from execstate.engine.route_trace import RouteTrace
 from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.sampling_state import SamplingState
 from execstate.engine.step_request import StepRequest, build_step_request
 from execstate.engine.tokenizer import Tokenizer
+from execstate.engine.transfer_state import TransferState
 from execstate.engine.validation import (
     validate_forced_routes,
     validate_logit_bias,
@@ -109,22 +111,21 @@ class RequestIntake:
             params = replace(params, routed_experts=forced)
         grammar = self._grammar_matcher(params)
         handoff = accept_handoff(kv_transfer_params)
-        req = Request(request_id, [int(t) for t in token_ids], params, self.max_model_len, prompt=text)
+        req = Request(request_id, [int(t) for t in token_ids], params, self.max_model_len, prompt=text, scope=scope)
         if isinstance(kv_transfer_params, Handoff):
-            req.handoff = kv_transfer_params
+            req.transfer = TransferState(handoff=kv_transfer_params)
         else:
-            req.kv_transfer_params = kv_transfer_params
-            req.handoff = handoff
-        req.scope = scope
+            req.transfer = TransferState(params=kv_transfer_params, handoff=handoff)
         req.grammar = grammar
         if params.prompt_logprobs is not None:
-            req.prompt_scoring = PromptScoring(req.prompt_token_ids, params.prompt_logprobs)
-            req.max_chunk_tokens = self._prompt_logprobs_chunk
+            req.prompt_scoring = PromptScoring(req.prompt_token_ids, params.prompt_logprobs,
+                                               self._prompt_logprobs_chunk)
         if self.return_routes or params.routed_experts is not None:
             capacity = len(token_ids) + req.max_new_tokens
             req.routes = RouteTrace(mc.num_moe_layers, mc.top_k, capacity) if self.return_routes else None
-        req.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else self._generator
-        req.penalty_state = PenaltyState.for_request(params, req.prompt_token_ids, req.output_token_ids, mc.vocab_size)
+        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else self._generator
+        req.sampling = SamplingState(generator, PenaltyState.for_request(params, req.prompt_token_ids,
+                                                                         req.output_token_ids, mc.vocab_size))
         return req
 
     def _grammar_matcher(self, params: SamplingParams) -> GrammarMatcher | None:

@@ -21,16 +21,16 @@ Offload tiers (``engine/offload.py``): when ``pool_units`` is set, ``commit`` no
 block it caches was computed from (parent key, root, tokens), which the write-back of the block
 needs when the pool evicts it (requests that force routes are not noted: never offloaded).
 
-Session steps (``Request.keep_blocks``, ``state/block_holds.py``): a request that arrives
+Session steps (``Request.session.keep_blocks``, ``state/block_holds.py``): a request that arrives
 holding blocks is admitted without a prefix lookup for the held part; only its new tokens get
 slots. If its partial tail block is shared (a checkpoint or a fork pins it: ``ref_count > 1``),
 that one block is copied first (copy-on-write: a fresh block, the KV copy queued in
 ``take_block_copies`` for the engine to run before the forward pass, one reference on the old
 block dropped); full blocks are never written again, so they stay shared as they are. At finish
 (``release(finished=True)``) such a request's blocks covering its computed tokens are handed back
-as ``req.returned_blocks`` (registered in the block holds) instead of being freed.
+as ``req.session.returned_blocks`` (registered in the block holds) instead of being freed.
 
-KV events (``engine/kv_events.py``): when ``events`` is set, ``commit`` reports each run of
+KV events (``state/kv_events/recorder.py``): when ``events`` is set, ``commit`` reports each run of
 blocks it registered in the pool (one ``stored`` call per run: keys, parent key, token ids, the
 weights version, the request's scope); the pool reports its evictions itself.
 
@@ -66,7 +66,7 @@ MAX_CACHED_IDENTITIES = 1024
 
 
 class BlockEventSink(Protocol):
-    """Where ``commit`` reports the blocks it registered (``engine/kv_events.py``'s ``KVEvents``)."""
+    """Where ``commit`` reports the blocks it registered (``state/kv_events/recorder.py``'s ``KVEvents``)."""
 
     def stored(self, keys: Sequence[BlockKey], parent: BlockKey | None, token_ids: Sequence[int],
                weights_version: str, scope: CacheScope) -> None: ...
@@ -101,7 +101,7 @@ class KVCacheManager:
         self.num_lookup_tokens = 0
         self.num_hit_tokens = 0
         self.pool_units = pool_units  # the offload connector's (engine/offload.py), or None
-        self.events = events  # the KV events (engine/kv_events.py), or None
+        self.events = events  # the KV events (state/kv_events/recorder.py), or None
 
     def set_provenance(self, provenance: Provenance) -> None:
         """Re-root every key (weights update, numerics change). Old units stay in the
@@ -121,15 +121,15 @@ class KVCacheManager:
     def identity_of(self, req: Request) -> ExecutionIdentity:
         """``req``'s identity: its scope, replayed routes when it forces them."""
         mode = RouteMode.FREE if req.params.routed_experts is None else RouteMode.REPLAYED
-        return self.identity(req.scope, mode)
+        return self.identity(req.cache.scope, mode)
 
     # -- keys ---------------------------------------------------------------
     def update_block_keys(self, req: Request) -> None:
-        """Extend ``req.block_keys`` to cover every full block of its known tokens (O(new blocks)
+        """Extend ``req.cache.block_keys`` to cover every full block of its known tokens (O(new blocks)
         when there are new full blocks, O(1) otherwise)."""
-        if len(req.block_keys) >= req.num_tokens // self.block_size:
+        if len(req.cache.block_keys) >= req.num_tokens // self.block_size:
             return
-        self.identity_of(req).extend(req.block_keys, req.all_token_ids, self.block_size,
+        self.identity_of(req).extend(req.cache.block_keys, req.all_token_ids, self.block_size,
                                      forced_routes=req.params.routed_experts)
 
     # -- admission ----------------------------------------------------------
@@ -144,7 +144,7 @@ class KVCacheManager:
         self.update_block_keys(req)
         max_blocks = (req.num_tokens - 1) // self.block_size
         hits: list[BlockId] = []
-        for key in req.block_keys[:max_blocks]:
+        for key in req.cache.block_keys[:max_blocks]:
             bid = self.pool.lookup(key)
             if bid is None:
                 break
@@ -182,7 +182,7 @@ class KVCacheManager:
         num_cached = len(hits) * self.block_size
         num_new_tokens = min(num_new_tokens, req.num_tokens - num_cached)
         n_ext = n_offered = 0
-        if external is not None and not req.kv_load_started:
+        if external is not None and not req.transfer.load_started:
             n_offered = external.num_blocks(req)
             n_ext = max(0, min(n_offered, req.num_tokens // self.block_size) - len(hits))
             if n_ext:  # hold the whole prompt: loaded blocks plus the tail computed here
@@ -196,19 +196,19 @@ class KVCacheManager:
             return None
         req.block_ids = hits + fresh
         req.num_computed_tokens = num_cached
-        req.num_committed_blocks = len(hits)
+        req.cache.num_committed_blocks = len(hits)
         self.num_lookup_tokens += req.num_tokens
         self.num_hit_tokens += num_cached
         if self.route_store is not None and hits:
-            keys = req.block_keys[: len(hits)]
-            new_keys = [k for k in keys if k not in req.leased_keys]
+            keys = req.cache.block_keys[: len(hits)]
+            new_keys = [k for k in keys if k not in req.cache.leased_keys]
             self.route_store.lease(new_keys)
-            req.leased_keys.extend(new_keys)
+            req.cache.leased_keys.extend(new_keys)
             assert req.routes is not None
             rows = np.concatenate([self.route_store.get(k) for k in keys])
             req.routes.fill(0, rows)
-        if external is not None and n_offered and not req.kv_load_started:
-            req.kv_load_started = True
+        if external is not None and n_offered and not req.transfer.load_started:
+            req.transfer.load_started = True
             if n_ext:
                 self._start_external(req, external, len(hits), n_ext)
             else:
@@ -248,7 +248,7 @@ class KVCacheManager:
 
     def _start_external(self, req: Request, external: ExternalPrefix, first: int, count: int) -> None:
         self.update_block_keys(req)
-        keys = req.block_keys[first : first + count]
+        keys = req.cache.block_keys[first : first + count]
         try:
             external.start_load(req, first, keys, req.block_ids[first : first + count])
         except ExternalLoadError:
@@ -297,15 +297,15 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return
         num_full = req.num_computed_tokens // self.block_size
-        if num_full <= req.num_committed_blocks:
+        if num_full <= req.cache.num_committed_blocks:
             return
         self.update_block_keys(req)
         bs = self.block_size
         note = self.pool_units is not None and req.params.routed_experts is None
         tokens = req.all_token_ids if note or self.events is not None else []
         registered: list[int] = []
-        for i in range(req.num_committed_blocks, num_full):
-            key = req.block_keys[i]
+        for i in range(req.cache.num_committed_blocks, num_full):
+            key = req.cache.block_keys[i]
             if self.route_store is None:
                 if self.pool.commit(req.block_ids[i], key):
                     registered.append(i)
@@ -330,7 +330,7 @@ class KVCacheManager:
                 self.route_store.drop(key)
         if self.events is not None and registered:
             self._report_stored(req, registered, tokens)
-        req.num_committed_blocks = num_full
+        req.cache.num_committed_blocks = num_full
 
     def _report_stored(self, req: Request, registered: list[int], tokens: list[int]) -> None:
         """One ``stored`` event per run of consecutive registered blocks."""
@@ -341,41 +341,41 @@ class KVCacheManager:
             if j < len(registered) and registered[j] == registered[j - 1] + 1:
                 continue
             first, last = registered[start], registered[j - 1]
-            parent = req.block_keys[first - 1] if first else self.identity_of(req).root
-            self.events.stored(req.block_keys[first:last + 1], parent, tokens[first * bs:(last + 1) * bs],
-                               self.provenance.weights_version, req.scope)
+            parent = req.cache.block_keys[first - 1] if first else self.identity_of(req).root
+            self.events.stored(req.cache.block_keys[first:last + 1], parent, tokens[first * bs:(last + 1) * bs],
+                               self.provenance.weights_version, req.cache.scope)
             start = j
 
     def _note_unit(self, req: Request, i: int, tokens: list[int]) -> None:
         assert self.pool_units is not None
         bs = self.block_size
         root = self.identity_of(req).root
-        parent = req.block_keys[i - 1] if i else root
-        self.pool_units.note(req.block_keys[i], parent, root, tokens[i * bs : (i + 1) * bs],
-                             self.provenance.weights_version, req.scope.tenant)
+        parent = req.cache.block_keys[i - 1] if i else root
+        self.pool_units.note(req.cache.block_keys[i], parent, root, tokens[i * bs : (i + 1) * bs],
+                             self.provenance.weights_version, req.cache.scope.tenant)
 
     def release(self, req: Request, finished: bool) -> None:
         """Free the request's blocks (tail first). Route leases are kept across a
         preemption (the request still owes those rows) and released when finished.
         A finished ``keep_blocks`` request hands its computed blocks back instead
-        (``req.returned_blocks``, held in ``self.holds``; None when it computed nothing);
+        (``req.session.returned_blocks``, held in ``self.holds``; None when it computed nothing);
         slots beyond them are freed."""
-        if finished and req.keep_blocks:
+        if finished and req.session.keep_blocks:
             keep = cdiv(req.num_computed_tokens, self.block_size)
             if len(req.block_ids) > keep:
                 self.pool.free(list(reversed(req.block_ids[keep:])))
             if keep:
-                req.returned_blocks = self.holds.adopt(HeldBlocks(
-                    req.block_ids[:keep], req.num_computed_tokens, list(req.block_keys),
-                    min(req.num_committed_blocks, keep)))
+                req.session.returned_blocks = self.holds.adopt(HeldBlocks(
+                    req.block_ids[:keep], req.num_computed_tokens, list(req.cache.block_keys),
+                    min(req.cache.num_committed_blocks, keep)))
         elif req.block_ids:
             self.pool.free(list(reversed(req.block_ids)))
         req.block_ids = []
-        req.num_committed_blocks = 0
+        req.cache.num_committed_blocks = 0
         req.num_computed_tokens = 0
-        if finished and self.route_store is not None and req.leased_keys:
-            self.route_store.release(req.leased_keys)
-            req.leased_keys = []
+        if finished and self.route_store is not None and req.cache.leased_keys:
+            self.route_store.release(req.cache.leased_keys)
+            req.cache.leased_keys = []
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -18,7 +18,7 @@ shared state fails its checks afterwards does ``step`` raise ``EngineCorruptedEr
 (``engine/pd_connector.py``, ``attach_pd``).
 
 KV connectors (the anchor is vLLM v1's KV connector, with a scheduler role and a worker role):
-the KV events (``engine/kv_events.py``), the offload tiers (``engine/offload.py``: a pool side that
+the KV events (``state/kv_events/recorder.py``), the offload tiers (``engine/offload.py``: a pool side that
 writes evicted blocks back and notes their origins, a scheduler side that reloads prompts) and the
 PD connector. The first two are built in ``__init__`` before the parts that call them and given to
 those at construction, in one order (see the comment there); the block pool calls its eviction
@@ -59,7 +59,6 @@ from execstate.engine.grammar.compiler import GrammarCompiler
 from execstate.engine.grammar_masks import GrammarMasks
 from execstate.engine.intake import PromptType, RequestIntake
 from execstate.engine.kv_cache_manager import KVCacheManager
-from execstate.engine.kv_events import KVEvents, build_kv_events
 from execstate.engine.offload import OffloadConnector, build_offload
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.r3_clock import R3Clock
@@ -78,6 +77,7 @@ from execstate.kernels.team import team_governor
 from execstate.model.step_timers import StepTimers
 from execstate.state.block_holds import BlockHolds
 from execstate.state.block_pool import BlockPool
+from execstate.state.kv_events.recorder import KVEvents, build_kv_events
 from execstate.transfer.errors import TransferError
 from execstate.transfer.handoff import Handoff, wants_remote_prefill
 
@@ -108,7 +108,7 @@ class LLMEngine:
         self.route_store = parts.route_store
         self._wakeup = threading.Event()
         # The connectors, built once in this order, each given to the parts that call it at their
-        # construction (engine/kv_events.py, engine/offload.py; the PD connector alone comes later:
+        # construction (state/kv_events/recorder.py, engine/offload.py; the PD connector alone comes later:
         # attach_pd): the KV events (the pool's and the tiers' changes), the offload tiers' pool
         # side (they report to the KV events), then the block pool with its eviction hooks in their
         # one order (BlockPool: write-back, route store, KV events), the KV cache manager (commits
@@ -218,12 +218,12 @@ class LLMEngine:
     def add_step_request(self, step: StepRequest) -> Request:
         """Queue one session step (``engine/step_request.py``): validated first (ValueError,
         nothing changed); then its held blocks become the request's and come back at finish as
-        ``Request.returned_blocks``. Returns the queued request."""
+        ``Request.session.returned_blocks``. Returns the queued request."""
         req = self.intake.build_step(step, self.requests)
         if step.held is not None:
             held = self.kv_holds.hand_over(step.held)
-            req.block_ids, req.block_keys = held.block_ids, held.block_keys
-            req.num_committed_blocks, req.num_computed_tokens = held.num_committed_blocks, held.num_tokens
+            req.block_ids, req.cache.block_keys = held.block_ids, held.block_keys
+            req.cache.num_committed_blocks, req.num_computed_tokens = held.num_committed_blocks, held.num_tokens
         self.requests[req.request_id] = req
         self.scheduler.add(req)
         return req
@@ -383,7 +383,7 @@ class LLMEngine:
         if self.pd is None or not self.pd.wants_export(req):
             return status
         try:
-            req.kv_transfer_out = self.pd.export(req)
+            req.transfer.out = self.pd.export(req)
         except TransferError as e:
             req.abort_message = f"KV export failed: {e}"
             return RequestStatus.FINISHED_ABORTED

@@ -22,7 +22,7 @@ its manifest in :attr:`OffloadConnector.manifests` (the Redis server of the shar
 is configured: ``state/tiers/manifest_store.py``); a session woken here from another replica's
 manifest makes its units known to the Redis tier's index (:meth:`OffloadConnector.adopt_shared`).
 
-KV events: when the engine publishes them (``engine/kv_events.py``, attached first), the DRAM,
+KV events: when the engine publishes them (``state/kv_events/recorder.py``, attached first), the DRAM,
 disk and Redis tiers are built with the engine's ``KVEvents`` as their ``UnitEvents``: each
 reports every unit it starts or stops holding (medium ``dram``, ``disk``, ``shared``), named by
 its record (parent, tokens, weights version); the write-back thread flushes them when its queue
@@ -90,7 +90,7 @@ class OffloadHost(Protocol):
 
 
 class TierEvents(UnitEvents, Protocol):
-    """Where the tiers report their units (``engine/kv_events.py``'s ``KVEvents``), and ``flush``:
+    """Where the tiers report their units (``state/kv_events/recorder.py``'s ``KVEvents``), and ``flush``:
     publish what was reported (any thread; never blocks)."""
 
     def flush(self) -> int: ...

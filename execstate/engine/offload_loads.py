@@ -51,9 +51,9 @@ class OffloadLoads:
         """Leading full blocks the pool and the tiers hold together, when the tiers add any after
         the pool's run (else 0: nothing to reload). Counts the tiers' hits and misses once per
         request."""
-        if req.params.routed_experts is not None or req.handoff is not None:
+        if req.params.routed_experts is not None or req.transfer.handoff is not None:
             return 0
-        keys = req.block_keys
+        keys = req.cache.block_keys
         limit = min(len(keys), req.num_tokens // self.kv.block_size)
         i = 0
         while i < limit and self._pool_hit(keys[i]):
@@ -83,7 +83,7 @@ class OffloadLoads:
         units = []
         for j, key in enumerate(keys):
             b = first_block + j
-            parent = req.block_keys[b - 1] if b else root
+            parent = req.cache.block_keys[b - 1] if b else root
             units.append(ExpectedUnit(key, parent, root, tuple(tokens[b * bs : (b + 1) * bs])))
         job_id = next(self._ids)
         self._inflight[job_id] = req

@@ -148,7 +148,7 @@ class PDConnector:
     # -- producer -----------------------------------------------------------------
     @staticmethod
     def wants_export(req: Request) -> bool:
-        return bool(req.kv_transfer_params and req.kv_transfer_params.get("do_remote_decode"))
+        return bool(req.transfer.params and req.transfer.params.get("do_remote_decode"))
 
     def export(self, req: Request) -> dict[str, Any]:
         """Export the finished prefill's full prompt blocks; returns the handoff params.
@@ -164,7 +164,7 @@ class PDConnector:
         routes = None
         if req.routes is not None and self.cfg.routes_transfer:
             routes = req.routes.rows(0, n_full * bs)
-        handoff = self.export_blocks(req.block_ids[:n_full], req.block_keys[:n_full], routes)
+        handoff = self.export_blocks(req.block_ids[:n_full], req.cache.block_keys[:n_full], routes)
         return handoff.to_params(self.secrets)
 
     def export_blocks(self, block_ids: list[BlockId], keys: list[BlockKey], routes: np.ndarray | None) -> Handoff:

@@ -104,10 +104,10 @@ class RemoteLoads:
     # -- ExternalPrefix ---------------------------------------------------------------------------
 
     def num_blocks(self, req: Request) -> int:
-        return req.handoff.num_blocks if req.handoff is not None else 0
+        return req.transfer.handoff.num_blocks if req.transfer.handoff is not None else 0
 
     def start_load(self, req: Request, first_block: int, keys: list[BlockKey], dst: list[BlockId]) -> None:
-        h = req.handoff
+        h = req.transfer.handoff
         assert h is not None
         if self.num_inflight >= self.max_inflight:
             self._refuse(req, f"{self.num_inflight} KV loads in flight (max_inflight_transfers={self.max_inflight})")
@@ -121,7 +121,7 @@ class RemoteLoads:
                                         self.need_routes, first_block))
 
     def skip_load(self, req: Request) -> None:
-        h = req.handoff
+        h = req.transfer.handoff
         assert h is not None
         self.stats.released_without_load += 1
         self.worker.submit_release(h.remote_addr, h.transfer_id)
@@ -198,8 +198,9 @@ class RemoteLoads:
     def _refuse(self, req: Request, why: str) -> None:
         self.stats.refused += 1
         self.stats.failures += 1
-        assert req.handoff is not None
-        self.worker.submit_release(req.handoff.remote_addr, req.handoff.transfer_id)  # free P's pins now
+        handoff = req.transfer.handoff
+        assert handoff is not None
+        self.worker.submit_release(handoff.remote_addr, handoff.transfer_id)  # free P's pins now
         raise ExternalLoadError(f"KV load refused: {why}")
 
     def _refuse_owned(self, addr: str, transfer_id: str, why: str) -> None:
@@ -237,7 +238,7 @@ class RemoteLoads:
         self.stats.kv_bytes += res.kv_bytes
         self.stats.control_bytes += res.control_bytes
         self.stats.load_seconds += res.elapsed_s
-        req.transfer_info = {"kv_bytes": res.kv_bytes, "control_bytes": res.control_bytes, "seconds": res.elapsed_s}
+        req.transfer.info = {"kv_bytes": res.kv_bytes, "control_bytes": res.control_bytes, "seconds": res.elapsed_s}
         if self.on_transfer is not None:
             self.on_transfer(res.kv_bytes, res.ok and not done.stuck, res.control_bytes, res.elapsed_s)
         if done.stuck:

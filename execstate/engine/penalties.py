@@ -19,6 +19,8 @@ a penalty or a bias get a state; requests without one pay nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -46,15 +48,15 @@ class _IdList:
 class PenaltyState:
     """One request's penalty state, kept up to date incrementally.
 
-    ``output_token_ids`` is the request's own output list (appended to by the engine after
-    each step, never rewritten); ``sync()`` looks only at the tokens appended since its last
-    call, so the cost per generated token is O(1) whatever the output length.
+    ``output_token_ids`` is the request's own outputs (a live view, ``Request.output_token_ids``,
+    appended to by the engine after each step, never rewritten); ``sync()`` looks only at the
+    tokens appended since its last call, so the cost per generated token is O(1) whatever the output length.
     ``positions`` are the distinct token ids the history penalties apply to: output tokens
     and, for a repetition penalty, prompt tokens.
     """
 
     def __init__(
-        self, params: SamplingParams, prompt_token_ids: list[int], output_token_ids: list[int], vocab_size: int
+        self, params: SamplingParams, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int], vocab_size: int
     ) -> None:
         self.vocab_size = vocab_size
         # Clamped into float32's range (the result is the same: such a penalty decides anyway).
@@ -74,7 +76,7 @@ class PenaltyState:
 
     @classmethod
     def for_request(
-        cls, params: SamplingParams, prompt_token_ids: list[int], output_token_ids: list[int], vocab_size: int
+        cls, params: SamplingParams, prompt_token_ids: Sequence[int], output_token_ids: Sequence[int], vocab_size: int
     ) -> PenaltyState | None:
         """A state when ``params`` use a penalty or a logit bias, else ``None``."""
         if not params.uses_penalties:

@@ -41,10 +41,12 @@ ROWS_PER_BLOCK = 128  # logits rows materialised at once: 128 x vocab fp32 (25 M
 class PromptScoring:
     """The rows of one request's prompt scored so far (module docstring). Engine thread only."""
 
-    def __init__(self, token_ids: list[int], k: int) -> None:
+    def __init__(self, token_ids: list[int], k: int, max_chunk_tokens: int | None = None) -> None:
         rows = max(0, len(token_ids) - 1)
         self.token_ids = token_ids
         self.k = k
+        # the most tokens of the request one step may run (None: the step's budget; Request.chunk)
+        self.max_chunk_tokens = max_chunk_tokens
         self._logprobs = np.zeros(rows, np.float32)
         self._ranks = np.zeros(rows, np.int64)
         self._top_ids = np.zeros((rows, k), np.int64)

@@ -75,12 +75,11 @@ class ModelRunner:
             req = s.request
             start, end = s.num_computed_before, s.num_computed_before + s.num_new_tokens
             offsets.append(len(input_ids))
-            tokens = req.all_token_ids
             forced = req.params.routed_experts
             if forced is not None and start < len(forced):
                 forced_rows.append((len(input_ids), forced[start : min(end, len(forced))]))
-            spans.append(SeqSpan(len(input_ids), s.num_new_tokens, end, req.block_ids))
-            input_ids.extend(tokens[start:end])
+            spans.append(SeqSpan(len(input_ids), s.num_new_tokens, end, req.block_ids.array()))
+            input_ids.extend(req.all_token_ids[start:end])  # the span it runs: O(new tokens), not O(context)
             positions.extend(range(start, end))
         num_tokens = len(input_ids)
         ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)

@@ -256,7 +256,7 @@ class Scheduler:
 
     def _source(self, req: Request) -> ExternalPrefix | None:
         """Where ``req``'s prefix may be loaded from: PD with a handoff, else the offload tiers."""
-        if req.handoff is not None or self.offload is None:
+        if req.transfer.handoff is not None or self.offload is None:
             return self.external
         return self.offload
 

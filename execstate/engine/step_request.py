@@ -10,7 +10,7 @@ generator: the session owns it).
 
 ``build_step_request`` (called by ``RequestIntake.build_step`` with the engine's limits, live request
 ids and block holds) validates everything first (``ValueError``, nothing changed) and builds the
-engine ``Request`` with ``keep_blocks`` set; the engine then hands the held blocks over (they
+engine ``Request`` with ``session.keep_blocks`` set; the engine then hands the held blocks over (they
 become the request's references) and queues it. The trace and the generator stay shared with the
 session: the request fills the trace and draws from the generator in place. The ids in
 ``token_ids`` are not scanned again: the session validated each input event when it was submitted.
@@ -26,9 +26,10 @@ import torch
 
 from execstate.engine.penalties import PenaltyState
 from execstate.engine.priority import PRIORITY_INTERACTIVE
-from execstate.engine.request import Request
+from execstate.engine.request import Request, SessionLink
 from execstate.engine.route_trace import RouteTrace
 from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.sampling_state import SamplingState
 from execstate.engine.validation import check_prompt_length, validate_logit_bias, validate_sampling
 from execstate.identity.scope import LOCAL_SCOPE, CacheScope
 from execstate.state.block_holds import BlockHolds, HeldBlocks
@@ -78,12 +79,10 @@ def build_step_request(step: StepRequest, *, vocab_size: int, max_model_len: int
         raise ValueError("a step carries a route trace exactly when the engine returns routes")
     if (step.grammar is not None) != (step.params.structured_outputs is not None):
         raise ValueError("a step carries a grammar matcher exactly when its sampling params constrain the output")
-    req = Request(step.request_id, step.token_ids, step.params, max_model_len, priority=step.priority)
-    req.keep_blocks = True
-    req.scope = step.scope
+    req = Request(step.request_id, step.token_ids, step.params, max_model_len, priority=step.priority, scope=step.scope)
+    req.session = SessionLink(keep_blocks=True, on_finished=step.on_finished)
     req.routes = step.routes
-    req.generator = step.generator
-    req.on_finished = step.on_finished
     req.grammar = step.grammar
-    req.penalty_state = PenaltyState.for_request(step.params, req.prompt_token_ids, req.output_token_ids, vocab_size)
+    req.sampling = SamplingState(step.generator, PenaltyState.for_request(step.params, req.prompt_token_ids,
+                                                                          req.output_token_ids, vocab_size))
     return req

@@ -66,8 +66,8 @@ class StepResults:
         sampled = None
         if reqs:  # first: reading the sampled ids is the step's one wait on the device
             banned = [self._banned(r) for r in reqs]
-            sampled = sample(result.logits, [r.params for r in reqs], [r.generator for r in reqs], banned,
-                             [r.penalty_state for r in reqs], mask, device_algorithms=result.device_step)
+            sampled = sample(result.logits, [r.params for r in reqs], [r.sampling.generator for r in reqs], banned,
+                             [r.sampling.penalties for r in reqs], mask, device_algorithms=result.device_step)
         if result.routes is not None:
             result.wait()  # the route copy is done (free after the sampled ids were read)
             t_r3 = time.perf_counter()
@@ -82,9 +82,9 @@ class StepResults:
             return
         now = time.monotonic()
         for j, req in enumerate(reqs):
-            req.output_token_ids.append(sampled.token_ids[j])
-            req.output_logprobs.append(sampled.logprobs[j])
-            req.output_top_logprobs.append(sampled.top_logprobs[j])
+            req.append_output_token(sampled.token_ids[j])
+            req.output.logprobs.append(sampled.logprobs[j])
+            req.output.top_logprobs.append(sampled.top_logprobs[j])
             if req.first_token_time is None:
                 req.first_token_time = now
             grammar_status = _advance_grammar(req) if req.grammar is not None else None
@@ -101,7 +101,7 @@ class StepResults:
                 out.append(build_output(req, self._tokenizer, self._return_routes))
 
     def _banned(self, req: Request) -> list[int]:
-        if len(req.output_token_ids) >= req.params.min_tokens:
+        if req.num_output_tokens >= req.params.min_tokens:
             return []
         return sorted(self._eos_token_ids | set(req.params.stop_token_ids or []))
 
@@ -111,7 +111,7 @@ def _advance_grammar(req: Request) -> RequestStatus | None:
     it, ``"stop"`` when the grammar is complete, else None."""
     g = req.grammar
     assert g is not None
-    if not g.accept(req.output_token_ids[-1]):
+    if not g.accept(req.all_token_ids[-1]):
         req.abort_message = f"the sampled token does not match the structured output grammar: {g.error}"
         return RequestStatus.FINISHED_ABORTED
     return RequestStatus.FINISHED_STOPPED if g.stopped else None

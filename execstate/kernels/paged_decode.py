@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from execstate.kernels.ext import lib, require, sync_threads
@@ -22,8 +23,8 @@ class PagedDecode:
     ``len(block_tables[b]) * block_size``; block ids below ``num_slots // block_size``).
     """
 
-    def __init__(self, tokens: list[int], block_tables: Sequence[Sequence[int]], ctx_lens: list[int], block_size: int,
-                 num_slots: int) -> None:
+    def __init__(self, tokens: list[int], block_tables: Sequence[Sequence[int] | np.ndarray], ctx_lens: list[int],
+                 block_size: int, num_slots: int) -> None:
         lib()  # RuntimeError when the kernels are unavailable
         if block_size < 1:
             raise ValueError(f"PagedDecode: block_size must be >= 1, got {block_size}")
@@ -31,11 +32,17 @@ class PagedDecode:
             raise ValueError("PagedDecode: tokens, block_tables and ctx_lens must have one entry per sequence")
         num_blocks = num_slots // block_size
         width = max((len(t) for t in block_tables), default=1)
+        rows = []
         for b, (table, n) in enumerate(zip(block_tables, ctx_lens, strict=True)):
             if not 1 <= n <= len(table) * block_size:
                 raise ValueError(f"PagedDecode: sequence {b} has ctx_len {n} for {len(table)} blocks of {block_size}")
-            if any(not 0 <= blk < num_blocks for blk in table):
+            try:  # converted and checked in C: no Python loop over a context's blocks
+                row = np.asarray(table, dtype=np.int64)
+            except OverflowError:
+                row = np.asarray([-1])
+            if row.min() < 0 or row.max() >= num_blocks:
                 raise ValueError(f"PagedDecode: sequence {b} has a block id outside [0, {num_blocks})")
+            rows.append(row)
         if any(t < 0 for t in tokens):
             raise ValueError("PagedDecode: token rows must be >= 0")
         self.num_seqs = len(tokens)
@@ -44,9 +51,10 @@ class PagedDecode:
         self.block_size, self.num_slots = block_size, num_slots
         self.tokens = torch.tensor(tokens, dtype=torch.int64)
         self.ctx_lens = torch.tensor(ctx_lens, dtype=torch.int64)
-        self.block_table = torch.zeros((len(tokens), width), dtype=torch.int64)
-        for b, table in enumerate(block_tables):
-            self.block_table[b, : len(table)] = torch.tensor(table, dtype=torch.int64)
+        table_np = np.zeros((len(tokens), width), dtype=np.int64)
+        for b, row in enumerate(rows):
+            table_np[b, : len(row)] = row
+        self.block_table = torch.from_numpy(table_np)
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
             scale: float) -> None:
@@ -75,7 +83,8 @@ class PagedDecode:
                nkv, d, self.block_size, float(scale))
 
     @classmethod
-    def for_spans(cls, token_starts: list[int], num_queries: list[int], block_tables: Sequence[Sequence[int]],
+    def for_spans(cls, token_starts: list[int], num_queries: list[int],
+                  block_tables: Sequence[Sequence[int] | np.ndarray],
                   ctx_lens: list[int], block_size: int, num_slots: int) -> PagedDecode:
         """Every query of a step's spans, prefill spans included: span ``s`` holds rows
         ``token_starts[s] ..`` (``num_queries[s]`` of them) whose last one sees ``ctx_lens[s]``

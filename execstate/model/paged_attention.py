@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -37,7 +38,7 @@ class SeqSpan:
     token_start: int  # index of the span's first token in the flat batch
     num_query: int
     context_len: int  # tokens in context after this step (cached + new)
-    block_ids: Sequence[int]
+    block_ids: Sequence[int] | np.ndarray  # the request's blocks (the engine passes BlockTable.array())
 
 
 class PagedAttention:
@@ -54,7 +55,7 @@ class PagedAttention:
         for span in spans:
             start = span.context_len - span.num_query
             for pos in range(start, span.context_len):
-                slot_mapping.append(span.block_ids[pos // bs] * bs + pos % bs)
+                slot_mapping.append(int(span.block_ids[pos // bs]) * bs + pos % bs)
             if use_kernels:
                 continue  # every span goes to PagedDecode.for_spans below
             if span.num_query == 1 and start > 0:

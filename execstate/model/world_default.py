@@ -14,7 +14,7 @@
 whatever the storage dtype.
 
 ``maze`` (the first-person maze's model): the weights shipped in the package
-(``execstate/model/world/maze/shipped/``, fp16), trained by ``python -m tools.world.maze_train``.
+(``execstate/model/world/maze/shipped/``, fp16), trained by ``python -m execstate_bench.world_tools.maze_train``.
 
 :func:`load_world_dir` loads a trained directory of either kind (the config's fields say which).
 """
@@ -61,7 +61,7 @@ def load_default_maze_model(numerics: str = "eager") -> Any:  # MazeWorldModel
 
     if not (MAZE_SHIPPED_DIR / "model.safetensors").is_file():
         raise FileNotFoundError(f"no shipped maze model weights in {MAZE_SHIPPED_DIR}; train one with "
-                                "`python -m tools.world.maze_train` from a source checkout")
+                                "`python -m execstate_bench.world_tools.maze_train` from a source checkout")
     return MazeWorldModel.load(MAZE_SHIPPED_DIR, numerics=numerics, model_id=MAZE_NAME)
 
 

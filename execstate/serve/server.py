@@ -45,9 +45,9 @@ from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import ServingMetrics
 from execstate.serve.principals import keys_from_args
 from execstate.session.runtime.manager import SessionPolicy
+from execstate.state.kv_events.config import KVEventsConfig
 from execstate.state.quotas import KINDS, Quotas
 from execstate.transfer.handoff import HandoffTrust
-from execstate.transfer.kv_events_config import KVEventsConfig
 from execstate.voice.engines import VoiceEngines, default_engines
 from execstate.voice.vocabulary import demo_phrases
 
@@ -195,7 +195,7 @@ def voice_engines_from_args(args: argparse.Namespace) -> Callable[[], VoiceEngin
 
 def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None = None) -> int:
     """``execstate serve`` (module docstring). ``make_importer``: the PD connector's importer
-    (None: the real one; ``bench/faulty_serve.py`` passes a fault-injecting one)."""
+    (None: the real one; ``benchmarks/execstate_bench/faulty_serve.py`` passes a fault-injecting one)."""
     import uvicorn
 
     from execstate.serve.app import build_app

@@ -6,7 +6,7 @@ channel (:mod:`~execstate.transfer.control`); KV bytes travel on a NIXL/UCX bulk
 the receiver fetches, verifies and commits only what verified (:mod:`~execstate.transfer.importer`),
 with the checks of :mod:`~execstate.transfer.checks`, on the receiver's transfer thread
 (:mod:`~execstate.transfer.load_worker`); who may hand state over: :mod:`~execstate.transfer.handoff`.
-The fault-injecting importer of the tests and benchmarks is not here: ``execstate/bench/faults.py``.
+The fault-injecting importer of the tests and benchmarks is not here: ``benchmarks/execstate_bench/faults.py``.
 """
 
 from execstate.transfer.errors import ErrorCode, TransferError, TransferLimitError

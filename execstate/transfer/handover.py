@@ -37,6 +37,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from execstate.errors import CodedError
+
 DEFAULT_MAX_ENTRIES = 4096
 DEFAULT_SKEW_S = 30.0  # expired offers are refused, and remembered this long after their expiry
 
@@ -48,14 +50,9 @@ class HandoverState(enum.Enum):
     ABORTED = "aborted"
 
 
-class HandoverError(Exception):
+class HandoverError(CodedError):
     """A refused step; ``code``: ``replay``, ``expired``, ``capacity``, ``aborted``, ``committed``,
-    ``unknown`` or ``invalid``."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
+    ``importing``, ``pending``, ``unknown`` or ``invalid``."""
 
 
 @dataclass

@@ -14,7 +14,7 @@ every later block is garbage and must be recomputed (policy ``recompute``) or th
 (policy ``fail``). ``routes`` covers exactly the verified tokens and came with that KV.
 
 :meth:`KVImporter.release` sends only the ``Release`` (the receiver had every block already). Test
-doubles (``bench/faults.py``) override :meth:`KVImporter._fetch_manifest` and
+doubles (``benchmarks/execstate_bench/faults.py``) override :meth:`KVImporter._fetch_manifest` and
 :meth:`KVImporter._received`; the product importer injects nothing.
 """
 

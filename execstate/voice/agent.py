@@ -280,7 +280,7 @@ class VoiceAgent:
             elif isinstance(ev, OutputDelta):
                 self.out.text(ev.response_id, ev.text)
             elif isinstance(ev, ResponseDone):
-                if ev.status == "done":
+                if ev.status == "completed":
                     self.out.end_text(ev.response_id)
                 else:
                     self.out.drop(ev.response_id, ev.reason)

@@ -51,7 +51,7 @@ def test_barge_in_cancels_truncates_to_emitted_and_the_new_turn_follows():
         done = [e for e in col.events if e.type == "response.done"]
         assert [(d.status, d.reason) for d in done] == [("cancelled", "barge_in")]
         assert agent.fence.epoch == first.epoch + 1
-        await col.wait_for(lambda e: e.type == "response.done" and e.status == "done")
+        await col.wait_for(lambda e: e.type == "response.done" and e.status == "completed")
         await agent.close()
         await col.task
         check_invariants(col.events)
@@ -87,7 +87,7 @@ def test_backchannel_holds_then_resumes_the_same_response_and_never_enters_the_c
         await col.task
         check_invariants(col.events)
         dones = col.of("response.done")
-        assert [d.status for d in dones] == ["done"] and dones[0].text == LONG
+        assert [d.status for d in dones] == ["completed"] and dones[0].text == LONG
         assert [e.kind for e in col.of("input.turn")] == ["end_of_turn", "hold", "resume"]
         assert "uh huh" not in front.text and agent.fence.epoch == 0
 
@@ -137,7 +137,7 @@ def test_result_for_an_old_epoch_is_stale_and_never_spoken_and_the_task_was_not_
         agent.feed("actually never mind that")  # barge-in: the epoch advances, the task runs on
         gate.set()
         stale = await col.wait_for(lambda e: e.type == "delegation.result")
-        await col.wait_for(lambda e: e.type == "response.done" and e.status == "done")
+        await col.wait_for(lambda e: e.type == "response.done" and e.status == "completed")
         await agent.close()
         await col.task
         check_invariants(col.events)
@@ -200,7 +200,7 @@ def test_truncate_to_the_played_position():
         assert agent.truncate(done.response_id, played_ms=400) == 6  # 15 chars/s: 6 characters, " w0 w1"
         assert agent.truncate(done.response_id, played_chars=100) == 6  # a truncation only ever shortens
         agent.feed("and then what")
-        await col.wait_for(lambda e: e.type == "response.done" and e.status == "done")
+        await col.wait_for(lambda e: e.type == "response.done" and e.status == "completed")
         await agent.close()
         await col.task
         assert "\nAgent: w0 w1\nUser: and then what\nAgent:" in front.text

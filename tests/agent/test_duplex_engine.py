@@ -43,14 +43,14 @@ def test_session_context_equals_the_transcript_after_barge_in_and_truncate(tiny_
         await col.wait_for(lambda e: e.type == "response.output_text.delta")
         agent.feed("no no no stop")
         cancelled = await col.wait_for(lambda e: e.type == "response.done")
-        second = await col.wait_for(lambda e: e.type == "response.done" and e.status == "done", 60)
+        second = await col.wait_for(lambda e: e.type == "response.done" and e.status == "completed", 60)
         assert (cancelled.status, cancelled.reason) == ("cancelled", "barge_in")
         sid = front.session_id
         assert await front.sessions.token_ids(sid) == agent.transcript.token_ids
         kept = agent.truncate(second.response_id, played_chars=len(second.text) // 2)
         agent.feed("ok")
         await col.wait_for(lambda e: e.type == "response.done" and e.response_id != second.response_id
-                           and e.status == "done", 60)
+                           and e.status == "completed", 60)
         assert agent.transcript.generated(second.response_id) == agent.fence.responses[
             second.response_id].token_ids[:kept]
         assert await front.sessions.token_ids(sid) == agent.transcript.token_ids
@@ -92,7 +92,7 @@ def test_smollm2_front_speaks_the_delegated_answer_and_never_a_stale_one():
         said = await col.wait_for(lambda e: e.type == "response.done" and "391" in e.text, 60)
         result = col.of("delegation.result")[0]
         first_391 = next(e for e in col.of("response.output_text.delta") if "391" in e.text)
-        assert result.status == "completed" and result.t <= first_391.t and said.status == "done"
+        assert result.status == "completed" and result.t <= first_391.t and said.status == "completed"
         agent.feed("And the code of zebra please")
         await col.wait_for(lambda e: e.type == "delegation.created" and e.tool == "lookup", 60)
         await col.wait_for(lambda e: e.type == "response.output_text.delta" and e.epoch == 0
@@ -100,7 +100,7 @@ def test_smollm2_front_speaks_the_delegated_answer_and_never_a_stale_one():
         agent.feed("no forget it, tell me a joke")  # barge-in: the lookup runs on, its result goes stale
         gate.set()
         stale = await col.wait_for(lambda e: e.type == "delegation.result" and e.status == "stale", 60)
-        await col.wait_for(lambda e: e.type == "response.done" and e.epoch == 1 and e.status == "done", 60)
+        await col.wait_for(lambda e: e.type == "response.done" and e.epoch == 1 and e.status == "completed", 60)
         await agent.close()
         await col.task
         check_invariants(col.events)

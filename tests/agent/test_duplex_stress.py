@@ -57,7 +57,7 @@ def test_random_interleavings_keep_every_invariant(script, seed):
         await asyncio.sleep(0.3)
         n_done = len(col.of("response.done"))
         agent.feed("final")  # one more turn: its boundary applies every pending truncation
-        await col.wait_for(lambda e: e.type == "response.done" and e.status == "done"
+        await col.wait_for(lambda e: e.type == "response.done" and e.status == "completed"
                            and len(col.of("response.done")) > n_done)
         await asyncio.sleep(0.05)
         if not agent.fence.active and not agent.context.replaying:  # the front holds exactly the transcript

@@ -52,8 +52,8 @@ def test_no_old_epoch_output_after_the_terminal_and_one_terminal_each(script):
             assert not f.delta(step_resp, step_epoch - 1 - k, "y", (1,), t)
         elif op == "finish" and f.current is not None:
             rid = f.current.response_id
-            assert f.finish(rid, "done" if k else "failed", t)
-            assert not f.finish(rid, "done", t)
+            assert f.finish(rid, "completed" if k else "failed", t)
+            assert not f.finish(rid, "completed", t)
         elif op == "interrupt":
             before = f.epoch
             r = f.interrupt(t, "barge_in")

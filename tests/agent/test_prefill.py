@@ -48,7 +48,7 @@ def test_partials_are_speculated_scored_and_the_last_one_kept_by_the_reply():
         steps = front.steps
         agent.user_turn("what is the time?")
         done = await col.wait_for(lambda e: e.type == "response.done")
-        assert done.status == "done"
+        assert done.status == "completed"
         assert front.text == "SYS\nUser: what is the time?\nAgent: fine.\n"
         assert list(front.marks) == [1]  # the base checkpoint is the reply's mark
         assert agent.transcript.token_ids == front.context

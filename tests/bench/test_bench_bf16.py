@@ -10,9 +10,9 @@ from execstate.kernels import cpu
 
 @pytest.mark.skipif(not cpu.available(), reason=f"kernels unavailable: {cpu.unavailable_reason()}")
 def test_bf16_peer_and_ratio(tmp_path) -> None:
-    from execstate.bench.throughput import format_table, run_throughput_bench
     from execstate.cli import build_parser
     from execstate.model.random_models import make_random
+    from execstate_bench.throughput import format_table, run_throughput_bench
 
     assert build_parser().parse_args(["bench", "throughput", "--dtype", "bfloat16"]).dtype == "bfloat16"
     path = make_random("qwen3_moe", tmp_path / "m", seed=0)
@@ -34,8 +34,8 @@ def test_bf16_peer_and_ratio(tmp_path) -> None:
 
 
 def test_gguf_mode_peers_are_built_for_the_gguf_models_only(tmp_path) -> None:
-    from execstate.bench.throughput import GGUF_BUILDS, mode_peers
-    from execstate.bench.throughput_workload import Workload
+    from execstate_bench.throughput import GGUF_BUILDS, mode_peers
+    from execstate_bench.throughput_workload import Workload
 
     wl = Workload(16, 4, 2, 1, None, 0)
     with pytest.raises(ValueError, match="quantization='gguf' benches"):
@@ -48,7 +48,7 @@ def test_gguf_mode_peers_are_built_for_the_gguf_models_only(tmp_path) -> None:
 
 
 def test_mode_ratios_pair_each_mode_with_its_peer() -> None:
-    from execstate.bench.throughput_report import _mode_ratios
+    from execstate_bench.throughput_report import _mode_ratios
 
     def peer(b8: float, b1: float, prefill: float | None = None) -> dict:
         return {"available": True, "batch8": {"median_tok_s": b8, "prefill_tok_s": prefill},
@@ -65,7 +65,7 @@ def test_mode_ratios_pair_each_mode_with_its_peer() -> None:
 def test_bf16_over_vllm_prefill_uses_vllms_batched_prefill() -> None:
     """vLLM's prefill probe is kept beside its shapes (``prefill_batched_tok_s``); the bf16 mode's prefill
     ratio over vLLM bf16 is taken from it (it was ``None``)."""
-    from execstate.bench.throughput_report import _mode_ratios
+    from execstate_bench.throughput_report import _mode_ratios
 
     ours = {"available": True, "batch8": {"median_tok_s": 500.0, "prefill_tok_s": 6000.0},
             "batch1": {"median_tok_s": 200.0, "decode_tok_s": 220.0}}

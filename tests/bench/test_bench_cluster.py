@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from execstate.bench.cluster import summarize
-from execstate.bench.cluster_report import format_cluster_table, plot_cluster
-from execstate.bench.cluster_workload import ClusterWorkload, Turn
+from execstate_bench.cluster import summarize
+from execstate_bench.cluster_report import format_cluster_table, plot_cluster
+from execstate_bench.cluster_workload import ClusterWorkload, Turn
 
 
 def test_workload_is_deterministic_and_shares_system_prompts():
@@ -45,7 +45,7 @@ def test_summary_counts_hits_per_replica_and_percentiles():
 @pytest.mark.slow
 def test_a_tiny_cluster_run(tmp_path):
     pytest.importorskip("ray")
-    from execstate.bench.cluster import run_cluster_bench
+    from execstate_bench.cluster import run_cluster_bench
 
     w = ClusterWorkload(users=4, systems=1, system_len=128, turns=2, session_users=1, concurrency=2, reply_len=4)
     report = run_cluster_bench(replicas=(1, 2), routers=("round_robin", "execstate"), workload=w)

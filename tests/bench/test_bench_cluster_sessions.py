@@ -9,8 +9,8 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from execstate.bench.cluster_sessions import SessionsScenario, StepRecord, Timeline, summarize_sessions
-from execstate.bench.cluster_timeline import format_sessions_table, plot_timeline
+from execstate_bench.cluster_sessions import SessionsScenario, StepRecord, Timeline, summarize_sessions
+from execstate_bench.cluster_timeline import format_sessions_table, plot_timeline
 
 OK = 200
 
@@ -68,11 +68,11 @@ def test_timeline_plot_and_table(tmp_path):
 @pytest.mark.slow
 def test_a_tiny_sessions_run(tmp_path):
     pytest.importorskip("ray")
-    from execstate.bench.redis_server import redis_server_available
+    from execstate_bench.redis_server import redis_server_available
 
     if not redis_server_available():
         pytest.skip("redis-server is not installed")
-    from execstate.bench.cluster_sessions import run_sessions_bench
+    from execstate_bench.cluster_sessions import run_sessions_bench
 
     sc = SessionsScenario(replicas=3, live_sessions=4, others=1, first_len=32, warm_s=3, settle_s=3)
     report = run_sessions_bench("tiny", sc)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from execstate.bench.itl import StepTimes, format_itl_table, run_itl_bench
 from execstate.cli import build_parser
+from execstate_bench.itl import StepTimes, format_itl_table, run_itl_bench
 
 
 def test_report_and_table():

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from execstate.bench.load import format_load_report, run_load_bench
 from execstate.model.random_models import make_random
+from execstate_bench.load import format_load_report, run_load_bench
 
 SEQS, WAITING, CLIENTS, FLOOD = 2, 2, 4, 24
 

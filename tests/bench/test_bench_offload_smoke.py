@@ -3,8 +3,8 @@ every part runs, replies and first tokens equal the no-tier engine's, the plot i
 
 from __future__ import annotations
 
-from execstate.bench.offload import format_offload_table, run_offload_bench
 from execstate.model.random_models import make_random
+from execstate_bench.offload import format_offload_table, run_offload_bench
 
 
 def test_bench_offload_smoke(tmp_path, redis_server):

@@ -9,8 +9,8 @@ from test_bench_pd_smoke import _execstate_children
 
 
 def test_itl_under_loads_report(tmp_path):
-    from execstate.bench.pd_itl import format_itl_table, run_itl_under_loads
     from execstate.model.random_models import make_random
+    from execstate_bench.pd_itl import format_itl_table, run_itl_under_loads
 
     path = make_random("qwen3_moe", tmp_path / "m", seed=0)
     r = run_itl_under_loads(str(path), prompt_len=64, num_loads=2, quiet_tokens=6, threads=1)

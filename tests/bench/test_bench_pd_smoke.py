@@ -30,8 +30,8 @@ def _execstate_children() -> list[int]:
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    from execstate.bench.pd import run_pd_bench
     from execstate.model.random_models import make_random
+    from execstate_bench.pd import run_pd_bench
 
     path = make_random("qwen3_moe", tmp_path_factory.mktemp("bench_pd"), seed=0)
     return run_pd_bench(model=str(path), prompt_len=PROMPT_LEN, num_prompts=NUM_PROMPTS,
@@ -92,7 +92,7 @@ def test_every_process_stopped(report):
 
 
 def test_table_renders(report):
-    from execstate.bench.pd import format_table
+    from execstate_bench.pd import format_table
 
     text = format_table(report)
     assert "TTFT PD / single" in text and "recovery" in text and "0 token mismatches" in text
@@ -105,7 +105,7 @@ def test_listens_on_names_the_process_holding_the_port(tmp_path):
     import subprocess
     import sys
 
-    from execstate.bench.pd_cluster import listens_on
+    from execstate_bench.pd_cluster import listens_on
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -125,7 +125,7 @@ def test_cluster_never_gives_two_processes_one_port(monkeypatch, tmp_path):
     """The OS may hand the same free port out twice in a row; a cluster draws again."""
     import subprocess
 
-    import execstate.bench.pd_cluster as pc
+    import execstate_bench.pd_cluster as pc
 
     ports = iter([41001, 41001, 41001, 41002])
     monkeypatch.setattr(pc, "free_port", lambda: next(ports))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from execstate.bench.session_migration import measure_migration
 from execstate.model.random_models import make_random
+from execstate_bench.session_migration import measure_migration
 
 
 def test_measure_migration_smoke(tmp_path):

@@ -12,12 +12,12 @@ import types
 
 import pytest
 
-from execstate.bench import sessions_migration_part
-from execstate.bench.sessions import PARTS, run_sessions_bench
-from execstate.bench.sessions_chat import PATHS
-from execstate.bench.sessions_table import format_sessions_table
 from execstate.cli import main
 from execstate.model.random_models import make_random
+from execstate_bench import sessions_migration_part
+from execstate_bench.sessions import PARTS, run_sessions_bench
+from execstate_bench.sessions_chat import PATHS
+from execstate_bench.sessions_table import format_sessions_table
 
 TURNS, TURN_LEN, GEN, BLOCK = 4, 12, 6, 16
 CONTEXTS = (48, 1000)  # the tiny model has 256 positions: 1000 is clamped to 256 - 4

@@ -13,8 +13,8 @@ PROMPT_LEN, NEW, NUM_PROMPTS, B1, REPEATS = 16, 8, 4, 2, 2
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    from execstate.bench.throughput import run_throughput_bench
     from execstate.model.random_models import make_random
+    from execstate_bench.throughput import run_throughput_bench
 
     path = make_random("qwen3_moe", tmp_path_factory.mktemp("bench_moe"), seed=0)
     return run_throughput_bench(
@@ -75,7 +75,7 @@ def test_greedy_parity(report):
 
 
 def test_table_renders(report):
-    from execstate.bench.throughput import format_table
+    from execstate_bench.throughput import format_table
 
     text = format_table(report)
     assert "R3 overhead" in text and "transformers" in text and "only for the dense" in text
@@ -113,7 +113,7 @@ def test_f32_gguf_copy(tmp_path):
     import gguf
     from gguf.quants import dequantize
 
-    from execstate.bench.gguf_f32 import dequantize_gguf, ensure_f32_gguf
+    from execstate_bench.gguf_f32 import dequantize_gguf, ensure_f32_gguf
 
     src = _tiny_gguf(tmp_path / "tiny.Q4_1.gguf")
     dst = dequantize_gguf(src, tmp_path / "tiny.F32.gguf")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from execstate.bench.weights import format_weights_table, run_weights_bench
 from execstate.cli import build_parser
 from execstate.model.random_models import make_random
+from execstate_bench.weights import format_weights_table, run_weights_bench
 
 
 def test_weights_bench_report(tmp_path):

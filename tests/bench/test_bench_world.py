@@ -11,9 +11,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parents[1] / "session"))
 from world_helpers import TINY, tiny_world_model  # noqa: E402
 
-from execstate.bench import world as bench  # noqa: E402
-from execstate.bench.world_table import format_world_table  # noqa: E402
 from execstate.model.world.config import WorldModelConfig  # noqa: E402
+from execstate_bench import world as bench  # noqa: E402
+from execstate_bench.world_table import format_world_table  # noqa: E402
 
 SCENE = WorldModelConfig(**{**TINY.to_dict(), "frame_size": 48})  # the procedural scene's frame size
 

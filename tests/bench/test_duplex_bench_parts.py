@@ -12,9 +12,9 @@ from execstate.agent.agent_events import (
     ResponseCreated,
     ResponseDone,
 )
-from execstate.bench.duplex_metrics import summarize
-from execstate.bench.duplex_run import Played
-from execstate.bench.duplex_script import BACKCHANNELS, make_conversation
+from execstate_bench.duplex_metrics import summarize
+from execstate_bench.duplex_run import Played
+from execstate_bench.duplex_script import BACKCHANNELS, make_conversation
 
 
 def test_conversations_are_seeded_and_well_formed():

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from execstate.bench.harness import DATA, TASK, run_harness, write_task
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.scorer import score_tokens
 from execstate.model.random_models import make_random
 from execstate.model.random_tokenizer import write_tokenizer
 from execstate.serve.app import build_app
 from execstate.session.lm.llm import LLM
+from execstate_bench.harness import DATA, TASK, run_harness, write_task
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "serve"))
 from serve_helpers import running_server  # noqa: E402
@@ -28,7 +28,7 @@ def test_task_yaml_names_the_shipped_data(tmp_path):
 
 @pytest.mark.slow
 def test_harness_loglikelihoods_equal_llm_score(tmp_path):
-    pytest.importorskip("lm_eval", reason="lm-eval is a bench-only install: pip install -e '.[eval]'")
+    pytest.importorskip("lm_eval", reason="lm-eval is a bench-only install: pip install -e 'benchmarks[eval]'")
     d = make_random("llama", tmp_path / "m", seed=0)
     write_tokenizer(Path(d))
     llm = LLM(str(d), seed=0)

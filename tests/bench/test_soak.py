@@ -1,5 +1,5 @@
 """``execstate bench soak`` for 2 minutes (CI runs it: ``.ci/run``, marker ``soak``): a server kept
-busy on every surface, with the faults of ``bench/soak_faults.py``, must end with no leaked KV
+busy on every surface, with the faults of ``benchmarks/execstate_bench/soak_faults.py``, must end with no leaked KV
 block, no 5xx, every surface answered, every fault window recorded, the report's samples complete
 and its plot written.
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from execstate.bench.redis_server import redis_server_available
-from execstate.bench.soak import run_soak
-from execstate.bench.soak_plot import plot_soak
+from execstate_bench.redis_server import redis_server_available
+from execstate_bench.soak import run_soak
+from execstate_bench.soak_plot import plot_soak
 
 SURFACES = {"completions", "completions_sse", "chat_sse", "tools", "structured", "echo_logprobs", "sessions_http",
             "realtime", "agent", "voice", "world"}

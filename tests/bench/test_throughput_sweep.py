@@ -13,7 +13,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from execstate.bench.throughput_roofline import (
+from execstate_bench.throughput_roofline import (
     ceiling_tok_s,
     expected_experts_read,
     kv_bytes_per_token,
@@ -22,7 +22,7 @@ from execstate.bench.throughput_roofline import (
     step_bytes,
     weight_bytes,
 )
-from execstate.bench.throughput_sweep import SweepWorkload, parse_batches, run_throughput_sweep
+from execstate_bench.throughput_sweep import SweepWorkload, parse_batches, run_throughput_sweep
 
 
 def _brute_expected(e: int, k: int, b: int) -> Fraction:
@@ -123,7 +123,7 @@ def test_parse_batches_and_workload_checks():
 def test_sweep_engine_only_report_table_and_plot(tiny_moe, tmp_path, monkeypatch):
     import matplotlib.image
 
-    from execstate.bench.throughput_plot import format_sweep_table, plot_sweep
+    from execstate_bench.throughput_plot import format_sweep_table, plot_sweep
 
     monkeypatch.delenv("EXECSTATE_VLLM_PYTHON", raising=False)
     wl = SweepWorkload((1, 2), prompt_len=8, max_new_tokens=6)
@@ -149,8 +149,8 @@ def test_sweep_engine_only_report_table_and_plot(tiny_moe, tmp_path, monkeypatch
 def test_measured_roofline_uses_the_bandwidth_next_to_each_batch(tiny_moe, tmp_path, monkeypatch):
     """Without --bandwidth-gbs the sweep probes the bandwidth before each batch size's runs and
     each batch's ceiling uses the median of its probes (here: a fake probe whose figure moves)."""
-    import execstate.bench.throughput_sweep as sweep
-    from execstate.bench.throughput_plot import format_sweep_table, plot_sweep
+    import execstate_bench.throughput_sweep as sweep
+    from execstate_bench.throughput_plot import format_sweep_table, plot_sweep
 
     monkeypatch.delenv("EXECSTATE_VLLM_PYTHON", raising=False)
     calls = []
@@ -180,7 +180,7 @@ def test_measured_roofline_uses_the_bandwidth_next_to_each_batch(tiny_moe, tmp_p
 
 
 def test_starved_peers_are_noted():
-    from execstate.bench.throughput_sweep import _note_starved
+    from execstate_bench.throughput_sweep import _note_starved
 
     report = {"notes": [], "peers": {
         "a": {"by_batch": {"1": {"cpu_share": [0.5, 0.6, 0.1]}, "2": {"cpu_share": [0.4]}}},

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execstate.bench import vllm_driver
-from execstate.bench.vllm_peer import (
+from execstate_bench import vllm_driver
+from execstate_bench.vllm_peer import (
     DRIVER,
     ENV_PYTHON,
     DriverError,
@@ -192,7 +192,7 @@ def test_real_vllm_peer_matches_engine(tmp_path):
     import numpy as np
 
     from execstate import LLM, SamplingParams
-    from execstate.bench.models import ensure_standard_model
+    from execstate_bench.models import ensure_standard_model
 
     path = ensure_standard_model()
     prompts = np.random.default_rng(0).integers(0, 32000, size=(2, 32)).tolist()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from execstate.bench.voice_client import TICK, Recording
-from execstate.bench.voice_metrics import edit_distance, norm, summarize
-from execstate.bench.voice_oracle import OracleRecognizer
+from execstate_bench.voice_client import TICK, Recording
+from execstate_bench.voice_metrics import edit_distance, norm, summarize
+from execstate_bench.voice_oracle import OracleRecognizer
 
 
 class _Null:

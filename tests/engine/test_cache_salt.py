@@ -45,7 +45,7 @@ def gen(e: LLM, ids: list[int], salt: str | None = None, params: SamplingParams 
 def keys(e: LLM, ids: list[int], salt: str | None) -> list[bytes]:
     req = Request("probe", ids, GREEDY, 128, scope=LOCAL_SCOPE.with_salt(salt))
     e.engine.kv_manager.update_block_keys(req)
-    return req.block_keys
+    return req.cache.block_keys
 
 
 def test_tenants_never_share_and_same_tenant_hits(shared):

@@ -64,8 +64,8 @@ def drive(
     outs = []
     for i, t in enumerate(ids):
         req.output_token_ids.append(t)
-        req.output_logprobs.append(-0.5 - i)
-        req.output_top_logprobs.append([(t, -0.5 - i), (t + 1, -9.0)])
+        req.output.logprobs.append(-0.5 - i)
+        req.output.top_logprobs.append([(t, -0.5 - i), (t + 1, -9.0)])
         status = on_new_token(req, {2}, tok)
         if status is not None:
             req.status = status
@@ -138,8 +138,8 @@ def test_model_without_tokenizer_has_tokens_and_logprobs_but_no_text():
     assert [o.outputs[0].text for o in outs] == ["", "", ""]
     assert sum((o.outputs[0].token_ids for o in outs), []) == [5, 6, 7]
     assert outs[-1].outputs[0].finish_reason == "length"
-    assert outs[0].outputs[0].logprobs == [req.output_logprob_entries[0]]
-    assert req.output_logprob_entries[0][5].decoded_token is None
+    assert outs[0].outputs[0].logprobs == [req.output.logprob_entries[0]]
+    assert req.output.logprob_entries[0][5].decoded_token is None
 
 
 # -- stop strings -----------------------------------------------------------------------------
@@ -247,4 +247,4 @@ def test_a_stop_string_before_a_split_character_stops_at_its_token(smol):
         req, outs = drive(smol, [459, 0], kind, stop=[" "])
         assert (req.stop_reason, len(req.output_token_ids), outs[-1].outputs[0].text) == (" ", 1, "")
     req, _ = drive(smol, [459, 0], CUMULATIVE, stop=["x"])  # no stop: the whole text at the end
-    assert req.detok.text(True) == " " + FFFD and req.stop_reason is None
+    assert req.output.detok.text(True) == " " + FFFD and req.stop_reason is None

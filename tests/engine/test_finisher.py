@@ -19,7 +19,7 @@ from execstate.state.block_pool import BlockPool
 
 def finished_request(rid: str, status: RequestStatus = RequestStatus.FINISHED_STOPPED) -> Request:
     req = Request(rid, [5, 6, 7], SamplingParams(max_tokens=4), max_model_len=64)
-    req.output_token_ids, req.output_logprobs, req.output_top_logprobs = [9, 10], [-0.5, -1.0], [[], []]
+    req.output_token_ids, req.output.logprobs, req.output.top_logprobs = [9, 10], [-0.5, -1.0], [[], []]
     req.status = status
     return req
 
@@ -34,14 +34,14 @@ def test_finalize_builds_the_final_output_forgets_the_request_and_runs_the_hook_
     requests = {"a": req, "b": finished_request("b")}
     finisher, _ = make(requests)
     calls = []
-    req.on_finished = lambda r, out: calls.append((r.request_id, out.finished, out.outputs[0].finish_reason))
+    req.session.on_finished = lambda r, out: calls.append((r.request_id, out.finished, out.outputs[0].finish_reason))
     out = finisher.finalize(req)
     assert (out.request_id, out.finished, out.outputs[0].token_ids, out.outputs[0].finish_reason) == (
         "a", True, [9, 10], "stop")
     assert list(requests) == ["b"]  # the live requests are the engine's dict, shared, not copied
     assert calls == [("a", True, "stop")]
     finisher.run_finish_hook(req, out)  # cleared before it ran: never twice
-    assert calls == [("a", True, "stop")] and req.on_finished is None
+    assert calls == [("a", True, "stop")] and req.session.on_finished is None
 
 
 def test_a_failing_hook_is_logged_and_the_blocks_it_did_not_take_are_released(caplog):
@@ -49,12 +49,12 @@ def test_a_failing_hook_is_logged_and_the_blocks_it_did_not_take_are_released(ca
     pool = holds.pool
     held = holds.adopt(HeldBlocks(pool.allocate(3), num_tokens=40))  # the step's blocks, handed back
     req = finished_request("s", RequestStatus.FINISHED_ABORTED)
-    req.returned_blocks = held
+    req.session.returned_blocks = held
 
     def hook(r, out):
         raise RuntimeError("session gone")
 
-    req.on_finished = hook
+    req.session.on_finished = hook
     out = finisher.finalize(req)  # does not raise
     assert out.finished and out.outputs[0].finish_reason == "abort"
     assert pool.num_used == 0 and holds.num_holders == 0
@@ -68,15 +68,15 @@ def test_a_failing_hook_after_taking_its_blocks_leaves_them_with_their_new_owner
     pool = holds.pool
     held = holds.adopt(HeldBlocks(pool.allocate(2), num_tokens=20))
     req = finished_request("s")
-    req.returned_blocks = held
+    req.session.returned_blocks = held
     kept = []
 
     def hook(r, out):
-        kept.append(holds.pin(r.returned_blocks))  # the session keeps a reference of its own
-        holds.release(r.returned_blocks)
+        kept.append(holds.pin(r.session.returned_blocks))  # the session keeps a reference of its own
+        holds.release(r.session.returned_blocks)
         raise RuntimeError("after taking")
 
-    req.on_finished = hook
+    req.session.on_finished = hook
     finisher.finalize(req)
     assert pool.num_used == 2 and holds.num_holders == 1 and holds.holds(kept[0])
 

@@ -1,4 +1,4 @@
-"""KV cache events (engine/kv_events.py, transfer/kv_events_publisher.py): a plain ZeroMQ client
+"""KV cache events (state/kv_events/recorder.py, state/kv_events/publisher.py): a plain ZeroMQ client
 subscribes, rebuilds the engine's pool index from the batches (live, plus the replay socket for
 what it missed) and finds exactly the keys the block pool holds; keys carry the weights version."""
 
@@ -16,8 +16,8 @@ from execstate import LLM
 from execstate.engine.sampling_params import SamplingParams
 from execstate.identity.keys import block_key
 from execstate.model.loader import load_hf_state_dict
-from execstate.state.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
-from execstate.transfer.kv_events_config import KVEventsConfig
+from execstate.state.kv_events.config import KVEventsConfig
+from execstate.state.kv_events.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 EVENTS = KVEventsConfig(enable_kv_cache_events=True, endpoint="tcp://127.0.0.1:0", include_token_ids=True,

@@ -239,7 +239,7 @@ def test_sessions_run_with_tiers(moe_dir):
 
 
 def test_a_corrupt_dram_unit_is_served_from_the_next_tier(moe_dir, cold, tmp_path):
-    from execstate.bench.offload_desync import UnitAccess
+    from execstate_bench.offload_desync import UnitAccess
 
     llm = make(moe_dir, offload_dram_bytes=64 << 20, offload_disk_dir=str(tmp_path / "d"))
     try:

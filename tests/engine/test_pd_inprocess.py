@@ -13,11 +13,11 @@ import time
 import numpy as np
 import pytest
 
-from execstate.bench.faults import FaultInjection, importer_factory
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.pd_connector import PDConfig
 from execstate.engine.sampling_params import SamplingParams
+from execstate_bench.faults import FaultInjection, importer_factory
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 SECRET = "in-process-test-secret-0123456789"
@@ -80,11 +80,11 @@ def test_48_token_case_routes_follow_their_kv(pd_pair, moe_dir):
     # D holds the first 32 tokens in its own cache; make its records distinguishable.
     run(d, ids[:32] + [7])
     d.kv_manager.update_block_keys(_probe := _req_for(d, ids))
-    for key in _probe.block_keys[:2]:
+    for key in _probe.cache.block_keys[:2]:
         rec = d.route_store.get(key)[..., ::-1].copy()  # swap top-2 order: valid, distinct
         rec.setflags(write=False)
         d.route_store._records[key] = rec
-    d_rows = np.concatenate([d.route_store.get(k) for k in _probe.block_keys[:2]])
+    d_rows = np.concatenate([d.route_store.get(k) for k in _probe.cache.block_keys[:2]])
     # P's exported records for block 2 are tampered the same way on their way out.
     real_export = p.pd.exporter.export
     exported = {}

@@ -60,7 +60,7 @@ def make(policy: str = "fail", max_inflight: int = 4, max_fenced: int = 6):
 
 def request(rid: str, n_blocks: int = 3) -> Request:
     r = Request(rid, list(range(n_blocks * 4 + 1)), SamplingParams(max_tokens=2), 256)
-    r.handoff = Handoff("P0", ADDR, f"P0/{rid}", 0, n_blocks, 4, 2**40)
+    r.transfer.handoff = Handoff("P0", ADDR, f"P0/{rid}", 0, n_blocks, 4, 2**40)
     return r
 
 
@@ -85,7 +85,7 @@ def test_ok_load_and_the_job_sent_to_the_transfer_thread():
     (done,) = loads.finished_loads()
     assert done.request is req and done.load.error is None and done.load.num_verified_blocks == 3
     assert loads.num_inflight == 0 and loads.stats.loads == 1 and loads.stats.kv_bytes == 1000
-    assert req.transfer_info == {"kv_bytes": 1000, "control_bytes": 10, "seconds": 0.01}
+    assert req.transfer.info == {"kv_bytes": 1000, "control_bytes": 10, "seconds": 0.01}
 
 
 @pytest.mark.parametrize("policy", ["fail", "recompute"])

@@ -94,7 +94,7 @@ def test_others_keep_running_while_a_load_is_in_flight():
         assert pd.status is LOADING and sched.num_loading == 1 and sched.has_unfinished
         assert len(r.output_token_ids) == 2 + i
     _, first, keys, dst = remote.started["pd"]
-    assert first == 0 and keys == pd.block_keys[:3] and dst == pd.block_ids[:3]
+    assert first == 0 and keys == pd.cache.block_keys[:3] and dst == pd.block_ids[:3]
     assert len(pd.block_ids) == 4  # the whole prompt is held while loading
     remote.complete("pd")
     ids, _ = scheduled_ids(sched)
@@ -124,7 +124,7 @@ def test_local_hit_then_load_then_compute_routes_from_their_sources():
     sched.add(pd)
     scheduled_ids(sched)
     _, first, keys, dst = remote.started["pd"]
-    assert first == 2 and keys == pd.block_keys[2:4] and dst == pd.block_ids[2:4]
+    assert first == 2 and keys == pd.cache.block_keys[2:4] and dst == pd.block_ids[2:4]
     assert pd.num_cached_tokens == 8
     remote.complete("pd")
     scheduled_ids(sched)
@@ -156,7 +156,7 @@ def test_loaded_blocks_are_committed_before_the_first_step():
     sched.schedule()
     remote.complete("pd")
     sched._apply_finished_loads(SchedulerOutput())  # what schedule() does first
-    assert all(pool.lookup(k) is not None and store.has(k) for k in pd.block_keys[:3])
+    assert all(pool.lookup(k) is not None and store.has(k) for k in pd.cache.block_keys[:3])
     # a preemption right away does not lose them, and the request never loads twice
     sched.running.remove(pd)
     sched._preempt(pd)
@@ -197,8 +197,8 @@ def test_failed_load_is_a_request_error_and_frees_everything():
     ids, failed = scheduled_ids(sched)
     assert failed == [pd] and ids == ["other"]
     assert pd.status is RequestStatus.FINISHED_ABORTED and "checksum_mismatch" in pd.abort_message
-    assert pd.block_ids == [] and all(pool.lookup(k) is None for k in pd.block_keys)  # nothing committed
-    assert all(store.lease_count(k) == 0 for k in pd.block_keys)
+    assert pd.block_ids == [] and all(pool.lookup(k) is None for k in pd.cache.block_keys)  # nothing committed
+    assert all(store.lease_count(k) == 0 for k in pd.cache.block_keys)
 
 
 def test_partial_load_recomputes_the_rest_with_our_routes():

@@ -79,9 +79,9 @@ def test_prefix_hit_copies_recorded_rows_and_leases():
     run_step(sched)
     assert b.num_cached_tokens == 8  # two full blocks hit, tail recomputed
     np.testing.assert_array_equal(b.routes.rows(0, 8), fake_rows(list(range(8)), 0))
-    assert all(store.lease_count(k) == 1 for k in b.leased_keys)
+    assert all(store.lease_count(k) == 1 for k in b.cache.leased_keys)
     drain(sched)
-    assert all(store.lease_count(k) == 0 for k in b.block_keys[:2])
+    assert all(store.lease_count(k) == 0 for k in b.cache.block_keys[:2])
     pool.check_integrity()
     store.check_integrity()
     assert pool.num_used == 0
@@ -104,7 +104,7 @@ def test_missing_route_record_is_a_miss_not_zeros():
     a = new_req("a", list(range(12)))
     sched.add(a)
     drain(sched)
-    store.drop(a.block_keys[1])  # second block's record lost
+    store.drop(a.cache.block_keys[1])  # second block's record lost
     b = new_req("b", list(range(12)) + [5])
     sched.add(b)
     run_step(sched)
@@ -198,7 +198,7 @@ def test_route_record_outlives_evicted_block_while_a_request_needs_it():
     sched.add(b)
     run_step(sched)
     assert b.num_cached_tokens == 8
-    hit_keys = b.block_keys[:2]
+    hit_keys = b.cache.block_keys[:2]
     sched._preempt(b)  # b gives its blocks back but still owes those rows
     sched.running.remove(b)
     taken = pool.allocate(pool.num_free)  # evicts every cached block

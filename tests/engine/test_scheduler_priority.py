@@ -139,7 +139,7 @@ def held_request(pool: BlockPool, kv: KVCacheManager, n_held: int, n_total: int)
     own = kv.holds.adopt(HeldBlocks(blocks, n_held))
     cp = kv.holds.pin(own)
     kv.holds.hand_over(own)
-    r.block_ids, r.num_computed_tokens, r.keep_blocks = list(blocks), n_held, True
+    r.block_ids, r.num_computed_tokens, r.session.keep_blocks = list(blocks), n_held, True
     return r, cp
 
 
@@ -190,7 +190,7 @@ def test_finish_hands_the_computed_blocks_back_and_frees_the_rest():
     step(sched)  # 9 computed, 1 sampled: 10 tokens, blocks for 9 (3 blocks)
     assert r.num_computed_tokens == 9 and len(r.block_ids) == 3
     sched.finish(r, RequestStatus.FINISHED_LENGTH)
-    back = r.returned_blocks
+    back = r.session.returned_blocks
     assert back is not None and kv.holds.holds(back) and back.num_tokens == 9 and len(back.block_ids) == 3
     assert back.block_ids[0] == cp.block_ids[0] and r.block_ids == []
     kv.holds.release(back)
@@ -210,6 +210,6 @@ def test_a_preempted_held_request_recomputes_and_still_hands_back():
     step(sched)  # admitted again without held blocks: a normal admission, all tokens recomputed
     assert r.num_computed_tokens == r.num_tokens - 1
     sched.finish(r, RequestStatus.FINISHED_STOPPED)
-    assert r.returned_blocks is not None and r.returned_blocks.num_tokens == r.num_tokens - 1
-    kv.holds.release(r.returned_blocks)
+    assert r.session.returned_blocks is not None and r.session.returned_blocks.num_tokens == r.num_tokens - 1
+    kv.holds.release(r.session.returned_blocks)
     assert pool.num_used == 0

@@ -1,4 +1,4 @@
-"""KV events of the offload tiers (engine/kv_events.py, state/tiers/unit_events.py): a plain ZeroMQ
+"""KV events of the offload tiers (state/kv_events/recorder.py, state/tiers/unit_events.py): a plain ZeroMQ
 client (tests/kv_events_client.py) rebuilds one engine's index of the pool, DRAM, disk and Redis
 tiers from its batches under evictions, write-backs, drops, reloads and a restart, and finds
 exactly what each tier holds; every tier event names its unit's chain and weights version; the
@@ -16,8 +16,8 @@ from execstate.fleet.router.block_index import ReplicaIndex
 from execstate.fleet.router.policy import DEFAULT_TIER_WEIGHTS, FleetRouter, ReplicaView, RouteRequest
 from execstate.identity.keys import block_key
 from execstate.model.loader import load_hf_state_dict
-from execstate.state.kv_events import BlockStored, decode_batch
-from execstate.transfer.kv_events_config import KVEventsConfig
+from execstate.state.kv_events.config import KVEventsConfig
+from execstate.state.kv_events.events import BlockStored, decode_batch
 
 EVENTS = KVEventsConfig(enable_kv_cache_events=True, endpoint="tcp://127.0.0.1:0", include_token_ids=True,
                         replay_endpoint="tcp://127.0.0.1:0")

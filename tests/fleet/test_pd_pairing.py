@@ -23,7 +23,7 @@ from execstate.fleet.router.policy import FleetRouter, ReplicaView, RouteRequest
 from execstate.fleet.router.prompt_keys import request_keys
 from execstate.identity.provenance import Provenance
 from execstate.identity.scope import CacheScope
-from execstate.state.kv_events import BlockStored, KVEventBatch
+from execstate.state.kv_events.events import BlockStored, KVEventBatch
 
 BS = 4
 PROMPT = list(range(10, 50))  # 40 tokens: 9 blocks that can hit

@@ -41,7 +41,7 @@ from execstate.fleet.router.block_index import ReplicaIndex  # noqa: E402
 from execstate.fleet.router.policy import FleetRouter, ReplicaView, RouteRequest  # noqa: E402
 from execstate.identity.provenance import Provenance  # noqa: E402
 from execstate.model.random_models import make_random  # noqa: E402
-from execstate.state.kv_events import BlockStored, decode_batch  # noqa: E402
+from execstate.state.kv_events.events import BlockStored, decode_batch  # noqa: E402
 
 pytestmark = pytest.mark.slow
 NAME = "tiny-moe"

@@ -77,7 +77,7 @@ def model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
-    from execstate.bench.redis_server import RedisServer, redis_server_available
+    from execstate_bench.redis_server import RedisServer, redis_server_available
 
     if not redis_server_available():
         if os.environ.get("CI"):

@@ -21,8 +21,8 @@ from execstate.fleet.router.prompt_keys import request_keys
 from execstate.fleet.router.subscriber import EventSubscriber
 from execstate.identity.scope import CacheScope
 from execstate.model.random_models import make_random
-from execstate.state.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, decode_batch
-from execstate.transfer.kv_events_config import KVEventsConfig
+from execstate.state.kv_events.config import KVEventsConfig
+from execstate.state.kv_events.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, decode_batch
 
 BS = 4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from execstate.bench import gpu_check
+from execstate_bench import gpu_check
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """Host round-trips of one decode step on the torch path, counted on the CPU.
 
-``bench/host_syncs.HostSyncCounter`` counts what would stall a GPU (reads of device values,
+``execstate_bench.host_syncs.HostSyncCounter`` counts what would stall a GPU (reads of device values,
 data-dependent shapes, blocking uploads: its docstring has the rules). The torch path's decode
 step (MoE with route capture, a mix of greedy, seeded and unseeded sampling with logprobs, penalties
 off) may read the device once: the sampled ids. The C-kernel CPU path is not concerned.
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from execstate import SamplingParams
-from execstate.bench.host_syncs import HostSyncCounter
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
 from execstate.model.random_models import make_random
+from execstate_bench.host_syncs import HostSyncCounter
 
 
 @pytest.fixture(scope="module")

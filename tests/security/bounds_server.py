@@ -44,7 +44,7 @@ PATHS = {"lm": "/v1/realtime", "agent": "/v1/realtime/agent", "world": "/v1/real
 OPEN = {
     "lm": ({"type": "session.create", "session": {}}, "session.created"),
     "agent": ({"type": "session.create", "session": {"turn": {"end_of_turn_silence_s": 0.05}}}, "session.created"),
-    "world": ({"type": "session.start", "fps": 0, "num_frames": 2}, "video.start"),
+    "world": ({"type": "session.create", "fps": 0, "num_frames": 2}, "video.start"),
 }
 
 

@@ -200,7 +200,7 @@ async def big_event_ids(url: str) -> int:
 async def world_rates(url: str) -> int:
     async with _ws(url, "/v1/realtime/video") as ws:
         for fields in [{"fps": 5e-324}, {"fps": 1e300}, {"fps": 0.5}, {"fps": 0, "num_frames": 10**30}] * 3:
-            e = await _ask(ws, {"type": "session.start", **fields}, lambda e: e["type"] in ("error", "video.start"))
+            e = await _ask(ws, {"type": "session.create", **fields}, lambda e: e["type"] in ("error", "video.start"))
             assert error_code(e) == "invalid_message", e
     return 12
 

@@ -19,9 +19,9 @@ def _start(served, fields: dict) -> dict:
     async def run() -> dict:
         async with connect_raw(served, "world") as ws:
             c = Raw(ws)
-            event = await c.ask({"type": "session.start", "event_id": "s", **fields})
+            event = await c.ask({"type": "session.create", "event_id": "s", **fields})
             if event["type"] == "video.start":
-                await c.ask({"type": "session.stop", "event_id": "x"}, "session.done")
+                await c.ask({"type": "session.close", "event_id": "x"}, "session.closed")
             return event
 
     return asyncio.run(run())

@@ -16,7 +16,7 @@ from contextlib import ExitStack
 import pytest
 from security_helpers import KEY_A, code_of, free_port, http, start_process, stop_process, wait_healthy
 
-from execstate.bench.redis_server import RedisServer
+from execstate_bench.redis_server import RedisServer
 
 SECRET = "hibernation-processes-secret-0123456789"
 SAMPLING = {"temperature": 0.8, "seed": 3, "max_tokens": 5, "ignore_eos": True}

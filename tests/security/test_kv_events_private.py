@@ -25,10 +25,10 @@ from execstate import LLM
 from execstate.engine.sampling_params import SamplingParams
 from execstate.identity.scope import CacheScope
 from execstate.identity.secret_ring import SecretRing
-from execstate.state.kv_events import BlockRemoved, BlockStored, decode_batch
-from execstate.transfer.kv_events_auth import secure_client
-from execstate.transfer.kv_events_config import KVEventsConfig
-from execstate.transfer.kv_events_publisher import ZmqEventPublisher
+from execstate.state.kv_events.auth import secure_client
+from execstate.state.kv_events.config import KVEventsConfig
+from execstate.state.kv_events.events import BlockRemoved, BlockStored, decode_batch
+from execstate.state.kv_events.publisher import ZmqEventPublisher
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
 RING = SecretRing(b"kv-events-test-secret-0123456789")

@@ -21,10 +21,10 @@ import pytest
 from tier_engines import BS, churn, keys_of, make, prompt
 
 from execstate import LLM, SamplingParams
-from execstate.bench.offload_desync import UnitAccess
 from execstate.identity.checksum import checksum
 from execstate.identity.secret_ring import SecretRing
 from execstate.state.tiers.unit import sign
+from execstate_bench.offload_desync import UnitAccess
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 SECRET = "tier-units-shared-secret-0123456789"

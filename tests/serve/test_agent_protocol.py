@@ -156,7 +156,7 @@ def test_event_json_of_every_agent_event():
     assert event_json(OutputDelta(0.7, 0, rid, " Hi", (5,)), runners) == {
         "type": "response.output_text.delta", "event_id": None, "response_id": "resp_1", "item_id": "resp_1",
         "delta": " Hi", "t": 0.7, "epoch": 0}
-    done = event_json(ResponseDone(0.8, 1, rid, "done", "stop", " Hi"), runners)
+    done = event_json(ResponseDone(0.8, 1, rid, "completed", "stop", " Hi"), runners)
     assert done["response"] == {"id": "resp_1", "status": "completed", "status_details": {"reason": "stop"},
                                 "output_text": " Hi"}
     assert event_json(ResponseDone(0.8, 1, rid, "cancelled", "barge_in"), runners)["response"]["status"] == "cancelled"

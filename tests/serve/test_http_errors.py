@@ -169,7 +169,7 @@ def test_kv_transfer_params_pass_through(http, served):
         def add_request(prompt, params=None, request_id=None, kv_transfer_params=None, scope=None):
             rid = real(prompt, params, request_id, kv_transfer_params, scope)
             seen.append(kv_transfer_params)
-            e.requests[rid].kv_transfer_out = {"remote_engine_id": "p0", "echo": kv_transfer_params}
+            e.requests[rid].transfer.out = {"remote_engine_id": "p0", "echo": kv_transfer_params}
             return rid
 
         e.add_request = add_request

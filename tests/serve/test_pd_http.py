@@ -47,7 +47,7 @@ def start(args: list[str], port: int, fault: dict | None = None, secret: str | N
     env.pop("EXECSTATE_KV_SECRET", None)
     if secret is not None:
         env["EXECSTATE_KV_SECRET"] = secret
-    launcher = ["execstate"] if fault is None else ["execstate.bench.faulty_serve", json.dumps(fault)]
+    launcher = ["execstate"] if fault is None else ["execstate_bench.faulty_serve", json.dumps(fault)]
     proc = subprocess.Popen(
         [sys.executable, "-m", *launcher, *args, "--port", str(port)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -25,7 +25,7 @@ from execstate.serve.realtime.connection import Connection, Peer
 from execstate.serve.realtime.endpoint import Endpoint, mount
 from execstate.serve.realtime.errors import EventId, ProtocolError
 from execstate.serve.realtime.limits import Limits
-from execstate.serve.realtime.messages import Message, MessageTable, server_event
+from execstate.serve.realtime.messages import Message, MessageTable, Renamed, server_event
 from execstate.serve.realtime.outbox import CloseFrame, Outbox
 from execstate.serve.realtime.phases import Move, Phase, PhaseTable, Refusal
 from execstate.serve.realtime.protocol import RealtimeProtocol
@@ -305,6 +305,23 @@ def test_handlers_must_route_every_message_of_their_protocol():
 
     with pytest.raises(ValueError, match="Close.*Fail.*Flood.*Say.*Slow"):
         Connection(ECHO, Partial, emit)
+
+
+def test_a_renamed_type_decodes_as_the_new_message_and_is_checked_like_it():
+    table = MessageTable(Open, Say, renamed=(Renamed("start", Open, {"opened": "started"}),))
+    msg, renamed = table.read('{"type": "start", "name": "a", "event_id": 3}', 1 << 10)
+    assert type(msg) is Open and (msg.name, msg.event_id) == ("a", 3)
+    assert renamed is not None and renamed.answers == {"opened": "started"}
+    assert table.read('{"type": "open", "name": "a"}', 1 << 10)[1] is None
+    assert table.types == ("open", "say")  # the former name is accepted, never offered
+    bad = pytest.raises(ProtocolError, table.decode, '{"type": "start", "nam": "a", "event_id": 1}', 1 << 10).value
+    assert (bad.code, bad.event_id) == ("invalid_message", 1) and bad.message.startswith("start:")
+    unknown = pytest.raises(ProtocolError, table.decode, '{"type": "begin"}', 1 << 10).value
+    assert unknown.code == "unknown_type" and "start" not in unknown.message
+    with pytest.raises(ValueError, match="distinct"):
+        MessageTable(Open, Say, renamed=(Renamed("say", Open),))
+    with pytest.raises(ValueError, match="new struct"):
+        MessageTable(Say, renamed=(Renamed("start", Open),))
 
 
 def test_the_outbox_bounds_its_producers_and_keeps_order():

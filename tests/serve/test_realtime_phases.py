@@ -56,10 +56,10 @@ def world_expected(phase: str, kind: str) -> str | None:
     if kind == "session.ping":
         return None
     if phase == "no_session":
-        return None if kind == "session.start" else "no_session"
-    if kind == "session.start":
+        return None if kind == "session.create" else "no_session"
+    if kind == "session.create":
         return "session_exists"
-    if phase == "running" and kind == "session.resume":
+    if phase == "running" and kind == "session.unpause":
         return "not_paused"
     if phase == "paused" and kind == "session.pause":
         return "already_paused"
@@ -198,19 +198,19 @@ def test_world_sequence():
     s = PhaseMachine(world.PHASES)
     assert pytest.raises(ProtocolError, s.check, "key.down", 1).value.code == "no_session"
     s.check("session.ping")
-    s.check("session.start")
+    s.check("session.create")
     s.move(world.START, request_id="world-0")
-    e = pytest.raises(ProtocolError, s.check, "session.start").value
+    e = pytest.raises(ProtocolError, s.check, "session.create").value
     assert e.code == "session_exists" and e.message == ("session world-0 is running on this connection; send "
-                                                        "session.stop first")
-    assert pytest.raises(ProtocolError, s.check, "session.resume").value.code == "not_paused"
+                                                        "session.close first")
+    assert pytest.raises(ProtocolError, s.check, "session.unpause").value.code == "not_paused"
     s.check("key.down")
     s.move(world.PAUSE)
     assert s.phase is world.PAUSED
     assert pytest.raises(ProtocolError, s.check, "session.pause").value.code == "already_paused"
     s.check("key.up")  # events queue while paused
-    s.move(world.RESUME)
-    s.move(world.DONE)
+    s.move(world.UNPAUSE)
+    s.move(world.CLOSE)
     assert s.phase is world.NO_SESSION and s.values["request_id"] is None
     s.gone()
     e = pytest.raises(ProtocolError, s.check, "session.ping", "x").value

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 
-from execstate.bench.models import count_parameters
 from execstate.cli import build_parser
 from execstate.engine.engine_facts import summary_of
 from execstate.engine.llm_engine import LLMEngine
@@ -24,6 +23,7 @@ from execstate.serve.limits import ServingLimits
 from execstate.serve.principals import keys_from_args
 from execstate.serve.sessions.targets import MigrationTargets
 from execstate.serve.startup_log import FIELDS, OPEN_WARNING, StartupInfo, format_startup, startup_lines
+from execstate_bench.models import count_parameters
 
 SECRET = "sk-do-not-log-7f3a"
 

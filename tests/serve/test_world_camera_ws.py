@@ -49,7 +49,7 @@ def test_quaternions_map_to_yaw_and_pitch() -> None:
 async def _maze_session(url: str) -> WorldClient:
     async with connect(ws_url(url)) as ws:
         c = WorldClient(ws)
-        start = await c.ask({"type": "session.start", "model": "maze", "prompt": "an ice maze", "seed": 3,
+        start = await c.ask({"type": "session.create", "model": "maze", "prompt": "an ice maze", "seed": 3,
                              "fps": 0, "event_id": "s"})
         assert start["type"] == "video.start", start
         cfg = start["config"]
@@ -71,7 +71,7 @@ async def _maze_session(url: str) -> WorldClient:
         assert q["event_id"] == "t"
         while not any("t" in m["completed_event_ids"] for m, _ in c.chunks):
             await c.chunk()
-        await c.ask({"type": "session.stop", "event_id": "x"}, "session.done")
+        await c.ask({"type": "session.close", "event_id": "x"}, "session.closed")
         return c
 
 
@@ -121,13 +121,13 @@ def test_the_grid_world_is_the_default_and_has_no_camera(served) -> None:
     async def go() -> None:
         async with connect(ws_url(url)) as ws:
             c = WorldClient(ws)
-            start = await c.ask({"type": "session.start", "fps": 0, "num_frames": 4, "event_id": 1})
+            start = await c.ask({"type": "session.create", "fps": 0, "num_frames": 4, "event_id": 1})
             assert start["config"]["world"] == "grid" and "camera" not in start["config"]
             err = await c.ask({"type": "session.interaction", "interaction": {"event": {"multi_modal_data": {
                 "camera": {"mode": "velocity", "data": {"yaw": 0.1}}}}}, "event_id": "c"})
             assert err["type"] == "error" and err["code"] == "unsupported_interaction_schema"
-            await c.until("session.done")
-            bad = await c.ask({"type": "session.start", "model": "doom", "event_id": 2})
+            await c.until("session.closed")
+            bad = await c.ask({"type": "session.create", "model": "doom", "event_id": 2})
             assert bad["code"] == "model_not_found" and "maze" in bad["message"]
 
     asyncio.run(go())
@@ -147,12 +147,12 @@ def test_bad_camera_interactions_are_refused(served, camera, tc, code) -> None:
     async def go() -> dict:
         async with connect(ws_url(url)) as ws:
             c = WorldClient(ws)
-            await c.ask({"type": "session.start", "model": "maze", "fps": 1, "event_id": "s"})
+            await c.ask({"type": "session.create", "model": "maze", "fps": 1, "event_id": "s"})
             it = {"event": {"multi_modal_data": {"camera": camera}}}
             if tc is not None:
                 it["transition_chunks"] = tc
             err = await c.ask({"type": "session.interaction", "interaction": it, "event_id": "c"})
-            await c.ask({"type": "session.stop"}, "session.done")
+            await c.ask({"type": "session.close"}, "session.closed")
             return err
 
     err = asyncio.run(go())

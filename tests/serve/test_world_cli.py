@@ -68,9 +68,9 @@ def test_world_only_server_subprocess(tmp_path):
         async def session():
             async with connect(ws_url(url)) as ws:
                 c = WorldClient(ws)
-                start = await c.ask({"type": "session.start", "fps": 0, "num_frames": 4, "event_id": 1})
+                start = await c.ask({"type": "session.create", "fps": 0, "num_frames": 4, "event_id": 1})
                 assert start["type"] == "video.start" and start["config"]["model"] == str(model_dir)
-                done = await c.until("session.done")
+                done = await c.until("session.closed")
                 assert done["frames"] == 4 and len(c.chunks) == 2
 
         asyncio.run(session())
@@ -104,10 +104,10 @@ def test_lm_app_with_world_endpoints(served):
             assert out.status_code == 200 and len(out.json()["choices"]) == 1
             assert '<canvas id="screen"' in client.get("/world").text
             with client.websocket_connect("/v1/realtime/video") as ws:
-                ws.send_json({"type": "session.start", "fps": 0, "num_frames": 2, "format": "rgb"})
+                ws.send_json({"type": "session.create", "fps": 0, "num_frames": 2, "format": "rgb"})
                 assert ws.receive_json()["type"] == "video.start"
                 meta = ws.receive_json()
                 assert meta["type"] == "video.chunk_metadata" and len(ws.receive_bytes()) == meta["byte_length"]
-                assert ws.receive_json()["type"] == "session.done"
+                assert ws.receive_json()["type"] == "session.closed"
     finally:
         host.shutdown()

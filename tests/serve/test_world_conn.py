@@ -45,7 +45,7 @@ class Wire:
 def test_key_held_after_a_rollback_is_the_runtimes(host):
     async def main():
         w = Wire(host)
-        await w.ask({"type": "session.start", "seed": 2, "fps": 0})
+        await w.ask({"type": "session.create", "seed": 2, "fps": 0})
         assert (await w.ask({"type": "session.pause"}))["type"] == "session.paused"
         cp0 = (await w.ask({"type": "session.checkpoint"}))["checkpoint_id"]  # nothing held, nothing pending
         assert (await w.ask({"type": "key.down", "key": "up", "event_id": "d1"}))["type"] == \
@@ -61,11 +61,52 @@ def test_key_held_after_a_rollback_is_the_runtimes(host):
         refused = await w.ask({"type": "key.up", "key": "up", "event_id": "u4"})
         assert refused["type"] == "error" and refused["code"] == "key_not_held"
         await w.ask({"type": "session.rollback", "checkpoint_id": cp1})
-        await w.ask({"type": "session.resume"})
+        await w.ask({"type": "session.unpause"})
         while not any(e["type"] == "video.chunk_metadata" and e["keys"] == ["up", "up"] for e in w.events):
             await asyncio.sleep(0.01)  # the restored key.down applies at the next boundary
-        assert (await w.ask({"type": "session.stop"}))["type"] == "session.done"
+        assert (await w.ask({"type": "session.close"}))["type"] == "session.closed"
         await w.conn.close()
+        assert host.num_sessions == 0
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_deprecated_names_work_for_one_release(host):
+    """The world's former names (``session.start``, ``session.resume``, ``session.stop``) are acted on
+    as ``session.create``, ``session.unpause``, ``session.close``, and a connection that used them gets
+    the former answers (``session.resumed``, ``session.done``); a current client gets the current ones."""
+
+    async def main():
+        old = Wire(host)
+        started = await old.ask({"type": "session.start", "event_id": "s", "seed": 2, "fps": 0})
+        assert (started["type"], started["event_id"]) == ("video.start", "s")
+        assert (await old.ask({"type": "session.pause", "event_id": "p"}))["type"] == "session.paused"
+        resumed = await old.ask({"type": "session.resume", "event_id": "r"})
+        assert (resumed["type"], resumed["event_id"]) == ("session.resumed", "r")
+        refused = await old.ask({"type": "session.resume", "event_id": "r2"})  # the phase knows it as unpause
+        assert (refused["type"], refused["code"], refused["event_id"]) == ("error", "not_paused", "r2")
+        done = await old.ask({"type": "session.stop", "event_id": "x"})
+        assert (done["type"], done["event_id"], done["stopped"]) == ("session.done", "x", True)
+        bad = await old.ask({"type": "session.start", "event_id": "b", "sead": 1})  # a field typo, not a type
+        assert (bad["code"], bad["event_id"]) == ("invalid_message", "b")
+        assert bad["message"].startswith("session.start:")
+        # num_frames reached: the session's end is named as the client named its start
+        n = len(old.events)
+        await old.ask({"type": "session.start", "seed": 2, "fps": 0, "num_frames": 2})
+        while not any(e["type"] in ("session.done", "session.closed") for e in old.events[n:]):
+            await asyncio.sleep(0.01)
+        assert old.events[-1]["type"] == "session.done" and old.events[-1]["stopped"] is False
+        await old.conn.close()
+
+        new = Wire(host)
+        assert (await new.ask({"type": "session.create", "seed": 2, "fps": 0}))["type"] == "video.start"
+        await new.ask({"type": "session.pause"})
+        assert (await new.ask({"type": "session.unpause"}))["type"] == "session.unpaused"
+        closed = await new.ask({"type": "session.close", "event_id": "c"})
+        assert (closed["type"], closed["event_id"], closed["stopped"]) == ("session.closed", "c", True)
+        unknown = await new.ask({"type": "session.begin", "event_id": "u"})
+        assert unknown["code"] == "unknown_type" and "session.start" not in unknown["message"]
+        await new.conn.close()
         assert host.num_sessions == 0
 
     asyncio.run(asyncio.wait_for(main(), 60))

@@ -23,13 +23,13 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.text(max
                     max_leaves=6)
 EVENT_ID = st.none() | st.integers(-2, 50) | st.text(max_size=4) | st.booleans()
 KEY = st.sampled_from(["up", "down", "left", "right", "none", "jump", ""])
-TYPES = ["session.start", "session.interaction", "key.down", "key.up", "session.pause", "session.resume",
-         "session.checkpoint", "session.rollback", "checkpoint.release", "session.ping", "session.stop"]
+TYPES = ["session.create", "session.interaction", "key.down", "key.up", "session.pause", "session.unpause",
+         "session.checkpoint", "session.rollback", "checkpoint.release", "session.ping", "session.close"]
 
 
 def message(draw_type, event_id, key, payload, fps, num_frames):
     msg = {"type": draw_type, "event_id": event_id}
-    if draw_type == "session.start":
+    if draw_type == "session.create":
         msg |= {"fps": fps, "num_frames": num_frames, "seed": 1}
     elif draw_type in ("key.down", "key.up"):
         msg["key"] = key
@@ -78,10 +78,10 @@ async def good_run(host: WorldHost, seed: int = 9) -> list[dict]:
         got_chunk.set()
 
     conn = Connection(WORLD_PROTOCOL, lambda peer: WorldHandlers(peer, host), emit, emit_chunk)
-    await conn.handle(json.dumps({"type": "session.start", "seed": seed, "fps": 0, "num_frames": 8}))
+    await conn.handle(json.dumps({"type": "session.create", "seed": seed, "fps": 0, "num_frames": 8}))
     await got_chunk.wait()
     await conn.handle(json.dumps({"type": "key.down", "key": "right", "event_id": "r"}))
-    while not any(e["type"] == "session.done" for e in events):
+    while not any(e["type"] == "session.closed" for e in events):
         await asyncio.sleep(0.01)
     await conn.close()
     metas = [e for e in events if e["type"] == "video.chunk_metadata"]

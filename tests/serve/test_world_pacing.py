@@ -43,12 +43,12 @@ def test_real_time_pacing(model):
             async def main():
                 async with connect(ws_url(url)) as ws:
                     c = WorldClient(ws)
-                    await c.ask({"type": "session.start", "fps": fps, "num_frames": 2 * n})
+                    await c.ask({"type": "session.create", "fps": fps, "num_frames": 2 * n})
                     arrivals = []
                     while len(arrivals) < n:
                         await c.chunk()
                         arrivals.append(time.perf_counter())
-                    done = await c.until("session.done")
+                    done = await c.until("session.closed")
                     assert done["frames"] == 2 * n and done["stopped"] is False
                     return arrivals, c
             arrivals, c = asyncio.run(main())
@@ -66,9 +66,9 @@ def test_behind_real_time_is_reported(model):
             async def main():
                 async with connect(ws_url(url)) as ws:
                     c = WorldClient(ws)
-                    await c.ask({"type": "session.start", "fps": 100})  # 20 ms a chunk; a step takes > 150 ms
+                    await c.ask({"type": "session.create", "fps": 100})  # 20 ms a chunk; a step takes > 150 ms
                     behind = await c.until("session.behind")
-                    await c.ask({"type": "session.stop"}, "session.done")
+                    await c.ask({"type": "session.close"}, "session.closed")
                     return behind, c
             behind, c = asyncio.run(main())
     finally:

@@ -31,7 +31,7 @@ async def drive(url: str, seed: int, prompt: str, n_chunks: int, fmt: str = "png
     """A session that presses right, changes the prompt, releases; ``n_chunks`` chunks."""
     async with connect(ws_url(url)) as ws:
         c = WorldClient(ws)
-        start = await c.ask({"type": "session.start", "prompt": prompt, "seed": seed, "fps": 0, "format": fmt,
+        start = await c.ask({"type": "session.create", "prompt": prompt, "seed": seed, "fps": 0, "format": fmt,
                              "event_id": "s"})
         assert start["type"] == "video.start", start
         await c.chunk()
@@ -44,7 +44,7 @@ async def drive(url: str, seed: int, prompt: str, n_chunks: int, fmt: str = "png
         await c.ask({"type": "key.up", "key": "right", "event_id": "u"})
         while len(c.chunks) < n_chunks or not any("u" in m["completed_event_ids"] for m, _ in c.chunks):
             await c.chunk()  # fps 0: chunks stream back to back; the events apply when they arrive
-        done = await c.ask({"type": "session.stop", "event_id": "x"}, "session.done")
+        done = await c.ask({"type": "session.close", "event_id": "x"}, "session.closed")
         assert done["stopped"] is True and done["event_id"] == "x"
         return c
 
@@ -105,10 +105,10 @@ def test_capacity_refusal_and_disconnect_release(model, served):
         conns = [await connect(ws_url(url)) for _ in range(5)]
         clients = [WorldClient(ws) for ws in conns]
         for i, c in enumerate(clients[:4]):
-            ev = await c.ask({"type": "session.start", "seed": i, "fps": 1})
+            ev = await c.ask({"type": "session.create", "seed": i, "fps": 1})
             assert ev["type"] == "video.start", ev
         assert host.num_sessions == 4
-        refused = await clients[4].ask({"type": "session.start", "event_id": 7, "fps": 1})
+        refused = await clients[4].ask({"type": "session.create", "event_id": 7, "fps": 1})
         assert refused["type"] == "error" and refused["code"] == "capacity" and refused["event_id"] == 7
         assert "--world-max-sessions" in refused["message"]
         await conns[0].close()  # a disconnect releases its session: the refused client gets in
@@ -117,7 +117,7 @@ def test_capacity_refusal_and_disconnect_release(model, served):
                 break
             await asyncio.sleep(0.05)
         assert host.num_sessions == 3
-        ok = await clients[4].ask({"type": "session.start", "fps": 1})
+        ok = await clients[4].ask({"type": "session.create", "fps": 1})
         assert ok["type"] == "video.start"
         for ws in conns[1:]:
             await ws.close()
@@ -142,7 +142,7 @@ def test_memory_budget_refusal(model):
             async def main():
                 async with connect(ws_url(url)) as ws:
                     c = WorldClient(ws)
-                    ev = await c.ask({"type": "session.start", "fps": 0, "num_frames": 12})
+                    ev = await c.ask({"type": "session.create", "fps": 0, "num_frames": 12})
                     assert ev["type"] == "video.start" and ev["config"]["memory_bytes"] == least * block
                     while (ev := await c.recv())["type"] != "session.paused":  # a checkpoint after each chunk
                         if ev["type"] == "video.chunk_metadata":
@@ -156,8 +156,8 @@ def test_memory_budget_refusal(model):
                     for cp in cps:
                         assert (await c.ask({"type": "checkpoint.release", "checkpoint_id": cp}))["type"] == \
                             "checkpoint.released"
-                    assert (await c.ask({"type": "session.resume"}))["type"] == "session.resumed"
-                    done = await c.until("session.done")
+                    assert (await c.ask({"type": "session.unpause"}))["type"] == "session.unpaused"
+                    done = await c.until("session.closed")
                     return done
             done = asyncio.run(main())
             assert done["stopped"] is False and done["frames"] == 12  # it went on once the pins were released
@@ -171,7 +171,7 @@ async def after_resume(c: WorldClient, step_index: int, n: int = 3) -> list[dict
     ``ask`` reads it on the way; a chunk of the abandoned branch, in flight at the pause before a
     rollback, may arrive after the mark)."""
     mark = len(c.chunks)
-    await c.ask({"type": "session.resume"})
+    await c.ask({"type": "session.unpause"})
     while True:
         metas = [m for m, _ in c.chunks[mark:]]
         starts = [i for i, m in enumerate(metas) if m["generation_chunk_index"] == step_index + 1]
@@ -186,7 +186,7 @@ def test_pause_checkpoint_rollback_reproduces(model, served):
     async def main():
         async with connect(ws_url(url)) as ws:
             c = WorldClient(ws)
-            await c.ask({"type": "session.start", "seed": 4, "fps": 0})
+            await c.ask({"type": "session.create", "seed": 4, "fps": 0})
             await c.chunk()
             assert (await c.ask({"type": "session.pause", "event_id": 1}))["type"] == "session.paused"
             n = len(c.chunks)
@@ -216,13 +216,13 @@ def test_pause_checkpoint_rollback_reproduces(model, served):
             assert [m["keys"] for m in second] == [m["keys"] for m in first]
             assert [m["frame_sha256"] for m in second] == [m["frame_sha256"] for m in first]
             assert [m["generation_chunk_index"] for m in second] == [m["generation_chunk_index"] for m in first]
-            await c.ask({"type": "session.stop"}, "session.done")
+            await c.ask({"type": "session.close"}, "session.closed")
 
     asyncio.run(main())
 
 
 def test_vllm_omni_shaped_client(served):
-    """vLLM-Omni's session.start fields (checked against the model), its interaction shape, and the
+    """vLLM-Omni's session.create fields (checked against the model), its interaction shape, and the
     refusals of what this model does not do, each naming the problem."""
     _, url = served
 
@@ -237,9 +237,9 @@ def test_vllm_omni_shaped_client(served):
                 ({"num_inference_steps": 50}, "invalid_message", "num_inference_steps"),
                 ({"guidance_scale": 5.0}, "invalid_message", "guidance"),
             ]:
-                ev = await c.ask({"type": "session.start", "event_id": "bad", **bad})
+                ev = await c.ask({"type": "session.create", "event_id": "bad", **bad})
                 assert (ev["type"], ev["code"], ev["event_id"]) == ("error", code, "bad") and word in ev["message"], ev
-            start = await c.ask({"type": "session.start", "model": "world", "prompt": "a desert maze", "width": 48,
+            start = await c.ask({"type": "session.create", "model": "world", "prompt": "a desert maze", "width": 48,
                                  "height": 48, "fps": 0, "num_frames": 6, "num_inference_steps": 2,
                                  "guidance_scale": 1.0, "seed": 42, "extra_params": {}, "format": "png"})
             assert start["type"] == "video.start" and start["config"]["seed"] == 42
@@ -249,7 +249,7 @@ def test_vllm_omni_shaped_client(served):
             tr = await c.ask({"type": "session.interaction", "interaction": {
                 "event_id": "t", "event": {"prompt": "a snow maze"}, "transition_chunks": 2}})
             assert (tr["code"], tr["event_id"]) == ("unsupported_transition", "t"), tr
-            done = await c.until("session.done")
+            done = await c.until("session.closed")
             assert (done["chunks"], done["frames"], done["stopped"]) == (3, 6, False)
             metas = [m for m, _ in c.chunks]
             assert all(m["kind"] == "media" and m["num_frames"] == 2 for m in metas)

@@ -9,9 +9,9 @@ from pathlib import Path
 from session_helpers import check_accounting, make_llm
 
 from execstate import LLM, SamplingParams
-from execstate.bench.faults import FaultInjection, importer_factory
 from execstate.engine.pd_connector import PDConfig
 from execstate.session.lm.step import StepResult
+from execstate_bench.faults import FaultInjection, importer_factory
 
 SECRET = "session-migration-test-secret-0123"
 

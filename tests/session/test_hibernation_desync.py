@@ -1,4 +1,4 @@
-"""The desync harness over hibernated sessions (bench/hibernation_desync.py): every injection (a
+"""The desync harness over hibernated sessions (benchmarks/execstate_bench/hibernation_desync.py): every injection (a
 stale step index, a stale event epoch, a truncated manifest, units of another tenant's salt, KV
 of another block) is detected before use, 100%, and never answered with a wrong token or route."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from execstate.bench.desync import detection_table, run_trials
-from execstate.bench.hibernation_desync import HibernationDesyncTarget
 from execstate.session.lm.llm import LLM
+from execstate_bench.desync import detection_table, run_trials
+from execstate_bench.hibernation_desync import HibernationDesyncTarget
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The desync harness (bench/desync.py) over live session migration offers: the kinds that apply to
+"""The desync harness (benchmarks/execstate_bench/desync.py) over live session migration offers: the kinds that apply to
 an offer today (the KV of another block in the exported blocks, route rows of another block, a
 record naming other tokens, another weights version at the target, a truncated offer, another
 tenant's salt, an offer signed with another secret) are each detected before the target serves
@@ -8,7 +8,7 @@ of a session that never tried to migrate.
 Desyncs written by the source itself (its control state and its KV out of step) are re-signed with
 the shared secret, so the check that catches them is the one about their content, not the
 signature. The kinds of hibernation (stale step, stale epoch, truncated manifest) are
-bench/hibernation_desync.py's (tests/session/test_hibernation_desync.py).
+benchmarks/execstate_bench/hibernation_desync.py's (tests/session/test_hibernation_desync.py).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import pytest
 from migration_helpers import SECRET, Engines, assert_holds_nothing
 from session_helpers import GREEDY, make_llm, tokens
 
-from execstate.bench.desync import TrialResult, detection_table, run_trials
 from execstate.identity.secret_ring import SecretRing
 from execstate.session.lm.migration import wait_import
 from execstate.session.lm.migration_source import begin_export, finish_export
 from execstate.session.lm.migration_target import begin_import
 from execstate.session.lm.migration_wire import MigrationError, SessionOffer, decode_offer, encode_offer
+from execstate_bench.desync import TrialResult, detection_table, run_trials
 
 KEY = SecretRing(SECRET.encode())
 OFFER_KINDS = ("kv_other_block", "routes_other_block", "record_other_tokens", "other_weights", "truncated",

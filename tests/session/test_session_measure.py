@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from session_helpers import check_released, make_llm
 
-from execstate.bench.session_measure import checkpoint_vs_recompute, step_latency_under_load
+from execstate_bench.session_measure import checkpoint_vs_recompute, step_latency_under_load
 
 
 def test_checkpoint_vs_recompute_reports_and_releases(moe_dir):

@@ -107,7 +107,7 @@ def test_engine_router_session_and_hibernation_derive_the_same_keys(moe_dir):
 
     req = Request("probe", ids, GREEDY, 128, scope=scope)
     eng.kv_manager.update_block_keys(req)
-    engine_keys = req.block_keys
+    engine_keys = req.cache.block_keys
     assert len(engine_keys) == 3
     assert request_keys(eng.provenance, BS, ids, scope) == engine_keys  # the router ((49 - 1) // 16 = 3 blocks)
     alpha = Access(Owner(TenantId("alpha")))

@@ -220,8 +220,9 @@ def test_hibernate_and_wake_time(model, tier, tmp_path) -> None:
 
 
 def test_world_hibernation_desync_kinds_are_detected(model, tmp_path) -> None:
-    from execstate.bench.desync import detection_table, run_trials
-    from execstate.bench.world_hibernation_desync import WorldHibernationDesyncTarget
+    from support.world_hibernation_desync import WorldHibernationDesyncTarget
+
+    from execstate_bench.desync import detection_table, run_trials
 
     targets = [WorldHibernationDesyncTarget(model), WorldHibernationDesyncTarget(model, _tier("disk", tmp_path))]
     try:

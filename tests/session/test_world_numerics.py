@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from world_helpers import start_frames, tiny_world_model
 
-from execstate.bench.world_numerics import compare_numerics
 from execstate.session.world.offline import World
+from execstate_bench.world_numerics import compare_numerics
 
 
 def _largest_allocation(world: World, steps: int = 4) -> int:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from transfer_harness import BLOCK_SIZE, keys_for
 
-from execstate.bench.faults import FaultInjection, FaultyImporter
 from execstate.transfer.errors import ErrorCode
 from execstate.transfer.importer import KVImporter, LoadResult
+from execstate_bench.faults import FaultInjection, FaultyImporter
 
 
 def slots(b: int) -> slice:

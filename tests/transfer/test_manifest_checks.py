@@ -10,7 +10,6 @@ import pytest
 import torch
 from transfer_harness import BLOCK_SIZE, R3, fill_pool, keys_for, make_caps, make_pool, routes_for
 
-from execstate.bench.faults import FaultInjection, FaultMode, TruncateTarget, truncate_manifest
 from execstate.transfer.checks import block_checksum, block_checksums, check_compatible, verify_manifest
 from execstate.transfer.errors import ErrorCode, TransferError
 from execstate.transfer.manifest import (
@@ -23,6 +22,7 @@ from execstate.transfer.manifest import (
     R3Format,
     encode,
 )
+from execstate_bench.faults import FaultInjection, FaultMode, TruncateTarget, truncate_manifest
 
 POOL = make_pool(8)
 CAPS = make_caps("D", POOL)

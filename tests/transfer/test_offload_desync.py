@@ -1,5 +1,5 @@
-"""The desync harness over the offload tiers (bench/desync.py, bench/offload_desync.py): every kind
-of corruption, on DRAM, disk and a real Redis, is detected before use (100 %) and answered by
+"""The desync harness over the offload tiers (execstate_bench/desync.py, execstate_bench/offload_desync.py):
+every kind of corruption, on DRAM, disk and a real Redis, is detected before use (100 %) and answered by
 recompute, never by a wrong token or route; the verification failure names the right check."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from execstate import LLM
-from execstate.bench.desync import KINDS, detection_table, format_detection_table, run_trials
-from execstate.bench.offload_desync import TIER_KINDS, TierDesyncTarget
 from execstate.model.random_models import make_random
+from execstate_bench.desync import KINDS, detection_table, format_detection_table, run_trials
+from execstate_bench.offload_desync import TIER_KINDS, TierDesyncTarget
 
 # which verification step must catch each kind (unit_checks.KINDS)
 CAUGHT_BY = {

@@ -7,8 +7,8 @@ import pytest
 from pd_helpers import assert_blocks, failed, load
 from transfer_harness import BLOCK_SIZE, routes_for
 
-from execstate.bench.faults import FaultInjection, FaultyImporter
 from execstate.transfer.errors import ErrorCode
+from execstate_bench.faults import FaultInjection, FaultyImporter
 
 
 def test_fault_drop_times_out_then_retry_succeeds(source, source_kv, receiver) -> None:

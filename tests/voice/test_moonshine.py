@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from voice_helpers import silence, speech16k
 
-from execstate.bench.asr import transcribe
-from execstate.bench.voice_metrics import norm
+from execstate_bench.asr import transcribe
+from execstate_bench.voice_metrics import norm
 
 moonshine_asr = pytest.importorskip("execstate.voice.moonshine_asr")
 

@@ -67,7 +67,7 @@ from execstate.serve.realtime.lm.endpoint import DEFAULT_GRACE_S
 from execstate.serve.server import attach_kv_connector
 from execstate.serve.sessions.targets import MigrationTargets
 from execstate.session.lm.async_sessions import AsyncSessions
-from execstate.transfer.kv_events_config import KVEventsConfig
+from execstate.state.kv_events.config import KVEventsConfig
 
 logger = logging.getLogger("execstate.fleet")
 REPLICA_HEADER = "x-execstate-replica"

@@ -1,4 +1,4 @@
-"""One replica's cache as its KV events describe it (``state/kv_events.py``).
+"""One replica's cache as its KV events describe it (``state/kv_events/events.py``).
 
 :class:`ReplicaIndex` applies the replica's batches in sequence order (``apply``): ``BlockStored``
 adds keys to a medium, ``BlockRemoved`` removes them, ``AllBlocksCleared`` empties every medium.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from execstate.state.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from execstate.state.kv_events.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 
 class SequenceGap(Exception):

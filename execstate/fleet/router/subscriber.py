@@ -10,7 +10,7 @@ first batch it still has (it may then miss blocks, never claim one the replica d
 :meth:`unwatch` forgets a replica; :meth:`close` stops the thread (idempotent).
 
 A replica's feed on a non-loopback address is a CURVE server keyed by the instances' shared ring
-(``transfer/kv_events_auth.py``); the subscriber connects to it as a CURVE client of ``ring``
+(``state/kv_events/auth.py``); the subscriber connects to it as a CURVE client of ``ring``
 (default: ``$EXECSTATE_KV_SECRET``), and cannot follow it without one.
 """
 
@@ -26,8 +26,8 @@ import zmq
 
 from execstate.fleet.router.block_index import ReplicaIndex, SequenceGap
 from execstate.identity.secret_ring import SECRET_ENV, SecretRing
-from execstate.state.kv_events import decode_batch
-from execstate.transfer.kv_events_auth import is_loopback, secure_client
+from execstate.state.kv_events.auth import is_loopback, secure_client
+from execstate.state.kv_events.events import decode_batch
 
 logger = logging.getLogger("execstate.fleet")
 _POLL_MS = 20

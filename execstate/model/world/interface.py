@@ -68,7 +68,7 @@ Carry = torch.Tensor
 
 
 @dataclass(frozen=True)
-class KVLayout:
+class ChunkKVLayout:
     """The shape of one chunk's K/V in the pool (MHA: kv heads == heads)."""
 
     num_layers: int
@@ -117,7 +117,7 @@ class WorldSpec:
     chunk_latent_shape: tuple[int, ...]  # one chunk's latents (and each noise draw)
     sink_chunks: int
     max_window_chunks: int  # most chunks besides the sink a context may hold (trained range)
-    kv: KVLayout
+    kv: ChunkKVLayout
     numerics: str  # "eager" | "compiled" (goes into provenance)
     weights_version: str  # sha256 of the weights
     camera: CameraRig | None = None  # a steerable camera (then camera_dim == 4), else per-frame deltas if camera_dim
@@ -158,7 +158,7 @@ class ContextKV:
 class KVWriter:
     """Where a commit writes: the new chunk's block ids in ``pool`` (validated on construction)."""
 
-    def __init__(self, pool: KVPool, block_ids: Sequence[int], layout: KVLayout) -> None:
+    def __init__(self, pool: KVPool, block_ids: Sequence[int], layout: ChunkKVLayout) -> None:
         ids = [int(b) for b in block_ids]
         need = layout.blocks_per_chunk(pool.block_size)
         if len(ids) != need:

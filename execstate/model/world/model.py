@@ -26,8 +26,8 @@ from execstate.model.world.interface import (
     NUMERICS_MODES,
     Carry,
     ChunkActions,
+    ChunkKVLayout,
     ContextKV,
-    KVLayout,
     KVWriter,
     PromptKV,
     WorldSpec,
@@ -49,7 +49,7 @@ class ChunkedWorldModel:
         self.net, self.cfg = net, cfg
         self.codec = LatentCodec(cfg)
         f, p = cfg.frames_per_chunk, cfg.tokens_per_frame
-        layout = KVLayout(cfg.n_layers, cfg.n_heads, cfg.head_dim, p, f, torch.float32)
+        layout = ChunkKVLayout(cfg.n_layers, cfg.n_heads, cfg.head_dim, p, f, torch.float32)
         self.spec = WorldSpec(
             model_id=model_id, frame_shape=(cfg.frame_size, cfg.frame_size, 3), frames_per_chunk=f,
             keys=ACTIONS[: cfg.n_actions], camera_dim=cfg.camera_dim, schedule=cfg.schedule,

@@ -2,10 +2,10 @@
 
 The registry (``model/registry.py``) calls :func:`build` with :data:`PARAMS`; the params are part
 of the build's fingerprint, so changing the model or training config (or :data:`RECIPE_VERSION`)
-rebuilds it. The build trains from scratch on the renderer (deterministic from the seed, see
-``tools/world/train.py``) and writes ``model.safetensors``, ``config.json`` and ``train.json``
-(train config,
-losses, wall/CPU time, the weights' sha256).
+rebuilds it. The build trains from scratch on the renderer (deterministic from the seed, see the
+world tools' ``train``, ``benchmarks/execstate_bench/world_tools/train.py``, reached through
+``model/world/tools_import.py``) and writes ``model.safetensors``, ``config.json`` and
+``train.json`` (train config, losses, wall/CPU time, the weights' sha256).
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ class Mover:
 
 
 @dataclass(frozen=True)
-class WorldState:
+class SceneState:
     """One instant of the world. ``walls`` is a read-only ``bool[GRID, GRID]``; positions are the
     top-left cell of a SIZE x SIZE square."""
 
@@ -82,12 +82,12 @@ def _free(walls: np.ndarray, y: int, x: int) -> bool:
     return bool(0 <= y <= GRID - SIZE and 0 <= x <= GRID - SIZE and not walls[y : y + SIZE, x : x + SIZE].any())
 
 
-def initial_state(seed: int, theme: str = DEFAULT_THEME) -> WorldState:
+def initial_state(seed: int, theme: str = DEFAULT_THEME) -> SceneState:
     """A random maze, agent and movers, deterministic from ``seed`` (numpy PCG64)."""
     return random_state(np.random.default_rng(seed), theme)
 
 
-def random_state(rng: np.random.Generator, theme: str = DEFAULT_THEME) -> WorldState:
+def random_state(rng: np.random.Generator, theme: str = DEFAULT_THEME) -> SceneState:
     if theme not in THEMES:
         raise ValueError(f"unknown theme {theme!r}; known: {', '.join(THEME_NAMES)}")
     walls = np.zeros((GRID, GRID), dtype=bool)
@@ -107,7 +107,7 @@ def random_state(rng: np.random.Generator, theme: str = DEFAULT_THEME) -> WorldS
         dy, dx = (d, 0) if rng.integers(2) else (0, d)
         movers.append(Mover(*free[int(p)], dy, dx))
     walls.setflags(write=False)
-    return WorldState(walls, agent, tuple(movers), theme)
+    return SceneState(walls, agent, tuple(movers), theme)
 
 
 def _step_mover(walls: np.ndarray, m: Mover) -> Mover:
@@ -119,7 +119,7 @@ def _step_mover(walls: np.ndarray, m: Mover) -> Mover:
     return Mover(m.y, m.x, dy, dx)
 
 
-def step(state: WorldState, action: int) -> WorldState:
+def step(state: SceneState, action: int) -> SceneState:
     """Advance one frame: the agent moves by ``action`` unless a wall blocks it; movers patrol."""
     if not 0 <= action < len(ACTIONS):
         raise ValueError(f"action must be in [0, {len(ACTIONS)}), got {action}")
@@ -130,13 +130,13 @@ def step(state: WorldState, action: int) -> WorldState:
     return replace(state, agent=agent, movers=movers, t=state.t + 1)
 
 
-def set_theme(state: WorldState, theme: str) -> WorldState:
+def set_theme(state: SceneState, theme: str) -> SceneState:
     if theme not in THEMES:
         raise ValueError(f"unknown theme {theme!r}; known: {', '.join(THEME_NAMES)}")
     return replace(state, theme=theme)
 
 
-def render(state: WorldState) -> np.ndarray:
+def render(state: SceneState) -> np.ndarray:
     """``uint8[FRAME, FRAME, 3]``."""
     floor, wall = THEMES[state.theme]
     cells = np.empty((GRID, GRID, 3), dtype=np.uint8)
@@ -149,7 +149,7 @@ def render(state: WorldState) -> np.ndarray:
     return cells.repeat(CELL, axis=0).repeat(CELL, axis=1)
 
 
-def agent_center(state: WorldState) -> tuple[float, float]:
+def agent_center(state: SceneState) -> tuple[float, float]:
     """Pixel coordinates (row, column) of the agent's centre, as :func:`locate_agent` measures it."""
     y, x = state.agent
     return (y * CELL + SIZE * CELL / 2, x * CELL + SIZE * CELL / 2)
@@ -178,7 +178,7 @@ def random_actions(rng: np.random.Generator, n: int) -> np.ndarray:
     return out
 
 
-def trajectory(state: WorldState, actions: np.ndarray) -> tuple[list[WorldState], np.ndarray]:
+def trajectory(state: SceneState, actions: np.ndarray) -> tuple[list[SceneState], np.ndarray]:
     """States ``s_0 = state, s_k = step(s_{k-1}, actions[k])`` for ``k < len(actions)`` (``actions[0]``
     is ignored) and their frames ``uint8[len(actions), FRAME, FRAME, 3]``."""
     states = [state]

@@ -1,37 +1,32 @@
-"""Where the runtime finds the world models' training and evaluation tools.
+"""Where the runtime finds the world models' training tools: the entry-point group ``execstate.world_tools``.
 
 They are not part of the runtime package (the wheel ships the models, their renderers and what a
-session needs, not the trainers): they live in the source repository's ``tools/world``. The runtime
-reaches them only where a command needs them (``execstate world ...``, ``execstate models prepare
-world``, ``execstate bench world``'s quality part): :func:`world_tool` imports ``tools.world.<name>``,
-from ``sys.path`` or else from the checkout the package was installed from (an editable install),
-and says what to do when neither has them.
+session needs, not the trainers): they are ``execstate_bench.world_tools``, in the benchmarks'
+distribution of the source repository (``benchmarks/``), which registers under :data:`GROUP` each
+tool module the runtime reaches by name (``train``, for ``execstate models prepare world``; the
+``execstate world`` command itself is registered in ``execstate.commands``,
+``execstate/commands.py``). :func:`world_tool` loads one, and says what to do when it is not
+installed. Nothing here touches ``sys.path``.
 """
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
+from importlib.metadata import entry_points
 from types import ModuleType
 
-CHECKOUT = Path(__file__).resolve().parents[3]  # execstate/model/world/ -> the repository root
+GROUP = "execstate.world_tools"
 
 
 class WorldToolsMissing(ImportError):
-    """The world tools are not installed here (a wheel install, not a source checkout)."""
+    """The world tools are not installed here (a wheel install, not a source checkout's ``make setup``)."""
 
 
 def world_tool(name: str) -> ModuleType:
-    """``tools.world.<name>`` (module docstring); :class:`WorldToolsMissing` when there is none."""
-    try:
-        return importlib.import_module(f"tools.world.{name}")
-    except ModuleNotFoundError as e:
-        if e.name not in ("tools", "tools.world"):
-            raise
-    if (CHECKOUT / "tools" / "world" / "__init__.py").is_file() and str(CHECKOUT) not in sys.path:
-        sys.path.append(str(CHECKOUT))
-        return importlib.import_module(f"tools.world.{name}")
-    raise WorldToolsMissing(f"the world-model tools (tools/world/{name}.py) come with execstate's source "
-                            "repository, not with the package: run this from a checkout "
-                            "(git clone; make setup)")
+    """The world tool module registered as ``name`` (module docstring); :class:`WorldToolsMissing`
+    when none is."""
+    for ep in entry_points(group=GROUP, name=name):
+        module: ModuleType = ep.load()
+        return module
+    raise WorldToolsMissing(f"the world-model tools ({name}) come with execstate's source repository, not with the "
+                            "package: they are the benchmarks' distribution execstate-bench (benchmarks/); from a "
+                            "checkout, `make setup` installs it (or: pip install -e benchmarks)")

@@ -93,7 +93,8 @@ class WorldTransformer(nn.Module):
         self.shift_gain = (nn.Parameter(torch.zeros(cfg.latent_channels))
                            if self.palette and cfg.action_shift_px else None)
         # zero-init: an untrained transformer adds nothing to the conv path's logits (with the
-        # convolutions, a first training stage may train that path alone: tools/world/train.py local_steps)
+        # convolutions, a first training stage may train that path alone: the world tools' train.py,
+        # local_steps)
         for lin in cast("tuple[nn.Linear, ...]", (self.mod[1], self.final_mod[1], self.patch_out)):
             nn.init.zeros_(lin.weight)
             nn.init.zeros_(lin.bias)

@@ -11,6 +11,10 @@ frame, in arrival order and one at a time (``endpoint.py`` feeds them):
 5. whatever it raises becomes one ``error`` event carrying the message's ``event_id``
    (``errors.py``; a bug is logged and answered ``server_error``): the connection stays open.
 
+A message sent under a deprecated ``type`` (``messages.Renamed``) is acted on as its new type, and
+from then on the connection sends the server events that answer it under their old names: the
+handlers only ever emit the current names.
+
 Once the socket is gone (``disconnected``), later frames are ignored; ``close`` (after the last
 ``handle``) enters GONE and lets the handlers release what the connection holds.
 
@@ -80,7 +84,16 @@ class Connection:
                  emit_binary: EmitBinary | None = None, tenant: TenantId = LOCAL_TENANT) -> None:
         self.protocol = protocol
         self.state = PhaseMachine(protocol.phases)
-        self.peer = Peer(protocol, emit, emit_binary or _no_binary, self.state, tenant)
+        self.old_names: dict[str, str] = {}  # current server event type -> the deprecated one this client uses
+        binary = emit_binary or _no_binary
+
+        async def named_emit(event: dict[str, Any]) -> None:
+            await emit(self._named(event))
+
+        async def named_emit_binary(event: dict[str, Any], payload: bytes) -> None:
+            await binary(self._named(event), payload)
+
+        self.peer = Peer(protocol, named_emit, named_emit_binary, self.state, tenant)
         self.handlers = open_handlers(self.peer)
         routed, declared = set(self.handlers.routes), set(protocol.messages.messages)
         if routed != declared:
@@ -95,7 +108,9 @@ class Connection:
         try:
             if binary:
                 raise ProtocolError("invalid_message", BINARY_REFUSED)
-            msg = self.protocol.parse(frame)
+            msg, renamed = self.protocol.read(frame)
+            if renamed is not None:
+                self.old_names.update(renamed.answers)
             # every message struct declares its own event_id (messages.py); the base has none
             event_id = msg.event_id  # type: ignore[attr-defined]
             self.state.check(type_of(msg), event_id)
@@ -106,6 +121,10 @@ class Connection:
                 logger.exception("%s: unexpected error handling a message", self.protocol.name)
                 error = internal_error(exc, event_id)
             await self.peer.emit_error(error)
+
+    def _named(self, event: dict[str, Any]) -> dict[str, Any]:
+        old = self.old_names.get(event.get("type", "")) if self.old_names else None
+        return event if old is None else {**event, "type": old}
 
     async def reject(self, error: ProtocolError) -> None:
         """Answer a frame the endpoint refused unread (e.g. too large)."""

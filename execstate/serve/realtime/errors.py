@@ -6,8 +6,8 @@ below escape. ``error_of`` maps what escaped, once for all protocols:
 
 - ``ProtocolError``: as is (its own ``event_id``: a handler may answer for an id inside the message);
 - the protocol's own :class:`ErrorRule`\\ s, in order (an agent's ``LedgerError`` codes, say);
-- ``SessionEventError`` (the session runtime's refusals: ``invalid``, ``busy``, ``capacity``...):
-  its code and message, for the message's ``event_id``;
+- any other ``CodedError`` (``execstate/errors.py``: the session runtime's refusals ``invalid``,
+  ``busy``, ``capacity``..., the agent's): its code and message, for the message's ``event_id``;
 - ``EngineDeadError``: ``engine_dead`` (kind ``server_error``);
 - anything else is a bug: ``None`` here; the connection logs it and answers ``server_error``
   (``internal_error``), and the connection and the server go on.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from execstate.engine.async_engine import EngineDeadError
-from execstate.session.runtime.events import SessionEventError
+from execstate.errors import CodedError
 
 EventId = int | str | None
 """A client message's ``event_id`` as the server echoes it (``None``: absent or unreadable)."""
@@ -51,7 +51,7 @@ class ErrorRule:
     to_error: Callable[[Any, EventId], ProtocolError]
 
 
-def _session_error(e: SessionEventError, event_id: EventId) -> ProtocolError:
+def _coded_error(e: CodedError, event_id: EventId) -> ProtocolError:
     return ProtocolError(e.code, e.message, event_id)
 
 
@@ -59,7 +59,7 @@ def _engine_dead(e: EngineDeadError, event_id: EventId) -> ProtocolError:
     return ProtocolError("engine_dead", f"the engine is not serving: {e}", event_id, SERVER_ERROR)
 
 
-RUNTIME_ERRORS = (ErrorRule(SessionEventError, _session_error), ErrorRule(EngineDeadError, _engine_dead))
+RUNTIME_ERRORS = (ErrorRule(CodedError, _coded_error), ErrorRule(EngineDeadError, _engine_dead))
 
 
 def error_of(exc: Exception, event_id: EventId, rules: tuple[ErrorRule, ...] = ()) -> ProtocolError | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from execstate.serve.realtime.errors import ErrorRule, EventId, ProtocolError, error_of, openai_error_shape
 from execstate.serve.realtime.limits import Limits
-from execstate.serve.realtime.messages import Message, MessageTable
+from execstate.serve.realtime.messages import Message, MessageTable, Renamed
 from execstate.serve.realtime.phases import PhaseTable
 
 SUBPROTOCOL = "realtime"
@@ -39,7 +39,11 @@ class RealtimeProtocol:
 
     def parse(self, frame: str | bytes) -> Message:
         """A typed client message, or ``ProtocolError`` (``messages.py``)."""
-        return self.messages.decode(frame, self.limits.max_message_bytes, self.limits.max_json_depth)
+        return self.read(frame)[0]
+
+    def read(self, frame: str | bytes) -> tuple[Message, Renamed | None]:
+        """``parse``, and the :class:`Renamed` whose deprecated ``type`` the frame used, if any."""
+        return self.messages.read(frame, self.limits.max_message_bytes, self.limits.max_json_depth)
 
     def error_of(self, exc: Exception, event_id: EventId) -> ProtocolError | None:
         return error_of(exc, event_id, self.errors)

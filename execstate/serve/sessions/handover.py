@@ -49,8 +49,7 @@ from fastapi.responses import JSONResponse
 from execstate.engine.engine_facts import PeerCredentials
 from execstate.identity.secret_ring import SecretRing
 from execstate.serve.context import ServeContext
-from execstate.serve.errors import OpenAIError
-from execstate.serve.sessions.errors import http_status
+from execstate.serve.errors import OpenAIError, http_error
 from execstate.serve.sessions.handover_wire import IMPORTED, answer_signature, open_request
 from execstate.session.lm.async_sessions import AsyncSessions
 from execstate.session.lm.hibernation_import import wake_from_reference
@@ -64,8 +63,6 @@ COMMIT_PATH = "/v1/sessions/import/commit"
 ABORT_PATH = "/v1/sessions/import/abort"
 IDENTIFY_PATH = "/v1/sessions/import/identify"
 PEER_PATHS = (IMPORT_PATH, COMMIT_PATH, ABORT_PATH, IDENTIFY_PATH)
-HANDOVER_STATUS = {"replay": 409, "expired": 410, "capacity": 429, "aborted": 409, "committed": 409,
-                   "unknown": 404, "invalid": 400, "importing": 409, "pending": 409}
 
 
 def result_json(r: MigrationResult) -> dict[str, Any]:
@@ -73,11 +70,6 @@ def result_json(r: MigrationResult) -> dict[str, Any]:
             "blocks_from_cache": r.blocks_from_cache, "blocks_recomputed": r.blocks_recomputed,
             "tokens_recomputed": r.tokens_recomputed, "kv_bytes": r.kv_bytes, "control_bytes": r.control_bytes,
             "load_error": r.load_error, "target_seconds": r.seconds}
-
-
-def _refused(e: HandoverError | MigrationError) -> OpenAIError:
-    status = HANDOVER_STATUS.get(e.code, 409) if isinstance(e, HandoverError) else http_status(e.code)
-    return OpenAIError(status, e.message, code=e.code)
 
 
 class IncomingHandovers:
@@ -126,7 +118,7 @@ def install_handover_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Awa
         try:
             req = open_request(name, await request.body(), ring)
         except MigrationError as e:
-            raise _refused(e) from None
+            raise http_error(e) from None
         if req.target_engine_id not in ("", engine_id) or (name != "identify" and not req.target_engine_id):
             raise OpenAIError(403, f"the {name} is for engine {req.target_engine_id!r}, not this one",
                               code="wrong_target")
@@ -148,14 +140,14 @@ def install_handover_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Awa
         try:  # decoded and its signature checked in a worker, off the engine thread and the event loop
             offer, signed = await ctx.in_worker(decode_offer, data, ring)
         except MigrationError as e:
-            raise _refused(e) from None
+            raise http_error(e) from None
         if offer.target_engine_id != engine_id:
             raise OpenAIError(403, f"the offer is for engine {offer.target_engine_id!r}, not this one",
                               code="wrong_target")
         try:
             await incoming.admit(offer)
         except HandoverError as e:
-            raise _refused(e) from None
+            raise http_error(e) from None
         try:
             handle: ImportHandle = await call(sessions.run(lambda s: begin_import(s, (offer, signed))))
         except BaseException:
@@ -171,7 +163,7 @@ def install_handover_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Awa
             incoming.ledger.imported(offer.nonce)
         except HandoverError as e:  # aborted (or expired) meanwhile: drop it
             await incoming.drop(handle, "the hand-over was aborted during the import")
-            raise _refused(e) from None
+            raise http_error(e) from None
         incoming.pending[offer.nonce] = handle
         out = result_json(result)
         out.update(state=IMPORTED, nonce=offer.nonce,
@@ -188,7 +180,7 @@ def install_handover_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Awa
         try:
             rt = await call(sessions.run(lambda s: wake_from_reference(s, ref, incoming.ledger)))
         except MigrationError as e:
-            raise _refused(e) from None
+            raise http_error(e) from None
         info = await call(sessions.run(lambda s: s.describe(rt)))
         return JSONResponse(dict(asdict(info), woken=True))
 
@@ -198,13 +190,13 @@ def install_handover_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Awa
         try:
             incoming.ledger.commit(req.nonce)
         except HandoverError as e:
-            raise _refused(e) from None
+            raise http_error(e) from None
         handle = incoming.pending.pop(req.nonce, None)
         if handle is not None:
             try:
                 await sessions.commit_import(handle)
             except MigrationError as e:
-                raise _refused(e) from None
+                raise http_error(e) from None
         return JSONResponse({"committed": True, "nonce": req.nonce,
                              "signature": answer_signature(ring, "commit", req.nonce, "committed")})
 
@@ -214,7 +206,7 @@ def install_handover_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Awa
         try:
             had = incoming.ledger.abort(req.nonce, req.expires_at)
         except HandoverError as e:
-            raise _refused(e) from None
+            raise http_error(e) from None
         handle = incoming.pending.pop(req.nonce, None)
         if handle is not None:
             await incoming.drop(handle, "the source aborted the hand-over")
@@ -232,4 +224,4 @@ async def _wait(handle: ImportHandle, sessions: AsyncSessions) -> MigrationResul
         raise OpenAIError(504, "the session could not be imported before the offer's commit deadline",
                           code="timeout") from None
     except MigrationError as e:
-        raise _refused(e) from None
+        raise http_error(e) from None

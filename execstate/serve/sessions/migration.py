@@ -52,7 +52,7 @@ from pydantic import BaseModel, ConfigDict
 
 from execstate.identity.secret_ring import SecretRing
 from execstate.serve.context import ServeContext
-from execstate.serve.errors import OpenAIError
+from execstate.serve.errors import OpenAIError, relayed_status
 from execstate.serve.sessions.handover import ABORT_PATH, COMMIT_PATH, IDENTIFY_PATH, IMPORT_PATH
 from execstate.serve.sessions.handover_wire import IMPORTED, HandoverRequest, answer_verifies, seal_request
 from execstate.serve.sessions.targets import MigrationTargets, Target
@@ -237,7 +237,7 @@ def install_migration_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Aw
         try:
             answer = await asyncio.shield(task)
         except MigrationError as e:
-            raise OpenAIError(_LOCAL.get(e.code, 502), e.message, code=e.code) from None
+            raise OpenAIError(relayed_status(e.code), e.message, code=e.code) from None
         answer.update(status="migrated", committed=True, target=target.base, target_engine_id=engine_id,
                       seconds=time.monotonic() - out.started, checkpoints_dropped=out.checkpoints_left)
         for k in ("signature", "nonce", "state"):
@@ -250,5 +250,3 @@ def install_migration_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Aw
 async def _resolve(targets: MigrationTargets, target: str) -> Target:
     return targets.resolve(target)
 
-
-_LOCAL = {"timeout": 504, "unsupported": 400, "unreachable": 502, "commit_failed": 502}

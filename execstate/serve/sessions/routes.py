@@ -17,7 +17,7 @@ client needs without it, and the migration (``migration.py``):
 - ``POST /v1/sessions/{id}/migrate``: see ``migration.py``; ``POST /v1/sessions/import`` and
   its ``/commit``, ``/abort``, ``/identify``: the receiving side, ``handover.py``.
 
-Errors are OpenAI-style bodies whose ``code`` is the session error's code (``errors.py``'s
+Errors are OpenAI-style bodies whose ``code`` is the session error's code (``serve/errors.py``'s
 ``STATUS`` gives the HTTP status of each). The API key applies (``/v1``), except on the signed
 server-to-server paths.
 
@@ -43,9 +43,8 @@ from execstate.engine.priority import PRIORITY_INTERACTIVE
 from execstate.engine.sampling_params import SamplingParams
 from execstate.serve.auth import scope_tenant
 from execstate.serve.context import ServeContext, engine_dead
-from execstate.serve.errors import OpenAIError
+from execstate.serve.errors import OpenAIError, http_error
 from execstate.serve.route_rows import encode_routes
-from execstate.serve.sessions.errors import session_error
 from execstate.serve.sessions.handover import IncomingHandovers, install_handover_routes
 from execstate.serve.sessions.hibernation import install_hibernation_routes
 from execstate.serve.sessions.migration import Migrations, install_migration_routes
@@ -123,7 +122,7 @@ def install_session_routes(app: FastAPI, ctx: ServeContext, targets: MigrationTa
         try:
             return await coro
         except SessionEventError as e:
-            raise session_error(e) from None
+            raise http_error(e) from None
         except EngineDeadError as e:
             raise engine_dead(e) from None
 

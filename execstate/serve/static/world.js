@@ -46,7 +46,7 @@
   function start() {
     queue = []; nextShow = 0; held.clear(); serverHeld = null;
     stats.started = performance.now();
-    const msg = { type: "session.start", event_id: "start-" + (++eventSeq), prompt: $("prompt").value,
+    const msg = { type: "session.create", event_id: "start-" + (++eventSeq), prompt: $("prompt").value,
                   seed: Number(params.get("seed") || 0), fps: fps, format: "png" };
     if (world) msg.model = world;
     send(msg);
@@ -64,9 +64,9 @@
         break;
       case "session.behind":
         stats.behindMs = ev.behind_ms; log("behind real time by " + ev.behind_ms.toFixed(0) + " ms"); break;
-      case "session.done": stats.done = ev; $("status").textContent = "done"; log("session.done"); break;
+      case "session.closed": stats.done = ev; $("status").textContent = "done"; log("session.closed"); break;
       case "session.paused": $("status").textContent = "paused"; break;
-      case "session.resumed": $("status").textContent = "running"; break;
+      case "session.unpaused": $("status").textContent = "running"; break;
       case "error":
         stats.errors.push(ev); log("error " + ev.code + ": " + ev.message);
         if (ev.event_id === look.inFlight) look.inFlight = null;  // refused: nothing in flight
@@ -180,16 +180,16 @@
   document.addEventListener("mousemove", (e) => {
     if (document.pointerLockElement === canvas || look.drag) onLook(e.movementX, e.movementY);
   });
-  $("world").onchange = () => { world = $("world").value; send({ type: "session.stop" }); setTimeout(start, 200); };
+  $("world").onchange = () => { world = $("world").value; send({ type: "session.close" }); setTimeout(start, 200); };
   document.addEventListener("keydown", (e) => keyEvent(e, true));
   document.addEventListener("keyup", (e) => keyEvent(e, false));
   $("send-prompt").onclick = () => send({ type: "session.interaction", event_id: "p" + (++eventSeq),
                                           interaction: { event: { prompt: $("prompt").value } } });
   $("start").onclick = () => start();
-  $("stop").onclick = () => send({ type: "session.stop" });
+  $("stop").onclick = () => send({ type: "session.close" });
   $("pause").onclick = () => {
     paused = !paused;
-    send({ type: paused ? "session.pause" : "session.resume" });
+    send({ type: paused ? "session.pause" : "session.unpause" });
     $("pause").textContent = paused ? "resume" : "pause";
   };
   requestAnimationFrame(draw);

@@ -165,8 +165,8 @@ def finish_lm_step(engine: LLMEngine, rt: SessionRuntime, handle: StepHandle, re
     """The hook: take the step's blocks back and settle the outcome (module docstring)."""
     state = rt.state
     assert isinstance(state, LMState)
-    returned = req.returned_blocks
-    req.returned_blocks = None
+    returned = req.session.returned_blocks
+    req.session.returned_blocks = None
     failed = req.status is RequestStatus.FINISHED_ABORTED and req.abort_message is not None
     try:
         if state.released or failed:
@@ -188,12 +188,12 @@ def finish_lm_step(engine: LLMEngine, rt: SessionRuntime, handle: StepHandle, re
         wants_logprobs = req.params.logprobs is not None
         handle.result = StepResult(
             session_id=rt.session_id, step_index=rt.step_index, token_ids=list(req.output_token_ids),
-            text=req.detok.text(True) if engine.tokenizer is not None else None,
+            text=req.output.detok.text(True) if engine.tokenizer is not None else None,
             finish_reason=req.finish_reason, stop_reason=req.stop_reason, events=handle.events,
             num_computed_tokens=req.num_prompt_tokens - num_cached if admitted else 0, num_cached_tokens=num_cached,
             routed_experts=None if cancelled else out.outputs[0].routed_experts,
-            logprobs=list(req.output_logprob_entries) if wants_logprobs else None,
-            cumulative_logprob=req.cumulative_logprob if wants_logprobs else None,
+            logprobs=list(req.output.logprob_entries) if wants_logprobs else None,
+            cumulative_logprob=req.output.cumulative_logprob if wants_logprobs else None,
         )
     finally:
         handle.done = True

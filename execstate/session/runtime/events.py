@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NewType
 
+from execstate.errors import CodedError
+
 EventId = NewType("EventId", int)
 """A client-chosen event id: a non-negative int, strictly increasing within one session."""
 
@@ -40,14 +42,12 @@ COMPOSITE = "composite"
 MAX_COMPOSITE_PARTS = 64
 
 
-class SessionEventError(Exception):
+class SessionEventError(CodedError):
     """An event (or a session call) was refused. ``code``: ``stale``, ``backpressure``,
     ``invalid``, ``closed`` (and, for session calls, ``failed`` / ``evicted``)."""
 
     def __init__(self, code: str, message: str, event_id: int | None = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
+        super().__init__(code, message)
         self.event_id = event_id
 
 

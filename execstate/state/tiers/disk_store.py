@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from execstate.identity.keys import BlockKey
-from execstate.state.kv_events import DISK
+from execstate.state.kv_events.events import DISK
 from execstate.state.tiers.stats import TierStats
 from execstate.state.tiers.store import Health, UnitIndex, UnitStore
 from execstate.state.tiers.unit import MAGIC, MAX_RECORD_BYTES, UnitRecord, read_record

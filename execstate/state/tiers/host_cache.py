@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from execstate.identity.keys import BlockKey
-from execstate.state.kv_events import DRAM
+from execstate.state.kv_events.events import DRAM
 from execstate.state.tiers.stats import TierStats
 from execstate.state.tiers.store import POLICIES
 from execstate.state.tiers.unit import UnitRecord

@@ -28,7 +28,7 @@ from typing import cast
 import redis
 
 from execstate.identity.keys import BlockKey
-from execstate.state.kv_events import SHARED
+from execstate.state.kv_events.events import SHARED
 from execstate.state.tiers.stats import TierStats
 from execstate.state.tiers.store import Health, UnitIndex, UnitStore
 from execstate.state.tiers.unit import UnitRecord, read_record

@@ -19,7 +19,7 @@ absent for a dense model or without route return) and a :class:`UnitRecord`:
   (``SecretRing.ephemeral``) on a local one, so a unit proves who wrote it and a checksum
   recomputed by anyone else is refused;
 - ``weights_version``: the provenance's weights version, spelled out (the root already binds
-  it; the KV events a tier publishes name it: ``engine/kv_events.py``); ``None`` when the writer
+  it; the KV events a tier publishes name it: ``state/kv_events/recorder.py``); ``None`` when the writer
   did not know it. Signed with the rest;
 - ``tenant``: the tenant whose request computed it (the root already binds the scope; a tier's
   KV events leave out the units of tenants the operator excluded); ``None`` when unknown.

@@ -1,7 +1,7 @@
 """Where a tier reports the units it starts or stops holding (docs/fleet.md "KV events").
 
 A tier built with a :class:`UnitEvents` (``HostCache``, ``DiskStore``, ``RedisStore``; the
-engine passes its ``KVEvents``, ``engine/kv_events.py``) calls it at every change of the set of
+engine passes its ``KVEvents``, ``state/kv_events/recorder.py``) calls it at every change of the set of
 units it would answer a lookup for, under the same lock as the change, so the calls of one tier
 come in the order of its changes:
 

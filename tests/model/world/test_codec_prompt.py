@@ -12,7 +12,7 @@ from hypothesis.extra.numpy import arrays
 from execstate.model.world import codec, renderer
 from execstate.model.world.config import WorldModelConfig
 from execstate.model.world.prompt import word_ids
-from tools.world import data
+from execstate_bench.world_tools import data
 
 
 @settings(max_examples=30, deadline=None)

@@ -7,7 +7,7 @@ import pytest
 from conftest import random_net
 
 from execstate.model.world.model import ChunkedWorldModel
-from tools.world import speed
+from execstate_bench.world_tools import speed
 
 
 def _check_in_place(model: ChunkedWorldModel) -> None:

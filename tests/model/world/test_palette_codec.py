@@ -20,7 +20,7 @@ from execstate.model.world.rollout import WorldRollout
 PAL = dataclasses.replace(TINY, codec="palette", cell_size=4, action_shift_px=1)
 
 
-def _frames(seed: int, n: int, theme: str) -> tuple[list[renderer.WorldState], np.ndarray]:
+def _frames(seed: int, n: int, theme: str) -> tuple[list[renderer.SceneState], np.ndarray]:
     keys = renderer.random_actions(np.random.default_rng(seed), n)
     return renderer.trajectory(renderer.initial_state(seed, theme), keys)
 

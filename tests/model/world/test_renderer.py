@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from execstate.model.world import renderer as r
 
 
-def _open_room(agent: tuple[int, int], movers: tuple[r.Mover, ...] = ()) -> r.WorldState:
+def _open_room(agent: tuple[int, int], movers: tuple[r.Mover, ...] = ()) -> r.SceneState:
     walls = np.zeros((r.GRID, r.GRID), dtype=bool)
     walls[0, :] = walls[-1, :] = walls[:, 0] = walls[:, -1] = True
-    return r.WorldState(walls, agent, movers, "meadow")
+    return r.SceneState(walls, agent, movers, "meadow")
 
 
 def test_same_seed_same_world_and_frames() -> None:
@@ -47,7 +47,7 @@ def test_walls_block_the_agent(start: tuple[int, int], key: int) -> None:
     assert r.step(s, key).agent == start
     walls = np.array(s.walls)
     walls[7, 7] = True  # an inner wall cell right of the agent
-    inner = r.WorldState(walls, (7, 6), (), "meadow")
+    inner = r.SceneState(walls, (7, 6), (), "meadow")
     assert r.step(inner, r.RIGHT).agent == (7, 6)
     assert r.step(inner, r.LEFT).agent == (7, 5)
 

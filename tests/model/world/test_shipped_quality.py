@@ -16,7 +16,7 @@ from execstate.model.world import palette_codec, recipe, renderer
 from execstate.model.world.rollout import WorldRollout
 from execstate.model.world.weights import file_sha256
 from execstate.model.world_default import SHIPPED_DIR, default_world_model_dir, load_default_world_model
-from tools.world import eval as world_eval
+from execstate_bench.world_tools import eval as world_eval
 
 # Measured on the shipped weights (recipe v3, eager, fp32 compute); see docs/world-model.md 6.
 MIN_ACCURACY_16 = 0.9  # action accuracy over seeds 0-3, 16 steps (measured 1.0)

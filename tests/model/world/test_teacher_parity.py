@@ -16,7 +16,7 @@ from execstate.model.world.config import WorldModelConfig
 from execstate.model.world.interface import KVWriter, PromptKV
 from execstate.model.world.model import ChunkedWorldModel
 from execstate.state.kv_pool import KVPool
-from tools.world import data, teacher
+from execstate_bench.world_tools import data, teacher
 
 # the palette codec with every option of the convolutional path (cell_conv.py), at F = 2 and at
 # F = 1 (fewer frames per chunk than carry frames: the first carries after the sink are partly

@@ -12,8 +12,8 @@ from conftest import TINY
 
 from execstate.model.world.latent_codec import LatentCodec
 from execstate.model.world.model import ChunkedWorldModel
-from tools.world import data, teacher
-from tools.world.train import TrainConfig, train, train_to_dir
+from execstate_bench.world_tools import data, teacher
+from execstate_bench.world_tools.train import TrainConfig, train, train_to_dir
 
 FAST = TrainConfig(seed=3, steps=60, batch_size=2, lr=1e-2, warmup=5, threads=1)
 
@@ -95,7 +95,7 @@ def test_world_train_without_flags_trains_the_default_recipe(tmp_path: Path) -> 
     from execstate.cli import build_parser
     from execstate.model.world import recipe
     from execstate.model.world.config import WorldModelConfig
-    from tools.world.cli import train_configs
+    from execstate_bench.world_tools.cli import train_configs
 
     parser = build_parser()
     model_cfg, cfg, command = train_configs(parser.parse_args(["world", "train", "--out", str(tmp_path)]))

@@ -27,8 +27,8 @@ from execstate.model.world.interface import (
     CameraRig,
     Carry,
     ChunkActions,
+    ChunkKVLayout,
     ContextKV,
-    KVLayout,
     KVWriter,
     PromptKV,
     WorldSpec,
@@ -51,7 +51,7 @@ class MazeWorldModel:
         cfg = net.cfg
         self.net, self.cfg = net, cfg
         f, p = cfg.frames_per_chunk, cfg.tokens_per_frame
-        layout = KVLayout(cfg.n_layers, cfg.n_heads, cfg.head_dim, p, f, torch.float32)
+        layout = ChunkKVLayout(cfg.n_layers, cfg.n_heads, cfg.head_dim, p, f, torch.float32)
         self.spec = WorldSpec(
             model_id=model_id, frame_shape=(cfg.frame_size, cfg.frame_size, 3), frames_per_chunk=f,
             keys=KEYS[: cfg.n_keys], camera_dim=4, schedule=cfg.schedule,

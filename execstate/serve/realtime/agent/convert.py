@@ -8,7 +8,8 @@ front's defaults).
 
 Outbound: ``event_json`` turns an ``AgentEvent`` into the server event (``event_id`` None: the
 agent's own clock produced it); ``session_json`` the ``session`` object of ``session.created`` /
-``session.updated``. Status ``done`` of the runtime is ``completed`` on the wire (OpenAI's name).
+``session.updated``. A response's status (``completed``, ``cancelled``, ``failed``) is the runtime's,
+as is (OpenAI's names).
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ MAX_PATTERN_CHARS = 256
 MAX_TEXT_CHARS = 2048  # instructions, acknowledgements, templates
 CONFIG_FIELDS = ("step_tokens", "max_response_tokens", "speak_results", "result_template", "model_tool_calls",
                  "cancel_tasks_on_barge_in", "chars_per_s")
-STATUS = {"done": "completed", "cancelled": "cancelled", "failed": "failed"}
 
 
 def invalid(message: str) -> SessionEventError:
@@ -163,7 +163,7 @@ def event_json(ev: AgentEvent, runners: dict[str, str]) -> dict[str, Any]:
                                                      "cause": ev.cause}, **common)
     if isinstance(ev, ResponseDone):
         return server_event(ev.type, None, response={
-            "id": ev.response_id, "status": STATUS[ev.status], "status_details": {"reason": ev.reason},
+            "id": ev.response_id, "status": ev.status, "status_details": {"reason": ev.reason},
             "output_text": ev.text}, **common)
     if isinstance(ev, DelegationCreated):
         return server_event(ev.type, None, delegation_id=ev.delegation_id, call_id=ev.delegation_id, tool=ev.tool,

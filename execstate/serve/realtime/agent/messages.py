@@ -46,7 +46,6 @@ from typing import Any
 
 import msgspec
 
-from execstate.agent.duplex import AgentError
 from execstate.agent.ledger import LedgerError
 from execstate.serve.realtime.errors import ErrorRule, EventId, ProtocolError
 from execstate.serve.realtime.messages import Message, MessageTable
@@ -191,7 +190,6 @@ PHASES = PhaseTable(NO_SESSION, (NO_SESSION, ACTIVE, ENDED), (OPEN, END, CLOSE),
 
 LEDGER_CODES = {"unknown": "unknown_delegation", "duplicate": "duplicate_result", "late": "late_result"}
 ERRORS = (
-    ErrorRule(AgentError, lambda e, event_id: ProtocolError(e.code, e.message, event_id)),
     ErrorRule(LedgerError, lambda e, event_id: ProtocolError(LEDGER_CODES.get(e.code, e.code), e.message, event_id)),
 )
 

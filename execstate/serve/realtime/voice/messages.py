@@ -31,8 +31,7 @@ from typing import Any
 
 import msgspec
 
-from execstate.agent.errors import AgentError
-from execstate.serve.realtime.errors import ErrorRule, EventId, ProtocolError
+from execstate.serve.realtime.errors import EventId
 from execstate.serve.realtime.limits import Limits
 from execstate.serve.realtime.messages import Message, MessageTable
 from execstate.serve.realtime.phases import Move, Phase, PhaseTable, Refusal
@@ -179,7 +178,4 @@ ENDED = Phase("ended", allow=frozenset(), otherwise=Refusal(
 END = Move("end", frozenset({ACTIVE}), ENDED)
 PHASES = PhaseTable(ACTIVE, (ACTIVE, ENDED), (END,), values=("session_id",))
 
-ERRORS = (ErrorRule(AgentError, lambda e, event_id: ProtocolError(e.code, e.message, event_id)),)
-
-VOICE_PROTOCOL = RealtimeProtocol("voice", MESSAGES, PHASES, Limits(max_message_bytes=MAX_AUDIO_B64 + 4096),
-                                  errors=ERRORS)
+VOICE_PROTOCOL = RealtimeProtocol("voice", MESSAGES, PHASES, Limits(max_message_bytes=MAX_AUDIO_B64 + 4096))

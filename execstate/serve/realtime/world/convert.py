@@ -1,4 +1,4 @@
-"""JSON <-> world-session values for the world WebSocket: ``session.start``'s checks, an
+"""JSON <-> world-session values for the world WebSocket: ``session.create``'s checks, an
 interaction's parts, the server events' bodies (no I/O; every refusal a ``ProtocolError``)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from execstate.model.world.interface import WorldSpec
 from execstate.serve.realtime.errors import ProtocolError
 from execstate.serve.realtime.world.camera_schema import camera_data
 from execstate.serve.realtime.world.encode import EncodedChunk
-from execstate.serve.realtime.world.messages import MAX_PROMPT_CHARS, SessionInteraction, SessionStart
+from execstate.serve.realtime.world.messages import MAX_PROMPT_CHARS, SessionCreate, SessionInteraction
 
 MAX_FPS = 240.0
 MIN_FPS = 1.0  # a positive rate below this would pace a chunk minutes apart (5e-324: forever)
@@ -37,14 +37,14 @@ def fps_problem(fps: float) -> str | None:
     return f"fps must be 0 (as fast as possible) or in [{MIN_FPS:g}, {MAX_FPS:g}], got {fps}"
 
 
-def start_config(msg: SessionStart, spec: WorldSpec, model_name: str, default_fps: float,
+def start_config(msg: SessionCreate, spec: WorldSpec, model_name: str, default_fps: float,
                  max_frames: int) -> StartConfig:
-    """``session.start``'s fields checked against the model (vLLM-Omni's fields must agree with it)
+    """``session.create``'s fields checked against the model (vLLM-Omni's fields must agree with it)
     and the server's bounds (``fps``: :func:`fps_problem`; ``num_frames``: 1 to ``max_frames``)."""
     eid = msg.event_id
 
     def bad(text: str) -> ProtocolError:
-        return ProtocolError("invalid_message", f"session.start: {text}", eid)
+        return ProtocolError("invalid_message", f"session.create: {text}", eid)
 
     fps = default_fps if msg.fps is None else msg.fps
     if (problem := fps_problem(fps)) is not None:

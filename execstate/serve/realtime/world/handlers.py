@@ -9,18 +9,18 @@ it as they arrive and it applies them at the next chunk boundary. Contract:
 
 - Every client message gets an answer carrying its ``event_id``: ``video.start``,
   ``session.interaction.queued`` (also for ``key.down``/``key.up``), ``session.paused``,
-  ``session.resumed``, ``session.checkpointed``, ``session.rolled_back``, ``checkpoint.released``,
-  ``session.pong``, ``session.done``, or an ``error`` with a code (the connection stays open).
+  ``session.unpaused``, ``session.checkpointed``, ``session.rolled_back``, ``checkpoint.released``,
+  ``session.pong``, ``session.closed``, or an ``error`` with a code (the connection stays open).
 - Client event ids (strings) name the events in the chunks' ``started``/``active``/``completed``
   lists; the runtime's own ids (ints, in arrival order) never leave the server.
 - After ``video.start`` the session's stepper (``stepper.py``) streams chunks at the
   session's fps; an event that arrives while a step runs applies at the next one.
 - Pause takes effect at the next boundary (the step in progress is delivered); the real-time clock
-  stops while paused. ``session.stop`` lets the step in progress finish, then ``session.done``.
+  stops while paused. ``session.close`` lets the step in progress finish, then ``session.closed``.
 - Checkpoint, rollback and release run between steps (they wait for the step in progress). The
   key held after a rollback is the runtime's (``WorldSessionInfo.held_key_after_pending``: the
   checkpoint's held key with its pending events applied), not a copy kept here.
-- A failed step ends the session: ``error`` (``step_failed``) then ``session.done``.
+- A failed step ends the session: ``error`` (``step_failed``) then ``session.closed``.
 - ``close()`` (the socket is gone): the stepper stops after its step, the session is closed.
 - Ownership: the session is the connection's tenant's (``host.for_tenant``): it counts against the
   tenant's ``world_sessions`` quota and nothing else can reach it.
@@ -40,21 +40,21 @@ from execstate.serve.realtime.world.convert import camera_config, interaction_pa
 from execstate.serve.realtime.world.host import WorldHost
 from execstate.serve.realtime.world.hosts import WorldHosts, as_hosts
 from execstate.serve.realtime.world.messages import (
-    DONE,
+    CLOSE,
     PAUSE,
-    RESUME,
     START,
+    UNPAUSE,
     CheckpointRelease,
     KeyDown,
     KeyUp,
     SessionCheckpoint,
+    SessionClose,
+    SessionCreate,
     SessionInteraction,
     SessionPause,
     SessionPing,
-    SessionResume,
     SessionRollback,
-    SessionStart,
-    SessionStop,
+    SessionUnpause,
 )
 from execstate.serve.realtime.world.stepper import LiveSession, run_stepper
 from execstate.session.runtime.events import SessionEventError
@@ -64,7 +64,7 @@ class WorldHandlers:
     def __init__(self, peer: Peer, hosts: WorldHost | WorldHosts) -> None:
         self.hosts = as_hosts(hosts)
         self.tenant = peer.tenant
-        # the running session's world (session.start picks it); every session call asks as the
+        # the running session's world (session.create picks it); every session call asks as the
         # connection's tenant
         self.host = self.hosts.default.for_tenant(peer.tenant)
         self.emit = peer.emit
@@ -73,10 +73,10 @@ class WorldHandlers:
         self.live: LiveSession | None = None
         self._ids = itertools.count()
         self.routes: dict[type, Handler] = {
-            SessionStart: self._start, SessionInteraction: self._interaction, KeyDown: self._key_down,
-            KeyUp: self._key_up, SessionPause: self._pause, SessionResume: self._resume,
+            SessionCreate: self._create, SessionInteraction: self._interaction, KeyDown: self._key_down,
+            KeyUp: self._key_up, SessionPause: self._pause, SessionUnpause: self._unpause,
             SessionCheckpoint: self._checkpoint, SessionRollback: self._rollback, CheckpointRelease: self._release,
-            SessionPing: self._ping, SessionStop: self._stop,
+            SessionPing: self._ping, SessionClose: self._close,
         }
 
     @property
@@ -88,7 +88,7 @@ class WorldHandlers:
         await self._end_session()
 
     # -- session life -------------------------------------------------------------------------------
-    async def _start(self, msg: SessionStart) -> None:
+    async def _create(self, msg: SessionCreate) -> None:
         self.host = self.hosts.pick(msg.model, msg.event_id).for_tenant(self.tenant)
         spec = self.host.spec
         cfg = start_config(msg, spec, self.host.model_name, self.host.default_fps, self.host.max_frames)
@@ -116,7 +116,7 @@ class WorldHandlers:
                              **camera_config(spec)}})
         live.task = asyncio.create_task(self._stepper(live, t0))
 
-    async def _stop(self, msg: SessionStop) -> None:
+    async def _close(self, msg: SessionClose) -> None:
         await self._end_session(msg.event_id, stopped=True)
 
     async def _end_session(self, event_id: Any = None, stopped: bool = True) -> None:
@@ -133,9 +133,9 @@ class WorldHandlers:
         async with live.lock:
             await self.host.close(live.session_id)
         rid = self.request_id
-        self.state.move(DONE)
+        self.state.move(CLOSE)
         if self.state.phase is not GONE:
-            await self.emit({"type": "session.done", "request_id": rid, "event_id": event_id, "chunks": live.chunks,
+            await self.emit({"type": "session.closed", "request_id": rid, "event_id": event_id, "chunks": live.chunks,
                              "frames": live.frames, "stopped": stopped})
 
     # -- events -------------------------------------------------------------------------------------
@@ -219,14 +219,14 @@ class WorldHandlers:
         self.state.move(PAUSE)
         await self.emit({"type": "session.paused", "request_id": self.request_id, "event_id": msg.event_id})
 
-    async def _resume(self, msg: SessionResume) -> None:
+    async def _unpause(self, msg: SessionUnpause) -> None:
         live = self._live()
         if live.origin is not None and live.paused_at is not None:
             live.origin += time.perf_counter() - live.paused_at
         live.paused, live.paused_at = False, None
         live.wake.set()
-        self.state.move(RESUME)
-        await self.emit({"type": "session.resumed", "request_id": self.request_id, "event_id": msg.event_id})
+        self.state.move(UNPAUSE)
+        await self.emit({"type": "session.unpaused", "request_id": self.request_id, "event_id": msg.event_id})
 
     async def _ping(self, msg: SessionPing) -> None:
         await self.emit({"type": "session.pong", "request_id": self.request_id, "event_id": msg.event_id})

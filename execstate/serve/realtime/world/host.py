@@ -6,7 +6,7 @@ rolling K/V window) driven through ``AsyncWorld`` (``session/world_async.py``: s
 threads, never on the event loop). At most ``max_sessions`` sessions are resident (beyond:
 ``SessionEventError`` ``capacity``); each holds at most ``session_memory_bytes`` of K/V, rounded
 down to whole blocks (beyond, e.g. by pinning checkpoints: ``budget``), and runs at most
-``max_frames`` frames (``session.start``'s ``num_frames``; ``convert.py``). The runtime's refusals
+``max_frames`` frames (``session.create``'s ``num_frames``; ``convert.py``). The runtime's refusals
 reach the client unchanged (code and message).
 
 A session starts from the procedural world's scene (``scene_seed`` = the session's seed: chunk 0

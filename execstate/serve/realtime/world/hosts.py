@@ -1,8 +1,8 @@
-"""The worlds one server serves, by name: ``session.start``'s ``model`` picks one.
+"""The worlds one server serves, by name: ``session.create``'s ``model`` picks one.
 
 ``execstate serve --world world,maze`` serves the grid world and the first-person maze side by side
 on one ``/v1/realtime/video``: each is a :class:`WorldHost` (its model, its sessions' runtime, its
-limits), a session runs on the one its ``session.start`` names (vLLM-Omni's ``model`` field), the
+limits), a session runs on the one its ``session.create`` names (vLLM-Omni's ``model`` field), the
 first listed when it names none. An unknown name is refused (``model_not_found``, listing the
 names). The per-server limits (``--world-max-sessions``, ``--world-session-memory``) apply to each
 world; a tenant's ``world_sessions`` count is the sum over the worlds (``/metrics``).

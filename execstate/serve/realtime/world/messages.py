@@ -9,19 +9,25 @@ Client -> server (every message may carry ``event_id``, a string or an integer, 
 ``error`` it causes):
 
 ==========================  ====================================================================
-``session.start``           ``prompt``, ``seed``, ``fps`` (0: as fast as possible), ``format``
+``session.create``          ``prompt``, ``seed``, ``fps`` (0: as fast as possible), ``format``
                             (``png`` | ``rgb``), ``start`` (``render`` | ``generate``), ``num_frames``
                             (stop after), ``window_chunks``; vLLM-Omni's ``model``, ``width``,
                             ``height``, ``num_inference_steps``, ``guidance_scale``, ``negative_prompt``,
-                            ``extra_params`` are checked
+                            ``extra_params`` are checked; answered with ``video.start``
 ``session.interaction``     ``interaction: {event_id?, event: {prompt?, multi_modal_data?:
                             {action?, camera?}}, transition_chunks?}`` (vLLM-Omni's shape)
 ``key.down`` / ``key.up``   ``key`` (a key name of the model, e.g. ``up``): a held key (extension)
-``session.pause`` / ``session.resume``   stop / restart stepping (extension)
+``session.pause`` / ``session.unpause``   stop / restart stepping (extension)
 ``session.checkpoint`` / ``session.rollback`` (``checkpoint_id``) / ``checkpoint.release``
 ``session.ping``            answered with ``session.pong``
-``session.stop``            answered with ``session.done`` (``stopped: true``)
+``session.close``           answered with ``session.closed`` (``stopped: true``)
 ==========================  ====================================================================
+
+Deprecated names, accepted for one release (``RENAMED``; the realtime vocabulary is one across the
+LM, world, agent and voice sockets): ``session.start`` (now ``session.create``), ``session.stop``
+(``session.close``), ``session.resume`` (``session.unpause``: on ``/v1/realtime`` it reattaches a
+session). A connection that sends one of them gets the old answers too: ``session.done`` for
+``session.closed``, ``session.resumed`` for ``session.unpaused``.
 
 Each message is a struct below (listed in ``MESSAGES``); ``PHASES`` says which a connection acts
 on when; ``WORLD_PROTOCOL`` puts them together for the framework (``serve/realtime/``), which
@@ -35,14 +41,14 @@ written: the session's stepper waits, so a client that does not read only slows 
 
 Phases (a connection runs at most one world session at a time)::
 
-    NO_SESSION --video.start--> RUNNING --session.paused--> PAUSED --session.resumed--> RUNNING
-    RUNNING | PAUSED --session.done (session.stop, num_frames reached, step failed)--> NO_SESSION
+    NO_SESSION --video.start--> RUNNING --session.paused--> PAUSED --session.unpaused--> RUNNING
+    RUNNING | PAUSED --session.closed (session.close, num_frames reached, step failed)--> NO_SESSION
     any --disconnect--> GONE
 
 Refusals (an ``error`` event; the connection stays open): ``no_session`` (anything but
-``session.start`` / ``session.ping`` while no session runs), ``session_exists`` (``session.start``
-while one runs: ``session.stop`` it first), ``already_paused`` / ``not_paused`` (``session.pause``
-while paused, ``session.resume`` while running), ``connection_closed`` (once the socket is gone).
+``session.create`` / ``session.ping`` while no session runs), ``session_exists`` (``session.create``
+while one runs: ``session.close`` it first), ``already_paused`` / ``not_paused`` (``session.pause``
+while paused, ``session.unpause`` while running), ``connection_closed`` (once the socket is gone).
 Every other message is acted on while a session runs or is paused (events queue for the next chunk
 boundary either way).
 """
@@ -57,7 +63,7 @@ import msgspec
 from execstate.serve.realtime.checkpoint_messages import CheckpointRelease, SessionCheckpoint, SessionRollback
 from execstate.serve.realtime.errors import EventId, ProtocolError
 from execstate.serve.realtime.limits import Limits
-from execstate.serve.realtime.messages import Message, MessageTable
+from execstate.serve.realtime.messages import Message, MessageTable, Renamed
 from execstate.serve.realtime.phases import Move, Phase, PhaseTable, Refusal
 from execstate.serve.realtime.protocol import RealtimeProtocol
 
@@ -66,13 +72,13 @@ MAX_UNSENT = 64
 MAX_PROMPT_CHARS = 2000
 
 
-class SessionStart(Message, tag="session.start"):
+class SessionCreate(Message, tag="session.create"):
     prompt: str = ""
     seed: int = 0
     fps: float | None = None  # None: the server's default; 0: as fast as possible
     format: Literal["png", "rgb"] = "png"
     start: Literal["render", "generate"] = "render"
-    num_frames: int | None = None  # stop (session.done) after this many frames
+    num_frames: int | None = None  # stop (session.closed) after this many frames
     window_chunks: int | None = None
     model: str | None = None
     width: int | None = None
@@ -110,7 +116,7 @@ class SessionPause(Message, tag="session.pause"):
     event_id: EventId = None
 
 
-class SessionResume(Message, tag="session.resume"):
+class SessionUnpause(Message, tag="session.unpause"):
     event_id: EventId = None
 
 
@@ -118,28 +124,36 @@ class SessionPing(Message, tag="session.ping"):
     event_id: EventId = None
 
 
-class SessionStop(Message, tag="session.stop"):
+class SessionClose(Message, tag="session.close"):
     event_id: EventId = None
 
 
+CLOSED_AS_DONE = {"session.closed": "session.done"}
+RENAMED = (
+    Renamed("session.start", SessionCreate, CLOSED_AS_DONE),
+    Renamed("session.stop", SessionClose, CLOSED_AS_DONE),
+    Renamed("session.resume", SessionUnpause, {"session.unpaused": "session.resumed"}),
+)
+"""The world's former names (module docstring), accepted for one release."""
+
 MESSAGES = MessageTable(
-    SessionStart, SessionInteraction, KeyDown, KeyUp, SessionPause, SessionResume, SessionCheckpoint,
-    SessionRollback, CheckpointRelease, SessionPing, SessionStop,
+    SessionCreate, SessionInteraction, KeyDown, KeyUp, SessionPause, SessionUnpause, SessionCheckpoint,
+    SessionRollback, CheckpointRelease, SessionPing, SessionClose, renamed=RENAMED,
 )
 
-SESSION_EXISTS = Refusal("session_exists", "session {request_id} is running on this connection; send session.stop "
+SESSION_EXISTS = Refusal("session_exists", "session {request_id} is running on this connection; send session.close "
                          "first")
-NO_SESSION = Phase("no_session", allow=frozenset({"session.start", "session.ping"}), otherwise=Refusal(
-    "no_session", "{type}: no world session on this connection; send session.start first"))
-RUNNING = Phase("running", refuse={"session.start": SESSION_EXISTS,
-                                   "session.resume": Refusal("not_paused", "the session is not paused")})
-PAUSED = Phase("paused", refuse={"session.start": SESSION_EXISTS,
+NO_SESSION = Phase("no_session", allow=frozenset({"session.create", "session.ping"}), otherwise=Refusal(
+    "no_session", "{type}: no world session on this connection; send session.create first"))
+RUNNING = Phase("running", refuse={"session.create": SESSION_EXISTS,
+                                   "session.unpause": Refusal("not_paused", "the session is not paused")})
+PAUSED = Phase("paused", refuse={"session.create": SESSION_EXISTS,
                                  "session.pause": Refusal("already_paused", "the session is already paused")})
 START = Move("start", frozenset({NO_SESSION}), RUNNING, strict=True)  # video.start
 PAUSE = Move("pause", frozenset({RUNNING}), PAUSED, strict=True)  # session.paused
-RESUME = Move("resume", frozenset({PAUSED}), RUNNING, strict=True)  # session.resumed
-DONE = Move("done", None, NO_SESSION)  # session.done
-PHASES = PhaseTable(NO_SESSION, (NO_SESSION, RUNNING, PAUSED), (START, PAUSE, RESUME, DONE), values=("request_id",))
+UNPAUSE = Move("unpause", frozenset({PAUSED}), RUNNING, strict=True)  # session.unpaused
+CLOSE = Move("close", None, NO_SESSION)  # session.closed
+PHASES = PhaseTable(NO_SESSION, (NO_SESSION, RUNNING, PAUSED), (START, PAUSE, UNPAUSE, CLOSE), values=("request_id",))
 
 
 def error_event(code: str, message: str, event_id: EventId = None, request_id: str | None = None) -> dict[str, Any]:

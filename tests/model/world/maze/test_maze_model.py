@@ -12,8 +12,8 @@ from execstate.model.world.maze.model import MazeWorldModel
 from execstate.model.world.maze.pose import DTHETA, PITCH_LIMIT
 from execstate.model.world.sampler import denoise_chunk
 from execstate.state.kv_pool import KVPool
+from execstate_bench.world_tools import maze_data, maze_teacher
 from tests.model.world.maze.maze_helpers import random_maze_net
-from tools.world import maze_data, maze_teacher
 
 F = 2
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from torch.profiler import ProfilerActivity, profile
 
-from execstate.bench.world_numerics import compare_numerics
 from execstate.model.world.maze.model import MazeWorldModel
 from execstate.session.world.offline import World
+from execstate_bench.world_numerics import compare_numerics
 from tests.model.world.maze.maze_helpers import random_maze_net
 
 

@@ -1,6 +1,6 @@
 """The shipped maze model (``execstate/model/world/maze/shipped``) against its raycaster, in seconds:
 thresholds are the measured values on fixed seeds with a margin (docs/world-maze.md has the
-full measurements, ``python -m tools.world.maze_quality``). They fail when the weights stop seeing
+full measurements, ``python -m execstate_bench.world_tools.maze_quality``). They fail when the weights stop seeing
 the maze, hedge into a blur, ignore the camera, walk through walls or no longer load as the runtime
 loads them."""
 
@@ -16,8 +16,8 @@ from execstate.model.world.maze import layout, pose, raycast
 from execstate.model.world.weights import file_sha256
 from execstate.model.world_default import MAZE_SHIPPED_DIR, load_default_maze_model
 from execstate.session.world.offline import World
-from tools.world import maze_quality
-from tools.world.maze_metrics import psnr, read_position
+from execstate_bench.world_tools import maze_quality
+from execstate_bench.world_tools.maze_metrics import psnr, read_position
 
 # Measured on the shipped weights (fp16 storage, fp32 compute, eager); docs/world-maze.md.
 MIN_PSNR_100 = 19.5  # mean PSNR over 100 steps of scripted play, scene 3 (measured 20.8 dB)

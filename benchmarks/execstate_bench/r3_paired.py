@@ -1,0 +1,102 @@
+"""``execstate bench throughput --r3-paired``: what route return (R3) costs a decode step, and where.
+
+Two engines on the same weights, ``enable_return_routed_experts`` on and off, in one process;
+each repeat draws fresh prompts and runs both on them, the order alternating (so the machine's
+load hits both alike). Both record their steps on the CPU clock (``EngineConfig.step_timers``:
+what each phase costs the engine thread, whatever the time it spent descheduled), so the ratio
+holds on a shared host where wall-clock ratios move by several percent run to run.
+
+Per batch size the report has, over the repeats: the decode step's CPU time off / on (the R3
+throughput ratio a quiet machine would show; paired per repeat, median, min, max), the same from
+wall time, each segment's difference on - off (where the cost lands: ``inputs`` is building the
+step's route capture, ``sample`` the rows copied into each request's trace, ``layers`` the routes
+recorded per layer, ``python`` the rest), and the R3 clock's share (``engine/r3_clock.py``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from execstate_bench.machine import loadavg_1m, settle
+
+
+def _run(llm: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
+    from execstate.engine.sampling_params import SamplingParams
+
+    eng = llm.engine
+    eng.step_timers.records.clear()
+    r3_before = eng.r3_clock.seconds
+    t0 = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    wall = time.perf_counter() - t0
+    dec = [r for r in eng.step_timers.records if not r.prefill]
+    seg = {k: statistics.fmean(r.segments[k] for r in dec) for k in dec[0].segments}
+    seg["python"] = statistics.fmean(r.python for r in dec)
+    return {"cpu_step_s": seg["step"], "wall_step_s": statistics.median(r.wall for r in dec), "segments": seg,
+            "r3_share": (eng.r3_clock.seconds - r3_before) / wall, "wall_s": wall,
+            "tokens": [list(o.outputs[0].token_ids) for o in outs]}
+
+
+def run_r3_paired(model: str = "standard", batches: tuple[int, ...] = (1, 8), repeats: int = 6, prompt_len: int = 256,
+                  max_tokens: int = 64, seed: int = 0) -> dict[str, Any]:
+    from execstate.session.lm.llm import LLM
+    from execstate_bench.models import resolve_bench_model
+
+    path = resolve_bench_model(model)
+    engines = {on: LLM(str(path), enable_return_routed_experts=on, step_timers="cpu") for on in (False, True)}
+    vocab = engines[False].engine.model_config.vocab_size
+    rng = np.random.default_rng(seed)
+    for llm in engines.values():
+        _run(llm, rng.integers(0, vocab, size=(2, 32)).tolist(), 4)  # warm-up
+    out: dict[str, Any] = {"model": str(model), "prompt_len": prompt_len, "max_tokens": max_tokens,
+                           "repeats": repeats, "batches": {}}
+    for b in batches:
+        pairs = []
+        for r in range(repeats):
+            prompts = rng.integers(0, vocab, size=(b, prompt_len)).tolist()
+            runs = {}
+            for on in ((False, True) if r % 2 == 0 else (True, False)):
+                settle()
+                load = loadavg_1m()
+                runs[on] = _run(engines[on], prompts, max_tokens)
+                runs[on]["load"] = load
+            assert runs[True]["tokens"] == runs[False]["tokens"], "R3 changed the greedy tokens"
+            pairs.append(runs)
+        cpu = [p[False]["cpu_step_s"] / p[True]["cpu_step_s"] for p in pairs]
+        wall = [p[False]["wall_step_s"] / p[True]["wall_step_s"] for p in pairs]
+        segs = pairs[0][True]["segments"].keys()
+        out["batches"][str(b)] = {
+            "cpu_ratio_on_over_off": {"median": statistics.median(cpu), "min": min(cpu), "max": max(cpu)},
+            "wall_ratio_on_over_off": {"median": statistics.median(wall), "min": min(wall), "max": max(wall)},
+            "cpu_step_ms": {"off": statistics.median(p[False]["cpu_step_s"] for p in pairs) * 1e3,
+                            "on": statistics.median(p[True]["cpu_step_s"] for p in pairs) * 1e3},
+            "segment_delta_us": {k: statistics.median((p[True]["segments"][k] - p[False]["segments"][k]) * 1e6
+                                                      for p in pairs) for k in segs},
+            "r3_clock_share": statistics.median(p[True]["r3_share"] for p in pairs),
+            "load": [min(p[o]["load"] for p in pairs for o in (False, True)),
+                     max(p[o]["load"] for p in pairs for o in (False, True))],
+        }
+    return out
+
+
+def format_r3_table(report: dict[str, Any]) -> str:
+    lines = [f"R3 on / off, paired ({report['repeats']} alternated repeats, {report['model']}, "
+             f"{report['prompt_len']}-token prompts, {report['max_tokens']} new tokens)",
+             "| batch | CPU ratio median (min-max) | wall ratio median (min-max) | step CPU ms off / on | "
+             "largest deltas (us/step) | R3 clock share | load |", "|---|---|---|---|---|---|---|"]
+    for b, row in report["batches"].items():
+        c, w, ms = row["cpu_ratio_on_over_off"], row["wall_ratio_on_over_off"], row["cpu_step_ms"]
+        top = sorted(((v, k) for k, v in row["segment_delta_us"].items() if k != "step"), reverse=True)[:3]
+        lines.append(f"| {b} | {c['median']:.3f} ({c['min']:.3f}-{c['max']:.3f}) | {w['median']:.3f} "
+                     f"({w['min']:.3f}-{w['max']:.3f}) | {ms['off']:.2f} / {ms['on']:.2f} | "
+                     + ", ".join(f"{k} {v:+.0f}" for v, k in top)
+                     + f" | {100 * row['r3_clock_share']:.2f}% | {row['load'][0]:.1f}-{row['load'][1]:.1f} |")
+    return "\n".join(lines)
+
+
+__all__ = ["format_r3_table", "run_r3_paired"]
