@@ -87,7 +87,6 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     from execstate.engine.async_engine import AsyncEngine
-    from execstate.engine.scorer import score_tokens
     from execstate.help_text import plain
     from execstate.serve.app import build_app
     from execstate.session.lm.llm import LLM
@@ -107,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         # LLM.score, on the engine thread (the engine is serving)
         run = run_harness(f"http://127.0.0.1:{args.port}", args.model,
-                          lambda ids: engine.call(lambda e: score_tokens(e, ids)), args.limit)
+                          engine.score_blocking, args.limit)
         print(json.dumps(run.__dict__, indent=2))
     finally:
         server.should_exit = True

@@ -29,8 +29,8 @@ from typing import Any
 from execstate.agent.agent_events import DelegationId
 from execstate.agent.ledger import Delegation
 from execstate.engine.async_engine import AsyncEngine
+from execstate.engine.priority import PRIORITY_BATCH
 from execstate.engine.sampling_params import SamplingParams
-from execstate.engine.scheduler import PRIORITY_BATCH
 from execstate.session.lm.async_sessions import AsyncSessions
 from execstate.session.lm.step import StepResult
 

@@ -38,8 +38,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from execstate.engine.async_engine import AsyncEngine
+from execstate.engine.priority import PRIORITY_INTERACTIVE
 from execstate.engine.sampling_params import SamplingParams
-from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.session.lm.async_sessions import AsyncSessions
 from execstate.session.lm.step import StepDelta, StepResult
 

@@ -43,12 +43,11 @@ async def _run(model: str) -> bool:
     from execstate.agent.turn_policy import TurnConfig
     from execstate.engine.async_engine import AsyncEngine
     from execstate.engine.config import EngineConfig
-    from execstate.engine.llm_engine import LLMEngine
     from execstate.model.registry import resolve_model
 
     t0 = time.perf_counter()
     resolve_model(model)
-    engine = AsyncEngine(LLMEngine(EngineConfig(model=model, seed=0, max_model_len=2048)))
+    engine = AsyncEngine.from_config(EngineConfig(model=model, seed=0, max_model_len=2048))
     try:
         front = await SessionFront.open(engine, "A helpful voice assistant talks with a user.")
         policy = RegexPolicy([Rule(r"(?P<expression>\d+ times \d+)", "calculator"),

@@ -40,6 +40,12 @@ Contract:
   at once; ``wait_dead`` returns. ``shutdown`` does the same with a "shut down"
   message and joins the thread.
 - The thread itself (the loop, the commands, delivery, dying) is ``engine/engine_thread.py``.
+- What the layers above read of the engine, and the few things they do to it, are named methods
+  (``summary``, ``load``, ``weights_version``, ``home``, ``peer``, ``attach_pd``,
+  ``close_kv_events``): each runs on the engine thread between steps and returns a frozen value
+  (``engine/engine_facts.py``). A layer that keeps its own state on the engine thread (sessions)
+  holds it in an ``EngineOwned`` (``engine/engine_owned.py``), built by ``own``.
+  ``run_on_engine`` / ``call`` (any function of the engine) are for the engine package and tests.
 - Immutable facts about the model (``tokenizer``, ``model_config``, ``max_model_len``,
   ``return_routes``) are read once at construction and may be used from any thread;
   the tokenizer is never mutated after loading.
@@ -51,11 +57,13 @@ import asyncio
 import concurrent.futures
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
 import torch
 
 from execstate.engine.admission import Admission, AdmissionControl, EngineOverloadedError
+from execstate.engine.config import EngineConfig
 from execstate.engine.engine_commands import (
     AbortCommand,
     AddCommand,
@@ -67,18 +75,35 @@ from execstate.engine.engine_commands import (
     UpdateWeightsCommand,
     copy_dead_error,
 )
+from execstate.engine.engine_facts import (
+    EngineHome,
+    EngineLoad,
+    EngineSummary,
+    PeerCredentials,
+    home_of,
+    load_of,
+    peer_of,
+    summary_of,
+    weights_version_of,
+)
+from execstate.engine.engine_owned import EngineOwned
 from execstate.engine.engine_thread import EngineThread
 from execstate.engine.llm_engine import LLMEngine, PromptType
-from execstate.engine.outputs import RequestOutput
+from execstate.engine.outputs import RequestOutput, ScoreOutput
 from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.scorer import score_tokens
 from execstate.engine.weight_update import UpdatePolicy, WeightUpdateResult
 from execstate.identity.scope import CacheScope
 from execstate.model.loader import load_hf_state_dict
-from execstate.transfer.handoff import Handoff
+from execstate.transfer.handoff import Handoff, HandoffTrust
+
+if TYPE_CHECKING:
+    from execstate.engine.pd_config import ImporterFactory, PDConfig
 
 T = TypeVar("T")
+O = TypeVar("O")  # noqa: E741 - what an EngineOwned holds
 
-__all__ = ["Admission", "AsyncEngine", "EngineDeadError", "EngineOverloadedError"]
+__all__ = ["Admission", "AsyncEngine", "EngineDeadError", "EngineOverloadedError", "EngineOwned"]
 
 
 class AsyncEngine:
@@ -94,6 +119,11 @@ class AsyncEngine:
         self._worker = EngineThread(engine, self._admission)
         self._thread = self._worker.thread
         self._worker.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, max_waiting_requests: int | None = None) -> AsyncEngine:
+        """Build the ``LLMEngine`` of ``config`` (on the calling thread) and start its thread."""
+        return cls(LLMEngine(config), max_waiting_requests)
 
     # -- health -------------------------------------------------------------------------------
     @property
@@ -205,6 +235,12 @@ class AsyncEngine:
         if not added.cancelled() and added.exception() is None:
             self._worker.submit_nowait(AbortCommand(added.result()))
 
+    def own(self, build: Callable[[LLMEngine], O], close: Callable[[O], None] | None = None) -> EngineOwned[O]:
+        """State kept on the engine thread: built there by ``build(engine)`` at its first use,
+        reached only through the returned :class:`EngineOwned` (``engine/engine_owned.py``);
+        ``close(owned)`` runs on the engine thread at shutdown."""
+        return EngineOwned(self, build, close)
+
     def add_shutdown_hook(self, fn: Callable[[LLMEngine], None]) -> None:
         """``fn(engine)`` runs on the engine thread at shutdown, after in-flight requests were aborted."""
         self._worker.add_shutdown_hook(fn)
@@ -247,8 +283,62 @@ class AsyncEngine:
         self._worker.submit(CallCommand(fn, done))
         return done.result(timeout)
 
+    # -- what the layers above read and do (engine/engine_facts.py) ------------------------------
+    async def summary(self) -> EngineSummary:
+        """What the engine was built with (read on the engine thread; a frozen snapshot)."""
+        return await self.run_on_engine(summary_of)
+
+    def summary_blocking(self, timeout: float | None = None) -> EngineSummary:
+        """:meth:`summary` for plain threads (start-up); never on the event loop."""
+        return self.call(summary_of, timeout)
+
+    async def load(self) -> EngineLoad:
+        """The engine's gauges now (read on the engine thread between steps)."""
+        return await self.run_on_engine(load_of)
+
+    async def weights_version(self) -> str:
+        """The weights version new requests run on (read on the engine thread between steps)."""
+        return await self.run_on_engine(weights_version_of)
+
+    async def home(self) -> EngineHome:
+        """The id naming this engine's shared state, and whether a shared tier is attached."""
+        return await self.run_on_engine(home_of)
+
+    async def peer(self) -> PeerCredentials | None:
+        """The PD connector's instance id and secret ring (hand-overs); ``None`` without one."""
+        return await self.run_on_engine(peer_of)
+
+    def attach_pd(self, cfg: PDConfig, make_importer: ImporterFactory | None = None,
+                  on_transfer: Callable[[int, bool, int, float], None] | None = None) -> HandoffTrust | None:
+        """Install the PD connector (``LLMEngine.attach_pd``) on the engine thread; blocking, once,
+        at start-up before any request. ``on_transfer(kv_bytes, ok, control_bytes, seconds)`` is
+        told of every finished load (a consumer's). Returns the trust policy incoming handoffs are
+        checked with (``None`` unless the connector consumes)."""
+        def attach(engine: LLMEngine) -> HandoffTrust | None:
+            connector = engine.attach_pd(cfg, make_importer)
+            if on_transfer is not None:
+                connector.on_transfer = on_transfer
+            return connector.trust if connector.is_consumer else None
+
+        return self.call(attach)
+
+    def score_blocking(self, token_ids: list[int], routed_experts: np.ndarray | None = None,
+                       timeout: float | None = None) -> ScoreOutput:
+        """``LLM.score`` (teacher-forced logprobs, ``engine/scorer.py``) on the engine thread between
+        steps, for plain threads; ``ValueError`` for bad tokens or routes (the engine untouched)."""
+        return self.call(lambda engine: score_tokens(engine, token_ids, routed_experts), timeout)
+
+    def close_kv_events(self, timeout: float | None = None) -> None:
+        """Close the KV events feed (its sockets); blocking; a no-op without one."""
+        self.call(_close_kv_events, timeout)
+
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop the engine thread; pending requests get ``EngineDeadError``. Idempotent."""
         self._worker.submit_nowait(StopCommand())
         if not self._worker.is_current():
             self._thread.join(timeout)
+
+
+def _close_kv_events(engine: LLMEngine) -> None:
+    if engine.kv_events is not None:
+        engine.kv_events.close()

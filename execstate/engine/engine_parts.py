@@ -1,5 +1,5 @@
 """What an engine is built from, made from its ``EngineConfig``: the loaded model and tokenizer,
-the KV pool, the block pool and route store, and the provenance its blocks are keyed under.
+the KV pool and its size in blocks, the route store, and the provenance its blocks are keyed under.
 
 ``EngineParts.build(config)`` does, in this order: resolve and load the model in its numerics
 mode (``engine/model_numerics.py``: fp32, bf16 weights, bf16 arithmetic or GGUF blocks; fp32
@@ -7,9 +7,9 @@ activations and KV cache when weights are stored in bf16; the CPU kernels on or 
 ``max_model_len`` by the model's, size the KV pool (``num_kv_blocks``, else as many blocks as
 ``kv_cache_memory_bytes`` holds but never more than ``max_num_seqs`` full-length sequences use;
 ``ValueError`` when one ``max_model_len`` sequence does not fit), start mapping its pages
-(``prefault_kv``), build the route store (MoE models with route return only) and the block pool
-(which tells the route store about evictions), and the provenance (weights digest, dtype,
-the numerics id of the mode and kernels in use, the engine-wide cache salt). ``LLMEngine`` wires the rest.
+(``prefault_kv``), build the route store (MoE models with route return only) and the provenance
+(weights digest, dtype, the numerics id of the mode and kernels in use, the engine-wide cache
+salt). ``LLMEngine`` builds the rest: the connectors, then the block pool with its eviction hooks.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from execstate.identity.provenance import Provenance
 from execstate.model.registry import resolve_model
 from execstate.model.transformer import CausalLM
 from execstate.model.weights_digest import model_digest
-from execstate.state.block_pool import BlockPool
 from execstate.state.kv_pool import KVPool
 from execstate.state.route_store import RouteStore
 
@@ -40,7 +39,7 @@ class EngineParts:
     kv_populate: threading.Thread | None  # prefault_kv: the thread mapping the pool's pages
     return_routes: bool
     route_store: RouteStore | None
-    block_pool: BlockPool
+    num_blocks: int  # the KV pool's blocks (the block pool's size)
     provenance: Provenance
 
     @classmethod
@@ -72,8 +71,6 @@ class EngineParts:
         route_store = (
             RouteStore(config.block_size, mc.num_moe_layers, mc.top_k, mc.num_experts) if return_routes else None
         )
-        on_evict = route_store.on_block_evicted if route_store is not None else None
-        block_pool = BlockPool(num_blocks, on_evict=on_evict)
         provenance = Provenance(
             model_id=str(config.model),
             weights_version=model_digest(model),
@@ -81,4 +78,4 @@ class EngineParts:
             numerics=numerics_id(config, model),
         )
         return cls(model_path, model, tokenizer, max_model_len, kv_pool, kv_populate, return_routes, route_store,
-                   block_pool, provenance)
+                   num_blocks, provenance)

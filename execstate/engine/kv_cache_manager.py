@@ -86,6 +86,8 @@ class KVCacheManager:
         route_store: RouteStore | None = None,
         r3_clock: R3Clock | None = None,
         holds: BlockHolds | None = None,
+        events: BlockEventSink | None = None,
+        pool_units: PoolUnits | None = None,
     ) -> None:
         self.pool = pool
         self.holds = holds if holds is not None else BlockHolds(pool)
@@ -98,8 +100,8 @@ class KVCacheManager:
         self.set_provenance(provenance)
         self.num_lookup_tokens = 0
         self.num_hit_tokens = 0
-        self.pool_units: PoolUnits | None = None  # set by the offload connector
-        self.events: BlockEventSink | None = None  # set by the KV events (state/kv_events/recorder.py)
+        self.pool_units = pool_units  # the offload connector's (engine/offload.py), or None
+        self.events = events  # the KV events (state/kv_events/recorder.py), or None
 
     def set_provenance(self, provenance: Provenance) -> None:
         """Re-root every key (weights update, numerics change). Old units stay in the

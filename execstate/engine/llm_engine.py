@@ -17,6 +17,15 @@ its own requests, finish_reason ``"abort"`` with ``error`` set, and the engine g
 shared state fails its checks afterwards does ``step`` raise ``EngineCorruptedError``) and ``pd``
 (``engine/pd_connector.py``, ``attach_pd``).
 
+KV connectors (the anchor is vLLM v1's KV connector, with a scheduler role and a worker role):
+the KV events (``state/kv_events/recorder.py``), the offload tiers (``engine/offload.py``: a pool side that
+writes evicted blocks back and notes their origins, a scheduler side that reloads prompts) and the
+PD connector. The first two are built in ``__init__`` before the parts that call them and given to
+those at construction, in one order (see the comment there); the block pool calls its eviction
+hooks in one documented order (``BlockPool``: write-back, route store, KV events). The PD
+connector is the one attached afterwards (``attach_pd``: the serving layer configures it once the
+engine runs): it becomes the scheduler's ``external`` source.
+
 PD decode side: a request whose KV is loaded from a prefill instance waits in its own state
 while the others keep stepping. When every unfinished request is waiting for a load, ``step()``
 blocks until a load finishes, ``wake()`` is called (any thread: the ``AsyncEngine`` calls it for
@@ -50,7 +59,7 @@ from execstate.engine.grammar.compiler import GrammarCompiler
 from execstate.engine.grammar_masks import GrammarMasks
 from execstate.engine.intake import PromptType, RequestIntake
 from execstate.engine.kv_cache_manager import KVCacheManager
-from execstate.engine.offload import OffloadConnector, attach_offload
+from execstate.engine.offload import OffloadConnector, build_offload
 from execstate.engine.outputs import RequestOutput
 from execstate.engine.r3_clock import R3Clock
 from execstate.engine.request import Request, RequestStatus
@@ -67,12 +76,14 @@ from execstate.kernels import cpu as cpu_kernels
 from execstate.kernels.team import team_governor
 from execstate.model.step_timers import StepTimers
 from execstate.state.block_holds import BlockHolds
-from execstate.state.kv_events.recorder import KVEvents, attach_kv_events
+from execstate.state.block_pool import BlockPool
+from execstate.state.kv_events.recorder import KVEvents, build_kv_events
 from execstate.transfer.errors import TransferError
 from execstate.transfer.handoff import Handoff, wants_remote_prefill
 
 if TYPE_CHECKING:
-    from execstate.engine.pd_connector import ImporterFactory, PDConfig, PDConnector
+    from execstate.engine.pd_config import ImporterFactory, PDConfig
+    from execstate.engine.pd_connector import PDConnector
 
 __all__ = ["LLMEngine", "PromptType"]
 
@@ -95,15 +106,31 @@ class LLMEngine:
         self.kv_populate = parts.kv_populate  # prefault_kv: the thread mapping the pool's pages
         self.return_routes = parts.return_routes
         self.route_store = parts.route_store
-        self.block_pool = parts.block_pool
+        self._wakeup = threading.Event()
+        # The connectors, built once in this order, each given to the parts that call it at their
+        # construction (state/kv_events/recorder.py, engine/offload.py; the PD connector alone comes later:
+        # attach_pd): the KV events (the pool's and the tiers' changes), the offload tiers' pool
+        # side (they report to the KV events), then the block pool with its eviction hooks in their
+        # one order (BlockPool: write-back, route store, KV events), the KV cache manager (commits
+        # reported to the KV events, origins noted for the tiers), the tiers' scheduler side, and
+        # the scheduler that consults it.
+        self.kv_events: KVEvents | None = build_kv_events(config, self)
+        self.offload: OffloadConnector | None = build_offload(self)
+        self.block_pool = BlockPool(
+            parts.num_blocks, on_evict=self.route_store.on_block_evicted if self.route_store is not None else None,
+            write_back=self.offload.write_back if self.offload is not None else None,
+            evict_observer=self.kv_events.pool_removed if self.kv_events is not None else None,
+        )
         self.r3_clock = R3Clock()  # route-return bookkeeping time (the direct R3 overhead)
         self.kv_holds = BlockHolds(self.block_pool)  # references held by sessions and checkpoints
         self.kv_manager = KVCacheManager(
             self.block_pool, config.block_size, parts.provenance, config.enable_prefix_caching, self.route_store,
-            self.r3_clock, self.kv_holds,
+            self.r3_clock, self.kv_holds, events=self.kv_events,
+            pool_units=self.offload.units if self.offload is not None else None,
         )
         self.scheduler = Scheduler(self.kv_manager, config.max_num_batched_tokens, config.max_num_seqs,
-                                   batch_budget=config.interactive_batch_budget)
+                                   batch_budget=config.interactive_batch_budget,
+                                   offload=self.offload.scheduler_role(self.kv_manager) if self.offload else None)
         # per-step time breakdown (EngineConfig.step_timers), or None
         self.step_timers = (StepTimers(cpu_kernels.max_threads() if cpu_kernels.available() else 1, config.step_timers)
                             if config.step_timers is not None else None)
@@ -119,7 +146,6 @@ class LLMEngine:
         self._ids = itertools.count()
         self.eos_token_ids = set(mc.eos_token_ids)
         self.pd: PDConnector | None = None
-        self._wakeup = threading.Event()
         # Structured outputs (engine/grammar/): compiled constraints, and their masks per step.
         self.grammar = (GrammarCompiler(self.tokenizer.backend, mc.vocab_size, sorted(self.eos_token_ids))
                         if self.tokenizer is not None else None)
@@ -132,8 +158,6 @@ class LLMEngine:
         self.results = StepResults(self.scheduler, self.finisher, self.tokenizer, self.eos_token_ids,
                                    self.return_routes, self.r3_clock, self._export)
         self.failure = StepFailure(self.scheduler, self.requests, self.finisher, self.check_shared_state)
-        self.kv_events: KVEvents | None = attach_kv_events(self)  # KV cache events (state/kv_events/recorder.py)
-        self.offload: OffloadConnector | None = attach_offload(self)  # offload tiers: they report to kv_events
         self.startup_seconds = time.perf_counter() - t0
 
     @property

@@ -1,17 +1,20 @@
 """Offload tiers wired into one engine (docs/offload.md; docs/contracts.md 3).
 
-:func:`attach_offload` (called once by ``LLMEngine.__init__``) builds, from the ``offload_*``
-options, the DRAM tier (``HostCache``; a small staging slab when DRAM is not a tier), the lower
-tiers (``DiskStore``, ``RedisStore``), the write-back and reload threads, and installs three
-hooks:
+:func:`build_offload` (called once by ``LLMEngine.__init__``, after the KV events and before the
+block pool) builds, from the ``offload_*`` options, the DRAM tier (``HostCache``; a small staging
+slab when DRAM is not a tier), the lower tiers (``DiskStore``, ``RedisStore``) and the write-back
+and reload threads. The connector has two roles (vLLM v1's KV connector: a worker side and a
+scheduler side), which the engine gives, at their construction, to the parts that call them:
 
-- ``BlockPool.set_write_back(connector.write_back)``: a cached block the pool evicts is copied
-  into a DRAM slot (engine thread, before its slot is reused) and handed to the write-back thread
-  with its origin and route record (``transfer/offload_writer.py``);
-- ``KVCacheManager.pool_units``: where ``commit`` notes what each cached block was computed from
-  (``state/tiers/pool_units.py``), which the write-back needs for the unit's record;
-- ``Scheduler.offload``: :class:`~execstate.engine.offload_loads.OffloadLoads`, the source that
-  reloads a prompt's blocks from the tiers (``transfer/offload_loader.py``).
+- the pool's side: ``BlockPool(write_back=connector.write_back)``: a cached block the pool evicts
+  is copied into a DRAM slot (engine thread, before its slot is reused) and handed to the
+  write-back thread with its origin and route record (``transfer/offload_writer.py``);
+  ``KVCacheManager(pool_units=connector.units)``: where ``commit`` notes what each cached block
+  was computed from (``state/tiers/pool_units.py``), which the write-back needs for the record;
+- the scheduler's side: :meth:`OffloadConnector.scheduler_role` (once, given the KV cache
+  manager) builds :class:`~execstate.engine.offload_loads.OffloadLoads`, the source that reloads a
+  prompt's blocks from the tiers (``transfer/offload_loader.py``), which the engine passes to
+  ``Scheduler(offload=...)``.
 
 A hibernating session (``session/lm/hibernation.py``) writes its blocks now, while it still holds
 them (:meth:`OffloadConnector.store_units`, the same path as an eviction's write-back), and keeps
@@ -43,7 +46,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from execstate.engine.offload_config import offload_enabled
 from execstate.engine.offload_loads import OffloadLoads
@@ -52,7 +55,7 @@ from execstate.identity.secret_ring import SECRET_ENV, SecretRing
 from execstate.state.block_pool import BlockId
 from execstate.state.tiers.disk_store import DiskStore
 from execstate.state.tiers.host_cache import HostCache
-from execstate.state.tiers.pool_units import PoolUnits, UnitOrigin
+from execstate.state.tiers.pool_units import BlockUnit, PoolUnits
 from execstate.state.tiers.stats import TierSnapshot
 from execstate.state.tiers.store import UnitStore
 from execstate.state.tiers.unit import UnitLayout
@@ -63,28 +66,22 @@ from execstate.transfer.offload_writer import WriteBackWorker, WriteJob
 if TYPE_CHECKING:
     from execstate.engine.config import EngineConfig
     from execstate.engine.kv_cache_manager import KVCacheManager
-    from execstate.engine.scheduler import Scheduler
     from execstate.model.config import ModelConfig
-    from execstate.state.block_pool import BlockPool
     from execstate.state.kv_pool import KVPool
     from execstate.state.route_store import RouteStore
     from execstate.state.tiers.manifest_store import ManifestStore
 
 
 class OffloadHost(Protocol):
-    """What the connector needs of the engine that owns it (``LLMEngine`` is one): its config, pools,
-    route store, KV cache manager, scheduler and ``wake`` (called from the reload thread when a load
-    finished). The connector installs itself into the block pool (write-back hook), the KV cache
-    manager (``pool_units``) and the scheduler (``offload``)."""
+    """What the connector needs of the engine that owns it (``LLMEngine`` is one), all built before
+    it: its config, KV pool, route store, model config, KV events and ``wake`` (called from the
+    reload thread when a load finished)."""
 
     config: EngineConfig
     kv_pool: KVPool
-    block_pool: BlockPool
     route_store: RouteStore | None
     model_config: ModelConfig
     return_routes: bool
-    kv_manager: KVCacheManager
-    scheduler: Scheduler
 
     @property
     def kv_events(self) -> TierEvents | None: ...  # read-only here: LLMEngine's is a KVEvents
@@ -102,17 +99,7 @@ logger = logging.getLogger("execstate.offload")
 STAGING_SLOTS = 64  # write-backs in flight to the lower tiers when DRAM is not a tier
 
 
-class BlockUnit(NamedTuple):
-    """A pool block to write as a unit: its key, what it was computed from, its route rows
-    (``int16`` bytes; None when the engine returns no routes)."""
-
-    block_id: BlockId
-    key: BlockKey
-    origin: UnitOrigin
-    routes: bytes | None
-
-
-def attach_offload(engine: OffloadHost) -> OffloadConnector | None:
+def build_offload(engine: OffloadHost) -> OffloadConnector | None:
     """The engine's offload connector, or None when no tier is configured."""
     return OffloadConnector(engine) if offload_enabled(engine.config) else None
 
@@ -165,14 +152,28 @@ class OffloadConnector:
         wake = weakref.WeakMethod(engine.wake)
         self.loader = ReloadWorker(pool, self.host, self.stores, self.layout, mc.num_experts if routes else None,
                                    ring, on_result=lambda: _call(wake))
-        self.loads = OffloadLoads(engine.kv_manager, self.tiers, self.loader, routes, cfg.offload_timeout_s)
-        engine.block_pool.set_write_back(self.write_back)
-        engine.kv_manager.pool_units = self.units
-        engine.scheduler.offload = self.loads
+        self.return_routes = routes
+        self.timeout_s = cfg.offload_timeout_s
+        self._loads: OffloadLoads | None = None  # the scheduler's side (scheduler_role)
         closing: list[UnitStore | ManifestStore] = [*self.stores, *([self.manifests] if self.manifests else [])]
         self._closer = weakref.finalize(engine, _close, self.writer, self.loader, closing)
         if events is not None:
             events.flush()  # the units the disk tier found at start
+
+    def scheduler_role(self, kv: KVCacheManager) -> OffloadLoads:
+        """The scheduler's side (module docstring), built once the KV cache manager exists (it
+        keys a prompt's blocks): the source ``Scheduler(offload=...)`` consults at admission."""
+        if self._loads is not None:
+            raise RuntimeError("the offload connector's scheduler side is built once")
+        self._loads = OffloadLoads(kv, self.tiers, self.loader, self.return_routes, self.timeout_s)
+        return self._loads
+
+    @property
+    def loads(self) -> OffloadLoads:
+        """The scheduler's side (:meth:`scheduler_role`; the engine builds it at construction)."""
+        if self._loads is None:
+            raise RuntimeError("the offload connector's scheduler side is not built (scheduler_role)")
+        return self._loads
 
     def tiers(self) -> list[HostCache | UnitStore]:
         """The tiers a lookup consults, in order (DRAM only when it is a tier)."""
@@ -224,7 +225,7 @@ class OffloadConnector:
                     continue
                 slot = self.host.reserve(u.key)
                 if slot is None and not self.host.visible and self.writer.num_pending:
-                    self.writer.flush(self.loads.timeout_s)  # the staging slots are all in flight: let them drain
+                    self.writer.flush(self.timeout_s)  # the staging slots are all in flight: let them drain
                     slot = self.host.reserve(u.key)
                 if slot is None:
                     stored += self.host.contains(u.key)

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from execstate.engine.kv_cache_manager import KVCacheManager
+from execstate.engine.pd_config import ImporterFactory, PDConfig
 from execstate.engine.pd_loads import LoadStats, RemoteLoads
 from execstate.engine.request import Request
 from execstate.identity.keys import BlockKey
@@ -57,52 +58,12 @@ from execstate.transfer.checks import kv_layout_of
 from execstate.transfer.control import ControlServer, Release
 from execstate.transfer.errors import TransferError
 from execstate.transfer.exporter import KVExporter
-from execstate.transfer.handoff import Handoff, HandoffTrust, check_allow_list
+from execstate.transfer.handoff import Handoff, HandoffTrust
 from execstate.transfer.importer import KVImporter
 from execstate.transfer.load_worker import LoadWorker
 from execstate.transfer.manifest import FORMAT_VERSION, Capabilities, R3Format
 
-ROLES = ("kv_producer", "kv_consumer", "kv_both")
-POLICIES = ("fail", "recompute")
-
-
-@dataclass
-class PDConfig:
-    """``secret``: the handoff HMAC key shared by P, D and the proxy (``None``: from
-    ``$EXECSTATE_KV_SECRET``, else unsigned handoffs); ``previous_secrets``: still accepted during
-    a rotation (``None``: from ``$EXECSTATE_KV_SECRET_PREVIOUS``, comma-separated). ``allowed_prefill``: producer
-    engine id ->
-    control address D may load from without a signature. ``ttl_s``: how long P keeps an export
-    pinned when D never releases it (also the handoff's expiry). ``max_fenced_blocks``: ``None``
-    = a quarter of the KV pool."""
-
-    role: str
-    failure_policy: str = "fail"
-    routes_transfer: bool = True
-    engine_id: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 0
-    max_inflight: int = 64
-    max_bytes: int = 1 << 30
-    ttl_s: float = 60.0
-    timeout_s: float = 10.0
-    secret: str | None = None
-    previous_secrets: list[str] | None = None
-    allowed_prefill: Mapping[str, str] | None = None
-    max_fenced_blocks: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise ValueError(f"kv_role must be one of {ROLES}, got {self.role!r}")
-        if self.failure_policy not in POLICIES:
-            raise ValueError(f"kv_load_failure_policy must be one of {POLICIES}, got {self.failure_policy!r}")
-        self.allowed_prefill = check_allow_list(self.allowed_prefill)
-        if self.max_fenced_blocks is not None and self.max_fenced_blocks < 1:
-            raise ValueError(f"max_fenced_blocks must be >= 1, got {self.max_fenced_blocks}")
-
-
-# Builds the transfer thread's importer: (kv pool, capabilities, bulk channel, timeout_s) -> importer.
-ImporterFactory = Callable[[KVPool, Capabilities, NixlBulk, float], KVImporter]
+__all__ = ["ImporterFactory", "PDConfig", "PDConnector", "TransferStats"]
 
 
 @dataclass

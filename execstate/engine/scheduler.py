@@ -27,7 +27,9 @@ pass stays small whatever the batch load; the batch throughput given up is measu
 ``execstate bench duplex``. Steps with no interactive request give the batch classes the whole
 ``max_num_batched_tokens``.
 
-PD decode side (``external``): admission may start an asynchronous KV load instead of
+PD decode side (``external``: the PD connector's loads, the one source installed after
+construction, by ``LLMEngine.attach_pd``, since the serving layer configures PD once the engine
+runs): admission may start an asynchronous KV load instead of
 scheduling the request; it then waits in ``loading`` (status WAITING_FOR_REMOTE_KVS, its
 blocks allocated, counted against ``max_num_seqs``) while the others keep running. Each
 ``schedule()`` first applies the loads that finished since the last step: a verified load
@@ -36,7 +38,7 @@ failed one finishes the request with its error (reported in ``SchedulerOutput.fa
 A request aborted while loading is finished at once, but its blocks are released only when
 its load result arrived (the transfer can no longer write them).
 
-Offload tiers (``offload``, ``engine/offload_loads.py``): the same protocol and the same
+Offload tiers (``offload``, given at construction: ``engine/offload_loads.py``): the same protocol and the same
 ``loading`` state for a request whose prompt blocks missed the prefix cache but are in a tier;
 a request's source is ``external`` when it carries a PD handoff, else ``offload``.
 
@@ -56,11 +58,12 @@ from dataclasses import dataclass, field
 
 from execstate.engine.external_prefix import ExternalLoadError, ExternalPrefix
 from execstate.engine.kv_cache_manager import KVCacheManager
+
+# re-exported for the benchmarks and tests that import them from here (engine/priority.py is their home)
+from execstate.engine.priority import PRIORITY_BATCH as PRIORITY_BATCH
+from execstate.engine.priority import PRIORITY_INTERACTIVE as PRIORITY_INTERACTIVE
 from execstate.engine.request import Request, RequestStatus
 from execstate.state.block_pool import BlockId
-
-PRIORITY_BATCH = 0
-PRIORITY_INTERACTIVE = 1
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class Scheduler:
         max_num_seqs: int = 64,
         external: ExternalPrefix | None = None,
         batch_budget: int | None = None,
+        offload: ExternalPrefix | None = None,
     ) -> None:
         if max_num_batched_tokens < 1 or max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
@@ -113,7 +117,7 @@ class Scheduler:
         self.loading: dict[str, Request] = {}
         self.num_preemptions = 0
         self.external = external
-        self.offload: ExternalPrefix | None = None
+        self.offload = offload
         self.admit_only: set[Request] | None = None
 
     def add(self, req: Request) -> None:

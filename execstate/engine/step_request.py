@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from execstate.engine.penalties import PenaltyState
+from execstate.engine.priority import PRIORITY_INTERACTIVE
 from execstate.engine.request import Request, SessionLink
 from execstate.engine.route_trace import RouteTrace
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.sampling_state import SamplingState
-from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.engine.validation import check_prompt_length, validate_logit_bias, validate_sampling
 from execstate.identity.scope import LOCAL_SCOPE, CacheScope
 from execstate.state.block_holds import BlockHolds, HeldBlocks

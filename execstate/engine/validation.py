@@ -11,7 +11,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from execstate.engine.grammar.bounds import GrammarBounds, check_bounds
+
 if TYPE_CHECKING:
+    from execstate.engine.grammar.spec import StructuredOutputsParams
     from execstate.engine.sampling_params import SamplingParams
 
 # torch.Generator.manual_seed accepts exactly this range.
@@ -96,3 +99,9 @@ def validate_logit_bias(logit_bias: dict[int, float] | None, vocab_size: int) ->
         raise ValueError(
             f"invalid sampling parameter logit_bias: token id {bad[0]} is outside the vocabulary [0, {vocab_size})"
         )
+
+
+def validate_structured_outputs(spec: StructuredOutputsParams) -> None:
+    """A constraint within the default size, nesting and enum bounds (``engine/grammar/bounds.py``),
+    checked before anything compiles it (a session event's, before the step that applies it)."""
+    check_bounds(spec, GrammarBounds())

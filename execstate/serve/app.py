@@ -46,6 +46,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from execstate.agent.backend import TaskLimits
 from execstate.engine.async_engine import AsyncEngine, EngineDeadError
+from execstate.engine.engine_facts import EngineLoad
 from execstate.identity.scope import PrefixSharing
 from execstate.serve.auth import APIKeyMiddleware, public_paths
 from execstate.serve.body_limit import BodySizeLimitMiddleware
@@ -55,7 +56,7 @@ from execstate.serve.health import health_response
 from execstate.serve.heap_trim import trim_heap
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
-from execstate.serve.metrics import EngineStats, ServingMetrics, read_engine_stats
+from execstate.serve.metrics import ServingMetrics
 from execstate.serve.openai.chat import create_chat_completion
 from execstate.serve.openai.completions import create_completion
 from execstate.serve.openai.protocol import (
@@ -205,10 +206,10 @@ def build_app(
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
-        stats: EngineStats | None = None
+        stats: EngineLoad | None = None
         if async_engine.is_healthy:
             try:
-                stats = await asyncio.wait_for(async_engine.run_on_engine(read_engine_stats), STATS_TIMEOUT_S)
+                stats = await asyncio.wait_for(async_engine.load(), STATS_TIMEOUT_S)
             except (EngineDeadError, TimeoutError):
                 stats = None
         ctx.metrics.set_engine_stats(stats, async_engine.is_healthy)

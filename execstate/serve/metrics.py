@@ -1,7 +1,7 @@
 """Prometheus metrics of one server (a per-app ``CollectorRegistry``; docs/contracts.md 9).
 
 Engine gauges (running / waiting requests, KV blocks used / total, prefix-cache hit
-rate, health) are refreshed from an ``EngineStats`` snapshot taken on the engine thread
+rate, health) are refreshed from an ``EngineLoad`` snapshot taken on the engine thread (``AsyncEngine.load``)
 at scrape time. Request-level series are recorded by the serving layer as outputs
 arrive: ``RequestTimer`` measures TTFT (request arrival at the server -> first token)
 and ITL (gap between consecutive tokens; a gap that brought k tokens counts as k gaps
@@ -13,40 +13,16 @@ of gap/k). The PD layer reports transfers with
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from execstate.engine.llm_engine import LLMEngine
+from execstate.engine.engine_facts import EngineLoad
 from execstate.engine.outputs import RequestOutput
 from execstate.serve.tier_metrics import OffloadCollector
-from execstate.state.tiers.stats import TierSnapshot
 
 PREFIX = "execstate"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_blocks_used: int
-    kv_blocks_total: int
-    prefix_cache_hit_rate: float
-    offload: tuple[TierSnapshot, ...] = ()
-
-
-def read_engine_stats(engine: LLMEngine) -> EngineStats:
-    """Snapshot of the engine's gauges; call it on the engine thread (``run_on_engine``)."""
-    return EngineStats(
-        num_running=len(engine.scheduler.running),
-        num_waiting=len(engine.scheduler.waiting),
-        kv_blocks_used=engine.block_pool.num_used,
-        kv_blocks_total=engine.block_pool.num_blocks,
-        prefix_cache_hit_rate=engine.kv_manager.prefix_hit_rate,
-        offload=tuple(engine.offload.snapshot()) if engine.offload is not None else (),
-    )
 
 
 class ServingMetrics:
@@ -99,7 +75,7 @@ class ServingMetrics:
         if not ok:
             self.transfer_failures.inc()
 
-    def set_engine_stats(self, stats: EngineStats | None, healthy: bool) -> None:
+    def set_engine_stats(self, stats: EngineLoad | None, healthy: bool) -> None:
         self.engine_healthy.set(1.0 if healthy else 0.0)
         if stats is None:
             return

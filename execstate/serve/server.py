@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING
 from execstate.agent.backend import TaskLimits
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
-from execstate.engine.llm_engine import LLMEngine
 from execstate.identity.scope import PrefixSharing
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.limits import ServingLimits
@@ -55,7 +54,7 @@ from execstate.voice.vocabulary import demo_phrases
 if TYPE_CHECKING:
     import uvicorn
 
-    from execstate.engine.pd_connector import ImporterFactory
+    from execstate.engine.pd_config import ImporterFactory
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +65,10 @@ def attach_kv_connector(
 ) -> HandoffTrust | None:
     """Install the PD connector described by ``kv_cfg`` on the engine; returns the handoff
     trust policy the HTTP layer checks incoming handoffs with (``None`` unless a consumer).
-    ``make_importer``: the connector's importer (``LLMEngine.attach_pd``; None: the real one).
+    ``make_importer``: the connector's importer (``AsyncEngine.attach_pd``; None: the real one).
 
     Called once at start-up, after the engine thread started and before any request;
-    the connector is built on the engine thread (``async_engine.call``). Keys read from
+    the connector is built on the engine thread (``AsyncEngine.attach_pd``). Keys read from
     ``kv_connector_extra_config`` (all optional): ``side_channel_host`` / ``side_channel_port``
     (the control channel, default 127.0.0.1 and a free port), ``max_inflight_transfers``
     (default 64: exports pinned on P, loads in flight on D), ``max_transfer_bytes``,
@@ -80,7 +79,7 @@ def attach_kv_connector(
     ``allowed_prefill_engines`` (engine id -> ``tcp://host:port``: PD KV handoffs only),
     ``max_fenced_blocks`` (default a quarter of the KV pool). Unknown extra keys are rejected.
     """
-    from execstate.engine.pd_connector import PDConfig
+    from execstate.engine.pd_config import PDConfig
 
     extra = dict(kv_cfg.kv_connector_extra_config or {})
     known = {
@@ -106,13 +105,7 @@ def attach_kv_connector(
         **{known[k]: v for k, v in extra.items()},
     )
 
-    def attach(engine: LLMEngine) -> HandoffTrust | None:
-        connector = engine.attach_pd(cfg, make_importer)
-        if metrics is not None:
-            connector.on_transfer = metrics.record_transfer
-        return connector.trust if connector.is_consumer else None
-
-    return async_engine.call(attach)
+    return async_engine.attach_pd(cfg, make_importer, metrics.record_transfer if metrics is not None else None)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -222,14 +215,14 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
     from execstate.serve.sessions.targets import MigrationTargets
 
     targets = MigrationTargets.parse(getattr(args, "migration_targets", None))
-    async_engine = AsyncEngine(LLMEngine(engine_config_from_args(args)), limits.max_waiting_requests)
+    async_engine = AsyncEngine.from_config(engine_config_from_args(args), limits.max_waiting_requests)
     back_engine = None
     world_host = None
     try:
         if getattr(args, "agent_back_model", None):  # the agents' back-end model: a second engine
             back_cfg = dataclasses.replace(engine_config_from_args(args), model=args.agent_back_model,
                                            chat_template=None)  # --chat-template is the served model's
-            back_engine = AsyncEngine(LLMEngine(back_cfg), limits.max_waiting_requests)
+            back_engine = AsyncEngine.from_config(back_cfg, limits.max_waiting_requests)
         metrics = ServingMetrics()
         trust = attach_kv_connector(async_engine, kv_cfg, metrics, make_importer) if kv_cfg is not None else None
         name = args.served_model_name or str(args.model)
@@ -259,9 +252,9 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
             world_host = world_host_from_args(args)
             install_world(app, world_host)
         install_landing(app)  # after every surface: it lists them
-        elapsed = time.perf_counter() - t0  # read on the engine thread, the engine's only user:
-        async_engine.call(lambda engine: log_startup(StartupInfo(engine, args, kv_cfg, elapsed, limits, keys, policy,
-                                                                 targets.describe(), sharing)))
+        elapsed = time.perf_counter() - t0
+        log_startup(StartupInfo(async_engine.summary_blocking(), args, kv_cfg, elapsed, limits, keys, policy,
+                                targets.describe(), sharing))
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                                                ws_max_size=MAX_FRAME_BYTES))
         return serve_until_engine_dies(server, async_engine)

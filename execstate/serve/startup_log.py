@@ -3,7 +3,7 @@
 ``log_startup(info)`` logs one INFO record (logger ``execstate.serve.startup``), a block of
 ``label  value`` lines built by ``startup_lines(info)`` from ``FIELDS``, in that order.
 Adding a line is one edit: append ``(label, fn)`` to ``FIELDS``, where ``fn(info)`` returns
-the value as text (``StartupInfo`` gives the engine, the parsed CLI arguments, the PD
+the value as text (``StartupInfo`` gives the engine's summary, the parsed CLI arguments, the PD
 config and the start-up time). Values come from what was actually built (the engine's
 config, pool and model), not from the flags alone. API keys are never logged (tenant names are);
 a server without any key is open to whoever can reach it, which is logged again as a WARNING.
@@ -24,7 +24,7 @@ from execstate.kernels import cpu as cpu_kernels
 from execstate.serve.limits import ServingLimits, option_name
 
 if TYPE_CHECKING:
-    from execstate.engine.llm_engine import LLMEngine
+    from execstate.engine.engine_facts import EngineSummary
     from execstate.serve.kv_transfer_config import KVTransferConfig
     from execstate.serve.principals import KeyRing
     from execstate.session.runtime.manager import SessionPolicy
@@ -34,7 +34,7 @@ log = logging.getLogger("execstate.serve.startup")
 
 @dataclass(frozen=True)
 class StartupInfo:
-    engine: LLMEngine
+    engine: EngineSummary  # what the engine was built with (``AsyncEngine.summary``)
     args: argparse.Namespace  # the `execstate serve` arguments
     kv_transfer_config: KVTransferConfig | None
     startup_seconds: float  # from run_server's start to the app being built
@@ -76,8 +76,8 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def _params(e: LLMEngine) -> str:
-    n = sum(p.numel() for p in e.model.parameters())  # shared (tied) tensors counted once
+def _params(e: EngineSummary) -> str:
+    n = e.num_parameters
     return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
 
 
@@ -94,7 +94,7 @@ def architecture_line(i: StartupInfo) -> str:
 def kernels_line(i: StartupInfo) -> str:
     """Which kernels run and why (mirrors ``EngineConfig.use_cpu_kernels``)."""
     cfg = i.engine.config
-    if i.engine.model.kernels:
+    if i.engine.uses_cpu_kernels:
         why = "requested" if cfg.kernels == "execstate" else f"auto: extension built, AVX2+FMA, cpu, {cfg.dtype}"
         if cfg.dtype == "bfloat16":
             return f"execstate CPU kernels ({cpu_kernels.KERNEL_SET_BF16}: bf16 weights, fp32 activations; {why})"
@@ -109,10 +109,10 @@ def kernels_line(i: StartupInfo) -> str:
 
 
 def kv_line(i: StartupInfo) -> str:
-    pool = i.engine.kv_pool
-    total = pool.k.nbytes + pool.v.nbytes
-    per_block = total // pool.num_blocks
-    return (f"{pool.num_blocks} blocks x {pool.block_size} tokens = {pool.num_blocks * pool.block_size:,} tokens, "
+    e = i.engine
+    total = e.kv_bytes
+    per_block = total // e.kv_num_blocks
+    return (f"{e.kv_num_blocks} blocks x {e.kv_block_size} tokens = {e.kv_num_blocks * e.kv_block_size:,} tokens, "
             f"{_mib(total)} ({_mib(per_block)} per block)")
 
 
@@ -147,21 +147,21 @@ def pd_line(i: StartupInfo) -> str:
         return "none"
     parts = [kv.kv_role, kv.kv_connector, f"failure policy {kv.kv_load_failure_policy}",
              f"route records {'on' if kv.enable_routed_experts_transfer else 'off'}"]
-    pd = i.engine.pd
-    if pd is not None:
-        parts.append(f"instance {pd.instance_id}")
-        if pd.server is not None:
-            parts.append(f"control channel {pd.server.addr}")
+    e = i.engine
+    if e.pd_instance_id is not None:
+        parts.append(f"instance {e.pd_instance_id}")
+        if e.pd_control_addr is not None:
+            parts.append(f"control channel {e.pd_control_addr}")
     return ", ".join(parts)
 
 
 def offload_line(i: StartupInfo) -> str:
     """The offload tiers (a Redis URL without its credentials)."""
-    off = i.engine.offload
-    if off is None:
+    tiers = i.engine.offload_tiers
+    if tiers is None:
         return "off"
     gib = 1 << 30
-    parts = [f"{t.name} {t.capacity_bytes / gib:.1f} GiB" for t in off.snapshot()]
+    parts = [f"{t.name} {t.capacity_bytes / gib:.1f} GiB" for t in tiers]
     cfg = i.engine.config
     if cfg.offload_disk_dir is not None:
         parts.append(f"disk dir {cfg.offload_disk_dir}")
@@ -169,7 +169,7 @@ def offload_line(i: StartupInfo) -> str:
         url = cfg.offload_redis_url
         parts.append(f"redis {url.split('://', 1)[0]}://{url.rsplit('@', 1)[-1].split('://', 1)[-1]}")
     parts.append(f"policy {cfg.offload_policy}, timeout {cfg.offload_timeout_s:g} s")
-    parts.append("units signed with the shared secret" if off.shared_ring is not None else
+    parts.append("units signed with the shared secret" if i.engine.offload_shared_secret else
                  "units signed with a per-process key (readable by this process only)")
     return ", ".join(parts)
 
@@ -190,9 +190,8 @@ def kv_events_line(i: StartupInfo) -> str:
     ev = i.engine.kv_events
     if ev is None:
         return "off"
-    pub = ev.publisher
-    where = pub.endpoint + (f", replay {pub.replay_endpoint}" if pub.replay_endpoint else "")
-    access = "CURVE, keys of the shared secret" if pub.secured else "loopback only"
+    where = ev.endpoint + (f", replay {ev.replay_endpoint}" if ev.replay_endpoint else "")
+    access = "CURVE, keys of the shared secret" if ev.secured else "loopback only"
     tokens = ("TOKEN IDS INCLUDED: subscribers learn what tenants asked (include_token_ids)"
               if ev.include_token_ids else "block keys only, no token ids")
     excluded = f"; tenants left out: {', '.join(sorted(ev.exclude_tenants))}" if ev.exclude_tenants else ""
@@ -287,4 +286,4 @@ def log_startup(info: StartupInfo) -> None:
     ev = info.engine.kv_events
     if ev is not None and ev.include_token_ids:
         log.warning("KV events carry token ids (include_token_ids): every subscriber of %s can read the prompts "
-                    "of every tenant not in exclude_tenants", ev.publisher.endpoint)
+                    "of every tenant not in exclude_tenants", ev.endpoint)

@@ -1,7 +1,7 @@
 """``/metrics`` series of the offload tiers, one label value per tier (docs/offload.md "Metrics").
 
 The tiers count on the engine side (``state/tiers/stats.py``); at each scrape the server takes a
-snapshot on the engine thread (``EngineStats.offload``) and this collector renders it:
+snapshot on the engine thread (``EngineLoad.offload``) and this collector renders it:
 
 | series | type | labels |
 |---|---|---|

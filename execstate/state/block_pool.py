@@ -50,28 +50,34 @@ class _Block:
 class BlockPool:
     """Reference counts, LRU free queue and ``BlockKey -> BlockId`` cache map.
 
-    ``on_evict(key)`` is called once per cached key whose slot :meth:`allocate` reuses, after the
-    pool's state is fully updated (so the callback may inspect the pool), in eviction order; an
-    exception from it propagates (the pool is already consistent). The route store's
-    ``on_block_evicted`` is the intended subscriber.
+    Eviction hooks, all given at construction (the engine builds its connectors first:
+    ``LLMEngine.__init__``), each optional. When :meth:`allocate` reuses the slots of cached blocks
+    it calls them after the pool's state is fully updated (so they may inspect the pool), in this
+    order (:meth:`_evicted`):
 
-    A write-back (:meth:`set_write_back`, the offload tiers) is called the same way, with the
-    block id too, *before* ``on_evict`` (the route record is still there) and before
-    :meth:`allocate` returns (the slot still holds the evicted unit's KV: nobody has written it).
+    1. ``write_back(block_id, key)`` per evicted block, in eviction order (the offload tiers): the
+       slot still holds the evicted unit's KV (nobody has written it) and its route record is
+       still there;
+    2. ``on_evict(key)`` per evicted key, in eviction order (the route store's
+       ``on_block_evicted``), even if a write-back raised;
+    3. ``evict_observer(keys)`` once, with every evicted key in eviction order (the KV events),
+       even if an earlier hook raised.
 
-    An eviction observer (:meth:`set_evict_observer`, the KV events) is called last, once per
-    :meth:`allocate` that evicted anything, with the evicted keys in eviction order.
+    An exception from a hook propagates from :meth:`allocate` after the later hooks ran (the pool
+    is already consistent).
     """
 
-    def __init__(self, num_blocks: int, on_evict: Callable[[BlockKey], None] | None = None) -> None:
+    def __init__(self, num_blocks: int, on_evict: Callable[[BlockKey], None] | None = None, *,
+                 write_back: Callable[[BlockId, BlockKey], None] | None = None,
+                 evict_observer: Callable[[list[BlockKey]], None] | None = None) -> None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks <= 0:
             raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
         self._blocks = [_Block() for _ in range(num_blocks)]
         self._free: OrderedDict[BlockId, None] = OrderedDict.fromkeys(BlockId(i) for i in range(num_blocks))
         self._cached: dict[BlockKey, BlockId] = {}
         self._on_evict = on_evict
-        self._write_back: Callable[[BlockId, BlockKey], None] | None = None
-        self._evict_observer: Callable[[list[BlockKey]], None] | None = None
+        self._write_back = write_back
+        self._evict_observer = evict_observer
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -115,16 +121,6 @@ class BlockPool:
 
     # -- mutations -------------------------------------------------------------------------------
 
-    def set_write_back(self, fn: Callable[[BlockId, BlockKey], None] | None) -> None:
-        """Call ``fn(block_id, key)`` for each cached block :meth:`allocate` reuses (see the class
-        docstring); ``None`` removes it. ``on_evict`` still runs if ``fn`` raises."""
-        self._write_back = fn
-
-    def set_evict_observer(self, fn: Callable[[list[BlockKey]], None] | None) -> None:
-        """Call ``fn(keys)`` after each :meth:`allocate` that evicted cached blocks (their keys, in
-        eviction order), after the write-back and ``on_evict``; ``None`` removes it."""
-        self._evict_observer = fn
-
     def allocate(self, n: int) -> list[BlockId]:
         """Take ``n`` blocks from the front of the free queue (least recently freed first).
 
@@ -147,6 +143,13 @@ class BlockPool:
                 block.key = None
             block.ref_count = 1
             taken.append(block_id)
+        if evicted:
+            self._evicted(evicted)
+        return taken
+
+    def _evicted(self, evicted: list[tuple[BlockId, BlockKey]]) -> None:
+        """The eviction hooks, in their one order (class docstring): write-back, ``on_evict``,
+        the observer; each runs even if an earlier one raised."""
         try:
             if self._write_back is not None:
                 for block_id, key in evicted:
@@ -157,9 +160,8 @@ class BlockPool:
                     for _, key in evicted:
                         self._on_evict(key)
             finally:
-                if self._evict_observer is not None and evicted:
+                if self._evict_observer is not None:
                     self._evict_observer([key for _, key in evicted])
-        return taken
 
     def acquire(self, block_ids: Iterable[BlockId]) -> None:
         """Add one reference to each block (a prefix-cache hit, a fork, a checkpoint pin).

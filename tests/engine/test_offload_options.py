@@ -8,7 +8,8 @@ from offload_helpers import churn, close, keys_of, make, prompt, run
 
 from execstate.cli import _OFFLOAD_DEFAULTS, build_parser
 from execstate.engine.config import EngineConfig
-from execstate.serve.metrics import ServingMetrics, read_engine_stats
+from execstate.engine.engine_facts import load_of, summary_of
+from execstate.serve.metrics import ServingMetrics
 from execstate.serve.server import engine_config_from_args
 
 
@@ -53,7 +54,7 @@ def test_metrics_show_each_tier(moe_dir, tmp_path):
         churn(llm, keys_of(llm, a))
         run(llm, a)
         m = ServingMetrics()
-        m.set_engine_stats(read_engine_stats(llm.engine), True)
+        m.set_engine_stats(load_of(llm.engine), True)
         text = m.render().decode()
     finally:
         close(llm)
@@ -81,9 +82,9 @@ def test_startup_line(moe_dir, tmp_path):
     llm = make(moe_dir, offload_dram_bytes=1 << 30, offload_redis_url="redis://user:pw@127.0.0.1:1/0",
                offload_timeout_s=0.5, offload_secret="startup-line-shared-secret-0123")
     try:
-        line = offload_line(SimpleNamespace(engine=llm.engine))
+        line = offload_line(SimpleNamespace(engine=summary_of(llm.engine)))
     finally:
         close(llm)
     assert line.startswith("dram 1.0 GiB, redis 4.0 GiB") and "redis redis://127.0.0.1:1/0" in line
     assert "pw" not in line and "policy lru, timeout 0.5 s" in line and "units signed with the shared secret" in line
-    assert offload_line(SimpleNamespace(engine=make(moe_dir).engine)) == "off"
+    assert offload_line(SimpleNamespace(engine=summary_of(make(moe_dir).engine))) == "off"

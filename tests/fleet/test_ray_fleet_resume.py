@@ -42,10 +42,12 @@ from ray_fleet_helpers import local_fleet  # noqa: E402
 from serve_helpers import write_tokenizer  # noqa: E402
 
 from execstate.engine.sampling_params import SamplingParams  # noqa: E402
+from execstate.identity.secret_ring import SecretRing  # noqa: E402
 from execstate.model.random_models import make_random  # noqa: E402
 from execstate.session.lm.hibernation_wire import decode_manifest  # noqa: E402
 from execstate.session.lm.llm import LLM  # noqa: E402
-from execstate.state.tiers.manifest_store import ManifestStore, manifest_key  # noqa: E402
+from execstate.state.tiers.manifest_keys import manifest_key  # noqa: E402
+from execstate.state.tiers.manifest_store import ManifestStore  # noqa: E402
 
 pytestmark = pytest.mark.slow
 NAME = "tiny-moe"
@@ -105,7 +107,9 @@ def step(url: str, sid: str, inp: list[int], key: str = KEY_A) -> httpx.Response
 
 def copied_step(store: ManifestStore, engine: str, sid: str) -> int | None:
     blob = store.get(manifest_key(engine, "tenant-a", sid))
-    return None if blob is None else decode_manifest(blob, SECRET.encode(), require_signature=True).offer.step_index
+    if blob is None:
+        return None
+    return decode_manifest(blob, SecretRing(SECRET.encode()), require_signature=True).offer.step_index
 
 
 def test_a_lost_replicas_sessions_resume_elsewhere_from_their_copy(fleet, model, redis_url):

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from execstate.cli import build_parser
+from execstate.engine.engine_facts import summary_of
 from execstate.engine.llm_engine import LLMEngine
 from execstate.model.random_models import make_random
 from execstate.model.random_tokenizer import write_tokenizer
@@ -22,11 +23,11 @@ def test_agents_line(model_dir: Path) -> None:
     args = serve_args(str(model_dir))
     assert args.agent_back_model is None
     engine = LLMEngine(server.engine_config_from_args(args))
-    line = dict(startup_lines(StartupInfo(engine, args, None, 0.1)))["agents"]
+    line = dict(startup_lines(StartupInfo(summary_of(engine), args, None, 0.1)))["agents"]
     assert line == ("/v1/realtime/agent: front = the served model; back-end model (tool 'reason') = the served "
                     "model, batch priority; server tools calculator, lookup")
     args = serve_args(str(model_dir), "--agent-back-model", "/models/back")
-    line = dict(startup_lines(StartupInfo(engine, args, None, 0.1)))["agents"]
+    line = dict(startup_lines(StartupInfo(summary_of(engine), args, None, 0.1)))["agents"]
     assert "back-end model (tool 'reason') = /models/back;" in line
 
 

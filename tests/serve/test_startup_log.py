@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from execstate.cli import build_parser
+from execstate.engine.engine_facts import summary_of
 from execstate.engine.llm_engine import LLMEngine
 from execstate.kernels import cpu as cpu_kernels
 from execstate.model.random_models import make_random
@@ -34,7 +35,7 @@ def serve_args(model: Path, *extra: str):
 def lines_of(model: Path, *extra: str, kv: KVTransferConfig | None = None) -> dict[str, str]:
     args = serve_args(model, *extra)
     engine = LLMEngine(server.engine_config_from_args(args))
-    return dict(startup_lines(StartupInfo(engine, args, kv, 1.25, server.limits_from_args(args),
+    return dict(startup_lines(StartupInfo(summary_of(engine), args, kv, 1.25, server.limits_from_args(args),
                                           keys_from_args(args), server.policy_from_args(args),
                                           MigrationTargets.parse(args.migration_targets).describe())))
 
@@ -130,7 +131,7 @@ def test_pd_role_line_names_the_role_and_policy(model_dir: Path) -> None:
 
 def test_block_is_aligned_and_names_every_field(model_dir: Path) -> None:
     args = serve_args(model_dir)
-    text = format_startup(StartupInfo(LLMEngine(server.engine_config_from_args(args)), args, None, 0.5))
+    text = format_startup(StartupInfo(summary_of(LLMEngine(server.engine_config_from_args(args))), args, None, 0.5))
     head, *rows = text.split("\n")
     assert head == "execstate serve ready"
     assert [r.split("  ")[1].strip() for r in rows] == [label for label, _ in FIELDS]
@@ -182,7 +183,7 @@ def test_pd_role_line_of_an_attached_producer(model_dir: Path) -> None:
     engine = LLMEngine(server.engine_config_from_args(args))
     pd = engine.attach_pd(PDConfig(role="kv_producer", engine_id="p-1"))
     try:
-        line = dict(startup_lines(StartupInfo(engine, args, kv, 0.1)))["PD role"]
+        line = dict(startup_lines(StartupInfo(summary_of(engine), args, kv, 0.1)))["PD role"]
     finally:
         pd.close()
     assert (

@@ -55,7 +55,6 @@ from ray import serve
 
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
-from execstate.engine.llm_engine import LLMEngine
 from execstate.fleet.ray_app.loopback import bind_replica_grpc_to_loopback
 from execstate.fleet.ray_app.session_copies import CopyLoop
 from execstate.fleet.ray_app.session_settings import SessionSettings
@@ -68,7 +67,6 @@ from execstate.serve.realtime.lm.endpoint import DEFAULT_GRACE_S
 from execstate.serve.server import attach_kv_connector
 from execstate.serve.sessions.targets import MigrationTargets
 from execstate.session.lm.async_sessions import AsyncSessions
-from execstate.session.lm.hibernation import engine_id
 from execstate.state.kv_events.config import KVEventsConfig
 
 logger = logging.getLogger("execstate.fleet")
@@ -111,7 +109,7 @@ class EngineReplica:
         events = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://{host}:0",
                                 replay_endpoint=f"tcp://{host}:0")
         config = EngineConfig(model=model, kv_events=events, **(engine_kwargs or {}))
-        self.engine = AsyncEngine(LLMEngine(config))
+        self.engine = AsyncEngine.from_config(config)
         self.replica_id = replica_id()
         self.role = role
         self.block_size = config.block_size
@@ -127,8 +125,8 @@ class EngineReplica:
         self.app = build_app(self.engine, served_model_name, metrics=metrics, handoff_trust=trust,
                              migration_targets=MigrationTargets(), sessions=self.sessions, policy=policy,
                              sharing=sharing, keys=rs.keys(), realtime_grace_s=realtime_grace_s)
-        self.engine_id, shared = self.engine.call(lambda e: (engine_id(e), e.offload is not None
-                                                             and e.offload.manifests is not None))
+        summary = self.engine.summary_blocking()  # what it was built with: its id, tier, feed, version
+        self.engine_id, shared = summary.home.engine_id, summary.home.shared_tier
         self.copies = CopyLoop(self.engine, self.sessions, rs.copy_every_s).start() \
             if shared and rs.copy_every_s is not None else None
         port = _free_port(host)
@@ -143,11 +141,11 @@ class EngineReplica:
             time.sleep(0.02)
         self.client = httpx.AsyncClient(base_url=self.url, timeout=None)
         self.gate = VersionGate()
-        published = self.engine.call(lambda e: e.kv_events)
+        published = summary.kv_events
         assert published is not None  # the engine was configured with kv_events above
         self.kv_endpoint, self.kv_replay_endpoint = published.endpoint, published.replay_endpoint
         if ingress is not None:
-            version = self.engine.call(lambda e: e.provenance.weights_version)
+            version = summary.provenance.weights_version
             threading.Thread(target=self._register, args=(*ingress, version), name="execstate-replica-register",
                              daemon=True).start()
 
@@ -168,14 +166,11 @@ class EngineReplica:
 
     # -- routing ----------------------------------------------------------------------------------
 
-    def _stats(self, e: LLMEngine) -> dict[str, Any]:
-        kv = e.kv_manager
-        return {"queue_len": len(e.scheduler.running) + len(e.scheduler.waiting),
-                "kv_usage": e.block_pool.usage, "provenance": dataclasses.asdict(e.provenance),
-                "prefix_hit_tokens": kv.num_hit_tokens, "prefix_lookup_tokens": kv.num_lookup_tokens}
-
     async def record_routing_stats(self) -> dict[str, Any]:
-        stats = await self.engine.run_on_engine(self._stats)
+        load = await self.engine.load()
+        stats = {"queue_len": load.num_running + load.num_waiting, "kv_usage": load.kv_usage,
+                 "provenance": dataclasses.asdict(load.provenance), "prefix_hit_tokens": load.prefix_hit_tokens,
+                 "prefix_lookup_tokens": load.prefix_lookup_tokens}
         return {**stats, "kv_events": self.kv_endpoint, "kv_replay": self.kv_replay_endpoint,
                 "block_size": self.block_size, "url": self.url, "pid": os.getpid(), "role": self.role}
 
@@ -196,7 +191,7 @@ class EngineReplica:
         request = self.client.build_request(method, path + (f"?{query}" if query else ""), headers=send_headers,
                                             content=body)
         async with self.gate.reading():  # no weights switch until this request's last chunk
-            version = await self.engine.run_on_engine(lambda e: e.provenance.weights_version)
+            version = await self.engine.weights_version()
             if route.weights_versions is not None and version not in route.weights_versions:
                 yield {"status": 409, "headers": [("content-type", "application/json"), (VERSION_HEADER, version)],
                        "replica": self.replica_id}
@@ -226,7 +221,7 @@ class EngineReplica:
         async with self.gate.writing():  # the requests in flight finish first; new ones wait for the switch
             result = await self.engine.update_weights(source, weights_version, "drain")
         del result
-        return await self.engine.run_on_engine(lambda e: e.provenance.weights_version)
+        return await self.engine.weights_version()
 
     async def healthy(self, _route: RouteRequest | None = None) -> bool:
         return self.engine.is_healthy
@@ -239,7 +234,7 @@ class EngineReplica:
             self.server.should_exit = True
             self._thread.join(5)
         with contextlib.suppress(Exception):
-            self.engine.call(lambda e: e.kv_events.close() if e.kv_events is not None else None, timeout=5)
+            self.engine.close_kv_events(timeout=5)
             self.engine.shutdown()
         with contextlib.suppress(Exception):
             asyncio.get_event_loop().run_until_complete(self.client.aclose())

@@ -2,7 +2,7 @@
 (``session/lm/shared_copy.py``; docs/fleet.md "A replica lost").
 
 :class:`CopyLoop` runs on its own thread: each turn, :meth:`SharedCopies.due` on the engine
-thread (through ``AsyncEngine.call``), then :meth:`SharedCopies.publish` here. Started by
+thread (through ``AsyncSessions.call``), then :meth:`SharedCopies.publish` here. Started by
 :class:`~execstate.fleet.ray_app.engine_replica.EngineReplica` when the replica has a Redis tier;
 :meth:`stop` ends it (the replica's shutdown). Imports no Ray.
 """
@@ -13,10 +13,8 @@ import logging
 import threading
 
 from execstate.engine.async_engine import AsyncEngine
-from execstate.engine.llm_engine import LLMEngine
 from execstate.session.lm.async_sessions import AsyncSessions
-from execstate.session.lm.shared_copy import CopySweep, SharedCopies
-from execstate.state.tiers.manifest_store import ManifestStore
+from execstate.session.lm.shared_copy import SharedCopies
 
 logger = logging.getLogger("execstate.fleet")
 
@@ -40,13 +38,10 @@ class CopyLoop:
 
     def turn(self) -> int:
         """One sweep (build on the engine thread, publish here); the copies put."""
-        def due(e: LLMEngine) -> tuple[CopySweep, ManifestStore | None]:
-            return self.copies.due(self.sessions.lm_sessions(e)), e.offload.manifests if e.offload else None
-
-        sweep, manifests = self.engine.call(due, timeout=30)
-        if manifests is None:
+        sweep = self.sessions.call(self.copies.due, timeout=30)
+        if sweep.manifests is None:
             return 0
-        return self.copies.publish(sweep, manifests)
+        return self.copies.publish(sweep, sweep.manifests)
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):

@@ -61,7 +61,7 @@ from execstate.fleet.ray_app.prompt_route import Held, SessionReplicas
 from execstate.fleet.router.policy import RouteRequest
 from execstate.identity.secret_ring import SecretRing
 from execstate.session.lm.hibernation_import import make_reference
-from execstate.state.tiers.manifest_store import manifest_key
+from execstate.state.tiers.manifest_keys import manifest_key
 
 logger = logging.getLogger("execstate.fleet")
 REFERENCE_TTL_S = 60.0

@@ -46,10 +46,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from execstate.engine.engine_facts import PeerCredentials
 from execstate.identity.secret_ring import SecretRing
 from execstate.serve.context import ServeContext
 from execstate.serve.errors import OpenAIError, http_error
 from execstate.serve.sessions.handover_wire import IMPORTED, answer_signature, open_request
+from execstate.session.lm.async_sessions import AsyncSessions
 from execstate.session.lm.hibernation_import import wake_from_reference
 from execstate.session.lm.migration_target import ImportHandle, MigrationResult, begin_import
 from execstate.session.lm.migration_wire import SessionOffer, decode_offer
@@ -72,15 +74,16 @@ def result_json(r: MigrationResult) -> dict[str, Any]:
 
 class IncomingHandovers:
     """This server's hand-overs in (event loop only): the nonce ledger and the imports not yet
-    committed (by nonce). Dropping an import runs ``ImportHandle.abandon`` on the engine thread."""
+    committed (by nonce). Dropping an import runs ``ImportHandle.abandon`` on the engine thread
+    (``AsyncSessions.abandon_import``)."""
 
-    def __init__(self, engine: Any, ledger: HandoverLedger | None = None) -> None:
-        self.engine = engine
+    def __init__(self, sessions: AsyncSessions, ledger: HandoverLedger | None = None) -> None:
+        self.sessions = sessions
         self.ledger = ledger or HandoverLedger()
         self.pending: dict[str, ImportHandle] = {}
 
     async def drop(self, handle: ImportHandle, why: str) -> None:
-        await self.engine.run_on_engine(lambda e: handle.abandon(why))
+        await self.sessions.abandon_import(handle, why)
 
     async def sweep(self) -> None:
         """Drop the imports whose offers expired uncommitted."""
@@ -101,7 +104,7 @@ def install_handover_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Awa
     engine, sessions = ctx.engine, ctx.sessions
 
     async def peer() -> tuple[SecretRing, str]:
-        pd = await call(engine.run_on_engine(lambda e: e.pd))  # immutable once attached
+        pd: PeerCredentials | None = await call(engine.peer())  # immutable once attached
         if pd is None:
             raise OpenAIError(400, "this instance cannot receive sessions: it needs a PD connector "
                               "(--kv-transfer-config, role kv_consumer or kv_both)", code="unsupported")
@@ -151,7 +154,7 @@ def install_handover_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Awa
             incoming.ledger.abort(offer.nonce)
             raise
         try:
-            result = await _wait(handle, engine)
+            result = await _wait(handle, sessions)
         except BaseException:
             incoming.ledger.abort(offer.nonce)
             await incoming.drop(handle, "the import failed")
@@ -191,7 +194,7 @@ def install_handover_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Awa
         handle = incoming.pending.pop(req.nonce, None)
         if handle is not None:
             try:
-                await engine.run_on_engine(lambda e: handle.commit())
+                await sessions.commit_import(handle)
             except MigrationError as e:
                 raise http_error(e) from None
         return JSONResponse({"committed": True, "nonce": req.nonce,
@@ -211,13 +214,13 @@ def install_handover_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Awa
                              "signature": answer_signature(ring, "abort", req.nonce, "aborted")})
 
 
-async def _wait(handle: ImportHandle, engine: Any) -> MigrationResult:
+async def _wait(handle: ImportHandle, sessions: AsyncSessions) -> MigrationResult:
     """The import's result; it is abandoned when the offer's commit deadline passes first."""
     fut = asyncio.wrap_future(handle.future)
     try:
         return await asyncio.wait_for(asyncio.shield(fut), max(0.0, handle.offer.commit_by - time.time()))
     except TimeoutError:  # the source gives up now: never keep a copy (abandon undoes a late creation)
-        await engine.run_on_engine(lambda e: handle.abandon("the commit deadline passed on the target"))
+        await sessions.abandon_import(handle, "the commit deadline passed on the target")
         raise OpenAIError(504, "the session could not be imported before the offer's commit deadline",
                           code="timeout") from None
     except MigrationError as e:

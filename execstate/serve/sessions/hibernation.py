@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from execstate.serve.context import ServeContext
 from execstate.session.lm.async_sessions import AsyncSessions
-from execstate.session.lm.hibernation import REFERENCE_TTL_S, Hibernated, engine_id
+from execstate.session.lm.hibernation import REFERENCE_TTL_S, Hibernated
 
 
 class HibernateBody(BaseModel):
@@ -40,13 +40,13 @@ def install_hibernation_routes(app: FastAPI, ctx: ServeContext, call: Callable[[
                                scoped: Callable[[Request], AsyncSessions]) -> None:
     engine = ctx.engine
 
-    def where(e: Any) -> dict[str, Any]:
-        conn = e.offload
-        return {"engine_id": engine_id(e), "shared_tier": conn is not None and conn.manifests is not None}
+    async def where() -> dict[str, Any]:
+        home = await engine.home()
+        return {"engine_id": home.engine_id, "shared_tier": home.shared_tier}
 
     @app.get("/v1/hibernation")
     async def hibernation() -> JSONResponse:
-        return JSONResponse(await call(engine.run_on_engine(where)))
+        return JSONResponse(await call(where()))
 
     @app.post("/v1/sessions/{session_id}/hibernate")
     async def hibernate(session_id: str, request: Request, body: HibernateBody | None = None) -> JSONResponse:
@@ -54,7 +54,7 @@ def install_hibernation_routes(app: FastAPI, ctx: ServeContext, call: Callable[[
         out = asdict(await call(sessions.hibernate(session_id)))
         a = sessions.access
         record: Hibernated = await call(sessions.run(lambda s: s.manager.get(session_id, a, wake=False).hibernation))
-        out.update(await call(engine.run_on_engine(where)))
+        out.update(await call(where()))
         out["manifest_key"] = record.manifest_key if record is not None and record.published else None
         out["hibernated_bytes"] = record.nbytes if record is not None else 0
         if body is not None and body.target_engine_id is not None:

@@ -220,7 +220,7 @@ def install_migration_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Aw
         if not 0 < body.timeout_s <= MAX_WINDOW_S:
             raise OpenAIError(400, f"timeout_s must be in (0, {MAX_WINDOW_S}]", param="timeout_s")
         target = await call(_resolve(migrations.targets, body.target))
-        pd = await call(engine.run_on_engine(lambda e: e.pd))
+        pd = await call(engine.peer())
         if pd is None or pd.secrets is None:
             raise OpenAIError(400, "this instance cannot send sessions: it needs a PD connector and the shared "
                               "secret of the instances (kv_secret / EXECSTATE_KV_SECRET)", code="unsupported")

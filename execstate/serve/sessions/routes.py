@@ -39,8 +39,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from execstate.engine.async_engine import EngineDeadError
+from execstate.engine.priority import PRIORITY_INTERACTIVE
 from execstate.engine.sampling_params import SamplingParams
-from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.serve.auth import scope_tenant
 from execstate.serve.context import ServeContext, engine_dead
 from execstate.serve.errors import OpenAIError, http_error
@@ -169,6 +169,6 @@ def install_session_routes(app: FastAPI, ctx: ServeContext, targets: MigrationTa
         return JSONResponse({"closed": True, "session_id": session_id})
 
     install_hibernation_routes(app, ctx, call, scoped)
-    incoming = IncomingHandovers(ctx.engine, HandoverLedger(remember_s=skew_s))
+    incoming = IncomingHandovers(ctx.sessions, HandoverLedger(remember_s=skew_s))
     install_handover_routes(app, ctx, call, incoming)
     return install_migration_routes(app, ctx, call, targets or MigrationTargets(), scoped, skew_s), incoming

@@ -43,10 +43,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from execstate.engine.async_engine import AsyncEngine
+from execstate.engine.async_engine import AsyncEngine, EngineOwned
 from execstate.engine.llm_engine import LLMEngine
+from execstate.engine.priority import PRIORITY_INTERACTIVE
 from execstate.engine.sampling_params import SamplingParams
-from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.identity.scope import PrefixSharing
 from execstate.session.lm.chat import ChatTurn, turn_tokens
 from execstate.session.lm.events import INPUT, pretokenize
@@ -58,6 +58,7 @@ from execstate.session.lm.hibernation import (
     reference,
     wake,
 )
+from execstate.session.lm.migration_target import ImportHandle
 from execstate.session.lm.sessions import LMSessions, SessionInfo
 from execstate.session.lm.step import StepDelta, StepHandle, StepResult
 from execstate.session.runtime.access import LOCAL, Access
@@ -68,22 +69,13 @@ from execstate.session.runtime.manager import SessionPolicy
 T = TypeVar("T")
 
 
-class _Home:
-    """The engine's ``LMSessions`` (built on the engine thread by the first call), shared by every view."""
-
-    def __init__(self, policy: SessionPolicy | None, sharing: PrefixSharing | None) -> None:
-        self.policy = policy
-        self.sharing = sharing
-        self.lm: LMSessions | None = None
-
-
 class AsyncSessions(AsyncKindSessions[LMSessions, SessionInfo]):
     def __init__(self, engine: AsyncEngine, policy: SessionPolicy | None = None,
                  sharing: PrefixSharing | None = None) -> None:
         self.engine = engine
         self.access: Access = LOCAL
-        self._home = _Home(policy, sharing)
-        engine.add_shutdown_hook(self._shutdown)
+        # the engine's LMSessions, built on the engine thread by the first call, shared by every view
+        self._home: EngineOwned[LMSessions] = engine.own(LMSessions.builder(policy, sharing), LMSessions.close_all)
 
     def scoped(self, access: Access) -> AsyncSessions:
         view = object.__new__(AsyncSessions)
@@ -92,22 +84,25 @@ class AsyncSessions(AsyncKindSessions[LMSessions, SessionInfo]):
 
     def lm_sessions(self, eng: LLMEngine) -> LMSessions:
         """Engine thread only: the engine's ``LMSessions``, owned here (built by the first call)."""
-        home = self._home
-        if home.lm is None:
-            home.lm = LMSessions(eng, home.policy, home.sharing)
-        return home.lm
+        return self._home.get(eng)
 
     async def run(self, fn: Callable[[LMSessions], T]) -> T:
         """``fn(lm_sessions)`` on the engine thread, between two engine steps."""
-        return await self.engine.run_on_engine(lambda eng: fn(self.lm_sessions(eng)))
+        return await self._home.run(fn)
 
     def call(self, fn: Callable[[LMSessions], T], timeout: float | None = None) -> T:
         """Blocking :meth:`run` for plain threads (start-up, tests); never on the event loop."""
-        return self.engine.call(lambda eng: fn(self.lm_sessions(eng)), timeout)
+        return self._home.call(fn, timeout)
 
-    def _shutdown(self, eng: LLMEngine) -> None:
-        if self._home.lm is not None:
-            self._home.lm.close_all()
+    # -- hand-overs in (session/lm/migration_target.py; serve/sessions/handover.py) ------------------
+    async def commit_import(self, handle: ImportHandle) -> None:
+        """Serve an imported session from now on (``ImportHandle.commit``, on the engine thread);
+        ``MigrationError("aborted")`` when it was abandoned or ended meanwhile."""
+        await self.run(lambda s: handle.commit())
+
+    async def abandon_import(self, handle: ImportHandle, why: str) -> None:
+        """Drop an import not committed (``ImportHandle.abandon``, on the engine thread)."""
+        await self.run(lambda s: handle.abandon(why))
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def open(self, session_id: str | None = None, sampling_params: SamplingParams | None = None,
@@ -151,14 +146,14 @@ class AsyncSessions(AsyncKindSessions[LMSessions, SessionInfo]):
             input = data["token_ids"] if isinstance(data, dict) and "token_ids" in data else input
         handles: list[StepHandle] = []
 
-        def start(eng: LLMEngine) -> str:
-            handle = self.lm_sessions(eng).start_step(session_id, input, max_tokens, reprefill, stream=True, access=a)
+        def start(lm: LMSessions) -> str:
+            handle = lm.start_step(session_id, input, max_tokens, reprefill, stream=True, access=a)
             handles.append(handle)
             if on_start is not None:  # scheduled before any output of the request can be delivered
                 loop.call_soon_threadsafe(on_start, handle.step_index, handle.events)
             return handle.request_id
 
-        async for out in self.engine.stream(start):
+        async for out in self._home.stream(start):
             c = out.outputs[0]
             if c.token_ids or c.text:
                 yield StepDelta(session_id, handles[0].step_index, list(c.token_ids), c.text)

@@ -22,11 +22,10 @@ from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import Any
 
-from execstate.engine.grammar.bounds import GrammarBounds, check_bounds
 from execstate.engine.grammar.spec import StructuredOutputsParams
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.tokenizer import Tokenizer
-from execstate.engine.validation import validate_logit_bias, validate_sampling
+from execstate.engine.validation import validate_logit_bias, validate_sampling, validate_structured_outputs
 from execstate.session.runtime.events import COMPOSITE, EventKind, Merge
 
 INPUT = "input"
@@ -85,7 +84,7 @@ def _constraint(value: Any) -> StructuredOutputsParams | None:
     else:
         raise ValueError("structured_outputs must be an object such as {'regex': '...'} or null")
     if spec is not None:
-        check_bounds(spec, GrammarBounds())
+        validate_structured_outputs(spec)
     return spec
 
 

@@ -42,8 +42,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from execstate.engine.engine_facts import home_of
 from execstate.engine.llm_engine import LLMEngine
-from execstate.engine.offload import BlockUnit
 from execstate.identity.execution import ExecutionIdentity
 from execstate.identity.keys import BlockKey
 from execstate.identity.session_keys import SessionKey
@@ -73,10 +73,8 @@ logger = logging.getLogger("execstate.offload")
 
 def engine_id(engine: LLMEngine) -> str:
     """The id that names this engine in manifests and references: its PD instance id, else its
-    offload connector's; ``"local"`` without either (nothing is shared then)."""
-    if engine.pd is not None:
-        return engine.pd.instance_id
-    return engine.offload.instance_id if engine.offload is not None else "local"
+    offload connector's; ``"local"`` without either (nothing is shared then). Engine thread."""
+    return home_of(engine).engine_id
 
 
 @dataclass(eq=False)
@@ -139,7 +137,7 @@ def hibernate(sessions: LMSessions, session_id: str, access: Access = LOCAL) -> 
     state = rt.state
     assert isinstance(state, LMState)
     engine = sessions.engine
-    current = engine.kv_manager.identity(state.identity.scope)
+    current = sessions.port.identity(state.identity.scope)
     if state.token_ids and state.identity != current:
         raise SessionEventError("stale_state", f"session {session_id!r} was computed under other weights or "
                                 "provenance; reset and step with reprefill=True first")
@@ -151,11 +149,11 @@ def hibernate(sessions: LMSessions, session_id: str, access: Access = LOCAL) -> 
 
     own = block_units(state.token_ids, state.identity, state.blocks, rows, bs, version(state.identity))
     saved = [cp.saved for cp in [*rt.checkpoints, rt.origin] if isinstance(cp.saved, LMSaved) and not cp.released]
-    units = {u[1]: BlockUnit(*u) for s in saved
+    units = {u.key: u for s in saved
              for u in block_units(s.token_ids, s.identity, s.blocks, s.routes, bs, version(s.identity))}
-    units.update({u[1]: BlockUnit(*u) for u in own})
+    units.update({u.key: u for u in own})
+    stored = sessions.port.store_units(list(units.values()))
     conn = engine.offload
-    stored = conn.store_units(list(units.values())) if conn is not None else 0
     eid = engine_id(engine)
     offer = build_offer(rt, source_instance_id=eid, provenance_digest=engine.provenance.digest(), handoff=None,
                         commit_by=time.time() + MANIFEST_TTL_S, nonce=secrets.token_hex(16), target_engine_id=eid)

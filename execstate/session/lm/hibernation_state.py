@@ -1,7 +1,7 @@
 """An LM session's state to and from its hibernation manifest (``session/lm/hibernation_wire.py``).
 
 :func:`block_units` lists the full blocks a session (or one of its checkpoints) holds as the
-units to write (``engine/offload.py``: ``BlockUnit``): each under its chain key, with its parent,
+units to write (``BlockUnit``, ``SessionPort.store_units``): each under its chain key, with its parent,
 provenance root, tokens and route rows. :func:`state_from_manifest` rebuilds the session's
 ``LMState`` and event queue from a decoded manifest, after checking it against this engine (the
 provenance digest, the offer's checks of ``migration_state.check_offer``) and against itself
@@ -18,8 +18,8 @@ import numpy as np
 
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.route_trace import RouteTrace
+from execstate.engine.session_port import BlockUnit, HeldBlocks, UnitOrigin
 from execstate.identity.execution import ExecutionIdentity
-from execstate.identity.keys import BlockKey
 from execstate.identity.scope import PrefixSharing
 from execstate.identity.session_keys import SessionKey, session_state_key
 from execstate.session.lm.hibernation_wire import HibernationManifest
@@ -36,15 +36,12 @@ from execstate.session.lm.migration_state import (
 from execstate.session.lm.state import LMState
 from execstate.session.runtime.events import EventKind, EventQueue
 from execstate.session.runtime.migration import MigrationError
-from execstate.state.block_holds import HeldBlocks
-from execstate.state.block_pool import BlockId
-from execstate.state.tiers.pool_units import UnitOrigin
 
 
 def block_units(token_ids: list[int] | tuple[int, ...], identity: ExecutionIdentity, held: HeldBlocks | None,
                 rows: np.ndarray | None, block_size: int,
-                weights_version: str | None = None) -> list[tuple[BlockId, BlockKey, UnitOrigin, bytes | None]]:
-    """``(block id, key, origin, route bytes)`` of each full block ``held`` has KV for
+                weights_version: str | None = None) -> list[BlockUnit]:
+    """The unit (block id, key, origin, route bytes) of each full block ``held`` has KV for
     (``weights_version``: the identity's, named in the units' records; None when unknown)."""
     if held is None:
         return []
@@ -59,7 +56,7 @@ def block_units(token_ids: list[int] | tuple[int, ...], identity: ExecutionIdent
             r = np.ascontiguousarray(rows[lo:hi], dtype="<i2").tobytes()
         origin = UnitOrigin(keys[i - 1] if i else root, root, tuple(token_ids[lo:hi]), weights_version,
                             identity.scope.tenant)
-        out.append((held.block_ids[i], key, origin, r))
+        out.append(BlockUnit(held.block_ids[i], key, origin, r))
     return out
 
 

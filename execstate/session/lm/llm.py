@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from execstate.engine import llm as engine_llm
+from execstate.engine.priority import PRIORITY_INTERACTIVE
 from execstate.engine.sampling_params import SamplingParams
-from execstate.engine.scheduler import PRIORITY_INTERACTIVE
 from execstate.session.lm.offline import Session
 from execstate.session.lm.sessions import LMSessions
 

@@ -85,7 +85,7 @@ def begin_export(sessions: LMSessions, session_id: str, window_s: float, *, targ
     rt = exportable(sessions, session_id, access)
     state = rt.state
     assert isinstance(state, LMState)
-    if state.identity != engine.kv_manager.identity(state.identity.scope) and state.token_ids:
+    if state.identity != sessions.port.identity(state.identity.scope) and state.token_ids:
         raise MigrationError("stale_state", f"session {session_id!r} was computed under other weights or "
                              "provenance; reset and step with reprefill=True before migrating it")
     t0 = time.monotonic()

@@ -46,9 +46,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from execstate.engine.external_prefix import ExternalLoadError
-from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.route_trace import RouteTrace
+from execstate.engine.session_port import BlockId, HandoffRefused, NoFreeBlocks, SessionPort
 from execstate.identity.keys import BlockKey
 from execstate.session.lm.migration_state import (
     accept_offer,
@@ -67,8 +66,6 @@ from execstate.session.runtime.access import Access
 from execstate.session.runtime.events import EventQueue, SessionEventError
 from execstate.session.runtime.lifecycle import SessionRuntime, SessionStatus
 from execstate.session.runtime.migration import MigrationError
-from execstate.state.block_holds import HeldBlocks
-from execstate.state.block_pool import BlockId, NoFreeBlocks
 from execstate.transfer.handoff import Handoff
 from execstate.transfer.importer import LoadResult
 
@@ -112,8 +109,8 @@ class ImportHandle:
     future: concurrent.futures.Future[MigrationResult] = field(default_factory=concurrent.futures.Future)
 
     @property
-    def engine(self) -> LLMEngine:
-        return self.sessions.engine
+    def port(self) -> SessionPort:
+        return self.sessions.port
 
     def commit(self) -> None:
         """Engine thread: the source closed its copy; serve the session from now on (idempotent).
@@ -135,8 +132,8 @@ class ImportHandle:
                     self.sessions.close(rt.session_id, access)
             return
         self.abandoned = True
-        if self.job_id is not None and self.engine.pd is not None and self.engine.pd.loads is not None:
-            self.engine.pd.loads.cancel_owned(self.job_id)
+        if self.job_id is not None:
+            self.port.cancel_load(self.job_id)
         self.future.set_exception(MigrationError("timeout", why))
 
 
@@ -145,13 +142,11 @@ def begin_import(sessions: LMSessions, data: bytes | tuple[SessionOffer, bool]) 
     nothing taken when it is refused. ``data``: the envelope's bytes, or what ``decode_offer``
     made of them with this engine's ``pd.secrets`` (a caller that decodes off the engine thread)."""
     t0 = time.monotonic()
-    engine = sessions.engine
+    engine, port = sessions.engine, sessions.port
     offer, handoff = accept_offer(sessions, data)
-    pd = engine.pd
-    assert pd is not None
     mc, bs = engine.model_config, engine.block_size
     route_shape = (mc.num_moe_layers, mc.top_k) if engine.return_routes else None
-    identity = engine.kv_manager.identity(offer_scope(offer, sessions.sharing))
+    identity = port.identity(offer_scope(offer, sessions.sharing))
     state = LMState(engine.kv_holds, bs, route_shape, sampling_params(offer, mc.vocab_size), offer.seed, identity,
                     offer.priority)
     state.token_ids = list(offer.token_ids)
@@ -161,52 +156,34 @@ def begin_import(sessions: LMSessions, data: bytes | tuple[SessionOffer, bool]) 
     queue = event_queue(offer, sessions.kinds, sessions.max_pending_events)
     n = handoff.num_blocks if handoff is not None else 0
     keys = identity.chain(state.token_ids, bs, num_blocks=n)
-    hits = _local_hits(engine, keys)
+    hits = port.take_local_hits(keys)
     imp = ImportHandle(sessions, offer, keys, hits, [], handoff, queue, state, rows, t0)
-    engine.block_pool.acquire(hits)
     if handoff is None:
         _settle(imp, None, False)
         return imp
-    assert pd.loads is not None
     if len(hits) == n:  # our own cache holds every offered block: let the source release now
-        pd.loads.worker.submit_release(handoff.remote_addr, handoff.transfer_id)
+        port.release_handoff(handoff)
         _settle(imp, None, False)
         return imp
     try:
-        imp.dst = engine.block_pool.allocate(n - len(hits))
+        imp.dst = port.allocate(n - len(hits))
     except NoFreeBlocks:
         _free(imp)
-        pd.loads.worker.submit_release(handoff.remote_addr, handoff.transfer_id)
+        port.release_handoff(handoff)
         raise MigrationError("capacity", f"the KV pool has no room for {n - len(hits)} blocks") from None
     try:
-        imp.job_id = pd.loads.submit_owned(handoff.remote_addr, handoff.transfer_id, handoff.epoch,
-                                           keys[len(hits):], imp.dst, engine.return_routes, len(hits),
-                                           lambda res, fenced: _settle(imp, res, fenced))
-    except ExternalLoadError as e:
+        imp.job_id = port.load_handoff(handoff, keys[len(hits):], imp.dst, len(hits),
+                                       lambda res, fenced: _settle(imp, res, fenced))
+    except HandoffRefused as e:
         _free(imp)
         raise MigrationError("capacity", str(e)) from None
     return imp
 
 
-def _local_hits(engine: LLMEngine, keys: list[BlockKey]) -> list[BlockId]:
-    """Leading blocks this instance's prefix cache holds (with their route records when it
-    returns routes: a unit without its record is not a hit)."""
-    hits: list[BlockId] = []
-    if not engine.config.enable_prefix_caching:
-        return hits
-    for key in keys:
-        bid = engine.block_pool.lookup(key)
-        if bid is None or (engine.route_store is not None and not engine.route_store.has(key)):
-            break
-        hits.append(bid)
-    return hits
-
-
 def _free(imp: ImportHandle) -> None:
     """Give back every block the import still owns (tail first)."""
     owned, imp.hits, imp.dst = imp.hits + imp.dst, [], []
-    if owned:
-        imp.engine.block_pool.free(list(reversed(owned)))
+    imp.port.free(owned)
 
 
 def _settle(imp: ImportHandle, res: LoadResult | None, fenced: bool) -> None:
@@ -225,12 +202,11 @@ def _settle(imp: ImportHandle, res: LoadResult | None, fenced: bool) -> None:
 
 
 def _create(imp: ImportHandle, res: LoadResult | None, fenced: bool) -> None:
-    engine, offer, bs = imp.engine, imp.offer, imp.engine.block_size
+    port, offer, bs = imp.port, imp.offer, imp.port.block_size
     if time.time() > offer.commit_by:
         raise MigrationError("timeout", "the KV load ended after the offer's commit deadline")
     verified, load_error, kv_bytes, control_bytes = 0, None, 0, 0
     if imp.dst:
-        assert engine.pd is not None
         if res is None:
             raise MigrationError("cancelled", "the KV load was cancelled before it started")
         kv_bytes, control_bytes = res.kv_bytes, res.control_bytes
@@ -238,7 +214,7 @@ def _create(imp: ImportHandle, res: LoadResult | None, fenced: bool) -> None:
             raise MigrationError("timeout", f"the KV load could not be cancelled after a timeout: {res.error}")
         if not res.ok:
             code = res.error_code.value if res.error_code is not None else "internal"
-            if engine.pd.cfg.failure_policy == "fail":
+            if port.failure_policy == "fail":
                 raise MigrationError(code, f"loading the session's KV failed: {res.error}")
             load_error = res.error
         verified = res.num_blocks_verified
@@ -249,20 +225,20 @@ def _create(imp: ImportHandle, res: LoadResult | None, fenced: bool) -> None:
                 raise MigrationError("route_mismatch", "the route records sent with the KV differ from the "
                                      "session's route rows (the control state and the KV disagree)")
     kept = imp.hits + imp.dst[:verified]
-    if imp.dst[verified:]:
-        engine.block_pool.free(list(reversed(imp.dst[verified:])))
+    port.free(imp.dst[verified:])
     imp.dst = imp.dst[:verified]
     state = imp.state
     if imp.rows is not None:
         rows = imp.rows.copy()
-        if imp.hits and engine.route_store is not None:  # our own records for our own blocks
-            rows[: len(imp.hits) * bs] = np.concatenate([engine.route_store.get(k) for k in imp.keys[: len(imp.hits)]])
+        own = port.own_route_rows(imp.keys[: len(imp.hits)]) if imp.hits else None
+        if own is not None:  # our own records for our own blocks
+            rows[: len(imp.hits) * bs] = own
         trace = RouteTrace(rows.shape[1], rows.shape[2], capacity=max(len(rows), 64))
         if len(rows):
             trace.fill(0, rows)
         state.routes = trace
     if kept:
-        state.blocks = engine.kv_holds.adopt(HeldBlocks(kept, len(kept) * bs, imp.keys[: len(kept)], len(imp.hits)))
+        state.blocks = port.hold(kept, imp.keys[: len(kept)], len(imp.hits))
         imp.hits, imp.dst = [], []  # the session owns them now
     sessions = imp.sessions
     owner = offer_owner(offer)

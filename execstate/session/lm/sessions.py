@@ -37,6 +37,7 @@ and the keys and recomputes the whole context under the new provenance.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +45,9 @@ import numpy as np
 import torch
 
 from execstate.engine.llm_engine import LLMEngine
+from execstate.engine.priority import PRIORITY_INTERACTIVE
 from execstate.engine.sampling_params import SamplingParams
-from execstate.engine.scheduler import PRIORITY_INTERACTIVE
+from execstate.engine.session_port import SessionPort
 from execstate.engine.validation import validate_logit_bias, validate_sampling
 from execstate.identity.scope import PrefixSharing
 from execstate.identity.tenant import TenantId
@@ -98,11 +100,18 @@ class LMSessions(KindSessions[SessionInfo]):
                          lm_event_kinds(engine.model_config.vocab_size, engine.max_model_len, engine.tokenizer),
                          cfg.max_session_events)
         self.engine = engine
+        self.port = SessionPort(engine)  # the engine's blocks and hand-overs, named (engine/session_port.py)
         self.sharing = sharing or PrefixSharing()
         self.steps: dict[SessionRuntime, StepHandle] = {}  # the step in flight of each session
         mc = engine.model_config
         self._route_shape = (mc.num_moe_layers, mc.top_k) if engine.return_routes else None
         engine.kv_holds.set_reclaimer(self.manager.reclaim)
+
+    @classmethod
+    def builder(cls, policy: SessionPolicy | None = None,
+                sharing: PrefixSharing | None = None) -> Callable[[LLMEngine], LMSessions]:
+        """How ``AsyncEngine.own`` builds an engine's sessions on its thread (``AsyncSessions``)."""
+        return lambda engine: cls(engine, policy, sharing)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def open(self, session_id: str | None = None, sampling_params: SamplingParams | None = None,
@@ -129,7 +138,7 @@ class LMSessions(KindSessions[SessionInfo]):
         seed = params.seed if params.seed is not None else int(
             torch.randint(0, 2**62, (1,), generator=self.engine.generator).item())
         state = LMState(self.engine.kv_holds, self.engine.block_size, self._route_shape, params, seed,
-                        self.engine.kv_manager.identity(scope), priority)
+                        self.port.identity(scope), priority)
         return self.manager.add(SessionRuntime(sid, state, self.new_queue(), secrets.token_hex(8),
                                                owner=access.owner, holder=access.holder))
 
@@ -174,7 +183,7 @@ class LMSessions(KindSessions[SessionInfo]):
             rt.submit_event(rt.next_event_id(), INPUT, self._input_data(rt, input))
         state = rt.state
         assert isinstance(state, LMState)
-        current = self.engine.kv_manager.identity(state.identity.scope)
+        current = self.port.identity(state.identity.scope)
         if state.identity != current:
             if not reprefill and state.token_ids:  # an empty context has nothing computed: adopt the new root
                 raise rt.fail("stale_state", "the engine's weights or provenance changed since this session's "

@@ -39,7 +39,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from execstate.engine.offload import BlockUnit
 from execstate.identity.session_keys import SessionKey
 from execstate.session.lm.hibernation import MANIFEST_TTL_S, engine_id
 from execstate.session.lm.hibernation_state import block_units
@@ -75,6 +74,7 @@ class CopySweep:
     delete: list[str]
     check: list[tuple[tuple[Owner, str], str]]
     flush: Callable[[], object] | None
+    manifests: ManifestStore | None  # the shared tier's manifests (``publish`` writes there), if any
 
 
 def build_copy(sessions: LMSessions, rt: SessionRuntime) -> SharedCopy:
@@ -89,7 +89,7 @@ def build_copy(sessions: LMSessions, rt: SessionRuntime) -> SharedCopy:
         raise ValueError("a shared copy needs a Redis tier (offload_redis_url) and the shared secret")
     rows = state.routes.rows(0, state.routes.rows_known) if state.routes is not None else None
     own = block_units(state.token_ids, state.identity, state.blocks, rows, engine.block_size)
-    conn.store_units([BlockUnit(*u) for u in own])
+    sessions.port.store_units(own)
     eid = engine_id(engine)
     offer = build_offer(rt, source_instance_id=eid, provenance_digest=engine.provenance.digest(), handoff=None,
                         commit_by=time.time() + MANIFEST_TTL_S, nonce=secrets.token_hex(16), target_engine_id=eid)
@@ -113,7 +113,7 @@ class SharedCopies:
         """Engine thread: build what changed, list what to delete and check (module docstring)."""
         conn = sessions.engine.offload
         if conn is None or conn.manifests is None or conn.shared_ring is None:
-            return CopySweep([], [], [], None)
+            return CopySweep([], [], [], None, conn.manifests if conn is not None else None)
         here: set[tuple[Owner, str]] = set()
         put: list[SharedCopy] = []
         check: list[tuple[tuple[Owner, str], str]] = []
@@ -135,7 +135,7 @@ class SharedCopies:
             self.built += 1
         gone = [sid for sid in self._copied if sid not in here]
         delete = [self._copied.pop(sid)[1] for sid in gone]
-        return CopySweep(put, delete, check, conn.flush)
+        return CopySweep(put, delete, check, conn.flush, conn.manifests)
 
     def publish(self, sweep: CopySweep, manifests: ManifestStore) -> int:
         """Any thread but the engine's: write the sweep's copies (after their units), delete the

@@ -43,12 +43,12 @@ import numpy as np
 import torch
 
 from execstate.engine.grammar.matcher import GrammarMatcher, GrammarSnapshot
+from execstate.engine.priority import PRIORITY_INTERACTIVE
 from execstate.engine.route_trace import RouteTrace
 from execstate.engine.sampling_params import SamplingParams
-from execstate.engine.scheduler import PRIORITY_INTERACTIVE
+from execstate.engine.session_port import BlockHolds, HeldBlocks
 from execstate.identity.execution import ExecutionIdentity
 from execstate.identity.keys import BlockKey
-from execstate.state.block_holds import BlockHolds, HeldBlocks
 
 _NO_RNG = torch.empty(0, dtype=torch.uint8)
 

@@ -1,14 +1,14 @@
 """KV cache events of one engine: recorded where the cache changes, published once per step.
 
-:func:`attach_kv_events` (called once by ``LLMEngine.__init__``) returns None unless
-``EngineConfig.kv_events`` publishes; else a :class:`KVEvents` installed in two places, the only
-two where the pool's prefix-cache map changes:
+:func:`build_kv_events` (called once by ``LLMEngine.__init__``, first of the connectors) returns
+None unless ``EngineConfig.kv_events`` publishes; else a :class:`KVEvents` the engine gives, at
+their construction, to the only two places where the pool's prefix-cache map changes:
 
-- ``KVCacheManager.events``: ``commit`` reports each run of blocks it registered
+- ``KVCacheManager(events=...)``: ``commit`` reports each run of blocks it registered
   (``BlockPool.commit`` returned True) as one ``BlockStored`` (keys, parent key: the identity's
   root for a prompt's first block, the weights version; token ids only when the operator opted in);
-- ``BlockPool.set_evict_observer``: ``allocate`` reports the cached blocks it evicted as one
-  ``BlockRemoved``.
+- ``BlockPool(evict_observer=events.pool_removed)``: ``allocate`` reports the cached blocks it
+  evicted as one ``BlockRemoved``.
 
 So the set of keys a subscriber holds for medium ``pool`` equals the pool's cache map after each
 step (the fleet tests rebuild it and compare). Events are collected on the engine thread and
@@ -38,7 +38,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from execstate.identity.keys import BlockKey
 from execstate.identity.scope import CacheScope
@@ -46,9 +46,6 @@ from execstate.identity.secret_ring import SecretRing
 from execstate.state.kv_events.config import KVEventsConfig
 from execstate.state.kv_events.events import POOL, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from execstate.state.kv_events.publisher import ZmqEventPublisher
-
-if TYPE_CHECKING:
-    from execstate.state.block_pool import BlockPool
 
 
 class UnitFacts(Protocol):
@@ -66,7 +63,7 @@ class UnitFacts(Protocol):
 
 
 class KVEventsSettings(Protocol):
-    """The engine's settings :func:`attach_kv_events` reads (``EngineConfig`` is one)."""
+    """The engine's settings :func:`build_kv_events` reads (``EngineConfig`` is one)."""
 
     @property
     def kv_events(self) -> KVEventsConfig | None: ...
@@ -75,38 +72,15 @@ class KVEventsSettings(Protocol):
     def block_size(self) -> int: ...
 
 
-class StoredBlocksSlot(Protocol):
-    """Where the KV cache manager reports the blocks it commits (``KVCacheManager`` is one)."""
-
-    @property
-    def events(self) -> object: ...
-
-    @events.setter
-    def events(self, sink: KVEvents) -> None: ...
-
-
-class KVEventsHost(Protocol):
-    """What :func:`attach_kv_events` needs of the engine (``LLMEngine`` is one)."""
-
-    @property
-    def config(self) -> KVEventsSettings: ...
-
-    @property
-    def block_pool(self) -> BlockPool: ...
-
-    @property
-    def kv_manager(self) -> StoredBlocksSlot: ...
-
-
-def attach_kv_events(engine: KVEventsHost) -> KVEvents | None:
-    cfg = engine.config.kv_events
+def build_kv_events(config: KVEventsSettings, owner: object) -> KVEvents | None:
+    """The engine's KV events, or None when its config publishes none; the publisher's sockets
+    close when ``owner`` (the engine) is garbage-collected."""
+    cfg = config.kv_events
     if cfg is None or not cfg.publishes:
         return None
     publisher = ZmqEventPublisher(cfg, ring=SecretRing.resolve())
-    events = KVEvents(publisher, engine.config.block_size, cfg.include_token_ids, cfg.exclude_tenants)
-    engine.kv_manager.events = events
-    engine.block_pool.set_evict_observer(events.pool_removed)
-    weakref.finalize(engine, publisher.close)  # the sockets close with the engine
+    events = KVEvents(publisher, config.block_size, cfg.include_token_ids, cfg.exclude_tenants)
+    weakref.finalize(owner, publisher.close)  # the sockets close with the engine
     return events
 
 

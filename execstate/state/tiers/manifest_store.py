@@ -23,13 +23,9 @@ from typing import Any
 
 import redis
 
-DEFAULT_PREFIX = "execstate:session:v1:"
-
-
-def manifest_key(engine_id: str, tenant: str, session_id: str, prefix: str = DEFAULT_PREFIX) -> str:
-    """Where the manifest of ``session_id`` (of ``tenant``), hibernated or copied by the engine
-    ``engine_id``, is stored (a fleet resuming a lost engine's sessions computes it too)."""
-    return f"{prefix}{engine_id}:{tenant}:{session_id}"
+# the key naming (pure, manifest_keys.py); manifest_key re-exported for the callers that import it here
+from execstate.state.tiers.manifest_keys import DEFAULT_PREFIX
+from execstate.state.tiers.manifest_keys import manifest_key as manifest_key
 
 
 class ManifestUnavailable(Exception):

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from execstate.identity.keys import BlockKey
+from execstate.state.block_pool import BlockId
 
 
 class UnitOrigin(NamedTuple):
@@ -23,6 +24,16 @@ class UnitOrigin(NamedTuple):
     token_ids: tuple[int, ...]
     weights_version: str | None = None  # the root's weights version, spelled out for the KV events
     tenant: str | None = None  # the tenant whose request computed it (the KV events filter by it)
+
+
+class BlockUnit(NamedTuple):
+    """A pool block to write as a unit (``OffloadConnector.store_units``): its key, what it was
+    computed from, its route rows (``int16`` bytes; None when the engine returns no routes)."""
+
+    block_id: BlockId
+    key: BlockKey
+    origin: UnitOrigin
+    routes: bytes | None
 
 
 class PoolUnits:

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from execstate.engine.outputs import Logprob
+from execstate.engine.priority import PRIORITY_BATCH, PRIORITY_INTERACTIVE
 from execstate.engine.sampling_params import SamplingParams
-from execstate.engine.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE
 from execstate.identity.scope import cache_salt
 from execstate.serve.realtime.lm.messages import SessionConfig
 from execstate.session.lm.chat import ChatTurn
