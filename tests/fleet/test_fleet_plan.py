@@ -23,9 +23,12 @@ from execstate.fleet.cluster_plan import LOCAL_ONLY_ENV, FleetPlanError, keep_lo
 
 
 def forget_local_only(monkeypatch) -> None:
-    """Unset Ray's local-only switch for this test, restored after it (keep_local sets it)."""
-    monkeypatch.setenv(LOCAL_ONLY_ENV, "restore-me")
-    monkeypatch.delenv(LOCAL_ONLY_ENV)
+    """Unset Ray's local-only switch and UCX's loopback-only device for this test, restored after
+    it (keep_local sets both in this process: left set, they would reach every later test's
+    children, e.g. NIXL across network namespaces)."""
+    for name in (LOCAL_ONLY_ENV, "UCX_NET_DEVICES"):
+        monkeypatch.setenv(name, "restore-me")
+        monkeypatch.delenv(name)
 
 
 @pytest.mark.parametrize(("replicas", "cpus", "share"), [(1, 2, 1.0), (2, 2, 1.0), (3, 2, 0.66), (8, 2, 0.25),

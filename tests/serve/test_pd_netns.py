@@ -67,6 +67,7 @@ def hosts():
 def in_ns(ns: str, *args: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
                EXECSTATE_KV_SECRET="netns-test-secret-0123456789abcdef")
+    env.pop("UCX_NET_DEVICES", None)  # the KV crosses the namespaces' veth pair: never loopback-only
     return subprocess.Popen(
         ["ip", "netns", "exec", ns, sys.executable, *args], cwd=ROOT, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
