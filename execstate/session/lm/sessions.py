@@ -148,7 +148,7 @@ class LMSessions(KindSessions[SessionInfo]):
         rt = self.manager.get(session_id, access)
         handle = self.steps.get(rt)
         if handle is not None and not handle.done:
-            self.engine.abort_request_deferred(handle.request_id)
+            self.port.abort_step(handle.request_id)
         held = tenancy.checkpoint_bytes(rt)
         released = super().close(session_id, access)
         if held >= host_memory.TRIM_AFTER_BYTES:
@@ -191,7 +191,7 @@ class LMSessions(KindSessions[SessionInfo]):
                               "reset and step with reprefill=True, or close the session")
             state.reroot(current)
         handle = rt.begin_step(lambda drained: start_lm_step(
-            self.engine, rt, drained, max_tokens, stream, self.manager.tick))
+            self.port, rt, drained, max_tokens, stream, self.manager.tick))
         self.steps[rt] = handle
         handle.on_done.append(lambda h: self.steps.pop(rt, None) if self.steps.get(rt) is h else None)
         return handle
@@ -202,7 +202,7 @@ class LMSessions(KindSessions[SessionInfo]):
         handle = self.steps.get(self.manager.get(session_id, access))
         if handle is None or handle.done:
             return False
-        return self.engine.abort_request_deferred(handle.request_id)
+        return self.port.abort_step(handle.request_id)
 
     def _input_data(self, rt: SessionRuntime, input: list[int] | str) -> dict[str, Any]:
         if isinstance(input, str):
