@@ -4,6 +4,7 @@ A session keeps its KV in the engine's block pool across steps and moves it betw
 These are the operations it needs, so that it works on named, typed calls instead of the engine's
 collaborators (the block pool, the route store, the KV holds, the PD connector's loads):
 
+- this engine's id (:attr:`engine_id`: a hibernation's or a copy's manifests are named by it);
 - the **root key** of an identity: :meth:`identity` (``KVCacheManager.identity``: every block key
   of a session derives from it);
 - **local hits**: :meth:`take_local_hits`, the leading blocks of a key chain this engine's prefix
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from execstate.engine.engine_facts import home_of
 from execstate.engine.external_prefix import ExternalLoadError
 from execstate.engine.grammar.compiler import GrammarCompiler
 from execstate.engine.session_step import FinishedStep, StepRequest
@@ -73,6 +75,11 @@ class SessionPort:
     @property
     def block_size(self) -> int:
         return self._engine.block_size
+
+    @property
+    def engine_id(self) -> str:
+        """This engine's id: its PD instance id, else its offload tiers' (``EngineHome``)."""
+        return home_of(self._engine).engine_id
 
     # -- steps -----------------------------------------------------------------------------------
     @property
