@@ -18,7 +18,7 @@ collaborators (the block pool, the route store, the KV holds, the PD connector's
 - **steps**: :meth:`add_step` queues a session step (``StepRequest`` in, a ``FinishedStep`` to its
   hook at the end: ``engine/session_step.py``), :meth:`abort_step` cancels one, :meth:`release`
   drops held blocks (a finished step's the session does not keep); what a step is checked
-  against: :attr:`max_model_len`, :attr:`grammar` (structured outputs), :attr:`has_tokenizer`;
+  against: :attr:`max_model_len`, :attr:`grammar` (structured outputs);
 - **accept a handoff**: :meth:`load_handoff` loads the blocks another engine exports into blocks the
   caller owns, on the transfer thread (``RemoteLoads.submit_owned``: handshake, manifest checked
   against the keys given, per-block checksums), :meth:`release_handoff` tells the source to
@@ -90,10 +90,6 @@ class SessionPort:
     def grammar(self) -> GrammarCompiler | None:
         """The compiler of structured outputs (None without the model's tokenizer)."""
         return self._engine.grammar
-
-    @property
-    def has_tokenizer(self) -> bool:
-        return self._engine.tokenizer is not None
 
     def add_step(self, step: StepRequest) -> None:
         """Queue the session step ``step`` (``engine/session_step.py``); ValueError (nothing
