@@ -16,7 +16,8 @@ PACKAGE = REPO / "execstate"
 # What the layers above may import of engine/ and state/ (pyproject.toml says why each is public).
 PUBLIC = {
     "execstate.engine", "execstate.engine.async_engine", "execstate.engine.engine_facts",
-    "execstate.engine.engine_owned", "execstate.engine.session_port", "execstate.engine.config",
+    "execstate.engine.engine_owned", "execstate.engine.session_port",
+    "execstate.engine.session_step", "execstate.engine.session_engine", "execstate.engine.config",
     "execstate.engine.offload_config",
     "execstate.engine.pd_config", "execstate.engine.outputs", "execstate.engine.sampling_params",
     "execstate.engine.priority", "execstate.engine.tokenizer", "execstate.engine.chat_template",

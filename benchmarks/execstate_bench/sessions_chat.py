@@ -72,8 +72,7 @@ class SessionChat:
         prompt_tokens = len(self.sessions.token_ids(self.sid)) + len(user)
         t0 = time.monotonic()
         handle = self.sessions.start_step(self.sid, user, max_tokens)
-        req = handle.request
-        assert req is not None
+        req = eng.requests[handle.request_id]  # queued by start_step; its timings are the engine's
         while not handle.done:
             eng.step()
         wall = time.monotonic() - t0

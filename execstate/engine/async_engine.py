@@ -92,6 +92,8 @@ from execstate.engine.llm_engine import LLMEngine, PromptType
 from execstate.engine.outputs import RequestOutput, ScoreOutput
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scorer import score_tokens
+from execstate.engine.session_engine import SessionEngine
+from execstate.engine.session_port import SessionPort
 from execstate.engine.weight_update import UpdatePolicy, WeightUpdateResult
 from execstate.identity.scope import CacheScope
 from execstate.model.loader import load_hf_state_dict
@@ -240,6 +242,13 @@ class AsyncEngine:
         reached only through the returned :class:`EngineOwned` (``engine/engine_owned.py``);
         ``close(owned)`` runs on the engine thread at shutdown."""
         return EngineOwned(self, build, close)
+
+    def own_sessions(self, build: Callable[[SessionEngine, SessionPort], O],
+                     close: Callable[[O], None] | None = None) -> EngineOwned[O]:
+        """``own`` for a session kind's sessions object: ``build(engine, port)`` gets the engine as
+        a session kind reads it (``engine/session_engine.py``) and its session port
+        (``engine/session_port.py``)."""
+        return EngineOwned(self, lambda engine: build(engine, SessionPort(engine)), close)
 
     def add_shutdown_hook(self, fn: Callable[[LLMEngine], None]) -> None:
         """``fn(engine)`` runs on the engine thread at shutdown, after in-flight requests were aborted."""

@@ -139,4 +139,5 @@ class RequestIntake:
     def build_step(self, step: StepRequest, in_use: Container[str]) -> Request:
         """The request of a session step (``engine/step_request.py``); ``in_use``: live request ids."""
         return build_step_request(step, vocab_size=self.model_config.vocab_size, max_model_len=self.max_model_len,
-                                  in_use=in_use, kv_holds=self._kv_holds, return_routes=self.return_routes)
+                                  in_use=in_use, kv_holds=self._kv_holds, return_routes=self.return_routes,
+                                  with_text=self.tokenizer is not None)

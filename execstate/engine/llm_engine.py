@@ -31,9 +31,10 @@ while the others keep stepping. When every unfinished request is waiting for a l
 blocks until a load finishes, ``wake()`` is called (any thread: the ``AsyncEngine`` calls it for
 each command) or 50 ms pass.
 
-Session steps (``add_step_request``, used by ``session/``): a request that arrives holding the
-session's blocks (``HeldBlocks`` registered in ``kv_holds``) and hands them back at finish
-(``on_finished``, run by the finisher on the engine thread before the final output is returned).
+Session steps (``add_step_request``, used by ``session/`` through ``SessionPort.add_step``): a
+request that arrives holding the session's blocks (``HeldBlocks`` registered in ``kv_holds``) and
+hands them back at finish (``on_finished``, run by the finisher on the engine thread before the
+final output is returned).
 Holds count in the failed-step reference check. When waiting requests cannot be admitted because
 holds fill the pool (nothing running), the engine asks the holds' owner to reclaim (evict an idle
 session); if it cannot, the first waiting request fails with an error saying why (never a hang).
@@ -66,8 +67,8 @@ from execstate.engine.request import Request, RequestStatus
 from execstate.engine.runner import ModelRunner
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import Scheduler
+from execstate.engine.session_step import StepRequest
 from execstate.engine.step_failure import EngineFatalError, StepFailure, StepState, check_references
-from execstate.engine.step_request import StepRequest
 from execstate.engine.step_results import StepResults
 from execstate.engine.weight_update import UpdatePolicy, WeightUpdate
 from execstate.identity.provenance import Provenance
@@ -217,8 +218,8 @@ class LLMEngine:
 
     def add_step_request(self, step: StepRequest) -> Request:
         """Queue one session step (``engine/step_request.py``): validated first (ValueError,
-        nothing changed); then its held blocks become the request's and come back at finish as
-        ``Request.session.returned_blocks``. Returns the queued request."""
+        nothing changed); then its held blocks become the request's and come back at finish in
+        the ``FinishedStep`` its hook gets (``engine/session_step.py``). Returns the queued request."""
         req = self.intake.build_step(step, self.requests)
         if step.held is not None:
             held = self.kv_holds.hand_over(step.held)

@@ -113,6 +113,12 @@ class PDConnector:
         return self.loads is not None
 
     @property
+    def exports(self) -> bool:
+        """Whether it exports blocks (role ``kv_producer`` or ``kv_both``: an exporter and its
+        control server)."""
+        return self.exporter is not None and self.server is not None
+
+    @property
     def importer(self) -> KVImporter | None:
         """The transfer thread's importer (tests replace its methods while no load runs)."""
         return self.loads.worker.importer if self.loads is not None else None

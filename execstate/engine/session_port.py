@@ -4,6 +4,7 @@ A session keeps its KV in the engine's block pool across steps and moves it betw
 These are the operations it needs, so that it works on named, typed calls instead of the engine's
 collaborators (the block pool, the route store, the KV holds, the PD connector's loads):
 
+- this engine's id (:attr:`engine_id`: a hibernation's or a copy's manifests are named by it);
 - the **root key** of an identity: :meth:`identity` (``KVCacheManager.identity``: every block key
   of a session derives from it);
 - **local hits**: :meth:`take_local_hits`, the leading blocks of a key chain this engine's prefix
@@ -14,6 +15,10 @@ collaborators (the block pool, the route store, the KV holds, the PD connector's
 - **hold**: :meth:`hold` hands blocks the caller owns over to a ``HeldBlocks`` record the KV holds
   track (a session's or a checkpoint's); :meth:`store_units` writes held blocks to the offload
   tiers as units now (a hibernating or copied session's: ``BlockUnit``, ``UnitOrigin``);
+- **steps**: :meth:`add_step` queues a session step (``StepRequest`` in, a ``FinishedStep`` to its
+  hook at the end: ``engine/session_step.py``), :meth:`abort_step` cancels one, :meth:`release`
+  drops held blocks (a finished step's the session does not keep); what a step is checked
+  against: :attr:`max_model_len`, :attr:`grammar` (structured outputs);
 - **accept a handoff**: :meth:`load_handoff` loads the blocks another engine exports into blocks the
   caller owns, on the transfer thread (``RemoteLoads.submit_owned``: handshake, manifest checked
   against the keys given, per-block checksums), :meth:`release_handoff` tells the source to
@@ -37,7 +42,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from execstate.engine.engine_facts import home_of
 from execstate.engine.external_prefix import ExternalLoadError
+from execstate.engine.grammar.compiler import GrammarCompiler
+from execstate.engine.session_step import FinishedStep, StepRequest
 from execstate.identity.execution import ExecutionIdentity
 from execstate.identity.keys import BlockKey
 from execstate.identity.scope import CacheScope
@@ -51,8 +59,8 @@ if TYPE_CHECKING:
     from execstate.engine.llm_engine import LLMEngine
     from execstate.engine.pd_loads import RemoteLoads
 
-__all__ = ["BlockHolds", "BlockId", "BlockUnit", "HandoffRefused", "HeldBlocks", "NoFreeBlocks", "SessionPort",
-           "UnitOrigin"]
+__all__ = ["BlockHolds", "BlockId", "BlockUnit", "FinishedStep", "HandoffRefused", "HeldBlocks", "NoFreeBlocks",
+           "SessionPort", "StepRequest", "UnitOrigin"]
 
 
 class HandoffRefused(Exception):
@@ -67,6 +75,36 @@ class SessionPort:
     @property
     def block_size(self) -> int:
         return self._engine.block_size
+
+    @property
+    def engine_id(self) -> str:
+        """This engine's id: its PD instance id, else its offload tiers' (``EngineHome``)."""
+        return home_of(self._engine).engine_id
+
+    # -- steps -----------------------------------------------------------------------------------
+    @property
+    def max_model_len(self) -> int:
+        return self._engine.max_model_len
+
+    @property
+    def grammar(self) -> GrammarCompiler | None:
+        """The compiler of structured outputs (None without the model's tokenizer)."""
+        return self._engine.grammar
+
+    def add_step(self, step: StepRequest) -> None:
+        """Queue the session step ``step`` (``engine/session_step.py``); ValueError (nothing
+        changed) when the engine refuses it. Its held blocks are the step's from then on; its
+        ``on_finished`` gets them back in a ``FinishedStep`` when it ends."""
+        self._engine.add_step_request(step)
+
+    def abort_step(self, request_id: str) -> bool:
+        """Cancel the step ``request_id`` now; its hook and final output come with the next engine
+        step. False if no such step is in flight."""
+        return self._engine.abort_request_deferred(request_id)
+
+    def release(self, held: HeldBlocks) -> None:
+        """Drop the caller's held blocks (``BlockHolds.release``)."""
+        self._engine.kv_holds.release(held)
 
     # -- keys and blocks ------------------------------------------------------------------------
     def identity(self, scope: CacheScope) -> ExecutionIdentity:

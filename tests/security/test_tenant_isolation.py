@@ -255,12 +255,15 @@ class World:
                 assert http("DELETE", f"{self.urls[k]}/v1/sessions/{sid}", KEYS[tenant]).status_code == 200
                 self.end_session(tenant, (k, sid))
         for s in self.servers:
-            def empty(e: Any, s: Any = s) -> tuple[int, ...]:
-                lm = s.app.state.ctx.sessions.lm_sessions(e)
-                return (lm.manager.num_resident, len(e.scheduler.running) + len(e.scheduler.waiting),
-                        e.block_pool.num_used, e.kv_holds.num_holders, e.pd.num_pinned_exports)
+            def empty(e: Any) -> tuple[int, ...]:
+                return (len(e.scheduler.running) + len(e.scheduler.waiting), e.block_pool.num_used,
+                        e.kv_holds.num_holders, e.pd.num_pinned_exports)
 
-            wait_until(lambda s=s, empty=empty: s.engine.call(empty) == (0, 0, 0, 0, 0), what="everything released")
+            def resident(s: Any = s) -> int:
+                return s.app.state.ctx.sessions.call(lambda lm: lm.manager.num_resident)
+
+            wait_until(lambda s=s, resident=resident: (resident(), *s.engine.call(empty)) == (0, 0, 0, 0, 0),
+                       what="everything released")
             s.engine.call(lambda e: e.check_integrity())
             answer = http("GET", f"{s.url}/metrics", next(iter(KEYS.values())))  # behind a key
             assert answer.status_code == 200, answer.text

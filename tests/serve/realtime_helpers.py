@@ -86,13 +86,12 @@ def wait_released(owner: AsyncSessions, sessions: int = 0, timeout: float = 30.0
     used, holders) as last seen."""
     engine = owner.engine
 
-    def state(e: LLMEngine) -> tuple[int, int, int, int, int]:
-        return (len(e.scheduler.running), len(e.scheduler.waiting), e.block_pool.num_used, e.kv_holds.num_holders,
-                owner.lm_sessions(e).manager.num_resident)
+    def state(e: LLMEngine) -> tuple[int, int, int, int]:
+        return (len(e.scheduler.running), len(e.scheduler.waiting), e.block_pool.num_used, e.kv_holds.num_holders)
 
     deadline = time.monotonic() + timeout
     while True:
-        s = engine.call(state)
+        s = (*engine.call(state), owner.call(lambda lm: lm.manager.num_resident))
         if (s[0], s[1], s[4]) == (0, 0, sessions) and (sessions or s[2:4] == (0, 0)):
             break
         if time.monotonic() > deadline:

@@ -159,9 +159,10 @@ def test_a_preempted_session_step_recomputes_to_the_same_tokens_routes_and_rng(m
     eng.add_request(tokens(101, 30), replace(GREEDY, max_tokens=30), "batch")
     eng.step()
     handle = sessions.start_step("s", prompt, max_tokens=20)
+    req = eng.requests[handle.request_id]  # the engine request of the step (the engine's own; a white-box read)
     while not handle.done:
         eng.step()
-    assert handle.request.num_preemptions > 0  # freed, then recomputed (prefix cache hits where it could)
+    assert req.num_preemptions > 0  # freed, then recomputed (prefix cache hits where it could)
     assert handle.result.token_ids == alone[0].token_ids
     nxt = sessions.start_step("s", [7, 8], max_tokens=4)  # the RNG went on from the same state
     while not nxt.done:

@@ -8,6 +8,7 @@ from session_helpers import GREEDY, make_llm
 
 import execstate
 from execstate.engine import llm as engine_llm
+from execstate.engine.session_port import SessionPort
 from execstate.session.lm.llm import LLM
 from execstate.session.lm.sessions import LMSessions
 
@@ -19,5 +20,6 @@ def test_execstate_llm_is_the_engine_llm_plus_its_sessions(moe_dir):
     s = llm.open_session(sampling_params=GREEDY, session_id="s")
     assert s.sessions is llm.sessions and llm.session("s").info() == s.info()
     with pytest.raises(ValueError, match="already has its LM sessions"):
-        LMSessions(llm.engine)  # one owner per engine: capacity and the KV-pressure reclaimer are its
+        # one owner per engine: capacity and the KV-pressure reclaimer are its
+        LMSessions(llm.engine, SessionPort(llm.engine))
     s.close()

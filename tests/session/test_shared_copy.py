@@ -12,7 +12,6 @@ import pytest
 from hibernation_helpers import SAMPLED, close, make, prompt, same_step
 
 from execstate.identity.secret_ring import SecretRing
-from execstate.session.lm.hibernation import engine_id
 from execstate.session.lm.hibernation_import import make_reference, wake_from_reference
 from execstate.session.lm.shared_copy import SharedCopies
 from execstate.session.runtime.migration import MigrationError
@@ -53,15 +52,15 @@ def test_copy_resumes_on_another_engine_from_the_copied_step(pair, moe_dir):
         s.step(inputs[2])  # after the copy: lost with engine A
 
         tenant = a.sessions.manager.resident()[0].owner.tenant
-        key = manifest_key(engine_id(a.engine), tenant, "moving")
-        ref = make_reference(SecretRing(SECRET.encode()), key, "moving", tenant, engine_id(b.engine))
+        key = manifest_key(a.sessions.port.engine_id, tenant, "moving")
+        ref = make_reference(SecretRing(SECRET.encode()), key, "moving", tenant, b.sessions.port.engine_id)
         rt = wake_from_reference(b.sessions, ref)
         assert rt.step_index == 2  # the copy's step: step 3 is the documented loss
         resumed = b.session("moving")
         for ids in inputs[2:]:
             same_step(resumed.step(ids), t.step(ids))
 
-        again = make_reference(SecretRing(SECRET.encode()), key, "moving", tenant, engine_id(a.engine))
+        again = make_reference(SecretRing(SECRET.encode()), key, "moving", tenant, a.sessions.port.engine_id)
         with pytest.raises(MigrationError) as e:
             wake_from_reference(a.sessions, again)  # claimed by B: nobody else wakes it
         assert e.value.code in ("not_found", "conflict")
@@ -76,7 +75,7 @@ def test_copy_follows_changes_hibernation_and_close(pair):
     s.step(prompt(5, 40))
     assert _sweep(copies, a) == (1, [])
     tenant = a.sessions.manager.resident()[0].owner.tenant
-    key = manifest_key(engine_id(a.engine), tenant, "s")
+    key = manifest_key(a.sessions.port.engine_id, tenant, "s")
     store = a.engine.offload.manifests
     assert store.exists([key]) == [True]
     s.step(prompt(6, 3))

@@ -44,7 +44,6 @@ from typing import Any, TypeVar
 import numpy as np
 
 from execstate.engine.async_engine import AsyncEngine, EngineOwned
-from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.priority import PRIORITY_INTERACTIVE
 from execstate.engine.sampling_params import SamplingParams
 from execstate.identity.scope import PrefixSharing
@@ -75,16 +74,13 @@ class AsyncSessions(AsyncKindSessions[LMSessions, SessionInfo]):
         self.engine = engine
         self.access: Access = LOCAL
         # the engine's LMSessions, built on the engine thread by the first call, shared by every view
-        self._home: EngineOwned[LMSessions] = engine.own(LMSessions.builder(policy, sharing), LMSessions.close_all)
+        self._home: EngineOwned[LMSessions] = engine.own_sessions(LMSessions.builder(policy, sharing),
+                                                                     LMSessions.close_all)
 
     def scoped(self, access: Access) -> AsyncSessions:
         view = object.__new__(AsyncSessions)
         view.engine, view.access, view._home = self.engine, access, self._home
         return view
-
-    def lm_sessions(self, eng: LLMEngine) -> LMSessions:
-        """Engine thread only: the engine's ``LMSessions``, owned here (built by the first call)."""
-        return self._home.get(eng)
 
     async def run(self, fn: Callable[[LMSessions], T]) -> T:
         """``fn(lm_sessions)`` on the engine thread, between two engine steps."""

@@ -42,8 +42,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from execstate.engine.engine_facts import home_of
-from execstate.engine.llm_engine import LLMEngine
 from execstate.identity.execution import ExecutionIdentity
 from execstate.identity.keys import BlockKey
 from execstate.identity.session_keys import SessionKey
@@ -69,12 +67,6 @@ from execstate.state.tiers.manifest_store import ManifestStore, ManifestUnavaila
 MANIFEST_TTL_S = 7 * 24 * 3600.0  # a published manifest's life in the shared tier
 REFERENCE_TTL_S = 300.0
 logger = logging.getLogger("execstate.offload")
-
-
-def engine_id(engine: LLMEngine) -> str:
-    """The id that names this engine in manifests and references: its PD instance id, else its
-    offload connector's; ``"local"`` without either (nothing is shared then). Engine thread."""
-    return home_of(engine).engine_id
 
 
 @dataclass(eq=False)
@@ -154,7 +146,7 @@ def hibernate(sessions: LMSessions, session_id: str, access: Access = LOCAL) -> 
     units.update({u.key: u for u in own})
     stored = sessions.port.store_units(list(units.values()))
     conn = engine.offload
-    eid = engine_id(engine)
+    eid = sessions.port.engine_id
     offer = build_offer(rt, source_instance_id=eid, provenance_digest=engine.provenance.digest(), handoff=None,
                         commit_by=time.time() + MANIFEST_TTL_S, nonce=secrets.token_hex(16), target_engine_id=eid)
     keys = tuple(u[1] for u in own)
@@ -218,7 +210,7 @@ def wake_runtime(sessions: LMSessions, rt: SessionRuntime) -> None:
         m = decode_manifest(record.manifest, ring, require_signature=ring is not None)
         if m.offer.session_id != rt.session_id or m.offer.tenant != rt.owner.tenant:
             raise desync("the manifest names another session or tenant")
-        state, _ = state_from_manifest(sessions.engine, m, sessions.kinds, sessions.max_pending_events,
+        state, _ = state_from_manifest(sessions.engine, sessions.port, m, sessions.kinds, sessions.max_pending_events,
                                        sessions.sharing)
         if bytes(m.state_key) != bytes(record.state_key):
             raise desync("a stale manifest (its step index, event epoch, branch or tokens are not the session's)")

@@ -36,7 +36,6 @@ import time
 from execstate.identity.keys import BlockKey
 from execstate.identity.secret_ring import SecretRing
 from execstate.identity.tenant import TenantId
-from execstate.session.lm.hibernation import engine_id
 from execstate.session.lm.hibernation_state import desync, state_from_manifest
 from execstate.session.lm.hibernation_wire import (
     FORMAT_VERSION,
@@ -74,7 +73,7 @@ def wake_from_reference(sessions: LMSessions, data: bytes, ledger: HandoverLedge
     if conn is None or conn.manifests is None:
         raise MigrationError("unsupported", "this engine has no shared tier (--offload-redis-url)")
     ref = decode_reference(data, conn.shared_ring)
-    if ref.target_engine_id != engine_id(engine):
+    if ref.target_engine_id != sessions.port.engine_id:
         raise MigrationError("wrong_target", f"the reference is for engine {ref.target_engine_id!r}, not this one")
     if ref.expires_at <= time.time():
         raise MigrationError("expired", "the reference expired")
@@ -98,7 +97,7 @@ def wake_from_reference(sessions: LMSessions, data: bytes, ledger: HandoverLedge
         raise desync("the manifest names another session or tenant than the reference")
     if ref.state_key is not None and bytes(m.state_key) != ref.state_key:
         raise desync("a stale manifest (its step index, event epoch, branch or tokens are not the referenced state)")
-    state, queue = state_from_manifest(engine, m, sessions.kinds, sessions.max_pending_events,
+    state, queue = state_from_manifest(engine, sessions.port, m, sessions.kinds, sessions.max_pending_events,
                                        sessions.sharing)
     owner = offer_owner(offer)
     manager = sessions.manager

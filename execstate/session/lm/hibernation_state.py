@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.route_trace import RouteTrace
-from execstate.engine.session_port import BlockUnit, HeldBlocks, UnitOrigin
+from execstate.engine.session_engine import SessionEngine
+from execstate.engine.session_port import BlockUnit, HeldBlocks, SessionPort, UnitOrigin
 from execstate.identity.execution import ExecutionIdentity
 from execstate.identity.scope import PrefixSharing
 from execstate.identity.session_keys import SessionKey, session_state_key
@@ -71,7 +71,7 @@ def desync(why: str) -> MigrationError:
     return MigrationError("desync", f"hibernated session: {why}")
 
 
-def state_from_manifest(engine: LLMEngine, m: HibernationManifest, kinds: dict[str, EventKind],
+def state_from_manifest(engine: SessionEngine, port: SessionPort, m: HibernationManifest, kinds: dict[str, EventKind],
                         max_pending: int, sharing: PrefixSharing) -> tuple[LMState, EventQueue]:
     """The session's state (no KV: its next step takes it from the pool, the tiers or recomputes
     it) and event queue (module docstring); ``sharing``: this server's shared prefix groups."""
@@ -83,7 +83,7 @@ def state_from_manifest(engine: LLMEngine, m: HibernationManifest, kinds: dict[s
     route_shape = (mc.num_moe_layers, mc.top_k) if engine.return_routes else None
     check_offer(offer, vocab_size=mc.vocab_size, max_model_len=engine.max_model_len, route_shape=route_shape,
                 num_experts=mc.num_experts or 0, rng_nbytes=RNG_NBYTES)
-    identity = engine.kv_manager.identity(offer_scope(offer, sharing))
+    identity = port.identity(offer_scope(offer, sharing))
     state = LMState(engine.kv_holds, bs, route_shape, sampling_params(offer, mc.vocab_size), offer.seed, identity,
                     offer.priority)
     state.token_ids = list(offer.token_ids)

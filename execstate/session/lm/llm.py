@@ -25,6 +25,7 @@ from typing import Any
 from execstate.engine import llm as engine_llm
 from execstate.engine.priority import PRIORITY_INTERACTIVE
 from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.session_port import SessionPort
 from execstate.session.lm.offline import Session
 from execstate.session.lm.sessions import LMSessions
 
@@ -34,7 +35,7 @@ __all__ = ["LLM"]
 class LLM(engine_llm.EngineLLM):
     def __init__(self, model: str | Path, **kwargs: Any) -> None:
         super().__init__(model, **kwargs)
-        self.sessions = LMSessions(self.engine)
+        self.sessions = LMSessions(self.engine, SessionPort(self.engine))
 
     def open_session(
         self, sampling_params: SamplingParams | None = None, session_id: str | None = None,

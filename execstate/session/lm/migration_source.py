@@ -76,7 +76,7 @@ def begin_export(sessions: LMSessions, session_id: str, window_s: float, *, targ
         raise MigrationError("invalid", f"the migration window must be in (0, 3600) seconds, got {window_s!r}")
     engine = sessions.engine
     pd = engine.pd
-    if pd is None or pd.exporter is None or pd.server is None:
+    if pd is None or not pd.exports:
         raise MigrationError("unsupported", "this instance cannot send sessions: it needs a PD connector with "
                              "role kv_producer or kv_both (--kv-transfer-config)")
     if pd.secrets is None:

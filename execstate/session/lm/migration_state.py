@@ -164,7 +164,7 @@ def accept_offer(sessions: LMSessions, data: bytes | tuple[SessionOffer, bool]) 
     params = offer.handoff
     handoff = None
     if params is not None:
-        if pd.loads is None:
+        if not pd.is_consumer:
             raise MigrationError("unsupported", "this instance cannot load KV (PD role kv_producer)")
         try:
             handoff = pd.accept_handoff(params)

@@ -44,9 +44,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.priority import PRIORITY_INTERACTIVE
 from execstate.engine.sampling_params import SamplingParams
+from execstate.engine.session_engine import SessionEngine
 from execstate.engine.session_port import SessionPort
 from execstate.engine.validation import validate_logit_bias, validate_sampling
 from execstate.identity.scope import PrefixSharing
@@ -86,11 +86,13 @@ class LMSessions(KindSessions[SessionInfo]):
     """The LM kind's sessions object (module docstring); the shared operations (events,
     checkpoints, rollback, fork, reset, info) are ``KindSessions``'."""
 
-    def __init__(self, engine: LLMEngine, policy: SessionPolicy | None = None,
+    def __init__(self, engine: SessionEngine, port: SessionPort, policy: SessionPolicy | None = None,
                  sharing: PrefixSharing | None = None) -> None:
-        """``policy``: a server's bounds (None: ``max_session_checkpoints`` from the engine's config,
-        no idle expiry, no quotas); ``sharing``: the operator's shared prefix groups (None: every
-        tenant's sessions in its own cache partition)."""
+        """``engine``: as the LM kind reads it (``engine/session_engine.py``); ``port``: that
+        engine's session port (``engine/session_port.py``); ``policy``: a server's bounds (None:
+        ``max_session_checkpoints`` from the engine's config, no idle expiry, no quotas);
+        ``sharing``: the operator's shared prefix groups (None: every tenant's sessions in its own
+        cache partition)."""
         if engine.kv_holds.has_reclaimer:
             raise ValueError("this engine already has its LM sessions (its KV holds have an owner): pass that "
                              "LMSessions (or the AsyncSessions holding it) instead of building a second one")
@@ -100,7 +102,7 @@ class LMSessions(KindSessions[SessionInfo]):
                          lm_event_kinds(engine.model_config.vocab_size, engine.max_model_len, engine.tokenizer),
                          cfg.max_session_events)
         self.engine = engine
-        self.port = SessionPort(engine)  # the engine's blocks and hand-overs, named (engine/session_port.py)
+        self.port = port  # the engine's blocks, steps and hand-overs, named (engine/session_port.py)
         self.sharing = sharing or PrefixSharing()
         self.steps: dict[SessionRuntime, StepHandle] = {}  # the step in flight of each session
         mc = engine.model_config
@@ -109,9 +111,9 @@ class LMSessions(KindSessions[SessionInfo]):
 
     @classmethod
     def builder(cls, policy: SessionPolicy | None = None,
-                sharing: PrefixSharing | None = None) -> Callable[[LLMEngine], LMSessions]:
-        """How ``AsyncEngine.own`` builds an engine's sessions on its thread (``AsyncSessions``)."""
-        return lambda engine: cls(engine, policy, sharing)
+                sharing: PrefixSharing | None = None) -> Callable[[SessionEngine, SessionPort], LMSessions]:
+        """How ``AsyncEngine.own_sessions`` builds an engine's sessions on its thread (``AsyncSessions``)."""
+        return lambda engine, port: cls(engine, port, policy, sharing)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def open(self, session_id: str | None = None, sampling_params: SamplingParams | None = None,
@@ -148,7 +150,7 @@ class LMSessions(KindSessions[SessionInfo]):
         rt = self.manager.get(session_id, access)
         handle = self.steps.get(rt)
         if handle is not None and not handle.done:
-            self.engine.abort_request_deferred(handle.request_id)
+            self.port.abort_step(handle.request_id)
         held = tenancy.checkpoint_bytes(rt)
         released = super().close(session_id, access)
         if held >= host_memory.TRIM_AFTER_BYTES:
@@ -191,7 +193,7 @@ class LMSessions(KindSessions[SessionInfo]):
                               "reset and step with reprefill=True, or close the session")
             state.reroot(current)
         handle = rt.begin_step(lambda drained: start_lm_step(
-            self.engine, rt, drained, max_tokens, stream, self.manager.tick))
+            self.port, rt, drained, max_tokens, stream, self.manager.tick))
         self.steps[rt] = handle
         handle.on_done.append(lambda h: self.steps.pop(rt, None) if self.steps.get(rt) is h else None)
         return handle
@@ -202,7 +204,7 @@ class LMSessions(KindSessions[SessionInfo]):
         handle = self.steps.get(self.manager.get(session_id, access))
         if handle is None or handle.done:
             return False
-        return self.engine.abort_request_deferred(handle.request_id)
+        return self.port.abort_step(handle.request_id)
 
     def _input_data(self, rt: SessionRuntime, input: list[int] | str) -> dict[str, Any]:
         if isinstance(input, str):

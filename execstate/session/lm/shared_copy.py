@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from execstate.identity.session_keys import SessionKey
-from execstate.session.lm.hibernation import MANIFEST_TTL_S, engine_id
+from execstate.session.lm.hibernation import MANIFEST_TTL_S
 from execstate.session.lm.hibernation_state import block_units
 from execstate.session.lm.hibernation_wire import FORMAT_VERSION, HibernationManifest, encode_manifest
 from execstate.session.lm.migration_state import build_offer
@@ -90,7 +90,7 @@ def build_copy(sessions: LMSessions, rt: SessionRuntime) -> SharedCopy:
     rows = state.routes.rows(0, state.routes.rows_known) if state.routes is not None else None
     own = block_units(state.token_ids, state.identity, state.blocks, rows, engine.block_size)
     sessions.port.store_units(own)
-    eid = engine_id(engine)
+    eid = sessions.port.engine_id
     offer = build_offer(rt, source_instance_id=eid, provenance_digest=engine.provenance.digest(), handoff=None,
                         commit_by=time.time() + MANIFEST_TTL_S, nonce=secrets.token_hex(16), target_engine_id=eid)
     key = rt.state_key()

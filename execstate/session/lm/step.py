@@ -2,14 +2,15 @@
 
 ``start_lm_step`` runs inside ``SessionRuntime.begin_step`` (so a refusal leaves the events
 pending and nothing changed): it appends the boundary's ``input`` tokens to the context, applies
-its ``sampling`` event, and queues an engine request (``LLMEngine.add_step_request``) whose prompt
+its ``sampling`` event, and queues an engine step (``SessionPort.add_step``) whose prompt
 is the whole context, which arrives holding the session's blocks (the KV of every token but the
 last generated one) and the session's route trace and generator. So step k+1 runs only the last
 generated token of step k plus its new input through the model; its tokens and routes are those
 of a one-shot generate over the same history.
 
-When the request finishes, the engine thread calls the hook (``finish_lm_step``) before the final
-output is returned: the blocks come back to the session, the context becomes the request's tokens,
+When the request finishes, the engine thread calls the hook (``finish_lm_step``, with the step's
+``FinishedStep``: ``engine/session_step.py``) before the final output is returned: the blocks come
+back to the session, the context becomes the request's tokens,
 and the handle gets its :class:`StepResult` (or its error). Outcomes:
 
 - finished (stop, length): OPEN, ``step_index + 1``;
@@ -29,11 +30,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from execstate.engine.grammar.matcher import GrammarMatcher
-from execstate.engine.llm_engine import LLMEngine
-from execstate.engine.outputs import Logprob, RequestOutput
-from execstate.engine.request import Request, RequestStatus
+from execstate.engine.outputs import Logprob
 from execstate.engine.sampling_params import RequestOutputKind, SamplingParams
-from execstate.engine.step_request import StepRequest
+from execstate.engine.session_port import SessionPort
+from execstate.engine.session_step import FinishedStep, StepRequest
 from execstate.session.lm.events import INPUT, SAMPLING
 from execstate.session.lm.state import LMState
 from execstate.session.runtime.events import Drained, SessionEventError
@@ -90,7 +90,6 @@ class StepHandle:
     step_index: int
     request_id: str
     events: dict[str, list[int]]
-    request: Request | None = None
     done: bool = False
     result: StepResult | None = None
     error: SessionEventError | None = None
@@ -98,7 +97,7 @@ class StepHandle:
 
 
 def start_lm_step(
-    engine: LLMEngine, rt: SessionRuntime, drained: Drained, max_tokens: int | None, stream: bool,
+    port: SessionPort, rt: SessionRuntime, drained: Drained, max_tokens: int | None, stream: bool,
     clock: Callable[[], int],
 ) -> StepHandle:
     """Start the step of ``rt`` at this boundary (module docstring); SessionEventError ``invalid``
@@ -113,26 +112,26 @@ def start_lm_step(
     tokens = state.token_ids + new_tokens
     if not tokens:
         raise SessionEventError("invalid", "the context is empty: the first step needs input")
-    if len(tokens) >= engine.max_model_len:
+    if len(tokens) >= port.max_model_len:
         raise SessionEventError("invalid", f"the context would hold {len(tokens)} tokens, but max_model_len is "
-                                f"{engine.max_model_len}; roll back or close the session")
+                                f"{port.max_model_len}; roll back or close the session")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise SessionEventError("invalid", f"max_tokens must be an integer >= 1, got {max_tokens!r}")
     kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
     step_params = replace(params, n=1, seed=state.seed, output_kind=kind, routed_experts=None,
                           max_tokens=max_tokens if max_tokens is not None else params.max_tokens,
                           routed_experts_prompt_start=max(len(state.token_ids) - 1, 0))
-    grammar = _step_grammar(engine, state.grammar, params)
+    grammar = _step_grammar(port, state.grammar, params)
     started: list[int] = sorted({e.event_id for e in drained.applied})
     completed: list[int] = list(drained.event_ids)  # a fresh list either way
     handle = StepHandle(rt.session_id, rt.step_index + 1, f"session:{rt.session_id}:{next(_request_ids)}",
                         {"started": started, "active": [], "completed": completed})
 
-    def hook(req: Request, out: RequestOutput) -> None:
-        finish_lm_step(engine, rt, handle, req, out, clock)
+    def hook(done: FinishedStep) -> None:
+        finish_lm_step(port, rt, handle, done, clock)
 
     try:
-        handle.request = engine.add_step_request(StepRequest(
+        port.add_step(StepRequest(
             handle.request_id, tokens, step_params, held=state.blocks, routes=state.routes, generator=state.generator,
             priority=state.priority, scope=state.identity.scope, on_finished=hook, grammar=grammar))
     except ValueError as exc:
@@ -143,7 +142,7 @@ def start_lm_step(
     return handle
 
 
-def _step_grammar(engine: LLMEngine, current: GrammarMatcher | None, params: SamplingParams) -> GrammarMatcher | None:
+def _step_grammar(port: SessionPort, current: GrammarMatcher | None, params: SamplingParams) -> GrammarMatcher | None:
     """The matcher a step constrains its output with: the session's own when the constraint is
     unchanged and not complete yet (a constrained output over several steps), else a fresh one;
     None without a constraint. SessionEventError ``invalid`` (nothing changed) if it cannot compile."""
@@ -152,48 +151,42 @@ def _step_grammar(engine: LLMEngine, current: GrammarMatcher | None, params: Sam
         return None
     if current is not None and current.spec.key == spec.key and not current.stopped:
         return current
-    if engine.grammar is None:
+    if port.grammar is None:
         raise SessionEventError("invalid", "structured outputs need the model's tokenizer")
     try:
-        return engine.grammar.compile(spec).matcher()
+        return port.grammar.compile(spec).matcher()
     except ValueError as exc:
         raise SessionEventError("invalid", str(exc)) from None
 
 
-def finish_lm_step(engine: LLMEngine, rt: SessionRuntime, handle: StepHandle, req: Request, out: RequestOutput,
+def finish_lm_step(port: SessionPort, rt: SessionRuntime, handle: StepHandle, done: FinishedStep,
                    clock: Callable[[], int]) -> None:
     """The hook: take the step's blocks back and settle the outcome (module docstring)."""
     state = rt.state
     assert isinstance(state, LMState)
-    returned = req.session.returned_blocks
-    req.session.returned_blocks = None
-    failed = req.status is RequestStatus.FINISHED_ABORTED and req.abort_message is not None
+    returned = done.blocks
     try:
-        if state.released or failed:
+        if state.released or done.failed:
             if returned is not None:
-                engine.kv_holds.release(returned)
+                port.release(returned)
             if state.released:
                 handle.error = SessionEventError("closed", f"session {rt.session_id!r} ended during its step")
             else:
-                rt.end_step(False, req.abort_message, clock())
+                rt.end_step(False, done.error, clock())
                 handle.error = SessionEventError("failed", f"step {handle.step_index} of session "
-                                                 f"{rt.session_id!r} failed: {req.abort_message}")
+                                                 f"{rt.session_id!r} failed: {done.error}")
             return
         state.blocks = returned
-        state.token_ids = req.all_token_ids
-        cancelled = req.status is RequestStatus.FINISHED_ABORTED
+        state.token_ids = done.token_ids
         rt.end_step(True, clock=clock())
-        admitted = req.num_cached_tokens is not None  # a step cancelled while queued computed nothing
-        num_cached = req.num_cached_tokens or 0
-        wants_logprobs = req.params.logprobs is not None
+        admitted = done.num_cached_tokens is not None  # a step cancelled while queued computed nothing
+        num_cached = done.num_cached_tokens or 0
         handle.result = StepResult(
-            session_id=rt.session_id, step_index=rt.step_index, token_ids=list(req.output_token_ids),
-            text=req.output.detok.text(True) if engine.tokenizer is not None else None,
-            finish_reason=req.finish_reason, stop_reason=req.stop_reason, events=handle.events,
-            num_computed_tokens=req.num_prompt_tokens - num_cached if admitted else 0, num_cached_tokens=num_cached,
-            routed_experts=None if cancelled else out.outputs[0].routed_experts,
-            logprobs=list(req.output.logprob_entries) if wants_logprobs else None,
-            cumulative_logprob=req.output.cumulative_logprob if wants_logprobs else None,
+            session_id=rt.session_id, step_index=rt.step_index, token_ids=done.output_token_ids, text=done.text,
+            finish_reason=done.finish_reason, stop_reason=done.stop_reason, events=handle.events,
+            num_computed_tokens=done.num_prompt_tokens - num_cached if admitted else 0, num_cached_tokens=num_cached,
+            routed_experts=None if done.aborted else done.routed_experts,
+            logprobs=done.logprobs, cumulative_logprob=done.cumulative_logprob,
         )
     finally:
         handle.done = True
