@@ -5,7 +5,7 @@ checks that).
 No production configuration reaches this module: the server's ``kv_connector_extra_config`` has
 no fault key, and :class:`~execstate.transfer.importer.KVImporter` injects nothing. Tests build a
 :class:`FaultyImporter` directly, or make a decode instance build one instead of the real importer
-through the connector's seam: ``engine.attach_pd(cfg, make_importer=importer_factory(faults))``
+through the connector's seam: ``LLMEngine(EngineConfig(..., kv_transfer=cfg), make_importer=importer_factory(faults))``
 (in-process: the engine tests, the session migration tests, ``execstate bench sessions``), or, in
 a server process, through the launcher ``python -m execstate_bench.faulty_serve`` (the HTTP tests
 and ``execstate bench pd``).

@@ -65,8 +65,8 @@ def run_chat(model_dir: Path, workdir: Path, redis_url: str | None, tenants: int
     max_len = system_len + context_len + turns * (user_len + reply_len) + block_size
     pool_blocks = max(pool_blocks, -(-max_len // block_size))
     configs = [c for c in CONFIGS if redis_url is not None or "redis" not in c]
-    base = dict(enable_return_routed_experts=True, num_kv_blocks=pool_blocks, block_size=block_size, seed=0,
-                max_model_len=max_len)
+    base: dict[str, Any] = dict(enable_return_routed_experts=True, num_kv_blocks=pool_blocks,
+                                block_size=block_size, seed=0, max_model_len=max_len)
     engines = {"none": LLM(str(model_dir), **base)}
     unit = engines["none"].engine.kv_pool.unit_nbytes()
     for c in configs[1:]:

@@ -53,12 +53,10 @@ def _llm(model_dir: Path, num_kv_blocks: int, faults: dict | None = None, timeou
          pd: bool = True, **kw: Any) -> LLM:
     """An engine holding two contexts (``num_kv_blocks`` blocks, ``max_model_len`` to match)."""
     kw.setdefault("max_model_len", num_kv_blocks * 16 // 2)
-    llm = LLM(str(model_dir), enable_return_routed_experts=True, seed=0, num_kv_blocks=num_kv_blocks, **kw)
-    if pd:
-        cfg = PDConfig(role="kv_both", secret=SECRET, timeout_s=timeout_s)
-        make_importer = None if faults is None else importer_factory(FaultInjection.from_dict(faults))
-        llm.engine.attach_pd(cfg, make_importer)
-    return llm
+    cfg = PDConfig(role="kv_both", secret=SECRET, timeout_s=timeout_s) if pd else None
+    make_importer = None if faults is None else importer_factory(FaultInjection.from_dict(faults))
+    return LLM(str(model_dir), enable_return_routed_experts=True, seed=0, num_kv_blocks=num_kv_blocks,
+               kv_transfer=cfg, make_importer=make_importer, **kw)
 
 
 def _prompt(seed: int, n: int, vocab: int) -> list[int]:

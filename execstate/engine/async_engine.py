@@ -41,13 +41,13 @@ Contract:
   message and joins the thread.
 - The thread itself (the loop, the commands, delivery, dying) is ``engine/engine_thread.py``.
 - What the layers above read of the engine, and the few things they do to it, are named methods
-  (``summary``, ``load``, ``weights_version``, ``home``, ``peer``, ``attach_pd``,
-  ``close_kv_events``): each runs on the engine thread between steps and returns a frozen value
+  (``summary``, ``load``, ``weights_version``, ``home``, ``peer``, ``close_kv_events``): each
+  runs on the engine thread between steps and returns a frozen value
   (``engine/engine_facts.py``). A layer that keeps its own state on the engine thread (sessions)
   holds it in an ``EngineOwned`` (``engine/engine_owned.py``), built by ``own``.
   ``run_on_engine`` / ``call`` (any function of the engine) are for the engine package and tests.
 - Immutable facts about the model (``tokenizer``, ``model_config``, ``max_model_len``,
-  ``return_routes``) are read once at construction and may be used from any thread;
+  ``return_routes``, ``handoff_trust``) are read once at construction and may be used from any thread;
   the tokenizer is never mutated after loading.
 """
 
@@ -100,7 +100,7 @@ from execstate.model.loader import load_hf_state_dict
 from execstate.transfer.handoff import Handoff, HandoffTrust
 
 if TYPE_CHECKING:
-    from execstate.engine.pd_config import ImporterFactory, PDConfig
+    from execstate.engine.pd_config import ImporterFactory, TransferObserver
 
 T = TypeVar("T")
 O = TypeVar("O")  # noqa: E741 - what an EngineOwned holds
@@ -118,14 +118,22 @@ class AsyncEngine:
         self.return_routes: bool = engine.return_routes
         self.model_path = engine.model_path
         self.grammar = engine.grammar  # structured outputs: thread-safe, compile off the engine thread
+        # The PD connector's trust policy (thread-safe, immutable): the HTTP layer checks incoming
+        # handoffs with it before the engine sees them; None unless the connector consumes.
+        self.handoff_trust: HandoffTrust | None = (engine.pd.trust if engine.pd is not None and engine.pd.is_consumer
+                                                   else None)
         self._worker = EngineThread(engine, self._admission)
         self._thread = self._worker.thread
         self._worker.start()
 
     @classmethod
-    def from_config(cls, config: EngineConfig, max_waiting_requests: int | None = None) -> AsyncEngine:
-        """Build the ``LLMEngine`` of ``config`` (on the calling thread) and start its thread."""
-        return cls(LLMEngine(config), max_waiting_requests)
+    def from_config(cls, config: EngineConfig, max_waiting_requests: int | None = None, *,
+                    make_importer: ImporterFactory | None = None,
+                    on_transfer: TransferObserver | None = None) -> AsyncEngine:
+        """Build the ``LLMEngine`` of ``config`` (on the calling thread; with its KV connectors,
+        the PD one from ``config.kv_transfer`` with ``make_importer`` / ``on_transfer``) and start
+        its thread."""
+        return cls(LLMEngine(config, make_importer=make_importer, on_transfer=on_transfer), max_waiting_requests)
 
     # -- health -------------------------------------------------------------------------------
     @property
@@ -316,20 +324,6 @@ class AsyncEngine:
     async def peer(self) -> PeerCredentials | None:
         """The PD connector's instance id and secret ring (hand-overs); ``None`` without one."""
         return await self.run_on_engine(peer_of)
-
-    def attach_pd(self, cfg: PDConfig, make_importer: ImporterFactory | None = None,
-                  on_transfer: Callable[[int, bool, int, float], None] | None = None) -> HandoffTrust | None:
-        """Install the PD connector (``LLMEngine.attach_pd``) on the engine thread; blocking, once,
-        at start-up before any request. ``on_transfer(kv_bytes, ok, control_bytes, seconds)`` is
-        told of every finished load (a consumer's). Returns the trust policy incoming handoffs are
-        checked with (``None`` unless the connector consumes)."""
-        def attach(engine: LLMEngine) -> HandoffTrust | None:
-            connector = engine.attach_pd(cfg, make_importer)
-            if on_transfer is not None:
-                connector.on_transfer = on_transfer
-            return connector.trust if connector.is_consumer else None
-
-        return self.call(attach)
 
     def score_blocking(self, token_ids: list[int], routed_experts: np.ndarray | None = None,
                        timeout: float | None = None) -> ScoreOutput:

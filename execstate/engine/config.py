@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from execstate.engine.offload_config import validate_offload
+from execstate.engine.pd_config import PDConfig
 from execstate.model.step_timers import CLOCKS
 from execstate.state.kv_events.config import KVEventsConfig
 
@@ -99,6 +100,11 @@ class EngineConfig:
     # KV cache events (state/kv_events/recorder.py, docs/fleet.md): None or enable_kv_cache_events False
     # publishes nothing (the default); else BlockStored/BlockRemoved batches on a ZeroMQ socket.
     kv_events: KVEventsConfig | None = None
+    # The PD connector (engine/pd_connector.py; vLLM's kv_transfer_config): prefill/decode
+    # disaggregation and session migration in a role (kv_producer, kv_consumer, kv_both). None: no
+    # connector. Built with the engine's other KV connectors (engine/llm_engine.py); the code it
+    # calls (a test's importer, the metrics hook) is an LLMEngine argument, not configuration.
+    kv_transfer: PDConfig | None = None
     # The torch path's kernels (docs/performance.md, "GPU"): "auto" (the Triton kernels on a CUDA
     # device where Triton is installed, else torch ops), "triton" (error where they cannot run;
     # on the CPU only under TRITON_INTERPRET=1), "torch". deterministic: batch-invariant kernels

@@ -9,17 +9,17 @@ every request in flight (finish_reason ``"abort"``, outputs in ``update.aborted`
 right after ``begin`` and then from every ``step``/``poll``. The new weights version goes into
 the provenance (``KVCacheManager.set_provenance``), so no block computed before the switch can be
 hit after it; a session step that was held back by the drain and holds old blocks is aborted
-(its output is deferred to the next step). Switch listeners (``on_switch``: the PD connector)
-run after the provenance changed and before the update is finished.
+(its output is deferred to the next step). Switch listeners (``on_switch``, given at construction:
+the PD connector's) run after the provenance changed and before the update is finished.
 
-Built by ``LLMEngine`` with the model, the live requests, the scheduler, the KV cache manager
-and the request finisher. Threads: the engine thread only.
+Built by ``LLMEngine`` with the model, the live requests, the scheduler, the KV cache manager,
+the request finisher and the switch listeners. Threads: the engine thread only.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,19 +40,17 @@ class EngineWeights:
     """The engine's weights and their updates (module docstring)."""
 
     def __init__(self, model: CausalLM, requests: Mapping[str, Request], scheduler: Scheduler,
-                 kv_manager: KVCacheManager, finisher: RequestFinisher) -> None:
+                 kv_manager: KVCacheManager, finisher: RequestFinisher,
+                 on_switch: Sequence[Callable[[], None]] = ()) -> None:
         self._model = model
         self._requests = requests
         self._scheduler = scheduler
         self._kv_manager = kv_manager
         self._finisher = finisher
         self._versions = {kv_manager.provenance.weights_version}  # every version this engine has run
-        self._listeners: list[Callable[[], None]] = []
+        # called after every switch (new provenance bound, update not finished yet)
+        self._listeners = tuple(on_switch)
         self.in_progress: WeightUpdate | None = None  # an update not switched yet (policy drain)
-
-    def on_switch(self, listener: Callable[[], None]) -> None:
-        """Call ``listener()`` after every switch (new provenance bound, update not finished yet)."""
-        self._listeners.append(listener)
 
     def begin(self, source: str | Path | dict[str, torch.Tensor], weights_version: str | None,
               policy: UpdatePolicy) -> WeightUpdate:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -33,10 +33,15 @@ from execstate.engine.validation import validate_prompt, validate_sampling
 from execstate.engine.weight_update import UpdatePolicy
 from execstate.identity.scope import cache_salt
 
+if TYPE_CHECKING:
+    from execstate.engine.pd_config import ImporterFactory
+
 
 class EngineLLM:
-    def __init__(self, model: str | Path, **kwargs: Any) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+    def __init__(self, model: str | Path, *, make_importer: ImporterFactory | None = None, **kwargs: Any) -> None:
+        """``kwargs``: ``EngineConfig``'s fields (``kv_transfer``: a PD connector); ``make_importer``:
+        that connector's importer (``LLMEngine``; None: the real one)."""
+        self.engine = LLMEngine(EngineConfig(model=model, **kwargs), make_importer=make_importer)
 
     def get_tokenizer(self) -> Tokenizer | None:
         return self.engine.tokenizer

@@ -15,16 +15,18 @@ sampling, stops, streaming), ``finisher`` (``engine/finisher.py``: the one place
 so no cache reset is needed), ``failure`` (``engine/step_failure.py``: a step that raises fails
 its own requests, finish_reason ``"abort"`` with ``error`` set, and the engine goes on; only when
 shared state fails its checks afterwards does ``step`` raise ``EngineCorruptedError``) and ``pd``
-(``engine/pd_connector.py``, ``attach_pd``).
+(``engine/pd_connector.py``, from ``EngineConfig.kv_transfer``).
 
 KV connectors (the anchor is vLLM v1's KV connector, with a scheduler role and a worker role):
 the KV events (``state/kv_events/recorder.py``), the offload tiers (``engine/offload.py``: a pool side that
 writes evicted blocks back and notes their origins, a scheduler side that reloads prompts) and the
-PD connector. The first two are built in ``__init__`` before the parts that call them and given to
-those at construction, in one order (see the comment there); the block pool calls its eviction
-hooks in one documented order (``BlockPool``: write-back, route store, KV events). The PD
-connector is the one attached afterwards (``attach_pd``: the serving layer configures it once the
-engine runs): it becomes the scheduler's ``external`` source.
+PD connector (``engine/pd_connector.py``, from ``EngineConfig.kv_transfer``: its worker side
+exports and loads blocks over NIXL, its scheduler side, ``loads``, is the scheduler's ``external``
+source; ``make_importer`` / ``on_transfer``, the code it calls, are ``LLMEngine`` arguments). All
+three are built in ``__init__`` before the parts that call them and given to those at
+construction, in one order (see the comment there); the block pool calls its eviction hooks in
+one documented order (``BlockPool``: write-back, route store, KV events). None is attached or
+replaced afterwards.
 
 PD decode side: a request whose KV is loaded from a prefill instance waits in its own state
 while the others keep stepping. When every unfinished request is waiting for a load, ``step()``
@@ -83,7 +85,7 @@ from execstate.transfer.errors import TransferError
 from execstate.transfer.handoff import Handoff, wants_remote_prefill
 
 if TYPE_CHECKING:
-    from execstate.engine.pd_config import ImporterFactory, PDConfig
+    from execstate.engine.pd_config import ImporterFactory, PDConfig, TransferObserver
     from execstate.engine.pd_connector import PDConnector
 
 __all__ = ["LLMEngine", "PromptType"]
@@ -93,7 +95,11 @@ _IDLE_WAIT_S = 0.05
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, *, make_importer: ImporterFactory | None = None,
+                 on_transfer: TransferObserver | None = None) -> None:
+        """``make_importer``: how the PD connector's importer is built (None: the real one; a
+        fault-injecting one in tests and ``execstate bench pd``); ``on_transfer``: told of every
+        finished PD load (a consumer's). Both matter only with ``config.kv_transfer``."""
         t0 = time.perf_counter()
         self.config = config
         parts = EngineParts.build(config)
@@ -109,12 +115,14 @@ class LLMEngine:
         self.route_store = parts.route_store
         self._wakeup = threading.Event()
         # The connectors, built once in this order, each given to the parts that call it at their
-        # construction (state/kv_events/recorder.py, engine/offload.py; the PD connector alone comes later:
-        # attach_pd): the KV events (the pool's and the tiers' changes), the offload tiers' pool
-        # side (they report to the KV events), then the block pool with its eviction hooks in their
-        # one order (BlockPool: write-back, route store, KV events), the KV cache manager (commits
-        # reported to the KV events, origins noted for the tiers), the tiers' scheduler side, and
-        # the scheduler that consults it.
+        # construction (state/kv_events/recorder.py, engine/offload.py, engine/pd_connector.py): the
+        # KV events (the pool's and the tiers' changes), the offload tiers' pool side (they report
+        # to the KV events), then the block pool with its eviction hooks in their one order
+        # (BlockPool: write-back, route store, KV events), the KV cache manager (commits reported to
+        # the KV events, origins noted for the tiers), the PD connector (it pins and fills blocks of
+        # the pool, keys them with the manager), the tiers' scheduler side, and the scheduler that
+        # consults both (PD loads first, then the tiers); last, the weights, which tell the PD
+        # connector of a switch.
         self.kv_events: KVEvents | None = build_kv_events(config, self)
         self.offload: OffloadConnector | None = build_offload(self)
         self.block_pool = BlockPool(
@@ -129,8 +137,10 @@ class LLMEngine:
             self.r3_clock, self.kv_holds, events=self.kv_events,
             pool_units=self.offload.units if self.offload is not None else None,
         )
+        self.pd: PDConnector | None = self._build_pd(config.kv_transfer, make_importer, on_transfer)
         self.scheduler = Scheduler(self.kv_manager, config.max_num_batched_tokens, config.max_num_seqs,
                                    batch_budget=config.interactive_batch_budget,
+                                   external=self.pd.loads if self.pd is not None else None,
                                    offload=self.offload.scheduler_role(self.kv_manager) if self.offload else None)
         # per-step time breakdown (EngineConfig.step_timers), or None
         self.step_timers = (StepTimers(cpu_kernels.max_threads() if cpu_kernels.available() else 1, config.step_timers)
@@ -146,7 +156,6 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.eos_token_ids = set(mc.eos_token_ids)
-        self.pd: PDConnector | None = None
         # Structured outputs (engine/grammar/): compiled constraints, and their masks per step.
         self.grammar = (GrammarCompiler(self.tokenizer.backend, mc.vocab_size, sorted(self.eos_token_ids))
                         if self.tokenizer is not None else None)
@@ -155,7 +164,8 @@ class LLMEngine:
                                     self.kv_holds, self.grammar, config.prompt_logprobs_chunk_tokens)
         self.finisher = RequestFinisher(self.requests, self.tokenizer, self.return_routes, self.r3_clock,
                                         self.kv_holds)
-        self.weights = EngineWeights(self.model, self.requests, self.scheduler, self.kv_manager, self.finisher)
+        self.weights = EngineWeights(self.model, self.requests, self.scheduler, self.kv_manager, self.finisher,
+                                     on_switch=(self.pd.on_weights_updated,) if self.pd is not None else ())
         self.results = StepResults(self.scheduler, self.finisher, self.tokenizer, self.eos_token_ids,
                                    self.return_routes, self.r3_clock, self._export)
         self.failure = StepFailure(self.scheduler, self.requests, self.finisher, self.check_shared_state)
@@ -171,20 +181,18 @@ class LLMEngine:
         """The weight update in progress (policy drain), None when none is."""
         return self.weights.in_progress
 
-    def attach_pd(self, cfg: PDConfig, make_importer: ImporterFactory | None = None) -> PDConnector:
-        """Enable prefill/decode disaggregation in the given role (once). ``make_importer``: how
-        the decode side's importer is built (``engine/pd_connector.py``; None: the real one)."""
+    def _build_pd(self, cfg: PDConfig | None, make_importer: ImporterFactory | None,
+                  on_transfer: TransferObserver | None) -> PDConnector | None:
+        """The PD connector in ``cfg``'s role (``None`` without a config), given the parts it
+        works on (``engine/pd_connector.py``)."""
+        if cfg is None:
+            return None
         from execstate.engine.pd_connector import PDConnector  # NIXL loads only when PD is used
 
-        if self.pd is not None:
-            raise RuntimeError("a PD connector is already attached")
         route_shape = (self.model_config.num_moe_layers, self.model_config.top_k) if self.return_routes else None
-        self.pd = PDConnector(cfg, kv_pool=self.kv_pool, block_pool=self.block_pool, kv_manager=self.kv_manager,
-                              route_shape=route_shape, wake=self.wake, make_importer=make_importer)
-        if self.pd.loads is not None:
-            self.scheduler.external = self.pd.loads
-        self.weights.on_switch(self.pd.on_weights_updated)
-        return self.pd
+        return PDConnector(cfg, kv_pool=self.kv_pool, block_pool=self.block_pool, kv_manager=self.kv_manager,
+                           route_shape=route_shape, wake=self.wake, make_importer=make_importer,
+                           on_transfer=on_transfer)
 
     def wake(self) -> None:
         """End an idle ``step()``'s wait now (thread-safe: a load finished, a command arrived)."""

@@ -1,5 +1,5 @@
-"""The PD connector's configuration (``LLMEngine.attach_pd``, ``AsyncEngine.attach_pd``): what
-the serving layer builds from ``--kv-transfer-config`` (docs/contracts.md 5). Importing it loads
+"""The PD connector's configuration (``EngineConfig.kv_transfer``; the engine builds the connector
+at construction): what the serving layer builds from ``--kv-transfer-config`` (docs/contracts.md 5). Importing it loads
 no transfer machinery (NIXL is imported only when a connector is built)."""
 
 from __future__ import annotations
@@ -57,3 +57,5 @@ class PDConfig:
 
 # Builds the transfer thread's importer: (kv pool, capabilities, bulk channel, timeout_s) -> importer.
 ImporterFactory = Callable[["KVPool", "Capabilities", "NixlBulk", float], "KVImporter"]
+# Told of every finished load (a consumer's): (kv_bytes, ok, control_bytes, seconds); the metrics hook.
+TransferObserver = Callable[[int, bool, int, float], None]

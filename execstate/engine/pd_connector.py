@@ -21,14 +21,16 @@ WAITING_FOR_REMOTE_KVS and is committed between steps (``engine/pd_loads.py``: f
 fenced blocks, limits). Loaded rows are the producer's records. The last prompt token is always
 recomputed here.
 
-Construction (``LLMEngine.attach_pd``): the connector is given the engine's parts it works on,
+Construction (``LLMEngine.__init__``, from ``EngineConfig.kv_transfer``, with the engine's other KV
+connectors): the connector is given the engine's parts it works on,
 never the engine: the KV pool and block pool (exports pin blocks, loads fill them), the KV cache
 manager (block keys of an export; the current provenance for the handshake), the route shape
 (``(n_moe_layers, top_k)`` when the engine returns routes), ``wake`` (the transfer thread ends an
 idle step's wait when a load finishes) and ``make_importer`` (how the transfer thread's
 importer is built: :class:`~execstate.transfer.importer.KVImporter` unless the caller passes
-another, e.g. a fault-injecting one in tests and ``execstate bench pd``). The engine installs
-``loads`` as its scheduler's external prefix source and calls ``on_weights_updated`` after a
+another, e.g. a fault-injecting one in tests and ``execstate bench pd``) and ``on_transfer`` (told
+of every finished load: the metrics hook). The engine gives ``loads`` to its scheduler as the
+external prefix source at the scheduler's construction and calls ``on_weights_updated`` after a
 weight switch.
 
 Threads: the engine thread calls every method; the control server's thread reads the
@@ -46,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from execstate.engine.kv_cache_manager import KVCacheManager
-from execstate.engine.pd_config import ImporterFactory, PDConfig
+from execstate.engine.pd_config import ImporterFactory, PDConfig, TransferObserver
 from execstate.engine.pd_loads import LoadStats, RemoteLoads
 from execstate.engine.request import Request
 from execstate.identity.keys import BlockKey
@@ -63,7 +65,7 @@ from execstate.transfer.importer import KVImporter
 from execstate.transfer.load_worker import LoadWorker
 from execstate.transfer.manifest import FORMAT_VERSION, Capabilities, R3Format
 
-__all__ = ["ImporterFactory", "PDConfig", "PDConnector", "TransferStats"]
+__all__ = ["ImporterFactory", "PDConfig", "PDConnector", "TransferObserver", "TransferStats"]
 
 
 @dataclass
@@ -77,7 +79,7 @@ class PDConnector:
 
     def __init__(self, cfg: PDConfig, *, kv_pool: KVPool, block_pool: BlockPool, kv_manager: KVCacheManager,
                  route_shape: tuple[int, int] | None, wake: Callable[[], None],
-                 make_importer: ImporterFactory | None = None) -> None:
+                 make_importer: ImporterFactory | None = None, on_transfer: TransferObserver | None = None) -> None:
         self.cfg = cfg
         self.kv_pool = kv_pool
         self.block_size = kv_pool.block_size
@@ -107,6 +109,7 @@ class PDConnector:
             max_fenced = cfg.max_fenced_blocks or max(1, block_pool.num_blocks // 4)
             self.loads = RemoteLoads(worker, block_pool, self.block_size, route_shape is not None,
                                      cfg.failure_policy, cfg.max_inflight, max_fenced, self.stats)
+            self.loads.on_transfer = on_transfer
 
     @property
     def is_consumer(self) -> bool:
@@ -124,14 +127,9 @@ class PDConnector:
         return self.loads.worker.importer if self.loads is not None else None
 
     @property
-    def on_transfer(self) -> Callable[[int, bool, int, float], None] | None:
+    def on_transfer(self) -> TransferObserver | None:
         """Called after every load with (kv_bytes, ok, control_bytes, seconds): the metrics hook."""
         return self.loads.on_transfer if self.loads is not None else None
-
-    @on_transfer.setter
-    def on_transfer(self, fn: Callable[[int, bool, int, float], None] | None) -> None:
-        if self.loads is not None:
-            self.loads.on_transfer = fn
 
     @property
     def fenced_blocks(self) -> list[BlockId]:

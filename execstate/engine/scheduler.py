@@ -27,9 +27,8 @@ pass stays small whatever the batch load; the batch throughput given up is measu
 ``execstate bench duplex``. Steps with no interactive request give the batch classes the whole
 ``max_num_batched_tokens``.
 
-PD decode side (``external``: the PD connector's loads, the one source installed after
-construction, by ``LLMEngine.attach_pd``, since the serving layer configures PD once the engine
-runs): admission may start an asynchronous KV load instead of
+PD decode side (``external``: the PD connector's loads, given at construction like
+``offload``): admission may start an asynchronous KV load instead of
 scheduling the request; it then waits in ``loading`` (status WAITING_FOR_REMOTE_KVS, its
 blocks allocated, counted against ``max_num_seqs``) while the others keep running. Each
 ``schedule()`` first applies the loads that finished since the last step: a verified load

@@ -20,6 +20,8 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
+from execstate.engine.pd_config import PDConfig
+
 CONNECTORS: tuple[str, ...] = ("NixlConnector",)
 ROLES: tuple[str, ...] = ("kv_producer", "kv_consumer", "kv_both")
 FAILURE_POLICIES: tuple[str, ...] = ("fail", "recompute")
@@ -83,6 +85,43 @@ class KVTransferConfig:
         except json.JSONDecodeError as exc:
             raise ValueError(f"kv-transfer-config is not valid JSON: {exc}") from None
         return cls.from_dict(d)
+
+    def pd_config(self) -> PDConfig:
+        """The engine's PD connector configuration (``EngineConfig.kv_transfer``); ValueError for
+        a bad key or value, before any model is loaded. Keys read from
+        ``kv_connector_extra_config`` (all optional): ``side_channel_host`` / ``side_channel_port``
+        (the control channel, default 127.0.0.1 and a free port), ``max_inflight_transfers``
+        (default 64: exports pinned on P, loads in flight on D), ``max_transfer_bytes``,
+        ``transfer_ttl_s`` (default 60: how long P keeps an export D never released),
+        ``transfer_timeout_s``, ``kv_secret`` (the handoff and migration HMAC secret; default
+        ``$EXECSTATE_KV_SECRET``), ``kv_secret_previous`` (a list: secrets still accepted during a
+        rotation; default ``$EXECSTATE_KV_SECRET_PREVIOUS``, comma-separated),
+        ``allowed_prefill_engines`` (engine id -> ``tcp://host:port``: PD KV handoffs only),
+        ``max_fenced_blocks`` (default a quarter of the KV pool). Unknown extra keys are rejected.
+        """
+        extra = dict(self.kv_connector_extra_config or {})
+        known = {
+            "side_channel_host": "host",
+            "side_channel_port": "port",
+            "max_inflight_transfers": "max_inflight",
+            "max_transfer_bytes": "max_bytes",
+            "transfer_ttl_s": "ttl_s",
+            "transfer_timeout_s": "timeout_s",
+            "kv_secret": "secret",
+            "kv_secret_previous": "previous_secrets",
+            "allowed_prefill_engines": "allowed_prefill",
+            "max_fenced_blocks": "max_fenced_blocks",
+        }
+        unknown = sorted(set(extra) - set(known))
+        if unknown:
+            raise ValueError(f"kv_connector_extra_config: unknown key(s) {unknown}; known: {sorted(known)}")
+        return PDConfig(
+            role=self.kv_role,
+            failure_policy=self.kv_load_failure_policy,
+            routes_transfer=self.enable_routed_experts_transfer,
+            engine_id=self.engine_id,
+            **{known[k]: v for k, v in extra.items()},
+        )
 
 
 def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:

@@ -2,14 +2,15 @@
 
 Start-up order (``run_server``):
 
-1. ``--kv-transfer-config`` is parsed first (``KVTransferConfig.from_json``): a bad
-   config fails before any model is loaded.
-2. ``LLMEngine`` from the CLI flags (capacity: ``--max-num-seqs``,
+1. ``--kv-transfer-config`` is parsed first (``KVTransferConfig.from_json``, then
+   ``pd_config()``): a bad config fails before any model is loaded.
+2. ``LLMEngine`` from the CLI flags and the PD config (``EngineConfig.kv_transfer``: the engine
+   builds its PD connector with its other KV connectors, the serving metrics as its
+   ``on_transfer``) (capacity: ``--max-num-seqs``,
    ``--max-num-batched-tokens``, ``--kv-cache-memory`` / ``--num-kv-blocks``,
    ``--max-model-len``), wrapped in an ``AsyncEngine`` whose waiting queue is bounded by
    ``--max-waiting-requests`` (its thread starts).
-3. With a kv-transfer config: ``attach_kv_connector(async_engine, kv_cfg, metrics)``,
-   before the app accepts requests; its handoff trust policy goes to the app.
+3. The PD connector's handoff trust policy (``AsyncEngine.handoff_trust``) goes to the app.
 4. ``build_app`` with the request limits (``ServingLimits`` from the flags) and the handoff
    trust; the start-up summary is logged (``startup_log``: model, dtype, kernels, KV blocks,
    limits, PD role, ...);
@@ -47,7 +48,6 @@ from execstate.serve.principals import keys_from_args
 from execstate.session.runtime.manager import SessionPolicy
 from execstate.state.kv_events.config import KVEventsConfig
 from execstate.state.quotas import KINDS, Quotas
-from execstate.transfer.handoff import HandoffTrust
 from execstate.voice.engines import VoiceEngines, default_engines
 from execstate.voice.vocabulary import demo_phrases
 
@@ -57,55 +57,6 @@ if TYPE_CHECKING:
     from execstate.engine.pd_config import ImporterFactory
 
 logger = logging.getLogger(__name__)
-
-
-def attach_kv_connector(
-    async_engine: AsyncEngine, kv_cfg: KVTransferConfig, metrics: ServingMetrics | None = None,
-    make_importer: ImporterFactory | None = None,
-) -> HandoffTrust | None:
-    """Install the PD connector described by ``kv_cfg`` on the engine; returns the handoff
-    trust policy the HTTP layer checks incoming handoffs with (``None`` unless a consumer).
-    ``make_importer``: the connector's importer (``AsyncEngine.attach_pd``; None: the real one).
-
-    Called once at start-up, after the engine thread started and before any request;
-    the connector is built on the engine thread (``AsyncEngine.attach_pd``). Keys read from
-    ``kv_connector_extra_config`` (all optional): ``side_channel_host`` / ``side_channel_port``
-    (the control channel, default 127.0.0.1 and a free port), ``max_inflight_transfers``
-    (default 64: exports pinned on P, loads in flight on D), ``max_transfer_bytes``,
-    ``transfer_ttl_s`` (default 60: how long P keeps an export D never released),
-    ``transfer_timeout_s``, ``kv_secret`` (the handoff and migration HMAC secret; default
-    ``$EXECSTATE_KV_SECRET``), ``kv_secret_previous`` (a list: secrets still accepted during a
-    rotation; default ``$EXECSTATE_KV_SECRET_PREVIOUS``, comma-separated),
-    ``allowed_prefill_engines`` (engine id -> ``tcp://host:port``: PD KV handoffs only),
-    ``max_fenced_blocks`` (default a quarter of the KV pool). Unknown extra keys are rejected.
-    """
-    from execstate.engine.pd_config import PDConfig
-
-    extra = dict(kv_cfg.kv_connector_extra_config or {})
-    known = {
-        "side_channel_host": "host",
-        "side_channel_port": "port",
-        "max_inflight_transfers": "max_inflight",
-        "max_transfer_bytes": "max_bytes",
-        "transfer_ttl_s": "ttl_s",
-        "transfer_timeout_s": "timeout_s",
-        "kv_secret": "secret",
-        "kv_secret_previous": "previous_secrets",
-        "allowed_prefill_engines": "allowed_prefill",
-        "max_fenced_blocks": "max_fenced_blocks",
-    }
-    unknown = sorted(set(extra) - set(known))
-    if unknown:
-        raise ValueError(f"kv_connector_extra_config: unknown key(s) {unknown}; known: {sorted(known)}")
-    cfg = PDConfig(
-        role=kv_cfg.kv_role,
-        failure_policy=kv_cfg.kv_load_failure_policy,
-        routes_transfer=kv_cfg.enable_routed_experts_transfer,
-        engine_id=kv_cfg.engine_id,
-        **{known[k]: v for k, v in extra.items()},
-    )
-
-    return async_engine.attach_pd(cfg, make_importer, metrics.record_transfer if metrics is not None else None)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -209,13 +160,17 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
         return run_world_server(args)
     t0 = time.perf_counter()
     kv_cfg = KVTransferConfig.from_json(args.kv_transfer_config) if args.kv_transfer_config else None
+    pd = kv_cfg.pd_config() if kv_cfg is not None else None
     limits = limits_from_args(args)
     keys, policy = keys_from_args(args), policy_from_args(args)  # bad keys or targets fail before the model loads
     sharing = PrefixSharing.parse(getattr(args, "shared_prefix_group", None) or [])
     from execstate.serve.sessions.targets import MigrationTargets
 
     targets = MigrationTargets.parse(getattr(args, "migration_targets", None))
-    async_engine = AsyncEngine.from_config(engine_config_from_args(args), limits.max_waiting_requests)
+    metrics = ServingMetrics()
+    async_engine = AsyncEngine.from_config(dataclasses.replace(engine_config_from_args(args), kv_transfer=pd),
+                                           limits.max_waiting_requests, make_importer=make_importer,
+                                           on_transfer=metrics.record_transfer)
     back_engine = None
     world_host = None
     try:
@@ -223,8 +178,6 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
             back_cfg = dataclasses.replace(engine_config_from_args(args), model=args.agent_back_model,
                                            chat_template=None)  # --chat-template is the served model's
             back_engine = AsyncEngine.from_config(back_cfg, limits.max_waiting_requests)
-        metrics = ServingMetrics()
-        trust = attach_kv_connector(async_engine, kv_cfg, metrics, make_importer) if kv_cfg is not None else None
         name = args.served_model_name or str(args.model)
         app = build_app(
             async_engine,
@@ -232,7 +185,7 @@ def run_server(args: argparse.Namespace, make_importer: ImporterFactory | None =
             metrics=metrics,
             kv_transfer_config=kv_cfg,
             limits=limits,
-            handoff_trust=trust,
+            handoff_trust=async_engine.handoff_trust,
             realtime_grace_s=args.realtime_grace_s,
             agent_back_engine=back_engine,
             keys=keys,

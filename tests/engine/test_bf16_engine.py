@@ -24,9 +24,8 @@ def _prompt(seed: int, n: int) -> list[int]:
 
 
 def _engine(model_dir, dtype: str, role: str) -> LLMEngine:
-    e = LLMEngine(EngineConfig(model=str(model_dir), dtype=dtype, enable_return_routed_experts=True, block_size=16))
-    e.attach_pd(PDConfig(role=role, timeout_s=5.0, secret=SECRET))
-    return e
+    return LLMEngine(EngineConfig(model=str(model_dir), dtype=dtype, enable_return_routed_experts=True, block_size=16,
+                                  kv_transfer=PDConfig(role=role, timeout_s=5.0, secret=SECRET)))
 
 
 def _run(e: LLMEngine, ids, params=GREEDY, kv=None):

@@ -119,9 +119,8 @@ def test_pd_loaded_kv_replays_bit_for_bit(tmp_path) -> None:
     model_dir = make_random("qwen3_moe", tmp_path, seed=5)
 
     def pd_engine(role: str) -> LLMEngine:
-        e = LLMEngine(EngineConfig(model=str(model_dir), enable_return_routed_experts=True))
-        e.attach_pd(PDConfig(role=role, timeout_s=5.0, secret="bitwise-replay-test-secret-0123456789"))
-        return e
+        pd = PDConfig(role=role, timeout_s=5.0, secret="bitwise-replay-test-secret-0123456789")
+        return LLMEngine(EngineConfig(model=str(model_dir), enable_return_routed_experts=True, kv_transfer=pd))
 
     def run(e: LLMEngine, ids: list[int], params: SamplingParams, kv=None):
         rid = e.add_request({"prompt_token_ids": ids}, params, kv_transfer_params=kv)

@@ -27,14 +27,13 @@ def engine(model_dir, role: str | None = None, kernels: str = "auto", faults: di
            **pd_kw) -> LLMEngine:
     """An engine; with ``role`` a PD connector sharing SECRET; ``faults``: the decode side loads
     through a FaultyImporter (passed to the connector as its ``make_importer``)."""
-    e = LLMEngine(EngineConfig(model=str(model_dir), enable_return_routed_experts=True, block_size=16,
-                               kernels=kernels))
+    cfg = None
     if role is not None:
         pd_kw.setdefault("secret", SECRET)
         cfg = PDConfig(role=role, timeout_s=5.0, **pd_kw)
-        make_importer = None if faults is None else importer_factory(FaultInjection.from_dict(faults))
-        e.attach_pd(cfg, make_importer)
-    return e
+    make_importer = None if faults is None else importer_factory(FaultInjection.from_dict(faults))
+    return LLMEngine(EngineConfig(model=str(model_dir), enable_return_routed_experts=True, block_size=16,
+                                  kernels=kernels, kv_transfer=cfg), make_importer=make_importer)
 
 
 def run(e: LLMEngine, ids, params=GREEDY, kv=None):

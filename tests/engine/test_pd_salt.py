@@ -16,11 +16,12 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
 def engine(model_dir, role: str | None = None, **pd_kw) -> LLMEngine:
-    e = LLMEngine(EngineConfig(model=str(model_dir), enable_return_routed_experts=True, block_size=16))
+    pd = None
     if role is not None:
         pd_kw.setdefault("secret", "salt-test-handoff-secret-0123")  # P signs, D verifies
-        e.attach_pd(PDConfig(role=role, timeout_s=5.0, **pd_kw))
-    return e
+        pd = PDConfig(role=role, timeout_s=5.0, **pd_kw)
+    return LLMEngine(EngineConfig(model=str(model_dir), enable_return_routed_experts=True, block_size=16,
+                                  kv_transfer=pd))
 
 
 def run(e: LLMEngine, ids, salt, params=GREEDY, kv=None):

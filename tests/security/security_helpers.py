@@ -85,12 +85,11 @@ class Served:
 @contextmanager
 def server(model_dir: Any, engine_kw: dict[str, Any] | None = None, pd: Any = None, port: int | None = None,
            **app_kw: Any) -> Iterator[Served]:
-    """A real server on its own engine; ``pd`` (a ``PDConfig``) attaches a PD connector."""
-    cfg = EngineConfig(model=str(model_dir), seed=0, enable_return_routed_experts=True, **(engine_kw or {}))
+    """A real server on its own engine; ``pd`` (a ``PDConfig``): the engine's PD connector."""
+    cfg = EngineConfig(model=str(model_dir), seed=0, enable_return_routed_experts=True, kv_transfer=pd,
+                       **(engine_kw or {}))
     engine = AsyncEngine(LLMEngine(cfg))
     try:
-        if pd is not None:
-            engine.call(lambda e: e.attach_pd(pd))
         app = app_with(engine, **app_kw)
         with serving(app, port) as url:
             yield Served(engine, app, url)

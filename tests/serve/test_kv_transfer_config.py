@@ -109,45 +109,47 @@ def test_bad_config_fails_before_loading_the_model(tmp_path):
         run_server(args)
 
 
-def test_connector_hook_attaches_pd_and_rejects_unknown_extra_keys(model_dir):
+def test_pd_config_builds_the_connector_and_rejects_unknown_extra_keys(model_dir):
     from execstate.engine.async_engine import AsyncEngine
     from execstate.engine.config import EngineConfig
-    from execstate.engine.llm_engine import LLMEngine
-    from execstate.serve.server import attach_kv_connector
 
-    ae = AsyncEngine(LLMEngine(EngineConfig(model=str(model_dir), enable_return_routed_experts=True)))
+    def config(kv: KVTransferConfig) -> EngineConfig:
+        return EngineConfig(model=str(model_dir), enable_return_routed_experts=True, kv_transfer=kv.pd_config())
+
+    bad = KVTransferConfig.from_dict(
+        {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_connector_extra_config": {"sid": 1}}
+    )
+    with pytest.raises(ValueError, match="unknown key"):
+        bad.pd_config()
+    # fault injection is reachable only from tests (a test double), never from the config
+    faulty = KVTransferConfig.from_dict({"kv_connector": "NixlConnector", "kv_role": "kv_consumer",
+                                         "kv_connector_extra_config": {"fault_injection": {"mode": "corrupt"}}})
+    with pytest.raises(ValueError, match="unknown key.*fault_injection"):
+        faulty.pd_config()
+    short = KVTransferConfig.from_dict({"kv_connector": "NixlConnector", "kv_role": "kv_consumer",
+                                        "kv_connector_extra_config": {"kv_secret": "short"}})
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        AsyncEngine.from_config(config(short))
+    cfg = KVTransferConfig.from_dict(
+        {
+            "kv_connector": "NixlConnector",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "enable_routed_experts_transfer": True,
+            "engine_id": "unit-test",
+            "kv_connector_extra_config": {
+                "transfer_ttl_s": 3.0, "max_inflight_transfers": 2, "kv_secret": "unit-test-secret-0123456789",
+                "allowed_prefill_engines": {"p9": "tcp://10.1.2.3:5600"}, "max_fenced_blocks": 8,
+            },
+        }
+    )
+    ae = AsyncEngine.from_config(config(cfg))
     try:
-        bad = KVTransferConfig.from_dict(
-            {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_connector_extra_config": {"sid": 1}}
-        )
-        with pytest.raises(ValueError, match="unknown key"):
-            attach_kv_connector(ae, bad)
-        # fault injection is reachable only from tests (a test double), never from the config
-        faulty = KVTransferConfig.from_dict({"kv_connector": "NixlConnector", "kv_role": "kv_consumer",
-                                             "kv_connector_extra_config": {"fault_injection": {"mode": "corrupt"}}})
-        with pytest.raises(ValueError, match="unknown key.*fault_injection"):
-            attach_kv_connector(ae, faulty)
-        short = KVTransferConfig.from_dict({"kv_connector": "NixlConnector", "kv_role": "kv_consumer",
-                                            "kv_connector_extra_config": {"kv_secret": "short"}})
-        with pytest.raises(ValueError, match="at least 16 bytes"):
-            attach_kv_connector(ae, short)
-        cfg = KVTransferConfig.from_dict(
-            {
-                "kv_connector": "NixlConnector",
-                "kv_role": "kv_both",
-                "kv_load_failure_policy": "recompute",
-                "enable_routed_experts_transfer": True,
-                "engine_id": "unit-test",
-                "kv_connector_extra_config": {
-                    "transfer_ttl_s": 3.0, "max_inflight_transfers": 2, "kv_secret": "unit-test-secret-0123456789",
-                    "allowed_prefill_engines": {"p9": "tcp://10.1.2.3:5600"}, "max_fenced_blocks": 8,
-                },
-            }
-        )
-        trust = attach_kv_connector(ae, cfg)
+        trust = ae.handoff_trust
         assert trust is not None and trust.secret.current == b"unit-test-secret-0123456789"
         assert trust.allowed == {"p9": "tcp://10.1.2.3:5600"}
         pd = ae.call(lambda e: e.pd)
+        assert ae.call(lambda e: e.scheduler.external) is pd.loads
         assert pd.loads.max_fenced_blocks == 8 and pd.loads.max_inflight == 2
         assert pd.instance_id == "unit-test" and pd.cfg.failure_policy == "recompute"
         assert pd.exporter is not None and pd.importer is not None

@@ -47,8 +47,8 @@ def pair(model_dir) -> Iterator[tuple[str, str, list[AsyncEngine]]]:
     with ExitStack() as stack:
         engines = []
         for i in range(2):
-            eng = AsyncEngine(LLMEngine(engine_config(model_dir)))
-            eng.call(lambda e: e.attach_pd(PDConfig(role="kv_both", secret=SECRET, timeout_s=3.0)))
+            eng = AsyncEngine(LLMEngine(engine_config(
+                model_dir, kv_transfer=PDConfig(role="kv_both", secret=SECRET, timeout_s=3.0))))
             engines.append(eng)
             app = build_app(eng, "m", api_key=KEY, migration_targets=[urls[1 - i], DEAD])
             stack.enter_context(running_server(app, ports[i]))

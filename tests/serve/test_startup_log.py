@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -175,13 +176,12 @@ def test_cli_logging_shows_execstate_info_once(capsys) -> None:
         logger.handlers[:], logger.level = before[0], before[1]
 
 
-def test_pd_role_line_of_an_attached_producer(model_dir: Path) -> None:
-    from execstate.engine.pd_connector import PDConfig
-
+def test_pd_role_line_of_a_producer(model_dir: Path) -> None:
     kv = KVTransferConfig.from_dict({"kv_connector": "NixlConnector", "kv_role": "kv_producer", "engine_id": "p-1"})
     args = serve_args(model_dir)
-    engine = LLMEngine(server.engine_config_from_args(args))
-    pd = engine.attach_pd(PDConfig(role="kv_producer", engine_id="p-1"))
+    engine = LLMEngine(replace(server.engine_config_from_args(args), kv_transfer=kv.pd_config()))
+    pd = engine.pd
+    assert pd is not None and pd.server is not None
     try:
         line = dict(startup_lines(StartupInfo(summary_of(engine), args, kv, 0.1)))["PD role"]
     finally:

@@ -25,12 +25,11 @@ class Engines:
 
     def __call__(self, role: str = "kv_both", faults: dict | None = None, path: Path | None = None,
                  llm_kw: dict | None = None, **pd_kw) -> LLM:
-        llm = make_llm(path or self.path, **(llm_kw or {}))
         pd_kw.setdefault("secret", SECRET)
         pd_kw.setdefault("timeout_s", 5.0)
         cfg = PDConfig(role=role, **pd_kw)
         make_importer = None if faults is None else importer_factory(FaultInjection.from_dict(faults))
-        llm.engine.attach_pd(cfg, make_importer)
+        llm = make_llm(path or self.path, kv_transfer=cfg, make_importer=make_importer, **(llm_kw or {}))
         self.built.append(llm)
         return llm
 

@@ -64,7 +64,6 @@ from execstate.serve.app import build_app, serve_policy
 from execstate.serve.kv_transfer_config import KVTransferConfig
 from execstate.serve.metrics import ServingMetrics
 from execstate.serve.realtime.lm.endpoint import DEFAULT_GRACE_S
-from execstate.serve.server import attach_kv_connector
 from execstate.serve.sessions.targets import MigrationTargets
 from execstate.session.lm.async_sessions import AsyncSessions
 from execstate.state.kv_events.config import KVEventsConfig
@@ -108,16 +107,16 @@ class EngineReplica:
         host = self.host = resolve_host(host)
         events = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://{host}:0",
                                 replay_endpoint=f"tcp://{host}:0")
-        config = EngineConfig(model=model, kv_events=events, **(engine_kwargs or {}))
-        self.engine = AsyncEngine.from_config(config)
-        self.replica_id = replica_id()
-        self.role = role
-        self.block_size = config.block_size
-        metrics = ServingMetrics()
         # the PD connector (kv_both) moves a migrated session's KV; hand-overs are signed with the
         # fleet's secret (EXECSTATE_KV_SECRET, set on every replica by fleet/ray_app/app.py)
         kv = KVTransferConfig(**(kv_transfer or KV_BOTH), kv_connector_extra_config={"side_channel_host": host})
-        trust = attach_kv_connector(self.engine, kv, metrics)
+        config = EngineConfig(model=model, kv_events=events, kv_transfer=kv.pd_config(), **(engine_kwargs or {}))
+        metrics = ServingMetrics()
+        self.engine = AsyncEngine.from_config(config, on_transfer=metrics.record_transfer)
+        self.replica_id = replica_id()
+        self.role = role
+        self.block_size = config.block_size
+        trust = self.engine.handoff_trust
         rs = sessions or SessionSettings()
         policy = serve_policy(hibernate_after_s=rs.hibernate_after_s)
         sharing = rs.sharing()

@@ -20,7 +20,7 @@ thread-safe (like the engine's ``LLM``): the caller's thread is the engine's thr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from execstate.engine import llm as engine_llm
 from execstate.engine.priority import PRIORITY_INTERACTIVE
@@ -29,12 +29,15 @@ from execstate.engine.session_port import SessionPort
 from execstate.session.lm.offline import Session
 from execstate.session.lm.sessions import LMSessions
 
+if TYPE_CHECKING:
+    from execstate.engine.pd_config import ImporterFactory
+
 __all__ = ["LLM"]
 
 
 class LLM(engine_llm.EngineLLM):
-    def __init__(self, model: str | Path, **kwargs: Any) -> None:
-        super().__init__(model, **kwargs)
+    def __init__(self, model: str | Path, *, make_importer: ImporterFactory | None = None, **kwargs: Any) -> None:
+        super().__init__(model, make_importer=make_importer, **kwargs)
         self.sessions = LMSessions(self.engine, SessionPort(self.engine))
 
     def open_session(

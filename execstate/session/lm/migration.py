@@ -1,12 +1,12 @@
 """Offline session migration between two engines of one process (docs/contracts.md 6)::
 
-    llm_a.engine.attach_pd(PDConfig(role="kv_both", secret=SECRET))   # both engines, same secret
-    llm_b.engine.attach_pd(PDConfig(role="kv_both", secret=SECRET))
+    llm_a = LLM(path, kv_transfer=PDConfig(role="kv_both", secret=SECRET))   # both engines, same secret
+    llm_b = LLM(path, kv_transfer=PDConfig(role="kv_both", secret=SECRET))
     s = llm_a.open_session(...); s.step(...)        # llm_a, llm_b: execstate.LLM
     s_b = s.migrate(llm_b)            # or migrate_session(s, llm_b) -> Migrated(session, result, seconds)
     s_b.step(...)                     # the same id, the next steps equal those s would have produced
 
-Both engines need PD connectors (``LLMEngine.attach_pd``): the source one that exports
+Both engines need PD connectors (``EngineConfig.kv_transfer``): the source one that exports
 (``kv_producer`` or ``kv_both``), the target one that loads (``kv_consumer`` or ``kv_both``), with
 the same handoff secret. The protocol and its checks are the source's and the target's
 (``session/lm/migration_source.py``, ``session/lm/migration_target.py``); this driver runs both in the
