@@ -4,11 +4,11 @@ Start-up order (``run_server``):
 
 1. ``--kv-transfer-config`` is parsed first (``KVTransferConfig.from_json``, then
    ``pd_config()``): a bad config fails before any model is loaded.
-2. ``LLMEngine`` from the CLI flags and the PD config (``EngineConfig.kv_transfer``: the engine
-   builds its PD connector with its other KV connectors, the serving metrics as its
-   ``on_transfer``) (capacity: ``--max-num-seqs``,
+2. ``LLMEngine`` from the CLI flags (capacity: ``--max-num-seqs``,
    ``--max-num-batched-tokens``, ``--kv-cache-memory`` / ``--num-kv-blocks``,
-   ``--max-model-len``), wrapped in an ``AsyncEngine`` whose waiting queue is bounded by
+   ``--max-model-len``) and the PD config (``EngineConfig.kv_transfer``: the engine builds its PD
+   connector with its other KV connectors, the serving metrics' ``record_transfer`` as its
+   ``on_transfer``), wrapped in an ``AsyncEngine`` whose waiting queue is bounded by
    ``--max-waiting-requests`` (its thread starts).
 3. The PD connector's handoff trust policy (``AsyncEngine.handoff_trust``) goes to the app.
 4. ``build_app`` with the request limits (``ServingLimits`` from the flags) and the handoff

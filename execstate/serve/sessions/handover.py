@@ -104,7 +104,7 @@ def install_handover_routes(app: FastAPI, ctx: ServeContext, call: Callable[[Awa
     engine, sessions = ctx.engine, ctx.sessions
 
     async def peer() -> tuple[SecretRing, str]:
-        pd: PeerCredentials | None = await call(engine.peer())  # immutable once attached
+        pd: PeerCredentials | None = await call(engine.peer())  # fixed when the engine was built
         if pd is None:
             raise OpenAIError(400, "this instance cannot receive sessions: it needs a PD connector "
                               "(--kv-transfer-config, role kv_consumer or kv_both)", code="unsupported")
