@@ -32,9 +32,12 @@ def asr():
 ])
 def test_held_out_sentences_are_transcribed_word_for_word(text, voice, rate):
     audio = np.concatenate([silence(0.3), speech16k(text, voice, rate), silence(0.3)])
-    out = transcribe(asr(), audio)
-    assert out[:1].isupper() and out[-1] in ".?!"  # Moonshine punctuates (the end score reads it)
-    assert norm(out) == norm(text)
+    whole = asr().submit(audio).result()  # the whole utterance at once: deterministic
+    assert whole[:1].isupper() and whole[-1] in ".?!"  # Moonshine punctuates (the end score reads it)
+    assert norm(whole) == norm(text)
+    # streamed, the final may be a partial that covered the speech (which one depends on the
+    # worker's timing: its punctuation may differ), its words do not
+    assert norm(transcribe(asr(), audio)) == norm(text)
 
 
 def test_the_stream_gives_partials_while_fed_and_its_final_after():
