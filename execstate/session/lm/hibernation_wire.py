@@ -44,7 +44,6 @@ MAX_UNITS = 1 << 16
 
 _Name = Annotated[str, Meta(min_length=1, max_length=256)]
 _Key = Annotated[bytes, Meta(min_length=32, max_length=32)]
-_Secret = SecretRing | None
 T = TypeVar("T")
 
 
@@ -78,11 +77,11 @@ def digest(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def encode_manifest(m: HibernationManifest, secret: _Secret) -> bytes:
+def encode_manifest(m: HibernationManifest, secret: SecretRing | None) -> bytes:
     return seal(msgspec.msgpack.encode(m), secret, MANIFEST_DOMAIN)
 
 
-def decode_manifest(data: bytes, secret: _Secret, require_signature: bool) -> HibernationManifest:
+def decode_manifest(data: bytes, secret: SecretRing | None, require_signature: bool) -> HibernationManifest:
     payload, _ = open_envelope(data, secret, MANIFEST_DOMAIN, what="hibernated session manifest",
                                max_bytes=MAX_OFFER_BYTES, require_signature=require_signature,
                                no_secret="this engine has no offload secret (offload_secret / EXECSTATE_KV_SECRET)")
@@ -93,7 +92,7 @@ def encode_reference(r: HibernationReference, secret: SecretRing) -> bytes:
     return seal(msgspec.msgpack.encode(r), secret, REFERENCE_DOMAIN)
 
 
-def decode_reference(data: bytes, secret: _Secret) -> HibernationReference:
+def decode_reference(data: bytes, secret: SecretRing | None) -> HibernationReference:
     payload, _ = open_envelope(data, secret, REFERENCE_DOMAIN, what="hibernation reference",
                                max_bytes=MAX_REFERENCE_BYTES, require_signature=True,
                                no_secret="this engine has no shared secret (offload_secret / EXECSTATE_KV_SECRET)")

@@ -39,8 +39,6 @@ from execstate.session.runtime.events import (
 )
 from execstate.session.runtime.migration import MigrationError
 
-Secret = SecretRing | None
-
 MAX_EVENTS = 4096
 
 _Count = Annotated[int, Meta(ge=0, le=(1 << 63) - 1)]
@@ -111,13 +109,13 @@ def queue_from_wire(ev: WireEvents, kinds: Mapping[str, EventKind], max_pending:
 
 
 # -- envelope -------------------------------------------------------------------------------------
-def seal(payload: bytes, secret: Secret, domain: bytes) -> bytes:
+def seal(payload: bytes, secret: SecretRing | None, domain: bytes) -> bytes:
     """The envelope's bytes (signed with the current secret when one is given)."""
     sig = None if secret is None else secret.sign(domain, payload)
     return msgspec.msgpack.encode(SignedEnvelope(payload, sig))
 
 
-def open_envelope(data: bytes, secret: Secret, domain: bytes, *, what: str, max_bytes: int,
+def open_envelope(data: bytes, secret: SecretRing | None, domain: bytes, *, what: str, max_bytes: int,
                   require_signature: bool, no_secret: str) -> tuple[bytes, bool]:
     """The payload in ``data`` and whether its signature verified. ``invalid``: not bytes, over
     ``max_bytes``, a malformed envelope; ``unauthorized``: a signature that does not verify, a
@@ -134,9 +132,8 @@ def open_envelope(data: bytes, secret: Secret, domain: bytes, *, what: str, max_
         if require_signature:
             raise MigrationError("unauthorized", f"an unsigned {what} (this side requires a signature)")
         return env.payload, False
-    ring = secret
-    if ring is None:
+    if secret is None:
         raise MigrationError("unauthorized", f"the {what} is signed but {no_secret}")
-    if not ring.verify(domain, env.payload, env.signature):
+    if not secret.verify(domain, env.payload, env.signature):
         raise MigrationError("unauthorized", f"the {what}'s signature does not match (tampered, or another secret)")
     return env.payload, True
