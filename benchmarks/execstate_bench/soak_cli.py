@@ -20,6 +20,11 @@ def add_soak_parser(bsub: argparse._SubParsersAction) -> None:
     b.add_argument("--max-rss-mb", type=float, default=6000.0,
                    help="stop early when the server's RSS passes this (a shared machine's memory; the report "
                         "says so) (default: %(default)s)")
+    b.add_argument("--ray", action="store_true",
+                   help="soak a Ray Serve fleet (execstate serve MODEL --ray) instead of one server, with a replica "
+                        "SIGKILLed mid-load and a rolling weight update among the faults (default: one server)")
+    b.add_argument("--replicas", type=int, default=2, help="with --ray: the fleet's engine replicas "
+                                                           "(default: %(default)s)")
     b.add_argument("--out", default=None, help="write the report (JSON) here")
     b.add_argument("--png", default=None, help="write the plot over time (PNG) here")
 
@@ -28,8 +33,13 @@ def run_soak_cli(args: argparse.Namespace) -> int:
     from execstate_bench.soak import run_soak
     from execstate_bench.soak_plot import plot_soak
 
-    report = run_soak(args.minutes, args.clients, args.period, args.threads,
-                      tuple(s for s in args.skip.split(",") if s), args.max_rss_mb)
+    skip = tuple(s for s in args.skip.split(",") if s)
+    if args.ray:
+        from execstate_bench.soak_ray import run_ray_soak
+
+        report = run_ray_soak(args.minutes, args.clients, args.replicas, args.period, args.threads, skip)
+    else:
+        report = run_soak(args.minutes, args.clients, args.period, args.threads, skip, args.max_rss_mb)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)
@@ -39,5 +49,7 @@ def run_soak_cli(args: argparse.Namespace) -> int:
     print(json.dumps({"operations": report["operations"], "faults": [w["fault"] for w in report["faults"]],
                       "verdict": {k: v[k] for k in ("rss", "fds", "threads", "leaked_blocks", "met")},
                       "unexpected_5xx": v["unexpected_5xx"]["count"],
-                      "p99_trend_met": v["p99_trend"]["met"]}, indent=1))
+                      "p99_trend_met": v["p99_trend"]["met"],
+                      **({"fleet": {k: report["fleet"][k] for k in ("errors", "probe", "resumed_total")}}
+                         if args.ray else {})}, indent=1))
     return 0 if v["met"] else 1
