@@ -24,6 +24,7 @@ import contextlib
 import random
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,14 +105,15 @@ async def _client(s: hc.Soak, seed: int, stop: asyncio.Event, audio: bytes, weig
 
 
 async def _sampler(s: hc.Soak, pid: int, period: float, samples: list[Sample], stop: asyncio.Event,
-                   max_rss_mb: float) -> None:
-    """A sample every ``period``; past ``max_rss_mb`` the soak stops early (a shared machine's memory)."""
+                   max_rss_mb: float, sample: Callable[..., Awaitable[Sample]] | None = None) -> None:
+    """A sample every ``period`` (``sample``: default one server's, ``_sample``); past ``max_rss_mb``
+    the soak stops early (a shared machine's memory)."""
     last = s.now()
     while not stop.is_set():
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), period)
         now = s.now()
-        samples.append(await _sample(s, pid, s.tally.between(last, now), now))
+        samples.append(await (sample or _sample)(s, pid, s.tally.between(last, now), now))
         last = now
         if samples[-1].rss_mb > max_rss_mb:
             s.stopped_early = f"the server's RSS passed {max_rss_mb:g} MB at {now:.0f} s"

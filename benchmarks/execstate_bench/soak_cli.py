@@ -19,7 +19,8 @@ def add_soak_parser(bsub: argparse._SubParsersAction) -> None:
                                                "surface a trend comes from) (default: none)")
     b.add_argument("--max-rss-mb", type=float, default=6000.0,
                    help="stop early when the server's RSS passes this (a shared machine's memory; the report "
-                        "says so) (default: %(default)s)")
+                        "says so); with --ray, the fleet's processes together may hold replicas + 1 times it "
+                        "(default: %(default)s)")
     b.add_argument("--ray", action="store_true",
                    help="soak a Ray Serve fleet (execstate serve MODEL --ray) instead of one server, with a replica "
                         "SIGKILLed mid-load and a rolling weight update among the faults (default: one server)")
@@ -37,7 +38,8 @@ def run_soak_cli(args: argparse.Namespace) -> int:
     if args.ray:
         from execstate_bench.soak_ray import run_ray_soak
 
-        report = run_ray_soak(args.minutes, args.clients, args.replicas, args.period, args.threads, skip)
+        report = run_ray_soak(args.minutes, args.clients, args.replicas, args.period, args.threads, skip,
+                              args.max_rss_mb * (args.replicas + 1))
     else:
         report = run_soak(args.minutes, args.clients, args.period, args.threads, skip, args.max_rss_mb)
     if args.out:

@@ -27,6 +27,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,8 +65,10 @@ def unmount(directory: Path) -> None:
     subprocess.run(["umount", str(directory)], capture_output=True)
 
 
-async def run_faults(s: Soak, f: Faults, duration_s: float, stop: asyncio.Event) -> None:
-    plan = [(0.15, redis_pause), (0.30, redis_full), (0.45, redis_down), (0.60, disk_full), (0.75, bursts)]
+async def run_faults(s: Soak, f: Faults, duration_s: float, stop: asyncio.Event,
+                     plan: list[tuple[float, Callable[[Any, Faults], Awaitable[None]]]] | None = None) -> None:
+    """The faults of ``plan`` (default: the table above), each at its fraction of the run, in turn."""
+    plan = plan or [(0.15, redis_pause), (0.30, redis_full), (0.45, redis_down), (0.60, disk_full), (0.75, bursts)]
     for at, fault in plan:
         delay = at * duration_s - s.now()
         if delay > 0:

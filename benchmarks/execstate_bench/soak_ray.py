@@ -1,7 +1,8 @@
 """``execstate bench soak --ray``: the soak against a Ray Serve fleet (``execstate serve MODEL --ray``).
 
 The fleet is ``execstate serve MODEL --ray --replicas N`` in its own process (its own local Ray
-cluster, loopback only), serving the soak's random MoE with the two tenants' keys and a
+cluster, loopback only), serving the soak's random MoE with the two tenants' keys (sessions left
+open expire after 30 s, ``--session-idle-ttl``, as on the single server) and a
 ``redis-server`` of its own as every replica's shared tier (``--offload-redis-url``; each replica
 copies its live sessions there every second, ``--session-copy-every``). Its replicas run
 ``OMP_NUM_THREADS = max(1, threads // N)`` kernel threads each.
@@ -47,6 +48,7 @@ import asyncio
 import contextlib
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -63,8 +65,8 @@ from execstate_bench import soak_ray_faults as rf
 from execstate_bench.machine import cpu_name, loadavg
 from execstate_bench.pd_cluster import free_port
 from execstate_bench.redis_server import RedisServer, redis_server_available
-from execstate_bench.soak import KEYS, WEIGHTS, _client, build_model, log_problems
-from execstate_bench.soak_faults import Faults, bursts, redis_down, redis_full, redis_pause
+from execstate_bench.soak import KEYS, WEIGHTS, _client, _sampler, build_model, log_problems
+from execstate_bench.soak_faults import Faults, bursts, redis_down, redis_full, redis_pause, run_faults
 from execstate_bench.soak_record import Sample, Tally, is_server_error, parse_metrics, verdict, window_stats
 
 RAY_WEIGHTS = {k: v for k, v in WEIGHTS.items() if k != "world"}
@@ -173,26 +175,8 @@ async def _faults(s: FleetSoak, f: Faults, fleet: dict[str, Any], duration: floa
     async def no_disk(s: FleetSoak, f: Faults) -> None:
         f.window("disk_full", s.now(), s.now(), "skipped: the CLI's fleet has no disk tier")
 
-    plan = [(0.0, no_disk), (0.10, redis_pause), (0.18, redis_full), (0.26, redis_down), (0.36, kill),
-            (0.50, update), (0.58, bursts)]
-    for at, fault in plan:
-        delay = at * duration - s.now()
-        if delay > 0:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
-        if stop.is_set():
-            return
-        await fault(s, f)
-
-
-async def _sampler(s: FleetSoak, pid: int, period: float, samples: list[Sample], stop: asyncio.Event) -> None:
-    last = s.now()
-    while not stop.is_set():
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), period)
-        now = s.now()
-        samples.append(await _fleet_sample(s, pid, s.tally.between(last, now), now))
-        last = now
+    await run_faults(s, f, duration, stop, [(0.0, no_disk), (0.10, redis_pause), (0.18, redis_full),
+                                            (0.26, redis_down), (0.36, kill), (0.50, update), (0.58, bursts)])
 
 
 async def _drain(s: FleetSoak, residents: list[rf.Resident], timeout_s: float = 120.0) -> float:
@@ -212,7 +196,7 @@ async def _drain(s: FleetSoak, residents: list[rf.Resident], timeout_s: float = 
 
 
 async def _soak(url: str, pid: int, minutes: float, clients: int, period: float, faults: Faults,
-                fleet: dict[str, Any], audio: bytes, weights: dict[str, int]) -> dict[str, Any]:
+                fleet: dict[str, Any], audio: bytes, weights: dict[str, int], max_rss_mb: float) -> dict[str, Any]:
     duration, stop = minutes * 60, asyncio.Event()
     tally, samples = Tally(), list[Sample]()
     holder: list[FleetSoak] = []
@@ -229,7 +213,7 @@ async def _soak(url: str, pid: int, minutes: float, clients: int, period: float,
         tasks = [asyncio.create_task(_client(s, i, stop, audio, weights)) for i in range(clients)]
         tasks += [asyncio.create_task(rf.residents_loop(s, residents, stop)),
                   asyncio.create_task(rf.version_probe(s, fleet["probe"], stop)),
-                  asyncio.create_task(_sampler(s, pid, period, samples, stop))]
+                  asyncio.create_task(_sampler(s, pid, period, samples, stop, max_rss_mb, _fleet_sample))]
         fault_task = asyncio.create_task(_faults(s, faults, fleet, duration, stop))
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), duration)
@@ -251,7 +235,8 @@ async def _soak(url: str, pid: int, minutes: float, clients: int, period: float,
                            "met": not errors["unexpected"]}
     v["met"] = all(v[k]["met"] for k in ("rss", "fds", "leaked_blocks", "unexpected_5xx", "p99_trend"))
     return {"minutes": minutes, "clients": clients, "surfaces": sorted(weights), "warmup_s": warmup,
-            "operations": len(tally.ops), "totals": dict(sorted(totals.items())), "faults": faults.windows,
+            "stopped_early": s.stopped_early, "operations": len(tally.ops), "totals": dict(sorted(totals.items())),
+            "faults": faults.windows,
             "samples": [vars(x) for x in samples], "verdict": v,
             "fleet": _fleet_section(fleet, errors, final, [r for r in results if isinstance(r, BaseException)])}
 
@@ -293,7 +278,7 @@ def start_fleet(model: Path, keys_file: Path, redis: RedisServer | None, replica
     env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS=each, MKL_NUM_THREADS=each)
     args = [sys.executable, "-m", "execstate", "serve", str(model), "--ray", "--replicas", str(replicas), "--port",
             str(port), "--served-model-name", hc.NAME, "--enable-return-routed-experts", "--api-keys-file",
-            str(keys_file), "--session-copy-every", "1"]
+            str(keys_file), "--session-copy-every", "1", "--session-idle-ttl", "30"]
     if redis is not None:
         args += ["--offload-redis-url", redis.url]
     with open(log, "wb") as fh:
@@ -335,8 +320,9 @@ def stop_fleet(proc: subprocess.Popen) -> None:
 
 
 def run_ray_soak(minutes: float = 2.0, clients: int = 4, replicas: int = 2, period: float | None = None,
-                 threads: int = 2, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The fleet soak (module docstring); its report (``soak.run_soak``'s, plus ``fleet``)."""
+                 threads: int = 2, skip: tuple[str, ...] = (), max_rss_mb: float = 18000.0) -> dict[str, Any]:
+    """The fleet soak (module docstring); its report (``soak.run_soak``'s, plus ``fleet``).
+    ``max_rss_mb``: the RSS guard, on the sum over the fleet's processes."""
     unknown = sorted(set(skip) - set(RAY_WEIGHTS))
     if unknown:
         raise ValueError(f"unknown soak operation(s) for --ray {unknown}; known: {sorted(RAY_WEIGHTS)}")
@@ -363,7 +349,7 @@ def run_ray_soak(minutes: float = 2.0, clients: int = 4, replicas: int = 2, peri
         audio = ws.speech() if "voice" in weights else b""
         fleet = {"replicas": replicas, "probe": probe, "v1": v1, "ready_s": round(ready_s, 1)}
         report = asyncio.run(_soak(url, proc.pid, minutes, clients, period or max(2.0, minutes * 60 / 120),
-                                   Faults(redis, None, False), fleet, audio, weights))
+                                   Faults(redis, None, False), fleet, audio, weights, max_rss_mb))
         report["fleet"]["ready_s"] = fleet["ready_s"]
         report["fleet"]["alive_at_end"] = proc.poll() is None
     finally:
@@ -371,6 +357,7 @@ def run_ray_soak(minutes: float = 2.0, clients: int = 4, replicas: int = 2, peri
         if redis is not None:
             redis.kill()
     report["server_problems"] = log_problems(log.read_text(errors="replace"))
+    shutil.rmtree(work, ignore_errors=True)
     report.update(ray=True, cpu=cpu_name(), loadavg_before=load_before, loadavg_after=loadavg(),
                   disk_tier="none (the CLI's fleet has no disk tier)", redis=redis is not None)
     return report

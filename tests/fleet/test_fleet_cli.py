@@ -30,3 +30,19 @@ def test_the_cluster_options_need_ray(extra, capsys):
     assert main(["serve", "m", *extra]) == 2
     err = capsys.readouterr().err
     assert extra[0] in err and "add --ray" in err
+
+
+def test_the_fleet_honours_the_session_options():
+    """--session-idle-ttl reaches the replicas' session settings (it used to be dropped on --ray, so
+    sessions a client left open never expired below the fixed default)."""
+    pytest.importorskip("ray")
+    from execstate.fleet.ray_app.app import fleet_session_settings
+    from execstate.serve.app import DEFAULT_IDLE_TTL_S
+
+    args = build_parser().parse_args(["serve", "m", "--ray", "--session-idle-ttl", "30", "--session-copy-every",
+                                      "2", "--session-hibernate-after", "45"])
+    got = fleet_session_settings(args)
+    assert (got.idle_ttl_s, got.copy_every_s, got.hibernate_after_s) == (30.0, 2.0, 45.0)
+    never = fleet_session_settings(build_parser().parse_args(["serve", "m", "--ray", "--session-idle-ttl", "0"]))
+    assert never.idle_ttl_s is None
+    assert fleet_session_settings(build_parser().parse_args(["serve", "m", "--ray"])).idle_ttl_s == DEFAULT_IDLE_TTL_S

@@ -53,7 +53,7 @@ from execstate.fleet.ray_app.request_router import ExecstateRequestRouter
 from execstate.fleet.ray_app.session_settings import SessionSettings
 from execstate.identity.secret_ring import SECRET_ENV
 
-__all__ = ["NODE_IP", "fleet_app", "run_fleet", "watch_fleet"]
+__all__ = ["NODE_IP", "fleet_app", "fleet_session_settings", "run_fleet", "watch_fleet"]
 logger = logging.getLogger("execstate.fleet")
 INGRESS = "FleetIngress"
 ENGINES = "EngineReplica"
@@ -154,8 +154,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     kwargs = {"block_size": args.block_size, "seed": args.seed, "enable_return_routed_experts":
               args.enable_return_routed_experts, "max_model_len": args.max_model_len, "dtype": args.dtype,
               "kernels": args.kernels, "chat_template": getattr(args, "chat_template", None)}
-    settings = SessionSettings(args.session_hibernate_after, args.session_copy_every or None, args.api_keys_file,
-                               tuple(getattr(args, "shared_prefix_group", None) or ()))
+    settings = fleet_session_settings(args)
     app = fleet_app(str(args.model), args.replicas, args.served_model_name, kwargs,
                     shared_tier=args.offload_redis_url, sessions=settings,
                     realtime_grace_s=args.realtime_grace_s, pd=pd, replica_host=args.replica_host,
@@ -169,6 +168,14 @@ def run_fleet(args: argparse.Namespace) -> int:
         serve.shutdown()
         ray.shutdown()
     return 0
+
+
+def fleet_session_settings(args: argparse.Namespace) -> SessionSettings:
+    """The session settings ``execstate serve --ray`` gives every replica and the ingress, from its
+    options: ``--session-hibernate-after``, ``--session-copy-every``, ``--api-keys-file``,
+    ``--shared-prefix-group`` and ``--session-idle-ttl`` (as on one server)."""
+    return SessionSettings(args.session_hibernate_after, args.session_copy_every or None, args.api_keys_file,
+                           tuple(getattr(args, "shared_prefix_group", None) or ()), args.session_idle_ttl)
 
 
 def watch_fleet(app: Application, ready: str, poll_s: float = 1.0, max_backoff_s: float = 60.0) -> None:

@@ -118,7 +118,7 @@ class EngineReplica:
         self.block_size = config.block_size
         trust = self.engine.handoff_trust
         rs = sessions or SessionSettings()
-        policy = serve_policy(hibernate_after_s=rs.hibernate_after_s)
+        policy = serve_policy(idle_ttl_s=rs.idle_ttl_s, hibernate_after_s=rs.hibernate_after_s)
         sharing = rs.sharing()
         self.sessions = AsyncSessions(self.engine, policy, sharing)
         self.app = build_app(self.engine, served_model_name, metrics=metrics, handoff_trust=trust,

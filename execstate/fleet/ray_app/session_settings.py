@@ -10,7 +10,9 @@
   routes a prompt by the keys of its caller's cache scope). None: an open fleet (one tenant,
   ``local``);
 - ``shared_prefix_groups``: the operator's shared prefix groups (``--shared-prefix-group``), the
-  same on every replica and the ingress.
+  same on every replica and the ingress;
+- ``idle_ttl_s``: a detached session unused this long expires on its replica
+  (``--session-idle-ttl``, as on one server; None: never).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from execstate.identity.scope import PrefixSharing
+from execstate.serve.app import DEFAULT_IDLE_TTL_S
 from execstate.serve.principals import KeyRing
 
 DEFAULT_COPY_EVERY_S = 1.0
@@ -29,9 +32,10 @@ class SessionSettings:
     copy_every_s: float | None = DEFAULT_COPY_EVERY_S
     api_keys_file: str | None = None
     shared_prefix_groups: tuple[str, ...] = ()
+    idle_ttl_s: float | None = DEFAULT_IDLE_TTL_S
 
     def __post_init__(self) -> None:
-        for name in ("hibernate_after_s", "copy_every_s"):
+        for name in ("hibernate_after_s", "copy_every_s", "idle_ttl_s"):
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise ValueError(f"{name} must be > 0 s or None, got {v!r}")
