@@ -73,7 +73,7 @@ def plot_soak(report: dict[str, Any], path: str | Path) -> None:
                          rotation=90, va="top")
     v = report["verdict"]
     fig.suptitle(f"execstate bench soak: {report['minutes']:g} min, {report['clients']} clients, "
-                 f"{report['operations']} operations; goals {'met' if v['met'] else 'NOT met'} "
+                 f"{report['operations']} operations; goals {'met' if v['met'] else 'NOT met'}\n"
                  f"(RSS {v['rss']['change']:+.1%} at the end, {rss.get('max_deviation', float('nan')):+.1%} at most; "
                  f"fds {v['fds']['change']:+.1%}, leaked blocks "
                  f"{v['leaked_blocks']['value']:g}, unexpected 5xx {v['unexpected_5xx']['count']})", fontsize=10)
