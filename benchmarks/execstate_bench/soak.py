@@ -40,6 +40,12 @@ from execstate_bench.soak_record import Sample, Tally, parse_metrics, proc_stats
 
 KEYS = ("soak-key-tenant-a-0001", "soak-key-tenant-b-0002")
 DISK_TIER_MIB = 16  # the disk tier's capacity: half its tmpfs, which is full only while the fault fills it
+# Warm-up (the verdict's flat checks start after it): the server's memories bounded by a count fill
+# first. At this mix (4 clients) the offload tiers are full after 2-3 minutes and the LM sessions'
+# ended-session memory (the last 1024 per kind, kept for their refusals) after 7-9 minutes (measured
+# in the 60-minute runs); 10 minutes covers both. A world session's memory fills only after about
+# 35 minutes, but an ended world session holds no tensors, so filling it moves RSS little.
+WARMUP_S = 600.0
 WEIGHTS = {"completion": 3, "completion_sse": 3, "chat_sse": 2, "tools": 1, "structured": 1, "echo": 1,
            "http_session": 2, "realtime": 2, "agent": 1, "voice": 1, "world": 1}
 
@@ -179,7 +185,7 @@ async def _soak(url: str, pid: int, minutes: float, clients: int, period: float,
         await asyncio.gather(*tasks, fault_task, return_exceptions=True)
         end = s.now()
         leaked = await _drain(s)
-    warmup = min(0.2 * duration, 600.0)
+    warmup = min(0.2 * duration, WARMUP_S)
     totals: dict[str, int] = {}
     for o in tally.ops:
         totals[f"{o.surface}:{o.outcome}"] = totals.get(f"{o.surface}:{o.outcome}", 0) + 1

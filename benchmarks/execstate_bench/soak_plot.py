@@ -1,6 +1,7 @@
 """The soak's PNG: what was recorded over time (``soak.py``), fault windows shaded in every panel.
 
-Four panels sharing the time axis: the server's RSS (MB) with its open fds and threads; the KV
+Four panels sharing the time axis: the server's RSS (MB) with its open fds and threads (the warm-up's
+end dotted, the band of 5 % around RSS after warm-up shaded); the KV
 blocks in use, tier units per tier and live sessions / agents / world sessions; each surface's p99
 per window (seconds, log scale); the outcomes that were not a success per window (4xx from the
 bursts, cut clients, any 5xx), by outcome.
@@ -25,6 +26,12 @@ def plot_soak(report: dict[str, Any], path: str | Path) -> None:
     ax = axes[0]
     ax.plot(t, [s["rss_mb"] for s in samples], color="tab:blue", label="RSS (MB)")
     ax.set_ylabel("RSS (MB)")
+    rss = report["verdict"]["rss"]
+    if "max_deviation" in rss:  # the goal's band: within 5 % of the first sample after warm-up
+        base = rss["after_warmup"]
+        ax.axvline(report["warmup_s"] / 60, color="tab:blue", linestyle=":", linewidth=1)
+        ax.axhspan(base * 0.95, base * 1.05, xmin=0, xmax=1, color="tab:blue", alpha=0.08,
+                   label="after warm-up +/- 5 %")
     twin = ax.twinx()
     twin.plot(t, [s["fds"] for s in samples], color="tab:orange", label="open fds")
     twin.plot(t, [s["threads"] for s in samples], color="tab:green", label="threads")
@@ -66,8 +73,9 @@ def plot_soak(report: dict[str, Any], path: str | Path) -> None:
                          rotation=90, va="top")
     v = report["verdict"]
     fig.suptitle(f"execstate bench soak: {report['minutes']:g} min, {report['clients']} clients, "
-                 f"{report['operations']} operations; goals {'met' if v['met'] else 'NOT met'} "
-                 f"(RSS {v['rss']['change']:+.1%}, fds {v['fds']['change']:+.1%}, leaked blocks "
+                 f"{report['operations']} operations; goals {'met' if v['met'] else 'NOT met'}\n"
+                 f"(RSS {v['rss']['change']:+.1%} at the end, {rss.get('max_deviation', float('nan')):+.1%} at most; "
+                 f"fds {v['fds']['change']:+.1%}, leaked blocks "
                  f"{v['leaked_blocks']['value']:g}, unexpected 5xx {v['unexpected_5xx']['count']})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)

@@ -8,8 +8,11 @@
   per tier, sessions by kind and state; with each window's per-surface p50/p99 and outcomes.
 - :func:`verdict`: the goals, each with the figures it was judged on:
 
-  - RSS and fds flat after warm-up: the mean of the last tenth of the samples within
-    ``flat_tolerance`` (5 %) of the first sample after warm-up;
+  - RSS flat after warm-up: every sample after warm-up within ``flat_tolerance`` (5 %) of the first
+    sample after warm-up (``max_deviation``: the sample furthest from it, signed);
+  - fds flat after warm-up: the mean of the last tenth of the samples within ``flat_tolerance`` of
+    the first sample after warm-up (a sample counts the connections open at that moment, so single
+    samples swing by a few; ``max_deviation`` is reported too);
   - 0 leaked blocks: none in use once every client left and every session it opened was closed;
   - 0 unexpected 5xx: server errors (HTTP >= 500, a socket's ``server_error``) outside the windows
     of faults that inject them (on ``--ray``: a replica killed);
@@ -115,12 +118,16 @@ def verdict(samples: list[Sample], tally: Tally, warmup_s: float, end_s: float, 
     after = [s for s in samples if s.t >= warmup_s] or samples
     tail = after[-max(1, len(after) // 10):]
 
-    def flat(name: str) -> dict[str, Any]:
-        base = float(getattr(after[0], name))
+    def flat(name: str, strict: bool = False) -> dict[str, Any]:
+        values = [float(getattr(s, name)) for s in after if not math.isnan(float(getattr(s, name)))]
+        base = values[0]
         last = sum(float(getattr(s, name)) for s in tail) / len(tail)
         change = (last - base) / base if base else 0.0
+        worst = max(values, key=lambda v: abs(v - base))
+        deviation = (worst - base) / base if base else 0.0
         return {"after_warmup": round(base, 1), "end": round(last, 1), "change": round(change, 4),
-                "met": abs(change) <= flat_tolerance}
+                "min": round(min(values), 1), "max": round(max(values), 1), "max_deviation": round(deviation, 4),
+                "met": abs(deviation if strict else change) <= flat_tolerance}
 
     unexpected = [asdict(o) for o in tally.ops if is_server_error(o.outcome)
                   and not any(a <= o.t <= b for a, b in injected)]
@@ -130,7 +137,7 @@ def verdict(samples: list[Sample], tally: Tally, warmup_s: float, end_s: float, 
     trend = {s: {"first_third_p99_s": round(p99_first[s], 3), "last_third_p99_s": round(p99_last[s], 3),
                  "met": p99_last[s] <= 1.5 * p99_first[s] + 0.5}
              for s in sorted(set(p99_first) & set(p99_last))}
-    out: dict[str, Any] = {"rss": flat("rss_mb"), "fds": flat("fds"), "threads": flat("threads"),
+    out: dict[str, Any] = {"rss": flat("rss_mb", strict=True), "fds": flat("fds"), "threads": flat("threads"),
            "leaked_blocks": {"value": leaked_blocks, "met": leaked_blocks == 0},
            "unexpected_5xx": {"count": len(unexpected), "first": unexpected[:5], "met": not unexpected},
            "p99_trend": {"surfaces": trend, "met": all(v["met"] for v in trend.values())}}

@@ -42,6 +42,13 @@ from execstate.state.block_holds import BlockHolds, HeldBlocks
 from execstate.state.block_pool import BlockId, BlockPool
 from execstate.state.kv_pool import KVPool
 
+_NOTHING = torch.empty(0)  # what a released state's tensors become (never written to)
+
+
+def emptied(prompt: PromptKV) -> PromptKV:
+    """``prompt``'s text and version without its K/V."""
+    return PromptKV(prompt.version, prompt.prompt, _NOTHING, _NOTHING)
+
 
 class WorldStore:
     """The model and the K/V storage shared by the sessions of one ``World``."""
@@ -99,11 +106,16 @@ class WorldSaved:
     released: bool = field(default=False, init=False)
 
     def release(self) -> None:
+        """Unpin the chunks once and drop the control state's tensors (a released checkpoint is
+        never restored: only its prompt's text and version stay)."""
         if self.released:
             return
         self.released = True
         for rec in reversed(self.table):
             self.holds.release(rec)
+        self.table = []
+        c = self.control
+        self.control = WorldControl(_NOTHING, _NOTHING, emptied(c.prompt), c.held, c.history, c.n_chunks, c.camera)
 
     def block_ids(self) -> set[int]:
         return {b for rec in self.table for b in rec.block_ids}
@@ -162,9 +174,14 @@ class WorldState:
                 src.release()
 
     def release(self) -> None:
+        """Unpin the chunks and drop the carry and the prompt's K/V: an ended session keeps only
+        what ``describe`` shows (its prompt's text and version, the chunk count), not its tensors,
+        for as long as the manager remembers it. A step in flight computed from its own copies
+        and finds the state released at commit."""
         if not self.released:
             self.released = True
             self._drop_table()
+            self.carry, self.prompt = _NOTHING, emptied(self.prompt)
 
     def chain(self) -> tuple[BlockKey, list[int]]:
         return self.history, []
