@@ -125,6 +125,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                     help="turn policies to compare: SILENCE:SENTENCE_END_SILENCE (s; 'none': no sentence-end cue)")
     bd.add_argument("--step-tokens", type=int, default=4, help="tokens per front step")
     bd.add_argument("--load-tasks", type=int, default=10, help="concurrent back-end model tasks in the load part")
+    bd.add_argument("--batch-budgets", default="",
+                    help="more batch budgets (tokens per step, comma-separated) to measure the front under in the "
+                    "load part")
     bd.add_argument("--threads", type=int, default=1)
     bd.add_argument("--seed", type=int, default=0)
     bd.add_argument("--png", default=None, help="write the timeline of the first conversation here")
@@ -327,7 +330,8 @@ def _bench(args: argparse.Namespace) -> int:
         report = run_duplex_bench(
             model=args.model, parts=tuple(args.parts.split(",")), conversations=args.conversations, turns=args.turns,
             policies=tuple(_policy(x) for x in args.policies.split(",")), step_tokens=args.step_tokens,
-            load_tasks=args.load_tasks, threads=args.threads, seed=args.seed, png=args.png)
+            load_tasks=args.load_tasks, threads=args.threads, seed=args.seed, png=args.png,
+            batch_budgets=tuple(int(b) for b in args.batch_budgets.split(",") if b.strip()))
         print(json.dumps(report, indent=2) if args.json else format_duplex_table(report))
         return 0
     if args.bench_cmd == "voice":

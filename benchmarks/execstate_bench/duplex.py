@@ -14,7 +14,8 @@ Parts, each on a fresh ``AsyncEngine`` of the front model (``smollm2-135m`` by d
    the front in the interactive class (with the engine's batch budget under interactive steps,
    ``EngineConfig.interactive_batch_budget``, and without one), and with the front in the batch
    class (no priority). The back end's completed tasks per second show the batch throughput
-   the budget gives up.
+   the budget gives up. ``batch_budgets``: more budgets to measure the interactive front under
+   (``load_front_interactive_budget_N``, on the same conversation as ``load_front_interactive``).
 
 A PNG timeline of the first conversation (``duplex_plot``) is written to ``png`` when given.
 """
@@ -110,7 +111,7 @@ def run_duplex_bench(model: str | Path = "smollm2-135m", *, parts: tuple[str, ..
                      turns: int = 8, policies: tuple[tuple[float, float | None], ...] = ((0.8, 0.2), (0.4, None)),
                      step_tokens: int = 4,
                      load_tasks: int = 10, max_num_seqs: int = 8, threads: int | None = 1, seed: int = 0,
-                     png: str | Path | None = None) -> dict[str, Any]:
+                     png: str | Path | None = None, batch_budgets: tuple[int, ...] = ()) -> dict[str, Any]:
     unknown = set(parts) - set(PARTS)
     if unknown or not parts:
         raise ValueError(f"unknown parts {sorted(unknown)}; choose from {PARTS}")
@@ -140,11 +141,16 @@ def run_duplex_bench(model: str | Path = "smollm2-135m", *, parts: tuple[str, ..
                 report["png"] = str(png)
     if "load" in parts:
         report["load"] = {"tasks": load_tasks, "max_num_seqs": max_num_seqs}
-        for i, mode in enumerate(LOAD_MODES):
-            eng = _engine(path, max_num_seqs, None if mode == "load_front_interactive_no_budget"
-                          else EngineConfig.interactive_batch_budget)
+        load_runs: list[tuple[str, str, int | None, int]] = [
+            (mode, mode, None if mode == "load_front_interactive_no_budget" else EngineConfig.interactive_batch_budget,
+             seed + i) for i, mode in enumerate(LOAD_MODES)]
+        load_runs += [(f"load_front_interactive_budget_{b}", "load_front_interactive", b, seed + 1)
+                      for b in batch_budgets]
+        report["load"]["default_batch_budget"] = EngineConfig.interactive_batch_budget
+        for name, mode, budget, mode_seed in load_runs:
+            eng = _engine(path, max_num_seqs, budget)
             try:
-                report["load"][mode] = asyncio.run(_load_mode(eng, mode, base, load_tasks, seed + i))
+                report["load"][name] = asyncio.run(_load_mode(eng, mode, base, load_tasks, mode_seed))
             finally:
                 eng.shutdown()
     return report
@@ -160,9 +166,9 @@ def format_duplex_table(r: dict[str, Any]) -> str:
                 lines.append(f"  {k:34s} {v}")
     if "load" in r:
         lines.append(f"\n[front step latency, back-end load: {r['load']['tasks']} model tasks, batch class]")
-        for mode in LOAD_MODES:
-            if mode in r["load"]:
-                lines.append(f"  {mode:24s} {r['load'][mode]}")
+        for mode, v in r["load"].items():
+            if isinstance(v, dict):
+                lines.append(f"  {mode:24s} {v}")
     if "png" in r:
         lines.append(f"\ntimeline: {r['png']}")
     return "\n".join(lines)

@@ -37,6 +37,7 @@ from execstate_bench.voice_client import Recording, VoiceClient
 from execstate_bench.voice_metrics import summarize
 from execstate_bench.voice_oracle import OracleRecognizer
 from execstate_bench.voice_script import spoken_conversation
+from execstate_bench.voice_stages import pause_scores, stage_breakdown, turn_timelines
 
 USER_RATE = 150
 USER_VOICES = ("en-us+f2", "en-us+m3", "en-us")  # conversation i is spoken in USER_VOICES[i % 3]
@@ -160,7 +161,12 @@ def run_voice_bench(model: str = "smollm2-135m", conversations: int = 2, turns: 
                      "user_rate_wpm": USER_RATE, "agent_voice": AGENT_VOICE, "turn_detection": td, "asr": asr,
                      "max_response_tokens": max_response_tokens,
                      "seconds": [round(r.seconds, 1) for m in modes for r in recs[m]]},
-        **{m: summarize(recs[m]) for m in modes}, "prefill": prefill, "targets": TARGETS,
+        **{m: summarize(recs[m]) for m in modes}, "prefill": prefill,
+        "stages_ms": {m: stage_breakdown(recs[m]) for m in modes},
+        "turn_timelines_s": {m: [{k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
+                                 for rec in recs[m] for row in turn_timelines(rec)] for m in modes},
+        "pause_scores": {m: [row for rec in recs[m] for row in pause_scores(rec)] for m in modes},
+        "targets": TARGETS,
     }
     if png:
         from execstate_bench.voice_plot import plot_timeline

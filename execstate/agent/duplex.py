@@ -24,8 +24,9 @@ in flight (``response.done`` ``failed``), emits ``error`` ``front_failed`` and s
 
 While the user speaks (an audio front's partial transcripts, ``user_partial``), the idle loop
 prefills their turn speculatively and scores its end (``agent/prefill.py``); a reply's first step
-keeps the speculation when the turn ended with its words, else the front is rolled back first (as
-before anything else touches it) and the reply finds the common full blocks in the prefix cache.
+keeps what the speculation holds of its input (the front truncated to their longest common prefix)
+and sends the rest; with nothing in common the front is rolled back first (as before anything
+else touches it).
 
 Input: ``feed(text, t)``, a chunk of words with its time on the agent's clock (seconds since
 ``start``; None: now), at most ``max_input_chars``; the input not yet taken (the open turn and any
@@ -386,7 +387,7 @@ class DuplexAgent:
         first = plan is not None
         forced = self.front.encode(plan.forced) if plan is not None and plan.forced else []
         cue = self.front.encode(cfg.agent_prefix) if first else []
-        kept = self.prefill.keep(self.context.peek() + cue + forced) if first else None
+        kept = await self.prefill.keep(self.context.peek() + cue + forced) if first else None
         if first and kept is None:
             await self.prefill.settle()  # the front as the context knows it
         inp = await self.context.step_input(r.response_id, first, cue, forced, kept[0] if kept else None)
@@ -406,8 +407,8 @@ class DuplexAgent:
                     finish, computed = c.finish_reason, c.computed
         finally:
             self._stepping = False
-        if first and kept is None:
-            self.prefill.first_step(inp, computed)
+        if first:
+            self.prefill.first_step(sent, computed)
         t = self.now()
         self.stats.step_s.append(time.perf_counter() - t0)
         for it in self.stats.interrupts:

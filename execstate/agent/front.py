@@ -11,7 +11,9 @@ implement the same calls over its own session kind). Contract:
 - ``prelude()`` is what the context starts with (a system prompt, with the tokenizer's special
   tokens); the agent appends it at its first step and keeps it in its transcript.
 - ``mark()`` checkpoints the context at a boundary (no step in flight); ``rewind(mark)`` rolls
-  back to it (the mark stays valid); ``release(mark)`` drops it.
+  back to it (the mark stays valid); ``truncate(mark, keep)`` rolls back to it keeping the next
+  ``keep`` tokens the context holds after it (the mark on the context's branch; their KV is
+  kept, as after a step that sent them); ``release(mark)`` drops it.
 - ``speculate(input_ids, end_tokens, then)`` is a step of one token used for its distribution:
   it appends ``input_ids`` (their KV is computed) and returns :class:`Speculation`: the
   probability that one of ``end_tokens`` comes next (the model's own distribution) and how many
@@ -78,6 +80,8 @@ class FrontModel(Protocol):
 
     async def rewind(self, mark: Any) -> None: ...
 
+    async def truncate(self, mark: Any, keep: int) -> None: ...
+
     async def release(self, mark: Any) -> None: ...
 
     async def close(self) -> None: ...
@@ -99,6 +103,7 @@ class SessionFront:
         self._prelude = list(prelude or [])
         self._bias = logit_bias
         self._biased = False
+        self._mark_tokens: dict[str, int] = {}  # each live mark's context length
 
     @classmethod
     async def open(cls, engine: AsyncEngine, system_prompt: str = "A helpful voice assistant talks with a user.",
@@ -151,17 +156,25 @@ class SessionFront:
         await self.sessions.cancel(self.session_id)
 
     async def mark(self) -> str:
-        return await self.sessions.checkpoint(self.session_id)
+        sid, a = self.session_id, self.sessions.access
+        mark, n = await self.sessions.run(lambda s: (s.checkpoint(sid, a).checkpoint_id, len(s.token_ids(sid, a))))
+        self._mark_tokens[mark] = n
+        return mark
 
     async def rewind(self, mark: str) -> None:
         await self.sessions.rollback(self.session_id, mark)
         self._biased = False  # the rollback restored the session's sampling parameters
+
+    async def truncate(self, mark: str, keep: int) -> None:
+        await self.sessions.truncate(self.session_id, mark, self._mark_tokens[mark] + keep)
+        self._biased = False  # as after a rewind
 
     async def _sampling(self, data: dict[str, Any]) -> None:
         info = await self.sessions.info(self.session_id)
         await self.sessions.submit_event(self.session_id, (info.last_event_id or 0) + 1, "sampling", data)
 
     async def release(self, mark: str) -> None:
+        self._mark_tokens.pop(mark, None)
         await self.sessions.release_checkpoint(self.session_id, mark)
 
     async def close(self) -> None:

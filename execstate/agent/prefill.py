@@ -12,29 +12,29 @@ that computes their KV and reads the probability that the turn ends there: the m
 writes where a user turn ends) and the sentence-final marks ``.?!`` (a recognizer that does not
 punctuate leaves them out, and a small model puts one before its end-of-turn token). LiveKit's
 turn detector reads the same probability from a small fine-tuned LM; here it is the front model
-itself, which already holds the conversation. Before the next speculation, and before anything else touches the
-front (a reply's first step, a truncation, a result), the front is rolled back to *base*
-(``settle``). A rollback keeps nothing appended, but the full KV blocks those steps computed
-stay in the engine's prefix cache: the next step over the same tokens finds every full block of
-the longest common prefix and computes only what follows it (the partial's changed words, at most
-one block's worth of its common tail).
+itself, which already holds the conversation.
+
+The front keeps what the speculations computed across revisions, at token granularity: before a
+speculation it is truncated (``FrontModel.truncate``: back to *base*, keeping the next tokens it
+holds) to the longest common prefix of what it holds past *base* and the new input, and only the
+rest is sent. A partial that adds words computes those words; one that revises its last word
+computes from that word on.
 
 The token a speculation appends after the turn is the first token of the reply cue (the front
-samples it whatever its distribution: ``FrontModel.speculate``'s ``then``). So when the turn ends
-with the words last speculated, the front already holds what the reply's first step would send
-up to that token: the reply keeps it (``keep``: the base checkpoint becomes the reply's own mark,
-taken at the same boundary) and sends only the rest of the cue; its first token comes from one
-decode step. Otherwise (the final words differ, a result came in between) the front is rolled
-back and the reply finds the common full blocks in the prefix cache.
+samples it whatever its distribution: ``FrontModel.speculate``'s ``then``). When the turn ends,
+the reply's first step keeps the longest common prefix of its input and what the front holds the
+same way (``keep``: the base checkpoint becomes the reply's own mark, taken at the same boundary)
+and sends the rest: with the words last speculated, only the rest of the cue, and its first token
+comes from one decode step. With nothing in common (a result came in between) the front is
+rolled back to *base* (``settle``), as before anything else touches the front (a truncation, a
+result).
 
 Accounting (:class:`PrefillStats`): ``speculations``; ``computed``: tokens the speculative steps
 ran through the model; ``saved``: at each reply's first step after speculations, the tokens of
-its input it did not send (kept) or did not compute (rolled back: input + 1 - computed, counted
-only within the prefix it shares with the last speculation and within what the speculations
-computed, so hits they did not cause are not theirs); ``wasted``: ``computed - saved`` (work on
-revised partials, on partial tail blocks recomputed, on turns that did not end); ``kept``: the
-replies that kept the speculation. Scores: ``score`` is (text, probability) of the
-latest speculation; ``on_score`` callbacks run after each.
+its input the speculations had computed and it did not compute again; ``wasted``: ``computed -
+saved`` (work on revised partials, on turns that did not end); ``kept``: the replies that kept
+part of the speculation. Scores: ``score`` is (text, probability) of the latest speculation;
+``on_score`` callbacks run after each.
 
 Pure bookkeeping over the front's calls; the agent's loop is the only caller (one step at a time).
 """
@@ -81,10 +81,9 @@ class SpeculativePrefill:
         self.on_score: list[Callable[[str, float], None]] = []
         self.stats = PrefillStats()
         self._base: Any = None  # the checkpoint before the speculative steps
-        self._appended = False  # the front holds speculative tokens past the base
-        self._last: list[int] = []  # the last speculation's input
+        self._held: list[int] = []  # what the front holds past the base (the last input, then its ``then``)
         self._spent = 0  # tokens computed by the speculations since the last reply's first step
-        self._then: int | None = None  # the token the last speculation appended after its input
+        self._kept = 0  # tokens of the reply's input the front held (``keep``)
 
     @property
     def wanted(self) -> bool:
@@ -96,53 +95,67 @@ class SpeculativePrefill:
         """The turn is over or dropped: nothing more to speculate (``settle`` still rolls back)."""
         self.partial = None
 
+    async def _hold(self, ids: list[int]) -> int:
+        """Truncate the front to the longest common prefix of what it holds past the base and
+        ``ids``; returns its length."""
+        n = common_prefix(self._held, ids)
+        if n < len(self._held):
+            await self.front.truncate(self._base, n)
+            self._held = self._held[:n]
+        return n
+
     async def speculate(self, head: list[int], turn_ids: list[int], then: int) -> float:
         """One speculative step of ``head + turn_ids`` (module docstring); returns the end probability."""
         assert self.end_tokens and self.partial is not None
-        text = self.partial
+        text, ids = self.partial, head + turn_ids
         if self._base is None:
-            self._base = await self.front.mark()
-        elif self._appended:
-            await self.front.rewind(self._base)
-        self._appended = True
-        s = await self.front.speculate(head + turn_ids, self.end_tokens, then)
-        self._then = then
+            self._base, self._held = await self.front.mark(), []
+        n = await self._hold(ids)
+        s = await self.front.speculate(ids[n:], self.end_tokens, then)
+        self._held = [*ids, then]
         self.stats.speculations += 1
         self.stats.computed += s.computed
-        self._last, self._spent = head + turn_ids, self._spent + s.computed
+        self._spent += s.computed
         self.score = (text, s.p_end)
         for fn in self.on_score:
             fn(text, s.p_end)
         return s.p_end
 
-    def keep(self, inp: list[int]) -> tuple[Any, int] | None:
-        """A reply's first step would send ``inp``: when the front holds its first tokens (the last
-        speculation's input and the token after it), hand over the base checkpoint (the reply's
-        mark now) and how many of ``inp`` are held; else None (the caller settles)."""
-        n = len(self._last)
-        if self._base is None or not self._appended or len(inp) <= n or inp[:n] != self._last \
-                or inp[n] != self._then:
+    async def keep(self, inp: list[int]) -> tuple[Any, int] | None:
+        """A reply's first step would send ``inp``: truncate the front to what it holds of it and
+        hand over the base checkpoint (the reply's mark now) and how many of ``inp`` are held;
+        None when it holds none of it (the caller settles)."""
+        if self._base is None or common_prefix(self._held, inp) == 0:
             return None
-        mark, self._base, self._appended = self._base, None, False
+        n = await self._hold(inp)
+        mark, self._base, self._held = self._base, None, []
         self.stats.kept += 1
-        self.stats.saved += min(n, self._spent)  # what the speculations computed of it, not earlier hits
-        self._last, self._spent, self.score = [], 0, None
-        return mark, n + 1
+        self._kept = n
+        self.score = None
+        return mark, n
 
     async def settle(self) -> None:
         """Roll the front back to the base and drop it (the front is as before the speculations)."""
         if self._base is None:
             return
-        if self._appended:
+        if self._held:
             await self.front.rewind(self._base)
         await self.front.release(self._base)
-        self._base, self._appended = None, False
+        self._base, self._held = None, []
 
     def first_step(self, input_ids: list[int], computed: int | None) -> None:
-        """A reply's first step sent ``input_ids`` and ran ``computed`` tokens through the model."""
-        if self._spent and computed is not None:
-            common = next((i for i, (a, b) in enumerate(zip(self._last, input_ids, strict=False)) if a != b),
-                          min(len(self._last), len(input_ids)))
-            self.stats.saved += max(min(common, len(input_ids) + 1 - computed, self._spent), 0)
-        self._last, self._spent = [], 0
+        """A reply's first step sent ``input_ids`` (after the ``keep``-held tokens, if any) and ran
+        ``computed`` tokens through the model."""
+        if self._spent and self._kept:
+            # without the speculations it would have computed the held tokens too (and the
+            # base's last token, whose KV a step always computes: counted in both); a front that
+            # does not say what it computed: the held tokens
+            held = self._kept if computed is None else self._kept + len(input_ids) + 1 - computed
+            self.stats.saved += max(min(held, self._spent), 0)
+        self._kept, self._spent = 0, 0
         self.score = None
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))

@@ -216,7 +216,8 @@ class KVCacheManager:
         return hits
 
     def _admit_held(self, req: Request, num_new_tokens: int) -> list[BlockId] | None:
-        """Slots for ``num_new_tokens`` after the held KV; copy-on-write of a shared partial tail.
+        """Slots for ``num_new_tokens`` after the held KV; copy-on-write of a partial tail that is
+        shared, or committed to the prefix cache as a full block (a session truncated inside it).
         Returns ``[]`` (no prefix hit), or None when the pool is short (nothing changed)."""
         bs = self.block_size
         held = req.num_computed_tokens
@@ -224,7 +225,8 @@ class KVCacheManager:
             raise ValueError(f"held blocks {len(req.block_ids)} do not cover {held} of {req.num_tokens} tokens")
         n = min(num_new_tokens, req.num_tokens - held)
         tail = req.block_ids[-1] if held % bs else None
-        cow = tail is not None and self.pool.ref_count(tail) > 1
+        committed_tail = tail is not None and req.cache.num_committed_blocks > held // bs
+        cow = tail is not None and (self.pool.ref_count(tail) > 1 or committed_tail)
         need = cdiv(held + n, bs) - len(req.block_ids) + int(cow)
         try:
             fresh = self.pool.allocate(need)
@@ -236,7 +238,8 @@ class KVCacheManager:
             self._block_copies.append((tail, copy))
             self.num_block_copies += 1
             req.block_ids[-1] = copy
-            self.pool.free([tail])  # the other holders keep it, unchanged
+            self.pool.free([tail])  # the other holders (or the prefix cache) keep it, unchanged
+            req.cache.num_committed_blocks = min(req.cache.num_committed_blocks, held // bs)  # the copy is not
         req.block_ids.extend(fresh)
         return []
 

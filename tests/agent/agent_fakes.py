@@ -27,6 +27,7 @@ class FakeFront:
         self.closed = False
         self.stepping = False
         self.speculations: list[str] = []
+        self.truncations: list[int] = []  # the ``keep`` of each truncation
 
     @property
     def text(self) -> str:
@@ -88,6 +89,13 @@ class FakeFront:
     async def rewind(self, mark: int) -> None:
         assert not self.stepping
         self.context = list(self.marks[mark])
+
+    async def truncate(self, mark: int, keep: int) -> None:
+        assert not self.stepping
+        base = self.marks[mark]
+        assert self.context[:len(base)] == base and len(base) + keep <= len(self.context)
+        self.context = self.context[:len(base) + keep]
+        self.truncations.append(keep)
 
     async def release(self, mark: int) -> None:
         del self.marks[mark]

@@ -1,5 +1,5 @@
-"""``execstate bench voice``'s parts without a server: the oracle recognizer's transcripts and the
-metrics on a known recording."""
+"""``execstate bench voice``'s parts without a server: the oracle recognizer's transcripts, the
+metrics and a turn's latency by stage on a known recording."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 from execstate_bench.voice_client import TICK, Recording
 from execstate_bench.voice_metrics import edit_distance, norm, summarize
 from execstate_bench.voice_oracle import OracleRecognizer
+from execstate_bench.voice_stages import pause_scores, stage_breakdown, turn_timelines
 
 
 class _Null:
@@ -90,3 +91,30 @@ def test_an_end_of_turn_inside_a_pause_is_a_false_end_of_turn() -> None:
     assert summarize([r])["false_end_of_turn_on_pauses"] == {"rate": 0.0, "n": 1}
     r.events = sorted([*r.events, (1.5, {"type": "input.turn", "kind": "end_of_turn"})], key=lambda x: x[0])
     assert summarize([r])["false_end_of_turn_on_pauses"] == {"rate": 1.0, "n": 1}  # the pause is 1.25-1.75 s
+
+
+def test_a_turns_latency_by_stage_and_the_scores_it_was_decided_on() -> None:
+    rec = Recording(np.zeros(16000 * 6, np.int16), sent_t=[k * TICK / 16000 for k in range(300)])
+    rec.marks = [{"kind": "pause", "s0": 8000, "s1": 16000}, {"kind": "turn_end", "turn": "plain", "s": 32000},
+                 {"kind": "turn_end", "turn": "backchannel", "s": 64000}]
+    score = {"type": "input.end_score", "item_id": "i1"}
+    rec.events = [
+        (0.7, {**score, "p_end": 0.02, "text": "tell me"}),  # inside the pause (0.5-1.0 s)
+        (1.9, {**score, "p_end": 0.3, "text": "tell me a"}),
+        (2.1, {"type": "input_audio_buffer.speech_stopped"}),  # the speech ended at 2.0 s
+        (2.15, {"type": "conversation.item.input_audio_transcription.completed", "transcript": "tell me a story"}),
+        (2.25, {**score, "p_end": 0.8, "text": "tell me a story"}),
+        (2.3, {"type": "input.turn", "kind": "end_of_turn"}),
+        (2.31, {"type": "response.created", "response": {"id": "r1"}}),
+        (2.4, {"type": "response.output_audio_transcript.delta", "response_id": "r1"}),
+        (2.45, {"type": "response.output_audio.delta", "response_id": "r1"}),
+    ]
+    rows = turn_timelines(rec)
+    assert len(rows) == 1  # the backchannel is not a turn
+    got = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[0].items()}
+    assert got == {"vad_stopped": 0.1, "asr_final": 0.15, "end_of_turn": 0.3, "p_end": 0.8, "text": "tell me a story",
+                   "response_created": 0.31, "first_text": 0.4, "first_audio": 0.45}
+    stages = stage_breakdown([rec])
+    assert stages["end_of_turn"] == {"p50": 300.0, "p99": 300.0, "n": 1}
+    assert stages["first_audio"]["p50"] == 450.0
+    assert pause_scores(rec) == [{"pause_s": 0.5, "p_end": 0.02, "text": "tell me"}]

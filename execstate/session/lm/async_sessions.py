@@ -61,7 +61,7 @@ from execstate.session.lm.migration_target import ImportHandle
 from execstate.session.lm.sessions import LMSessions, SessionInfo
 from execstate.session.lm.step import StepDelta, StepHandle, StepResult
 from execstate.session.runtime.access import LOCAL, Access
-from execstate.session.runtime.async_sessions import AsyncKindSessions
+from execstate.session.runtime.async_sessions import AsyncKindSessions, checkpoint_id_of
 from execstate.session.runtime.events import EventAck, SessionEventError
 from execstate.session.runtime.manager import SessionPolicy
 
@@ -109,6 +109,11 @@ class AsyncSessions(AsyncKindSessions[LMSessions, SessionInfo]):
             return s.info(s.open(session_id, sampling_params, priority, cache_salt, a).session_id, a)
 
         return await self.run(fn)
+
+    async def truncate(self, session_id: str, checkpoint_id: str, num_tokens: int) -> None:
+        """``LMSessions.truncate``: back to the checkpoint, keeping the context's first ``num_tokens``."""
+        cp, a = checkpoint_id_of(checkpoint_id), self.access
+        await self.run(lambda s: s.truncate(session_id, cp, num_tokens, a))
 
     # -- events and steps -------------------------------------------------------------------------
     async def submit_event(self, session_id: str, event_id: int, kind: str, data: Any = None) -> EventAck:

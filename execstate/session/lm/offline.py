@@ -61,6 +61,11 @@ class Session(SessionHandle):
         return self._sessions.info(self.session_id, self.access)
 
     # -- operations --------------------------------------------------------------------------------
+    def truncate(self, checkpoint: Checkpoint | str, num_tokens: int) -> None:
+        """Back to ``checkpoint``, keeping the context's first ``num_tokens`` with their KV
+        (``LMSessions.truncate``)."""
+        self._sessions.truncate(self.session_id, checkpoint, num_tokens, self.access)
+
     def step(self, input: list[int] | str | None = None, max_tokens: int | None = None, reprefill: bool = False,
              on_output: Callable[[RequestOutput], None] | None = None,
              messages: list[dict[str, Any]] | None = None) -> StepResult:

@@ -53,7 +53,7 @@ from execstate.identity.scope import PrefixSharing
 from execstate.identity.tenant import TenantId
 from execstate.session.lm import tenancy
 from execstate.session.lm.events import INPUT, lm_event_kinds
-from execstate.session.lm.state import LMState
+from execstate.session.lm.state import LMSaved, LMState
 from execstate.session.lm.step import StepHandle, start_lm_step
 from execstate.session.runtime.access import LOCAL, Access
 from execstate.session.runtime.checkpoint import Checkpoint
@@ -172,6 +172,28 @@ class LMSessions(KindSessions[SessionInfo]):
         self.manager.check_quota(tenant, "pinned_blocks", lambda: self.pinned_blocks(tenant),
                                  len(self._state(rt).block_ids()))
         return super().fork(session_id, checkpoint, new_session_id, access)
+
+    def truncate(self, session_id: str, checkpoint: Checkpoint | str, num_tokens: int,
+                 access: Access = LOCAL) -> None:
+        """Roll back to ``checkpoint`` keeping the context's first ``num_tokens`` (at least the
+        checkpoint's; the checkpoint on this context's branch), their KV held
+        (``session/lm/state.py``): the session is as after the rollback and a step sending the
+        kept tokens, none of them computed again. ``invalid`` (nothing changed) otherwise."""
+        rt = self.manager.get(session_id, access)
+        rt.require(SessionStatus.OPEN)
+        cp = rt.resolve_checkpoint(checkpoint)
+        state, saved = self._state(rt), cp.saved
+        assert isinstance(saved, LMSaved)
+        try:
+            prefix = state.take_prefix(saved, num_tokens)
+        except ValueError as exc:
+            raise SessionEventError("invalid", str(exc)) from None
+        try:
+            rt.rollback(cp)
+        except BaseException:
+            state.drop_prefix(prefix)
+            raise
+        state.put_prefix(prefix)
 
     # -- events and steps -------------------------------------------------------------------------
     def start_step(self, session_id: str, input: list[int] | str | None = None, max_tokens: int | None = None,

@@ -22,6 +22,16 @@
   offer (``session/lm/migration_wire.py``: ``SessionOffer.grammar``) and a hibernated session
   stores the same way; the receiving side replays it (``GrammarCompiler.restore``).
 
+Truncation (``LMSessions.truncate``: a rollback to a checkpoint that keeps the context's next
+tokens): ``take_prefix(saved, n)`` pins the first KV blocks of the context's first ``n`` tokens
+(all but the last of them: a step always computes at least one token) and copies those tokens and
+their route rows, before the rollback drops the state's own references; ``put_prefix`` puts them
+on the rolled-back state. The result is ``saved``'s state (sampling, generator, grammar) whose
+context continues with the held tokens, their KV kept: what a rollback followed by a step sending
+those tokens would compute, without computing them. A kept partial tail block that the prefix
+cache holds as a full block is copied before the next step writes into it (the KV cache manager's
+copy-on-write).
+
 ``save`` pins the blocks (one more reference each, no KV copied; the engine copies the shared
 partial tail block before writing into it), copies the token list and the RNG state and keeps a
 *view* of the route rows: a trace only appends past its known rows, and a restore or a fork
@@ -51,6 +61,15 @@ from execstate.identity.execution import ExecutionIdentity
 from execstate.identity.keys import BlockKey
 
 _NO_RNG = torch.empty(0, dtype=torch.uint8)
+
+
+@dataclass(eq=False, slots=True)
+class LMPrefix:
+    """What ``LMState.take_prefix`` kept of a context for ``put_prefix`` (module docstring)."""
+
+    token_ids: list[int]
+    blocks: HeldBlocks | None  # pinned; None: no KV past what the checkpoint holds is kept
+    routes: np.ndarray | None  # route rows of the kept KV past the checkpoint's rows
 
 
 @dataclass(eq=False, slots=True)
@@ -221,6 +240,47 @@ class LMState:
         self._keys, self._saved_keys, self._saved_rows = [], (), None
         if self.route_shape is not None:
             self.routes = RouteTrace(*self.route_shape)
+
+    def take_prefix(self, saved: LMSaved, num_tokens: int) -> LMPrefix:
+        """The context's first ``num_tokens``, with their KV (module docstring); ValueError
+        (nothing pinned) unless ``saved`` is a live state of this context's branch (its tokens a
+        prefix of the context, the same identity) and ``num_tokens`` is within
+        ``[len(saved.token_ids), len(token_ids)]``."""
+        self._check_saved(saved)
+        n0, ids = len(saved.token_ids), self.token_ids
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not n0 <= num_tokens <= len(ids):
+            raise ValueError(f"num_tokens must be an integer in [{n0}, {len(ids)}] (the checkpoint's context and "
+                             f"this one's), got {num_tokens!r}")
+        if saved.identity != self.identity or tuple(ids[:n0]) != saved.token_ids:
+            raise ValueError("the checkpoint is not on this context's branch (its tokens are not a prefix of the "
+                             "context, or it was computed under another identity)")
+        kv = min(num_tokens - 1, self.num_kv_tokens)
+        saved_kv = saved.blocks.num_tokens if saved.blocks is not None else 0
+        if self.blocks is None or kv <= saved_kv:
+            return LMPrefix(ids[:num_tokens], None, None)
+        bs = self.block_size
+        nb = -(-kv // bs)
+        part = HeldBlocks(self.blocks.block_ids[:nb], kv, self.blocks.block_keys[: kv // bs],
+                          min(self.blocks.num_committed_blocks, nb))
+        rows = None
+        if self.routes is not None and saved.routes is not None:
+            rows = self.routes.rows(len(saved.routes), min(self.routes.rows_known, kv)).copy()
+        return LMPrefix(ids[:num_tokens], self.holds.pin(part), rows)
+
+    def put_prefix(self, prefix: LMPrefix) -> None:
+        """After the rollback to the checkpoint ``take_prefix`` was given: the kept tokens and KV."""
+        if prefix.blocks is not None:
+            self.drop_kv()
+            self.blocks = prefix.blocks
+        self.token_ids = list(prefix.token_ids)
+        if self.routes is not None and prefix.routes is not None and len(prefix.routes):
+            self.routes.fill(self.routes.rows_known, prefix.routes)
+
+    def drop_prefix(self, prefix: LMPrefix) -> None:
+        """A prefix not put (the rollback was refused): unpin its blocks."""
+        if prefix.blocks is not None:
+            self.holds.release(prefix.blocks)
+            prefix.blocks = None
 
     def _load(self, saved: LMSaved) -> None:
         self.blocks = self.holds.pin(saved.blocks) if saved.blocks is not None else None

@@ -1,0 +1,86 @@
+"""Where a reply's latency goes in ``execstate bench voice``: one turn's timeline, from the client's events.
+
+For each user turn answered (a ``turn_end`` mark that is not a backchannel, with a reply whose
+audio reached the client), the time from the end of the user's speech (the turn's last sample, as
+sent) to the first of each event after it, in the order the server's pipeline produces them:
+
+- ``vad_stopped``: ``input_audio_buffer.speech_stopped`` (the VAD's silence wait);
+- ``asr_final``: ``conversation.item.input_audio_transcription.completed`` (the recognizer's final);
+- ``end_of_turn``: ``input.turn`` of kind ``end_of_turn`` (the turn policy: end score, silences);
+- ``response_created``: the reply's ``response.created``;
+- ``first_text``: its first ``response.output_audio_transcript.delta`` (the front's first words:
+  the speculative prefill's catch-up and the first decode step(s));
+- ``first_audio``: its first ``response.output_audio.delta`` (the speech synthesiser's first chunk).
+
+``stage_breakdown`` gives each one's p50 and p99 (ms) over the turns where it was seen, and
+``turn_timelines`` the per-turn rows (for a table or a plot), each with ``p_end``: the front
+model's last end score (``input.end_score``) before the turn's end (None: not scored), and
+``text``: the words it scored. ``pause_scores``: the same inside each mid-utterance pause (the
+last score from the pause's start to 100 ms after its end): what a threshold must stay above.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from execstate_bench.voice_client import Recording
+from execstate_bench.voice_metrics import pct
+
+STAGES = ("vad_stopped", "asr_final", "end_of_turn", "response_created", "first_text", "first_audio")
+_INPUT = {"vad_stopped": "input_audio_buffer.speech_stopped",
+          "asr_final": "conversation.item.input_audio_transcription.completed"}
+
+
+def turn_timelines(rec: Recording) -> list[dict[str, Any]]:
+    """Per answered turn: each stage's seconds after the end of the user's speech (module docstring)."""
+    ev = rec.events
+    out = []
+    for m in rec.marks:
+        if m["kind"] != "turn_end" or m["turn"] == "backchannel":
+            continue
+        t_end = rec.wall(m["s"])
+        created = next((e for t, e in ev if t >= t_end and e["type"] == "response.created"), None)
+        if created is None:
+            continue
+        rid = created["response"]["id"]
+        row: dict[str, Any] = {}
+        for name, kind in _INPUT.items():
+            t = next((t for t, e in ev if t >= t_end and e["type"] == kind), None)
+            if t is not None:
+                row[name] = t - t_end
+        t = next((t for t, e in ev if t >= t_end and e["type"] == "input.turn" and e.get("kind") == "end_of_turn"),
+                 None)
+        if t is not None:
+            row["end_of_turn"] = t - t_end
+            score = next((e for te, e in reversed(ev) if te <= t and e["type"] == "input.end_score"), None)
+            row["p_end"], row["text"] = (score["p_end"], score["text"]) if score else (None, None)
+        for name, kind in (("response_created", "response.created"),
+                           ("first_text", "response.output_audio_transcript.delta"),
+                           ("first_audio", "response.output_audio.delta")):
+            t = next((t for t, e in ev if t >= t_end and e["type"] == kind
+                      and (e.get("response_id") or e.get("response", {}).get("id")) == rid), None)
+            if t is not None:
+                row[name] = t - t_end
+        if "first_audio" in row:
+            out.append(row)
+    return out
+
+
+def stage_breakdown(recs: list[Recording]) -> dict[str, dict[str, Any]]:
+    """Each stage's p50 / p99 (ms) and count over every answered turn of ``recs``."""
+    rows = [r for rec in recs for r in turn_timelines(rec)]
+    return {s: {"p50": pct(xs, 50), "p99": pct(xs, 99), "n": len(xs)}
+            for s in STAGES for xs in [[r[s] for r in rows if s in r]]}
+
+
+def pause_scores(rec: Recording) -> list[dict[str, Any]]:
+    """The last end score inside each mid-utterance pause (module docstring)."""
+    out = []
+    for m in rec.marks:
+        if m["kind"] == "pause":
+            t0, t1 = rec.wall(m["s0"]), rec.wall(m["s1"])
+            e = next((e for t, e in reversed(rec.events) if t0 < t <= t1 + 0.1 and e["type"] == "input.end_score"),
+                     None)
+            out.append({"pause_s": round(t1 - t0, 3), "p_end": e["p_end"] if e else None,
+                        "text": e["text"] if e else None})
+    return out
