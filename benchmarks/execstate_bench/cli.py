@@ -27,6 +27,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bt.add_argument("--quantization", default=None, choices=["gguf"],
                     help="gguf: also measure the engine on GGUF blocks (smollm2-135m: the wheel's Q4_1 file; "
                          "smollm2-moe: its Q4_1 build) and llama.cpp on the same file, in the same run")
+    bt.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16"],
+                    help="bfloat16: also measure the engine with bf16 attention (K/V stored bf16; with --dtype "
+                         "bfloat16 also bf16 arithmetic + bf16 K/V), in the same run; with --breakdown: the "
+                         "engine's KV cache dtype")
     bt.add_argument("--json", action="store_true", help="print the report as JSON only (no table)")
     bt.add_argument("--time-budget", type=float, default=600.0, metavar="S",
                     help="stop repeating when one more repeat would end past S seconds from the start")
@@ -221,7 +225,8 @@ def _bench(args: argparse.Namespace) -> int:
         from execstate_bench.step_breakdown import format_breakdown_table, run_breakdown
 
         report = run_breakdown(model=args.model, contexts=tuple(int(c) for c in args.breakdown_contexts.split(",")),
-                               threads=args.threads, quantization=args.quantization, dtype=args.dtype)
+                               threads=args.threads, quantization=args.quantization, dtype=args.dtype,
+                               kv_cache_dtype=args.kv_cache_dtype)
         _write_report(report, args.out)
         if args.plot:
             plot_breakdown(report, args.plot)
@@ -247,6 +252,7 @@ def _bench(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             vllm_python=args.vllm_python,
             quantization=args.quantization, print_table=not args.json, time_budget_s=args.time_budget,
+            kv_cache_dtype=args.kv_cache_dtype,
         )
         if args.json:
             print(json.dumps(report, indent=2))
