@@ -53,6 +53,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bt.add_argument("--r3-paired", action="store_true",
                     help="instead: R3 on vs off paired in one process, each step's CPU time by segment (where R3 "
                          "costs), --repeats alternated repeats at batch 1 and 8")
+    bt.add_argument("--r3-control", action="store_true",
+                    help="with --r3-paired: both engines R3 off (an A/A control: what two engine instances differ "
+                         "by)")
     bt.add_argument("--contention", default=None, metavar="N1,N2,..",
                     help="instead: decode tok/s with N busy processes added, the kernels' full team vs the "
                          "adaptive team (EngineConfig.kernel_team), alternated (e.g. 0,4,8,16)")
@@ -216,7 +219,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.bench_cmd == "throughput" and args.r3_paired:
         from execstate_bench.r3_paired import format_r3_table, run_r3_paired
 
-        report = run_r3_paired(model=args.model, repeats=args.repeats)
+        report = run_r3_paired(model=args.model, repeats=args.repeats, control=args.r3_control)
         _write_report(report, args.out)
         print(json.dumps(report, indent=2) if args.json else format_r3_table(report))
         return 0
