@@ -59,18 +59,23 @@ def _step(model, pool, tables, tokens) -> torch.Tensor:
         return model(ids, ctx)
 
 
+def _per_op_step(model, pool, tables, tokens) -> torch.Tensor:
+    """``_step`` on the per-op path (the whole-layer call switched off)."""
+    real = transformer.decode_layers
+    transformer.decode_layers = lambda *a, **k: None
+    try:
+        return _step(model, pool, tables, tokens)
+    finally:
+        transformer.decode_layers = real
+
+
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 4, 64), (4, 2, 64), (6, 2, 64), (8, 2, 64),
                                                              (6, 2, 40), (4, 1, 40)])
 def test_kv_items_equal_the_per_head_kernel(tmp_path, heads, kv_heads, head_dim) -> None:
     model = _model(tmp_path, heads, kv_heads, head_dim)
     pool, tables, tokens = _prefill(model)
     fast = {n: with_threads(n, lambda: _step(model, pool, tables, tokens)) for n in (1, 2)}
-    real = transformer.decode_layers
-    transformer.decode_layers = lambda *a, **k: None
-    try:
-        slow = _step(model, pool, tables, tokens)
-    finally:
-        transformer.decode_layers = real
+    slow = _per_op_step(model, pool, tables, tokens)
     assert torch.equal(fast[1], slow)
     assert torch.equal(fast[2], slow)
 
@@ -89,12 +94,7 @@ def test_bf16_pool_layer_equals_the_per_op_path(tmp_path, heads, kv_heads, head_
     assert pool.k.dtype is torch.bfloat16
     pools = {n: _copy(pool) for n in (1, 2)}
     fast = {n: with_threads(n, lambda n=n: _step(model, pools[n], tables, tokens)) for n in (1, 2)}
-    real = transformer.decode_layers
-    transformer.decode_layers = lambda *a, **k: None
-    try:
-        slow = _step(model, pool, tables, tokens)
-    finally:
-        transformer.decode_layers = real
+    slow = _per_op_step(model, pool, tables, tokens)
     assert torch.equal(fast[1], slow) and torch.equal(fast[2], slow)
     # the layer's own rounding of the step's new K/V (bf16_rne) == torch's fp32 -> bf16 in the per-op path
     for n in (1, 2):

@@ -147,16 +147,17 @@ KT int es_decode_layer(const EsLayer *L, const EsStep *S, const EsCall *C) {
         if (nh / nkv <= 16) { /* (sequence, KV head) items: each K/V row read once for its query heads */
 #pragma omp for schedule(dynamic, 1) nowait
             for (int64_t item = 0; item < T * nkv; item++)
-                if (es_decode_attention_kv(q, kc, vc, S->kv_bf16, att, S->tok, S->block_table, S->ctx_len, S->max_blocks, nh, nkv, d,
-                                           S->block_size, L->scale, lmax, item, item + 1)) {
+                if (es_decode_attention_kv(q, kc, vc, S->kv_bf16, att, S->tok, S->block_table, S->ctx_len,
+                                           S->max_blocks, nh, nkv, d, S->block_size, L->scale, lmax, item, item + 1)) {
 #pragma omp atomic write
                     status = 2;
                 }
         } else {
 #pragma omp for schedule(static) nowait
             for (int64_t item = 0; item < T * nh; item++)
-                es_decode_attention_items_f32(q, (const float *)kc, (const float *)vc, att, S->tok, S->block_table, S->ctx_len, S->max_blocks, nh,
-                                              nkv, d, S->block_size, L->scale, item, item + 1, sc);
+                es_decode_attention_items_f32(q, (const float *)kc, (const float *)vc, att, S->tok, S->block_table,
+                                              S->ctx_len, S->max_blocks, nh, nkv, d, S->block_size, L->scale, item,
+                                              item + 1, sc);
         }
         es_lap(&c, ES_T_ATTN);
 #pragma omp barrier
