@@ -27,6 +27,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bt.add_argument("--quantization", default=None, choices=["gguf"],
                     help="gguf: also measure the engine on GGUF blocks (smollm2-135m: the wheel's Q4_1 file; "
                          "smollm2-moe: its Q4_1 build) and llama.cpp on the same file, in the same run")
+    bt.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16"],
+                    help="bfloat16: also measure the engine with bf16 attention (K/V stored bf16; with --dtype "
+                         "bfloat16 also bf16 arithmetic + bf16 K/V), in the same run; with --breakdown: the "
+                         "engine's KV cache dtype")
     bt.add_argument("--json", action="store_true", help="print the report as JSON only (no table)")
     bt.add_argument("--time-budget", type=float, default=600.0, metavar="S",
                     help="stop repeating when one more repeat would end past S seconds from the start")
@@ -49,6 +53,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bt.add_argument("--r3-paired", action="store_true",
                     help="instead: R3 on vs off paired in one process, each step's CPU time by segment (where R3 "
                          "costs), --repeats alternated repeats at batch 1 and 8")
+    bt.add_argument("--r3-control", action="store_true",
+                    help="with --r3-paired: both engines R3 off (an A/A control: what two engine instances differ "
+                         "by)")
     bt.add_argument("--contention", default=None, metavar="N1,N2,..",
                     help="instead: decode tok/s with N busy processes added, the kernels' full team vs the "
                          "adaptive team (EngineConfig.kernel_team), alternated (e.g. 0,4,8,16)")
@@ -215,7 +222,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.bench_cmd == "throughput" and args.r3_paired:
         from execstate_bench.r3_paired import format_r3_table, run_r3_paired
 
-        report = run_r3_paired(model=args.model, repeats=args.repeats)
+        report = run_r3_paired(model=args.model, repeats=args.repeats, control=args.r3_control)
         _write_report(report, args.out)
         print(json.dumps(report, indent=2) if args.json else format_r3_table(report))
         return 0
@@ -224,7 +231,8 @@ def _bench(args: argparse.Namespace) -> int:
         from execstate_bench.step_breakdown import format_breakdown_table, run_breakdown
 
         report = run_breakdown(model=args.model, contexts=tuple(int(c) for c in args.breakdown_contexts.split(",")),
-                               threads=args.threads, quantization=args.quantization, dtype=args.dtype)
+                               threads=args.threads, quantization=args.quantization, dtype=args.dtype,
+                               kv_cache_dtype=args.kv_cache_dtype)
         _write_report(report, args.out)
         if args.plot:
             plot_breakdown(report, args.plot)
@@ -250,6 +258,7 @@ def _bench(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             vllm_python=args.vllm_python,
             quantization=args.quantization, print_table=not args.json, time_budget_s=args.time_budget,
+            kv_cache_dtype=args.kv_cache_dtype,
         )
         if args.json:
             print(json.dumps(report, indent=2))

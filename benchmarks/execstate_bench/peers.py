@@ -63,6 +63,10 @@ ENGINE_MODES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "bf16w": ("_bf16", " bf16 weights", {"dtype": "bfloat16"}),  # fp32 arithmetic (model/bf16_weights.py)
     "bf16": ("_bf16arith", " bf16", {"dtype": "bfloat16", "compute_dtype": "bfloat16"}),  # bf16 arithmetic
     "gguf": ("_gguf", " GGUF", {"quantization": "gguf"}),  # the model's GGUF blocks (model/gguf_model.py)
+    # bf16 attention (K/V stored bf16, engine/config.py kv_cache_dtype) beside fp32 and bf16 arithmetic
+    "fp32kv": ("_kvbf16", " bf16 K/V", {"kv_cache_dtype": "bfloat16"}),
+    "bf16kv": ("_bf16arith_kvbf16", " bf16 + bf16 K/V", {"dtype": "bfloat16", "compute_dtype": "bfloat16",
+                                                          "kv_cache_dtype": "bfloat16"}),
 }
 
 
@@ -79,7 +83,7 @@ class EnginePeer(Peer):
         self.dtype = self.engine_kwargs.get("dtype", "float32")
         self.name = f"execstate{infix}_r3_{'on' if routes else 'off'}"
         self.label = f"execstate{words}{label_detail} (R3 {'on' if routes else 'off'})"
-        self.storage = {"bf16w": "bf16", "bf16": "bf16", "gguf": "gguf"}.get(self.mode, "fp32")
+        self.storage = {"bf16w": "bf16", "bf16": "bf16", "bf16kv": "bf16", "gguf": "gguf"}.get(self.mode, "fp32")
         self.llm: Any = None
         self.startup_seconds: list[float] = []
         self.cached_tokens = 0

@@ -11,6 +11,10 @@ throughput ratio a quiet machine would show; paired per repeat, median, min, max
 wall time, each segment's difference on - off (where the cost lands: ``inputs`` is building the
 step's route capture, ``sample`` the rows copied into each request's trace, ``layers`` the routes
 recorded per layer, ``python`` the rest), and the R3 clock's share (``engine/r3_clock.py``).
+
+``control=True`` builds the same two engines with route return off in both (an A/A run, the
+"on" engine still the second one built): what two engine instances differ by with nothing
+else changed, the floor under which an on/off difference is not R3's.
 """
 
 from __future__ import annotations
@@ -43,18 +47,19 @@ def _run(llm: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
 
 
 def run_r3_paired(model: str = "standard", batches: tuple[int, ...] = (1, 8), repeats: int = 6, prompt_len: int = 256,
-                  max_tokens: int = 64, seed: int = 0) -> dict[str, Any]:
+                  max_tokens: int = 64, seed: int = 0, control: bool = False) -> dict[str, Any]:
     from execstate.session.lm.llm import LLM
     from execstate_bench.models import resolve_bench_model
 
     path = resolve_bench_model(model)
-    engines = {on: LLM(str(path), enable_return_routed_experts=on, step_timers="cpu") for on in (False, True)}
+    engines = {on: LLM(str(path), enable_return_routed_experts=on and not control, step_timers="cpu")
+               for on in (False, True)}
     vocab = engines[False].engine.model_config.vocab_size
     rng = np.random.default_rng(seed)
     for llm in engines.values():
         _run(llm, rng.integers(0, vocab, size=(2, 32)).tolist(), 4)  # warm-up
     out: dict[str, Any] = {"model": str(model), "prompt_len": prompt_len, "max_tokens": max_tokens,
-                           "repeats": repeats, "batches": {}}
+                           "repeats": repeats, "control": control, "batches": {}}
     for b in batches:
         pairs = []
         for r in range(repeats):
@@ -85,7 +90,8 @@ def run_r3_paired(model: str = "standard", batches: tuple[int, ...] = (1, 8), re
 
 
 def format_r3_table(report: dict[str, Any]) -> str:
-    lines = [f"R3 on / off, paired ({report['repeats']} alternated repeats, {report['model']}, "
+    what = "A/A control, both engines R3 off" if report.get("control") else "R3 on / off"
+    lines = [f"{what}, paired ({report['repeats']} alternated repeats, {report['model']}, "
              f"{report['prompt_len']}-token prompts, {report['max_tokens']} new tokens)",
              "| batch | CPU ratio median (min-max) | wall ratio median (min-max) | step CPU ms off / on | "
              "largest deltas (us/step) | R3 clock share | load |", "|---|---|---|---|---|---|---|"]

@@ -78,7 +78,8 @@ def measure_point(llm: Any, batch: int, context: int, steps: int, rng: np.random
 def run_breakdown(model: str = "smollm2-135m", batches: tuple[int, ...] = (1, 8),
                   contexts: tuple[int, ...] = (64, 256, 512, 1024, 2048), steps: int = 16, threads: int | None = None,
                   quantization: str | None = None, dtype: str = "float32", compute_dtype: str = "float32",
-                  kernel_team: str = "full", clock: str = "cpu", seed: int = 0) -> dict[str, Any]:
+                  kernel_team: str = "full", clock: str = "cpu", seed: int = 0,
+                  kv_cache_dtype: str = "auto") -> dict[str, Any]:
     """The breakdown report (module docstring). ``kernel_team``: "full" keeps the configured team
     all along (the phases of one team size); "adaptive" lets the governor choose. ``clock``: "cpu"
     (what each phase costs the thread that runs it; on a shared host the default) or "wall"."""
@@ -89,13 +90,15 @@ def run_breakdown(model: str = "smollm2-135m", batches: tuple[int, ...] = (1, 8)
         torch.set_num_threads(threads)
     path = resolve_bench_model(model)
     llm = LLM(str(path), step_timers=clock, quantization=quantization, dtype=dtype, compute_dtype=compute_dtype,
-              kernel_team=kernel_team, enable_prefix_caching=False, max_model_len=max(contexts) + steps + 2)
+              kernel_team=kernel_team, enable_prefix_caching=False, max_model_len=max(contexts) + steps + 2,
+              kv_cache_dtype=kv_cache_dtype)
     rng = np.random.default_rng(seed)
     measure_point(llm, 1, 32, 4, rng)  # warm-up
     t0 = time.time()
     points = [measure_point(llm, b, c, steps, rng) for b in batches for c in contexts]
     return {
         "model": str(model), "quantization": quantization, "dtype": dtype, "compute_dtype": compute_dtype,
+        "kv_cache_dtype": kv_cache_dtype,
         "kernel_team": kernel_team, "threads": torch.get_num_threads(), "steps_per_point": steps, "clock": clock,
         "cpu": cpu_name(), "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
         "seconds": round(time.time() - t0, 1), "categories": list(CATEGORIES), "points": points,

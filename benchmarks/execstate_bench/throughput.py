@@ -83,6 +83,7 @@ def run_throughput_bench(
     dtype: str = "float32",
     vllm_python: str | None = None,
     quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> dict[str, Any]:
     """Run the benchmark and return its report (also printed as a table).
 
@@ -93,7 +94,9 @@ def run_throughput_bench(
     ``dtype="bfloat16"`` adds the peers ``execstate_bf16_r3_off`` (bf16 weights, fp32 activations),
     ``execstate_bf16arith_r3_off`` (bf16 arithmetic) and, with vLLM, ``vllm_bf16``;
     ``quantization="gguf"`` adds ``execstate_gguf_r3_off`` and (smollm2-135m) ``llama_cpp_q4_1``
-    (see the module docstring), all measured in the same interleaved run.
+    (see the module docstring), all measured in the same interleaved run; ``kv_cache_dtype="bfloat16"``
+    adds ``execstate_kvbf16_r3_off`` (fp32, bf16 attention) and, with ``dtype="bfloat16"``,
+    ``execstate_bf16arith_kvbf16_r3_off`` (bf16 arithmetic and bf16 attention).
     ``vllm_python``: the python of a venv with vLLM's CPU build (else ``$EXECSTATE_VLLM_PYTHON``;
     without either the vLLM peer is left out with a note), see ``execstate_bench.vllm_peer``.
     """
@@ -117,7 +120,8 @@ def run_throughput_bench(
     n_params = count_parameters(path)
     notes: list[str] = []
     peer_list, unavailable = _peers(model, path, wl, threads, peers, llama_cpp, notes)
-    extra = mode_peers(model, path, wl, threads, dtype, quantization, peers and llama_cpp, unavailable)
+    extra = mode_peers(model, path, wl, threads, dtype, quantization, peers and llama_cpp, unavailable,
+                       kv_cache_dtype=kv_cache_dtype)
     peer_list[2:2] = extra
     if peers:
         add_vllm_peer(peer_list, unavailable, vllm_python, path, wl, threads)
@@ -166,13 +170,20 @@ def _peers(model: str | Path, path: Path, wl: Workload, threads: int, enabled: b
 
 
 def mode_peers(model: str | Path, path: Path, wl: Workload, threads: int, dtype: str, quantization: str | None,
-               llama_cpp: bool, unavailable: dict[str, str], probe_prefill: bool = True) -> list[Peer]:
+               llama_cpp: bool, unavailable: dict[str, str], probe_prefill: bool = True,
+               kv_cache_dtype: str = "auto") -> list[Peer]:
     """The engine in the other numerics modes asked for (R3 off), and llama.cpp on the same GGUF
     file beside the GGUF mode (see the module docstring)."""
+    if kv_cache_dtype not in ("auto", "bfloat16"):
+        raise ValueError(f"kv_cache_dtype must be 'auto' or 'bfloat16', got {kv_cache_dtype!r}")
     out: list[Peer] = []
+    if kv_cache_dtype == "bfloat16":
+        out.append(EnginePeer(path, routes=False, mode="fp32kv", probe_prefill=probe_prefill))
     if dtype == "bfloat16":
         out += [EnginePeer(path, routes=False, mode="bf16w", probe_prefill=probe_prefill),
                 EnginePeer(path, routes=False, mode="bf16", probe_prefill=probe_prefill)]
+        if kv_cache_dtype == "bfloat16":
+            out.append(EnginePeer(path, routes=False, mode="bf16kv", probe_prefill=probe_prefill))
     if quantization == "gguf":
         gguf_model = GGUF_BUILDS.get(str(model))
         if gguf_model is None:

@@ -16,7 +16,8 @@ STYLES = {"execstate_r3_off": ("tab:blue", "o"), "transformers": ("tab:orange", 
           "llama_cpp": ("tab:green", "^"), "vllm": ("tab:red", "D"),
           "execstate_bf16_r3_off": ("tab:cyan", "o"), "execstate_bf16arith_r3_off": ("tab:purple", "o"),
           "vllm_bf16": ("tab:pink", "D"), "execstate_gguf_r3_off": ("tab:brown", "o"),
-          "llama_cpp_q4_1": ("tab:olive", "^")}
+          "llama_cpp_q4_1": ("tab:olive", "^"), "execstate_kvbf16_r3_off": ("tab:blue", "v"),
+          "execstate_bf16arith_kvbf16_r3_off": ("tab:purple", "v")}
 # the roofline of each weight storage: line colour and words
 ROOF_STYLES = {"fp32": ("k", "fp32 weights"), "bf16": ("tab:purple", "bf16 weights"),
                "gguf": ("tab:brown", "GGUF blocks")}

@@ -189,6 +189,9 @@ MODE_PAIRS = (
     ("execstate_bf16arith_r3_off", "execstate_r3_off"),
     ("execstate_bf16arith_r3_off", "execstate_bf16_r3_off"),
     ("execstate_gguf_r3_off", "execstate_r3_off"),
+    ("execstate_kvbf16_r3_off", "execstate_r3_off"),
+    ("execstate_bf16arith_kvbf16_r3_off", "execstate_bf16arith_r3_off"),
+    ("execstate_bf16arith_kvbf16_r3_off", "vllm_bf16"),
 )
 _MODE_FIGURES = (("batch8", "median_tok_s"), ("batch8", "prefill_tok_s"), ("batch1", "median_tok_s"),
                  ("batch1", "decode_tok_s"))

@@ -81,7 +81,7 @@ def run_throughput_sweep(model: str | Path = "standard", workload: SweepWorkload
                          repeats: int = 1, num_threads: int | None = None, peers: bool = True,
                          llama_cpp: bool = True, vllm_python: str | None = None,
                          bandwidth_gb_s: float | None = None, print_table: bool = True, dtype: str = "float32",
-                         quantization: str | None = None) -> dict[str, Any]:
+                         quantization: str | None = None, kv_cache_dtype: str = "auto") -> dict[str, Any]:
     """Run the sweep and return its report. ``bandwidth_gb_s``: use this memory bandwidth for the
     roofline instead of measuring it (e.g. one measured on a quiet machine). ``dtype``,
     ``quantization``: the other numerics modes and their peers, as in ``run_throughput_bench``;
@@ -114,7 +114,7 @@ def run_throughput_sweep(model: str | Path = "standard", workload: SweepWorkload
     peer_list, unavailable = _peers(model, path, big, threads, peers, llama_cpp, notes, probe_prefill=False)
     peer_list = [p for p in peer_list if p.name != "execstate_r3_on"]
     peer_list[1:1] = mode_peers(model, path, big, threads, dtype, quantization, peers and llama_cpp, unavailable,
-                                probe_prefill=False)
+                                probe_prefill=False, kv_cache_dtype=kv_cache_dtype)
     if peers:
         add_vllm_peer(peer_list, unavailable, vllm_python, path, big, threads, probe_prefill=False)
         if dtype == "bfloat16":
@@ -166,7 +166,7 @@ def _measure(peer_list: list[Peer], wl: SweepWorkload, vocab: int, repeats: int,
     try:
         for p in peer_list:
             p.load()
-            warm = wl.prompts(vocab, 2, 0, "warmup")
+            warm = wl.prompts(vocab, min(2, max(wl.batches)), 0, "warmup")  # a batched peer holds max(batches)
             if p.batch8:
                 p.run(warm, WARMUP_NEW_TOKENS, batched=True)
             p.run(warm[:1], WARMUP_NEW_TOKENS, batched=False)
@@ -290,7 +290,8 @@ def sweep_main(args: Any) -> int:
                                   peers=not args.no_peers, vllm_python=args.vllm_python,
                                   bandwidth_gb_s=args.bandwidth_gbs, print_table=not args.json,
                                   dtype=getattr(args, "dtype", "float32"),
-                                  quantization=getattr(args, "quantization", None))
+                                  quantization=getattr(args, "quantization", None),
+                                  kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")

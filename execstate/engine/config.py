@@ -15,6 +15,7 @@ from execstate.state.kv_events.config import KVEventsConfig
 KERNEL_CHOICES = ("auto", "torch", "execstate")
 GPU_KERNEL_CHOICES = ("auto", "triton", "torch")
 KERNEL_TEAMS = ("adaptive", "full")
+KV_CACHE_DTYPES = ("auto", "bfloat16")
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
@@ -51,6 +52,13 @@ class EngineConfig:
     # FMA emulation elsewhere), fp32 sums in one fixed order; attention, norms, the router, the KV
     # cache and the residual stream stay fp32 (engine/model_numerics.py).
     compute_dtype: str = "float32"
+    # Storage of the KV cache (vLLM's kv_cache_dtype). "auto": the activations' dtype (fp32 on the
+    # CPU kernels). "bfloat16" (bf16 attention; the CPU kernels): each K/V row is rounded to bf16
+    # (nearest even) when written and widened exactly when read, so attention reads half the
+    # bytes; scores, softmax and P x V stay fp32 in the kernels' one order, batch-invariant as
+    # ever. Any weight mode; its own numerics id (engine/model_numerics.py). Needs at most 16 query
+    # heads per KV head.
+    kv_cache_dtype: str = "auto"
     # "gguf": the model's GGUF file served as it is (Q8_0 / Q4_0 / Q4_1 blocks multiplied in place,
     # fp32 activations; model/gguf_model.py); None: the safetensors weights.
     quantization: str | None = None
@@ -135,6 +143,13 @@ class EngineConfig:
         if self.compute_dtype == "bfloat16" and (self.dtype != "bfloat16" or self.kernels == "torch"):
             raise ValueError("compute_dtype='bfloat16' (bf16 arithmetic) needs dtype='bfloat16' and the CPU kernels "
                              f"(got dtype={self.dtype!r}, kernels={self.kernels!r})")
+        if self.kv_cache_dtype in ("bf16", "bfloat16"):
+            self.kv_cache_dtype = "bfloat16"
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype == "bfloat16" and self.kernels == "torch":
+            raise ValueError("kv_cache_dtype='bfloat16' (bf16 attention) runs on the CPU kernels; with kernels='torch' "
+                             "use dtype='bfloat16' (the whole model in bf16)")
         if self.quantization not in (None, "gguf"):
             raise ValueError(f"quantization must be None or 'gguf', got {self.quantization!r}")
         if self.quantization is not None and (self.dtype != "float32" or self.kernels == "torch"):

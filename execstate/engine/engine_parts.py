@@ -3,7 +3,8 @@ the KV pool and its size in blocks, the route store, and the provenance its bloc
 
 ``EngineParts.build(config)`` does, in this order: resolve and load the model in its numerics
 mode (``engine/model_numerics.py``: fp32, bf16 weights, bf16 arithmetic or GGUF blocks; fp32
-activations and KV cache when weights are stored in bf16; the CPU kernels on or off), bound
+activations and KV cache when weights are stored in bf16, a bf16 KV cache with
+``kv_cache_dtype="bfloat16"``; the CPU kernels on or off), bound
 ``max_model_len`` by the model's, size the KV pool (``num_kv_blocks``, else as many blocks as
 ``kv_cache_memory_bytes`` holds but never more than ``max_num_seqs`` full-length sequences use;
 ``ValueError`` when one ``max_model_len`` sequence does not fit), start mapping its pages
@@ -18,10 +19,13 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from execstate.engine.config import EngineConfig
-from execstate.engine.model_numerics import activation_dtype, load_engine_model, numerics_id
+from execstate.engine.model_numerics import kv_cache_dtype, load_engine_model, numerics_id
 from execstate.engine.tokenizer import Tokenizer
 from execstate.identity.provenance import Provenance
+from execstate.kernels.paged_decode import MAX_TILED_GROUP
 from execstate.model.registry import resolve_model
 from execstate.model.transformer import CausalLM
 from execstate.model.weights_digest import model_digest
@@ -45,14 +49,17 @@ class EngineParts:
     @classmethod
     def build(cls, config: EngineConfig) -> EngineParts:
         model_path = resolve_model(config.model)
-        act_dtype = activation_dtype(config)  # activations and KV cache
+        kv_dtype = kv_cache_dtype(config)  # the KV pool's (bf16 attention: bf16; else the activations')
         model = load_engine_model(model_path, config)  # in its numerics mode (engine/model_numerics.py)
         mc = model.config
+        if kv_dtype is torch.bfloat16 and mc.num_heads // mc.num_kv_heads > MAX_TILED_GROUP:
+            raise ValueError(f"kv_cache_dtype='bfloat16' takes at most {MAX_TILED_GROUP} query heads per KV head; "
+                             f"this model has {mc.num_heads // mc.num_kv_heads}")
         tokenizer = Tokenizer(model_path, config.chat_template) if (model_path / "tokenizer.json").exists() else None
         if tokenizer is None and config.chat_template is not None:
             raise ValueError(f"chat_template: the model at {model_path} has no tokenizer.json to render chats with")
         max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
-        bpb = KVPool.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, act_dtype)
+        bpb = KVPool.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, kv_dtype)
         min_blocks = -(-max_model_len // config.block_size)
         # Never allocate more than max_num_seqs full-length sequences could ever use.
         num_blocks = config.num_kv_blocks or max(
@@ -64,7 +71,7 @@ class EngineParts:
                 f"sequence ({min_blocks} blocks); raise kv_cache_memory_bytes/num_kv_blocks or lower max_model_len"
             )
         kv_pool = KVPool(
-            mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, act_dtype, config.device
+            mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, kv_dtype, config.device
         )
         kv_populate = kv_pool.populate_async() if config.prefault_kv else None
         return_routes = config.enable_return_routed_experts and mc.is_moe

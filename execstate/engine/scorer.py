@@ -70,10 +70,11 @@ def _log_softmax(engine: LLMEngine, token_ids: list[int],
     routes = RouteCapture(n, mc.num_moe_layers, mc.top_k, forced_ids, forced_mask, device=dev) if mc.is_moe else None
     ids = torch.tensor(token_ids, dtype=torch.long, device=dev)
     positions = torch.arange(n, device=dev)
-    kernels = engine.model.kernels and engine.kv_pool.k.dtype == torch.float32
+    kv_dtype = engine.kv_pool.k.dtype
+    kernels = engine.model.kernels and kv_dtype in (torch.float32, torch.bfloat16)
     attention: AttentionBackend
     if kernels:
-        attention = KernelCausalAttention(n)
+        attention = KernelCausalAttention(n, kv_dtype)
     elif engine.runner.device_runner.triton:  # the engine's own attention kernel (bitwise in deterministic mode)
         attention = TritonCausalAttention(n, ids.device)
     else:

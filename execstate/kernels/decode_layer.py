@@ -124,7 +124,9 @@ class DecodeTables:
     of the flat batch is sequence ``t``'s one new position, written at ``slots[t]`` of each
     layer's cache and attending to its first ``ctx_lens[t]`` positions through
     ``block_table[t]`` (``[T, max_blocks]`` int64, as ``PagedDecode`` builds it).
-    ``k_cache``/``v_cache``: the pool's ``[num_layers, num_slots, n_kv_heads, head_dim]``."""
+    ``k_cache``/``v_cache``: the pool's ``[num_layers, num_slots, n_kv_heads, head_dim]``, fp32 or
+    bf16 (``kv_dtype``: the kernel writes each new K/V row rounded to nearest even and reads the
+    rows widened, so attention's arithmetic stays fp32; at most 16 query heads per KV head)."""
 
     def __init__(self, slots: torch.Tensor, tokens: torch.Tensor, block_table: torch.Tensor, ctx_lens: torch.Tensor,
                  block_size: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
@@ -134,8 +136,9 @@ class DecodeTables:
             if ten.dtype != torch.int64 or not ten.is_cpu or not ten.is_contiguous() or tuple(ten.shape) != shape:
                 raise ValueError(f"DecodeTables: {name} must be contiguous int64 CPU {shape}, got "
                                  f"{ten.dtype} {tuple(ten.shape)}")
-        require(k_cache, "k_cache", 4)
-        require(v_cache, "v_cache", 4)
+        kv_dtype = k_cache.dtype if k_cache.dtype in (torch.float32, torch.bfloat16) else torch.float32
+        require(k_cache, "k_cache", 4, kv_dtype)
+        require(v_cache, "v_cache", 4, kv_dtype)
         if k_cache.shape != v_cache.shape:
             raise ValueError(f"DecodeTables: k_cache {tuple(k_cache.shape)} != v_cache {tuple(v_cache.shape)}")
         num_slots = k_cache.shape[1]
@@ -159,6 +162,7 @@ class DecodeTables:
         self.num_layers = k_cache.shape[0]
         self.layer_bytes = k_cache[0].numel() * k_cache.element_size()
         self.kv_shape = tuple(k_cache.shape[2:])
+        self.kv_bf16 = kv_dtype is torch.bfloat16
 
 
 class DecodeStep(NamedTuple):
@@ -187,7 +191,7 @@ def decode_step(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tables: D
                          f"for {t} tokens")
     slots, tok, bt, cl = tables.ptrs
     spec = lib().step_spec(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), tables.k_base, tables.v_base, slots, tok, bt,
-                           cl, tables.layer_bytes, t, tables.width, tables.block_size, *timers)
+                           cl, tables.layer_bytes, t, tables.width, tables.block_size, *timers, int(tables.kv_bf16))
     return DecodeStep(spec, tables, (x, cos, sin), t, x.shape[1], cos.shape[1])
 
 

@@ -60,11 +60,16 @@ class PagedDecode:
             scale: float) -> None:
         """``out[tokens[b]] = softmax(q[tokens[b]] K_b^T * scale) V_b`` for every sequence ``b``.
 
-        ``q``/``out`` ``[T, n_heads, d]``, ``k_cache``/``v_cache`` ``[num_slots, n_kv, d]``,
-        fp32 contiguous CPU; query head ``j`` reads KV head ``j // (n_heads // n_kv)``.
+        ``q``/``out`` ``[T, n_heads, d]`` fp32, ``k_cache``/``v_cache`` ``[num_slots, n_kv, d]`` fp32
+        or bf16 (both the same), contiguous CPU; query head ``j`` reads KV head
+        ``j // (n_heads // n_kv)``. bf16 caches are read widened (exact) by the tiled kernel, so
+        the results equal the fp32 kernel's on the widened values bit for bit; they need at most
+        ``MAX_TILED_GROUP`` query heads per KV head.
         """
-        for name, t in (("q", q), ("out", out), ("k_cache", k_cache), ("v_cache", v_cache)):
-            require(t, name, 3)
+        kv_dtype = torch.bfloat16 if k_cache.dtype is torch.bfloat16 else torch.float32
+        for name, t, dt in (("q", q, torch.float32), ("out", out, torch.float32), ("k_cache", k_cache, kv_dtype),
+                            ("v_cache", v_cache, kv_dtype)):
+            require(t, name, 3, dt)
         n, nh, d = q.shape
         slots, nkv, d2 = k_cache.shape
         if (out.shape != q.shape or v_cache.shape != k_cache.shape or d2 != d or nkv < 1 or nh % nkv
@@ -74,13 +79,21 @@ class PagedDecode:
                              f"(expected {self.num_slots} slots)")
         if self.max_token >= n:
             raise ValueError(f"PagedDecode: token row {self.max_token} outside a batch of {n}")
+        bf16 = kv_dtype is torch.bfloat16
+        if bf16 and nh // nkv > MAX_TILED_GROUP:
+            raise ValueError(f"PagedDecode: bf16 K/V takes at most {MAX_TILED_GROUP} query heads per KV head, "
+                             f"got {nh // nkv}")
         if self.num_seqs:
             sync_threads()
-            # the tiled kernel: same results bit for bit, K/V read once per tile of a span's rows
-            fn = lib().prefill_attention if self.tiled and nh // nkv <= MAX_TILED_GROUP else lib().decode_attention
-            fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), self.tokens.data_ptr(),
-               self.block_table.data_ptr(), self.ctx_lens.data_ptr(), self.num_seqs, self.block_table.shape[1], nh,
-               nkv, d, self.block_size, float(scale))
+            args = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), self.tokens.data_ptr(),
+                    self.block_table.data_ptr(), self.ctx_lens.data_ptr(), self.num_seqs, self.block_table.shape[1],
+                    nh, nkv, d, self.block_size, float(scale))
+            # the tiled kernel: same results bit for bit, K/V read once per tile of a span's rows (and the
+            # kernel that reads bf16 K/V, a tile of one row per decode sequence)
+            if bf16 or (self.tiled and nh // nkv <= MAX_TILED_GROUP):
+                lib().prefill_attention(*args, int(bf16))
+            else:
+                lib().decode_attention(*args)
 
     @classmethod
     def for_spans(cls, token_starts: list[int], num_queries: list[int],

@@ -5,7 +5,7 @@
 (the caller runs the per-op path):
 
 - the step: the model is on the CPU kernels and ``ctx.attention`` gives ``decode_tables()``
-  (every span a decode, at most ``MAX_LINEAR_ROWS`` of them, fp32 pool);
+  (every span a decode, at most ``MAX_LINEAR_ROWS`` of them, an fp32 or bf16 pool);
 - the model: every layer on the CPU with fp32 vectors and fp32 or bf16 matrices (bf16 weights,
   ``model/bf16_weights.py``) or matrices in a kernel format of their own (bf16 arithmetic, GGUF
   blocks: ``model/weight_formats.py``), a dense SwiGLU MLP or a ``SparseMoE``, no ``clip_qkv``, and

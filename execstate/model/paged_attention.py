@@ -91,7 +91,7 @@ class PagedAttention:
         every span is a decode on the C kernels with at most ``MAX_LINEAR_ROWS`` tokens, else None."""
         pd = self.paged_decode
         if self.prefills or pd is None or self.decode_tokens is not None or not 0 < pd.num_seqs <= MAX_LINEAR_ROWS \
-                or self.pool.k.dtype != torch.float32:
+                or self.pool.k.dtype not in (torch.float32, torch.bfloat16):
             return None
         return DecodeTables(self.slot_mapping, pd.tokens, pd.block_table, pd.ctx_lens, pd.block_size, self.pool.k,
                             self.pool.v)

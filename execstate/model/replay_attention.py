@@ -21,15 +21,19 @@ from execstate.kernels.paged_decode import PagedDecode
 
 class KernelCausalAttention:
     """``AttentionBackend`` for one sequence of ``num_tokens`` tokens from position 0 (fp32, CPU
-    kernels). The plan is built once; every layer's call checks its tensors (``PagedDecode.run``)."""
+    kernels). The plan is built once; every layer's call checks its tensors (``PagedDecode.run``).
+    ``kv_dtype``: the engine's KV cache dtype; with bf16 the sequence's K/V are rounded to bf16
+    as the engine's pool stores them, so the rows equal the engine's in that mode too."""
 
-    def __init__(self, num_tokens: int) -> None:
+    def __init__(self, num_tokens: int, kv_dtype: torch.dtype = torch.float32) -> None:
         if num_tokens < 1:
             raise ValueError(f"KernelCausalAttention needs at least one token, got {num_tokens}")
-        self.num_tokens = num_tokens
+        if kv_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"KernelCausalAttention: K/V in float32 or bfloat16, got {kv_dtype}")
+        self.num_tokens, self.kv_dtype = num_tokens, kv_dtype
         self.plan = PagedDecode.for_spans([0], [num_tokens], [[0]], [num_tokens], num_tokens, num_tokens)
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(q)
-        self.plan.run(q, k.contiguous(), v.contiguous(), out, q.shape[-1] ** -0.5)
+        self.plan.run(q, k.to(self.kv_dtype).contiguous(), v.to(self.kv_dtype).contiguous(), out, q.shape[-1] ** -0.5)
         return out

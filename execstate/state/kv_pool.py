@@ -47,7 +47,10 @@ class KVPool:
         return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k/v ``[T, n_kv_heads, head_dim]`` at flat ``slots`` ``[T]`` in place."""
+        """Store k/v ``[T, n_kv_heads, head_dim]`` at flat ``slots`` ``[T]`` in place, in the pool's
+        dtype (fp32 rows into a bf16 pool rounded to nearest even, as the decode kernel rounds)."""
+        if k.dtype != self.k.dtype:
+            k, v = k.to(self.k.dtype), v.to(self.v.dtype)
         self.k[layer].index_copy_(0, slots, k)
         self.v[layer].index_copy_(0, slots, v)
 

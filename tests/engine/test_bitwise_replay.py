@@ -40,6 +40,9 @@ MODES = {
                                          "max_num_batched_tokens": 20}),
     "qwen3_moe-q4_1": ("qwen3_moe", {"quantization": "gguf"}),
     "llama-q8_0-chunked": ("llama", {"quantization": "gguf", "max_num_batched_tokens": 24}),
+    # bf16 attention (bf16 K/V) over fp32 and over bf16 arithmetic
+    "qwen3_moe-fp32-kvbf16-chunked": ("qwen3_moe", {"kv_cache_dtype": "bfloat16", "max_num_batched_tokens": 24}),
+    "llama-bf16-kvbf16": ("llama", {"dtype": "bfloat16", "compute_dtype": "bfloat16", "kv_cache_dtype": "bfloat16"}),
 }
 # the GGUF block format of a mode's build (model/gguf_quantize.py), by mode name
 GGUF_FORMAT = {"qwen3_moe-q4_1": WeightFormat.Q4_1, "llama-q8_0-chunked": WeightFormat.Q8_0}

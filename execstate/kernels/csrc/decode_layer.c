@@ -90,7 +90,8 @@ KT int es_decode_layer(const EsLayer *L, const EsStep *S, const EsCall *C) {
     float *qkv = buf, *q = qkv + T * qkv_n, *k = q + T * nh * d, *v = k + T * nkv * d;
     float *att = v + T * nkv * d, *o = att + T * nh * d, *gu = o + T * H, *y = gu + (L->w_gu ? 2 * I * slots : 0);
     float *priv = buf + shared;
-    float *kc = (float *)(S->k_base + C->layer * S->layer_bytes), *vc = (float *)(S->v_base + C->layer * S->layer_bytes);
+    char *kc = S->k_base + C->layer * S->layer_bytes, *vc = S->v_base + C->layer * S->layer_bytes;
+    const int64_t kv_item = S->kv_bf16 ? 2 : 4; /* bytes of a cached K/V value */
     const float **att_r = xr + 3 * T * nthreads;
     for (int64_t t = 0; t < T; t++) { /* output rows of qkv, o, the router / dense gate-up, dense down */
         att_r[t] = att + t * nh * d;
@@ -130,11 +131,14 @@ KT int es_decode_layer(const EsLayer *L, const EsStep *S, const EsCall *C) {
                 for (int64_t n = lo * d; n < hi * d; n++) r[n] += L->b_qkv[n];
             for (int64_t hd = lo; hd < hi; hd++) {
                 es_qkv_rope_head(qkv, S->cos, S->sin, L->q_norm, L->k_norm, L->eps, q, k, v, t, hd, nh, nkv, d);
-                if (hd >= nh + nkv) /* v head: K/V of a head written once both exist */
-                    memcpy(vc + (S->slots[t] * nkv + hd - nh - nkv) * d, v + (t * nkv + hd - nh - nkv) * d,
-                           sizeof(float) * d);
-                else if (hd >= nh)
-                    memcpy(kc + (S->slots[t] * nkv + hd - nh) * d, k + (t * nkv + hd - nh) * d, sizeof(float) * d);
+                if (hd < nh) continue; /* a K or V head: stored at the token's slot (bf16: rounded) */
+                const int64_t g = hd < nh + nkv ? hd - nh : hd - nh - nkv;
+                const float *src = (hd < nh + nkv ? k : v) + (t * nkv + g) * d;
+                char *dst = (hd < nh + nkv ? kc : vc) + (S->slots[t] * nkv + g) * d * kv_item;
+                if (S->kv_bf16)
+                    for (int64_t i = 0; i < d; i++) ((uint16_t *)dst)[i] = bf16_rne(src[i]);
+                else
+                    memcpy(dst, src, sizeof(float) * d);
             }
         }
         es_lap(&c, ES_T_ROPE);
@@ -143,16 +147,17 @@ KT int es_decode_layer(const EsLayer *L, const EsStep *S, const EsCall *C) {
         if (nh / nkv <= 16) { /* (sequence, KV head) items: each K/V row read once for its query heads */
 #pragma omp for schedule(dynamic, 1) nowait
             for (int64_t item = 0; item < T * nkv; item++)
-                if (es_decode_attention_kv(q, kc, vc, att, S->tok, S->block_table, S->ctx_len, S->max_blocks, nh, nkv, d,
-                                           S->block_size, L->scale, lmax, item, item + 1)) {
+                if (es_decode_attention_kv(q, kc, vc, S->kv_bf16, att, S->tok, S->block_table, S->ctx_len,
+                                           S->max_blocks, nh, nkv, d, S->block_size, L->scale, lmax, item, item + 1)) {
 #pragma omp atomic write
                     status = 2;
                 }
         } else {
 #pragma omp for schedule(static) nowait
             for (int64_t item = 0; item < T * nh; item++)
-                es_decode_attention_items_f32(q, kc, vc, att, S->tok, S->block_table, S->ctx_len, S->max_blocks, nh,
-                                              nkv, d, S->block_size, L->scale, item, item + 1, sc);
+                es_decode_attention_items_f32(q, (const float *)kc, (const float *)vc, att, S->tok, S->block_table,
+                                              S->ctx_len, S->max_blocks, nh, nkv, d, S->block_size, L->scale, item,
+                                              item + 1, sc);
         }
         es_lap(&c, ES_T_ATTN);
 #pragma omp barrier

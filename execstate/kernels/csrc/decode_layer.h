@@ -28,13 +28,14 @@ typedef struct {
 typedef struct {
     float *x;                          /* [T, H] residual stream, updated in place */
     const float *cos, *sin;            /* [T, d] */
-    char *k_base, *v_base;             /* layer 0 of the pool's [layers, slots, nkv, d] */
+    char *k_base, *v_base;             /* layer 0 of the pool's [layers, slots, nkv, d], fp32 or bf16 */
     int64_t layer_bytes;               /* bytes of one layer of the pool */
     const int64_t *slots, *tok, *block_table, *ctx_len; /* [T], [T], [T, max_blocks], [T] */
     int64_t T, max_blocks, block_size;
     double *timers;                    /* [timer_threads, ES_T_COUNT] phase times added (step_clock.h), or NULL */
     int64_t timer_threads;
     int timer_cpu;                     /* 1: each thread's CPU time, 0: wall time */
+    int kv_bf16;                       /* 1: the pool holds bf16 K/V (written rounded, read widened; nh / nkv <= 16) */
 } EsStep;
 
 /* One call: the cache layer and the outputs. */

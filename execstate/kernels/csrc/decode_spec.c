@@ -56,12 +56,13 @@ PyObject *es_py_layer_spec(PyObject *self, PyObject *args) {
 }
 
 /* step_spec(x, cos, sin, k_base, v_base, slots, tok, block_table, ctx_len, layer_bytes, T, max_blocks,
- *           block_size, timers, timer_threads, timer_cpu) */
+ *           block_size, timers, timer_threads, timer_cpu, kv_bf16) */
 PyObject *es_py_step_spec(PyObject *self, PyObject *args) {
     unsigned long long p[9], timers;
     EsStep S;
-    if (!PyArg_ParseTuple(args, "KKKKKKKKKnnnnKni", &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &p[8],
-                          &S.layer_bytes, &S.T, &S.max_blocks, &S.block_size, &timers, &S.timer_threads, &S.timer_cpu))
+    if (!PyArg_ParseTuple(args, "KKKKKKKKKnnnnKnii", &p[0], &p[1], &p[2], &p[3], &p[4], &p[5], &p[6], &p[7], &p[8],
+                          &S.layer_bytes, &S.T, &S.max_blocks, &S.block_size, &timers, &S.timer_threads, &S.timer_cpu,
+                          &S.kv_bf16))
         return NULL;
     if (S.T < 0 || S.max_blocks < 1 || S.block_size < 1 || S.layer_bytes < 0)
         return PyErr_Format(PyExc_ValueError, "decode_layer: bad step sizes");
@@ -85,6 +86,8 @@ PyObject *es_py_decode_layer(PyObject *self, PyObject *args) {
     const EsStep *S = L ? PyCapsule_GetPointer(scap, STEP) : NULL;
     if (!L || !S) return NULL;
     if (C.layer < 0) return PyErr_Format(PyExc_ValueError, "decode_layer: negative layer");
+    if (S->kv_bf16 && L->nh / L->nkv > 16)
+        return PyErr_Format(PyExc_ValueError, "decode_layer: bf16 K/V needs at most 16 query heads per KV head");
     if (L->top_k && !(ids && wts))
         return PyErr_Format(PyExc_ValueError, "decode_layer: a MoE layer needs ids_out and wts_out");
     if (L->w_router && !L->top_k && !lg)

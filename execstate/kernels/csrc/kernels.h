@@ -93,13 +93,15 @@ void es_decode_attention_items_f32(const float *q, const float *kc, const float 
                                    const int64_t *block_table, const int64_t *ctx_len, int64_t max_blocks, int64_t nh,
                                    int64_t nkv, int64_t d, int64_t bs, float scale, int64_t i0, int64_t i1, float *sc);
 /* prefill_attention.c (nh / nkv <= 16); es_decode_attention_kv: decode attention by (entry, KV
- * head) items on the calling thread, the bits of es_decode_attention_f32 */
-int es_decode_attention_kv(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
+ * head) items on the calling thread, the bits of es_decode_attention_f32. kv_bf16: the caches
+ * hold bf16 (uint16 bit patterns), widened exactly; the arithmetic is fp32 either way, so the
+ * results equal the fp32 kernel's on the widened values bit for bit. */
+int es_decode_attention_kv(const float *q, const void *kc, const void *vc, int kv_bf16, float *out, const int64_t *tok,
                            const int64_t *block_table, const int64_t *ctx_len, int64_t max_blocks, int64_t nh,
                            int64_t nkv, int64_t d, int64_t bs, float scale, int64_t lmax, int64_t i0, int64_t i1);
-int es_prefill_attention_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
-                             const int64_t *block_table, const int64_t *ctx_len, int64_t B, int64_t max_blocks,
-                             int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale);
+int es_prefill_attention_f32(const float *q, const void *kc, const void *vc, int kv_bf16, float *out,
+                             const int64_t *tok, const int64_t *block_table, const int64_t *ctx_len, int64_t B,
+                             int64_t max_blocks, int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale);
 /* fused.c */
 void es_silu_mul(const float *g, const float *u, float *h, int64_t n);
 void es_sigmoid(const float *x, float *y, int64_t n);

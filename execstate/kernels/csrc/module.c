@@ -264,16 +264,20 @@ static PyObject *py_moe_gguf(PyObject *self, PyObject *args) {
     return kernel_result(bad, "moe_gguf", "moe_gguf", a.E);
 }
 
-/* decode_attention and prefill_attention take the same arguments (prefill: nh / nkv <= 16). */
+/* decode_attention and prefill_attention take the same arguments (prefill: nh / nkv <= 16), and
+ * prefill_attention a last one: kv_bf16 (the caches hold bf16). */
 struct attention_args {
     unsigned long long q, kc, vc, out, tok, bt, cl;
     Py_ssize_t B, max_blocks, nh, nkv, d, bs;
     float scale;
+    int kv_bf16;
 };
 
 static int parse_attention(PyObject *args, const char *name, Py_ssize_t max_group, struct attention_args *a) {
-    if (!PyArg_ParseTuple(args, "KKKKKKKnnnnnnf", &a->q, &a->kc, &a->vc, &a->out, &a->tok, &a->bt, &a->cl, &a->B,
-                          &a->max_blocks, &a->nh, &a->nkv, &a->d, &a->bs, &a->scale))
+    a->kv_bf16 = 0;
+    if (!PyArg_ParseTuple(args, max_group ? "KKKKKKKnnnnnnfi" : "KKKKKKKnnnnnnf", &a->q, &a->kc, &a->vc, &a->out,
+                          &a->tok, &a->bt, &a->cl, &a->B, &a->max_blocks, &a->nh, &a->nkv, &a->d, &a->bs, &a->scale,
+                          &a->kv_bf16))
         return 0;
     if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA"), 0;
     if (a->B < 0 || a->max_blocks < 1 || a->nkv < 1 || a->nh % a->nkv || (max_group && a->nh / a->nkv > max_group) ||
@@ -299,9 +303,9 @@ static PyObject *py_prefill_attention(PyObject *self, PyObject *args) {
     int status;
     if (!parse_attention(args, "prefill_attention", 16, &a)) return NULL;
     Py_BEGIN_ALLOW_THREADS
-    status = es_prefill_attention_f32((const float *)a.q, (const float *)a.kc, (const float *)a.vc, (float *)a.out,
-                                      (const int64_t *)a.tok, (const int64_t *)a.bt, (const int64_t *)a.cl, a.B,
-                                      a.max_blocks, a.nh, a.nkv, a.d, a.bs, a.scale);
+    status = es_prefill_attention_f32((const float *)a.q, (const void *)a.kc, (const void *)a.vc, a.kv_bf16 != 0,
+                                      (float *)a.out, (const int64_t *)a.tok, (const int64_t *)a.bt,
+                                      (const int64_t *)a.cl, a.B, a.max_blocks, a.nh, a.nkv, a.d, a.bs, a.scale);
     Py_END_ALLOW_THREADS
     return kernel_result(status ? 2 : 0, "prefill_attention", "prefill_attention", 0);
 }

@@ -145,14 +145,28 @@ static KP void pair_values64(const float *sa, const float *sb, const float *vb, 
     for (int c = 0; c < 8; c++) _mm512_storeu_ps(o + 16 * c, r[c]);
 }
 
+/* KV head h's rows of the cache block holding positions [b0, b0 + bs) (block table bt): with
+ * fp32 K/V the rows in place (stride nkv * d floats); with bf16 K/V (`kw`: bs * d floats) its
+ * first n rows widened into kw (stride d). The same values either way, so the same results. */
+static KT const float *block_rows(const void *cache, const int64_t *bt, int64_t b0, int64_t n, int64_t h,
+                                  int64_t nkv, int64_t d, int64_t bs, float *kw, int64_t *stride) {
+    const int64_t at = (bt[b0 / bs] * bs * nkv + h) * d;
+    *stride = kw ? d : nkv * d;
+    if (!kw) return (const float *)cache + at;
+    widen_rows((const uint16_t *)cache + at, nkv * d, n, d, kw);
+    return kw;
+}
+
 /* One tile (entries e0..e0+n-1, same block table row bt) and KV head h: G heads per row
  * (rows r = i * G + g). With `pairs` (AVX-512, d = 64), heads 2m and 2m + 1 of an entry run
- * together on 16-lane vectors (oacc then holds the pair interleaved by 8 floats). */
-static KT void tile_item(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
+ * together on 16-lane vectors (oacc then holds the pair interleaved by 8 floats). kw: NULL for
+ * fp32 K/V; for bf16 K/V, bs * d floats where each block's rows are widened before use. */
+static KT void tile_item(const float *q, const void *kc, const void *vc, float *out, const int64_t *tok,
                          const int64_t *bt, const int64_t *ctx_len, int64_t e0, int64_t n, int64_t h, int64_t G,
                          int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale, int64_t lmax, float *sc,
-                         float *oacc, float *qp, int pairs) {
-    const int64_t rows = n * G, stride = nkv * d, npair = pairs ? G / 2 : 0;
+                         float *oacc, float *qp, int pairs, float *kw) {
+    const int64_t rows = n * G, npair = pairs ? G / 2 : 0;
+    int64_t stride;
     int64_t L = 0;
     for (int64_t i = 0; i < n; i++) L = ctx_len[e0 + i] > L ? ctx_len[e0 + i] : L;
     for (int64_t i = 0; i < n; i++) /* packed query pairs */
@@ -165,7 +179,7 @@ static KT void tile_item(const float *q, const float *kc, const float *vc, float
             }
         }
     for (int64_t b0 = 0; b0 < L; b0 += bs) { /* scores, block by block */
-        const float *kb = kc + (bt[b0 / bs] * bs * nkv + h) * d;
+        const float *kb = block_rows(kc, bt, b0, (L < b0 + bs ? L : b0 + bs) - b0, h, nkv, d, bs, kw, &stride);
         for (int64_t i = 0; i < n; i++) {
             const int64_t e = e0 + i, l1 = ctx_len[e] < b0 + bs ? ctx_len[e] : b0 + bs;
             if (l1 <= b0) continue;
@@ -180,7 +194,7 @@ static KT void tile_item(const float *q, const float *kc, const float *vc, float
     for (int64_t r = 0; r < rows; r++) inv[r] = 1.0f / softmax_numerators(sc + r * lmax, ctx_len[e0 + r / G]);
     memset(oacc, 0, sizeof(float) * rows * d);
     for (int64_t b0 = 0; b0 < L; b0 += bs) { /* values, block by block */
-        const float *vb = vc + (bt[b0 / bs] * bs * nkv + h) * d;
+        const float *vb = block_rows(vc, bt, b0, (L < b0 + bs ? L : b0 + bs) - b0, h, nkv, d, bs, kw, &stride);
         for (int64_t i = 0; i < n; i++) {
             const int64_t e = e0 + i, l1 = ctx_len[e] < b0 + bs ? ctx_len[e] : b0 + bs;
             if (l1 <= b0) continue;
@@ -214,28 +228,29 @@ static KT void tile_item(const float *q, const float *kc, const float *vc, float
  * each K and V row is read once for the G heads. lmax: the largest ctx_len of the call. For
  * callers inside a parallel region (decode_layer.c) and es_decode_attention_f32. G <= 16.
  * Returns 0, or 2 when out of memory. */
-KT int es_decode_attention_kv(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
-                              const int64_t *block_table, const int64_t *ctx_len, int64_t max_blocks, int64_t nh,
-                              int64_t nkv, int64_t d, int64_t bs, float scale, int64_t lmax, int64_t i0, int64_t i1) {
+KT int es_decode_attention_kv(const float *q, const void *kc, const void *vc, int kv_bf16, float *out,
+                              const int64_t *tok, const int64_t *block_table, const int64_t *ctx_len, int64_t max_blocks,
+                              int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale, int64_t lmax, int64_t i0,
+                              int64_t i1) {
     const int64_t G = nh / nkv;
     const int pairs = d == 64 && G >= 2 && es_gemm_packed_available(); /* AVX-512 */
-    const size_t bytes[3] = {sizeof(float) * (size_t)(G * lmax), sizeof(float) * (size_t)(G * d),
-                             sizeof(float) * (size_t)(G * d) + 64};
-    void *pt[3];
-    if (es_scratch_parts(ES_SCRATCH_ATTENTION, 3, bytes, pt)) return 2;
+    const size_t bytes[4] = {sizeof(float) * (size_t)(G * lmax), sizeof(float) * (size_t)(G * d),
+                             sizeof(float) * (size_t)(G * d) + 64, kv_bf16 ? sizeof(float) * (size_t)(bs * d) : 0};
+    void *pt[4];
+    if (es_scratch_parts(ES_SCRATCH_ATTENTION, 4, bytes, pt)) return 2;
     for (int64_t item = i0; item < i1; item++) {
         const int64_t b = item / nkv, h = item % nkv;
         tile_item(q, kc, vc, out, tok, block_table + b * max_blocks, ctx_len, b, 1, h, G, nh, nkv, d, bs, scale, lmax,
-                  pt[0], pt[1], pt[2], pairs);
+                  pt[0], pt[1], pt[2], pairs, kv_bf16 ? pt[3] : NULL);
     }
     return 0;
 }
 
 /* Returns 0, or 2 when out of memory (then nothing is guaranteed written). Heads per KV head
  * G = nh / nkv must be at most 16. */
-KT int es_prefill_attention_f32(const float *q, const float *kc, const float *vc, float *out, const int64_t *tok,
-                                const int64_t *block_table, const int64_t *ctx_len, int64_t B, int64_t max_blocks,
-                                int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale) {
+KT int es_prefill_attention_f32(const float *q, const void *kc, const void *vc, int kv_bf16, float *out,
+                                const int64_t *tok, const int64_t *block_table, const int64_t *ctx_len, int64_t B,
+                                int64_t max_blocks, int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale) {
     const int64_t G = nh / nkv;
     const int pairs = d == 64 && G >= 2 && es_gemm_packed_available(); /* AVX-512 */
     int64_t lmax = 1, n_tiles = 0;
@@ -251,10 +266,11 @@ KT int es_prefill_attention_f32(const float *q, const float *kc, const float *vc
     int oom = 0;
 #pragma omp parallel if (B * nh * lmax * d >= PARALLEL_MIN_MACS)
     {
-        const size_t bytes[3] = {sizeof(float) * (size_t)(QT * G * lmax), sizeof(float) * (size_t)(QT * G * d),
-                                 sizeof(float) * (size_t)(QT * G * d) + 64};
-        void *pt[3] = {NULL, NULL, NULL};
-        if (es_scratch_parts(ES_SCRATCH_ATTENTION, 3, bytes, pt)) {
+        const size_t bytes[4] = {sizeof(float) * (size_t)(QT * G * lmax), sizeof(float) * (size_t)(QT * G * d),
+                                 sizeof(float) * (size_t)(QT * G * d) + 64,
+                                 kv_bf16 ? sizeof(float) * (size_t)(bs * d) : 0};
+        void *pt[4] = {NULL, NULL, NULL, NULL};
+        if (es_scratch_parts(ES_SCRATCH_ATTENTION, 4, bytes, pt)) {
 #pragma omp atomic write
             oom = 1;
         }
@@ -264,7 +280,7 @@ KT int es_prefill_attention_f32(const float *q, const float *kc, const float *vc
             if (!sc || !oacc || !qp) continue;
             const int64_t t = item / nkv, h = item % nkv, e0 = tile_start[t];
             tile_item(q, kc, vc, out, tok, block_table + e0 * max_blocks, ctx_len, e0, tile_start[t + 1] - e0, h,
-                      G, nh, nkv, d, bs, scale, lmax, sc, oacc, qp, pairs);
+                      G, nh, nkv, d, bs, scale, lmax, sc, oacc, qp, pairs, kv_bf16 ? pt[3] : NULL);
         }
     }
     return oom ? 2 : 0;

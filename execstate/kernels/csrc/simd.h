@@ -58,6 +58,27 @@ static inline float widen1(uint16_t b) {
     return f;
 }
 
+/* n rows of d bf16 values (row stride `stride` elements) as fp32 rows of d floats at dst: exact. */
+static KT inline void widen_rows(const uint16_t *src, int64_t stride, int64_t n, int64_t d, float *dst) {
+    const int64_t d8 = d & ~(int64_t)7;
+    for (int64_t r = 0; r < n; r++, src += stride, dst += d) {
+        int64_t i = 0;
+        for (; i < d8; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(
+                                          _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i))), 16)));
+        for (; i < d; i++) dst[i] = widen1(src[i]);
+    }
+}
+
+/* fp32 -> bf16, round to nearest even, subnormals kept; NaN -> 0x7FC0 (torch's conversion, bit
+ * for bit; gemm_bf16dot_emu.c's round_bf16 flushes subnormals as vcvtne2ps2bf16 does). */
+static inline uint16_t bf16_rne(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
 /* finish() with bf16 weights: the lane sum, then the K % 8 tail on widened weights. */
 static KT inline float finish_bf16(__m256 acc, const uint16_t *w, const float *x, int64_t k8, int64_t K) {
     float s = hsum8(acc);
