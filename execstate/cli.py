@@ -65,7 +65,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     fleet_only = [flag for flag, given in (("--ray-address", args.ray_address is not None),
                                            ("--replica-host", args.replica_host != "127.0.0.1"),
-                                           ("--replica-resources", args.replica_resources is not None)) if given]
+                                           ("--replica-resources", args.replica_resources is not None),
+                                           ("--fleet-operator", args.fleet_operator is not None)) if given]
     if fleet_only and not args.ray:
         print(f"execstate serve {fleet_only[0]}: a fleet option: add --ray (docs/fleet.md)", file=sys.stderr)
         return 2
@@ -481,6 +482,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --ray: the address each engine replica binds and advertises (its HTTP server, KV "
                         "events, KV connector); 'node': its Ray node's IP, for replicas on several hosts "
                         "(default: %(default)s)")
+    g.add_argument("--fleet-operator", action="append", default=None, metavar="TENANT",
+                   help="with --ray and --api-keys-file: a tenant whose keys may change the fleet (POST "
+                        "/v1/fleet/drain, /v1/fleet/update_weights); repeat for several. GET /v1/fleet/replicas "
+                        "needs any key (default: no tenant may change a keyed fleet; an open fleet is its "
+                        "operator's)")
     g.add_argument("--replica-resources", type=_json_object, default=None, metavar="JSON",
                    help="with --ray: custom Ray resources each engine replica reserves, e.g. "
                         "'{\"execstate_engine\": 1}' with `ray start --resources` on the hosts that take one "

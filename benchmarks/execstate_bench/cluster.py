@@ -104,7 +104,7 @@ def _one_run(url: str, path: Path, n: int, router: str, w: ClusterWorkload, kwar
     t_deploy = time.perf_counter()
     serve.run(fleet_app(str(path), n, NAME, kwargs, router={"policy": policy, "seed": 0}, replica_cpus=replica_cpus,
                         sessions=settings), name=APP, route_prefix="/")
-    ids = _wait_replicas(url, n)
+    ids = _wait_replicas(url, n, headers=w.headers(0))
     deploy_s = time.perf_counter() - t_deploy
     for i in range(n):  # warm every replica (first forward) with a prompt sharing nothing with the workload
         httpx.post(url + "/v1/completions", json={"model": NAME, "prompt": list(range(600 + i, 608 + i)),
@@ -128,11 +128,14 @@ def _one_run(url: str, path: Path, n: int, router: str, w: ClusterWorkload, kwar
     return run
 
 
-def _wait_replicas(url: str, n: int, timeout_s: float = 180.0, known: set[str] | None = None) -> list[str]:
+def _wait_replicas(url: str, n: int, timeout_s: float = 180.0, known: set[str] | None = None,
+                   headers: dict[str, str] | None = None) -> list[str]:
+    """The ids of ``n`` registered replicas not in ``known``; ``headers``: a key on a keyed fleet."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            got = [r["replica_id"] for r in httpx.get(url + "/v1/fleet/replicas", timeout=10).json()["replicas"]]
+            listed = httpx.get(url + "/v1/fleet/replicas", timeout=10, headers=headers)
+            got = [r["replica_id"] for r in listed.json()["replicas"]]
         except (httpx.HTTPError, ValueError, KeyError):
             got = []
         fresh = [r for r in got if known is None or r not in known]

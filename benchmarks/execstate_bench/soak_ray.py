@@ -278,7 +278,7 @@ def start_fleet(model: Path, keys_file: Path, redis: RedisServer | None, replica
     env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS=each, MKL_NUM_THREADS=each)
     args = [sys.executable, "-m", "execstate", "serve", str(model), "--ray", "--replicas", str(replicas), "--port",
             str(port), "--served-model-name", hc.NAME, "--enable-return-routed-experts", "--api-keys-file",
-            str(keys_file), "--session-copy-every", "1", "--session-idle-ttl", "30"]
+            str(keys_file), "--fleet-operator", "tenant-a", "--session-copy-every", "1", "--session-idle-ttl", "30"]
     if redis is not None:
         args += ["--offload-redis-url", redis.url]
     with open(log, "wb") as fh:
@@ -296,7 +296,8 @@ def wait_ready(proc: subprocess.Popen, url: str, log: Path, replicas: int, timeo
             raise RuntimeError(f"the fleet was not ready after {timeout_s:.0f} s:\n"
                                f"{log.read_text(errors='replace')[-3000:]}")
         with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-            if len(httpx.get(url + "/v1/fleet/replicas", timeout=5).json()["replicas"]) >= replicas and \
+            listed = httpx.get(url + "/v1/fleet/replicas", timeout=5, headers={"Authorization": f"Bearer {KEYS[0]}"})
+            if len(listed.json()["replicas"]) >= replicas and \
                     httpx.post(url + "/v1/completions", json=body, timeout=60,
                                headers={"Authorization": f"Bearer {KEYS[0]}"}).status_code == 200:
                 return time.monotonic() - t0

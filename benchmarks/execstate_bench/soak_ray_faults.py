@@ -83,7 +83,7 @@ def oracle_tokens(model: Path, prompts: list[list[int]], block_size: int = 16) -
 
 
 async def fleet_replicas(s: Soak) -> dict[str, Any]:
-    r = await s.http.get(s.url + "/v1/fleet/replicas", timeout=30)
+    r = await s.http.get(s.url + "/v1/fleet/replicas", timeout=30, headers={"Authorization": f"Bearer {s.keys[0]}"})
     r.raise_for_status()
     return r.json()
 
@@ -290,8 +290,9 @@ async def rolling_update(s: Soak, source: Path, probe: Probe) -> dict[str, Any]:
     await asyncio.sleep(1.0)
     t0 = s.now()
     try:
-        r = await s.http.post(s.url + "/v1/fleet/update_weights",
-                              json={"source": str(source), "weights_version": "v1"}, timeout=900)
+        r = await s.http.post(s.url + "/v1/fleet/update_weights",  # the first key's tenant is the operator
+                              json={"source": str(source), "weights_version": "v1"}, timeout=900,
+                              headers={"Authorization": f"Bearer {s.keys[0]}"})
     finally:
         await asyncio.sleep(1.0)
         stop.set()

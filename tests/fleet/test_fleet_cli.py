@@ -25,7 +25,7 @@ def test_replica_resources_must_be_an_object_of_amounts(bad, capsys):
 
 
 @pytest.mark.parametrize("extra", [["--ray-address", "auto"], ["--replica-host", "node"],
-                                   ["--replica-resources", '{"x": 1}']])
+                                   ["--replica-resources", '{"x": 1}'], ["--fleet-operator", "ops"]])
 def test_the_cluster_options_need_ray(extra, capsys):
     assert main(["serve", "m", *extra]) == 2
     err = capsys.readouterr().err
@@ -46,3 +46,19 @@ def test_the_fleet_honours_the_session_options():
     never = fleet_session_settings(build_parser().parse_args(["serve", "m", "--ray", "--session-idle-ttl", "0"]))
     assert never.idle_ttl_s is None
     assert fleet_session_settings(build_parser().parse_args(["serve", "m", "--ray"])).idle_ttl_s == DEFAULT_IDLE_TTL_S
+
+
+def test_the_fleet_gets_the_servers_bounds_and_operators():
+    """The per-tenant quotas, the waiting queue and the request bounds of one server reach every
+    replica (a fleet used to queue a burst without bound and take any number of sessions), and
+    ``--fleet-operator`` names who may change the fleet."""
+    pytest.importorskip("ray")
+    from execstate.fleet.ray_app.app import fleet_session_settings
+    from execstate.serve.server import limits_from_args
+
+    args = build_parser().parse_args(["serve", "m", "--ray", "--tenant-max-sessions", "3", "--max-waiting-requests",
+                                      "48", "--fleet-operator", "ops", "--fleet-operator", "oncall"])
+    got = fleet_session_settings(args)
+    assert got.quotas.sessions == 3 and got.operators == ("ops", "oncall")
+    assert limits_from_args(args).max_waiting_requests == 48
+    assert fleet_session_settings(build_parser().parse_args(["serve", "m", "--ray"])).operators == ()

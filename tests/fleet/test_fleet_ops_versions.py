@@ -63,11 +63,42 @@ def test_the_replicas_list_shows_the_new_version(monkeypatch):
 
     async def run():
         body = json.dumps({"source": "/ckpt", "weights_version": "v1"}).encode()
-        done = await ops.handle(Req("POST", "/v1/fleet/update_weights", body))
-        listed = await ops.handle(Req("GET", "/v1/fleet/replicas"))
+        done = await ops.handle(Req("POST", "/v1/fleet/update_weights", body), operator=True)
+        listed = await ops.handle(Req("GET", "/v1/fleet/replicas"), operator=False)
         return json.loads(done.body), json.loads(listed.body)
 
     done, listed = asyncio.run(run())
     assert done == {"versions": {"a": "v1", "b": "v1"}} and ing.log == ["a", "b"]
     assert [r["weights_version"] for r in listed["replicas"]] == ["v1", "v1"]
     assert not ing.draining
+
+
+def test_only_an_operator_changes_the_fleet(monkeypatch):
+    """A caller that is not an operator tenant gets 403 for drain and update_weights, and nothing
+    is touched; it may still list the replicas."""
+    monkeypatch.setattr(fleet_ops, "actor_alive", lambda rid: True)
+    ing = FakeIngress()
+    ops = FleetOps(ing)  # type: ignore[arg-type]
+
+    class Req:
+        def __init__(self, method, path, body=b"") -> None:
+            self.method, self._body = method, body
+            self.url = type("U", (), {"path": path})()
+
+        async def body(self):
+            return self._body
+
+    async def run():
+        update = json.dumps({"source": "/ckpt", "weights_version": "v1"}).encode()
+        refused = [await ops.handle(Req("POST", "/v1/fleet/update_weights", update), operator=False),
+                   await ops.handle(Req("POST", "/v1/fleet/drain", json.dumps({"replica": "a"}).encode()),
+                                    operator=False)]
+        listed = await ops.handle(Req("GET", "/v1/fleet/replicas"), operator=False)
+        return refused, listed
+
+    refused, listed = asyncio.run(run())
+    assert [r.status_code for r in refused] == [403, 403]
+    assert all(json.loads(r.body)["error"]["code"] == "unauthorized" for r in refused)
+    assert ing.log == [] and not ing.draining
+    assert listed.status_code == 200
+    assert [r["weights_version"] for r in json.loads(listed.body)["replicas"]] == ["v0", "v0"]

@@ -113,7 +113,8 @@ def copied_step(store: ManifestStore, engine: str, sid: str) -> int | None:
 
 
 def test_a_lost_replicas_sessions_resume_elsewhere_from_their_copy(fleet, model, redis_url):
-    replicas = {r["replica_id"]: r for r in httpx.get(fleet + "/v1/fleet/replicas").json()["replicas"]}
+    listed = httpx.get(fleet + "/v1/fleet/replicas", headers=auth(KEY_A)).json()["replicas"]
+    replicas = {r["replica_id"]: r for r in listed}
     assert all(r["shared_copies"] and r["engine_id"] for r in replicas.values())
     inputs = [ids(1, 23), ids(2, 9), ids(3, 6), ids(4, 5)]
     homes: dict[str, str] = {}
@@ -171,7 +172,8 @@ def test_a_lost_replicas_sessions_resume_elsewhere_from_their_copy(fleet, model,
 
     other = step(fleet, lost[-1], inputs[2], KEY_B)  # tenant B: its own namespace, no such session
     assert other.status_code == 404, other.text
-    assert [r["session_id"] for r in httpx.get(fleet + "/v1/fleet/replicas").json()["resumed"]] == [lost[0]]
+    resumed = httpx.get(fleet + "/v1/fleet/replicas", headers=auth(KEY_A)).json()["resumed"]
+    assert [r["session_id"] for r in resumed] == [lost[0]]
 
     with ThreadPoolExecutor(2) as pool:  # two requests race for the resume of one session
         infos = list(pool.map(lambda _: httpx.get(f"{fleet}/v1/sessions/{lost[-1]}", headers=auth(KEY_A),
@@ -199,7 +201,7 @@ def test_a_lost_replicas_sessions_resume_elsewhere_from_their_copy(fleet, model,
             assert r.json()["step_index"] == k + 1  # continues from the copy's step
             assert r.json()["token_ids"] == twin.step(mine[k]).token_ids
     recovery_s = time.monotonic() - t_kill
-    resumed = httpx.get(fleet + "/v1/fleet/replicas").json()["resumed"]
+    resumed = httpx.get(fleet + "/v1/fleet/replicas", headers=auth(KEY_A)).json()["resumed"]
     assert sorted(r["session_id"] for r in resumed) == sorted(lost)  # each once, none of the others
     assert all(r["from"] == victim and r["to"] != victim for r in resumed)
     assert all(copied_step(store, engine, sid) is None for sid in lost)  # claimed: nobody else can wake them

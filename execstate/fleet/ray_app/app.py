@@ -52,6 +52,8 @@ from execstate.fleet.ray_app.pd_ingress import PDFleetIngress
 from execstate.fleet.ray_app.request_router import ExecstateRequestRouter
 from execstate.fleet.ray_app.session_settings import SessionSettings
 from execstate.identity.secret_ring import SECRET_ENV
+from execstate.serve.limits import ServingLimits
+from execstate.serve.server import limits_from_args, quotas_from_args
 
 __all__ = ["NODE_IP", "fleet_app", "fleet_session_settings", "run_fleet", "watch_fleet"]
 logger = logging.getLogger("execstate.fleet")
@@ -67,7 +69,8 @@ def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = Non
               app_name: str = APP_NAME, replica_cpus: float = 1.0, secret: str | None = None,
               replica_host: str = "127.0.0.1", replica_resources: dict[str, float] | None = None,
               shared_tier: str | None = None, sessions: SessionSettings | None = None,
-              realtime_grace_s: float = 0.0, pd: tuple[int, int] | None = None) -> Application:
+              realtime_grace_s: float = 0.0, pd: tuple[int, int] | None = None,
+              limits: ServingLimits | None = None) -> Application:
     """The application (module docstring). ``engine_kwargs``: ``EngineConfig`` fields of every
     replica; ``router``: ``request_router_kwargs`` (``policy`` and ``RouterKnobs`` fields);
     ``replica_cpus``: Ray CPUs reserved per engine replica; ``replica_host``: the address each
@@ -78,7 +81,8 @@ def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = Non
     ``sessions``: hibernation, copy period, API keys (``session_settings.py``);
     ``realtime_grace_s``: how long a replica keeps the sessions of a dropped ``/v1/realtime``
     socket for a reconnect's ``session.resume`` (``execstate serve --realtime-grace-s``); ``pd``:
-    (prefill replicas, decode replicas) for a PD fleet (``replicas`` is then unused)."""
+    (prefill replicas, decode replicas) for a PD fleet (``replicas`` is then unused); ``limits``: each
+    replica's bounds on one request and on its waiting queue (``ServingLimits``, as on one server)."""
     if not replica_host:
         raise ValueError("replica_host must be an address or NODE_IP")
     kwargs = dict(engine_kwargs or {})
@@ -102,7 +106,8 @@ def fleet_app(model: str, replicas: int = 2, served_model_name: str | None = Non
                 request_router_kwargs=dict(router or {}),
                 request_routing_stats_period_s=STATS_PERIOD_S,  # type: ignore[arg-type]
                 request_routing_stats_timeout_s=5.0),  # type: ignore[arg-type]
-        )).bind(model, name, kwargs, replica_host, (INGRESS, app_name), settings, realtime_grace_s, *role_args)
+        )).bind(model, name, kwargs, replica_host, (INGRESS, app_name), settings, realtime_grace_s, *role_args,
+                limits=limits)
 
     ingress_actor = {"num_cpus": 0, "runtime_env": {"env_vars": env}}
     if pd is None:
@@ -153,12 +158,13 @@ def run_fleet(args: argparse.Namespace) -> int:
     serve.start(http_options={"host": args.host, "port": args.port})
     kwargs = {"block_size": args.block_size, "seed": args.seed, "enable_return_routed_experts":
               args.enable_return_routed_experts, "max_model_len": args.max_model_len, "dtype": args.dtype,
-              "kernels": args.kernels, "chat_template": getattr(args, "chat_template", None)}
+              "kernels": args.kernels, "chat_template": getattr(args, "chat_template", None),
+              "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens}
     settings = fleet_session_settings(args)
     app = fleet_app(str(args.model), args.replicas, args.served_model_name, kwargs,
                     shared_tier=args.offload_redis_url, sessions=settings,
                     realtime_grace_s=args.realtime_grace_s, pd=pd, replica_host=args.replica_host,
-                    replica_resources=args.replica_resources, replica_cpus=share)
+                    replica_resources=args.replica_resources, replica_cpus=share, limits=limits_from_args(args))
     shape = f"{args.replicas} replicas" if pd is None else f"{pd[0]} prefill + {pd[1]} decode replicas"
     ready = (f"execstate fleet: {shape} of {args.model} on http://{args.host}:{args.port} ({share:g} CPU each; "
              "Ray Serve; /v1/fleet/replicas lists them)")
@@ -173,9 +179,11 @@ def run_fleet(args: argparse.Namespace) -> int:
 def fleet_session_settings(args: argparse.Namespace) -> SessionSettings:
     """The session settings ``execstate serve --ray`` gives every replica and the ingress, from its
     options: ``--session-hibernate-after``, ``--session-copy-every``, ``--api-keys-file``,
-    ``--shared-prefix-group`` and ``--session-idle-ttl`` (as on one server)."""
+    ``--shared-prefix-group``, ``--session-idle-ttl`` and the ``--tenant-max-*`` quotas (as on one
+    server), and ``--fleet-operator``."""
     return SessionSettings(args.session_hibernate_after, args.session_copy_every or None, args.api_keys_file,
-                           tuple(getattr(args, "shared_prefix_group", None) or ()), args.session_idle_ttl)
+                           tuple(getattr(args, "shared_prefix_group", None) or ()), args.session_idle_ttl,
+                           quotas_from_args(args), tuple(getattr(args, "fleet_operator", None) or ()))
 
 
 def watch_fleet(app: Application, ready: str, poll_s: float = 1.0, max_backoff_s: float = 60.0) -> None:

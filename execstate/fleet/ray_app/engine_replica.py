@@ -62,6 +62,7 @@ from execstate.fleet.ray_app.version_gate import VersionGate
 from execstate.fleet.router.policy import RouteRequest
 from execstate.serve.app import build_app, serve_policy
 from execstate.serve.kv_transfer_config import KVTransferConfig
+from execstate.serve.limits import ServingLimits
 from execstate.serve.metrics import ServingMetrics
 from execstate.serve.realtime.lm.endpoint import DEFAULT_GRACE_S
 from execstate.serve.sessions.targets import MigrationTargets
@@ -102,7 +103,8 @@ class EngineReplica:
     def __init__(self, model: str, served_model_name: str, engine_kwargs: dict[str, Any] | None = None,
                  host: str = "127.0.0.1", ingress: tuple[str, str] | None = None,
                  sessions: SessionSettings | None = None, realtime_grace_s: float = DEFAULT_GRACE_S,
-                 role: str = ENGINE_ROLE, kv_transfer: dict[str, Any] | None = None) -> None:
+                 role: str = ENGINE_ROLE, kv_transfer: dict[str, Any] | None = None,
+                 limits: ServingLimits | None = None) -> None:
         bind_replica_grpc_to_loopback()  # a single-machine fleet: Serve's replica gRPC server on loopback
         host = self.host = resolve_host(host)
         events = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"tcp://{host}:0",
@@ -112,18 +114,19 @@ class EngineReplica:
         kv = KVTransferConfig(**(kv_transfer or KV_BOTH), kv_connector_extra_config={"side_channel_host": host})
         config = EngineConfig(model=model, kv_events=events, kv_transfer=kv.pd_config(), **(engine_kwargs or {}))
         metrics = ServingMetrics()
-        self.engine = AsyncEngine.from_config(config, on_transfer=metrics.record_transfer)
+        limits = limits or ServingLimits()  # the server's bounds, as `execstate serve` gives one engine
+        self.engine = AsyncEngine.from_config(config, limits.max_waiting_requests, on_transfer=metrics.record_transfer)
         self.replica_id = replica_id()
         self.role = role
         self.block_size = config.block_size
         trust = self.engine.handoff_trust
         rs = sessions or SessionSettings()
-        policy = serve_policy(idle_ttl_s=rs.idle_ttl_s, hibernate_after_s=rs.hibernate_after_s)
+        policy = serve_policy(idle_ttl_s=rs.idle_ttl_s, quotas=rs.quotas, hibernate_after_s=rs.hibernate_after_s)
         sharing = rs.sharing()
         self.sessions = AsyncSessions(self.engine, policy, sharing)
         self.app = build_app(self.engine, served_model_name, metrics=metrics, handoff_trust=trust,
                              migration_targets=MigrationTargets(), sessions=self.sessions, policy=policy,
-                             sharing=sharing, keys=rs.keys(), realtime_grace_s=realtime_grace_s)
+                             sharing=sharing, keys=rs.keys(), realtime_grace_s=realtime_grace_s, limits=limits)
         summary = self.engine.summary_blocking()  # what it was built with: its id, tier, feed, version
         self.engine_id, shared = summary.home.engine_id, summary.home.shared_tier
         self.copies = CopyLoop(self.engine, self.sessions, rs.copy_every_s).start() \

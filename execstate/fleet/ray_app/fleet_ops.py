@@ -70,8 +70,14 @@ class FleetOps:
     def __init__(self, ingress: Ingress) -> None:
         self.ingress = ingress
 
-    async def handle(self, request: Request) -> Response:
+    async def handle(self, request: Request, operator: bool) -> Response:
+        """Answer one operation; ``operator``: the caller may change the fleet (drain, update), else
+        those answer 403 before any work (the ingress decided who called: ``ingress.py``)."""
         path, method = request.url.path, request.method
+        if method == "POST" and not operator:
+            return JSONResponse({"error": {"message": f"{path} changes the fleet: it needs the key of an operator "
+                                           "tenant (execstate serve --ray --fleet-operator TENANT)",
+                                           "type": "invalid_request_error", "code": "unauthorized"}}, 403)
         try:
             body: Any = json.loads(await request.body() or b"{}") if method == "POST" else {}
         except ValueError:

@@ -9,7 +9,8 @@ WebSockets (``ws_route.WS_PATHS``) to :class:`~execstate.fleet.ray_app.ws_ingres
 
 - ``/v1/fleet/...`` (the fleet's own operations, ``fleet_ops.py``): ``GET /v1/fleet/replicas``,
   ``POST /v1/fleet/drain`` ``{"replica"}``, ``POST /v1/fleet/update_weights``
-  ``{"source", "weights_version"}``;
+  ``{"source", "weights_version"}``. On a keyed fleet each needs a key (401 without one), and the
+  two that change the fleet a key of an operator tenant (``--fleet-operator``; 403 otherwise);
 - anything else (``/v1/completions``, ``/v1/chat/completions``, ``/v1/sessions...``, ``/v1/models``,
   ``/metrics`` ...): builds its :class:`RouteRequest` (``prompt_route.py``: the prompt's tokens
   and salt, or the replica holding the session) and calls ``EngineReplica.forward`` through the
@@ -75,6 +76,7 @@ class FleetIngress:
         settings = sessions or SessionSettings()
         self.keys = settings.keys()  # the tenant a session is resumed for, and a prompt is keyed for
         self.sharing = settings.sharing()
+        self.operators = frozenset(settings.operators)  # tenants that may change the fleet (fleet_ops.py)
         self.sessions = SessionRouting(self, SecretRing.resolve())
         self.model = model
         path = resolve_model(model)
@@ -131,7 +133,12 @@ class FleetIngress:
     async def handle_http(self, request: Request) -> Response:
         path = request.url.path
         if path.startswith("/v1/fleet/"):
-            return await self.ops.handle(request)
+            tenant = self.tenant_of(request)
+            if tenant is None:
+                return JSONResponse({"error": {"message": "Incorrect or missing API key: the fleet's operations "
+                                               "need one", "type": "invalid_request_error",
+                                               "code": "invalid_api_key"}}, 401)
+            return await self.ops.handle(request, self.keys.open or tenant in self.operators)
         body = await request.body()
         caller = caller_of(request.headers.get("authorization"))
         sid = session_of(path)

@@ -12,7 +12,11 @@
 - ``shared_prefix_groups``: the operator's shared prefix groups (``--shared-prefix-group``), the
   same on every replica and the ingress;
 - ``idle_ttl_s``: a detached session unused this long expires on its replica
-  (``--session-idle-ttl``, as on one server; None: never).
+  (``--session-idle-ttl``, as on one server; None: never);
+- ``quotas``: the per-tenant session quotas every replica applies (``--tenant-max-sessions`` ...,
+  as on one server);
+- ``operators``: the tenants whose keys may change the fleet (``--fleet-operator``: drain, rolling
+  update; ``fleet_ops.py``). On an open fleet every caller is the operator.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from execstate.identity.scope import PrefixSharing
 from execstate.serve.app import DEFAULT_IDLE_TTL_S
 from execstate.serve.principals import KeyRing
+from execstate.state.quotas import Quotas
 
 DEFAULT_COPY_EVERY_S = 1.0
 
@@ -33,6 +38,8 @@ class SessionSettings:
     api_keys_file: str | None = None
     shared_prefix_groups: tuple[str, ...] = ()
     idle_ttl_s: float | None = DEFAULT_IDLE_TTL_S
+    quotas: Quotas = Quotas()
+    operators: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("hibernate_after_s", "copy_every_s", "idle_ttl_s"):
