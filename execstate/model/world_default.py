@@ -75,10 +75,15 @@ def load_default(name: str, numerics: str = "eager") -> Any:  # a WorldModel
 
 
 def load_world_dir(path: Path | str, numerics: str = "eager", model_id: str | None = None) -> Any:  # a WorldModel
-    """A trained world-model directory: a maze model when its config has the maze model's fields
-    (``strip``), else a grid model."""
+    """A trained world-model directory: the maze state model when its config has that model's
+    fields (``maze_seed``), the maze pixel model when it has that one's (``strip``), else a grid
+    model."""
     path = Path(path)
     cfg = json.loads((path / "config.json").read_text())
+    if "maze_seed" in cfg:
+        from execstate.model.world.maze.state.model import MazeStateModel
+
+        return MazeStateModel.load(path, numerics=numerics, model_id=model_id or MAZE_NAME)
     if "strip" in cfg:
         from execstate.model.world.maze.model import MazeWorldModel
 
