@@ -10,14 +10,13 @@ cosine decay within each stage:
 1. ``view_steps``: the view (the maps and the pixel MLP): random columns of random views, all their
    rows; loss = MSE of the pixels in ``[-1, 1]`` + ``depth_weight`` x MSE of the log depth.
 2. ``motion_steps``: the motion: batches of walks run chunk by chunk (hard gates, a sigmoid's
-   gradient through them), each chunk's gates corrected from the tokens of the chunks before it (the
-   sink and the newest ``window_chunks``, as a session holds them), each chunk from the walk's pose
-   at its start (``reanchor``; 0: from where the model's own walk got to); loss = MSE of the
-   chunks' positions against the walk's (it trains the map and the correction, not the steps), and
+   gradient through them), each chunk from the walk's pose at its start (``reanchor``; 0: from
+   where the model's own walk got to); loss = MSE of the chunks' positions against the walk's (it
+   trains the map, not the steps), and
    at the walk's true poses: the gates' cross-entropy against whether the walker moved along each
-   axis, and the MSE of the steps against the moves, gated by whether it moved (the steps'
-   regression). ``reanchor 0`` (whole rollouts) made the loss grow: the unrolled error pulled the
-   map wherever a rollout had gone wrong.
+   axis and the map's against "free" where it stood, and the MSE of the steps against the moves,
+   gated by whether it moved (the steps' regression). ``reanchor 0`` (whole rollouts) made the loss
+   grow: the unrolled error pulled the map wherever a rollout had gone wrong.
 
 Every ``checkpoint_every`` steps the state (weights, optimizer, stage, step, the batch generator)
 goes to ``out/checkpoint.pt``; ``--resume`` continues from it (the data is re-made from the seed).
@@ -124,18 +123,11 @@ class Trainer:
         keys, yaw, xz = self.keys[idx], self.yaw[idx], self.xz[idx]
         f = mc.frames_per_chunk
         x, z = xz[:, 0, 0], xz[:, 0, 1]
-        tokens: list[tuple[torch.Tensor, torch.Tensor]] = []
-        path, logits = [], []
+        path = []
         for c in range(keys.shape[1] // f):
             sl = slice(c * f, (c + 1) * f)
-            ctx = tokens[: mc.sink_chunks] + tokens[mc.sink_chunks :][-mc.window_chunks :]
-            ck = torch.cat([k for k, _ in ctx], dim=1) if ctx else None
-            cv = torch.cat([v for _, v in ctx], dim=1) if ctx else None
-            bias = motion.correction(x, z, yaw[:, sl], keys[:, sl], ck, cv)
-            pos, lg = motion.walk(x, z, yaw[:, sl], keys[:, sl], bias, hard=False)
-            tokens.append(motion.tokens(pos, yaw[:, sl], keys[:, sl], lg))
+            pos, _ = motion.walk(x, z, yaw[:, sl], keys[:, sl], hard=False)
             path.append(pos)
-            logits.append(lg)
             end = xz[:, (c + 1) * f] if self.tc.reanchor else pos[:, -1]
             x, z = end[:, 0], end[:, 1]
         unrolled = torch.cat(path, dim=1)
@@ -152,6 +144,8 @@ class Trainer:
         bce = (F.binary_cross_entropy_with_logits(lx, moved_x.reshape(-1), reduction="none") * tries_x).sum()
         bce = (bce + (F.binary_cross_entropy_with_logits(lz, moved_z.reshape(-1), reduction="none") * tries_z).sum()
                ) / (tries_x.sum() + tries_z.sum()).clamp_min(1)
+        stood = motion.free_logit(after[..., 0].reshape(-1), after[..., 1].reshape(-1))  # where it stood: free
+        bce = bce + F.binary_cross_entropy_with_logits(stood, torch.ones_like(stood))
         moves = torch.stack([dx * moved_x, dz * moved_z], dim=-1)
         return 100.0 * (F.mse_loss(unrolled, after) + F.mse_loss(moves, after - before)) + bce
 

@@ -3,7 +3,7 @@
 :func:`locate` searches around the home pose (the maze's start: where every scene of the maze the
 model knows starts) for the pose whose view (``view.py``, the model's own map) matches the frame
 best: rounds of a 3 x 3 x 3 grid of position and yaw offsets, halving the offsets each round, from
-``REFINE_START`` (so it reaches about twice that from home), scored on every fourth row and column.
+``REFINE_START`` (so it reaches about twice that from home), scored on every other row and column.
 Deterministic: the same frame gives the same pose. A frame seen from farther away is located where
 the view near home matches it best, which is not where it was seen (a limitation: a global search
 over the map costs seconds; a learnt locator did not learn in the budget, docs/world-maze.md).
@@ -16,8 +16,8 @@ import torch
 from execstate.model.world.maze.pose import DTHETA
 from execstate.model.world.maze.state.view import ViewField
 
-REFINE_ROUNDS = 6
-REFINE_START = (0.4, 8 * DTHETA)  # the first round's position and yaw offsets (cells, radians)
+REFINE_ROUNDS = 5
+REFINE_START = (0.2, 4 * DTHETA)  # the first round's position and yaw offsets (cells, radians)
 
 
 def locate(view: ViewField, frame: torch.Tensor, theme: int, pitch: float,
@@ -32,9 +32,9 @@ def refine(view: ViewField, frame: torch.Tensor, theme: int, pitch: float, x: fl
     """The pose near ``(x, z, yaw)`` whose view matches ``frame [H, W, 3]`` best (module docstring),
     and its mean squared error on the scored pixels."""
     size = view.cfg.frame_size
-    target = frame[::4, ::4]
-    cols = (torch.arange(0, size, 4, dtype=torch.float32) + 0.5 - size / 2) * DTHETA
-    rows = (torch.arange(0, size, 4, dtype=torch.float32) + 0.5 - size / 2) - pitch / DTHETA
+    target = frame[::2, ::2]
+    cols = (torch.arange(0, size, 2, dtype=torch.float32) + 0.5 - size / 2) * DTHETA
+    rows = (torch.arange(0, size, 2, dtype=torch.float32) + 0.5 - size / 2) - pitch / DTHETA
     grid = torch.tensor([-1.0, 0.0, 1.0])
     dp, dy = REFINE_START
     for _ in range(REFINE_ROUNDS):

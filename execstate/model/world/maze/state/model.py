@@ -5,7 +5,7 @@ Latents are the frames (RGB in ``[-1, 1]``, ``[F, H, W, 3]``, as the pixel maze 
 ``maze/chunk_io.py``). The carry is the state (``network.py``): the walker's position on the plan,
 the maze's yaw at the session's yaw 0, and whether it is located. A step does not denoise: the
 chunk is the view from the poses the motion reaches (``schedule`` is ``(0.0,)``, one call, the
-noise unused), so the frames are a function of the carry, the actions, the theme and the context.
+noise unused), so the frames are a function of the carry, the actions and the theme.
 
 - ``denoise_step``: the motion from the carry's position through the chunk's keys, at the yaws of
   the camera, then the view from each frame's pose (a carry not yet located starts from the home
@@ -15,7 +15,9 @@ noise unused), so the frames are a function of the carry, the actions, the theme
   chunk's slots (``writer``), and the new carry;
 - ``gather_context``: the context's tokens out of the pool (a copy, by block ids, in order).
 
-K/V: one token per frame, one layer, one head of ``token_dim`` (``motion.py``). The prompt's
+K/V: one state token per frame, one layer, one head of ``token_dim`` (``motion.py``): the session's
+cache holds the walker's path over the window; the model's steps do not read it (the state is
+Markov). The prompt's
 "K/V" is its theme (``textures.theme_for_prompt``: the word of the prompt the renderer reads),
 as an index into the learnt theme embeddings. Numerics: ``eager`` runs the chunk as is,
 ``compiled`` under ``torch.compile``.
@@ -125,13 +127,11 @@ class MazeStateModel:
     def _theme(self, prompt: PromptKV) -> torch.Tensor:
         return prompt.k.to(torch.long).reshape(1)
 
-    def _run(self, state: torch.Tensor, actions: ChunkActions, prompt: PromptKV, ctx: ContextKV, render: bool
+    def _run(self, state: torch.Tensor, actions: ChunkActions, prompt: PromptKV, render: bool
              ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
         cam = actions.camera if actions.camera is not None else torch.zeros((self.cfg.frames_per_chunk, 4))
-        ck = None if ctx.k is None else ctx.k[0, :, :, 0]
-        cv = None if ctx.v is None else ctx.v[0, :, :, 0]
         with torch.no_grad():
-            return self._chunk(state, actions.keys, cam, self._theme(prompt), ck, cv, render)
+            return self._chunk(state, actions.keys, cam, self._theme(prompt), render)
 
     def _start(self, carry: Carry) -> torch.Tensor:
         if float(carry[LOCATED]) > 0.5:
@@ -143,7 +143,7 @@ class MazeStateModel:
         if not 0.0 <= t < 1.0:
             raise ValueError(f"flow time must be in [0, 1), got {t}")
         self._check(noisy, carry)
-        frames, _, _, _ = self._run(self._start(carry), actions, prompt, ctx, render=True)
+        frames, _, _, _ = self._run(self._start(carry), actions, prompt, render=True)
         assert frames is not None  # render
         return frames.clamp(-1.0, 1.0)
 
@@ -169,6 +169,6 @@ class MazeStateModel:
             keep = torch.zeros_like(actions.keys)  # located at the last frame: the chunk does not move
             state = torch.tensor([x, z, yaw - float(cam[-1, 0]), 1.0])
             actions = ChunkActions(keep, cam)
-        _, xz, k, v = self._run(state, actions, prompt, ctx, render=False)
+        _, xz, k, v = self._run(state, actions, prompt, render=False)
         writer.write(k[None, :, None], v[None, :, None])
         return torch.cat([xz[-1], state[2:3], torch.ones(1)]).to(torch.float32)

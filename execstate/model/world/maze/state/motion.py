@@ -4,14 +4,17 @@ The state is the walker's position ``(x, z)`` on the plan (the yaw is the sessio
 nothing blocks). A frame's key moves it by a learnt step (``steps``: forward and sideways cells a
 frame per key, turned by the frame's world yaw), taken along x, then along z, each only where a
 learnt *free-space map* (``free``: a logit per point of the plan, ``free_per_cell`` points a cell,
-bilinear; > 0: the walker may stand there) lets it: so it slides along a wall it walks into and
+bilinear; > 0: the walker may stand there; it starts blocked everywhere, so what training never
+saw free stays a wall) lets it: so it slides along a wall it walks into and
 stops at one ahead, wherever the map says the walls are. The gates are hard (logit > 0: a blocked
 step is not taken at all); training unrolls whole walks through them with a sigmoid's gradient
 (straight-through).
 
 The state tokens: each frame's state (its position, yaw, key and gates) becomes one token whose key
-and value (``token_dim``, one head) are the session's K/V; a chunk's gates get a learnt correction
-from attending to the context's tokens (the walker's recent path; it starts at zero).
+and value (``token_dim``, one head) are the session's K/V, so the session's cache holds the
+walker's path in the window (rolled, checkpointed, hibernated with the session). The motion itself
+is Markov in the state and reads none of it: an attention correction of the gates from the
+context's tokens was tried and learnt to open gates into walls (docs/world-maze.md).
 """
 
 from __future__ import annotations
@@ -35,30 +38,12 @@ class Motion(nn.Module):
         super().__init__()
         self.cfg = cfg
         n = cfg.grid_points(cfg.free_per_cell)
-        self.free = nn.Parameter(torch.full((1, 1, n, n), 2.0))
+        self.free = nn.Parameter(torch.full((1, 1, n, n), -2.0))  # blocked until training says free
         self.steps = nn.Parameter(torch.zeros(cfg.n_keys, 2))
-        width = 4 + cfg.n_keys + 2
-        self.kv = nn.Linear(width, 2 * cfg.token_dim)
-        self.query = nn.Linear(width, cfg.token_dim)
-        self.correct = nn.Linear(cfg.token_dim, 2)
-        nn.init.zeros_(self.correct.weight)
-        nn.init.zeros_(self.correct.bias)
+        self.kv = nn.Linear(4 + cfg.n_keys + 2, 2 * cfg.token_dim)
 
     def free_logit(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return sample_plan(self.free, x[:, None], z[:, None], self.cfg.extent)[0, :, 0]
-
-    def correction(self, x: torch.Tensor, z: torch.Tensor, yaw: torch.Tensor, key: torch.Tensor,
-                   ctx_k: torch.Tensor | None, ctx_v: torch.Tensor | None) -> torch.Tensor:
-        """Gate logits' corrections ``[N, F, 2]`` for frames with ``yaw, key [N, F]`` from positions
-        ``x, z [N]``, attending to context tokens ``ctx_k, ctx_v [N, T, token_dim]`` (None: none)."""
-        n, f = key.shape
-        if ctx_k is None or ctx_v is None or ctx_k.shape[1] == 0:
-            return torch.zeros(n, f, 2)
-        q = self.query(_features(self.cfg, x[:, None].expand(n, f), z[:, None].expand(n, f), yaw, key,
-                                 torch.zeros(n, f, 2)))
-        att = torch.softmax(q @ ctx_k.transpose(1, 2) / self.cfg.token_dim ** 0.5, dim=-1)
-        out: torch.Tensor = self.correct(att @ ctx_v)
-        return out
 
     def displacement(self, yaw: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys' learnt steps turned by the yaws (any matching shapes) -> ``dx, dz``."""
@@ -66,9 +51,9 @@ class Motion(nn.Module):
         c, s = torch.cos(yaw), torch.sin(yaw)
         return step[..., 0] * c - step[..., 1] * s, step[..., 0] * s + step[..., 1] * c
 
-    def walk(self, x: torch.Tensor, z: torch.Tensor, yaw: torch.Tensor, key: torch.Tensor, bias: torch.Tensor,
+    def walk(self, x: torch.Tensor, z: torch.Tensor, yaw: torch.Tensor, key: torch.Tensor,
              hard: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """Frames ``yaw, key [N, F]`` from ``x, z [N]`` with gate corrections ``bias [N, F, 2]`` ->
+        """Frames ``yaw, key [N, F]`` from ``x, z [N]`` ->
         positions ``[N, F, 2]`` after each frame and gate logits ``[N, F, 2]`` (x, then z). The gates
         are hard (logit > 0) either way; ``hard=False`` (training) passes the sigmoid's gradient
         through them (straight-through) and none to the steps, so training unrolls exactly what
@@ -85,9 +70,9 @@ class Motion(nn.Module):
             dx, dz = self.displacement(yaw[:, f], key[:, f])
             if not hard:
                 dx, dz = dx.detach(), dz.detach()
-            lx = self.free_logit(x + dx, z) + bias[:, f, 0]
+            lx = self.free_logit(x + dx, z)
             x = x + dx * gate(lx)
-            lz = self.free_logit(x, z + dz) + bias[:, f, 1]
+            lz = self.free_logit(x, z + dz)
             z = z + dz * gate(lz)
             xs.append(torch.stack([x, z], dim=-1))
             logits.append(torch.stack([lx, lz], dim=-1))

@@ -25,17 +25,14 @@ class StateNet(nn.Module):
         self.motion = Motion(cfg)
 
     def chunk(self, state: torch.Tensor, keys: torch.Tensor, camera: torch.Tensor, theme: torch.Tensor,
-              ctx_k: torch.Tensor | None, ctx_v: torch.Tensor | None, render: bool
-              ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
+              render: bool) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One chunk from a located ``state [4]``: ``keys [F]``, ``camera [F, 4]`` (session yaw and
-        pitch first), theme id ``[1]``, the context's tokens ``[1, T, token_dim]`` -> the frames
-        ``[F, H, W, 3]`` (if ``render``), the positions ``[F, 2]`` and the frames' token keys and
-        values ``[F, token_dim]``."""
+        pitch first), theme id ``[1]`` -> the frames ``[F, H, W, 3]`` (if ``render``), the positions
+        ``[F, 2]`` and the frames' state tokens' keys and values ``[F, token_dim]``."""
         x, z = state[0:1], state[1:2]
         yaw = (state[2] + camera[:, 0])[None]
         k = keys[None]
-        bias = self.motion.correction(x, z, yaw, k, ctx_k, ctx_v)
-        xz, logits = self.motion.walk(x, z, yaw, k, bias, hard=True)
+        xz, logits = self.motion.walk(x, z, yaw, k, hard=True)
         tk, tv = self.motion.tokens(xz, yaw, k, logits)
         frames = None
         if render:
