@@ -92,7 +92,8 @@ class Trainer:
         w = maze_state_data.walks(maze, rng, tc.walks, tc.walk_frames)
         self.keys, self.yaw, self.xz = torch.from_numpy(w.keys), torch.from_numpy(w.yaw), torch.from_numpy(w.xz)
         self.gen = torch.Generator().manual_seed(tc.seed)
-        self.stage, self.step, self.losses = 0, 0, {s: [] for s in STAGES}
+        self.stage, self.step = 0, 0
+        self.losses: dict[str, list[float]] = {s: [] for s in STAGES}
         self.opt = self._optimizer()
 
     def _optimizer(self) -> torch.optim.Optimizer:

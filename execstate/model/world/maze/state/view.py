@@ -24,6 +24,7 @@ walker came there (a revisit is exact), and there is nothing to drift but the po
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +72,7 @@ class ViewField(nn.Module):
         then the surface's colours from its foot to its top)."""
         cfg = self.cfg
         n, w = angles.shape
-        t: torch.Tensor = self.t
+        t = cast(torch.Tensor, self.t)
         dt = cfg.ray_far / cfg.ray_samples
         px = x[:, None, None] + t * torch.cos(angles)[..., None]
         pz = z[:, None, None] + t * torch.sin(angles)[..., None]
