@@ -148,6 +148,9 @@ def test_a_session_starts_located_from_its_frames_and_refuses_other_scenes(tiny:
         s = world.open_session(prompt="a jungle maze", scene_seed=3)
         carry = world.sessions.runtime(s.session_id).state.carry
         assert float(carry[LOCATED]) == 1.0
+        again = world.open_session(prompt="a jungle maze", scene_seed=3)  # the same frames: the same pose
+        assert torch.equal(world.sessions.runtime(again.session_id).state.carry, carry)
+        again.close()
         frame = torch.from_numpy(s.step().frames[0].astype(np.float32) / 127.5 - 1.0)
         assert frame.shape == (64, 64, 3)
         with pytest.raises(SessionEventError, match=r"knows the scenes \[3\]"):

@@ -25,6 +25,7 @@ as an index into the learnt theme embeddings. Numerics: ``eager`` runs the chunk
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -52,6 +53,7 @@ from execstate.model.world.weights import WEIGHTS_FILE, file_sha256, load_module
 from execstate.state.kv_pool import KVPool
 
 LOCATED = 3  # the carry's index of the "located" flag
+LOCATED_CACHE = 64  # frames whose located pose a model keeps
 
 
 class MazeStateModel:
@@ -69,6 +71,7 @@ class MazeStateModel:
             max_window_chunks=cfg.window_chunks, kv=layout, numerics=numerics, weights_version=weights_version,
             camera=RIG, world="maze", scenes=(cfg.maze_seed,))
         self._chunk = net.chunk if numerics == "eager" else torch.compile(net.chunk, dynamic=True)
+        self._located: dict[tuple[str, int, float, float], tuple[float, float, float]] = {}
 
     @classmethod
     def load(cls, model_dir: Path | str, numerics: str = "eager", model_id: str = "maze") -> MazeStateModel:
@@ -151,9 +154,18 @@ class MazeStateModel:
     def locate(self, frame: torch.Tensor, theme: int, pitch: float, session_yaw: float = 0.0
                ) -> tuple[float, float, float]:
         """The pose ``(x, z, maze yaw)`` a frame ``[H, W, 3]`` at the session's yaw ``session_yaw``
-        was seen from (``locate.py``)."""
-        home = (self.cfg.home_x, self.cfg.home_z, self.cfg.home_yaw + session_yaw)
-        return locate(self.net.view, frame, theme, pitch, home)
+        was seen from (``locate.py``; the search costs about ten frames' rendering, so the answers
+        for the last ``LOCATED_CACHE`` frames are kept: every session of a scene starts from the
+        same frames)."""
+        key = (hashlib.sha256(frame.to(torch.float32).numpy().tobytes()).hexdigest(), theme, pitch, session_yaw)
+        found = self._located.get(key)
+        if found is None:
+            home = (self.cfg.home_x, self.cfg.home_z, self.cfg.home_yaw + session_yaw)
+            found = locate(self.net.view, frame, theme, pitch, home)
+            if len(self._located) >= LOCATED_CACHE:
+                self._located.pop(next(iter(self._located)))
+            self._located[key] = found
+        return found
 
     def commit(self, clean: torch.Tensor, actions: ChunkActions, prompt: PromptKV, ctx: ContextKV,
                carry: Carry, writer: KVWriter) -> Carry:
