@@ -144,7 +144,7 @@ def test_bad_input_is_refused(tiny: MazeStateModel) -> None:
 
 
 def test_a_session_starts_located_from_its_frames_and_refuses_other_scenes(tiny: MazeStateModel) -> None:
-    with World(tiny, max_sessions=1) as world:
+    with World(tiny, max_sessions=2) as world:
         s = world.open_session(prompt="a jungle maze", scene_seed=3)
         carry = world.sessions.runtime(s.session_id).state.carry
         assert float(carry[LOCATED]) == 1.0
