@@ -92,22 +92,11 @@ class MazeWorldModel:
 
     @torch.no_grad()
     def gather_context(self, pool: KVPool, chunks: Sequence[Sequence[int]]) -> ContextKV:
-        cfg, layout = self.cfg, self.spec.kv
-        bpc = layout.blocks_per_chunk(pool.block_size)
-        limit = cfg.sink_chunks + cfg.window_chunks
-        if len(chunks) > limit:
-            raise ValueError(f"a context holds at most {limit} chunks (sink + window), got {len(chunks)}")
-        if pool.k.shape[0] != layout.num_layers or pool.k.shape[2:] != (layout.num_kv_heads, layout.head_dim):
-            raise ValueError(f"pool layout {tuple(pool.k.shape)} does not match the model's {layout}")
-        ids = [int(b) for c in chunks for b in c]
-        if any(len(c) != bpc for c in chunks) or any(not 0 <= b < pool.num_blocks for b in ids):
-            raise ValueError(f"each chunk must be {bpc} block ids in [0, {pool.num_blocks})")
-        key = tuple(tuple(int(b) for b in c) for c in chunks)
-        n_frames = len(chunks) * cfg.frames_per_chunk
-        if not chunks:
+        cfg = self.cfg
+        key, slots = chunk_io.context_slots(self.spec, pool, chunks)
+        if slots is None:
             return ContextKV(key, 0, None, None)
-        bs = pool.block_size
-        slots = (torch.tensor(ids)[:, None] * bs + torch.arange(bs)[None, :]).reshape(-1)
+        n_frames = len(chunks) * cfg.frames_per_chunk
         cos, sin = positions.time_tables(token_frame_positions(n_frames, 0, cfg.tokens_per_frame), cfg.head_dim,
                                          cfg.time_pairs)
         k = rotate(pool.k.index_select(1, slots), cos, sin)
