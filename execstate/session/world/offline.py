@@ -78,8 +78,8 @@ def scene_frames(spec: WorldSpec, scene_seed: int, prompt: str = "") -> np.ndarr
 
 def known_scene(spec: WorldSpec, seed: int) -> int:
     """``seed`` if the model knows that scene (every scene, for a model with no ``WorldSpec.scenes``),
-    else one of those it knows (``scenes[seed % len(scenes)]``): how a benchmark picks a scene
-    that any model can start from."""
+    else one of those it knows (``scenes[seed % len(scenes)]``): how the server's ``seed`` and the
+    benchmarks pick a scene that any model can start from."""
     if spec.scenes is None or seed in spec.scenes:
         return seed
     return spec.scenes[seed % len(spec.scenes)]
