@@ -5,10 +5,9 @@ nothing blocks). A frame's key moves it by a learnt step (``steps``: forward and
 frame per key, turned by the frame's world yaw), taken along x, then along z, each only where a
 learnt *free-space map* (``free``: a logit per point of the plan, ``free_per_cell`` points a cell,
 bilinear; > 0: the walker may stand there; it starts blocked everywhere, so what training never
-saw free stays a wall) lets it: so it slides along a wall it walks into and
-stops at one ahead, wherever the map says the walls are. The gates are hard (logit > 0: a blocked
-step is not taken at all); training unrolls whole walks through them with a sigmoid's gradient
-(straight-through).
+saw free stays a wall) lets it: so it slides along a wall it walks into and stops at one ahead,
+wherever the map says the walls are. The gates are hard (logit > 0: a blocked step is not taken at
+all); training runs chunks of walks through them with a sigmoid's gradient (straight-through).
 
 The state tokens: each frame's state (its position, yaw, key and gates) becomes one token whose key
 and value (``token_dim``, one head) are the session's K/V, so the session's cache holds the
