@@ -57,7 +57,7 @@ STAGES = ("view", "motion")
 class TrainConfig:
     seed: int = 0
     views: int = 6000
-    walks: int = 512
+    walks: int = 2048
     walk_frames: int = 64
     view_steps: int = 4000
     view_frames: int = 16  # views per batch
@@ -65,8 +65,8 @@ class TrainConfig:
     depth_weight: float = 0.5
     map_lr: float = 0.02
     mlp_lr: float = 1e-2
-    motion_steps: int = 600
-    motion_batch: int = 64
+    motion_steps: int = 1000
+    motion_batch: int = 128
     motion_lr: float = 0.05
     reanchor: int = 1  # 1: each chunk starts from the walk's pose; 0: from the unrolled one (it spoilt the map)
     step_lr: float = 0.005
