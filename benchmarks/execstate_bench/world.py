@@ -42,7 +42,7 @@ import torch
 
 from execstate.model.world.interface import WorldModel
 from execstate.session.world.async_world import AsyncWorld
-from execstate.session.world.offline import World, WorldSession
+from execstate.session.world.offline import World, WorldSession, known_scene
 
 PARTS = ("latency", "events", "checkpoint", "compiled", "memory", "quality", "serve")
 
@@ -77,11 +77,11 @@ def _drive(s: WorldSession, steps: int, rng: random.Random, moves: tuple[str, ..
 def bench_latency(model: WorldModel, steps: int = 64, seed: int = 0) -> dict[str, Any]:
     f = model.spec.frames_per_chunk
     with World(model=model, numerics=model.spec.numerics) as world:
-        warm = world.open_session(prompt="a meadow maze", seed=seed, scene_seed=seed)
+        warm = world.open_session(prompt="a meadow maze", seed=seed, scene_seed=known_scene(model.spec, seed))
         _drive(warm, 8, random.Random(seed), _moves(model))
         warm.close()
         t0 = time.perf_counter()
-        s = world.open_session(prompt="a meadow maze", seed=seed, scene_seed=seed + 1)
+        s = world.open_session(prompt="a meadow maze", seed=seed, scene_seed=known_scene(model.spec, seed + 1))
         s.step()
         first = (time.perf_counter() - t0) * 1000
         times = _drive(s, steps, random.Random(seed + 1), _moves(model))
@@ -99,7 +99,7 @@ def bench_events(model: WorldModel, steps: int = 64, seed: int = 0) -> dict[str,
     lat_steps: list[int] = []
 
     async def main() -> None:
-        info = await aw.open(prompt="a meadow maze", seed=seed, scene_seed=seed)
+        info = await aw.open(prompt="a meadow maze", seed=seed, scene_seed=known_scene(model.spec, seed))
         sid = info.session_id
         pending: dict[int, int] = {}  # event id -> step index when submitted
         done = asyncio.Event()
@@ -140,7 +140,7 @@ def bench_events(model: WorldModel, steps: int = 64, seed: int = 0) -> dict[str,
 
 def bench_checkpoint(model: WorldModel, at_step: int = 32, seed: int = 0, repeats: int = 5) -> dict[str, Any]:
     with World(model=model, numerics=model.spec.numerics) as world:
-        s = world.open_session(prompt="a meadow maze", seed=seed, scene_seed=seed)
+        s = world.open_session(prompt="a meadow maze", seed=seed, scene_seed=known_scene(model.spec, seed))
         rng = random.Random(seed)
         plan = [rng.choice(_moves(model)) for _ in range(at_step + 4)]
         for k in plan[:at_step]:
@@ -159,7 +159,7 @@ def bench_checkpoint(model: WorldModel, at_step: int = 32, seed: int = 0, repeat
             want = want or got
             assert got == want
             t = time.perf_counter()
-            fresh = world.open_session(prompt="a meadow maze", seed=seed, scene_seed=seed)
+            fresh = world.open_session(prompt="a meadow maze", seed=seed, scene_seed=known_scene(model.spec, seed))
             for k in plan[:at_step]:
                 fresh.step(action=k)
             recompute_ms.append((time.perf_counter() - t) * 1000)
@@ -179,7 +179,7 @@ def bench_compiled(eager: WorldModel, compiled: WorldModel, steps: int = 32, see
 
 def bench_memory(model: WorldModel, steps: int = 500, seed: int = 0) -> dict[str, Any]:
     with World(model=model, numerics=model.spec.numerics) as world:
-        s = world.open_session(prompt="a meadow maze", seed=seed, scene_seed=seed)
+        s = world.open_session(prompt="a meadow maze", seed=seed, scene_seed=known_scene(model.spec, seed))
         rng = random.Random(seed)
         used, rss = [], {}
         for i in range(1, steps + 1):

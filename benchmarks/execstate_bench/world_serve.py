@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from execstate.model.world.interface import WorldModel
+from execstate.session.world.offline import known_scene
 from execstate_bench.redis_server import free_port
 
 
@@ -58,8 +59,8 @@ async def _client(url: str, spec: Any, fps: float, seconds: float, seed: int) ->
     out: dict[str, Any] = {"step_ms": [], "behind_ms": []}
     async with connect(url, max_size=None) as ws:
         t0 = time.perf_counter()
-        await ws.send(json.dumps({"type": "session.create", "seed": seed, "fps": fps, "prompt": "a maze",
-                                  "model": spec.model_id}))
+        await ws.send(json.dumps({"type": "session.create", "seed": known_scene(spec, seed), "fps": fps,
+                                  "prompt": "a maze", "model": spec.model_id}))
         chunks, frames, change, t_first = 0, 0, 2, None
         while True:
             ev = json.loads(await ws.recv())

@@ -14,7 +14,8 @@
 whatever the storage dtype.
 
 ``maze`` (the first-person maze's model): the weights shipped in the package
-(``execstate/model/world/maze/shipped/``, fp16), trained by ``python -m execstate_bench.world_tools.maze_train``.
+(``execstate/model/world/maze/shipped/``, fp16): the state model of maze 3, trained by
+``python -m execstate_bench.world_tools.maze_state_train``.
 
 :func:`load_world_dir` loads a trained directory of either kind (the config's fields say which).
 """
@@ -55,14 +56,13 @@ def load_default_world_model(numerics: str = "eager", prefer_prepared: bool = Tr
     return ChunkedWorldModel.load(default_world_model_dir(prefer_prepared), numerics=numerics, model_id=MODEL_NAME)
 
 
-def load_default_maze_model(numerics: str = "eager") -> Any:  # MazeWorldModel
-    """The first-person maze's shipped model (``model_id`` ``"maze"``)."""
-    from execstate.model.world.maze.model import MazeWorldModel
-
+def load_default_maze_model(numerics: str = "eager") -> Any:  # MazeStateModel
+    """The first-person maze's shipped model (``model_id`` ``"maze"``): the state model of one maze
+    (``model/world/maze/state/``)."""
     if not (MAZE_SHIPPED_DIR / "model.safetensors").is_file():
         raise FileNotFoundError(f"no shipped maze model weights in {MAZE_SHIPPED_DIR}; train one with "
-                                "`python -m execstate_bench.world_tools.maze_train` from a source checkout")
-    return MazeWorldModel.load(MAZE_SHIPPED_DIR, numerics=numerics, model_id=MAZE_NAME)
+                                "`python -m execstate_bench.world_tools.maze_state_train` from a source checkout")
+    return load_world_dir(MAZE_SHIPPED_DIR, numerics=numerics, model_id=MAZE_NAME)
 
 
 def load_default(name: str, numerics: str = "eager") -> Any:  # a WorldModel
@@ -75,10 +75,15 @@ def load_default(name: str, numerics: str = "eager") -> Any:  # a WorldModel
 
 
 def load_world_dir(path: Path | str, numerics: str = "eager", model_id: str | None = None) -> Any:  # a WorldModel
-    """A trained world-model directory: a maze model when its config has the maze model's fields
-    (``strip``), else a grid model."""
+    """A trained world-model directory: the maze state model when its config has that model's
+    fields (``maze_seed``), the maze pixel model when it has that one's (``strip``), else a grid
+    model."""
     path = Path(path)
     cfg = json.loads((path / "config.json").read_text())
+    if "maze_seed" in cfg:
+        from execstate.model.world.maze.state.model import MazeStateModel
+
+        return MazeStateModel.load(path, numerics=numerics, model_id=model_id or MAZE_NAME)
     if "strip" in cfg:
         from execstate.model.world.maze.model import MazeWorldModel
 

@@ -122,6 +122,7 @@ class WorldSpec:
     weights_version: str  # sha256 of the weights
     camera: CameraRig | None = None  # a steerable camera (then camera_dim == 4), else per-frame deltas if camera_dim
     world: str = "grid"  # the procedural world it was trained on (``scenes.py``: how its sessions start)
+    scenes: tuple[int, ...] | None = None  # the scene seeds of that world it knows (None: any)
 
 
 @dataclass(frozen=True)

@@ -59,9 +59,13 @@ def load_world_model(model: WorldModel | str | Path | None, numerics: str = "eag
 def scene_frames(spec: WorldSpec, scene_seed: int, prompt: str = "") -> np.ndarray:
     """The first chunk of scene ``scene_seed`` of the procedural world the model was trained on
     (``WorldSpec.world``, ``model/world/scenes.py``; the theme from the prompt's words):
-    uint8 ``[F, H, W, 3]``."""
+    uint8 ``[F, H, W, 3]``. A model that knows only some scenes (``WorldSpec.scenes``) is refused
+    the others."""
     from execstate.model.world.scenes import scene_frames as render_scene
 
+    if spec.scenes is not None and scene_seed not in spec.scenes:
+        raise SessionEventError("invalid", f"model {spec.model_id!r} knows the scenes {list(spec.scenes)} of the "
+                                f"{spec.world} world, not scene {scene_seed}")
     try:
         frames = render_scene(spec.world, scene_seed, prompt, spec.frames_per_chunk)
     except ValueError as e:
@@ -70,6 +74,15 @@ def scene_frames(spec: WorldSpec, scene_seed: int, prompt: str = "") -> np.ndarr
         raise SessionEventError("invalid", f"the procedural world renders {frames.shape[1:]} frames, the model "
                                 f"makes {spec.frame_shape}: pass start_frames instead of scene_seed")
     return frames
+
+
+def known_scene(spec: WorldSpec, seed: int) -> int:
+    """``seed`` if the model knows that scene (every scene, for a model with no ``WorldSpec.scenes``),
+    else one of those it knows (``scenes[seed % len(scenes)]``): how the server's ``seed`` and the
+    benchmarks pick a scene that any model can start from."""
+    if spec.scenes is None or seed in spec.scenes:
+        return seed
+    return spec.scenes[seed % len(spec.scenes)]
 
 
 class World:

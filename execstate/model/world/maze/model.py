@@ -33,7 +33,7 @@ from execstate.model.world.interface import (
     PromptKV,
     WorldSpec,
 )
-from execstate.model.world.maze import positions
+from execstate.model.world.maze import chunk_io, positions
 from execstate.model.world.maze.network import MazeNet
 from execstate.model.world.maze.pose import DTHETA, KEYS, PITCH_LIMIT, TURN_KEYS
 from execstate.model.world.maze.weights import WEIGHTS_FILE, file_sha256, load_net
@@ -68,16 +68,10 @@ class MazeWorldModel:
 
     # -- codec and conditioning -------------------------------------------------------------------
     def encode_frames(self, frames: np.ndarray) -> torch.Tensor:
-        frames = np.asarray(frames)
-        want = (self.cfg.frames_per_chunk, *self.spec.frame_shape)
-        if frames.shape != want or frames.dtype != np.uint8:
-            raise ValueError(f"a chunk of frames must be uint8{list(want)}, got {frames.dtype}{list(frames.shape)}")
-        return torch.from_numpy(frames.astype(np.float32) / 127.5 - 1.0)
+        return chunk_io.encode_frames(self.spec, frames)
 
     def decode(self, latents: torch.Tensor) -> np.ndarray:
-        if tuple(latents.shape) != self.spec.chunk_latent_shape:
-            raise ValueError(f"chunk latents must have shape {self.spec.chunk_latent_shape}")
-        return ((latents.detach().to(torch.float32).clamp(-1, 1) + 1.0) * 127.5).round().to(torch.uint8).numpy()
+        return chunk_io.decode(self.spec, latents)
 
     @torch.no_grad()
     def encode_prompt(self, prompt: str, version: int) -> PromptKV:
@@ -90,16 +84,7 @@ class MazeWorldModel:
     def make_actions(self, keys: Sequence[int], camera: Sequence[Sequence[float]] | None = None) -> ChunkActions:
         """``keys``: F key ids; ``camera``: F rows of (yaw, pitch, change of yaw, change of pitch) in
         radians (None: all zero, a session that never turned)."""
-        f = self.cfg.frames_per_chunk
-        k = torch.as_tensor(np.asarray(keys, dtype=np.int64))
-        if k.shape != (f,) or bool(((k < 0) | (k >= self.cfg.n_keys)).any()):
-            raise ValueError(f"a chunk needs {f} keys in [0, {self.cfg.n_keys}), got {list(np.asarray(keys))}")
-        cam = torch.zeros((f, 4)) if camera is None else torch.as_tensor(np.asarray(camera, dtype=np.float32))
-        if cam.shape != (f, 4) or not bool(torch.isfinite(cam).all()):
-            raise ValueError(f"camera must be {f} rows of 4 finite numbers (yaw, pitch, their changes)")
-        if bool((cam[:, 1].abs() > PITCH_LIMIT + 1e-6).any()):
-            raise ValueError(f"pitch must be within +-{PITCH_LIMIT:.4f} rad")
-        return ChunkActions(k, cam)
+        return chunk_io.make_actions(self.spec, keys, camera)
 
     # -- K/V ---------------------------------------------------------------------------------------
     def _angles(self, camera: torch.Tensor) -> torch.Tensor:
@@ -107,22 +92,11 @@ class MazeWorldModel:
 
     @torch.no_grad()
     def gather_context(self, pool: KVPool, chunks: Sequence[Sequence[int]]) -> ContextKV:
-        cfg, layout = self.cfg, self.spec.kv
-        bpc = layout.blocks_per_chunk(pool.block_size)
-        limit = cfg.sink_chunks + cfg.window_chunks
-        if len(chunks) > limit:
-            raise ValueError(f"a context holds at most {limit} chunks (sink + window), got {len(chunks)}")
-        if pool.k.shape[0] != layout.num_layers or pool.k.shape[2:] != (layout.num_kv_heads, layout.head_dim):
-            raise ValueError(f"pool layout {tuple(pool.k.shape)} does not match the model's {layout}")
-        ids = [int(b) for c in chunks for b in c]
-        if any(len(c) != bpc for c in chunks) or any(not 0 <= b < pool.num_blocks for b in ids):
-            raise ValueError(f"each chunk must be {bpc} block ids in [0, {pool.num_blocks})")
-        key = tuple(tuple(int(b) for b in c) for c in chunks)
-        n_frames = len(chunks) * cfg.frames_per_chunk
-        if not chunks:
+        cfg = self.cfg
+        key, slots = chunk_io.context_slots(self.spec, pool, chunks)
+        if slots is None:
             return ContextKV(key, 0, None, None)
-        bs = pool.block_size
-        slots = (torch.tensor(ids)[:, None] * bs + torch.arange(bs)[None, :]).reshape(-1)
+        n_frames = len(chunks) * cfg.frames_per_chunk
         cos, sin = positions.time_tables(token_frame_positions(n_frames, 0, cfg.tokens_per_frame), cfg.head_dim,
                                          cfg.time_pairs)
         k = rotate(pool.k.index_select(1, slots), cos, sin)

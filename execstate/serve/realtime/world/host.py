@@ -9,8 +9,9 @@ down to whole blocks (beyond, e.g. by pinning checkpoints: ``budget``), and runs
 ``max_frames`` frames (``session.create``'s ``num_frames``; ``convert.py``). The runtime's refusals
 reach the client unchanged (code and message).
 
-A session starts from the procedural world's scene (``scene_seed`` = the session's seed: chunk 0
-is that scene's first frames, committed as given) or, with ``start: "generate"``, from nothing
+A session starts from the procedural world's scene (``scene_seed`` = the session's seed, or for a
+model that knows only some scenes the one the seed picks among them, ``offline.known_scene``:
+chunk 0 is that scene's first frames, committed as given) or, with ``start: "generate"``, from nothing
 (its first step generates from the prompt). Frames equal the offline ``World`` session's for the
 same model, seed, start and events at the same boundaries, bit for bit.
 
@@ -33,7 +34,7 @@ from execstate.serve.realtime.world.convert import fps_problem
 from execstate.session.runtime.access import WORLD, Access, Owner
 from execstate.session.runtime.manager import SessionPolicy
 from execstate.session.world.async_world import AsyncWorld
-from execstate.session.world.offline import World, scene_frames
+from execstate.session.world.offline import World, known_scene, scene_frames
 from execstate.session.world.sessions import WorldSessionInfo
 from execstate.session.world.step import WorldStepResult
 
@@ -111,7 +112,7 @@ class WorldHost:
     async def open(self, prompt: str, seed: int, start: str, window_chunks: int | None) -> tuple[WorldSessionInfo,
                                                                                                   np.ndarray | None]:
         """A new session and its chunk 0 (the scene's frames; ``None`` for ``start: "generate"``)."""
-        frames = scene_frames(self.spec, seed, prompt) if start == "render" else None
+        frames = scene_frames(self.spec, known_scene(self.spec, seed), prompt) if start == "render" else None
         info = await self.aw.open(prompt=prompt, seed=seed, start_frames=frames, window_chunks=window_chunks)
         return info, frames
 
