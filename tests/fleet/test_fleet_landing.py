@@ -14,15 +14,14 @@ import pytest
 
 pytest.importorskip("ray")
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "serve"))
+sys.path.insert(0, str(Path(__file__).parent))
 
 from fastapi.testclient import TestClient  # noqa: E402
-from serve_helpers import write_tokenizer  # noqa: E402
+from ingress_helpers import NoReplicaAsked, ingress_model  # noqa: E402
 
 from execstate.fleet.ray_app.ingress import FleetIngress  # noqa: E402
 from execstate.fleet.ray_app.landing import fleet_shape  # noqa: E402
 from execstate.fleet.ray_app.session_settings import SessionSettings  # noqa: E402
-from execstate.model.random_models import make_random  # noqa: E402
 
 REPLICAS = {
     "SERVE_REPLICA::execstate#EngineReplica#aaa": {"role": "engine", "weights_version": "0123456789abcdef0123"},
@@ -30,18 +29,9 @@ REPLICAS = {
 }
 
 
-class NoReplicaAsked:
-    """The engine deployment's handle: the landing page must not use it."""
-
-    def __getattr__(self, name: str):
-        raise AssertionError(f"the landing page asked a replica ({name})")
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    d = make_random("qwen3_moe", tmp_path_factory.mktemp("fleet_landing_moe"), seed=0)
-    write_tokenizer(d)
-    return d
+    return ingress_model(tmp_path_factory.mktemp("fleet_landing_moe"))
 
 
 def _page(model_dir: Path, replicas: dict, draining: set[str] = frozenset(), keys_file: Path | None = None) -> str:

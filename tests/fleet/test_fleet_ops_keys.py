@@ -14,32 +14,22 @@ import pytest
 
 pytest.importorskip("ray")
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "serve"))
+sys.path.insert(0, str(Path(__file__).parent))
 
 from fastapi.testclient import TestClient  # noqa: E402
-from serve_helpers import write_tokenizer  # noqa: E402
+from ingress_helpers import NoReplicaAsked, ingress_model  # noqa: E402
 
 from execstate.fleet.ray_app import fleet_ops  # noqa: E402
 from execstate.fleet.ray_app.ingress import FleetIngress  # noqa: E402
 from execstate.fleet.ray_app.session_settings import SessionSettings  # noqa: E402
-from execstate.model.random_models import make_random  # noqa: E402
 
 OPS_KEY, USER_KEY = "sk-operator-0001", "sk-user-00000002"
 REPLICA = "SERVE_REPLICA::execstate#EngineReplica#aaa"
 
 
-class NoReplicaAsked:
-    """The engine deployment's handle: a refused operation must not reach it."""
-
-    def __getattr__(self, name: str):
-        raise AssertionError(f"a refused operation asked a replica ({name})")
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    d = make_random("qwen3_moe", tmp_path_factory.mktemp("fleet_ops_keys"), seed=0)
-    write_tokenizer(d)
-    return d
+    return ingress_model(tmp_path_factory.mktemp("fleet_ops_keys"))
 
 
 def _client(model_dir: Path, tmp_path: Path, operators: tuple[str, ...], monkeypatch) -> TestClient:

@@ -48,18 +48,21 @@ class FakeIngress:
         return self._handles[rid]
 
 
+class Req:
+    """The part of a Starlette request the operations read."""
+
+    def __init__(self, method, path, body=b"") -> None:
+        self.method, self._body = method, body
+        self.url = type("U", (), {"path": path})()
+
+    async def body(self):
+        return self._body
+
+
 def test_the_replicas_list_shows_the_new_version(monkeypatch):
     monkeypatch.setattr(fleet_ops, "actor_alive", lambda rid: True)
     ing = FakeIngress()
     ops = FleetOps(ing)  # type: ignore[arg-type]
-
-    class Req:
-        def __init__(self, method, path, body=b"") -> None:
-            self.method, self._body = method, body
-            self.url = type("U", (), {"path": path})()
-
-        async def body(self):
-            return self._body
 
     async def run():
         body = json.dumps({"source": "/ckpt", "weights_version": "v1"}).encode()
@@ -79,14 +82,6 @@ def test_only_an_operator_changes_the_fleet(monkeypatch):
     monkeypatch.setattr(fleet_ops, "actor_alive", lambda rid: True)
     ing = FakeIngress()
     ops = FleetOps(ing)  # type: ignore[arg-type]
-
-    class Req:
-        def __init__(self, method, path, body=b"") -> None:
-            self.method, self._body = method, body
-            self.url = type("U", (), {"path": path})()
-
-        async def body(self):
-            return self._body
 
     async def run():
         update = json.dumps({"source": "/ckpt", "weights_version": "v1"}).encode()

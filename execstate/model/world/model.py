@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from execstate.model.world import rope
+from execstate.model.world.context_slots import context_slots
 from execstate.model.world.interface import (
     NUMERICS_MODES,
     Carry,
@@ -114,22 +115,10 @@ class ChunkedWorldModel:
 
     @torch.no_grad()
     def gather_context(self, pool: KVPool, chunks: Sequence[Sequence[int]]) -> ContextKV:
-        layout = self.spec.kv
-        bpc = layout.blocks_per_chunk(pool.block_size)
-        limit = self.cfg.sink_chunks + self.cfg.window_chunks
-        if len(chunks) > limit:
-            raise ValueError(f"a context holds at most {limit} chunks (sink + window), got {len(chunks)}")
-        if pool.k.shape[0] != layout.num_layers or pool.k.shape[2:] != (layout.num_kv_heads, layout.head_dim):
-            raise ValueError(f"pool layout {tuple(pool.k.shape)} does not match the model's {layout}")
-        ids = [int(b) for c in chunks for b in c]
-        if any(len(c) != bpc for c in chunks) or any(not 0 <= b < pool.num_blocks for b in ids):
-            raise ValueError(f"each chunk must be {bpc} block ids in [0, {pool.num_blocks})")
-        key = tuple(tuple(int(b) for b in c) for c in chunks)
-        n_frames = len(chunks) * self.cfg.frames_per_chunk
-        if not chunks:
+        key, slots = context_slots(self.spec, pool, chunks)
+        if slots is None:
             return ContextKV(key, 0, None, None)
-        bs = pool.block_size
-        slots = (torch.tensor(ids)[:, None] * bs + torch.arange(bs)[None, :]).reshape(-1)
+        n_frames = len(chunks) * self.cfg.frames_per_chunk
         cos, sin = self._rope(n_frames, 0)
         k = rope.rotate(pool.k.index_select(1, slots), cos, sin)
         v = pool.v.index_select(1, slots)

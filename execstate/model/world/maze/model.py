@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from execstate.model.world.context_slots import context_slots
 from execstate.model.world.interface import (
     NUMERICS_MODES,
     CameraRig,
@@ -93,7 +94,7 @@ class MazeWorldModel:
     @torch.no_grad()
     def gather_context(self, pool: KVPool, chunks: Sequence[Sequence[int]]) -> ContextKV:
         cfg = self.cfg
-        key, slots = chunk_io.context_slots(self.spec, pool, chunks)
+        key, slots = context_slots(self.spec, pool, chunks)
         if slots is None:
             return ContextKV(key, 0, None, None)
         n_frames = len(chunks) * cfg.frames_per_chunk
