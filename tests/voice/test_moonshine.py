@@ -33,7 +33,10 @@ def asr():
 def test_held_out_sentences_are_transcribed_word_for_word(text, voice, rate):
     audio = np.concatenate([silence(0.3), speech16k(text, voice, rate), silence(0.3)])
     whole = asr().submit(audio).result()  # the whole utterance at once: deterministic
-    assert whole[:1].isupper() and whole[-1] in ".?!"  # Moonshine punctuates (the end score reads it)
+    # Moonshine capitalises; its final mark is not a promise (a CI machine's kernels gave
+    # "...six tonight" with none where this one gives a period), and the turn detector does not
+    # need it: the end score reads the words
+    assert whole[:1].isupper()
     assert norm(whole) == norm(text)
     # streamed, the final may be a partial that covered the speech (which one depends on the
     # worker's timing: its punctuation may differ), its words do not
