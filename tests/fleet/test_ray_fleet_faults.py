@@ -8,7 +8,9 @@
 - a replica SIGKILLed (its PID from its registration) while streams run on it: those streams end
   with a clear ``replica_failed`` error event, the other replica's streams finish, every request
   sent after the kill succeeds (a request that reached the dead replica before it answered is
-  retried elsewhere), and Ray's replacement replica registers and serves.
+  retried elsewhere), and Ray's replacement replica registers and serves; built from the
+  deployment's arguments (v0), it is switched to the fleet's updated weights (v1) before it
+  answers, and every answer after the kill names v1.
 
 Slow (Ray and two engines; the kill waits for Ray to replace the replica)."""
 
@@ -154,8 +156,13 @@ def _provenance(replica_id: str) -> dict:
     return handle.describe.remote(RouteRequest(session_replica=replica_id)).result(timeout_s=30)["provenance"]
 
 
-def test_a_replica_killed_mid_load(fleet):
+def test_a_replica_killed_mid_load(fleet, models):
     info = registered(fleet, 2)
+    if {r["weights_version"] for r in info} != {NEW}:  # run alone: update first, as the test above does
+        update = httpx.post(fleet + "/v1/fleet/update_weights", json={"source": str(models[1]),
+                                                                      "weights_version": "v1"}, timeout=300)
+        assert update.status_code == 200, update.text
+        info = registered(fleet, 2)
     body = {"model": NAME, "prompt": ids(7, 12), "max_tokens": 120, "temperature": 0, "ignore_eos": True,
             "stream": True}
     results: list[tuple[str, str, bool]] = []  # (replica, error message or "", finished with [DONE])
@@ -188,6 +195,7 @@ def test_a_replica_killed_mid_load(fleet):
         for f in runs:
             f.result()
     assert all(r.status_code == 200 for r in after), [r.text for r in after if r.status_code != 200]
+    assert {r.headers[VERSION] for r in after} == {NEW}
     assert {r.headers[REPLICA] for r in after} != {victim}
     on_victim = [x for x in results if x[0] == victim]
     elsewhere = [x for x in results if x[0] != victim]
@@ -202,7 +210,16 @@ def test_a_replica_killed_mid_load(fleet):
     listed = {r["replica_id"] for r in registered(fleet, 2)}
     assert victim not in listed and len(listed) == 2  # the dead replica is forgotten, its replacement listed
     recovery_s = time.monotonic() - t_kill
-    for i in range(6):  # the fleet serves on, the replacement included
-        assert complete(fleet, ids(300 + i, 10)).status_code == 200
-    print(f"replacement registered {recovery_s:.1f} s after the kill; retried "
+    while True:  # the replacement started on v0 (the deployment's weights) and is switched to v1
+        now = httpx.get(fleet + "/v1/fleet/replicas").json()["replicas"]
+        if {r["weights_version"] for r in now} == {NEW} and not any(r["draining"] for r in now):
+            break
+        assert time.monotonic() < deadline, f"the replacement was not switched to the fleet's weights: {now}"
+        time.sleep(0.5)
+    switched_s = time.monotonic() - t_kill
+    served = [complete(fleet, ids(300 + i, 10)) for i in range(6)]  # the fleet serves on, the replacement included
+    assert all(r.status_code == 200 and r.headers[VERSION] == NEW for r in served), \
+        [(r.status_code, r.headers.get(VERSION)) for r in served]
+    assert {r["replica_id"] for r in now} == listed
+    print(f"replacement registered {recovery_s:.1f} s after the kill, on v1 after {switched_s:.1f} s; retried "
           f"{httpx.get(fleet + '/v1/fleet/replicas').json()['retried']}")

@@ -187,17 +187,20 @@ class EngineReplica:
         """Relay one HTTP request to this replica's server: yields the head (``status``,
         ``headers``, ``replica``) first, then the body's chunks as they come (a stream stays one).
         A request bound to weights versions this replica does not run (``route.weights_versions``:
-        the decode half of a PD pair) is refused with a 409 ``weights_version_mismatch`` naming
-        its version, before the engine sees it."""
+        the decode half of a PD pair; ``route.require_version``: the fleet's version after an
+        update) is refused with a 409 ``weights_version_mismatch`` naming its version, before the
+        engine sees it."""
         send_headers = [(k, v) for k, v in headers if k.lower() not in _HOP_HEADERS]
         request = self.client.build_request(method, path + (f"?{query}" if query else ""), headers=send_headers,
                                             content=body)
         async with self.gate.reading():  # no weights switch until this request's last chunk
             version = await self.engine.weights_version()
-            if route.weights_versions is not None and version not in route.weights_versions:
+            wanted = route.weights_versions if route.require_version is None else (route.require_version,)
+            if (wanted is not None and version not in wanted) or (
+                    route.weights_versions is not None and version not in route.weights_versions):
                 yield {"status": 409, "headers": [("content-type", "application/json"), (VERSION_HEADER, version)],
                        "replica": self.replica_id}
-                yield _mismatch(version, route.weights_versions)
+                yield _mismatch(version, wanted or ())
                 return
             response = await self.client.send(request, stream=True)
             try:
@@ -218,8 +221,12 @@ class EngineReplica:
         self.app.state.migrations.targets = targets
         return [t.base for t in targets.targets]
 
-    async def update_weights(self, _route: RouteRequest, source: str, weights_version: str) -> str:
-        """Load new weights (a checkpoint directory) under ``weights_version``; the new version."""
+    async def update_weights(self, route: RouteRequest, source: str, weights_version: str) -> str:
+        """Load new weights (a checkpoint directory) under ``weights_version``; the new version.
+        Addressed to one replica (``route.session_replica``): another that receives it (the router
+        did not list the addressee yet) refuses with ``ValueError`` and loads nothing."""
+        if route.session_replica is not None and route.session_replica != self.replica_id:
+            raise ValueError(f"update_weights addressed to {route.session_replica} reached {self.replica_id}")
         async with self.gate.writing():  # the requests in flight finish first; new ones wait for the switch
             result = await self.engine.update_weights(source, weights_version, "drain")
         del result

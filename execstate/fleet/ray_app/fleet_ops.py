@@ -21,6 +21,12 @@
   block of another version as a hit (the keys differ), so while versions are mixed each request
   is served entirely by one version. The answer lists the version of each replica, and
   ``GET /v1/fleet/replicas`` shows each replica's new ``weights_version`` as soon as it switched.
+  Once every replica switched, the version is the fleet's: a prompt is routed only to replicas
+  registered on it, and must be answered on it (``RouteRequest.require_version``: a replica of
+  another version that is chosen anyway refuses with 409 ``weights_version_mismatch`` and the
+  ingress tries another), and a replica that registers later on other weights (one Ray
+  started in place of a lost one, built from the deployment's original arguments) is taken out of
+  service, switched to the fleet's weights (:meth:`FleetOps.catch_up`), and put back.
 
 Every operation first forgets the registered replicas whose actor is gone (:meth:`FleetOps.prune`:
 a killed replica), so none addresses a dead one (an id Ray no longer has would route elsewhere).
@@ -32,9 +38,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ray.serve.handle import DeploymentHandle
@@ -46,6 +54,7 @@ from execstate.fleet.ray_app.prompt_route import SessionReplicas
 from execstate.fleet.ray_app.session_resume import SessionRouting
 from execstate.fleet.router.policy import RouteRequest
 
+logger = logging.getLogger("execstate.fleet")
 BUSY_RETRY_S = 0.05  # a drain retries a session refused ``busy`` (a step in flight) this often
 
 
@@ -66,9 +75,63 @@ class Ingress(Protocol):
     def handle_of(self, replica_id: str) -> DeploymentHandle: ...
 
 
+@dataclass(frozen=True)
+class WeightsTarget:
+    """The weights the fleet runs: ``source`` and the ``requested`` version, set when a rolling
+    update begins; ``running``, the version the replicas report once switched (the engine
+    namespaces a supplied one: ``v1`` runs as ``user:v1``); ``complete`` once every replica then
+    registered switched."""
+
+    source: str
+    requested: str
+    running: str | None = None
+    complete: bool = False
+
+
 class FleetOps:
     def __init__(self, ingress: Ingress) -> None:
         self.ingress = ingress
+        self.target: WeightsTarget | None = None  # None: the weights each replica was built with
+        self.catching_up: dict[str, asyncio.Task[None]] = {}  # replica id -> its switch to the target
+
+    def pinned_version(self) -> str | None:
+        """The weights version a prompt must be served by: the fleet's, once an update completed
+        (None: any, e.g. while an update rolls and both versions serve)."""
+        t = self.target
+        return t.running if t is not None and t.complete else None
+
+    def on_register(self, info: dict[str, Any]) -> None:
+        """A replica registered: if the fleet was updated and it runs other weights, switch it
+        (in the background: registration returns at once)."""
+        rid, target = info["replica_id"], self.target
+        if target is None or info.get("weights_version") == target.running or rid in self.catching_up:
+            return
+        self.catching_up[rid] = asyncio.get_running_loop().create_task(self.catch_up(rid, target))
+
+    async def catch_up(self, replica_id: str, target: WeightsTarget, attempts: int = 20,
+                       retry_s: float = 0.5) -> None:
+        """Switch a replica that registered on other weights to ``target``: out of service while
+        it switches (the router excludes it), back in afterwards. Retried while Ray does not route
+        to it yet (a replica registers before Serve lists it: the call then reaches another
+        replica, which refuses it by id); left out of service, and logged, if it never switches."""
+        ing = self.ingress
+        ing.draining.add(replica_id)
+        try:
+            for _ in range(attempts):
+                try:
+                    version = await ing.handle_of(replica_id).update_weights.remote(
+                        RouteRequest(session_replica=replica_id), target.source, target.requested)
+                except Exception as e:  # noqa: BLE001 - not routable yet, or gone: tried again
+                    logger.info("replica %s did not switch to %s yet: %s", replica_id, target.requested, e)
+                    await asyncio.sleep(retry_s)
+                    continue
+                self.switched(replica_id, version)
+                ing.draining.discard(replica_id)
+                return
+            logger.error("replica %s could not switch to the fleet's weights %s: left out of service",
+                         replica_id, target.requested)
+        finally:
+            self.catching_up.pop(replica_id, None)
 
     async def handle(self, request: Request, operator: bool) -> Response:
         """Answer one operation; ``operator``: the caller may change the fleet (drain, update), else
@@ -161,20 +224,29 @@ class FleetOps:
         """The order a rolling update takes the replicas in."""
         return sorted(self.ingress.replicas)
 
+    def switched(self, replica_id: str, version: str) -> None:
+        """``replica_id`` runs ``version`` now: ``GET /v1/fleet/replicas`` shows it."""
+        if replica_id in self.ingress.replicas:
+            self.ingress.replicas[replica_id]["weights_version"] = version
+
     async def update_weights(self, source: str, version: str) -> dict[str, Any]:
         ing = self.ingress
         versions: dict[str, str] = {}
+        self.target = target = WeightsTarget(source, version)  # a replica registering meanwhile catches up
         for rid in self.rolling_order():
             held = rid in ing.draining
             ing.draining.add(rid)  # new requests go to the others while this one drains and switches
             try:
                 versions[rid] = await ing.handle_of(rid).update_weights.remote(RouteRequest(session_replica=rid),
                                                                                source, version)
-                if rid in ing.replicas:  # GET /v1/fleet/replicas shows what the replica runs now
-                    ing.replicas[rid]["weights_version"] = versions[rid]
+                self.switched(rid, versions[rid])
+                if target.running is None:
+                    self.target = target = replace(target, running=versions[rid])
             finally:
                 if not held:
                     ing.draining.discard(rid)
+        running = set(versions.values())
+        self.target = WeightsTarget(source, version, running.pop() if len(running) == 1 else None, complete=True)
         return {"versions": versions}
 
 

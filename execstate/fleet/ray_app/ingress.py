@@ -45,7 +45,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from execstate.engine.tokenizer import Tokenizer
-from execstate.fleet.ray_app.engine_replica import REPLICA_HEADER
+from execstate.fleet.ray_app.engine_replica import REPLICA_HEADER, VERSION_HEADER
 from execstate.fleet.ray_app.fleet_ops import FleetOps
 from execstate.fleet.ray_app.landing import render_fleet_page
 from execstate.fleet.ray_app.loopback import bind_replica_grpc_to_loopback
@@ -123,8 +123,10 @@ class FleetIngress:
         self.owners.set(caller, session_id, replica, authorization, engine_id=engine, tenant=tenant)
 
     async def register(self, info: dict[str, Any]) -> None:
-        """An engine replica announces itself (id, URL, KV events endpoints) when it starts."""
+        """An engine replica announces itself (id, URL, KV events endpoints) when it starts; one on
+        other weights than the fleet's after an update is switched to them (``FleetOps.on_register``)."""
         self.replicas[info["replica_id"]] = info
+        self.ops.on_register(info)
 
     def handle_of(self, replica_id: str) -> DeploymentHandle:
         """The handle of the deployment ``replica_id`` belongs to (the fleet operations address it)."""
@@ -175,11 +177,19 @@ class FleetIngress:
     async def send(self, route: RouteRequest, method: str, path: str, query: str, headers: list[tuple[str, str]],
                    body: bytes) -> tuple[dict[str, Any], AsyncIterator[bytes]]:
         """Forward through the router; the head and the rest of the body's chunks. Retries on
-        another replica when one fails before its head arrived."""
+        another replica when one fails before its head arrived. After a completed weight update a
+        prompt goes only to replicas registered on the fleet's version, and one that answers it on
+        another version (``409 weights_version_mismatch``: Ray listed it before it registered) is
+        excluded and another tried; its refusal is the answer when no replica is left."""
         excluded = set(self.draining)
+        pinned = None if route.session_replica is not None else self.ops.pinned_version()
+        if pinned is not None:
+            excluded |= {rid for rid, info in self.replicas.items() if info.get("weights_version") != pinned}
         last: Exception | None = None
+        refused: tuple[dict[str, Any], bytes] | None = None
         for _ in range(MAX_ATTEMPTS):
-            r = RouteRequest(route.token_ids, route.scope, route.session_replica, tuple(sorted(excluded)))
+            r = RouteRequest(route.token_ids, route.scope, route.session_replica, tuple(sorted(excluded)),
+                             require_version=pinned)
             gen = cast(DeploymentResponseGenerator,  # stream=True
                        self.engines.options(stream=True).forward.remote(r, method, path, query, headers, body))
             try:
@@ -192,7 +202,13 @@ class FleetIngress:
                     break  # a session lives on one replica: no other can answer for it
                 excluded.update(self._dead())
                 continue
+            if pinned is not None and head["status"] == 409 and dict(head["headers"]).get(VERSION_HEADER) != pinned:
+                refused = head, b"".join([c async for c in _chunks(gen)])
+                excluded.add(head["replica"])  # not yet on the fleet's version: another answers
+                continue
             return head, _chunks(gen)
+        if refused is not None:
+            return refused[0], _one(refused[1])
         raise RuntimeError(f"no replica could answer {method} {path}: {last}") from last
 
     def _dead(self) -> set[str]:
@@ -203,6 +219,10 @@ def _bearer(authorization: str | None) -> str | None:
     if authorization is None or not authorization.lower().startswith("bearer "):
         return None
     return authorization[7:].strip()
+
+
+async def _one(data: bytes) -> AsyncIterator[bytes]:
+    yield data
 
 
 async def _chunks(gen: Any) -> AsyncIterator[bytes]:

@@ -15,7 +15,7 @@ a drain migrates a decode replica's sessions to the other decode replicas (a pre
 from __future__ import annotations
 
 from itertools import zip_longest
-from typing import Any, Protocol
+from typing import Protocol
 
 from execstate.fleet.ray_app.fleet_ops import FleetOps, Ingress
 from execstate.fleet.router.pd_pairing import DECODE, PREFILL, VersionDirectory
@@ -43,8 +43,6 @@ class PDFleetOps(FleetOps):
             self.pd.directory.forget(rid)
         return gone
 
-    async def update_weights(self, source: str, version: str) -> dict[str, Any]:
-        out = await super().update_weights(source, version)
-        for rid, v in out["versions"].items():
-            self.pd.directory.record(rid, self.pd.directory.role_of(rid) or DECODE, v)
-        return out
+    def switched(self, replica_id: str, version: str) -> None:
+        super().switched(replica_id, version)
+        self.pd.directory.record(replica_id, self.pd.directory.role_of(replica_id) or DECODE, version)

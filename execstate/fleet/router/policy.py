@@ -90,14 +90,18 @@ class RouteRequest:
     session call), its cache scope (the caller's tenant or shared group and salt), the replica
     holding its live session (None: none; the fleet
     also uses it to address one replica), replicas taken out of service (``exclude``: draining;
-    never chosen unless every candidate is excluded), and the weights versions that may serve it
-    (``weights_versions``; None: any)."""
+    never chosen unless every candidate is excluded), the weights versions that may serve it
+    (``weights_versions``; None: any; the router prefers replicas whose routing stats report one),
+    and the one version the replica must run to answer (``require_version``; None: any): checked by
+    the replica only (it refuses with 409 ``weights_version_mismatch``), never by the router, whose
+    view of a replica's version is only as fresh as its routing stats."""
 
     token_ids: Sequence[int] | None = None
     scope: CacheScope = LOCAL_SCOPE
     session_replica: str | None = None
     exclude: tuple[str, ...] = ()
     weights_versions: tuple[str, ...] | None = None
+    require_version: str | None = None
 
 
 @dataclass(frozen=True)
