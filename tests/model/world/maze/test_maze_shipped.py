@@ -11,7 +11,6 @@ import math
 
 import numpy as np
 import pytest
-
 import torch
 
 from execstate.model.world.maze import layout, pose, raycast

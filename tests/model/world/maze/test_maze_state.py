@@ -95,7 +95,8 @@ def test_a_walker_a_hair_inside_a_walls_band_slides_along_it_but_not_into_it() -
         assert torch.equal(into[0], torch.tensor([[5.25, 4.5]]).expand(3, 2)) and bool((gates[0, :, 0] <= 0).all())
         back, _ = m.walk(x0, z0, torch.full((1, 1), math.pi), torch.ones(1, 1, dtype=torch.long))
         assert float(back[0, 0, 0]) == pytest.approx(5.15, abs=1e-5)
-        slant, _ = m.walk(torch.tensor([4.5]), z0, torch.full((1, 20), math.pi / 6), torch.ones(1, 20, dtype=torch.long))
+        slant, _ = m.walk(torch.tensor([4.5]), z0, torch.full((1, 20), math.pi / 6),
+                          torch.ones(1, 20, dtype=torch.long))
         assert float(slant[0, :, 0].max()) < 5.25 and float(slant[0, -1, 1]) == pytest.approx(5.5, abs=1e-4)
 
 
