@@ -38,7 +38,7 @@ def test_the_clearance_is_negative_exactly_where_the_physics_blocks(seed: int) -
 def test_the_motion_stage_stops_the_walker_where_the_physics_does(tmp_path: Path) -> None:
     """The recipe's motion stage (with few walks and no view training): the learnt steps are the keys'
     moves, and one step from a walk's true pose lands where the physics put the walker on all but a
-    few frames (the shipped motion: 2.2 % of frames off by more than 0.01 cell)."""
+    few frames (the shipped motion: 0.6-0.9 % of frames off by more than 0.01 cell)."""
     torch.set_num_threads(1)
     mc = StateModelConfig(occupancy_per_cell=2, appearance_per_cell=2, appearance_channels=4, surface_bins=4,
                           ray_samples=32, theme_dim=4, mlp_hidden=16)
@@ -50,5 +50,5 @@ def test_the_motion_stage_stops_the_walker_where_the_physics_does(tmp_path: Path
     assert torch.allclose(steps[1], torch.tensor([pose.MOVE_SPEED, 0.0]), atol=2e-3)
     assert torch.allclose(steps[4], torch.tensor([0.0, pose.STRAFE_SPEED]), atol=2e-3)
     after = trainer.one_step_error()
-    assert before > 0.5 and after < 0.04, (before, after)
+    assert before > 0.5 and after < 0.03, (before, after)
     assert json.loads(json.dumps(trainer.losses))["motion"][-1] < trainer.losses["motion"][0] / 100

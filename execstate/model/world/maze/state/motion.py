@@ -10,10 +10,11 @@ stops at one ahead, wherever the map says the walls are. The map is trained to b
 blocked everywhere): near a wall that distance is linear in the position, which the bilinear grid
 holds almost exactly (to about 0.002 cell), so the gates flip where the walker's disc meets the
 wall. The gates are hard (a blocked step is not taken at all), with one rule beside the map's
-verdict (:func:`slide_gate`): a step that lowers the clearance by less than half its length runs
-along a wall, not into it, and is taken (a walker the map's small errors would otherwise stop on
-a wall it touches, or hold a hair inside the band, got stuck there for good while the true walker
-slid on); into a wall the clearance falls by the whole step, so no wall is walked into. Training
+verdict (:func:`slide_gate`): a step that lowers the clearance by less than half its length and
+ends at most 0.01 cell inside the band runs along a wall, not into it, and is taken (a walker the
+map's small errors would otherwise stop on a wall it touches, or hold a hair inside the band, got
+stuck there for good while the true walker slid on); into a wall the clearance falls by the whole
+step, so no wall is walked into. Training
 can run chunks of walks through the gates with a sigmoid's gradient (straight-through).
 
 The state tokens: each frame's state (its position, yaw, key and gates) becomes one token whose key
@@ -32,7 +33,8 @@ from torch import nn
 from execstate.model.world.maze.state.config import StateModelConfig
 from execstate.model.world.maze.state.view import sample_plan
 
-SLIDE = 0.5  # a step whose clearance falls by less than this part of its length slides (slide_gate)
+SLIDE = 0.5  # a step whose clearance falls by less than this part of its length slides (slide_gate) ...
+SLIDE_DEPTH = 0.01  # ... if it ends at most this far (cells) inside the band: a few times the map's error
 
 
 def _features(cfg: StateModelConfig, x: torch.Tensor, z: torch.Tensor, yaw: torch.Tensor, key: torch.Tensor,
@@ -43,11 +45,12 @@ def _features(cfg: StateModelConfig, x: torch.Tensor, z: torch.Tensor, yaw: torc
 
 def slide_gate(there: torch.Tensor, here: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     """A step's gate value (> 0: taken) from the map's value ``there`` (after it) and ``here`` (before
-    it) and the step along its axis: the map's verdict, or, for a step whose value falls by less
-    than ``SLIDE`` of its length, open: such a step runs along a wall, not into it (into a wall the
-    clearance falls by the whole step), and a map a few thousandths of a cell off would otherwise
-    stop a walker sliding along a wall it touches, or hold one it let a hair inside its band."""
-    return torch.maximum(there, there - here + SLIDE * step.abs())
+    it) and the step along its axis: the map's verdict, or open for a step that ends at most
+    ``SLIDE_DEPTH`` inside the band and lowers the value by less than ``SLIDE`` of its length.
+    Such a step runs along a wall, not into it (into a wall the clearance falls by the whole step);
+    without the rule a map a few thousandths of a cell off stops a walker sliding along a wall it
+    touches, or holds one it let a hair inside the band, for good."""
+    return torch.maximum(there, torch.minimum(there + SLIDE_DEPTH, there - here + SLIDE * step.abs()))
 
 
 class Motion(nn.Module):
