@@ -47,4 +47,13 @@ def format_world_table(report: dict[str, Any]) -> str:
                 lines.append(
                     f"  {'resident memory at step ' + key.removeprefix('rss_mb_at_') + ', MB':<52} {data[key]}"
                 )
+    if "serve" in report:
+        lines.append("\n[serve] (over the socket; per run: frames/s and first chunks of each session)")
+        for run in report["serve"]["runs"]:
+            target = "as fast as possible" if not run["fps_target"] else f"{run['fps_target']:g} fps"
+            lines.append(f"  {run['sessions']} session(s), {target}, {run['step_workers']} step worker(s), "
+                         f"{run['seconds']:g} s: frames/s each {run['frames_per_s_each']}; first chunk ms "
+                         f"{run['first_chunk_ms']}, first generated chunk ms {run['first_generated_chunk_ms']}; "
+                         f"step p50 {run['step_ms_p50']} ms, p99 {run['step_ms_p99']} ms; "
+                         f"behind at most {run['behind_ms_max']} ms; load {run['load_before']} -> {run['load_after']}")
     return "\n".join(lines)

@@ -31,6 +31,11 @@ def test_bench_world_parts_on_a_tiny_model(monkeypatch) -> None:
     report = {"model": "world", "weights_version": "tiny", "frame_shape": [48, 48, 3], "frames_per_chunk": 2,
               "threads": 1, "cpus": 2, "load_start": [0.0], "load_end": [0.0], "wall_s": 1.0,
               "latency": lat, "events": ev, "checkpoint": cp, "memory": mem}
-    text = format_world_table(report)
+    serve = {"runs": [{"sessions": 4, "fps_target": 16.0, "step_workers": 2, "seconds": 3.0,
+                       "frames_per_s_each": [16.5, 16.4], "first_chunk_ms": [14.3, 15.6],
+                       "first_generated_chunk_ms": [29.3, 40.8], "step_ms_p50": 12.0, "step_ms_p99": 34.1,
+                       "behind_ms_max": 0.0, "load_before": 1.6, "load_after": 1.6}]}
+    text = format_world_table(report | {"serve": serve})
     assert "event -> action p50" in text and "rollback reproduces frames bit for bit" in text
+    assert "4 session(s), 16 fps, 2 step worker(s), 3 s: frames/s each [16.5, 16.4]; first chunk ms [14.3" in text
     assert np.isfinite(lat["step_ms_p50"])

@@ -7,6 +7,9 @@ walks through it (``maze_state_train.py``).
 - :func:`walks`: the player-like policy of ``maze_data.py`` (keys held 2-20 frames, the camera
   turning at held velocities, pitch now and then) from random poses, through the world's physics:
   per frame the key, the world yaw, the pose before and after. No rendering.
+- :func:`clearances`: points drawn uniformly over the plan with the walker's *clearance* there
+  (:func:`clearance`: how far its disc is from touching a wall or an object, in cells; < 0 where
+  the physics blocks it): what the motion's free-space map learns to be.
 """
 
 from __future__ import annotations
@@ -72,3 +75,32 @@ def walks(maze: layout.Maze, rng: np.random.Generator, n: int, length: int) -> W
             keys[i, f], yaw[i, f], xz[i, f + 1] = k[f], y, (q.x, q.z)
             p = pose.Pose(q.x, q.z, p.yaw)
     return Walks(keys, yaw, xz)
+
+
+def clearance(maze: layout.Maze, xz: np.ndarray) -> np.ndarray:
+    """The walker's clearance at the points ``xz [N, 2]`` (cells): the distance from its disc to the
+    nearest wall cell or object, so ``< 0`` exactly where :func:`pose.blocked` is true (the disc
+    overlaps one), ``-RADIUS`` inside a wall -> ``float32 [N]``."""
+    walls = np.argwhere(maze.walls > 0).astype(np.float64)  # (row, col): the cell [col, col + 1) x [row, row + 1)
+    out = np.empty(len(xz), np.float32)
+    for lo in range(0, len(xz), 4096):
+        p = np.asarray(xz[lo : lo + 4096], np.float64)
+        x, z = p[:, 0:1], p[:, 1:2]
+        dx = np.maximum(np.maximum(walls[None, :, 1] - x, 0.0), x - (walls[None, :, 1] + 1.0))
+        dz = np.maximum(np.maximum(walls[None, :, 0] - z, 0.0), z - (walls[None, :, 0] + 1.0))
+        d = np.sqrt(dx**2 + dz**2).min(axis=1) - pose.RADIUS
+        for o in maze.objects:
+            d = np.minimum(d, np.hypot(p[:, 0] - o.x, p[:, 1] - o.z) - pose.RADIUS - layout.OBJECT_RADIUS)
+        out[lo : lo + len(p)] = d
+    return out
+
+
+@dataclass(frozen=True)
+class Clearances:
+    xz: np.ndarray  # float32 [N, 2]: points of the plan
+    clearance: np.ndarray  # float32 [N]: the walker's clearance there (:func:`clearance`)
+
+
+def clearances(maze: layout.Maze, rng: np.random.Generator, n: int) -> Clearances:
+    xz = rng.uniform(0.0, layout.GRID, size=(n, 2)).astype(np.float32)
+    return Clearances(xz, clearance(maze, xz))

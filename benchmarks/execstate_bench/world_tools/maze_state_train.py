@@ -3,20 +3,28 @@ deterministically from a seed, with checkpoints: ``python -m execstate_bench.wor
 --out runs/maze-state`` (flags: ``--help``).
 
 Data (``maze_state_data.py``): ``views`` frames at random poses with each column's wall distance,
-``walks`` of the player-like policy through the world's physics (poses only). The renderer's poses
-and depths supervise training only; the model never sees them at inference. Two stages, Adam,
-cosine decay within each stage:
+``walks`` of the player-like policy through the world's physics (poses only), and
+``clearance_points`` points of the plan with the walker's clearance there (the distance from its
+disc to the nearest wall or object). The renderer's poses, depths and clearances supervise
+training only; the model never sees them at inference. Two stages, Adam, cosine decay within each
+stage:
 
 1. ``view_steps``: the view (the maps and the pixel MLP): random columns of random views, all their
    rows; loss = MSE of the pixels in ``[-1, 1]`` + ``depth_weight`` x MSE of the log depth.
-2. ``motion_steps``: the motion: batches of walks run chunk by chunk (hard gates, a sigmoid's
-   gradient through them), each chunk from the walk's pose at its start (``reanchor``; 0: from
-   where the model's own walk got to); loss = MSE of the chunks' positions against the walk's (it
-   trains the map, not the steps), and
-   at the walk's true poses: the gates' cross-entropy against whether the walker moved along each
-   axis and the map's against "free" where it stood, and the MSE of the steps against the moves,
-   gated by whether it moved (the steps' regression). ``reanchor 0`` (whole rollouts) made the loss
-   grow: the unrolled error pulled the map wherever a rollout had gone wrong.
+2. ``motion_steps``: the motion: the free-space map by regression on the clearance at
+   ``clearance_batch`` random points (``clearance_weight`` x MSE, clearances above 1 cell clipped: the
+   map's value is the clearance, > 0 free), and the steps by regression on the walks' moves (at the
+   walk's true poses, gated by whether the walker moved). ``walk_map_weight`` > 0 adds the recipe
+   before the clearance, which trained the map from the walks alone: batches of walks run chunk by
+   chunk through the hard gates (a sigmoid's gradient through them), each chunk from the walk's
+   pose at its start (``reanchor``; 0: from where the model's own walk got to), the MSE of the
+   chunks' positions against the walk's, and the gates' cross-entropy against whether the walker
+   moved along each axis and against "free" where it stood. That map was wrong on 8 % of single
+   steps (it let the walker into the band a wall's disc-width in front of it), the clearance's on
+   0.3 % (docs/world-maze.md); ``reanchor 0`` made the loss grow.
+
+After the motion stage, ``train.json`` gets the motion's one-step error over the walks: the
+fraction of frames whose position after one step from the true pose is off by more than 0.01 cell.
 
 Every ``checkpoint_every`` steps the state (weights, optimizer, stage, step, the batch generator)
 goes to ``out/checkpoint.pt``; ``--resume`` continues from it (the data is re-made from the seed).
@@ -65,9 +73,13 @@ class TrainConfig:
     depth_weight: float = 0.5
     map_lr: float = 0.02
     mlp_lr: float = 1e-2
-    motion_steps: int = 1000
+    motion_steps: int = 4000
     motion_batch: int = 128
     motion_lr: float = 0.05
+    clearance_points: int = 262144
+    clearance_batch: int = 16384
+    clearance_weight: float = 100.0
+    walk_map_weight: float = 0.0  # the walks' losses on the map (the recipe before the clearance: 1.0)
     reanchor: int = 1  # 1: each chunk starts from the walk's pose; 0: from the unrolled one (it spoilt the map)
     step_lr: float = 0.005
     checkpoint_every: int = 200
@@ -91,6 +103,8 @@ class Trainer:
         self.theme = torch.from_numpy(v.theme)
         w = maze_state_data.walks(maze, rng, tc.walks, tc.walk_frames)
         self.keys, self.yaw, self.xz = torch.from_numpy(w.keys), torch.from_numpy(w.yaw), torch.from_numpy(w.xz)
+        c = maze_state_data.clearances(maze, rng, tc.clearance_points)
+        self.points, self.clearance = torch.from_numpy(c.xz), torch.from_numpy(c.clearance).clamp(max=1.0)
         self.gen = torch.Generator().manual_seed(tc.seed)
         self.stage, self.step = 0, 0
         self.losses: dict[str, list[float]] = {s: [] for s in STAGES}
@@ -119,10 +133,28 @@ class Trainer:
         return F.mse_loss(pix, target) + tc.depth_weight * (log_err**2).mean()
 
     def motion_loss(self) -> torch.Tensor:
-        tc, mc, motion = self.tc, self.mc, self.net.motion
+        tc, motion = self.tc, self.net.motion
         idx = torch.randint(0, len(self.keys), (tc.motion_batch,), generator=self.gen)
         keys, yaw, xz = self.keys[idx], self.yaw[idx], self.xz[idx]
-        f = mc.frames_per_chunk
+        # the steps against the moves at the walk's true poses, gated by what happened
+        before, after = xz[:, :-1], xz[:, 1:]
+        dx, dz = motion.displacement(yaw, keys)
+        moved_x = ((after[..., 0] - before[..., 0]).abs() > 1e-6).to(torch.float32)
+        moved_z = ((after[..., 1] - before[..., 1]).abs() > 1e-6).to(torch.float32)
+        moves = torch.stack([dx * moved_x, dz * moved_z], dim=-1)
+        loss = 100.0 * F.mse_loss(moves, after - before)
+        # the map: the walker's clearance at random points of the plan
+        pts = torch.randint(0, len(self.points), (tc.clearance_batch,), generator=self.gen)
+        p = self.points[pts]
+        loss = loss + tc.clearance_weight * F.mse_loss(motion.free_logit(p[:, 0], p[:, 1]), self.clearance[pts])
+        if tc.walk_map_weight > 0:
+            loss = loss + tc.walk_map_weight * self.walk_map_loss(keys, yaw, xz, dx, dz, moved_x, moved_z)
+        return loss
+
+    def walk_map_loss(self, keys: torch.Tensor, yaw: torch.Tensor, xz: torch.Tensor, dx: torch.Tensor,
+                      dz: torch.Tensor, moved_x: torch.Tensor, moved_z: torch.Tensor) -> torch.Tensor:
+        """The map's losses from the walks alone (the recipe before the clearance; module docstring)."""
+        motion, f = self.net.motion, self.mc.frames_per_chunk
         x, z = xz[:, 0, 0], xz[:, 0, 1]
         path = []
         for c in range(keys.shape[1] // f):
@@ -132,14 +164,9 @@ class Trainer:
             end = xz[:, (c + 1) * f] if self.tc.reanchor else pos[:, -1]
             x, z = end[:, 0], end[:, 1]
         unrolled = torch.cat(path, dim=1)
-        # at the walk's true poses: the gates against whether the walker moved along x, then along z,
-        # and the steps against the moves (gated by what happened: a plain regression of the steps)
         before, after = xz[:, :-1], xz[:, 1:]
-        dx, dz = motion.displacement(yaw, keys)
         lx = motion.free_logit((before[..., 0] + dx.detach()).reshape(-1), before[..., 1].reshape(-1))
         lz = motion.free_logit(after[..., 0].reshape(-1), (before[..., 1] + dz.detach()).reshape(-1))
-        moved_x = ((after[..., 0] - before[..., 0]).abs() > 1e-6).to(torch.float32)
-        moved_z = ((after[..., 1] - before[..., 1]).abs() > 1e-6).to(torch.float32)
         tries_x = (dx.detach().abs() > 0.01).to(torch.float32).reshape(-1)  # a step along x worth a label
         tries_z = (dz.detach().abs() > 0.01).to(torch.float32).reshape(-1)
         bce = (F.binary_cross_entropy_with_logits(lx, moved_x.reshape(-1), reduction="none") * tries_x).sum()
@@ -147,8 +174,17 @@ class Trainer:
                ) / (tries_x.sum() + tries_z.sum()).clamp_min(1)
         stood = motion.free_logit(after[..., 0].reshape(-1), after[..., 1].reshape(-1))  # where it stood: free
         bce = bce + F.binary_cross_entropy_with_logits(stood, torch.ones_like(stood))
-        moves = torch.stack([dx * moved_x, dz * moved_z], dim=-1)
-        return 100.0 * (F.mse_loss(unrolled, after) + F.mse_loss(moves, after - before)) + bce
+        return 100.0 * F.mse_loss(unrolled, after) + bce
+
+    @torch.no_grad()
+    def one_step_error(self, tolerance: float = 0.01) -> float:
+        """The fraction of the walks' frames whose position after one hard step of the motion from
+        the true pose is more than ``tolerance`` cells from the walk's."""
+        xz = self.xz
+        pos, _ = self.net.motion.walk(xz[:, :-1, 0].reshape(-1), xz[:, :-1, 1].reshape(-1),
+                                      self.yaw.reshape(-1, 1), self.keys.reshape(-1, 1), hard=True)
+        err = (pos[:, 0] - xz[:, 1:].reshape(-1, 2)).norm(dim=-1)
+        return float((err > tolerance).to(torch.float32).mean())
 
     # -- loop --------------------------------------------------------------------------------------
     def total(self, stage: str) -> int:
@@ -157,11 +193,15 @@ class Trainer:
     def init_from(self, model_dir: Path, stage: int) -> None:
         """The view of a trained directory, then train from ``stage`` on (the motion from scratch
         when the motion stage is trained)."""
-        state = safetensors.torch.load_file(str(Path(model_dir) / WEIGHTS_FILE))
-        self.net.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)
-        if stage <= STAGES.index("motion"):
+        state = {k: v.to(torch.float32) for k, v in
+                 safetensors.torch.load_file(str(Path(model_dir) / WEIGHTS_FILE)).items()}
+        if stage <= STAGES.index("motion"):  # the motion from scratch (its map may have another size)
+            self.net.view.load_state_dict({k.removeprefix("view."): v for k, v in state.items()
+                                           if k.startswith("view.")}, strict=True)
             torch.manual_seed(self.tc.seed)
             self.net.motion = Motion(self.mc)
+        else:
+            self.net.load_state_dict(state, strict=True)
         self.stage, self.step = stage, 0
         self.opt = self._optimizer()
 
@@ -204,7 +244,7 @@ class Trainer:
                 self.wall_s += time.perf_counter() - w0
                 if self.step % 50 == 0:
                     loads.append(os.getloadavg()[0])
-                    print(f"{name} {self.step}/{total} loss {np.mean(self.losses[name][-50:]):.4f} "
+                    print(f"{name} {self.step}/{total} loss {np.mean(self.losses[name][-50:]):.4g} "
                           f"cpu {self.cpu_s:.0f}s wall {self.wall_s:.0f}s load {loads[-1]:.1f}", flush=True)
                 if self.step % self.tc.checkpoint_every == 0:
                     self.save_checkpoint()
@@ -244,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
               "train_cpu_s": round(trainer.cpu_s, 1), "train_wall_s": round(trainer.wall_s, 1),
               "loss_first_last_50": {k: [round(float(np.mean(v[:50])), 5), round(float(np.mean(v[-50:])), 5)]
                                      for k, v in trainer.losses.items() if v},
+              "motion_one_step_error": round(trainer.one_step_error(), 5),
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
               "weights_sha256": digest, **extra}
     (a.out / "train.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -77,6 +77,29 @@ def test_a_step_turns_with_the_yaw_and_a_wall_stops_it_and_it_slides() -> None:
     assert torch.equal(xz[0, -3:, 0], xz[0, -1:, 0].expand(3))  # stopped: x stays
 
 
+def test_a_walker_a_hair_inside_a_walls_band_slides_along_it_but_not_into_it() -> None:
+    """A clearance map 0.002 cell too pessimistic in front of a wall at x = 5.5 (the band ends at
+    x = 5.25): from x = 5.25 the map reads blocked, yet a step along the wall is taken (the slide
+    rule), a step into it is not, and walking into it at a slant only ever slides."""
+    net = random_state_net()
+    m = net.motion
+    n = TINY.grid_points(TINY.free_per_cell)
+    with torch.no_grad():
+        gx = torch.arange(n, dtype=torch.float32) / TINY.free_per_cell
+        m.free.copy_((5.25 - gx - 0.002).expand(n, n)[None, None])  # columns index x
+    with torch.no_grad():
+        x0, z0 = torch.tensor([5.25]), torch.tensor([4.5])
+        along, _ = m.walk(x0, z0, torch.full((1, 3), math.pi / 2), torch.ones(1, 3, dtype=torch.long))
+        assert torch.allclose(along[0], torch.tensor([[5.25, 4.6], [5.25, 4.7], [5.25, 4.8]]), atol=1e-5)
+        into, gates = m.walk(x0, z0, torch.zeros(1, 3), torch.ones(1, 3, dtype=torch.long))
+        assert torch.equal(into[0], torch.tensor([[5.25, 4.5]]).expand(3, 2)) and bool((gates[0, :, 0] <= 0).all())
+        back, _ = m.walk(x0, z0, torch.full((1, 1), math.pi), torch.ones(1, 1, dtype=torch.long))
+        assert float(back[0, 0, 0]) == pytest.approx(5.15, abs=1e-5)
+        slant, _ = m.walk(torch.tensor([4.5]), z0, torch.full((1, 20), math.pi / 6),
+                          torch.ones(1, 20, dtype=torch.long))
+        assert float(slant[0, :, 0].max()) < 5.25 and float(slant[0, -1, 1]) == pytest.approx(5.5, abs=1e-4)
+
+
 def test_frames_are_the_view_from_the_carried_state(tiny: MazeStateModel) -> None:
     prompt = tiny.encode_prompt("an ice maze", 0)
     acts = tiny.make_actions([1, 4], [[0.1, 0.0, 0.1, 0.0], [0.2, 0.05, 0.1, 0.05]])
@@ -195,4 +218,4 @@ def test_compiled_kv_matches_eager_at_every_step() -> None:
     compiled = MazeStateModel(random_state_net(), "tiny-state-random", numerics="compiled")
     r = compare_numerics(eager, compiled, steps=10, seed=3)  # scene 3: the maze the model knows
     assert r["state_keys_differ"] and len(r["kv_max_diff_by_step"]) == 11
-    assert r["kv_max_diff"] < 1e-5 and r["frame_max_diff_levels"] <= 1, r
+    assert r["kv_max_diff"] == 0.0 and r["frame_max_diff_levels"] <= 1, r  # the state step is eager in both

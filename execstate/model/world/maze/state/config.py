@@ -37,7 +37,7 @@ class StateModelConfig:
     theme_dim: int = 8
     mlp_hidden: int = 96
     # the motion (motion.py)
-    free_per_cell: int = 8  # free-space grid points per cell
+    free_per_cell: int = 16  # free-space (clearance) grid points per cell
     token_dim: int = 16  # the state token's key and value (one head, one layer): the K/V per frame
     sink_chunks: int = 1
     window_chunks: int = 16

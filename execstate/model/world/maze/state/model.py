@@ -19,8 +19,14 @@ K/V: one state token per frame, one layer, one head of ``token_dim`` (``motion.p
 cache holds the walker's path over the window; the model's steps do not read it (the state is
 Markov). The prompt's
 "K/V" is its theme (``textures.theme_for_prompt``: the word of the prompt the renderer reads),
-as an index into the learnt theme embeddings. Numerics: ``eager`` runs the chunk as is,
-``compiled`` under ``torch.compile``.
+as an index into the learnt theme embeddings. Numerics: ``eager`` runs the chunk as is;
+``compiled`` runs the view (the frames: where the time goes) under ``torch.compile`` and the
+motion and state tokens (``StateNet.state_step``) as eager does, so both modes carry the same
+state and write the same K/V, bit for bit. Compiled, the state step's K/V came out up to a few
+1e-8 apart: inductor fuses the tokens' features into one C++ loop that calls the C library's
+``std::cos`` / ``std::sin`` of the yaw where eager's ``torch.cos`` / ``torch.sin`` run ATen's
+vectorised (Sleef) ones, a last-bit difference the token layer passes on (the layer itself is the
+same ``addmm`` in both, and the motion's positions were equal).
 """
 
 from __future__ import annotations
@@ -71,7 +77,7 @@ class MazeStateModel:
             chunk_latent_shape=(f, cfg.frame_size, cfg.frame_size, 3), sink_chunks=cfg.sink_chunks,
             max_window_chunks=cfg.window_chunks, kv=layout, numerics=numerics, weights_version=weights_version,
             camera=RIG, world="maze", scenes=(cfg.maze_seed,))
-        self._chunk = net.chunk if numerics == "eager" else torch.compile(net.chunk, dynamic=True)
+        self._frames = net.view.frames if numerics == "eager" else torch.compile(net.view.frames, dynamic=True)
         self._located: dict[tuple[str, int, float, float], tuple[float, float, float]] = {}
 
     @classmethod
@@ -123,7 +129,11 @@ class MazeStateModel:
              ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor]:
         cam = actions.camera if actions.camera is not None else torch.zeros((self.cfg.frames_per_chunk, 4))
         with torch.no_grad():
-            return self._chunk(state, actions.keys, cam, self._theme(prompt), render)
+            xz, yaw, k, v = self.net.state_step(state, actions.keys, cam)  # eager in both modes (docstring)
+            frames = None
+            if render:
+                frames = self._frames(xz[:, 0], xz[:, 1], yaw, cam[:, 1], self._theme(prompt).expand(xz.shape[0]))
+            return frames, xz, k, v
 
     def _start(self, carry: Carry) -> torch.Tensor:
         if float(carry[LOCATED]) > 0.5:
