@@ -4,7 +4,7 @@ The audio counterpart of ``turn_policy.TurnPolicy``, with the same :class:`Decis
 an audio front (``voice/agent.py``) with what its VAD and recognizer found. Times are seconds on
 the agent clock and never go back. Call order per speech segment::
 
-    on_speech_start(t, agent_speaking) -> on_speech(t, speech_s, words)* -> on_speech_stop(t, silence_s)
+    on_speech_start(t, agent_speaking) -> on_speech(t, speech_s, words, silence_s)* -> on_speech_stop(t, silence_s)
     -> on_transcript(ends_sentence)      (for segments of a user turn; ``turn_segment`` says which)
 
 and ``on_tick(t)`` whenever time passes (``next_deadline`` says when it may decide);
@@ -97,12 +97,13 @@ class SpeechTurnPolicy:
         self._burst_base = (0.0, 0)
         return Decision.HOLD if self.config.pause_on_speech and self.config.interrupt else Decision.BACKCHANNEL
 
-    def on_speech(self, t: float, speech_s: float, words: int) -> Decision:
+    def on_speech(self, t: float, speech_s: float, words: int, silence_s: float = 0.0) -> Decision:
         """The segment in progress so far: ``speech_s`` seconds of speech, ``words`` recognised (a
-        burst counts the speech and words of all its segments)."""
+        burst counts the speech and words of all its segments), ``silence_s`` of silence since its
+        last speech frame (the VAD's trailing silence so far: the speech ended ``silence_s`` ago)."""
         self._advance(t)
         if self.in_speech:
-            self.last_speech_t = t
+            self.last_speech_t = max(t - silence_s, self.last_speech_t or float("-inf"))
         self._seg = (speech_s, words)
         c = self.config
         total_s, total_words = self._burst_base[0] + speech_s, self._burst_base[1] + words

@@ -52,6 +52,7 @@ class _Segment:
     item_id: str | None = None
     partial: str = ""
     speech_s: float = 0.0
+    silence_s: float = 0.0
 
 
 def ends_sentence(text: str) -> bool:
@@ -106,10 +107,10 @@ class Listener:
             return
         elif isinstance(ev, Progress | Partial):
             if isinstance(ev, Progress):
-                seg.speech_s = ev.speech_s
+                seg.speech_s, seg.silence_s = ev.speech_s, ev.silence_s
             else:
                 self._on_partial(seg, ev.text, t, e)
-            if self.turns.on_speech(t, seg.speech_s, len(seg.partial.split())) is Decision.BARGE_IN:
+            if self.turns.on_speech(t, seg.speech_s, len(seg.partial.split()), seg.silence_s) is Decision.BARGE_IN:
                 self._barge_in(seg, t)
         elif isinstance(ev, VadStop):
             silence = (ev.audio_end - ev.speech_end) / 16000

@@ -161,3 +161,25 @@ def test_under_semantic_rules_a_final_mark_alone_does_not_end_the_turn() -> None
     assert p.on_tick(1.3) is Decision.NONE  # no score yet: the long silence
     p.on_end_score(0.1)
     assert p.on_tick(1.9) is Decision.NONE and p.on_tick(2.01) is Decision.END_OF_TURN
+
+
+def test_the_silence_counts_from_the_last_speech_frame_not_from_the_vads_stop() -> None:
+    """Progress during the VAD's trailing silence says how long it has been silent: a well-scored
+    turn ends once that reaches the short silence, when the segment stops (not 0.2 s later)."""
+    p = SpeechTurnPolicy(SEMANTIC)
+    assert p.on_speech_start(0.0, False) is Decision.NONE
+    p.on_speech(0.5, 0.5, 3)
+    p.on_speech(0.6, 0.5, 3, silence_s=0.1)  # the speech ended at 0.5
+    p.on_speech(0.62, 0.5, 3, silence_s=0.16)  # an early report (the input was processed late): not moved back
+    p.on_speech_stop(0.72, 0.2)  # the VAD's 200 ms: the speech ended at 0.52 by this report
+    p.on_transcript(True)
+    p.on_end_score(0.6)
+    assert p.next_deadline() == pytest.approx(0.72)  # before: 0.82 (0.2 s after the last report)
+    assert p.on_tick(0.7205) is Decision.END_OF_TURN
+    q = SpeechTurnPolicy(SEMANTIC)  # a low score: the long silence, from the speech's end too
+    q.on_speech_start(0.0, False)
+    q.on_speech(0.6, 0.5, 3, silence_s=0.1)
+    q.on_speech_stop(0.72, 0.2)
+    q.on_transcript(False)
+    q.on_end_score(0.1)
+    assert q.on_tick(1.51) is Decision.NONE and q.on_tick(1.53) is Decision.END_OF_TURN
