@@ -4,7 +4,10 @@ For each user turn answered (a ``turn_end`` mark that is not a backchannel, with
 audio reached the client), the time from the end of the user's speech (the turn's last sample, as
 sent) to the first of each event after it, in the order the server's pipeline produces them:
 
-- ``vad_stopped``: ``input_audio_buffer.speech_stopped`` (the VAD's silence wait);
+- ``vad_silence``: when the audio where the VAD ended the segment (``speech_stopped``'s
+  ``audio_end_ms``: the speech's end and the VAD's silence) was sent: the silence wait alone;
+- ``vad_stopped``: ``input_audio_buffer.speech_stopped`` arriving (the silence wait, the
+  detector's lag and, in the same batch of input events, the recognizer's final);
 - ``asr_final``: ``conversation.item.input_audio_transcription.completed`` (the recognizer's final);
 - ``end_of_turn``: ``input.turn`` of kind ``end_of_turn`` (the turn policy: end score, silences);
 - ``response_created``: the reply's ``response.created``;
@@ -26,7 +29,7 @@ from typing import Any
 from execstate_bench.voice_client import Recording
 from execstate_bench.voice_metrics import pct
 
-STAGES = ("vad_stopped", "asr_final", "end_of_turn", "response_created", "first_text", "first_audio")
+STAGES = ("vad_silence", "vad_stopped", "asr_final", "end_of_turn", "response_created", "first_text", "first_audio")
 _INPUT = {"vad_stopped": "input_audio_buffer.speech_stopped",
           "asr_final": "conversation.item.input_audio_transcription.completed"}
 
@@ -48,6 +51,9 @@ def turn_timelines(rec: Recording) -> list[dict[str, Any]]:
             t = next((t for t, e in ev if t >= t_end and e["type"] == kind), None)
             if t is not None:
                 row[name] = t - t_end
+        stop = next((e for t, e in ev if t >= t_end and e["type"] == "input_audio_buffer.speech_stopped"), None)
+        if stop is not None:
+            row["vad_silence"] = rec.wall(stop["audio_end_ms"] * 16) - t_end
         t = next((t for t, e in ev if t >= t_end and e["type"] == "input.turn" and e.get("kind") == "end_of_turn"),
                  None)
         if t is not None:

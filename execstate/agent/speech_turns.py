@@ -19,7 +19,10 @@ Rules (:class:`SpeechTurnConfig`):
   its ``silence_duration_ms``) or ``end_of_turn_silence_s`` passed since the last speech. A shorter
   pause does not end it. With ``end_threshold`` set (semantic turn detection), a turn whose words
   the front model scores at or above it ends once ``semantic_silence_s`` passed since the last
-  speech: a finished sentence ends after a short silence, an unfinished one waits the long one.
+  speech: a finished sentence ends after a short silence, an unfinished one waits longer: the
+  silence needed falls linearly from ``end_of_turn_silence_s`` (score 0, or no score yet) to
+  ``semantic_silence_s`` (at the threshold), as OpenAI's semantic VAD waits less the likelier
+  the model finds the end.
   Then the score decides alone: a recognizer's final ``.?!`` is in the words the model scored
   (a recognizer that punctuates a cut-off sentence does not end the turn by itself).
 - The agent speaking (generating or its audio still playing): speech opens a *burst*: ``HOLD``
@@ -137,9 +140,12 @@ class SpeechTurnPolicy:
         the model's score: ``semantic_silence_s``), else ``end_of_turn_silence_s``."""
         c = self.config
         if c.end_threshold is not None:  # semantic: the score decides (the model read the punctuation too)
-            if self.end_score is not None and self.end_score >= c.end_threshold:
-                return min(c.semantic_silence_s, c.end_of_turn_silence_s)
-            return c.end_of_turn_silence_s
+            short, p = min(c.semantic_silence_s, c.end_of_turn_silence_s), self.end_score
+            if p is None:
+                return c.end_of_turn_silence_s
+            if p >= c.end_threshold:
+                return short
+            return c.end_of_turn_silence_s - (c.end_of_turn_silence_s - short) * p / c.end_threshold
         return 0.0 if self.ends_sentence else c.end_of_turn_silence_s
 
     def on_tick(self, t: float) -> Decision:
