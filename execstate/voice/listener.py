@@ -13,8 +13,8 @@ turn policy (``agent/speech_turns.py``) and acts on its decisions through public
   burst's earlier words start the turn); a false interruption: ``SpeechOut.resume`` +
   ``DuplexAgent.resume``. The floor (``DuplexAgent.set_floor``) is the user's from speech until
   the turn or burst is over.
-- the user's turn so far (its final transcripts, then the open segment's partial) goes to
-  ``DuplexAgent.user_partial`` as it changes: the agent prefills it and the front model scores
+- the user's turn so far (its final transcripts, then the open segment's partial, without the
+  final mark a recognizer may put) goes to ``DuplexAgent.user_partial`` as it changes: the agent prefills it and the front model scores
   its end (``agent/prefill.py``); a score of the turn's current words reaches the turn policy
   (``on_end_score``), whose semantic rule may then end the turn after a short silence.
 
@@ -141,7 +141,10 @@ class Listener:
 
     @staticmethod
     def _joined(texts: list[str]) -> str:
-        return " ".join(x for x in texts if x.strip())
+        """The turn's words as the agent gets them: without the recognizer's final mark (a
+        recognizer that punctuates marks a cut-off phrase as a sentence too: "Tell me along."
+        in a pause; the front model judges from the words whether they end the turn)."""
+        return " ".join(x for x in texts if x.strip()).rstrip(" .?!,;:")
 
     def _say(self, text: str) -> None:
         """The turn's words so far, to the agent (prefill and end score) when they changed."""

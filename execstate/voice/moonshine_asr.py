@@ -13,9 +13,11 @@ utterance's last words:
 
 - the speech *pauses* (``gap_s`` of quiet 32 ms blocks after a loud one): the words since the last
   piece are transcribed, up to here. If they hold at least ``min_piece_s`` of audio, that
-  transcription is a **piece**: committed, the next piece starts where it ended. Else it is only
-  the open part's newest text (a partial): used as it is if the utterance ends there, transcribed
-  again with the next words if the speech goes on;
+  transcription is a **piece**: committed, the next piece starts where it ended. Else, when the
+  last piece can take them (the two hold at most ``max_piece_s``), they are transcribed *with* the
+  last piece again (a short phrase alone is often misheard: Moonshine needs the context), and that
+  text replaces the last piece; else it is only the open part's newest text (a partial): used as it
+  is if the utterance ends there, transcribed again with the next words if the speech goes on;
 - the speech went on after a pause that passed while the worker was busy: the words up to that
   pause are a piece (if at least ``min_piece_s``);
 - the open part runs past ``max_piece_s`` without a pause: it is cut in its quietest block (a
@@ -28,7 +30,9 @@ up to its last loud block (the rest is the VAD's trailing silence: the transcrip
 the pause covered it), else transcribes the open part now. The pieces are joined by
 :func:`join_pieces` (a piece's final mark and the next one's capital go: Moonshine ends every
 piece as a sentence). So the final of an utterance that ends in a pause is usually ready
-``gap_s`` plus one short transcription after its last word, before the VAD ends the segment.
+``gap_s`` plus one transcription of at most ``max_piece_s`` after its last word, about when the
+VAD ends the segment. The price is accuracy: a piece hears less context than the whole utterance
+(docs/voice.md gives the word error rates).
 
 One model serves every stream of the recognizer: transcriptions run one at a time on its worker
 (the C library's model is not documented as reentrant). ``close`` forgets the stream's audio.
@@ -109,9 +113,9 @@ class MoonshineStream:
         self._energy: list[float] = []  # each whole block's mean square (int16 units)
         self._loud_end = 0  # samples up to the end of the last loud block
         self._cut = 0  # the committed pieces cover the audio before this sample
-        self._pieces: list[str] = []
+        self._pieces: list[tuple[int, str]] = []  # (where it starts, its text)
         self._job: _Job | None = None
-        self._tail: tuple[int, str] | None = None  # the newest transcription of [cut, end) not committed
+        self._tail: tuple[int, int, str] | None = None  # newest text of pieces[base:] and the open part: (base, end, text)
         self._gap: tuple[int, int] | None = None  # the latest pause: where it is, where the speech before it ended
         self._last = ""
 
@@ -152,9 +156,10 @@ class MoonshineStream:
         self._open = False
         n = len(self._audio)
         if not self._covered(min(self._loud_end + BLOCK, n)):
-            self._submit(n, commit=False)
+            self._submit(n, commit=False, merge=self._short(self._loud_end))
             assert self._job is not None
-            self._tail, self._job = (n, without_repeats(self._job.future.result())), None
+            job, self._job = self._job, None
+            self._tail = (job.base, n, without_repeats(job.future.result()))
         text = self._text()
         self._audio, self._energy = np.zeros(0, dtype=np.int16), []
         return text
@@ -166,7 +171,13 @@ class MoonshineStream:
     # -- internals ------------------------------------------------------------------------------------
     def _covered(self, end: int) -> bool:
         """The pieces, and the open part's newest transcription, cover the audio before ``end``."""
-        return self._cut >= end or (self._tail is not None and self._tail[0] >= end)
+        return self._cut >= end or (self._tail is not None and self._tail[1] >= end)
+
+    def _short(self, loud: int) -> bool:
+        """The open part's speech is too short to be heard alone, and the last piece can take it."""
+        a = self._asr
+        return bool(self._pieces) and loud - self._cut < a.min_piece_s * RATE and (
+            loud - self._pieces[-1][0] <= a.max_piece_s * RATE)
 
     def _schedule(self) -> None:
         """Start the next transcription when one is due (module docstring)."""
@@ -175,7 +186,8 @@ class MoonshineStream:
             return  # nothing said since the last piece
         if n - loud >= a.gap_s * RATE:  # a pause now: the words up to it
             if not self._covered(loud + BLOCK):
-                self._submit(n, commit=loud - cut >= a.min_piece_s * RATE)
+                merge = self._short(loud)
+                self._submit(n, commit=merge or loud - cut >= a.min_piece_s * RATE, merge=merge)
         elif self._gap is not None and self._gap[0] > cut and self._gap[1] - cut >= a.min_piece_s * RATE:
             self._submit(self._gap[0], commit=True)  # an earlier pause, passed while the worker was busy
         elif loud - cut >= a.max_piece_s * RATE:
@@ -184,14 +196,15 @@ class MoonshineStream:
                 b = min(range(lo, hi), key=lambda i: self._energy[i])
                 self._submit(b * BLOCK + BLOCK // 2, commit=True)
 
-    def _submit(self, end: int, commit: bool) -> None:
-        """Transcribe ``[cut, end)`` from one block before its first loud block: Moonshine
-        mishears a phrase that starts after a silence ("at six tonight" after 0.2 s of it: "and
-        seek to hide")."""
-        first = next((b for b in range(self._cut // BLOCK, len(self._energy)) if _loud(self._energy[b])),
-                     self._cut // BLOCK)
-        start = max(self._cut, (first - 1) * BLOCK)
-        self._job = _Job(self._cut, end, commit, self._asr.submit(self._audio[start:end]))
+    def _submit(self, end: int, commit: bool, merge: bool = False) -> None:
+        """Transcribe the open part up to ``end`` (``merge``: with the last piece again, as its
+        context) from one block before its first loud block: Moonshine mishears a phrase that
+        starts after a silence ("at six tonight" after 0.2 s of it: "and seek to hide")."""
+        base = len(self._pieces) - 1 if merge and self._pieces else len(self._pieces)
+        at = self._pieces[base][0] if base < len(self._pieces) else self._cut
+        first = next((b for b in range(at // BLOCK, len(self._energy)) if _loud(self._energy[b])), at // BLOCK)
+        start = max(at, (first - 1) * BLOCK)
+        self._job = _Job(base, at, end, commit, self._asr.submit(self._audio[start:end]))
 
     def _wait_job(self) -> None:
         if self._job is not None:
@@ -202,17 +215,17 @@ class MoonshineStream:
 
     def _take(self, job: _Job) -> None:
         self._job = None
-        if job.start != self._cut:
-            return
         text = without_repeats(job.future.result())
         if job.commit:
-            self._pieces.append(text)
+            self._pieces[job.base:] = [(job.start, text)]
             self._cut, self._tail = job.end, None
         else:
-            self._tail = (job.end, text)
+            self._tail = (job.base, job.end, text)
 
     def _text(self) -> str:
-        return join_pieces([*self._pieces, *([self._tail[1]] if self._tail is not None else [])])
+        if self._tail is None:
+            return join_pieces([t for _, t in self._pieces])
+        return join_pieces([*(t for _, t in self._pieces[:self._tail[0]]), self._tail[2]])
 
 
 def _loud(mean_square: float) -> bool:
@@ -221,6 +234,7 @@ def _loud(mean_square: float) -> bool:
 
 @dataclass(frozen=True)
 class _Job:
+    base: int  # the pieces from this one on are transcribed again (it is len(pieces) or the last one)
     start: int
     end: int
     commit: bool  # a piece: it ends in a pause (or a cut) and holds at least min_piece_s
@@ -269,7 +283,7 @@ class Moonshine:
 
     sample_rate = RATE
 
-    def __init__(self, gap_s: float = 0.08, min_piece_s: float = 1.0, max_piece_s: float = 3.0) -> None:
+    def __init__(self, gap_s: float = 0.08, min_piece_s: float = 2.0, max_piece_s: float = 4.0) -> None:
         self.gap_s, self.min_piece_s, self.max_piece_s = gap_s, min_piece_s, max_piece_s
         self._lib = _Library()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="moonshine")
