@@ -34,7 +34,7 @@ def test_the_agent_gets_the_words_without_the_recognizers_final_mark_and_the_cli
     listener.on_input(Partial("Tell me a long story about the sea?"))
     assert agent.prefill.partial == "Tell me a long story about the sea"
     listener.on_input(VadStop(40000, 43200))
-    listener.on_input(Final("Tell me a long story about the sea."))
+    listener.on_input(Final("Tell me a long story about the sea.", 3200, 43200))
     assert agent.prefill.partial == "Tell me a long story about the sea"
     done = [e for e in events if e.type == "conversation.item.input_audio_transcription.completed"]
     assert [e.transcript for e in done] == ["Tell me a long story about the sea."]
