@@ -30,8 +30,10 @@ rolled back to *base* (``settle``), as before anything else touches the front (a
 result).
 
 **The reply's first step, drafted.** Once a speculation scored its words at least ``draft_above``
-(the turn is likely over: the turn policy only waits for silence or the recognizer's final), the
-idle loop runs the reply's first step on them ahead of time (``draft``): the rest of the reply cue
+(the turn is likely over) while ``draft_while()`` holds (the turn cannot end yet: the turn policy
+still waits for the segment's end or the recognizer's final; a draft started as the turn ends
+would only delay the reply's first streamed token), the idle loop runs the reply's first step on
+them ahead of time (``draft``): the rest of the reply cue
 and one step of tokens, generated from exactly the context the reply would have (the session's own
 sampling: a step restores its bias). Its chunks are held, never emitted. At the reply's first step
 ``keep`` hands them over only if the reply's input is token for token the input the draft was
@@ -44,8 +46,8 @@ Accounting (:class:`PrefillStats`): ``speculations``; ``computed``: tokens the s
 ran through the model; ``saved``: at each reply's first step after speculations, the tokens of
 its input the speculations had computed and it did not compute again; ``wasted``: ``computed -
 saved`` (work on revised partials, on turns that did not end); ``kept``: the replies that kept
-part of the speculation; ``drafts`` and ``drafts_kept`` (those a reply spoke). Scores: ``score`` is (text, probability) of the latest speculation;
-``on_score`` callbacks run after each.
+part of the speculation; ``drafts`` and ``drafts_kept`` (those a reply spoke). Scores:
+``score`` is (text, probability) of the latest speculation; ``on_score`` callbacks run after each.
 
 Pure bookkeeping over the front's calls; the agent's loop is the only caller (one step at a time).
 """
@@ -117,6 +119,7 @@ class SpeculativePrefill:
         self.on_score: list[Callable[[str, float], None]] = []
         self.stats = PrefillStats()
         self.draft_above: float | None = None  # draft the reply once a score reaches it (None: never)
+        self.draft_while: Callable[[], bool] = lambda: True  # and only while this holds (the turn cannot end yet)
         self._draft: Draft | None = None
         self._base: Any = None  # the checkpoint before the speculative steps
         self._held: list[int] = []  # what the front holds past the base (the last input, then its ``then``)
@@ -133,7 +136,8 @@ class SpeculativePrefill:
     def draft_wanted(self) -> bool:
         """The latest partial is speculated, scored at least ``draft_above``, and not drafted yet."""
         return (self.draft_above is not None and self._draft is None and self._base is not None
-                and self.score is not None and self.score[0] == self.partial and self.score[1] >= self.draft_above)
+                and self.score is not None and self.score[0] == self.partial and self.score[1] >= self.draft_above
+                and self.draft_while())
 
     def clear(self) -> None:
         """The turn is over or dropped: nothing more to speculate (``settle`` still rolls back)."""

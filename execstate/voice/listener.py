@@ -14,9 +14,10 @@ turn policy (``agent/speech_turns.py``) and acts on its decisions through public
   ``DuplexAgent.resume``. The floor (``DuplexAgent.set_floor``) is the user's from speech until
   the turn or burst is over.
 - the user's turn so far (its final transcripts, then the open segment's partial, without the
-  final mark a recognizer may put) goes to ``DuplexAgent.user_partial`` as it changes: the agent prefills it and the front model scores
-  its end (``agent/prefill.py``); a score of the turn's current words reaches the turn policy
-  (``on_end_score``), whose semantic rule may then end the turn after a short silence.
+  final mark a recognizer may put) goes to ``DuplexAgent.user_partial`` as it changes: the agent
+  prefills it and the front model scores its end (``agent/prefill.py``); a score of the turn's
+  current words reaches the turn policy (``on_end_score``), whose semantic rule may then end the
+  turn after a short silence.
 
 Pure bookkeeping on the event loop: no I/O, nothing blocking.
 """

@@ -115,7 +115,7 @@ class MoonshineStream:
         self._cut = 0  # the committed pieces cover the audio before this sample
         self._pieces: list[tuple[int, str]] = []  # (where it starts, its text)
         self._job: _Job | None = None
-        self._tail: tuple[int, int, str] | None = None  # newest text of pieces[base:] and the open part: (base, end, text)
+        self._tail: tuple[int, int, str] | None = None  # (base, end, text): pieces[base:] and the open part
         self._gap: tuple[int, int] | None = None  # the latest pause: where it is, where the speech before it ended
         self._last = ""
 

@@ -180,6 +180,23 @@ def test_a_turn_scored_over_has_its_first_step_drafted_and_spoken_when_the_final
     asyncio.run(asyncio.wait_for(main(), 30))
 
 
+def test_no_draft_once_the_turn_can_end():
+    """``draft_while`` false (the segment ended, the final is in: the turn ends now): the reply's
+    first step is not drafted, it streams as it runs."""
+    async def main():
+        front, agent = _drafting_agent()
+        agent.prefill.draft_while = lambda: False
+        await agent.start()
+        agent.set_floor(True)
+        agent.user_partial("what is the time?")
+        await settled(agent, "what is the time?")
+        await asyncio.sleep(0.05)
+        assert agent.prefill.stats.drafts == 0 and front.text.endswith("time?\n")
+        await agent.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
 def test_the_drafted_first_tokens_are_discarded_when_the_final_differs():
     async def main():
         front, agent = _drafting_agent()
