@@ -402,8 +402,8 @@ class DuplexAgent:
             self.fence.delta(r.response_id, epoch, plan.forced, tuple(forced), self.now())
         finish, computed, t0 = None, None, time.perf_counter()
         if kept is not None and kept.draft is not None:  # drafted on exactly this input: spoken now
-            for c in kept.draft.chunks:
-                self._on_chunk(r, epoch, c)
+            for chunk in kept.draft.chunks:
+                self._on_chunk(r, epoch, chunk)
             finish, computed = kept.draft.finish, 0
         else:
             self._stepping = True
