@@ -109,7 +109,8 @@ class MoonshineStream:
         self._reset()
 
     def _reset(self) -> None:
-        self._audio = np.zeros(0, dtype=np.int16)
+        self._buf = np.zeros(4 * RATE, dtype=np.int16)  # the utterance: its first _n samples (grows by doubling)
+        self._n = 0
         self._energy: list[float] = []  # each whole block's mean square (int16 units)
         self._loud_end = 0  # samples up to the end of the last loud block
         self._cut = 0  # the committed pieces cover the audio before this sample
@@ -130,7 +131,7 @@ class MoonshineStream:
     def feed(self, samples: np.ndarray) -> str | None:
         if not self._open:
             raise RuntimeError("feed before start")
-        self._audio = np.concatenate([self._audio, np.asarray(samples, dtype=np.int16)])
+        self._append(np.asarray(samples, dtype=np.int16))
         for b in range(len(self._energy), len(self._audio) // BLOCK):
             block = self._audio[b * BLOCK:(b + 1) * BLOCK].astype(np.float64)
             e = float(np.mean(block * block))
@@ -161,14 +162,28 @@ class MoonshineStream:
             job, self._job = self._job, None
             self._tail = (job.base, n, without_repeats(job.future.result()))
         text = self._text()
-        self._audio, self._energy = np.zeros(0, dtype=np.int16), []
+        self._buf, self._n, self._energy = np.zeros(0, dtype=np.int16), 0, []
         return text
 
     def close(self) -> None:
         self._closed, self._open = True, False
-        self._audio, self._energy = np.zeros(0, dtype=np.int16), []
+        self._buf, self._n, self._energy = np.zeros(0, dtype=np.int16), 0, []
 
     # -- internals ------------------------------------------------------------------------------------
+    @property
+    def _audio(self) -> np.ndarray:
+        return self._buf[:self._n]
+
+    def _append(self, x: np.ndarray) -> None:
+        """Append in place (a transcription in flight holds a view of samples before ``_n``: never
+        written again)."""
+        if self._n + len(x) > len(self._buf):
+            grown = np.zeros(max(2 * len(self._buf), self._n + len(x)), dtype=np.int16)
+            grown[:self._n] = self._buf[:self._n]
+            self._buf = grown
+        self._buf[self._n:self._n + len(x)] = x
+        self._n += len(x)
+
     def _covered(self, end: int) -> bool:
         """The pieces, and the open part's newest transcription, cover the audio before ``end``."""
         return self._cut >= end or (self._tail is not None and self._tail[1] >= end)

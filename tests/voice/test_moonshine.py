@@ -127,3 +127,58 @@ def test_a_repeated_phrase_is_said_once():
     assert f("a b c a b c a b c") == "a b c"
     assert f("very very good") == "very very good"  # one word said twice is speech, not a repeat
     assert f("what is 12 times 12") == "what is 12 times 12" and f("") == ""
+
+
+class _Instant:
+    """A recognizer stand-in for the stream's scheduling (no model): each transcription is done at
+    once and reads ``<its length in samples>``."""
+
+    gap_s, min_piece_s, max_piece_s = 0.08, 2.0, 4.0
+
+    def __init__(self):
+        self.calls = []
+
+    def submit(self, samples):
+        from concurrent.futures import Future
+
+        self.calls.append(len(samples))
+        f = Future()
+        f.set_result(f"<{len(samples)}>")
+        return f
+
+
+def _loud(seconds, amplitude=3000):
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal(int(seconds * 16000)) * amplitude).astype(np.int16)
+
+
+def _feed(stream, audio):
+    for i in range(0, len(audio), 320):
+        stream.feed(audio[i:i + 320])
+
+
+def test_a_short_phrase_after_a_pause_is_transcribed_again_with_the_last_piece():
+    rec = _Instant()
+    s = moonshine_asr.MoonshineStream(rec)
+    s.start(0)
+    _feed(s, np.concatenate([_loud(2.5), silence(0.2)]))  # 2.5 s then a pause: a piece
+    assert len(rec.calls) == 1 and 2.58 * 16000 <= rec.calls[0] <= 2.62 * 16000
+    _feed(s, np.concatenate([_loud(0.5), silence(0.3)]))  # 0.5 s alone is short: with the piece again
+    assert len(rec.calls) == 2 and rec.calls[1] > rec.calls[0] + 0.5 * 16000
+    final = s.finish()
+    assert len(rec.calls) == 2 and final == f"<{rec.calls[1]}>"  # one text: the merged piece, no new work
+
+
+def test_long_speech_without_a_pause_is_cut_in_its_quietest_block():
+    rec = _Instant()
+    s = moonshine_asr.MoonshineStream(rec)
+    s.start(0)
+    dip = 3 * 16000 // 512  # a quieter (still loud) 32 ms block 3 s in
+    audio = _loud(5.0)
+    audio[dip * 512:(dip + 1) * 512] //= 6
+    _feed(s, audio)
+    assert rec.calls[0] == dip * 512 + 256  # the piece ends in the middle of that block
+    _feed(s, silence(0.3))
+    final = s.finish()
+    assert final == f"<{rec.calls[0]}> <{rec.calls[-1]}>" and len(rec.calls) == 2
+    assert rec.calls[-1] < len(audio) - rec.calls[0] + 0.3 * 16000  # only the rest, not the whole
