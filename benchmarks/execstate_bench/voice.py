@@ -203,7 +203,11 @@ def format_voice_table(r: dict[str, Any]) -> str:
     for m in modes:
         p = r["prefill"].get(m, {})
         out.append(f"speculative prefill ({m}): {p.get('speculations', 0)} speculations, {p.get('computed', 0)} tokens "
-                   f"computed, {p.get('saved', 0)} saved at the replies, {p.get('wasted', 0)} wasted")
+                   f"computed, {p.get('saved', 0)} saved at the replies, {p.get('wasted', 0)} wasted; "
+                   f"{p.get('drafts', 0)} first steps drafted, {p.get('drafts_kept', 0)} spoken")
+    for m in modes:
+        st = r.get("stages_ms", {}).get(m, {})
+        out.append(f"p50 from the end of speech ({m}, ms): " + ", ".join(f"{k} {v['p50']}" for k, v in st.items()))
     judged = "real" if "real" in r else modes[0]
     out.append(f"targets ({judged}): " + ", ".join(f"{k} <= {v}" for k, v in r["targets"].items()))
     ok = [_get(r[judged], k) is not None and _get(r[judged], k) <= v for k, v in r["targets"].items()]

@@ -4,7 +4,11 @@ For each user turn answered (a ``turn_end`` mark that is not a backchannel, with
 audio reached the client), the time from the end of the user's speech (the turn's last sample, as
 sent) to the first of each event after it, in the order the server's pipeline produces them:
 
-- ``vad_stopped``: ``input_audio_buffer.speech_stopped`` (the VAD's silence wait);
+- ``vad_silence``: when the audio where the VAD ended the segment (``speech_stopped``'s
+  ``audio_end_ms``: the speech's end and the VAD's silence) was sent: the silence wait alone;
+- ``vad_stopped``: ``input_audio_buffer.speech_stopped`` of the turn's last segment (its
+  ``audio_end_ms`` past the turn's last sample) arriving: the silence wait, the detector's lag
+  and, in the same batch of input events, the recognizer's final;
 - ``asr_final``: ``conversation.item.input_audio_transcription.completed`` (the recognizer's final);
 - ``end_of_turn``: ``input.turn`` of kind ``end_of_turn`` (the turn policy: end score, silences);
 - ``response_created``: the reply's ``response.created``;
@@ -26,9 +30,8 @@ from typing import Any
 from execstate_bench.voice_client import Recording
 from execstate_bench.voice_metrics import pct
 
-STAGES = ("vad_stopped", "asr_final", "end_of_turn", "response_created", "first_text", "first_audio")
-_INPUT = {"vad_stopped": "input_audio_buffer.speech_stopped",
-          "asr_final": "conversation.item.input_audio_transcription.completed"}
+STAGES = ("vad_silence", "vad_stopped", "asr_final", "end_of_turn", "response_created", "first_text", "first_audio")
+_INPUT = {"asr_final": "conversation.item.input_audio_transcription.completed"}
 
 
 def turn_timelines(rec: Recording) -> list[dict[str, Any]]:
@@ -44,10 +47,15 @@ def turn_timelines(rec: Recording) -> list[dict[str, Any]]:
             continue
         rid = created["response"]["id"]
         row: dict[str, Any] = {}
-        for name, kind in _INPUT.items():
-            t = next((t for t, e in ev if t >= t_end and e["type"] == kind), None)
-            if t is not None:
-                row[name] = t - t_end
+        stop = next(((t, e) for t, e in ev if t >= t_end and e["type"] == "input_audio_buffer.speech_stopped"
+                     and e.get("audio_end_ms", 1 << 40) * 16 >= m["s"]), None)  # the turn's last segment's
+        if stop is not None:
+            row["vad_stopped"] = stop[0] - t_end
+            if "audio_end_ms" in stop[1]:
+                row["vad_silence"] = rec.wall(stop[1]["audio_end_ms"] * 16) - t_end
+        t = next((t for t, e in ev if t >= (stop[0] if stop else t_end) and e["type"] == _INPUT["asr_final"]), None)
+        if t is not None:
+            row["asr_final"] = t - t_end
         t = next((t for t, e in ev if t >= t_end and e["type"] == "input.turn" and e.get("kind") == "end_of_turn"),
                  None)
         if t is not None:

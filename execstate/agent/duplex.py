@@ -26,7 +26,9 @@ While the user speaks (an audio front's partial transcripts, ``user_partial``), 
 prefills their turn speculatively and scores its end (``agent/prefill.py``); a reply's first step
 keeps what the speculation holds of its input (the front truncated to their longest common prefix)
 and sends the rest; with nothing in common the front is rolled back first (as before anything
-else touches it).
+else touches it). A turn scored likely over (``prefill.draft_above``) has its reply's first step
+drafted while the silence runs; the reply speaks the draft only if its input is exactly the one
+drafted on, else the drafted tokens are truncated away unspoken.
 
 Input: ``feed(text, t)``, a chunk of words with its time on the agent's clock (seconds since
 ``start``; None: now), at most ``max_input_chars``; the input not yet taken (the open turn and any
@@ -330,6 +332,9 @@ class DuplexAgent:
                     cue0 = self.front.encode(self.config.agent_prefix)[0]
                     await self.prefill.speculate(self.context.peek(), turn, cue0)
                     continue
+                if r is None and not self._plans and self.prefill.draft_wanted:
+                    await self.prefill.draft(self.front.encode(self.config.agent_prefix)[1:], self.config.step_tokens)
+                    continue
                 deadline = self.turns.next_deadline()
                 timeout = None if deadline is None else max(deadline - self.now(), 0.0) + 0.001
                 with contextlib.suppress(TimeoutError):
@@ -390,23 +395,28 @@ class DuplexAgent:
         kept = await self.prefill.keep(self.context.peek() + cue + forced) if first else None
         if first and kept is None:
             await self.prefill.settle()  # the front as the context knows it
-        inp = await self.context.step_input(r.response_id, first, cue, forced, kept[0] if kept else None)
-        sent = inp[kept[1]:] if kept else inp
+        inp = await self.context.step_input(r.response_id, first, cue, forced, kept.mark if kept else None)
+        sent = inp[kept.held:] if kept else inp
         if forced:
             assert plan is not None
             self.fence.delta(r.response_id, epoch, plan.forced, tuple(forced), self.now())
         finish, computed, t0 = None, None, time.perf_counter()
-        self._stepping = True
-        try:
-            async for c in self.front.step(
-                sent, max(1, min(cfg.step_tokens, cfg.max_response_tokens - self._generated))
-            ):
-                if isinstance(c, FrontChunk):
-                    self._on_chunk(r, epoch, c)
-                else:
-                    finish, computed = c.finish_reason, c.computed
-        finally:
-            self._stepping = False
+        if kept is not None and kept.draft is not None:  # drafted on exactly this input: spoken now
+            for chunk in kept.draft.chunks:
+                self._on_chunk(r, epoch, chunk)
+            finish, computed = kept.draft.finish, 0
+        else:
+            self._stepping = True
+            try:
+                async for c in self.front.step(
+                    sent, max(1, min(cfg.step_tokens, cfg.max_response_tokens - self._generated))
+                ):
+                    if isinstance(c, FrontChunk):
+                        self._on_chunk(r, epoch, c)
+                    else:
+                        finish, computed = c.finish_reason, c.computed
+            finally:
+                self._stepping = False
         if first:
             self.prefill.first_step(sent, computed)
         t = self.now()

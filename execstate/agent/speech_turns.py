@@ -4,7 +4,7 @@ The audio counterpart of ``turn_policy.TurnPolicy``, with the same :class:`Decis
 an audio front (``voice/agent.py``) with what its VAD and recognizer found. Times are seconds on
 the agent clock and never go back. Call order per speech segment::
 
-    on_speech_start(t, agent_speaking) -> on_speech(t, speech_s, words)* -> on_speech_stop(t, silence_s)
+    on_speech_start(t, agent_speaking) -> on_speech(t, speech_s, words, silence_s)* -> on_speech_stop(t, silence_s)
     -> on_transcript(ends_sentence)      (for segments of a user turn; ``turn_segment`` says which)
 
 and ``on_tick(t)`` whenever time passes (``next_deadline`` says when it may decide);
@@ -19,7 +19,10 @@ Rules (:class:`SpeechTurnConfig`):
   its ``silence_duration_ms``) or ``end_of_turn_silence_s`` passed since the last speech. A shorter
   pause does not end it. With ``end_threshold`` set (semantic turn detection), a turn whose words
   the front model scores at or above it ends once ``semantic_silence_s`` passed since the last
-  speech: a finished sentence ends after a short silence, an unfinished one waits the long one.
+  speech: a finished sentence ends after a short silence, an unfinished one waits longer: the
+  silence needed falls linearly from ``end_of_turn_silence_s`` (score 0, or no score yet) to
+  ``semantic_silence_s`` (at the threshold), as OpenAI's semantic VAD waits less the likelier
+  the model finds the end.
   Then the score decides alone: a recognizer's final ``.?!`` is in the words the model scored
   (a recognizer that punctuates a cut-off sentence does not end the turn by itself).
 - The agent speaking (generating or its audio still playing): speech opens a *burst*: ``HOLD``
@@ -97,12 +100,13 @@ class SpeechTurnPolicy:
         self._burst_base = (0.0, 0)
         return Decision.HOLD if self.config.pause_on_speech and self.config.interrupt else Decision.BACKCHANNEL
 
-    def on_speech(self, t: float, speech_s: float, words: int) -> Decision:
+    def on_speech(self, t: float, speech_s: float, words: int, silence_s: float = 0.0) -> Decision:
         """The segment in progress so far: ``speech_s`` seconds of speech, ``words`` recognised (a
-        burst counts the speech and words of all its segments)."""
+        burst counts the speech and words of all its segments), ``silence_s`` of silence since its
+        last speech frame (the VAD's trailing silence so far: the speech ended ``silence_s`` ago)."""
         self._advance(t)
         if self.in_speech:
-            self.last_speech_t = t
+            self.last_speech_t = max(t - silence_s, self.last_speech_t or float("-inf"))
         self._seg = (speech_s, words)
         c = self.config
         total_s, total_words = self._burst_base[0] + speech_s, self._burst_base[1] + words
@@ -136,9 +140,12 @@ class SpeechTurnPolicy:
         the model's score: ``semantic_silence_s``), else ``end_of_turn_silence_s``."""
         c = self.config
         if c.end_threshold is not None:  # semantic: the score decides (the model read the punctuation too)
-            if self.end_score is not None and self.end_score >= c.end_threshold:
-                return min(c.semantic_silence_s, c.end_of_turn_silence_s)
-            return c.end_of_turn_silence_s
+            short, p = min(c.semantic_silence_s, c.end_of_turn_silence_s), self.end_score
+            if p is None:
+                return c.end_of_turn_silence_s
+            if p >= c.end_threshold:
+                return short
+            return c.end_of_turn_silence_s - (c.end_of_turn_silence_s - short) * p / c.end_threshold
         return 0.0 if self.ends_sentence else c.end_of_turn_silence_s
 
     def on_tick(self, t: float) -> Decision:

@@ -96,6 +96,8 @@ class VoiceAgent:
         self.config = config or VoiceConfig()
         self.recognizer, self.detector = recognizer, detector
         self.turns = SpeechTurnPolicy(self.config.turns)
+        agent.prefill.draft_above = self.config.turns.end_threshold  # a turn likely over: its reply drafted
+        agent.prefill.draft_while = lambda: self.turns.in_speech or self.turns.pending > 0  # while it cannot end
         self._tick_wake = asyncio.Event()
         self._in_exec = ThreadPoolExecutor(1, thread_name_prefix="voice-in")
         self._out_exec = ThreadPoolExecutor(1, thread_name_prefix="voice-out")
@@ -244,6 +246,7 @@ class VoiceAgent:
         old, self.config = self.config, config
         self._stream.max_events = config.max_events
         self.turns.config = config.turns
+        self.agent.prefill.draft_above = config.turns.end_threshold
         self.out.voice = config.voice
         inp = self.input
 

@@ -8,11 +8,11 @@ before the first speech frame). It returns what happened, in order, as :class:`I
 
     VadStart -> (Progress | Partial)* -> VadStop -> Final        (per segment)
 
-``Progress`` carries the segment's speech so far (seconds), ``Partial`` the recognizer's new
-hypothesis, ``Final`` the transcript once the segment ended. Without VAD (``vad=None``: the client
-commits), audio accumulates (at most ``max_buffer_s``, else ValueError) until ``commit()``
-recognises it as one segment (``Final``), or ``clear()`` drops it. Positions are 16 kHz samples
-since the first input sample.
+``Progress`` carries the segment's speech so far and the silence since its last speech frame
+(seconds), ``Partial`` the recognizer's new hypothesis, ``Final`` the transcript once the segment
+ended. Without VAD (``vad=None``: the client commits), audio accumulates (at most
+``max_buffer_s``, else ValueError) until ``commit()`` recognises it as one segment (``Final``), or
+``clear()`` drops it. Positions are 16 kHz samples since the first input sample.
 
 Every call blocks (resampling, the detector, the recognizer): ``VoiceAgent`` makes them on one
 worker thread, in order, never on the event loop.
@@ -40,6 +40,7 @@ class VadStart:
 @dataclass(frozen=True)
 class Progress:
     speech_s: float
+    silence_s: float = 0.0  # since the segment's last speech frame (the VAD's trailing silence so far)
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ class AudioInput:
                 out.append(Final(self.stream.finish(), self._seg_start, early.audio_end))
                 self._partial = ""
         if self.vad.in_speech:
-            out.append(Progress(self.vad.speech_samples / RATE))
+            out.append(Progress(self.vad.speech_samples / RATE, self.vad.silence / RATE))
         return out
 
     def commit(self) -> Final | None:

@@ -13,10 +13,11 @@ turn policy (``agent/speech_turns.py``) and acts on its decisions through public
   burst's earlier words start the turn); a false interruption: ``SpeechOut.resume`` +
   ``DuplexAgent.resume``. The floor (``DuplexAgent.set_floor``) is the user's from speech until
   the turn or burst is over.
-- the user's turn so far (its final transcripts, then the open segment's partial) goes to
-  ``DuplexAgent.user_partial`` as it changes: the agent prefills it and the front model scores
-  its end (``agent/prefill.py``); a score of the turn's current words reaches the turn policy
-  (``on_end_score``), whose semantic rule may then end the turn after a short silence.
+- the user's turn so far (its final transcripts, then the open segment's partial, without the
+  final mark a recognizer may put) goes to ``DuplexAgent.user_partial`` as it changes: the agent
+  prefills it and the front model scores its end (``agent/prefill.py``); a score of the turn's
+  current words reaches the turn policy (``on_end_score``), whose semantic rule may then end the
+  turn after a short silence.
 
 Pure bookkeeping on the event loop: no I/O, nothing blocking.
 """
@@ -52,6 +53,7 @@ class _Segment:
     item_id: str | None = None
     partial: str = ""
     speech_s: float = 0.0
+    silence_s: float = 0.0
 
 
 def ends_sentence(text: str) -> bool:
@@ -106,10 +108,10 @@ class Listener:
             return
         elif isinstance(ev, Progress | Partial):
             if isinstance(ev, Progress):
-                seg.speech_s = ev.speech_s
+                seg.speech_s, seg.silence_s = ev.speech_s, ev.silence_s
             else:
                 self._on_partial(seg, ev.text, t, e)
-            if self.turns.on_speech(t, seg.speech_s, len(seg.partial.split())) is Decision.BARGE_IN:
+            if self.turns.on_speech(t, seg.speech_s, len(seg.partial.split()), seg.silence_s) is Decision.BARGE_IN:
                 self._barge_in(seg, t)
         elif isinstance(ev, VadStop):
             silence = (ev.audio_end - ev.speech_end) / 16000
@@ -140,7 +142,10 @@ class Listener:
 
     @staticmethod
     def _joined(texts: list[str]) -> str:
-        return " ".join(x for x in texts if x.strip())
+        """The turn's words as the agent gets them: without the recognizer's final mark (a
+        recognizer that punctuates marks a cut-off phrase as a sentence too: "Tell me along."
+        in a pause; the front model judges from the words whether they end the turn)."""
+        return " ".join(x for x in texts if x.strip()).rstrip(" .?!,;:")
 
     def _say(self, text: str) -> None:
         """The turn's words so far, to the agent (prefill and end score) when they changed."""

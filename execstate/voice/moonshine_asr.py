@@ -6,16 +6,33 @@ and loaded through its C library with ctypes.
 Moonshine is an encoder-decoder over a whole utterance (not a streaming recognizer): it
 punctuates and capitalises ("What is seventeen times twenty-three?"), and its word error rate on
 eSpeak voices is a fraction of PocketSphinx's (``execstate bench asr``), but one transcription
-costs about 0.2 s of CPU per second of audio. A stream (``RecognizerStream`` contract in
-``interfaces.py``) therefore transcribes in the background, on the recognizer's own worker:
+costs about 90 ms plus 0.13 s per second of audio on this box's cores. A stream
+(``RecognizerStream`` contract in ``interfaces.py``) therefore transcribes an utterance in
+*pieces*, in the background on the recognizer's own worker, so that its final only needs the
+utterance's last words:
 
-- ``feed`` appends the audio and, once ``partial_every_s`` of new audio arrived and no
-  transcription is running, starts one over the utterance so far; it returns the newest finished
-  transcription when it changed (a partial), never waiting for one;
-- ``finish`` uses the newest transcription if it covered the utterance up to its last loud block
-  (the audio after it is the VAD's trailing silence), else transcribes what is missing now
-  (waiting for the one in flight first). So the final often costs nothing at the end of speech:
-  the last partial, started at the first silent blocks, covered it.
+- the speech *pauses* (``gap_s`` of quiet 32 ms blocks after a loud one): the words since the last
+  piece are transcribed, up to here. If they hold at least ``min_piece_s`` of audio, that
+  transcription is a **piece**: committed, the next piece starts where it ended. Else, when the
+  last piece can take them (the two hold at most ``max_piece_s``), they are transcribed *with* the
+  last piece again (a short phrase alone is often misheard: Moonshine needs the context), and that
+  text replaces the last piece; else it is only the open part's newest text (a partial): used as it
+  is if the utterance ends there, transcribed again with the next words if the speech goes on;
+- the speech went on after a pause that passed while the worker was busy: the words up to that
+  pause are a piece (if at least ``min_piece_s``);
+- the open part runs past ``max_piece_s`` without a pause: it is cut in its quietest block (a
+  piece).
+
+``feed`` appends the audio, takes a finished transcription, starts the next one that is due, and
+returns the text (the pieces, then the open part's newest text) when it changed; it never waits.
+``finish`` waits for the transcription in flight and returns the text if it covers the utterance
+up to its last loud block (the rest is the VAD's trailing silence: the transcription started at
+the pause covered it), else transcribes the open part now. The pieces are joined by
+:func:`join_pieces` (a piece's final mark and the next one's capital go: Moonshine ends every
+piece as a sentence). So the final of an utterance that ends in a pause is usually ready
+``gap_s`` plus one transcription of at most ``max_piece_s`` after its last word, about when the
+VAD ends the segment. The price is accuracy: a piece hears less context than the whole utterance
+(docs/voice.md gives the word error rates).
 
 One model serves every stream of the recognizer: transcriptions run one at a time on its worker
 (the C library's model is not documented as reentrant). ``close`` forgets the stream's audio.
@@ -26,6 +43,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -82,62 +100,197 @@ class _Library:
 
 
 class MoonshineStream:
+    """One utterance at a time, transcribed in pieces (module docstring)."""
+
     def __init__(self, asr: Moonshine) -> None:
         self._asr = asr
-        self._audio: list[np.ndarray] = []
-        self._n = 0
-        self._loud_end = 0  # samples up to the end of the last loud block
-        self._open = False
         self._closed = False
-        self._job: tuple[int, Future[str]] | None = None  # (samples it covers, its result)
-        self._done: tuple[int, str] | None = None  # the newest finished transcription
+        self._open = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self._buf = np.zeros(4 * RATE, dtype=np.int16)  # the utterance: its first _n samples (grows by doubling)
+        self._n = 0
+        self._energy: list[float] = []  # each whole block's mean square (int16 units)
+        self._loud_end = 0  # samples up to the end of the last loud block
+        self._cut = 0  # the committed pieces cover the audio before this sample
+        self._pieces: list[tuple[int, str]] = []  # (where it starts, its text)
+        self._job: _Job | None = None
+        self._tail: tuple[int, int, str] | None = None  # (base, end, text): pieces[base:] and the open part
+        self._gap: tuple[int, int] | None = None  # the latest pause: where it is, where the speech before it ended
         self._last = ""
 
     def start(self, at_sample: int) -> None:
         if self._closed:
             raise RuntimeError("the stream is closed")
-        self._audio, self._n, self._loud_end, self._open = [], 0, 0, True
-        self._job, self._done, self._last = None, None, ""
+        self._open = False
+        self._wait_job()  # a transcription of the previous utterance still running: dropped
+        self._reset()
+        self._open = True
 
     def feed(self, samples: np.ndarray) -> str | None:
         if not self._open:
             raise RuntimeError("feed before start")
-        x = np.asarray(samples, dtype=np.int16)
-        for i in range(0, len(x) - BLOCK + 1, BLOCK):
-            block = x[i:i + BLOCK].astype(np.float64)
-            if 10 * np.log10(np.mean(block * block) / 32768.0**2 + 1e-12) > LOUD_DBFS:
-                self._loud_end = self._n + i + BLOCK
-        self._audio.append(x)
-        self._n += len(x)
-        self._collect()
-        covered = self._done[0] if self._done is not None else 0
-        if self._job is None and self._n - covered >= self._asr.partial_every_s * RATE:
-            self._job = (self._n, self._asr.submit(np.concatenate(self._audio)))
-        if self._done is not None and self._done[1] != self._last:
-            self._last = self._done[1]
-            return self._last
+        self._append(np.asarray(samples, dtype=np.int16))
+        for b in range(len(self._energy), len(self._audio) // BLOCK):
+            block = self._audio[b * BLOCK:(b + 1) * BLOCK].astype(np.float64)
+            e = float(np.mean(block * block))
+            self._energy.append(e)
+            if _loud(e):
+                self._loud_end = (b + 1) * BLOCK
+        if len(self._audio) - self._loud_end >= self._asr.gap_s * RATE and self._loud_end > self._cut:
+            self._gap = (len(self._audio), self._loud_end)  # a place to cut, even while the worker is busy
+        if self._job is not None and self._job.future.done():
+            self._take(self._job)
+        if self._job is None:
+            self._schedule()
+        text = self._text()
+        if text != self._last:
+            self._last = text
+            return text
         return None
 
     def finish(self) -> str:
         if not self._open:
             return ""
+        self._wait_job()
         self._open = False
-        if self._job is not None:
-            n, fut = self._job
-            self._done, self._job = (n, fut.result()), None
-        if self._done is None or self._done[0] < min(self._loud_end + BLOCK, self._n):
-            self._done = (self._n, self._asr.submit(np.concatenate(self._audio)).result() if self._n else "")
-        self._audio = []
-        return self._done[1]
+        n = len(self._audio)
+        if not self._covered(min(self._loud_end + BLOCK, n)):
+            self._submit(n, commit=False, merge=self._short(self._loud_end))
+            assert self._job is not None
+            job, self._job = self._job, None
+            self._tail = (job.base, n, without_repeats(job.future.result()))
+        text = self._text()
+        self._buf, self._n, self._energy = np.zeros(0, dtype=np.int16), 0, []
+        return text
 
     def close(self) -> None:
-        self._closed, self._open, self._audio = True, False, []
+        self._closed, self._open = True, False
+        self._buf, self._n, self._energy = np.zeros(0, dtype=np.int16), 0, []
 
-    def _collect(self) -> None:
-        if self._job is not None and self._job[1].done():
-            n, fut = self._job
+    # -- internals ------------------------------------------------------------------------------------
+    @property
+    def _audio(self) -> np.ndarray:
+        return self._buf[:self._n]
+
+    def _append(self, x: np.ndarray) -> None:
+        """Append in place (a transcription in flight holds a view of samples before ``_n``: never
+        written again)."""
+        if self._n + len(x) > len(self._buf):
+            grown = np.zeros(max(2 * len(self._buf), self._n + len(x)), dtype=np.int16)
+            grown[:self._n] = self._buf[:self._n]
+            self._buf = grown
+        self._buf[self._n:self._n + len(x)] = x
+        self._n += len(x)
+
+    def _covered(self, end: int) -> bool:
+        """The pieces, and the open part's newest transcription, cover the audio before ``end``."""
+        return self._cut >= end or (self._tail is not None and self._tail[1] >= end)
+
+    def _short(self, loud: int) -> bool:
+        """The open part's speech is too short to be heard alone, and the last piece can take it."""
+        a = self._asr
+        return bool(self._pieces) and loud - self._cut < a.min_piece_s * RATE and (
+            loud - self._pieces[-1][0] <= a.max_piece_s * RATE)
+
+    def _schedule(self) -> None:
+        """Start the next transcription when one is due (module docstring)."""
+        a, cut, n, loud = self._asr, self._cut, len(self._audio), self._loud_end
+        if loud <= cut:
+            return  # nothing said since the last piece
+        if n - loud >= a.gap_s * RATE:  # a pause now: the words up to it
+            if not self._covered(loud + BLOCK):
+                merge = self._short(loud)
+                self._submit(n, commit=merge or loud - cut >= a.min_piece_s * RATE, merge=merge)
+        elif self._gap is not None and self._gap[0] > cut and self._gap[1] - cut >= a.min_piece_s * RATE:
+            self._submit(self._gap[0], commit=True)  # an earlier pause, passed while the worker was busy
+        elif loud - cut >= a.max_piece_s * RATE:
+            lo, hi = -(-(cut + int(a.min_piece_s * RATE)) // BLOCK), (n - int(a.gap_s * RATE)) // BLOCK
+            if lo < hi:  # long speech without a pause: cut it in its quietest block
+                b = min(range(lo, hi), key=lambda i: self._energy[i])
+                self._submit(b * BLOCK + BLOCK // 2, commit=True)
+
+    def _submit(self, end: int, commit: bool, merge: bool = False) -> None:
+        """Transcribe the open part up to ``end`` (``merge``: with the last piece again, as its
+        context) from one block before its first loud block: Moonshine mishears a phrase that
+        starts after a silence ("at six tonight" after 0.2 s of it: "and seek to hide")."""
+        base = len(self._pieces) - 1 if merge and self._pieces else len(self._pieces)
+        at = self._pieces[base][0] if base < len(self._pieces) else self._cut
+        first = next((b for b in range(at // BLOCK, len(self._energy)) if _loud(self._energy[b])), at // BLOCK)
+        start = max(at, (first - 1) * BLOCK)
+        self._job = _Job(base, at, end, commit, self._asr.submit(self._audio[start:end]))
+
+    def _wait_job(self) -> None:
+        if self._job is not None:
+            self._job.future.result()
+            if self._open:
+                self._take(self._job)
             self._job = None
-            self._done = (n, fut.result())
+
+    def _take(self, job: _Job) -> None:
+        self._job = None
+        text = without_repeats(job.future.result())
+        if job.commit:
+            self._pieces[job.base:] = [(job.start, text)]
+            self._cut, self._tail = job.end, None
+        else:
+            self._tail = (job.base, job.end, text)
+
+    def _text(self) -> str:
+        if self._tail is None:
+            return join_pieces([t for _, t in self._pieces])
+        return join_pieces([*(t for _, t in self._pieces[:self._tail[0]]), self._tail[2]])
+
+
+def _loud(mean_square: float) -> bool:
+    return 10 * np.log10(mean_square / 32768.0**2 + 1e-12) > LOUD_DBFS
+
+
+@dataclass(frozen=True)
+class _Job:
+    base: int  # the pieces from this one on are transcribed again (it is len(pieces) or the last one)
+    start: int
+    end: int
+    commit: bool  # a piece: it ends in a pause (or a cut) and holds at least min_piece_s
+    future: Future[str]
+
+
+_KEEP_CAPITAL = {"I", "I'm", "I'll", "I've", "I'd"}
+
+
+def without_repeats(text: str) -> str:
+    """``text`` without a phrase of two or more words said again right after itself: Moonshine
+    sometimes repeats a short piece's words ("Can you remind me? Can you remind me?" for one
+    "can you remind me"); the words are compared without case and punctuation."""
+    words = text.split()
+    key = ["".join(c for c in w.lower() if c.isalnum() or c == "'") for w in words]
+    k = len(words) // 2
+    while k >= 2:
+        i = next((i for i in range(len(words) - 2 * k + 1) if key[i:i + k] == key[i + k:i + 2 * k]), None)
+        if i is None:
+            k -= 1
+            continue
+        last = words[i + 2 * k - 1]  # the second copy's last word, with its mark
+        words, key = [*words[:i + k - 1], last, *words[i + 2 * k:]], key[:i + k] + key[i + 2 * k:]
+        k = len(words) // 2
+    return " ".join(words)
+
+
+def join_pieces(pieces: list[str]) -> str:
+    """One transcript from consecutive pieces: a piece that is not the last loses its final mark
+    (Moonshine ends every piece as if it were a sentence) and one that is not the first
+    its capital (unless it is the word I)."""
+    out: list[str] = []
+    for p in (x.strip() for x in pieces):
+        if not p:
+            continue
+        if out and p[:1].isupper() and p[1:2].islower() and p.split()[0] not in _KEEP_CAPITAL:
+            p = p[0].lower() + p[1:]
+        if out:
+            out[-1] = out[-1].rstrip(".,;:?!")
+        out.append(p)
+    return " ".join(out)
 
 
 class Moonshine:
@@ -145,8 +298,8 @@ class Moonshine:
 
     sample_rate = RATE
 
-    def __init__(self, partial_every_s: float = 0.5) -> None:
-        self.partial_every_s = partial_every_s
+    def __init__(self, gap_s: float = 0.08, min_piece_s: float = 2.0, max_piece_s: float = 4.0) -> None:
+        self.gap_s, self.min_piece_s, self.max_piece_s = gap_s, min_piece_s, max_piece_s
         self._lib = _Library()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="moonshine")
 

@@ -13,8 +13,12 @@ AGENT_PREFIX = "\nAgent:"
 
 class FakeFront:
     def __init__(self, reply: str = " one two three four five six seven eight.", token_delay: float = 0.002,
-                 prelude: str = "SYS") -> None:
+                 prelude: str = "SYS", echo: bool = False) -> None:
+        """``echo``: each reply starts with the user's last line as the context holds it at the cue
+        (so a reply shows which words it was generated from)."""
         self.reply = reply
+        self.echo = echo
+        self._reply = reply
         self.token_delay = token_delay
         self._prelude = prelude
         self.context: list[int] = []
@@ -48,17 +52,19 @@ class FakeFront:
             self.context += input_ids
             if AGENT_PREFIX.strip() in "".join(map(chr, input_ids)):  # the cue (kept speculations send its rest)
                 self._pos = 0
+                heard = self.text.rsplit("User:", 1)[-1].split("\n")[0]
+                self._reply = f"{heard}{self.reply}" if self.echo else self.reply
             for _ in range(max_tokens):
                 await asyncio.sleep(self.token_delay)
                 if self._cancel:
                     yield FrontStepEnd("abort")
                     return
-                if self._pos >= len(self.reply):
+                if self._pos >= len(self._reply):
                     self.context.append(ord("\n"))
                     yield FrontChunk((ord("\n"),), "")
                     yield FrontStepEnd("stop")
                     return
-                c = self.reply[self._pos]
+                c = self._reply[self._pos]
                 self._pos += 1
                 self.context.append(ord(c))
                 yield FrontChunk((ord(c),), c)

@@ -137,6 +137,120 @@ def test_no_speculation_while_a_reply_is_in_flight_or_when_off():
     asyncio.run(asyncio.wait_for(main(), 30))
 
 
+def _drafting_agent():
+    front = FakeFront(reply=" ok.", token_delay=0.001, echo=True)  # the reply starts with the words heard
+    agent = DuplexAgent(front, config=AgentConfig(step_tokens=4))
+    agent.prefill.draft_above = 0.5
+    return front, agent
+
+
+async def drafted(agent: DuplexAgent) -> None:
+    while agent.prefill.stats.drafts == 0:
+        await asyncio.sleep(0.002)
+
+
+def test_a_turn_scored_over_has_its_first_step_drafted_and_spoken_when_the_final_matches():
+    async def main():
+        front, agent = _drafting_agent()
+        await agent.start()
+        col = Collector(agent)
+        agent.set_floor(True)
+        agent.user_partial("what is the")  # scored 0.05: not drafted
+        await settled(agent, "what is the")
+        await asyncio.sleep(0.02)
+        assert agent.prefill.stats.drafts == 0
+        agent.user_partial("what is the time?")  # scored 0.9: the reply's first step runs now
+        await drafted(agent)
+        assert front.text == "SYS\nUser: what is the time?\nAgent: wha"  # held, not said
+        assert col.of("response.output_text.delta") == []
+        steps = front.steps
+        agent.set_floor(False)
+        agent.user_turn("what is the time?")
+        done = await col.wait_for(lambda e: e.type == "response.done")
+        deltas = [e.text for e in col.of("response.output_text.delta")]
+        assert "".join(deltas) == " what is the time? ok." == done.text
+        assert deltas[:4] == [" ", "w", "h", "a"]  # the draft, spoken without a step of its own
+        assert front.steps - steps == -(-(len(" what is the time? ok.\n") - 4) // 4)
+        assert agent.prefill.stats.drafts_kept == 1 and front.truncations == [len("SYS\nUser: what is the")]
+        assert agent.transcript.token_ids == front.context
+        await agent.close()
+        await col.task
+        check_invariants(col.events)
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_no_draft_once_the_turn_can_end():
+    """``draft_while`` false (the segment ended, the final is in: the turn ends now): the reply's
+    first step is not drafted, it streams as it runs."""
+    async def main():
+        front, agent = _drafting_agent()
+        agent.prefill.draft_while = lambda: False
+        await agent.start()
+        agent.set_floor(True)
+        agent.user_partial("what is the time?")
+        await settled(agent, "what is the time?")
+        await asyncio.sleep(0.05)
+        assert agent.prefill.stats.drafts == 0 and front.text.endswith("time?\n")
+        await agent.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_the_drafted_first_tokens_are_discarded_when_the_final_differs():
+    async def main():
+        front, agent = _drafting_agent()
+        await agent.start()
+        col = Collector(agent)
+        agent.set_floor(True)
+        agent.user_partial("what is the time?")
+        await drafted(agent)
+        assert front.text.endswith("time?\nAgent: wha")
+        agent.set_floor(False)
+        agent.user_turn("what is the tide?")  # the final: other words
+        done = await col.wait_for(lambda e: e.type == "response.done")
+        assert done.text == " what is the tide? ok."  # generated from the final's words, not the draft's
+        assert "time" not in "".join(e.text for e in col.of("response.output_text.delta"))
+        assert front.truncations[-1] == len("SYS\nUser: what is the ti")  # the draft truncated away
+        assert front.text == "SYS\nUser: what is the tide?\nAgent: what is the tide? ok.\n"
+        assert agent.transcript.token_ids == front.context
+        st = agent.prefill.stats
+        assert (st.drafts, st.drafts_kept, st.kept) == (1, 0, 1)
+        await agent.close()
+        await col.task
+        check_invariants(col.events)
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_new_words_after_a_draft_drop_it_and_a_barge_in_still_cuts_the_reply():
+    async def main():
+        front, agent = _drafting_agent()
+        front.reply = " " + "word " * 20
+        agent.config = AgentConfig(step_tokens=4, max_response_tokens=200)
+        await agent.start()
+        col = Collector(agent)
+        agent.set_floor(True)
+        agent.user_partial("tell me a story.")
+        await drafted(agent)
+        agent.user_partial("tell me a story. about the sea")  # the user went on: the draft goes
+        await settled(agent, "tell me a story. about the sea")
+        assert front.text.endswith("User: tell me a story. about the sea\n")
+        agent.set_floor(False)
+        agent.user_turn("tell me a story. about the sea")
+        await col.wait_for(lambda e: e.type == "response.output_text.delta")
+        agent.barge_in(text="wait")
+        done = await col.wait_for(lambda e: e.type == "response.done")
+        assert done.status == "cancelled" and done.text  # cut where it was, from the final's words
+        assert (" tell me a story. about the sea" + front.reply).startswith(done.text)
+        assert agent.prefill.stats.drafts_kept == 0
+        await agent.close()
+        await col.task
+        check_invariants(col.events)
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
 def test_speculation_changes_nothing_but_the_work_on_a_real_engine(tiny_engine):  # noqa: F811
     turn = "please tell me a long story about the quiet sea and the boats that sail on it every morning"
 

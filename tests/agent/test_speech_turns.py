@@ -131,7 +131,7 @@ def test_a_low_end_score_waits_the_long_silence_and_new_speech_drops_the_score()
     segment(p, 0.0, 1.0)
     p.on_transcript(False)
     p.on_end_score(0.05)  # "tell me a long"
-    assert p.next_deadline() == pytest.approx(2.0)
+    assert p.next_deadline() == pytest.approx(2.0 - 0.8 * 0.05 / 0.35)  # nearly the long silence
     assert p.on_tick(1.6) is Decision.NONE  # a 0.6 s mid-sentence pause
     segment(p, 1.6, 2.2)
     assert p.end_score is None  # the words changed: the old score is not theirs
@@ -159,5 +159,40 @@ def test_under_semantic_rules_a_final_mark_alone_does_not_end_the_turn() -> None
     segment(p, 0.0, 1.0)
     p.on_transcript(True)  # "Could you tell me something nice." (a punctuating recognizer, cut off)
     assert p.on_tick(1.3) is Decision.NONE  # no score yet: the long silence
-    p.on_end_score(0.1)
-    assert p.on_tick(1.9) is Decision.NONE and p.on_tick(2.01) is Decision.END_OF_TURN
+    p.on_end_score(0.0)  # the model: not over
+    assert p.on_tick(1.99) is Decision.NONE and p.on_tick(2.01) is Decision.END_OF_TURN
+
+
+def test_the_silence_counts_from_the_last_speech_frame_not_from_the_vads_stop() -> None:
+    """Progress during the VAD's trailing silence says how long it has been silent: a well-scored
+    turn ends once that reaches the short silence, when the segment stops (not 0.2 s later)."""
+    p = SpeechTurnPolicy(SEMANTIC)
+    assert p.on_speech_start(0.0, False) is Decision.NONE
+    p.on_speech(0.5, 0.5, 3)
+    p.on_speech(0.6, 0.5, 3, silence_s=0.1)  # the speech ended at 0.5
+    p.on_speech(0.62, 0.5, 3, silence_s=0.16)  # an early report (the input was processed late): not moved back
+    p.on_speech_stop(0.72, 0.2)  # the VAD's 200 ms: the speech ended at 0.52 by this report
+    p.on_transcript(True)
+    p.on_end_score(0.6)
+    assert p.next_deadline() == pytest.approx(0.72)  # before: 0.82 (0.2 s after the last report)
+    assert p.on_tick(0.7205) is Decision.END_OF_TURN
+    q = SpeechTurnPolicy(SEMANTIC)  # a low score: the long silence, from the speech's end too
+    q.on_speech_start(0.0, False)
+    q.on_speech(0.6, 0.5, 3, silence_s=0.1)
+    q.on_speech_stop(0.72, 0.2)
+    q.on_transcript(False)
+    q.on_end_score(0.0)
+    assert q.on_tick(1.51) is Decision.NONE and q.on_tick(1.53) is Decision.END_OF_TURN
+
+
+def test_the_silence_a_turn_needs_falls_with_its_end_score() -> None:
+    """Below the threshold the wait shrinks linearly from the long silence (score 0) to the short one."""
+    for score, wait in ((None, 1.0), (0.0, 1.0), (0.175, 0.6), (0.3, 1.0 - 0.8 * 0.3 / 0.35), (0.35, 0.2), (0.9, 0.2)):
+        p = SpeechTurnPolicy(SEMANTIC)
+        segment(p, 0.0, 1.0)
+        p.on_transcript(False)
+        p.on_end_score(score)
+        assert p.next_deadline() == pytest.approx(1.0 + wait)
+        if wait > 0.21:  # the segment stopped at 1.2
+            assert p.on_tick(1.0 + wait - 0.005) is Decision.NONE
+        assert p.on_tick(1.0 + wait + 0.005) is Decision.END_OF_TURN

@@ -101,7 +101,7 @@ def test_a_turns_latency_by_stage_and_the_scores_it_was_decided_on() -> None:
     rec.events = [
         (0.7, {**score, "p_end": 0.02, "text": "tell me"}),  # inside the pause (0.5-1.0 s)
         (1.9, {**score, "p_end": 0.3, "text": "tell me a"}),
-        (2.1, {"type": "input_audio_buffer.speech_stopped"}),  # the speech ended at 2.0 s
+        (2.1, {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 2060}),  # the speech ended at 2.0 s
         (2.15, {"type": "conversation.item.input_audio_transcription.completed", "transcript": "tell me a story"}),
         (2.25, {**score, "p_end": 0.8, "text": "tell me a story"}),
         (2.3, {"type": "input.turn", "kind": "end_of_turn"}),
@@ -112,7 +112,8 @@ def test_a_turns_latency_by_stage_and_the_scores_it_was_decided_on() -> None:
     rows = turn_timelines(rec)
     assert len(rows) == 1  # the backchannel is not a turn
     got = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[0].items()}
-    assert got == {"vad_stopped": 0.1, "asr_final": 0.15, "end_of_turn": 0.3, "p_end": 0.8, "text": "tell me a story",
+    assert got == {"vad_silence": 0.06, "vad_stopped": 0.1, "asr_final": 0.15, "end_of_turn": 0.3, "p_end": 0.8,
+                   "text": "tell me a story",
                    "response_created": 0.31, "first_text": 0.4, "first_audio": 0.45}
     stages = stage_breakdown([rec])
     assert stages["end_of_turn"] == {"p50": 300.0, "p99": 300.0, "n": 1}
