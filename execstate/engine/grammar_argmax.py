@@ -3,12 +3,13 @@ only for the rows whose answer needs it. The tokens are those of the full mask, 
 
 A greedy row under a grammar takes the argmax of its logits under the grammar's mask
 (``engine/token_mask.py``, ``engine/sampler.py``). llguidance's mask (``LLMatcher``'s
-``compute_mask``, which ``unsafe_compute_mask_ptr`` runs) is, per state:
+``compute_mask``, which ``unsafe_compute_mask_ptr`` runs; llguidance 1.9.1, pinned) is, per state:
 
 1. the one token ``compute_ff_tokens()[0]`` when the grammar forces bytes that tokenize to
-   tokens (``compute_ff_tokens()`` is the list ``compute_mask`` itself computes first);
-2. else, when no byte is forced (``compute_ff_bytes()`` empty), the tokens whose bytes the parser
-   accepts now, i.e. those ``validate_tokens([t])`` counts, and EOS when the grammar is accepting.
+   tokens (``compute_ff_tokens()`` is the list ``compute_mask`` itself computes first; no forced
+   byte, ``compute_ff_bytes()`` empty, means no forced token);
+2. else, when no byte is forced, the tokens whose bytes the parser accepts now, i.e. those
+   ``validate_tokens([t])`` counts, and EOS when the grammar is accepting.
 
 So, with ``t`` the argmax of the row (bans and penalties applied) and ``x`` that row:
 
@@ -20,11 +21,17 @@ So, with ``t`` the argmax of the row (bans and penalties applied) and ``x`` that
   the fallback decides, a stopped matcher) computes the row's full mask as before and takes the
   argmax under it (``apply_token_mask`` with the same fallback).
 
-``tests/engine/test_grammar_argmax.py`` checks the two facts about llguidance's mask on every token
-of many grammar states (JSON schema, regex, choice, Lark) and the engine's tokens with and without
-this path. Cost per row and step: ~10 us of the grammar engine's calls against ~50 us for a mask
-(the smollm2 vocabulary) and its pass over the logits; on the issue's JSON workload 92% of the
-rows need no mask.
+The one difference from masking every row: a mask computation that exceeds llguidance's per-step
+limits (``GrammarBounds``: lexer fuel, Earley items) fails the request only in a step that computes
+that row's mask; a row settled without one goes on.
+
+``tests/engine/test_grammar_argmax.py`` checks these facts about llguidance's mask on every token
+of many grammar states (JSON schema, regex, choice, Lark; ``tests/embedded/``: the SmolLM2
+vocabulary), ``settle`` against the full mask on crafted rows, and the engine's tokens with and
+without this path. Cost per row and step: ~1-3 us of grammar calls where no byte is forced, ~11 us
+where bytes are forced (llguidance tokenizes them), against ~50-400 us for a mask and its pass
+over the logits (the SmolLM2 vocabulary); on the JSON benchmark's workload ~94% of the rows need no
+mask.
 
 Threads: the engine thread only, after the forward pass and before the matchers advance
 (``StepResults``); the masks it computes drop the GIL (several rows: llguidance's executor, one
@@ -84,40 +91,48 @@ class ArgmaxFirst:
         """``tokens[r]`` (the argmax of ``x[r]``) becomes the argmax of ``x[r]`` under row r's mask,
         for each row r of this step (module docstring); ``x`` and ``fallback`` are not changed."""
         picks = tokens.tolist()
+        known: list[int] = []  # indices into rows whose token the grammar gave without a mask
+        cands: list[int] = []
+        forced: list[bool] = []
         need: list[int] = []
-        counts = self._counts
         for i, (r, m) in enumerate(zip(self.rows, self.matchers, strict=True)):
-            t = self._known(m, x, r, picks[r])
-            if t is None:
+            ll = m.ll
+            if ll.is_stopped():  # also a matcher in error: its mask is EOS alone
                 need.append(i)
-            elif t != picks[r]:
-                tokens[r] = t
+                continue
+            ff = ll.compute_ff_tokens() if ll.compute_ff_bytes() else None  # no forced byte, no forced token
+            t = ff[0] if ff else picks[r]
+            if ff or (ff is None and t not in self._eos and ll.validate_tokens([t]) == 1):
+                known.append(i)
+                cands.append(t)
+                forced.append(bool(ff))
+            else:
+                need.append(i)
+        counts = self._counts
+        if known:  # a candidate at -inf: the row is all -inf (or, forced, the token banned): the full mask decides
+            rows = torch.tensor([self.rows[i] for i in known], dtype=torch.long)
+            vals = x[rows, torch.tensor(cands, dtype=torch.long)].tolist()
+            for i, t, f, v in zip(known, cands, forced, vals, strict=True):
+                if v == _NEG_INF:
+                    need.append(i)
+                    continue
+                if f:
+                    counts.forced += 1
+                else:
+                    counts.accepted += 1
+                r = self.rows[i]
+                if t != picks[r]:
+                    tokens[r] = t
         counts.masked += len(need)
         if not need:
             return
+        need.sort()
         bits = torch.empty((len(need), self._words), dtype=torch.int32)
         compute_masks(self._executor.get() if len(need) > 1 else None, [self.matchers[i] for i in need], bits)
         rows = torch.tensor([self.rows[i] for i in need], dtype=torch.long)
         sub = x.index_select(0, rows)
         apply_token_mask(sub, TokenMask(torch.arange(len(need)), bits), fallback=fallback.index_select(0, rows))
         tokens[rows] = torch.argmax(sub, dim=-1)
-
-    def _known(self, m: GrammarMatcher, x: torch.Tensor, r: int, t: int) -> int | None:
-        """Row r's masked argmax when the grammar says it without a mask, else None."""
-        ll = m.ll
-        if ll.is_stopped() or ll.is_error():
-            return None
-        ff = ll.compute_ff_tokens()
-        if ff:
-            f = ff[0]
-            if x[r, f].item() == _NEG_INF:
-                return None
-            self._counts.forced += 1
-            return f
-        if t in self._eos or ll.compute_ff_bytes() or x[r, t].item() == _NEG_INF or ll.validate_tokens([t]) != 1:
-            return None
-        self._counts.accepted += 1
-        return t
 
 
 class GreedyExecutor:

@@ -43,7 +43,7 @@ def test_json_workload_tokens_equal_and_the_mask_facts_hold(dense_dir):
         mask = allowed(TokenMask(torch.tensor([0]), bits), V)[0]
         ff = m.ll.compute_ff_tokens()
         if ff:
-            assert mask.nonzero().flatten().tolist() == [ff[0]]
+            assert mask.nonzero().flatten().tolist() == [ff[0]] and m.ll.compute_ff_bytes()
         elif not m.ll.compute_ff_bytes():
             free += 1
             flags = mask.tolist()

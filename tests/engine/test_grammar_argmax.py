@@ -73,9 +73,10 @@ def _states(compiler: GrammarCompiler, spec: S, seed: int, steps: int = 40) -> l
 
 
 def test_the_mask_is_the_forced_token_or_the_validated_ones(llm):
-    # The two facts ArgmaxFirst rests on, on every token of every state visited: where the grammar
-    # forces tokens the mask is the first of them; where it forces no byte, a non-EOS token is in
-    # the mask exactly when validate_tokens accepts it.
+    # The facts ArgmaxFirst rests on, on every token of every state visited: where the grammar
+    # forces tokens the mask is the first of them (and it forces bytes: no forced byte, no forced
+    # token); where it forces no byte, a non-EOS token is in the mask exactly when validate_tokens
+    # accepts it.
     compiler = llm.engine.grammar
     V, eos = compiler.vocab_size, set(compiler._eos)
     seen = {"forced": 0, "free": 0, "other": 0}
@@ -86,7 +87,7 @@ def test_the_mask_is_the_forced_token_or_the_validated_ones(llm):
                 ff = m.ll.compute_ff_tokens()
                 if ff:
                     seen["forced"] += 1
-                    assert mask.nonzero().flatten().tolist() == [ff[0]]
+                    assert mask.nonzero().flatten().tolist() == [ff[0]] and m.ll.compute_ff_bytes()
                 elif not m.ll.compute_ff_bytes():
                     seen["free"] += 1
                     valid = [m.ll.validate_tokens([t]) == 1 for t in range(V)]
