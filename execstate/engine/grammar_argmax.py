@@ -44,6 +44,7 @@ import os
 from dataclasses import dataclass
 
 import llguidance as llg
+import numpy as np
 import torch
 
 from execstate.engine.grammar.matcher import GrammarMatcher
@@ -129,10 +130,13 @@ class ArgmaxFirst:
         need.sort()
         bits = torch.empty((len(need), self._words), dtype=torch.int32)
         compute_masks(self._executor.get() if len(need) > 1 else None, [self.matchers[i] for i in need], bits)
-        rows = torch.tensor([self.rows[i] for i in need], dtype=torch.long)
-        sub = x.index_select(0, rows)
-        apply_token_mask(sub, TokenMask(torch.arange(len(need)), bits), fallback=fallback.index_select(0, rows))
-        tokens[rows] = torch.argmax(sub, dim=-1)
+        # numpy's copies and argmax: one thread, where torch's ops over a vocabulary would fork its team
+        rows = np.asarray([self.rows[i] for i in need], dtype=np.int64)
+        sub = x.numpy()[rows]
+        apply_token_mask(torch.from_numpy(sub), TokenMask(torch.arange(len(need)), bits),
+                         fallback=torch.from_numpy(fallback.numpy()[rows]))
+        for r, t in zip(rows.tolist(), np.argmax(sub, axis=-1).tolist(), strict=True):
+            tokens[r] = t
 
 
 class GreedyExecutor:

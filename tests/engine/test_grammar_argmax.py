@@ -104,7 +104,7 @@ def _full_mask_tokens(x: torch.Tensor, fallback: torch.Tensor, rows: list[int], 
 
 
 def test_settle_equals_the_full_mask_on_crafted_rows(llm):
-    # Rows whose argmax is allowed, refused, EOS, a -inf row (the fallback decides), a NaN, ties:
+    # Rows whose argmax is allowed, refused, EOS, a -inf row (the fallback decides), NaNs, ties:
     # settle gives the argmax under the full mask in every row, and needs no mask where the
     # grammar's answer suffices.
     compiler = llm.engine.grammar
@@ -122,7 +122,7 @@ def test_settle_equals_the_full_mask_on_crafted_rows(llm):
             rows = list(range(1, 1 + len(group)))
             bits = torch.cat([_mask(compiler, m) for m in group])
             ok = allowed(TokenMask(torch.tensor(rows), bits), V)
-            for case in range(6):
+            for case in range(7):
                 x = torch.randn(n, V, generator=g)
                 fallback = torch.randn(n, V, generator=g)
                 for i, r in enumerate(rows):
@@ -140,6 +140,9 @@ def test_settle_equals_the_full_mask_on_crafted_rows(llm):
                         x[r] = NEG_INF
                     elif case == 5:  # an allowed token at -inf, a NaN on an allowed one
                         x[r, good[0]] = NEG_INF
+                        x[r, good[-1]] = float("nan")
+                    elif case == 6 and len(bad):  # NaNs on a refused token and on an allowed one
+                        x[r, bad[0]] = float("nan")
                         x[r, good[-1]] = float("nan")
                 want = _full_mask_tokens(x, fallback, rows, bits)
                 tokens = torch.argmax(x, dim=-1)
