@@ -110,20 +110,17 @@ class ArgmaxFirst:
             else:
                 need.append(i)
         counts = self._counts
-        if known:  # a candidate at -inf: the row is all -inf (or, forced, the token banned): the full mask decides
-            rows = torch.tensor([self.rows[i] for i in known], dtype=torch.long)
-            vals = x[rows, torch.tensor(cands, dtype=torch.long)].tolist()
-            for i, t, f, v in zip(known, cands, forced, vals, strict=True):
-                if v == _NEG_INF:
-                    need.append(i)
-                    continue
-                if f:
-                    counts.forced += 1
-                else:
-                    counts.accepted += 1
-                r = self.rows[i]
-                if t != picks[r]:
-                    tokens[r] = t
+        xs, out = x.numpy(), tokens.numpy()  # element access through numpy: ~0.1 us, through torch ~3 us
+        for i, t, f in zip(known, cands, forced, strict=True):
+            r = self.rows[i]
+            if xs[r, t] == _NEG_INF:  # the row is all -inf (or, forced, the token banned): the full mask decides
+                need.append(i)
+                continue
+            if f:
+                counts.forced += 1
+            else:
+                counts.accepted += 1
+            out[r] = t
         counts.masked += len(need)
         if not need:
             return
@@ -132,11 +129,10 @@ class ArgmaxFirst:
         compute_masks(self._executor.get() if len(need) > 1 else None, [self.matchers[i] for i in need], bits)
         # numpy's copies and argmax: one thread, where torch's ops over a vocabulary would fork its team
         rows = np.asarray([self.rows[i] for i in need], dtype=np.int64)
-        sub = x.numpy()[rows]
+        sub = xs[rows]
         apply_token_mask(torch.from_numpy(sub), TokenMask(torch.arange(len(need)), bits),
                          fallback=torch.from_numpy(fallback.numpy()[rows]))
-        for r, t in zip(rows.tolist(), np.argmax(sub, axis=-1).tolist(), strict=True):
-            tokens[r] = t
+        out[rows] = np.argmax(sub, axis=-1)
 
 
 class GreedyExecutor:
