@@ -12,6 +12,13 @@ wall time, each segment's difference on - off (where the cost lands: ``inputs`` 
 step's route capture, ``sample`` the rows copied into each request's trace, ``layers`` the routes
 recorded per layer, ``python`` the rest), and the R3 clock's share (``engine/r3_clock.py``).
 
+Both engines run their kernels on the whole team (``kernel_team="full"``, as ``--breakdown``
+does): the engine thread's CPU time per step depends on the team size (on one thread it does all
+of a layer's work, on two about half, plus its waits), and two adaptive governors
+(``kernels/team.py``), one per engine, may hold different sizes: an A/A run with both adaptive
+measured 1.77x between its two engines at batch 8 (18.4 / 10.4 ms of CPU per step, one engine on
+one thread, the other on two). ``kernel_team="adaptive"`` measures with the governors anyway.
+
 ``control=True`` builds the same two engines with route return off in both (an A/A run, the
 "on" engine still the second one built): what two engine instances differ by with nothing
 else changed, the floor under which an on/off difference is not R3's.
@@ -47,19 +54,20 @@ def _run(llm: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
 
 
 def run_r3_paired(model: str = "standard", batches: tuple[int, ...] = (1, 8), repeats: int = 6, prompt_len: int = 256,
-                  max_tokens: int = 64, seed: int = 0, control: bool = False) -> dict[str, Any]:
+                  max_tokens: int = 64, seed: int = 0, control: bool = False,
+                  kernel_team: str = "full") -> dict[str, Any]:
     from execstate.session.lm.llm import LLM
     from execstate_bench.models import resolve_bench_model
 
     path = resolve_bench_model(model)
-    engines = {on: LLM(str(path), enable_return_routed_experts=on and not control, step_timers="cpu")
-               for on in (False, True)}
+    engines = {on: LLM(str(path), enable_return_routed_experts=on and not control, step_timers="cpu",
+                       kernel_team=kernel_team) for on in (False, True)}
     vocab = engines[False].engine.model_config.vocab_size
     rng = np.random.default_rng(seed)
     for llm in engines.values():
         _run(llm, rng.integers(0, vocab, size=(2, 32)).tolist(), 4)  # warm-up
     out: dict[str, Any] = {"model": str(model), "prompt_len": prompt_len, "max_tokens": max_tokens,
-                           "repeats": repeats, "control": control, "batches": {}}
+                           "repeats": repeats, "control": control, "kernel_team": kernel_team, "batches": {}}
     for b in batches:
         pairs = []
         for r in range(repeats):
@@ -92,7 +100,8 @@ def run_r3_paired(model: str = "standard", batches: tuple[int, ...] = (1, 8), re
 def format_r3_table(report: dict[str, Any]) -> str:
     what = "A/A control, both engines R3 off" if report.get("control") else "R3 on / off"
     lines = [f"{what}, paired ({report['repeats']} alternated repeats, {report['model']}, "
-             f"{report['prompt_len']}-token prompts, {report['max_tokens']} new tokens)",
+             f"{report['prompt_len']}-token prompts, {report['max_tokens']} new tokens, "
+             f"kernel team {report.get('kernel_team', 'adaptive')})",
              "| batch | CPU ratio median (min-max) | wall ratio median (min-max) | step CPU ms off / on | "
              "largest deltas (us/step) | R3 clock share | load |", "|---|---|---|---|---|---|---|"]
     for b, row in report["batches"].items():

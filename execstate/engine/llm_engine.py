@@ -159,7 +159,8 @@ class LLMEngine:
         # Structured outputs (engine/grammar/): compiled constraints, and their masks per step.
         self.grammar = (GrammarCompiler(self.tokenizer.backend, mc.vocab_size, sorted(self.eos_token_ids))
                         if self.tokenizer is not None else None)
-        self.grammar_masks = GrammarMasks(mc.vocab_size)
+        self.grammar_masks = GrammarMasks(mc.vocab_size, self.eos_token_ids,
+                                          defer_greedy=torch.device(config.device).type == "cpu")
         self.intake = RequestIntake(mc, self.max_model_len, self.tokenizer, self.return_routes, self.generator,
                                     self.kv_holds, self.grammar, config.prompt_logprobs_chunk_tokens)
         self.finisher = RequestFinisher(self.requests, self.tokenizer, self.return_routes, self.r3_clock,
@@ -353,9 +354,10 @@ class LLMEngine:
             try:
                 result = self.runner.execute(sched)
             finally:  # never leave a matcher in use by the worker (also when the forward pass failed)
-                mask = pending.wait() if pending is not None else None
+                masks = pending.wait() if pending is not None else None
             t0 = timers.now() if timers is not None else 0.0
-            self.results.apply(sched, result, outputs, mask)
+            self.results.apply(sched, result, outputs, masks.mask if masks is not None else None,
+                               masks.deferred if masks is not None else None)
         if timers is not None:
             timers.add("sample", t0)
             timers.end_step(len(sched.scheduled),

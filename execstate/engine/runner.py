@@ -111,7 +111,7 @@ class ModelRunner:
         route_np = None
         if routes is not None and self.capture_routes:
             t_r3 = time.perf_counter()
-            route_np = routes.ids.cpu().numpy()
+            route_np = routes.host_ids()
             self.r3_clock.add_since(t_r3)
         return RunnerOutput(logits.float().cpu(), sample_rows, route_np, offsets, prompt_rows=scored)
 

@@ -7,7 +7,9 @@ except one noise draw per *seeded* row):
    frequency penalties (``engine/penalties.py``) adjust the logits of the rows that use them;
    then a grammar's ``mask`` (``engine/token_mask.py``) sets the tokens it does not allow to
    ``-inf`` in the rows it constrains (only those rows are touched; none without a mask).
-2. Greedy rows (temperature < 1e-5) take the argmax of the adjusted logits.
+2. Greedy rows (temperature < 1e-5) take the argmax of the adjusted logits; greedy rows under a
+   grammar whose masks were ``deferred`` (``engine/grammar_argmax.py``) then get the argmax under
+   their masks from ``deferred.settle``, computed only where the grammar refuses the argmax.
 3. Random rows: temperature, then ``min_p``, then ``top_k``, then ``top_p`` (vLLM v1's
    order and semantics, ties at a cut kept; ``processed_probs``), without a full-vocabulary
    sort, then one token per row by the exponential race ``argmax(probs / q)``,
@@ -40,7 +42,7 @@ import torch
 from execstate.engine.device_noise import race_hashed, race_keys
 from execstate.engine.penalties import PenaltyState, apply_penalties
 from execstate.engine.sampling_params import SamplingParams
-from execstate.engine.token_mask import TokenMask, apply_token_mask
+from execstate.engine.token_mask import DeferredMask, TokenMask, apply_token_mask
 from execstate.model.device.upload import upload
 
 MAX_TEMPERATURE = 1e30  # larger ones sample uniformly anyway; beyond float32 they would give NaN
@@ -61,6 +63,7 @@ def sample(
     penalties: list[PenaltyState | None] | None = None,
     mask: TokenMask | None = None,
     device_algorithms: bool | None = None,
+    deferred: DeferredMask | None = None,
 ) -> SampleResult:
     """Sample one token per row of ``logits`` ([rows, vocab]).
 
@@ -68,6 +71,7 @@ def sample(
     until reached); ``penalties[i]`` is row i's bias/penalty state (``None``: none).
     ``generators[i]`` is row i's generator (its own when ``params[i].seed`` is set).
     ``mask``: the allowed tokens of the constrained rows (``None``: no row is constrained).
+    ``deferred``: greedy constrained rows (none of ``mask``'s) masked only where needed.
     ``device_algorithms``: take the device's ``top_p`` and noise (module docstring) even on the
     CPU (the torch path does, so its CPU runs are the GPU's code); None: off the CPU only.
     """
@@ -84,6 +88,8 @@ def sample(
         tokens = _race(_truncated(x, params, dev_algo), params, generators, dev_algo)
     else:
         tokens = torch.argmax(x, dim=-1)
+        if deferred is not None:
+            deferred.settle(x, logits, tokens)
         if rand:
             rparams = [params[i] for i in rand]
             idx = upload(np.asarray(rand, dtype=np.int64), x.device)

@@ -10,9 +10,10 @@ Contract of ``StepResults.apply(sched, result, out)`` (``result``: ``ModelRunner
    (``engine/prompt_logprobs.py``);
 3. the rows that sample draw one token each (``engine/sampler.py``; EOS and stop ids banned
    below ``min_tokens``; constrained rows under ``mask``, the grammar masks computed during the
-   forward pass), appended with its logprobs to the request; the sampling itself runs first, on
-   the logits' device, because reading its ids back is the step's one wait on that device (1 and
-   2 read the routes it copied back);
+   forward pass, or, greedy ones on the host, ``deferred``: masked only where the grammar refuses
+   their argmax, ``engine/grammar_argmax.py``), appended with its logprobs to the request; the
+   sampling itself runs first, on the logits' device, because reading its ids back is the step's
+   one wait on that device (1 and 2 read the routes it copied back);
 4. a constrained request's matcher accepts the token (a refused token fails the request with
    ``error`` set; a grammar that is complete stops it, ``"stop"``);
    ``on_new_token`` decides whether it stops; a stopping request goes through ``export``
@@ -40,7 +41,7 @@ from execstate.engine.runner_output import RunnerOutput
 from execstate.engine.sampler import sample
 from execstate.engine.sampling_params import RequestOutputKind
 from execstate.engine.scheduler import Scheduler, SchedulerOutput
-from execstate.engine.token_mask import TokenMask
+from execstate.engine.token_mask import DeferredMask, TokenMask
 from execstate.engine.tokenizer import Tokenizer
 
 # (request, the status it stops with) -> the status it finishes with
@@ -61,13 +62,14 @@ class StepResults:
         self._export = export
 
     def apply(self, sched: SchedulerOutput, result: RunnerOutput, out: list[RequestOutput],
-              mask: TokenMask | None = None) -> None:
+              mask: TokenMask | None = None, deferred: DeferredMask | None = None) -> None:
         reqs = [sched.scheduled[i].request for i in result.sample_rows]
         sampled = None
         if reqs:  # first: reading the sampled ids is the step's one wait on the device
             banned = [self._banned(r) for r in reqs]
             sampled = sample(result.logits, [r.params for r in reqs], [r.sampling.generator for r in reqs], banned,
-                             [r.sampling.penalties for r in reqs], mask, device_algorithms=result.device_step)
+                             [r.sampling.penalties for r in reqs], mask, device_algorithms=result.device_step,
+                             deferred=deferred)
         if result.routes is not None:
             result.wait()  # the route copy is done (free after the sampled ids were read)
             t_r3 = time.perf_counter()

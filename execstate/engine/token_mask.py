@@ -12,6 +12,7 @@ from an empty row would be meaningless).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -31,6 +32,13 @@ def _kernel_takes(x: torch.Tensor, mask: TokenMask, fallback: torch.Tensor | Non
 class TokenMask:
     rows: torch.Tensor  # int64 [k]: logits rows this mask constrains
     bits: torch.Tensor  # int32 [k, ceil(vocab / 32)]
+
+
+class DeferredMask(Protocol):
+    def settle(self, x: torch.Tensor, fallback: torch.Tensor, tokens: torch.Tensor) -> None:
+        """``tokens`` (int64 ``[rows]``, each row's argmax of ``x``, ``[rows, vocab]`` on the host)
+        become, in the rows this stands for, the argmax of ``x`` under the row's mask as
+        ``apply_token_mask(x, mask, fallback)`` would make it; ``x`` and ``fallback`` unchanged."""
 
 
 def allowed(mask: TokenMask, vocab: int) -> torch.Tensor:

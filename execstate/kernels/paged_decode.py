@@ -106,7 +106,8 @@ class PagedDecode:
         Each query row is then computed exactly as a decode query over its context (one
         kernel, one order of operations; no gathered copy of the context), so a token's
         attention output does not depend on how its span was split or batched. Validated per
-        span, expanded with torch (no per-token Python loop).
+        span, expanded with torch (no per-token Python loop); a step of single-row spans (decode)
+        needs no expansion (after a forward pass each torch op costs ~10-50 us of cold dispatch).
         """
         if not (len(token_starts) == len(num_queries) == len(block_tables) == len(ctx_lens)):
             raise ValueError("PagedDecode.for_spans: one entry per span in every list")
@@ -118,6 +119,9 @@ class PagedDecode:
         # One entry per span, validated by __init__ (tables, last-query context lengths).
         self = cls([e - 1 for e in span_ends] if span_ends else [], block_tables, ctx_lens, block_size, num_slots)
         if not token_starts:
+            return self
+        if all(n == 1 for n in num_queries):  # a decode step: one row per span, the expansion below is the identity
+            self.tiled = True
             return self
         counts = torch.tensor(num_queries, dtype=torch.int64)
         first = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)

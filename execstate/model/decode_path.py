@@ -131,7 +131,7 @@ def decode_layers(layers: Sequence[DecoderLayer], weights_of: Callable[[], Decod
             t_call = time.perf_counter()
         if w.top_k:  # routing and experts in the call; the routes recorded as SparseMoE.route does
             m = cast(SparseMoE, layer.mlp).moe_index  # top_k: an MoE layer
-            ids = torch.empty((n, w.top_k), dtype=torch.int64)
+            ids = routes.slot(m) if routes is not None else torch.empty((n, w.top_k), dtype=torch.int64)
             forced = routes.forced(m) if routes is not None else None
             if forced is not None:
                 forced = (forced[0].to(device="cpu", dtype=torch.uint8).contiguous(),

@@ -353,6 +353,19 @@ def test_for_spans_validates_spans() -> None:
     assert plan.block_table.tolist() == [[1]] * 3 + [[3]] * 2 and plan.max_token == 4
 
 
+def test_for_spans_of_single_rows_equals_the_expansion() -> None:
+    # A decode step (every span one row) skips the expansion: the same plan, field by field, as a
+    # step whose first span has two rows and is then dropped from the expansion's result.
+    plan = cpu.PagedDecode.for_spans([3, 0, 5], [1, 1, 1], [[1, 2], [3], [0, 2]], [6, 2, 5], 4, 16)
+    assert plan.tiled and plan.num_seqs == 3 and plan.max_token == 5
+    assert plan.tokens.tolist() == [3, 0, 5] and plan.ctx_lens.tolist() == [6, 2, 5]
+    assert plan.block_table.tolist() == [[1, 2], [3, 0], [0, 2]]
+    assert plan.tokens.dtype == plan.ctx_lens.dtype == plan.block_table.dtype == torch.int64
+    full = cpu.PagedDecode.for_spans([6, 3, 0, 5], [2, 1, 1, 1], [[1, 2], [1, 2], [3], [0, 2]], [7, 6, 2, 5], 4, 16)
+    assert full.tokens[2:].tolist() == plan.tokens.tolist() and full.ctx_lens[2:].tolist() == plan.ctx_lens.tolist()
+    assert full.block_table[2:].tolist() == plan.block_table.tolist()
+
+
 @settings(max_examples=40, deadline=None)
 @given(data=st.data(), nkv=st.integers(1, 3), group=st.integers(1, 5), d=st.sampled_from([4, 12, 16, 64, 72, 136]),
        bs=st.sampled_from([1, 3, 4, 16]), threads=st.sampled_from([1, 2]))

@@ -129,3 +129,26 @@ def test_forced_ids_are_not_validated_by_the_model() -> None:
     with _ctx(2, routes) as ctx:
         out = block(x, ctx)
     assert (out - _reference(block, x, dup[:, 1])[0]).abs().max().item() < 1e-5
+
+
+def test_host_ids_from_the_slots_equal_the_recorded_ids() -> None:
+    # Layers that wrote into their slots: host_ids is the buffer cast (int16, [T, layers, k], C order),
+    # the same values as the stacked ids; a layer recording its own tensor falls back to the stack.
+    g = torch.Generator().manual_seed(3)
+    vals = torch.randint(0, 6, (3, 5, 2), generator=g)
+    slotted = RouteCapture(5, 3, 2)
+    for m in range(3):
+        s = slotted.slot(m)
+        s.copy_(vals[m])
+        slotted.record(m, s)
+    host = slotted.host_ids()
+    assert slotted._ids is None  # the buffer's cast, not the stack
+    assert host.dtype.name == "int16" and host.shape == (5, 3, 2) and host.flags.c_contiguous
+    assert (host == vals.permute(1, 0, 2).numpy()).all() and (host == slotted.ids.numpy()).all()
+    mixed = RouteCapture(5, 3, 2)
+    for m in range(3):
+        s = mixed.slot(m)
+        s.fill_(9)
+        mixed.record(m, vals[m].clone() if m == 2 else s)
+    host = mixed.host_ids()
+    assert mixed._ids is not None and (host[:, 2] == vals[2].numpy()).all() and (host[:, :2] == 9).all()
