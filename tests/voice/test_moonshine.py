@@ -48,9 +48,10 @@ def test_streamed_held_out_sentences_word_error_rate():
     """Streamed, an utterance is transcribed in pieces cut at its pauses, and which audio each
     transcription covers depends on the worker's timing: a cut inside a word is misheard ("is it
     going to rain to my room" for a cut inside "tomorrow"). Once, in a whole-suite run on this
-    machine, one of these two came out "Is it going to rain to my role modeling?" (not reproduced
-    in over 90 streamed runs since, under load or not, fed fast or in time), so the promise is the bench's: a word error rate, here
-    over both sentences (4 of 17 words wrong that time)."""
+    machine, one of these two came out "Is it going to rain to my role modeling?" (not
+    reproduced in over 90 streamed runs since, under load or not, fed fast or in time), so the
+    promise is the bench's: a word error rate, here over both sentences (4 of 17 words wrong
+    that time)."""
     errors = words = 0
     for text, voice, rate in HELD_OUT:
         got = norm(transcribe(asr(), _utterance(text, voice, rate)))
