@@ -15,7 +15,9 @@ Parts, each on a fresh ``AsyncEngine`` of the front model (``smollm2-135m`` by d
    ``EngineConfig.interactive_batch_budget``, and without one), and with the front in the batch
    class (no priority). The back end's completed tasks per second show the batch throughput
    the budget gives up. ``batch_budgets``: more budgets to measure the interactive front under
-   (``load_front_interactive_budget_N``, on the same conversation as ``load_front_interactive``).
+   (``load_front_interactive_budget_N``, on the same conversation as ``load_front_interactive``),
+   and then that conversation with no load (``no_load_interactive_conversation``: ``no_load`` plays
+   another one).
 
 A PNG timeline of the first conversation (``duplex_plot``) is written to ``png`` when given.
 """
@@ -107,6 +109,20 @@ async def _load_mode(eng: AsyncEngine, mode: str, config: AgentConfig, tasks: in
             "loadavg_1m": loadavg_1m()}
 
 
+def load_plan(seed: int, batch_budgets: tuple[int, ...] = ()) -> list[tuple[str, str, int | None, int]]:
+    """The load part's runs, in order: ``(report key, mode, the engine's batch budget, conversation seed)``.
+    Each of ``LOAD_MODES`` plays its own conversation (``seed + i``); each extra budget plays
+    ``load_front_interactive``'s, and with any of them ``no_load_interactive_conversation`` plays
+    that conversation with no load (their like-for-like baseline)."""
+    runs: list[tuple[str, str, int | None, int]] = [
+        (mode, mode, None if mode == "load_front_interactive_no_budget" else EngineConfig.interactive_batch_budget,
+         seed + i) for i, mode in enumerate(LOAD_MODES)]
+    runs += [(f"load_front_interactive_budget_{b}", "load_front_interactive", b, seed + 1) for b in batch_budgets]
+    if batch_budgets:
+        runs.append(("no_load_interactive_conversation", "no_load", EngineConfig.interactive_batch_budget, seed + 1))
+    return runs
+
+
 def run_duplex_bench(model: str | Path = "smollm2-135m", *, parts: tuple[str, ...] = PARTS, conversations: int = 4,
                      turns: int = 8, policies: tuple[tuple[float, float | None], ...] = ((0.8, 0.2), (0.4, None)),
                      step_tokens: int = 4,
@@ -141,13 +157,8 @@ def run_duplex_bench(model: str | Path = "smollm2-135m", *, parts: tuple[str, ..
                 report["png"] = str(png)
     if "load" in parts:
         report["load"] = {"tasks": load_tasks, "max_num_seqs": max_num_seqs}
-        load_runs: list[tuple[str, str, int | None, int]] = [
-            (mode, mode, None if mode == "load_front_interactive_no_budget" else EngineConfig.interactive_batch_budget,
-             seed + i) for i, mode in enumerate(LOAD_MODES)]
-        load_runs += [(f"load_front_interactive_budget_{b}", "load_front_interactive", b, seed + 1)
-                      for b in batch_budgets]
         report["load"]["default_batch_budget"] = EngineConfig.interactive_batch_budget
-        for name, mode, budget, mode_seed in load_runs:
+        for name, mode, budget, mode_seed in load_plan(seed, batch_budgets):
             eng = _engine(path, max_num_seqs, budget)
             try:
                 report["load"][name] = asyncio.run(_load_mode(eng, mode, base, load_tasks, mode_seed))

@@ -12,6 +12,8 @@ from execstate.agent.agent_events import (
     ResponseCreated,
     ResponseDone,
 )
+from execstate.engine.config import EngineConfig
+from execstate_bench.duplex import load_plan
 from execstate_bench.duplex_metrics import summarize
 from execstate_bench.duplex_run import Played
 from execstate_bench.duplex_script import BACKCHANNELS, make_conversation
@@ -58,3 +60,15 @@ def test_metrics_on_a_known_log():
     assert s["stop_latency_ms"]["p50"] == pytest.approx(150.0)
     assert s["tor_pauses"] == {"rate": 0.0, "n": 1}
     assert s["front_step_ms"]["p50"] == 200.0
+
+
+def test_the_load_plan_gives_the_budgets_their_own_no_load_baseline():
+    default = EngineConfig.interactive_batch_budget
+    assert load_plan(5) == [("no_load", "no_load", default, 5),
+                            ("load_front_interactive", "load_front_interactive", default, 6),
+                            ("load_front_interactive_no_budget", "load_front_interactive_no_budget", None, 7),
+                            ("load_front_batch", "load_front_batch", default, 8)]
+    plan = load_plan(5, (4, 0))
+    assert plan[4:] == [("load_front_interactive_budget_4", "load_front_interactive", 4, 6),
+                        ("load_front_interactive_budget_0", "load_front_interactive", 0, 6),
+                        ("no_load_interactive_conversation", "no_load", default, 6)]
