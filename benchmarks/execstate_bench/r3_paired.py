@@ -60,14 +60,20 @@ def _run(llm: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, Any]:
 
 def summarize_pairs(pairs: list[dict[bool, dict[str, Any]]]) -> dict[str, Any]:
     """Over paired repeats (``{False: off run, True: on run}``, each as ``_run`` returns plus
-    ``load``): the CPU and wall ratios off / on (median, min, max), the median step CPU ms of each,
-    each segment's median difference on - off (us), the R3 clock's median share and the load range."""
+    ``load``, and ``position``: 0 for the engine that ran first in its repeat): the CPU and wall
+    ratios off / on (median, min, max), the CPU ratio's median over the repeats where off ran first
+    and where on did (a run-order effect shows as the two apart; an odd count of repeats weights
+    one order more), the median step CPU ms of each, each segment's median difference on - off
+    (us), the R3 clock's median share and the load range."""
     cpu = [p[False]["cpu_step_s"] / p[True]["cpu_step_s"] for p in pairs]
+    by_first = {name: [c for c, p in zip(cpu, pairs, strict=True) if p[first].get("position") == 0]
+                for name, first in (("off_ran_first", False), ("on_ran_first", True))}
     wall = [p[False]["wall_step_s"] / p[True]["wall_step_s"] for p in pairs]
     segs = pairs[0][True]["segments"].keys()
     return {
         "pairs": len(pairs),
         "cpu_ratio_on_over_off": {"median": statistics.median(cpu), "min": min(cpu), "max": max(cpu)},
+        "cpu_ratio_by_run_order": {k: statistics.median(v) if v else None for k, v in by_first.items()},
         "wall_ratio_on_over_off": {"median": statistics.median(wall), "min": min(wall), "max": max(wall)},
         "cpu_step_ms": {"off": statistics.median(p[False]["cpu_step_s"] for p in pairs) * 1e3,
                         "on": statistics.median(p[True]["cpu_step_s"] for p in pairs) * 1e3},
@@ -112,11 +118,12 @@ def run_r3_paired(model: str = "standard", batches: tuple[int, ...] = (1, 8), re
             for r in range(repeats):
                 prompts = rng.integers(0, vocab, size=(b, prompt_len)).tolist()
                 runs = {}
-                for on in ((False, True) if r % 2 == 0 else (True, False)):
+                for position, on in enumerate((False, True) if r % 2 == 0 else (True, False)):
                     settle()
                     load = loadavg_1m()
                     runs[on] = _run(engines[on], prompts, max_tokens)
                     runs[on]["load"] = load
+                    runs[on]["position"] = position
                 assert runs[True]["tokens"] == runs[False]["tokens"], "R3 changed the greedy tokens"
                 pairs.append(runs)
             by_order[name][b] = pairs
@@ -135,7 +142,9 @@ def _table_row(label: str, row: dict[str, Any]) -> str:
     return (f"| {label} | {c['median']:.3f} ({c['min']:.3f}-{c['max']:.3f}) | {w['median']:.3f} "
             f"({w['min']:.3f}-{w['max']:.3f}) | {ms['off']:.2f} / {ms['on']:.2f} | "
             + ", ".join(f"{k} {v:+.0f}" for v, k in top)
-            + f" | {100 * row['r3_clock_share']:.2f}% | {row['load'][0]:.1f}-{row['load'][1]:.1f} |")
+            + f" | {100 * row['r3_clock_share']:.2f}% | {row['load'][0]:.1f}-{row['load'][1]:.1f} | "
+            + " / ".join("-" if v is None else f"{v:.3f}" for v in row.get("cpu_ratio_by_run_order", {}).values())
+            + " |")
 
 
 def format_r3_table(report: dict[str, Any]) -> str:
@@ -146,7 +155,8 @@ def format_r3_table(report: dict[str, Any]) -> str:
              + f", {report['model']}, {report['prompt_len']}-token prompts, {report['max_tokens']} new tokens, "
              f"kernel team {report.get('kernel_team', 'adaptive')})",
              "| batch | CPU ratio median (min-max) | wall ratio median (min-max) | step CPU ms off / on | "
-             "largest deltas (us/step) | R3 clock share | load |", "|---|---|---|---|---|---|---|"]
+             "largest deltas (us/step) | R3 clock share | load | CPU ratio, off ran first / on ran first |",
+             "|---|---|---|---|---|---|---|---|"]
     for b, row in report["batches"].items():
         lines.append(_table_row(b, row))
         for name, sub in row.get("orders", {}).items():
