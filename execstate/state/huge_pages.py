@@ -34,7 +34,7 @@ def _madvise_huge(addr: int, nbytes: int) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        return libc.madvise(addr, nbytes, _MADV_HUGEPAGE) == 0
+        return bool(libc.madvise(addr, nbytes, _MADV_HUGEPAGE) == 0)
     except (OSError, AttributeError):
         return False
 
