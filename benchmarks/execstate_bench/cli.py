@@ -52,7 +52,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                     help="with --breakdown: context lengths")
     bt.add_argument("--r3-paired", action="store_true",
                     help="instead: R3 on vs off paired in one process, each step's CPU time by segment (where R3 "
-                         "costs), --repeats alternated repeats at batch 1 and 8")
+                         "costs), --repeats alternated repeats at batch 1 and 8 in each of two build orders "
+                         "(off first, on first: ABBA)")
     bt.add_argument("--r3-control", action="store_true",
                     help="with --r3-paired: both engines R3 off (an A/A control: what two engine instances differ "
                          "by)")

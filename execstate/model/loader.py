@@ -37,6 +37,7 @@ from torch import nn
 from execstate.model.checkpoint_files import load_hf_state_dict, report
 from execstate.model.config import MIXTRAL, ModelConfig
 from execstate.model.transformer import CausalLM
+from execstate.state.huge_pages import empty_huge
 
 Tensors = list[torch.Tensor]
 
@@ -228,8 +229,10 @@ def load_hf_weights(model: CausalLM, state_dict: dict[str, torch.Tensor], *,
         # Always a fresh allocation, never a view into the file's buffer: CPU GEMMs round
         # differently depending on pointer alignment, and replay must be bitwise across loads.
         # GGUF blocks (uint8, model/gguf_model.py) keep their bytes; floating tensors take dtype.
+        # Large tensors land 2 MiB-aligned on huge pages (state/huge_pages.py): same bytes, and the
+        # same alignment in every load, so two loads of one file run a step at the same speed.
         kind = dtype if tensor.is_floating_point() else tensor.dtype
-        value = torch.empty(tensor.shape, dtype=kind, device=device).copy_(tensor)
+        value = empty_huge(tensor.shape, kind, device).copy_(tensor)
         setattr(modules[module_name], attr, nn.Parameter(value, requires_grad=False))
     model.drop_decode_weights()
 

@@ -138,3 +138,6 @@ def test_standard_model_loads_fast(tmp_path_factory: pytest.TempPathFactory) -> 
     assert seconds < 2.0
     router_std = model.layers[0].mlp.router.weight.std().item()
     assert router_std > 5 * 0.02  # routers scaled up for well-separated top-k
+    # every tensor of 2 MiB or more (LM head, embedding, experts, qkv) starts on a huge page boundary
+    large = [p for p in model.parameters() if p.nbytes >= 2 << 20]
+    assert len(large) == 2 + 8 * 3 and all(p.data_ptr() % (2 << 20) == 0 for p in large)
