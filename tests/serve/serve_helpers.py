@@ -48,14 +48,20 @@ def wait_idle(engine: AsyncEngine, timeout: float = 10.0) -> tuple[int, int, int
 @contextmanager
 def running_server(app, port: int | None = None) -> Iterator[tuple[str, uvicorn.Server]]:
     """Serve ``app`` with a real uvicorn on 127.0.0.1 (``port``, else a free one) in a thread;
-    yields (base url, server)."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port or free_port(), log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
+    yields (base url, server). A free port can be taken between its probe and uvicorn's bind (an
+    outgoing connection, another test's server: "address already in use" in a suite run): then
+    another one is tried, up to 3."""
+    for attempt in range(1 if port else 3):
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port or free_port(), log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while not server.started and thread.is_alive():
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        if server.started:
+            break
+        assert port is None and attempt < 2, "uvicorn did not start"
     try:
         yield f"http://127.0.0.1:{server.config.port}", server
     finally:

@@ -42,14 +42,14 @@ DEAD = f"http://127.0.0.1:{free_port()}"  # listed, nothing listens there
 
 @pytest.fixture(scope="module")
 def pair(model_dir) -> Iterator[tuple[str, str, list[AsyncEngine]]]:
-    ports = [free_port(), free_port()]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
     with ExitStack() as stack:
-        engines = []
-        for i in range(2):
-            eng = AsyncEngine(LLMEngine(engine_config(
-                model_dir, kv_transfer=PDConfig(role="kv_both", secret=SECRET, timeout_s=3.0))))
-            engines.append(eng)
+        engines = [AsyncEngine(LLMEngine(engine_config(
+            model_dir, kv_transfer=PDConfig(role="kv_both", secret=SECRET, timeout_s=3.0)))) for _ in range(2)]
+        # the ports are probed after the engines' connectors bound theirs (a port probed before
+        # could be handed to a connector's socket: "address already in use" in a suite run)
+        ports = [free_port(), free_port()]
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        for i, eng in enumerate(engines):
             app = build_app(eng, "m", api_key=KEY, migration_targets=[urls[1 - i], DEAD])
             stack.enter_context(running_server(app, ports[i]))
         yield urls[0], urls[1], engines
