@@ -27,10 +27,32 @@ def test_large_tensor_is_2mib_aligned_and_holds_its_values() -> None:
 
 
 @pytest.mark.skipif(not _thp_madvise_allowed(), reason="transparent huge pages are off on this host")
-def test_first_write_maps_huge_pages() -> None:
+def _thp_eligible(t: torch.Tensor) -> bool:
+    """Whether the kernel marks the mapping holding ``t``'s data eligible for huge pages
+    (``THPeligible: 1`` in ``/proc/self/smaps``: what ``MADV_HUGEPAGE`` changes)."""
+    lo, inside = t.data_ptr(), False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and not head.endswith(":"):
+                a, b = (int(x, 16) for x in head.split("-"))
+                inside = a <= lo < b
+            elif inside and head == "THPeligible:":
+                return line.split()[1] == "1"
+    return False
+
+
+def test_the_data_is_marked_for_huge_pages() -> None:
+    """The mapping is marked eligible; whether the first write then gets huge pages is the
+    kernel's (free, unfragmented memory: a whole-suite CI run here got none, a lone run 16 MiB), so
+    the pages mapped are printed, not asserted."""
+    if not _thp_madvise_allowed():
+        pytest.skip("transparent huge pages off on this host")
     t = empty_huge((8 * HUGE_PAGE // 4,), torch.float32)  # 16 MiB
     t.fill_(1.0)
-    assert huge_page_kib(t) >= 2048  # at least one 2 MiB page (the host may lack free huge pages for all)
+    assert t.data_ptr() % HUGE_PAGE == 0
+    assert _thp_eligible(t)
+    print(f"huge pages mapped: {huge_page_kib(t)} KiB of {t.nbytes // 1024}")
 
 
 def test_small_and_off_cpu_tensors_are_plain() -> None:
