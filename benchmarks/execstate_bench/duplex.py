@@ -13,11 +13,15 @@ Parts, each on a fresh ``AsyncEngine`` of the front model (``smollm2-135m`` by d
    back-end model tasks, ``ModelTool`` sessions in the batch class, on the front's engine) with
    the front in the interactive class (with the engine's batch budget under interactive steps,
    ``EngineConfig.interactive_batch_budget``, and without one), and with the front in the batch
-   class (no priority). The back end's completed tasks per second show the batch throughput
-   the budget gives up. ``batch_budgets``: more budgets to measure the interactive front under
+   class (no priority); ``load_front_interactive_no_hold``: the interactive front with no hold
+   after its steps (``EngineConfig.interactive_hold_s`` 0, ``engine/interactive_hold.py``). The
+   back end's completed tasks per second show the batch throughput the budget and the hold give
+   up. ``batch_budgets``: more budgets to measure the interactive front under
    (``load_front_interactive_budget_N``, on the same conversation as ``load_front_interactive``),
    and then that conversation with no load (``no_load_interactive_conversation``: ``no_load`` plays
-   another one).
+   another one). Each mode's ``front_time`` says where its front steps' time went
+   (``duplex_front_time``: waits for steps in flight, the forward passes, host work), from the
+   engine's step trace (``engine/step_trace.py``).
 
 A PNG timeline of the first conversation (``duplex_plot``) is written to ``png`` when given.
 """
@@ -43,7 +47,9 @@ from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
 from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE
+from execstate.engine.step_trace import StepTrace
 from execstate.session.lm.async_sessions import AsyncSessions
+from execstate_bench.duplex_front_time import front_time
 from execstate_bench.duplex_metrics import pct, summarize
 from execstate_bench.duplex_run import Played, play
 from execstate_bench.duplex_script import PLAIN, SUBJECTS, Conversation, Turn, _chunks, make_conversation
@@ -61,10 +67,12 @@ CHATML: dict[str, Any] = {"user_prefix": "\n<|im_start|>user\n", "agent_prefix":
 
 
 def _engine(path: Path, max_num_seqs: int, batch_budget: int | None = EngineConfig.interactive_batch_budget,
-            ) -> AsyncEngine:
-    return AsyncEngine(LLMEngine(EngineConfig(model=str(path), seed=0, max_num_seqs=max_num_seqs,
-                                              kv_cache_memory_bytes=256 << 20, max_model_len=2048,
-                                              interactive_batch_budget=batch_budget)))
+            trace: StepTrace | None = None, hold_s: float = EngineConfig.interactive_hold_s) -> AsyncEngine:
+    llm = LLMEngine(EngineConfig(model=str(path), seed=0, max_num_seqs=max_num_seqs,
+                                 kv_cache_memory_bytes=256 << 20, max_model_len=2048,
+                                 interactive_batch_budget=batch_budget, interactive_hold_s=hold_s))
+    llm.step_trace = trace
+    return AsyncEngine(llm)
 
 
 async def _conversations(eng: AsyncEngine, convs: list[Conversation], config: AgentConfig) -> list[Played]:
@@ -76,7 +84,8 @@ async def _conversations(eng: AsyncEngine, convs: list[Conversation], config: Ag
     return runs
 
 
-async def _load_mode(eng: AsyncEngine, mode: str, config: AgentConfig, tasks: int, seed: int) -> dict[str, Any]:
+async def _load_mode(eng: AsyncEngine, mode: str, config: AgentConfig, tasks: int, seed: int,
+                     trace: StepTrace) -> dict[str, Any]:
     rng = random.Random(seed)
     conv = Conversation(tuple(Turn("plain", _chunks(rng, rng.choice(PLAIN).format(s=rng.choice(SUBJECTS)), False))
                               for _ in range(4)))
@@ -106,20 +115,25 @@ async def _load_mode(eng: AsyncEngine, mode: str, config: AgentConfig, tasks: in
     s = played.step_s
     return {"front_step_ms": {"p50": pct(s, 50), "p99": pct(s, 99), "max": pct(s, 100), "n": len(s)},
             "back_end_tasks_done": done[0], "back_end_tasks_per_s": round(done[0] / wall, 3), "wall_s": round(wall, 1),
-            "loadavg_1m": loadavg_1m()}
+            "loadavg_1m": loadavg_1m(), "front_time": front_time(played.step_at, s, list(trace.records))}
 
 
-def load_plan(seed: int, batch_budgets: tuple[int, ...] = ()) -> list[tuple[str, str, int | None, int]]:
-    """The load part's runs, in order: ``(report key, mode, the engine's batch budget, conversation seed)``.
-    Each of ``LOAD_MODES`` plays its own conversation (``seed + i``); each extra budget plays
-    ``load_front_interactive``'s, and with any of them ``no_load_interactive_conversation`` plays
-    that conversation with no load (their like-for-like baseline)."""
-    runs: list[tuple[str, str, int | None, int]] = [
-        (mode, mode, None if mode == "load_front_interactive_no_budget" else EngineConfig.interactive_batch_budget,
-         seed + i) for i, mode in enumerate(LOAD_MODES)]
-    runs += [(f"load_front_interactive_budget_{b}", "load_front_interactive", b, seed + 1) for b in batch_budgets]
+def load_plan(seed: int, batch_budgets: tuple[int, ...] = ()) -> list[tuple[str, str, int | None, float, int]]:
+    """The load part's runs, in order: ``(report key, mode, the engine's batch budget, its
+    interactive hold in seconds, conversation seed)``. Each of ``LOAD_MODES`` plays its own
+    conversation (``seed + i``) with the engine's defaults (but for the budget of
+    ``load_front_interactive_no_budget``); ``load_front_interactive_no_hold`` plays
+    ``load_front_interactive``'s with no hold (what the hold buys, and the batch work it costs);
+    each extra budget plays that conversation too, and with any of them
+    ``no_load_interactive_conversation`` plays it with no load (their like-for-like baseline)."""
+    budget, hold = EngineConfig.interactive_batch_budget, EngineConfig.interactive_hold_s
+    runs: list[tuple[str, str, int | None, float, int]] = [
+        (mode, mode, None if mode == "load_front_interactive_no_budget" else budget, hold, seed + i)
+        for i, mode in enumerate(LOAD_MODES)]
+    runs.append(("load_front_interactive_no_hold", "load_front_interactive", budget, 0.0, seed + 1))
+    runs += [(f"load_front_interactive_budget_{b}", "load_front_interactive", b, hold, seed + 1) for b in batch_budgets]
     if batch_budgets:
-        runs.append(("no_load_interactive_conversation", "no_load", EngineConfig.interactive_batch_budget, seed + 1))
+        runs.append(("no_load_interactive_conversation", "no_load", budget, hold, seed + 1))
     return runs
 
 
@@ -158,10 +172,12 @@ def run_duplex_bench(model: str | Path = "smollm2-135m", *, parts: tuple[str, ..
     if "load" in parts:
         report["load"] = {"tasks": load_tasks, "max_num_seqs": max_num_seqs}
         report["load"]["default_batch_budget"] = EngineConfig.interactive_batch_budget
-        for name, mode, budget, mode_seed in load_plan(seed, batch_budgets):
-            eng = _engine(path, max_num_seqs, budget)
+        report["load"]["default_interactive_hold_s"] = EngineConfig.interactive_hold_s
+        for name, mode, budget, hold_s, mode_seed in load_plan(seed, batch_budgets):
+            trace = StepTrace()
+            eng = _engine(path, max_num_seqs, budget, trace, hold_s)
             try:
-                report["load"][name] = asyncio.run(_load_mode(eng, mode, base, load_tasks, mode_seed))
+                report["load"][name] = asyncio.run(_load_mode(eng, mode, base, load_tasks, mode_seed, trace))
             finally:
                 eng.shutdown()
     return report

@@ -31,6 +31,7 @@ class Played:
     marks: list[dict[str, Any]] = field(default_factory=list)  # {"kind": ..., "t": ..., ...}
     step_s: list[float] = field(default_factory=list)
     interrupts: list[tuple[float, int, float | None]] = field(default_factory=list)  # accept, old epoch, step end
+    step_at: list[float] = field(default_factory=list)  # each step's start (time.monotonic)
 
 
 def make_backend(conv: Conversation, seed: int) -> Backend:
@@ -115,6 +116,7 @@ async def play(front: FrontModel, conv: Conversation, config: AgentConfig, seed:
         await agent.close()
         await consumer
     out.step_s = list(agent.stats.step_s)
+    out.step_at = list(agent.stats.step_at)
     out.interrupts = [(i.t_accept, i.old_epoch, i.t_step_end) for i in agent.stats.interrupts]
     return out
 

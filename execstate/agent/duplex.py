@@ -400,7 +400,7 @@ class DuplexAgent:
         if forced:
             assert plan is not None
             self.fence.delta(r.response_id, epoch, plan.forced, tuple(forced), self.now())
-        finish, computed, t0 = None, None, time.perf_counter()
+        finish, computed, t0, started = None, None, time.perf_counter(), time.monotonic()
         if kept is not None and kept.draft is not None:  # drafted on exactly this input: spoken now
             for chunk in kept.draft.chunks:
                 self._on_chunk(r, epoch, chunk)
@@ -421,6 +421,7 @@ class DuplexAgent:
             self.prefill.first_step(sent, computed)
         t = self.now()
         self.stats.step_s.append(time.perf_counter() - t0)
+        self.stats.step_at.append(started)
         for it in self.stats.interrupts:
             if it.old_epoch == epoch and it.t_step_end is None:
                 it.t_step_end = t

@@ -20,5 +20,9 @@ class Interrupt:
 
 @dataclass
 class AgentStats:
+    """``step_s``: each front step's seconds (a drafted first step's too, ~0); ``step_at``: when each
+    began (``time.monotonic``, the engine's request clock), in the same order."""
+
     step_s: list[float] = field(default_factory=list)
+    step_at: list[float] = field(default_factory=list)
     interrupts: list[Interrupt] = field(default_factory=list)

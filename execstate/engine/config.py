@@ -35,7 +35,11 @@ class EngineConfig:
     max_num_seqs: int = 64
     # While an interactive request (a session step, e.g. an agent's front) runs or waits, requests
     # of lower classes share at most this many tokens of each step (engine/scheduler.py); None: no cap.
-    interactive_batch_budget: int | None = 16
+    interactive_batch_budget: int | None = 2
+    # When an interactive request finishes, requests of lower classes get no step for this many
+    # seconds, so the front's next step (sent a moment later) finds the engine free instead of
+    # waiting out a batch step (engine/interactive_hold.py); 0: no hold.
+    interactive_hold_s: float = 0.02
     # A request that asks for prompt logprobs runs at most this many prompt tokens per step
     # (engine/prompt_logprobs.py): the step's logits work and its length stay bounded, so the
     # requests beside it keep getting tokens.

@@ -61,6 +61,7 @@ from execstate.engine.finisher import RequestFinisher
 from execstate.engine.grammar.compiler import GrammarCompiler
 from execstate.engine.grammar_masks import GrammarMasks
 from execstate.engine.intake import PromptType, RequestIntake
+from execstate.engine.interactive_hold import InteractiveHold
 from execstate.engine.kv_cache_manager import KVCacheManager
 from execstate.engine.offload import OffloadConnector, build_offload
 from execstate.engine.outputs import RequestOutput
@@ -72,6 +73,7 @@ from execstate.engine.scheduler import Scheduler
 from execstate.engine.session_step import StepRequest
 from execstate.engine.step_failure import EngineFatalError, StepFailure, StepState, check_references
 from execstate.engine.step_results import StepResults
+from execstate.engine.step_trace import StepTrace
 from execstate.engine.weight_update import UpdatePolicy, WeightUpdate
 from execstate.identity.provenance import Provenance
 from execstate.identity.scope import CacheScope
@@ -140,6 +142,7 @@ class LLMEngine:
         self.pd: PDConnector | None = self._build_pd(config.kv_transfer, make_importer, on_transfer)
         self.scheduler = Scheduler(self.kv_manager, config.max_num_batched_tokens, config.max_num_seqs,
                                    batch_budget=config.interactive_batch_budget,
+                                   hold=InteractiveHold(config.interactive_hold_s),
                                    external=self.pd.loads if self.pd is not None else None,
                                    offload=self.offload.scheduler_role(self.kv_manager) if self.offload else None)
         # per-step time breakdown (EngineConfig.step_timers), or None
@@ -170,6 +173,8 @@ class LLMEngine:
         self.results = StepResults(self.scheduler, self.finisher, self.tokenizer, self.eos_token_ids,
                                    self.return_routes, self.r3_clock, self._export)
         self.failure = StepFailure(self.scheduler, self.requests, self.finisher, self.check_shared_state)
+        # per-step spans and the classes each served (engine/step_trace.py): set by a benchmark, or None
+        self.step_trace: StepTrace | None = None
         self.startup_seconds = time.perf_counter() - t0
 
     @property
@@ -314,6 +319,9 @@ class LLMEngine:
     # -- one step ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         state = StepState()
+        trace = self.step_trace
+        if trace is not None:
+            trace.begin()
         try:
             return self._run_step(state)
         except Exception as exc:  # the step's requests fail; the engine goes on (step_failure)
@@ -321,6 +329,8 @@ class LLMEngine:
         finally:
             if self.kv_events is not None:
                 self.kv_events.flush()  # this step's cache changes, one batch
+            if trace is not None:
+                trace.end(state.sched.scheduled if state.sched is not None else ())
 
     def _run_step(self, state: StepState) -> list[RequestOutput]:
         timers = self.step_timers
@@ -334,6 +344,13 @@ class LLMEngine:
         failed = [self.finisher.finalize(r) for r in sched.failed]
         outputs = state.outputs = self.finisher.take_deferred() + failed
         if sched.empty:
+            held = self.scheduler.hold_remaining()
+            if held > 0.0 and not outputs:
+                # batch work held back for an interactive step expected any moment (interactive_hold.py):
+                # wait for it (its command wakes this) or for the hold's end, then step again
+                self._wakeup.wait(held)
+                self._wakeup.clear()
+                return outputs
             if self.scheduler.has_unfinished and not outputs and not self.blocks_held_elsewhere():
                 if not self.kv_holds.num_holders:
                     raise EngineFatalError("scheduler made no progress although requests are waiting")

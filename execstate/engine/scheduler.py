@@ -25,7 +25,10 @@ once it is spent the remaining lower-class requests are not served this step (ru
 their blocks and are served, oldest first, when budget is left again). So a front step's forward
 pass stays small whatever the batch load; the batch throughput given up is measured by
 ``execstate bench duplex``. Steps with no interactive request give the batch classes the whole
-``max_num_batched_tokens``.
+``max_num_batched_tokens``, but for the hold after one (``hold``, ``engine/interactive_hold.py``;
+None: none): when an interactive request finishes, the lower classes get no tokens until the hold
+ends, so the front's next step, expected within it, finds the engine free; ``hold_remaining()``
+tells the engine how long a step left empty by the hold should wait for a command.
 
 PD decode side (``external``: the PD connector's loads, given at construction like
 ``offload``): admission may start an asynchronous KV load instead of
@@ -56,6 +59,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from execstate.engine.external_prefix import ExternalLoadError, ExternalPrefix
+from execstate.engine.interactive_hold import InteractiveHold
 from execstate.engine.kv_cache_manager import KVCacheManager
 
 # re-exported for the benchmarks and tests that import them from here (engine/priority.py is their home)
@@ -100,6 +104,7 @@ class Scheduler:
         external: ExternalPrefix | None = None,
         batch_budget: int | None = None,
         offload: ExternalPrefix | None = None,
+        hold: InteractiveHold | None = None,
     ) -> None:
         if max_num_batched_tokens < 1 or max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
@@ -107,6 +112,7 @@ class Scheduler:
                                          or batch_budget < 0):
             raise ValueError(f"batch_budget must be None or an integer >= 0, got {batch_budget!r}")
         self.batch_budget = batch_budget
+        self.hold = hold
         self.kv = kv
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
@@ -201,11 +207,21 @@ class Scheduler:
 
     def _low_class_budget(self) -> int | None:
         """``batch_budget`` when an interactive request runs or waits (both lists are ordered by
-        class, highest first, so their heads tell), else None."""
-        if self.batch_budget is None:
-            return None
+        class, highest first, so their heads tell), else 0 while the hold lasts, else None."""
+        if self._interactive_present():
+            return self.batch_budget
+        return 0 if self.hold is not None and self.hold.held else None
+
+    def _interactive_present(self) -> bool:
         heads = [q[0].priority for q in (self.running, self.waiting) if q]
-        return self.batch_budget if heads and max(heads) >= PRIORITY_INTERACTIVE else None
+        return bool(heads) and max(heads) >= PRIORITY_INTERACTIVE
+
+    def hold_remaining(self) -> float:
+        """Seconds the hold still keeps the lower classes' waiting or running requests from a step
+        (0.0: not held, or nothing is held back)."""
+        if self.hold is None or not (self.running or self.waiting) or self._interactive_present():
+            return 0.0
+        return self.hold.remaining()
 
     def _admit_head(self, out: SchedulerOutput, budget: int, served: int) -> bool | None:
         """Admit ``waiting[0]``: True if it was scheduled (inserted at ``running[served]``), False
@@ -309,6 +325,8 @@ class Scheduler:
             self.waiting.remove(req)
         self.kv.release(req, finished=True)
         req.status = status
+        if self.hold is not None and req.priority >= PRIORITY_INTERACTIVE:
+            self.hold.start()
 
     def abort(self, request_id: str) -> Request | None:
         loading = [r for r in self.loading.values() if not r.is_finished]

@@ -226,11 +226,11 @@ def voice_line(info: StartupInfo) -> str:
     phrases = getattr(a, "voice_asr_phrases", None)
     if asr == "pocketsphinx":
         asr += f" ({'phrases: ' + phrases if phrases else 'general English model'})"
-    budget = info.engine.config.interactive_batch_budget
+    budget, hold = info.engine.config.interactive_batch_budget, info.engine.config.interactive_hold_s
     return (f"/v1/voice/realtime and /agent: ASR {asr} (--voice-asr), Silero VAD, eSpeak NG TTS; turn detection "
             f"server_vad by default, semantic_vad (the front scores the end of turn; eagerness low/medium/high) on "
             f"request and on /agent; batch budget under interactive steps {budget if budget is not None else 'off'} "
-            "tokens")
+            f"tokens, batch held {round(hold * 1000)} ms after each")
 
 
 FIELDS: list[tuple[str, Callable[[StartupInfo], str]]] = [

@@ -63,12 +63,14 @@ def test_metrics_on_a_known_log():
 
 
 def test_the_load_plan_gives_the_budgets_their_own_no_load_baseline():
-    default = EngineConfig.interactive_batch_budget
-    assert load_plan(5) == [("no_load", "no_load", default, 5),
-                            ("load_front_interactive", "load_front_interactive", default, 6),
-                            ("load_front_interactive_no_budget", "load_front_interactive_no_budget", None, 7),
-                            ("load_front_batch", "load_front_batch", default, 8)]
+    default, hold = EngineConfig.interactive_batch_budget, EngineConfig.interactive_hold_s
+    assert hold > 0
+    assert load_plan(5) == [("no_load", "no_load", default, hold, 5),
+                            ("load_front_interactive", "load_front_interactive", default, hold, 6),
+                            ("load_front_interactive_no_budget", "load_front_interactive_no_budget", None, hold, 7),
+                            ("load_front_batch", "load_front_batch", default, hold, 8),
+                            ("load_front_interactive_no_hold", "load_front_interactive", default, 0.0, 6)]
     plan = load_plan(5, (4, 0))
-    assert plan[4:] == [("load_front_interactive_budget_4", "load_front_interactive", 4, 6),
-                        ("load_front_interactive_budget_0", "load_front_interactive", 0, 6),
-                        ("no_load_interactive_conversation", "no_load", default, 6)]
+    assert plan[5:] == [("load_front_interactive_budget_4", "load_front_interactive", 4, hold, 6),
+                        ("load_front_interactive_budget_0", "load_front_interactive", 0, hold, 6),
+                        ("no_load_interactive_conversation", "no_load", default, hold, 6)]
