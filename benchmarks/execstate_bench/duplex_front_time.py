@@ -20,9 +20,11 @@ drafted first step ran none: skipped). Its wall time splits, with no overlap and
 - ``host_out_ms``: from its last step's end to the agent's step end (the output's delivery through
   the event loop to the agent).
 
-Each component: ``per_step_ms`` (one row per matched step, ``COMPONENTS`` in order), mean (the means add up to the mean step) and p50 over the matched steps. Beside
-them, ``batch_only_step_ms``: the steps that served no interactive request, their wall p50/mean and
-how much of it off CPU (what a front step arriving mid-step waits out).
+Each component: ``per_step_ms`` (one row per matched step, ``COMPONENTS`` in order), mean (but
+for ``forward_off_cpu_ms``, part of ``forward_ms``, the means add up to the matched steps' mean)
+and p50 over the matched steps; ``step_ms`` is the mean of every step, drafted ones too. Beside
+them, ``batch_only_step_ms``: the steps that served no interactive request, their wall p50/mean
+and how much of it off CPU (what a front step arriving mid-step waits out).
 """
 
 from __future__ import annotations
@@ -79,8 +81,8 @@ def front_time(step_at: Sequence[float], step_s: Sequence[float], steps: Sequenc
         arrival, rid = arrivals[i]
         window = [s for s in steps if s.t1 >= arrival - 1.0 and s.t0 <= a + d]
         rows.append(split_step(a, d, rid, arrival, window))
-    out: dict[str, Any] = {"n": len(rows),
-                           "per_step_ms": [[_ms(r[k]) for k in COMPONENTS] for r in rows], "step_ms": {"mean": _ms(sum(step_s) / len(step_s)) if step_s else None}}
+    out: dict[str, Any] = {"n": len(rows), "per_step_ms": [[_ms(r[k]) for k in COMPONENTS] for r in rows],
+                           "step_ms": {"mean": _ms(sum(step_s) / len(step_s)) if step_s else None}}
     for k in (*COMPONENTS, "batch_steps_between"):
         vals = [r[k] for r in rows]
         if k == "batch_steps_between":
