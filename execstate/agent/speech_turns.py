@@ -20,11 +20,9 @@ Rules (:class:`SpeechTurnConfig`):
   pause does not end it. With ``end_threshold`` set (semantic turn detection), a turn whose words
   the front model scores at or above it ends once ``semantic_silence_s`` passed since the last
   speech: a finished sentence ends after a short silence, an unfinished one waits longer: the
-  silence needed falls from ``end_of_turn_silence_s`` (score 0, or no score yet) to
-  ``semantic_silence_s`` (at the threshold) as ``(score / threshold) ** semantic_wait_power``
-  grows (OpenAI's semantic VAD also waits less the likelier the model finds the end). The power
-  (default 2) keeps low scores near the long silence (a mid-utterance pause's words score low, but
-  not always 0) and shortens the wait mostly near the threshold; 1 is a straight line.
+  silence needed falls linearly from ``end_of_turn_silence_s`` (score 0, or no score yet) to
+  ``semantic_silence_s`` (at the threshold), as OpenAI's semantic VAD waits less the likelier
+  the model finds the end.
   Then the score decides alone: a recognizer's final ``.?!`` is in the words the model scored
   (a recognizer that punctuates a cut-off sentence does not end the turn by itself).
 - The agent speaking (generating or its audio still playing): speech opens a *burst*: ``HOLD``
@@ -55,15 +53,11 @@ class SpeechTurnConfig:
     interrupt: bool = True
     end_threshold: float | None = None  # semantic turn detection: the end score that ends a turn early
     semantic_silence_s: float = 0.2
-    semantic_wait_power: float = 2.0  # the graded wait's curve below the threshold (module docstring)
 
     def __post_init__(self) -> None:
         t = self.end_threshold
         if t is not None and (isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= 1):
             raise ValueError(f"end_threshold must be None or a number in (0, 1], got {t!r}")
-        w = self.semantic_wait_power
-        if isinstance(w, bool) or not isinstance(w, int | float) or not 0.25 <= w <= 8:
-            raise ValueError(f"semantic_wait_power must be a number in [0.25, 8], got {w!r}")
         for name in ("end_of_turn_silence_s", "backchannel_max_s", "resume_after_s", "semantic_silence_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 60:
@@ -151,8 +145,7 @@ class SpeechTurnPolicy:
                 return c.end_of_turn_silence_s
             if p >= c.end_threshold:
                 return short
-            fall = (max(p, 0.0) / c.end_threshold) ** c.semantic_wait_power
-            return c.end_of_turn_silence_s - (c.end_of_turn_silence_s - short) * fall
+            return c.end_of_turn_silence_s - (c.end_of_turn_silence_s - short) * p / c.end_threshold
         return 0.0 if self.ends_sentence else c.end_of_turn_silence_s
 
     def on_tick(self, t: float) -> Decision:

@@ -39,10 +39,8 @@ from execstate.voice.vad import VadConfig
 
 REASONS = {"barge_in": "turn_detected", "cancel": "client_cancelled", "truncated": "client_cancelled"}
 # semantic_vad's eagerness: (end score threshold, short silence ms, long silence ms). The thresholds
-# were chosen on smollm2-135m's scores of finished turns and of mid-sentence pauses (docs/voice.md);
-# medium's long silence (800 ms, was 1000) with the wait's power 2 (SpeechTurnConfig) by a replay of
-# recorded scores and pauses (docs/voice.md, "The graded wait's curve").
-EAGERNESS = {"low": (0.5, 300, 1500), "medium": (0.35, 200, 800), "high": (0.2, 150, 700)}
+# were chosen on smollm2-135m's scores of finished turns and of mid-sentence pauses (docs/voice.md).
+EAGERNESS = {"low": (0.5, 300, 1500), "medium": (0.35, 200, 1000), "high": (0.2, 150, 700)}
 EAGERNESS["auto"] = EAGERNESS["medium"]
 
 
