@@ -49,7 +49,7 @@ from execstate.engine.sampling_params import SamplingParams
 from execstate.engine.scheduler import PRIORITY_BATCH, PRIORITY_INTERACTIVE
 from execstate.engine.step_trace import StepTrace
 from execstate.session.lm.async_sessions import AsyncSessions
-from execstate_bench.duplex_front_time import front_time
+from execstate_bench.duplex_front_time import COMPONENTS, front_time
 from execstate_bench.duplex_metrics import pct, summarize
 from execstate_bench.duplex_run import Played, play
 from execstate_bench.duplex_script import PLAIN, SUBJECTS, Conversation, Turn, _chunks, make_conversation
@@ -195,7 +195,17 @@ def format_duplex_table(r: dict[str, Any]) -> str:
         lines.append(f"\n[front step latency, back-end load: {r['load']['tasks']} model tasks, batch class]")
         for mode, v in r["load"].items():
             if isinstance(v, dict):
-                lines.append(f"  {mode:24s} {v}")
+                lines.append(f"  {mode:34s} {_load_line(v)}")
     if "png" in r:
         lines.append(f"\ntimeline: {r['png']}")
     return "\n".join(lines)
+
+
+def _load_line(v: dict[str, Any]) -> str:
+    """One load mode: the front's step p50/p99, the back end's tasks/s, and where the front's time
+    went (``front_time`` means, ms)."""
+    f, ft = v["front_step_ms"], v.get("front_time", {})
+    parts = [f"front step p50 {f['p50']} / p99 {f['p99']} ms (n {f['n']})", f"back-end tasks/s {v['back_end_tasks_per_s']}"]
+    if ft.get("n"):
+        parts.append("means, ms: " + ", ".join(f"{k.removesuffix('_ms')} {ft[k]['mean']}" for k in COMPONENTS))
+    return "; ".join(parts)

@@ -13,7 +13,8 @@ from execstate.agent.agent_events import (
     ResponseDone,
 )
 from execstate.engine.config import EngineConfig
-from execstate_bench.duplex import load_plan
+from execstate_bench.duplex import format_duplex_table, load_plan
+from execstate_bench.duplex_front_time import COMPONENTS
 from execstate_bench.duplex_metrics import summarize
 from execstate_bench.duplex_run import Played
 from execstate_bench.duplex_script import BACKCHANNELS, make_conversation
@@ -74,3 +75,14 @@ def test_the_load_plan_gives_the_budgets_their_own_no_load_baseline():
     assert plan[5:] == [("load_front_interactive_budget_4", "load_front_interactive", 4, hold, 6),
                         ("load_front_interactive_budget_0", "load_front_interactive", 0, hold, 6),
                         ("no_load_interactive_conversation", "no_load", default, hold, 6)]
+
+
+def test_the_table_names_each_load_modes_latency_throughput_and_where_the_time_went():
+    mode = {"front_step_ms": {"p50": 91.9, "p99": 141.5, "max": 150.0, "n": 32}, "back_end_tasks_per_s": 11.777,
+            "front_time": {"n": 32, **{k: {"mean": float(i), "p50": float(i)} for i, k in enumerate(COMPONENTS)}}}
+    table = format_duplex_table({"model": "m", "step_tokens": 4, "threads": 1, "cpu": "c",
+                                 "load": {"tasks": 10, "max_num_seqs": 8, "load_front_interactive": mode}})
+    line = table.splitlines()[-1]
+    assert line.split()[0] == "load_front_interactive"
+    assert ("front step p50 91.9 / p99 141.5 ms (n 32); back-end tasks/s 11.777; means, ms: host_in 0.0, "
+            "wait_in_flight 1.0, wait_engine 2.0, forward 3.0, forward_off_cpu 4.0, between 5.0, host_out 6.0") in line
