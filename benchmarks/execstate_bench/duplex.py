@@ -205,7 +205,8 @@ def _load_line(v: dict[str, Any]) -> str:
     """One load mode: the front's step p50/p99, the back end's tasks/s, and where the front's time
     went (``front_time`` means, ms)."""
     f, ft = v["front_step_ms"], v.get("front_time", {})
-    parts = [f"front step p50 {f['p50']} / p99 {f['p99']} ms (n {f['n']})", f"back-end tasks/s {v['back_end_tasks_per_s']}"]
+    parts = [f"front step p50 {f['p50']} / p99 {f['p99']} ms (n {f['n']})",
+             f"back-end tasks/s {v['back_end_tasks_per_s']}"]
     if ft.get("n"):
         parts.append("means, ms: " + ", ".join(f"{k.removesuffix('_ms')} {ft[k]['mean']}" for k in COMPONENTS))
     return "; ".join(parts)
