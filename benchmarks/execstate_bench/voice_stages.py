@@ -21,6 +21,13 @@ sent) to the first of each event after it, in the order the server's pipeline pr
 model's last end score (``input.end_score``) before the turn's end (None: not scored), and
 ``text``: the words it scored. ``pause_scores``: the same inside each mid-utterance pause (the
 last score from the pause's start to 100 ms after its end): what a threshold must stay above.
+
+For replaying other end-of-turn rules on a run, each turn row also has ``scores``: every end score
+of the turn, ``[seconds after the end of the speech (negative: before), p_end]``, from the previous
+turn's end to its own end of turn, and ``final``: the recognizer's final transcript as sent (its
+punctuation and capitals kept; the words scored have no final mark); each pause row has ``scores``
+(seconds after the pause's end) and ``partial``: the recognizer's last hypothesis inside it (the
+transcription deltas' ``partial``, None: none).
 """
 
 from __future__ import annotations
@@ -38,10 +45,12 @@ def turn_timelines(rec: Recording) -> list[dict[str, Any]]:
     """Per answered turn: each stage's seconds after the end of the user's speech (module docstring)."""
     ev = rec.events
     out = []
+    t_prev = float("-inf")  # the previous turn's end
     for m in rec.marks:
         if m["kind"] != "turn_end" or m["turn"] == "backchannel":
             continue
         t_end = rec.wall(m["s"])
+        since, t_prev = t_prev, t_end
         created = next((e for t, e in ev if t >= t_end and e["type"] == "response.created"), None)
         if created is None:
             continue
@@ -53,15 +62,19 @@ def turn_timelines(rec: Recording) -> list[dict[str, Any]]:
             row["vad_stopped"] = stop[0] - t_end
             if "audio_end_ms" in stop[1]:
                 row["vad_silence"] = rec.wall(stop[1]["audio_end_ms"] * 16) - t_end
-        t = next((t for t, e in ev if t >= (stop[0] if stop else t_end) and e["type"] == _INPUT["asr_final"]), None)
-        if t is not None:
-            row["asr_final"] = t - t_end
+        final = next(((t, e) for t, e in ev if t >= (stop[0] if stop else t_end) and e["type"] == _INPUT["asr_final"]),
+                     None)
+        if final is not None:
+            row["asr_final"] = final[0] - t_end
+        row["final"] = final[1].get("transcript") if final is not None else None
         t = next((t for t, e in ev if t >= t_end and e["type"] == "input.turn" and e.get("kind") == "end_of_turn"),
                  None)
         if t is not None:
             row["end_of_turn"] = t - t_end
             score = next((e for te, e in reversed(ev) if te <= t and e["type"] == "input.end_score"), None)
             row["p_end"], row["text"] = (score["p_end"], score["text"]) if score else (None, None)
+            row["scores"] = [[round(te - t_end, 3), e["p_end"]] for te, e in ev
+                             if since < te <= t and e["type"] == "input.end_score"]
         for name, kind in (("response_created", "response.created"),
                            ("first_text", "response.output_audio_transcript.delta"),
                            ("first_audio", "response.output_audio.delta")):
@@ -87,8 +100,12 @@ def pause_scores(rec: Recording) -> list[dict[str, Any]]:
     for m in rec.marks:
         if m["kind"] == "pause":
             t0, t1 = rec.wall(m["s0"]), rec.wall(m["s1"])
-            e = next((e for t, e in reversed(rec.events) if t0 < t <= t1 + 0.1 and e["type"] == "input.end_score"),
-                     None)
+            inside = [(t, e) for t, e in rec.events if t0 < t <= t1 + 0.1]
+            scores = [(t, e) for t, e in inside if e["type"] == "input.end_score"]
+            e = scores[-1][1] if scores else None
+            partial = next((e["partial"] for _, e in reversed(inside)
+                            if e["type"] == "conversation.item.input_audio_transcription.delta"), None)
             out.append({"pause_s": round(t1 - t0, 3), "p_end": e["p_end"] if e else None,
-                        "text": e["text"] if e else None})
+                        "text": e["text"] if e else None, "partial": partial,
+                        "scores": [[round(t - t1, 3), e["p_end"]] for t, e in scores]})
     return out
