@@ -123,7 +123,7 @@ def test_nothing_held_back_means_no_wait():
 
 def test_an_engine_step_waits_in_the_hold_and_a_command_ends_the_wait(dense_dir):
     eng = LLMEngine(EngineConfig(model=str(dense_dir), max_num_seqs=4, num_kv_blocks=64, max_model_len=256,
-                                 interactive_batch_budget=0, interactive_hold_s=0.3))
+                                 interactive_batch_budget=0, interactive_hold_s=0.5))
 
     def front_step(rid: str, prompt: list[int]) -> None:
         eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=1), rid)
@@ -133,9 +133,12 @@ def test_an_engine_step_waits_in_the_hold_and_a_command_ends_the_wait(dense_dir)
     eng.step()
     front_step("i", [9, 10, 11])
     assert [(o.request_id, o.finished) for o in eng.step()] == [("i", True)]
+    held = eng.scheduler.hold_remaining()
+    assert 0.3 < held <= 0.5
     t0 = time.monotonic()
-    assert eng.step() == []  # held: the batch request does not step
-    assert 0.25 <= time.monotonic() - t0 < 1.0
+    assert eng.step() == []  # held: the batch request does not step; the engine waits out the hold
+    assert held - 0.02 <= time.monotonic() - t0 < held + 0.5
+    assert eng.scheduler.hold_remaining() == 0.0
     assert len(eng.requests["b"].output_token_ids) == 1
     front_step("i2", [9, 10, 12])
     assert [o.request_id for o in eng.step() if o.finished] == ["i2"]  # at once, alone (budget 0)
@@ -143,6 +146,6 @@ def test_an_engine_step_waits_in_the_hold_and_a_command_ends_the_wait(dense_dir)
     timer = threading.Timer(0.05, eng.wake)  # a command's submission wakes the held step
     timer.start()
     t0 = time.monotonic()
-    assert eng.step() == [] and time.monotonic() - t0 < 0.2
+    assert eng.step() == [] and time.monotonic() - t0 < 0.3  # well before the hold's 0.5 s
     timer.join()
     assert len(eng.requests["b"].output_token_ids) == 1
