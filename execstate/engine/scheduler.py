@@ -49,8 +49,9 @@ the engine calls ``on_computed`` for each scheduled request, then ``finish`` for
 those that stopped. ``abort`` may be called at any time between steps.
 
 Admission hold: while ``admit_only`` is a set (a weight update draining the requests in
-flight), only waiting requests in it are admitted; the first waiting request outside it
-stops admission for the step (arrival order is kept), so newer requests wait.
+flight), only waiting requests in it are admitted, in queue order; a waiting request outside
+it (newer than every request in it) is passed over and waits for the switch, even when its
+class puts it ahead of them in the queue, so the drain never waits on a request it holds back.
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ class Scheduler:
         i = 0  # next running request to serve: running[:i] are scheduled (or preempted)
         while budget > 0:
             run_cls = self.running[i].priority if i < len(self.running) else None
-            wait_cls = self.waiting[0].priority if admitting and self.waiting else None
+            head = self._admissible() if admitting else None
+            wait_cls = head.priority if head is not None else None
             if run_cls is None and wait_cls is None:
                 break
             top = max(c for c in (run_cls, wait_cls) if c is not None)
@@ -223,13 +225,20 @@ class Scheduler:
             return 0.0
         return self.hold.remaining()
 
+    def _admissible(self) -> Request | None:
+        """The first waiting request admission may take: ``waiting[0]``, or during a drain the
+        first one in ``admit_only`` (module docstring); None if there is none."""
+        if self.admit_only is None:
+            return self.waiting[0] if self.waiting else None
+        return next((r for r in self.waiting if r in self.admit_only), None)
+
     def _admit_head(self, out: SchedulerOutput, budget: int, served: int) -> bool | None:
-        """Admit ``waiting[0]``: True if it was scheduled (inserted at ``running[served]``), False
-        if it left the queue otherwise (failed, or loading), None if it cannot be admitted now.
-        Running requests of lower classes not yet served (``running[served:]``) may be preempted
-        for its sequence slot or its blocks."""
-        req = self.waiting[0]
-        if self.admit_only is not None and req not in self.admit_only:
+        """Admit ``_admissible()``: True if it was scheduled (inserted at ``running[served]``),
+        False if it left the queue otherwise (failed, or loading), None if it cannot be admitted
+        now. Running requests of lower classes not yet served (``running[served:]``) may be
+        preempted for its sequence slot or its blocks."""
+        req = self._admissible()
+        if req is None:
             return None
         while len(self.running) + len(self.loading) >= self.max_num_seqs:
             if not self._preempt_lower(req, out, served):
@@ -238,7 +247,7 @@ class Scheduler:
             try:
                 hits = self.kv.admit(req, min(budget, req.max_chunk_tokens or budget), self._source(req))
             except ExternalLoadError as e:
-                self.waiting.popleft()
+                self.waiting.remove(req)
                 req.abort_message = str(e)
                 self.finish(req, RequestStatus.FINISHED_ABORTED)
                 out.failed.append(req)
@@ -247,7 +256,7 @@ class Scheduler:
                 break
             if not self._preempt_lower(req, out, served):
                 return None
-        self.waiting.popleft()
+        self.waiting.remove(req)
         if req.num_cached_tokens is None:
             req.num_cached_tokens = req.num_computed_tokens - req.num_transferred_tokens
         if req.status is RequestStatus.WAITING_FOR_REMOTE_KVS:

@@ -213,3 +213,23 @@ def test_a_preempted_held_request_recomputes_and_still_hands_back():
     assert r.session.returned_blocks is not None and r.session.returned_blocks.num_tokens == r.num_tokens - 1
     kv.holds.release(r.session.returned_blocks)
     assert pool.num_used == 0
+
+
+def test_a_drain_admits_its_requests_past_a_newer_interactive_one_at_the_head():
+    """A weight update drains b1 and b2 (``admit_only``); an interactive step sent after it begins
+    sorts ahead of them in the queue but is passed over, not waited on: the drain ends."""
+    sched, _, _ = make(seqs=4)
+    b1, b2 = req("b1", 5, max_tokens=2), req("b2", 5, max_tokens=2)
+    sched.add(b1)
+    sched.add(b2)
+    sched.admit_only = {b1, b2}
+    sched.add(req("i", 5, INTER))
+    assert ids(sched.waiting) == ["i", "b1", "b2"]
+    assert step(sched) == [("b1", 5), ("b2", 5)]
+    assert ids(sched.waiting) == ["i"] and ids(sched.running) == ["b1", "b2"]
+    assert step(sched) == [("b1", 1), ("b2", 1)]
+    for r in (b1, b2):
+        sched.finish(r, RequestStatus.FINISHED_LENGTH)
+    assert step(sched) == [] and ids(sched.waiting) == ["i"]  # still held for the switch
+    sched.admit_only = None
+    assert step(sched) == [("i", 5)]
