@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -75,6 +76,17 @@ def measure_point(llm: Any, batch: int, context: int, steps: int, rng: np.random
     }
 
 
+def gguf_build(model: str | Path) -> Path:
+    """The directory ``quantization="gguf"`` serves for ``model``: the throughput bench's GGUF build
+    of a bench model (smollm2-moe: its Q4_1 build), else ``model`` itself (a directory with a .gguf)."""
+    from execstate.model.registry import resolve_model
+    from execstate_bench.models import resolve_bench_model
+    from execstate_bench.throughput import GGUF_BUILDS
+
+    build = GGUF_BUILDS.get(str(model))
+    return Path(resolve_model(build)) if build is not None else resolve_bench_model(model)
+
+
 def run_breakdown(model: str = "smollm2-135m", batches: tuple[int, ...] = (1, 8),
                   contexts: tuple[int, ...] = (64, 256, 512, 1024, 2048), steps: int = 16, threads: int | None = None,
                   quantization: str | None = None, dtype: str = "float32", compute_dtype: str = "float32",
@@ -88,7 +100,7 @@ def run_breakdown(model: str = "smollm2-135m", batches: tuple[int, ...] = (1, 8)
 
     if threads is not None:
         torch.set_num_threads(threads)
-    path = resolve_bench_model(model)
+    path = gguf_build(model) if quantization == "gguf" else resolve_bench_model(model)
     llm = LLM(str(path), step_timers=clock, quantization=quantization, dtype=dtype, compute_dtype=compute_dtype,
               kernel_team=kernel_team, enable_prefix_caching=False, max_model_len=max(contexts) + steps + 2,
               kv_cache_dtype=kv_cache_dtype)
@@ -120,4 +132,4 @@ def format_breakdown_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CATEGORIES", "categories", "format_breakdown_table", "measure_point", "run_breakdown"]
+__all__ = ["CATEGORIES", "categories", "format_breakdown_table", "gguf_build", "measure_point", "run_breakdown"]

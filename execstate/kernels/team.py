@@ -14,7 +14,11 @@ the same layer at the same token count in each mode (``team``: every thread; ``s
   ``probe_calls`` layer calls; the other mode wins when it is ``gain`` times faster. A probe
   that loses doubles the interval to the next (``min_interval`` .. ``max_interval`` calls), so
   a costly mode is tried ever more rarely; a switch resets it. A probe stops at its first call
-  that is ``fallback`` times slower than the held mode;
+  that is ``fallback`` times slower than the held mode. A probe of the team from solo first
+  runs one team call that it does not measure: the other threads slept through the solo
+  stretch, and that call pays their wake-up (measured on the 2-vCPU VM: a 16 us call took 49 us
+  after 10 ms of solo work), which could make a probe lose on a machine where the team is the
+  faster mode and leave the engine on one thread for the rest of a run;
 - in team mode, a call that takes ``fallback`` times the solo estimate of that layer switches
   to solo at once: a descheduled partner shows in the very call it stalls.
 
@@ -64,6 +68,7 @@ class TeamGovernor:
         self._full = 1
         self._applied = 0
         self._call_solo = False
+        self._warmup = False  # the next call is a team probe's unmeasured first call
         self._in_step = False
         self._busy: Callable[[], bool] | None = None
         self._lent = False
@@ -102,6 +107,7 @@ class TeamGovernor:
             return n
         if not self._probe_left and self._until_probe <= 0:
             self._probe_left, self._ratios = self.probe_calls, []
+            self._warmup = self.solo  # probing the team: its first call wakes the idle threads
             self.probes += 1
         self._call_solo = self.solo != bool(self._probe_left)
         n = 1 if self._call_solo else self._full
@@ -111,6 +117,10 @@ class TeamGovernor:
     def after_call(self, key: Hashable, seconds: float) -> None:
         """Record the call's wall time; may switch the held mode."""
         if self._full == 1 or self._lent:
+            self._apply(self.threads)
+            return
+        if self._warmup:  # the team's wake-up (module docstring): not a measurement
+            self._warmup = False
             self._apply(self.threads)
             return
         mode = self._call_solo

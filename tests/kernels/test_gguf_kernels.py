@@ -55,6 +55,19 @@ def test_every_entry_equals_the_reference_bit_for_bit(m: int, kb: int, n: int, f
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("m", "n"), [(1, 1), (1, 7), (1, 8), (1, 9), (1, 77), (9, 23), (17, 77)])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_one_row_tiles_equal_the_reference(threads: int, m: int, n: int, fmt: WeightFormat) -> None:
+    """A lone x row (or the one left after the 8-row tiles) takes 8 weight rows a tile, fewer at the
+    end of a thread's share (1 x 1024 x 77 is past the kernels' team threshold): every edge equals
+    the reference bit for bit."""
+    x, w = randn(m, 1024, seed=n), blocks(n, 1024, fmt, m + n)
+    want = gguf_dot_reference(x, gguf_blocks.dequantize(w, fmt))
+    for avx2 in AVX2:
+        assert torch.equal(with_threads(threads, lambda a=avx2: call(x, w, fmt, a)), want), f"avx2={avx2}"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("m", "k", "n"), [(70, 576, 150), (9, 1536, 576), (3, 576, 1536)])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_row_alone_equals_it_in_the_batch(threads: int, m: int, k: int, n: int, fmt: WeightFormat) -> None:

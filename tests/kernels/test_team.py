@@ -83,8 +83,24 @@ def test_losing_probe_stops_at_its_first_slow_call() -> None:
     _calls(gov, th, team_s=20.0, solo_s=1.8, n=2, layers=1)
     assert gov.solo
     used = _calls(gov, th, team_s=20.0, solo_s=1.8, n=12, layers=1)
-    assert used.count(2) == 1  # one team call (20 > 1.5 x 1.8), not probe_calls
+    assert used.count(2) == 2  # the unmeasured wake-up call, then one (20 > 1.5 x 1.8), not probe_calls
     assert gov.solo
+
+
+def test_a_team_probe_does_not_measure_the_wake_up_of_idle_threads() -> None:
+    gov, th = _gov(min_interval=4, probe_calls=2)
+    _calls(gov, th, team_s=1.0, solo_s=1.8, n=12, layers=1)
+    _calls(gov, th, team_s=20.0, solo_s=1.8, n=2, layers=1)
+    assert gov.solo
+    used: list[int] = []
+    with gov.step():
+        for _ in range(12):  # the load is gone, but a team call after a solo stretch pays the wake-up
+            k = gov.before_call((0, 1))
+            woken = used[-3:] == [1, 1, 1]
+            used.append(k)
+            gov.after_call((0, 1), 1.8 if k == 1 else (3.0 if woken else 1.0))
+    assert used[:6] == [1, 1, 1, 2, 2, 2]  # the probe: the wake-up call (3.0 > 1.5 x 1.8, not measured), 2 calls
+    assert not gov.solo and gov.switches == 2 and used[-1] == 2
 
 
 def test_busy_step_work_gets_a_thread_and_is_not_measured() -> None:
