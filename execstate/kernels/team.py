@@ -24,13 +24,20 @@ the same layer at the same token count in each mode (``team``: every thread; ``s
 
 The mode holds for the whole step (``step()``): every kernel and torch op on the engine thread,
 the MoE experts and the LM head included, runs with its team size; ``step()`` restores the
-configured size afterwards. ``step(busy)``: while ``busy()`` is true (work of the step's own on
-another thread, e.g. a grammar's token masks computed beside the forward pass) the layer calls
-leave it a thread (the team less one; not measured), instead of a team thread being descheduled
-for it at every barrier. Results never depend on the choice: every kernel computes each
+configured size afterwards. Only a step of at most ``MAX_LINEAR_ROWS`` tokens (``step(busy,
+tokens)``) takes the held mode: the modes are measured on whole-layer calls, which only such steps
+make. A larger step (a prefill, a long chunk) takes the per-op path, whose calls are long (tens of
+ms in a 2,048-token step, so the barriers' share is small) and never measured here: it runs on the
+whole team. (Holding the decode calls' mode there cost a prefill half its speed: batch-1 decode,
+where one thread is about as fast as two, often leaves the governor solo, and an 8 x 256-token
+prefill of the standard MoE then took 608 ms on one thread against 375 ms on two.)
+``step(busy)``: while ``busy()`` is true (work of the step's own on another thread, e.g. a
+grammar's token masks computed beside the forward pass) the layer calls leave it a thread (the
+team less one; not measured), instead of a team thread being descheduled for it at every
+barrier. Results never depend on the choice: every kernel computes each
 output the same way whatever the thread count (bit for bit, tested in tests/kernels).
 
-Call order (engine thread): ``with governor.step():`` then, around each whole-layer call,
+Call order (engine thread): ``with governor.step(busy, tokens):`` then, around each whole-layer call,
 ``threads = governor.before_call(key)`` and ``governor.after_call(key, seconds)``. Not
 reentrant; one governor per engine.
 """
@@ -42,6 +49,7 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 
 from execstate.kernels.ext import lib, max_threads
+from execstate.kernels.gemm import MAX_LINEAR_ROWS
 
 
 class TeamGovernor:
@@ -79,8 +87,9 @@ class TeamGovernor:
         return 1 if self.solo else self._full
 
     @contextmanager
-    def step(self, busy: Callable[[], bool] | None = None) -> Iterator[None]:
-        """One engine step in the held mode; the configured team size is restored on exit.
+    def step(self, busy: Callable[[], bool] | None = None, tokens: int = 1) -> Iterator[None]:
+        """One engine step of ``tokens`` tokens: in the held mode when ``tokens <= MAX_LINEAR_ROWS``,
+        on the whole team otherwise (module docstring); the configured team size is restored on exit.
         ``busy``: while it returns True the layer calls run on one thread fewer (module docstring)."""
         if self._in_step:
             raise RuntimeError("TeamGovernor.step is not reentrant")
@@ -88,7 +97,7 @@ class TeamGovernor:
         self._busy = busy
         self._in_step = True
         self._applied = self._full
-        self._apply(self.threads)
+        self._apply(self.threads if tokens <= MAX_LINEAR_ROWS else self._full)
         try:
             yield
         finally:
