@@ -131,6 +131,32 @@ def test_a_step_above_the_whole_layer_rows_runs_on_the_team_whatever_the_held_mo
     assert _calls(gov, th, team_s=20.0, solo_s=1.8, n=1) == [1]
 
 
+def test_large_steps_hold_their_own_mode_measured_per_step() -> None:
+    now = [0.0]
+    th = Threads(2)
+    gov = TeamGovernor(th.set, lambda: th.full, clock=lambda: now[0])
+    n = 2048
+    used = []
+
+    def large_steps(count: int, team_s: float, solo_s: float) -> None:
+        for _ in range(count):
+            with gov.step(tokens=n):
+                used.append(th.now)
+                now[0] += team_s if th.now > 1 else solo_s
+            assert th.now == 2
+
+    large_steps(8, team_s=0.4, solo_s=0.6)  # quiet: the team held, no probe yet
+    assert used == [2] * 8
+    large_steps(12, team_s=0.4, solo_s=0.6)
+    assert used[8:].count(1) == 1 and gov.large is not None and not gov.large.solo  # a probe of one step, lost
+    used.clear()
+    large_steps(1, team_s=4.0, solo_s=0.6)  # a descheduled partner: 4.0 > 1.5 x 0.6
+    large_steps(3, team_s=4.0, solo_s=0.6)
+    assert used == [2, 1, 1, 1] and gov.large.solo and not gov.solo  # the decode calls' mode untouched
+    with gov.step(tokens=n - 100):  # the same power of two: the held solo mode
+        assert th.now == 1
+
+
 def test_one_thread_configured_is_left_alone() -> None:
     gov, th = _gov(full=1, min_interval=1)
     assert _calls(gov, th, team_s=1.0, solo_s=5.0, n=10) == [1] * 10
