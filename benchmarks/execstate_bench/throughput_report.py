@@ -79,6 +79,7 @@ def _peer_entry(p: Peer, res: dict[str, list[Any]], wl: Workload) -> dict[str, A
         entry["batch8"].update(_prefill_stats(res["b8_prefill_s"], wl.num_prompts * wl.prompt_len))
     if isinstance(p, EnginePeer):
         entry["startup_seconds"] = p.startup_seconds
+        entry["populate_wait_seconds"] = p.populate_wait_seconds  # the timed runs waited for prefault_kv
         entry["prefix_cache_hit_tokens"] = p.cached_tokens
         if p.routes:
             entry["routed_experts_shape_ok"] = p.route_rows_ok

@@ -367,7 +367,8 @@ class LLMEngine:
             timers.add("schedule", t0)
         pending = self.grammar_masks.start(sched)  # computed while the forward pass runs
         team = self.runner.team  # its mode holds for every kernel and torch op of the step, sampler included
-        with team.step(pending.busy if pending is not None else None) if team is not None else nullcontext():
+        tokens = sum(s.num_new_tokens for s in sched.scheduled)  # above MAX_LINEAR_ROWS: the large steps' mode
+        with team.step(pending.busy if pending is not None else None, tokens) if team is not None else nullcontext():
             try:
                 result = self.runner.execute(sched)
             finally:  # never leave a matcher in use by the worker (also when the forward pass failed)

@@ -24,13 +24,23 @@ the same layer at the same token count in each mode (``team``: every thread; ``s
 
 The mode holds for the whole step (``step()``): every kernel and torch op on the engine thread,
 the MoE experts and the LM head included, runs with its team size; ``step()`` restores the
-configured size afterwards. ``step(busy)``: while ``busy()`` is true (work of the step's own on
-another thread, e.g. a grammar's token masks computed beside the forward pass) the layer calls
-leave it a thread (the team less one; not measured), instead of a team thread being descheduled
-for it at every barrier. Results never depend on the choice: every kernel computes each
+configured size afterwards. Only a step of at most ``MAX_LINEAR_ROWS`` tokens (``step(busy,
+tokens)``) takes the mode held for the whole-layer calls, which only such steps make. A larger
+step (a prefill, a long chunk) takes the per-op path, whose calls are long (tens of ms in a
+2,048-token step); its mode is held by a second governor, ``large``, by the same rules with each
+such step as one call (its wall time per token, keyed by the token count's power of two; probes
+every 8 to 256 large steps, one step long). (Holding the decode calls' mode there cost a prefill
+half its speed: batch-1 decode, where one thread is about as fast as two, often leaves the
+governor solo on a quiet machine, and an 8 x 256-token prefill of the standard MoE then took
+608 ms on one thread against 375 ms on two; under load, a partner descheduled at the prefill's
+barriers still sends ``large`` solo.)
+``step(busy)``: while ``busy()`` is true (work of the step's own on another thread, e.g. a
+grammar's token masks computed beside the forward pass) the layer calls leave it a thread (the
+team less one; not measured), instead of a team thread being descheduled for it at every
+barrier. Results never depend on the choice: every kernel computes each
 output the same way whatever the thread count (bit for bit, tested in tests/kernels).
 
-Call order (engine thread): ``with governor.step():`` then, around each whole-layer call,
+Call order (engine thread): ``with governor.step(busy, tokens):`` then, around each whole-layer call,
 ``threads = governor.before_call(key)`` and ``governor.after_call(key, seconds)``. Not
 reentrant; one governor per engine.
 """
@@ -38,10 +48,12 @@ reentrant; one governor per engine.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 
 from execstate.kernels.ext import lib, max_threads
+from execstate.kernels.gemm import MAX_LINEAR_ROWS
 
 
 class TeamGovernor:
@@ -50,11 +62,13 @@ class TeamGovernor:
 
     def __init__(self, set_threads: Callable[[int], None], get_threads: Callable[[], int], *,
                  min_interval: int = 32, max_interval: int = 4096, probe_calls: int = 2, gain: float = 1.1,
-                 fallback: float = 1.5) -> None:
+                 fallback: float = 1.5, large_steps: bool = True,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         if not (1 <= min_interval <= max_interval and probe_calls >= 1 and gain >= 1.0 and fallback > 1.0):
             raise ValueError("TeamGovernor: need 1 <= min_interval <= max_interval, probe_calls >= 1, gain >= 1, "
                              "fallback > 1")
         self._set, self._get = set_threads, get_threads
+        self._clock = clock  # the large steps' wall time
         self.min_interval, self.max_interval = min_interval, max_interval
         self.probe_calls, self.gain, self.fallback = probe_calls, gain, fallback
         self.solo = False  # the held mode
@@ -72,6 +86,9 @@ class TeamGovernor:
         self._in_step = False
         self._busy: Callable[[], bool] | None = None
         self._lent = False
+        # the mode of steps above MAX_LINEAR_ROWS tokens, measured per step (module docstring)
+        self.large = (TeamGovernor(set_threads, get_threads, min_interval=8, max_interval=256, probe_calls=1,
+                                   gain=gain, fallback=fallback, large_steps=False) if large_steps else None)
 
     @property
     def threads(self) -> int:
@@ -79,11 +96,25 @@ class TeamGovernor:
         return 1 if self.solo else self._full
 
     @contextmanager
-    def step(self, busy: Callable[[], bool] | None = None) -> Iterator[None]:
-        """One engine step in the held mode; the configured team size is restored on exit.
-        ``busy``: while it returns True the layer calls run on one thread fewer (module docstring)."""
+    def step(self, busy: Callable[[], bool] | None = None, tokens: int = 1) -> Iterator[None]:
+        """One engine step of ``tokens`` tokens: in the held mode when ``tokens <= MAX_LINEAR_ROWS``,
+        else in the mode ``large`` holds for such steps (module docstring); the configured team size
+        is restored on exit. ``busy``: while it returns True the layer calls run on one thread fewer
+        (module docstring)."""
         if self._in_step:
             raise RuntimeError("TeamGovernor.step is not reentrant")
+        if tokens > MAX_LINEAR_ROWS and self.large is not None:
+            self._in_step = True
+            try:
+                with self.large.step():
+                    key = tokens.bit_length()  # steps of similar size compare, per token
+                    self.large.before_call(key)
+                    t0 = self._clock()
+                    yield
+                    self.large.after_call(key, (self._clock() - t0) / tokens)
+            finally:
+                self._in_step = False
+            return
         self._full = self._get()
         self._busy = busy
         self._in_step = True

@@ -33,6 +33,19 @@ def test_bf16_peer_and_ratio(tmp_path) -> None:
         run_throughput_bench(model=str(path), repeats=1, peers=False, dtype="float16")
 
 
+@pytest.mark.skipif(not cpu.available(), reason=f"kernels unavailable: {cpu.unavailable_reason()}")
+def test_engine_peer_times_nothing_while_its_kv_pool_is_being_mapped(tmp_path) -> None:
+    from execstate.model.random_models import make_random
+    from execstate_bench.peers import EnginePeer
+
+    peer = EnginePeer(make_random("qwen3_moe", tmp_path / "m", seed=0), routes=False)
+    peer.load()
+    populate = peer.llm.engine.kv_populate
+    assert populate is not None and not populate.is_alive()  # mapped before any timed run
+    assert len(peer.populate_wait_seconds) == 1 and peer.populate_wait_seconds[0] >= 0
+    peer.close()
+
+
 def test_gguf_mode_peers_are_built_for_the_gguf_models_only(tmp_path) -> None:
     from execstate_bench.throughput import GGUF_BUILDS, mode_peers
     from execstate_bench.throughput_workload import Workload

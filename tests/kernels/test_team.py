@@ -14,6 +14,7 @@ import pytest
 from execstate import LLM, SamplingParams
 from execstate.engine.config import EngineConfig
 from execstate.kernels import ext
+from execstate.kernels.gemm import MAX_LINEAR_ROWS
 from execstate.kernels.team import TeamGovernor, team_governor
 from execstate.model.random_models import make_random
 from execstate.model.step_timers import KERNEL_PHASES, SEGMENTS
@@ -117,6 +118,45 @@ def test_busy_step_work_gets_a_thread_and_is_not_measured() -> None:
     assert _calls(gov, th, team_s=1.0, solo_s=1.8, n=4) == [2, 2, 2, 2]
 
 
+def test_a_step_above_the_whole_layer_rows_runs_on_the_team_whatever_the_held_mode() -> None:
+    gov, th = _gov(min_interval=4)
+    _calls(gov, th, team_s=1.0, solo_s=1.8, n=12)
+    _calls(gov, th, team_s=20.0, solo_s=1.8, n=2)
+    assert gov.solo
+    with gov.step(tokens=MAX_LINEAR_ROWS):  # a decode step: the held mode
+        assert th.now == 1
+    with gov.step(tokens=MAX_LINEAR_ROWS + 1):  # a prefill: its per-op calls are never measured
+        assert th.now == 2
+    assert th.now == 2 and gov.solo and gov.switches == 1  # the held mode stays for the decode calls
+    assert _calls(gov, th, team_s=20.0, solo_s=1.8, n=1) == [1]
+
+
+def test_large_steps_hold_their_own_mode_measured_per_step() -> None:
+    now = [0.0]
+    th = Threads(2)
+    gov = TeamGovernor(th.set, lambda: th.full, clock=lambda: now[0])
+    n = 2048
+    used = []
+
+    def large_steps(count: int, team_s: float, solo_s: float) -> None:
+        for _ in range(count):
+            with gov.step(tokens=n):
+                used.append(th.now)
+                now[0] += team_s if th.now > 1 else solo_s
+            assert th.now == 2
+
+    large_steps(8, team_s=0.4, solo_s=0.6)  # quiet: the team held, no probe yet
+    assert used == [2] * 8
+    large_steps(12, team_s=0.4, solo_s=0.6)
+    assert used[8:].count(1) == 1 and gov.large is not None and not gov.large.solo  # a probe of one step, lost
+    used.clear()
+    large_steps(1, team_s=4.0, solo_s=0.6)  # a descheduled partner: 4.0 > 1.5 x 0.6
+    large_steps(3, team_s=4.0, solo_s=0.6)
+    assert used == [2, 1, 1, 1] and gov.large.solo and not gov.solo  # the decode calls' mode untouched
+    with gov.step(tokens=n - 100):  # the same power of two: the held solo mode
+        assert th.now == 1
+
+
 def test_one_thread_configured_is_left_alone() -> None:
     gov, th = _gov(full=1, min_interval=1)
     assert _calls(gov, th, team_s=1.0, solo_s=5.0, n=10) == [1] * 10
@@ -192,6 +232,26 @@ def test_switching_team_size_every_call_changes_no_bit(wide_moe) -> None:
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert a.outputs[0].logprobs == b.outputs[0].logprobs
         assert np.array_equal(a.outputs[0].routed_experts, b.outputs[0].routed_experts)
+
+
+@pytestmark_kernels
+def test_engine_prefill_runs_on_the_team_while_the_governor_holds_solo(wide_moe) -> None:
+    llm = _run(wide_moe, kernel_team="adaptive")
+    sizes: list[int] = []
+
+    def set_threads(n: int) -> None:
+        sizes.append(n)
+        ext.lib().set_threads(n)
+
+    gov = TeamGovernor(set_threads, lambda: 2, min_interval=4096, max_interval=4096)
+    gov.solo = True  # as after a batch-1 decode stretch where one thread was as fast as two
+    llm.engine.runner.team = gov
+    sp = SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.0)
+    llm.generate([{"prompt_token_ids": list(range(3, 3 + MAX_LINEAR_ROWS + 1))}], sp, use_tqdm=False)
+    assert sizes == []  # a 33-token prefill step: the configured team, never set to one thread
+    llm.generate([{"prompt_token_ids": list(range(3, 3 + MAX_LINEAR_ROWS))}], sp, use_tqdm=False)
+    assert sizes[0] == 1  # a step of 32 tokens takes the held mode
+    ext.lib().set_threads(ext.max_threads())
 
 
 @pytestmark_kernels
