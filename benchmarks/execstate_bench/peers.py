@@ -56,6 +56,11 @@ class Peer:
         share (a peer that chose fewer threads is not starved when it keeps them busy)."""
         return offered
 
+    def team_calls(self) -> tuple[int, int] | None:
+        """The kernel team governor's (layer calls, calls on one thread) so far, or None where the
+        peer has no governor: a run's difference tells how much of it ran on one thread."""
+        return None
+
 
 # The engine's numerics modes as bench peers: (name infix, label words, engine kwargs).
 ENGINE_MODES: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -107,6 +112,13 @@ class EnginePeer(Peer):
 
     def close(self) -> None:
         self.llm = None
+
+    def team_calls(self) -> tuple[int, int] | None:
+        team = self.llm.engine.runner.team
+        if team is None:
+            return None
+        parts = [team] + ([team.large] if team.large is not None else [])
+        return sum(g.calls for g in parts), sum(g.solo_calls for g in parts)
 
     def run(self, prompts: list[list[int]], max_new_tokens: int, batched: bool) -> RunResult:
         from execstate import SamplingParams

@@ -206,9 +206,12 @@ def _one(
     load = loadavg_1m()
     pre = p.run(wl.prompts(vocab, b, r, "prefill"), 1, batched)
     settle()
-    cpu0 = time.process_time()
+    cpu0, team0 = time.process_time(), p.team_calls()
     full = p.run(wl.prompts(vocab, b, r, "full"), wl.max_new_tokens, batched)
     cpu = full.cpu_seconds if full.cpu_seconds is not None else time.process_time() - cpu0
+    team1 = p.team_calls()
+    calls = team1[0] - team0[0] if team0 is not None and team1 is not None else 0
+    solo_share = (team1[1] - team0[1]) / calls if calls > 0 and team0 is not None and team1 is not None else None
     decode_s = full.seconds - pre.seconds
     return {
         "prefill_s": pre.seconds, "total_s": full.seconds,
@@ -216,6 +219,7 @@ def _one(
         "tokens_exact": [len(t) for t in full.token_ids] == [wl.max_new_tokens] * b
         and [len(t) for t in pre.token_ids] == [1] * b,
         "cpu_share": cpu / (full.seconds * p.threads_in_use(threads)), "loadavg_1m_before": load,
+        "team_solo_share": solo_share,
     }, full.token_ids
 
 
@@ -230,6 +234,10 @@ def _peer_entry(p: Peer, runs: dict[str, list[dict[str, Any]]], wl: SweepWorkloa
             "prefill_tok_s": median([n * wl.prompt_len / x["prefill_s"] for x in rs]),
             "prefill_s": [x["prefill_s"] for x in rs], "total_s": [x["total_s"] for x in rs],
             "cpu_share": [x["cpu_share"] for x in rs], "loadavg_1m_before": [x["loadavg_1m_before"] for x in rs],
+            # the share of the timed run's layer calls the kernel team governor ran on one thread
+            # (None: no governor, or a one-thread team); a low cpu_share with a high one is the
+            # governor's choice, with a low one the machine's
+            "team_solo_share": [x["team_solo_share"] for x in rs],
             "tokens_exact": all(x["tokens_exact"] for x in rs),
         }
     entry: dict[str, Any] = {"label": p.label, "available": True, "by_batch": by_batch, "storage": p.storage,

@@ -74,6 +74,8 @@ class TeamGovernor:
         self.solo = False  # the held mode
         self.switches = 0  # mode changes so far (probes won, fallbacks)
         self.probes = 0
+        self.calls = 0  # layer calls so far, and those of them run on one thread (for reports)
+        self.solo_calls = 0
         self._est: dict[tuple[bool, Hashable], float] = {}
         self._interval = min_interval
         self._until_probe = min_interval
@@ -135,6 +137,7 @@ class TeamGovernor:
         if self._lent:  # a thread lent to the step's other work: not a measurement
             n = max(1, self.threads - 1)
             self._apply(n)
+            self._count(n)
             return n
         if not self._probe_left and self._until_probe <= 0:
             self._probe_left, self._ratios = self.probe_calls, []
@@ -143,7 +146,12 @@ class TeamGovernor:
         self._call_solo = self.solo != bool(self._probe_left)
         n = 1 if self._call_solo else self._full
         self._apply(n)
+        self._count(n)
         return n
+
+    def _count(self, n: int) -> None:
+        self.calls += 1
+        self.solo_calls += n == 1
 
     def after_call(self, key: Hashable, seconds: float) -> None:
         """Record the call's wall time; may switch the held mode."""

@@ -136,6 +136,7 @@ def test_sweep_engine_only_report_table_and_plot(tiny_moe, tmp_path, monkeypatch
     assert set(eng["by_batch"]) == {"1", "2"} and eng["startup_seconds"]
     for b, x in eng["by_batch"].items():
         assert x["tokens_exact"] is True and len(x["total_s"]) == 1
+        assert x["team_solo_share"] == [None]  # one thread: the governor has no team to choose
         ceiling = report["roofline"]["by_batch"][b]["ceiling_tok_s"]
         if x["decode_tok_s"] is not None:
             assert x["fraction_of_roofline"] == pytest.approx(x["decode_tok_s"] / ceiling)

@@ -57,6 +57,15 @@ def test_team_held_while_faster_and_probes_back_off() -> None:
     assert solo_at[:2] == [4, 5]  # the first probe after min_interval calls, probe_calls long
     gaps = np.diff([i for i in solo_at if i - 1 not in solo_at])
     assert list(gaps[:3]) == [2 + 8, 2 + 16, 2 + 16]  # each losing probe doubles the interval, up to the max
+    assert (gov.calls, gov.solo_calls) == (80, 10) and used.count(1) == 10  # 5 probes of 2 calls
+
+
+def test_calls_on_one_thread_are_counted_while_solo_is_held() -> None:
+    gov, th = _gov(min_interval=4, max_interval=16, probe_calls=2)
+    used = _calls(gov, th, team_s=2.0, solo_s=1.0, n=40)  # the team is slower: the governor goes solo
+    # 4 team calls, then solo but for 3 team probes of 2 calls (the unmeasured wake-up, one lost call)
+    assert gov.solo and used[:4] == [2] * 4 and used.count(2) == 10
+    assert (gov.calls, gov.solo_calls) == (40, 30)
 
 
 def test_descheduled_partner_falls_back_to_solo_at_once() -> None:
