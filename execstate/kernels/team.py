@@ -29,11 +29,15 @@ tokens)``) takes the mode held for the whole-layer calls, which only such steps 
 step (a prefill, a long chunk) takes the per-op path, whose calls are long (tens of ms in a
 2,048-token step); its mode is held by a second governor, ``large``, by the same rules with each
 such step as one call (its wall time per token, keyed by the token count's power of two; probes
-every 8 to 256 large steps, one step long). (Holding the decode calls' mode there cost a prefill
-half its speed: batch-1 decode, where one thread is about as fast as two, often leaves the
-governor solo on a quiet machine, and an 8 x 256-token prefill of the standard MoE then took
-608 ms on one thread against 375 ms on two; under load, a partner descheduled at the prefill's
-barriers still sends ``large`` solo.)
+one step long, every 8 to 256 large steps), but for one: on the team it probes solo only after a
+team step ran ``fallback`` times slower per token than the best team step of its size
+(``probe_solo_when_slow``). A probe there is a whole prefill on one thread (0.8 s more for an
+8 x 256-token fp32 prefill of smollm2-135m, half again its time), and on a quiet machine one
+every 8 to 256 prefills showed as an outlier in every bench of a few dozen. (Holding the decode
+calls' mode there cost a prefill half its speed: batch-1 decode, where one thread is about as
+fast as two, often leaves the governor solo on a quiet machine, and an 8 x 256-token prefill of
+the standard MoE then took 608 ms on one thread against 375 ms on two; under load, a partner
+descheduled at the prefill's barriers still sends ``large`` solo.)
 ``step(busy)``: while ``busy()`` is true (work of the step's own on another thread, e.g. a
 grammar's token masks computed beside the forward pass) the layer calls leave it a thread (the
 team less one; not measured), instead of a team thread being descheduled for it at every
@@ -62,7 +66,7 @@ class TeamGovernor:
 
     def __init__(self, set_threads: Callable[[int], None], get_threads: Callable[[], int], *,
                  min_interval: int = 32, max_interval: int = 4096, probe_calls: int = 2, gain: float = 1.1,
-                 fallback: float = 1.5, large_steps: bool = True,
+                 fallback: float = 1.5, large_steps: bool = True, probe_solo_when_slow: bool = False,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         if not (1 <= min_interval <= max_interval and probe_calls >= 1 and gain >= 1.0 and fallback > 1.0):
             raise ValueError("TeamGovernor: need 1 <= min_interval <= max_interval, probe_calls >= 1, gain >= 1, "
@@ -85,12 +89,17 @@ class TeamGovernor:
         self._applied = 0
         self._call_solo = False
         self._warmup = False  # the next call is a team probe's unmeasured first call
+        # on the team, probe solo only once a team call ran `fallback` times its key's best (module docstring)
+        self.probe_solo_when_slow = probe_solo_when_slow
+        self._best_team: dict[Hashable, float] = {}
+        self._slowed = False
         self._in_step = False
         self._busy: Callable[[], bool] | None = None
         self._lent = False
         # the mode of steps above MAX_LINEAR_ROWS tokens, measured per step (module docstring)
         self.large = (TeamGovernor(set_threads, get_threads, min_interval=8, max_interval=256, probe_calls=1,
-                                   gain=gain, fallback=fallback, large_steps=False) if large_steps else None)
+                                   gain=gain, fallback=fallback, large_steps=False, probe_solo_when_slow=True)
+                      if large_steps else None)
 
     @property
     def threads(self) -> int:
@@ -139,7 +148,11 @@ class TeamGovernor:
             self._apply(n)
             self._count(n)
             return n
-        if not self._probe_left and self._until_probe <= 0:
+        due = not self._probe_left and self._until_probe <= 0
+        if due and self.probe_solo_when_slow and not self.solo and not self._slowed:
+            due = False  # the team runs as fast as it has: no solo probe (module docstring)
+        if due:
+            self._slowed = False
             self._probe_left, self._ratios = self.probe_calls, []
             self._warmup = self.solo  # probing the team: its first call wakes the idle threads
             self.probes += 1
@@ -165,6 +178,12 @@ class TeamGovernor:
         mode = self._call_solo
         held = self._est.get((self.solo, key))
         self._est[(mode, key)] = seconds
+        if not mode:
+            best = self._best_team.get(key)
+            if best is None or seconds < best:
+                self._best_team[key] = seconds
+            elif seconds > self.fallback * best:
+                self._slowed = True
         if self._probe_left:
             self._probe_left -= 1
             if held is not None:

@@ -154,13 +154,13 @@ def test_large_steps_hold_their_own_mode_measured_per_step() -> None:
                 now[0] += team_s if th.now > 1 else solo_s
             assert th.now == 2
 
-    large_steps(8, team_s=0.4, solo_s=0.6)  # quiet: the team held, no probe yet
-    assert used == [2] * 8
-    large_steps(12, team_s=0.4, solo_s=0.6)
-    assert used[8:].count(1) == 1 and gov.large is not None and not gov.large.solo  # a probe of one step, lost
+    large_steps(300, team_s=0.4, solo_s=0.6)  # quiet: the team held, never a whole step solo to probe
+    assert used == [2] * 300 and gov.large is not None and gov.large.probes == 0
+    large_steps(8, team_s=0.55, solo_s=0.6)  # slower, not by the fallback factor: still no probe
+    assert used[300:] == [2] * 8 and gov.large.probes == 0
     used.clear()
-    large_steps(1, team_s=4.0, solo_s=0.6)  # a descheduled partner: 4.0 > 1.5 x 0.6
-    large_steps(3, team_s=4.0, solo_s=0.6)
+    large_steps(1, team_s=4.0, solo_s=0.6)  # a descheduled partner: 4.0 > 1.5 x 0.4, the best team step
+    large_steps(3, team_s=4.0, solo_s=0.6)  # so the next step probes solo, wins, and solo is held
     assert used == [2, 1, 1, 1] and gov.large.solo and not gov.solo  # the decode calls' mode untouched
     with gov.step(tokens=n - 100):  # the same power of two: the held solo mode
         assert th.now == 1
