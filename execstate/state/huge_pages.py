@@ -21,22 +21,14 @@ starts 2 MiB-aligned, a view into a private uint8 storage that nothing else refe
 
 from __future__ import annotations
 
-import ctypes
 import math
 
 import torch
 
+from execstate.state.page_map import madvise
+
 HUGE_PAGE = 2 << 20
 _MADV_HUGEPAGE = 14  # Linux
-
-
-def _madvise_huge(addr: int, nbytes: int) -> bool:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        return bool(libc.madvise(addr, nbytes, _MADV_HUGEPAGE) == 0)
-    except (OSError, AttributeError):
-        return False
 
 
 def empty_huge(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: torch.device | str = "cpu",
@@ -48,7 +40,7 @@ def empty_huge(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: 
     raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
     skip = -raw.data_ptr() % HUGE_PAGE
     whole = nbytes // HUGE_PAGE * HUGE_PAGE
-    _madvise_huge(raw.data_ptr() + skip, whole)
+    madvise(raw.data_ptr() + skip, whole, _MADV_HUGEPAGE)
     return raw[skip:skip + nbytes].view(dtype).view(shape)
 
 

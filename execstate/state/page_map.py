@@ -11,10 +11,27 @@ another thread writes the buffer.
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14
 _POPULATE_CHUNK = 64 << 20
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
+def madvise(addr: int, nbytes: int, advice: int) -> bool:
+    """``madvise(addr, nbytes, advice)`` (Linux advice numbers); False where it is refused or the
+    platform has none (not Linux, or a kernel without that advice)."""
+    try:
+        return bool(_libc().madvise(addr, nbytes, advice) == 0)
+    except (OSError, AttributeError):
+        return False
 
 
 def populate(addr: int, nbytes: int, chunk: int = _POPULATE_CHUNK) -> bool:
@@ -24,15 +41,7 @@ def populate(addr: int, nbytes: int, chunk: int = _POPULATE_CHUNK) -> bool:
     page = mmap.PAGESIZE
     start = (addr + page - 1) // page * page
     end = (addr + nbytes) // page * page
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        for a in range(start, end, chunk):
-            if libc.madvise(a, min(chunk, end - a), _MADV_POPULATE_WRITE) != 0:
-                return False
-    except (OSError, AttributeError):
-        return False
-    return True
+    return all(madvise(a, min(chunk, end - a), _MADV_POPULATE_WRITE) for a in range(start, end, chunk))
 
 
 def resident_pages(addr: int, nbytes: int) -> tuple[int, int]:
@@ -42,7 +51,7 @@ def resident_pages(addr: int, nbytes: int) -> tuple[int, int]:
     start = (addr + page - 1) // page * page
     n = ((addr + nbytes) // page * page - start) // page
     vec = (ctypes.c_ubyte * n)()
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     if libc.mincore(start, n * page, vec) != 0:
         raise OSError(ctypes.get_errno(), "mincore failed")
