@@ -79,12 +79,10 @@ def measure_point(llm: Any, batch: int, context: int, steps: int, rng: np.random
 def gguf_build(model: str | Path) -> Path:
     """The directory ``quantization="gguf"`` serves for ``model``: the throughput bench's GGUF build
     of a bench model (smollm2-moe: its Q4_1 build), else ``model`` itself (a directory with a .gguf)."""
-    from execstate.model.registry import resolve_model
     from execstate_bench.models import resolve_bench_model
-    from execstate_bench.throughput import GGUF_BUILDS
+    from execstate_bench.throughput import GGUF_BUILDS, gguf_build_path
 
-    build = GGUF_BUILDS.get(str(model))
-    return Path(resolve_model(build)) if build is not None else resolve_bench_model(model)
+    return gguf_build_path(model) if str(model) in GGUF_BUILDS else resolve_bench_model(model)
 
 
 def run_breakdown(model: str = "smollm2-135m", batches: tuple[int, ...] = (1, 8),

@@ -56,13 +56,24 @@ from execstate_bench.throughput_table import format_table
 from execstate_bench.throughput_workload import Workload
 from execstate_bench.vllm_peer import add_vllm_peer
 
-__all__ = ["run_throughput_bench", "format_table"]
+__all__ = ["GGUF_BUILDS", "format_table", "gguf_build_path", "run_throughput_bench"]
 
 LLAMA_CPP_MODEL = "smollm2-135m"
 # quantization="gguf": the GGUF build the engine's GGUF peer serves, by bench model
 GGUF_BUILDS = {"smollm2-135m": "smollm2-135m", "smollm2-moe": "smollm2-moe-q4_1"}
 # Above this many bytes of fp32 weights held at once, peers are loaded one at a time.
 RESIDENT_BUDGET_BYTES = 6 << 30
+
+
+def gguf_build_path(model: str | Path) -> Path:
+    """The directory of the GGUF build (``GGUF_BUILDS``) that quantization="gguf" benches for the
+    bench model ``model``; ValueError naming the models that have one."""
+    from execstate.model.registry import resolve_model
+
+    build = GGUF_BUILDS.get(str(model))
+    if build is None:
+        raise ValueError(f"quantization='gguf' benches {', '.join(GGUF_BUILDS)}, not {model!r}")
+    return Path(resolve_model(build))
 
 
 def run_throughput_bench(
@@ -185,13 +196,9 @@ def mode_peers(model: str | Path, path: Path, wl: Workload, threads: int, dtype:
         if kv_cache_dtype == "bfloat16":
             out.append(EnginePeer(path, routes=False, mode="bf16kv", probe_prefill=probe_prefill))
     if quantization == "gguf":
-        gguf_model = GGUF_BUILDS.get(str(model))
-        if gguf_model is None:
-            raise ValueError(f"quantization='gguf' benches {', '.join(GGUF_BUILDS)}, not {model!r}")
         from execstate.model.gguf_model import gguf_file
-        from execstate.model.registry import resolve_model
 
-        gpath = resolve_model(gguf_model)
+        gpath = gguf_build_path(model)
         gfile = gguf_file(gpath)
         out.append(EnginePeer(gpath, routes=False, mode="gguf", probe_prefill=probe_prefill,
                               label_detail=" Q4_1"))  # both builds in GGUF_BUILDS are Q4_1

@@ -268,8 +268,7 @@ def _storage_rooflines(model: str | Path, path: Path, peer_list: list[Peer], bat
     """The roofline of each storage other than fp32 that a peer uses (bf16: 2 bytes a weight;
     gguf: the bytes of the GGUF file the engine's GGUF peer serves)."""
     from execstate.model.gguf_model import gguf_file
-    from execstate.model.registry import resolve_model
-    from execstate_bench.throughput import GGUF_BUILDS
+    from execstate_bench.throughput import gguf_build_path
     from execstate_bench.throughput_roofline import gguf_weight_bytes
 
     out: dict[str, Any] = {}
@@ -277,7 +276,7 @@ def _storage_rooflines(model: str | Path, path: Path, peer_list: list[Peer], bat
         if storage == "bf16":
             out[storage] = roofline(path, batches, per_batch, bytes_per_weight=2)
         else:
-            gpath = resolve_model(GGUF_BUILDS[str(model)])
+            gpath = gguf_build_path(model)
             out[storage] = roofline(path, batches, per_batch, weights=gguf_weight_bytes(gguf_file(gpath), gpath))
     return out
 
