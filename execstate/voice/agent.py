@@ -104,7 +104,7 @@ class VoiceAgent:
         self.out = SpeechOut(synthesizer, self._emit, agent.now, self._out_exec, self.config.out_rate,
                              self.config.voice, self.config.lead_ms, self.config.chunk_ms)
         self.listener = Listener(agent, self.out, self.turns, self._emit, lambda: self.config.create_response,
-                                 self._tick_wake.set)
+                                 self._tick_wake.set, self._end_context)
         self.input: AudioInput | None = None
         self._stream = EventStream(self.config.max_events, lambda: self._closed, self._set_closed)
         self._lock = asyncio.Lock()
@@ -120,6 +120,10 @@ class VoiceAgent:
         for coro, name in ((self._pump(), "voice-pump"), (self._ticker(), "voice-turns"),
                            (self.out.run(), "voice-pacer"), (self.out.synth_loop(), "voice-tts")):
             self._tasks.append(loop.create_task(coro, name=name))
+
+    def _end_context(self) -> None:
+        if self.input is not None:
+            self.input.end_context()
 
     async def close(self, cancel_tasks: bool = True) -> None:
         if self._closed:

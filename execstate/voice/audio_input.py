@@ -10,7 +10,9 @@ before the first speech frame). It returns what happened, in order, as :class:`I
 
 ``Progress`` carries the segment's speech so far and the silence since its last speech frame
 (seconds), ``Partial`` the recognizer's new hypothesis, ``Final`` the transcript once the segment
-ended. Without VAD (``vad=None``: the client commits), audio accumulates (at most
+ended. Both carry ``heard`` when the stream has one (an optional attribute of a recognizer
+stream: ``interfaces.py``): the segment transcribed with the segments just before it, as (where
+that audio starts, its text). Without VAD (``vad=None``: the client commits), audio accumulates (at most
 ``max_buffer_s``, else ValueError) until ``commit()`` recognises it as one segment (``Final``), or
 ``clear()`` drops it. Positions are 16 kHz samples since the first input sample.
 
@@ -46,6 +48,7 @@ class Progress:
 @dataclass(frozen=True)
 class Partial:
     text: str
+    heard: tuple[int, str] | None = None  # (from this sample on, the words): the stream's re-hearing
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class Final:
     text: str
     audio_start: int
     audio_end: int
+    heard: tuple[int, str] | None = None
 
 
 InputEvent = VadStart | Progress | Partial | VadStop | Final
@@ -114,7 +118,7 @@ class AudioInput:
                     feed.append(frame)
                     self._flush_feed(feed, out)
                     out.append(VadStop(ev.speech_end, ev.audio_end))
-                    out.append(Final(self.stream.finish(), self._seg_start, ev.audio_end))
+                    out.append(self._final(ev.audio_end))
                     self._partial = ""
                     frame = frame[:0]
             if self.vad.in_speech and len(frame):
@@ -126,7 +130,7 @@ class AudioInput:
             early = self.vad.end_early()  # the words so far end a sentence: a shorter silence ends it
             if early is not None:
                 out.append(VadStop(early.speech_end, early.audio_end))
-                out.append(Final(self.stream.finish(), self._seg_start, early.audio_end))
+                out.append(self._final(early.audio_end))
                 self._partial = ""
         if self.vad.in_speech:
             out.append(Progress(self.vad.speech_samples / RATE, self.vad.silence / RATE))
@@ -141,6 +145,7 @@ class AudioInput:
         start = self.received - self._manual_n
         audio = np.concatenate(self._manual)
         self._manual, self._manual_n = [], 0
+        self.end_context()  # each commit is a turn of its own
         self.stream.start(start)
         self.stream.feed(audio)
         return Final(self.stream.finish(), start, self.received)
@@ -155,6 +160,18 @@ class AudioInput:
     def close(self) -> None:
         self.stream.close()
 
+    def end_context(self) -> None:
+        """The turn is over: a stream that hears segments with the ones before them (``heard``)
+        starts the next one without them. Thread-safe where the stream's ``end_context`` is (it may
+        be called from the event loop while the worker processes audio)."""
+        end = getattr(self.stream, "end_context", None)
+        if end is not None:
+            end()
+
+    def _final(self, audio_end: int) -> Final:
+        text = self.stream.finish()
+        return Final(text, self._seg_start, audio_end, getattr(self.stream, "heard", None))
+
     def _flush_feed(self, feed: list[np.ndarray], out: list[InputEvent]) -> None:
         if not feed:
             return
@@ -162,4 +179,4 @@ class AudioInput:
         feed.clear()
         if partial is not None:
             self._partial = partial
-            out.append(Partial(partial))
+            out.append(Partial(partial, getattr(self.stream, "heard", None)))

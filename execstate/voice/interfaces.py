@@ -20,7 +20,11 @@ stream, 16 kHz samples since the stream began), any number of ``feed(samples)`` 
 consecutive), then ``finish()``. ``feed`` returns the new partial hypothesis when it changed
 (else None); ``finish`` returns the final transcript ("" when nothing was recognised). Texts are
 plain words (punctuation only where the engine produces it: a final ``.?!`` is taken as the end of
-a sentence by the turn policy). ``close()`` frees the stream.
+a sentence by the turn policy). ``close()`` frees the stream. Optional: a stream that transcribes
+an utterance together with the ones just before it has ``heard``, after ``feed``/``finish``:
+None, or (the sample where that audio starts, the text of all of it), while ``feed``/``finish``
+return the utterance's own words; ``end_context()`` (any thread) makes its next utterance start
+without the earlier ones.
 
 **Synthesizer**: ``sample_rate`` of its output; ``synthesize(text, voice, sink)`` speaks ``text``
 and calls ``sink(chunk)`` with each :class:`SynthChunk` as it is produced (in order; the word

@@ -18,6 +18,11 @@ turn policy (``agent/speech_turns.py``) and acts on its decisions through public
   prefills it and the front model scores its end (``agent/prefill.py``); a score of the turn's
   current words reaches the turn policy (``on_end_score``), whose semantic rule may then end the
   turn after a short silence.
+- a recognizer that re-heard a segment together with the ones before it (``Partial.heard``,
+  ``Final.heard``: from a sample on, the words of all of it) gives the turn those words in place
+  of the earlier segments' own (when that audio lies inside the turn); the segment's transcript
+  events keep its own words. At the end of a turn ``end_context()`` tells the recognizer the next
+  segment is not a continuation.
 
 Pure bookkeeping on the event loop: no I/O, nothing blocking.
 """
@@ -63,17 +68,19 @@ def ends_sentence(text: str) -> bool:
 class Listener:
     def __init__(self, agent: DuplexAgent, out: SpeechOut, turns: SpeechTurnPolicy,
                  emit: Callable[[AgentEvent], None], create_response: Callable[[], bool],
-                 wake: Callable[[], None] = lambda: None) -> None:
+                 wake: Callable[[], None] = lambda: None, end_context: Callable[[], None] = lambda: None) -> None:
         """``create_response()``: whether a finished turn is answered at once (the live setting);
-        ``wake()``: the turn policy has news (a score came)."""
+        ``wake()``: the turn policy has news (a score came); ``end_context()``: a turn ended (the
+        recognizer's next segment starts without the earlier ones)."""
         self.agent, self.out, self.turns = agent, out, turns
         self._emit, self._create_response, self._wake = emit, create_response, wake
+        self._end_context = end_context
         self._said = ""  # the turn's words last handed to user_partial
         agent.prefill.on_score.append(self._on_score)
         self._items = itertools.count(1)
         self._seg: _Segment | None = None
-        self._turn_text: list[str] = []
-        self._burst_texts: list[str] = []  # final transcripts of the open burst's segments
+        self._turn_text: list[tuple[int, str]] = []  # (segment start, words) of the turn's segments
+        self._burst_texts: list[tuple[int, str]] = []  # final transcripts of the open burst's segments
         self._burst_start = 0  # where the open burst began (16 kHz samples)
         self.last_item: str | None = None
 
@@ -87,6 +94,16 @@ class Listener:
             self.turns.on_transcript(False)
         self._seg = None
         self._say(self._joined(self._turn_text))
+
+    @staticmethod
+    def with_segment(texts: list[tuple[int, str]], start: int, text: str,
+                     heard: tuple[int, str] | None) -> list[tuple[int, str]]:
+        """The turn's (segment start, words) with a segment's words added: its own ``text``, or,
+        when the recognizer re-heard it with earlier segments of the turn (the first of them one
+        the turn holds words for as they start), ``heard``'s words in place of those segments'."""
+        if heard is not None and heard[0] <= start and any(s == heard[0] for s, _ in texts):
+            return [*(x for x in texts if x[0] < heard[0]), (heard[0], words_to_digits(heard[1]))]
+        return [*texts, (start, text)]
 
     def on_input(self, ev: InputEvent) -> None:
         t, e = self.agent.now(), self.agent.fence.epoch
@@ -110,7 +127,7 @@ class Listener:
             if isinstance(ev, Progress):
                 seg.speech_s, seg.silence_s = ev.speech_s, ev.silence_s
             else:
-                self._on_partial(seg, ev.text, t, e)
+                self._on_partial(seg, ev.text, t, e, ev.heard)
             if self.turns.on_speech(t, seg.speech_s, len(seg.partial.split()), seg.silence_s) is Decision.BARGE_IN:
                 self._barge_in(seg, t)
         elif isinstance(ev, VadStop):
@@ -126,26 +143,26 @@ class Listener:
             if seg.turn:
                 assert seg.item_id is not None
                 self._emit(InputTranscriptCompleted(t, e, seg.item_id, text))
-                self._turn_text.append(text)
-                self.turns.on_transcript(ends_sentence(" ".join(self._turn_text)))
+                self._turn_text = self.with_segment(self._turn_text, seg.audio_start, text, ev.heard)
+                self.turns.on_transcript(ends_sentence(" ".join(x for _, x in self._turn_text)))
                 self._say(self._joined(self._turn_text))
             else:
-                self._burst_texts.append(text)
+                self._burst_texts.append((seg.audio_start, text))
             self._seg = None
 
-    def _on_partial(self, seg: _Segment, text: str, t: float, e: int) -> None:
+    def _on_partial(self, seg: _Segment, text: str, t: float, e: int, heard: tuple[int, str] | None) -> None:
         old, seg.partial = seg.partial, text
         if seg.turn and seg.item_id is not None:
             delta = text[len(old):] if text.startswith(old) else ""
             self._emit(InputTranscriptDelta(t, e, seg.item_id, delta, text))
-            self._say(self._joined([*self._turn_text, words_to_digits(text)]))
+            self._say(self._joined(self.with_segment(self._turn_text, seg.audio_start, words_to_digits(text), heard)))
 
     @staticmethod
-    def _joined(texts: list[str]) -> str:
+    def _joined(texts: list[tuple[int, str]]) -> str:
         """The turn's words as the agent gets them: without the recognizer's final mark (a
         recognizer that punctuates marks a cut-off phrase as a sentence too: "Tell me along."
         in a pause; the front model judges from the words whether they end the turn)."""
-        return " ".join(x for x in texts if x.strip()).rstrip(" .?!,;:")
+        return " ".join(x for _, x in texts if x.strip()).rstrip(" .?!,;:")
 
     def _say(self, text: str) -> None:
         """The turn's words so far, to the agent (prefill and end score) when they changed."""
@@ -167,10 +184,10 @@ class Listener:
     def _barge_in(self, seg: _Segment, t: float) -> None:
         """The open burst took the floor: its earlier segments' words and this segment are the turn."""
         cuts = self.out.interrupt(self.agent.fence.epoch + 1, "barge_in")  # the playing reply's done first
-        heard = " ".join(x for x in [*self._burst_texts, seg.partial] if x)
+        heard = " ".join(x for x in [*(w for _, w in self._burst_texts), seg.partial] if x)
         self.agent.barge_in(t, heard)
         self.truncate_cuts(cuts)
-        self._turn_text, self._burst_texts = [x for x in self._burst_texts if x], []
+        self._turn_text, self._burst_texts = [x for x in self._burst_texts if x[1]], []
         seg.turn, seg.item_id = True, self.new_item()
         self._emit(SpeechStarted(t, self.agent.fence.epoch, seg.item_id, _ms(self._burst_start)))
         if heard:
@@ -187,13 +204,14 @@ class Listener:
         if d is Decision.END_OF_TURN:
             text = self._joined(self._turn_text)
             self._turn_text, self._said = [], ""
+            self._end_context()
             self.agent.set_floor(self.turns.burst_open)
             if text:
                 self.agent.user_turn(text, t, respond=self._create_response())
         elif d is Decision.RESUME:
             self.agent.set_floor(self.turns.user_turn_open)
             self.out.resume()
-            self.agent.resume(t, " ".join(x for x in self._burst_texts if x))
+            self.agent.resume(t, " ".join(x for _, x in self._burst_texts if x))
             self._burst_texts = []
 
 

@@ -34,6 +34,18 @@ piece as a sentence). So the final of an utterance that ends in a pause is usual
 VAD ends the segment. The price is accuracy: a piece hears less context than the whole utterance
 (docs/voice.md gives the word error rates).
 
+**Context across utterances.** A pause longer than the VAD's silence ends the segment, and the
+words after it were transcribed alone, cold: "about trains" after "Tell me a long story" came out
+as "Um, outrane" (the bench's turns; docs/voice.md). So an utterance that starts at most
+``context_gap_s`` after the previous one ended is transcribed with the previous ones (at most
+``context_s`` of their speech) before it, as the stream's first piece: the open part, when short,
+is transcribed again with it (the rule above), and the whole is heard at once ("Tell me a long
+story about trains"). ``heard`` is then (where that audio starts, the text of all of it): what a
+listener should take for those utterances' words; ``feed`` and ``finish`` return only the
+utterance's own words (:func:`rehearing.after_context`), for its transcript. ``end_context()``
+(the turn is over: a reply follows) makes the next utterance start without context; it may be
+called from another thread (a flag read at ``start``).
+
 One model serves every stream of the recognizer: transcriptions run one at a time on its worker
 (the C library's model is not documented as reentrant). ``close`` forgets the stream's audio.
 """
@@ -47,6 +59,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from execstate.voice.rehearing import after_context
 
 RATE = 16000
 BLOCK = 512  # loudness is judged per 32 ms block
@@ -106,6 +120,11 @@ class MoonshineStream:
         self._asr = asr
         self._closed = False
         self._open = False
+        self._history: list[tuple[int, np.ndarray, str]] = []  # (at_sample, speech audio, words) of the context
+        self._history_text = ""  # the words of all of the history, heard together
+        self._prev_end: int | None = None  # where the previous utterance ended (input samples)
+        self._fresh = False  # end_context() was called
+        self.heard: tuple[int, str] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -118,7 +137,10 @@ class MoonshineStream:
         self._job: _Job | None = None
         self._tail: tuple[int, int, str] | None = None  # (base, end, text): pieces[base:] and the open part
         self._gap: tuple[int, int] | None = None  # the latest pause: where it is, where the speech before it ended
-        self._last = ""
+        self._last: tuple[str, str] = ("", "")
+        self._ctx: tuple[int, int, str] | None = None  # (since, samples, text): the context piece
+        self._at = 0
+        self.heard = None
 
     def start(self, at_sample: int) -> None:
         if self._closed:
@@ -126,28 +148,53 @@ class MoonshineStream:
         self._open = False
         self._wait_job()  # a transcription of the previous utterance still running: dropped
         self._reset()
+        self._at = at_sample
         self._open = True
+        self._start_context(at_sample)
+
+    def end_context(self) -> None:
+        """The utterances so far are done with (a turn ended): the next one starts without them."""
+        self._fresh = True
+
+    def _start_context(self, at_sample: int) -> None:
+        """The recent utterances as the first piece (module docstring), or none."""
+        a = self._asr
+        fresh, self._fresh = self._fresh, False
+        if fresh or self._prev_end is None or at_sample - self._prev_end > a.context_gap_s * RATE:
+            self._history, self._history_text = [], ""
+        keep, total = len(self._history), 0
+        while keep > 0 and total + len(self._history[keep - 1][1]) <= a.context_s * RATE:
+            keep -= 1
+            total += len(self._history[keep][1])
+        if keep:  # the oldest did not fit: the words of those that do, as each was heard
+            self._history = self._history[keep:]
+            self._history_text = join_pieces([w for _, _, w in self._history])
+        if not self._history or not self._history_text:
+            self._history, self._history_text = [], ""
+            return
+        for _, x, _ in self._history:
+            self._append(x)
+        self._measure()
+        self._cut = len(self._audio)
+        self._pieces = [(0, self._history_text)]
+        self._ctx = (self._history[0][0], self._cut, self._history_text)
+        self._last = (self._history_text, "")
 
     def feed(self, samples: np.ndarray) -> str | None:
         if not self._open:
             raise RuntimeError("feed before start")
         self._append(np.asarray(samples, dtype=np.int16))
-        for b in range(len(self._energy), len(self._audio) // BLOCK):
-            block = self._audio[b * BLOCK:(b + 1) * BLOCK].astype(np.float64)
-            e = float(np.mean(block * block))
-            self._energy.append(e)
-            if _loud(e):
-                self._loud_end = (b + 1) * BLOCK
+        self._measure()
         if len(self._audio) - self._loud_end >= self._asr.gap_s * RATE and self._loud_end > self._cut:
             self._gap = (len(self._audio), self._loud_end)  # a place to cut, even while the worker is busy
         if self._job is not None and self._job.future.done():
             self._take(self._job)
         if self._job is None:
             self._schedule()
-        text = self._text()
-        if text != self._last:
-            self._last = text
-            return text
+        whole = self._text()
+        if whole != self._last[0]:
+            self._last = (whole, self._own(whole))
+            return self._last[1]
         return None
 
     def finish(self) -> str:
@@ -161,15 +208,46 @@ class MoonshineStream:
             assert self._job is not None
             job, self._job = self._job, None
             self._tail = (job.base, n, without_repeats(job.future.result()))
-        text = self._text()
+        whole = self._text()
+        own = self._own(whole)
+        self._remember(own, whole)
         self._buf, self._n, self._energy = np.zeros(0, dtype=np.int16), 0, []
-        return text
+        return own
 
     def close(self) -> None:
         self._closed, self._open = True, False
         self._buf, self._n, self._energy = np.zeros(0, dtype=np.int16), 0, []
+        self._history, self._history_text = [], ""
 
     # -- internals ------------------------------------------------------------------------------------
+    def _measure(self) -> None:
+        for b in range(len(self._energy), len(self._audio) // BLOCK):
+            block = self._audio[b * BLOCK:(b + 1) * BLOCK].astype(np.float64)
+            e = float(np.mean(block * block))
+            self._energy.append(e)
+            if _loud(e):
+                self._loud_end = (b + 1) * BLOCK
+
+    def _own(self, whole: str) -> str:
+        """The utterance's own words of the text of the context and it; sets ``heard``."""
+        if self._ctx is None:
+            return whole
+        self.heard = (self._ctx[0], whole)
+        return after_context(whole, self._ctx[2])
+
+    def _remember(self, own: str, whole: str) -> None:
+        """This utterance's speech (from one block before its first loud block to two blocks after
+        its last), for the next one's context."""
+        start = self._ctx[1] if self._ctx is not None else 0
+        loud = [b for b in range(start // BLOCK, len(self._energy)) if _loud(self._energy[b])]
+        self._prev_end = self._at + len(self._audio) - start
+        if not loud or not whole.strip():
+            self._history, self._history_text = [], ""
+            return
+        lo, hi = max(start, (loud[0] - 1) * BLOCK), min(len(self._audio), (loud[-1] + 3) * BLOCK)
+        self._history.append((self._at, self._audio[lo:hi].copy(), own))
+        self._history_text = whole
+
     @property
     def _audio(self) -> np.ndarray:
         return self._buf[:self._n]
@@ -298,8 +376,14 @@ class Moonshine:
 
     sample_rate = RATE
 
-    def __init__(self, gap_s: float = 0.08, min_piece_s: float = 2.0, max_piece_s: float = 4.0) -> None:
+    def __init__(self, gap_s: float = 0.08, min_piece_s: float = 2.0, max_piece_s: float = 4.0,
+                 context_gap_s: float = 0.6, context_s: float = 3.0) -> None:
+        """``context_gap_s``: an utterance starting at most this long after the previous one ended
+        (the VAD's segments: 0.55 s of padding and trailing silence overlap, so a 1.1 s pause is a
+        0.55 s gap) is heard with the previous ones, at most ``context_s`` of their speech (module
+        docstring); 0 and 0 turn it off."""
         self.gap_s, self.min_piece_s, self.max_piece_s = gap_s, min_piece_s, max_piece_s
+        self.context_gap_s, self.context_s = context_gap_s, context_s
         self._lib = _Library()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="moonshine")
 

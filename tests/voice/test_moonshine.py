@@ -151,7 +151,7 @@ class _Instant:
     """A recognizer stand-in for the stream's scheduling (no model): each transcription is done at
     once and reads ``<its length in samples>``."""
 
-    gap_s, min_piece_s, max_piece_s = 0.08, 2.0, 4.0
+    gap_s, min_piece_s, max_piece_s, context_gap_s, context_s = 0.08, 2.0, 4.0, 0.6, 3.0
 
     def __init__(self):
         self.calls = []
