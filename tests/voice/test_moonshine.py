@@ -200,3 +200,72 @@ def test_long_speech_without_a_pause_is_cut_in_its_quietest_block():
     final = s.finish()
     assert final == f"<{rec.calls[0]}> <{rec.calls[-1]}>" and len(rec.calls) == 2
     assert rec.calls[-1] < len(audio) - rec.calls[0] + 0.3 * 16000  # only the rest, not the whole
+
+
+class _Words(_Instant):
+    """A stand-in that hears words: each loud stretch of the audio is one word, chosen by its
+    loudness (``_loud(s, 1000 * k)`` is ``WORDS[k]``); the text ends with a period."""
+
+    WORDS = {1: "tell", 2: "me", 3: "about", 4: "trains"}
+
+    def submit(self, samples):
+        from concurrent.futures import Future
+
+        self.calls.append(len(samples))
+        x = samples[:len(samples) // 512 * 512].reshape(-1, 512).astype(np.float64)
+        rms = np.sqrt((x * x).mean(axis=1))
+        words, peak = [], 0.0
+        for r in [*rms, 0.0]:
+            if r > 300:
+                peak = max(peak, r)
+            elif peak:
+                words.append(self.WORDS[round(peak / 1000)])
+                peak = 0.0
+        f = Future()
+        f.set_result(" ".join(words).capitalize() + "." if words else "")
+        return f
+
+
+def _utter(stream, at, *words):
+    """One utterance starting at ``at`` (input samples): 0.1 s of quiet, the words (0.5 s each,
+    0.1 s apart), 0.3 s of quiet; returns its final and where it ended."""
+    stream.start(at)
+    parts = [silence(0.1)]
+    for k in words:
+        parts += [_loud(0.5, 1000 * k), silence(0.1)]
+    audio = np.concatenate([*parts, silence(0.2)])
+    _feed(stream, audio)
+    return stream.finish(), at + len(audio)
+
+
+def test_an_utterance_right_after_another_is_heard_with_it_and_gives_its_own_words():
+    rec = _Words()
+    s = moonshine_asr.MoonshineStream(rec)
+    first, end = _utter(s, 0, 1, 2)
+    assert first == "Tell me." and s.heard is None
+    second, _ = _utter(s, end + int(0.3 * 16000), 3, 4)  # 0.3 s later: within context_gap_s
+    assert second == "about trains."  # its own words, for its transcript
+    assert s.heard == (0, "Tell me about trains.")  # what the listener takes for both
+    assert rec.calls[-1] > 2.0 * 16000  # the transcription read the first utterance's speech too
+
+
+def test_no_context_after_a_longer_gap_or_once_the_turn_ended():
+    rec = _Words()
+    s = moonshine_asr.MoonshineStream(rec)
+    _, end = _utter(s, 0, 1, 2)
+    second, end = _utter(s, end + int(0.7 * 16000), 3, 4)  # 0.7 s > context_gap_s
+    assert second == "About trains." and s.heard is None and rec.calls[-1] < 1.6 * 16000
+    s.end_context()  # from another thread in the server: a flag read at start
+    third, _ = _utter(s, end, 2)
+    assert third == "Me." and s.heard is None
+
+
+def test_the_context_keeps_at_most_context_s_of_the_latest_speech():
+    rec = _Words()
+    rec.context_s = 1.5  # one earlier utterance of two words fits (about 1.3 s of its speech), not two
+    s = moonshine_asr.MoonshineStream(rec)
+    _, end = _utter(s, 0, 1, 2)
+    second_at = end + 1600
+    _, end = _utter(s, second_at, 3)
+    third, _ = _utter(s, end + 1600, 4)
+    assert third == "trains." and s.heard == (second_at, "About trains.")
