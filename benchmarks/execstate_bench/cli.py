@@ -154,6 +154,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bv.add_argument("--modes", default="oracle,real", help="runs of each conversation: oracle, real")
     bv.add_argument("--asr", default="pocketsphinx-demo", choices=("pocketsphinx-demo", "pocketsphinx", "moonshine"),
                     help="the real recognizer")
+    bv.add_argument("--user-audio", default=None,
+                    help="a .npz of the user's spoken conversations: read if it exists, else synthesised and "
+                    "written there (eSpeak's output differs per synthesis: runs with one file hear the same audio)")
     bv.add_argument("--json", action="store_true")
     ba = bsub.add_parser("asr", help="word error rate of the speech recognizers on a held-out spoken set "
                          "(12 sentences x 4 eSpeak voices x 2 speeds)")
@@ -350,7 +353,7 @@ def _bench(args: argparse.Namespace) -> int:
         report = run_voice_bench(model=args.model, conversations=args.conversations, turns=args.turns,
                                  seed=args.seed, max_response_tokens=args.max_response_tokens, threads=args.threads,
                                  png=args.png, turn_detection=args.turn_detection, modes=tuple(args.modes.split(",")),
-                                 asr=args.asr)
+                                 asr=args.asr, user_audio=args.user_audio)
         print(json.dumps(report, indent=2) if args.json else format_voice_table(report))
         return 0
     if args.bench_cmd == "asr":

@@ -30,6 +30,7 @@ import torch
 import uvicorn
 
 from execstate.agent.config import AgentConfig
+from execstate_bench import voice_audio_store
 from execstate_bench.duplex import BENCH_FRONT_PARAMS, CHATML, SYSTEM, _engine
 from execstate_bench.machine import cpu_name, loadavg_1m
 from execstate_bench.models import resolve_bench_model
@@ -113,10 +114,13 @@ async def _conversation(url: str, turns: list, switch: _Switch, td: dict[str, An
 def run_voice_bench(model: str = "smollm2-135m", conversations: int = 2, turns: int = 8, seed: int = 0,
                     max_response_tokens: int = 32, threads: int = 1, png: str | None = None,
                     turn_detection: str = "semantic", modes: tuple[str, ...] = ("oracle", "real"),
-                    asr: str = "pocketsphinx-demo") -> dict[str, Any]:
+                    asr: str = "pocketsphinx-demo", user_audio: str | None = None) -> dict[str, Any]:
     """``turn_detection``: ``semantic`` (semantic_vad) or ``server`` (server_vad); ``modes``: the
     runs of each conversation (``oracle``, ``real``); ``asr``: the real recognizer
-    (``pocketsphinx-demo``, ``pocketsphinx``, ``moonshine``: ``execstate_bench/asr.py``)."""
+    (``pocketsphinx-demo``, ``pocketsphinx``, ``moonshine``: ``execstate_bench/asr.py``);
+    ``user_audio``: a ``.npz`` of the user's spoken conversations (``voice_audio_store``): read if
+    it exists (made for this workload, else ValueError), else synthesised and written there, so
+    that later runs hear the same audio (eSpeak's output differs per synthesis)."""
     from execstate.serve.app import build_app
     from execstate.voice.engines import VoiceEngines
     from execstate.voice.espeak import Espeak
@@ -128,7 +132,13 @@ def run_voice_bench(model: str = "smollm2-135m", conversations: int = 2, turns: 
     path = resolve_bench_model(model)
     load_before = loadavg_1m()
     voices = [USER_VOICES[i % len(USER_VOICES)] for i in range(conversations)]
-    scripts = [spoken_conversation(seed + i, turns, voices[i], USER_RATE) for i in range(conversations)]
+    spoken = {"seed": seed, "turns": turns, "voices": voices, "rate_wpm": USER_RATE}
+    if user_audio is not None and Path(user_audio).exists():
+        scripts = voice_audio_store.load(user_audio, spoken)
+    else:
+        scripts = [spoken_conversation(seed + i, turns, voices[i], USER_RATE) for i in range(conversations)]
+        if user_audio is not None:
+            voice_audio_store.save(user_audio, scripts, spoken)
     switch = _Switch(recognizer(asr))
     vad = SileroModel()
     engines = VoiceEngines(switch, Espeak(voice=AGENT_VOICE, rate=AGENT_RATE), lambda: SileroVAD(vad),
@@ -159,7 +169,7 @@ def run_voice_bench(model: str = "smollm2-135m", conversations: int = 2, turns: 
                                                       "load_1m_after": loadavg_1m()},
         "workload": {"conversations": conversations, "turns": turns, "seed": seed, "user_voices": voices,
                      "user_rate_wpm": USER_RATE, "agent_voice": AGENT_VOICE, "turn_detection": td, "asr": asr,
-                     "max_response_tokens": max_response_tokens,
+                     "max_response_tokens": max_response_tokens, "user_audio": user_audio,
                      "seconds": [round(r.seconds, 1) for m in modes for r in recs[m]]},
         **{m: summarize(recs[m]) for m in modes}, "prefill": prefill,
         "stages_ms": {m: stage_breakdown(recs[m]) for m in modes},
