@@ -380,8 +380,8 @@ class Moonshine:
                  context_gap_s: float = 0.6, context_s: float = 3.0) -> None:
         """``context_gap_s``: an utterance starting at most this long after the previous one ended
         (the VAD's segments: 0.55 s of padding and trailing silence overlap, so a 1.1 s pause is a
-        0.55 s gap) is heard with the previous ones, at most ``context_s`` of their speech (module
-        docstring); 0 and 0 turn it off."""
+        0.55 s gap; shorter pauses give negative gaps) is heard with the previous ones, at most
+        ``context_s`` of their speech (module docstring); ``context_s=0`` turns it off."""
         self.gap_s, self.min_piece_s, self.max_piece_s = gap_s, min_piece_s, max_piece_s
         self.context_gap_s, self.context_s = context_gap_s, context_s
         self._lib = _Library()
