@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from execstate.kernels.ext import lib, require, sync_threads
@@ -146,14 +147,17 @@ class DecodeTables:
             raise ValueError("DecodeTables: block_size and the block table width must be >= 1")
         if t > MAX_LINEAR_ROWS or t < 1:
             raise ValueError(f"DecodeTables: {t} tokens; the decode layer takes 1..{MAX_LINEAR_ROWS}")
-        if not torch.equal(tokens, torch.arange(t)):
+        # checked on numpy views: a torch op costs ~5 us of dispatch once a forward pass has left
+        # the caches cold, and these eight ran every decode step
+        sl, bt, cl = slots.numpy(), block_table.numpy(), ctx_lens.numpy()
+        if not np.array_equal(tokens.numpy(), np.arange(t)):
             raise ValueError("DecodeTables: token t must be sequence t's query (a decode-only step)")
-        if int(slots.min()) < 0 or int(slots.max()) >= num_slots:
+        if int(sl.min()) < 0 or int(sl.max()) >= num_slots:
             raise ValueError(f"DecodeTables: a slot lies outside [0, {num_slots})")
         width = block_table.shape[1]
-        if int(block_table.min()) < 0 or int(block_table.max()) * block_size >= num_slots:
+        if int(bt.min()) < 0 or int(bt.max()) * block_size >= num_slots:
             raise ValueError(f"DecodeTables: a block id lies outside the pool of {num_slots // block_size} blocks")
-        if int(ctx_lens.min()) < 1 or int(ctx_lens.max()) > width * block_size:
+        if int(cl.min()) < 1 or int(cl.max()) > width * block_size:
             raise ValueError(f"DecodeTables: ctx_lens must be in [1, {width * block_size}]")
         self.num_tokens, self.block_size, self.width = t, block_size, width
         self.keep = (slots, tokens, block_table, ctx_lens, k_cache, v_cache)

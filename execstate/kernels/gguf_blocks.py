@@ -6,11 +6,13 @@ dequantise each block in registers (the values are llama.cpp's and the ``gguf`` 
 bit for bit) and multiply fp32 activations with fp32 sums in one fixed order for every row count
 (the "GGUF dot order", ``gemm_gguf.c``): deterministic and batch-invariant. Where the CPU lacks
 AVX-512 the 8-lane kernels compute the same order: the same bits, the same numerics id.
-``dequantize`` gives the same values as fp32 (the embedding lookup, tests).
+``dequantize`` gives the same values as fp32 (tests), ``dequantize_rows`` those of a matrix's rows
+(the embedding lookup).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from execstate.kernels.ext import F32, lib, require, sync_threads
@@ -89,6 +91,30 @@ def dequantize(blocks: torch.Tensor, fmt: WeightFormat) -> torch.Tensor:
         q = torch.cat([qs & 15, qs >> 4], dim=-1).float()
         v = d * (q - 8) if fmt is WeightFormat.Q4_0 else d * q + b[..., 2:4].contiguous().view(torch.float16).float()
     return v.reshape(*blocks.shape[:-1], -1)
+
+
+def dequantize_rows(weight: torch.Tensor, ids: torch.Tensor, fmt: WeightFormat) -> torch.Tensor:
+    """Rows ``ids`` ``[T]`` of the CPU GGUF matrix ``weight [N, K / 32 * bytes]`` as a new fp32
+    ``[T, K]``: ``dequantize(weight[ids], fmt)``'s values bit for bit (the products are exact), in
+    numpy: a handful of numpy calls where ``dequantize`` makes a dozen torch ones, which cost
+    ~5 us each of dispatch after a forward pass has left the caches cold (the embedding of every
+    decode step: ~60 against ~10 us for one token)."""
+    if not isinstance(fmt, WeightFormat) or not fmt.quantized or weight.dtype != U8 or weight.dim() != 2:
+        raise ValueError(f"dequantize_rows: a uint8 [N, bytes] GGUF matrix and a block format, got "
+                         f"{weight.dtype} {tuple(weight.shape)} {fmt!r}")
+    bb = GGUF_BLOCK_BYTES[fmt]
+    if weight.shape[1] % bb or not weight.is_cpu or not weight.is_contiguous():
+        raise ValueError(f"dequantize_rows: rows of {weight.shape[1]} bytes are not whole {fmt.name} blocks "
+                         "of a contiguous CPU matrix")
+    b = weight.numpy()[ids.numpy()].reshape(ids.shape[0], -1, bb)
+    d = b[:, :, 0:2].view(np.float16).astype(np.float32)
+    if fmt is WeightFormat.Q8_0:
+        v = d * b[:, :, 2:].view(np.int8).astype(np.float32)
+    else:
+        qs = b[:, :, (4 if fmt is WeightFormat.Q4_1 else 2):]
+        q = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.float32)
+        v = d * (q - 8) if fmt is WeightFormat.Q4_0 else d * q + b[:, :, 2:4].view(np.float16).astype(np.float32)
+    return torch.from_numpy(v.reshape(ids.shape[0], -1))
 
 
 def gguf_kernel_set(formats: set[WeightFormat]) -> str:

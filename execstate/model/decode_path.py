@@ -124,6 +124,7 @@ def decode_layers(layers: Sequence[DecoderLayer], weights_of: Callable[[], Decod
     h = torch.empty_like(x)
     logits: torch.Tensor | None = None
     team, routes = ctx.team, ctx.routes  # team or one thread per call (kernels/team.py); R3 capture/replay
+    routed: tuple[torch.Tensor, torch.Tensor] | None = None  # (ids, weights) of the MoE calls, below
     t0 = timers.now() if timers is not None else 0.0
     for i, (layer, w) in enumerate(zip(layers, weights.layers, strict=True)):
         if team is not None:
@@ -131,12 +132,16 @@ def decode_layers(layers: Sequence[DecoderLayer], weights_of: Callable[[], Decod
             t_call = time.perf_counter()
         if w.top_k:  # routing and experts in the call; the routes recorded as SparseMoE.route does
             m = cast(SparseMoE, layer.mlp).moe_index  # top_k: an MoE layer
-            ids = routes.slot(m) if routes is not None else torch.empty((n, w.top_k), dtype=torch.int64)
             forced = routes.forced(m) if routes is not None else None
             if forced is not None:
                 forced = (forced[0].to(device="cpu", dtype=torch.uint8).contiguous(),
                           forced[1].to(device="cpu", dtype=torch.int64).contiguous())
-            kern.run_layer(i, w, step, ids_out=ids, wts_out=torch.empty((n, w.top_k)), forced=forced)
+            # the routing weights, and the ids nothing records: one pair of outputs for every MoE layer
+            # of the step (two allocations a layer cost ~10 us of cold dispatch)
+            if routed is None or routed[0].shape[1] != w.top_k:
+                routed = torch.empty((n, w.top_k), dtype=torch.int64), torch.empty((n, w.top_k))
+            ids = routes.slot(m) if routes is not None else routed[0]
+            kern.run_layer(i, w, step, ids_out=ids, wts_out=routed[1], forced=forced)
             if routes is not None:
                 routes.record(m, ids)
         elif w.num_experts:  # the call stops at the router logits; the module routes and runs its experts

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from execstate.kernels.gguf_blocks import dequantize
+from execstate.kernels.gguf_blocks import dequantize_rows
 from execstate.kernels.weight_format import WeightFormat
 from execstate.model import gguf_import
 from execstate.model.config import ModelConfig
@@ -40,7 +40,7 @@ _FLOAT_TYPES = ("F32", "F16", "BF16")
 
 class GGUFEmbedding(nn.Module):
     """Token embedding on GGUF blocks: ``forward(ids [T]) -> fp32 [T, dim]``, each row dequantised
-    (``gguf_blocks.dequantize``: the kernels' values). ``weight``: uint8 ``[num, dim / 32 * bytes]``."""
+    (``gguf_blocks.dequantize_rows``: the kernels' values). ``weight``: uint8 ``[num, dim / 32 * bytes]``."""
 
     def __init__(self, num: int, dim: int, fmt: WeightFormat) -> None:
         super().__init__()
@@ -49,7 +49,7 @@ class GGUFEmbedding(nn.Module):
         self.weight_format = fmt
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return dequantize(self.weight[ids], self.weight_format)
+        return dequantize_rows(self.weight, ids, self.weight_format)
 
 
 def read_gguf(path: Path, config: ModelConfig) -> tuple[dict[str, torch.Tensor], dict[str, WeightFormat]]:

@@ -43,6 +43,24 @@ def test_dequantize_equals_the_gguf_package(fmt: WeightFormat) -> None:
     assert torch.equal(gguf_blocks.dequantize(w, fmt), gguf_dequantize(w, fmt))
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantize_rows_equals_dequantize_of_the_rows(fmt: WeightFormat) -> None:
+    """The embedding lookup's numpy path: the rows' values bit for bit (negative scales and, in
+    Q4_1, negative minimums included), in the order of ``ids``, repeats kept."""
+    w = blocks(53, 96, fmt, 3)
+    w.view(53, 3, -1)[::2, :, 1] |= 0x80  # every other row: negative scales (the fp16 sign bit)
+    if fmt is WeightFormat.Q4_1:
+        w.view(53, 3, -1)[1::3, :, 3] ^= 0x80  # and flipped minimums
+    for ids in ([0], [52], [7, 0, 52, 7], list(range(53))):
+        t = torch.tensor(ids)
+        got = gguf_blocks.dequantize_rows(w, t, fmt)
+        assert got.dtype == torch.float32 and got.shape == (len(ids), 96)
+        assert torch.equal(got.view(torch.int32), gguf_blocks.dequantize(w[t], fmt).view(torch.int32))
+        assert torch.equal(got, gguf_dequantize(w[t].contiguous(), fmt))
+    with pytest.raises(ValueError, match="whole Q8_0 blocks"):
+        gguf_blocks.dequantize_rows(torch.zeros((2, 33), dtype=torch.uint8), torch.tensor([0]), WeightFormat.Q8_0)
+
+
 @settings(max_examples=30, deadline=None)
 @given(m=st.integers(1, 21), kb=st.integers(1, 9), n=st.integers(1, 41), fmt=st.sampled_from(FORMATS),
        seed=st.integers(0, 2**16))
