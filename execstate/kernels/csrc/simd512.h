@@ -52,4 +52,20 @@ static K512 inline __m256 hsum16_x8(const __m512 a[8]) {
     return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, s));
 }
 
+/* simd.h's hsum8 of the low and the high 8 lanes of 8 accumulators at once: the same adds in
+ * the same tree (lanes i + i+4, then 0+2 and 1+3, then those two), so the same bits. Result
+ * lane 4q + e is half q % 2 of a[2e + q / 2]. */
+static K512 inline __m512 hsum8_x16(const __m512 a[8]) {
+    __m512 s[4];
+    for (int i = 0; i < 4; i++) /* quarters: [a.lo s4, a.hi s4, b.lo s4, b.hi s4] */
+        s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 v0 = _mm512_add_ps(_mm512_shuffle_ps(s[0], s[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_ps(s[0], s[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 v1 = _mm512_add_ps(_mm512_shuffle_ps(s[2], s[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                    _mm512_shuffle_ps(s[2], s[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_ps(v0, v1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(v0, v1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 #endif
