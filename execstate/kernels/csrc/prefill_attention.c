@@ -199,28 +199,6 @@ static KP void pair_values64x2(const float *sa, const float *sb, const float *ra
     }
 }
 
-/* simd.h's exp8 on 16 lanes: the same operations per lane (vroundps mode 8 = vrndscaleps mode 8,
- * the same converts, clamps and blends), so each lane is exp8's bits. */
-static KP inline __m512 exp16(__m512 in) {
-    __m512 x = _mm512_min_ps(_mm512_max_ps(in, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
-    __m512 r = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
-    r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(in, _mm512_set1_ps(88.72f), _CMP_GT_OQ), r, _mm512_set1_ps(INFINITY));
-    r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(in, _mm512_set1_ps(-87.33f), _CMP_LT_OQ), r, _mm512_setzero_ps());
-    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(in, in, _CMP_UNORD_Q), r, in);
-}
-
 /* simd.h's softmax_numerators, the same bits on 16-lane vectors: the max is exact whichever
  * order finds it (vmaxps(x, m) keeps m when x is NaN, as the scalar compare; a +0/-0 tie
  * changes no s - max), each exp16 lane is exp8's, and the 8-lane sum adds the low then the
