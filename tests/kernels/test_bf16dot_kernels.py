@@ -84,14 +84,11 @@ def test_rounds_activations_not_weights_and_flushes_subnormals() -> None:
         assert linear_call(name, x, w).item() == 1.0 + 1.0 + 2.0**-6
 
 
-@pytest.mark.parametrize("t", [1, 5, 64, 200])
-def test_moe_equals_its_slots_computed_one_by_one(t: int) -> None:
-    e, h, i, k = 8, 96, 64, 2
-    x = randn(t, h, seed=t)
-    ids = torch.stack([torch.randperm(e, generator=torch.Generator().manual_seed(s))[:k] for s in range(t)])
-    wts = torch.softmax(randn(t, k, seed=t + 1), -1)
-    w_gu, w_d = weights_bf16(e * 2 * i, h, 3).view(e, 2 * i, h), weights_bf16(e * h, i, 4).view(e, h, i)
-    want = torch.empty(t, h)
+def moe_reference(x: torch.Tensor, ids: torch.Tensor, wts: torch.Tensor, w_gu: torch.Tensor,
+                  w_d: torch.Tensor) -> torch.Tensor:
+    """The MoE block slot by slot: each slot's rows by bf16dot_reference, summed in slot order."""
+    t, k = ids.shape
+    want = torch.empty(t, x.shape[1])
     for r in range(t):
         ys = []
         for j in range(k):
@@ -102,6 +99,41 @@ def test_moe_equals_its_slots_computed_one_by_one(t: int) -> None:
         for j in range(1, k):
             s = s + wts[r, j] * ys[j]
         want[r] = s
+    return want
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_moe_with_skewed_routing_equals_its_slots_on_any_thread_count(threads: int) -> None:
+    """The threads split the experts' rows by work (slot rows x weight rows), so with skewed
+    routing a busy expert's rows are shared and idle experts' rows go whole to one thread: no
+    row may be left out or computed twice. Experts 1 and 6 take most slots, expert 3 one, 0
+    none; every output equals the slot-by-slot reference."""
+    e, h, i, k, t = 8, 96, 64, 2, 150
+    rng = torch.Generator().manual_seed(9)
+    first = torch.where(torch.rand(t, generator=rng) < 0.7, 1, 6)
+    second = torch.randint(4, 8, (t,), generator=rng)
+    second = torch.where(second == first, 7 - (first == 7).long(), second)
+    second[5] = 3
+    ids = torch.stack([first, second], dim=1).to(torch.int64)
+    wts = torch.softmax(randn(t, k, seed=10), -1)
+    x = randn(t, h, seed=11)
+    w_gu, w_d = weights_bf16(e * 2 * i, h, 12).view(e, 2 * i, h), weights_bf16(e * h, i, 13).view(e, h, i)
+    want = moe_reference(x, ids, wts, w_gu, w_d)
+    poison = torch.full_like(x, float("nan"))
+    for name in MOE_ENTRIES:
+        with_threads(1, lambda name=name: moe_call(name, poison, ids, wts, w_gu, w_d))  # NaN in every temporary row
+        got = with_threads(threads, lambda name=name: moe_call(name, x, ids, wts, w_gu, w_d))
+        assert torch.equal(got, want), name
+
+
+@pytest.mark.parametrize("t", [1, 5, 64, 200])
+def test_moe_equals_its_slots_computed_one_by_one(t: int) -> None:
+    e, h, i, k = 8, 96, 64, 2
+    x = randn(t, h, seed=t)
+    ids = torch.stack([torch.randperm(e, generator=torch.Generator().manual_seed(s))[:k] for s in range(t)])
+    wts = torch.softmax(randn(t, k, seed=t + 1), -1)
+    w_gu, w_d = weights_bf16(e * 2 * i, h, 3).view(e, 2 * i, h), weights_bf16(e * h, i, 4).view(e, h, i)
+    want = moe_reference(x, ids, wts, w_gu, w_d)
     for name in MOE_ENTRIES:
         assert torch.equal(moe_call(name, x, ids, wts, w_gu, w_d), want), name
     assert torch.equal(gemm_bf16dot.moe_bf16dot(x, ids, wts, w_gu, w_d), want)

@@ -457,3 +457,18 @@ def test_sigmoid_bad_input() -> None:
     with pytest.raises(ValueError, match="contiguous"):
         cpu.sigmoid(torch.zeros(4, 4).t())
     assert cpu.sigmoid(torch.zeros(0)).shape == (0,)
+
+
+def test_silu_mul_same_bits_in_16_lane_8_lane_and_scalar_positions() -> None:
+    """With AVX-512 an element may be computed on 16 lanes (the first n & ~15), on 8 or alone
+    (the tail); each element's result must not depend on which: 25 columns put a value in each
+    kind of position, compared with the same value computed alone (inter = 1, the tail)."""
+    edges = [90.0, -90.0, 88.0, -88.0, 87.5, -87.5, 20.0, -20.0, 0.0, -0.0, 1e-30, 1e30, -1e30, 88.72, -87.33]
+    vals = torch.cat([torch.tensor(edges), randn(210, seed=70) * 6.0])  # 225 = 9 rows of 25
+    up = randn(vals.numel(), seed=71)
+    alone = cpu.silu_mul(torch.stack([vals, up], dim=1).contiguous())[:, 0]  # each value alone: the scalar tail
+    gate = vals[:, None].expand(-1, 25)
+    row = cpu.silu_mul(torch.cat([gate, up[:, None].expand(-1, 25)], dim=1).contiguous())
+    assert torch.equal(row, alone[:, None].expand(-1, 25))
+    wide = torch.cat([vals.reshape(-1, 25), up.reshape(-1, 25)], dim=1).contiguous()  # distinct values per row
+    assert torch.equal(cpu.silu_mul(wide).flatten(), alone)

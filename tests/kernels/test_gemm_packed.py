@@ -154,3 +154,18 @@ def test_bf16_standard_shapes_thread_invariant_and_row_alone() -> None:
         alone = cpu.moe_bf16(x[row : row + 1].contiguous(), ids[row : row + 1].contiguous(),
                              wts[row : row + 1].contiguous(), w_gate_up, w_down)
         assert torch.equal(one[row], alone[0])
+
+
+@pytest.mark.parametrize("m", [1, 2, 7, 8, 9, 17])
+@pytest.mark.parametrize("n", [1, 5, 6, 7, 12, 13, 97])
+def test_linear_packed_no_k_tail_every_tile_edge_bitwise_and_in_bounds(m: int, n: int) -> None:
+    """K a multiple of 8 (no fmaf tail): the tile's lane sums leave the accumulators together,
+    two rows x up to 6 columns per masked store. Every row count (odd M: the pair's second row
+    missing) and column remainder (N % 6) equals dot_rows bit for bit, and nothing past the
+    output is written."""
+    k = 64
+    x, w = randn(m, k, seed=m), randn(n, k, seed=n + 100)
+    buf = torch.full((m * n + 64,), float("nan"))
+    ext.lib().linear_packed(x.data_ptr(), w.data_ptr(), buf.data_ptr(), m, k, n)
+    assert torch.equal(buf[: m * n].view(m, n), _dot_rows(x, w))
+    assert torch.isnan(buf[m * n:]).all()

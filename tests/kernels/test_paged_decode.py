@@ -408,3 +408,30 @@ def test_tiled_prefill_kernel_standard_shapes_equal_decode_kernel(nh: int, nkv: 
     plan.tiled = False
     plan.run(q, kc, vc, plain, d**-0.5)
     assert torch.equal(tiled, plain)
+
+
+@pytest.mark.parametrize("scale", [0.125, 40.0])  # 40: most numerators underflow (exp's clamp paths)
+def test_tiled_kernel_rows_of_one_table_in_any_length_order_equal_decode_kernel(scale: float) -> None:
+    """Rows that share a block table row form tiles of up to 8 rows; the head-pair path (d = 64)
+    runs two rows at once over their common positions, then each row's own. Context lengths that
+    fall and rise within a tile (each tile edge, 8- and 16-position softmax chunks and their
+    tails) still give each row the decode kernel's bits. bf16 K/V always take the tiled kernel;
+    the decode kernel runs on the widened (exact) caches."""
+    nh, nkv, d, bs = 8, 4, 64, 16
+    lens = [37, 36, 40, 8, 9, 1, 24, 33, 16, 15, 17, 48, 47, 2]
+    table = [5, 1, 3]
+    slots = 6 * bs
+    q = randn(len(lens), nh, d, seed=7)
+    kc = randn(slots, nkv, d, seed=8).to(torch.bfloat16)
+    vc = randn(slots, nkv, d, seed=9).to(torch.bfloat16)
+    plan = cpu.PagedDecode(list(range(len(lens))), [table] * len(lens), lens, bs, slots)
+    tiled, plain = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    plan.run(q, kc, vc, tiled, scale)
+    plan.run(q, kc.float(), vc.float(), plain, scale)  # fp32 caches, plan not tiled: the decode kernel
+    assert torch.equal(tiled, plain)
+    rows = torch.tensor([(table[p // bs] * bs + p % bs) for p in range(max(lens))])
+    for b, n in enumerate(lens):  # and a float64 reference
+        k, v = kc.double()[rows[:n]], vc.double()[rows[:n]]  # [n, nkv, d]
+        s = torch.einsum("hd,nhd->hn", q[b].double(), k.repeat_interleave(nh // nkv, dim=1)) * scale
+        ref = torch.einsum("hn,nhd->hd", s.softmax(-1), v.repeat_interleave(nh // nkv, dim=1))
+        torch.testing.assert_close(tiled[b].double(), ref, rtol=1e-4, atol=1e-5)

@@ -1,10 +1,27 @@
 /* Per-layer elementwise kernels: SwiGLU gate, RMSNorm, q/k/v split + QK-norm + RoPE. */
 #include "kernels.h"
 #include "simd.h"
+#include "simd512.h"
 
-/* h[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u for i < n. */
+/* es_silu_mul's first n16 = n & ~15 elements on 16 lanes: per element the same operations
+ * (exp16's lanes are exp8's), so the same bits. */
+static K512 void silu_mul16(const float *g, const float *u, float *h, int64_t n16) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n16; i += 16) {
+        const __m512 gv = _mm512_loadu_ps(g + i);
+        const __m512 sv = _mm512_div_ps(gv, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+        _mm512_storeu_ps(h + i, _mm512_mul_ps(sv, _mm512_loadu_ps(u + i)));
+    }
+}
+
+/* h[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u for i < n: 16 lanes with AVX-512, then 8,
+ * then one at a time, each element computed alike. */
 KT void es_silu_mul(const float *g, const float *u, float *h, int64_t n) {
     int64_t i = 0;
+    if (es_gemm_packed_available()) { /* AVX-512 */
+        i = n & ~(int64_t)15;
+        silu_mul16(g, u, h, i);
+    }
     const __m256 one = _mm256_set1_ps(1.0f);
     for (; i + 8 <= n; i += 8) {
         __m256 gv = _mm256_loadu_ps(g + i);

@@ -7,6 +7,8 @@
  * floats are broadcast to both halves. So lane j of an accumulator's low half sums
  * w[n, k] * x[2p, k] over k = j (mod 8) in k order with FMA, exactly dot_rows's lane j; the
  * halves are then summed with dot_rows's tree (hsum8) and the K % 8 tail with fmaf (finish).
+ * Without a tail (K % 8 == 0) a row pair's 2 x J sums are taken at once by hsum8_x16 (simd512.h:
+ * the same tree on shuffled operands) and stored J columns per row with a masked store.
  *
  * Blocking: each thread owns a range of weight rows, split in NC-row blocks (kept in L2);
  * for each block it walks all row pairs in tiles of P pairs (the packed x tile, kept in L1)
@@ -21,6 +23,7 @@
 
 #include "kernels.h"
 #include "simd.h"
+#include "simd512.h"
 
 #define KP __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma")))
 #define P_MAX 4  /* row pairs per tile (8 rows) */
@@ -55,6 +58,21 @@ static KP inline __attribute__((always_inline)) void store(__m512 acc[P_MAX][J_M
                                                           const float *const *xr, const float *const *wr, float *y,
                                                           int64_t ldy, int64_t pair0, int64_t n0, int64_t M,
                                                           int64_t K, int64_t k8) {
+    if (k8 == K) { /* no tail: a pair's 2 x J lane sums at once (hsum8_x16: hsum8's tree, same bits) */
+        /* hsum8_x16's lane 4q + e = half q % 2 of a[2e + q / 2] -> [row 2p: a[0..8) | row 2p + 1: a[0..8)] */
+        const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+        const __mmask8 cols = (__mmask8)((1u << J) - 1);
+        for (int p = 0; p < P; p++) {
+            const int64_t m = 2 * (pair0 + p);
+            __m512 a[8];
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) a[j] = j < J_MAX && j < J ? acc[p][j < J_MAX ? j : 0] : _mm512_setzero_ps();
+            const __m512 r = _mm512_permutexvar_ps(order, hsum8_x16(a));
+            _mm256_mask_storeu_ps(y + m * ldy + n0, cols, _mm512_castps512_ps256(r));
+            if (m + 1 < M) _mm256_mask_storeu_ps(y + (m + 1) * ldy + n0, cols, _mm512_extractf32x8_ps(r, 1));
+        }
+        return;
+    }
     for (int p = 0; p < P; p++) {
         int64_t m = 2 * (pair0 + p);
         for (int j = 0; j < J; j++) {

@@ -12,11 +12,18 @@
  * product + finish, times scale; softmax_numerators (simd.h) is the same function; the output is
  * acc = 0, acc = fma(p_l, V_l, acc) for l in order (here kept in memory between blocks: fp32
  * stores are exact), times 1 / sum. So a row's output does not depend on its tile, the
- * thread count or whether it ran as prefill or decode. */
+ * thread count or whether it ran as prefill or decode.
+ *
+ * With AVX-512 and d = 64 (the head-pair path) two rows of a tile run together over the
+ * positions both see (pair_scores2, pair_values64x2: each K and V chunk loaded once for four
+ * (row, head) accumulators), then each row alone over its own; each row's positions stay in
+ * order. The softmax numerators then take 16 lanes at a time (softmax_numerators16: the same
+ * bits as simd.h's softmax_numerators). */
 #include <string.h>
 
 #include "kernels.h"
 #include "simd.h"
+#include "simd512.h"
 
 #define QT 8 /* rows per tile */
 
@@ -82,28 +89,13 @@ static KT void block_values(const float *s, const float *vb, int64_t vstride, in
 
 /* Two heads (a, b) of one row at once on 16-lane vectors: lanes 0-7 are head a's 8 lanes,
  * 8-15 head b's, each K/V chunk broadcast to both halves; every lane does what the 8-lane
- * code above does, so the results are the same bits. qp: [qa[i:i+8] | qb[i:i+8]] per i. */
-/* simd.h's hsum8 of the low and the high 8 lanes of 8 accumulators at once: the same adds in
- * the same tree (lanes i + i+4, then 0+2 and 1+3, then those two), so the same bits. Result
- * lane 4q + e is half q % 2 of a[2e + q / 2]. */
-static KP inline __m512 hsum8_x16(const __m512 a[8]) {
-    __m512 s[4];
-    for (int i = 0; i < 4; i++) /* quarters: [a.lo s4, a.hi s4, b.lo s4, b.hi s4] */
-        s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512 v0 = _mm512_add_ps(_mm512_shuffle_ps(s[0], s[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                    _mm512_shuffle_ps(s[0], s[1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 v1 = _mm512_add_ps(_mm512_shuffle_ps(s[2], s[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                    _mm512_shuffle_ps(s[2], s[3], _MM_SHUFFLE(3, 2, 3, 2)));
-    return _mm512_add_ps(_mm512_shuffle_ps(v0, v1, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_ps(v0, v1, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-static KP void pair_scores(const float *qp, const float *kb, int64_t kstride,
+ * code above does, so the results are the same bits. qp: [qa[i:i+8] | qb[i:i+8]] per i. Scores of
+ * positions [l0, l1) of the cache block whose first position b0 is at kb. */
+static KP void pair_scores(const float *qp, const float *kb, int64_t kstride, int64_t b0,
                            int64_t l0, int64_t l1, int64_t d8, float scale, float *sa, float *sb) {
     int64_t l = l0;
     for (; l + 8 <= l1; l += 8) {
-        const float *k0 = kb + (l - l0) * kstride;
+        const float *k0 = kb + (l - b0) * kstride;
         __m512 a[8];
 #pragma GCC unroll 8
         for (int u = 0; u < 8; u++) a[u] = _mm512_setzero_ps();
@@ -120,7 +112,7 @@ static KP void pair_scores(const float *qp, const float *kb, int64_t kstride,
         _mm256_storeu_ps(sb + l, _mm512_extractf32x8_ps(r, 1));
     }
     for (; l < l1; l++) {
-        const float *k0 = kb + (l - l0) * kstride;
+        const float *k0 = kb + (l - b0) * kstride;
         __m512 a0 = _mm512_setzero_ps();
         for (int64_t i = 0; i < d8; i += 8)
             a0 = _mm512_fmadd_ps(_mm512_broadcast_f32x8(_mm256_loadu_ps(k0 + i)), _mm512_loadu_ps(qp + 2 * i), a0);
@@ -129,20 +121,113 @@ static KP void pair_scores(const float *qp, const float *kb, int64_t kstride,
     }
 }
 
+/* pair_scores of two rows' head pairs (qp, qr) at once over the same keys [l0, l1): each K chunk
+ * loaded once for both; every score is computed as pair_scores computes it (same bits). */
+static KP void pair_scores2(const float *qp, const float *qr, const float *kb, int64_t kstride, int64_t b0,
+                            int64_t l0, int64_t l1, int64_t d8, float scale, float *sa, float *sb, float *ra,
+                            float *rb) {
+    int64_t l = l0;
+    const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    for (; l + 8 <= l1; l += 8) {
+        const float *k0 = kb + (l - b0) * kstride;
+        __m512 a[8], c[8];
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; u++) a[u] = c[u] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < d8; i += 8) {
+            const __m512 qv = _mm512_loadu_ps(qp + 2 * i), rv = _mm512_loadu_ps(qr + 2 * i);
+#pragma GCC unroll 8
+            for (int u = 0; u < 8; u++) {
+                const __m512 kv = _mm512_broadcast_f32x8(_mm256_loadu_ps(k0 + u * kstride + i));
+                a[u] = _mm512_fmadd_ps(kv, qv, a[u]);
+                c[u] = _mm512_fmadd_ps(kv, rv, c[u]);
+            }
+        }
+        const __m512 x = _mm512_mul_ps(_mm512_permutexvar_ps(order, hsum8_x16(a)), _mm512_set1_ps(scale));
+        const __m512 y = _mm512_mul_ps(_mm512_permutexvar_ps(order, hsum8_x16(c)), _mm512_set1_ps(scale));
+        _mm256_storeu_ps(sa + l, _mm512_castps512_ps256(x));
+        _mm256_storeu_ps(sb + l, _mm512_extractf32x8_ps(x, 1));
+        _mm256_storeu_ps(ra + l, _mm512_castps512_ps256(y));
+        _mm256_storeu_ps(rb + l, _mm512_extractf32x8_ps(y, 1));
+    }
+    if (l < l1) {
+        pair_scores(qp, kb, kstride, b0, l, l1, d8, scale, sa, sb);
+        pair_scores(qr, kb, kstride, b0, l, l1, d8, scale, ra, rb);
+    }
+}
+
 /* o (interleaved [a chunk | b chunk] per 8 floats, d = 64) += p_l V_l for l in [l0, l1). */
-static KP void pair_values64(const float *sa, const float *sb, const float *vb, int64_t vstride, int64_t l0,
-                             int64_t l1, float *o) {
+static KP void pair_values64(const float *sa, const float *sb, const float *vb, int64_t vstride, int64_t b0,
+                             int64_t l0, int64_t l1, float *o) {
     __m512 r[8];
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) r[c] = _mm512_loadu_ps(o + 16 * c);
     for (int64_t l = l0; l < l1; l++) {
-        const float *vp = vb + (l - l0) * vstride;
+        const float *vp = vb + (l - b0) * vstride;
         const __m512 p = _mm512_insertf32x8(_mm512_set1_ps(sa[l]), _mm256_set1_ps(sb[l]), 1);
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) r[c] = _mm512_fmadd_ps(p, _mm512_broadcast_f32x8(_mm256_loadu_ps(vp + 8 * c)), r[c]);
     }
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) _mm512_storeu_ps(o + 16 * c, r[c]);
+}
+
+/* pair_values64 for two rows (scores sa, sb -> o; ra, rb -> o2) over the same positions [l0, l1)
+ * of one block, each V chunk loaded once for both: per row the same FMAs in the same order. */
+static KP void pair_values64x2(const float *sa, const float *sb, const float *ra, const float *rb, const float *vb,
+                               int64_t vstride, int64_t b0, int64_t l0, int64_t l1, float *o, float *o2) {
+    __m512 r[8], t[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) {
+        r[c] = _mm512_loadu_ps(o + 16 * c);
+        t[c] = _mm512_loadu_ps(o2 + 16 * c);
+    }
+    for (int64_t l = l0; l < l1; l++) {
+        const float *vp = vb + (l - b0) * vstride;
+        const __m512 p = _mm512_insertf32x8(_mm512_set1_ps(sa[l]), _mm256_set1_ps(sb[l]), 1);
+        const __m512 pr = _mm512_insertf32x8(_mm512_set1_ps(ra[l]), _mm256_set1_ps(rb[l]), 1);
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) {
+            const __m512 v = _mm512_broadcast_f32x8(_mm256_loadu_ps(vp + 8 * c));
+            r[c] = _mm512_fmadd_ps(p, v, r[c]);
+            t[c] = _mm512_fmadd_ps(pr, v, t[c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) {
+        _mm512_storeu_ps(o + 16 * c, r[c]);
+        _mm512_storeu_ps(o2 + 16 * c, t[c]);
+    }
+}
+
+/* simd.h's softmax_numerators, the same bits on 16-lane vectors: the max is exact whichever
+ * order finds it (vmaxps(x, m) keeps m when x is NaN, as the scalar compare; a +0/-0 tie
+ * changes no s - max), each exp16 lane is exp8's, and the 8-lane sum adds the low then the
+ * high half of each 16, i.e. the 8-lane chunks in order. */
+static KP inline float softmax_numerators16(float *s, int64_t L) {
+    __m512 m16 = _mm512_set1_ps(-INFINITY);
+    int64_t l = 0;
+    for (; l + 16 <= L; l += 16) m16 = _mm512_max_ps(_mm512_loadu_ps(s + l), m16);
+    float mx = _mm512_reduce_max_ps(m16);
+    for (; l < L; l++) mx = s[l] > mx ? s[l] : mx;
+    const __m512 mv = _mm512_set1_ps(mx);
+    __m256 acc = _mm256_setzero_ps();
+    for (l = 0; l + 16 <= L; l += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + l), mv));
+        _mm512_storeu_ps(s + l, e);
+        acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+        acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(e, 1));
+    }
+    for (; l + 8 <= L; l += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), _mm256_set1_ps(mx)));
+        _mm256_storeu_ps(s + l, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float sum = hsum8(acc);
+    for (; l < L; l++) {
+        s[l] = exp1(s[l] - mx);
+        sum += s[l];
+    }
+    return sum;
 }
 
 /* KV head h's rows of the cache block holding positions [b0, b0 + bs) (block table bt): with
@@ -183,27 +268,63 @@ static KT void tile_item(const float *q, const void *kc, const void *vc, float *
         for (int64_t i = 0; i < n; i++) {
             const int64_t e = e0 + i, l1 = ctx_len[e] < b0 + bs ? ctx_len[e] : b0 + bs;
             if (l1 <= b0) continue;
-            for (int64_t m = 0; m < npair; m++)
-                pair_scores(qp + (i * npair + m) * 2 * d, kb, stride, b0, l1, d, scale, sc + (i * G + 2 * m) * lmax,
-                            sc + (i * G + 2 * m + 1) * lmax);
+            /* rows i and i + 1 (npair > 0): their common positions together, then each one's own */
+            const int64_t l1n = i + 1 < n && npair ? (ctx_len[e + 1] < b0 + bs ? ctx_len[e + 1] : b0 + bs) : b0;
+            const int64_t both = l1n < l1 ? l1n : l1;
+            for (int64_t m = 0; m < npair; m++) {
+                const int64_t r = i * G + 2 * m, rn = r + G;
+                const float *qa = qp + (i * npair + m) * 2 * d, *qn = qa + npair * 2 * d;
+                if (both > b0)
+                    pair_scores2(qa, qn, kb, stride, b0, b0, both, d, scale, sc + r * lmax, sc + (r + 1) * lmax,
+                                 sc + rn * lmax, sc + (rn + 1) * lmax);
+                if (l1 > both)
+                    pair_scores(qa, kb, stride, b0, both > b0 ? both : b0, l1, d, scale, sc + r * lmax,
+                                sc + (r + 1) * lmax);
+                if (both > b0 && l1n > both)
+                    pair_scores(qn, kb, stride, b0, both, l1n, d, scale, sc + rn * lmax, sc + (rn + 1) * lmax);
+            }
             for (int64_t g = 2 * npair; g < G; g++)
                 block_scores(q + (tok[e] * nh + h * G + g) * d, kb, stride, b0, l1, d, scale, sc + (i * G + g) * lmax);
+            if (both > b0) { /* row i + 1's pairs are done; its other heads here */
+                for (int64_t g = 2 * npair; g < G; g++)
+                    block_scores(q + (tok[e + 1] * nh + h * G + g) * d, kb, stride, b0, l1n, d, scale,
+                                 sc + ((i + 1) * G + g) * lmax);
+                i++;
+            }
         }
     }
     float inv[QT * 16];
-    for (int64_t r = 0; r < rows; r++) inv[r] = 1.0f / softmax_numerators(sc + r * lmax, ctx_len[e0 + r / G]);
+    for (int64_t r = 0; r < rows; r++)
+        inv[r] = 1.0f / (pairs ? softmax_numerators16(sc + r * lmax, ctx_len[e0 + r / G])
+                               : softmax_numerators(sc + r * lmax, ctx_len[e0 + r / G]));
     memset(oacc, 0, sizeof(float) * rows * d);
     for (int64_t b0 = 0; b0 < L; b0 += bs) { /* values, block by block */
         const float *vb = block_rows(vc, bt, b0, (L < b0 + bs ? L : b0 + bs) - b0, h, nkv, d, bs, kw, &stride);
         for (int64_t i = 0; i < n; i++) {
             const int64_t e = e0 + i, l1 = ctx_len[e] < b0 + bs ? ctx_len[e] : b0 + bs;
             if (l1 <= b0) continue;
+            /* as the scores: rows i and i + 1 over their common positions, then each one's own
+             * (each row's positions still in order) */
+            const int64_t l1n = i + 1 < n && npair ? (ctx_len[e + 1] < b0 + bs ? ctx_len[e + 1] : b0 + bs) : b0;
+            const int64_t both = l1n < l1 ? l1n : l1;
             for (int64_t m = 0; m < npair; m++) {
-                const int64_t r = i * G + 2 * m;
-                pair_values64(sc + r * lmax, sc + (r + 1) * lmax, vb, stride, b0, l1, oacc + r * d);
+                const int64_t r = i * G + 2 * m, rn = r + G;
+                if (both > b0)
+                    pair_values64x2(sc + r * lmax, sc + (r + 1) * lmax, sc + rn * lmax, sc + (rn + 1) * lmax, vb,
+                                    stride, b0, b0, both, oacc + r * d, oacc + rn * d);
+                if (l1 > both)
+                    pair_values64(sc + r * lmax, sc + (r + 1) * lmax, vb, stride, b0, both > b0 ? both : b0, l1,
+                                  oacc + r * d);
+                if (both > b0 && l1n > both)
+                    pair_values64(sc + rn * lmax, sc + (rn + 1) * lmax, vb, stride, b0, both, l1n, oacc + rn * d);
             }
             for (int64_t g = 2 * npair; g < G; g++)
                 block_values(sc + (i * G + g) * lmax, vb, stride, b0, l1, d, oacc + (i * G + g) * d);
+            if (both > b0) {
+                for (int64_t g = 2 * npair; g < G; g++)
+                    block_values(sc + ((i + 1) * G + g) * lmax, vb, stride, b0, l1n, d, oacc + ((i + 1) * G + g) * d);
+                i++;
+            }
         }
     }
     for (int64_t r = 0; r < rows; r++) {
