@@ -30,6 +30,32 @@ def cpu_name() -> str | None:
     return platform.processor() or None
 
 
+def cpu_jiffies() -> tuple[int, int, int] | None:
+    """The machine's CPU time so far from /proc/stat's ``cpu`` line, in clock ticks over all CPUs:
+    (total, busy, steal); busy counts every state but idle, iowait and steal (user, nice, system,
+    irq, softirq; guest time is already inside user). ``None`` where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 8:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    return sum(fields), user + nice + system + irq + softirq, steal
+
+
+def machine_shares(before: tuple[int, int, int] | None, after: tuple[int, int, int] | None) -> tuple[float, float]:
+    """(busy share, steal share) of the machine's CPU time between two ``cpu_jiffies`` readings:
+    busy = every process's CPU time / all CPUs' time, steal = time the hypervisor ran something
+    else on this VM's CPUs / all CPUs' time. A slow run at a full CPU share of its own with a
+    high steal share was the host's, not the run's. NaN where unknown or no tick passed."""
+    if before is None or after is None or after[0] <= before[0]:
+        return float("nan"), float("nan")
+    total = after[0] - before[0]
+    return (after[1] - before[1]) / total, (after[2] - before[2]) / total
+
+
 SETTLE_S = 0.5
 
 

@@ -1,0 +1,42 @@
+"""The machine's CPU accounting the throughput bench records per timed run (``machine.py``):
+the host's steal and the other processes' CPU time, as shares of all CPUs' time."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from execstate_bench.machine import cpu_jiffies, machine_shares
+
+
+def test_machine_shares_from_two_readings() -> None:
+    # 400 ticks over all CPUs: 250 busy, 60 stolen by the hypervisor
+    busy, steal = machine_shares((1000, 600, 10), (1400, 850, 70))
+    assert busy == pytest.approx(250 / 400)
+    assert steal == pytest.approx(60 / 400)
+
+
+def test_machine_shares_unknown_or_no_tick() -> None:
+    for before, after in ((None, (1, 1, 0)), ((1, 1, 0), None), ((5, 2, 0), (5, 3, 0))):
+        assert all(math.isnan(x) for x in machine_shares(before, after))
+
+
+@pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="needs Linux /proc/stat")
+def test_cpu_jiffies_counts_this_process_busy() -> None:
+    before = cpu_jiffies()
+    assert before is not None
+    total, busy, steal = before
+    assert 0 <= steal <= total and 0 < busy < total
+    t_end = time.process_time() + 0.3  # 0.3 CPU s of our own: at least 30 ticks at 100 Hz
+    while time.process_time() < t_end:
+        pass
+    after = cpu_jiffies()
+    assert after is not None
+    hz = os.sysconf("SC_CLK_TCK")
+    assert after[1] - busy >= 0.2 * hz  # the busy loop shows as busy time (a little slack for tick sampling)
+    share, _ = machine_shares(before, after)
+    assert 0 < share <= 1
