@@ -34,9 +34,9 @@ from execstate_bench.throughput_workload import Workload
 
 WARMUP_NEW_TOKENS = 4
 REFERENCE_PEER = "execstate_r3_on"
-_SAMPLE_KEYS = ("b8_s", "b8_tok", "b8_cpu_share", "b8_load", "b8_r3_share", "b8_steal", "b8_others",
-                "b1_s", "b1_tok", "b1_cpu_share", "b1_load", "b1_r3_share", "b1_steal", "b1_others", "b1_ttft",
-                "b8_prefill_s")
+_SAMPLE_KEYS = ("b8_s", "b8_tok", "b8_cpu_share", "b8_load", "b8_r3_share", "b8_steal", "b8_others", "b8_settle",
+                "b1_s", "b1_tok", "b1_cpu_share", "b1_load", "b1_r3_share", "b1_steal", "b1_others", "b1_settle",
+                "b1_ttft", "b8_prefill_s")
 
 # peer name -> "b8"/"b1" (batch shape) -> generated token ids per prompt, of one repeat
 _Tokens = dict[str, dict[str, list[list[int]]]]
@@ -50,7 +50,8 @@ class Measured:
     seconds, ``_tok`` generated tokens per prompt, ``_cpu_share`` CPU s / (wall s x threads),
     ``_load`` the 1-minute load average before the run, ``_r3_share`` (engines) the share of
     the run's wall time its R3Clock measured, ``_steal`` / ``_others`` the host's steal and the
-    other processes' CPU time over the call as shares of all CPUs' time; ``b1_ttft``: every
+    other processes' CPU time over the call as shares of all CPUs' time, ``_settle`` the seconds waited
+    before it for the machine to be quiet (``machine.settle``); ``b1_ttft``: every
     batch-1 TTFT; ``b8_prefill_s``: per batch-8 run, the batch's time to first token (peers that
     report it).
     ``parity[peer][shape]``: agreement counts with the engine (R3 on), summed over repeats.
@@ -134,7 +135,8 @@ class PeerLoop:
             return
         s = self.samples[p.name]
         gc.collect()
-        settle()
+        # the previous peer's leftover work (vLLM's processes go on for 0.5 s and more) ends first
+        s[f"{key}_settle"].append(settle(until_quiet=True))
         load = loadavg_1m()
         cpu0, jiffies0, wall0 = time.process_time(), cpu_jiffies(), time.perf_counter()
         res = p.run(prompts, self.wl.new_tokens(p, batched), batched)

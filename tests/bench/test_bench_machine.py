@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from execstate_bench.machine import cpu_jiffies, machine_shares
+from execstate_bench.machine import QUIET_MAX_S, SETTLE_S, cpu_jiffies, machine_shares, others_cpus, settle
 
 
 def test_machine_shares_from_two_readings() -> None:
@@ -40,3 +42,18 @@ def test_cpu_jiffies_counts_this_process_busy() -> None:
     assert after[1] - busy >= 0.2 * hz  # the busy loop shows as busy time (a little slack for tick sampling)
     share, _ = machine_shares(before, after)
     assert 0 < share <= 1
+
+
+@pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="needs Linux /proc/stat")
+def test_settle_waits_for_another_process_to_stop() -> None:
+    # a process spinning on a CPU for 1.2 s, as a peer's leftover threads do after its run
+    spin = "import time\nt = time.time() + 1.2\nwhile time.time() < t:\n    pass\n"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.15)  # started and spinning
+        assert others_cpus(0.2) > 0.5  # one CPU's worth of someone else's work
+        waited = settle(until_quiet=True)
+    finally:
+        child.wait()
+    assert 0.8 <= waited <= SETTLE_S + QUIET_MAX_S + 0.3  # the spinner's remaining ~1.05 s, not only SETTLE_S
+    assert settle() == pytest.approx(SETTLE_S, abs=0.1)  # without until_quiet: the fixed pause
