@@ -147,7 +147,10 @@ class PeerLoop:
         # the machine over the whole call (a batch-8 prefill probe included): the hypervisor's steal
         # and the CPU time of every other process, as shares of all CPUs' time
         s[f"{key}_steal"].append(steal)
-        s[f"{key}_others"].append(busy - cpu / ((time.perf_counter() - wall0) * (os.cpu_count() or 1)))
+        # (this process's CPU over the whole call: a peer's ``cpu_seconds`` leaves out its prefill
+        # probe; for vLLM's peer its own processes count as others)
+        own = (time.process_time() - cpu0) / ((time.perf_counter() - wall0) * (os.cpu_count() or 1))
+        s[f"{key}_others"].append(busy - own)
         s[f"{key}_load"].append(load)
         s[f"{key}_s"].append(res.seconds)
         s[f"{key}_tok"].append([len(t) for t in res.token_ids])
