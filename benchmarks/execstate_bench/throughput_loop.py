@@ -10,9 +10,11 @@ warmed up, measured on both batch shapes and closed, in turn, every repeat.
 A short warm-up per load (batch 8 on 2 prompts, batch 1 on 1, ``WARMUP_NEW_TOKENS`` each,
 on prompts of their own) precedes the timed runs. Per run the loop records wall seconds,
 generated tokens per prompt, batch-1 TTFTs where the peer reports them, the 1-minute load
-average before the run and the share of the machine this process got (CPU s / (wall s x
-threads)); after each repeat every peer's greedy tokens are compared with the engine's
-(R3 on; a peer beside another numerics mode: that mode's engine, ``Peer.parity_reference``), see
+average before the run, the share of the machine this process got (CPU s / (wall s x
+threads)), and over the call the host's steal and the other processes' CPU time as shares of
+all CPUs' time (``machine.machine_shares``: a run slowed with neither was slowed by its own
+work); after each repeat every peer's greedy tokens are compared with the engine's (R3 on; a
+peer beside another numerics mode: that mode's engine, ``Peer.parity_reference``), see
 ``execstate_bench.parity``.
 """
 
@@ -20,19 +22,21 @@ from __future__ import annotations
 
 import gc
 import itertools
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from execstate_bench.machine import loadavg_1m, settle
+from execstate_bench.machine import cpu_jiffies, loadavg_1m, machine_shares, settle
 from execstate_bench.parity import add_counts, compare
 from execstate_bench.peers import EnginePeer, Peer
 from execstate_bench.throughput_workload import Workload
 
 WARMUP_NEW_TOKENS = 4
 REFERENCE_PEER = "execstate_r3_on"
-_SAMPLE_KEYS = ("b8_s", "b8_tok", "b8_cpu_share", "b8_load", "b8_r3_share", "b1_s", "b1_tok", "b1_cpu_share",
-                "b1_load", "b1_r3_share", "b1_ttft", "b8_prefill_s")
+_SAMPLE_KEYS = ("b8_s", "b8_tok", "b8_cpu_share", "b8_load", "b8_r3_share", "b8_steal", "b8_others", "b8_settle",
+                "b1_s", "b1_tok", "b1_cpu_share", "b1_load", "b1_r3_share", "b1_steal", "b1_others", "b1_settle",
+                "b1_ttft", "b8_prefill_s")
 
 # peer name -> "b8"/"b1" (batch shape) -> generated token ids per prompt, of one repeat
 _Tokens = dict[str, dict[str, list[list[int]]]]
@@ -45,8 +49,11 @@ class Measured:
     ``samples[peer]``: per batch shape ``b8``/``b1``, one entry per timed run: ``_s`` wall
     seconds, ``_tok`` generated tokens per prompt, ``_cpu_share`` CPU s / (wall s x threads),
     ``_load`` the 1-minute load average before the run, ``_r3_share`` (engines) the share of
-    the run's wall time its R3Clock measured; ``b1_ttft``: every batch-1 TTFT; ``b8_prefill_s``:
-    per batch-8 run, the batch's time to first token (peers that report it).
+    the run's wall time its R3Clock measured, ``_steal`` / ``_others`` the host's steal and the
+    other processes' CPU time over the call as shares of all CPUs' time, ``_settle`` the seconds waited
+    before it for the machine to be quiet (``machine.settle``); ``b1_ttft``: every
+    batch-1 TTFT; ``b8_prefill_s``: per batch-8 run, the batch's time to first token (peers that
+    report it).
     ``parity[peer][shape]``: agreement counts with the engine (R3 on), summed over repeats.
     """
 
@@ -128,13 +135,22 @@ class PeerLoop:
             return
         s = self.samples[p.name]
         gc.collect()
-        settle()
+        # the previous peer's leftover work (vLLM's processes go on for 0.5 s and more) ends first
+        s[f"{key}_settle"].append(settle(until_quiet=True))
         load = loadavg_1m()
-        cpu0 = time.process_time()
+        cpu0, jiffies0, wall0 = time.process_time(), cpu_jiffies(), time.perf_counter()
         res = p.run(prompts, self.wl.new_tokens(p, batched), batched)
+        busy, steal = machine_shares(jiffies0, cpu_jiffies())
         # share of the machine this process got: CPU seconds / (wall seconds x the threads it runs)
         cpu = res.cpu_seconds if res.cpu_seconds is not None else time.process_time() - cpu0
         s[f"{key}_cpu_share"].append(cpu / (res.seconds * p.threads_in_use(self.threads)))
+        # the machine over the whole call (a batch-8 prefill probe included): the hypervisor's steal
+        # and the CPU time of every other process, as shares of all CPUs' time
+        s[f"{key}_steal"].append(steal)
+        # (this process's CPU over the whole call: a peer's ``cpu_seconds`` leaves out its prefill
+        # probe; for vLLM's peer its own processes count as others)
+        own = (time.process_time() - cpu0) / ((time.perf_counter() - wall0) * (os.cpu_count() or 1))
+        s[f"{key}_others"].append(busy - own)
         s[f"{key}_load"].append(load)
         s[f"{key}_s"].append(res.seconds)
         s[f"{key}_tok"].append([len(t) for t in res.token_ids])

@@ -109,6 +109,9 @@ def _shape_stats(res: dict[str, list[Any]], key: str, n_prompts: int, n_new: int
         "tokens": per_run,
         "cpu_share": res[f"{key}_cpu_share"],
         "loadavg_1m_before": res[f"{key}_load"],
+        "steal_share": res[f"{key}_steal"],
+        "others_cpu_share": res[f"{key}_others"],
+        "settle_seconds": res[f"{key}_settle"],
         "tokens_expected": expected,
         "tokens_exact": all(n == expected for n in per_run)
         and all(c == n_new for run in res[f"{key}_tok"] for c in run),
