@@ -14,7 +14,7 @@ engine records ``KERNEL_SET`` in its provenance numerics when it uses them.
 """
 
 from execstate.kernels.ext import KERNEL_SET, available, max_threads, unavailable_reason
-from execstate.kernels.fused import qkv_rope, rms_norm, sigmoid, silu_mul, use_rows
+from execstate.kernels.fused import add_rms_norm, qkv_rope, rms_norm, sigmoid, silu_mul, use_rows
 from execstate.kernels.gemm import (
     MAX_LINEAR_ROWS,
     MAX_MOE_TOKENS,
@@ -38,6 +38,7 @@ from execstate.kernels.gemm_bf16 import (
 from execstate.kernels.paged_decode import PagedDecode
 
 __all__ = [
+    "add_rms_norm",
     "KERNEL_SET",
     "MAX_LINEAR_ROWS",
     "MAX_MOE_TOKENS",

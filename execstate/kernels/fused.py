@@ -37,6 +37,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
+def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, rms_norm(s, weight, eps))`` with ``s = x + a`` for ``x, a [T, H]``: a pre-norm block's
+    residual add and the next norm in one pass, the same bits as ``x + a`` then ``rms_norm``.
+    ``s`` is written into ``a``'s storage (the caller hands over ``a``, a fresh branch output)."""
+    require(x, "x", 2)
+    require(a, "a", 2)
+    require(weight, "weight", 1)
+    t, h = x.shape
+    if tuple(a.shape) != (t, h) or weight.shape[0] != h:
+        raise ValueError(f"add_rms_norm: x {tuple(x.shape)}, a {tuple(a.shape)}, weight {tuple(weight.shape)}")
+    out = torch.empty_like(x)
+    if t:
+        ptr = a.data_ptr()
+        lib().add_rms_norm(x.data_ptr(), ptr, weight.data_ptr(), ptr, out.data_ptr(), t, h, float(eps))
+    return a, out
+
+
 def qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
              k_norm: torch.Tensor | None, eps: float, num_heads: int, num_kv_heads: int,
              head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,6 +1,7 @@
 """One decoder block of the causal LM (``transformer.CausalLM.layers``).
 
-Pre-norm: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; ``mlp`` is a dense SwiGLU
+Pre-norm: ``x + attn(norm(x))`` then ``x + mlp(norm(x))`` (on the CPU kernels the first residual
+add and the norm after it are one pass, ``cpu_kernels.add_rms_norm``: the same bits); ``mlp`` is a dense SwiGLU
 (``GatedMLP``) or a ``SparseMoE`` for the layers ``config.moe_layers`` lists. Its own module so
 that the whole-layer decode path (``decode_path.py``), which reads a layer's weights, and the
 model (``transformer.py``), which runs that path, import it in one direction.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from execstate.kernels import cpu as cpu_kernels
 from execstate.model.config import ModelConfig
 from execstate.model.context import StepContext
 from execstate.model.layers import Attention, GatedMLP, RMSNorm
@@ -33,6 +35,13 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 ctx: StepContext) -> torch.Tensor:
-        x = x + self.attn(self.input_norm(x), cos, sin, ctx)
-        h = self.post_attn_norm(x)
+        a = self.attn(self.input_norm(x), cos, sin, ctx)
+        norm = self.post_attn_norm
+        if norm.use_kernels and not norm.batch_invariant and cpu_kernels.use_rows(x) and cpu_kernels.use_rows(a):
+            x, h = cpu_kernels.add_rms_norm(x, a, norm.weight, norm.eps)  # x + a, then the norm, one pass
+            m = self.mlp(h, ctx) if isinstance(self.mlp, SparseMoE) else self.mlp(h)
+            # the kernels' MLP output is a new tensor of this call: the residual add lands in it
+            return m.add_(x) if cpu_kernels.use_rows(m) else x + m
+        x = x + a
+        h = norm(x)
         return x + (self.mlp(h, ctx) if isinstance(self.mlp, SparseMoE) else self.mlp(h))

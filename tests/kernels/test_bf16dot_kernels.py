@@ -63,7 +63,8 @@ def test_every_entry_equals_the_reference_bit_for_bit(m: int, k: int, n: int, se
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize(("m", "k", "n"), [(300, 512, 96), (129, 576, 70), (33, 768, 512), (8, 1536, 576)])
+@pytest.mark.parametrize(("m", "k", "n"),
+                         [(300, 512, 96), (129, 576, 70), (33, 768, 512), (8, 1536, 576), (387, 100, 37), (257, 33, 9)])
 def test_many_rows_a_row_alone_equals_it_in_the_batch(threads: int, m: int, k: int, n: int) -> None:
     x, w = randn(m, k, seed=m), weights_bf16(n, k, k)
     want = bf16dot_reference(x, w)

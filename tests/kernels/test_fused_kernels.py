@@ -109,6 +109,31 @@ def test_rms_norm_is_batch_invariant_bitwise(h: int) -> None:
     assert torch.equal(cpu.rms_norm(view, w, 1e-6), alone[3:9])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("t", "h"), [(2048, 512), (2053, 37), (7, 576), (1, 5)])
+def test_add_rms_norm_is_torch_add_then_rms_norm_bitwise(threads: int, t: int, h: int) -> None:
+    x, a, w = randn(t, h, seed=t), randn(t, h, seed=h) * 3.0, randn(h, seed=t + h)
+    want_s = x + a
+    want = cpu.rms_norm(want_s, w, 1e-6)
+    a_in = a.clone()
+    s, out = with_threads(threads, lambda: cpu.add_rms_norm(x, a_in, w, 1e-6))
+    assert s.data_ptr() == a_in.data_ptr()  # the sum is written over the branch output
+    assert torch.equal(s, want_s)
+    assert torch.equal(out, want)
+    assert torch.equal(x, randn(t, h, seed=t))  # the residual input is left alone
+    # per row: a row alone gives the same bits as the row in the batch
+    for i in (0, t // 2, t - 1):
+        s1, o1 = cpu.add_rms_norm(x[i : i + 1].clone(), a[i : i + 1].clone(), w, 1e-6)
+        assert torch.equal(s1[0], want_s[i]) and torch.equal(o1[0], want[i])
+
+
+def test_add_rms_norm_bad_shapes_are_value_errors() -> None:
+    with pytest.raises(ValueError, match="add_rms_norm"):
+        cpu.add_rms_norm(randn(4, 8, seed=1), randn(4, 9, seed=2), randn(8, seed=3), 1e-6)
+    with pytest.raises(ValueError, match="add_rms_norm"):
+        cpu.add_rms_norm(randn(4, 8, seed=1), randn(4, 8, seed=2), randn(9, seed=3), 1e-6)
+
+
 def test_rms_norm_bad_input_names_the_argument() -> None:
     x, w = randn(4, 37, seed=10), randn(37, seed=11)
     cases = [

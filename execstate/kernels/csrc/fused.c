@@ -70,6 +70,20 @@ KT void es_rms_norm_f32(const float *x, const float *w, float *out, int64_t T, i
     for (int64_t t = 0; t < T; t++) rms_row(x + t * H, w, out + t * H, H, eps);
 }
 
+/* The pre-norm block's residual add and the next RMSNorm in one pass: s[T, H] = x + a (each element
+ * one fp32 add, as torch's), out = rms_norm(s) * w (rms_row). s may be a (in place); the same bits
+ * as torch's x + a followed by es_rms_norm_f32, in one team instead of two. */
+KT void es_add_rms_norm_f32(const float *x, const float *a, const float *w, float *s, float *out, int64_t T, int64_t H,
+                            float eps) {
+#pragma omp parallel for schedule(static) if (T * H >= 16 * PARALLEL_MIN_MACS)
+    for (int64_t t = 0; t < T; t++) {
+        const float *xt = x + t * H, *at = a + t * H;
+        float *st = s + t * H;
+        for (int64_t i = 0; i < H; i++) st[i] = xt[i] + at[i];
+        rms_row(st, w, out + t * H, H, eps);
+    }
+}
+
 /* Rotate one head of d in place ("rotate_half" layout):
  * y[i] = x[i] cos[i] - x[i + d/2] sin[i], y[i + d/2] = x[i + d/2] cos[i + d/2] + x[i] sin[i + d/2]. */
 static inline void rope_head(float *x, const float *cos, const float *sin, int64_t d) {

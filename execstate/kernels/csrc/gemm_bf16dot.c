@@ -151,8 +151,39 @@ KB void es_linear_rows_bf16dot(const float *const *xr, float *const *yr, int64_t
     }
 }
 
+/* Many rows (prefill): the team rounds x once, each thread a share of the rows, into the calling
+ * thread's ES_SCRATCH_SHARED_ROWS buffer, then every thread multiplies all of them against its
+ * weight rows, MB rows at a time. es_linear_rows_bf16dot has every thread round every row for
+ * its own weight rows (the same rounding done nt times); each output is the same dot product
+ * either way, so the same bits. Few rows, or no buffer: es_linear_with. */
 KB int es_linear_bf16dot(const float *x, const uint16_t *w, float *y, int64_t M, int64_t K, int64_t N) {
-    return es_linear_with(es_linear_rows_bf16dot, x, w, y, M, K, N);
+    const int64_t kp = (K + 31) & ~(int64_t)31;
+    uint16_t *xb = NULL;
+    float **yr = NULL;
+    if (M >= MB && M * K * N >= PARALLEL_MIN_MACS) {
+        xb = es_scratch(ES_SCRATCH_SHARED_ROWS, sizeof(uint16_t) * (size_t)(M * kp));
+        yr = xb ? malloc(sizeof(float *) * (size_t)M) : NULL;
+    }
+    if (!yr) return es_linear_with(es_linear_rows_bf16dot, x, w, y, M, K, N);
+    for (int64_t m = 0; m < M; m++) yr[m] = y + m * N;
+#pragma omp parallel
+    {
+        int64_t lo, hi;
+        share(M, &lo, &hi);
+        for (int64_t m = lo; m < hi; m++) {
+            const float *xm = x + m * K;
+            round_rows(&xm, xb + m * kp, 1, K, kp);
+        }
+#pragma omp barrier
+        share(N, &lo, &hi);
+        if (lo < hi)
+            for (int64_t m0 = 0; m0 < M; m0 += MB) {
+                const int64_t m1 = m0 + MB < M ? m0 + MB : M;
+                block_rows(xb + m0 * kp, kp, (float *const *)yr, m0, m1, w, K, lo, hi, m0 == 0);
+            }
+    }
+    free(yr);
+    return 0;
 }
 
 KB int es_moe_bf16dot(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu, const uint16_t *w_d,

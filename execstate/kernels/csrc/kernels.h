@@ -18,6 +18,7 @@ enum {
     ES_SCRATCH_ROWS,
     ES_SCRATCH_ATTENTION,
     ES_SCRATCH_LAYER,
+    ES_SCRATCH_SHARED_ROWS, /* es_linear_bf16dot's bf16 rows, shared by its team */
     ES_SCRATCH_SLOTS
 };
 void *es_scratch(int slot, size_t bytes);
@@ -106,6 +107,8 @@ int es_prefill_attention_f32(const float *q, const void *kc, const void *vc, int
 void es_silu_mul(const float *g, const float *u, float *h, int64_t n);
 void es_sigmoid(const float *x, float *y, int64_t n);
 void es_rms_norm_f32(const float *x, const float *w, float *out, int64_t T, int64_t H, float eps);
+void es_add_rms_norm_f32(const float *x, const float *a, const float *w, float *s, float *out, int64_t T, int64_t H,
+                         float eps);
 void es_qkv_rope_f32(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
                      float eps, float *q, float *k, float *v, int64_t T, int64_t nh, int64_t nkv, int64_t d);
 void es_qkv_rope_head(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,

@@ -323,6 +323,19 @@ static PyObject *py_rms_norm(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_add_rms_norm(PyObject *self, PyObject *args) {
+    unsigned long long x, a, w, s, out;
+    Py_ssize_t T, H;
+    float eps;
+    if (!PyArg_ParseTuple(args, "KKKKKnnf", &x, &a, &w, &s, &out, &T, &H, &eps)) return NULL;
+    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
+    if (T < 0 || H < 1) return PyErr_Format(PyExc_ValueError, "add_rms_norm: bad sizes");
+    Py_BEGIN_ALLOW_THREADS
+    es_add_rms_norm_f32((const float *)x, (const float *)a, (const float *)w, (float *)s, (float *)out, T, H, eps);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_qkv_rope(PyObject *self, PyObject *args) {
     unsigned long long qkv, cos, sin, qw, kw, q, k, v;
     Py_ssize_t T, nh, nkv, d;
@@ -366,6 +379,8 @@ static PyObject *py_sigmoid(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"sigmoid", py_sigmoid, METH_VARARGS, "sigmoid(x, y, n): y = 1 / (1 + exp(-x)) elementwise (fp32 data pointers)."},
     {"rms_norm", py_rms_norm, METH_VARARGS, "rms_norm(x, w, out, T, H, eps) (fp32 data pointers)."},
+    {"add_rms_norm", py_add_rms_norm, METH_VARARGS,
+     "add_rms_norm(x, a, w, s, out, T, H, eps): s = x + a (s may be a), out = rms_norm(s) * w (fp32 data pointers)."},
     {"qkv_rope", py_qkv_rope, METH_VARARGS,
      "qkv_rope(qkv, cos, sin, q_norm_w or 0, k_norm_w or 0, eps, q, k, v, T, nh, nkv, d) (fp32 data pointers)."},
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu_mul(gate_up, h, T, I): h = silu(gate) * up per row."},
