@@ -217,17 +217,7 @@ static KP inline float softmax_numerators16(float *s, int64_t L) {
         acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
         acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(e, 1));
     }
-    for (; l + 8 <= L; l += 8) {
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), _mm256_set1_ps(mx)));
-        _mm256_storeu_ps(s + l, e);
-        acc = _mm256_add_ps(acc, e);
-    }
-    float sum = hsum8(acc);
-    for (; l < L; l++) {
-        s[l] = exp1(s[l] - mx);
-        sum += s[l];
-    }
-    return sum;
+    return softmax_numerators_from(s, L, l, mx, acc);
 }
 
 /* KV head h's rows of the cache block holding positions [b0, b0 + bs) (block table bt): with

@@ -145,13 +145,10 @@ static KT inline __m256 exp8(__m256 in) {
 
 static KT inline float exp1(float x) { return _mm256_cvtss_f32(exp8(_mm256_set1_ps(x))); }
 
-/* Softmax over attention scores: s[l] <- exp(s[l] - max) for l < L; returns the sum (8 lanes,
- * then the tail in order). One definition for the decode and prefill kernels (same bits). */
-static KT inline float softmax_numerators(float *s, int64_t L) {
-    float mx = -INFINITY;
-    for (int64_t l = 0; l < L; l++) mx = s[l] > mx ? s[l] : mx;
-    int64_t l = 0;
-    __m256 acc = _mm256_setzero_ps();
+/* softmax_numerators from position l on, given the scores' max mx and acc, the 8-lane sum of the
+ * numerators before l (8-lane chunks in order): the rest 8 lanes at a time, then the tail in
+ * order. The end shared with prefill_attention.c's 16-lane softmax_numerators16 (same bits). */
+static KT inline float softmax_numerators_from(float *s, int64_t L, int64_t l, float mx, __m256 acc) {
     for (; l + 8 <= L; l += 8) {
         __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), _mm256_set1_ps(mx)));
         _mm256_storeu_ps(s + l, e);
@@ -163,6 +160,14 @@ static KT inline float softmax_numerators(float *s, int64_t L) {
         sum += s[l];
     }
     return sum;
+}
+
+/* Softmax over attention scores: s[l] <- exp(s[l] - max) for l < L; returns the sum (8 lanes,
+ * then the tail in order). One definition for the decode and prefill kernels (same bits). */
+static KT inline float softmax_numerators(float *s, int64_t L) {
+    float mx = -INFINITY;
+    for (int64_t l = 0; l < L; l++) mx = s[l] > mx ? s[l] : mx;
+    return softmax_numerators_from(s, L, 0, mx, _mm256_setzero_ps());
 }
 
 #endif
