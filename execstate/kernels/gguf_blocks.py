@@ -73,32 +73,37 @@ def moe_gguf(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w_gate_u
     return out
 
 
+def _values(b: np.ndarray, fmt: WeightFormat) -> np.ndarray:
+    """The fp32 values of GGUF blocks ``b [..., n, bytes]`` (uint8) -> ``[..., n * 32]``: the
+    kernels' values exactly (``d * q``, ``d * (q - 8)``, ``d * q + m``; the products are exact)."""
+    d = b[..., 0:2].view(np.float16).astype(np.float32)
+    if fmt is WeightFormat.Q8_0:
+        v = d * b[..., 2:].view(np.int8).astype(np.float32)
+    else:
+        qs = b[..., (4 if fmt is WeightFormat.Q4_1 else 2):]
+        q = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.float32)
+        v = d * (q - 8) if fmt is WeightFormat.Q4_0 else d * q + b[..., 2:4].view(np.float16).astype(np.float32)
+    return v.reshape(*b.shape[:-2], -1)
+
+
 def dequantize(blocks: torch.Tensor, fmt: WeightFormat) -> torch.Tensor:
-    """The fp32 values of GGUF rows ``blocks [..., K / 32 * bytes]`` -> ``[..., K]`` (the kernels'
-    values exactly: ``d * q``, ``d * (q - 8)``, ``d * q + m`` with the products exact)."""
-    if not isinstance(fmt, WeightFormat) or not fmt.quantized or blocks.dtype != U8:
-        raise ValueError(f"dequantize: uint8 GGUF blocks and a block format, got {blocks.dtype} {fmt!r}")
+    """The fp32 values of the CPU GGUF rows ``blocks [..., K / 32 * bytes]`` -> ``[..., K]`` (the
+    kernels' values exactly: ``d * q``, ``d * (q - 8)``, ``d * q + m`` with the products exact)."""
+    if not isinstance(fmt, WeightFormat) or not fmt.quantized or blocks.dtype != U8 or not blocks.is_cpu:
+        raise ValueError(f"dequantize: uint8 CPU GGUF blocks and a block format, got {blocks.dtype} "
+                         f"on {blocks.device} {fmt!r}")
     bb = GGUF_BLOCK_BYTES[fmt]
     if blocks.shape[-1] % bb:
         raise ValueError(f"dequantize: rows of {blocks.shape[-1]} bytes are not whole {fmt.name} blocks")
-    b = blocks.reshape(*blocks.shape[:-1], -1, bb)
-    d = b[..., 0:2].contiguous().view(torch.float16).float()
-    if fmt is WeightFormat.Q8_0:
-        q = b[..., 2:34].contiguous().view(torch.int8).float()
-        v = d * q
-    else:
-        qs = b[..., (4 if fmt is WeightFormat.Q4_1 else 2):].to(torch.int32)
-        q = torch.cat([qs & 15, qs >> 4], dim=-1).float()
-        v = d * (q - 8) if fmt is WeightFormat.Q4_0 else d * q + b[..., 2:4].contiguous().view(torch.float16).float()
-    return v.reshape(*blocks.shape[:-1], -1)
+    b = np.ascontiguousarray(blocks.numpy()).reshape(*blocks.shape[:-1], -1, bb)
+    return torch.from_numpy(_values(b, fmt))
 
 
 def dequantize_rows(weight: torch.Tensor, ids: torch.Tensor, fmt: WeightFormat) -> torch.Tensor:
     """Rows ``ids`` ``[T]`` of the CPU GGUF matrix ``weight [N, K / 32 * bytes]`` as a new fp32
-    ``[T, K]``: ``dequantize(weight[ids], fmt)``'s values bit for bit (the products are exact), in
-    numpy: a handful of numpy calls where ``dequantize`` makes a dozen torch ones, which cost
-    ~5 us each of dispatch after a forward pass has left the caches cold (the embedding of every
-    decode step: ~60 against ~10 us for one token)."""
+    ``[T, K]``: ``dequantize(weight[ids], fmt)`` without the torch indexing, whose dispatch costs
+    ~5 us an op after a forward pass has left the caches cold (the embedding of every decode
+    step)."""
     if not isinstance(fmt, WeightFormat) or not fmt.quantized or weight.dtype != U8 or weight.dim() != 2:
         raise ValueError(f"dequantize_rows: a uint8 [N, bytes] GGUF matrix and a block format, got "
                          f"{weight.dtype} {tuple(weight.shape)} {fmt!r}")
@@ -106,15 +111,7 @@ def dequantize_rows(weight: torch.Tensor, ids: torch.Tensor, fmt: WeightFormat) 
     if weight.shape[1] % bb or not weight.is_cpu or not weight.is_contiguous():
         raise ValueError(f"dequantize_rows: rows of {weight.shape[1]} bytes are not whole {fmt.name} blocks "
                          "of a contiguous CPU matrix")
-    b = weight.numpy()[ids.numpy()].reshape(ids.shape[0], -1, bb)
-    d = b[:, :, 0:2].view(np.float16).astype(np.float32)
-    if fmt is WeightFormat.Q8_0:
-        v = d * b[:, :, 2:].view(np.int8).astype(np.float32)
-    else:
-        qs = b[:, :, (4 if fmt is WeightFormat.Q4_1 else 2):]
-        q = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.float32)
-        v = d * (q - 8) if fmt is WeightFormat.Q4_0 else d * q + b[:, :, 2:4].view(np.float16).astype(np.float32)
-    return torch.from_numpy(v.reshape(ids.shape[0], -1))
+    return torch.from_numpy(_values(weight.numpy()[ids.numpy()].reshape(ids.shape[0], -1, bb), fmt))
 
 
 def gguf_kernel_set(formats: set[WeightFormat]) -> str:
