@@ -63,18 +63,22 @@ QUIET_WINDOW_S = 0.1
 QUIET_OTHERS_CPUS = 0.3  # other processes' CPU time per second below which the machine is quiet
 
 
+def others_share(before: tuple[int, int, int] | None, after: tuple[int, int, int] | None, own_cpu_s: float,
+                 wall_s: float) -> float:
+    """The other processes' CPU time between two ``cpu_jiffies`` readings ``wall_s`` apart, as a
+    share of all CPUs' time: the machine's busy share (``machine_shares``) less this process's
+    own ``own_cpu_s`` over ``wall_s`` x the CPUs. NaN where unknown."""
+    busy, _ = machine_shares(before, after)
+    return busy - own_cpu_s / (wall_s * (os.cpu_count() or 1))
+
+
 def others_cpus(window_s: float = QUIET_WINDOW_S) -> float:
     """CPUs' worth of work that processes other than this one did over the next ``window_s``
-    seconds (machine busy time minus this process's own, per wall second): a thread spinning
-    on a CPU shows as ~1. NaN where there is no /proc/stat."""
-    j0, t0 = cpu_jiffies(), os.times()
+    seconds (``others_share`` in CPUs): a thread spinning on a CPU shows as ~1. NaN where there
+    is no /proc/stat."""
+    j0, cpu0 = cpu_jiffies(), time.process_time()
     time.sleep(window_s)
-    j1, t1 = cpu_jiffies(), os.times()
-    if j0 is None or j1 is None:
-        return float("nan")
-    busy_s = (j1[1] - j0[1]) / os.sysconf("SC_CLK_TCK")
-    own_s = (t1.user + t1.system) - (t0.user + t0.system)
-    return (busy_s - own_s) / window_s
+    return others_share(j0, cpu_jiffies(), time.process_time() - cpu0, window_s) * (os.cpu_count() or 1)
 
 
 def settle(until_quiet: bool = False) -> float:

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import gc
 import itertools
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from execstate_bench.machine import cpu_jiffies, loadavg_1m, machine_shares, settle
+from execstate_bench.machine import cpu_jiffies, loadavg_1m, machine_shares, others_share, settle
 from execstate_bench.parity import add_counts, compare
 from execstate_bench.peers import EnginePeer, Peer
 from execstate_bench.throughput_workload import Workload
@@ -140,17 +139,16 @@ class PeerLoop:
         load = loadavg_1m()
         cpu0, jiffies0, wall0 = time.process_time(), cpu_jiffies(), time.perf_counter()
         res = p.run(prompts, self.wl.new_tokens(p, batched), batched)
-        busy, steal = machine_shares(jiffies0, cpu_jiffies())
+        jiffies1, own_s, wall_s = cpu_jiffies(), time.process_time() - cpu0, time.perf_counter() - wall0
         # share of the machine this process got: CPU seconds / (wall seconds x the threads it runs)
-        cpu = res.cpu_seconds if res.cpu_seconds is not None else time.process_time() - cpu0
+        cpu = res.cpu_seconds if res.cpu_seconds is not None else own_s
         s[f"{key}_cpu_share"].append(cpu / (res.seconds * p.threads_in_use(self.threads)))
         # the machine over the whole call (a batch-8 prefill probe included): the hypervisor's steal
         # and the CPU time of every other process, as shares of all CPUs' time
-        s[f"{key}_steal"].append(steal)
+        s[f"{key}_steal"].append(machine_shares(jiffies0, jiffies1)[1])
         # (this process's CPU over the whole call: a peer's ``cpu_seconds`` leaves out its prefill
         # probe; for vLLM's peer its own processes count as others)
-        own = (time.process_time() - cpu0) / ((time.perf_counter() - wall0) * (os.cpu_count() or 1))
-        s[f"{key}_others"].append(busy - own)
+        s[f"{key}_others"].append(others_share(jiffies0, jiffies1, own_s, wall_s))
         s[f"{key}_load"].append(load)
         s[f"{key}_s"].append(res.seconds)
         s[f"{key}_tok"].append([len(t) for t in res.token_ids])
