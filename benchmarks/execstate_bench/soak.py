@@ -51,24 +51,27 @@ WEIGHTS = {"completion": 3, "completion_sse": 3, "chat_sse": 2, "tools": 1, "str
 
 
 def log_problems(log: str, most: int = 8) -> list[str]:
-    """The server log's problems: each WARNING/ERROR/CRITICAL line and each traceback (whole), at most
-    ``most`` of them, the first ones."""
-    out: list[str] = []
+    """The server log's problems: each traceback (whole) and ERROR/CRITICAL line, then each WARNING
+    line (faults make many), at most ``most`` of them, each kind in the log's order."""
+    errors: list[str] = []
+    warnings: list[str] = []
     lines = log.splitlines()
     i = 0
-    while i < len(lines) and len(out) < most:
+    while i < len(lines):
         line = lines[i]
         if line.startswith("Traceback"):
             j = i + 1
             while j < len(lines) and (lines[j].startswith((" ", "\t")) or not lines[j].strip()):
                 j += 1
-            out.append("\n".join(lines[i:j + 1]))
+            errors.append("\n".join(lines[i:j + 1]))
             i = j + 1
             continue
-        if any(f" {level} " in line for level in ("WARNING", "ERROR", "CRITICAL")):
-            out.append(line)
+        if any(f" {level} " in line for level in ("ERROR", "CRITICAL")):
+            errors.append(line)
+        elif " WARNING " in line:
+            warnings.append(line)
         i += 1
-    return out
+    return (errors + warnings)[:most]
 
 
 def build_model(directory: Path) -> Path:

@@ -9,6 +9,7 @@ keep being served meanwhile.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +32,7 @@ from execstate.session.runtime.manager import SessionPolicy
 from execstate.transfer.handoff import Handoff, HandoffError, HandoffTrust, wants_remote_prefill
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 # Threads tokenising and templating prompts (the tokenizer releases the GIL).
 PROMPT_WORKERS = 4
@@ -143,7 +145,8 @@ def overloaded(exc: EngineOverloadedError) -> OpenAIError:
 
 
 def as_openai_error(exc: Exception) -> OpenAIError:
-    """The error body for a failure after a stream has started (sent in-band)."""
+    """The error body for a failure after a stream has started (sent in-band). A failure that is not
+    the request's own (a bug: 500) is logged with its traceback, which the client never sees."""
     if isinstance(exc, OpenAIError):
         return exc
     if isinstance(exc, EngineDeadError):
@@ -152,6 +155,7 @@ def as_openai_error(exc: Exception) -> OpenAIError:
         return overloaded(exc)
     if isinstance(exc, ValueError):
         return OpenAIError(400, str(exc))
+    logger.error("a stream failed after it started", exc_info=exc)
     return OpenAIError(500, f"internal error: {exc!r}")
 
 

@@ -25,7 +25,7 @@ def test_a_two_minute_soak_with_faults(tmp_path):
     report = run_soak(minutes=2.0, clients=4)
     v = report["verdict"]
     assert v["leaked_blocks"]["value"] == 0, report["server_problems"]
-    assert v["unexpected_5xx"]["count"] == 0, v["unexpected_5xx"]["first"]
+    assert v["unexpected_5xx"]["count"] == 0, (v["unexpected_5xx"]["first"], report["server_problems"])
     ok = {k.split(":")[0] for k, n in report["totals"].items() if k.split(":")[1] in ("200", "ok") and n}
     assert not SURFACES - ok, f"surfaces that never answered: {sorted(SURFACES - ok)}"
     faults = {w["fault"] for w in report["faults"]}

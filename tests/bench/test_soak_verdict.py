@@ -42,3 +42,21 @@ def test_fds_are_judged_on_the_end_and_report_their_swing() -> None:
     assert v["met"] and v["end"] == 20 and v["max_deviation"] == pytest.approx(0.2)
     v = judge([1000] * 12, fds=[18, 19, 20, 20, 21, 22, 23, 24, 25, 26, 27, 28])["fds"]
     assert not v["met"] and v["end"] == 28
+
+
+def test_the_server_logs_errors_come_before_its_warnings() -> None:
+    """A fault makes many warnings; the one traceback of a bug must still be in the report."""
+    from execstate_bench.soak import log_problems
+
+    log = "\n".join([f"12:00:0{i} WARNING redis: timed out" for i in range(9)] + [
+        "12:00:10 ERROR execstate.serve.context: a stream failed after it started",
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1, in f',
+        "KeyError: 7",
+        "12:00:11 INFO fine",
+        "12:00:12 CRITICAL engine: dead"])
+    out = log_problems(log, most=4)
+    assert out[0] == "12:00:10 ERROR execstate.serve.context: a stream failed after it started"
+    assert out[1] == 'Traceback (most recent call last):\n  File "x.py", line 1, in f\nKeyError: 7'
+    assert out[2] == "12:00:12 CRITICAL engine: dead"
+    assert out[3] == "12:00:00 WARNING redis: timed out"

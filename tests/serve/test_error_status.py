@@ -126,3 +126,23 @@ def test_domain_errors_are_coded_errors(cls: type[CodedError]) -> None:
     assert (http.status, http.code, http.message) == (409, "busy", "session 's' is stepping")
     assert http.body()["error"] == {"message": "session 's' is stepping", "type": "invalid_request_error",
                                     "param": None, "code": "busy"}
+
+
+def test_a_stream_that_fails_with_a_bug_is_logged_with_its_traceback(caplog) -> None:
+    """In-band errors: the request's own (400) are not logged; a bug (500) is, traceback and all,
+    since the client only sees its repr."""
+    from execstate.serve.context import as_openai_error
+
+    def fail(exc: Exception) -> Exception:
+        try:
+            raise exc
+        except Exception as e:  # noqa: BLE001 - caught to carry a traceback
+            return e
+
+    with caplog.at_level("ERROR", logger="execstate.serve.context"):
+        assert as_openai_error(fail(ValueError("bad n"))).status == 400
+        assert not caplog.records
+        err = as_openai_error(fail(KeyError(7)))
+    assert err.status == 500 and "KeyError(7)" in err.message
+    [rec] = caplog.records
+    assert rec.exc_info is not None and rec.exc_info[0] is KeyError
