@@ -38,6 +38,7 @@ DRIVER = Path(__file__).with_name("vllm_driver.py")
 ENV_PYTHON = "EXECSTATE_VLLM_PYTHON"
 KVCACHE_GIB = 2
 QUIT_TIMEOUT_S = 30.0
+EXIT_WAIT_S = 10.0  # a driver whose output closed is killed if it has not exited by then
 # No reply within this long (a load compiles for minutes on a busy machine): the driver is killed.
 REQUEST_TIMEOUT_S = 1800.0
 
@@ -79,9 +80,13 @@ class DriverProcess:
             raise DriverError(f"vLLM driver gave no reply to {req.get('op')!r} within {timeout_s:g} s (killed); "
                               f"{self.stderr_tail()}")
         line = self.proc.stdout.readline()
-        if not line:
-            raise DriverError(f"vLLM driver exited (rc {self.proc.wait()}) during {req.get('op')!r}; "
-                              f"{self.stderr_tail()}")
+        if not line:  # its output closed: it exits, or is of no more use (killed)
+            try:
+                rc = self.proc.wait(EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                rc = self.proc.wait()
+            raise DriverError(f"vLLM driver exited (rc {rc}) during {req.get('op')!r}; {self.stderr_tail()}")
         reply = json.loads(line)
         if not reply.get("ok"):
             raise DriverError(f"vLLM driver refused {req.get('op')!r}: {reply.get('error')}")
