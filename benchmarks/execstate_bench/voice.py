@@ -38,7 +38,7 @@ from execstate_bench.voice_client import Recording, VoiceClient
 from execstate_bench.voice_metrics import summarize
 from execstate_bench.voice_oracle import OracleRecognizer
 from execstate_bench.voice_script import spoken_conversation
-from execstate_bench.voice_stages import pause_scores, stage_breakdown, turn_timelines
+from execstate_bench.voice_stages import agent_words_wer, pause_scores, stage_breakdown, turn_timelines
 
 USER_RATE = 150
 USER_VOICES = ("en-us+f2", "en-us+m3", "en-us")  # conversation i is spoken in USER_VOICES[i % 3]
@@ -176,6 +176,7 @@ def run_voice_bench(model: str = "smollm2-135m", conversations: int = 2, turns: 
         "turn_timelines_s": {m: [{k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
                                  for rec in recs[m] for row in turn_timelines(rec)] for m in modes},
         "pause_scores": {m: [row for rec in recs[m] for row in pause_scores(rec)] for m in modes},
+        "agent_words_wer": {m: agent_words_wer([row for rec in recs[m] for row in turn_timelines(rec)]) for m in modes},
         "targets": TARGETS,
     }
     if png:

@@ -6,7 +6,7 @@ bench voice`` that synthesise their conversations feed the recognizer different 
 :func:`save` writes the conversations (every utterance's samples, words, gaps) to one ``.npz``
 (no pickles: a JSON index, then one int16 array per utterance) with the workload they were made
 for (seed, turns, voices, rate); :func:`load` reads them back and refuses a file made for another
-workload.
+workload; :func:`workload_of` says which workload a file was made for.
 """
 
 from __future__ import annotations
@@ -38,6 +38,13 @@ def save(path: str | Path, scripts: list[list[SpokenTurn]], workload: dict[str, 
           "parts": parts(t.parts), "interruption": parts(t.interruption)} for t in conv] for conv in scripts]}
     with open(path, "wb") as f:
         np.savez(f, np.array(json.dumps(index)), *arrays)
+
+
+def workload_of(path: str | Path) -> dict[str, Any]:
+    """The workload the conversations at ``path`` were made for."""
+    with np.load(path, allow_pickle=False) as f:
+        workload: dict[str, Any] = json.loads(str(f["arr_0"]))["workload"]
+        return workload
 
 
 def load(path: str | Path, workload: dict[str, Any]) -> list[list[SpokenTurn]]:

@@ -19,7 +19,11 @@ sent) to the first of each event after it, in the order the server's pipeline pr
 ``stage_breakdown`` gives each one's p50 and p99 (ms) over the turns where it was seen, and
 ``turn_timelines`` the per-turn rows (for a table or a plot), each with ``p_end``: the front
 model's last end score (``input.end_score``) before the turn's end (None: not scored), and
-``text``: the words it scored. ``pause_scores``: the same inside each mid-utterance pause (the
+``text``: the words it scored, and ``said``: the words the user spoke in the turn (the script's,
+None when the recording has no speech mark ending there). :func:`agent_words_wer` is the word
+error rate of the words the agent answered (each turn's ``text``) against ``said``: the
+recognizer as the agent hears it, re-heard words and all (the client's transcripts are each
+segment's own words). ``pause_scores``: the same inside each mid-utterance pause (the
 last score from the pause's start to 100 ms after its end): what a threshold must stay above.
 
 For replaying other end-of-turn rules on a run, each turn row also has ``scores``: every end score
@@ -35,7 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 from execstate_bench.voice_client import Recording
-from execstate_bench.voice_metrics import pct
+from execstate_bench.voice_metrics import edit_distance, norm, pct
 
 STAGES = ("vad_silence", "vad_stopped", "asr_final", "end_of_turn", "response_created", "first_text", "first_audio")
 _INPUT = {"asr_final": "conversation.item.input_audio_transcription.completed"}
@@ -56,6 +60,7 @@ def turn_timelines(rec: Recording) -> list[dict[str, Any]]:
             continue
         rid = created["response"]["id"]
         row: dict[str, Any] = {}
+        row["said"] = next((s["text"] for s in rec.marks if s["kind"] == "speech" and s["s1"] == m["s"]), None)
         stop = next(((t, e) for t, e in ev if t >= t_end and e["type"] == "input_audio_buffer.speech_stopped"
                      and e.get("audio_end_ms", 1 << 40) * 16 >= m["s"]), None)  # the turn's last segment's
         if stop is not None:
@@ -92,6 +97,18 @@ def stage_breakdown(recs: list[Recording]) -> dict[str, dict[str, Any]]:
     rows = [r for rec in recs for r in turn_timelines(rec)]
     return {s: {"p50": pct(xs, 50), "p99": pct(xs, 99), "n": len(xs)}
             for s in STAGES for xs in [[r[s] for r in rows if s in r]]}
+
+
+def agent_words_wer(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The word error rate of the words each turn was answered on (``text``; a turn not scored has
+    none) against the words spoken (``said``), over the rows that know the latter."""
+    errors = words = 0
+    for r in rows:
+        if r.get("said") is not None:
+            ref = norm(r["said"])
+            errors += edit_distance(ref, norm(r.get("text") or ""))
+            words += len(ref)
+    return {"wer": round(errors / words, 3) if words else None, "words": words}
 
 
 def pause_scores(rec: Recording) -> list[dict[str, Any]]:

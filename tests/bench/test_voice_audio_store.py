@@ -16,6 +16,7 @@ def test_the_conversations_come_back_sample_for_sample(tmp_path):
     path = tmp_path / "user.npz"
     voice_audio_store.save(path, scripts, workload)
     back = voice_audio_store.load(path, workload)
+    assert voice_audio_store.workload_of(path) == workload
     assert [len(c) for c in back] == [4, 3]
     n = 0
     for conv, conv_back in zip(scripts, back, strict=True):

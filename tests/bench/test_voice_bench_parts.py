@@ -8,7 +8,7 @@ import numpy as np
 from execstate_bench.voice_client import TICK, Recording
 from execstate_bench.voice_metrics import edit_distance, norm, summarize
 from execstate_bench.voice_oracle import OracleRecognizer
-from execstate_bench.voice_stages import pause_scores, stage_breakdown, turn_timelines
+from execstate_bench.voice_stages import agent_words_wer, pause_scores, stage_breakdown, turn_timelines
 
 
 class _Null:
@@ -95,7 +95,9 @@ def test_an_end_of_turn_inside_a_pause_is_a_false_end_of_turn() -> None:
 
 def test_a_turns_latency_by_stage_and_the_scores_it_was_decided_on() -> None:
     rec = Recording(np.zeros(16000 * 6, np.int16), sent_t=[k * TICK / 16000 for k in range(300)])
-    rec.marks = [{"kind": "pause", "s0": 8000, "s1": 16000}, {"kind": "turn_end", "turn": "plain", "s": 32000},
+    rec.marks = [{"kind": "pause", "s0": 8000, "s1": 16000},
+                 {"kind": "speech", "what": "turn", "s0": 4000, "s1": 32000, "text": "Tell me a story."},
+                 {"kind": "turn_end", "turn": "plain", "s": 32000},
                  {"kind": "turn_end", "turn": "backchannel", "s": 64000}]
     score = {"type": "input.end_score", "item_id": "i1"}
     rec.events = [
@@ -114,7 +116,8 @@ def test_a_turns_latency_by_stage_and_the_scores_it_was_decided_on() -> None:
     rows = turn_timelines(rec)
     assert len(rows) == 1  # the backchannel is not a turn
     got = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[0].items()}
-    assert got == {"vad_silence": 0.06, "vad_stopped": 0.1, "asr_final": 0.15, "end_of_turn": 0.3, "p_end": 0.8,
+    assert got == {"said": "Tell me a story.",  # the words spoken in the turn (the speech mark ending there)
+                   "vad_silence": 0.06, "vad_stopped": 0.1, "asr_final": 0.15, "end_of_turn": 0.3, "p_end": 0.8,
                    "text": "tell me a story", "final": "Tell me a story.",
                    "scores": [[-1.3, 0.02], [-0.1, 0.3], [0.25, 0.8]],  # every score of the turn, from the speech's end
                    "response_created": 0.31, "first_text": 0.4, "first_audio": 0.45}
@@ -123,3 +126,13 @@ def test_a_turns_latency_by_stage_and_the_scores_it_was_decided_on() -> None:
     assert stages["first_audio"]["p50"] == 450.0
     assert pause_scores(rec) == [{"pause_s": 0.5, "p_end": 0.02, "text": "tell me", "partial": "Tell me.",
                                   "scores": [[-0.3, 0.02]]}]
+
+
+def test_the_words_the_agent_answered_against_the_words_spoken() -> None:
+    rows = [{"said": "Tell me a story about trains.", "text": "Tell me a story about rain"},  # 1 of 6 wrong
+            {"said": "What is 12 times 80?", "text": "What is twelve times"},  # 1 of 5 missing (digits normalised)
+            {"said": "Describe the sea for me.", "text": None},  # answered without a score: 5 of 5 missing
+            {"said": None, "text": "not a scripted turn"}]  # no reference: not counted
+    assert agent_words_wer(rows) == {"wer": round(7 / 16, 3), "words": 16}
+    assert agent_words_wer([{"said": "yes", "text": "yes"}]) == {"wer": 0.0, "words": 1}
+    assert agent_words_wer([]) == {"wer": None, "words": 0}
