@@ -217,3 +217,18 @@ def test_moe_packed_fused_equals_moe_bitwise(threads: int, t: int, e: int, h: in
         gu = w_gate_up[eid].double() @ x[t - 1].double()
         want += float(wts[t - 1, j]) * (w_down[eid].double() @ (torch.nn.functional.silu(gu[:i]) * gu[i:]))
     torch.testing.assert_close(got[t - 1].double(), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("m", "k", "n"), [(2048, 512, 8), (2047, 512, 8), (301, 77, 32), (301, 77, 33), (9, 64, 1)])
+def test_linear_packed_few_weight_rows_split_by_rows_bitwise(threads: int, m: int, k: int, n: int) -> None:
+    """Up to 32 weight rows (a router's) the threads split x's row pairs, each packing its own;
+    every row (odd M, a K tail) equals dot_rows bit for bit and nothing past y is written."""
+    x, w = randn(m, k, seed=m + k), randn(n, k, seed=n) / math.sqrt(k)
+    buf = torch.full((m * n + 64,), float("nan"))
+    with_threads(threads, lambda: ext.lib().linear_packed(x.data_ptr(), w.data_ptr(), buf.data_ptr(), m, k, n))
+    assert torch.equal(buf[: m * n].view(m, n), _dot_rows(x, w))
+    assert torch.isnan(buf[m * n:]).all()
+    wb = w.bfloat16()
+    got = with_threads(threads, lambda: _linear_call("linear_packed_bf16", x, wb))
+    assert torch.equal(got, _linear_call("linear_bf16", x, wb))

@@ -273,6 +273,10 @@ static float *wide_buffer(int bf16, int64_t K, int *oom) {
     return p;
 }
 
+/* At most this many weight rows (a router's), the threads split the rows of x, not w's: each
+ * reads all of w (a few KB a row) instead of all of packed x, and packs only its own rows. */
+#define ROWS_SPLIT_N 32
+
 /* y = x @ w^T for fp32 or bf16 w. Returns 0, 2 when out of memory, 3 when the CPU lacks
  * AVX-512 (nothing computed then). */
 static int linear_packed(const float *x, const void *w, int bf16, float *y, int64_t M, int64_t K, int64_t N) {
@@ -289,11 +293,19 @@ static int linear_packed(const float *x, const void *w, int bf16, float *y, int6
 #pragma omp parallel if (M * K * N >= PARALLEL_MIN_MACS)
     {
         const Weights wt = {w, bf16, wide_buffer(bf16, K, &oom)};
-        pack_groups(xr, xp, K, &zero, &M, &zero, 1);
+        if (N <= ROWS_SPLIT_N) { /* each thread packs and multiplies its own row pairs: no barrier */
+            const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+            const int64_t p0 = pairs * tid / nt, p1 = pairs * (tid + 1) / nt, r1 = 2 * p1 < M ? 2 * p1 : M;
+            es_pack_pairs(xr, xp, M, K, p0, p1);
+            if (!oom && p1 > p0)
+                rows_block(xr + 2 * p0, xp + p0 * 2 * k8, wt, y + 2 * p0 * N, N, r1 - 2 * p0, K, 0, N, NULL);
+        } else {
+            pack_groups(xr, xp, K, &zero, &M, &zero, 1);
 #pragma omp barrier
-        int64_t lo, hi;
-        share(N, &lo, &hi);
-        if (!oom) rows_block(xr, xp, wt, y, N, M, K, lo, hi, NULL);
+            int64_t lo, hi;
+            share(N, &lo, &hi);
+            if (!oom) rows_block(xr, xp, wt, y, N, M, K, lo, hi, NULL);
+        }
     }
     return oom ? 2 : 0;
 }
