@@ -336,22 +336,26 @@ static int moe_packed(const float *x, const int64_t *ids, const float *wts, cons
         if (ids[s] < 0 || ids[s] >= E) return 1;
     const int fused = H % 8 == 0 && I % 8 == 0 && k <= 2;
     const int64_t h8 = H & ~(int64_t)7, i8 = I & ~(int64_t)7, kmax8 = h8 > i8 ? h8 : i8;
-    const size_t n64 = sizeof(int64_t) * (size_t)E, fsz = sizeof(float), u = fused ? 0 : 1, f = fused ? 1 : 0;
-    /* unfused: gu, h, y; fused: the second packed buffer (h), the slots' tokens, weights, first flags */
-    const size_t bytes[18] = {n64, n64, n64, sizeof(int64_t) * (size_t)(S + 1), n64, n64, n64, n64,
-                              u * fsz * (size_t)(S * 2 * I), u * fsz * (size_t)(S * I), u * fsz * (size_t)(S * H),
-                              fsz * (size_t)((S + E) * kmax8 + 16), sizeof(float *) * (size_t)S,
-                              u * sizeof(float *) * (size_t)S, f * fsz * (size_t)((S + E) * i8 + 16),
-                              f * sizeof(int64_t) * (size_t)S, f * fsz * (size_t)S, f * (size_t)S};
-    void *pt[18];
-    if (es_scratch_parts(ES_SCRATCH_MOE, 18, bytes, pt)) return 2;
+    const size_t n64 = sizeof(int64_t) * (size_t)E, fsz = sizeof(float);
+    const size_t gu_n = (size_t)(S * 2 * I), hp_n = (size_t)((S + E) * i8 + 16);
+    /* Every call takes the unfused layout's size (the fused path's packed h in gu's place, its
+     * slots' tokens, weights and first flags in h's): the slot is shared with gemm.c's MoE
+     * (es_moe_with, no larger), so whichever MoE kernel runs a step of some size first grows it
+     * (scratch.c maps it in then) for all of them. */
+    const size_t bytes[14] = {n64, n64, n64, sizeof(int64_t) * (size_t)(S + 1), n64, n64, n64, n64,
+                              fsz * (gu_n > hp_n ? gu_n : hp_n),
+                              fsz * (size_t)(S * I) > 13 * (size_t)S ? fsz * (size_t)(S * I) : 13 * (size_t)S,
+                              fsz * (size_t)(S * H), fsz * (size_t)((S + E) * kmax8 + 16),
+                              sizeof(float *) * (size_t)S, sizeof(float *) * (size_t)S};
+    void *pt[14];
+    if (es_scratch_parts(ES_SCRATCH_MOE, 14, bytes, pt)) return 2;
     int64_t *count = pt[0], *offset = pt[1], *fill = pt[2], *pos = pt[3], *a_start = pt[4], *a_count = pt[5];
     int64_t *a_poff = pt[6], *a_e = pt[7];
-    float *gu = pt[8], *h = pt[9], *y = pt[10], *xp = pt[11], *hp = pt[14];
+    float *gu = pt[8], *h = pt[9], *y = pt[10], *xp = pt[11], *hp = pt[8];
     const float **xin = pt[12], **hin = pt[13];
-    int64_t *tok = pt[15];
-    float *slot_w = pt[16];
-    unsigned char *first = pt[17];
+    int64_t *tok = pt[9]; /* fused: S each, in h's part (13 bytes a slot) */
+    float *slot_w = (float *)(tok + S);
+    unsigned char *first = (unsigned char *)(slot_w + S);
     int64_t n_active = 0, acc = 0, pacc = 0;
     int oom = 0;
     memset(count, 0, n64);
