@@ -169,3 +169,66 @@ def test_linear_packed_no_k_tail_every_tile_edge_bitwise_and_in_bounds(m: int, n
     ext.lib().linear_packed(x.data_ptr(), w.data_ptr(), buf.data_ptr(), m, k, n)
     assert torch.equal(buf[: m * n].view(m, n), _dot_rows(x, w))
     assert torch.isnan(buf[m * n:]).all()
+
+
+# The fused path of moe_packed (H and I multiples of 8, k <= 2): SwiGLU as the gate/up product's
+# epilogue, h written packed, the weighted combine as the down product's epilogue (a token's first
+# slot stores, the second adds). Its outputs land in a NaN-filled tensor, so a row or column that a
+# slot never stores stays NaN; the AVX2 kernel (slot by slot, then the combine) is the oracle.
+
+
+def _routed(t: int, e: int, k: int, seed: int, skew: bool, repeat: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids ``[t, k]``: uniform, or skewed (~70 % of the slots on expert 0, some experts idle), and
+    with ``repeat`` some tokens naming one expert twice; fp32 weights in (0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    if skew:
+        ids = torch.where(torch.rand(t, k, generator=gen) < 0.7, 0, torch.randint(0, e, (t, k), generator=gen))
+    else:
+        ids = torch.randint(0, e, (t, k), generator=gen)
+    if not repeat and k == 2:  # distinct ids per token unless asked
+        ids[:, 1] = torch.where(ids[:, 1] == ids[:, 0], (ids[:, 0] + 1) % e, ids[:, 1])
+    if repeat and k == 2:
+        ids[::7, 1] = ids[::7, 0]
+    return ids.contiguous(), torch.rand(t, k, generator=gen)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("t", "e", "h", "i", "k", "skew", "repeat"), [
+    (65, 3, 16, 8, 2, False, False),      # odd counts: a pair's second row missing
+    (300, 8, 64, 48, 2, True, True),      # skewed, idle experts, one expert named twice by a token
+    (257, 5, 40, 104, 1, False, False),   # k = 1; I over one 48-column SwiGLU block, ending short
+    (600, 8, 512, 768, 2, False, True),   # the standard MoE's shapes
+])
+def test_moe_packed_fused_equals_moe_bitwise(threads: int, t: int, e: int, h: int, i: int, k: int, skew: bool,
+                                             repeat: bool) -> None:
+    x = randn(t, h, seed=t)
+    ids, wts = _routed(t, e, k, seed=t + 1, skew=skew, repeat=repeat)
+    w_gate_up, w_down = randn(e, 2 * i, h, seed=h) / math.sqrt(h), randn(e, h, i, seed=i) / math.sqrt(i)
+    args = (x, ids, wts, w_gate_up, w_down)
+    got = with_threads(threads, lambda: moe_call("moe_packed", *args))
+    assert torch.equal(got, moe_call("moe", *args))
+    bf = (x, ids, wts, w_gate_up.bfloat16(), w_down.bfloat16())
+    got_bf16 = with_threads(threads, lambda: moe_call("moe_packed_bf16", *bf))
+    assert torch.equal(got_bf16, moe_call("moe_bf16", *bf))
+    # float64 reference of one token
+    want = torch.zeros(h, dtype=torch.float64)
+    for j in range(k):
+        eid = int(ids[t - 1, j])
+        gu = w_gate_up[eid].double() @ x[t - 1].double()
+        want += float(wts[t - 1, j]) * (w_down[eid].double() @ (torch.nn.functional.silu(gu[:i]) * gu[i:]))
+    torch.testing.assert_close(got[t - 1].double(), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("m", "k", "n"), [(2048, 512, 8), (2047, 512, 8), (301, 77, 32), (301, 77, 33), (9, 64, 1)])
+def test_linear_packed_few_weight_rows_split_by_rows_bitwise(threads: int, m: int, k: int, n: int) -> None:
+    """Up to 32 weight rows (a router's) the threads split x's row pairs, each packing its own;
+    every row (odd M, a K tail) equals dot_rows bit for bit and nothing past y is written."""
+    x, w = randn(m, k, seed=m + k), randn(n, k, seed=n) / math.sqrt(k)
+    buf = torch.full((m * n + 64,), float("nan"))
+    with_threads(threads, lambda: ext.lib().linear_packed(x.data_ptr(), w.data_ptr(), buf.data_ptr(), m, k, n))
+    assert torch.equal(buf[: m * n].view(m, n), _dot_rows(x, w))
+    assert torch.isnan(buf[m * n:]).all()
+    wb = w.bfloat16()
+    got = with_threads(threads, lambda: _linear_call("linear_packed_bf16", x, wb))
+    assert torch.equal(got, _linear_call("linear_bf16", x, wb))

@@ -78,3 +78,34 @@ def test_a_finished_threads_buffers_are_released() -> None:
             base = _rss_kib()
     assert base is not None
     assert _rss_kib() - base < 40 * 1024
+
+
+@pytest.mark.skipif(not cpu.PACKED, reason="no AVX-512 here: no packed MoE")
+def test_the_fused_packed_moe_grows_the_slot_for_the_other_moe_kernels() -> None:
+    """The packed MoE's fused path needs less than gemm.c's MoE (no slot-by-slot products), yet
+    takes the shared slot at the unfused layout's size, and scratch.c maps a slot in as it grows:
+    so on a fresh thread the fused call makes all of it resident (~60 MiB here, of which it
+    touches ~30), and gemm.c's MoE of the same step right after it neither grows the slot nor
+    faults in pages."""
+    t = 4 * T
+    args = _moe_args(t, 4)
+    want = moe_call("moe", *args)
+    seen: list[int] = []
+
+    def work() -> None:
+        out = torch.zeros_like(want)
+        rss = _rss_kib()
+        moe_call("moe_packed", *args, out=out)  # H, I multiples of 8, k = 2: the fused path
+        seen.append(_rss_kib() - rss)
+        assert torch.equal(out, want)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        moe_call("moe", *args, out=out)  # ~46 MiB of temporaries: slot-by-slot products, h, outputs
+        seen.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        assert torch.equal(out, want)
+
+    th = threading.Thread(target=work)
+    th.start()
+    th.join()
+    assert len(seen) == 2, seen
+    assert seen[0] >= 45 * 1024, seen  # KiB made resident by the fused call
+    assert seen[1] <= 2, seen  # faults of the call after it

@@ -53,11 +53,33 @@ static KP inline __attribute__((always_inline)) void tile(const float *xp, int64
     }
 }
 
-/* Writes the tile's outputs: y[m * ldy + n0 + j] for the valid rows m of pairs [pair0, pair0 + P). */
+/* The MoE's weighted combine as the down product's epilogue (moe_fused): row m of an expert's
+ * rows is slot row m of out's token tok[m]; its J sums are scaled by w[m] and stored there when
+ * first[m] (the token's first slot in the order the thread visits them), else added to what is
+ * there. For k <= 2 slots a token that is es_moe_f32's s = w0 * y0 (+ w1 * y1), bit for bit:
+ * IEEE products and sums of two do not depend on the operands' order. */
+typedef struct {
+    float *out;
+    int64_t ld;
+    const int64_t *tok;
+    const float *w;
+    const unsigned char *first;
+} Combine;
+
+static KP inline __attribute__((always_inline)) void put(const Combine *c, int64_t m, int64_t n0, __mmask8 cols,
+                                                        __m256 v) {
+    float *o = c->out + c->tok[m] * c->ld + n0;
+    v = _mm256_mul_ps(_mm256_set1_ps(c->w[m]), v);
+    if (!c->first[m]) v = _mm256_add_ps(_mm256_maskz_loadu_ps(cols, o), v);
+    _mm256_mask_storeu_ps(o, cols, v);
+}
+
+/* Writes the tile's outputs: y[m * ldy + n0 + j] for the valid rows m of pairs [pair0, pair0 + P),
+ * or, with cmb (K % 8 == 0 only), combines them into cmb->out (put). */
 static KP inline __attribute__((always_inline)) void store(__m512 acc[P_MAX][J_MAX], int P, int J,
                                                           const float *const *xr, const float *const *wr, float *y,
                                                           int64_t ldy, int64_t pair0, int64_t n0, int64_t M,
-                                                          int64_t K, int64_t k8) {
+                                                          int64_t K, int64_t k8, const Combine *cmb) {
     if (k8 == K) { /* no tail: a pair's 2 x J lane sums at once (hsum8_x16: hsum8's tree, same bits) */
         /* hsum8_x16's lane 4q + e = half q % 2 of a[2e + q / 2] -> [row 2p: a[0..8) | row 2p + 1: a[0..8)] */
         const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
@@ -68,6 +90,11 @@ static KP inline __attribute__((always_inline)) void store(__m512 acc[P_MAX][J_M
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) a[j] = j < J_MAX && j < J ? acc[p][j < J_MAX ? j : 0] : _mm512_setzero_ps();
             const __m512 r = _mm512_permutexvar_ps(order, hsum8_x16(a));
+            if (cmb) {
+                put(cmb, m, n0, cols, _mm512_castps512_ps256(r));
+                if (m + 1 < M) put(cmb, m + 1, n0, cols, _mm512_extractf32x8_ps(r, 1));
+                continue;
+            }
             _mm256_mask_storeu_ps(y + m * ldy + n0, cols, _mm512_castps512_ps256(r));
             if (m + 1 < M) _mm256_mask_storeu_ps(y + (m + 1) * ldy + n0, cols, _mm512_extractf32x8_ps(r, 1));
         }
@@ -84,11 +111,23 @@ static KP inline __attribute__((always_inline)) void store(__m512 acc[P_MAX][J_M
     }
 }
 
-#define TILE_CASE(PP, JJ)                                                              \
+#define TILE_CASE(PP, JJ, Y, LDY, PAIR0, MM, CMB)                                      \
     do {                                                                               \
         __m512 acc[P_MAX][J_MAX];                                                      \
         tile(xt, kb16, wr, PP, JJ, k8, acc);                                           \
-        store(acc, PP, JJ, xr, wr, y, ldy, pair0, n, M, K, k8);                        \
+        store(acc, PP, JJ, xr, wr, Y, LDY, PAIR0, n, MM, K, k8, CMB);                  \
+    } while (0)
+
+/* The P x J tile at pairs xt against weight rows wr, its constant sizes picked for the full tile. */
+#define TILES(Y, LDY, PAIR0, MM, CMB)                                                  \
+    do {                                                                               \
+        if (P == P_MAX && J == J_MAX) {                                                \
+            TILE_CASE(P_MAX, J_MAX, Y, LDY, PAIR0, MM, CMB);                           \
+        } else if (P == P_MAX) {                                                       \
+            TILE_CASE(P_MAX, J, Y, LDY, PAIR0, MM, CMB);                               \
+        } else {                                                                       \
+            TILE_CASE(P, J, Y, LDY, PAIR0, MM, CMB);                                   \
+        }                                                                              \
     } while (0)
 
 /* Weights of a call: fp32 rows, or bf16 rows (uint16 bit patterns) widened block by block
@@ -115,9 +154,9 @@ static KP void widen(const uint16_t *src, float *dst, int64_t n) {
 }
 
 /* Columns [n0, n1) of y (row stride ldy) for rows xr[0..M); xp holds those rows packed
- * (es_pack_pairs). */
+ * (es_pack_pairs). With cmb (K % 8 == 0) the columns are combined into cmb->out instead (put). */
 static KP void rows_block(const float *const *xr, const float *xp, Weights wt, float *y, int64_t ldy, int64_t M,
-                          int64_t K, int64_t n0, int64_t n1) {
+                          int64_t K, int64_t n0, int64_t n1, const Combine *cmb) {
     const int64_t k8 = K & ~(int64_t)7, kb16 = 2 * k8, pairs = (M + 1) / 2;
     for (int64_t nb = n0; nb < n1; nb += NC) {
         const int64_t nb1 = nb + NC < n1 ? nb + NC : n1;
@@ -133,13 +172,55 @@ static KP void rows_block(const float *const *xr, const float *xp, Weights wt, f
                 const int J = nb1 - n < J_MAX ? (int)(nb1 - n) : J_MAX;
                 const float *wr[J_MAX];
                 for (int j = 0; j < J_MAX; j++) wr[j] = wb + (n - nb + (j < J ? j : 0)) * K;
-                if (P == P_MAX && J == J_MAX) {
-                    TILE_CASE(P_MAX, J_MAX);
-                } else if (P == P_MAX) {
-                    TILE_CASE(P_MAX, J);
-                } else {
-                    TILE_CASE(P, J);
+                TILES(y, ldy, pair0, M, cmb);
+            }
+        }
+    }
+}
+
+#define NH (NC / 2) /* SwiGLU columns per block: their gate and up rows are NC weight rows */
+
+/* The gate/up product of rows xp (packed, M rows, K % 8 == 0) for h columns [c0, c1) (multiples of
+ * 8), wt the expert's [2I, K] (gate rows first), with SwiGLU as its epilogue: each tile of pairs
+ * lands in a stack buffer (gate and up sums of the same columns side by side), then
+ * es_silu_mul's h of its rows is written packed in pairs into hp (es_pack_pairs's layout for K =
+ * I, a missing odd row zero). So hp is es_pack_pairs of es_silu_mul of the unfused product, bit
+ * for bit, without that product's or h's pass through memory. */
+static KP void swiglu_block(const float *xp, Weights wt, float *hp, int64_t M, int64_t K, int64_t I, int64_t c0,
+                            int64_t c1) {
+    const int64_t k8 = K, kb16 = 2 * K, pairs = (M + 1) / 2;
+    const float *const *xr = NULL; /* no K tail: store reads no rows */
+    float buf[2 * P_MAX][NC] __attribute__((aligned(64)));
+    float h[NH] __attribute__((aligned(64)));
+    for (int64_t cb = c0; cb < c1; cb += NH) {
+        const int64_t nc = c1 - cb < NH ? c1 - cb : NH;
+        const float *gate = (const float *)wt.w + cb * K, *up = (const float *)wt.w + (I + cb) * K;
+        if (wt.bf16) {
+            widen((const uint16_t *)wt.w + cb * K, wt.wide, nc * K);
+            widen((const uint16_t *)wt.w + (I + cb) * K, wt.wide + nc * K, nc * K);
+            gate = wt.wide;
+            up = wt.wide + nc * K;
+        }
+        for (int64_t pair0 = 0; pair0 < pairs; pair0 += P_MAX) {
+            const int P = pairs - pair0 < P_MAX ? (int)(pairs - pair0) : P_MAX;
+            const int64_t rows = M - 2 * pair0;
+            const float *xt = xp + pair0 * kb16;
+            for (int64_t n = 0; n < 2 * nc; n += J_MAX) { /* buffer column n: gate n, or up n - nc */
+                const int J = 2 * nc - n < J_MAX ? (int)(2 * nc - n) : J_MAX;
+                const float *wr[J_MAX];
+                for (int j = 0; j < J_MAX; j++) {
+                    const int64_t c = n + (j < J ? j : 0);
+                    wr[j] = c < nc ? gate + c * K : up + (c - nc) * K;
                 }
+                TILES(&buf[0][0], NC, 0, rows, NULL);
+            }
+            for (int r = 0; r < 2 * P; r++) {
+                float *o = hp + (pair0 + r / 2) * 2 * I + (r & 1) * 8 + 2 * cb;
+                if (r < rows)
+                    es_silu_mul(buf[r], buf[r] + nc, h, nc);
+                else
+                    memset(h, 0, sizeof(float) * (size_t)nc);
+                for (int64_t q = 0; q < nc; q += 8) _mm256_storeu_ps(o + 2 * q, _mm256_load_ps(h + q));
             }
         }
     }
@@ -192,6 +273,10 @@ static float *wide_buffer(int bf16, int64_t K, int *oom) {
     return p;
 }
 
+/* At most this many weight rows (a router's), the threads split the rows of x, not w's: each
+ * reads all of w (a few KB a row) instead of all of packed x, and packs only its own rows. */
+#define ROWS_SPLIT_N 32
+
 /* y = x @ w^T for fp32 or bf16 w. Returns 0, 2 when out of memory, 3 when the CPU lacks
  * AVX-512 (nothing computed then). */
 static int linear_packed(const float *x, const void *w, int bf16, float *y, int64_t M, int64_t K, int64_t N) {
@@ -208,11 +293,19 @@ static int linear_packed(const float *x, const void *w, int bf16, float *y, int6
 #pragma omp parallel if (M * K * N >= PARALLEL_MIN_MACS)
     {
         const Weights wt = {w, bf16, wide_buffer(bf16, K, &oom)};
-        pack_groups(xr, xp, K, &zero, &M, &zero, 1);
+        if (N <= ROWS_SPLIT_N) { /* each thread packs and multiplies its own row pairs: no barrier */
+            const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+            const int64_t p0 = pairs * tid / nt, p1 = pairs * (tid + 1) / nt, r1 = 2 * p1 < M ? 2 * p1 : M;
+            es_pack_pairs(xr, xp, M, K, p0, p1);
+            if (!oom && p1 > p0)
+                rows_block(xr + 2 * p0, xp + p0 * 2 * k8, wt, y + 2 * p0 * N, N, r1 - 2 * p0, K, 0, N, NULL);
+        } else {
+            pack_groups(xr, xp, K, &zero, &M, &zero, 1);
 #pragma omp barrier
-        int64_t lo, hi;
-        share(N, &lo, &hi);
-        if (!oom) rows_block(xr, xp, wt, y, N, M, K, lo, hi);
+            int64_t lo, hi;
+            share(N, &lo, &hi);
+            if (!oom) rows_block(xr, xp, wt, y, N, M, K, lo, hi, NULL);
+        }
     }
     return oom ? 2 : 0;
 }
@@ -226,9 +319,14 @@ int es_linear_packed_bf16(const float *x, const uint16_t *w, float *y, int64_t M
 }
 
 /* The fused MoE block of gemm.c (es_moe_f32 / es_moe_bf16: same contract, same results bit
- * for bit) for many tokens: slots grouped by expert, each expert's rows packed once and
- * multiplied by its weights with the register-blocked kernel, both threads sharing each
- * expert's rows. Temporaries: this thread's ES_SCRATCH_MOE buffer (scratch.c).
+ * for bit) for many tokens: slots grouped by expert (token order within), each expert's rows
+ * packed once and multiplied by its weights with the register-blocked kernel, both threads
+ * sharing each expert's rows. With H and I multiples of 8 and k <= 2 slots a token (the fused
+ * path) the SwiGLU is the gate/up product's epilogue (swiglu_block, h written packed) and the
+ * weighted combine the down product's (put): one region, two barriers, no pass of the gate/up
+ * product, h or the slots' outputs through memory. Else the unfused path: the products in
+ * buffers, SwiGLU, packing h and the combine each a pass of their own.
+ * Temporaries: this thread's ES_SCRATCH_MOE buffer (scratch.c).
  * Returns 0, 1 if an id is out of range, 2 when out of memory, 3 without AVX-512. */
 static int moe_packed(const float *x, const int64_t *ids, const float *wts, const void *w_gu, const void *w_d,
                       int bf16, float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
@@ -236,18 +334,28 @@ static int moe_packed(const float *x, const int64_t *ids, const float *wts, cons
     const int64_t S = T * k;
     for (int64_t s = 0; s < S; s++)
         if (ids[s] < 0 || ids[s] >= E) return 1;
+    const int fused = H % 8 == 0 && I % 8 == 0 && k <= 2;
     const int64_t h8 = H & ~(int64_t)7, i8 = I & ~(int64_t)7, kmax8 = h8 > i8 ? h8 : i8;
     const size_t n64 = sizeof(int64_t) * (size_t)E, fsz = sizeof(float);
+    const size_t gu_n = (size_t)(S * 2 * I), hp_n = (size_t)((S + E) * i8 + 16);
+    /* Every call takes the unfused layout's size (the fused path's packed h in gu's place, its
+     * slots' tokens, weights and first flags in h's): the slot is shared with gemm.c's MoE
+     * (es_moe_with, no larger), so whichever MoE kernel runs a step of some size first grows it
+     * (scratch.c maps it in then) for all of them. */
     const size_t bytes[14] = {n64, n64, n64, sizeof(int64_t) * (size_t)(S + 1), n64, n64, n64, n64,
-                              fsz * (size_t)(S * 2 * I), fsz * (size_t)(S * I), fsz * (size_t)(S * H),
-                              fsz * (size_t)((S + E) * kmax8 + 16), sizeof(float *) * (size_t)S,
-                              sizeof(float *) * (size_t)S};
+                              fsz * (gu_n > hp_n ? gu_n : hp_n),
+                              fsz * (size_t)(S * I) > 13 * (size_t)S ? fsz * (size_t)(S * I) : 13 * (size_t)S,
+                              fsz * (size_t)(S * H), fsz * (size_t)((S + E) * kmax8 + 16),
+                              sizeof(float *) * (size_t)S, sizeof(float *) * (size_t)S};
     void *pt[14];
     if (es_scratch_parts(ES_SCRATCH_MOE, 14, bytes, pt)) return 2;
     int64_t *count = pt[0], *offset = pt[1], *fill = pt[2], *pos = pt[3], *a_start = pt[4], *a_count = pt[5];
     int64_t *a_poff = pt[6], *a_e = pt[7];
-    float *gu = pt[8], *h = pt[9], *y = pt[10], *xp = pt[11];
+    float *gu = pt[8], *h = pt[9], *y = pt[10], *xp = pt[11], *hp = pt[8];
     const float **xin = pt[12], **hin = pt[13];
+    int64_t *tok = pt[9]; /* fused: S each, in h's part (13 bytes a slot) */
+    float *slot_w = (float *)(tok + S);
+    unsigned char *first = (unsigned char *)(slot_w + S);
     int64_t n_active = 0, acc = 0, pacc = 0;
     int oom = 0;
     memset(count, 0, n64);
@@ -268,6 +376,36 @@ static int moe_packed(const float *x, const int64_t *ids, const float *wts, cons
         pos[s] = p;
         xin[p] = x + (s / k) * H;
     }
+    if (fused) {
+        /* A thread visits a column's slot rows in position order (experts in order, rows in order):
+         * a token's first slot is its lower position. */
+        for (int64_t s = 0; s < S; s++) {
+            const int64_t p = pos[s], t = s / k;
+            tok[p] = t;
+            slot_w[p] = wts[s];
+            first[p] = k == 1 || p < pos[t * k + (s % k == 0)];
+        }
+#pragma omp parallel if (S * H * I >= PARALLEL_MIN_MACS)
+        {
+            const Weights gu_w = {w_gu, bf16, wide_buffer(bf16, H > I ? H : I, &oom)}, d_w = {w_d, bf16, gu_w.wide};
+            const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+            const int64_t c0 = I / 8 * tid / nt * 8, c1 = I / 8 * (tid + 1) / nt * 8; /* h columns, 8 at a time */
+            int64_t lo, hi;
+            pack_groups(xin, xp, H, a_start, a_count, a_poff, n_active);
+#pragma omp barrier
+            for (int64_t a = 0; a < n_active && !oom; a++)
+                swiglu_block(xp + a_poff[a] * 2 * H, offset_rows(gu_w, a_e[a] * 2 * I, H), hp + a_poff[a] * 2 * I,
+                             a_count[a], H, I, c0, c1);
+#pragma omp barrier
+            share(H, &lo, &hi); /* out's columns [lo, hi) are this thread's alone */
+            for (int64_t a = 0; a < n_active && !oom; a++) {
+                const Combine ca = {out, H, tok + a_start[a], slot_w + a_start[a], first + a_start[a]};
+                rows_block(NULL, hp + a_poff[a] * 2 * I, offset_rows(d_w, a_e[a] * H, I), NULL, H, a_count[a], I, lo,
+                           hi, &ca);
+            }
+        }
+        return oom ? 2 : 0;
+    }
     for (int64_t p = 0; p < S; p++) hin[p] = h + p * I;
 #pragma omp parallel if (S * H * I >= PARALLEL_MIN_MACS)
     {
@@ -278,7 +416,7 @@ static int moe_packed(const float *x, const int64_t *ids, const float *wts, cons
         share(2 * I, &lo, &hi);
         for (int64_t a = 0; a < n_active && !oom; a++)
             rows_block(xin + a_start[a], xp + a_poff[a] * 2 * h8, offset_rows(gu_w, a_e[a] * 2 * I, H),
-                       gu + a_start[a] * 2 * I, 2 * I, a_count[a], H, lo, hi);
+                       gu + a_start[a] * 2 * I, 2 * I, a_count[a], H, lo, hi, NULL);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < S; p++) es_silu_mul(gu + p * 2 * I, gu + p * 2 * I + I, h + p * I, I);
@@ -287,7 +425,7 @@ static int moe_packed(const float *x, const int64_t *ids, const float *wts, cons
         share(H, &lo, &hi);
         for (int64_t a = 0; a < n_active && !oom; a++)
             rows_block(hin + a_start[a], xp + a_poff[a] * 2 * i8, offset_rows(d_w, a_e[a] * H, I), y + a_start[a] * H,
-                       H, a_count[a], I, lo, hi);
+                       H, a_count[a], I, lo, hi, NULL);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; t++) { /* as es_moe_f32 */
