@@ -1,14 +1,13 @@
-"""The bench process's OpenMP spin: its threads wait spinning ~70 ms before they sleep.
+"""How long the bench process's OpenMP threads spin before they sleep: about as long as vLLM's.
 
 The in-process peers (the engines, transformers) run on libgomp's team, torch's. A libgomp thread
 that waits (for the next parallel region, at a barrier) spins ``GOMP_SPINCOUNT`` times and then
-sleeps on a futex; the region that needs it again wakes it, and on the bench VM a halted vCPU is
-woken too. libgomp's default spin is 300,000 (~7 ms on the bench VM: the process's CPU time over
-an idle second after a prefill); ``SPIN_COUNT`` spins ~70 ms. In one process, 8 x 256-token fp32
-prefills of the standard MoE ran ~2-4 % faster with it (docs/performance.md 16.14). vLLM's peer
-keeps its own settings (its CPU worker sets Intel OpenMP's ``KMP_BLOCKTIME=5`` ms and binds its
-threads to the first CPUs). A spin this long never reaches the next peer's timed run:
-``machine.settle`` pauses 0.5 s before each. The engine's default elsewhere is libgomp's.
+sleeps on a futex, and the region that needs it again pays its wake-up. libgomp's default spin is
+300,000 (~7 ms on the bench VM: the process's CPU time over an idle second after a prefill).
+vLLM's CPU build runs on Intel's OpenMP, whose threads spin ``KMP_BLOCKTIME`` = 200 ms by default. ``set_spin`` gives
+the bench's own peers a spin of the same order (``SPIN_COUNT``: ~70 ms idle on the bench VM), so
+the side-by-side compares both runtimes at their spinning settings. A spin that long never
+reaches the next peer's timed run: ``machine.settle`` pauses 0.5 s before each.
 
 libgomp reads the variable once, when it loads (with torch), so ``set_spin`` must run before
 torch is imported; a value already in the environment is kept (the user's choice).
