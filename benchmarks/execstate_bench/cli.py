@@ -255,9 +255,6 @@ def _bench(args: argparse.Namespace) -> int:
 
         return sweep_main(args)
     if args.bench_cmd == "throughput":
-        from execstate_bench.omp_spin import set_spin
-
-        spin = set_spin()  # before torch is imported (execstate_bench/omp_spin.py)
         from execstate_bench.throughput import run_throughput_bench
 
         report = run_throughput_bench(
@@ -265,7 +262,7 @@ def _bench(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             vllm_python=args.vllm_python,
             quantization=args.quantization, print_table=not args.json, time_budget_s=args.time_budget,
-            kv_cache_dtype=args.kv_cache_dtype, omp_spin=spin,
+            kv_cache_dtype=args.kv_cache_dtype,
         )
         if args.json:
             print(json.dumps(report, indent=2))

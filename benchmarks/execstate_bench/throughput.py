@@ -95,7 +95,6 @@ def run_throughput_bench(
     vllm_python: str | None = None,
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
-    omp_spin: str | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark and return its report (also printed as a table).
 
@@ -109,8 +108,6 @@ def run_throughput_bench(
     (see the module docstring), all measured in the same interleaved run; ``kv_cache_dtype="bfloat16"``
     adds ``execstate_kvbf16_r3_off`` (fp32, bf16 attention) and, with ``dtype="bfloat16"``,
     ``execstate_bf16arith_kvbf16_r3_off`` (bf16 arithmetic and bf16 attention).
-    ``omp_spin``: the ``GOMP_SPINCOUNT`` the caller set before torch was imported
-    (``execstate_bench.omp_spin``; None: libgomp's default), noted in the report.
     ``vllm_python``: the python of a venv with vLLM's CPU build (else ``$EXECSTATE_VLLM_PYTHON``;
     without either the vLLM peer is left out with a note), see ``execstate_bench.vllm_peer``.
     """
@@ -132,8 +129,7 @@ def run_throughput_bench(
         raise ValueError(f"workload needs {prompt_len} + {max_new_tokens} positions but {path} has "
                          f"max_position_embeddings={max_pos}; pass a smaller prompt_len/max_new_tokens")
     n_params = count_parameters(path)
-    notes: list[str] = [f"in-process peers' OpenMP spin: GOMP_SPINCOUNT={omp_spin or 'libgomp default'} "
-                        "(execstate_bench/omp_spin.py)"]
+    notes: list[str] = []
     peer_list, unavailable = _peers(model, path, wl, threads, peers, llama_cpp, notes)
     extra = mode_peers(model, path, wl, threads, dtype, quantization, peers and llama_cpp, unavailable,
                        kv_cache_dtype=kv_cache_dtype)
