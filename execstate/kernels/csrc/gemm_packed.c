@@ -53,7 +53,7 @@ static KP inline __attribute__((always_inline)) void tile(const float *xp, int64
     }
 }
 
-/* The MoE's weighted combine as the down product's epilogue (moe_fused): row m of an expert's
+/* The MoE's weighted combine as the down product's epilogue (moe_packed's fused path): row m of an expert's
  * rows is slot row m of out's token tok[m]; its J sums are scaled by w[m] and stored there when
  * first[m] (the token's first slot in the order the thread visits them), else added to what is
  * there. For k <= 2 slots a token that is es_moe_f32's s = w0 * y0 (+ w1 * y1), bit for bit:
