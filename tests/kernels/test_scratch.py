@@ -7,7 +7,6 @@ when the next call is larger or smaller, and be returned when the thread that ma
 
 from __future__ import annotations
 
-import os
 import resource
 import threading
 
@@ -16,6 +15,7 @@ import torch
 from kernel_helpers import moe_call, randn
 
 from execstate.kernels import cpu
+from execstate.state.page_map import populate
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="no C kernels here")
 
@@ -81,16 +81,14 @@ def test_a_finished_threads_buffers_are_released() -> None:
     assert _rss_kib() - base < 40 * 1024
 
 
-def _kernel_at_least(major: int, minor: int) -> bool:
-    release = os.uname().release.split(".")
-    try:
-        return (int(release[0]), int(release[1].split("-")[0])) >= (major, minor)
-    except (IndexError, ValueError):
-        return False
+def _populate_works() -> bool:
+    """The kernel takes MADV_POPULATE_WRITE (Linux >= 5.14), which scratch.c asks for."""
+    probe = torch.empty(1 << 16, dtype=torch.uint8)
+    return populate(probe.data_ptr(), probe.numel())
 
 
 @pytest.mark.skipif(not cpu.PACKED, reason="no AVX-512 here: no packed MoE")
-@pytest.mark.skipif(not _kernel_at_least(5, 14), reason="no MADV_POPULATE_WRITE before Linux 5.14")
+@pytest.mark.skipif(not _populate_works(), reason="kernel without MADV_POPULATE_WRITE (< 5.14)")
 def test_the_fused_packed_moe_grows_the_slot_for_the_other_moe_kernels() -> None:
     """The packed MoE's fused path needs less than gemm.c's MoE (no slot-by-slot products), yet
     takes the shared slot at the unfused layout's size, and scratch.c maps a slot in as it grows:
