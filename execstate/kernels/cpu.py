@@ -6,7 +6,7 @@
   many-row (prefill) calls, on the register-blocked kernels of ``csrc/gemm_packed.c`` (same bits);
 - ``gemm_bf16``: the same two with bf16 weights (fp32 activations and sums), ``KERNEL_SET_BF16``;
 - ``paged_decode``: decode attention on the paged cache's block tables;
-- ``fused``: RMSNorm, q/k/v split + QK-norm + RoPE, SwiGLU gate.
+- ``fused``: RMSNorm, q/k/v split + QK-norm + RoPE (or with k/v stored straight into the KV cache), SwiGLU gate.
 
 Call sites go through this module's attributes (``cpu.linear(...)``), so one place decides
 what runs. Numerics: deterministic and batch-invariant, not bitwise equal to torch's; the
@@ -14,7 +14,7 @@ engine records ``KERNEL_SET`` in its provenance numerics when it uses them.
 """
 
 from execstate.kernels.ext import KERNEL_SET, available, max_threads, unavailable_reason
-from execstate.kernels.fused import add_rms_norm, qkv_rope, rms_norm, sigmoid, silu_mul, use_rows
+from execstate.kernels.fused import add_rms_norm, qkv_rope, qkv_rope_to_cache, rms_norm, sigmoid, silu_mul, use_rows
 from execstate.kernels.gemm import (
     MAX_LINEAR_ROWS,
     MAX_MOE_TOKENS,
@@ -51,6 +51,7 @@ __all__ = [
     "max_threads",
     "moe",
     "qkv_rope",
+    "qkv_rope_to_cache",
     "rms_norm",
     "sigmoid",
     "silu_mul",

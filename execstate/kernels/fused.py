@@ -62,6 +62,47 @@ def qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: to
     ``k, v [T, nkv, d]``; RMS-normalise each q and k head with ``q_norm``/``k_norm``
     (``[d]``, per-head norm, both or neither); rotate q and k with ``cos``/``sin``
     ``[T, d]`` in the rotate-half layout."""
+    t = _check_qkv(qkv, cos, sin, q_norm, k_norm, num_heads, num_kv_heads, head_dim)
+    q = torch.empty((t, num_heads, head_dim), dtype=torch.float32)
+    k = torch.empty((t, num_kv_heads, head_dim), dtype=torch.float32)
+    v = torch.empty((t, num_kv_heads, head_dim), dtype=torch.float32)
+    if t:
+        sync_threads()
+        lib().qkv_rope(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), 0 if q_norm is None else q_norm.data_ptr(),
+                       0 if k_norm is None else k_norm.data_ptr(), float(eps), q.data_ptr(), k.data_ptr(),
+                       v.data_ptr(), t, num_heads, num_kv_heads, head_dim)
+    return q, k, v
+
+
+def qkv_rope_to_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
+                      k_norm: torch.Tensor | None, eps: float, num_heads: int, head_dim: int, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``qkv_rope`` with token t's k and v rows stored at row ``slots[t]`` of the fp32 cache layers
+    ``k_cache, v_cache [S, nkv, d]`` (in place: the values ``qkv_rope``'s k and v hold, bit for bit,
+    without those tensors or a separate copy into the cache); returns ``q [T, nh, d]``. ``slots``:
+    int64 ``[T]`` in ``[0, S)`` (else ``ValueError``, nothing written)."""
+    require(k_cache, "k_cache", 3)
+    require(v_cache, "v_cache", 3)
+    require(slots, "slots", 1, torch.int64)
+    num_slots, num_kv_heads, d = k_cache.shape
+    if tuple(v_cache.shape) != tuple(k_cache.shape) or d != head_dim:
+        raise ValueError(f"qkv_rope_to_cache: k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)} "
+                         f"for heads of {head_dim}")
+    t = _check_qkv(qkv, cos, sin, q_norm, k_norm, num_heads, num_kv_heads, head_dim)
+    if slots.shape[0] != t:
+        raise ValueError(f"qkv_rope_to_cache: {slots.shape[0]} slots for {t} tokens")
+    q = torch.empty((t, num_heads, head_dim), dtype=torch.float32)
+    if t:
+        sync_threads()
+        lib().qkv_rope(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), 0 if q_norm is None else q_norm.data_ptr(),
+                       0 if k_norm is None else k_norm.data_ptr(), float(eps), q.data_ptr(), k_cache.data_ptr(),
+                       v_cache.data_ptr(), t, num_heads, num_kv_heads, head_dim, slots.data_ptr(), num_slots)
+    return q
+
+
+def _check_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
+               k_norm: torch.Tensor | None, num_heads: int, num_kv_heads: int, head_dim: int) -> int:
+    """The token count of ``qkv_rope``'s inputs; ``ValueError`` when they do not fit together."""
     require(qkv, "qkv", 2)
     require(cos, "cos", 2)
     require(sin, "sin", 2)
@@ -77,15 +118,7 @@ def qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: to
         require(k_norm, "k_norm", 1)
         if q_norm.shape[0] != head_dim or k_norm.shape[0] != head_dim:
             raise ValueError(f"qkv_rope: per-head norm weights must have {head_dim} entries")
-    q = torch.empty((t, num_heads, head_dim), dtype=torch.float32)
-    k = torch.empty((t, num_kv_heads, head_dim), dtype=torch.float32)
-    v = torch.empty((t, num_kv_heads, head_dim), dtype=torch.float32)
-    if t:
-        sync_threads()
-        lib().qkv_rope(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), 0 if q_norm is None else q_norm.data_ptr(),
-                       0 if k_norm is None else k_norm.data_ptr(), float(eps), q.data_ptr(), k.data_ptr(),
-                       v.data_ptr(), t, num_heads, num_kv_heads, head_dim)
-    return q, k, v
+    return int(t)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

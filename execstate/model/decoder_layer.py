@@ -1,7 +1,8 @@
 """One decoder block of the causal LM (``transformer.CausalLM.layers``).
 
 Pre-norm: ``x + attn(norm(x))`` then ``x + mlp(norm(x))`` (on the CPU kernels the first residual
-add and the norm after it are one pass, ``cpu_kernels.add_rms_norm``: the same bits); ``mlp`` is a dense SwiGLU
+add and the norm after it are one pass, ``cpu_kernels.add_rms_norm``: the same bits; ``forward_parts``
+leaves the second to the next block's norm, or the model's final one, in the same way); ``mlp`` is a dense SwiGLU
 (``GatedMLP``) or a ``SparseMoE`` for the layers ``config.moe_layers`` lists. Its own module so
 that the whole-layer decode path (``decode_path.py``), which reads a layer's weights, and the
 model (``transformer.py``), which runs that path, import it in one direction.
@@ -45,3 +46,34 @@ class DecoderLayer(nn.Module):
         x = x + a
         h = norm(x)
         return x + (self.mlp(h, ctx) if isinstance(self.mlp, SparseMoE) else self.mlp(h))
+
+    def forward_parts(self, x: torch.Tensor, pending: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                      ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``forward(x + pending)`` (``x`` alone when ``pending`` is None) as ``(s, m)``, the block's
+        output being ``s + m`` (``m`` None: ``s`` alone). On the CPU kernels (``fuses_residuals``) the
+        MLP's residual add is left to the next consumer, which does it with its norm in one pass
+        (``cpu_kernels.add_rms_norm``: the next block's ``forward_parts`` or the model's final
+        norm), the same bits as ``forward``'s ``m + x`` followed by the norm (an IEEE add of two
+        does not depend on the order). ``pending``'s storage is taken for the sum."""
+        norm = self.input_norm
+        if pending is None:
+            h = norm(x)
+        elif self.fuses_residuals(x) and cpu_kernels.use_rows(pending):
+            x, h = cpu_kernels.add_rms_norm(x, pending, norm.weight, norm.eps)
+        else:
+            x = x + pending
+            h = norm(x)
+        a = self.attn(h, cos, sin, ctx)
+        post = self.post_attn_norm
+        if not (self.fuses_residuals(x) and cpu_kernels.use_rows(a)):
+            x = x + a
+            h = post(x)
+            return x + (self.mlp(h, ctx) if isinstance(self.mlp, SparseMoE) else self.mlp(h)), None
+        x, h = cpu_kernels.add_rms_norm(x, a, post.weight, post.eps)
+        m = self.mlp(h, ctx) if isinstance(self.mlp, SparseMoE) else self.mlp(h)
+        return (x, m) if cpu_kernels.use_rows(m) else (x + m, None)
+
+    def fuses_residuals(self, x: torch.Tensor) -> bool:
+        """Whether this block's norms run the kernels' fused residual add (``add_rms_norm``) on ``x``."""
+        norms = (self.input_norm, self.post_attn_norm)
+        return all(n.use_kernels and not n.batch_invariant for n in norms) and cpu_kernels.use_rows(x)

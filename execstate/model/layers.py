@@ -18,6 +18,7 @@ from execstate.kernels.weight_format import WeightFormat
 from execstate.model.bf16_weights import BF16, linear_mixed
 from execstate.model.config import ModelConfig
 from execstate.model.context import StepContext
+from execstate.model.paged_attention import PagedAttention
 from execstate.model.rotary import RotaryEmbedding
 
 
@@ -141,6 +142,12 @@ class Attention(nn.Module):
         if self._fused_prep(qkv, cos):
             q_w = None if self.q_norm is None else self.q_norm.weight
             k_w = None if self.k_norm is None else self.k_norm.weight
+            backend = ctx.attention
+            rows = backend.cache_rows(self.layer_idx) if isinstance(backend, PagedAttention) else None
+            if isinstance(backend, PagedAttention) and rows is not None:  # k/v straight into the cache
+                q = cpu_kernels.qkv_rope_to_cache(qkv, cos.view(n, -1), sin.view(n, -1), q_w, k_w, self.eps,
+                                                  self.num_heads, self.head_dim, *rows)
+                return self.o_proj(backend.attend(self.layer_idx, q).reshape(n, self.q_size))
             q, k, v = cpu_kernels.qkv_rope(qkv, cos.view(n, -1), sin.view(n, -1), q_w, k_w, self.eps,
                                            self.num_heads, self.num_kv_heads, self.head_dim)
             out = ctx.attention.forward(self.layer_idx, q, k, v)

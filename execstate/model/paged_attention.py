@@ -96,6 +96,26 @@ class PagedAttention:
         return DecodeTables(self.slot_mapping, pd.tokens, pd.block_table, pd.ctx_lens, pd.block_size, self.pool.k,
                             self.pool.v)
 
+    def cache_rows(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """``(k_cache, v_cache, slots)`` of layer ``layer_idx`` where the caller may store the step's
+        k/v rows itself (token t's at row ``slots[t]``) and then call ``attend``: every span on the C
+        kernels and an fp32 pool on the host. None otherwise (then ``forward``)."""
+        if self.paged_decode is None or self.prefills or self.decode_tokens is not None:
+            return None
+        k = self.pool.k
+        if k.dtype is not torch.float32 or k.device.type != "cpu":
+            return None
+        return k[layer_idx], self.pool.v[layer_idx], self.slot_mapping
+
+    def attend(self, layer_idx: int, q: torch.Tensor) -> torch.Tensor:
+        """``forward``'s result once the caller stored this layer's k/v rows at ``cache_rows``'s slots."""
+        pd = self.paged_decode
+        if pd is None:
+            raise RuntimeError("PagedAttention.attend: the step has no kernel spans (use forward)")
+        out = torch.empty_like(q)
+        pd.run(q, self.pool.k[layer_idx], self.pool.v[layer_idx], out, q.shape[2]**-0.5)
+        return out
+
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.pool.write(layer_idx, self.slot_mapping, k, v)
         kc, vc = self.pool.k[layer_idx], self.pool.v[layer_idx]

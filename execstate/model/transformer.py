@@ -105,10 +105,21 @@ class CausalLM(nn.Module):
         fast = decode_layers(layers, self.decode_weights, x, cos, sin, ctx) if self.kernels else None
         if fast is None:
             inner = timers.total(("routing", "experts")) if timers is not None else 0.0
-            for layer in self.layers:
-                x = layer(x, cos, sin, ctx)
+            pending: torch.Tensor | None = None  # the last block's MLP output, its residual add not yet done
+            if layers and all(layer.fuses_residuals(x) for layer in layers) and self.norm.use_kernels \
+                    and not self.norm.batch_invariant:
+                for layer in layers:  # each residual add done with the next norm (DecoderLayer.forward_parts)
+                    x, pending = layer.forward_parts(x, pending, cos, sin, ctx)
+            else:
+                for layer in layers:
+                    x = layer(x, cos, sin, ctx)
             if timers is not None:  # the MoE blocks charged their own part
                 t0 = timers.add("layers", t0, less=timers.total(("routing", "experts")) - inner)
+            if pending is not None:  # the last residual add and the final norm in one pass
+                out = cpu_kernels.add_rms_norm(x, pending, self.norm.weight, self.norm.eps)[1]
+                if timers is not None:
+                    timers.add("final_norm", t0)
+                return out
         else:
             x = fast
             t0 = timers.now() if timers is not None else 0.0

@@ -280,6 +280,50 @@ def test_qkv_rope_parallel_path_is_batch_and_thread_invariant(norm: bool) -> Non
             assert torch.equal(a, b[i : i + 1])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("t", "nh", "nkv", "d", "norm"), [(1400, 8, 2, 64, False), (1400, 8, 4, 64, True),
+                                                          (7, 3, 1, 6, True), (1, 2, 1, 128, False)])
+def test_qkv_rope_to_cache_stores_qkv_ropes_k_and_v_at_the_slots_bitwise(t: int, nh: int, nkv: int, d: int,
+                                                                       norm: bool, threads: int) -> None:
+    config = _config(nh, nkv, d)
+    cos, sin = _cos_sin(config, t, seed=40 + d)
+    cos2, sin2 = cos.view(t, d), sin.view(t, d)
+    qkv = randn(t, (nh + 2 * nkv) * d, seed=41 + t)
+    qn, kn = (randn(d, seed=42), randn(d, seed=43)) if norm else (None, None)
+    n_slots = 2 * t + 5
+    slots = torch.randperm(n_slots, generator=torch.Generator().manual_seed(44))[:t].contiguous()  # scattered, unique
+    kc = torch.full((n_slots, nkv, d), float("nan"))
+    vc = torch.full((n_slots, nkv, d), float("nan"))
+    q = with_threads(threads, lambda: cpu.qkv_rope_to_cache(qkv, cos2, sin2, qn, kn, 1e-6, nh, d, kc, vc, slots))
+    rq, rk, rv = cpu.qkv_rope(qkv, cos2, sin2, qn, kn, 1e-6, nh, nkv, d)
+    assert q.shape == (t, nh, d) and torch.equal(q, rq)
+    assert torch.equal(kc[slots], rk) and torch.equal(vc[slots], rv)
+    untouched = torch.ones(n_slots, dtype=torch.bool)
+    untouched[slots] = False
+    assert kc[untouched].isnan().all() and vc[untouched].isnan().all()  # nothing written beside the slots
+    fq, fk = _f64_qkv_rope(qkv, cos, sin, qn, kn, 1e-6, nh, nkv, d)  # and the values are the right ones
+    torch.testing.assert_close(kc[slots].double(), fk, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(vc[slots], qkv[:, (nh + nkv) * d :].reshape(t, nkv, d), rtol=0, atol=0)
+
+
+def test_qkv_rope_to_cache_bad_slots_write_nothing() -> None:
+    nh, nkv, d, t = 4, 2, 8, 3
+    qkv = randn(t, (nh + 2 * nkv) * d, seed=50)
+    cos, sin = randn(t, d, seed=51), randn(t, d, seed=52)
+    kc, vc = torch.zeros(6, nkv, d), torch.zeros(6, nkv, d)
+    for bad in ([0, 6, 1], [-1, 0, 1]):
+        with pytest.raises(ValueError, match="slot .* outside \\[0, 6\\)"):
+            cpu.qkv_rope_to_cache(qkv, cos, sin, None, None, 1e-6, nh, d, kc, vc, torch.tensor(bad))
+        assert not kc.any() and not vc.any()
+    with pytest.raises(ValueError, match="2 slots for 3 tokens"):
+        cpu.qkv_rope_to_cache(qkv, cos, sin, None, None, 1e-6, nh, d, kc, vc, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="slots must be a contiguous int64"):
+        cpu.qkv_rope_to_cache(qkv, cos, sin, None, None, 1e-6, nh, d, kc, vc, torch.tensor([0, 1, 2], dtype=torch.int32))
+    with pytest.raises(ValueError, match="k_cache .* for heads of 8"):
+        cpu.qkv_rope_to_cache(qkv, cos, sin, None, None, 1e-6, nh, d, kc, torch.zeros(6, nkv, d + 1),
+                              torch.tensor([0, 1, 2]))
+
+
 def test_qkv_rope_bad_input() -> None:
     nh, nkv, d, t = 8, 2, 64, 3
     qkv = randn(t, (nh + 2 * nkv) * d, seed=30)

@@ -96,10 +96,13 @@ static inline void rope_head(float *x, const float *cos, const float *sin, int64
 }
 
 /* Split qkv[T, (nh + 2 nkv) d] into q[T, nh, d], k[T, nkv, d], v[T, nkv, d]; per-head RMS
- * norm of q and k when qw/kw are given (weights [d]); RoPE on q and k with cos/sin[T, d]. */
+ * norm of q and k when qw/kw are given (weights [d]); RoPE on q and k with cos/sin[T, d].
+ * With slots, token t's k and v rows go to row slots[t] of k and v (a KV cache layer
+ * [slots, nkv, d]) instead of row t: the same values, stored where the cache keeps them. */
 static KT void qkv_rope_token(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
-                              float eps, float *q, float *k, float *v, int64_t t, int64_t nh, int64_t nkv, int64_t d) {
-    const int64_t row = (nh + 2 * nkv) * d;
+                              float eps, float *q, float *k, float *v, const int64_t *slots, int64_t t, int64_t nh,
+                              int64_t nkv, int64_t d) {
+    const int64_t row = (nh + 2 * nkv) * d, kr = slots ? slots[t] : t;
     {
         const float *src = qkv + t * row, *c = cos + t * d, *sn = sin + t * d;
         for (int64_t h = 0; h < nh; h++) {
@@ -109,11 +112,11 @@ static KT void qkv_rope_token(const float *qkv, const float *cos, const float *s
             rope_head(dst, c, sn, d);
         }
         for (int64_t h = 0; h < nkv; h++) {
-            float *dst = k + (t * nkv + h) * d;
+            float *dst = k + (kr * nkv + h) * d;
             if (kw) rms_row(src + (nh + h) * d, kw, dst, d, eps);
             else for (int64_t i = 0; i < d; i++) dst[i] = src[(nh + h) * d + i];
             rope_head(dst, c, sn, d);
-            for (int64_t i = 0; i < d; i++) v[(t * nkv + h) * d + i] = src[(nh + nkv + h) * d + i];
+            for (int64_t i = 0; i < d; i++) v[(kr * nkv + h) * d + i] = src[(nh + nkv + h) * d + i];
         }
     }
 }
@@ -136,11 +139,12 @@ KT void es_qkv_rope_head(const float *qkv, const float *cos, const float *sin, c
 }
 
 KT void es_qkv_rope_f32(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
-                            float eps, float *q, float *k, float *v, int64_t T, int64_t nh, int64_t nkv, int64_t d) {
+                            float eps, float *q, float *k, float *v, const int64_t *slots, int64_t T, int64_t nh,
+                            int64_t nkv, int64_t d) {
     if (T * (nh + 2 * nkv) * d < 16 * PARALLEL_MIN_MACS) {
-        for (int64_t t = 0; t < T; t++) qkv_rope_token(qkv, cos, sin, qw, kw, eps, q, k, v, t, nh, nkv, d);
+        for (int64_t t = 0; t < T; t++) qkv_rope_token(qkv, cos, sin, qw, kw, eps, q, k, v, slots, t, nh, nkv, d);
         return;
     }
 #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; t++) qkv_rope_token(qkv, cos, sin, qw, kw, eps, q, k, v, t, nh, nkv, d);
+    for (int64_t t = 0; t < T; t++) qkv_rope_token(qkv, cos, sin, qw, kw, eps, q, k, v, slots, t, nh, nkv, d);
 }

@@ -110,7 +110,8 @@ void es_rms_norm_f32(const float *x, const float *w, float *out, int64_t T, int6
 void es_add_rms_norm_f32(const float *x, const float *a, const float *w, float *s, float *out, int64_t T, int64_t H,
                          float eps);
 void es_qkv_rope_f32(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
-                     float eps, float *q, float *k, float *v, int64_t T, int64_t nh, int64_t nkv, int64_t d);
+                     float eps, float *q, float *k, float *v, const int64_t *slots, int64_t T, int64_t nh, int64_t nkv,
+                     int64_t d);
 void es_qkv_rope_head(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
                       float eps, float *q, float *k, float *v, int64_t t, int64_t head, int64_t nh, int64_t nkv,
                       int64_t d);

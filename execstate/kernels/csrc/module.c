@@ -337,16 +337,22 @@ static PyObject *py_add_rms_norm(PyObject *self, PyObject *args) {
 }
 
 static PyObject *py_qkv_rope(PyObject *self, PyObject *args) {
-    unsigned long long qkv, cos, sin, qw, kw, q, k, v;
-    Py_ssize_t T, nh, nkv, d;
+    unsigned long long qkv, cos, sin, qw, kw, q, k, v, slots = 0;
+    Py_ssize_t T, nh, nkv, d, n_slots = 0;
     float eps;
-    if (!PyArg_ParseTuple(args, "KKKKKfKKKnnnn", &qkv, &cos, &sin, &qw, &kw, &eps, &q, &k, &v, &T, &nh, &nkv, &d))
+    if (!PyArg_ParseTuple(args, "KKKKKfKKKnnnn|Kn", &qkv, &cos, &sin, &qw, &kw, &eps, &q, &k, &v, &T, &nh, &nkv, &d,
+                          &slots, &n_slots))
         return NULL;
     if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
     if (T < 0 || nh < 1 || nkv < 1 || d < 2 || d % 2) return PyErr_Format(PyExc_ValueError, "qkv_rope: bad sizes");
+    for (Py_ssize_t t = 0; slots && t < T; t++) { /* k and v rows at slots[t] of [n_slots, nkv, d] */
+        const int64_t s = ((const int64_t *)slots)[t];
+        if (s < 0 || s >= n_slots) return PyErr_Format(PyExc_ValueError, "qkv_rope: slot %lld outside [0, %zd)",
+                                                       (long long)s, n_slots);
+    }
     Py_BEGIN_ALLOW_THREADS
     es_qkv_rope_f32((const float *)qkv, (const float *)cos, (const float *)sin, (const float *)qw, (const float *)kw, eps,
-                 (float *)q, (float *)k, (float *)v, T, nh, nkv, d);
+                 (float *)q, (float *)k, (float *)v, (const int64_t *)slots, T, nh, nkv, d);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -382,7 +388,8 @@ static PyMethodDef methods[] = {
     {"add_rms_norm", py_add_rms_norm, METH_VARARGS,
      "add_rms_norm(x, a, w, s, out, T, H, eps): s = x + a (s may be a), out = rms_norm(s) * w (fp32 data pointers)."},
     {"qkv_rope", py_qkv_rope, METH_VARARGS,
-     "qkv_rope(qkv, cos, sin, q_norm_w or 0, k_norm_w or 0, eps, q, k, v, T, nh, nkv, d) (fp32 data pointers)."},
+     "qkv_rope(qkv, cos, sin, q_norm_w or 0, k_norm_w or 0, eps, q, k, v, T, nh, nkv, d[, slots, n_slots]) (fp32 data "
+     "pointers; with slots (int64 [T]) token t's k and v rows go to row slots[t] of k and v, [n_slots, nkv, d])."},
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu_mul(gate_up, h, T, I): h = silu(gate) * up per row."},
     {"decode_attention", py_decode_attention, METH_VARARGS,
      "decode_attention(q, k_cache, v_cache, out, tok, block_table, ctx_len, B, max_blocks, nh, nkv, d, bs, scale)."},

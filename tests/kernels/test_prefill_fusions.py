@@ -1,0 +1,129 @@
+"""The prefill path's fusions on the CPU kernels: k/v stored straight into the KV cache by the
+q/k/v split (``cpu.qkv_rope_to_cache``, ``PagedAttention.cache_rows`` / ``attend``) and each
+block's MLP residual add done with the next norm (``DecoderLayer.forward_parts``).
+
+Oracle: the same model with both switched off (``cache_rows`` None: q/k/v tensors and the pool's
+own write; ``fuses_residuals`` False: the block's ``forward``). The numerics contract says they
+change no bit, so hidden states, routes and every K/V row of the pool must be equal bit for bit,
+for prefills with and without cached context, in fp32 and bf16 arithmetic, on 1 and 2 threads.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_helpers import with_threads
+
+from execstate.model.context import RouteCapture, StepContext
+from execstate.model.decoder_layer import DecoderLayer
+from execstate.model.loader import load_model
+from execstate.model.paged_attention import PagedAttention, SeqSpan
+from execstate.model.random_models import make_random
+from execstate.model.weight_formats import use_bf16_arithmetic
+from execstate.state.kv_pool import KVPool
+
+BS = 4
+ARCHES = ("qwen3_moe", "qwen2_moe", "llama", "olmoe")  # QK-norm, shared expert + q/k/v bias, dense + bias, clip_qkv
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory) -> dict[str, object]:
+    return {a: make_random(a, tmp_path_factory.mktemp(a), seed=5) for a in ARCHES}
+
+
+def _model(path, mode: str):
+    model = load_model(path)
+    if mode == "bf16":
+        model.store_weights_bf16()
+        use_bf16_arithmetic(model)
+    model.use_cpu_kernels(True)
+    return model
+
+
+def _run(model, lens: list[int], cached: list[int], kv_dtype: torch.dtype, seed: int):
+    """Prefill of ``lens[i]`` new tokens after ``cached[i]`` cached ones per sequence (the cached
+    part prefilled in an earlier step); returns the second step's hidden states, routes and pool."""
+    cfg = model.config
+    pool = KVPool(cfg.num_layers, 96, BS, cfg.num_kv_heads, cfg.head_dim, kv_dtype)
+    perm = torch.randperm(96, generator=torch.Generator().manual_seed(seed)).tolist()  # scattered blocks
+    gen = torch.Generator().manual_seed(seed)
+    tables, ids, at = [], [], 0
+    for n, c in zip(lens, cached, strict=True):
+        k = -(-(n + c) // BS)
+        tables.append(perm[at : at + k])
+        at += k
+        ids.append(torch.randint(3, cfg.vocab_size, (n + c,), generator=gen))
+
+    def step(spans: list[SeqSpan], tokens: torch.Tensor, pos: torch.Tensor):
+        att = PagedAttention(pool, spans, use_kernels=True)
+        routes = RouteCapture(len(tokens), cfg.num_moe_layers, cfg.top_k) if cfg.is_moe else None
+        with torch.inference_mode(), StepContext(pos, att, routes) as ctx:
+            hidden = model(tokens, ctx)
+        return hidden, None if routes is None else routes.ids
+
+    first = [(i, c) for i, c in enumerate(cached) if c]
+    if first:
+        spans, starts = [], 0
+        for i, c in first:
+            spans.append(SeqSpan(starts, c, c, tables[i]))
+            starts += c
+        step(spans, torch.cat([ids[i][:c] for i, c in first]), torch.cat([torch.arange(c) for _, c in first]))
+    spans, starts = [], 0
+    for i, (n, c) in enumerate(zip(lens, cached, strict=True)):
+        spans.append(SeqSpan(starts, n, n + c, tables[i]))
+        starts += n
+    tokens = torch.cat([ids[i][c:] for i, c in enumerate(cached)])
+    pos = torch.cat([torch.arange(c, c + n) for n, c in zip(lens, cached, strict=True)])
+    hidden, routes = step(spans, tokens, pos)
+    return hidden, routes, pool
+
+
+def _both(model, monkeypatch: pytest.MonkeyPatch, threads: int, **kw):
+    fused = with_threads(threads, lambda: _run(model, **kw))
+    with monkeypatch.context() as m:
+        m.setattr(PagedAttention, "cache_rows", lambda self, layer_idx: None)
+        m.setattr(DecoderLayer, "fuses_residuals", lambda self, x: False)
+        plain = with_threads(threads, lambda: _run(model, **kw))
+    return fused, plain
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("mode", ["fp32", "bf16"])
+@pytest.mark.parametrize("arch", ARCHES)
+def test_fused_prefill_equals_the_unfused_path_bitwise(model_dirs, arch: str, mode: str, threads: int,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model(model_dirs[arch], mode)
+    # a step of 2 x 41 + 17 rows (past the whole-layer decode path's 32), one span after cached context
+    kw = dict(lens=[41, 41, 17], cached=[0, 7, 0], kv_dtype=torch.float32, seed=11)
+    (h, r, pool), (h0, r0, pool0) = _both(model, monkeypatch, threads, **kw)
+    assert h.shape == (99, model.config.hidden_size) and torch.isfinite(h).all()
+    assert torch.equal(h, h0)
+    assert (r is None and r0 is None) or torch.equal(r, r0)
+    assert torch.equal(pool.k, pool0.k) and torch.equal(pool.v, pool0.v)
+    assert pool.k.abs().sum() > 0  # the K/V rows were written
+
+
+def test_the_fusions_are_taken_and_a_bf16_pool_keeps_the_pools_write(model_dirs,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model(model_dirs["qwen3_moe"], "fp32")
+    calls = {"rows": 0, "parts": 0}
+    real_rows, real_parts = PagedAttention.cache_rows, DecoderLayer.forward_parts
+
+    def rows(self, layer_idx):
+        out = real_rows(self, layer_idx)
+        calls["rows"] += out is not None
+        return out
+
+    def parts(self, *a, **k):
+        calls["parts"] += 1
+        return real_parts(self, *a, **k)
+
+    monkeypatch.setattr(PagedAttention, "cache_rows", rows)
+    monkeypatch.setattr(DecoderLayer, "forward_parts", parts)
+    n_layers = model.config.num_layers
+    _run(model, lens=[40], cached=[0], kv_dtype=torch.float32, seed=3)
+    assert calls == {"rows": n_layers, "parts": n_layers}
+    calls.update(rows=0, parts=0)
+    h, _, pool = _run(model, lens=[40], cached=[0], kv_dtype=torch.bfloat16, seed=3)
+    assert calls == {"rows": 0, "parts": n_layers}  # a bf16 pool: the pool rounds k/v itself
+    assert pool.k.abs().sum() > 0 and torch.isfinite(h).all()
