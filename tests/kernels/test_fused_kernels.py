@@ -318,7 +318,8 @@ def test_qkv_rope_to_cache_bad_slots_write_nothing() -> None:
     with pytest.raises(ValueError, match="2 slots for 3 tokens"):
         cpu.qkv_rope_to_cache(qkv, cos, sin, None, None, 1e-6, nh, d, kc, vc, torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="slots must be a contiguous int64"):
-        cpu.qkv_rope_to_cache(qkv, cos, sin, None, None, 1e-6, nh, d, kc, vc, torch.tensor([0, 1, 2], dtype=torch.int32))
+        cpu.qkv_rope_to_cache(qkv, cos, sin, None, None, 1e-6, nh, d, kc, vc,
+                              torch.tensor([0, 1, 2], dtype=torch.int32))
     with pytest.raises(ValueError, match="k_cache .* for heads of 8"):
         cpu.qkv_rope_to_cache(qkv, cos, sin, None, None, 1e-6, nh, d, kc, torch.zeros(6, nkv, d + 1),
                               torch.tensor([0, 1, 2]))
