@@ -32,6 +32,10 @@ from execstate.kernels.gemm import MAX_LINEAR_ROWS
 from execstate.kernels.paged_decode import PagedDecode
 from execstate.state.kv_pool import KVPool
 
+# A span of at least this many new tokens has its slot mapping computed with numpy (a prefill's
+# thousands of positions: ~1 ms of Python a step); shorter ones (decode) in Python, cheaper there.
+_ARRAY_SPAN = 64
+
 
 @dataclass(frozen=True)
 class SeqSpan:
@@ -50,10 +54,19 @@ class PagedAttention:
         self.pool = pool
         bs = pool.block_size
         slot_mapping: list[int] = []
+        long_spans: list[np.ndarray] = []  # slots of the spans of many tokens, then of the rest in order
         decode: list[SeqSpan] = []
         self.prefills: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]] = []
         for span in spans:
             start = span.context_len - span.num_query
+            if span.num_query >= _ARRAY_SPAN:  # the same slots, computed as arrays
+                if slot_mapping:
+                    long_spans.append(np.asarray(slot_mapping, dtype=np.int64))
+                    slot_mapping = []
+                pos = np.arange(start, span.context_len, dtype=np.int64)
+                blocks = np.asarray(span.block_ids[: -(-span.context_len // bs)], dtype=np.int64)
+                long_spans.append(blocks[pos // bs] * bs + pos % bs)
+                continue
             for pos in range(start, span.context_len):
                 slot_mapping.append(int(span.block_ids[pos // bs]) * bs + pos % bs)
             if use_kernels:
@@ -67,7 +80,12 @@ class PagedAttention:
                 q_pos = torch.arange(start, span.context_len, device=device)
                 mask = torch.arange(span.context_len, device=device)[None, :] <= q_pos[:, None]
                 self.prefills.append((span.token_start, span.num_query, ctx, mask))
-        self.slot_mapping = torch.tensor(slot_mapping, dtype=torch.long, device=device)
+        if long_spans:
+            if slot_mapping:
+                long_spans.append(np.asarray(slot_mapping, dtype=np.int64))
+            self.slot_mapping = torch.from_numpy(np.concatenate(long_spans)).to(device)
+        else:
+            self.slot_mapping = torch.tensor(slot_mapping, dtype=torch.long, device=device)
         self.decode_tokens: torch.Tensor | None = None
         self.paged_decode: PagedDecode | None = None
         if spans and use_kernels:

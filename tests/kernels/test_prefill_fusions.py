@@ -10,6 +10,7 @@ for prefills with and without cached context, in fp32 and bf16 arithmetic, on 1 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from kernel_helpers import with_threads
@@ -127,3 +128,30 @@ def test_the_fusions_are_taken_and_a_bf16_pool_keeps_the_pools_write(model_dirs,
     h, _, pool = _run(model, lens=[40], cached=[0], kv_dtype=torch.bfloat16, seed=3)
     assert calls == {"rows": 0, "parts": n_layers}  # a bf16 pool: the pool rounds k/v itself
     assert pool.k.abs().sum() > 0 and torch.isfinite(h).all()
+
+
+def test_slot_mapping_of_long_and_short_spans_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spans of many tokens get their slots as arrays (``_ARRAY_SPAN``), the others in Python: the
+    mapping is token t's slot, block ``block_ids[pos // bs]`` times ``bs`` plus ``pos % bs``, in
+    the step's token order, whichever way each span was computed."""
+    import execstate.model.paged_attention as pa
+
+    bs = 4
+    pool = KVPool(1, 400, bs, 1, 8, torch.float32)
+    perm = torch.randperm(400, generator=torch.Generator().manual_seed(9)).tolist()
+    # (new tokens, context after the step): a decode, a long prefill after cached context, a short
+    # chunk, a long prefill exactly at the threshold, one below it, a decode
+    shapes = [(1, 30), (100, 130), (5, 9), (pa._ARRAY_SPAN, pa._ARRAY_SPAN), (pa._ARRAY_SPAN - 1, 70), (1, 2)]
+    spans, at, start = [], 0, 0
+    for n, ctx in shapes:
+        k = -(-ctx // bs)
+        spans.append(SeqSpan(start, n, ctx, np.asarray(perm[at : at + k])))
+        at, start = at + k, start + n
+    want = [int(s.block_ids[p // bs]) * bs + p % bs for s in spans for p in range(s.context_len - s.num_query,
+                                                                                   s.context_len)]
+    att = PagedAttention(pool, spans, use_kernels=True)
+    assert att.slot_mapping.dtype == torch.int64 and att.slot_mapping.tolist() == want
+    monkeypatch.setattr(pa, "_ARRAY_SPAN", 10**9)  # every span in Python: the same mapping
+    assert PagedAttention(pool, spans, use_kernels=True).slot_mapping.tolist() == want
+    monkeypatch.setattr(pa, "_ARRAY_SPAN", 1)  # every span as arrays, decodes included
+    assert PagedAttention(pool, spans, use_kernels=True).slot_mapping.tolist() == want
