@@ -341,6 +341,32 @@ def test_prefill_rows_are_the_same_bits_however_the_prompt_is_split(chunks: list
     torch.testing.assert_close(whole, ref.forward(0, q, k, v), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_tiled_prefill_of_uneven_spans_writes_every_row_once_on_any_team(threads: int) -> None:
+    """The tiled kernel's work items are split in shares, one per thread, each thread taking its
+    own in order and then the others' (csrc/prefill_attention.c): with spans of very different
+    lengths (one long prompt, short chunks after cached context, decodes) on 1-3 threads every
+    query row is computed, once, the bits of the decode kernel (one row at a time)."""
+    nh, nkv, d, bs = 8, 4, 64, 16
+    # (new tokens, context after the step)
+    shapes = [(300, 300), (3, 40), (1, 17), (37, 37), (1, 1), (12, 100), (64, 64)]
+    starts = [sum(n for n, _ in shapes[:i]) for i in range(len(shapes))]
+    total = sum(n for n, _ in shapes)
+    tables = _tables([c for _, c in shapes], bs, 64, seed=30)
+    kc, vc = randn(64 * bs, nkv, d, seed=31), randn(64 * bs, nkv, d, seed=32)
+    q = randn(total, nh, d, seed=33)
+    pd = cpu.PagedDecode.for_spans(starts, [n for n, _ in shapes], tables, [c for _, c in shapes], bs, 64 * bs)
+    out = torch.full_like(q, float("nan"))
+    with_threads(threads, lambda: pd.run(q, kc, vc, out, d**-0.5))
+    rows = [(starts[i] + j, tables[i], c - n + j + 1) for i, (n, c) in enumerate(shapes) for j in range(n)]
+    one_by_one = _run([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], bs, q, kc, vc, d**-0.5)
+    assert torch.equal(out, one_by_one)  # every row written (no NaN left), the decode kernel's bits
+    f64 = _reference_f64(q, kc, vc, [r[0] for r in rows[::97]], [r[1] for r in rows[::97]],
+                         [r[2] for r in rows[::97]], bs, d**-0.5)
+    for tok, ref in f64.items():
+        torch.testing.assert_close(out[tok].double(), ref, rtol=1e-5, atol=1e-5)
+
+
 def test_for_spans_validates_spans() -> None:
     with pytest.raises(ValueError, match="num_query <= ctx_len"):
         cpu.PagedDecode.for_spans([0], [5], [[0, 1]], [4], 4, 16)

@@ -26,6 +26,7 @@
 #include "simd512.h"
 
 #define QT 8 /* rows per tile */
+#define CURSOR 8 /* int64s between two threads' cursors: one cache line each */
 
 /* s[l] = dot(q, K_l) * scale for l in [l0, l1) of one cache block starting at kb (rows of
  * stride kstride floats, position l0 at kb): the decode kernel's scores, four at a time. */
@@ -366,8 +367,11 @@ KT int es_prefill_attention_f32(const float *q, const void *kc, const void *vc, 
     const int pairs = d == 64 && G >= 2 && es_gemm_packed_available(); /* AVX-512 */
     int64_t lmax = 1, n_tiles = 0;
     for (int64_t b = 0; b < B; b++) lmax = ctx_len[b] > lmax ? ctx_len[b] : lmax;
-    int64_t *tile_start = es_scratch(ES_SCRATCH_PACKED, sizeof(int64_t) * (size_t)(B + 1));
-    if (!tile_start) return 2;
+    const int max_nt = omp_get_max_threads();
+    const size_t parts_bytes[2] = {sizeof(int64_t) * (size_t)(B + 1), sizeof(int64_t) * (size_t)(CURSOR * max_nt)};
+    void *parts[2];
+    if (es_scratch_parts(ES_SCRATCH_PACKED, 2, parts_bytes, parts)) return 2;
+    int64_t *tile_start = parts[0], *cursor = parts[1];
     for (int64_t b = 0; b < B; b++) { /* a new tile at a new table row or after QT rows */
         const int64_t *row = block_table + b * max_blocks;
         if (b == 0 || b - tile_start[n_tiles - 1] >= QT || memcmp(row, row - max_blocks, sizeof(int64_t) * max_blocks))
@@ -386,12 +390,27 @@ KT int es_prefill_attention_f32(const float *q, const void *kc, const void *vc, 
             oom = 1;
         }
         float *sc = pt[0], *oacc = pt[1], *qp = pt[2];
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < n_tiles * nkv; item++) {
-            if (!sc || !oacc || !qp) continue;
-            const int64_t t = item / nkv, h = item % nkv, e0 = tile_start[t];
-            tile_item(q, kc, vc, out, tok, block_table + e0 * max_blocks, ctx_len, e0, tile_start[t + 1] - e0, h,
-                      G, nh, nkv, d, bs, scale, lmax, sc, oacc, qp, pairs, kv_bf16 ? pt[3] : NULL);
+        /* Thread j first takes the items of its own share [j n / nt, (j + 1) n / nt) in order (item =
+         * tile * nkv + head, tiles in row order: the rows the kernels before wrote on this thread,
+         * whose static splits are by rows), then helps the others with theirs, each share's next
+         * item taken by an atomic step of that share's cursor. */
+        const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+        const int64_t n_items = n_tiles * nkv;
+        cursor[CURSOR * tid] = n_items * tid / nt;
+#pragma omp barrier
+        for (int k = 0; k < nt; k++) {
+            const int j = (tid + k) % nt;
+            const int64_t end = n_items * (j + 1) / nt;
+            for (;;) {
+                int64_t item;
+#pragma omp atomic capture
+                item = cursor[CURSOR * j]++;
+                if (item >= end) break;
+                if (!sc || !oacc || !qp) continue;
+                const int64_t t = item / nkv, h = item % nkv, e0 = tile_start[t];
+                tile_item(q, kc, vc, out, tok, block_table + e0 * max_blocks, ctx_len, e0, tile_start[t + 1] - e0,
+                          h, G, nh, nkv, d, bs, scale, lmax, sc, oacc, qp, pairs, kv_bf16 ? pt[3] : NULL);
+            }
         }
     }
     return oom ? 2 : 0;
