@@ -63,9 +63,9 @@ class PagedAttention:
                 if slot_mapping:
                     long_spans.append(np.asarray(slot_mapping, dtype=np.int64))
                     slot_mapping = []
-                pos = np.arange(start, span.context_len, dtype=np.int64)
+                positions = np.arange(start, span.context_len, dtype=np.int64)
                 blocks = np.asarray(span.block_ids[: -(-span.context_len // bs)], dtype=np.int64)
-                long_spans.append(blocks[pos // bs] * bs + pos % bs)
+                long_spans.append(blocks[positions // bs] * bs + positions % bs)
                 continue
             for pos in range(start, span.context_len):
                 slot_mapping.append(int(span.block_ids[pos // bs]) * bs + pos % bs)
