@@ -66,9 +66,9 @@ class PagedAttention:
                 positions = np.arange(start, span.context_len, dtype=np.int64)
                 blocks = np.asarray(span.block_ids[: -(-span.context_len // bs)], dtype=np.int64)
                 long_spans.append(blocks[positions // bs] * bs + positions % bs)
-                continue
-            for pos in range(start, span.context_len):
-                slot_mapping.append(int(span.block_ids[pos // bs]) * bs + pos % bs)
+            else:
+                for pos in range(start, span.context_len):
+                    slot_mapping.append(int(span.block_ids[pos // bs]) * bs + pos % bs)
             if use_kernels:
                 continue  # every span goes to PagedDecode.for_spans below
             if span.num_query == 1 and start > 0:

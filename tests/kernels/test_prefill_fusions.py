@@ -155,3 +155,29 @@ def test_slot_mapping_of_long_and_short_spans_in_order(monkeypatch: pytest.Monke
     assert PagedAttention(pool, spans, use_kernels=True).slot_mapping.tolist() == want
     monkeypatch.setattr(pa, "_ARRAY_SPAN", 1)  # every span as arrays, decodes included
     assert PagedAttention(pool, spans, use_kernels=True).slot_mapping.tolist() == want
+
+
+def test_long_spans_on_the_torch_path_are_attended() -> None:
+    """A span of ``_ARRAY_SPAN`` or more new tokens on the torch path (no kernels: SDPA per span)
+    still gets its prefill entry beside its array-computed slots: the output equals the kernels'
+    (to fp32 rounding), for a fresh prompt and one after cached context, beside a decode."""
+    import execstate.model.paged_attention as pa
+
+    bs, nh, nkv, d = 4, 4, 2, 16
+    n_long = pa._ARRAY_SPAN + 5
+    shapes = [(n_long, n_long), (1, 9), (n_long, n_long + 11)]  # (new tokens, context after the step)
+    perm = torch.randperm(200, generator=torch.Generator().manual_seed(4)).tolist()
+    spans, at, start = [], 0, 0
+    for n, ctx in shapes:
+        k = -(-ctx // bs)
+        spans.append(SeqSpan(start, n, ctx, perm[at : at + k]))
+        at, start = at + k, start + n
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(start, h, d, generator=gen) for h in (nh, nkv, nkv))
+    outs = []
+    for kernels in (False, True):
+        pool = KVPool(1, 200, bs, nkv, d, torch.float32)
+        pool.k.normal_(generator=torch.Generator().manual_seed(6))  # the cached context
+        pool.v.normal_(generator=torch.Generator().manual_seed(7))
+        outs.append(PagedAttention(pool, spans, use_kernels=kernels).forward(0, q, k, v))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
