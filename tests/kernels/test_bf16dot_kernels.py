@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_helpers import linear_call, moe_call, randn, with_threads
 
-from execstate.kernels import cpu, gemm_bf16dot
+from execstate.kernels import cpu, ext, gemm_bf16dot
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason=f"CPU kernels unavailable: {cpu.unavailable_reason()}")
 NATIVE = gemm_bf16dot.NATIVE
@@ -73,6 +73,22 @@ def test_many_rows_a_row_alone_equals_it_in_the_batch(threads: int, m: int, k: i
         assert torch.equal(got, want), name
         for i in (0, m // 2, m - 1):
             assert torch.equal(linear_call(name, x[i : i + 1].contiguous(), w)[0], got[i])
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize(("m", "k", "n"), [(1030, 96, 1024), (1023, 100, 1024), (129, 40, 129), (129, 40, 130)])
+def test_many_rows_split_by_rows_or_columns_equals_the_reference(threads: int, m: int, k: int, n: int) -> None:
+    """Many rows: with N <= M (the prefill's q/k/v and o-proj) each thread multiplies its own rows
+    against every weight row, else its weight rows against every row; either side of the boundary,
+    on uneven shares, every output equals the reference bit for bit and nothing past y is written."""
+    x, w = randn(m, k, seed=m), weights_bf16(n, k, k)
+    want = bf16dot_reference(x, w)
+    for name in ENTRIES:
+        buf = torch.full((m * n + 64,), float("nan"))
+        with_threads(threads, lambda name=name: getattr(ext.lib(), name)(
+            x.data_ptr(), w.data_ptr(), buf.data_ptr(), m, k, n))
+        assert torch.equal(buf[: m * n].view(m, n), want), name
+        assert torch.isnan(buf[m * n:]).all(), name
 
 
 def test_rounds_activations_not_weights_and_flushes_subnormals() -> None:

@@ -232,3 +232,22 @@ def test_linear_packed_few_weight_rows_split_by_rows_bitwise(threads: int, m: in
     wb = w.bfloat16()
     got = with_threads(threads, lambda: _linear_call("linear_packed_bf16", x, wb))
     assert torch.equal(got, _linear_call("linear_bf16", x, wb))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize(("m", "k", "n"), [(2048, 512, 1024), (2048, 512, 512), (301, 77, 301), (301, 77, 302),
+                                           (99, 13, 198), (99, 13, 199), (25, 8, 24)])
+def test_linear_packed_split_by_rows_or_columns_bitwise(threads: int, m: int, k: int, n: int) -> None:
+    """With w no larger than packed x (fp32: N <= M; bf16 weights: N <= 2M; the prefill's q/k/v and
+    o-proj) the threads split x's row pairs, else w's rows; either side of each boundary (odd M, a K
+    tail, uneven shares on 3 threads) every row equals dot_rows bit for bit, nothing past y written."""
+    x, w = randn(m, k, seed=m + k), randn(n, k, seed=n) / math.sqrt(k)
+    buf = torch.full((m * n + 64,), float("nan"))
+    with_threads(threads, lambda: ext.lib().linear_packed(x.data_ptr(), w.data_ptr(), buf.data_ptr(), m, k, n))
+    assert torch.equal(buf[: m * n].view(m, n), _dot_rows(x, w))
+    assert torch.isnan(buf[m * n:]).all()
+    wb = w.bfloat16()
+    buf.fill_(float("nan"))
+    with_threads(threads, lambda: ext.lib().linear_packed_bf16(x.data_ptr(), wb.data_ptr(), buf.data_ptr(), m, k, n))
+    assert torch.equal(buf[: m * n].view(m, n), _linear_call("linear_bf16", x, wb))
+    assert torch.isnan(buf[m * n:]).all()

@@ -153,9 +153,12 @@ KB void es_linear_rows_bf16dot(const float *const *xr, float *const *yr, int64_t
 
 /* Many rows (prefill): the team rounds x once, each thread a share of the rows, into the calling
  * thread's ES_SCRATCH_SHARED_ROWS buffer, then every thread multiplies all of them against its
- * weight rows, MB rows at a time. es_linear_rows_bf16dot has every thread round every row for
- * its own weight rows (the same rounding done nt times); each output is the same dot product
- * either way, so the same bits. Few rows, or no buffer: es_linear_with. */
+ * weight rows, MB rows at a time; or, with N <= M (w no larger than the rounded x: the prefill's
+ * q/k/v and o-proj), each thread multiplies its own rows against all weight rows, no barrier,
+ * writing whole rows of y (the rows the row-split kernels around it handle on the same core).
+ * es_linear_rows_bf16dot has every thread round every row for its own weight rows (the same
+ * rounding done nt times); each output is the same dot product either way, so the same bits.
+ * Few rows, or no buffer: es_linear_with. */
 KB int es_linear_bf16dot(const float *x, const uint16_t *w, float *y, int64_t M, int64_t K, int64_t N) {
     const int64_t kp = (K + 31) & ~(int64_t)31;
     uint16_t *xb = NULL;
@@ -166,6 +169,7 @@ KB int es_linear_bf16dot(const float *x, const uint16_t *w, float *y, int64_t M,
     }
     if (!yr) return es_linear_with(es_linear_rows_bf16dot, x, w, y, M, K, N);
     for (int64_t m = 0; m < M; m++) yr[m] = y + m * N;
+    const int by_rows = N <= M; /* w no larger than the rounded x: each thread reads all of w */
 #pragma omp parallel
     {
         int64_t lo, hi;
@@ -174,13 +178,20 @@ KB int es_linear_bf16dot(const float *x, const uint16_t *w, float *y, int64_t M,
             const float *xm = x + m * K;
             round_rows(&xm, xb + m * kp, 1, K, kp);
         }
-#pragma omp barrier
-        share(N, &lo, &hi);
-        if (lo < hi)
-            for (int64_t m0 = 0; m0 < M; m0 += MB) {
-                const int64_t m1 = m0 + MB < M ? m0 + MB : M;
-                block_rows(xb + m0 * kp, kp, (float *const *)yr, m0, m1, w, K, lo, hi, m0 == 0);
+        if (by_rows) { /* its own rows against every weight row: no barrier */
+            for (int64_t m0 = lo; m0 < hi; m0 += MB) {
+                const int64_t m1 = m0 + MB < hi ? m0 + MB : hi;
+                block_rows(xb + m0 * kp, kp, (float *const *)yr, m0, m1, w, K, 0, N, m0 == lo);
             }
+        } else {
+#pragma omp barrier
+            share(N, &lo, &hi);
+            if (lo < hi)
+                for (int64_t m0 = 0; m0 < M; m0 += MB) {
+                    const int64_t m1 = m0 + MB < M ? m0 + MB : M;
+                    block_rows(xb + m0 * kp, kp, (float *const *)yr, m0, m1, w, K, lo, hi, m0 == 0);
+                }
+        }
     }
     free(yr);
     return 0;

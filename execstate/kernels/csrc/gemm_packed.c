@@ -13,7 +13,9 @@
  * Blocking: each thread owns a range of weight rows, split in NC-row blocks (kept in L2);
  * for each block it walks all row pairs in tiles of P pairs (the packed x tile, kept in L1)
  * and each tile against J weight rows at a time (a P x J tile of 512-bit accumulators). The
- * packed copy of x is built once per call, shared by the threads.
+ * packed copy of x is built once per call, shared by the threads. Where w is no larger than
+ * packed x (a router, the prefill's q/k/v and o-proj) the threads split x's row pairs instead,
+ * each owning all weight rows for its pairs (linear_packed's split_by_rows).
  *
  * bf16 weights (the _bf16 entries, gemm_bf16.c's contract): each NC-row block is widened
  * exactly to fp32 into the thread's scratch (ES_SCRATCH_WIDEN) and multiplied as above, so
@@ -273,9 +275,17 @@ static float *wide_buffer(int bf16, int64_t K, int *oom) {
     return p;
 }
 
-/* At most this many weight rows (a router's), the threads split the rows of x, not w's: each
- * reads all of w (a few KB a row) instead of all of packed x, and packs only its own rows. */
+/* At most this many weight rows (a router's), or with w no larger than packed x (M * 4 bytes a
+ * column against w's N * 2 or N * 4: the prefill's q/k/v and o-proj), the threads split the rows
+ * of x, not w's: each reads all of w instead of all of packed x, packs only its own rows (no
+ * barrier) and writes whole rows of y, the rows the row-split kernels before and after it (the
+ * norms, the q/k/v split) handle on the same core. Each output is the same dot product either
+ * way (a pair's two rows never mix), so the same bits. */
 #define ROWS_SPLIT_N 32
+
+static int split_by_rows(int bf16, int64_t M, int64_t N) {
+    return N <= ROWS_SPLIT_N || N * (bf16 ? 2 : 4) <= M * 4;
+}
 
 /* y = x @ w^T for fp32 or bf16 w. Returns 0, 2 when out of memory, 3 when the CPU lacks
  * AVX-512 (nothing computed then). */
@@ -293,7 +303,7 @@ static int linear_packed(const float *x, const void *w, int bf16, float *y, int6
 #pragma omp parallel if (M * K * N >= PARALLEL_MIN_MACS)
     {
         const Weights wt = {w, bf16, wide_buffer(bf16, K, &oom)};
-        if (N <= ROWS_SPLIT_N) { /* each thread packs and multiplies its own row pairs: no barrier */
+        if (split_by_rows(bf16, M, N)) { /* each thread packs and multiplies its own row pairs */
             const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
             const int64_t p0 = pairs * tid / nt, p1 = pairs * (tid + 1) / nt, r1 = 2 * p1 < M ? 2 * p1 : M;
             es_pack_pairs(xr, xp, M, K, p0, p1);
