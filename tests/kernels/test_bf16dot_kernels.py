@@ -85,7 +85,7 @@ def test_many_rows_split_by_rows_or_columns_equals_the_reference(threads: int, m
     want = bf16dot_reference(x, w)
     for name in ENTRIES:
         buf = torch.full((m * n + 64,), float("nan"))
-        with_threads(threads, lambda name=name: getattr(ext.lib(), name)(
+        with_threads(threads, lambda name=name, buf=buf: getattr(ext.lib(), name)(
             x.data_ptr(), w.data_ptr(), buf.data_ptr(), m, k, n))
         assert torch.equal(buf[: m * n].view(m, n), want), name
         assert torch.isnan(buf[m * n:]).all(), name
