@@ -177,8 +177,9 @@ class Listener:
         if text == self._said and self.turns.user_turn_open:
             self.turns.on_end_score(p)
             item = self._seg.item_id if self._seg is not None else self.last_item
+            mass = self.agent.prefill.mass
             self._emit(EndScore(self.agent.now(), self.agent.fence.epoch, item, text, round(p, 4),
-                                self.agent.prefill.stats.computed))
+                                self.agent.prefill.stats.computed, None if mass is None else round(mass, 4)))
             self._wake()
 
     def _barge_in(self, seg: _Segment, t: float) -> None:
