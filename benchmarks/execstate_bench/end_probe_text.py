@@ -70,7 +70,7 @@ TEMPLATES = [
     "help me write {doc} for {person}", "write {doc} about {topic}", "can you draft {doc} to {person}",
     "what's {num} plus {num2}", "what is {num} minus {num2}", "how much is {num} divided by {num2}",
     "add {num} and {num2} together", "convert {num} miles to kilometers", "how many cups are in a liter",
-    "what's the weather like {time}", "will it rain {time}", "do I need an umbrella {time}",
+    "what's the weather like {time}", "will it snow {time}", "do I need an umbrella {time}",
     "my {device} stopped working again", "the {device} is making a weird noise",
     "{person} wants to know if we can meet {time}", "{person} said the meeting moved to {time2}",
     "I can't decide between {topic} and {topic2}", "which is better {topic} or {topic2}",
@@ -90,7 +90,7 @@ PAUSE_AFTER = {"the", "a", "an", "and", "about", "what", "is", "to", "of", "for"
                "or", "was", "are", "want", "need", "think", "me", "your", "our", "their", "from", "by", "then"}
 # near-sounding replacements (recognition errors)
 CONFUSIONS = {"for": "four", "to": "two", "write": "right", "there": "their", "know": "no", "hear": "here",
-              "see": "sea", "buy": "by", "weather": "whether", "one": "won", "our": "are", "I'll": "aisle",
+              "buy": "by", "weather": "whether", "one": "won", "our": "are", "I'll": "aisle",
               "meet": "meat", "week": "weak", "would": "wood", "new": "knew", "made": "maid", "hour": "our",
               "tire": "tired", "cook": "look", "call": "cool", "message": "massage", "light": "like",
               "timer": "time her", "alarm": "a lot", "bill": "build", "bread": "bed", "minutes": "minute"}
