@@ -158,17 +158,23 @@ def training_features(front: Front, turns: list[Turn], seed: int, log: bool = Tr
                     np.array(groups), dropped)
 
 
-def bench_heldout(docs: Path = DOCS) -> list[tuple[str, int, float]]:
-    """(words, label, live end score) of every turn end (1) and scored pause (0) of the nine runs."""
-    reports = []
+def bench_runs(docs: Path = DOCS) -> list[tuple[str, list[tuple[str, int, float]]]]:
+    """Each of the nine runs (its file's name, then "#i" for the i-th run a file holds) with
+    (words, label, live end score) of every turn end (1) and scored pause (0) in it."""
+    out = []
     for name in BENCH_FILES:
         d = json.loads((docs / f"{name}.json").read_text())
-        reports += [r["report"] for r in d["runs"]] if "runs" in d else [d.get("report", d)]
-    out = []
-    for r in reports:
-        out += [(t["text"], 1, t["p_end"]) for t in r["turn_timelines_s"]["real"] if t.get("p_end") is not None]
-        out += [(p["text"], 0, p["p_end"]) for p in r["pause_scores"]["real"] if p.get("p_end") is not None]
+        reports = [r["report"] for r in d["runs"]] if "runs" in d else [d.get("report", d)]
+        for i, r in enumerate(reports):
+            rows = [(t["text"], 1, t["p_end"]) for t in r["turn_timelines_s"]["real"] if t.get("p_end") is not None]
+            rows += [(p["text"], 0, p["p_end"]) for p in r["pause_scores"]["real"] if p.get("p_end") is not None]
+            out.append((name + (f"#{i + 1}" if len(reports) > 1 else ""), rows))
     return out
+
+
+def bench_heldout(docs: Path = DOCS) -> list[tuple[str, int, float]]:
+    """(words, label, live end score) of every turn end (1) and scored pause (0) of the nine runs."""
+    return [row for _, rows in bench_runs(docs) for row in rows]
 
 
 def heldout_features(front: Front, items: list[tuple[str, int, float]]) -> Features:
@@ -280,6 +286,15 @@ def evaluate(front: Front, probe_w: np.ndarray, probe_b: float) -> dict[str, obj
     out["at"] = {f"{t}": {"probe": recall_at(p, y, t), "live": recall_at(live, y, t)}
                  for t in (0.2, 0.35, 0.5, 0.7, 0.9)}
     out["pause_max"] = {"probe": float(p[y == 0].max()), "live": float(live[y == 0].max())}
+    per_run, i = [], 0
+    for name, rows in bench_runs():
+        yr, lr, pr = y[i:i + len(rows)], live[i:i + len(rows)], p[i:i + len(rows)]
+        i += len(rows)
+        per_run.append({"run": name, "ends": int(yr.sum()), "pauses": int((1 - yr).sum()),
+                        "auc_live": round(auc(lr, yr), 3), "auc_probe": round(auc(pr, yr), 3),
+                        "probe_at_0.5": [int((pr[yr == 1] >= 0.5).sum()), int((pr[yr == 0] >= 0.5).sum())],
+                        "live_at_0.35": [int((lr[yr == 1] >= 0.35).sum()), int((lr[yr == 0] >= 0.35).sum())]})
+    out["per_run"] = per_run
     out["rows"] = [(t, int(lbl), round(float(s), 4), round(float(q), 4))
                    for (t, lbl, s), q in zip(items, p, strict=True)]
     return out

@@ -9,8 +9,6 @@ import asyncio
 
 import numpy as np
 import pytest
-from execstate_bench import end_probe_train as ept
-from execstate_bench.end_probe_text import generate
 
 from execstate.agent.end_probe import EndProbe
 from execstate.agent.front import SessionFront
@@ -19,6 +17,8 @@ from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
 from execstate.model.random_models import make_random
 from execstate.model.random_tokenizer import write_tokenizer
+from execstate_bench import end_probe_train as ept
+from execstate_bench.end_probe_text import generate
 
 
 @pytest.fixture(scope="module")
