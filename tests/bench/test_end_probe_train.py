@@ -15,6 +15,7 @@ from execstate.agent.front import SessionFront
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.config import EngineConfig
 from execstate.engine.llm_engine import LLMEngine
+from execstate.engine.sampling_params import SamplingParams
 from execstate.model.random_models import make_random
 from execstate.model.random_tokenizer import write_tokenizer
 from execstate_bench import end_probe_train as ept
@@ -48,14 +49,17 @@ def test_training_on_a_tiny_seeded_set_gives_the_same_weights_twice(tiny, tmp_pa
     assert not np.array_equal(ept.train(c, 4).w, pa.w)
 
 
-def test_the_live_speculation_returns_the_hidden_state_the_training_reads(tiny):
-    """``SamplingParams.return_hidden`` through the engine, the session step and ``SessionFront``:
-    the state at the speculated input's last token, as one causal pass over the same tokens gives."""
+@pytest.mark.parametrize("kernels", [None, "torch"])
+def test_the_live_speculation_returns_the_hidden_state_the_training_reads(tiny, kernels):
+    """``SamplingParams.return_hidden`` through the engine (its CPU kernels, and the torch path:
+    ``engine/device_runner.py``), the session step and ``SessionFront``: the state at the
+    speculated input's last token, as one causal pass over the same tokens gives."""
     front_t = ept.Front(str(tiny))
     ids = front_t.encode("hello there how are you", special=True)
 
     async def main():
-        eng = AsyncEngine(LLMEngine(EngineConfig(model=str(tiny), seed=0)))
+        extra = {} if kernels is None else {"kernels": kernels}
+        eng = AsyncEngine(LLMEngine(EngineConfig(model=str(tiny), seed=0, **extra)))
         try:
             front = await SessionFront.open(eng, "")
             assert front.weights_version == front_t.weights_version
@@ -71,6 +75,8 @@ def test_the_live_speculation_returns_the_hidden_state_the_training_reads(tiny):
     assert np.allclose(s1.hidden, full[2], atol=1e-4)
     assert s2.hidden is not None and np.allclose(s2.hidden, full[-1], atol=1e-4)
     assert not np.allclose(s1.hidden, s2.hidden, atol=1e-2)
+    with pytest.raises(ValueError, match="return_hidden"):
+        SamplingParams(return_hidden=1)  # type: ignore[arg-type]
 
 
 def test_the_held_out_set_is_every_scored_turn_end_and_pause_of_the_nine_runs():
