@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from agent_fakes import FakeFront
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 from execstate.agent import end_probe
@@ -202,3 +204,32 @@ def test_the_generator_never_writes_the_benchs_sentences_and_cuts_inside_its_tur
     for turn in turns:
         assert all(0 < k < len(turn.words) for k in turn.cuts) and (len(turn.words) < 2 or turn.cuts)
         assert turn.words[-1][-1] not in ".?!,"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=576, max_size=576), st.floats(-50, 50))
+def test_the_probability_is_a_monotone_logistic_of_any_finite_state(h, shift):
+    x = np.array(h, np.float32)
+    p = SHIPPED.prob(x)
+    z = float(x.astype(np.float64) @ SHIPPED.w) + SHIPPED.b
+    assert 0.0 <= p <= 1.0 and p == pytest.approx(1 / (1 + math.exp(-min(max(z, -700), 700))), abs=1e-12)
+    moved = x.astype(np.float64) + shift * SHIPPED.w / (SHIPPED.w @ SHIPPED.w)  # the logit moves by ``shift``
+    q = SHIPPED.prob(moved)
+    assert (q >= p) if shift >= 0 else (q <= p)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 40))
+def test_any_seed_gives_turns_without_a_final_mark_and_negatives_that_are_their_prefixes(seed, n):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from execstate_bench.end_probe_text import examples, generate
+
+    turns = generate(n, seed)
+    ex = examples(turns)
+    assert len(turns) == n and sum(lbl for _, lbl in ex) == n
+    for t in turns:
+        whole = " ".join(t.words)
+        assert whole and whole[-1] not in ".?!,"
+        for k in t.cuts:
+            cut = " ".join(t.words[:k]).rstrip(".,")
+            assert (cut, 0) in ex and whole.startswith(cut) and len(cut) < len(whole)
