@@ -7,8 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from execstate_bench.voice_wait_tradeoff import (Run, load_runs, offsets, pause_ends, pause_words, recorded_wait,
-                                                 replay_turns, table, uniform_pause_rate)
+from execstate_bench.voice_wait_tradeoff import (
+    Run,
+    load_runs,
+    offsets,
+    pause_ends,
+    pause_words,
+    recorded_wait,
+    replay_turns,
+    table,
+    uniform_pause_rate,
+)
 
 # A: scored over the threshold (ends on the short silence); B: under it (waited the long 1 s).
 TURN_A = {"p_end": 0.9, "p_mass": 0.1, "asr_final": 0.30, "end_of_turn": 0.32, "first_audio": 0.40, "said": "A words."}
