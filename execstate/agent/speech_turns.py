@@ -125,7 +125,8 @@ class SpeechTurnPolicy:
         return Decision.NONE
 
     def on_speech_stop(self, t: float, silence_s: float) -> None:
-        """The VAD ended the segment at ``t`` after ``silence_s`` of silence."""
+        """The segment ended; at ``t`` its last speech frame was ``silence_s`` ago (the VAD's
+        silence, and the time since the VAD saw it: the silence counts from the speech)."""
         self._advance(t)
         self.in_speech = False
         self.last_speech_t = max(t - silence_s, self.last_speech_t or float("-inf"))

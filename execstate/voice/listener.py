@@ -24,6 +24,11 @@ turn policy (``agent/speech_turns.py``) and acts on its decisions through public
   events keep its own words. At the end of a turn ``end_context()`` tells the recognizer the next
   segment is not a continuation.
 
+Events are stamped with the agent's clock when they are read, except the speech's end: the
+segment's last speech frame ended at its ``VadStop.speech_end_t`` (when set: what the VAD saw,
+not when the stop is read, after the segment's final was transcribed); the turn's silence counts
+from there (and the turn still ends only once the final's words are in).
+
 Pure bookkeeping on the event loop: no I/O, nothing blocking.
 """
 
@@ -130,8 +135,8 @@ class Listener:
                 self._on_partial(seg, ev.text, t, e, ev.heard)
             if self.turns.on_speech(t, seg.speech_s, len(seg.partial.split()), seg.silence_s) is Decision.BARGE_IN:
                 self._barge_in(seg, t)
-        elif isinstance(ev, VadStop):
-            silence = (ev.audio_end - ev.speech_end) / 16000
+        elif isinstance(ev, VadStop):  # the silence since the last speech frame, not since the final came
+            silence = (ev.audio_end - ev.speech_end) / 16000 if ev.speech_end_t is None else max(t - ev.speech_end_t, 0.0)
             self.turns.on_speech_stop(t, silence)
             if seg.turn:
                 assert seg.item_id is not None

@@ -1,7 +1,8 @@
 """The end-of-turn probe (``agent/end_probe.py``): the shipped file, the choice between the probe
 and the end tokens' mass (refused for another model), and the probe's score reaching the
 speculative prefill, the listener and the speech turn policy through a model-free front that
-returns fixed hidden states."""
+returns fixed hidden states (and through the VAD, with a recognizer whose final is slow: where the
+long wait starts)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from execstate.agent.end_probe import EndProbe, EndProbeError
 from execstate.agent.front import Speculation
 from execstate.agent.prefill import SpeculativePrefill
 from execstate.agent.speech_turns import Decision, SpeechTurnConfig, SpeechTurnPolicy
-from execstate.voice.audio_input import Final, Progress, VadStart, VadStop
+from execstate.voice.audio_input import AudioInput, Final, Progress, VadStart, VadStop
 from execstate.voice.listener import Listener
+from execstate.voice.vad import VadConfig
 
 SHIPPED = end_probe.shipped()
 
@@ -186,6 +188,86 @@ def test_the_listener_and_the_turn_policy_take_the_probes_score():
     assert done[0] == pytest.approx(0.2) and done[1] == (0.8808, 0.05) and done[2] is Decision.END_OF_TURN
     assert open_[0] == pytest.approx(1.0) and open_[1] == (0.0474, 0.05)
     assert (open_[2], open_[3]) == (Decision.NONE, Decision.END_OF_TURN)
+
+
+class _Loud:
+    """A speech detector that hears any frame louder than 100."""
+    sample_rate, frame_samples = 16000, 512
+
+    def probability(self, frame: np.ndarray) -> float:
+        return 1.0 if np.abs(frame.astype(np.int32)).max() > 100 else 0.0
+
+    def reset(self) -> None:
+        pass
+
+
+class _SlowFinal:
+    """A recognizer stream that hears ``words`` and takes ``final_s`` of the clock ``now`` to give its final."""
+
+    def __init__(self, now: list[float], words: str, final_s: float) -> None:
+        self.now, self.words, self.final_s = now, words, final_s
+
+    def start(self, at_sample: int) -> None:
+        pass
+
+    def feed(self, samples: np.ndarray) -> str | None:
+        return None
+
+    def finish(self) -> str:
+        self.now[0] += self.final_s
+        return self.words
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_long_wait_counts_from_the_last_speech_frame_not_from_the_slow_final():
+    """1.0 s of speech, then silence, streamed in real time (32 ms chunks) through the VAD; the
+    recognizer's final takes 0.3 s. Words the probe scores 0.047 end the turn 1.0 s (the long
+    silence) after the last speech frame, not 1.0 s after the final less the VAD's 0.2 s; words it
+    scores 0.88 end it once the final is in and scored (the short silence has passed)."""
+    async def one_turn(words: str) -> tuple[float, float, float, float | None]:
+        now = [0.0]
+        front = HiddenFront(SHIPPED.weights_version, logit_state(SHIPPED, 2.0), logit_state(SHIPPED, -3.0))
+        agent = DuplexAgent(front, clock=lambda: now[0])
+        turns = SpeechTurnPolicy(SpeechTurnConfig(end_threshold=SHIPPED.threshold("auto"), semantic_silence_s=0.2,
+                                                  end_of_turn_silence_s=1.0, graded_wait=False))
+        events: list = []
+        ended: list[float] = []
+        listener = Listener(agent, _Silent(), turns, events.append, lambda: False,  # type: ignore[arg-type]
+                            end_context=lambda: ended.append(agent.now()))
+        inp = AudioInput(_Loud(), _SlowFinal(now, words, 0.3), VadConfig(), clock=agent.now)  # type: ignore[arg-type]
+        await agent.start()
+        tone = (1000 * np.sin(2 * np.pi * 220 * np.arange(16000) / 16000)).astype(np.int16)
+        audio = np.concatenate([tone, np.zeros(3 * 16000, dtype=np.int16)])
+        stop: VadStop | None = None
+        final_t: float | None = None
+        for i in range(0, len(audio), 512):
+            now[0] += 512 / 16000  # the chunk's last sample arrives
+            for ev in inp.process(audio[i:i + 512]):
+                listener.on_input(ev)
+                stop = ev if isinstance(ev, VadStop) else stop
+                if isinstance(ev, Final):
+                    final_t = agent.now()
+                    while not any(e.type == "input.end_score" for e in events):
+                        await asyncio.sleep(0.002)
+            listener.tick()
+            if ended:
+                break
+        await agent.close()
+        assert stop is not None and stop.speech_end_t is not None and final_t is not None and ended
+        assert stop.speech_end_t == pytest.approx(stop.speech_end / 16000)  # the clock ran with the audio till then
+        last_speech = stop.speech_end_t
+        score = [e.p_end for e in events if e.type == "input.end_score"][-1]
+        return last_speech, final_t, ended[0], score
+
+    last, final_t, end, score = asyncio.run(asyncio.wait_for(one_turn("call my mom"), 30))
+    assert score == 0.0474 and last == pytest.approx(1.024)  # the frame holding the tone's last sample ends there
+    assert final_t == pytest.approx(last + 0.224 + 0.3)  # the VAD's silence (7 frames: >= 0.2 s), the slow final
+    assert last + 1.0 <= end < last + 1.0 + 0.032  # the long silence from the speech (first tick after it)
+    last, final_t, end, score = asyncio.run(asyncio.wait_for(one_turn("call my mom please"), 30))
+    assert score == 0.8808 and last == pytest.approx(1.024)
+    assert end == pytest.approx(final_t) == pytest.approx(last + 0.524)  # the short silence passed: ends with the final
 
 
 def test_the_generator_never_writes_the_benchs_sentences_and_cuts_inside_its_turns():
