@@ -15,9 +15,10 @@ ended. ``VadStop`` carries ``speech_end_t``, when the segment's last speech fram
 the stop, before the final was transcribed, less the silence the VAD had heard by then, so however
 long the final takes. ``Partial`` and ``Final`` carry ``heard`` when the stream has one (an optional
 attribute of a recognizer stream: ``interfaces.py``): the segment transcribed with the segments
-just before it, as (where that audio starts, its text). Without VAD (``vad=None``: the client commits), audio accumulates (at most
-``max_buffer_s``, else ValueError) until ``commit()`` recognises it as one segment (``Final``), or
-``clear()`` drops it. Positions are 16 kHz samples since the first input sample.
+just before it, as (where that audio starts, its text). Without VAD (``vad=None``: the client
+commits), audio accumulates (at most ``max_buffer_s``, else ValueError) until ``commit()``
+recognises it as one segment (``Final``), or ``clear()`` drops it. Positions are 16 kHz samples
+since the first input sample.
 
 Every call blocks (resampling, the detector, the recognizer): ``VoiceAgent`` makes them on one
 worker thread, in order, never on the event loop.

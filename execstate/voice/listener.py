@@ -136,7 +136,8 @@ class Listener:
             if self.turns.on_speech(t, seg.speech_s, len(seg.partial.split()), seg.silence_s) is Decision.BARGE_IN:
                 self._barge_in(seg, t)
         elif isinstance(ev, VadStop):  # the silence since the last speech frame, not since the final came
-            silence = (ev.audio_end - ev.speech_end) / 16000 if ev.speech_end_t is None else max(t - ev.speech_end_t, 0.0)
+            end_t = ev.speech_end_t
+            silence = (ev.audio_end - ev.speech_end) / 16000 if end_t is None else max(t - end_t, 0.0)
             self.turns.on_speech_stop(t, silence)
             if seg.turn:
                 assert seg.item_id is not None
