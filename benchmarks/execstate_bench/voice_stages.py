@@ -18,7 +18,8 @@ sent) to the first of each event after it, in the order the server's pipeline pr
 
 ``stage_breakdown`` gives each one's p50 and p99 (ms) over the turns where it was seen, and
 ``turn_timelines`` the per-turn rows (for a table or a plot), each with ``p_end``: the front
-model's last end score (``input.end_score``) before the turn's end (None: not scored), and
+model's last end score (``input.end_score``) before the turn's end (None: not scored; ``p_mass``
+the end tokens' mass of that step, which the turn policy reads when no end-of-turn probe scores), and
 ``text``: the words it scored, and ``said``: the words the user spoke in the turn (the script's,
 None when the recording has no speech mark ending there). :func:`agent_words_wer` is the word
 error rate of the words the agent answered (each turn's ``text``) against ``said``: the
@@ -78,6 +79,7 @@ def turn_timelines(rec: Recording) -> list[dict[str, Any]]:
             row["end_of_turn"] = t - t_end
             score = next((e for te, e in reversed(ev) if te <= t and e["type"] == "input.end_score"), None)
             row["p_end"], row["text"] = (score["p_end"], score["text"]) if score else (None, None)
+            row["p_mass"] = score.get("p_mass") if score else None
             row["scores"] = [[round(te - t_end, 3), e["p_end"]] for te, e in ev
                              if since < te <= t and e["type"] == "input.end_score"]
         for name, kind in (("response_created", "response.created"),
@@ -123,6 +125,6 @@ def pause_scores(rec: Recording) -> list[dict[str, Any]]:
             partial = next((e["partial"] for _, e in reversed(inside)
                             if e["type"] == "conversation.item.input_audio_transcription.delta"), None)
             out.append({"pause_s": round(t1 - t0, 3), "p_end": e["p_end"] if e else None,
-                        "text": e["text"] if e else None, "partial": partial,
+                        "p_mass": e.get("p_mass") if e else None, "text": e["text"] if e else None, "partial": partial,
                         "scores": [[round(t - t1, 3), e["p_end"]] for t, e in scores]})
     return out

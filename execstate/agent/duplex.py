@@ -23,7 +23,9 @@ in flight (``response.done`` ``failed``), emits ``error`` ``front_failed`` and s
 ``close`` still releases everything.
 
 While the user speaks (an audio front's partial transcripts, ``user_partial``), the idle loop
-prefills their turn speculatively and scores its end (``agent/prefill.py``); a reply's first step
+prefills their turn speculatively and scores its end (``agent/prefill.py``; with the end-of-turn
+probe on the front's hidden state when ``AgentConfig.end_score`` and the front's model allow it,
+``agent/end_probe.select``); a reply's first step
 keeps what the speculation holds of its input (the front truncated to their longest common prefix)
 and sends the rest; with nothing in common the front is rolled back first (as before anything
 else touches it). A turn scored likely over (``prefill.draft_above``) has its reply's first step
@@ -48,6 +50,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from execstate.agent import end_probe
 from execstate.agent.agent_events import AgentEvent, DelegationResult, ErrorEvent, ResponseId, TurnEvent
 from execstate.agent.backend import Backend
 from execstate.agent.config import AgentConfig
@@ -87,8 +90,9 @@ class DuplexAgent:
         self.fence = ResponseFence(self._emit)
         self.context = FrontContext(front)
         ends = [front.encode(x)[:1] for x in (self.config.agent_prefix, ".", "?", "!")]
+        probe = end_probe.select(self.config.end_score, getattr(front, "weights_version", None))
         self.prefill = SpeculativePrefill(front, frozenset(t for e in ends for t in e)
-                                          if self.config.speculative_prefill else frozenset())
+                                          if self.config.speculative_prefill else frozenset(), probe)
         self.delegations = Delegations(backend or Backend(), self._emit, self.now, lambda: self.fence.epoch,
                                        self._wake_up, lambda: not self._closed)
         self.stats = AgentStats()

@@ -17,7 +17,9 @@ implement the same calls over its own session kind). Contract:
 - ``speculate(input_ids, end_tokens, then)`` is a step of one token used for its distribution:
   it appends ``input_ids`` (their KV is computed) and returns :class:`Speculation`: the
   probability that one of ``end_tokens`` comes next (the model's own distribution) and how many
-  tokens the step computed and found cached. The token it appends is ``then`` (whatever the
+  tokens the step computed and found cached, and the model's final hidden state at the input's
+  last token when the front returns it (``hidden``, None otherwise: the end-of-turn probe,
+  ``agent/end_probe.py``, reads it). The token it appends is ``then`` (whatever the
   distribution), so the context is ``input_ids + [then]``: the caller rewinds, or keeps it when
   its next input would have started that way.
   ``FrontStepEnd.computed`` (when known) is what a step ran through the model.
@@ -26,7 +28,9 @@ implement the same calls over its own session kind). Contract:
 (``session/lm/async_sessions.py``): each step is a session step, so it runs in the session's
 priority class (interactive by default: above batch and back-end requests in the same engine).
 Its session asks for the top ``SCORE_LOGPROBS`` logprobs of each token (``speculate`` reads the
-end tokens' among them; absent: probability 0; logprobs are the raw distribution's). A
+end tokens' among them; absent: probability 0; logprobs are the raw distribution's) and the
+final hidden state where a step samples its first token (``return_hidden``: a speculation's
+``hidden``); ``weights_version`` is the engine's (the probe is for one model's weights). A
 speculation makes ``then`` the sampled token with a ``logit_bias`` (a ``sampling`` event of its
 step); the next ``step`` puts the session's own bias back first, unless a ``rewind`` (which
 restores the session's sampling parameters) came in between.
@@ -38,6 +42,8 @@ import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
+
+import numpy as np
 
 from execstate.engine.async_engine import AsyncEngine
 from execstate.engine.priority import PRIORITY_INTERACTIVE
@@ -63,6 +69,7 @@ class Speculation:
     p_end: float  # probability that one of the end tokens comes right after the input
     computed: int  # context tokens the step ran through the model
     cached: int  # context tokens whose KV it found (held, or hit in the prefix cache)
+    hidden: np.ndarray | None = None  # the final hidden state at the input's last token (None: not returned)
 
 
 class FrontModel(Protocol):
@@ -95,10 +102,12 @@ class SessionFront:
     """A :class:`FrontModel` over one LM session of ``engine`` (module docstring)."""
 
     def __init__(self, sessions: AsyncSessions, session_id: str, prelude: list[int] | None = None,
-                 logit_bias: dict[int, float] | None = None) -> None:
-        """``logit_bias``: the session's own (what its sampling parameters were opened with)."""
+                 logit_bias: dict[int, float] | None = None, weights_version: str | None = None) -> None:
+        """``logit_bias``: the session's own (what its sampling parameters were opened with);
+        ``weights_version``: the engine's (None: unknown)."""
         self.sessions = sessions
         self.session_id = session_id
+        self.weights_version = weights_version
         self._tok = sessions.engine.tokenizer
         self._prelude = list(prelude or [])
         self._bias = logit_bias
@@ -116,10 +125,10 @@ class SessionFront:
             raise ValueError("the front model needs a tokenizer")
         sessions = sessions or AsyncSessions(engine)
         params = sampling_params or DEFAULT_FRONT_PARAMS
-        params = replace(params, logprobs=max(params.logprobs or 0, SCORE_LOGPROBS))
+        params = replace(params, logprobs=max(params.logprobs or 0, SCORE_LOGPROBS), return_hidden=True)
         info = await sessions.open(session_id, params, priority=priority)
         prelude = engine.tokenizer.encode(system_prompt, add_special_tokens=True) if system_prompt else []
-        return cls(sessions, info.session_id, prelude, params.logit_bias)
+        return cls(sessions, info.session_id, prelude, params.logit_bias, await engine.weights_version())
 
     def prelude(self) -> list[int]:
         return list(self._prelude)
@@ -150,7 +159,7 @@ class SessionFront:
         assert result is not None
         top = result.logprobs[0] if result.logprobs else {}
         p = sum(math.exp(top[t].logprob) for t in end_tokens if t in top)
-        return Speculation(p, result.num_computed_tokens, result.num_cached_tokens)
+        return Speculation(p, result.num_computed_tokens, result.num_cached_tokens, result.hidden)
 
     async def cancel(self) -> None:
         await self.sessions.cancel(self.session_id)

@@ -7,12 +7,15 @@ every speculation is one front step (``FrontModel.speculate``) of::
     what the next step would send anyway (``FrontContext.peek``: replay, pending segments)
     + the user turn as it would enter the context (``user_prefix`` + the partial)
 
-that computes their KV and reads the probability that the turn ends there: the mass of the
-*end tokens* next: the end-of-turn token (the first token of ``agent_prefix``: what the model
-writes where a user turn ends) and the sentence-final marks ``.?!`` (a recognizer that does not
-punctuate leaves them out, and a small model puts one before its end-of-turn token). LiveKit's
-turn detector reads the same probability from a small fine-tuned LM; here it is the front model
-itself, which already holds the conversation.
+that computes their KV and reads the probability that the turn ends there. With an end-of-turn
+probe (``probe``, ``agent/end_probe.py``: a logistic regression trained for the front model) and
+a front that returns the step's final hidden state, the score is the probe's on that state;
+otherwise (and always as ``mass``) it is the mass of the *end tokens* next: the end-of-turn
+token (the first token of ``agent_prefix``: what the model writes where a user turn ends) and the
+sentence-final marks ``.?!`` (a recognizer that does not punctuate leaves them out, and a small
+model puts one before its end-of-turn token). LiveKit's turn detector reads such a probability
+from a small fine-tuned LM; here it is the front model itself, which already holds the
+conversation.
 
 The front keeps what the speculations computed across revisions, at token granularity: before a
 speculation it is truncated (``FrontModel.truncate``: back to *base*, keeping the next tokens it
@@ -47,7 +50,8 @@ ran through the model; ``saved``: at each reply's first step after speculations,
 its input the speculations had computed and it did not compute again; ``wasted``: ``computed -
 saved`` (work on revised partials, on turns that did not end); ``kept``: the replies that kept
 part of the speculation; ``drafts`` and ``drafts_kept`` (those a reply spoke). Scores:
-``score`` is (text, probability) of the latest speculation; ``on_score`` callbacks run after each.
+``score`` is (text, probability) of the latest speculation (the probe's, or the mass), ``mass``
+its end tokens' mass; ``on_score`` callbacks run after each.
 
 Pure bookkeeping over the front's calls; the agent's loop is the only caller (one step at a time).
 """
@@ -58,6 +62,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from execstate.agent.end_probe import EndProbe
 from execstate.agent.front import FrontChunk, FrontModel
 
 
@@ -109,13 +114,15 @@ class Kept:
 
 
 class SpeculativePrefill:
-    def __init__(self, front: FrontModel, end_tokens: frozenset[int]) -> None:
+    def __init__(self, front: FrontModel, end_tokens: frozenset[int], probe: EndProbe | None = None) -> None:
         """``end_tokens``: the end-of-turn token and the sentence-final ones (empty: nothing is
-        speculated)."""
+        speculated); ``probe``: the end-of-turn probe for the front's model (None: the mass scores)."""
         self.front = front
         self.end_tokens = end_tokens
+        self.probe = probe
         self.partial: str | None = None  # the user's turn so far (the latest partial)
         self.score: tuple[str, float] | None = None
+        self.mass: float | None = None  # the latest speculation's end tokens' mass
         self.on_score: list[Callable[[str, float], None]] = []
         self.stats = PrefillStats()
         self.draft_above: float | None = None  # draft the reply once a score reaches it (None: never)
@@ -154,7 +161,8 @@ class SpeculativePrefill:
         return n
 
     async def speculate(self, head: list[int], turn_ids: list[int], then: int) -> float:
-        """One speculative step of ``head + turn_ids`` (module docstring); returns the end probability."""
+        """One speculative step of ``head + turn_ids`` (module docstring); returns the end score (the
+        probe's on the step's hidden state, or the end tokens' mass)."""
         assert self.end_tokens and self.partial is not None
         text, ids = self.partial, head + turn_ids
         if self._base is None:
@@ -165,10 +173,11 @@ class SpeculativePrefill:
         self.stats.speculations += 1
         self.stats.computed += s.computed
         self._spent += s.computed
-        self.score = (text, s.p_end)
+        p = self.probe.prob(s.hidden) if self.probe is not None and s.hidden is not None else s.p_end
+        self.score, self.mass = (text, p), s.p_end
         for fn in self.on_score:
-            fn(text, s.p_end)
-        return s.p_end
+            fn(text, p)
+        return p
 
     async def draft(self, cue_rest: list[int], max_tokens: int) -> Draft:
         """The reply's first step on the words last speculated (module docstring): ``cue_rest`` (the

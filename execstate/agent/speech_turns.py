@@ -22,7 +22,9 @@ Rules (:class:`SpeechTurnConfig`):
   speech: a finished sentence ends after a short silence, an unfinished one waits longer: the
   silence needed falls linearly from ``end_of_turn_silence_s`` (score 0, or no score yet) to
   ``semantic_silence_s`` (at the threshold), as OpenAI's semantic VAD waits less the likelier
-  the model finds the end.
+  the model finds the end; with ``graded_wait`` off (the end-of-turn probe's scores, which are
+  near 0 or 1 and were given thresholds for the short silence only) a score below the threshold
+  waits ``end_of_turn_silence_s``.
   Then the score decides alone: a recognizer's final ``.?!`` is in the words the model scored
   (a recognizer that punctuates a cut-off sentence does not end the turn by itself).
 - The agent speaking (generating or its audio still playing): speech opens a *burst*: ``HOLD``
@@ -53,6 +55,7 @@ class SpeechTurnConfig:
     interrupt: bool = True
     end_threshold: float | None = None  # semantic turn detection: the end score that ends a turn early
     semantic_silence_s: float = 0.2
+    graded_wait: bool = True  # below the threshold the wait falls with the score (off: the long silence)
 
     def __post_init__(self) -> None:
         t = self.end_threshold
@@ -62,6 +65,8 @@ class SpeechTurnConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 60:
                 raise ValueError(f"{name} must be a number in (0, 60], got {v!r}")
+        if not isinstance(self.graded_wait, bool):
+            raise ValueError(f"graded_wait must be a bool, got {self.graded_wait!r}")
         v = self.backchannel_max_words
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 100:
             raise ValueError(f"backchannel_max_words must be an integer in [0, 100], got {v!r}")
@@ -120,7 +125,8 @@ class SpeechTurnPolicy:
         return Decision.NONE
 
     def on_speech_stop(self, t: float, silence_s: float) -> None:
-        """The VAD ended the segment at ``t`` after ``silence_s`` of silence."""
+        """The segment ended; at ``t`` its last speech frame was ``silence_s`` ago (the VAD's
+        silence, and the time since the VAD saw it: the silence counts from the speech)."""
         self._advance(t)
         self.in_speech = False
         self.last_speech_t = max(t - silence_s, self.last_speech_t or float("-inf"))
@@ -145,6 +151,8 @@ class SpeechTurnPolicy:
                 return c.end_of_turn_silence_s
             if p >= c.end_threshold:
                 return short
+            if not c.graded_wait:
+                return c.end_of_turn_silence_s
             return c.end_of_turn_silence_s - (c.end_of_turn_silence_s - short) * p / c.end_threshold
         return 0.0 if self.ends_sentence else c.end_of_turn_silence_s
 

@@ -30,7 +30,7 @@ import torch
 from execstate.engine.device_inputs import DeviceInputs, StepInputs
 from execstate.engine.prompt_logprobs import prompt_spans, score_rows
 from execstate.engine.r3_clock import R3Clock
-from execstate.engine.runner_output import RunnerOutput
+from execstate.engine.runner_output import RunnerOutput, hidden_rows
 from execstate.engine.scheduler import SchedulerOutput
 from execstate.model.context import RouteCapture, StepContext
 from execstate.model.device.attention import DevicePagedAttention
@@ -71,7 +71,8 @@ class DeviceRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         graphs = self.graphs
-        if graphs is not None and graphs.accepts(sched):
+        if graphs is not None and graphs.accepts(sched) and not any(s.request.params.return_hidden
+                                                                    for s in sched.scheduled):
             return graphs.run(sched)
         inp = self.inputs.load(sched)
         t_r3 = time.perf_counter()
@@ -81,8 +82,10 @@ class DeviceRunner:
         attention = DevicePagedAttention(self.kv_pool, inp.tables, self.triton)
         with StepContext(inp.positions, attention, routes) as ctx:
             hidden = self.model(inp.ids, ctx)
+        rows_h = None
         if inp.sample_rows:
-            logits = self.model.compute_logits(hidden.index_select(0, inp.logit_rows))
+            rows_h = hidden.index_select(0, inp.logit_rows)
+            logits = self.model.compute_logits(rows_h)
         else:
             logits = torch.empty((0, 0), device=self.device)
         # prompt logprobs (engine/prompt_logprobs.py): a step that scores a prompt reads its rows back
@@ -94,7 +97,7 @@ class DeviceRunner:
             route_np = self._routes_to_host(routes.ids)
             self.r3_clock.add_since(t_r3)
         return RunnerOutput(logits, inp.sample_rows, route_np, inp.offsets, _done_event(self.device), device_step=True,
-                            prompt_rows=scored)
+                            prompt_rows=scored, hidden=hidden_rows(rows_h, sched.scheduled, inp.sample_rows))
 
     def _capture(self, sched: SchedulerOutput, inp: StepInputs) -> RouteCapture | None:
         forced_rows = []

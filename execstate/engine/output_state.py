@@ -5,7 +5,8 @@ the sampled token's logprob and its top alternatives (``logprobs``, ``top_logpro
 by the step), each token's logprob entry when logprobs are asked for (``logprob_entries``, built
 once, never rebuilt), the running sum of the sampled logprobs, and the stop string or stop token
 id that stopped the request (``stop_reason``). ``num_sent_tokens``: how many tokens ``DELTA``
-outputs have handed out.
+outputs have handed out; ``hidden``: the final hidden state where the first token was sampled, when
+the sampling parameters ask for it (``return_hidden``; set by the step).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING
 from execstate.engine.detokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from execstate.engine.outputs import Logprob
 
 
@@ -28,3 +31,4 @@ class OutputState:
     cumulative_logprob: float = 0.0
     num_sent_tokens: int = 0
     stop_reason: int | str | None = None
+    hidden: np.ndarray | None = None  # SamplingParams.return_hidden: float32[hidden] where the first token was sampled

@@ -16,7 +16,7 @@ import torch
 from execstate.engine.device_runner import DeviceRunner
 from execstate.engine.prompt_logprobs import prompt_spans, score_rows
 from execstate.engine.r3_clock import R3Clock
-from execstate.engine.runner_output import RunnerOutput
+from execstate.engine.runner_output import RunnerOutput, hidden_rows
 from execstate.engine.scheduler import SchedulerOutput
 from execstate.kernels.team import TeamGovernor
 from execstate.model.context import RouteCapture, StepContext
@@ -101,8 +101,10 @@ class ModelRunner:
         t0 = timers.now() if timers is not None else 0.0
         sample_rows = [i for i, s in enumerate(sched.scheduled) if s.samples]
         last = [offsets[i] + sched.scheduled[i].num_new_tokens - 1 for i in sample_rows]
+        rows_h = None
         if last:
-            logits = self.model.compute_logits(hidden[torch.tensor(last, device=self.device)])
+            rows_h = hidden[torch.tensor(last, device=self.device)]
+            logits = self.model.compute_logits(rows_h)
         else:
             logits = torch.empty((0, 0))
         if timers is not None:
@@ -113,7 +115,8 @@ class ModelRunner:
             t_r3 = time.perf_counter()
             route_np = routes.host_ids()
             self.r3_clock.add_since(t_r3)
-        return RunnerOutput(logits.float().cpu(), sample_rows, route_np, offsets, prompt_rows=scored)
+        return RunnerOutput(logits.float().cpu(), sample_rows, route_np, offsets, prompt_rows=scored,
+                            hidden=hidden_rows(rows_h, sched.scheduled, sample_rows))
 
     def _forced(
         self, num_tokens: int, forced_rows: list[tuple[int, np.ndarray]]
@@ -126,3 +129,4 @@ class ModelRunner:
             ids[start : start + len(rows)] = torch.from_numpy(np.asarray(rows, dtype=np.int64))
             mask[start : start + len(rows)] = True
         return ids.to(self.device), mask.to(self.device)
+

@@ -62,6 +62,10 @@ class SamplingParams:
       N route freely.
     - ``output_kind``: ``RequestOutputKind`` of the request's outputs (``LLM.generate``
       always uses ``FINAL_ONLY``).
+    - ``return_hidden``: the final hidden state (the final norm applied) at the position that
+      samples the first generated token (the prompt's last token) is returned with the request,
+      ``float32[hidden_size]`` (a session step's ``FinishedStep.hidden``); a probe on the model's
+      state there (``agent/end_probe.py``) reads it.
     - ``structured_outputs``: constrain the output to a JSON Schema, regex, choice or grammar
       (``engine/grammar/``; a ``{"regex": ...}``-style dict is converted); the request stops
       (``"stop"``) once the grammar is complete.
@@ -89,6 +93,7 @@ class SamplingParams:
     routed_experts_prompt_start: int = 0
     routed_experts: Any = None
     structured_outputs: StructuredOutputsParams | None = None
+    return_hidden: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -130,6 +135,8 @@ class SamplingParams:
             self.logit_bias = _logit_bias(self.logit_bias, bad)
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             raise bad("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.return_hidden, bool):
+            raise bad("return_hidden", f"must be a bool, got {self.return_hidden!r}")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
             raise bad("min_tokens", f"must be an integer >= 0, got {self.min_tokens!r}")
         for name in ("logprobs", "prompt_logprobs"):

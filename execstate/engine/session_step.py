@@ -47,7 +47,9 @@ class FinishedStep:
     ``num_cached_tokens``: prompt tokens whose KV it found (held or a prefix-cache hit; None: it
     was never admitted, so computed nothing); ``text``: the generated text (None without a
     tokenizer); ``logprobs`` / ``cumulative_logprob``: None unless its sampling params ask for
-    logprobs; ``routed_experts``: its final output's routes (None without route return).
+    logprobs; ``routed_experts``: its final output's routes (None without route return);
+    ``hidden``: the final hidden state where the step sampled its first token (None unless its
+    sampling params ask for it: ``return_hidden``, or it sampled none).
     """
 
     request_id: str
@@ -64,6 +66,7 @@ class FinishedStep:
     logprobs: list[dict[int, Logprob]] | None
     cumulative_logprob: float | None
     routed_experts: np.ndarray | None
+    hidden: np.ndarray | None = None
 
     @property
     def failed(self) -> bool:

@@ -82,4 +82,4 @@ def finished_step(req: Request, out: RequestOutput, with_text: bool) -> Finished
         text=req.output.detok.text(True) if with_text else None,
         logprobs=list(req.output.logprob_entries) if wants_logprobs else None,
         cumulative_logprob=req.output.cumulative_logprob if wants_logprobs else None,
-        routed_experts=out.outputs[0].routed_experts)
+        routed_experts=out.outputs[0].routed_experts, hidden=req.output.hidden)

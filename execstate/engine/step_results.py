@@ -84,6 +84,8 @@ class StepResults:
             return
         now = time.monotonic()
         for j, req in enumerate(reqs):
+            if result.hidden is not None and req.params.return_hidden and not req.output_token_ids:
+                req.output.hidden = result.hidden[j].numpy()
             req.append_output_token(sampled.token_ids[j])
             req.output.logprobs.append(sampled.logprobs[j])
             req.output.top_logprobs.append(sampled.top_logprobs[j])

@@ -115,7 +115,8 @@ class VoiceAgent:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         stream = await loop.run_in_executor(self._in_exec, self.recognizer.open)
-        self.input = AudioInput(self.detector, stream, self.config.vad, self.config.in_rate, self.config.max_buffer_s)
+        self.input = AudioInput(self.detector, stream, self.config.vad, self.config.in_rate, self.config.max_buffer_s,
+                                clock=self.agent.now)
         await self.agent.start()
         for coro, name in ((self._pump(), "voice-pump"), (self._ticker(), "voice-turns"),
                            (self.out.run(), "voice-pacer"), (self.out.synth_loop(), "voice-tts")):

@@ -10,11 +10,15 @@ before the first speech frame). It returns what happened, in order, as :class:`I
 
 ``Progress`` carries the segment's speech so far and the silence since its last speech frame
 (seconds), ``Partial`` the recognizer's new hypothesis, ``Final`` the transcript once the segment
-ended. Both carry ``heard`` when the stream has one (an optional attribute of a recognizer
-stream: ``interfaces.py``): the segment transcribed with the segments just before it, as (where
-that audio starts, its text). Without VAD (``vad=None``: the client commits), audio accumulates (at most
-``max_buffer_s``, else ValueError) until ``commit()`` recognises it as one segment (``Final``), or
-``clear()`` drops it. Positions are 16 kHz samples since the first input sample.
+ended. ``VadStop`` carries ``speech_end_t``, when the segment's last speech frame ended on
+``clock`` (the agent's: ``VoiceAgent`` gives it; None without a clock): the clock when the VAD saw
+the stop, before the final was transcribed, less the silence the VAD had heard by then, so however
+long the final takes. ``Partial`` and ``Final`` carry ``heard`` when the stream has one (an optional
+attribute of a recognizer stream: ``interfaces.py``): the segment transcribed with the segments
+just before it, as (where that audio starts, its text). Without VAD (``vad=None``: the client
+commits), audio accumulates (at most ``max_buffer_s``, else ValueError) until ``commit()``
+recognises it as one segment (``Final``), or ``clear()`` drops it. Positions are 16 kHz samples
+since the first input sample.
 
 Every call blocks (resampling, the detector, the recognizer): ``VoiceAgent`` makes them on one
 worker thread, in order, never on the event loop.
@@ -22,6 +26,7 @@ worker thread, in order, never on the event loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +60,7 @@ class Partial:
 class VadStop:
     speech_end: int
     audio_end: int
+    speech_end_t: float | None = None  # when the last speech frame ended, on the input's clock (None: none)
 
 
 @dataclass(frozen=True)
@@ -70,10 +76,10 @@ InputEvent = VadStart | Progress | Partial | VadStop | Final
 
 class AudioInput:
     def __init__(self, detector: SpeechDetector | None, stream: RecognizerStream, vad: VadConfig | None,
-                 in_rate: int = RATE, max_buffer_s: float = 120.0) -> None:
+                 in_rate: int = RATE, max_buffer_s: float = 120.0, clock: Callable[[], float] | None = None) -> None:
         if vad is not None and detector is None:
             raise ValueError("server VAD needs a speech detector")
-        self.detector, self.stream = detector, stream
+        self.detector, self.stream, self.clock = detector, stream, clock
         self.vad = VadSegmenter(vad) if vad is not None else None
         self.resampler = Resampler(in_rate, RATE)
         self.max_buffer = int(max_buffer_s * RATE)
@@ -115,9 +121,10 @@ class AudioInput:
                     if len(lead):
                         feed.append(lead)
                 elif isinstance(ev, Stopped):
+                    stop = VadStop(ev.speech_end, ev.audio_end, self._speech_end_t(ev.speech_end))
                     feed.append(frame)
                     self._flush_feed(feed, out)
-                    out.append(VadStop(ev.speech_end, ev.audio_end))
+                    out.append(stop)
                     out.append(self._final(ev.audio_end))
                     self._partial = ""
                     frame = frame[:0]
@@ -129,7 +136,7 @@ class AudioInput:
         if self.vad.in_speech and self._partial.rstrip()[-1:] in (".", "?", "!"):
             early = self.vad.end_early()  # the words so far end a sentence: a shorter silence ends it
             if early is not None:
-                out.append(VadStop(early.speech_end, early.audio_end))
+                out.append(VadStop(early.speech_end, early.audio_end, self._speech_end_t(early.speech_end)))
                 out.append(self._final(early.audio_end))
                 self._partial = ""
         if self.vad.in_speech:
@@ -167,6 +174,11 @@ class AudioInput:
         end = getattr(self.stream, "end_context", None)
         if end is not None:
             end()
+
+    def _speech_end_t(self, speech_end: int) -> float | None:
+        """The clock's time of ``speech_end``: now less the audio the VAD heard after it."""
+        assert self.vad is not None
+        return None if self.clock is None else self.clock() - (self.vad.position - speech_end) / RATE
 
     def _final(self, audio_end: int) -> Final:
         text = self.stream.finish()

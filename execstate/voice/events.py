@@ -125,10 +125,13 @@ class ItemAdded(AgentEvent):
 @dataclass(frozen=True)
 class EndScore(AgentEvent):
     """The front model scored the user's turn so far (``agent/prefill.py``): ``p_end``, the
-    probability that it ends there; ``prefilled``: tokens the speculative steps computed so far."""
+    probability that it ends there (the end-of-turn probe's, or the end tokens' mass: what the
+    turn policy reads); ``p_mass``: the end tokens' mass; ``prefilled``: tokens the speculative
+    steps computed so far."""
 
     type = "input.end_score"
     item_id: str | None
     text: str
     p_end: float
     prefilled: int
+    p_mass: float | None = None

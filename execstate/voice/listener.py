@@ -24,6 +24,11 @@ turn policy (``agent/speech_turns.py``) and acts on its decisions through public
   events keep its own words. At the end of a turn ``end_context()`` tells the recognizer the next
   segment is not a continuation.
 
+Events are stamped with the agent's clock when they are read, except the speech's end: the
+segment's last speech frame ended at its ``VadStop.speech_end_t`` (when set: what the VAD saw,
+not when the stop is read, after the segment's final was transcribed); the turn's silence counts
+from there (and the turn still ends only once the final's words are in).
+
 Pure bookkeeping on the event loop: no I/O, nothing blocking.
 """
 
@@ -130,8 +135,9 @@ class Listener:
                 self._on_partial(seg, ev.text, t, e, ev.heard)
             if self.turns.on_speech(t, seg.speech_s, len(seg.partial.split()), seg.silence_s) is Decision.BARGE_IN:
                 self._barge_in(seg, t)
-        elif isinstance(ev, VadStop):
-            silence = (ev.audio_end - ev.speech_end) / 16000
+        elif isinstance(ev, VadStop):  # the silence since the last speech frame, not since the final came
+            end_t = ev.speech_end_t
+            silence = (ev.audio_end - ev.speech_end) / 16000 if end_t is None else max(t - end_t, 0.0)
             self.turns.on_speech_stop(t, silence)
             if seg.turn:
                 assert seg.item_id is not None
@@ -177,8 +183,9 @@ class Listener:
         if text == self._said and self.turns.user_turn_open:
             self.turns.on_end_score(p)
             item = self._seg.item_id if self._seg is not None else self.last_item
+            mass = self.agent.prefill.mass
             self._emit(EndScore(self.agent.now(), self.agent.fence.epoch, item, text, round(p, 4),
-                                self.agent.prefill.stats.computed))
+                                self.agent.prefill.stats.computed, None if mass is None else round(mass, 4)))
             self._wake()
 
     def _barge_in(self, seg: _Segment, t: float) -> None:

@@ -140,6 +140,22 @@ def test_a_low_end_score_waits_the_long_silence_and_new_speech_drops_the_score()
     assert p.on_tick(2.45) is Decision.END_OF_TURN
 
 
+def test_without_the_graded_wait_a_score_below_the_threshold_waits_the_long_silence() -> None:
+    """The end-of-turn probe's rule: 0.49 against 0.5 waits as long as no score at all."""
+    p = SpeechTurnPolicy(SpeechTurnConfig(end_of_turn_silence_s=1.0, end_threshold=0.5, semantic_silence_s=0.2,
+                                          graded_wait=False))
+    segment(p, 0.0, 1.0)
+    p.on_transcript(False)
+    p.on_end_score(0.49)
+    assert p.next_deadline() == pytest.approx(2.0)
+    assert p.on_tick(1.9) is Decision.NONE
+    p.on_end_score(0.5)
+    assert p.next_deadline() == pytest.approx(1.2)
+    assert p.on_tick(1.91) is Decision.END_OF_TURN
+    with pytest.raises(ValueError, match="graded_wait"):
+        SpeechTurnConfig(graded_wait=1)  # type: ignore[arg-type]
+
+
 def test_without_a_threshold_scores_change_nothing() -> None:
     p = SpeechTurnPolicy(CFG)
     segment(p, 0.0, 1.0)

@@ -103,11 +103,11 @@ def test_a_turns_latency_by_stage_and_the_scores_it_was_decided_on() -> None:
     rec.events = [
         (0.6, {"type": "conversation.item.input_audio_transcription.delta", "delta": "tell", "partial": "Tell."}),
         (0.65, {"type": "conversation.item.input_audio_transcription.delta", "delta": " me", "partial": "Tell me."}),
-        (0.7, {**score, "p_end": 0.02, "text": "tell me"}),  # inside the pause (0.5-1.0 s)
+        (0.7, {**score, "p_end": 0.02, "p_mass": 0.01, "text": "tell me"}),  # inside the pause (0.5-1.0 s)
         (1.9, {**score, "p_end": 0.3, "text": "tell me a"}),
         (2.1, {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 2060}),  # the speech ended at 2.0 s
         (2.15, {"type": "conversation.item.input_audio_transcription.completed", "transcript": "Tell me a story."}),
-        (2.25, {**score, "p_end": 0.8, "text": "tell me a story"}),
+        (2.25, {**score, "p_end": 0.8, "p_mass": 0.35, "text": "tell me a story"}),  # the probe's, the mass
         (2.3, {"type": "input.turn", "kind": "end_of_turn"}),
         (2.31, {"type": "response.created", "response": {"id": "r1"}}),
         (2.4, {"type": "response.output_audio_transcript.delta", "response_id": "r1"}),
@@ -118,14 +118,14 @@ def test_a_turns_latency_by_stage_and_the_scores_it_was_decided_on() -> None:
     got = {k: round(v, 3) if isinstance(v, float) else v for k, v in rows[0].items()}
     assert got == {"said": "Tell me a story.",  # the words spoken in the turn (the speech mark ending there)
                    "vad_silence": 0.06, "vad_stopped": 0.1, "asr_final": 0.15, "end_of_turn": 0.3, "p_end": 0.8,
-                   "text": "tell me a story", "final": "Tell me a story.",
+                   "p_mass": 0.35, "text": "tell me a story", "final": "Tell me a story.",
                    "scores": [[-1.3, 0.02], [-0.1, 0.3], [0.25, 0.8]],  # every score of the turn, from the speech's end
                    "response_created": 0.31, "first_text": 0.4, "first_audio": 0.45}
     stages = stage_breakdown([rec])
     assert stages["end_of_turn"] == {"p50": 300.0, "p99": 300.0, "n": 1}
     assert stages["first_audio"]["p50"] == 450.0
-    assert pause_scores(rec) == [{"pause_s": 0.5, "p_end": 0.02, "text": "tell me", "partial": "Tell me.",
-                                  "scores": [[-0.3, 0.02]]}]
+    assert pause_scores(rec) == [{"pause_s": 0.5, "p_end": 0.02, "p_mass": 0.01, "text": "tell me",
+                                  "partial": "Tell me.", "scores": [[-0.3, 0.02]]}]
 
 
 def test_the_words_the_agent_answered_against_the_words_spoken() -> None:

@@ -49,8 +49,12 @@ class FakeVoiceServer:
         self.prefill = PrefillStats()
         self.opened: list[VoiceAgent] = []
         self.fronts: list[FakeFront] = []
+        self.probe = None  # the fake front is no LM session: its agents score with the end tokens' mass
 
     check_model = VoiceServer.check_model  # the real check, on this server's model name
+
+    async def end_probe(self):
+        return self.probe
 
     def engines(self):
         return engines()

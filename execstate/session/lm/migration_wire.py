@@ -102,6 +102,7 @@ class WireSampling(Struct, frozen=True, forbid_unknown_fields=True):
     logprobs: int | None
     skip_special_tokens: bool
     structured_outputs: Annotated[str, Meta(max_length=1 << 20)] | None = None  # StructuredOutputsParams.to_wire
+    return_hidden: bool = False
 
 
 class WireGrammar(Struct, frozen=True, forbid_unknown_fields=True):

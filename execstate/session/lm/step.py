@@ -69,6 +69,9 @@ class StepResult:
     # Per generated token, when the session's sampling params ask for logprobs (vLLM's layout).
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float | None = None
+    # The final hidden state where the step sampled its first token, when the session's sampling
+    # params ask for it (``return_hidden``; float32 ``[hidden_size]``).
+    hidden: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,7 @@ def finish_lm_step(port: SessionPort, rt: SessionRuntime, handle: StepHandle, do
             num_computed_tokens=done.num_prompt_tokens - num_cached if admitted else 0, num_cached_tokens=num_cached,
             routed_experts=None if done.aborted else done.routed_experts,
             logprobs=done.logprobs, cumulative_logprob=done.cumulative_logprob,
+            hidden=None if done.aborted else done.hidden,
         )
     finally:
         handle.done = True

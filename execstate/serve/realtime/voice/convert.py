@@ -22,6 +22,7 @@ from execstate.agent.agent_events import (
     ErrorEvent,
     TurnEvent,
 )
+from execstate.agent.end_probe import EndProbe
 from execstate.agent.speech_turns import SpeechTurnConfig
 from execstate.serve.realtime.errors import error_event
 from execstate.serve.realtime.voice.messages import (
@@ -44,6 +45,15 @@ EAGERNESS = {"low": (0.5, 300, 1500), "medium": (0.35, 200, 1000), "high": (0.2,
 EAGERNESS["auto"] = EAGERNESS["medium"]
 
 
+def eagerness_table(probe: EndProbe | None) -> dict[str, tuple[float, int, int]]:
+    """eagerness -> (end threshold, short silence ms, long silence ms): ``EAGERNESS`` for the end
+    tokens' mass; with the end-of-turn probe (``agent/end_probe.py``) its thresholds, chosen on its
+    training data, and the same silences."""
+    if probe is None:
+        return EAGERNESS
+    return {k: (probe.threshold(k), short, long) for k, (_, short, long) in EAGERNESS.items()}
+
+
 def invalid(message: str) -> SessionEventError:
     return SessionEventError("invalid", message)
 
@@ -62,7 +72,7 @@ def _ms(v: int | None, where: str, lo: int, hi: int) -> int | None:
     return v
 
 
-def _vad(td: TurnDetection, base: VoiceConfig) -> tuple[VadConfig, SpeechTurnConfig, bool]:
+def _vad(td: TurnDetection, base: VoiceConfig, probe: EndProbe | None) -> tuple[VadConfig, SpeechTurnConfig, bool]:
     if td.type not in ("server_vad", "semantic_vad"):
         raise invalid("session.audio.input.turn_detection.type: server_vad, semantic_vad (or null), "
                       f"got {td.type[:MAX_NAME_CHARS]!r}")
@@ -82,10 +92,10 @@ def _vad(td: TurnDetection, base: VoiceConfig) -> tuple[VadConfig, SpeechTurnCon
     vad = base.vad or VadConfig()
     changes: dict[str, Any] = {}
     if semantic:
-        p, short_ms, long_ms = EAGERNESS[td.eagerness or "auto"]
+        p, short_ms, long_ms = eagerness_table(probe)[td.eagerness or "auto"]
         vad = dataclasses.replace(vad, silence_duration_ms=short_ms, sentence_end_silence_ms=None)
         changes = {"end_threshold": thr if thr is not None else p, "semantic_silence_s": short_ms / 1000,
-                   "end_of_turn_silence_s": long_ms / 1000}
+                   "end_of_turn_silence_s": long_ms / 1000, "graded_wait": probe is None}
     elif base.turns.end_threshold is not None:  # back to server_vad: no end score
         changes = {"end_threshold": None}
     given: dict[str, Any] = {k: v for k, v in (
@@ -115,8 +125,10 @@ def _vad(td: TurnDetection, base: VoiceConfig) -> tuple[VadConfig, SpeechTurnCon
         raise invalid(f"session.audio.input.turn_detection: {exc}") from None
 
 
-def voice_config(s: VoiceSession, base: VoiceConfig, voices: set[str]) -> VoiceConfig:
-    """``base`` with what ``s`` sets (absent fields kept); the neutral-only fields checked."""
+def voice_config(s: VoiceSession, base: VoiceConfig, voices: set[str], probe: EndProbe | None = None) -> VoiceConfig:
+    """``base`` with what ``s`` sets (absent fields kept); the neutral-only fields checked.
+    ``probe``: the end-of-turn probe the agents score with (None: the end tokens' mass), which
+    sets ``semantic_vad``'s thresholds (``eagerness_table``) and turns the graded wait off."""
     if s.type not in (None, "realtime"):
         raise invalid(f"session.type: only 'realtime', got {s.type!r}")
     if s.output_modalities not in (None, ["audio"]):
@@ -137,7 +149,7 @@ def voice_config(s: VoiceSession, base: VoiceConfig, voices: set[str]) -> VoiceC
         if i.turn_detection is None:
             cfg["vad"] = None
         elif isinstance(i.turn_detection, TurnDetection):
-            cfg["vad"], cfg["turns"], cfg["create_response"] = _vad(i.turn_detection, base)
+            cfg["vad"], cfg["turns"], cfg["create_response"] = _vad(i.turn_detection, base, probe)
     if a is not None and a.output is not None:
         o = a.output
         cfg["out_rate"] = _rate(o.format, "output", base.out_rate)
@@ -164,7 +176,8 @@ def decode_audio(b64: str) -> bytes:
     return data
 
 
-def session_json(sid: str, model: str, instructions: str, cfg: VoiceConfig) -> dict[str, Any]:
+def session_json(sid: str, model: str, instructions: str, cfg: VoiceConfig,
+                 probe: EndProbe | None = None) -> dict[str, Any]:
     td: dict[str, Any] | None = None
     if cfg.vad is not None:
         t = cfg.turns
@@ -178,7 +191,8 @@ def session_json(sid: str, model: str, instructions: str, cfg: VoiceConfig) -> d
               "backchannel_max_ms": round(t.backchannel_max_s * 1000), "backchannel_max_words": t.backchannel_max_words,
               "resume_after_ms": round(t.resume_after_s * 1000)}
         if t.end_threshold is not None:
-            td |= {"eagerness": next((k for k, v in EAGERNESS.items() if v[0] == t.end_threshold), "custom"),
+            td |= {"eagerness": next((k for k, v in eagerness_table(probe).items() if v[0] == t.end_threshold),
+                                     "custom"),
                    "end_of_turn_threshold": t.end_threshold}
     return {
         "type": "realtime", "object": "realtime.session", "id": sid, "model": model, "instructions": instructions,
@@ -248,7 +262,7 @@ def events_json(ev: AgentEvent, eid: EventIds, transcripts: dict[str, str]) -> I
             yield {"type": kind, "event_id": eid(), "previous_item_id": ev.previous_item_id, "item": item, **common}
     elif isinstance(ev, ve.EndScore):
         yield {"type": ev.type, "event_id": eid(), "item_id": ev.item_id, "text": ev.text, "p_end": ev.p_end,
-               "prefilled_tokens": ev.prefilled, **common}
+               "p_mass": ev.p_mass, "prefilled_tokens": ev.prefilled, **common}
     elif isinstance(ev, ve.InputCleared):
         yield {"type": ev.type, "event_id": eid(), **common}
     elif isinstance(ev, ve.InputTranscriptDelta):

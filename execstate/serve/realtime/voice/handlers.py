@@ -39,11 +39,13 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, Response
 from starlette.websockets import WebSocket
 
+from execstate.agent import end_probe
 from execstate.agent.agent_events import ErrorEvent
 from execstate.agent.backend import Backend, TaskLimits
 from execstate.agent.config import AgentConfig
 from execstate.agent.delegation import RegexPolicy, Rule
 from execstate.agent.duplex import DuplexAgent
+from execstate.agent.end_probe import EndProbe
 from execstate.agent.front import DEFAULT_FRONT_PARAMS, SessionFront
 from execstate.agent.prefill import PrefillStats
 from execstate.identity.tenant import LOCAL_TENANT, TenantId
@@ -105,6 +107,8 @@ class VoiceServer:
         self.front_params = DEFAULT_FRONT_PARAMS  # the front's sampling (an embedding app may change it)
         self.agents: dict[str, VoiceAgent] = {}
         self.prefill = PrefillStats()  # the speculative prefill of the agents closed so far
+        self.probe: EndProbe | None = None  # the end-of-turn probe the agents score with (end_probe())
+        self._probe_for: tuple[str, str] | None = None  # (end_score, weights_version) it was selected for
         self.endpoint = Endpoint(VOICE_PROTOCOL, lambda peer: VoiceHandlers(peer, self))
 
     def check_model(self, model: str | None) -> str | None:
@@ -126,6 +130,15 @@ class VoiceServer:
         await ws.accept(subprotocol=sub if sub in offered else None)
         await ws.send_text(json.dumps(error_event("model_not_found", refusal, None)))
         await ws.close(CLOSE_POLICY_VIOLATION, "model_not_found")
+
+    async def end_probe(self) -> EndProbe | None:
+        """The end-of-turn probe the agents will score with (``agent/end_probe.select`` on
+        ``agent_config.end_score`` and the engine's weights; None: the end tokens' mass), which
+        sets ``semantic_vad``'s thresholds."""
+        key = (self.agent_config.end_score, await self.ctx.engine.weights_version())
+        if key != self._probe_for:
+            self.probe, self._probe_for = end_probe.select(*key), key
+        return self.probe
 
     def engines(self) -> VoiceEngines:
         if self._engines is None:
@@ -194,7 +207,7 @@ class VoiceHandlers:
     async def _update(self, msg: SessionUpdate) -> None:
         await self._started
         s = msg.session
-        cfg = voice_config(s, self.cfg, set(self.server.engines().voices))
+        cfg = voice_config(s, self.cfg, set(self.server.engines().voices), await self.server.end_probe())
         refusal = self.server.check_model(s.model)
         if refusal is not None:
             raise ProtocolError("model_not_found", f"session.model: {refusal}", msg.event_id)
@@ -271,7 +284,8 @@ class VoiceHandlers:
             await self.peer.emit_error(ProtocolError("server_error", f"internal error: {e!r}", None, SERVER_ERROR))
 
     def _session(self) -> dict[str, Any]:
-        return session_json(self.sid, self.server.ctx.served_model_name, self.instructions, self.cfg)
+        return session_json(self.sid, self.server.ctx.served_model_name, self.instructions, self.cfg,
+                            self.server.probe)
 
 
 def install_voice(app: FastAPI, ctx: ServeContext, tools: Callable[[], Mapping[str, Callable[..., Any]]],

@@ -56,7 +56,8 @@ class TurnDetection(_Obj):
     """OpenAI's ``server_vad`` and ``semantic_vad`` knobs, plus what this server's speech turn
     policy adds. ``semantic_vad``: the front model scores the end of the user's turn
     (``eagerness`` low / medium / high / auto sets the score threshold and the silences:
-    ``convert.EAGERNESS``; ``end_of_turn_threshold``, ``silence_duration_ms`` (the short silence)
+    ``convert.eagerness_table``: the end-of-turn probe's thresholds when the agents score with it,
+    else ``convert.EAGERNESS``; ``end_of_turn_threshold``, ``silence_duration_ms`` (the short silence)
     and ``end_of_turn_silence_ms`` (the long one) override them)."""
 
     type: str = "server_vad"
