@@ -129,4 +129,3 @@ class ModelRunner:
             ids[start : start + len(rows)] = torch.from_numpy(np.asarray(rows, dtype=np.int64))
             mask[start : start + len(rows)] = True
         return ids.to(self.device), mask.to(self.device)
-
