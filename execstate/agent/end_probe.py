@@ -38,8 +38,8 @@ EAGERNESS_KEYS = ("high", "medium", "low")
 
 
 class EndProbeError(CodedError):
-    """``code`` ``model_mismatch``: the probe was trained for another front model; ``invalid``: a
-    bad probe file or hidden state."""
+    """``code`` ``unsupported``: the probe was trained for another front model (none serves this
+    one); ``invalid``: a bad probe file or hidden state."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,6 @@ def select(end_score: str, weights_version: str | None, probe: EndProbe | None =
     why = (f"the end-of-turn probe was trained for {p.meta.get('model', '?')} (weights {p.weights_version[:12]}), "
            f"the front's weights are {weights_version[:12] if weights_version else 'unknown'}")
     if end_score == "probe":
-        raise EndProbeError("model_mismatch", why + " (end_score='probe'; 'auto' or 'mass' scores with the end tokens)")
+        raise EndProbeError("unsupported", why + " (end_score='probe'; 'auto' or 'mass' scores with the end tokens)")
     log.info("%s: scoring the end of turn with the end tokens' probability mass", why)
     return None

@@ -100,10 +100,10 @@ def test_select_uses_the_probe_only_for_the_model_it_was_trained_for():
     assert end_probe.select("auto", None) is None  # not an LM session
     with pytest.raises(EndProbeError) as e:
         end_probe.select("probe", "0" * 64)
-    assert e.value.code == "model_mismatch" and "smollm2-135m" in e.value.message
+    assert e.value.code == "unsupported" and "smollm2-135m" in e.value.message
     with pytest.raises(EndProbeError) as e:
         end_probe.select("probe", None)
-    assert e.value.code == "model_mismatch"
+    assert e.value.code == "unsupported"
     with pytest.raises(EndProbeError, match="end_score"):
         end_probe.select("semantic", v)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-from voice_helpers import LONG_REPLY, converse, heard_number, make_agent, speech16k
+from voice_helpers import LONG_REPLY, converse, heard_number, make_agent, says_number, speech16k
 
 from execstate.voice.agent import VoiceConfig
 from execstate.voice.vad import VadConfig
@@ -32,7 +32,7 @@ def test_question_delegated_and_391_spoken() -> None:
     ack, answer = done
     assert ack.transcript.startswith(" Let me check.") and "391" in answer.transcript
     # the answer's audio says it: the audio of the word "391" recognised back (numbers only)
-    assert "391" in heard_number(rec, answer.response_id, "391").split()
+    assert says_number(heard_number(rec, answer.response_id, "391"), 391)
     assert answer.audio_samples == len(rec.audio(answer.response_id)) > 24000 // 2
     # responses play one after the other: created, deltas, done, then the next
     order = [(e.type, getattr(e, "response_id", None)) for _, e in rec.events
