@@ -90,7 +90,7 @@ class DuplexAgent:
         self.fence = ResponseFence(self._emit)
         self.context = FrontContext(front)
         ends = [front.encode(x)[:1] for x in (self.config.agent_prefix, ".", "?", "!")]
-        probe = end_probe.select(self.config.end_score, getattr(front, "weights_version", None))
+        probe = end_probe.select(self.config.end_score, front.weights_version)
         self.prefill = SpeculativePrefill(front, frozenset(t for e in ends for t in e)
                                           if self.config.speculative_prefill else frozenset(), probe)
         self.delegations = Delegations(backend or Backend(), self._emit, self.now, lambda: self.fence.epoch,

@@ -73,6 +73,8 @@ class Speculation:
 
 
 class FrontModel(Protocol):
+    weights_version: str | None  # the weights the front runs (None: unknown), for the end-of-turn probe
+
     def encode(self, text: str) -> list[int]: ...
 
     def prelude(self) -> list[int]: ...

@@ -18,6 +18,7 @@ class FakeFront:
         (so a reply shows which words it was generated from)."""
         self.reply = reply
         self.echo = echo
+        self.weights_version: str | None = None  # no model: the agent scores the end with the end tokens
         self._reply = reply
         self.token_delay = token_delay
         self._prelude = prelude
