@@ -9,6 +9,7 @@ same row in a batch of any size, whichever kernel each call takes).
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -219,19 +220,26 @@ def test_moe_packed_fused_equals_moe_bitwise(threads: int, t: int, e: int, h: in
     torch.testing.assert_close(got[t - 1].double(), want, rtol=1e-4, atol=1e-5)
 
 
+def _check_linear_packed_bitwise(threads: int, m: int, k: int, n: int) -> None:
+    """``linear_packed`` (fp32 weights) equals dot_rows and ``linear_packed_bf16`` equals
+    ``linear_bf16`` bit for bit on ``threads`` threads, neither writing past y."""
+    x, w = randn(m, k, seed=m + k), randn(n, k, seed=n) / math.sqrt(k)
+    wb = w.bfloat16()
+    for fn, weights, want in (("linear_packed", w, _dot_rows(x, w)),
+                              ("linear_packed_bf16", wb, _linear_call("linear_bf16", x, wb))):
+        buf = torch.full((m * n + 64,), float("nan"))
+        call = partial(getattr(ext.lib(), fn), x.data_ptr(), weights.data_ptr(), buf.data_ptr(), m, k, n)
+        with_threads(threads, call)
+        assert torch.equal(buf[: m * n].view(m, n), want), fn
+        assert torch.isnan(buf[m * n:]).all(), fn
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("m", "k", "n"), [(2048, 512, 8), (2047, 512, 8), (301, 77, 32), (301, 77, 33), (9, 64, 1)])
 def test_linear_packed_few_weight_rows_split_by_rows_bitwise(threads: int, m: int, k: int, n: int) -> None:
     """Up to 32 weight rows (a router's) the threads split x's row pairs, each packing its own;
     every row (odd M, a K tail) equals dot_rows bit for bit and nothing past y is written."""
-    x, w = randn(m, k, seed=m + k), randn(n, k, seed=n) / math.sqrt(k)
-    buf = torch.full((m * n + 64,), float("nan"))
-    with_threads(threads, lambda: ext.lib().linear_packed(x.data_ptr(), w.data_ptr(), buf.data_ptr(), m, k, n))
-    assert torch.equal(buf[: m * n].view(m, n), _dot_rows(x, w))
-    assert torch.isnan(buf[m * n:]).all()
-    wb = w.bfloat16()
-    got = with_threads(threads, lambda: _linear_call("linear_packed_bf16", x, wb))
-    assert torch.equal(got, _linear_call("linear_bf16", x, wb))
+    _check_linear_packed_bitwise(threads, m, k, n)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -241,13 +249,4 @@ def test_linear_packed_split_by_rows_or_columns_bitwise(threads: int, m: int, k:
     """With w no larger than packed x (fp32: N <= M; bf16 weights: N <= 2M; the prefill's q/k/v and
     o-proj) the threads split x's row pairs, else w's rows; either side of each boundary (odd M, a K
     tail, uneven shares on 3 threads) every row equals dot_rows bit for bit, nothing past y written."""
-    x, w = randn(m, k, seed=m + k), randn(n, k, seed=n) / math.sqrt(k)
-    buf = torch.full((m * n + 64,), float("nan"))
-    with_threads(threads, lambda: ext.lib().linear_packed(x.data_ptr(), w.data_ptr(), buf.data_ptr(), m, k, n))
-    assert torch.equal(buf[: m * n].view(m, n), _dot_rows(x, w))
-    assert torch.isnan(buf[m * n:]).all()
-    wb = w.bfloat16()
-    buf.fill_(float("nan"))
-    with_threads(threads, lambda: ext.lib().linear_packed_bf16(x.data_ptr(), wb.data_ptr(), buf.data_ptr(), m, k, n))
-    assert torch.equal(buf[: m * n].view(m, n), _linear_call("linear_bf16", x, wb))
-    assert torch.isnan(buf[m * n:]).all()
+    _check_linear_packed_bitwise(threads, m, k, n)
