@@ -156,6 +156,32 @@ def test_moe_equals_its_slots_computed_one_by_one(t: int) -> None:
     assert torch.equal(gemm_bf16dot.moe_bf16dot(x, ids, wts, w_gu, w_d), want)
 
 
+@pytest.mark.skipif(not NATIVE, reason="the fused MoE is the AVX512-BF16 kernel's")
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize(("t", "h", "i", "k"), [(37, 160, 224, 2), (300, 64, 416, 2), (90, 96, 96, 1)])
+def test_fused_moe_blocks_and_tails_equal_its_slots(threads: int, t: int, h: int, i: int, k: int) -> None:
+    """64 or more slots with H and I multiples of 32 take the fused kernel (moe_bf16dot.c): h's
+    columns split by thread in 32s and then in blocks of 96 (a ragged last block), an expert's
+    slot rows in blocks of 128 (expert 1 has more), out's columns split by thread with tiles of
+    6 and a tail; with k = 1 each slot's row is stored, with k = 2 a token's second slot is
+    added. Every output equals the slot-by-slot reference, from NaN-filled temporaries."""
+    e = 8
+    rng = torch.Generator().manual_seed(t + h + i)
+    first = torch.where(torch.rand(t, generator=rng) < 0.6, 1, torch.randint(0, e, (t,), generator=rng))
+    cols = [first]
+    if k == 2:
+        second = torch.randint(0, e - 1, (t,), generator=rng)
+        cols.append(second + (second >= first).long())  # another expert than the first
+    ids = torch.stack(cols, dim=1).to(torch.int64)
+    wts = torch.softmax(randn(t, k, seed=t), -1)
+    x = randn(t, h, seed=t + 1)
+    w_gu, w_d = weights_bf16(e * 2 * i, h, 5).view(e, 2 * i, h), weights_bf16(e * h, i, 6).view(e, h, i)
+    want = moe_reference(x, ids, wts, w_gu, w_d)
+    with_threads(threads, lambda: moe_call("moe_bf16dot", torch.full_like(x, float("nan")), ids, wts, w_gu, w_d))
+    got = with_threads(threads, lambda: moe_call("moe_bf16dot", x, ids, wts, w_gu, w_d))
+    assert torch.equal(got, want)
+
+
 def test_bad_input_is_a_value_error_before_c() -> None:
     x, w = randn(2, 8, seed=0), weights_bf16(3, 8, 1)
     with pytest.raises(ValueError, match="bfloat16"):

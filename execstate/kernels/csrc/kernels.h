@@ -19,6 +19,7 @@ enum {
     ES_SCRATCH_ATTENTION,
     ES_SCRATCH_LAYER,
     ES_SCRATCH_SHARED_ROWS, /* es_linear_bf16dot's bf16 rows, shared by its team */
+    ES_SCRATCH_EPILOGUE,    /* a fused MoE's per-thread tile of products before its epilogue */
     ES_SCRATCH_SLOTS
 };
 void *es_scratch(int slot, size_t bytes);
@@ -60,6 +61,11 @@ void es_linear_rows_bf16dot(const float *const *xr, float *const *yr, int64_t M,
 int es_linear_bf16dot(const float *x, const uint16_t *w, float *y, int64_t M, int64_t K, int64_t N);
 int es_moe_bf16dot(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu, const uint16_t *w_d,
                    float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
+/* es_moe_bf16dot for many tokens, fused (moe_bf16dot.c): the same results bit for bit where
+ * es_moe_bf16dot_fused_applies(H, I, k). */
+int es_moe_bf16dot_fused_applies(int64_t H, int64_t I, int64_t k);
+int es_moe_bf16dot_fused(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu, const uint16_t *w_d,
+                         float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
 void es_linear_rows_bf16dot_emu(const float *const *xr, float *const *yr, int64_t M, const void *w, int64_t K,
                                 int64_t n0, int64_t n1);
 int es_linear_bf16dot_emu(const float *x, const uint16_t *w, float *y, int64_t M, int64_t K, int64_t N);
