@@ -138,6 +138,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 ctx: StepContext) -> torch.Tensor:
         n = x.shape[0]
+        fused = self._fused_projection(x, cos, sin, ctx)
+        if fused is not None:
+            return fused
         qkv = self.qkv_proj(x)
         if self._fused_prep(qkv, cos):
             q_w = None if self.q_norm is None else self.q_norm.weight
@@ -166,6 +169,30 @@ class Attention(nn.Module):
         k = RotaryEmbedding.apply(k, cos, sin)
         out = ctx.attention.forward(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(n, self.q_size))
+
+    def _fused_projection(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor | None:
+        """``forward``'s result with the q/k/v projection, QK-norm, RoPE and the K/V store in one
+        kernel (``cpu.linear_qkv_rope_to_cache``: the bits of the projection followed by
+        ``qkv_rope_to_cache``), or None where it does not apply: the conditions of ``_fused_prep``
+        and of ``PagedAttention.cache_rows``, and a projection the kernel multiplies (fp32 weights
+        on the kernels, or the bf16-arithmetic format; a prefill's rows)."""
+        proj, backend = self.qkv_proj, ctx.attention
+        if not (self.use_kernels and isinstance(backend, PagedAttention) and not proj.batch_invariant):
+            return None
+        bf16dot = proj.weight_format is WeightFormat.BF16_DOT
+        if not (bf16dot or (proj.weight_format is None and proj.use_kernels)):
+            return None
+        if not (cpu_kernels.use_linear_qkv(x, proj.weight, proj.bias, bf16dot) and self._fused_prep(x, cos)):
+            return None
+        rows = backend.cache_rows(self.layer_idx)
+        if rows is None:
+            return None
+        n = x.shape[0]
+        q_w = None if self.q_norm is None else self.q_norm.weight
+        k_w = None if self.k_norm is None else self.k_norm.weight
+        q = cpu_kernels.linear_qkv_rope_to_cache(x, proj.weight, proj.bias, bf16dot, cos.view(n, -1), sin.view(n, -1),
+                                                 q_w, k_w, self.eps, self.num_heads, self.head_dim, *rows)
+        return self.o_proj(backend.attend(self.layer_idx, q).reshape(n, self.q_size))
 
     def _fused_prep(self, qkv: torch.Tensor, cos: torch.Tensor) -> bool:
         """Whether ``cpu_kernels.qkv_rope`` can do this layer's split, QK-norm and RoPE:

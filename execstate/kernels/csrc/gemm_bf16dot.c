@@ -197,6 +197,45 @@ KB int es_linear_bf16dot(const float *x, const uint16_t *w, float *y, int64_t M,
     return 0;
 }
 
+/* es_linear_qkv_bf16dot (kernels.h): es_linear_bf16dot's split by rows for any shape, each thread's
+ * rows MB at a time rounded into its ES_SCRATCH_ROWS buffer and multiplied into its scratch
+ * block (block_rows: the bf16 dot order, so the same bits), then es_qkv_rope_rows on them; no y. */
+#define QKV_MB 64
+
+KB int es_linear_qkv_bf16dot(const float *x, const uint16_t *w, int64_t M, int64_t K, const EsQkvRope *e) {
+    if (!es_bf16dot_available()) return 3;
+    if (M <= 0) return 0;
+    const int64_t N = (e->nh + 2 * e->nkv) * e->d, kp = (K + 31) & ~(int64_t)31;
+    int oom = 0;
+#pragma omp parallel if (M * K * N >= PARALLEL_MIN_MACS)
+    {
+        int64_t lo, hi;
+        share(M, &lo, &hi);
+        uint16_t *xb = NULL;
+        float *yb = NULL;
+        if (lo < hi) {
+            xb = es_scratch(ES_SCRATCH_ROWS, sizeof(uint16_t) * (size_t)(QKV_MB * kp));
+            yb = es_scratch(ES_SCRATCH_EPILOGUE, sizeof(float) * (size_t)(QKV_MB * N));
+            if (!xb || !yb) {
+#pragma omp atomic write
+                oom = 1;
+            }
+        }
+#pragma omp barrier
+        float *yr[QKV_MB];
+        for (int64_t m = 0; m < QKV_MB && yb; m++) yr[m] = yb + m * N;
+        for (int64_t m0 = lo; m0 < hi && !oom; m0 += QKV_MB) {
+            const int64_t n = hi - m0 < QKV_MB ? hi - m0 : QKV_MB;
+            const float *xm[QKV_MB];
+            for (int64_t m = 0; m < n; m++) xm[m] = x + (m0 + m) * K;
+            round_rows(xm, xb, n, K, kp);
+            block_rows(xb, kp, (float *const *)yr, 0, n, w, K, 0, N, m0 == lo);
+            es_qkv_rope_rows(e, yb, m0, n);
+        }
+    }
+    return oom ? 2 : 0;
+}
+
 KB int es_moe_bf16dot(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu, const uint16_t *w_d,
                       float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I) {
     return es_moe_with(es_linear_rows_bf16dot, 32 * sizeof(uint16_t), x, ids, wts, w_gu, w_d, out, T, k, E, H, I);

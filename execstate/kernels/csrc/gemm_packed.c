@@ -320,6 +320,47 @@ static int linear_packed(const float *x, const void *w, int bf16, float *y, int6
     return oom ? 2 : 0;
 }
 
+/* Product rows per epilogue block (even: whole pairs): QKV_ROWS x N floats in this thread's
+ * scratch, still in its L2 when es_qkv_rope_rows reads them. */
+#define QKV_ROWS 64
+
+/* es_linear_qkv_packed_f32 (kernels.h): linear_packed's split by rows for any shape (each output
+ * the same dot product whichever way, so the same bits), each thread's rows QKV_ROWS at a time
+ * into its scratch, then es_qkv_rope_rows on them; no y. */
+int es_linear_qkv_packed_f32(const float *x, const float *w, int64_t M, int64_t K, const EsQkvRope *e) {
+    if (!es_gemm_packed_available()) return 3;
+    if (M <= 0) return 0;
+    const int64_t N = (e->nh + 2 * e->nkv) * e->d, k8 = K & ~(int64_t)7, pairs = (M + 1) / 2;
+    const size_t bytes[2] = {sizeof(float) * (size_t)(pairs * 2 * k8 + 16), sizeof(float *) * (size_t)M};
+    void *parts[2];
+    if (es_scratch_parts(ES_SCRATCH_PACKED, 2, bytes, parts)) return 2;
+    float *xp = parts[0];
+    const float **xr = parts[1];
+    int oom = 0;
+    for (int64_t m = 0; m < M; m++) xr[m] = x + m * K;
+#pragma omp parallel if (M * K * N >= PARALLEL_MIN_MACS)
+    {
+        const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+        const int64_t p0 = pairs * tid / nt, p1 = pairs * (tid + 1) / nt, r1 = 2 * p1 < M ? 2 * p1 : M;
+        const Weights wt = {w, 0, NULL};
+        float *yb = p1 > p0 ? es_scratch(ES_SCRATCH_EPILOGUE, sizeof(float) * (size_t)(QKV_ROWS * N)) : NULL;
+        if (p1 > p0 && !yb) {
+#pragma omp atomic write
+            oom = 1;
+        }
+#pragma omp barrier
+        if (!oom && p1 > p0) {
+            es_pack_pairs(xr, xp, M, K, p0, p1);
+            for (int64_t r0 = 2 * p0; r0 < r1; r0 += QKV_ROWS) {
+                const int64_t n = r1 - r0 < QKV_ROWS ? r1 - r0 : QKV_ROWS;
+                rows_block(xr + r0, xp + r0 * k8, wt, yb, N, n, K, 0, N, NULL);
+                es_qkv_rope_rows(e, yb, r0, n);
+            }
+        }
+    }
+    return oom ? 2 : 0;
+}
+
 int es_linear_packed_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N) {
     return linear_packed(x, w, 0, y, M, K, N);
 }
