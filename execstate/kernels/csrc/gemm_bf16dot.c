@@ -200,10 +200,10 @@ KB int es_linear_bf16dot(const float *x, const uint16_t *w, float *y, int64_t M,
 /* es_linear_qkv_bf16dot (kernels.h): es_linear_bf16dot's split by rows for any shape, each thread's
  * rows QKV_MB at a time rounded into its ES_SCRATCH_ROWS buffer and multiplied into its scratch
  * block (block_rows: the bf16 dot order, so the same bits), then es_qkv_rope_rows on them while
- * the block is in L2; no y. Every block prefetches the weights (they left L2 with the block
- * before). Blocks of 32, 64 and 128 rows, with and without the prefetch, measured within noise
- * of each other (the standard MoE's q/k/v, 2,048 rows, 1 and 2 threads). */
-#define QKV_MB 128
+ * the block is in L2; no y. The first block prefetches the weights, as es_linear_bf16dot (on
+ * every block: 0.2-0.3 ms slower a call; blocks of 32-128 rows within noise of each other; the
+ * standard MoE's q/k/v, 2,048 rows, one thread). */
+#define QKV_MB 64
 
 KB int es_linear_qkv_bf16dot(const float *x, const uint16_t *w, int64_t M, int64_t K, const EsQkvRope *e) {
     if (!es_bf16dot_available()) return 3;
@@ -232,7 +232,7 @@ KB int es_linear_qkv_bf16dot(const float *x, const uint16_t *w, int64_t M, int64
             const float *xm[QKV_MB];
             for (int64_t m = 0; m < n; m++) xm[m] = x + (m0 + m) * K;
             round_rows(xm, xb, n, K, kp);
-            block_rows(xb, kp, (float *const *)yr, 0, n, w, K, 0, N, 1);
+            block_rows(xb, kp, (float *const *)yr, 0, n, w, K, 0, N, m0 == lo);
             es_qkv_rope_rows(e, yb, m0, n);
         }
     }
