@@ -170,7 +170,8 @@ class Attention(nn.Module):
         out = ctx.attention.forward(self.layer_idx, q, k, v)
         return self.o_proj(out.reshape(n, self.q_size))
 
-    def _fused_projection(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor | None:
+    def _fused_projection(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          ctx: StepContext) -> torch.Tensor | None:
         """``forward``'s result with the q/k/v projection, QK-norm, RoPE and the K/V store in one
         kernel (``cpu.linear_qkv_rope_to_cache``: the bits of the projection followed by
         ``qkv_rope_to_cache``), or None where it does not apply: the conditions of ``_fused_prep``

@@ -17,8 +17,8 @@ import pytest
 import torch
 from kernel_helpers import with_threads
 
-from execstate.model.context import RouteCapture, StepContext
 from execstate.kernels import cpu, gemm_bf16dot
+from execstate.model.context import RouteCapture, StepContext
 from execstate.model.decoder_layer import DecoderLayer
 from execstate.model.layers import Attention
 from execstate.model.loader import load_model
