@@ -63,8 +63,12 @@ class DecoderLayer(nn.Module):
         else:
             x = x + pending
             h = norm(x)
-        a = self.attn(h, cos, sin, ctx)
         post = self.post_attn_norm
+        if self.fuses_residuals(x) and self.attn.projects_with_norm(x.shape[0]):  # the add and norm in the o-proj
+            x, h = self.attn.project_add_norm(self.attn.attend(h, cos, sin, ctx), x, post)
+            m = self.mlp(h, ctx) if isinstance(self.mlp, SparseMoE) else self.mlp(h)
+            return (x, m) if cpu_kernels.use_rows(m) else (x + m, None)
+        a = self.attn(h, cos, sin, ctx)
         if not (self.fuses_residuals(x) and cpu_kernels.use_rows(a)):
             x = x + a
             h = post(x)

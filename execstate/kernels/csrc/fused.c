@@ -84,6 +84,22 @@ KT void es_add_rms_norm_f32(const float *x, const float *a, const float *w, floa
     }
 }
 
+/* The o-proj linear's epilogue (es_linear_add_norm_*): rows y[0..n) of the product (tokens t0 ..
+ * t0 + n), bias added in place first (torch's y.add_(bias)), then es_add_rms_norm_f32's work with
+ * a = y: s = x + a, out = rms_norm(s) * w, the same operations, so the same bits. */
+KT void es_add_rms_rows(const EsAddNorm *e, float *y, int64_t t0, int64_t n) {
+    const int64_t H = e->H;
+    for (int64_t r = 0; r < n; r++) {
+        float *at = y + r * H;
+        const float *xt = e->x + (t0 + r) * H;
+        float *st = e->s + (t0 + r) * H;
+        if (e->bias)
+            for (int64_t i = 0; i < H; i++) at[i] = at[i] + e->bias[i];
+        for (int64_t i = 0; i < H; i++) st[i] = xt[i] + at[i];
+        rms_row(st, e->w, e->out + (t0 + r) * H, H, e->eps);
+    }
+}
+
 /* Rotate one head of d in place ("rotate_half" layout):
  * y[i] = x[i] cos[i] - x[i + d/2] sin[i], y[i + d/2] = x[i + d/2] cos[i + d/2] + x[i] sin[i + d/2]. */
 static inline void rope_head(float *x, const float *cos, const float *sin, int64_t d) {

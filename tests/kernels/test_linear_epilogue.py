@@ -1,12 +1,13 @@
-"""``cpu.linear_qkv_rope_to_cache``: the q/k/v projection with the bias add, QK-norm, RoPE and the
-K/V store as its epilogue.
+"""The linears with an epilogue: ``cpu.linear_qkv_rope_to_cache`` (the q/k/v projection with the
+bias add, QK-norm, RoPE and the K/V store) and ``cpu.linear_add_rms_norm`` (the o-proj with the
+bias add, the residual add and the next RMSNorm).
 
 Oracle: the unfused path it replaces, the linear (``cpu.linear`` for fp32 weights,
 ``linear_bf16dot`` for the bf16-arithmetic format), ``y + bias`` and ``cpu.qkv_rope_to_cache``:
 q and every K/V row of the cache equal bit for bit, nothing written beside the slots, for row
 counts around the kernel's blocks and the threads' shares, K with and without the GEMMs' tails,
 head sizes on the 16-lane epilogue (d % 32 == 0) and off it, QK-norm and bias on and off, 1-3
-threads.
+threads; for ``linear_add_rms_norm`` the linear, ``y + bias`` and ``cpu.add_rms_norm``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def test_fused_projection_equals_the_projection_then_qkv_rope_to_cache_bitwise(t
                                                                               d: int, norm: bool, bias: bool,
                                                                               bf16dot: bool, threads: int) -> None:
     x, w, b, cos, sin, qn, kn, slots, n_slots = _inputs(t, k, nh, nkv, d, norm, bias, bf16dot, seed=t + k + d)
-    assert cpu.use_linear_qkv(x, w, b, bf16dot)
+    assert cpu.use_linear_epilogue(t, w, b, bf16dot)
     caches = [tuple(torch.full((n_slots, nkv, d), float("nan")) for _ in range(2)) for _ in range(2)]
     q = with_threads(threads, lambda: cpu.linear_qkv_rope_to_cache(x, w, b, bf16dot, cos, sin, qn, kn, 1e-6, nh, d,
                                                                    *caches[0], slots))
@@ -95,8 +96,46 @@ def test_bad_input_writes_nothing_and_the_gate() -> None:
         with pytest.raises(ValueError, match=message):
             call(**change)
         assert not kc.any() and not vc.any()
-    assert cpu.use_linear_qkv(x, w, b, False) and not cpu.use_linear_qkv(x, w, b, True)  # fp32 w: not the bf16 dot
-    assert not cpu.use_linear_qkv(x[: cpu.MIN_PACKED_ROWS - 1], w, b, False)  # a decode's rows: the unfused path
-    assert not cpu.use_linear_qkv(x, w, b.bfloat16(), False)
-    assert not cpu.use_linear_qkv(x, w.bfloat16(), b, False)  # bf16 weights, fp32 arithmetic: the unfused path
-    assert cpu.use_linear_qkv(x, w.bfloat16(), b, True) == gemm_bf16dot.NATIVE
+    assert cpu.use_linear_epilogue(t, w, b, False) and not cpu.use_linear_epilogue(t, w, b, True)  # not the bf16 dot
+    assert not cpu.use_linear_epilogue(cpu.MIN_PACKED_ROWS - 1, w, b, False)  # a decode's rows: the unfused path
+    assert not cpu.use_linear_epilogue(t, w, b.bfloat16(), False)
+    assert not cpu.use_linear_epilogue(t, w.bfloat16(), b, False)  # bf16 weights, fp32 arithmetic: the unfused path
+    assert cpu.use_linear_epilogue(t, w.bfloat16(), b, True) == gemm_bf16dot.NATIVE
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("bf16dot", BF16DOT)
+@pytest.mark.parametrize(("t", "k", "h", "bias"), [(300, 64, 96, False), (257, 77, 40, True), (12, 8, 13, True),
+                                                   (129, 512, 512, False)])
+def test_fused_add_norm_equals_the_projection_then_add_rms_norm_bitwise(t: int, k: int, h: int, bias: bool,
+                                                                        bf16dot: bool, threads: int) -> None:
+    a = randn(t, k, seed=70 + t)
+    w = randn(h, k, seed=71) * k**-0.5
+    w = w.bfloat16() if bf16dot else w
+    b = randn(h, seed=72) if bias else None
+    x, norm = randn(t, h, seed=73), randn(h, seed=74)
+    assert cpu.use_linear_epilogue(t, w, b, bf16dot)
+    s, out = with_threads(threads, lambda: cpu.linear_add_rms_norm(a, w, b, bf16dot, x, norm, 1e-5))
+
+    def unfused():
+        y = linear_bf16dot(a, w) if bf16dot else cpu.linear(a, w)
+        return cpu.add_rms_norm(x, y if b is None else y.add_(b), norm, 1e-5)
+
+    rs, rout = with_threads(threads, unfused)
+    assert s.shape == out.shape == (t, h) and torch.isfinite(out).all()
+    assert torch.equal(s, rs) and torch.equal(out, rout)
+    y = a.double() @ w.double().T + (0 if b is None else b.double())  # the values are the right ones
+    torch.testing.assert_close(s.double(), x.double() + y, rtol=2e-2, atol=2e-2)
+
+
+def test_fused_add_norm_bad_input() -> None:
+    a, w, x, norm = randn(16, 8, seed=80), randn(12, 8, seed=81), randn(16, 12, seed=82), randn(12, seed=83)
+    cases = [(dict(x=x[:, :-1].contiguous()), "x \\(16, 11\\), norm \\(12,\\) for 16 rows of 12"),
+             (dict(norm=norm[:-1].contiguous()), "norm \\(11,\\) for 16 rows of 12"),
+             (dict(w=w[:, :-1].contiguous()), "x has 8 features, weight expects 7"),
+             (dict(b=randn(11, seed=84)), "bias of 11 for 12 outputs"),
+             (dict(x=x.t()), "x must be a contiguous float32")]
+    for change, message in cases:
+        args = {**dict(a=a, w=w, b=None, x=x, norm=norm), **change}
+        with pytest.raises(ValueError, match=message):
+            cpu.linear_add_rms_norm(args["a"], args["w"], args["b"], False, args["x"], args["norm"], 1e-5)
