@@ -37,8 +37,8 @@ from execstate.kernels.gemm_bf16 import (
     use_linear_bf16,
     use_moe_bf16,
 )
-from execstate.kernels.paged_decode import PagedDecode
 from execstate.kernels.linear_epilogue import linear_add_rms_norm, linear_qkv_rope_to_cache, use_linear_epilogue
+from execstate.kernels.paged_decode import PagedDecode
 
 __all__ = [
     "add_rms_norm",

@@ -1,7 +1,8 @@
 """One decoder block of the causal LM (``transformer.CausalLM.layers``).
 
 Pre-norm: ``x + attn(norm(x))`` then ``x + mlp(norm(x))`` (on the CPU kernels the first residual
-add and the norm after it are one pass, ``cpu_kernels.add_rms_norm``: the same bits; ``forward_parts``
+add and the norm after it are one pass, ``cpu_kernels.add_rms_norm``, or for a prefill's rows the
+o-proj's epilogue, ``Attention.project_add_norm``: the same bits; ``forward_parts``
 leaves the second to the next block's norm, or the model's final one, in the same way); ``mlp`` is a dense SwiGLU
 (``GatedMLP``) or a ``SparseMoE`` for the layers ``config.moe_layers`` lists. Its own module so
 that the whole-layer decode path (``decode_path.py``), which reads a layer's weights, and the
