@@ -6,7 +6,9 @@
   many-row (prefill) calls, on the register-blocked kernels of ``csrc/gemm_packed.c`` (same bits);
 - ``gemm_bf16``: the same two with bf16 weights (fp32 activations and sums), ``KERNEL_SET_BF16``;
 - ``paged_decode``: decode attention on the paged cache's block tables;
-- ``fused``: RMSNorm, q/k/v split + QK-norm + RoPE (or with k/v stored straight into the KV cache), SwiGLU gate.
+- ``fused``: RMSNorm, q/k/v split + QK-norm + RoPE (or with k/v stored straight into the KV cache), SwiGLU gate;
+- ``linear_epilogue``: the prefill's q/k/v projection with that split, QK-norm, RoPE and K/V store as its
+  epilogue, and the o-proj with the residual add and the next RMSNorm as its.
 
 Call sites go through this module's attributes (``cpu.linear(...)``), so one place decides
 what runs. Numerics: deterministic and batch-invariant, not bitwise equal to torch's; the
@@ -35,6 +37,7 @@ from execstate.kernels.gemm_bf16 import (
     use_linear_bf16,
     use_moe_bf16,
 )
+from execstate.kernels.linear_epilogue import linear_add_rms_norm, linear_qkv_rope_to_cache, use_linear_epilogue
 from execstate.kernels.paged_decode import PagedDecode
 
 __all__ = [
@@ -47,7 +50,9 @@ __all__ = [
     "PagedDecode",
     "available",
     "linear",
+    "linear_add_rms_norm",
     "linear_if_small",
+    "linear_qkv_rope_to_cache",
     "max_threads",
     "moe",
     "qkv_rope",
@@ -57,6 +62,7 @@ __all__ = [
     "silu_mul",
     "unavailable_reason",
     "use_linear",
+    "use_linear_epilogue",
     "use_moe",
     "use_rows",
     "KERNEL_SET_BF16",

@@ -104,11 +104,17 @@ def _check_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: 
                k_norm: torch.Tensor | None, num_heads: int, num_kv_heads: int, head_dim: int) -> int:
     """The token count of ``qkv_rope``'s inputs; ``ValueError`` when they do not fit together."""
     require(qkv, "qkv", 2)
+    return check_rope(qkv.shape[0], qkv.shape[1], cos, sin, q_norm, k_norm, num_heads, num_kv_heads, head_dim)
+
+
+def check_rope(t: int, width: int, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
+               k_norm: torch.Tensor | None, num_heads: int, num_kv_heads: int, head_dim: int) -> int:
+    """``t``, for q/k/v rows of ``width`` of ``t`` tokens and their RoPE tables and QK-norm weights;
+    ``ValueError`` when they do not fit together."""
     require(cos, "cos", 2)
     require(sin, "sin", 2)
-    t = qkv.shape[0]
-    if qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim or head_dim % 2:
-        raise ValueError(f"qkv_rope: qkv rows of {qkv.shape[1]} for {num_heads}+2x{num_kv_heads} heads of {head_dim}")
+    if width != (num_heads + 2 * num_kv_heads) * head_dim or head_dim % 2:
+        raise ValueError(f"qkv_rope: qkv rows of {width} for {num_heads}+2x{num_kv_heads} heads of {head_dim}")
     if tuple(cos.shape) != (t, head_dim) or tuple(sin.shape) != (t, head_dim):
         raise ValueError(f"qkv_rope: cos/sin must be [{t}, {head_dim}], got {tuple(cos.shape)}, {tuple(sin.shape)}")
     if (q_norm is None) != (k_norm is None):

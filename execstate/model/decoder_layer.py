@@ -1,7 +1,8 @@
 """One decoder block of the causal LM (``transformer.CausalLM.layers``).
 
 Pre-norm: ``x + attn(norm(x))`` then ``x + mlp(norm(x))`` (on the CPU kernels the first residual
-add and the norm after it are one pass, ``cpu_kernels.add_rms_norm``: the same bits; ``forward_parts``
+add and the norm after it are one pass, ``cpu_kernels.add_rms_norm``, or for a prefill's rows the
+o-proj's epilogue, ``Attention.project_add_norm``: the same bits; ``forward_parts``
 leaves the second to the next block's norm, or the model's final one, in the same way); ``mlp`` is a dense SwiGLU
 (``GatedMLP``) or a ``SparseMoE`` for the layers ``config.moe_layers`` lists. Its own module so
 that the whole-layer decode path (``decode_path.py``), which reads a layer's weights, and the
@@ -63,8 +64,12 @@ class DecoderLayer(nn.Module):
         else:
             x = x + pending
             h = norm(x)
-        a = self.attn(h, cos, sin, ctx)
         post = self.post_attn_norm
+        if self.fuses_residuals(x) and self.attn.projects_with_norm(x.shape[0]):  # the add and norm in the o-proj
+            x, h = self.attn.project_add_norm(self.attn.attend(h, cos, sin, ctx), x, post)
+            m = self.mlp(h, ctx) if isinstance(self.mlp, SparseMoE) else self.mlp(h)
+            return (x, m) if cpu_kernels.use_rows(m) else (x + m, None)
+        a = self.attn(h, cos, sin, ctx)
         if not (self.fuses_residuals(x) and cpu_kernels.use_rows(a)):
             x = x + a
             h = post(x)

@@ -137,7 +137,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 ctx: StepContext) -> torch.Tensor:
+        return self.o_proj(self.attend(x, cos, sin, ctx))
+
+    def attend(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """``forward`` without the output projection: the attention's output ``[T, n_heads * head_dim]``."""
         n = x.shape[0]
+        fused = self._fused_projection(x, cos, sin, ctx)
+        if fused is not None:
+            return fused
         qkv = self.qkv_proj(x)
         if self._fused_prep(qkv, cos):
             q_w = None if self.q_norm is None else self.q_norm.weight
@@ -147,11 +154,11 @@ class Attention(nn.Module):
             if isinstance(backend, PagedAttention) and rows is not None:  # k/v straight into the cache
                 q = cpu_kernels.qkv_rope_to_cache(qkv, cos.view(n, -1), sin.view(n, -1), q_w, k_w, self.eps,
                                                   self.num_heads, self.head_dim, *rows)
-                return self.o_proj(backend.attend(self.layer_idx, q).reshape(n, self.q_size))
+                return backend.attend(self.layer_idx, q).reshape(n, self.q_size)
             q, k, v = cpu_kernels.qkv_rope(qkv, cos.view(n, -1), sin.view(n, -1), q_w, k_w, self.eps,
                                            self.num_heads, self.num_kv_heads, self.head_dim)
             out = ctx.attention.forward(self.layer_idx, q, k, v)
-            return self.o_proj(out.reshape(n, self.q_size))
+            return out.reshape(n, self.q_size)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None and self.k_norm is not None and not self.per_head_norm:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -165,7 +172,51 @@ class Attention(nn.Module):
         q = RotaryEmbedding.apply(q, cos, sin)
         k = RotaryEmbedding.apply(k, cos, sin)
         out = ctx.attention.forward(self.layer_idx, q, k, v)
-        return self.o_proj(out.reshape(n, self.q_size))
+        return out.reshape(n, self.q_size)
+
+    def _fused_projection(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          ctx: StepContext) -> torch.Tensor | None:
+        """``attend``'s result with the q/k/v projection, QK-norm, RoPE and the K/V store in one
+        kernel (``cpu.linear_qkv_rope_to_cache``: the bits of the projection followed by
+        ``qkv_rope_to_cache``), or None where it does not apply: the conditions of ``_fused_prep``
+        and of ``PagedAttention.cache_rows``, and a projection the kernel multiplies (fp32 weights
+        on the kernels, or the bf16-arithmetic format; a prefill's rows)."""
+        proj, backend = self.qkv_proj, ctx.attention
+        if not (isinstance(backend, PagedAttention) and self._epilogue_takes(proj, x.shape[0])):
+            return None
+        if not (cpu_kernels.use_rows(x) and x.shape[1] == proj.weight.shape[1] and self._fused_prep(x, cos)):
+            return None
+        rows = backend.cache_rows(self.layer_idx)
+        if rows is None:
+            return None
+        n = x.shape[0]
+        q_w = None if self.q_norm is None else self.q_norm.weight
+        k_w = None if self.k_norm is None else self.k_norm.weight
+        q = cpu_kernels.linear_qkv_rope_to_cache(x, proj.weight, proj.bias, _bf16dot(proj), cos.view(n, -1),
+                                                 sin.view(n, -1), q_w, k_w, self.eps, self.num_heads, self.head_dim,
+                                                 *rows)
+        return backend.attend(self.layer_idx, q).reshape(n, self.q_size)
+
+    def projects_with_norm(self, rows: int) -> bool:
+        """Whether ``project_add_norm`` runs the o-proj with the residual add and norm as its epilogue
+        for ``rows`` rows (a prefill's, on the kernels)."""
+        return self._epilogue_takes(self.o_proj, rows)
+
+    def project_add_norm(self, o: torch.Tensor, x: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cpu_kernels.add_rms_norm(x, self.o_proj(o), norm.weight, norm.eps)`` in one kernel
+        (``linear_add_rms_norm``, the same bits), where ``projects_with_norm``; ``o`` from ``attend``."""
+        proj = self.o_proj
+        return cpu_kernels.linear_add_rms_norm(o.contiguous(), proj.weight, proj.bias, _bf16dot(proj), x, norm.weight,
+                                               norm.eps)
+
+    def _epilogue_takes(self, proj: Linear, rows: int) -> bool:
+        """Whether ``proj`` multiplies on the kernels with an epilogue (``cpu.use_linear_epilogue``):
+        kernels on, fp32 weights on the kernels or the bf16-arithmetic format."""
+        if not self.use_kernels or proj.batch_invariant:
+            return False
+        if not (_bf16dot(proj) or (proj.weight_format is None and proj.use_kernels)):
+            return False
+        return cpu_kernels.use_linear_epilogue(rows, proj.weight, proj.bias, _bf16dot(proj))
 
     def _fused_prep(self, qkv: torch.Tensor, cos: torch.Tensor) -> bool:
         """Whether ``cpu_kernels.qkv_rope`` can do this layer's split, QK-norm and RoPE:
@@ -176,3 +227,8 @@ class Attention(nn.Module):
         if self.q_norm is None or self.k_norm is None:
             return self.q_norm is None and self.k_norm is None
         return self.per_head_norm and self.q_norm.eps == self.eps == self.k_norm.eps
+
+
+def _bf16dot(proj: Linear) -> bool:
+    """Whether ``proj`` multiplies in the bf16 dot order (the bf16-arithmetic format)."""
+    return proj.weight_format is WeightFormat.BF16_DOT

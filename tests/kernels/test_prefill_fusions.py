@@ -1,6 +1,8 @@
 """The prefill path's fusions on the CPU kernels: k/v stored straight into the KV cache by the
-q/k/v split (``cpu.qkv_rope_to_cache``, ``PagedAttention.cache_rows`` / ``attend``) and each
-block's MLP residual add done with the next norm (``DecoderLayer.forward_parts``).
+q/k/v split (``cpu.qkv_rope_to_cache``, ``PagedAttention.cache_rows`` / ``attend``), that split
+with QK-norm and RoPE as the q/k/v projection's epilogue (``cpu.linear_qkv_rope_to_cache``,
+``Attention._fused_projection``) and each block's MLP residual add done with the next norm
+(``DecoderLayer.forward_parts``).
 
 Oracle: the same model with both switched off (``cache_rows`` None: q/k/v tensors and the pool's
 own write; ``fuses_residuals`` False: the block's ``forward``). The numerics contract says they
@@ -15,8 +17,10 @@ import pytest
 import torch
 from kernel_helpers import with_threads
 
+from execstate.kernels import cpu, gemm_bf16dot
 from execstate.model.context import RouteCapture, StepContext
 from execstate.model.decoder_layer import DecoderLayer
+from execstate.model.layers import Attention
 from execstate.model.loader import load_model
 from execstate.model.paged_attention import PagedAttention, SeqSpan
 from execstate.model.random_models import make_random
@@ -104,6 +108,31 @@ def test_fused_prefill_equals_the_unfused_path_bitwise(model_dirs, arch: str, mo
     assert pool.k.abs().sum() > 0  # the K/V rows were written
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("mode", ["fp32", "bf16"])
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("epilogue", ["q/k/v", "o-proj"])
+def test_each_projections_epilogue_equals_the_pass_after_it_bitwise(model_dirs, epilogue: str, arch: str, mode: str,
+                                                                    threads: int,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """One projection's epilogue switched off against all on: the q/k/v projection then
+    ``qkv_rope_to_cache``, or the o-proj then ``add_rms_norm``; steps of 99 rows (one span after
+    cached context) and of 300 (blocks of the kernels' rows on each thread)."""
+    model = _model(model_dirs[arch], mode)
+    for kw in (dict(lens=[41, 41, 17], cached=[0, 7, 0], kv_dtype=torch.float32, seed=12),
+               dict(lens=[300], cached=[0], kv_dtype=torch.float32, seed=13)):
+        h, r, pool = with_threads(threads, lambda kw=kw: _run(model, **kw))
+        with monkeypatch.context() as m:
+            if epilogue == "q/k/v":
+                m.setattr(Attention, "_fused_projection", lambda self, x, cos, sin, ctx: None)
+            else:
+                m.setattr(Attention, "projects_with_norm", lambda self, rows: False)
+            h0, r0, pool0 = with_threads(threads, lambda kw=kw: _run(model, **kw))
+        assert torch.isfinite(h).all() and torch.equal(h, h0)
+        assert (r is None and r0 is None) or torch.equal(r, r0)
+        assert torch.equal(pool.k, pool0.k) and torch.equal(pool.v, pool0.v)
+
+
 def test_the_fusions_are_taken_and_a_bf16_pool_keeps_the_pools_write(model_dirs,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     model = _model(model_dirs["qwen3_moe"], "fp32")
@@ -119,15 +148,37 @@ def test_the_fusions_are_taken_and_a_bf16_pool_keeps_the_pools_write(model_dirs,
         calls["parts"] += 1
         return real_parts(self, *a, **k)
 
+    calls.update(proj=0, o=0)
+    real_proj, real_o = cpu.linear_qkv_rope_to_cache, cpu.linear_add_rms_norm
+
+    def proj(*a, **k):
+        calls["proj"] += 1
+        return real_proj(*a, **k)
+
+    def o_proj(*a, **k):
+        calls["o"] += 1
+        return real_o(*a, **k)
+
     monkeypatch.setattr(PagedAttention, "cache_rows", rows)
     monkeypatch.setattr(DecoderLayer, "forward_parts", parts)
+    monkeypatch.setattr(cpu, "linear_qkv_rope_to_cache", proj)
+    monkeypatch.setattr(cpu, "linear_add_rms_norm", o_proj)
     n_layers = model.config.num_layers
     _run(model, lens=[40], cached=[0], kv_dtype=torch.float32, seed=3)
-    assert calls == {"rows": n_layers, "parts": n_layers}
-    calls.update(rows=0, parts=0)
+    fused = n_layers if cpu.PACKED else 0
+    assert calls == {"rows": n_layers, "parts": n_layers, "proj": fused, "o": fused}
+    calls.update(rows=0, parts=0, proj=0, o=0)
     h, _, pool = _run(model, lens=[40], cached=[0], kv_dtype=torch.bfloat16, seed=3)
-    assert calls == {"rows": 0, "parts": n_layers}  # a bf16 pool: the pool rounds k/v itself
+    assert calls == {"rows": 0, "parts": n_layers, "proj": 0, "o": fused}  # a bf16 pool: the pool rounds k/v itself
     assert pool.k.abs().sum() > 0 and torch.isfinite(h).all()
+    calls.update(rows=0, parts=0, proj=0, o=0)
+    _run(_model(model_dirs["qwen3_moe"], "bf16"), lens=[40], cached=[0], kv_dtype=torch.float32, seed=3)
+    native = n_layers if gemm_bf16dot.NATIVE else 0
+    assert calls["proj"] == calls["o"] == native  # bf16 arithmetic (not its emulation)
+    calls.update(rows=0, parts=0, proj=0, o=0)
+    olmoe = _model(model_dirs["olmoe"], "fp32")
+    _run(olmoe, lens=[40], cached=[0], kv_dtype=torch.float32, seed=3)
+    assert calls["proj"] == 0 and calls["o"] == olmoe.config.num_layers * bool(cpu.PACKED)  # clip_qkv: the torch split
 
 
 def test_slot_mapping_of_long_and_short_spans_in_order(monkeypatch: pytest.MonkeyPatch) -> None:

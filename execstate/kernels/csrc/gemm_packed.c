@@ -363,6 +363,62 @@ static int linear_packed(const float *x, const void *w, int bf16, float *y, int6
     return oom ? 2 : 0;
 }
 
+/* Product rows per epilogue block (even: whole pairs): EPI_ROWS x N floats in this thread's
+ * scratch, still in its L2 when es_qkv_rope_rows reads them (32, 64 and 128 measured within
+ * noise of each other on the standard MoE's q/k/v). */
+#define EPI_ROWS 128
+
+/* A linear's epilogue: rows y[0..n) of the product, tokens t0 .. t0 + n (es_qkv_rope_rows, es_add_rms_rows). */
+typedef void (*Epilogue)(const void *e, float *y, int64_t t0, int64_t n);
+static void qkv_epilogue(const void *e, float *y, int64_t t0, int64_t n) { es_qkv_rope_rows(e, y, t0, n); }
+static void add_norm_epilogue(const void *e, float *y, int64_t t0, int64_t n) { es_add_rms_rows(e, y, t0, n); }
+
+/* es_linear_qkv_packed_f32 / es_linear_add_norm_packed_f32 (kernels.h): linear_packed's split by
+ * rows for any shape (each output the same dot product whichever way, so the same bits), each
+ * thread's rows EPI_ROWS at a time into its scratch, then the epilogue on them; no y. */
+static int linear_epilogue(const float *x, const float *w, int64_t M, int64_t K, int64_t N, Epilogue epi,
+                           const void *e) {
+    if (!es_gemm_packed_available()) return 3;
+    if (M <= 0) return 0;
+    const int64_t k8 = K & ~(int64_t)7, pairs = (M + 1) / 2;
+    const size_t bytes[2] = {sizeof(float) * (size_t)(pairs * 2 * k8 + 16), sizeof(float *) * (size_t)M};
+    void *parts[2];
+    if (es_scratch_parts(ES_SCRATCH_PACKED, 2, bytes, parts)) return 2;
+    float *xp = parts[0];
+    const float **xr = parts[1];
+    int oom = 0;
+    for (int64_t m = 0; m < M; m++) xr[m] = x + m * K;
+#pragma omp parallel if (M * K * N >= PARALLEL_MIN_MACS)
+    {
+        const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+        const int64_t p0 = pairs * tid / nt, p1 = pairs * (tid + 1) / nt, r1 = 2 * p1 < M ? 2 * p1 : M;
+        const Weights wt = {w, 0, NULL};
+        float *yb = p1 > p0 ? es_scratch(ES_SCRATCH_EPILOGUE, sizeof(float) * (size_t)(EPI_ROWS * N)) : NULL;
+        if (p1 > p0 && !yb) {
+#pragma omp atomic write
+            oom = 1;
+        }
+#pragma omp barrier
+        if (!oom && p1 > p0) {
+            es_pack_pairs(xr, xp, M, K, p0, p1);
+            for (int64_t r0 = 2 * p0; r0 < r1; r0 += EPI_ROWS) {
+                const int64_t n = r1 - r0 < EPI_ROWS ? r1 - r0 : EPI_ROWS;
+                rows_block(xr + r0, xp + r0 * k8, wt, yb, N, n, K, 0, N, NULL);
+                epi(e, yb, r0, n);
+            }
+        }
+    }
+    return oom ? 2 : 0;
+}
+
+int es_linear_qkv_packed_f32(const float *x, const float *w, int64_t M, int64_t K, const EsQkvRope *e) {
+    return linear_epilogue(x, w, M, K, (e->nh + 2 * e->nkv) * e->d, qkv_epilogue, e);
+}
+
+int es_linear_add_norm_packed_f32(const float *a, const float *w, int64_t M, int64_t K, const EsAddNorm *e) {
+    return linear_epilogue(a, w, M, K, e->H, add_norm_epilogue, e);
+}
+
 int es_linear_packed_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N) {
     return linear_packed(x, w, 0, y, M, K, N);
 }

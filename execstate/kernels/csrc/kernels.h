@@ -19,7 +19,7 @@ enum {
     ES_SCRATCH_ATTENTION,
     ES_SCRATCH_LAYER,
     ES_SCRATCH_SHARED_ROWS, /* es_linear_bf16dot's bf16 rows, shared by its team */
-    ES_SCRATCH_EPILOGUE,    /* a fused MoE's per-thread tile of products before its epilogue */
+    ES_SCRATCH_EPILOGUE,    /* this thread's block of product rows before its epilogue (es_linear_qkv_*, the fused MoE) */
     ES_SCRATCH_SLOTS
 };
 void *es_scratch(int slot, size_t bytes);
@@ -121,6 +121,38 @@ void es_qkv_rope_f32(const float *qkv, const float *cos, const float *sin, const
 void es_qkv_rope_head(const float *qkv, const float *cos, const float *sin, const float *qw, const float *kw,
                       float eps, float *q, float *k, float *v, int64_t t, int64_t head, int64_t nh, int64_t nkv,
                       int64_t d);
+/* The q/k/v linear's epilogue: what es_qkv_rope_f32 does with the product's rows, plus the
+ * linear's bias. q [T, nh, d]; k, v [S, nkv, d] with token t's rows at slots[t] (row t without
+ * slots); bias [(nh + 2 nkv) d] or NULL; qw, kw [d] (both or neither); cos, sin [T, d]. */
+typedef struct {
+    const float *bias, *cos, *sin, *qw, *kw;
+    float eps;
+    float *q, *k, *v;
+    const int64_t *slots;
+    int64_t nh, nkv, d;
+} EsQkvRope;
+/* fused.c: rows y[0..n) of the q/k/v product, tokens t0 .. t0 + n (y modified: the bias added) */
+void es_qkv_rope_rows(const EsQkvRope *e, float *y, int64_t t0, int64_t n);
+/* y = x @ w^T (w [N, K], N = (nh + 2 nkv) d) with es_qkv_rope_rows as its epilogue, each thread a
+ * share of x's rows, a block of rows at a time, the product's rows in this thread's scratch (no
+ * y): the bits of the linear (es_linear_packed_f32 / es_linear_bf16dot), the bias add and
+ * es_qkv_rope_f32. 0, 2 when out of memory, 3 without AVX-512 (-BF16). */
+int es_linear_qkv_packed_f32(const float *x, const float *w, int64_t M, int64_t K, const EsQkvRope *e);
+int es_linear_qkv_bf16dot(const float *x, const uint16_t *w, int64_t M, int64_t K, const EsQkvRope *e);
+/* The pre-norm block's residual add and the next RMSNorm after a linear: s[T, H] = x + (a + bias),
+ * out = rms_norm(s) * w, a the linear's rows (bias [H] or NULL). */
+typedef struct {
+    const float *bias, *x, *w;
+    float *s, *out;
+    float eps;
+    int64_t H;
+} EsAddNorm;
+/* fused.c: rows y[0..n) of the linear's product, tokens t0 .. t0 + n (y modified: the bias added) */
+void es_add_rms_rows(const EsAddNorm *e, float *y, int64_t t0, int64_t n);
+/* y = a @ w^T (w [H, K]) with es_add_rms_rows as its epilogue, as es_linear_qkv_*: the bits of the
+ * linear, the bias add and es_add_rms_norm_f32, no y. 0, 2 when out of memory, 3 without AVX-512 (-BF16). */
+int es_linear_add_norm_packed_f32(const float *a, const float *w, int64_t M, int64_t K, const EsAddNorm *e);
+int es_linear_add_norm_bf16dot(const float *a, const uint16_t *w, int64_t M, int64_t K, const EsAddNorm *e);
 /* decode_moe.c: SparseMoE.route's routing on the kernels (softmax, top-k, forced rows, the
  * top-k renormalised); probs: E floats of scratch. 0, or 1 when a forced id is outside [0, E). */
 int es_route(const float *logits, int64_t T, int64_t E, int64_t k, const int64_t *forced, const uint8_t *mask,

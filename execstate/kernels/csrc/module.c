@@ -357,6 +357,51 @@ static PyObject *py_qkv_rope(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_linear_qkv(PyObject *self, PyObject *args) {
+    unsigned long long x, w, bias, cos, sin, qw, kw, q, k, v, slots;
+    Py_ssize_t M, K, nh, nkv, d, n_slots;
+    int bf16dot, status;
+    float eps;
+    if (!PyArg_ParseTuple(args, "pKKnnKKKKKfKKKKnnnn", &bf16dot, &x, &w, &M, &K, &bias, &cos, &sin, &qw, &kw, &eps, &q,
+                          &k, &v, &slots, &n_slots, &nh, &nkv, &d))
+        return NULL;
+    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
+    if (M < 0 || K < 1 || nh < 1 || nkv < 1 || d < 2 || d % 2 || !slots)
+        return PyErr_Format(PyExc_ValueError, "linear_qkv: bad sizes");
+    for (Py_ssize_t t = 0; t < M; t++) { /* k and v rows at slots[t] of [n_slots, nkv, d] */
+        const int64_t s = ((const int64_t *)slots)[t];
+        if (s < 0 || s >= n_slots) return PyErr_Format(PyExc_ValueError, "linear_qkv: slot %lld outside [0, %zd)",
+                                                       (long long)s, n_slots);
+    }
+    const EsQkvRope e = {(const float *)bias, (const float *)cos, (const float *)sin, (const float *)qw,
+                         (const float *)kw, eps, (float *)q, (float *)k, (float *)v, (const int64_t *)slots, nh, nkv,
+                         d};
+    Py_BEGIN_ALLOW_THREADS
+    status = bf16dot ? es_linear_qkv_bf16dot((const float *)x, (const uint16_t *)w, M, K, &e)
+                     : es_linear_qkv_packed_f32((const float *)x, (const float *)w, M, K, &e);
+    Py_END_ALLOW_THREADS
+    if (status == 3 && bf16dot) return PyErr_Format(PyExc_RuntimeError, "linear_qkv needs AVX512-BF16");
+    return kernel_result(status, "linear_qkv", "linear_qkv", 0);
+}
+
+static PyObject *py_linear_add_norm(PyObject *self, PyObject *args) {
+    unsigned long long a, w, bias, x, nw, s, out;
+    Py_ssize_t M, K, H;
+    int bf16dot, status;
+    float eps;
+    if (!PyArg_ParseTuple(args, "pKKnnKKKKKnf", &bf16dot, &a, &w, &M, &K, &bias, &x, &nw, &s, &out, &H, &eps))
+        return NULL;
+    if (!cpu_ok()) return PyErr_Format(PyExc_RuntimeError, "execstate CPU kernels need AVX2 and FMA");
+    if (M < 0 || K < 1 || H < 1) return PyErr_Format(PyExc_ValueError, "linear_add_norm: bad sizes");
+    const EsAddNorm e = {(const float *)bias, (const float *)x, (const float *)nw, (float *)s, (float *)out, eps, H};
+    Py_BEGIN_ALLOW_THREADS
+    status = bf16dot ? es_linear_add_norm_bf16dot((const float *)a, (const uint16_t *)w, M, K, &e)
+                     : es_linear_add_norm_packed_f32((const float *)a, (const float *)w, M, K, &e);
+    Py_END_ALLOW_THREADS
+    if (status == 3 && bf16dot) return PyErr_Format(PyExc_RuntimeError, "linear_add_norm needs AVX512-BF16");
+    return kernel_result(status, "linear_add_norm", "linear_add_norm", 0);
+}
+
 static PyObject *py_silu_mul(PyObject *self, PyObject *args) {
     unsigned long long gu, h;
     Py_ssize_t T, I;
@@ -390,6 +435,13 @@ static PyMethodDef methods[] = {
     {"qkv_rope", py_qkv_rope, METH_VARARGS,
      "qkv_rope(qkv, cos, sin, q_norm_w or 0, k_norm_w or 0, eps, q, k, v, T, nh, nkv, d[, slots, n_slots]) (fp32 data "
      "pointers; with slots (int64 [T]) token t's k and v rows go to row slots[t] of k and v, [n_slots, nkv, d])."},
+    {"linear_qkv", py_linear_qkv, METH_VARARGS,
+     "linear_qkv(bf16dot, x, w, M, K, bias or 0, cos, sin, q_norm_w or 0, k_norm_w or 0, eps, q, k_cache, v_cache, "
+     "slots, n_slots, nh, nkv, d): the q/k/v linear (linear_packed, or linear_bf16dot when bf16dot) with the bias add "
+     "and qkv_rope's work with slots as its epilogue; no product tensor."},
+    {"linear_add_norm", py_linear_add_norm, METH_VARARGS,
+     "linear_add_norm(bf16dot, a, w, M, K, bias or 0, x, norm_w, s, out, H, eps): y = a @ w.T (+ bias) (linear_packed, "
+     "or linear_bf16dot when bf16dot) with add_rms_norm's s = x + y, out = rms_norm(s) * norm_w as its epilogue."},
     {"silu_mul", py_silu_mul, METH_VARARGS, "silu_mul(gate_up, h, T, I): h = silu(gate) * up per row."},
     {"decode_attention", py_decode_attention, METH_VARARGS,
      "decode_attention(q, k_cache, v_cache, out, tok, block_table, ctx_len, B, max_blocks, nh, nkv, d, bs, scale)."},
