@@ -403,7 +403,7 @@ static int linear_epilogue(const float *x, const float *w, int64_t M, int64_t K,
             es_pack_pairs(xr, xp, M, K, p0, p1);
             for (int64_t r0 = 2 * p0; r0 < r1; r0 += EPI_ROWS) {
                 const int64_t n = r1 - r0 < EPI_ROWS ? r1 - r0 : EPI_ROWS;
-                rows_block(xr + r0, xp + r0 * k8, wt, yb, N, n, K, 0, N, NULL);
+                rows_block(xr + r0, xp + r0 * k8, wt, yb, N, n, K, 0, N, NULL, NULL);
                 epi(e, yb, r0, n);
             }
         }
