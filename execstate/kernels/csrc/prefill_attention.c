@@ -200,6 +200,25 @@ static KP void pair_values64x2(const float *sa, const float *sb, const float *ra
     }
 }
 
+/* softmax_numerators_from's end (simd.h) from l, a multiple of 16 with fewer than 16 positions
+ * left: at most one 8-lane chunk, hsum8, then the tail (< 8 positions) exponentiated on one
+ * masked vector (exp8 works lane by lane, so each lane is exp1's bits) and added in order. */
+static KP inline float softmax_end(float *s, int64_t L, int64_t l, float mx, __m256 acc) {
+    if (l + 8 <= L) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), _mm256_set1_ps(mx)));
+        _mm256_storeu_ps(s + l, e);
+        acc = _mm256_add_ps(acc, e);
+        l += 8;
+    }
+    float sum = hsum8(acc);
+    if (l < L) {
+        const __mmask8 k = (__mmask8)((1u << (L - l)) - 1);
+        _mm256_mask_storeu_ps(s + l, k, exp8(_mm256_sub_ps(_mm256_maskz_loadu_ps(k, s + l), _mm256_set1_ps(mx))));
+        for (; l < L; l++) sum += s[l];
+    }
+    return sum;
+}
+
 /* simd.h's softmax_numerators, the same bits on 16-lane vectors: the max is exact whichever
  * order finds it (vmaxps(x, m) keeps m when x is NaN, as the scalar compare; a +0/-0 tie
  * changes no s - max), each exp16 lane is exp8's, and the 8-lane sum adds the low then the
@@ -218,7 +237,37 @@ static KP inline float softmax_numerators16(float *s, int64_t L) {
         acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
         acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(e, 1));
     }
-    return softmax_numerators_from(s, L, l, mx, acc);
+    return softmax_end(s, L, l, mx, acc);
+}
+
+/* softmax_numerators16 of two rows with the same L at once (a head pair of one query row): two
+ * independent sum chains in one loop, each row's operations as softmax_numerators16's. */
+static KP inline void softmax_numerators16x2(float *s, float *t, int64_t L, float *ss, float *st) {
+    __m512 m16 = _mm512_set1_ps(-INFINITY), n16 = m16;
+    int64_t l = 0;
+    for (; l + 16 <= L; l += 16) {
+        m16 = _mm512_max_ps(_mm512_loadu_ps(s + l), m16);
+        n16 = _mm512_max_ps(_mm512_loadu_ps(t + l), n16);
+    }
+    float mx = _mm512_reduce_max_ps(m16), nx = _mm512_reduce_max_ps(n16);
+    for (; l < L; l++) {
+        mx = s[l] > mx ? s[l] : mx;
+        nx = t[l] > nx ? t[l] : nx;
+    }
+    const __m512 mv = _mm512_set1_ps(mx), nv = _mm512_set1_ps(nx);
+    __m256 acc = _mm256_setzero_ps(), act = acc;
+    for (l = 0; l + 16 <= L; l += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + l), mv));
+        const __m512 f = exp16(_mm512_sub_ps(_mm512_loadu_ps(t + l), nv));
+        _mm512_storeu_ps(s + l, e);
+        _mm512_storeu_ps(t + l, f);
+        acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+        act = _mm256_add_ps(act, _mm512_castps512_ps256(f));
+        acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(e, 1));
+        act = _mm256_add_ps(act, _mm512_extractf32x8_ps(f, 1));
+    }
+    *ss = softmax_end(s, L, l, mx, acc);
+    *st = softmax_end(t, L, l, nx, act);
 }
 
 /* KV head h's rows of the cache block holding positions [b0, b0 + bs) (block table bt): with
@@ -237,7 +286,7 @@ static KT const float *block_rows(const void *cache, const int64_t *bt, int64_t 
  * (rows r = i * G + g). With `pairs` (AVX-512, d = 64), heads 2m and 2m + 1 of an entry run
  * together on 16-lane vectors (oacc then holds the pair interleaved by 8 floats). kw: NULL for
  * fp32 K/V; for bf16 K/V, bs * d floats where each block's rows are widened before use. */
-static KT void tile_item(const float *q, const void *kc, const void *vc, float *out, const int64_t *tok,
+static __attribute__((target("avx2,fma,prfchw"))) void tile_item(const float *q, const void *kc, const void *vc, float *out, const int64_t *tok,
                          const int64_t *bt, const int64_t *ctx_len, int64_t e0, int64_t n, int64_t h, int64_t G,
                          int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale, int64_t lmax, float *sc,
                          float *oacc, float *qp, int pairs, float *kw) {
@@ -254,6 +303,9 @@ static KT void tile_item(const float *q, const void *kc, const void *vc, float *
                 memcpy(o + 2 * c + 8, qb + c, 8 * sizeof(float));
             }
         }
+    for (int64_t i = 0; i < n; i++) /* the output rows, written last: owned before then */
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(out + (tok[e0 + i] * nh + h * G + g) * d + c, 1, 3);
     for (int64_t b0 = 0; b0 < L; b0 += bs) { /* scores, block by block */
         const float *kb = block_rows(kc, bt, b0, (L < b0 + bs ? L : b0 + bs) - b0, h, nkv, d, bs, kw, &stride);
         for (int64_t i = 0; i < n; i++) {
@@ -285,9 +337,19 @@ static KT void tile_item(const float *q, const void *kc, const void *vc, float *
         }
     }
     float inv[QT * 16];
-    for (int64_t r = 0; r < rows; r++)
-        inv[r] = 1.0f / (pairs ? softmax_numerators16(sc + r * lmax, ctx_len[e0 + r / G])
-                               : softmax_numerators(sc + r * lmax, ctx_len[e0 + r / G]));
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t Lr = ctx_len[e0 + r / G];
+        if (!pairs) {
+            inv[r] = 1.0f / softmax_numerators(sc + r * lmax, Lr);
+        } else if (r % G < 2 * npair) { /* a head pair, rows r and r + 1 */
+            float s0, s1;
+            softmax_numerators16x2(sc + r * lmax, sc + (r + 1) * lmax, Lr, &s0, &s1);
+            inv[r] = 1.0f / s0;
+            inv[++r] = 1.0f / s1;
+        } else {
+            inv[r] = 1.0f / softmax_numerators16(sc + r * lmax, Lr);
+        }
+    }
     memset(oacc, 0, sizeof(float) * rows * d);
     for (int64_t b0 = 0; b0 < L; b0 += bs) { /* values, block by block */
         const float *vb = block_rows(vc, bt, b0, (L < b0 + bs ? L : b0 + bs) - b0, h, nkv, d, bs, kw, &stride);
@@ -408,6 +470,12 @@ KT int es_prefill_attention_f32(const float *q, const void *kc, const void *vc, 
                 if (item >= end) break;
                 if (!sc || !oacc || !qp) continue;
                 const int64_t t = item / nkv, h = item % nkv, e0 = tile_start[t];
+                if (item + 1 < end) { /* the next item's query rows, on their way during this one */
+                    const int64_t t1 = (item + 1) / nkv, h1 = (item + 1) % nkv;
+                    for (int64_t e = tile_start[t1]; e < tile_start[t1 + 1]; e++)
+                        for (int64_t c = 0; c < G * d; c += 16)
+                            __builtin_prefetch(q + (tok[e] * nh + h1 * G) * d + c, 0, 2);
+                }
                 tile_item(q, kc, vc, out, tok, block_table + e0 * max_blocks, ctx_len, e0, tile_start[t + 1] - e0,
                           h, G, nh, nkv, d, bs, scale, lmax, sc, oacc, qp, pairs, kv_bf16 ? pt[3] : NULL);
             }
