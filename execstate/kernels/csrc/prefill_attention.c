@@ -156,15 +156,16 @@ static KP void pair_scores2(const float *qp, const float *qr, const float *kb, i
     }
 }
 
-/* o (interleaved [a chunk | b chunk] per 8 floats, d = 64) += p_l V_l for l in [l0, l1). */
-static KP void pair_values64(const float *sa, const float *sb, const float *vb, int64_t vstride, int64_t b0,
-                             int64_t l0, int64_t l1, float *o) {
+/* o (interleaved [a chunk | b chunk] per 8 floats, d = 64) += p_l V_l for l in [l0, l1), p_l of
+ * head a at sa[l * ss], of head b at sb[l * ss]. */
+static KP void pair_values64(const float *sa, const float *sb, int64_t ss, const float *vb, int64_t vstride,
+                             int64_t b0, int64_t l0, int64_t l1, float *o) {
     __m512 r[8];
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) r[c] = _mm512_loadu_ps(o + 16 * c);
     for (int64_t l = l0; l < l1; l++) {
         const float *vp = vb + (l - b0) * vstride;
-        const __m512 p = _mm512_insertf32x8(_mm512_set1_ps(sa[l]), _mm256_set1_ps(sb[l]), 1);
+        const __m512 p = _mm512_insertf32x8(_mm512_set1_ps(sa[l * ss]), _mm256_set1_ps(sb[l * ss]), 1);
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) r[c] = _mm512_fmadd_ps(p, _mm512_broadcast_f32x8(_mm256_loadu_ps(vp + 8 * c)), r[c]);
     }
@@ -172,10 +173,11 @@ static KP void pair_values64(const float *sa, const float *sb, const float *vb, 
     for (int c = 0; c < 8; c++) _mm512_storeu_ps(o + 16 * c, r[c]);
 }
 
-/* pair_values64 for two rows (scores sa, sb -> o; ra, rb -> o2) over the same positions [l0, l1)
+/* pair_values64 for two rows (scores sa, sb -> o; ra, rb -> o2; score l at [l * ss]) over the same positions [l0, l1)
  * of one block, each V chunk loaded once for both: per row the same FMAs in the same order. */
-static KP void pair_values64x2(const float *sa, const float *sb, const float *ra, const float *rb, const float *vb,
-                               int64_t vstride, int64_t b0, int64_t l0, int64_t l1, float *o, float *o2) {
+static KP void pair_values64x2(const float *sa, const float *sb, const float *ra, const float *rb, int64_t ss,
+                               const float *vb, int64_t vstride, int64_t b0, int64_t l0, int64_t l1, float *o,
+                               float *o2) {
     __m512 r[8], t[8];
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) {
@@ -184,8 +186,8 @@ static KP void pair_values64x2(const float *sa, const float *sb, const float *ra
     }
     for (int64_t l = l0; l < l1; l++) {
         const float *vp = vb + (l - b0) * vstride;
-        const __m512 p = _mm512_insertf32x8(_mm512_set1_ps(sa[l]), _mm256_set1_ps(sb[l]), 1);
-        const __m512 pr = _mm512_insertf32x8(_mm512_set1_ps(ra[l]), _mm256_set1_ps(rb[l]), 1);
+        const __m512 p = _mm512_insertf32x8(_mm512_set1_ps(sa[l * ss]), _mm256_set1_ps(sb[l * ss]), 1);
+        const __m512 pr = _mm512_insertf32x8(_mm512_set1_ps(ra[l * ss]), _mm256_set1_ps(rb[l * ss]), 1);
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
             const __m512 v = _mm512_broadcast_f32x8(_mm256_loadu_ps(vp + 8 * c));
@@ -282,6 +284,161 @@ static KT const float *block_rows(const void *cache, const int64_t *bt, int64_t 
     return kw;
 }
 
+/* The lanes path (AVX-512, d = 64, G even and a divisor of 16): 16 (row, head) pairs of R = 16 / G
+ * rows in the 16 lanes of a vector, r = i * G + g in lane r. qt holds their queries transposed
+ * (qt[16 i + r] = q_r[i]); a key's 16 scores are one vector, s[16 l + r]. Lane r's score of key l is
+ * the decode kernel's: acc_j = fma(K_l[j + 8k], q_r[j + 8k], acc_j) for k = 0..7 from 0 (j = 0..7, an
+ * accumulator per 8-lane lane), then hsum8's tree ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) +
+ * (acc3 + acc7)), times scale: the same operations on the same operands, no lane shuffled. */
+static KP void lanes_scores(const float *qt, const float *k0, int64_t kstride, int64_t nk, float scale, float *s,
+                            float *part) {
+    const float *kr[16]; /* keys past nk: key 0's row again, its scores not stored */
+    for (int u = 0; u < 16; u++) kr[u] = k0 + (u < nk ? u : 0) * kstride;
+    for (int j = 0; j < 8; j++) { /* accumulator j of every key: dimensions j, j + 8, .., j + 56 */
+        __m512 qv[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) qv[k] = _mm512_loadu_ps(qt + 16 * (8 * k + j));
+        __m512 a[16];
+#pragma GCC unroll 16
+        for (int u = 0; u < 16; u++) a[u] = _mm512_fmadd_ps(_mm512_set1_ps(kr[u][j]), qv[0], _mm512_setzero_ps());
+#pragma GCC unroll 8
+        for (int k = 1; k < 8; k++)
+#pragma GCC unroll 16
+            for (int u = 0; u < 16; u++) a[u] = _mm512_fmadd_ps(_mm512_set1_ps(kr[u][8 * k + j]), qv[k], a[u]);
+#pragma GCC unroll 16
+        for (int u = 0; u < 16; u++) _mm512_storeu_ps(part + 16 * (16 * j + u), a[u]);
+    }
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (int u = 0; u < nk; u++) {
+        const float *p = part + 16 * u;
+#define PJ(j) _mm512_loadu_ps(p + 256 * (j))
+        _mm512_storeu_ps(s + 16 * u, _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(PJ(0), PJ(4)),
+                                                                                _mm512_add_ps(PJ(2), PJ(6))),
+                                                                 _mm512_add_ps(_mm512_add_ps(PJ(1), PJ(5)),
+                                                                               _mm512_add_ps(PJ(3), PJ(7)))),
+                                                   sv));
+#undef PJ
+    }
+}
+
+/* qt[16 i + r] = row r's q[i] (16 rows, d = 64): 16 x 16 transposes. */
+static KP void lanes_pack(const float *const src[16], float *qt) {
+    for (int c0 = 0; c0 < 64; c0 += 16) {
+        __m512 r[16], t[16];
+        for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src[i] + c0);
+        for (int i = 0; i < 16; i += 2) {
+            t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+            t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 16; i += 4) {
+            r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+            r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+            r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+            r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        }
+        /* r[4b + m] quarter x: column 4x + m of rows 4b..4b+3 */
+        for (int i = 0; i < 16; i += 8)
+            for (int m = 0; m < 4; m++) {
+                t[i + m] = _mm512_shuffle_f32x4(r[i + m], r[i + 4 + m], 0x88);
+                t[i + 4 + m] = _mm512_shuffle_f32x4(r[i + m], r[i + 4 + m], 0xdd);
+            }
+        for (int m = 0; m < 8; m++) {
+            _mm512_storeu_ps(qt + 16 * (c0 + m), _mm512_shuffle_f32x4(t[m], t[8 + m], 0x88));
+            _mm512_storeu_ps(qt + 16 * (c0 + 8 + m), _mm512_shuffle_f32x4(t[m], t[8 + m], 0xdd));
+        }
+    }
+}
+
+/* softmax_numerators of the 16 lanes' scores (lane r over its first len[r] keys) on key-major s:
+ * the max over the lane's keys (exact in any order, NaN skipped as the scalar compare), each
+ * numerator exp8's bits (exp16 is exp8 per lane), the sum as simd.h adds it: acc_t over keys
+ * l = t (mod 8) below the lane's last multiple of 8, in order, then hsum8's tree, then the
+ * remaining keys in order. Returns 1 / sum per lane. */
+static KP inline __m512 lanes_softmax(float *s, int64_t L, __m512i len) {
+    const __m512i len8 = _mm512_and_si512(len, _mm512_set1_epi32(~7));
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int64_t l = 0; l < L; l++)
+        m = _mm512_mask_max_ps(m, _mm512_cmpgt_epi32_mask(len, _mm512_set1_epi32((int)l)), _mm512_loadu_ps(s + 16 * l), m);
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++) acc[t] = _mm512_setzero_ps();
+    int64_t l = 0;
+    for (; l + 8 <= L; l += 8)
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * (l + t)), m));
+            _mm512_storeu_ps(s + 16 * (l + t), e);
+            acc[t] = _mm512_mask_add_ps(acc[t], _mm512_cmpgt_epi32_mask(len8, _mm512_set1_epi32((int)(l + t))), acc[t], e);
+        }
+    for (int64_t u = l; u < L; u++)
+        _mm512_storeu_ps(s + 16 * u, exp16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * u), m)));
+    __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6])),
+                               _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7])));
+    int low = _mm512_reduce_min_epi32(len8);
+    for (int64_t u = low; u < L; u++) { /* keys in [len8, len) */
+        const __mmask16 k = _mm512_cmpgt_epi32_mask(len, _mm512_set1_epi32((int)u)) &
+                            _mm512_cmple_epi32_mask(len8, _mm512_set1_epi32((int)u));
+        sum = _mm512_mask_add_ps(sum, k, sum, _mm512_loadu_ps(s + 16 * u));
+    }
+    return _mm512_div_ps(_mm512_set1_ps(1.0f), sum);
+}
+
+/* R = 16 / G rows (entries e0..) of one tile and KV head h on the lanes path; scratch: s (16 lmax
+ * floats), oacc (16 d), qt (16 d). The values and the output as tile_item's pairs (each row's
+ * positions in order), reading the key-major scores. */
+static KP void lanes_rows(const float *q, const void *kc, const void *vc, float *out, const int64_t *tok,
+                          const int64_t *bt, const int64_t *ctx_len, int64_t e0, int64_t h, int64_t G, int64_t nh,
+                          int64_t nkv, int64_t bs, float scale, float *s, float *oacc, float *qt, float *kw) {
+    const int64_t d = 64, R = 16 / G, npair = G / 2;
+    float part[8 * 16 * 16] __attribute__((aligned(64))); /* lanes_scores' partial sums */
+    int64_t L = 0, stride;
+    int32_t lens[16];
+    const float *src[16];
+    for (int64_t r = 0; r < 16; r++) {
+        const int64_t c = ctx_len[e0 + r / G];
+        lens[r] = (int32_t)c;
+        L = c > L ? c : L;
+        src[r] = q + (tok[e0 + r / G] * nh + h * G + r % G) * d;
+    }
+    lanes_pack(src, qt);
+    const __m512i len = _mm512_loadu_si512(lens);
+    for (int64_t b0 = 0; b0 < L; b0 += bs) { /* scores, block by block, every lane over the group's keys */
+        const int64_t l1 = L < b0 + bs ? L : b0 + bs;
+        const float *kb = block_rows(kc, bt, b0, l1 - b0, h, nkv, d, bs, kw, &stride);
+        for (int64_t l = b0; l < l1; l += 16)
+            lanes_scores(qt, kb + (l - b0) * stride, stride, l1 - l < 16 ? l1 - l : 16, scale, s + 16 * l, part);
+    }
+    float inv[16];
+    _mm512_storeu_ps(inv, lanes_softmax(s, L, len));
+    memset(oacc, 0, sizeof(float) * 16 * d);
+    for (int64_t b0 = 0; b0 < L; b0 += bs) { /* values: tile_item's pairs of rows, scores of stride 16 */
+        const float *vb = block_rows(vc, bt, b0, (L < b0 + bs ? L : b0 + bs) - b0, h, nkv, d, bs, kw, &stride);
+        for (int64_t i = 0; i < R; i++) {
+            const int64_t e = e0 + i, l1 = ctx_len[e] < b0 + bs ? ctx_len[e] : b0 + bs;
+            if (l1 <= b0) continue;
+            const int64_t l1n = i + 1 < R ? (ctx_len[e + 1] < b0 + bs ? ctx_len[e + 1] : b0 + bs) : b0;
+            const int64_t both = l1n < l1 ? l1n : l1;
+            for (int64_t m = 0; m < npair; m++) {
+                const int64_t r = i * G + 2 * m, rn = r + G;
+                if (both > b0)
+                    pair_values64x2(s + r, s + r + 1, s + rn, s + rn + 1, 16, vb, stride, b0, b0, both, oacc + r * d,
+                                    oacc + rn * d);
+                if (l1 > both)
+                    pair_values64(s + r, s + r + 1, 16, vb, stride, b0, both > b0 ? both : b0, l1, oacc + r * d);
+                if (both > b0 && l1n > both)
+                    pair_values64(s + rn, s + rn + 1, 16, vb, stride, b0, both, l1n, oacc + rn * d);
+            }
+            if (both > b0) i++;
+        }
+    }
+    for (int64_t r = 0; r < 16; r++) { /* de-interleave each pair: head 2m from the low 8 of each 16 */
+        float *o = out + (tok[e0 + r / G] * nh + h * G + r % G) * d;
+        const float *a = oacc + (r - r % 2) * d + (r % 2) * 8;
+        for (int64_t c = 0; c < d; c += 8)
+            _mm256_storeu_ps(o + c, _mm256_mul_ps(_mm256_loadu_ps(a + 2 * c), _mm256_set1_ps(inv[r])));
+    }
+}
+
 /* One tile (entries e0..e0+n-1, same block table row bt) and KV head h: G heads per row
  * (rows r = i * G + g). With `pairs` (AVX-512, d = 64), heads 2m and 2m + 1 of an entry run
  * together on 16-lane vectors (oacc then holds the pair interleaved by 8 floats). kw: NULL for
@@ -294,6 +451,14 @@ static __attribute__((target("avx2,fma,prfchw"))) void tile_item(const float *q,
     int64_t stride;
     int64_t L = 0;
     for (int64_t i = 0; i < n; i++) L = ctx_len[e0 + i] > L ? ctx_len[e0 + i] : L;
+    for (int64_t i = 0; i < n; i++) /* the output rows, written last: owned before then */
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(out + (tok[e0 + i] * nh + h * G + g) * d + c, 1, 3);
+    if (pairs && G % 2 == 0 && 16 % G == 0 && n % (16 / G) == 0) { /* whole groups of 16 / G rows */
+        for (int64_t i = 0; i < n; i += 16 / G)
+            lanes_rows(q, kc, vc, out, tok, bt, ctx_len, e0 + i, h, G, nh, nkv, bs, scale, sc, oacc, qp, kw);
+        return;
+    }
     for (int64_t i = 0; i < n; i++) /* packed query pairs */
         for (int64_t m = 0; m < npair; m++) {
             const float *qa = q + (tok[e0 + i] * nh + h * G + 2 * m) * d, *qb = qa + d;
@@ -303,9 +468,6 @@ static __attribute__((target("avx2,fma,prfchw"))) void tile_item(const float *q,
                 memcpy(o + 2 * c + 8, qb + c, 8 * sizeof(float));
             }
         }
-    for (int64_t i = 0; i < n; i++) /* the output rows, written last: owned before then */
-        for (int64_t g = 0; g < G; g++)
-            for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(out + (tok[e0 + i] * nh + h * G + g) * d + c, 1, 3);
     for (int64_t b0 = 0; b0 < L; b0 += bs) { /* scores, block by block */
         const float *kb = block_rows(kc, bt, b0, (L < b0 + bs ? L : b0 + bs) - b0, h, nkv, d, bs, kw, &stride);
         for (int64_t i = 0; i < n; i++) {
@@ -363,13 +525,13 @@ static __attribute__((target("avx2,fma,prfchw"))) void tile_item(const float *q,
             for (int64_t m = 0; m < npair; m++) {
                 const int64_t r = i * G + 2 * m, rn = r + G;
                 if (both > b0)
-                    pair_values64x2(sc + r * lmax, sc + (r + 1) * lmax, sc + rn * lmax, sc + (rn + 1) * lmax, vb,
+                    pair_values64x2(sc + r * lmax, sc + (r + 1) * lmax, sc + rn * lmax, sc + (rn + 1) * lmax, 1, vb,
                                     stride, b0, b0, both, oacc + r * d, oacc + rn * d);
                 if (l1 > both)
-                    pair_values64(sc + r * lmax, sc + (r + 1) * lmax, vb, stride, b0, both > b0 ? both : b0, l1,
+                    pair_values64(sc + r * lmax, sc + (r + 1) * lmax, 1, vb, stride, b0, both > b0 ? both : b0, l1,
                                   oacc + r * d);
                 if (both > b0 && l1n > both)
-                    pair_values64(sc + rn * lmax, sc + (rn + 1) * lmax, vb, stride, b0, both, l1n, oacc + rn * d);
+                    pair_values64(sc + rn * lmax, sc + (rn + 1) * lmax, 1, vb, stride, b0, both, l1n, oacc + rn * d);
             }
             for (int64_t g = 2 * npair; g < G; g++)
                 block_values(sc + (i * G + g) * lmax, vb, stride, b0, l1, d, oacc + (i * G + g) * d);
