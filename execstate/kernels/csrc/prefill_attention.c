@@ -284,27 +284,36 @@ static KT const float *block_rows(const void *cache, const int64_t *bt, int64_t 
     return kw;
 }
 
+/* Prefetch (into L1) KV head h's rows of the cache block starting at position b0 (below L; esize:
+ * bytes per element): the next block's rows, on their way while the current one is used. */
+static KT inline void prefetch_rows(const void *cache, const int64_t *bt, int64_t b0, int64_t L, int64_t h,
+                                    int64_t nkv, int64_t d, int64_t bs, int64_t esize) {
+    if (b0 >= L) return;
+    const int64_t n = (L < b0 + bs ? L : b0 + bs) - b0, row = nkv * d * esize;
+    const char *p = (const char *)cache + (bt[b0 / bs] * bs * nkv + h) * d * esize;
+    for (int64_t u = 0; u < n; u++)
+        for (int64_t c = 0; c < d * esize; c += 64) _mm_prefetch(p + u * row + c, _MM_HINT_T0);
+}
+
 /* The lanes path (AVX-512, d = 64, G even and a divisor of 16): 16 (row, head) pairs of R = 16 / G
  * rows in the 16 lanes of a vector, r = i * G + g in lane r. qt holds their queries transposed
  * (qt[16 i + r] = q_r[i]); a key's 16 scores are one vector, s[16 l + r]. Lane r's score of key l is
  * the decode kernel's: acc_j = fma(K_l[j + 8k], q_r[j + 8k], acc_j) for k = 0..7 from 0 (j = 0..7, an
  * accumulator per 8-lane lane), then hsum8's tree ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) +
  * (acc3 + acc7)), times scale: the same operations on the same operands, no lane shuffled. */
-static KP void lanes_scores(const float *qt, const float *k0, int64_t kstride, int64_t nk, float scale, float *s,
-                            float *part) {
-    const float *kr[16]; /* keys past nk: key 0's row again, its scores not stored */
-    for (int u = 0; u < 16; u++) kr[u] = k0 + (u < nk ? u : 0) * kstride;
+static KP inline void lanes_scores(const float *qt, const float *k0, int64_t ks, int64_t nk, float scale, float *s,
+                                   float *part) {
     for (int j = 0; j < 8; j++) { /* accumulator j of every key: dimensions j, j + 8, .., j + 56 */
         __m512 qv[8];
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) qv[k] = _mm512_loadu_ps(qt + 16 * (8 * k + j));
         __m512 a[16];
 #pragma GCC unroll 16
-        for (int u = 0; u < 16; u++) a[u] = _mm512_fmadd_ps(_mm512_set1_ps(kr[u][j]), qv[0], _mm512_setzero_ps());
+        for (int u = 0; u < 16; u++) a[u] = _mm512_fmadd_ps(_mm512_set1_ps(k0[ks * u + j]), qv[0], _mm512_setzero_ps());
 #pragma GCC unroll 8
         for (int k = 1; k < 8; k++)
 #pragma GCC unroll 16
-            for (int u = 0; u < 16; u++) a[u] = _mm512_fmadd_ps(_mm512_set1_ps(kr[u][8 * k + j]), qv[k], a[u]);
+            for (int u = 0; u < 16; u++) a[u] = _mm512_fmadd_ps(_mm512_set1_ps(k0[ks * u + 8 * k + j]), qv[k], a[u]);
 #pragma GCC unroll 16
         for (int u = 0; u < 16; u++) _mm512_storeu_ps(part + 16 * (16 * j + u), a[u]);
     }
@@ -391,6 +400,8 @@ static KP void lanes_rows(const float *q, const void *kc, const void *vc, float 
                           int64_t nkv, int64_t bs, float scale, float *s, float *oacc, float *qt, float *kw) {
     const int64_t d = 64, R = 16 / G, npair = G / 2;
     float part[8 * 16 * 16] __attribute__((aligned(64))); /* lanes_scores' partial sums */
+    float kbuf[16 * 64] __attribute__((aligned(64))); /* 16 key rows, contiguous */
+    memset(kbuf, 0, sizeof kbuf);
     int64_t L = 0, stride;
     int32_t lens[16];
     const float *src[16];
@@ -405,14 +416,32 @@ static KP void lanes_rows(const float *q, const void *kc, const void *vc, float 
     for (int64_t b0 = 0; b0 < L; b0 += bs) { /* scores, block by block, every lane over the group's keys */
         const int64_t l1 = L < b0 + bs ? L : b0 + bs;
         const float *kb = block_rows(kc, bt, b0, l1 - b0, h, nkv, d, bs, kw, &stride);
-        for (int64_t l = b0; l < l1; l += 16)
-            lanes_scores(qt, kb + (l - b0) * stride, stride, l1 - l < 16 ? l1 - l : 16, scale, s + 16 * l, part);
+        prefetch_rows(kc, bt, b0 + bs, L, h, nkv, d, bs, kw ? 2 : 4); /* the next block's, during this one */
+        for (int64_t l = b0; l < l1; l += 16) {
+            const int64_t nk = l1 - l < 16 ? l1 - l : 16;
+            const float *k0 = kb + (l - b0) * stride;
+            if (l - b0 + 16 > bs) { /* 16 rows past the block: its nk rows copied (the rest not read) */
+                for (int64_t u = 0; u < nk; u++)
+                    for (int64_t c = 0; c < d; c += 16) _mm512_store_ps(kbuf + u * d + c, _mm512_loadu_ps(k0 + u * stride + c));
+                lanes_scores(qt, kbuf, d, nk, scale, s + 16 * l, part);
+            } else if (stride == 64) { /* constant strides: every operand at a constant offset */
+                lanes_scores(qt, k0, 64, nk, scale, s + 16 * l, part);
+            } else if (stride == 128) {
+                lanes_scores(qt, k0, 128, nk, scale, s + 16 * l, part);
+            } else if (stride == 256) {
+                lanes_scores(qt, k0, 256, nk, scale, s + 16 * l, part);
+            } else {
+                lanes_scores(qt, k0, stride, nk, scale, s + 16 * l, part);
+            }
+        }
     }
     float inv[16];
+    prefetch_rows(vc, bt, 0, L, h, nkv, d, bs, kw ? 2 : 4);
     _mm512_storeu_ps(inv, lanes_softmax(s, L, len));
     memset(oacc, 0, sizeof(float) * 16 * d);
     for (int64_t b0 = 0; b0 < L; b0 += bs) { /* values: tile_item's pairs of rows, scores of stride 16 */
         const float *vb = block_rows(vc, bt, b0, (L < b0 + bs ? L : b0 + bs) - b0, h, nkv, d, bs, kw, &stride);
+        prefetch_rows(vc, bt, b0 + bs, L, h, nkv, d, bs, kw ? 2 : 4);
         for (int64_t i = 0; i < R; i++) {
             const int64_t e = e0 + i, l1 = ctx_len[e] < b0 + bs ? ctx_len[e] : b0 + bs;
             if (l1 <= b0) continue;
