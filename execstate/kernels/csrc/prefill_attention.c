@@ -18,7 +18,13 @@
  * positions both see (pair_scores2, pair_values64x2: each K and V chunk loaded once for four
  * (row, head) accumulators), then each row alone over its own; each row's positions stay in
  * order. The softmax numerators then take 16 lanes at a time (softmax_numerators16: the same
- * bits as simd.h's softmax_numerators). */
+ * bits as simd.h's softmax_numerators).
+ *
+ * Whole groups of 16 / G rows (G even, dividing 16: a full tile of a prefill span) take the lanes
+ * path instead (lanes_rows): the group's 16 (row, head) pairs are the 16 lanes of a vector, so a
+ * score is computed with no lane shuffled (keys are broadcast, the decode kernel's 8 lane
+ * accumulators are 8 vectors added in hsum8's tree), the softmax is vertical with per-lane
+ * lengths, and the values run with each row's own positions in order. */
 #include <string.h>
 
 #include "kernels.h"
@@ -157,15 +163,15 @@ static KP void pair_scores2(const float *qp, const float *qr, const float *kb, i
 }
 
 /* o (interleaved [a chunk | b chunk] per 8 floats, d = 64) += p_l V_l for l in [l0, l1), p_l of
- * head a at sa[l * ss], of head b at sb[l * ss]. */
-static KP void pair_values64(const float *sa, const float *sb, int64_t ss, const float *vb, int64_t vstride,
-                             int64_t b0, int64_t l0, int64_t l1, float *o) {
+ * head a at sa[l], of head b at sb[l]. */
+static KP void pair_values64(const float *sa, const float *sb, const float *vb, int64_t vstride, int64_t b0,
+                             int64_t l0, int64_t l1, float *o) {
     __m512 r[8];
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) r[c] = _mm512_loadu_ps(o + 16 * c);
     for (int64_t l = l0; l < l1; l++) {
         const float *vp = vb + (l - b0) * vstride;
-        const __m512 p = _mm512_insertf32x8(_mm512_set1_ps(sa[l * ss]), _mm256_set1_ps(sb[l * ss]), 1);
+        const __m512 p = _mm512_insertf32x8(_mm512_set1_ps(sa[l]), _mm256_set1_ps(sb[l]), 1);
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) r[c] = _mm512_fmadd_ps(p, _mm512_broadcast_f32x8(_mm256_loadu_ps(vp + 8 * c)), r[c]);
     }
@@ -173,11 +179,10 @@ static KP void pair_values64(const float *sa, const float *sb, int64_t ss, const
     for (int c = 0; c < 8; c++) _mm512_storeu_ps(o + 16 * c, r[c]);
 }
 
-/* pair_values64 for two rows (scores sa, sb -> o; ra, rb -> o2; score l at [l * ss]) over the same positions [l0, l1)
+/* pair_values64 for two rows (scores sa, sb -> o; ra, rb -> o2) over the same positions [l0, l1)
  * of one block, each V chunk loaded once for both: per row the same FMAs in the same order. */
-static KP void pair_values64x2(const float *sa, const float *sb, const float *ra, const float *rb, int64_t ss,
-                               const float *vb, int64_t vstride, int64_t b0, int64_t l0, int64_t l1, float *o,
-                               float *o2) {
+static KP void pair_values64x2(const float *sa, const float *sb, const float *ra, const float *rb, const float *vb,
+                               int64_t vstride, int64_t b0, int64_t l0, int64_t l1, float *o, float *o2) {
     __m512 r[8], t[8];
 #pragma GCC unroll 8
     for (int c = 0; c < 8; c++) {
@@ -186,8 +191,8 @@ static KP void pair_values64x2(const float *sa, const float *sb, const float *ra
     }
     for (int64_t l = l0; l < l1; l++) {
         const float *vp = vb + (l - b0) * vstride;
-        const __m512 p = _mm512_insertf32x8(_mm512_set1_ps(sa[l * ss]), _mm256_set1_ps(sb[l * ss]), 1);
-        const __m512 pr = _mm512_insertf32x8(_mm512_set1_ps(ra[l * ss]), _mm256_set1_ps(rb[l * ss]), 1);
+        const __m512 p = _mm512_insertf32x8(_mm512_set1_ps(sa[l]), _mm256_set1_ps(sb[l]), 1);
+        const __m512 pr = _mm512_insertf32x8(_mm512_set1_ps(ra[l]), _mm256_set1_ps(rb[l]), 1);
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) {
             const __m512 v = _mm512_broadcast_f32x8(_mm256_loadu_ps(vp + 8 * c));
@@ -392,13 +397,60 @@ static KP inline __m512 lanes_softmax(float *s, int64_t L, __m512i len) {
     return _mm512_div_ps(_mm512_set1_ps(1.0f), sum);
 }
 
+/* Lanes r0 .. r0 + C - 1 (C <= 6) of the lanes path: o_r += p_rl V_l (o_r: 64 floats at oacc + 64 r, in
+ * memory between blocks: exact) for the keys l in [l0, l1) of the block at vb (rows of stride vs, key
+ * b0 first) that lane r sees (l < len[r]), in order: the decode kernel's FMAs, p_rl = s[16 l + r]. */
+static KP inline void lanes_values(const float *s, const int32_t *len, int64_t r0, int C, const float *vb,
+                                   int64_t vs, int64_t b0, int64_t l0, int64_t l1, float *oacc) {
+    __m512 o[6][4];
+    int64_t lmin = l1;
+#pragma GCC unroll 6
+    for (int c = 0; c < C; c++) {
+        lmin = len[r0 + c] < lmin ? len[r0 + c] : lmin;
+#pragma GCC unroll 4
+        for (int x = 0; x < 4; x++) o[c][x] = _mm512_loadu_ps(oacc + 64 * (r0 + c) + 16 * x);
+    }
+    int64_t l = l0;
+    for (; l < lmin; l++) { /* keys every lane sees */
+        const float *vp = vb + (l - b0) * vs;
+        const __m512 v0 = _mm512_loadu_ps(vp), v1 = _mm512_loadu_ps(vp + 16), v2 = _mm512_loadu_ps(vp + 32),
+                     v3 = _mm512_loadu_ps(vp + 48);
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) {
+            const __m512 p = _mm512_set1_ps(s[16 * l + r0 + c]);
+            o[c][0] = _mm512_fmadd_ps(p, v0, o[c][0]);
+            o[c][1] = _mm512_fmadd_ps(p, v1, o[c][1]);
+            o[c][2] = _mm512_fmadd_ps(p, v2, o[c][2]);
+            o[c][3] = _mm512_fmadd_ps(p, v3, o[c][3]);
+        }
+    }
+    for (; l < l1; l++) { /* the causal diagonal: each lane its own keys */
+        const float *vp = vb + (l - b0) * vs;
+        const __m512 v0 = _mm512_loadu_ps(vp), v1 = _mm512_loadu_ps(vp + 16), v2 = _mm512_loadu_ps(vp + 32),
+                     v3 = _mm512_loadu_ps(vp + 48);
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) {
+            if (l >= len[r0 + c]) continue;
+            const __m512 p = _mm512_set1_ps(s[16 * l + r0 + c]);
+            o[c][0] = _mm512_fmadd_ps(p, v0, o[c][0]);
+            o[c][1] = _mm512_fmadd_ps(p, v1, o[c][1]);
+            o[c][2] = _mm512_fmadd_ps(p, v2, o[c][2]);
+            o[c][3] = _mm512_fmadd_ps(p, v3, o[c][3]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int c = 0; c < C; c++)
+#pragma GCC unroll 4
+        for (int x = 0; x < 4; x++) _mm512_storeu_ps(oacc + 64 * (r0 + c) + 16 * x, o[c][x]);
+}
+
 /* R = 16 / G rows (entries e0..) of one tile and KV head h on the lanes path; scratch: s (16 lmax
- * floats), oacc (16 d), qt (16 d). The values and the output as tile_item's pairs (each row's
- * positions in order), reading the key-major scores. */
+ * floats), oacc (16 d), qt (16 d). Every lane's scores over the group's keys (those past a lane's
+ * context computed, never used), its softmax over its own, its values over its own in order. */
 static KP void lanes_rows(const float *q, const void *kc, const void *vc, float *out, const int64_t *tok,
                           const int64_t *bt, const int64_t *ctx_len, int64_t e0, int64_t h, int64_t G, int64_t nh,
                           int64_t nkv, int64_t bs, float scale, float *s, float *oacc, float *qt, float *kw) {
-    const int64_t d = 64, R = 16 / G, npair = G / 2;
+    const int64_t d = 64;
     float part[8 * 16 * 16] __attribute__((aligned(64))); /* lanes_scores' partial sums */
     float kbuf[16 * 64] __attribute__((aligned(64))); /* 16 key rows, contiguous */
     memset(kbuf, 0, sizeof kbuf);
@@ -439,32 +491,18 @@ static KP void lanes_rows(const float *q, const void *kc, const void *vc, float 
     prefetch_rows(vc, bt, 0, L, h, nkv, d, bs, kw ? 2 : 4);
     _mm512_storeu_ps(inv, lanes_softmax(s, L, len));
     memset(oacc, 0, sizeof(float) * 16 * d);
-    for (int64_t b0 = 0; b0 < L; b0 += bs) { /* values: tile_item's pairs of rows, scores of stride 16 */
-        const float *vb = block_rows(vc, bt, b0, (L < b0 + bs ? L : b0 + bs) - b0, h, nkv, d, bs, kw, &stride);
+    for (int64_t b0 = 0; b0 < L; b0 += bs) { /* values, block by block: lanes 0-5, 6-11, 12-15 */
+        const int64_t l1 = L < b0 + bs ? L : b0 + bs;
+        const float *vb = block_rows(vc, bt, b0, l1 - b0, h, nkv, d, bs, kw, &stride);
         prefetch_rows(vc, bt, b0 + bs, L, h, nkv, d, bs, kw ? 2 : 4);
-        for (int64_t i = 0; i < R; i++) {
-            const int64_t e = e0 + i, l1 = ctx_len[e] < b0 + bs ? ctx_len[e] : b0 + bs;
-            if (l1 <= b0) continue;
-            const int64_t l1n = i + 1 < R ? (ctx_len[e + 1] < b0 + bs ? ctx_len[e + 1] : b0 + bs) : b0;
-            const int64_t both = l1n < l1 ? l1n : l1;
-            for (int64_t m = 0; m < npair; m++) {
-                const int64_t r = i * G + 2 * m, rn = r + G;
-                if (both > b0)
-                    pair_values64x2(s + r, s + r + 1, s + rn, s + rn + 1, 16, vb, stride, b0, b0, both, oacc + r * d,
-                                    oacc + rn * d);
-                if (l1 > both)
-                    pair_values64(s + r, s + r + 1, 16, vb, stride, b0, both > b0 ? both : b0, l1, oacc + r * d);
-                if (both > b0 && l1n > both)
-                    pair_values64(s + rn, s + rn + 1, 16, vb, stride, b0, both, l1n, oacc + rn * d);
-            }
-            if (both > b0) i++;
-        }
+        lanes_values(s, lens, 0, 6, vb, stride, b0, b0, l1, oacc);
+        lanes_values(s, lens, 6, 6, vb, stride, b0, b0, l1, oacc);
+        lanes_values(s, lens, 12, 4, vb, stride, b0, b0, l1, oacc);
     }
-    for (int64_t r = 0; r < 16; r++) { /* de-interleave each pair: head 2m from the low 8 of each 16 */
+    for (int64_t r = 0; r < 16; r++) {
         float *o = out + (tok[e0 + r / G] * nh + h * G + r % G) * d;
-        const float *a = oacc + (r - r % 2) * d + (r % 2) * 8;
         for (int64_t c = 0; c < d; c += 8)
-            _mm256_storeu_ps(o + c, _mm256_mul_ps(_mm256_loadu_ps(a + 2 * c), _mm256_set1_ps(inv[r])));
+            _mm256_storeu_ps(o + c, _mm256_mul_ps(_mm256_loadu_ps(oacc + r * d + c), _mm256_set1_ps(inv[r])));
     }
 }
 
@@ -554,13 +592,13 @@ static __attribute__((target("avx2,fma,prfchw"))) void tile_item(const float *q,
             for (int64_t m = 0; m < npair; m++) {
                 const int64_t r = i * G + 2 * m, rn = r + G;
                 if (both > b0)
-                    pair_values64x2(sc + r * lmax, sc + (r + 1) * lmax, sc + rn * lmax, sc + (rn + 1) * lmax, 1, vb,
+                    pair_values64x2(sc + r * lmax, sc + (r + 1) * lmax, sc + rn * lmax, sc + (rn + 1) * lmax, vb,
                                     stride, b0, b0, both, oacc + r * d, oacc + rn * d);
                 if (l1 > both)
-                    pair_values64(sc + r * lmax, sc + (r + 1) * lmax, 1, vb, stride, b0, both > b0 ? both : b0, l1,
+                    pair_values64(sc + r * lmax, sc + (r + 1) * lmax, vb, stride, b0, both > b0 ? both : b0, l1,
                                   oacc + r * d);
                 if (both > b0 && l1n > both)
-                    pair_values64(sc + rn * lmax, sc + (rn + 1) * lmax, 1, vb, stride, b0, both, l1n, oacc + rn * d);
+                    pair_values64(sc + rn * lmax, sc + (rn + 1) * lmax, vb, stride, b0, both, l1n, oacc + rn * d);
             }
             for (int64_t g = 2 * npair; g < G; g++)
                 block_values(sc + (i * G + g) * lmax, vb, stride, b0, l1, d, oacc + (i * G + g) * d);
