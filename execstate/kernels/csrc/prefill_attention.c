@@ -306,21 +306,21 @@ static KT inline void prefetch_rows(const void *cache, const int64_t *bt, int64_
  * the decode kernel's: acc_j = fma(K_l[j + 8k], q_r[j + 8k], acc_j) for k = 0..7 from 0 (j = 0..7, an
  * accumulator per 8-lane lane), then hsum8's tree ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) +
  * (acc3 + acc7)), times scale: the same operations on the same operands, no lane shuffled. */
-static KP inline void lanes_scores(const float *qt, const float *k0, int64_t ks, int64_t nk, float scale, float *s,
-                                   float *part) {
+static KP inline void lanes_scores(const float *qt, const float *k0, int64_t ks, int NK, int64_t nk, float scale,
+                                   float *s, float *part) {
     for (int j = 0; j < 8; j++) { /* accumulator j of every key: dimensions j, j + 8, .., j + 56 */
         __m512 qv[8];
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) qv[k] = _mm512_loadu_ps(qt + 16 * (8 * k + j));
         __m512 a[16];
 #pragma GCC unroll 16
-        for (int u = 0; u < 16; u++) a[u] = _mm512_fmadd_ps(_mm512_set1_ps(k0[ks * u + j]), qv[0], _mm512_setzero_ps());
+        for (int u = 0; u < NK; u++) a[u] = _mm512_fmadd_ps(_mm512_set1_ps(k0[ks * u + j]), qv[0], _mm512_setzero_ps());
 #pragma GCC unroll 8
         for (int k = 1; k < 8; k++)
 #pragma GCC unroll 16
-            for (int u = 0; u < 16; u++) a[u] = _mm512_fmadd_ps(_mm512_set1_ps(k0[ks * u + 8 * k + j]), qv[k], a[u]);
+            for (int u = 0; u < NK; u++) a[u] = _mm512_fmadd_ps(_mm512_set1_ps(k0[ks * u + 8 * k + j]), qv[k], a[u]);
 #pragma GCC unroll 16
-        for (int u = 0; u < 16; u++) _mm512_storeu_ps(part + 16 * (16 * j + u), a[u]);
+        for (int u = 0; u < NK; u++) _mm512_storeu_ps(part + 16 * (16 * j + u), a[u]);
     }
     const __m512 sv = _mm512_set1_ps(scale);
     for (int u = 0; u < nk; u++) {
@@ -472,19 +472,23 @@ static KP void lanes_rows(const float *q, const void *kc, const void *vc, float 
         for (int64_t l = b0; l < l1; l += 16) {
             const int64_t nk = l1 - l < 16 ? l1 - l : 16;
             const float *k0 = kb + (l - b0) * stride;
-            if (l - b0 + 16 > bs) { /* 16 rows past the block: its nk rows copied (the rest not read) */
+            /* keys computed: nk rounded up to 8 or 16 (constants, so each case's loops unroll) */
+#define LANES_SCORES(k, ks) (nk <= 8 ? lanes_scores(qt, k, ks, 8, nk, scale, s + 16 * l, part) \
+                                     : lanes_scores(qt, k, ks, 16, nk, scale, s + 16 * l, part))
+            if (l - b0 + (nk <= 8 ? 8 : 16) > bs) { /* rows past the block: its nk rows copied (the rest not read) */
                 for (int64_t u = 0; u < nk; u++)
                     for (int64_t c = 0; c < d; c += 16) _mm512_store_ps(kbuf + u * d + c, _mm512_loadu_ps(k0 + u * stride + c));
-                lanes_scores(qt, kbuf, d, nk, scale, s + 16 * l, part);
+                LANES_SCORES(kbuf, 64);
             } else if (stride == 64) { /* constant strides: every operand at a constant offset */
-                lanes_scores(qt, k0, 64, nk, scale, s + 16 * l, part);
+                LANES_SCORES(k0, 64);
             } else if (stride == 128) {
-                lanes_scores(qt, k0, 128, nk, scale, s + 16 * l, part);
+                LANES_SCORES(k0, 128);
             } else if (stride == 256) {
-                lanes_scores(qt, k0, 256, nk, scale, s + 16 * l, part);
+                LANES_SCORES(k0, 256);
             } else {
-                lanes_scores(qt, k0, stride, nk, scale, s + 16 * l, part);
+                LANES_SCORES(k0, stride);
             }
+#undef LANES_SCORES
         }
     }
     float inv[16];
