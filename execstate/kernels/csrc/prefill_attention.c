@@ -306,6 +306,8 @@ static KT inline void prefetch_rows(const void *cache, const int64_t *bt, int64_
  * the decode kernel's: acc_j = fma(K_l[j + 8k], q_r[j + 8k], acc_j) for k = 0..7 from 0 (j = 0..7, an
  * accumulator per 8-lane lane), then hsum8's tree ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) +
  * (acc3 + acc7)), times scale: the same operations on the same operands, no lane shuffled. */
+/* Scores of NK (8 or 16) keys at k0 (rows of stride ks floats), the first nk of them stored at s; part: 8 * 16 * 16
+ * floats (the 8 accumulators' partial sums). */
 static KP inline void lanes_scores(const float *qt, const float *k0, int64_t ks, int NK, int64_t nk, float scale,
                                    float *s, float *part) {
     for (int j = 0; j < 8; j++) { /* accumulator j of every key: dimensions j, j + 8, .., j + 56 */
@@ -372,7 +374,8 @@ static KP inline __m512 lanes_softmax(float *s, int64_t L, __m512i len) {
     const __m512i len8 = _mm512_and_si512(len, _mm512_set1_epi32(~7));
     __m512 m = _mm512_set1_ps(-INFINITY);
     for (int64_t l = 0; l < L; l++)
-        m = _mm512_mask_max_ps(m, _mm512_cmpgt_epi32_mask(len, _mm512_set1_epi32((int)l)), _mm512_loadu_ps(s + 16 * l), m);
+        m = _mm512_mask_max_ps(m, _mm512_cmpgt_epi32_mask(len, _mm512_set1_epi32((int)l)), _mm512_loadu_ps(s + 16 * l),
+                               m);
     __m512 acc[8];
 #pragma GCC unroll 8
     for (int t = 0; t < 8; t++) acc[t] = _mm512_setzero_ps();
@@ -382,7 +385,8 @@ static KP inline __m512 lanes_softmax(float *s, int64_t L, __m512i len) {
         for (int t = 0; t < 8; t++) {
             const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * (l + t)), m));
             _mm512_storeu_ps(s + 16 * (l + t), e);
-            acc[t] = _mm512_mask_add_ps(acc[t], _mm512_cmpgt_epi32_mask(len8, _mm512_set1_epi32((int)(l + t))), acc[t], e);
+            const __mmask16 k = _mm512_cmpgt_epi32_mask(len8, _mm512_set1_epi32((int)(l + t)));
+            acc[t] = _mm512_mask_add_ps(acc[t], k, acc[t], e);
         }
     for (int64_t u = l; u < L; u++)
         _mm512_storeu_ps(s + 16 * u, exp16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * u), m)));
@@ -477,7 +481,8 @@ static KP void lanes_rows(const float *q, const void *kc, const void *vc, float 
                                      : lanes_scores(qt, k, ks, 16, nk, scale, s + 16 * l, part))
             if (l - b0 + (nk <= 8 ? 8 : 16) > bs) { /* rows past the block: its nk rows copied (the rest not read) */
                 for (int64_t u = 0; u < nk; u++)
-                    for (int64_t c = 0; c < d; c += 16) _mm512_store_ps(kbuf + u * d + c, _mm512_loadu_ps(k0 + u * stride + c));
+                    for (int64_t c = 0; c < d; c += 16)
+                        _mm512_store_ps(kbuf + u * d + c, _mm512_loadu_ps(k0 + u * stride + c));
                 LANES_SCORES(kbuf, 64);
             } else if (stride == 64) { /* constant strides: every operand at a constant offset */
                 LANES_SCORES(k0, 64);
@@ -514,7 +519,8 @@ static KP void lanes_rows(const float *q, const void *kc, const void *vc, float 
  * (rows r = i * G + g). With `pairs` (AVX-512, d = 64), heads 2m and 2m + 1 of an entry run
  * together on 16-lane vectors (oacc then holds the pair interleaved by 8 floats). kw: NULL for
  * fp32 K/V; for bf16 K/V, bs * d floats where each block's rows are widened before use. */
-static __attribute__((target("avx2,fma,prfchw"))) void tile_item(const float *q, const void *kc, const void *vc, float *out, const int64_t *tok,
+#define KTW __attribute__((target("avx2,fma,prfchw"))) /* KT and prefetchw */
+static KTW void tile_item(const float *q, const void *kc, const void *vc, float *out, const int64_t *tok,
                          const int64_t *bt, const int64_t *ctx_len, int64_t e0, int64_t n, int64_t h, int64_t G,
                          int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale, int64_t lmax, float *sc,
                          float *oacc, float *qp, int pairs, float *kw) {
