@@ -461,3 +461,68 @@ def test_tiled_kernel_rows_of_one_table_in_any_length_order_equal_decode_kernel(
         s = torch.einsum("hd,nhd->hn", q[b].double(), k.repeat_interleave(nh // nkv, dim=1)) * scale
         ref = torch.einsum("hn,nhd->hd", s.softmax(-1), v.repeat_interleave(nh // nkv, dim=1))
         torch.testing.assert_close(tiled[b].double(), ref, rtol=1e-4, atol=1e-5)
+
+
+# (nh, nkv): G = 2 (the standard MoE's 8 / 4: K/V rows of stride 256), 4 (R = 4 rows a group), 8 over
+# one KV head (stride 64) and two (128), 16 (R = 1: decode rows of bf16 K/V take it too), G = 2 over 8
+# KV heads (stride 512: no constant-stride case); G = 6 (even, not dividing 16) and 3 stay on the pairs
+LANES_GEOMETRY = [(8, 4), (16, 4), (8, 1), (16, 2), (16, 1), (16, 8), (12, 2), (9, 3)]
+
+
+@pytest.mark.parametrize(("nh", "nkv"), LANES_GEOMETRY)
+@pytest.mark.parametrize("bs", [4, 16, 24, 48])  # a block shorter than 16 keys, one, 16 + 8, three chunks
+@pytest.mark.parametrize("kv_bf16", [False, True])
+def test_lanes_path_groups_equal_decode_kernel_bitwise(nh: int, nkv: int, bs: int, kv_bf16: bool) -> None:
+    """Whole groups of 16 / G rows of one tile (d = 64, G even dividing 16) run as 16 lanes
+    (csrc/prefill_attention.c lanes_rows): lengths that rise and fall inside a group (1 position,
+    tails of 1-7 past a multiple of 8, exact multiples of 8 and 16, one past a block), rows
+    scattered in q, a tile's partial group after whole ones, 1 and 3 threads. Every row gets the
+    decode kernel's bits (on the widened caches for bf16 K/V) and every row is written."""
+    d, scale = 64, 0.125
+    lens = [37, 36, 40, 8, 9, 1, 24, 33, 16, 15, 17, 48, 47, 2, 64, 63, 31, 7, 49, 56]
+    n_blocks = -(-max(lens) // bs)
+    table = list(range(2 * n_blocks, n_blocks, -1))[:n_blocks] if n_blocks > 1 else [3]
+    table = [b + 1 for b in table]
+    slots = (max(table) + 2) * bs
+    rows = torch.randperm(len(lens) + 5, generator=torch.Generator().manual_seed(nh + bs))[: len(lens)].tolist()
+    q = randn(len(lens) + 5, nh, d, seed=nh * 7 + nkv)
+    kc, vc = randn(slots, nkv, d, seed=11), randn(slots, nkv, d, seed=12)
+    if kv_bf16:
+        kc, vc = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
+    plan = cpu.PagedDecode(rows, [table] * len(lens), lens, bs, slots)
+    plan.tiled = True  # rows of one table row: tiles of 8 (the last one of 4)
+    ref = torch.full_like(q, float("nan"))
+    cpu.PagedDecode(rows, [table] * len(lens), lens, bs, slots).run(q, kc.float(), vc.float(), ref, scale)
+    assert not ref[rows].isnan().any()
+    for threads in (1, 3):
+        out = torch.full_like(q, float("nan"))
+        with_threads(threads, lambda out=out: plan.run(q, kc, vc, out, scale))
+        assert torch.equal(out[rows], ref[rows])  # the decode kernel's bits (NaN-free: every row written)
+        others = [r for r in range(q.shape[0]) if r not in set(rows)]
+        assert bool(out[others].isnan().all())  # nothing else written
+    if kv_bf16:  # decode rows (a tile of one row: neighbours on other tables), as bf16 K/V's decode steps run
+        tables = [table, table[::-1], table]
+        single = cpu.PagedDecode(rows[:3], tables, lens[:3], bs, slots)
+        out, want = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+        single.run(q, kc, vc, out, scale)
+        cpu.PagedDecode(rows[:3], tables, lens[:3], bs, slots).run(q, kc.float(), vc.float(), want, scale)
+        assert torch.equal(out[rows[:3]], want[rows[:3]])
+
+
+def test_lanes_path_underflowing_numerators_equal_decode_kernel_bitwise() -> None:
+    """A scale at which most numerators underflow to 0 (exp16's clamp lanes) and one that
+    overflows nothing: the lanes path's vertical softmax keeps the decode kernel's bits."""
+    nh, nkv, d, bs = 8, 4, 64, 16
+    lens = [23, 24, 25, 9, 16, 1, 40, 39]
+    table = [2, 0, 1]
+    q = randn(8, nh, d, seed=21) * 4.0
+    kc, vc = randn(4 * bs, nkv, d, seed=22), randn(4 * bs, nkv, d, seed=23)
+    for scale in (40.0, 1e-3):
+        plan = cpu.PagedDecode(list(range(8)), [table] * 8, lens, bs, 4 * bs)
+        plan.tiled = True
+        out = torch.full_like(q, float("nan"))
+        plan.run(q, kc, vc, out, scale)
+        plan.tiled = False
+        want = torch.full_like(q, float("nan"))
+        plan.run(q, kc, vc, want, scale)
+        assert torch.equal(out, want)

@@ -18,7 +18,13 @@
  * positions both see (pair_scores2, pair_values64x2: each K and V chunk loaded once for four
  * (row, head) accumulators), then each row alone over its own; each row's positions stay in
  * order. The softmax numerators then take 16 lanes at a time (softmax_numerators16: the same
- * bits as simd.h's softmax_numerators). */
+ * bits as simd.h's softmax_numerators).
+ *
+ * Whole groups of 16 / G rows (G even, dividing 16: a full tile of a prefill span) take the lanes
+ * path instead (lanes_rows): the group's 16 (row, head) pairs are the 16 lanes of a vector, so a
+ * score is computed with no lane shuffled (keys are broadcast, the decode kernel's 8 lane
+ * accumulators are 8 vectors added in hsum8's tree), the softmax is vertical with per-lane
+ * lengths, and the values run with each row's own positions in order. */
 #include <string.h>
 
 #include "kernels.h"
@@ -156,7 +162,8 @@ static KP void pair_scores2(const float *qp, const float *qr, const float *kb, i
     }
 }
 
-/* o (interleaved [a chunk | b chunk] per 8 floats, d = 64) += p_l V_l for l in [l0, l1). */
+/* o (interleaved [a chunk | b chunk] per 8 floats, d = 64) += p_l V_l for l in [l0, l1), p_l of
+ * head a at sa[l], of head b at sb[l]. */
 static KP void pair_values64(const float *sa, const float *sb, const float *vb, int64_t vstride, int64_t b0,
                              int64_t l0, int64_t l1, float *o) {
     __m512 r[8];
@@ -200,6 +207,25 @@ static KP void pair_values64x2(const float *sa, const float *sb, const float *ra
     }
 }
 
+/* softmax_numerators_from's end (simd.h) from l, a multiple of 16 with fewer than 16 positions
+ * left: at most one 8-lane chunk, hsum8, then the tail (< 8 positions) exponentiated on one
+ * masked vector (exp8 works lane by lane, so each lane is exp1's bits) and added in order. */
+static KP inline float softmax_end(float *s, int64_t L, int64_t l, float mx, __m256 acc) {
+    if (l + 8 <= L) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), _mm256_set1_ps(mx)));
+        _mm256_storeu_ps(s + l, e);
+        acc = _mm256_add_ps(acc, e);
+        l += 8;
+    }
+    float sum = hsum8(acc);
+    if (l < L) {
+        const __mmask8 k = (__mmask8)((1u << (L - l)) - 1);
+        _mm256_mask_storeu_ps(s + l, k, exp8(_mm256_sub_ps(_mm256_maskz_loadu_ps(k, s + l), _mm256_set1_ps(mx))));
+        for (; l < L; l++) sum += s[l];
+    }
+    return sum;
+}
+
 /* simd.h's softmax_numerators, the same bits on 16-lane vectors: the max is exact whichever
  * order finds it (vmaxps(x, m) keeps m when x is NaN, as the scalar compare; a +0/-0 tie
  * changes no s - max), each exp16 lane is exp8's, and the 8-lane sum adds the low then the
@@ -218,7 +244,37 @@ static KP inline float softmax_numerators16(float *s, int64_t L) {
         acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
         acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(e, 1));
     }
-    return softmax_numerators_from(s, L, l, mx, acc);
+    return softmax_end(s, L, l, mx, acc);
+}
+
+/* softmax_numerators16 of two rows with the same L at once (a head pair of one query row): two
+ * independent sum chains in one loop, each row's operations as softmax_numerators16's. */
+static KP inline void softmax_numerators16x2(float *s, float *t, int64_t L, float *ss, float *st) {
+    __m512 m16 = _mm512_set1_ps(-INFINITY), n16 = m16;
+    int64_t l = 0;
+    for (; l + 16 <= L; l += 16) {
+        m16 = _mm512_max_ps(_mm512_loadu_ps(s + l), m16);
+        n16 = _mm512_max_ps(_mm512_loadu_ps(t + l), n16);
+    }
+    float mx = _mm512_reduce_max_ps(m16), nx = _mm512_reduce_max_ps(n16);
+    for (; l < L; l++) {
+        mx = s[l] > mx ? s[l] : mx;
+        nx = t[l] > nx ? t[l] : nx;
+    }
+    const __m512 mv = _mm512_set1_ps(mx), nv = _mm512_set1_ps(nx);
+    __m256 acc = _mm256_setzero_ps(), act = acc;
+    for (l = 0; l + 16 <= L; l += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + l), mv));
+        const __m512 f = exp16(_mm512_sub_ps(_mm512_loadu_ps(t + l), nv));
+        _mm512_storeu_ps(s + l, e);
+        _mm512_storeu_ps(t + l, f);
+        acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+        act = _mm256_add_ps(act, _mm512_castps512_ps256(f));
+        acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(e, 1));
+        act = _mm256_add_ps(act, _mm512_extractf32x8_ps(f, 1));
+    }
+    *ss = softmax_end(s, L, l, mx, acc);
+    *st = softmax_end(t, L, l, nx, act);
 }
 
 /* KV head h's rows of the cache block holding positions [b0, b0 + bs) (block table bt): with
@@ -233,11 +289,238 @@ static KT const float *block_rows(const void *cache, const int64_t *bt, int64_t 
     return kw;
 }
 
+/* Prefetch (into L1) KV head h's rows of the cache block starting at position b0 (below L; esize:
+ * bytes per element): the next block's rows, on their way while the current one is used. */
+static KT inline void prefetch_rows(const void *cache, const int64_t *bt, int64_t b0, int64_t L, int64_t h,
+                                    int64_t nkv, int64_t d, int64_t bs, int64_t esize) {
+    if (b0 >= L) return;
+    const int64_t n = (L < b0 + bs ? L : b0 + bs) - b0, row = nkv * d * esize;
+    const char *p = (const char *)cache + (bt[b0 / bs] * bs * nkv + h) * d * esize;
+    for (int64_t u = 0; u < n; u++)
+        for (int64_t c = 0; c < d * esize; c += 64) _mm_prefetch(p + u * row + c, _MM_HINT_T0);
+}
+
+/* The lanes path (AVX-512, d = 64, G even and a divisor of 16): 16 (row, head) pairs of R = 16 / G
+ * rows in the 16 lanes of a vector, r = i * G + g in lane r. qt holds their queries transposed
+ * (qt[16 i + r] = q_r[i]); a key's 16 scores are one vector, s[16 l + r]. Lane r's score of key l is
+ * the decode kernel's: acc_j = fma(K_l[j + 8k], q_r[j + 8k], acc_j) for k = 0..7 from 0 (j = 0..7, an
+ * accumulator per 8-lane lane), then hsum8's tree ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) +
+ * (acc3 + acc7)), times scale: the same operations on the same operands, no lane shuffled. */
+/* Scores of NK (8 or 16) keys at k0 (rows of stride ks floats), the first nk of them stored at s; part: 8 * 16 * 16
+ * floats (the 8 accumulators' partial sums). */
+static KP inline void lanes_scores(const float *qt, const float *k0, int64_t ks, int NK, int64_t nk, float scale,
+                                   float *s, float *part) {
+    for (int j = 0; j < 8; j++) { /* accumulator j of every key: dimensions j, j + 8, .., j + 56 */
+        __m512 qv[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) qv[k] = _mm512_loadu_ps(qt + 16 * (8 * k + j));
+        __m512 a[16];
+#pragma GCC unroll 16
+        for (int u = 0; u < NK; u++) a[u] = _mm512_fmadd_ps(_mm512_set1_ps(k0[ks * u + j]), qv[0], _mm512_setzero_ps());
+#pragma GCC unroll 8
+        for (int k = 1; k < 8; k++)
+#pragma GCC unroll 16
+            for (int u = 0; u < NK; u++) a[u] = _mm512_fmadd_ps(_mm512_set1_ps(k0[ks * u + 8 * k + j]), qv[k], a[u]);
+#pragma GCC unroll 16
+        for (int u = 0; u < NK; u++) _mm512_storeu_ps(part + 16 * (16 * j + u), a[u]);
+    }
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (int u = 0; u < nk; u++) {
+        const float *p = part + 16 * u;
+#define PJ(j) _mm512_loadu_ps(p + 256 * (j))
+        _mm512_storeu_ps(s + 16 * u, _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(PJ(0), PJ(4)),
+                                                                                _mm512_add_ps(PJ(2), PJ(6))),
+                                                                 _mm512_add_ps(_mm512_add_ps(PJ(1), PJ(5)),
+                                                                               _mm512_add_ps(PJ(3), PJ(7)))),
+                                                   sv));
+#undef PJ
+    }
+}
+
+/* qt[16 i + r] = row r's q[i] (16 rows, d = 64): 16 x 16 transposes. */
+static KP void lanes_pack(const float *const src[16], float *qt) {
+    for (int c0 = 0; c0 < 64; c0 += 16) {
+        __m512 r[16], t[16];
+        for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src[i] + c0);
+        for (int i = 0; i < 16; i += 2) {
+            t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+            t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 16; i += 4) {
+            r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+            r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+            r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+            r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        }
+        /* r[4b + m] quarter x: column 4x + m of rows 4b..4b+3 */
+        for (int i = 0; i < 16; i += 8)
+            for (int m = 0; m < 4; m++) {
+                t[i + m] = _mm512_shuffle_f32x4(r[i + m], r[i + 4 + m], 0x88);
+                t[i + 4 + m] = _mm512_shuffle_f32x4(r[i + m], r[i + 4 + m], 0xdd);
+            }
+        for (int m = 0; m < 8; m++) {
+            _mm512_storeu_ps(qt + 16 * (c0 + m), _mm512_shuffle_f32x4(t[m], t[8 + m], 0x88));
+            _mm512_storeu_ps(qt + 16 * (c0 + 8 + m), _mm512_shuffle_f32x4(t[m], t[8 + m], 0xdd));
+        }
+    }
+}
+
+/* softmax_numerators of the 16 lanes' scores (lane r over its first len[r] keys) on key-major s:
+ * the max over the lane's keys (exact in any order, NaN skipped as the scalar compare), each
+ * numerator exp8's bits (exp16 is exp8 per lane), the sum as simd.h adds it: acc_t over keys
+ * l = t (mod 8) below the lane's last multiple of 8, in order, then hsum8's tree, then the
+ * remaining keys in order. Returns 1 / sum per lane. */
+static KP inline __m512 lanes_softmax(float *s, int64_t L, __m512i len) {
+    const __m512i len8 = _mm512_and_si512(len, _mm512_set1_epi32(~7));
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int64_t l = 0; l < L; l++)
+        m = _mm512_mask_max_ps(m, _mm512_cmpgt_epi32_mask(len, _mm512_set1_epi32((int)l)), _mm512_loadu_ps(s + 16 * l),
+                               m);
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++) acc[t] = _mm512_setzero_ps();
+    int64_t l = 0;
+    for (; l + 8 <= L; l += 8)
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) {
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * (l + t)), m));
+            _mm512_storeu_ps(s + 16 * (l + t), e);
+            const __mmask16 k = _mm512_cmpgt_epi32_mask(len8, _mm512_set1_epi32((int)(l + t)));
+            acc[t] = _mm512_mask_add_ps(acc[t], k, acc[t], e);
+        }
+    for (int64_t u = l; u < L; u++)
+        _mm512_storeu_ps(s + 16 * u, exp16(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * u), m)));
+    __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6])),
+                               _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7])));
+    int low = _mm512_reduce_min_epi32(len8);
+    for (int64_t u = low; u < L; u++) { /* keys in [len8, len) */
+        const __mmask16 k = _mm512_cmpgt_epi32_mask(len, _mm512_set1_epi32((int)u)) &
+                            _mm512_cmple_epi32_mask(len8, _mm512_set1_epi32((int)u));
+        sum = _mm512_mask_add_ps(sum, k, sum, _mm512_loadu_ps(s + 16 * u));
+    }
+    return _mm512_div_ps(_mm512_set1_ps(1.0f), sum);
+}
+
+/* Lanes r0 .. r0 + C - 1 (C <= 6) of the lanes path: o_r += p_rl V_l (o_r: 64 floats at oacc + 64 r, in
+ * memory between blocks: exact) for the keys l in [l0, l1) of the block at vb (rows of stride vs, key
+ * b0 first) that lane r sees (l < len[r]), in order: the decode kernel's FMAs, p_rl = s[16 l + r]. */
+static KP inline void lanes_values(const float *s, const int32_t *len, int64_t r0, int C, const float *vb,
+                                   int64_t vs, int64_t b0, int64_t l0, int64_t l1, float *oacc) {
+    __m512 o[6][4];
+    int64_t lmin = l1;
+#pragma GCC unroll 6
+    for (int c = 0; c < C; c++) {
+        lmin = len[r0 + c] < lmin ? len[r0 + c] : lmin;
+#pragma GCC unroll 4
+        for (int x = 0; x < 4; x++) o[c][x] = _mm512_loadu_ps(oacc + 64 * (r0 + c) + 16 * x);
+    }
+    int64_t l = l0;
+    for (; l < lmin; l++) { /* keys every lane sees */
+        const float *vp = vb + (l - b0) * vs;
+        const __m512 v0 = _mm512_loadu_ps(vp), v1 = _mm512_loadu_ps(vp + 16), v2 = _mm512_loadu_ps(vp + 32),
+                     v3 = _mm512_loadu_ps(vp + 48);
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) {
+            const __m512 p = _mm512_set1_ps(s[16 * l + r0 + c]);
+            o[c][0] = _mm512_fmadd_ps(p, v0, o[c][0]);
+            o[c][1] = _mm512_fmadd_ps(p, v1, o[c][1]);
+            o[c][2] = _mm512_fmadd_ps(p, v2, o[c][2]);
+            o[c][3] = _mm512_fmadd_ps(p, v3, o[c][3]);
+        }
+    }
+    for (; l < l1; l++) { /* the causal diagonal: each lane its own keys */
+        const float *vp = vb + (l - b0) * vs;
+        const __m512 v0 = _mm512_loadu_ps(vp), v1 = _mm512_loadu_ps(vp + 16), v2 = _mm512_loadu_ps(vp + 32),
+                     v3 = _mm512_loadu_ps(vp + 48);
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) {
+            if (l >= len[r0 + c]) continue;
+            const __m512 p = _mm512_set1_ps(s[16 * l + r0 + c]);
+            o[c][0] = _mm512_fmadd_ps(p, v0, o[c][0]);
+            o[c][1] = _mm512_fmadd_ps(p, v1, o[c][1]);
+            o[c][2] = _mm512_fmadd_ps(p, v2, o[c][2]);
+            o[c][3] = _mm512_fmadd_ps(p, v3, o[c][3]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int c = 0; c < C; c++)
+#pragma GCC unroll 4
+        for (int x = 0; x < 4; x++) _mm512_storeu_ps(oacc + 64 * (r0 + c) + 16 * x, o[c][x]);
+}
+
+/* R = 16 / G rows (entries e0..) of one tile and KV head h on the lanes path; scratch: s (16 lmax
+ * floats), oacc (16 d), qt (16 d). Every lane's scores over the group's keys (those past a lane's
+ * context computed, never used), its softmax over its own, its values over its own in order. */
+static KP void lanes_rows(const float *q, const void *kc, const void *vc, float *out, const int64_t *tok,
+                          const int64_t *bt, const int64_t *ctx_len, int64_t e0, int64_t h, int64_t G, int64_t nh,
+                          int64_t nkv, int64_t bs, float scale, float *s, float *oacc, float *qt, float *kw) {
+    const int64_t d = 64;
+    float part[8 * 16 * 16] __attribute__((aligned(64))); /* lanes_scores' partial sums */
+    float kbuf[16 * 64] __attribute__((aligned(64))); /* 16 key rows, contiguous */
+    memset(kbuf, 0, sizeof kbuf);
+    int64_t L = 0, stride;
+    int32_t lens[16];
+    const float *src[16];
+    for (int64_t r = 0; r < 16; r++) {
+        const int64_t c = ctx_len[e0 + r / G];
+        lens[r] = (int32_t)c;
+        L = c > L ? c : L;
+        src[r] = q + (tok[e0 + r / G] * nh + h * G + r % G) * d;
+    }
+    lanes_pack(src, qt);
+    const __m512i len = _mm512_loadu_si512(lens);
+    for (int64_t b0 = 0; b0 < L; b0 += bs) { /* scores, block by block, every lane over the group's keys */
+        const int64_t l1 = L < b0 + bs ? L : b0 + bs;
+        const float *kb = block_rows(kc, bt, b0, l1 - b0, h, nkv, d, bs, kw, &stride);
+        prefetch_rows(kc, bt, b0 + bs, L, h, nkv, d, bs, kw ? 2 : 4); /* the next block's, during this one */
+        for (int64_t l = b0; l < l1; l += 16) {
+            const int64_t nk = l1 - l < 16 ? l1 - l : 16;
+            const float *k0 = kb + (l - b0) * stride;
+            /* keys computed: nk rounded up to 8 or 16 (constants, so each case's loops unroll) */
+#define LANES_SCORES(k, ks) (nk <= 8 ? lanes_scores(qt, k, ks, 8, nk, scale, s + 16 * l, part) \
+                                     : lanes_scores(qt, k, ks, 16, nk, scale, s + 16 * l, part))
+            if (l - b0 + (nk <= 8 ? 8 : 16) > bs) { /* rows past the block: its nk rows copied (the rest not read) */
+                for (int64_t u = 0; u < nk; u++)
+                    for (int64_t c = 0; c < d; c += 16)
+                        _mm512_store_ps(kbuf + u * d + c, _mm512_loadu_ps(k0 + u * stride + c));
+                LANES_SCORES(kbuf, 64);
+            } else if (stride == 64) { /* constant strides: every operand at a constant offset */
+                LANES_SCORES(k0, 64);
+            } else if (stride == 128) {
+                LANES_SCORES(k0, 128);
+            } else if (stride == 256) {
+                LANES_SCORES(k0, 256);
+            } else {
+                LANES_SCORES(k0, stride);
+            }
+#undef LANES_SCORES
+        }
+    }
+    float inv[16];
+    prefetch_rows(vc, bt, 0, L, h, nkv, d, bs, kw ? 2 : 4);
+    _mm512_storeu_ps(inv, lanes_softmax(s, L, len));
+    memset(oacc, 0, sizeof(float) * 16 * d);
+    for (int64_t b0 = 0; b0 < L; b0 += bs) { /* values, block by block: lanes 0-5, 6-11, 12-15 */
+        const int64_t l1 = L < b0 + bs ? L : b0 + bs;
+        const float *vb = block_rows(vc, bt, b0, l1 - b0, h, nkv, d, bs, kw, &stride);
+        prefetch_rows(vc, bt, b0 + bs, L, h, nkv, d, bs, kw ? 2 : 4);
+        lanes_values(s, lens, 0, 6, vb, stride, b0, b0, l1, oacc);
+        lanes_values(s, lens, 6, 6, vb, stride, b0, b0, l1, oacc);
+        lanes_values(s, lens, 12, 4, vb, stride, b0, b0, l1, oacc);
+    }
+    for (int64_t r = 0; r < 16; r++) {
+        float *o = out + (tok[e0 + r / G] * nh + h * G + r % G) * d;
+        for (int64_t c = 0; c < d; c += 8)
+            _mm256_storeu_ps(o + c, _mm256_mul_ps(_mm256_loadu_ps(oacc + r * d + c), _mm256_set1_ps(inv[r])));
+    }
+}
+
 /* One tile (entries e0..e0+n-1, same block table row bt) and KV head h: G heads per row
  * (rows r = i * G + g). With `pairs` (AVX-512, d = 64), heads 2m and 2m + 1 of an entry run
  * together on 16-lane vectors (oacc then holds the pair interleaved by 8 floats). kw: NULL for
  * fp32 K/V; for bf16 K/V, bs * d floats where each block's rows are widened before use. */
-static KT void tile_item(const float *q, const void *kc, const void *vc, float *out, const int64_t *tok,
+#define KTW __attribute__((target("avx2,fma,prfchw"))) /* KT and prefetchw */
+static KTW void tile_item(const float *q, const void *kc, const void *vc, float *out, const int64_t *tok,
                          const int64_t *bt, const int64_t *ctx_len, int64_t e0, int64_t n, int64_t h, int64_t G,
                          int64_t nh, int64_t nkv, int64_t d, int64_t bs, float scale, int64_t lmax, float *sc,
                          float *oacc, float *qp, int pairs, float *kw) {
@@ -245,6 +528,14 @@ static KT void tile_item(const float *q, const void *kc, const void *vc, float *
     int64_t stride;
     int64_t L = 0;
     for (int64_t i = 0; i < n; i++) L = ctx_len[e0 + i] > L ? ctx_len[e0 + i] : L;
+    for (int64_t i = 0; i < n; i++) /* the output rows, written last: owned before then */
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t c = 0; c < d; c += 16) __builtin_prefetch(out + (tok[e0 + i] * nh + h * G + g) * d + c, 1, 3);
+    if (pairs && G % 2 == 0 && 16 % G == 0 && n % (16 / G) == 0) { /* whole groups of 16 / G rows */
+        for (int64_t i = 0; i < n; i += 16 / G)
+            lanes_rows(q, kc, vc, out, tok, bt, ctx_len, e0 + i, h, G, nh, nkv, bs, scale, sc, oacc, qp, kw);
+        return;
+    }
     for (int64_t i = 0; i < n; i++) /* packed query pairs */
         for (int64_t m = 0; m < npair; m++) {
             const float *qa = q + (tok[e0 + i] * nh + h * G + 2 * m) * d, *qb = qa + d;
@@ -285,9 +576,19 @@ static KT void tile_item(const float *q, const void *kc, const void *vc, float *
         }
     }
     float inv[QT * 16];
-    for (int64_t r = 0; r < rows; r++)
-        inv[r] = 1.0f / (pairs ? softmax_numerators16(sc + r * lmax, ctx_len[e0 + r / G])
-                               : softmax_numerators(sc + r * lmax, ctx_len[e0 + r / G]));
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t Lr = ctx_len[e0 + r / G];
+        if (!pairs) {
+            inv[r] = 1.0f / softmax_numerators(sc + r * lmax, Lr);
+        } else if (r % G < 2 * npair) { /* a head pair, rows r and r + 1 */
+            float s0, s1;
+            softmax_numerators16x2(sc + r * lmax, sc + (r + 1) * lmax, Lr, &s0, &s1);
+            inv[r] = 1.0f / s0;
+            inv[++r] = 1.0f / s1;
+        } else {
+            inv[r] = 1.0f / softmax_numerators16(sc + r * lmax, Lr);
+        }
+    }
     memset(oacc, 0, sizeof(float) * rows * d);
     for (int64_t b0 = 0; b0 < L; b0 += bs) { /* values, block by block */
         const float *vb = block_rows(vc, bt, b0, (L < b0 + bs ? L : b0 + bs) - b0, h, nkv, d, bs, kw, &stride);
@@ -408,6 +709,12 @@ KT int es_prefill_attention_f32(const float *q, const void *kc, const void *vc, 
                 if (item >= end) break;
                 if (!sc || !oacc || !qp) continue;
                 const int64_t t = item / nkv, h = item % nkv, e0 = tile_start[t];
+                if (item + 1 < end) { /* the next item's query rows, on their way during this one */
+                    const int64_t t1 = (item + 1) / nkv, h1 = (item + 1) % nkv;
+                    for (int64_t e = tile_start[t1]; e < tile_start[t1 + 1]; e++)
+                        for (int64_t c = 0; c < G * d; c += 16)
+                            __builtin_prefetch(q + (tok[e] * nh + h1 * G) * d + c, 0, 2);
+                }
                 tile_item(q, kc, vc, out, tok, block_table + e0 * max_blocks, ctx_len, e0, tile_start[t + 1] - e0,
                           h, G, nh, nkv, d, bs, scale, lmax, sc, oacc, qp, pairs, kv_bf16 ? pt[3] : NULL);
             }
