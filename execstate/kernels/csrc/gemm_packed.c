@@ -330,19 +330,30 @@ static int split_by_rows(int bf16, int64_t M, int64_t N) {
     return N <= ROWS_SPLIT_N || N * (bf16 ? 2 : 4) <= M * 4;
 }
 
+/* The linears' temporaries in this thread's ES_SCRATCH_PACKED slot: room for x's M rows packed
+ * in pairs (*xp, es_pack_pairs's layout) and x's row pointers (*xr, filled). Returns 0, or 2 when
+ * out of memory. */
+static int packed_input(const float *x, int64_t M, int64_t K, float **xp, const float ***xr) {
+    const int64_t k8 = K & ~(int64_t)7, pairs = (M + 1) / 2;
+    const size_t bytes[2] = {sizeof(float) * (size_t)(pairs * 2 * k8 + 16), sizeof(float *) * (size_t)M};
+    void *parts[2];
+    if (es_scratch_parts(ES_SCRATCH_PACKED, 2, bytes, parts)) return 2;
+    *xp = parts[0];
+    *xr = parts[1];
+    for (int64_t m = 0; m < M; m++) (*xr)[m] = x + m * K;
+    return 0;
+}
+
 /* y = x @ w^T for fp32 or bf16 w. Returns 0, 2 when out of memory, 3 when the CPU lacks
  * AVX-512 (nothing computed then). */
 static int linear_packed(const float *x, const void *w, int bf16, float *y, int64_t M, int64_t K, int64_t N) {
     if (!es_gemm_packed_available()) return 3;
     if (M <= 0 || N <= 0) return 0;
     const int64_t k8 = K & ~(int64_t)7, pairs = (M + 1) / 2, zero = 0;
-    const size_t bytes[2] = {sizeof(float) * (size_t)(pairs * 2 * k8 + 16), sizeof(float *) * (size_t)M};
-    void *parts[2];
-    if (es_scratch_parts(ES_SCRATCH_PACKED, 2, bytes, parts)) return 2;
-    float *xp = parts[0];
-    const float **xr = parts[1];
+    float *xp;
+    const float **xr;
+    if (packed_input(x, M, K, &xp, &xr)) return 2;
     int oom = 0;
-    for (int64_t m = 0; m < M; m++) xr[m] = x + m * K;
 #pragma omp parallel if (M * K * N >= PARALLEL_MIN_MACS)
     {
         const Weights wt = {w, bf16, wide_buffer(bf16, K, &oom)};
@@ -381,13 +392,10 @@ static int linear_epilogue(const float *x, const float *w, int64_t M, int64_t K,
     if (!es_gemm_packed_available()) return 3;
     if (M <= 0) return 0;
     const int64_t k8 = K & ~(int64_t)7, pairs = (M + 1) / 2;
-    const size_t bytes[2] = {sizeof(float) * (size_t)(pairs * 2 * k8 + 16), sizeof(float *) * (size_t)M};
-    void *parts[2];
-    if (es_scratch_parts(ES_SCRATCH_PACKED, 2, bytes, parts)) return 2;
-    float *xp = parts[0];
-    const float **xr = parts[1];
+    float *xp;
+    const float **xr;
+    if (packed_input(x, M, K, &xp, &xr)) return 2;
     int oom = 0;
-    for (int64_t m = 0; m < M; m++) xr[m] = x + m * K;
 #pragma omp parallel if (M * K * N >= PARALLEL_MIN_MACS)
     {
         const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
