@@ -189,6 +189,34 @@ static void share_work(int64_t rows, const int64_t *active, int64_t n_active, co
     *hi = tid + 1 == nt ? n_active * rows : row_at_work(total * (tid + 1) / nt, rows, active, n_active, count);
 }
 
+/* Every MoE driver's layout: the slots grouped by expert, token order within. count[e] slots of
+ * expert e sit at positions offset[e] .. offset[e] + count[e]; pos[s] = slot s's position (ids
+ * already checked to be in [0, E)). fill: E int64s of scratch. */
+void es_moe_group(const int64_t *ids, int64_t S, int64_t E, int64_t *count, int64_t *offset, int64_t *fill,
+                  int64_t *pos) {
+    memset(count, 0, sizeof(int64_t) * (size_t)E);
+    for (int64_t s = 0; s < S; s++) count[ids[s]]++;
+    for (int64_t e = 0, acc = 0; e < E; e++) {
+        offset[e] = fill[e] = acc;
+        acc += count[e];
+    }
+    for (int64_t s = 0; s < S; s++) pos[s] = fill[ids[s]]++;
+}
+
+/* The fused MoEs' combine as the down product's epilogue (k <= 2 slots a token): per position p,
+ * its token tok[p], its weight slot_w[p] and whether it is its token's first slot. A thread
+ * visits a column's slot rows in position order (experts in order, rows in order), so a token's
+ * first slot is its lower position. */
+void es_moe_combine_order(const int64_t *pos, const float *wts, int64_t S, int64_t k, int64_t *tok, float *slot_w,
+                          unsigned char *first) {
+    for (int64_t s = 0; s < S; s++) {
+        const int64_t p = pos[s], t = s / k;
+        tok[p] = t;
+        slot_w[p] = wts[s];
+        first[p] = k == 1 || p < pos[t * k + (s % k == 0)];
+    }
+}
+
 /* The fused MoE block with `rows` as the dot products of weights stored in `bytes32` bytes per 32
  * elements (fp32 128, bf16 64, GGUF blocks their block size; an expert's matrix holds a multiple
  * of 32 elements).
@@ -209,19 +237,11 @@ KT int es_moe_with(es_rows_fn rows, size_t bytes32, const float *x, const int64_
     float *gu = pt[5], *h = pt[6], *y = pt[7];
     const float **xin = pt[8], **hin = pt[9];
     float **guo = pt[10], **yo = pt[11];
-    int64_t n_active = 0, acc = 0;
-    memset(count, 0, n64);
-    for (int64_t s = 0; s < S; s++) count[ids[s]]++;
-    for (int64_t e = 0; e < E; e++) {
-        offset[e] = fill[e] = acc;
-        acc += count[e];
+    int64_t n_active = 0;
+    es_moe_group(ids, S, E, count, offset, fill, pos);
+    for (int64_t e = 0; e < E; e++)
         if (count[e]) active[n_active++] = e;
-    }
-    for (int64_t s = 0; s < S; s++) { /* slots grouped by expert, token order within */
-        int64_t p = fill[ids[s]]++;
-        pos[s] = p;
-        xin[p] = x + (s / k) * H;
-    }
+    for (int64_t s = 0; s < S; s++) xin[pos[s]] = x + (s / k) * H;
     for (int64_t p = 0; p < S; p++) {
         guo[p] = gu + p * 2 * I;
         hin[p] = h + p * I;

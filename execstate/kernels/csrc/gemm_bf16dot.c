@@ -104,18 +104,14 @@ KB int es_linear_bf16dot(const float *x, const uint16_t *w, float *y, int64_t M,
 }
 
 /* es_linear_qkv_bf16dot / es_linear_add_norm_bf16dot (kernels.h): es_linear_bf16dot's split by
- * rows for any shape, each thread's rows EPI_MB at a time rounded into its ES_SCRATCH_ROWS buffer and multiplied into its scratch
- * block (block_rows: the bf16 dot order, so the same bits), then the epilogue on them while
- * the block is in L2; no y. The first block prefetches the weights, as es_linear_bf16dot (on
- * every block: 0.2-0.3 ms slower a call; blocks of 32-128 rows within noise of each other; the
- * standard MoE's q/k/v, 2,048 rows, one thread). */
+ * rows for any shape, each thread's rows EPI_MB at a time rounded into its ES_SCRATCH_ROWS buffer
+ * and multiplied into its scratch block (block_rows: the bf16 dot order, so the same bits), then
+ * the epilogue on them while the block is in L2; no y. The first block prefetches the weights,
+ * as es_linear_bf16dot (on every block: 0.2-0.3 ms slower a call; blocks of 32-128 rows within
+ * noise of each other; the standard MoE's q/k/v, 2,048 rows, one thread). */
 #define EPI_MB 64
 
-typedef void (*Epilogue)(const void *e, float *y, int64_t t0, int64_t n);
-static void qkv_epilogue(const void *e, float *y, int64_t t0, int64_t n) { es_qkv_rope_rows(e, y, t0, n); }
-static void add_norm_epilogue(const void *e, float *y, int64_t t0, int64_t n) { es_add_rms_rows(e, y, t0, n); }
-
-static KB int linear_epilogue(const float *x, const uint16_t *w, int64_t M, int64_t K, int64_t N, Epilogue epi,
+static KB int linear_epilogue(const float *x, const uint16_t *w, int64_t M, int64_t K, int64_t N, es_epilogue_fn epi,
                               const void *e) {
     if (!es_bf16dot_available()) return 3;
     if (M <= 0) return 0;
@@ -151,11 +147,11 @@ static KB int linear_epilogue(const float *x, const uint16_t *w, int64_t M, int6
 }
 
 KB int es_linear_qkv_bf16dot(const float *x, const uint16_t *w, int64_t M, int64_t K, const EsQkvRope *e) {
-    return linear_epilogue(x, w, M, K, (e->nh + 2 * e->nkv) * e->d, qkv_epilogue, e);
+    return linear_epilogue(x, w, M, K, (e->nh + 2 * e->nkv) * e->d, es_qkv_epilogue, e);
 }
 
 KB int es_linear_add_norm_bf16dot(const float *a, const uint16_t *w, int64_t M, int64_t K, const EsAddNorm *e) {
-    return linear_epilogue(a, w, M, K, e->H, add_norm_epilogue, e);
+    return linear_epilogue(a, w, M, K, e->H, es_add_norm_epilogue, e);
 }
 
 KB int es_moe_bf16dot(const float *x, const int64_t *ids, const float *wts, const uint16_t *w_gu, const uint16_t *w_d,

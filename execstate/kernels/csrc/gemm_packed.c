@@ -379,15 +379,10 @@ static int linear_packed(const float *x, const void *w, int bf16, float *y, int6
  * noise of each other on the standard MoE's q/k/v). */
 #define EPI_ROWS 128
 
-/* A linear's epilogue: rows y[0..n) of the product, tokens t0 .. t0 + n (es_qkv_rope_rows, es_add_rms_rows). */
-typedef void (*Epilogue)(const void *e, float *y, int64_t t0, int64_t n);
-static void qkv_epilogue(const void *e, float *y, int64_t t0, int64_t n) { es_qkv_rope_rows(e, y, t0, n); }
-static void add_norm_epilogue(const void *e, float *y, int64_t t0, int64_t n) { es_add_rms_rows(e, y, t0, n); }
-
 /* es_linear_qkv_packed_f32 / es_linear_add_norm_packed_f32 (kernels.h): linear_packed's split by
  * rows for any shape (each output the same dot product whichever way, so the same bits), each
  * thread's rows EPI_ROWS at a time into its scratch, then the epilogue on them; no y. */
-static int linear_epilogue(const float *x, const float *w, int64_t M, int64_t K, int64_t N, Epilogue epi,
+static int linear_epilogue(const float *x, const float *w, int64_t M, int64_t K, int64_t N, es_epilogue_fn epi,
                            const void *e) {
     if (!es_gemm_packed_available()) return 3;
     if (M <= 0) return 0;
@@ -420,11 +415,11 @@ static int linear_epilogue(const float *x, const float *w, int64_t M, int64_t K,
 }
 
 int es_linear_qkv_packed_f32(const float *x, const float *w, int64_t M, int64_t K, const EsQkvRope *e) {
-    return linear_epilogue(x, w, M, K, (e->nh + 2 * e->nkv) * e->d, qkv_epilogue, e);
+    return linear_epilogue(x, w, M, K, (e->nh + 2 * e->nkv) * e->d, es_qkv_epilogue, e);
 }
 
 int es_linear_add_norm_packed_f32(const float *a, const float *w, int64_t M, int64_t K, const EsAddNorm *e) {
-    return linear_epilogue(a, w, M, K, e->H, add_norm_epilogue, e);
+    return linear_epilogue(a, w, M, K, e->H, es_add_norm_epilogue, e);
 }
 
 int es_linear_packed_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N) {
@@ -473,35 +468,20 @@ static int moe_packed(const float *x, const int64_t *ids, const float *wts, cons
     int64_t *tok = pt[9]; /* fused: S each, in h's part (13 bytes a slot) */
     float *slot_w = (float *)(tok + S);
     unsigned char *first = (unsigned char *)(slot_w + S);
-    int64_t n_active = 0, acc = 0, pacc = 0;
+    int64_t n_active = 0, pacc = 0;
     int oom = 0;
-    memset(count, 0, n64);
-    for (int64_t s = 0; s < S; s++) count[ids[s]]++;
-    for (int64_t e = 0; e < E; e++) {
-        offset[e] = fill[e] = acc;
+    es_moe_group(ids, S, E, count, offset, fill, pos);
+    for (int64_t e = 0; e < E; e++)
         if (count[e]) {
             a_e[n_active] = e;
-            a_start[n_active] = acc;
+            a_start[n_active] = offset[e];
             a_count[n_active] = count[e];
             a_poff[n_active++] = pacc;
             pacc += (count[e] + 1) / 2;
         }
-        acc += count[e];
-    }
-    for (int64_t s = 0; s < S; s++) { /* slots grouped by expert, token order within */
-        int64_t p = fill[ids[s]]++;
-        pos[s] = p;
-        xin[p] = x + (s / k) * H;
-    }
+    for (int64_t s = 0; s < S; s++) xin[pos[s]] = x + (s / k) * H;
     if (fused) {
-        /* A thread visits a column's slot rows in position order (experts in order, rows in order):
-         * a token's first slot is its lower position. */
-        for (int64_t s = 0; s < S; s++) {
-            const int64_t p = pos[s], t = s / k;
-            tok[p] = t;
-            slot_w[p] = wts[s];
-            first[p] = k == 1 || p < pos[t * k + (s % k == 0)];
-        }
+        es_moe_combine_order(pos, wts, S, k, tok, slot_w, first);
 #pragma omp parallel if (S * H * I >= PARALLEL_MIN_MACS)
         {
             const Weights gu_w = {w_gu, bf16, wide_buffer(bf16, H > I ? H : I, &oom)}, d_w = {w_d, bf16, gu_w.wide};

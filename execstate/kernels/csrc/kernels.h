@@ -36,6 +36,11 @@ enum { ES_FMT_F32, ES_FMT_BF16, ES_FMT_BF16_DOT, ES_FMT_Q8_0, ES_FMT_Q4_0, ES_FM
 typedef void (*es_rows_fn)(const float *const *xr, float *const *yr, int64_t M, const void *w, int64_t K, int64_t n0,
                            int64_t n1);
 int es_linear_with(es_rows_fn rows, const float *x, const void *w, float *y, int64_t M, int64_t K, int64_t N);
+/* The MoE drivers' slot layout and the fused ones' combine order (gemm.c). */
+void es_moe_group(const int64_t *ids, int64_t S, int64_t E, int64_t *count, int64_t *offset, int64_t *fill,
+                  int64_t *pos);
+void es_moe_combine_order(const int64_t *pos, const float *wts, int64_t S, int64_t k, int64_t *tok, float *slot_w,
+                          unsigned char *first);
 int es_moe_with(es_rows_fn rows, size_t bytes32, const float *x, const int64_t *ids, const float *wts, const void *w_gu,
                 const void *w_d, float *out, int64_t T, int64_t k, int64_t E, int64_t H, int64_t I);
 int es_linear_f32(const float *x, const float *w, float *y, int64_t M, int64_t K, int64_t N);
@@ -153,6 +158,11 @@ void es_add_rms_rows(const EsAddNorm *e, float *y, int64_t t0, int64_t n);
  * linear, the bias add and es_add_rms_norm_f32, no y. 0, 2 when out of memory, 3 without AVX-512 (-BF16). */
 int es_linear_add_norm_packed_f32(const float *a, const float *w, int64_t M, int64_t K, const EsAddNorm *e);
 int es_linear_add_norm_bf16dot(const float *a, const uint16_t *w, int64_t M, int64_t K, const EsAddNorm *e);
+/* Either epilogue behind one pointer type, for the linears that run them (gemm_packed.c,
+ * gemm_bf16dot.c): rows y[0..n) of the product, tokens t0 .. t0 + n. */
+typedef void (*es_epilogue_fn)(const void *e, float *y, int64_t t0, int64_t n);
+static inline void es_qkv_epilogue(const void *e, float *y, int64_t t0, int64_t n) { es_qkv_rope_rows(e, y, t0, n); }
+static inline void es_add_norm_epilogue(const void *e, float *y, int64_t t0, int64_t n) { es_add_rms_rows(e, y, t0, n); }
 /* decode_moe.c: SparseMoE.route's routing on the kernels (softmax, top-k, forced rows, the
  * top-k renormalised); probs: E floats of scratch. 0, or 1 when a forced id is outside [0, E). */
 int es_route(const float *logits, int64_t T, int64_t E, int64_t k, const int64_t *forced, const uint8_t *mask,

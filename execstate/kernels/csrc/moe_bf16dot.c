@@ -16,8 +16,6 @@
  * out's columns; each output is computed by one thread in the same order whichever it is.
  * Applies (es_moe_bf16dot_fused_applies) with H and I multiples of 32 and at most 2 slots a
  * token. Returns 0, 1 if an id is out of range, 2 when out of memory. */
-#include <string.h>
-
 #include "bf16dot_tile.h"
 
 #define NH 96 /* h columns per block: their gate and up rows (2 NH x H bf16) stay in L2 */
@@ -88,21 +86,8 @@ KB int es_moe_bf16dot_fused(const float *x, const int64_t *ids, const float *wts
     float *slot_w = pt[5];
     unsigned char *first = pt[6];
     uint16_t *xb = pt[7], *hb = pt[8];
-    memset(count, 0, n64);
-    for (int64_t s = 0; s < S; s++) count[ids[s]]++;
-    for (int64_t e = 0, acc = 0; e < E; e++) {
-        offset[e] = fill[e] = acc;
-        acc += count[e];
-    }
-    for (int64_t s = 0; s < S; s++) pos[s] = fill[ids[s]]++; /* slots grouped by expert, token order within */
-    /* A thread visits a column's slot rows in position order (experts in order, rows in order):
-     * a token's first slot is its lower position. */
-    for (int64_t s = 0; s < S; s++) {
-        const int64_t p = pos[s], t = s / k;
-        tok[p] = t;
-        slot_w[p] = wts[s];
-        first[p] = k == 1 || p < pos[t * k + (s % k == 0)];
-    }
+    es_moe_group(ids, S, E, count, offset, fill, pos);
+    es_moe_combine_order(pos, wts, S, k, tok, slot_w, first);
     int oom = 0;
 #pragma omp parallel if (S * H * I >= PARALLEL_MIN_MACS)
     {
