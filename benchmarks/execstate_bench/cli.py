@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from execstate_bench.cluster_cli import add_cluster_parser, run_cluster_cli
@@ -77,6 +78,17 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bk.add_argument("--repeats", type=int, default=5)
     bk.add_argument("--threads", type=int, default=None)
     bk.add_argument("--json", action="store_true")
+    bb = bsub.add_parser("builds", help="builds of the C extension against each other, calls interleaved in one "
+                                        "process (the first build is the baseline)")
+    bb.add_argument("--build", action="append", required=True, metavar="SO",
+                    help="a _cpu*.so file (give two or more; the first is the baseline)")
+    bb.add_argument("--workload", default="moe", choices=["moe", "prefill"],
+                    help="moe: the fp32 packed MoE alone; prefill: a warm 8 x 256 fp32 prefill of the standard model")
+    bb.add_argument("--tokens", type=int, default=2048, help="with --workload moe: tokens")
+    bb.add_argument("--rounds", type=int, default=None, help="rounds (default: moe 30, prefill 10)")
+    bb.add_argument("--no-control", action="store_true",
+                    help="leave out the A/A control (a copy of the first build, run last)")
+    bb.add_argument("--json", action="store_true")
     bs = bsub.add_parser("sampler", help="vectorised sampler vs the old per-row loop (batch 1/8/64, vocab 49152)")
     bs.add_argument("--repeats", type=int, default=20)
     bs.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -291,6 +303,26 @@ def _bench(args: argparse.Namespace) -> int:
 
         report = run_kernel_bench(repeats=args.repeats, threads=args.threads)
         print(json.dumps(report, indent=2) if args.json else format_kernel_table(report))
+        return 0
+    if args.bench_cmd == "builds":
+        from execstate_bench.build_ab import BuildMismatch, format_build_table, run_moe_ab, run_prefill_ab
+
+        builds = [Path(b) for b in args.build]
+        rounds = args.rounds if args.rounds is not None else 30 if args.workload == "moe" else 10
+        try:
+            if args.workload == "moe":
+                report = run_moe_ab(builds, tokens=args.tokens, rounds=rounds, control=not args.no_control)
+            else:
+                from execstate_bench.models import ensure_standard_model
+
+                report = run_prefill_ab(builds, ensure_standard_model(), rounds=rounds, control=not args.no_control)
+        except BuildMismatch as exc:
+            print(f"execstate bench builds: {exc}", file=sys.stderr)
+            return 1
+        except (OSError, ImportError, ValueError) as exc:
+            print(f"execstate bench builds: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(report, indent=2) if args.json else format_build_table(report))
         return 0
     if args.bench_cmd == "sampler":
         from execstate_bench.sampler import format_sampler_table, run_sampler_bench
