@@ -35,6 +35,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bt.add_argument("--json", action="store_true", help="print the report as JSON only (no table)")
     bt.add_argument("--time-budget", type=float, default=600.0, metavar="S",
                     help="stop repeating when one more repeat would end past S seconds from the start")
+    bt.add_argument("--prefill-pairs", type=int, default=0, metavar="N",
+                    help="after each repeat's batch-8 runs, N prefill probes of the engine and its vLLM peer back to "
+                         "back, their order alternating (report: prefill_pairs, each pair's ratio)")
     bt.add_argument("--vllm-python", default=None,
                     help="python of a venv with vLLM's CPU build: adds the vLLM peer (else $EXECSTATE_VLLM_PYTHON)")
     bt.add_argument("--sweep", default=None, metavar="B1,B2,..",
@@ -274,7 +277,7 @@ def _bench(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             vllm_python=args.vllm_python,
             quantization=args.quantization, print_table=not args.json, time_budget_s=args.time_budget,
-            kv_cache_dtype=args.kv_cache_dtype,
+            kv_cache_dtype=args.kv_cache_dtype, prefill_pairs=args.prefill_pairs,
         )
         if args.json:
             print(json.dumps(report, indent=2))

@@ -47,6 +47,11 @@ class Peer:
     def after_warmup(self) -> None:
         """Called by the bench loop after each load's warm-up runs, before the timed runs."""
 
+    def prefill_once(self, prompts: list[list[int]]) -> float:
+        """Wall seconds of one ``max_tokens=1`` call on all of ``prompts`` (fresh: no prefix cache
+        hit), for the paired prefill probes (``throughput_pairs``)."""
+        raise NotImplementedError(f"{self.name} has no prefill probe")
+
     def report_extra(self) -> dict[str, Any]:
         """Peer-specific figures added to the peer's report entry."""
         return {}
@@ -146,6 +151,14 @@ class EnginePeer(Peer):
             return RunResult(tokens, seconds, None, r3_seconds, cpu_seconds=cpu_seconds, prefill_s=prefill_s)
         ttfts = [float(o.metrics.get("ttft_s", float("nan"))) for o in outs]
         return RunResult(tokens, seconds, ttfts, r3_seconds, cpu_seconds=cpu_seconds)
+
+    def prefill_once(self, prompts: list[list[int]]) -> float:
+        from execstate import SamplingParams
+
+        t0 = time.perf_counter()
+        self.llm.generate([{"prompt_token_ids": p} for p in prompts],
+                          SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True), use_tqdm=False)
+        return time.perf_counter() - t0
 
     def _probe_prefill(self, prompts: list[list[int]]) -> float:
         """Seconds of a ``max_tokens=1`` run of ``prompts`` with their first token changed (no

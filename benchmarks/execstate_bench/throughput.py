@@ -95,6 +95,7 @@ def run_throughput_bench(
     vllm_python: str | None = None,
     quantization: str | None = None,
     kv_cache_dtype: str = "auto",
+    prefill_pairs: int = 0,
 ) -> dict[str, Any]:
     """Run the benchmark and return its report (also printed as a table).
 
@@ -110,7 +111,12 @@ def run_throughput_bench(
     ``execstate_bf16arith_kvbf16_r3_off`` (bf16 arithmetic and bf16 attention).
     ``vllm_python``: the python of a venv with vLLM's CPU build (else ``$EXECSTATE_VLLM_PYTHON``;
     without either the vLLM peer is left out with a note), see ``execstate_bench.vllm_peer``.
+    ``prefill_pairs``: after each repeat's batch-8 runs, that many paired prefill probes of the
+    engine and its vLLM peer, back to back (``execstate_bench.throughput_pairs``; report key
+    ``prefill_pairs``).
     """
+    if prefill_pairs < 0:
+        raise ValueError(f"prefill_pairs must be >= 0, got {prefill_pairs}")
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
     if quantization not in (None, "gguf"):
@@ -144,7 +150,9 @@ def run_throughput_bench(
     if not resident:
         notes.append("peers loaded one at a time per repeat (weights of all peers exceed the memory budget)")
 
-    loop = PeerLoop(peer_list, wl, int(cfg["vocab_size"]), threads, resident)
+    if prefill_pairs and not resident:
+        notes.append("no paired prefill probes: they need every peer loaded at once")
+    loop = PeerLoop(peer_list, wl, int(cfg["vocab_size"]), threads, resident, prefill_pairs)
     measured = loop.run(repeats, t_start, time_budget_s, notes)
     loop.close()
     report = build_report(model=model, path=path, cfg=cfg, n_params=n_params, workload=wl, repeats=repeats,

@@ -29,6 +29,7 @@ from typing import Any
 from execstate_bench.machine import cpu_jiffies, loadavg_1m, machine_shares, others_share, settle
 from execstate_bench.parity import add_counts, compare
 from execstate_bench.peers import EnginePeer, Peer
+from execstate_bench.throughput_pairs import PrefillPairs
 from execstate_bench.throughput_workload import Workload
 
 WARMUP_NEW_TOKENS = 4
@@ -54,20 +55,25 @@ class Measured:
     batch-1 TTFT; ``b8_prefill_s``: per batch-8 run, the batch's time to first token (peers that
     report it).
     ``parity[peer][shape]``: agreement counts with the engine (R3 on), summed over repeats.
+    ``prefill_pairs``: the paired prefill probes' report (``PrefillPairs.report``), empty without.
     """
 
     samples: dict[str, dict[str, list[Any]]]
     parity: dict[str, dict[str, dict[str, int | None]]]
     repeats_done: int
     bench_seconds: float  # loading and warm-up of resident peers included
+    prefill_pairs: dict[str, Any]
 
 
 class PeerLoop:
     """Measures ``peers`` on ``workload``: ``run`` once, then ``close`` (frees resident peers)."""
 
     def __init__(self, peers: list[Peer], workload: Workload, vocab_size: int, threads: int,
-                 resident: bool) -> None:
+                 resident: bool, prefill_pairs: int = 0) -> None:
+        """``prefill_pairs``: after each repeat's batch-8 runs, that many paired prefill probes of
+        the engine and its vLLM peer (``throughput_pairs``; resident peers only)."""
         self.peers, self.wl, self.vocab, self.threads, self.resident = peers, workload, vocab_size, threads, resident
+        self.pairs = PrefillPairs(prefill_pairs) if prefill_pairs > 0 and resident else None
         self.samples: dict[str, dict[str, list[Any]]] = {p.name: {k: [] for k in _SAMPLE_KEYS} for p in peers}
         self.parity: dict[str, dict[str, dict[str, int | None]]] = {}
         self._warm_ids = itertools.count()
@@ -89,7 +95,8 @@ class PeerLoop:
                 break
             repeats_done += 1
             self._repeat(r)
-        return Measured(self.samples, self.parity, repeats_done, time.perf_counter() - t_bench)
+        return Measured(self.samples, self.parity, repeats_done, time.perf_counter() - t_bench,
+                        self.pairs.report() if self.pairs is not None else {})
 
     def close(self) -> None:
         if self.resident:
@@ -106,6 +113,8 @@ class PeerLoop:
             for batched, prompts, key in shapes:
                 for p in order:
                     self._measure(p, batched, prompts, key, tokens)
+                if batched and self.pairs is not None:
+                    self.pairs.run(self.peers, wl, self.vocab, r)
         else:
             for p in order:
                 self._activate(p)

@@ -65,6 +65,7 @@ def build_report(*, model: str | Path, path: Path, cfg: dict[str, Any], n_params
         "ratios": _ratios(report_peers),
         "parity": {name: {("batch8" if key == "b8" else "batch1"): summarise(c) for key, c in per_key.items()}
                    for name, per_key in measured.parity.items()},
+        "prefill_pairs": measured.prefill_pairs,
         "bench_seconds": measured.bench_seconds,
         "machine": _machine(),
         "notes": notes,

@@ -50,6 +50,10 @@ def format_table(report: dict[str, Any]) -> str:
             + ("" if exact else "  TOKEN COUNT MISMATCH")
         )
     lines.append("")
+    for name, pp in report.get("prefill_pairs", {}).items():
+        lines.append(f"prefill pairs {name}: peer s / engine s median {pp['median_ratio']:.3f} "
+                     f"(min {pp['min_ratio']:.3f}, max {pp['max_ratio']:.3f}) over {len(pp['ratios'])} pairs, "
+                     f"engine first in even pairs")
     r3 = report["ratios"]["r3_overhead"]
     for key in ("batch8", "batch1"):
         x = r3[key]

@@ -31,9 +31,11 @@ class Workload:
     seed: int = 0
 
     def prompts(self, vocab_size: int, repeat: int, kind: str) -> list[list[int]]:
-        """Fresh prompts for (repeat, kind); kind is 'b8', 'b1' or 'warmup'."""
-        n = {"b8": self.num_prompts, "b1": self.batch1_prompts, "warmup": self.num_prompts}[kind]
-        tag = {"b8": 0, "b1": 1, "warmup": 2}[kind]
+        """Fresh prompts for (repeat, kind); kind is 'b8', 'b1', 'warmup' or 'pairs' (the paired
+        prefill probes, ``throughput_pairs``: ``repeat`` numbers the pair)."""
+        n = {"b8": self.num_prompts, "b1": self.batch1_prompts, "warmup": self.num_prompts,
+             "pairs": self.num_prompts}[kind]
+        tag = {"b8": 0, "b1": 1, "warmup": 2, "pairs": 3}[kind]
         rng = np.random.default_rng([self.seed, tag, repeat])
         return rng.integers(0, vocab_size, size=(n, self.prompt_len)).tolist()
 

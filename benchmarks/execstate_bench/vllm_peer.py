@@ -197,6 +197,15 @@ class VllmPeer(Peer):
         return RunResult([list(map(int, t)) for t in reply["token_ids"]], float(reply["seconds"]),
                          None if batched or not prefill else prefill, cpu_seconds=reply.get("cpu_seconds"))
 
+    def prefill_once(self, prompts: list[list[int]]) -> float:
+        """The driver's wall seconds of one ``max_tokens=1`` generation of all ``prompts`` (as its
+        prefill probe measures; not added to ``prefill_batched``)."""
+        if self.proc is None:
+            raise DriverError("vLLM peer is not loaded")
+        reply = self.proc.request({"op": "generate", "prompts": prompts, "max_tokens": 1, "batched": True,
+                                   "probe_prefill": False})
+        return float(reply["seconds"])
+
     def report_extra(self) -> dict[str, Any]:
         """Engine start, settings and the prefill of the batched runs (all prompts of a run in one
         ``max_tokens=1`` call: prompt tokens / wall s, median over the timed runs)."""
