@@ -26,7 +26,8 @@ per build the median and min over rounds and the median over rounds of its time 
 baseline's in the same round (``paired_ratio``: below 1 is faster). With ``control`` (the
 default) a copy of the baseline runs last as an A/A control: its ratio is what the same code
 differs by in this run, the noise a build's ratio has to stand out from (measured here: 0.994
-over 20 prefill rounds, while two MoE variants came out 0.978 and 1.022 in runs of 10-12).
+and 1.001 over 20 prefill rounds, while one MoE change came out 0.978 in a prefill run of 10
+rounds and 1.022 in one of 12).
 """
 
 from __future__ import annotations
