@@ -7,9 +7,8 @@ several percent within minutes (docs/performance.md 16.21: the same build's pref
 267.2 ms in three minutes). Over eleven quiet runs the fp32 engine / vLLM fp32 ratio of the
 medians of two probes spread from 0.94x to 1.06x. Here each pair's two probes run on the same
 fresh prompts (new for every pair, so no prefix cache hit), one right after the other, each
-after a ``gc.collect()`` and ``settle(until_quiet=True)`` as the loop's runs (without the
-collection the in-process engine's probes took up to 0.378 s against 0.27-0.29 s: a collection
-of the bench's heap landing inside the timed call), and their order alternates (the engine first in even pairs,
+after a ``gc.collect()`` and ``settle(until_quiet=True)`` as the loop's runs, and their order
+alternates (the engine first in even pairs,
 the peer in odd ones), so drift and position hit both sides alike.
 
 Per pair of peers in ``PAIRS`` present in the run: ``engine_s`` and ``peer_s`` (seconds, one per
