@@ -8,8 +8,8 @@ several percent within minutes (docs/performance.md 16.21: the same build's pref
 medians of two probes spread from 0.94x to 1.06x. Here each pair's two probes run on the same
 fresh prompts (new for every pair, so no prefix cache hit), one right after the other, each
 after a ``gc.collect()`` and ``settle(until_quiet=True)`` as the loop's runs, and their order
-alternates (the engine first in even pairs,
-the peer in odd ones), so drift and position hit both sides alike.
+alternates (the engine first in even pairs, the peer in odd ones), so drift and position hit both
+sides alike.
 
 Per pair of peers in ``PAIRS`` present in the run: ``engine_s`` and ``peer_s`` (seconds, one per
 pair), ``ratios`` (the peer's seconds over the engine's: above 1 the engine is faster) and their
