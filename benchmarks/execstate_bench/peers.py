@@ -155,22 +155,17 @@ class EnginePeer(Peer):
     def prefill_once(self, prompts: list[list[int]]) -> float:
         from execstate import SamplingParams
 
+        requests = [{"prompt_token_ids": p} for p in prompts]
         t0 = time.perf_counter()
-        self.llm.generate([{"prompt_token_ids": p} for p in prompts],
-                          SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True), use_tqdm=False)
+        self.llm.generate(requests, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True), use_tqdm=False)
         return time.perf_counter() - t0
 
     def _probe_prefill(self, prompts: list[list[int]]) -> float:
         """Seconds of a ``max_tokens=1`` run of ``prompts`` with their first token changed (no
         block of theirs or of the timed run is in the prefix cache, and the timed run hits none
         of the probe's): vLLM's peer probes the same way (execstate_bench/vllm_peer.py)."""
-        from execstate import SamplingParams
-
         vocab = self.llm.engine.model_config.vocab_size
-        fresh = [{"prompt_token_ids": [(p[0] + 1) % vocab, *p[1:]]} for p in prompts]
-        t0 = time.perf_counter()
-        self.llm.generate(fresh, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True), use_tqdm=False)
-        return time.perf_counter() - t0
+        return self.prefill_once([[(p[0] + 1) % vocab, *p[1:]] for p in prompts])
 
 
 class TransformersPeer(Peer):
